@@ -1,0 +1,87 @@
+"""One exception tree for everything stagetool reports to a user.
+
+Library code raises these; only the CLI catches them and turns them into exit codes
+(:class:`ExitCode`). Each error carries a message that says where the problem is, what was
+wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """The fixed exit codes of the ``stagetool`` command."""
+
+    OK = 0
+    """Success."""
+    FINDINGS = 1
+    """The command ran and found what it checks for: a regression, a program that does not fit."""
+    USAGE = 2
+    """A bad option, spec, target or baseline file."""
+    JAX = 3
+    """JAX or XLA failed to trace, lower or compile the user's function."""
+
+
+class StagetoolError(Exception):
+    """Base of every error stagetool reports to a user.
+
+    Attributes:
+      exit_code: the process exit code the CLI uses for this error.
+      hint: an optional sentence on how to fix it, printed after the message.
+    """
+
+    exit_code: ExitCode = ExitCode.USAGE
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class UsageError(StagetoolError):
+    """A command-line option or argument is wrong (exit code 2)."""
+
+
+class TargetError(StagetoolError):
+    """The target ``file.py:func`` / ``pkg.mod:obj.attr`` cannot be found or loaded (exit code 2)."""
+
+
+class SpecError(StagetoolError):
+    """The YAML spec is invalid (exit code 2).
+
+    ``issues`` holds every problem found, each already formatted as
+    ``file:line:col: key.path: what is wrong``, so that one run reports all of them.
+    """
+
+    def __init__(self, issues: list[str], *, hint: str | None = None):
+        self.issues = list(issues)
+        head = "invalid spec" if len(issues) != 1 else issues[0]
+        message = head if len(issues) == 1 else head + ":\n" + "\n".join(f"  {i}" for i in issues)
+        super().__init__(message, hint=hint)
+
+
+class BaselineError(StagetoolError):
+    """A baseline snapshot is missing, malformed or of another schema version (exit code 2)."""
+
+
+class StagingError(StagetoolError):
+    """JAX or XLA failed to trace, lower or compile the function (exit code 3).
+
+    Attributes:
+      stage: ``"trace"``, ``"lower"`` or ``"compile"``.
+      function: the spec's name of the function.
+      user_frame: ``"file.py:LINE in func"`` of the innermost frame in the user's own code, or None.
+    """
+
+    exit_code = ExitCode.JAX
+
+    def __init__(self, message: str, *, stage: str, function: str, user_frame: str | None = None,
+                 hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.stage = stage
+        self.function = function
+        self.user_frame = user_frame
