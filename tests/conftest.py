@@ -1,0 +1,11 @@
+"""Test setup: a simulated 8-device CPU mesh, set before any JAX backend starts."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
