@@ -1,0 +1,30 @@
+"""The report model and its renderers: one pure model, one renderer per output format."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Callable
+
+
+class Format(str, enum.Enum):
+    """Output formats of every command."""
+
+    text = "text"
+    """Rich tables and highlighted module text on a terminal; plain text when piped or NO_COLOR."""
+    json = "json"
+    """The versioned JSON document (README: "JSON schema")."""
+    markdown = "markdown"
+    """GitHub-flavoured Markdown tables."""
+
+
+def renderer(fmt: Format) -> Callable[..., str]:
+    """The ``render(doc, *, color, width) -> str`` function of a format (imports only that renderer)."""
+    import importlib
+
+    module = importlib.import_module(f"stagetool.report.render_{Format(fmt).value}")
+    return module.render
+
+
+def render(doc: Any, fmt: Format, *, color: bool = False, width: int = 120) -> str:
+    """Render a :class:`~stagetool.report.model.Report` or ``DevicesReport`` in ``fmt``."""
+    return renderer(fmt)(doc, color=color, width=width)

@@ -1,0 +1,116 @@
+"""Per-leaf shardings: what the spec declared and what the compiled program uses.
+
+Compiled shardings come from ``jax.stages.Compiled.input_shardings`` / ``output_shardings``; shard
+shapes from ``Sharding.shard_shape``; bytes from elements × ``dtype.itemsize``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stagetool.lowering.avals import AbstractInputs, keypath_str
+from stagetool.report.model import LeafReport
+from stagetool.spec import Sharding, format_dims
+
+
+def sharding_text(sharding: Any, rank: int) -> str:
+    """A ``jax.sharding.Sharding`` as JAX prints a PartitionSpec, padded with None to ``rank``.
+
+    ``NamedSharding`` → ``P('data', None)``; a single-device sharding → ``P()`` padded (replicated);
+    any other sharding → its ``repr``.
+    """
+    spec = getattr(sharding, "spec", None)
+    if spec is not None:
+        dims = [d if (d is None or isinstance(d, str)) else tuple(d) for d in tuple(spec)]
+        dims += [None] * (rank - len(dims))
+        return format_dims(tuple(dims))
+    if type(sharding).__name__ == "SingleDeviceSharding":
+        return format_dims((None,) * rank)
+    return repr(sharding)
+
+
+def declared_text(declared: Sharding, rank: int) -> str:
+    """The spec's sharding in the same form as :func:`sharding_text` (``auto``/``unspecified`` as is)."""
+    if declared.kind != "spec":
+        return declared.kind
+    return format_dims(tuple(declared.dims) + (None,) * (rank - len(declared.dims)))
+
+
+def _itemsize(dtype: Any) -> int:
+    return int(getattr(dtype, "itemsize", 0) or 0)
+
+
+def input_leaves(inputs: AbstractInputs, compiled: Any) -> tuple[LeafReport, ...]:
+    """One :class:`LeafReport` per input leaf, in JAX's flattening order.
+
+    An input whose compiled sharding is None was pruned by the compiler (the function does not use
+    it): it is reported as unused, with no compiled sharding and no parameter number. The others
+    are numbered in order as the compiled module's entry parameters.
+    """
+    import jax
+
+    flat = jax.tree_util.tree_leaves(compiled.input_shardings, is_leaf=lambda x: x is None)
+    if len(flat) != len(inputs.leaves):
+        raise AssertionError(f"{len(flat)} compiled input shardings for {len(inputs.leaves)} input leaves")
+    structs = [x for x in jax.tree_util.tree_leaves((inputs.args, {k: v for k, v in inputs.kwargs.items()
+                                                                   if k not in inputs.static_argnames}))]
+    out = []
+    parameter = 0
+    for leaf, sharding, struct in zip(inputs.leaves, flat, structs):
+        rank = len(leaf.shape)
+        size = _itemsize(struct.dtype)
+        total = math.prod(leaf.shape) * size
+        if sharding is None:
+            out.append(LeafReport(leaf.path, leaf.shape, leaf.dtype, declared_text(leaf.declared, rank), None,
+                                  leaf.declared.kind == "auto", None, total, None, unused=True,
+                                  donated=leaf.donated, local_shape=leaf.local_shape, source=leaf.source))
+            continue
+        shard = tuple(sharding.shard_shape(leaf.shape))
+        out.append(LeafReport(leaf.path, leaf.shape, leaf.dtype, declared_text(leaf.declared, rank),
+                              sharding_text(sharding, rank), leaf.declared.kind == "auto", shard, total,
+                              math.prod(shard) * size, donated=leaf.donated, local_shape=leaf.local_shape,
+                              source=leaf.source, parameter=parameter))
+        parameter += 1
+    return tuple(out)
+
+
+def output_leaves(traced: Any, compiled: Any, declared_tree: Any) -> tuple[LeafReport, ...]:
+    """One :class:`LeafReport` per output leaf (paths start with ``out``).
+
+    ``declared_tree`` is the spec's ``out_shardings`` (None: every output is the compiler's choice).
+    """
+    import jax
+
+    with_paths, _ = jax.tree_util.tree_flatten_with_path(traced.out_info)
+    shardings = jax.tree_util.tree_leaves(compiled.output_shardings, is_leaf=lambda x: x is None)
+    declared = _declared_outputs(declared_tree, len(with_paths), traced.out_info)
+    out = []
+    for (kp, info), sharding, decl in zip(with_paths, shardings, declared):
+        shape = tuple(info.shape)
+        rank = len(shape)
+        size = _itemsize(info.dtype)
+        shard = tuple(sharding.shard_shape(shape)) if sharding is not None else None
+        out.append(LeafReport("out" + keypath_str(kp), shape, str(info.dtype),
+                              declared_text(decl, rank) if decl is not None else "unspecified",
+                              sharding_text(sharding, rank) if sharding is not None else None,
+                              decl is None or decl.kind in ("auto", "unspecified"), shard,
+                              math.prod(shape) * size, math.prod(shard) * size if shard is not None else None))
+    return tuple(out)
+
+
+def _declared_outputs(tree: Any, n: int, out_info: Any) -> list[Sharding | None]:
+    """The spec's out_shardings broadcast over the output leaves (a single sharding covers all)."""
+    import jax
+
+    if tree is None:
+        return [None] * n
+    if isinstance(tree, Sharding):
+        return [tree] * n
+    try:
+        # A prefix tree: each declared sharding covers the subtree of the output at its position.
+        return jax.tree_util.tree_leaves(
+            jax.tree_util.tree_map(lambda s, sub: [s] * len(jax.tree_util.tree_leaves(sub)), tree, out_info,
+                                   is_leaf=lambda x: isinstance(x, Sharding) or x is None))
+    except Exception:
+        return [None] * n

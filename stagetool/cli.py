@@ -1,0 +1,254 @@
+"""The ``stagetool`` command: a thin Typer layer over :mod:`stagetool.pipeline`.
+
+It parses options, calls the pipeline, picks a renderer and maps errors to exit codes
+(:class:`stagetool.errors.ExitCode`). Importing this module does not import JAX, so ``--help``
+and ``--version`` stay fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Iterator, Optional
+
+import typer
+
+from stagetool._version import __version__
+from stagetool.errors import ExitCode, StagetoolError, UsageError
+from stagetool.report import Format
+
+app = typer.Typer(
+    name="stagetool",
+    help="What will XLA do with my JAX function on this mesh? Stage it (trace → lower → compile) on "
+         "simulated CPU devices, attached accelerators or a compile-only TPU topology, and see the "
+         "shardings, collectives, cost and memory.",
+    no_args_is_help=True,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_enable=False,
+)
+
+# ---- options shared by the staging commands ---------------------------------------------------
+
+Target = Annotated[Optional[str], typer.Argument(
+    help="path/to/file.py:func, package.module:func or module:obj.attr; omit to run every function of the spec.",
+    show_default=False)]
+SpecOpt = Annotated[Optional[Path], typer.Option(
+    "--spec", "-s", help="The YAML spec. Default: <module>.stagetool.yaml beside the file, then ./stagetool.yaml.",
+    show_default=False)]
+MeshOpt = Annotated[Optional[str], typer.Option(
+    "--mesh", "-m", help="Mesh sizes, overriding the spec: 2x4 (in the spec's axis order) or data=2,model=4.",
+    show_default=False)]
+PlatformOpt = Annotated[Optional[str], typer.Option(
+    "--platform", help="Backend: cpu, gpu or tpu. Default: the spec's, else JAX's default.", show_default=False)]
+TopologyOpt = Annotated[Optional[str], typer.Option(
+    "--topology", help="Compile for a TPU topology without the hardware, e.g. v5e:2x4 (needs libtpu).",
+    show_default=False)]
+FunctionOpt = Annotated[Optional[str], typer.Option(
+    "--function", "-f", help="Run only this function of the spec.", show_default=False)]
+LocalAvalsOpt = Annotated[bool, typer.Option(
+    "--local-avals", help="Spec shapes are host-local (as one process sees them), like 'avals: local'.")]
+ProcessesOpt = Annotated[Optional[int], typer.Option(
+    "--processes", help="Simulate N processes laid over the devices in order (for local avals).",
+    show_default=False, min=1)]
+FormatOpt = Annotated[Format, typer.Option(
+    "--format", help="text: tables on a terminal (plain when piped); json: the versioned document; "
+                     "markdown: tables for a pull request.")]
+OutputOpt = Annotated[Optional[Path], typer.Option(
+    "--output", "-o", help="Write to FILE (atomically) instead of stdout.", show_default=False)]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
+PagerOpt = Annotated[bool, typer.Option("--pager", help="Page long module text on a terminal.")]
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"stagetool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """What will XLA do with my JAX function on this mesh?"""
+
+
+# ---- plumbing ---------------------------------------------------------------------------------
+
+
+def _stderr():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def _errors(debug: bool) -> Iterator[None]:
+    """Map stagetool errors to one message on stderr and a fixed exit code; tracebacks only with --debug."""
+    try:
+        yield
+    except StagetoolError as e:
+        if debug:
+            raise
+        err = _stderr()
+        err.print(f"[bold red]error:[/] {_escape(e.message)}")
+        frame = getattr(e, "user_frame", None)
+        if frame:
+            err.print(f"  at {_escape(frame)}")
+        if e.hint:
+            err.print(f"  [dim]hint:[/] {_escape(e.hint)}")
+        raise typer.Exit(int(e.exit_code)) from None
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _color(output: Optional[Path]) -> bool:
+    return output is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+
+
+def _width() -> int:
+    if sys.stdout.isatty():
+        import shutil
+
+        return shutil.get_terminal_size((120, 40)).columns
+    try:
+        return int(os.environ.get("COLUMNS", "120"))
+    except ValueError:
+        return 120
+
+
+def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) -> None:
+    """Render ``doc`` and write it to ``output`` (atomically) or stdout: only the payload goes there."""
+    from stagetool.report import render
+
+    color = _color(output) and fmt == Format.text
+    text = render(doc, fmt, color=color, width=_width())
+    if output is not None:
+        from stagetool.fileio import write_atomic
+
+        try:
+            write_atomic(output, text)
+        except OSError as e:
+            raise UsageError(f"--output {output}: cannot write: {e.strerror or e}") from None
+        _stderr().print(f"[dim]wrote {_escape(str(output))}[/]")
+    elif pager and sys.stdout.isatty():
+        import click
+
+        click.echo_via_pager(text, color=color)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def _status() -> Iterator[Any]:
+    """A status line on stderr naming the stage in progress (only when stderr is a terminal)."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    with _stderr().status("starting JAX…") as status:
+        def update(function: str, stage: str) -> None:
+            status.update(f"{function}: {stage}…")
+
+        yield update
+
+
+def _options(target, spec, mesh, platform, topology, function, local_avals, processes, dialect="stablehlo"):
+    from stagetool.pipeline import Options
+
+    return Options(target=target, spec=spec, mesh=mesh, platform=platform, topology=topology, function=function,
+                   local_avals=local_avals, processes=processes, dialect=dialect)
+
+
+def _analyze(command: str, options: Any, sections: list) -> Any:
+    from stagetool.pipeline import analyze
+
+    with _status() as on_stage:
+        return analyze(options, sections, command=command, on_stage=on_stage)
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+
+@app.command()
+def lower(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
+          topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
+          processes: ProcessesOpt = None,
+          dialect: Annotated[str, typer.Option("--dialect", help="stablehlo or hlo.")] = "stablehlo",
+          format: FormatOpt = Format.text, output: OutputOpt = None, pager: PagerOpt = False,
+          debug: DebugOpt = False) -> None:
+    """Print the lowered module (StableHLO, with the shardings as written). Does not compile."""
+    from stagetool.pipeline import Section
+
+    with _errors(debug):
+        if dialect not in ("stablehlo", "hlo"):
+            raise UsageError(f"--dialect {dialect!r} must be 'stablehlo' or 'hlo'")
+        opts = _options(target, spec, mesh, platform, topology, function, local_avals, processes, dialect)
+        emit(_analyze("lower", opts, [Section.LOWERED_TEXT]), format, output, pager=pager)
+
+
+@app.command("compile")
+def compile_(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
+             topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
+             processes: ProcessesOpt = None, format: FormatOpt = Format.text, output: OutputOpt = None,
+             pager: PagerOpt = False, debug: DebugOpt = False) -> None:
+    """Print the compiled module: optimized HLO after the SPMD partitioner, per device."""
+    from stagetool.pipeline import Section
+
+    with _errors(debug):
+        opts = _options(target, spec, mesh, platform, topology, function, local_avals, processes)
+        emit(_analyze("compile", opts, [Section.COMPILED_TEXT]), format, output, pager=pager)
+
+
+@app.command()
+def shardings(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
+              topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
+              processes: ProcessesOpt = None, format: FormatOpt = Format.text, output: OutputOpt = None,
+              debug: DebugOpt = False) -> None:
+    """For every input and output leaf: the sharding declared, the one compiled, and bytes per device."""
+    from stagetool.pipeline import Section
+
+    with _errors(debug):
+        opts = _options(target, spec, mesh, platform, topology, function, local_avals, processes)
+        emit(_analyze("shardings", opts, [Section.SHARDINGS]), format, output)
+
+
+@app.command()
+def devices(mesh: Annotated[Optional[str], typer.Option(
+                "--mesh", "-m", help="Lay a mesh over the devices, e.g. data=2,model=4.", show_default=False)] = None,
+            platform: PlatformOpt = None, topology: TopologyOpt = None, format: FormatOpt = Format.text,
+            output: OutputOpt = None, debug: DebugOpt = False) -> None:
+    """The platform, device kind and count, processes, and jax/jaxlib versions."""
+    with _errors(debug):
+        from stagetool.pipeline import devices_report
+
+        emit(devices_report(mesh=mesh, platform=platform, topology=topology), format, output)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console-script entry point; returns the exit code."""
+    try:
+        rv = app(args=argv, prog_name="stagetool", standalone_mode=False)
+    except typer.Exit as e:
+        return int(e.exit_code)
+    except SystemExit as e:  # pragma: no cover - click may still exit directly
+        return int(e.code or 0)
+    except Exception as e:
+        import click
+
+        if isinstance(e, click.exceptions.Abort):
+            return 130
+        if isinstance(e, click.ClickException):
+            e.show()
+            return int(ExitCode.USAGE)
+        raise
+    return rv if isinstance(rv, int) else int(ExitCode.OK)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,343 @@
+"""Abstract inputs: the spec's pytrees turned into ``jax.ShapeDtypeStruct``s on the mesh.
+
+Every leaf becomes a ``ShapeDtypeStruct`` with a ``NamedSharding``, except ``auto`` leaves, which
+carry no sharding so that the SPMD partitioner chooses it (JAX then sets
+``allow_spmd_sharding_propagation_to_parameters`` for them; the choice is read back from
+``compiled.input_shardings``). A leaf written without ``@`` is replicated.
+
+Leaves are named by key path, ``/``-separated, starting with the argument's name from the
+function's signature: ``params/layers/wq``, ``batch/tokens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable
+
+from stagetool.errors import SpecError, StagingError
+from stagetool.lowering.devices import DeviceSetup, local_mesh_sizes
+from stagetool.lowering.target import load_target, user_frame
+from stagetool.spec import (
+    REPLICATED,
+    CallSpec,
+    FunctionSpec,
+    InitSpec,
+    KeySpec,
+    LeafSpec,
+    Loc,
+    MeshSpec,
+    Sharding,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputLeaf:
+    """One array input of the function, in the order JAX flattens ``(args, kwargs)``.
+
+    Attributes:
+      path: key path, e.g. ``params/layers/wq``.
+      shape: global shape (the whole array).
+      local_shape: the shape as one process sees it under ``avals: local``, else None.
+      dtype: numpy dtype name (``bfloat16``) or PRNG key dtype (``key<fry>``).
+      declared: the sharding the spec asks for (``auto`` leaves have kind ``"auto"``).
+      source: where the leaf's shape or sharding was written (``file:line:col``), or None.
+      donated: whether the leaf belongs to a donated argument.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    local_shape: tuple[int, ...] | None
+    dtype: str
+    declared: Sharding
+    source: str | None
+    donated: bool
+
+
+@dataclasses.dataclass
+class AbstractInputs:
+    """What ``jax.jit(fn).trace`` is called with.
+
+    Attributes:
+      args: positional arguments, pytrees of ``jax.ShapeDtypeStruct`` (and plain Python values).
+      kwargs: keyword arguments, likewise; static arguments are included here by name.
+      leaves: one :class:`InputLeaf` per array leaf, in JAX's flattening order of ``(args, kwargs)``
+        without static arguments.
+      static_argnames: names of the static keyword arguments.
+      donate_argnums / donate_argnames: donated arguments.
+    """
+
+    args: tuple
+    kwargs: dict
+    leaves: list[InputLeaf]
+    static_argnames: tuple[str, ...]
+    donate_argnums: tuple[int, ...]
+    donate_argnames: tuple[str, ...]
+
+
+def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup, mesh_spec: MeshSpec, *,
+                 avals: str = "global") -> AbstractInputs:
+    """Build the abstract inputs of one function.
+
+    Args:
+      fspec: the function's spec.
+      fn: the loaded callable (for argument names).
+      setup: devices and mesh from :func:`stagetool.lowering.devices.provision`.
+      mesh_spec: the mesh's axis names and sizes.
+      avals: ``global`` (spec shapes are whole arrays) or ``local`` (as one process sees them).
+
+    Raises:
+      SpecError: every leaf whose sharding does not fit its shape (rank, or a dimension the mesh
+        axes do not divide), or that no rule matches, with its key path and spec location.
+      TargetError: an ``init`` or ``call`` target cannot be loaded.
+      StagingError: ``jax.eval_shape`` of an ``init`` function fails (exit code 3).
+    """
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    names = _arg_names(fn, len(fspec.args))
+    issues: list[str] = []
+    by_id: dict[int, InputLeaf] = {}
+    local_sizes = local_mesh_sizes(mesh_spec, setup.process_of_device) if avals == "local" else None
+    donated_nums = {d for d in fspec.donate if isinstance(d, int)}
+    donated_names = {d for d in fspec.donate if isinstance(d, str)}
+    axis_size = dict(mesh_spec.axes)
+
+    def to_struct(leaf: LeafSpec, sharding: Sharding, path: str, source: Loc | str | None, donated: bool):
+        shape = tuple(leaf.shape)
+        local_shape = None
+        if local_sizes is not None:
+            local_shape = shape
+            shape = _global_shape(shape, sharding, axis_size, local_sizes)
+        problem = check_fits(shape, sharding, axis_size)
+        if problem:
+            issues.append(f"{source}: {path}: {problem}")
+        dtype = _jax_dtype(leaf.dtype)
+        named = None
+        if sharding.kind != "auto":
+            named = NamedSharding(setup.mesh, PartitionSpec(*sharding.dims))
+        struct = jax.ShapeDtypeStruct(shape, dtype, sharding=named)
+        by_id[id(struct)] = InputLeaf(path, shape, local_shape, leaf.dtype, sharding,
+                                      str(source) if source else None, donated)
+        return struct
+
+    def convert(tree: Any, path: str, donated: bool) -> Any:
+        if isinstance(tree, LeafSpec):
+            sharding = tree.sharding if tree.sharding.kind != "unspecified" else REPLICATED
+            return to_struct(tree, sharding, path, tree.loc, donated)
+        if isinstance(tree, InitSpec):
+            return init_tree(tree, path, donated)
+        if isinstance(tree, KeySpec):
+            issues.append(f"{tree.loc}: {path}: key({tree.seed}) is a concrete key for init_args; "
+                          "an argument of the function takes an abstract key, e.g. 'key<fry>[]'")
+            return None
+        if isinstance(tree, CallSpec):
+            return build_call(tree, fspec)
+        if isinstance(tree, list):
+            return [convert(t, f"{path}/{i}", donated) for i, t in enumerate(tree)]
+        if isinstance(tree, tuple):
+            return tuple(convert(t, f"{path}/{i}", donated) for i, t in enumerate(tree))
+        if isinstance(tree, dict):
+            return {k: convert(v, f"{path}/{k}", donated) for k, v in tree.items()}
+        if isinstance(tree, (bool, int, float)):
+            # A Python number is traced as a weakly typed scalar, as jax.jit does with a literal.
+            dtype = "bool" if isinstance(tree, bool) else "int32" if isinstance(tree, int) else "float32"
+            struct = jax.ShapeDtypeStruct((), _jax_dtype(dtype), weak_type=not isinstance(tree, bool),
+                                          sharding=NamedSharding(setup.mesh, PartitionSpec()))
+            by_id[id(struct)] = InputLeaf(path, (), None, dtype, REPLICATED, None, donated)
+            return struct
+        return tree
+
+    def init_tree(init: InitSpec, path: str, donated: bool) -> Any:
+        shapes = eval_init(init, fspec)
+        flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+        out = []
+        for kp, value in flat:
+            leaf_path = path + keypath_str(kp)
+            if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+                out.append(value)
+                continue
+            sharding, source = REPLICATED, init.loc
+            if init.rules:
+                for rule in init.rules:
+                    if rule.pattern.search(leaf_path):
+                        sharding, source = rule.sharding, rule.loc
+                        break
+                else:
+                    issues.append(f"{init.loc}: {init.path}.rules: no rule matches leaf {leaf_path!r} "
+                                  f"({_dtype_name(value.dtype)}{list(value.shape)}); add a rule such as "
+                                  "['.*', replicated] at the end")
+                    out.append(jax.ShapeDtypeStruct(value.shape, value.dtype))
+                    continue
+            leaf = LeafSpec(tuple(value.shape), _dtype_name(value.dtype), sharding, init.loc)
+            out.append(to_struct(leaf, sharding, leaf_path, source, donated))
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    args = tuple(convert(a, names[i], i in donated_nums) for i, a in enumerate(fspec.args))
+    kwargs = {k: convert(v, k, k in donated_names) for k, v in fspec.kwargs.items()}
+    static = {k: (build_call(v, fspec) if isinstance(v, CallSpec) else v) for k, v in fspec.static.items()}
+    if issues:
+        raise SpecError(issues, hint="shard a dimension only over mesh axes whose sizes divide it")
+    # The order JAX flattens (args, kwargs) in (dict keys sorted), as in compiled.input_shardings.
+    leaves = [by_id[id(x)] for x in jax.tree_util.tree_leaves((args, kwargs)) if id(x) in by_id]
+    kwargs.update(static)
+    return AbstractInputs(args, kwargs, leaves, tuple(static), tuple(sorted(donated_nums)),
+                          tuple(sorted(donated_names)))
+
+
+def check_fits(shape: tuple[int, ...], sharding: Sharding, axis_size: dict[str, int]) -> str | None:
+    """Why ``sharding`` cannot lay out an array of ``shape``, or None when it can.
+
+    A PartitionSpec may be shorter than the rank (trailing dimensions replicated) but not longer,
+    and each dimension must be divisible by the product of the sizes of the mesh axes sharding it.
+    """
+    if sharding.kind != "spec":
+        return None
+    if len(sharding.dims) > len(shape):
+        return (f"sharding {sharding} has {len(sharding.dims)} entries, but the array has rank {len(shape)} "
+                f"(shape {list(shape)})" + ("; for scalars write 'replicated'" if not shape else ""))
+    for i, d in enumerate(sharding.dims):
+        if d is None:
+            continue
+        axes = (d,) if isinstance(d, str) else d
+        product = 1
+        for a in axes:
+            product *= axis_size.get(a, 1)
+        if shape[i] % product:
+            return (f"dimension {i} of size {shape[i]} is not divisible by {product}, the size of mesh "
+                    f"axis {' × '.join(repr(a) for a in axes)}" + (f" ({' × '.join(str(axis_size[a]) for a in axes)})" if len(axes) > 1 else ""))
+    return None
+
+
+def _global_shape(local: tuple[int, ...], sharding: Sharding, axis_size: dict[str, int],
+                  local_sizes: dict[str, int]) -> tuple[int, ...]:
+    """``local × mesh(A) / local_mesh(A)`` per dimension sharded over axes A (see ``local_mesh_sizes``)."""
+    if sharding.kind != "spec":
+        return local
+    out = list(local)
+    for i, d in enumerate(sharding.dims[: len(local)]):
+        if d is None:
+            continue
+        for a in (d,) if isinstance(d, str) else d:
+            out[i] = out[i] * axis_size[a] // local_sizes[a]
+    return tuple(out)
+
+
+def eval_init(init: InitSpec, fspec: FunctionSpec) -> Any:
+    """``jax.eval_shape`` of an ``init`` function: a pytree of ``ShapeDtypeStruct`` (no FLOPs run).
+
+    Leaf and key arguments are traced; plain values are bound as Python constants.
+
+    Raises:
+      StagingError: the init function fails under ``eval_shape`` (stage ``"init"``).
+    """
+    import jax
+
+    target = load_target(init.target, base_dir=fspec.base_dir)
+    traced_pos: list[int] = []
+    args: list[Any] = []
+    for i, a in enumerate(init.args):
+        v = _init_value(a, fspec)
+        if _is_abstract(a):
+            traced_pos.append(i)
+        args.append(v)
+    kwargs = {k: _init_value(v, fspec) for k, v in init.kwargs.items()}
+    traced_kw = [k for k, v in init.kwargs.items() if _is_abstract(v)]
+
+    def call(*dyn: Any) -> Any:
+        full = list(args)
+        for pos, value in zip(traced_pos, dyn[: len(traced_pos)]):
+            full[pos] = value
+        kw = dict(kwargs)
+        kw.update(zip(traced_kw, dyn[len(traced_pos):]))
+        return target.fn(*full, **kw)
+
+    dyn = [args[i] for i in traced_pos] + [kwargs[k] for k in traced_kw]
+    try:
+        return jax.eval_shape(call, *dyn)
+    except Exception as e:  # the user's init failed under tracing
+        raise StagingError(f"{type(e).__name__}: {e}", stage="init", function=fspec.name,
+                           user_frame=user_frame(e, [target.module_file or ""])) from None
+
+
+def _is_abstract(v: Any) -> bool:
+    import jax
+
+    return any(isinstance(x, (LeafSpec, KeySpec)) for x in jax.tree_util.tree_leaves(
+        v, is_leaf=lambda x: isinstance(x, (LeafSpec, KeySpec, CallSpec))))
+
+
+def _init_value(v: Any, fspec: FunctionSpec) -> Any:
+    import jax
+
+    def one(x: Any) -> Any:
+        if isinstance(x, LeafSpec):
+            return jax.ShapeDtypeStruct(x.shape, _jax_dtype(x.dtype))
+        if isinstance(x, KeySpec):
+            return jax.random.key(x.seed)
+        if isinstance(x, CallSpec):
+            return build_call(x, fspec)
+        return x
+
+    return jax.tree_util.tree_map(one, v, is_leaf=lambda x: isinstance(x, (LeafSpec, KeySpec, CallSpec)))
+
+
+def build_call(call: CallSpec, fspec: FunctionSpec) -> Any:
+    """Build ``target(*args, **kwargs)`` for a ``{call: ...}`` node (a config, a model definition).
+
+    Raises:
+      TargetError: the callable cannot be loaded or raises.
+    """
+    from stagetool.errors import TargetError
+
+    target = load_target(call.target, base_dir=fspec.base_dir)
+    args = [build_call(a, fspec) if isinstance(a, CallSpec) else a for a in call.args]
+    kwargs = {k: build_call(v, fspec) if isinstance(v, CallSpec) else v for k, v in call.kwargs.items()}
+    try:
+        return target.fn(*args, **kwargs)
+    except Exception as e:
+        raise TargetError(f"{call.loc}: calling {call.target} failed: {type(e).__name__}: {e}") from None
+
+
+def _arg_names(fn: Callable[..., Any], n: int) -> list[str]:
+    """Names of the first ``n`` positional parameters, ``args[i]`` where unknown."""
+    names = [f"args[{i}]" for i in range(n)]
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return names
+    for i in range(min(n, len(params))):
+        names[i] = params[i].name
+    return names
+
+
+def keypath_str(kp: tuple) -> str:
+    """A JAX key path as ``/``-separated text with a leading ``/``: ``/layers/0/wq``."""
+    out = ""
+    for k in kp:
+        for attr in ("key", "idx", "name"):
+            if hasattr(k, attr):
+                out += f"/{getattr(k, attr)}"
+                break
+        else:
+            out += f"/{k}"
+    return out
+
+
+def _dtype_name(dtype: Any) -> str:
+    """``float32``, ``bfloat16``, ``key<fry>``: numpy's name, or JAX's for PRNG key dtypes."""
+    return str(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_dtype(name: str) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    if name.startswith("key<"):
+        impl = name[4:-1]
+        impl = {"fry": "threefry2x32", "threefry2x32": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}[impl]
+        return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
+    return jnp.dtype(name)

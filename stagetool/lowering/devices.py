@@ -1,0 +1,166 @@
+"""Devices and the mesh: simulated CPU devices, attached GPUs/TPUs, or a compile-only TPU topology.
+
+On CPU, :func:`provision` asks JAX for as many host devices as the mesh needs
+(``jax_num_cpu_devices``) before the backend starts, so ``--mesh 2x4`` works on a one-core laptop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from stagetool.errors import UsageError
+from stagetool.spec import MeshSpec
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSetup:
+    """The devices a function is staged on and the mesh laid over them.
+
+    Attributes:
+      platform: ``cpu``, ``gpu`` or ``tpu`` (JAX's platform name of the devices).
+      device_kind: ``device.device_kind`` of the first mesh device (e.g. ``"cpu"``, ``"TPU v5 lite"``).
+      devices: the mesh's devices in mesh order (``mesh.devices.flat``).
+      mesh: the ``jax.sharding.Mesh`` (axis types Auto unless the spec says explicit).
+      topology: the compile-only topology name, or None for attached devices.
+      process_count: how many processes (hosts) the devices span; with ``--processes N`` the
+        simulated count.
+      process_of_device: for each mesh device, in mesh order, the process (host) index it belongs to.
+    """
+
+    platform: str
+    device_kind: str
+    devices: tuple
+    mesh: Any
+    topology: str | None
+    process_count: int
+    process_of_device: tuple[int, ...]
+
+
+def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str | None = None,
+              processes: int | None = None) -> DeviceSetup:
+    """Make the devices ready and lay the mesh over them.
+
+    Args:
+      mesh_spec: axis names and sizes; no axes means a single device.
+      platform: ``cpu`` | ``gpu`` | ``tpu``; None takes JAX's default backend (an attached
+        accelerator if there is one, else CPU).
+      topology: a compile-only TPU topology such as ``v5e:2x4``.
+      processes: simulate this many processes (hosts) laid over the devices in order, for local
+        avals; None uses the real process layout.
+
+    Raises:
+      UsageError: an unknown platform, too few devices, or a process count that does not divide
+        the devices.
+    """
+    if platform is not None and platform not in PLATFORMS:
+        raise UsageError(f"--platform {platform!r} is not one of {', '.join(PLATFORMS)}")
+    needed = max(mesh_spec.device_count, 1)
+    if topology is not None:
+        from stagetool.lowering import topology as topo
+
+        devices = list(topo.tpu_topology_devices(topology))
+        where = f"topology {topology}"
+    else:
+        import jax
+
+        if platform in (None, "cpu"):
+            _request_cpu_devices(jax, needed)
+        try:
+            devices = jax.devices(platform) if platform else jax.devices()
+        except RuntimeError as e:
+            raise UsageError(f"--platform {platform}: no such backend here ({str(e).splitlines()[0]})",
+                             hint="run 'stagetool devices' to see what JAX finds, or use --platform cpu") from None
+        where = f"platform {devices[0].platform}"
+    if len(devices) < needed:
+        hint = None
+        if devices[0].platform == "cpu":
+            hint = ("the CPU backend started with fewer host devices; run stagetool in a fresh process "
+                    "(or set XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts)")
+        else:
+            hint = "use --platform cpu to simulate the mesh on host devices, or a smaller --mesh"
+        raise UsageError(f"the mesh {mesh_spec} needs {needed} devices, but {where} has {len(devices)}",
+                         hint=hint)
+    used = devices[:needed]
+    mesh = _make_mesh(mesh_spec, used)
+    ordered = tuple(mesh.devices.flat)
+    if processes is not None:
+        if processes < 1 or len(ordered) % processes:
+            raise UsageError(f"--processes {processes} must divide the mesh's {len(ordered)} devices")
+        per = len(ordered) // processes
+        position = {d: i for i, d in enumerate(used)}
+        process_of = tuple(position[d] // per for d in ordered)
+        count = processes
+    else:
+        process_of = tuple(getattr(d, "process_index", 0) for d in ordered)
+        count = len(set(process_of))
+    return DeviceSetup(
+        platform=ordered[0].platform,
+        device_kind=str(getattr(ordered[0], "device_kind", ordered[0].platform)),
+        devices=ordered,
+        mesh=mesh,
+        topology=topology,
+        process_count=count,
+        process_of_device=process_of,
+    )
+
+
+def _request_cpu_devices(jax: Any, n: int) -> None:
+    """Ask for ``n`` host CPU devices; a no-op when the backend has already started."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" in flags:
+        return
+    try:
+        current = jax.config.jax_num_cpu_devices  # -1: not set
+        if current < n:
+            jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:
+        pass  # the backend already runs (a notebook, a test session): use the devices it has
+
+
+def _make_mesh(mesh_spec: MeshSpec, devices: list) -> Any:
+    import numpy as np
+    from jax.sharding import AxisType, Mesh
+
+    if not mesh_spec.axes:
+        return Mesh(np.array(devices[:1]).reshape(()), ())
+    kind = AxisType.Explicit if mesh_spec.axis_types == "explicit" else AxisType.Auto
+    import jax
+
+    try:
+        return jax.make_mesh(mesh_spec.sizes, mesh_spec.names, axis_types=(kind,) * len(mesh_spec.axes),
+                             devices=devices)
+    except (ValueError, NotImplementedError):
+        # make_mesh insists on a physical-topology-aware order on some platforms; the plain order works.
+        return Mesh(np.array(devices).reshape(mesh_spec.sizes), mesh_spec.names,
+                    axis_types=(kind,) * len(mesh_spec.axes))
+
+
+def local_mesh_sizes(mesh_spec: MeshSpec, process_of_device: tuple[int, ...], process: int = 0) -> dict[str, int]:
+    """How many mesh positions along each axis belong to one process (its local mesh).
+
+    ``process_of_device`` lists the process of each mesh device in mesh (row-major) order. A
+    host-local array dimension sharded over axes ``A`` covers ``prod(local sizes along A)`` of the
+    ``prod(mesh sizes along A)`` shards, so its global size is ``local × mesh(A) / local(A)``, as in
+    ``jax.experimental.multihost_utils.host_local_array_to_global_array``.
+
+    Raises:
+      UsageError: when the process's devices do not form a sub-mesh (a box) of the mesh.
+    """
+    import itertools
+
+    sizes = mesh_spec.sizes
+    coords = [c for c, p in zip(itertools.product(*[range(s) for s in sizes]), process_of_device) if p == process]
+    local = {}
+    box = 1
+    for axis, name in enumerate(mesh_spec.names):
+        n = len({c[axis] for c in coords})
+        local[name] = n
+        box *= n
+    if box != len(coords):
+        raise UsageError(f"the devices of process {process} do not form a sub-mesh of {mesh_spec}; "
+                         "local avals need each process to hold a box of the mesh")
+    return local

@@ -1,0 +1,148 @@
+"""Stage a function through ``jax.jit``: trace → lower → compile, each timed.
+
+Like ``jax.stages`` itself, each step returns the next and a caller may stop at any stage:
+``lower`` never compiles. The mesh is the ambient mesh (``jax.set_mesh``) while the function is
+traced and lowered, so user code that writes bare ``PartitionSpec``s in sharding constraints works
+as it does in the user's job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+from stagetool.errors import StagingError
+from stagetool.lowering.avals import AbstractInputs
+from stagetool.lowering.target import Target, user_frame
+from stagetool.spec import FunctionSpec, Sharding
+
+STAGES = ("trace", "lower", "compile")
+
+
+@dataclasses.dataclass(frozen=True)
+class StageTimings:
+    """Wall-clock seconds of each stage; None for a stage that did not run."""
+
+    trace_s: float | None = None
+    lower_s: float | None = None
+    compile_s: float | None = None
+
+
+@dataclasses.dataclass
+class Staged:
+    """A function staged up to some point.
+
+    Attributes:
+      traced: ``jax.stages.Traced``.
+      lowered: ``jax.stages.Lowered``.
+      compiled: ``jax.stages.Compiled``, or None when staging stopped at ``lower``.
+      timings: seconds per stage.
+      jitted: the ``jax.jit``-wrapped function that was staged.
+    """
+
+    traced: Any
+    lowered: Any
+    compiled: Any | None
+    timings: StageTimings
+    jitted: Any
+
+
+def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, mesh: Any) -> Any:
+    """``jax.jit`` the target with the spec's static, donated and out-sharding options.
+
+    A target that is already ``jax.jit``-wrapped keeps its own options and is used as it is,
+    unless the spec adds donation or out shardings, in which case it is wrapped once more (the
+    inner jit then becomes a nested call of the outer one).
+    """
+    import jax
+
+    fn = target.fn
+    already = isinstance(fn, jax.stages.Wrapped)
+    out_shardings = _out_shardings(fspec.out_shardings, mesh)
+    if already and not fspec.donate and fspec.out_shardings is None:
+        return fn
+    options: dict[str, Any] = {}
+    if inputs.static_argnames:
+        options["static_argnames"] = inputs.static_argnames
+    if inputs.donate_argnums:
+        options["donate_argnums"] = inputs.donate_argnums
+    if inputs.donate_argnames:
+        options["donate_argnames"] = inputs.donate_argnames
+    if fspec.out_shardings is not None:
+        options["out_shardings"] = out_shardings
+    return jax.jit(fn, **options)
+
+
+def _out_shardings(tree: Any, mesh: Any) -> Any:
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def one(s: Any) -> Any:
+        if isinstance(s, Sharding):
+            if s.kind == "spec":
+                return NamedSharding(mesh, PartitionSpec(*s.dims))
+            return None  # auto / unspecified: the compiler chooses
+        if isinstance(s, (list, tuple)):
+            return type(s)(one(x) for x in s)
+        if isinstance(s, dict):
+            return {k: one(v) for k, v in s.items()}
+        return s
+
+    return one(tree)
+
+
+def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_files: list[str],
+          until: str = "compile", compiler_options: dict | None = None,
+          on_stage: Callable[[str], None] | None = None) -> Staged:
+    """Trace, lower and (unless ``until="lower"``) compile.
+
+    Args:
+      jitted: a ``jax.jit``-wrapped callable.
+      inputs: abstract inputs from :func:`stagetool.lowering.avals.build_inputs`.
+      mesh: the ``jax.sharding.Mesh``, made ambient while tracing and lowering.
+      name: the function's name, for error messages.
+      user_files: the user's source files, to find the user's frame in a traceback.
+      until: ``"lower"`` or ``"compile"``.
+      compiler_options: passed to ``Lowered.compile``.
+      on_stage: called with ``"trace"``, ``"lower"``, ``"compile"`` as each stage starts.
+
+    Raises:
+      StagingError: JAX/XLA failed in a stage (exit code 3), with JAX's message and the user's frame.
+    """
+    import jax
+
+    timings: dict[str, float] = {}
+
+    def run(stage_name: str, fn: Callable[[], Any]) -> Any:
+        if on_stage:
+            on_stage(stage_name)
+        start = time.perf_counter()
+        try:
+            with jax.set_mesh(mesh):
+                out = fn()
+        except Exception as e:
+            raise _staging_error(e, stage_name, name, user_files) from None
+        timings[stage_name] = time.perf_counter() - start
+        return out
+
+    traced = run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs))
+    lowered = run("lower", traced.lower)
+    compiled = None
+    if until == "compile":
+        compiled = run("compile", lambda: lowered.compile(compiler_options) if compiler_options
+                       else lowered.compile())
+    return Staged(traced, lowered, compiled,
+                  StageTimings(timings.get("trace"), timings.get("lower"), timings.get("compile")), jitted)
+
+
+def _staging_error(e: Exception, stage_name: str, name: str, user_files: list[str]) -> StagingError:
+    text = str(e).strip()
+    # JAX appends a long "The stack trace below excludes JAX-internal frames" note; keep the message.
+    for marker in ("\n--------------------", "\nThe stack trace below excludes JAX-internal frames"):
+        if marker in text:
+            text = text.split(marker, 1)[0].rstrip()
+    lines = text.splitlines()
+    if len(lines) > 25:
+        text = "\n".join(lines[:25] + [f"... ({len(lines) - 25} more lines; --debug shows everything)"])
+    return StagingError(f"{name}: {stage_name} failed: {type(e).__name__}: {text}", stage=stage_name,
+                        function=name, user_frame=user_frame(e, user_files))

@@ -1,0 +1,277 @@
+"""The pipeline: options → spec → target → devices + mesh → abstract inputs → stages → report.
+
+One direction, no back-and-forth. :func:`analyze` is the Python API behind every command; it
+returns a :class:`stagetool.report.model.Report` that renderers present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from stagetool.errors import SpecError, UsageError
+from stagetool.spec import FunctionSpec, MeshSpec, Spec, find_spec, load_spec, parse_mesh_option
+
+
+class Section(str, enum.Enum):
+    """What a report holds. Each section costs what its analysis needs and no more."""
+
+    LOWERED_TEXT = "lowered_text"
+    """The lowered module's text (StableHLO, or HLO with ``dialect="hlo"``); does not compile."""
+    COMPILED_TEXT = "compiled_text"
+    """The compiled (optimized, SPMD-partitioned) HLO module."""
+    SHARDINGS = "shardings"
+    COST = "cost"
+    MEMORY = "memory"
+    COLLECTIVES = "collectives"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What to stage and where; mirrors the CLI's common options.
+
+    Attributes:
+      target: ``file.py:func`` / ``pkg.mod:func``, or None for every function of the spec.
+      spec: the spec file, or None to search for it (see :func:`stagetool.spec.spec_candidates`).
+      mesh: ``2x4`` or ``data=2,model=4``, overriding the spec's mesh sizes.
+      platform: ``cpu`` | ``gpu`` | ``tpu``.
+      topology: a compile-only TPU topology (``v5e:2x4``).
+      function: run only the spec function of this name.
+      local_avals: take spec shapes as host-local (``avals: local``).
+      processes: simulate this many processes (hosts) for local avals.
+      dialect: ``stablehlo`` or ``hlo`` for the lowered module's text.
+    """
+
+    target: str | None = None
+    spec: Path | None = None
+    mesh: str | None = None
+    platform: str | None = None
+    topology: str | None = None
+    function: str | None = None
+    local_avals: bool = False
+    processes: int | None = None
+    dialect: str = "stablehlo"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The validated spec, the functions to run, and the effective mesh."""
+
+    spec: Spec
+    functions: tuple[FunctionSpec, ...]
+    mesh: MeshSpec
+    platform: str | None
+    topology: str | None
+    avals: str
+
+
+def make_plan(options: Options) -> Plan:
+    """Find and validate the spec and pick the functions to run.
+
+    Raises:
+      UsageError: no spec found (naming the paths tried), a TARGET the spec does not describe,
+        an unknown ``--function``, or a bad ``--mesh``.
+      SpecError: the spec is invalid.
+    """
+    spec_path = options.spec
+    if spec_path is None:
+        spec_path, tried = find_spec(options.target)
+        if spec_path is None:
+            raise UsageError("no spec found; tried " + ", ".join(str(p) for p in tried),
+                             hint="pass --spec FILE, or write one of those files (README: 'The spec')")
+    spec = load_spec(spec_path)
+    functions = list(spec.functions.values())
+    if options.target:
+        functions = [f for f in functions if _same_target(options.target, f)]
+        if not functions:
+            described = ", ".join(f"{f.name} ({f.target})" for f in spec.functions.values()) or "none"
+            raise UsageError(f"the spec {spec_path} does not describe {options.target}; it has: {described}",
+                             hint="add the function under 'functions:' or pass the right --spec")
+    if options.function:
+        if options.function not in spec.functions:
+            raise UsageError(f"--function {options.function!r} is not in {spec_path}; it has: "
+                             + ", ".join(spec.functions))
+        functions = [f for f in functions if f.name == options.function]
+    if not functions:
+        raise UsageError(f"the spec {spec_path} has no functions to run")
+    mesh = spec.mesh
+    if options.mesh:
+        try:
+            mesh = parse_mesh_option(options.mesh, spec.mesh)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    platform = options.platform or spec.platform
+    topology = options.topology or spec.topology
+    avals = "local" if options.local_avals else spec.avals
+    return Plan(spec, tuple(functions), mesh, platform, topology, avals)
+
+
+def _same_target(target: str, fspec: FunctionSpec) -> bool:
+    """Whether the command-line TARGET names the same callable as the spec's target."""
+    from stagetool.lowering.target import split_target
+
+    try:
+        a_mod, a_attr = split_target(target)
+        b_mod, b_attr = split_target(fspec.target)
+    except Exception:
+        return False
+    if a_attr != b_attr:
+        return False
+    if a_mod.endswith(".py") and b_mod.endswith(".py"):
+        return Path(a_mod).resolve() == (fspec.base_dir / b_mod).resolve()
+    return a_mod == b_mod
+
+
+def analyze(options: Options, sections: Iterable[Section] = (Section.SHARDINGS,), *,
+            command: str = "analyze", on_stage: Callable[[str, str], None] | None = None,
+            isolate_errors: bool = False):
+    """Stage every function of the plan and analyse it: the Python API behind every command.
+
+    Args:
+      options: what to stage and where.
+      sections: what the report should hold; compiling is skipped when only
+        :attr:`Section.LOWERED_TEXT` is asked for.
+      command: recorded in the report.
+      on_stage: called with ``(function name, stage)`` as each stage starts (for a status line).
+
+    Returns:
+      A :class:`stagetool.report.model.Report`.
+
+    Raises:
+      UsageError, SpecError, TargetError: bad options, spec or target (exit code 2).
+      StagingError: JAX failed to trace, lower or compile (exit code 3).
+    """
+    from stagetool.report.model import Report
+
+    plan = make_plan(options)
+    wanted = set(sections)
+    reports = tuple(_function_report(plan, f, wanted, options, on_stage) for f in plan.functions)
+    return Report(command, _version(), *_jax_versions(), reports)
+
+
+def staged_functions(options: Options, *, until: str = "compile",
+                     on_stage: Callable[[str, str], None] | None = None) -> Iterator[tuple[FunctionSpec, Any, Any]]:
+    """Yield ``(function spec, abstract inputs, Staged)`` for each function: for callers that want the
+    JAX stage objects themselves (notebooks, tests)."""
+    plan = make_plan(options)
+    setup = _provision(plan, options)
+    for fspec in plan.functions:
+        inputs, staged = _stage(plan, fspec, setup, until, on_stage)
+        yield fspec, inputs, staged
+
+
+_SETUP_CACHE: dict[tuple, Any] = {}
+
+
+def _provision(plan: Plan, options: Options) -> Any:
+    from stagetool.lowering.devices import provision
+
+    key = (plan.mesh, plan.platform, plan.topology, options.processes)
+    if key not in _SETUP_CACHE:
+        _SETUP_CACHE[key] = provision(plan.mesh, platform=plan.platform, topology=plan.topology,
+                                      processes=options.processes)
+    return _SETUP_CACHE[key]
+
+
+def _stage(plan: Plan, fspec: FunctionSpec, setup: Any, until: str,
+           on_stage: Callable[[str, str], None] | None) -> tuple[Any, Any]:
+    from stagetool.lowering.avals import build_inputs
+    from stagetool.lowering.stages import jit_function, stage
+    from stagetool.lowering.target import load_target
+
+    target = load_target(fspec.target, base_dir=fspec.base_dir)
+    inputs = build_inputs(fspec, target.fn, setup, plan.mesh, avals=plan.avals)
+    jitted = jit_function(target, fspec, inputs, setup.mesh)
+    user_files = [target.module_file] if target.module_file else []
+    staged = stage(jitted, inputs, setup.mesh, name=fspec.name, user_files=user_files, until=until,
+                   on_stage=(lambda s: on_stage(fspec.name, s)) if on_stage else None)
+    return inputs, staged
+
+
+def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], options: Options,
+                     on_stage: Callable[[str, str], None] | None):
+    from stagetool.report.model import FunctionReport, MeshReport, ModuleText, StageTimes
+
+    setup = _provision(plan, options)
+    needs_compile = bool(wanted - {Section.LOWERED_TEXT})
+    inputs, staged = _stage(plan, fspec, setup, "compile" if needs_compile else "lower", on_stage)
+    mesh = MeshReport(plan.mesh.axes, plan.mesh.axis_types, setup.platform, setup.device_kind,
+                      len(setup.devices), setup.process_count, setup.topology)
+    t = staged.timings
+    fields: dict[str, Any] = {}
+    if Section.LOWERED_TEXT in wanted:
+        text = staged.lowered.as_text(dialect=options.dialect) if options.dialect != "stablehlo" \
+            else staged.lowered.as_text()
+        fields["module"] = ModuleText("lowered", options.dialect, text)
+    if Section.COMPILED_TEXT in wanted:
+        fields["module"] = ModuleText("compiled", "hlo", staged.compiled.as_text())
+    if Section.SHARDINGS in wanted:
+        from stagetool.analysis.shardings import input_leaves, output_leaves
+
+        fields["inputs"] = input_leaves(inputs, staged.compiled)
+        fields["outputs"] = output_leaves(staged.traced, staged.compiled, fspec.out_shardings)
+    notes = []
+    if plan.avals == "local":
+        notes.append(f"shapes in the spec are host-local; global shapes computed for {setup.process_count} "
+                     f"process(es)" + (" (simulated with --processes)" if options.processes else ""))
+    return FunctionReport(fspec.name, fspec.target, mesh, StageTimes(t.trace_s, t.lower_s, t.compile_s),
+                          notes=tuple(notes), **fields)
+
+
+def _version() -> str:
+    from stagetool._version import __version__
+
+    return __version__
+
+
+def _jax_versions() -> tuple[str, str]:
+    import jax
+    import jaxlib
+
+    return jax.__version__, jaxlib.__version__
+
+
+def devices_report(*, mesh: str | None = None, platform: str | None = None, topology: str | None = None):
+    """What ``stagetool devices`` shows: a :class:`stagetool.report.model.DevicesReport`.
+
+    With ``mesh`` (``data=2,model=4``), CPU devices are provisioned for it and the mesh's device
+    order is included.
+
+    Raises:
+      UsageError: a bad ``--mesh``, platform or topology, or too few devices.
+    """
+    from stagetool.lowering.devices import provision
+    from stagetool.report.model import DeviceInfo, DevicesReport
+
+    mesh_spec = MeshSpec(())
+    if mesh:
+        try:
+            mesh_spec = parse_mesh_option(mesh, MeshSpec(()))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    setup = provision(mesh_spec, platform=platform, topology=topology)
+    if topology is None:
+        import jax
+
+        all_devices = jax.devices(setup.platform)
+    else:
+        all_devices = list(setup.devices)
+    infos = tuple(DeviceInfo(int(d.id), int(getattr(d, "process_index", 0)), str(getattr(d, "device_kind", "")),
+                             tuple(int(c) for c in d.coords) if getattr(d, "coords", None) is not None else None)
+                  for d in all_devices)
+    memory = None
+    try:
+        stats = all_devices[0].memory_stats()
+        memory = int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+    except Exception:
+        memory = None
+    jax_v, jaxlib_v = _jax_versions()
+    return DevicesReport(
+        platform=setup.platform, device_kind=setup.device_kind, device_count=len(infos),
+        process_count=len({i.process_index for i in infos}), jax_version=jax_v, jaxlib_version=jaxlib_v,
+        stagetool_version=_version(), topology=topology, devices=infos,
+        mesh=mesh_spec.axes or None,
+        mesh_device_ids=tuple(int(d.id) for d in setup.devices) if mesh_spec.axes else None,
+        memory_bytes_per_device=memory)

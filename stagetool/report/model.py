@@ -1,0 +1,211 @@
+"""The report: plain, frozen, JSON-serialisable records of what stagetool found.
+
+Nothing here imports JAX or Rich. The analysis fills these records; renderers (``text``, ``json``,
+``markdown``) present them. A section that was not computed is None, and renderers skip it.
+
+The JSON form (:func:`to_json`) is versioned by :data:`SCHEMA_VERSION` and documented in README.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshReport:
+    """The mesh a function was staged on.
+
+    Attributes:
+      axes: ``(name, size)`` pairs in mesh order.
+      axis_types: ``auto`` or ``explicit``.
+      platform: ``cpu`` | ``gpu`` | ``tpu``.
+      device_kind: e.g. ``cpu``, ``NVIDIA H100 80GB HBM3``, ``TPU v5 lite``.
+      device_count: devices in the mesh.
+      process_count: processes (hosts) the mesh spans (simulated with ``--processes``).
+      topology: compile-only TPU topology name, or None.
+    """
+
+    axes: tuple[tuple[str, int], ...]
+    axis_types: str
+    platform: str
+    device_kind: str
+    device_count: int
+    process_count: int
+    topology: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StageTimes:
+    """Wall-clock seconds of trace, lower and compile (None: the stage did not run)."""
+
+    trace_s: float | None
+    lower_s: float | None
+    compile_s: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafReport:
+    """The sharding of one input or output leaf.
+
+    Attributes:
+      path: key path, ``params/layers/wq`` (inputs start with the argument name, outputs with ``out``).
+      shape: global shape.
+      dtype: numpy dtype name or PRNG key dtype.
+      declared: the sharding the spec asks for, as JAX prints a PartitionSpec (``P('data', None)``),
+        or ``auto`` (the partitioner chooses) or ``unspecified`` (outputs without out_shardings).
+      compiled: the sharding the compiled program uses (``compiled.input_shardings`` /
+        ``output_shardings``), in the same form; None for an input the compiler pruned as unused.
+      chosen_by_partitioner: the compiled sharding was the SPMD partitioner's choice (``auto`` or
+        unspecified in the spec).
+      shard_shape: the per-device shard's shape (``sharding.shard_shape(shape)``); None if unused.
+      bytes_global: bytes of the whole array: elements × dtype size.
+      bytes_per_device: bytes of one device's shard: shard elements × dtype size; None if unused.
+      unused: the compiler pruned this input (the function does not use it).
+      donated: donation was requested for this input.
+      local_shape: under ``avals: local``, the host-local shape the spec gave; else None.
+      source: ``file:line:col`` of the spec node that set the shape or sharding, or None.
+      parameter: the entry computation parameter number of this input in the compiled module;
+        None for outputs and unused inputs.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    declared: str
+    compiled: str | None
+    chosen_by_partitioner: bool
+    shard_shape: tuple[int, ...] | None
+    bytes_global: int
+    bytes_per_device: int | None
+    unused: bool = False
+    donated: bool = False
+    local_shape: tuple[int, ...] | None = None
+    source: str | None = None
+    parameter: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleText:
+    """A module's text: ``stablehlo`` or ``hlo`` from the lowered stage, or the compiled ``hlo``."""
+
+    stage: str
+    dialect: str
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionReport:
+    """Everything found about one function; a section is None when it was not asked for.
+
+    Attributes:
+      name: the function's name in the spec.
+      target: ``file.py:func`` as written.
+      mesh: the mesh.
+      timings: stage timings in seconds.
+      module: module text (``lower`` / ``compile`` commands).
+      inputs / outputs: per-leaf shardings (``shardings``).
+      cost: cost analysis (per device and whole program), see ``stagetool.analysis.cost``.
+      memory: memory analysis (per device), see ``stagetool.analysis.memory``.
+      collectives: collectives, see ``stagetool.analysis.collectives``.
+      notes: short remarks for the reader (e.g. what was simulated).
+    """
+
+    name: str
+    target: str
+    mesh: MeshReport
+    timings: StageTimes
+    module: ModuleText | None = None
+    inputs: tuple[LeafReport, ...] | None = None
+    outputs: tuple[LeafReport, ...] | None = None
+    cost: Any = None
+    memory: Any = None
+    collectives: Any = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """The whole report: one entry per function staged.
+
+    Attributes:
+      command: the stagetool command that made it (``shardings``, ``report``, ...).
+      stagetool_version / jax_version / jaxlib_version: versions that produced it.
+      functions: in spec order.
+    """
+
+    command: str
+    stagetool_version: str
+    jax_version: str
+    jaxlib_version: str
+    functions: tuple[FunctionReport, ...]
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Turn records into JSON values: dataclasses to objects (field order kept), tuples to lists,
+    enums to their values, non-finite floats to None."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not f.metadata.get("json_skip")}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    """One device: JAX's id, process index, kind, and TPU coordinates where the device has them."""
+
+    id: int
+    process_index: int
+    device_kind: str
+    coords: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicesReport:
+    """What ``stagetool devices`` shows.
+
+    Attributes:
+      platform: the backend's platform (``cpu``, ``gpu``, ``tpu``).
+      device_kind: the first device's kind.
+      device_count: devices the backend (or topology) has.
+      process_count: processes (hosts) they span.
+      jax_version / jaxlib_version / stagetool_version: versions.
+      topology: compile-only TPU topology name, or None.
+      devices: every device.
+      mesh: with ``--mesh``, the mesh's axes and the device ids in mesh order (row-major).
+      memory_bytes_per_device: the device's reported memory capacity in bytes
+        (``device.memory_stats()['bytes_limit']``), or None when it reports none (CPU).
+    """
+
+    platform: str
+    device_kind: str
+    device_count: int
+    process_count: int
+    jax_version: str
+    jaxlib_version: str
+    stagetool_version: str
+    topology: str | None
+    devices: tuple[DeviceInfo, ...]
+    mesh: tuple[tuple[str, int], ...] | None = None
+    mesh_device_ids: tuple[int, ...] | None = None
+    memory_bytes_per_device: int | None = None
+
+
+def document_to_json(doc: Any) -> str:
+    """JSON text for a :class:`Report` or :class:`DevicesReport` (with ``schema_version``)."""
+    body = {"schema_version": SCHEMA_VERSION, "kind": "devices" if isinstance(doc, DevicesReport) else "report",
+            **to_jsonable(doc)}
+    return json.dumps(body, indent=2, ensure_ascii=False) + "\n"

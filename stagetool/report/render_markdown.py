@@ -1,0 +1,73 @@
+"""The Markdown renderer: GitHub-flavoured tables, for pull-request comments and step summaries."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
+from stagetool.report.units import dims_str, format_bytes, format_seconds, shape_str
+
+#: Section renderers past the built-in ones: ``(attribute name, function(FunctionReport) -> lines)``.
+SECTION_RENDERERS: list[tuple[str, Callable[[FunctionReport], Iterable[str]]]] = []
+
+
+def escape(text: str) -> str:
+    """Escape a table cell: pipes and backticks would break the row."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table(header: list[str], rows: Iterable[list[str]], align: str | None = None) -> list[str]:
+    """A Markdown table; ``align`` is one character per column, ``l`` or ``r``."""
+    align = align or "l" * len(header)
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(escape(c) for c in r) + " |")
+    return out
+
+
+def render(doc: Report | DevicesReport, *, color: bool = False, width: int = 120) -> str:
+    """The document as Markdown text ending in a newline."""
+    del color, width
+    lines = _devices(doc) if isinstance(doc, DevicesReport) else [
+        line for f in doc.functions for line in _function(f)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _function(f: FunctionReport) -> list[str]:
+    mesh = " × ".join(f"{n}={s}" for n, s in f.mesh.axes) or "1 device"
+    t = f.timings
+    stages = ", ".join(f"{name} {format_seconds(v)}" for name, v in
+                       (("trace", t.trace_s), ("lower", t.lower_s), ("compile", t.compile_s)) if v is not None)
+    out = [f"## `{f.name}` — `{f.target}`", "",
+           f"Mesh **{mesh}** on {f.mesh.device_count} {f.mesh.platform} device(s) ({f.mesh.device_kind})"
+           + (f", topology `{f.mesh.topology}`" if f.mesh.topology else "") + (f"; {stages}" if stages else "") + ".", ""]
+    out += [f"> {n}" for n in f.notes] + ([""] if f.notes else [])
+    if f.module is not None:
+        out += [f"### {f.module.stage.capitalize()} module ({f.module.dialect})", "", "```", f.module.text.rstrip(), "```", ""]
+    for title, leaves in (("Inputs", f.inputs), ("Outputs", f.outputs)):
+        if leaves is not None:
+            out += [f"### {title}", ""] + _leaves(leaves) + [""]
+    for attr, fn in SECTION_RENDERERS:
+        if getattr(f, attr, None) is not None:
+            out += list(fn(f)) + [""]
+    return out
+
+
+def _leaves(leaves: tuple[LeafReport, ...]) -> list[str]:
+    rows = []
+    for x in leaves:
+        notes = [n for n, on in (("unused", x.unused), ("chosen by the partitioner", x.chosen_by_partitioner and not x.unused),
+                                 ("donated", x.donated)) if on]
+        rows.append([f"`{x.path}`", f"`{shape_str(x.dtype, x.shape)}`", f"`{x.declared}`",
+                     f"`{x.compiled}`" if x.compiled else "—", dims_str(x.shard_shape),
+                     format_bytes(x.bytes_per_device), ", ".join(notes)])
+    return table(["leaf", "shape", "declared", "compiled", "shard", "per device", ""], rows, "lllllrl")
+
+
+def _devices(d: DevicesReport) -> list[str]:
+    rows = [["platform", d.platform + (f" (topology `{d.topology}`)" if d.topology else "")],
+            ["device kind", d.device_kind], ["devices", str(d.device_count)], ["processes", str(d.process_count)],
+            ["memory per device", format_bytes(d.memory_bytes_per_device) if d.memory_bytes_per_device else "not reported"],
+            ["jax / jaxlib", f"{d.jax_version} / {d.jaxlib_version}"], ["stagetool", d.stagetool_version]]
+    return ["## Devices", ""] + table(["", ""], rows)

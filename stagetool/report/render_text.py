@@ -1,0 +1,202 @@
+"""The terminal renderer: Rich tables and highlighted module text; plain text when not a terminal.
+
+Knows nothing of JAX: it reads :mod:`stagetool.report.model` records only.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Callable, Iterable
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.highlighter import RegexHighlighter
+from rich.rule import Rule
+from rich.table import Table
+from rich.text import Text
+from rich.theme import Theme
+
+from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
+from stagetool.report.units import dims_str, format_bytes, format_seconds, shape_str
+
+
+class ModuleHighlighter(RegexHighlighter):
+    """Highlights StableHLO and HLO text: shapes, value names, ops, collectives, metadata."""
+
+    base_style = "hlo."
+    highlights = [
+        r"(?P<comment>//.*$)",
+        r"(?P<collective>\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute|collective-broadcast)"
+        r"(-start|-done)?\b|\bstablehlo\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute)\b)",
+        r"(?P<shape>\b(pred|[suf]\d+|bf16|f8\w*|c64|c128|token)\[[^\]]*\](\{[^}]*\})?|tensor<[^>]*>)",
+        r"(?P<name>%[\w.\-#]+)",
+        r"(?P<keyword>\b(ENTRY|ROOT|HloModule|func\.func|module|return)\b)",
+        r"(?P<sharding>\b(sharding|sdy\.sharding|mhlo\.sharding)\b)",
+        r"(?P<metadata>metadata=\{[^}]*\}|loc\([^)]*\))",
+    ]
+
+
+THEME = Theme({
+    "hlo.comment": "dim", "hlo.collective": "bold red", "hlo.shape": "cyan", "hlo.name": "bright_blue",
+    "hlo.keyword": "bold magenta", "hlo.sharding": "yellow", "hlo.metadata": "dim",
+    "leaf": "bold", "chosen": "green", "unused": "dim", "warn": "yellow", "bad": "bold red",
+})
+
+#: Section renderers past the built-in ones, registered by the analysis sections (cost, memory,
+#: collectives): ``(attribute name, function(FunctionReport) -> renderables)``.
+SECTION_RENDERERS: list[tuple[str, Callable[[FunctionReport], Iterable[RenderableType]]]] = []
+
+
+def render(doc: Report | DevicesReport, *, color: bool, width: int = 120) -> str:
+    """The document as terminal text: ANSI-coloured when ``color``, else plain.
+
+    A report that holds only module text (``lower``, ``compile``) renders without colour as the
+    bare module text, so that ``stagetool lower f.py:f > f.mlir`` writes a valid module.
+    """
+    if isinstance(doc, Report) and not color and _module_only(doc):
+        return _bare_modules(doc)
+    console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, color_system="truecolor"
+                      if color else None, width=width, theme=THEME, highlight=False, soft_wrap=False)
+    for r in renderables(doc):
+        console.print(r)
+    return console.file.getvalue()
+
+
+def renderables(doc: Report | DevicesReport) -> list[RenderableType]:
+    """Rich renderables for a document, in a fixed order."""
+    if isinstance(doc, DevicesReport):
+        return _devices(doc)
+    out: list[RenderableType] = []
+    for f in doc.functions:
+        out.extend(_function(f))
+    return out
+
+
+def _module_only(doc: Report) -> bool:
+    return all(f.module is not None and f.inputs is None and f.cost is None and f.memory is None
+               and f.collectives is None for f in doc.functions)
+
+
+def _bare_modules(doc: Report) -> str:
+    if len(doc.functions) == 1:
+        text = doc.functions[0].module.text
+        return text if text.endswith("\n") else text + "\n"
+    parts = []
+    for f in doc.functions:
+        comment = "//" if f.module.dialect == "stablehlo" else "//"
+        parts.append(f"{comment} ---- {f.name} ({f.target}), {f.module.stage} {f.module.dialect}\n{f.module.text.rstrip()}\n")
+    return "\n".join(parts)
+
+
+def _header(f: FunctionReport) -> list[RenderableType]:
+    mesh = " × ".join(f"{n}={s}" for n, s in f.mesh.axes) or "1 device"
+    where = f"{f.mesh.device_count} {f.mesh.platform} device{'s' if f.mesh.device_count != 1 else ''}"
+    if f.mesh.topology:
+        where += f" (topology {f.mesh.topology}, compile-only)"
+    if f.mesh.process_count > 1:
+        where += f", {f.mesh.process_count} processes"
+    t = f.timings
+    stages = " · ".join(f"{name} {format_seconds(v)}" for name, v in
+                        (("trace", t.trace_s), ("lower", t.lower_s), ("compile", t.compile_s)) if v is not None)
+    title = Text.assemble((f.name, "bold"), "  ", (f.target, "dim"))
+    sub = Text.assemble("mesh ", (mesh, "bold"), f" on {where}", ("  ·  " + stages if stages else "", "dim"))
+    out: list[RenderableType] = [Rule(title, align="left"), sub]
+    for note in f.notes:
+        out.append(Text(f"note: {note}", style="dim"))
+    return out
+
+
+def _function(f: FunctionReport) -> list[RenderableType]:
+    out = _header(f)
+    if f.module is not None:
+        label = f"{f.module.stage} module ({f.module.dialect})"
+        out.append(Text(label, style="bold"))
+        out.append(ModuleHighlighter()(Text(f.module.text.rstrip())))
+    if f.inputs is not None:
+        out.append(_leaf_table("inputs", f.inputs, inputs=True))
+    if f.outputs is not None:
+        out.append(_leaf_table("outputs", f.outputs, inputs=False))
+    for attr, fn in SECTION_RENDERERS:
+        if getattr(f, attr, None) is not None:
+            out.extend(fn(f))
+    return out
+
+
+def _leaf_table(title: str, leaves: tuple[LeafReport, ...], *, inputs: bool) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("leaf", style="leaf", overflow="fold")
+    table.add_column("shape")
+    table.add_column("declared")
+    table.add_column("compiled")
+    table.add_column("shard", justify="right")
+    table.add_column("per device", justify="right")
+    table.add_column("", overflow="fold")
+    for leaf in leaves:
+        notes = []
+        style = None
+        if leaf.unused:
+            notes.append("unused (pruned by the compiler)")
+            style = "unused"
+        if leaf.chosen_by_partitioner and not leaf.unused:
+            notes.append("chosen by the partitioner")
+        if leaf.donated:
+            notes.append("donated")
+        if leaf.local_shape is not None:
+            notes.append(f"local {dims_str(leaf.local_shape)}")
+        compiled = Text(leaf.compiled or "—", style="chosen" if leaf.chosen_by_partitioner else "")
+        table.add_row(leaf.path, shape_str(leaf.dtype, leaf.shape), leaf.declared, compiled,
+                      dims_str(leaf.shard_shape), format_bytes(leaf.bytes_per_device), "; ".join(notes), style=style)
+    total = sum(x.bytes_per_device or 0 for x in leaves)
+    table.caption = f"{len(leaves)} leaves, {format_bytes(total)} per device" if leaves else "no array leaves"
+    table.caption_justify = "left"
+    return table
+
+
+def _devices(d: DevicesReport) -> list[RenderableType]:
+    out: list[RenderableType] = []
+    summary = Table(box=None, show_header=False, pad_edge=False)
+    summary.add_column(style="bold")
+    summary.add_column()
+    rows = [
+        ("platform", d.platform + (f" (compile-only topology {d.topology})" if d.topology else "")),
+        ("device kind", d.device_kind),
+        ("devices", str(d.device_count)),
+        ("processes", str(d.process_count)),
+        ("memory per device", format_bytes(d.memory_bytes_per_device) if d.memory_bytes_per_device else "not reported"),
+        ("jax / jaxlib", f"{d.jax_version} / {d.jaxlib_version}"),
+        ("stagetool", d.stagetool_version),
+    ]
+    for k, v in rows:
+        summary.add_row(k, v)
+    out.append(summary)
+    if d.mesh:
+        out.append(Text(f"\nmesh {' × '.join(f'{n}={s}' for n, s in d.mesh)} (device ids in mesh order)", style="bold"))
+        out.append(_mesh_grid(d.mesh, d.mesh_device_ids or ()))
+    if any(x.coords for x in d.devices):
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for c in ("id", "process", "kind", "coords"):
+            table.add_column(c)
+        for x in d.devices:
+            table.add_row(str(x.id), str(x.process_index), x.device_kind, dims_str(x.coords))
+        out.append(table)
+    return out
+
+
+def _mesh_grid(axes: tuple[tuple[str, int], ...], ids: tuple[int, ...]) -> RenderableType:
+    """The device ids laid out as a grid: rows are the second-to-last axis, columns the last."""
+    sizes = [s for _, s in axes]
+    if not sizes:
+        return Text(str(ids[0]) if ids else "")
+    cols = sizes[-1]
+    rows = len(ids) // cols
+    table = Table(box=box.SIMPLE, show_header=True, pad_edge=False)
+    table.add_column("")
+    for c in range(cols):
+        table.add_column(f"{axes[-1][0]}={c}", justify="right")
+    import itertools
+
+    lead = list(itertools.product(*[range(s) for s in sizes[:-1]])) or [()]
+    for r in range(rows):
+        label = ",".join(f"{axes[i][0]}={v}" for i, v in enumerate(lead[r]))
+        table.add_row(label, *[str(i) for i in ids[r * cols:(r + 1) * cols]])
+    return Group(table)

@@ -1,0 +1,85 @@
+"""Stable, human formatting of numbers: bytes, FLOPs, seconds, shapes.
+
+Every renderer formats through these, so that the same value always prints the same way.
+"""
+
+from __future__ import annotations
+
+_SHORT_DTYPES = {
+    "bool": "pred", "int8": "s8", "int16": "s16", "int32": "s32", "int64": "s64",
+    "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
+    "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+    "float8_e4m3fn": "f8e4m3fn", "float8_e5m2": "f8e5m2", "complex64": "c64", "complex128": "c128",
+}
+
+
+def short_dtype(dtype: str) -> str:
+    """HLO's short name of a numpy dtype name: ``float32`` → ``f32``, ``int32`` → ``s32``."""
+    return _SHORT_DTYPES.get(dtype, dtype)
+
+
+def shape_str(dtype: str, shape: tuple[int, ...] | list[int] | None) -> str:
+    """``f32[512,1024]``; ``f32[]`` for a scalar; ``—`` for no shape."""
+    if shape is None:
+        return "—"
+    return f"{short_dtype(dtype)}[{','.join(str(d) for d in shape)}]"
+
+
+def dims_str(shape: tuple[int, ...] | list[int] | None) -> str:
+    """``[512,256]``, or ``—`` for None."""
+    if shape is None:
+        return "—"
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def format_bytes(n: int | float | None) -> str:
+    """Bytes with binary units, three significant figures: ``512 B``, ``1.50 KiB``, ``3.00 GiB``; ``n/a`` for None."""
+    if n is None:
+        return "n/a"
+    value = float(n)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{sign}{int(value)} B"
+            return f"{sign}{_sig3(value)} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_count(n: int | float | None, unit: str = "") -> str:
+    """A large count with SI prefixes, three significant figures: ``1.23 GFLOP``; ``n/a`` for None."""
+    if n is None:
+        return "n/a"
+    value = float(n)
+    for prefix in ("", "K", "M", "G", "T", "P", "E"):
+        if abs(value) < 1000 or prefix == "E":
+            text = f"{int(value)}" if prefix == "" and value == int(value) else _sig3(value)
+            return f"{text} {prefix}{unit}".rstrip()
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def format_seconds(s: float | None) -> str:
+    """Seconds with a fitting unit: ``812 µs``, ``12.3 ms``, ``1.25 s``; ``n/a`` for None."""
+    if s is None:
+        return "n/a"
+    if s < 1e-3:
+        return f"{_sig3(s * 1e6)} µs"
+    if s < 1:
+        return f"{_sig3(s * 1e3)} ms"
+    return f"{_sig3(s)} s"
+
+
+def format_percent(fraction: float | None) -> str:
+    """``12.5%`` (one decimal); ``n/a`` for None."""
+    return "n/a" if fraction is None else f"{fraction * 100:.1f}%"
+
+
+def _sig3(v: float) -> str:
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"

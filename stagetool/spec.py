@@ -1,0 +1,825 @@
+"""The YAML spec: a function's abstract inputs, its mesh, and how to stage it.
+
+The spec is parsed from YAML with PyYAML's safe composer, so that every node keeps its file, line
+and column. Validation collects *every* problem before raising one :class:`~stagetool.errors.SpecError`
+whose lines read ``file:line:col: functions.train_step.args[1].tokens: what is wrong``.
+
+This module knows nothing of JAX: it turns text into plain frozen records (:class:`Spec`,
+:class:`FunctionSpec`, :class:`LeafSpec`, ...). ``stagetool.lowering`` turns those into
+``jax.ShapeDtypeStruct``s on a mesh.
+
+The format is documented in README.md ("The spec"); a compact example::
+
+    version: 1
+    mesh: {axes: {data: 2, model: 4}}
+    functions:
+      train_step:
+        target: model.py:train_step
+        args:
+          - init: model.py:init_params
+            init_args: [key(0)]
+            rules:
+              - ['.*/w$', [null, model]]
+              - ['.*', replicated]
+          - {tokens: 'i32[64,1024] @ [data, null]'}
+        static: {train: true}
+        donate: [0]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+from stagetool.errors import SpecError
+
+SPEC_VERSION = 1
+
+# HLO short dtype names, and the numpy names users also write.
+DTYPES: dict[str, str] = {
+    "pred": "bool", "bool": "bool",
+    "s8": "int8", "i8": "int8", "int8": "int8",
+    "s16": "int16", "i16": "int16", "int16": "int16",
+    "s32": "int32", "i32": "int32", "int32": "int32",
+    "s64": "int64", "i64": "int64", "int64": "int64",
+    "u8": "uint8", "uint8": "uint8",
+    "u16": "uint16", "uint16": "uint16",
+    "u32": "uint32", "uint32": "uint32",
+    "u64": "uint64", "uint64": "uint64",
+    "f16": "float16", "float16": "float16",
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "f32": "float32", "float32": "float32",
+    "f64": "float64", "float64": "float64",
+    "f8e4m3fn": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn",
+    "f8e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2",
+    "c64": "complex64", "complex64": "complex64",
+    "c128": "complex128", "complex128": "complex128",
+}
+KEY_DTYPES = ("key<fry>", "key<rbg>", "key<unsafe_rbg>", "key<threefry2x32>")
+
+_LEAF_RE = re.compile(r"^\s*(?P<dtype>[A-Za-z][\w<>]*)\s*\[(?P<dims>[^\]]*)\]\s*(?:@\s*(?P<sharding>.+?))?\s*$")
+_KEY_CALL_RE = re.compile(r"^\s*key\(\s*(-?\d+)\s*\)\s*$")
+
+
+# ----------------------------------------------------------------------------------------------
+# Records
+
+
+@dataclasses.dataclass(frozen=True)
+class Loc:
+    """Where a spec node stands: file, 1-based line and column."""
+
+    file: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharding:
+    """A sharding as the spec writes it.
+
+    Attributes:
+      kind: ``"spec"`` (a PartitionSpec), ``"auto"`` (the partitioner chooses), or ``"unspecified"``
+        (no sharding given: replicated on the mesh for inputs; the compiler's choice for outputs).
+      dims: for ``"spec"``, one entry per array dimension: None (not sharded), a mesh axis name, or a
+        tuple of axis names (several mesh axes on one dimension, major first). ``()`` is replicated.
+    """
+
+    kind: str
+    dims: tuple[Union[None, str, tuple[str, ...]], ...] = ()
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """Every mesh axis this sharding names, in order."""
+        out: list[str] = []
+        for d in self.dims:
+            if isinstance(d, str):
+                out.append(d)
+            elif isinstance(d, tuple):
+                out.extend(d)
+        return tuple(out)
+
+    def __str__(self) -> str:
+        if self.kind != "spec":
+            return self.kind
+        return format_dims(self.dims)
+
+
+def format_dims(dims: tuple) -> str:
+    """Format PartitionSpec dims as JAX prints them: ``P('data', None)``, ``P(('data', 'fsdp'),)``."""
+    parts = []
+    for d in dims:
+        if d is None:
+            parts.append("None")
+        elif isinstance(d, str):
+            parts.append(repr(d))
+        else:
+            parts.append("(" + ", ".join(repr(a) for a in d) + ("," if len(d) == 1 else "") + ")")
+    return "P(" + ", ".join(parts) + ")"
+
+
+REPLICATED = Sharding("spec", ())
+AUTO = Sharding("auto")
+UNSPECIFIED = Sharding("unspecified")
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSpec:
+    """One abstract array: ``dtype[d0,d1,...] @ sharding``.
+
+    Attributes:
+      shape: the shape as written (global, or host-local under ``avals: local``).
+      dtype: a numpy dtype name (``"bfloat16"``) or a typed PRNG key dtype (``"key<fry>"``).
+      sharding: how the array is laid over the mesh.
+      loc: where the leaf is written.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    sharding: Sharding
+    loc: Loc
+
+
+@dataclasses.dataclass(frozen=True)
+class KeySpec:
+    """``key(N)``: a concrete PRNG key ``jax.random.key(N)``, as an ``init`` function argument."""
+
+    seed: int
+    loc: Loc
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSpec:
+    """An object built by calling a named callable: ``{call: model.py:Config, args: [...], kwargs: {...}}``.
+
+    Used for static arguments (a config dataclass, a model definition) and inside ``init_args``.
+    """
+
+    target: str
+    args: tuple
+    kwargs: dict
+    loc: Loc
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A sharding rule: the first rule whose ``pattern`` is found (``re.search``) in a leaf's key path wins."""
+
+    pattern: re.Pattern
+    sharding: Sharding
+    loc: Loc
+
+
+@dataclasses.dataclass(frozen=True)
+class InitSpec:
+    """A pytree of parameters whose shapes come from ``jax.eval_shape(init, *init_args, **init_kwargs)``.
+
+    Leaves of ``init_args`` that are :class:`LeafSpec` or :class:`KeySpec` are passed to ``init``
+    as traced values; plain YAML values are bound as Python constants (so ``d_model: 64`` can set
+    a shape). Shardings come from ``rules``; with no rules every leaf is replicated.
+    """
+
+    target: str
+    args: tuple
+    kwargs: dict
+    rules: tuple[Rule, ...]
+    loc: Loc
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    """A named mesh: ordered ``(axis name, size)`` pairs and the axis type (``auto`` | ``explicit``)."""
+
+    axes: tuple[tuple[str, int], ...]
+    axis_types: str = "auto"
+    loc: Loc | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.axes)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(s for _, s in self.axes)
+
+    @property
+    def device_count(self) -> int:
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+    def __str__(self) -> str:
+        return "×".join(f"{n}={s}" for n, s in self.axes) if self.axes else "(no mesh)"
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionSpec:
+    """One function to stage.
+
+    Attributes:
+      name: the key under ``functions:``.
+      target: ``file.py:func``, ``pkg.mod:func`` or ``mod:obj.attr`` (relative files resolve against
+        the spec's folder, see ``base_dir``).
+      args: positional arguments, each a pytree whose leaves are :class:`LeafSpec`, :class:`InitSpec`
+        (a whole subtree), or plain values.
+      kwargs: keyword arguments, likewise.
+      static: ``static_argnames`` values: plain YAML values or :class:`CallSpec`.
+      donate: positional indices or keyword names of donated arguments.
+      out_shardings: None (the compiler chooses), or a pytree of :class:`Sharding`.
+      loc: where the function's entry is written.
+      base_dir: the folder relative targets resolve against.
+    """
+
+    name: str
+    target: str
+    args: tuple
+    kwargs: dict
+    static: dict
+    donate: tuple[Union[int, str], ...]
+    out_shardings: Any
+    loc: Loc | None
+    base_dir: Path
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A whole spec file.
+
+    Attributes:
+      path: the file, or None for a spec made from the command line only.
+      mesh: the mesh (may have no axes: a single device).
+      platform: ``cpu`` | ``gpu`` | ``tpu`` | None (JAX's default backend).
+      topology: a compile-only TPU topology name such as ``v5e:2x4``, or None.
+      avals: ``global`` (shapes are whole arrays) or ``local`` (shapes as one process sees them).
+      functions: by name, in file order.
+    """
+
+    path: Path | None
+    mesh: MeshSpec
+    platform: str | None
+    topology: str | None
+    avals: str
+    functions: dict[str, FunctionSpec]
+
+
+# ----------------------------------------------------------------------------------------------
+# Parsing
+
+
+class _Issues:
+    """Collects every problem with its location; raises one SpecError at the end."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.items: list[str] = []
+
+    def loc(self, node: yaml.Node | None) -> Loc:
+        if node is None:
+            return Loc(self.file, 1, 1)
+        m = node.start_mark
+        return Loc(self.file, m.line + 1, m.column + 1)
+
+    def add(self, node: yaml.Node | None, path: str, message: str) -> None:
+        where = f"{self.loc(node)}: " + (f"{path}: " if path else "")
+        self.items.append(where + message)
+
+    def raise_if_any(self, hint: str | None = None) -> None:
+        if self.items:
+            def position(item: str) -> tuple[int, int]:
+                m = re.match(r"^.*?:(\d+):(\d+): ", item)
+                return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+            raise SpecError(sorted(self.items, key=position), hint=hint)
+
+
+_CONSTRUCTOR = yaml.SafeLoader("")
+
+
+def _plain(node: yaml.Node) -> Any:
+    """Any node as a plain Python value (lists, dicts, scalars), safely constructed."""
+    if isinstance(node, yaml.ScalarNode) and node.tag == "!tuple":
+        return ()
+    if isinstance(node, yaml.SequenceNode):
+        items = [_plain(n) for n in node.value]
+        return tuple(items) if node.tag == "!tuple" else items
+    if isinstance(node, yaml.MappingNode):
+        return {_plain(k): _plain(v) for k, v in node.value}
+    try:
+        return _CONSTRUCTOR.construct_object(node, deep=True)
+    except yaml.YAMLError:
+        return node.value  # an unknown tag: keep the text, validation will name it
+
+
+def _get(node: yaml.MappingNode, key: str) -> yaml.Node | None:
+    for k, v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value == key:
+            return v
+    return None
+
+
+def _keys(node: yaml.MappingNode) -> list[tuple[yaml.Node, str]]:
+    return [(k, str(k.value)) for k, _ in node.value]
+
+
+def _check_keys(issues: _Issues, node: yaml.MappingNode, path: str, allowed: set[str]) -> None:
+    for knode, key in _keys(node):
+        if key not in allowed:
+            close = _close(key, allowed)
+            issues.add(knode, path, f"unknown key {key!r}; expected one of {', '.join(sorted(allowed))}"
+                       + (f" (did you mean {close!r}?)" if close else ""))
+
+
+def _close(word: str, choices) -> str | None:
+    import difflib
+
+    m = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return m[0] if m else None
+
+
+def parse_sharding(value: Any) -> Sharding:
+    """Parse a sharding written as a YAML value.
+
+    Accepts ``auto``, ``replicated`` (or ``[]``), and lists like ``[data, null]`` or
+    ``[[data, fsdp], model]``.
+
+    Raises:
+      ValueError: with a message saying what is accepted.
+    """
+    if value is None:
+        return UNSPECIFIED
+    if isinstance(value, str):
+        v = value.strip()
+        if v == "auto":
+            return AUTO
+        if v == "replicated":
+            return REPLICATED
+        if v.startswith("["):
+            return parse_sharding(yaml.safe_load(v))
+        raise ValueError(f"sharding {value!r} is not 'auto', 'replicated' or a list like [data, null]")
+    if isinstance(value, (list, tuple)):
+        dims: list = []
+        for d in value:
+            if d is None or (isinstance(d, str) and d in ("null", "None")):
+                dims.append(None)
+            elif isinstance(d, str):
+                dims.append(d)
+            elif isinstance(d, (list, tuple)) and d and all(isinstance(a, str) for a in d):
+                dims.append(tuple(d) if len(d) > 1 else d[0])
+            else:
+                raise ValueError(f"sharding entry {d!r} must be a mesh axis name, null, or a list of axis names")
+        return Sharding("spec", tuple(dims))
+    raise ValueError(f"sharding {value!r} is not 'auto', 'replicated' or a list like [data, null]")
+
+
+def parse_leaf(text: str, loc: Loc) -> LeafSpec:
+    """Parse a compact leaf ``dtype[d0,d1,...] @ sharding`` (``f32[]`` is a scalar).
+
+    Raises:
+      ValueError: naming what is wrong and the accepted form.
+    """
+    m = _LEAF_RE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a leaf; write dtype[d0,d1,...] with an optional '@ sharding', "
+                         "e.g. 'bf16[64,1024] @ [data, null]'")
+    dtype = _dtype(m["dtype"])
+    dims_text = m["dims"].strip()
+    try:
+        shape = tuple(int(d) for d in dims_text.split(",")) if dims_text else ()
+    except ValueError:
+        raise ValueError(f"shape [{dims_text}] must be a list of non-negative integers") from None
+    if any(d < 0 for d in shape):
+        raise ValueError(f"shape [{dims_text}] must be a list of non-negative integers")
+    sharding = parse_sharding(m["sharding"]) if m["sharding"] else UNSPECIFIED
+    return LeafSpec(shape, dtype, sharding, loc)
+
+
+def _dtype(name: str) -> str:
+    n = name.strip()
+    if n in DTYPES:
+        return DTYPES[n]
+    if n in ("key", "key<fry>"):
+        return "key<fry>"
+    if n in KEY_DTYPES:
+        return n
+    close = _close(n, list(DTYPES) + ["key<fry>"])
+    raise ValueError(f"unknown dtype {n!r}" + (f" (did you mean {close!r}?)" if close else "")
+                     + "; use HLO short names (f32 bf16 i32 u32 pred ...), numpy names, or key<fry>")
+
+
+class _Parser:
+    def __init__(self, file: str, base_dir: Path):
+        self.issues = _Issues(file)
+        self.base_dir = base_dir
+
+    # A pytree of leaves ------------------------------------------------------------------------
+    def tree(self, node: yaml.Node, path: str) -> Any:
+        loc = self.issues.loc(node)
+        if isinstance(node, yaml.ScalarNode):
+            value = _plain(node)
+            if isinstance(value, str):
+                km = _KEY_CALL_RE.match(value)
+                if km:
+                    return KeySpec(int(km.group(1)), loc)
+                try:
+                    return parse_leaf(value, loc)
+                except ValueError as e:
+                    self.issues.add(node, path, str(e))
+                    return None
+            return value  # numbers, booleans and null pass through as Python values
+        if isinstance(node, yaml.SequenceNode):
+            items = [self.tree(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
+            return tuple(items) if node.tag == "!tuple" else items
+        assert isinstance(node, yaml.MappingNode)
+        keys = {k for _, k in _keys(node)}
+        if "init" in keys:
+            return self.init(node, path)
+        if "call" in keys:
+            return self.call(node, path)
+        if keys and keys <= {"shape", "dtype", "sharding"} and {"shape", "dtype"} <= keys:
+            return self.expanded_leaf(node, path)
+        out = {}
+        for k, v in node.value:
+            out[str(_plain(k))] = self.tree(v, f"{path}.{k.value}" if path else str(k.value))
+        return out
+
+    def expanded_leaf(self, node: yaml.MappingNode, path: str) -> LeafSpec | None:
+        loc = self.issues.loc(node)
+        shape_node, dtype_node, sh_node = _get(node, "shape"), _get(node, "dtype"), _get(node, "sharding")
+        shape = _plain(shape_node)
+        ok = True
+        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            self.issues.add(shape_node, f"{path}.shape", f"shape must be a list of non-negative integers, not {shape!r}")
+            ok = False
+        try:
+            dtype = _dtype(str(_plain(dtype_node)))
+        except ValueError as e:
+            self.issues.add(dtype_node, f"{path}.dtype", str(e))
+            ok = False
+        sharding = UNSPECIFIED
+        if sh_node is not None:
+            try:
+                sharding = parse_sharding(_plain(sh_node))
+            except ValueError as e:
+                self.issues.add(sh_node, f"{path}.sharding", str(e))
+                ok = False
+        return LeafSpec(tuple(shape), dtype, sharding, loc) if ok else None
+
+    def call(self, node: yaml.MappingNode, path: str) -> CallSpec | None:
+        _check_keys(self.issues, node, path, {"call", "args", "kwargs"})
+        target = _plain(_get(node, "call"))
+        if not isinstance(target, str) or ":" not in target:
+            self.issues.add(_get(node, "call"), f"{path}.call",
+                            f"call must name a callable as 'file.py:name' or 'pkg.mod:name', not {target!r}")
+            return None
+        args = self.args_list(_get(node, "args"), f"{path}.args")
+        kwargs = self.kwargs_map(_get(node, "kwargs"), f"{path}.kwargs")
+        return CallSpec(target, tuple(args), kwargs, self.issues.loc(node))
+
+    def init(self, node: yaml.MappingNode, path: str) -> InitSpec | None:
+        _check_keys(self.issues, node, path, {"init", "init_args", "init_kwargs", "rules"})
+        target = _plain(_get(node, "init"))
+        if not isinstance(target, str) or ":" not in target:
+            self.issues.add(_get(node, "init"), f"{path}.init",
+                            f"init must name a function as 'file.py:name' or 'pkg.mod:name', not {target!r}")
+            return None
+        args = self.args_list(_get(node, "init_args"), f"{path}.init_args")
+        kwargs = self.kwargs_map(_get(node, "init_kwargs"), f"{path}.init_kwargs")
+        rules: list[Rule] = []
+        rules_node = _get(node, "rules")
+        if rules_node is not None:
+            if not isinstance(rules_node, yaml.SequenceNode):
+                self.issues.add(rules_node, f"{path}.rules", "rules must be a list of [regex, sharding] pairs")
+            else:
+                for i, rn in enumerate(rules_node.value):
+                    rpath = f"{path}.rules[{i}]"
+                    if not (isinstance(rn, yaml.SequenceNode) and len(rn.value) == 2):
+                        self.issues.add(rn, rpath, "a rule is a pair [regex, sharding], e.g. ['.*/wq$', [null, model]]")
+                        continue
+                    pat_text = _plain(rn.value[0])
+                    try:
+                        pattern = re.compile(str(pat_text))
+                    except re.error as e:
+                        self.issues.add(rn.value[0], rpath, f"bad regular expression {pat_text!r}: {e}")
+                        continue
+                    try:
+                        sharding = parse_sharding(_plain(rn.value[1]))
+                    except ValueError as e:
+                        self.issues.add(rn.value[1], rpath, str(e))
+                        continue
+                    rules.append(Rule(pattern, sharding, self.issues.loc(rn)))
+        return InitSpec(target, tuple(args), kwargs, tuple(rules), self.issues.loc(node), path)
+
+    def args_list(self, node: yaml.Node | None, path: str) -> list:
+        if node is None:
+            return []
+        if not isinstance(node, yaml.SequenceNode):
+            self.issues.add(node, path, "must be a list (one entry per positional argument)")
+            return []
+        return [self.tree(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
+
+    def kwargs_map(self, node: yaml.Node | None, path: str) -> dict:
+        if node is None:
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            self.issues.add(node, path, "must be a mapping of argument name to value")
+            return {}
+        return {str(k.value): self.tree(v, f"{path}.{k.value}") for k, v in node.value}
+
+    # Top level ---------------------------------------------------------------------------------
+    def mesh(self, node: yaml.Node | None) -> MeshSpec:
+        if node is None:
+            return MeshSpec(())
+        if not isinstance(node, yaml.MappingNode):
+            self.issues.add(node, "mesh", "mesh must be a mapping with 'axes' (e.g. {axes: {data: 2, model: 4}})")
+            return MeshSpec(())
+        _check_keys(self.issues, node, "mesh", {"axes", "axis_types"})
+        axes_node = _get(node, "axes")
+        axes: list[tuple[str, int]] = []
+        if axes_node is None:
+            self.issues.add(node, "mesh", "mesh needs 'axes', e.g. {data: 2, model: 4}")
+        elif not isinstance(axes_node, yaml.MappingNode):
+            self.issues.add(axes_node, "mesh.axes", "axes must be an ordered mapping of axis name to size, e.g. {data: 2, model: 4}")
+        else:
+            for k, v in axes_node.value:
+                size = _plain(v)
+                if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                    self.issues.add(v, f"mesh.axes.{k.value}", f"axis size must be a positive integer, not {size!r}")
+                    continue
+                axes.append((str(k.value), size))
+        types_node = _get(node, "axis_types")
+        types = "auto"
+        if types_node is not None:
+            types = str(_plain(types_node))
+            if types not in ("auto", "explicit"):
+                self.issues.add(types_node, "mesh.axis_types", f"axis_types must be 'auto' or 'explicit', not {types!r}")
+                types = "auto"
+        return MeshSpec(tuple(axes), types, self.issues.loc(node))
+
+    def function(self, name: str, node: yaml.Node, key_node: yaml.Node) -> FunctionSpec | None:
+        path = f"functions.{name}"
+        if isinstance(node, yaml.ScalarNode) and isinstance(_plain(node), str):
+            target = _plain(node)  # `name: model.py:fn` with no inputs
+            return FunctionSpec(name, target, (), {}, {}, (), None, self.issues.loc(key_node), self.base_dir)
+        if not isinstance(node, yaml.MappingNode):
+            self.issues.add(node, path, "a function must be a mapping with at least 'target'")
+            return None
+        _check_keys(self.issues, node, path, {"target", "args", "kwargs", "static", "donate", "out_shardings"})
+        tnode = _get(node, "target")
+        target = _plain(tnode) if tnode is not None else None
+        if not isinstance(target, str) or ":" not in target:
+            self.issues.add(tnode or node, f"{path}.target",
+                            "target must be 'path/to/file.py:func', 'package.module:func' or 'module:obj.attr'")
+            target = ""
+        args = self.args_list(_get(node, "args"), f"{path}.args")
+        kwargs = self.kwargs_map(_get(node, "kwargs"), f"{path}.kwargs")
+        static: dict = {}
+        snode = _get(node, "static")
+        if snode is not None:
+            if not isinstance(snode, yaml.MappingNode):
+                self.issues.add(snode, f"{path}.static", "static must be a mapping of argument name to value")
+            else:
+                for k, v in snode.value:
+                    vpath = f"{path}.static.{k.value}"
+                    if isinstance(v, yaml.MappingNode) and _get(v, "call") is not None:
+                        static[str(k.value)] = self.call(v, vpath)
+                    else:
+                        static[str(k.value)] = _plain(v)
+        donate: list = []
+        dnode = _get(node, "donate")
+        if dnode is not None:
+            values = _plain(dnode)
+            if not isinstance(values, list):
+                values = [values]
+            for d in values:
+                if isinstance(d, bool) or not isinstance(d, (int, str)):
+                    self.issues.add(dnode, f"{path}.donate", f"donate entries are argument indices or names, not {d!r}")
+                elif isinstance(d, int) and not 0 <= d < len(args):
+                    self.issues.add(dnode, f"{path}.donate",
+                                    f"donate index {d} is out of range: the function has {len(args)} positional args")
+                elif isinstance(d, str) and d not in kwargs:
+                    self.issues.add(dnode, f"{path}.donate", f"donate names {d!r}, which is not one of kwargs"
+                                    + (f" ({', '.join(kwargs)})" if kwargs else ""))
+                else:
+                    donate.append(d)
+        out_shardings = None
+        onode = _get(node, "out_shardings")
+        if onode is not None:
+            out_shardings = self.out_tree(onode, f"{path}.out_shardings")
+        return FunctionSpec(name, target, tuple(args), kwargs, static, tuple(donate), out_shardings,
+                            self.issues.loc(key_node), self.base_dir)
+
+    def out_tree(self, node: yaml.Node, path: str) -> Any:
+        value = _plain(node)
+        if value is None or isinstance(value, str):
+            if value in (None, "auto"):
+                return None
+            try:
+                return parse_sharding(value)
+            except ValueError as e:
+                self.issues.add(node, path, str(e))
+                return None
+        if isinstance(node, yaml.SequenceNode):
+            # A list of axis names / nulls is one sharding; a list of shardings is a tuple of outputs.
+            if all(isinstance(n, yaml.ScalarNode) for n in node.value) and not any(
+                    _plain(n) in ("auto", "replicated") for n in node.value):
+                try:
+                    return parse_sharding(value)
+                except ValueError as e:
+                    self.issues.add(node, path, str(e))
+                    return None
+            return tuple(self.out_tree(n, f"{path}[{i}]") for i, n in enumerate(node.value))
+        if isinstance(node, yaml.MappingNode):
+            return {str(k.value): self.out_tree(v, f"{path}.{k.value}") for k, v in node.value}
+        self.issues.add(node, path, f"{value!r} is not a sharding")
+        return None
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a spec file.
+
+    Raises:
+      SpecError: listing every problem as ``file:line:col: key.path: message``; also for a file
+        that does not exist or is not valid YAML.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise SpecError([f"{p}: spec file not found"]) from None
+    except OSError as e:
+        raise SpecError([f"{p}: cannot read spec: {e.strerror}"]) from None
+    return parse_spec(text, file=str(p), base_dir=p.resolve().parent, path=p)
+
+
+def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None, path: Path | None = None) -> Spec:
+    """Parse and validate spec text; see :func:`load_spec`."""
+    parser = _Parser(file, base_dir or Path.cwd())
+    issues = parser.issues
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
+        raise SpecError([f"{where}: not valid YAML: {getattr(e, 'problem', None) or e}"]) from None
+    if root is None:
+        raise SpecError([f"{file}:1:1: the spec is empty; it needs at least 'functions'"])
+    if not isinstance(root, yaml.MappingNode):
+        raise SpecError([f"{issues.loc(root)}: the spec must be a mapping with 'version', 'mesh' and 'functions'"])
+    _check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "avals", "functions"})
+    vnode = _get(root, "version")
+    if vnode is not None and _plain(vnode) != SPEC_VERSION:
+        issues.add(vnode, "version", f"unsupported spec version {_plain(vnode)!r}; this stagetool reads version {SPEC_VERSION}")
+    mesh = parser.mesh(_get(root, "mesh"))
+    platform = None
+    pnode = _get(root, "platform")
+    if pnode is not None:
+        platform = str(_plain(pnode))
+        if platform not in ("cpu", "gpu", "tpu"):
+            issues.add(pnode, "platform", f"platform must be cpu, gpu or tpu, not {platform!r}")
+    topology = None
+    tnode = _get(root, "topology")
+    if tnode is not None:
+        topology = str(_plain(tnode))
+    avals = "global"
+    anode = _get(root, "avals")
+    if anode is not None:
+        avals = str(_plain(anode))
+        if avals not in ("global", "local"):
+            issues.add(anode, "avals", f"avals must be 'global' or 'local', not {avals!r}")
+    functions: dict[str, FunctionSpec] = {}
+    fnode = _get(root, "functions")
+    if fnode is None:
+        issues.add(root, "", "the spec has no 'functions' mapping")
+    elif not isinstance(fnode, yaml.MappingNode):
+        issues.add(fnode, "functions", "functions must be a mapping of name to function")
+    else:
+        for k, v in fnode.value:
+            fs = parser.function(str(k.value), v, k)
+            if fs is not None:
+                functions[fs.name] = fs
+    _validate_axes(parser, mesh, functions)
+    issues.raise_if_any()
+    return Spec(path, mesh, platform, topology, avals, functions)
+
+
+def _validate_axes(parser: _Parser, mesh: MeshSpec, functions: dict[str, FunctionSpec]) -> None:
+    """Every sharding names only mesh axes, each at most once."""
+    names = set(mesh.names)
+
+    def check(sharding: Sharding, loc: Loc, path: str) -> None:
+        if sharding.kind != "spec":
+            return
+        axes = sharding.axes
+        for a in axes:
+            if a not in names:
+                close = _close(a, names)
+                parser.issues.items.append(
+                    f"{loc}: {path}: sharding {sharding} names mesh axis {a!r}, but the mesh has "
+                    + (", ".join(repr(n) for n in mesh.names) if names else "no axes")
+                    + (f" (did you mean {close!r}?)" if close else ""))
+        dup = sorted({a for a in axes if axes.count(a) > 1})
+        if dup:
+            parser.issues.items.append(f"{loc}: {path}: sharding {sharding} uses mesh axis {dup[0]!r} twice")
+
+    def walk(tree: Any, path: str) -> None:
+        if isinstance(tree, LeafSpec):
+            check(tree.sharding, tree.loc, path)
+        elif isinstance(tree, InitSpec):
+            for i, r in enumerate(tree.rules):
+                check(r.sharding, r.loc, f"{tree.path}.rules[{i}]")
+        elif isinstance(tree, (list, tuple)):
+            for i, t in enumerate(tree):
+                walk(t, f"{path}[{i}]")
+        elif isinstance(tree, dict):
+            for k, t in tree.items():
+                walk(t, f"{path}.{k}")
+
+    for f in functions.values():
+        walk(list(f.args), f"functions.{f.name}.args")
+        walk(f.kwargs, f"functions.{f.name}.kwargs")
+        if f.out_shardings is not None:
+            def walk_out(t: Any, path: str) -> None:
+                if isinstance(t, Sharding):
+                    check(t, f.loc or Loc("<spec>", 1, 1), path)
+                elif isinstance(t, (list, tuple)):
+                    for i, x in enumerate(t):
+                        walk_out(x, f"{path}[{i}]")
+                elif isinstance(t, dict):
+                    for k, x in t.items():
+                        walk_out(x, f"{path}.{k}")
+            walk_out(f.out_shardings, f"functions.{f.name}.out_shardings")
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding the spec
+
+
+def spec_candidates(target: str | None, cwd: Path | None = None) -> list[Path]:
+    """The paths tried, in order, when ``--spec`` is not given.
+
+    1. ``<module stem>.stagetool.yaml`` beside a ``file.py`` target;
+    2. ``stagetool.yaml`` in the working directory.
+    """
+    cwd = cwd or Path.cwd()
+    out: list[Path] = []
+    if target and ":" in target:
+        module = target.rsplit(":", 1)[0]
+        if module.endswith(".py"):
+            p = Path(module)
+            out.append(p.with_name(p.stem + ".stagetool.yaml"))
+    out.append(cwd / "stagetool.yaml")
+    return out
+
+
+def find_spec(target: str | None) -> tuple[Path | None, list[Path]]:
+    """Return the first existing candidate of :func:`spec_candidates` (or None) and every path tried."""
+    tried = spec_candidates(target)
+    for p in tried:
+        if p.is_file():
+            return p, tried
+    return None, tried
+
+
+def parse_mesh_option(text: str, spec_mesh: MeshSpec) -> MeshSpec:
+    """Apply ``--mesh``: ``2x4`` (sizes in the spec's axis order) or ``data=2,model=4``.
+
+    Raises:
+      ValueError: with a message naming what is wrong.
+    """
+    t = text.strip()
+    if "=" in t:
+        axes: list[tuple[str, int]] = []
+        for part in t.split(","):
+            name, _, size = part.partition("=")
+            name = name.strip()
+            if not name.isidentifier() or not size.strip().isdigit() or int(size) < 1:
+                raise ValueError(f"--mesh {text!r}: {part!r} is not 'axis=size' with a positive size")
+            axes.append((name, int(size)))
+        if spec_mesh.axes and [n for n, _ in axes] != list(spec_mesh.names):
+            unknown = [n for n, _ in axes if n not in spec_mesh.names]
+            if unknown or len(axes) != len(spec_mesh.axes):
+                raise ValueError(f"--mesh {text!r} names axes {', '.join(n for n, _ in axes)}, but the spec's mesh has "
+                                 f"{', '.join(spec_mesh.names)}; give every axis of the spec once")
+            order = {n: i for i, n in enumerate(spec_mesh.names)}
+            axes.sort(key=lambda a: order[a[0]])
+        return MeshSpec(tuple(axes), spec_mesh.axis_types, spec_mesh.loc)
+    parts = [p.strip() for p in t.lower().split("x")]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--mesh {text!r} is not sizes like 2x4 or names like data=2,model=4")
+    sizes = [int(p) for p in parts]
+    if not spec_mesh.axes:
+        raise ValueError(f"--mesh {text!r} gives sizes, but there is no spec mesh to name the axes; "
+                         "write --mesh data=2,model=4")
+    if len(sizes) != len(spec_mesh.axes):
+        raise ValueError(f"--mesh {text!r} has {len(sizes)} sizes, but the spec's mesh has {len(spec_mesh.axes)} axes "
+                         f"({', '.join(spec_mesh.names)})")
+    return MeshSpec(tuple(zip(spec_mesh.names, sizes)), spec_mesh.axis_types, spec_mesh.loc)
