@@ -211,8 +211,9 @@ def normalise_cost(raw: Any, *, scope: str, source: str | None = None,
         "0 FLOPs" sanity check); derived from ``program_text`` when that is given.
       program_text: HLO or StableHLO text of the program (optional).
 
-    Sanity flags (``suspects``): a negative FLOP / transcendental / byte figure (XLA uses
-    -1 for "unknown"); NaN or infinite values; 0 or absent FLOPs in a program with dots or
+    Sanity flags (``suspects``): a negative FLOP / transcendental / byte / seconds figure
+    (XLA uses -1 for "unknown"; seen: ``optimal_seconds: -1.0`` and a 1-byte-short operand
+    slot in ``Lowered.cost_analysis()`` on CPU when ``out_shardings`` is given); NaN or infinite values; 0 or absent FLOPs in a program with dots or
     convolutions; ``bytes accessed`` absent while other keys are reported; total bytes
     accessed smaller than the bytes written to outputs or than any single operand slot
     (the total is the sum of those parts). Bytes accessed smaller than the argument bytes
@@ -292,7 +293,10 @@ def normalise_cost(raw: Any, *, scope: str, source: str | None = None,
             if v < 0:
                 suspects.append(Suspect(key, f"negative byte count {v:g}"))
         else:
-            extra.append(ExtraMetric(key=key, value=v, unit=_unit_for(key)))
+            unit = _unit_for(key)
+            extra.append(ExtraMetric(key=key, value=v, unit=unit))
+            if v < 0 and unit in ("seconds", "bytes", "FLOPs"):
+                suspects.append(Suspect(key, f"negative {unit} figure {v:g} (XLA uses -1 for 'unknown')"))
     slots.sort(key=lambda s: (s.slot is None, s.slot if s.slot is not None else 0, s.shape_index))
 
     out_parts = [s.bytes for s in slots if s.slot is None]
