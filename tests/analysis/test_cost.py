@@ -182,3 +182,13 @@ def test_dot_scan_on_real_program_text(matmul):
     assert not cost.has_dot_or_convolution(jax.jit(jnp.sin).trace(x).lower().as_text())
     assert cost.has_dot_or_convolution("  %dot.1 = f32[2,2]{1,0} dot(%a, %b), lhs_contracting_dims={1}")
     assert not cost.has_dot_or_convolution("  %x = f32[2] add(%dot.1, %b)")
+
+
+def test_operand_slots_are_summed_over_instructions_not_entry_parameters():
+    # (a * 2, c.sum()): multiply(a, broadcast(2.0)) and reduce(c, 0.0).
+    # slot 0 = a (multiply) + c (reduce) + the f32 scalar fed to broadcast;
+    # slot 1 = the broadcast 2.0 (same shape as a) + the reduce's f32 init value.
+    a = jax.ShapeDtypeStruct((16,), jnp.float32)
+    c = jax.ShapeDtypeStruct((64,), jnp.float32)
+    rec = cost.whole_program_cost(jax.jit(lambda a, c: (a * 2, c.sum())).trace(a, c).lower())
+    assert rec.operand_slot_bytes() == {0: (16 + 64 + 1) * F32, 1: (16 + 1) * F32}
