@@ -1,0 +1,386 @@
+"""Normalise ``Compiled.memory_analysis()``, donation aliasing and device capacity.
+
+Sources (verified on jax/jaxlib 0.10.2, CPU):
+
+* ``jax.stages.Compiled.memory_analysis()`` returns a ``CompiledMemoryStats`` with, per
+  device and in bytes: ``argument_size_in_bytes``, ``output_size_in_bytes``,
+  ``alias_size_in_bytes``, ``temp_size_in_bytes``, ``generated_code_size_in_bytes``, the
+  same five as ``host_*`` (host memory space), ``peak_memory_in_bytes`` and
+  ``serialized_buffer_assignment_proto``. ``peak_memory_in_bytes`` exists as an attribute
+  (its ``repr`` does not show it) but **on CPU it leaves out the temp allocation**: for a
+  program with a 16 MiB intermediate it reads arguments + outputs (24 KiB) while the temp
+  size is 16 MiB. :class:`MemoryRecord` therefore also computes an estimate
+  ``argument + output - alias + temp`` (XLA allocates all temporaries as one block that
+  lives for the whole execution, next to the argument and non-aliased output buffers) and
+  uses the larger of the two as ``peak_bytes``, saying which one in ``peak_source``.
+* Donation: the compiled HLO module header ``input_output_alias={ {0}: (1, {}, may-alias) }``
+  maps output shape index ``{0}`` to entry parameter 1 (shape index ``{}``).
+* Capacity: ``jax.Device.memory_stats()["bytes_limit"]`` (None on CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Sequence
+from decimal import ROUND_FLOOR, Decimal, InvalidOperation
+from typing import Any
+
+from stagetool.errors import UsageError
+
+_SOURCE = "jax.stages.Compiled.memory_analysis()"
+
+_FIELDS = (
+    ("argument_bytes", "argument_size_in_bytes"),
+    ("output_bytes", "output_size_in_bytes"),
+    ("alias_bytes", "alias_size_in_bytes"),
+    ("temp_bytes", "temp_size_in_bytes"),
+    ("generated_code_bytes", "generated_code_size_in_bytes"),
+    ("host_argument_bytes", "host_argument_size_in_bytes"),
+    ("host_output_bytes", "host_output_size_in_bytes"),
+    ("host_alias_bytes", "host_alias_size_in_bytes"),
+    ("host_temp_bytes", "host_temp_size_in_bytes"),
+    ("host_generated_code_bytes", "host_generated_code_size_in_bytes"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRecord:
+    """Per-device memory figures of one compiled program, in bytes.
+
+    Every ``*_bytes`` field is per device and comes from the attribute of
+    ``Compiled.memory_analysis()`` with the matching name (``argument_bytes`` <-
+    ``argument_size_in_bytes`` ...); ``None`` when the backend does not report it.
+
+    Attributes:
+      argument_bytes, output_bytes, alias_bytes, temp_bytes, generated_code_bytes:
+        device-memory figures.
+      host_argument_bytes, host_output_bytes, host_alias_bytes, host_temp_bytes,
+        host_generated_code_bytes: host-memory-space figures.
+      peak_bytes_reported: ``peak_memory_in_bytes`` as XLA reports it, or None.
+      peak_bytes_estimate: ``argument + output - alias + temp`` (None if one is missing).
+      peak_bytes: the figure to compare with capacity: the larger of the two above.
+      peak_source: ``"reported"``, ``"estimate"`` (argument+output-alias+temp) or None.
+      reason: why nothing was reported (None when memory_analysis() gave an object).
+      suspects: ``(field, reason)`` pairs for figures that look wrong.
+    """
+
+    argument_bytes: int | None
+    output_bytes: int | None
+    alias_bytes: int | None
+    temp_bytes: int | None
+    generated_code_bytes: int | None
+    host_argument_bytes: int | None
+    host_output_bytes: int | None
+    host_alias_bytes: int | None
+    host_temp_bytes: int | None
+    host_generated_code_bytes: int | None
+    peak_bytes_reported: int | None
+    peak_bytes_estimate: int | None
+    peak_bytes: int | None
+    peak_source: str | None
+    reason: str | None
+    suspects: tuple[tuple[str, str], ...] = ()
+    source: str = _SOURCE
+
+
+def _int_or_none(obj: Any, name: str) -> int | None:
+    v = getattr(obj, name, None)
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def normalise_memory(stats: Any) -> MemoryRecord:
+    """Turn a ``CompiledMemoryStats`` (or any object with those attributes, or None) into a record.
+
+    ``peak_bytes`` is ``max(peak_memory_in_bytes, argument + output - alias + temp)``; the
+    source of the larger one is in ``peak_source``. A suspect is added when the reported
+    peak is smaller than the temp allocation (seen on CPU, jaxlib 0.10.2) or when any
+    figure is negative or the alias exceeds the output. Never raises.
+    """
+    if stats is None:
+        empty = {f: None for f, _ in _FIELDS}
+        return MemoryRecord(**empty, peak_bytes_reported=None, peak_bytes_estimate=None,
+                            peak_bytes=None, peak_source=None,
+                            reason=f"{_SOURCE} returned None: the backend reports no memory analysis")
+    vals = {f: _int_or_none(stats, attr) for f, attr in _FIELDS}
+    reported = _int_or_none(stats, "peak_memory_in_bytes")
+    suspects: list[tuple[str, str]] = []
+    for f, v in [*vals.items(), ("peak_bytes_reported", reported)]:
+        if v is not None and v < 0:
+            suspects.append((f, f"negative byte count {v}"))
+    a, o, al, t = (vals["argument_bytes"], vals["output_bytes"], vals["alias_bytes"], vals["temp_bytes"])
+    estimate = None
+    if None not in (a, o, al, t):
+        estimate = a + o - al + t
+        if al > o:
+            suspects.append(("alias_bytes", f"aliased bytes {al} exceed output bytes {o}"))
+    if reported is not None and t is not None and reported < t:
+        suspects.append(("peak_bytes_reported",
+                         f"peak_memory_in_bytes {reported} is smaller than the temp allocation {t}; "
+                         "this backend's figure leaves out temporaries (seen on CPU), "
+                         "peak_bytes uses argument+output-alias+temp instead"))
+    if reported is None and estimate is None:
+        peak, src = None, None
+    elif estimate is None or (reported is not None and reported >= estimate):
+        peak, src = reported, "reported"
+    else:
+        peak, src = estimate, "estimate"
+    if not any(v is not None for v in vals.values()) and reported is None:
+        return MemoryRecord(**vals, peak_bytes_reported=None, peak_bytes_estimate=None, peak_bytes=None,
+                            peak_source=None, reason=f"{_SOURCE} returned a "
+                            f"{type(stats).__name__} without any known size attribute")
+    return MemoryRecord(**vals, peak_bytes_reported=reported, peak_bytes_estimate=estimate,
+                        peak_bytes=peak, peak_source=src, reason=None, suspects=tuple(suspects))
+
+
+def memory_of(compiled: Any) -> MemoryRecord:
+    """Per-device memory record of a ``jax.stages.Compiled`` (exceptions become a reason)."""
+    try:
+        stats = compiled.memory_analysis()
+    except Exception as e:  # noqa: BLE001 - backend failures are data here
+        rec = normalise_memory(None)
+        return dataclasses.replace(rec, reason=f"memory_analysis() raised {type(e).__name__}: {e}")
+    return normalise_memory(stats)
+
+
+# --------------------------------------------------------------------------- donation
+
+
+@dataclasses.dataclass(frozen=True)
+class AliasEntry:
+    """One entry of the HLO module's ``input_output_alias``.
+
+    Attributes:
+      output_index: shape index of the output (``(0,)`` is the first element of the result tuple;
+        ``()`` the whole, non-tuple result).
+      parameter_number: entry computation parameter number (jit prunes unused arguments, so
+        this is not always the flat input-leaf index).
+      parameter_index: shape index within that parameter (``()`` for a non-tuple parameter).
+      kind: ``"may-alias"`` or ``"must-alias"``.
+    """
+
+    output_index: tuple[int, ...]
+    parameter_number: int
+    parameter_index: tuple[int, ...]
+    kind: str
+
+
+_ALIAS_ENTRY = re.compile(
+    r"\{\s*([\d,\s]*)\}\s*:\s*\(\s*(\d+)\s*,\s*\{\s*([\d,\s]*)\}\s*(?:,\s*([\w-]+)\s*)?\)")
+
+
+def _index(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.replace(" ", "").split(",") if p)
+
+
+def parse_input_output_alias(hlo_text: str) -> tuple[AliasEntry, ...]:
+    """Parse ``input_output_alias={ ... }`` from the ``HloModule`` header of compiled HLO text.
+
+    Args:
+      hlo_text: ``Compiled.as_text()`` (only the first ``HloModule`` line is read).
+
+    Returns:
+      The entries sorted by output index; ``()`` when the header has no alias clause
+      (nothing donated, or no donation usable).
+    """
+    header = next((ln for ln in hlo_text.splitlines() if ln.startswith("HloModule")), "")
+    start = header.find("input_output_alias={")
+    if start < 0:
+        return ()
+    i = start + len("input_output_alias=")
+    depth = 0
+    for j in range(i, len(header)):
+        depth += {"{": 1, "}": -1}.get(header[j], 0)
+        if depth == 0:
+            body = header[i + 1:j]
+            break
+    else:
+        body = header[i + 1:]
+    entries = [AliasEntry(_index(m.group(1)), int(m.group(2)), _index(m.group(3)), m.group(4) or "may-alias")
+               for m in _ALIAS_ENTRY.finditer(body)]
+    return tuple(sorted(entries, key=lambda e: (e.output_index, e.parameter_number)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DonationStatus:
+    """Donation outcome of one entry parameter.
+
+    Attributes:
+      parameter_number: entry computation parameter number.
+      requested: whether the caller asked to donate it.
+      aliased_output_indices: output shape indices that reuse its buffer (``()`` if none).
+      status: ``"aliased"`` (donated and reused), ``"not usable"`` (donated, but XLA found no
+        output of matching shape/dtype/sharding: JAX warns "Some donated buffers were not
+        usable"), ``"not requested"``, or ``"aliased without request"`` (XLA aliased a buffer
+        the caller did not donate, which JAX does not do; kept visible, not hidden).
+    """
+
+    parameter_number: int
+    requested: bool
+    aliased_output_indices: tuple[tuple[int, ...], ...]
+    status: str
+
+
+def donation_status(donated: Sequence[bool], aliases: Iterable[AliasEntry]) -> tuple[DonationStatus, ...]:
+    """Per entry parameter: donation requested, aliased to which outputs, or not usable.
+
+    Args:
+      donated: one bool per entry parameter, in parameter-number order (the lead maps input
+        leaves to entry parameters, accounting for pruned unused arguments).
+      aliases: from :func:`parse_input_output_alias`.
+
+    Returns:
+      One :class:`DonationStatus` per parameter number ``0..len(donated)-1``, plus any
+      parameter number that appears only in ``aliases``.
+    """
+    by_param: dict[int, list[tuple[int, ...]]] = {}
+    for e in aliases:
+        by_param.setdefault(e.parameter_number, []).append(e.output_index)
+    out = []
+    for p in sorted(set(range(len(donated))) | set(by_param)):
+        req = bool(donated[p]) if p < len(donated) else False
+        outs = tuple(sorted(by_param.get(p, ())))
+        if req:
+            status = "aliased" if outs else "not usable"
+        else:
+            status = "aliased without request" if outs else "not requested"
+        out.append(DonationStatus(p, req, outs, status))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- capacity and sizes
+
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a human size into bytes.
+
+    ``KiB/MiB/GiB/TiB/PiB`` are binary (1 GiB = 2**30 bytes); ``KB/MB/GB/TB/PB`` are decimal
+    (1 GB = 10**9 bytes), as in IEC 80000-13. Units are case-insensitive (``16gib`` works);
+    ``B`` or no unit means bytes. Fractions are allowed and rounded down to whole bytes
+    (``1.5GB`` = 1_500_000_000). An int is returned unchanged.
+
+    Raises:
+      UsageError: not a non-negative number followed by a known unit.
+    """
+    if isinstance(text, bool):
+        raise UsageError(f"invalid size {text!r}", hint="write e.g. 16GiB, 512MB or 1.5GB")
+    if isinstance(text, int):
+        if text < 0:
+            raise UsageError(f"invalid size {text}: negative", hint="sizes are >= 0 bytes")
+        return text
+    m = _SIZE.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise UsageError(
+            f"invalid size {text!r}: expected a number with an optional unit",
+            hint="units: B, KB, MB, GB, TB, PB (powers of 1000) or KiB, MiB, GiB, TiB, PiB "
+                 "(powers of 1024), e.g. 16GiB, 512MB, 1.5GB")
+    try:
+        value = Decimal(m.group(1)) * _UNITS[unit]
+    except InvalidOperation:  # pragma: no cover - regex guarantees a number
+        raise UsageError(f"invalid size {text!r}") from None
+    return int(value.to_integral_value(rounding=ROUND_FLOOR))
+
+
+def format_bytes(n: int | float | None, *, binary: bool = True) -> str:
+    """Format a byte count with a human unit, deterministically.
+
+    Binary units (KiB, MiB, GiB, TiB, PiB; steps of 1024) by default, decimal (KB ... PB) with
+    ``binary=False``. Below one step: ``"512 B"``; otherwise two decimals: ``"1.50 GiB"``.
+    Negative numbers keep their sign; ``None`` gives ``"n/a"``.
+    """
+    if n is None:
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    v = abs(float(n))
+    step = 1024 if binary else 1000
+    units = ["KiB", "MiB", "GiB", "TiB", "PiB"] if binary else ["KB", "MB", "GB", "TB", "PB"]
+    if v < step:
+        return f"{sign}{int(v) if v == int(v) else round(v, 2)} B"
+    unit = None
+    for unit in units:
+        v /= step
+        if round(v, 2) < step:
+            break
+    return f"{sign}{v:.2f} {unit}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    """Memory capacity of one device, in bytes.
+
+    Attributes:
+      bytes_limit: bytes the allocator may use on the device, or None.
+      source: where the figure comes from (``"jax.Device.memory_stats()['bytes_limit']"``,
+        ``"user"`` or a chip-table name).
+      reason: why it is None.
+    """
+
+    bytes_limit: int | None
+    source: str | None
+    reason: str | None = None
+
+
+def device_capacity(device: Any) -> Capacity:
+    """Capacity of a ``jax.Device`` from ``device.memory_stats()['bytes_limit']``.
+
+    ``memory_stats()`` is None on CPU (and on compile-only TPU devices it may raise);
+    both give a :class:`Capacity` with ``bytes_limit=None`` and a reason.
+    """
+    try:
+        stats = device.memory_stats()
+    except Exception as e:  # noqa: BLE001
+        return Capacity(None, None, f"memory_stats() raised {type(e).__name__}: {e}")
+    if not stats:
+        return Capacity(None, None, f"{getattr(device, 'platform', 'this')} device reports no memory_stats()")
+    limit = stats.get("bytes_limit")
+    if limit is None:
+        return Capacity(None, None, "memory_stats() has no 'bytes_limit'")
+    return Capacity(int(limit), "jax.Device.memory_stats()['bytes_limit']")
+
+
+@dataclasses.dataclass(frozen=True)
+class FitVerdict:
+    """Does the per-device peak fit in the device's capacity?
+
+    Attributes:
+      peak_bytes: per-device peak (from :class:`MemoryRecord`), or None.
+      capacity_bytes: per-device capacity, or None.
+      share_used: ``peak_bytes / capacity_bytes`` (1.0 = exactly full), or None.
+      headroom_bytes: ``capacity_bytes - peak_bytes`` (negative when it does not fit), or None.
+      fits: True / False, or None when either figure is missing.
+      reason: why ``fits`` is None.
+    """
+
+    peak_bytes: int | None
+    capacity_bytes: int | None
+    share_used: float | None
+    headroom_bytes: int | None
+    fits: bool | None
+    reason: str | None = None
+
+
+def fit_verdict(peak_bytes: int | None, capacity_bytes: int | None) -> FitVerdict:
+    """Compare a per-device peak with a per-device capacity (both bytes). Never raises."""
+    if peak_bytes is None:
+        return FitVerdict(None, capacity_bytes, None, None, None, "peak memory not reported")
+    if capacity_bytes is None:
+        return FitVerdict(peak_bytes, None, None, None, None,
+                          "device capacity unknown (give it with a size such as 16GiB)")
+    if capacity_bytes <= 0:
+        return FitVerdict(peak_bytes, capacity_bytes, None, None, None, "capacity is not positive")
+    return FitVerdict(peak_bytes, capacity_bytes, peak_bytes / capacity_bytes,
+                      capacity_bytes - peak_bytes, peak_bytes <= capacity_bytes)

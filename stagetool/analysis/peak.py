@@ -1,0 +1,401 @@
+"""What is live at the memory peak, found without running the program.
+
+How (verified on jax/jaxlib 0.10.2, CPU): compile the lowered module once more with
+``compiler_options={"xla_dump_to": DIR, "xla_dump_hlo_as_text": True}``. XLA then writes,
+per module, ``module_NNNN.<name>.<backend>_after_optimizations-live-range.txt`` (its
+"Live ranges at N (peak)" section lists every buffer live at the peak with its bytes,
+followed by a "Stack trace breakdown for peak usage" tree by op name) and
+``...-memory-usage-report.txt``. ``xla_dump_to`` alone is enough (text is XLA's default
+dump format; ``xla_dump_hlo_as_text`` only makes that explicit); no ``xla_dump_hlo_pass_re``
+is needed, and per-pass dumps stay off. The dump also holds the pre-optimisation HLO and,
+on CPU, a few small LLVM IR / object files; the directory is always removed afterwards.
+
+Buffers are named ``<instruction>{<shape index>}``; the instruction's shape and its
+``metadata={op_name=... stack_frame_id=N}`` come from the optimised module text, and the
+stack frame resolves through the ``FileNames`` / ``FunctionNames`` / ``FileLocations`` /
+``StackFrames`` tables at the top of that text to the user's file and line.
+
+NOTE: the small HLO-text reader here (:class:`ModuleIndex`) is deliberately local; switch it
+to ``stagetool/analysis/hlo.py`` once that parser is merged. Callers can already pass their
+own ``resolve`` callable to :func:`peak_buffers`.
+
+``memory_analysis().serialized_buffer_assignment_proto`` is an ``xla.BufferAssignmentProto``
+in bytes; decoding it needs XLA's ``.proto`` schema, which JAX does not ship as a public
+Python module, so it is not used here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+DUMP_OPTIONS = {"xla_dump_hlo_as_text": True}
+"""Compiler options added next to ``xla_dump_to`` for the peak dump."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceLocation:
+    """Where an HLO instruction came from.
+
+    Attributes:
+      op_name: the JAX op name from the instruction metadata (``"jit(f)/sin"``), or None.
+      file: the user's source file (innermost recorded frame), or None.
+      line: 1-based line number in ``file``, or None.
+      function: the function name of that frame, or None.
+    """
+
+    op_name: str | None
+    file: str | None
+    line: int | None
+    function: str | None = None
+
+
+Resolver = Callable[[str], SourceLocation]
+"""``resolve(instruction_name) -> SourceLocation``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveBuffer:
+    """One buffer live at the peak, as listed in the live-range dump.
+
+    Attributes:
+      value_name: the HLO value, ``"<instruction>{<shape index>}"`` (``"fusion.3{}"``).
+      instruction_name: the instruction that defines it.
+      shape_index: shape index within the instruction's (tuple) result, ``()`` for the whole.
+      size_bytes: bytes of this buffer on one device.
+    """
+
+    value_name: str
+    instruction_name: str
+    shape_index: tuple[int, ...]
+    size_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakOpShare:
+    """One node of the "Stack trace breakdown for peak usage" tree.
+
+    Attributes:
+      name: op name (``"jit(f)/sin"``) or computation name at the root.
+      depth: 0 for the root, 1 for its children, ...
+      share: fraction of the peak (0..1), as XLA printed it (one decimal of a percent).
+      total_bytes: bytes attributed to this node and its children.
+      current_bytes: bytes attributed to this node itself.
+    """
+
+    name: str
+    depth: int
+    share: float
+    total_bytes: int
+    current_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakLiveRange:
+    """The peak section of one live-range dump file.
+
+    Attributes:
+      position: index in the instruction sequence where the peak occurs.
+      peak_bytes: bytes live at the peak (per device), from the breakdown header or the
+        last cumulative figure.
+      buffers: every buffer live at the peak, largest first (ties by name).
+      breakdown: the stack-trace breakdown tree in file order.
+    """
+
+    position: int | None
+    peak_bytes: int | None
+    buffers: tuple[LiveBuffer, ...]
+    breakdown: tuple[PeakOpShare, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakBuffer:
+    """A buffer live at the peak, attributed to the user's code.
+
+    Attributes:
+      value_name, instruction_name, size_bytes: see :class:`LiveBuffer` (bytes per device).
+      shape: HLO shape of that value, e.g. ``"f32[2048,2048]"`` (layout dropped), or None.
+      op_name: JAX op name, or None.
+      file, line, function: the user's source location, or None.
+    """
+
+    value_name: str
+    instruction_name: str
+    size_bytes: int
+    shape: str | None
+    op_name: str | None
+    file: str | None
+    line: int | None
+    function: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakReport:
+    """What is live at the per-device memory peak.
+
+    Attributes:
+      peak_bytes: bytes live at the peak on one device (from XLA's live-range dump), or None.
+      position: the peak's index in the scheduled instruction sequence, or None.
+      buffers: the largest live buffers (at most ``top``), largest first.
+      buffer_count: how many buffers are live at the peak in total.
+      breakdown: XLA's peak breakdown by op name (see :class:`PeakOpShare`).
+      dump_compile_seconds: wall time of the extra compile with dumping (seconds).
+      reason: why nothing was found (None on success).
+    """
+
+    peak_bytes: int | None
+    position: int | None
+    buffers: tuple[PeakBuffer, ...]
+    buffer_count: int
+    breakdown: tuple[PeakOpShare, ...]
+    dump_compile_seconds: float | None
+    reason: str | None = None
+
+
+# --------------------------------------------------------------------------- live-range file
+
+
+_PEAK_HEADER = re.compile(r"^\s*Live ranges at (\d+) \(peak\):\s*$")
+_BUFFER_LINE = re.compile(r"^\s+(\S+?)(\{[\d,]*\}): (\d+) bytes")
+_BREAKDOWN_HEADER = re.compile(r"^\s*Stack trace breakdown for peak usage: ([\d ]+) bytes")
+_BREAKDOWN_LINE = re.compile(
+    r"^(?P<prefix>[\s│├└─]*)(?P<name>.+?) \((?P<pct>[\d.]+)%, total: (?P<total>[\d ]+) bytes, "
+    r"current: (?P<cur>[\d ]+) bytes")
+
+
+def _num(text: str) -> int:
+    return int(text.replace(" ", ""))
+
+
+def _shape_index(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.strip("{}").split(",") if p)
+
+
+def parse_live_range_peak(text: str) -> PeakLiveRange | None:
+    """Parse the "Live ranges at N (peak)" section of an XLA ``*-live-range.txt`` dump.
+
+    Returns None when the file has no peak section.
+    """
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if _PEAK_HEADER.match(ln)), None)
+    if start is None:
+        return None
+    position = int(_PEAK_HEADER.match(lines[start]).group(1))
+    buffers: list[LiveBuffer] = []
+    breakdown: list[PeakOpShare] = []
+    peak = None
+    last_cumulative = None
+    in_breakdown = False
+    root_width = 0
+    first_child_width = 0
+    for ln in lines[start + 1:]:
+        hb = _BREAKDOWN_HEADER.match(ln)
+        if hb:
+            peak = _num(hb.group(1))
+            in_breakdown = True
+            continue
+        if in_breakdown:
+            m = _BREAKDOWN_LINE.match(ln)
+            if not m:
+                continue
+            width = len(m.group("prefix"))
+            if not breakdown:
+                root_width = width
+            if width <= root_width:
+                depth = 0
+            else:
+                # children start one branch ("├── ") right of the root; each deeper level
+                # adds one 4-character column ("│   ").
+                first_child_width = first_child_width or width
+                depth = 1 + max(width - first_child_width, 0) // 4
+            breakdown.append(PeakOpShare(m.group("name"), depth, float(m.group("pct")) / 100.0,
+                                         _num(m.group("total")), _num(m.group("cur"))))
+            continue
+        m = _BUFFER_LINE.match(ln)
+        if m:
+            buffers.append(LiveBuffer(m.group(1) + m.group(2), m.group(1), _shape_index(m.group(2)),
+                                      int(m.group(3))))
+            cm = re.search(r"cumulative: (\d+) bytes", ln)
+            if cm:
+                last_cumulative = int(cm.group(1))
+        elif ln.strip() and not ln.startswith(" "):
+            break
+    if peak is None:
+        peak = last_cumulative
+    buffers.sort(key=lambda b: (-b.size_bytes, b.value_name))
+    return PeakLiveRange(position, peak, tuple(buffers), tuple(breakdown))
+
+
+# --------------------------------------------------------------------------- module text
+# TODO(merge): replace ModuleIndex with stagetool/analysis/hlo.py once it lands.
+
+_TABLE_ROW = re.compile(r"^(\d+) (.*)$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\(")
+_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+_FRAME_ID = re.compile(r"stack_frame_id=(\d+)")
+_ATTR = re.compile(r"(\w+)=(\d+)")
+_LAYOUT = re.compile(r"\{[^{}]*\}")
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if cur:
+        parts.append("".join(cur).strip())
+    return parts
+
+
+class ModuleIndex:
+    """A minimal index of optimised HLO module text: instruction shapes and source locations.
+
+    Reads the ``FileNames`` / ``FunctionNames`` / ``FileLocations`` / ``StackFrames`` tables
+    and, per instruction, its result shape and metadata. Instruction names are unique within
+    an HLO module, so a flat mapping is enough.
+    """
+
+    def __init__(self, module_text: str):
+        self._files: dict[int, str] = {}
+        self._functions: dict[int, str] = {}
+        self._locations: dict[int, dict[str, int]] = {}
+        self._frames: dict[int, dict[str, int]] = {}
+        self._shapes: dict[str, str] = {}
+        self._meta: dict[str, tuple[str | None, int | None]] = {}
+        table = None
+        tables = {"FileNames", "FunctionNames", "FileLocations", "StackFrames"}
+        for ln in module_text.splitlines():
+            s = ln.strip()
+            if s in tables:
+                table = s
+                continue
+            if table and (m := _TABLE_ROW.match(s)):
+                key, rest = int(m.group(1)), m.group(2)
+                if table == "FileNames":
+                    self._files[key] = rest.strip('"')
+                elif table == "FunctionNames":
+                    self._functions[key] = rest.strip('"')
+                elif table == "FileLocations":
+                    self._locations[key] = {k: int(v) for k, v in _ATTR.findall(rest)}
+                else:
+                    self._frames[key] = {k: int(v) for k, v in _ATTR.findall(rest)}
+                continue
+            table = None
+            m = _INSTRUCTION.match(ln)
+            if m and not s.startswith(("HloModule", "ENTRY")):
+                name = m.group(1)
+                self._shapes[name] = m.group(2)
+                op = _OP_NAME.search(ln)
+                fid = _FRAME_ID.search(ln)
+                self._meta[name] = (op.group(1) if op else None, int(fid.group(1)) if fid else None)
+
+    def shape(self, instruction_name: str, shape_index: tuple[int, ...] = ()) -> str | None:
+        """HLO shape of an instruction's result (or of one tuple element), layouts dropped."""
+        s = self._shapes.get(instruction_name)
+        if s is None:
+            return None
+        for i in shape_index:
+            if not (s.startswith("(") and s.endswith(")")):
+                return None
+            parts = _split_top_level(s[1:-1])
+            if i >= len(parts):
+                return None
+            s = parts[i]
+        return _LAYOUT.sub("", s)
+
+    def resolve(self, instruction_name: str) -> SourceLocation:
+        """Op name and innermost recorded source frame of an instruction (Nones when unknown)."""
+        op_name, frame_id = self._meta.get(instruction_name, (None, None))
+        frame = self._frames.get(frame_id) if frame_id is not None else None
+        loc = self._locations.get(frame.get("file_location_id", -1)) if frame else None
+        if not loc:
+            return SourceLocation(op_name, None, None, None)
+        return SourceLocation(op_name, self._files.get(loc.get("file_name_id", -1)), loc.get("line"),
+                              self._functions.get(loc.get("function_name_id", -1)))
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _module_name(module_text: str) -> str | None:
+    m = re.match(r"HloModule\s+([^\s,]+)", module_text)
+    return m.group(1) if m else None
+
+
+def _pick_live_range_file(dump_dir: str, module_name: str | None) -> str | None:
+    files = sorted(f for f in os.listdir(dump_dir) if f.endswith("-live-range.txt"))
+    if module_name:
+        named = [f for f in files if f".{module_name}." in f]
+        files = named or files
+    return os.path.join(dump_dir, files[-1]) if files else None
+
+
+def peak_buffers(lowered: Any, *, top: int = 10, resolve: Resolver | None = None,
+                 compiler_options: dict[str, Any] | None = None) -> PeakReport:
+    """Largest buffers live at the per-device memory peak of a lowered program.
+
+    Compiles ``lowered`` (a ``jax.stages.Lowered``) once more with an XLA dump into a fresh
+    temporary directory (always removed, also on errors), parses the live-range dump and
+    attributes each buffer to its shape, op name and source line.
+
+    Args:
+      lowered: the ``jax.stages.Lowered`` the pipeline already has.
+      top: how many buffers to return (largest first).
+      resolve: ``instruction_name -> SourceLocation``; default: read the compiled module's
+        own text (:class:`ModuleIndex`).
+      compiler_options: extra compiler options the main compile used (kept, so the dumped
+        module is the same program).
+
+    Returns:
+      A :class:`PeakReport`; when the compile fails or XLA writes no live-range file (e.g.
+      the executable came from the persistent compilation cache) the report has
+      ``reason`` set and no buffers. Never raises for those cases.
+    """
+    tmp = tempfile.mkdtemp(prefix="stagetool-peak-")
+    try:
+        opts = dict(compiler_options or {})
+        opts.update(DUMP_OPTIONS)
+        opts["xla_dump_to"] = tmp
+        t0 = time.perf_counter()
+        try:
+            compiled = lowered.compile(compiler_options=opts)
+        except Exception as e:  # noqa: BLE001 - a failed extra compile is data here
+            return PeakReport(None, None, (), 0, (), None,
+                              f"compile with XLA dump failed: {type(e).__name__}: {e}")
+        seconds = time.perf_counter() - t0
+        module_text = compiled.as_text() or ""
+        path = _pick_live_range_file(tmp, _module_name(module_text))
+        if path is None:
+            return PeakReport(None, None, (), 0, (), seconds,
+                              "XLA wrote no live-range dump (the executable may have come from the "
+                              "persistent compilation cache, or this backend does not dump it)")
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            live = parse_live_range_peak(fh.read())
+        if live is None:
+            return PeakReport(None, None, (), 0, (), seconds,
+                              f"no 'Live ranges at N (peak)' section in {os.path.basename(path)}")
+        index = ModuleIndex(module_text)
+        res = resolve or index.resolve
+        out = []
+        for b in live.buffers[:max(top, 0)]:
+            loc = res(b.instruction_name)
+            out.append(PeakBuffer(b.value_name, b.instruction_name, b.size_bytes,
+                                  index.shape(b.instruction_name, b.shape_index),
+                                  loc.op_name, loc.file, loc.line, loc.function))
+        return PeakReport(live.peak_bytes, live.position, tuple(out), len(live.buffers),
+                          live.breakdown, seconds)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

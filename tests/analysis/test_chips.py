@@ -1,0 +1,113 @@
+"""Tests of stagetool.analysis.chips: the table, user entries and the roofline estimate."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from stagetool.analysis import chips, cost
+from stagetool.errors import SpecError, UsageError
+
+
+def test_table_has_the_promised_chips_with_sources():
+    assert set(chips.CHIPS) == {"tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "a100-40gb", "a100-80gb",
+                                "h100-sxm", "h200"}
+    for name, c in chips.CHIPS.items():
+        assert c.name == name
+        assert c.sources and all(s.startswith("https://") for s in c.sources)
+        assert c.peak_flops_per_second_bf16 > 0 and c.hbm_bandwidth_bytes_per_second > 0
+        assert c.hbm_capacity_bytes > 0
+    assert chips.CHIPS["tpu-v5e"].peak_flops_per_second_f32 is None
+    assert chips.CHIPS["h100-sxm"].peak_flops_per_second_bf16 == 989.5e12  # dense = half the sparse 1979
+
+
+def test_get_chip():
+    assert chips.get_chip(" TPU-v5e ") is chips.CHIPS["tpu-v5e"]
+    with pytest.raises(UsageError) as e:
+        chips.get_chip("tpu-v9")
+    assert "tpu-v5e" in e.value.hint
+
+
+@pytest.mark.parametrize("kind,name", [("TPU v5 lite", "tpu-v5e"), ("TPU v5", "tpu-v5p"), ("TPU v4", "tpu-v4"),
+                                       ("TPU v6 lite", "tpu-v6e"), ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+                                       ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA H200", "h200"),
+                                       ("cpu", None)])
+def test_chip_for_device_kind(kind, name):
+    assert chips.chip_for_device_kind(kind) == name
+
+
+def test_merge_user_entries():
+    table = chips.merge_chips({
+        "my-npu": {"peak_flops_per_second_bf16": 1e14, "hbm_capacity_bytes": "24GiB",
+                   "sources": "https://example.com/npu"},
+        "TPU-v5e": {"hbm_capacity_bytes": 16 * 2**30},
+    })
+    assert table["my-npu"] == chips.Chip("my-npu", 1e14, None, None, 24 * 2**30, ("https://example.com/npu",))
+    assert table["tpu-v5e"].hbm_capacity_bytes == 16 * 2**30
+    assert table["tpu-v5e"].peak_flops_per_second_bf16 == 197e12  # untouched fields kept
+    assert chips.CHIPS["tpu-v5e"].hbm_capacity_bytes == 16 * 10**9  # built-in table unchanged
+    assert list(table) == sorted(table)
+
+
+def test_merge_reports_every_problem():
+    with pytest.raises(SpecError) as e:
+        chips.merge_chips({
+            "a": {"peak_flops_per_second_bf16": -1, "bogus": 1},
+            "b": {"hbm_capacity_bytes": "lots"},
+            "c": {"note": "no figures"},
+            "d": 5,
+            "h200": {"hbm_bandwidth_bytes_per_second": "fast", "sources": [1]},
+        })
+    issues = e.value.issues
+    assert issues == [
+        "chips.a.bogus: unknown field; valid fields: " + ", ".join(chips._FIELDS),
+        "chips.a.peak_flops_per_second_bf16: must be a positive finite number, got -1",
+        "chips.a: a new chip needs at least one of " + ", ".join(chips._NUMERIC_FIELDS),
+        "chips.b.hbm_capacity_bytes: invalid size 'lots': expected a number with an optional unit",
+        "chips.b: a new chip needs at least one of " + ", ".join(chips._NUMERIC_FIELDS),
+        "chips.c: a new chip needs at least one of " + ", ".join(chips._NUMERIC_FIELDS),
+        "chips.d: expected a mapping of figures, got int",
+        "chips.h200.hbm_bandwidth_bytes_per_second: expected a number, got 'fast'",
+        "chips.h200.sources: expected a string or a list of strings",
+    ]
+    with pytest.raises(SpecError):
+        chips.merge_chips([1, 2])
+
+
+def test_roofline_arithmetic():
+    chip = chips.Chip("toy", 100.0, 10.0, 20.0, 1, ("user",))
+    r = chips.roofline(chip, flops_per_device=1000.0, bytes_accessed_per_device=100.0)
+    assert (r.compute_seconds, r.memory_seconds, r.lower_bound_seconds, r.bound) == (10.0, 5.0, 10.0, "compute")
+    assert r.label == "estimate" and r.reason is None
+    m = chips.roofline(chip, flops_per_device=1000.0, bytes_accessed_per_device=100.0, dtype="f32")
+    assert (m.compute_seconds, m.memory_seconds, m.bound) == (100.0, 5.0, "compute")
+    mem = chips.roofline(chip, flops_per_device=10.0, bytes_accessed_per_device=400.0)
+    assert (mem.lower_bound_seconds, mem.bound) == (20.0, "memory")
+
+
+def test_roofline_missing_inputs_give_none_with_reason():
+    r = chips.roofline(chips.CHIPS["tpu-v5e"], flops_per_device=1e12, bytes_accessed_per_device=None, dtype="f32")
+    assert r.compute_seconds is None and r.memory_seconds is None and r.lower_bound_seconds is None
+    assert r.bound is None
+    assert r.reason == "no published f32 peak FLOP/s for tpu-v5e; bytes accessed not reported"
+    neg = chips.roofline(chips.CHIPS["h100-sxm"], flops_per_device=-1.0, bytes_accessed_per_device=1e9)
+    assert neg.compute_seconds is None and neg.memory_seconds == pytest.approx(1e9 / 3.35e12)
+    with pytest.raises(UsageError):
+        chips.roofline(chips.CHIPS["h200"], flops_per_device=1.0, bytes_accessed_per_device=1.0, dtype="fp8")
+
+
+def test_roofline_from_a_real_per_device_cost():
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    M = K = N = 512
+    a = jax.ShapeDtypeStruct((M, K), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
+    b = jax.ShapeDtypeStruct((K, N), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))
+    rec = cost.per_device_cost(jax.jit(lambda a, b: a @ b).trace(a, b).lower().compile())
+    h200 = chips.CHIPS["h200"]
+    r = chips.roofline(h200, flops_per_device=rec.flops, bytes_accessed_per_device=rec.bytes_accessed)
+    assert r.compute_seconds == pytest.approx(2 * M * N * K / 8 / 989.5e12)
+    assert r.memory_seconds == pytest.approx(rec.bytes_accessed / 4.8e12)
+    assert r.lower_bound_seconds == max(r.compute_seconds, r.memory_seconds)
