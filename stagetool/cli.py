@@ -230,6 +230,163 @@ def devices(mesh: Annotated[Optional[str], typer.Option(
         emit(devices_report(mesh=mesh, platform=platform, topology=topology), format, output)
 
 
+# ---- CI gate: snapshot, check, diff (README: "The CI gate") ------------------------------------
+
+IsolateOpt = Annotated[bool, typer.Option(
+    "--isolate", help="Stage each function in its own process, so one that aborts the process (an XLA "
+                      "'LLVM ERROR') is reported as failed and the others still run. Costs ~1.5 s per function.")]
+ToleranceOpt = Annotated[Optional[list[str]], typer.Option(
+    "--tolerance", "-t", help="NAME=VALUE, repeatable: allowed growth before a regression, e.g. memory=2%, "
+                              "flops=5%, collective_bytes=64KiB. Names: memory, flops, bytes_accessed, "
+                              "collective_bytes, collective_count. Defaults: 1%, 1%, 1%, 0%, 0.",
+    show_default=False)]
+JunitOpt = Annotated[Optional[Path], typer.Option(
+    "--junit-xml", help="Also write JUnit XML (one testcase per function) to FILE.", show_default=False)]
+
+
+def _gate_output(cmp: Any, format: Format, output: Optional[Path], junit_xml: Optional[Path]) -> None:
+    """Write the change table (stdout or -o), JUnit XML, and the GitHub step summary when set."""
+    from stagetool.fileio import write_atomic
+    from stagetool.report import render_changes
+
+    text = render_changes.render(cmp, format, color=_color(output) and format == Format.text, width=_width())
+    if output is not None:
+        try:
+            write_atomic(output, text)
+        except OSError as e:
+            raise UsageError(f"--output {output}: cannot write: {e.strerror or e}") from None
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    if junit_xml is not None:
+        try:
+            write_atomic(junit_xml, render_changes.junit_xml(cmp))
+        except OSError as e:
+            raise UsageError(f"--junit-xml {junit_xml}: cannot write: {e.strerror or e}") from None
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        try:
+            with open(summary, "a", encoding="utf-8") as fh:
+                fh.write(render_changes.render_markdown(cmp) + "\n")
+        except OSError as e:
+            _stderr().print(f"[yellow]warning:[/] GITHUB_STEP_SUMMARY {_escape(summary)}: {_escape(str(e))}")
+
+
+def _report_failures(failed: dict) -> None:
+    err = _stderr()
+    for name, message in failed.items():
+        err.print(f"[bold red]error:[/] {_escape(name)}: {_escape(message)}")
+
+
+@app.command()
+def snapshot(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
+             topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
+             processes: ProcessesOpt = None,
+             output: Annotated[Path, typer.Option("--output", "-o", help="The snapshot file (written atomically).")]
+             = Path("stagetool.lock.json"),
+             isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
+    """Record shardings, memory, cost and collectives of every function: the baseline for 'check'."""
+    from stagetool.baseline import take_snapshot, write_snapshot
+
+    with _errors(debug):
+        opts = _options(target, spec, mesh, platform, topology, function, local_avals, processes)
+        with _status() as on_stage:
+            run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
+        if run.failed:
+            _report_failures(run.failed)
+            _stderr().print(f"[red]{len(run.failed)} function(s) failed; {output} not written[/]")
+            raise typer.Exit(int(ExitCode.JAX))
+        write_snapshot(output, run.snapshot)
+        _stderr().print(f"[dim]wrote {_escape(str(output))} ({len(run.snapshot['functions'])} function(s))[/]")
+
+
+@app.command()
+def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
+          topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
+          processes: ProcessesOpt = None,
+          baseline: Annotated[Path, typer.Option("--baseline", "-b", help="The snapshot to compare with.")]
+          = Path("stagetool.lock.json"),
+          tolerance: ToleranceOpt = None,
+          update: Annotated[bool, typer.Option("--update", help="Rewrite the baseline with what is found now "
+                                                                 "and exit 0 (unless a function fails).")] = False,
+          format: FormatOpt = Format.text, output: OutputOpt = None, junit_xml: JunitOpt = None,
+          isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
+    """CI gate: recompute and compare with the baseline. Exit 0 clean, 1 regression, 2 bad input, 3 JAX failure."""
+    from stagetool.baseline import (compare, effective_tolerances, load_snapshot, parse_tolerance_options,
+                                    take_snapshot, write_snapshot)
+
+    with _errors(debug):
+        cli_tols = parse_tolerance_options(tolerance or [])
+        before = None
+        if not (update and not baseline.exists()):
+            before = load_snapshot(baseline)
+        opts = _options(target, spec, mesh, platform, topology, function, local_avals, processes)
+        with _status() as on_stage:
+            run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
+        _report_failures(run.failed)
+        if before is not None:
+            cmp = compare(before, run.snapshot, failed=run.failed, before_label=str(baseline), after_label="now",
+                          only=run.functions,
+                          tolerances_for=lambda name: effective_tolerances(name, spec_check=run.spec_check,
+                                                                           cli=cli_tols))
+            _gate_output(cmp, format, output, junit_xml)
+            code = cmp.exit_code()
+        else:
+            code = 3 if run.failed else 0
+        if update:
+            if run.failed:
+                _stderr().print(f"[red]not updating {_escape(str(baseline))}: a function failed[/]")
+                raise typer.Exit(int(ExitCode.JAX))
+            write_snapshot(baseline, run.snapshot)
+            _stderr().print(f"[dim]updated {_escape(str(baseline))}[/]")
+            code = 0
+        raise typer.Exit(code)
+
+
+@app.command()
+def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before).", show_default=False)] = None,
+         b: Annotated[Optional[Path], typer.Argument(help="Snapshot B (after).", show_default=False)] = None,
+         spec: SpecOpt = None, function: FunctionOpt = None,
+         mesh_a: Annotated[Optional[str], typer.Option(
+             "--mesh-a", help="Live mode: stage the spec on this mesh (before)...", show_default=False)] = None,
+         mesh_b: Annotated[Optional[str], typer.Option(
+             "--mesh-b", help="...and on this one (after), then compare.", show_default=False)] = None,
+         platform: PlatformOpt = None, tolerance: ToleranceOpt = None,
+         fail_on_regression: Annotated[bool, typer.Option(
+             "--fail-on-regression", help="Exit 1 when B regresses against A (default: exit 0).")] = False,
+         format: FormatOpt = Format.text, output: OutputOpt = None, junit_xml: JunitOpt = None,
+         isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
+    """Compare two snapshots (diff A.json B.json), or one spec on two meshes (diff --spec S --mesh-a 2x4 --mesh-b 4x2)."""
+    from stagetool.baseline import compare, effective_tolerances, load_snapshot, parse_tolerance_options, take_snapshot
+
+    with _errors(debug):
+        cli_tols = parse_tolerance_options(tolerance or [])
+        live = mesh_a is not None or mesh_b is not None
+        if live:
+            if a is not None or b is not None:
+                raise UsageError("give either two snapshot files or --mesh-a/--mesh-b, not both")
+            if mesh_a is None or mesh_b is None:
+                raise UsageError("live diff needs both --mesh-a and --mesh-b", hint="e.g. --mesh-a 2x4 --mesh-b 4x2")
+            runs = []
+            for m in (mesh_a, mesh_b):
+                opts = _options(None, spec, m, platform, None, function, False, None)
+                with _status() as on_stage:
+                    runs.append(take_snapshot(opts, isolate=isolate, on_stage=on_stage))
+            _report_failures({**runs[0].failed, **runs[1].failed})
+            before, after, failed = runs[0].snapshot, runs[1].snapshot, {**runs[0].failed, **runs[1].failed}
+            labels, spec_check = (f"mesh {mesh_a}", f"mesh {mesh_b}"), runs[1].spec_check
+        else:
+            if a is None or b is None:
+                raise UsageError("diff needs two snapshot files A.json B.json, or --spec with --mesh-a and --mesh-b")
+            before, after, failed = load_snapshot(a), load_snapshot(b), {}
+            labels, spec_check = (str(a), str(b)), None
+        cmp = compare(before, after, failed=failed, title="stagetool diff", before_label=labels[0],
+                      after_label=labels[1], same_mesh_expected=not live,
+                      tolerances_for=lambda name: effective_tolerances(name, spec_check=spec_check, cli=cli_tols))
+        _gate_output(cmp, format, output, junit_xml)
+        raise typer.Exit(cmp.exit_code(fail_on_regression=fail_on_regression))
+
+
 def main(argv: list[str] | None = None) -> int:
     """The console-script entry point; returns the exit code."""
     try:

@@ -212,6 +212,17 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
 
         fields["inputs"] = input_leaves(inputs, staged.compiled)
         fields["outputs"] = output_leaves(staged.traced, staged.compiled, fspec.out_shardings)
+    if Section.COST in wanted:
+        # Minimal, added for the baseline (issue 5): the per-device CostRecord of the compiled module;
+        # the lead may wrap it with the whole-program record.
+        from stagetool.analysis.cost import has_dot_or_convolution, per_device_cost
+
+        fields["cost"] = per_device_cost(staged.compiled,
+                                         has_dot_or_conv=has_dot_or_convolution(staged.lowered.as_text()))
+    if Section.MEMORY in wanted:
+        from stagetool.analysis.memory import memory_of
+
+        fields["memory"] = memory_of(staged.compiled)
     notes = []
     if plan.avals == "local":
         notes.append(f"shapes in the spec are host-local; global shapes computed for {setup.process_count} "

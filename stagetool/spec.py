@@ -261,6 +261,7 @@ class Spec:
       topology: a compile-only TPU topology name such as ``v5e:2x4``, or None.
       avals: ``global`` (shapes are whole arrays) or ``local`` (shapes as one process sees them).
       functions: by name, in file order.
+      check: the ``check:`` section (tolerances of ``stagetool check``), or None.
     """
 
     path: Path | None
@@ -269,6 +270,20 @@ class Spec:
     topology: str | None
     avals: str
     functions: dict[str, FunctionSpec]
+    check: CheckSpec | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckSpec:
+    """The spec's ``check:`` section: tolerances of ``stagetool check`` (see :mod:`stagetool.baseline`).
+
+    Attributes:
+      tolerances: tolerance name → :class:`stagetool.baseline.Tolerance`, for every function.
+      functions: function name → its own tolerances (override the ones above).
+    """
+
+    tolerances: dict
+    functions: dict
 
 
 # ----------------------------------------------------------------------------------------------
@@ -674,7 +689,7 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
         raise SpecError([f"{file}:1:1: the spec is empty; it needs at least 'functions'"])
     if not isinstance(root, yaml.MappingNode):
         raise SpecError([f"{issues.loc(root)}: the spec must be a mapping with 'version', 'mesh' and 'functions'"])
-    _check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "avals", "functions"})
+    _check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "avals", "functions", "check"})
     vnode = _get(root, "version")
     if vnode is not None and _plain(vnode) != SPEC_VERSION:
         issues.add(vnode, "version", f"unsupported spec version {_plain(vnode)!r}; this stagetool reads version {SPEC_VERSION}")
@@ -707,8 +722,67 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
             if fs is not None:
                 functions[fs.name] = fs
     _validate_axes(parser, mesh, functions)
+    check = _check_section(issues, _get(root, "check"), functions)
     issues.raise_if_any()
-    return Spec(path, mesh, platform, topology, avals, functions)
+    return Spec(path, mesh, platform, topology, avals, functions, check)
+
+
+def _tolerances(issues: _Issues, node: yaml.Node, path: str) -> dict:
+    """``{name: '2%'}`` → ``{name: Tolerance}``; every bad entry is an issue."""
+    from stagetool.baseline import TOLERANCE_KEYS, parse_tolerance
+    from stagetool.errors import UsageError
+
+    out: dict = {}
+    if not isinstance(node, yaml.MappingNode):
+        issues.add(node, path, "must be a mapping of tolerance name to value, e.g. {memory: 2%}")
+        return out
+    for knode, vnode in node.value:
+        name = str(knode.value)
+        if name not in TOLERANCE_KEYS:
+            close = _close(name, TOLERANCE_KEYS)
+            issues.add(knode, path, f"unknown tolerance {name!r}; expected one of {', '.join(TOLERANCE_KEYS)}"
+                       + (f" (did you mean {close!r}?)" if close else ""))
+            continue
+        try:
+            out[name] = parse_tolerance(_plain(vnode))
+        except UsageError as e:
+            issues.add(vnode, f"{path}.{name}", e.message)
+    return out
+
+
+def _check_section(issues: _Issues, node: yaml.Node | None, functions: dict) -> CheckSpec | None:
+    """Parse ``check: {tolerances: {...}, functions: {name: {tolerances: {...}}}}``."""
+    if node is None:
+        return None
+    if not isinstance(node, yaml.MappingNode):
+        issues.add(node, "check", "check must be a mapping with 'tolerances' and/or 'functions'")
+        return None
+    _check_keys(issues, node, "check", {"tolerances", "functions"})
+    tolerances: dict = {}
+    tnode = _get(node, "tolerances")
+    if tnode is not None:
+        tolerances = _tolerances(issues, tnode, "check.tolerances")
+    per_function: dict = {}
+    fnode = _get(node, "functions")
+    if fnode is not None:
+        if not isinstance(fnode, yaml.MappingNode):
+            issues.add(fnode, "check.functions", "must be a mapping of function name to {tolerances: ...}")
+        else:
+            for knode, vnode in fnode.value:
+                name = str(knode.value)
+                path = f"check.functions.{name}"
+                if name not in functions:
+                    close = _close(name, functions)
+                    issues.add(knode, "check.functions", f"{name!r} is not a function of this spec"
+                               + (f" (did you mean {close!r}?)" if close else ""))
+                    continue
+                if not isinstance(vnode, yaml.MappingNode):
+                    issues.add(vnode, path, "must be a mapping with 'tolerances'")
+                    continue
+                _check_keys(issues, vnode, path, {"tolerances"})
+                t = _get(vnode, "tolerances")
+                per_function[name] = _tolerances(issues, t, f"{path}.tolerances") if t is not None else {}
+    return CheckSpec(tolerances, per_function)
 
 
 def _validate_axes(parser: _Parser, mesh: MeshSpec, functions: dict[str, FunctionSpec]) -> None:

@@ -1,0 +1,162 @@
+"""Renderers of a :class:`stagetool.baseline.Comparison` (``check`` / ``diff``): text, JSON, Markdown,
+and JUnit XML. Pure: no JAX, no printing; each returns text.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Callable
+
+from stagetool.baseline import Change, Comparison, FunctionResult
+from stagetool.report import Format
+from stagetool.report.units import format_percent
+
+_STATUS_WORD = {"ok": "ok", "regression": "REGRESSION", "failed": "FAILED", "new": "new (not in baseline)",
+                "removed": "removed (in baseline, not run)"}
+
+
+def _pct(c: Change) -> str:
+    if c.change is None:
+        return "new" if c.before_value == 0 and c.after_value else ""
+    return ("+" if c.change > 0 else "") + format_percent(c.change)
+
+
+def summary_line(cmp: Comparison) -> str:
+    """``3 functions: 1 regression, 1 failed, 1 ok`` (counts of function statuses) plus improvements."""
+    counts: dict[str, int] = {}
+    for f in cmp.functions:
+        counts[f.status] = counts.get(f.status, 0) + 1
+    parts = [f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: ["regression", "failed", "ok", "new",
+                                                                             "removed"].index(kv[0]))]
+    improvements = sum(1 for f in cmp.functions for c in f.changes if c.status == "improvement")
+    if improvements:
+        parts.append(f"{improvements} improvement{'s' if improvements != 1 else ''}")
+    n = len(cmp.functions)
+    return f"{n} function{'s' if n != 1 else ''}: " + (", ".join(parts) if parts else "nothing to compare")
+
+
+def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
+    """A Rich table of every change (function, what, before, after, change, status), then a summary."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console(file=io.StringIO(), force_terminal=color, no_color=not color,
+                      color_system="truecolor" if color else None, width=width, highlight=False, soft_wrap=False)
+    console.print(Text(f"{cmp.title}: {cmp.before} → {cmp.after}", style="bold"))
+    for n in cmp.notices:
+        console.print(Text(f"notice: {n}", style="yellow"))
+    styles = {"regression": "bold red", "improvement": "green", "changed": "", "failed": "bold red"}
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, just in (("function", "left"), ("what", "left"), ("before", "right"), ("after", "right"),
+                      ("change", "right"), ("status", "left")):
+        table.add_column(col, justify=just, overflow="fold")
+    rows = 0
+    for f in cmp.functions:
+        if f.status == "failed":
+            table.add_row(f.name, "compile", "", "", "", Text(f"FAILED: {f.error}", style="bold red"))
+            rows += 1
+        elif f.status in ("new", "removed"):
+            table.add_row(f.name, "function", "—" if f.status == "new" else "present",
+                          "present" if f.status == "new" else "—", "", _STATUS_WORD[f.status])
+            rows += 1
+        for c in f.changes:
+            status = c.status + (f" ({c.note})" if c.note else "")
+            table.add_row(c.function, c.what, c.before, c.after, _pct(c), Text(status, style=styles[c.status]))
+            rows += 1
+    if rows:
+        console.print(table)
+    else:
+        console.print("no changes")
+    console.print(Text(summary_line(cmp), style="bold red" if cmp.regressions or cmp.failed else "bold green"))
+    return console.file.getvalue()
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
+    """GitHub-flavoured Markdown: a heading with the verdict, notices, and the change table."""
+    del color, width
+    bad = bool(cmp.regressions or cmp.failed)
+    icon = "❌" if bad else "✅"
+    out = [f"### {icon} {cmp.title}: {summary_line(cmp)}", "", f"`{cmp.before}` → `{cmp.after}`", ""]
+    out += [f"> **Notice:** {_md_escape(n)}" for n in cmp.notices] + ([""] if cmp.notices else [])
+    rows = []
+    for f in cmp.functions:
+        if f.status == "failed":
+            rows.append([f"`{f.name}`", "compile", "", "", "", f"**FAILED**: {f.error}"])
+        elif f.status in ("new", "removed"):
+            rows.append([f"`{f.name}`", "function", "", "", "", _STATUS_WORD[f.status]])
+        for c in f.changes:
+            status = ("**regression**" if c.status == "regression" else c.status) + (f" ({c.note})" if c.note else "")
+            rows.append([f"`{c.function}`", f"`{c.what}`", f"`{c.before}`", f"`{c.after}`", _pct(c), status])
+    if rows:
+        out += ["| function | what | before | after | change | status |", "|:---|:---|---:|---:|---:|:---|"]
+        out += ["| " + " | ".join(_md_escape(x) for x in r) + " |" for r in rows]
+    else:
+        out.append("No changes.")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def render_json(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
+    """The comparison as JSON: ``{kind: "comparison", regressions, failed, functions: [...]}``."""
+    del color, width
+    from stagetool.report.model import to_jsonable
+
+    body = {"kind": "comparison", "schema_version": 1, **to_jsonable(cmp),
+            "regressions": len(cmp.regressions), "failed": len(cmp.failed)}
+    return json.dumps(body, indent=2, ensure_ascii=False) + "\n"
+
+
+RENDERERS: dict[Format, Callable[..., str]] = {
+    Format.text: render_text,
+    Format.json: render_json,
+    Format.markdown: render_markdown,
+}
+
+
+def render(cmp: Comparison, fmt: Format, *, color: bool = False, width: int = 120) -> str:
+    """Render a comparison in any :class:`stagetool.report.Format`."""
+    return RENDERERS[Format(fmt)](cmp, color=color, width=width)
+
+
+def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:
+    """JUnit XML: one ``<testcase>`` per function; ``<failure>`` lists its regressions, ``<error>``
+    a function that failed to compile, ``<skipped>`` one that is new or removed."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.Element("testsuites", name=suite)
+    failures = sum(1 for f in cmp.functions if f.status == "regression")
+    errors = len(cmp.failed)
+    skipped = sum(1 for f in cmp.functions if f.status in ("new", "removed"))
+    ts = ET.SubElement(root, "testsuite", name=cmp.title, tests=str(len(cmp.functions)), failures=str(failures),
+                       errors=str(errors), skipped=str(skipped))
+    for f in cmp.functions:
+        tc = ET.SubElement(ts, "testcase", classname=suite, name=f.name)
+        if f.status == "failed":
+            ET.SubElement(tc, "error", message=f"{f.name} failed to compile").text = f.error or ""
+        elif f.status == "regression":
+            regs = [c for c in f.changes if c.status == "regression"]
+            el = ET.SubElement(tc, "failure", message=f"{len(regs)} regression{'s' if len(regs) != 1 else ''}")
+            el.text = "\n".join(_change_line(c) for c in regs)
+        elif f.status in ("new", "removed"):
+            ET.SubElement(tc, "skipped", message=_STATUS_WORD[f.status])
+        others = [c for c in f.changes if c.status != "regression"]
+        if others:
+            ET.SubElement(tc, "system-out").text = "\n".join(_change_line(c) for c in others)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _change_line(c: Change) -> str:
+    pct = _pct(c)
+    return (f"{c.what}: {c.before} -> {c.after}" + (f" ({pct})" if pct else "") + f" [{c.status}"
+            + (f", {c.note}" if c.note else "") + "]")
+
+
+__all__ = ["render", "render_text", "render_markdown", "render_json", "junit_xml", "summary_line",
+           "RENDERERS", "FunctionResult"]
