@@ -512,8 +512,11 @@ def _metric(name: str, what: str, before: Any, after: Any, unit: str, tol: Toler
         note = f"within tolerance {tol.text}" if within else f"tolerance {tol.text}"
         if status == "regression" and non_failing:
             status, note = "changed", non_failing
-    return Change(name, what, _fmt_number(before, unit), _fmt_number(after, unit), status,
-                  before, after, change, note)
+    b_text, a_text = _fmt_number(before, unit), _fmt_number(after, unit)
+    if b_text == a_text:  # a change too small for three significant figures: show the exact values
+        suffix = {"bytes": " B", "FLOP": " FLOP"}.get(unit, "")
+        b_text, a_text = f"{before:,}{suffix}", f"{after:,}{suffix}"
+    return Change(name, what, b_text, a_text, status, before, after, change, note)
 
 
 def _floored(tol: Tolerance, floor: float) -> Tolerance:
@@ -625,6 +628,9 @@ def compare(before: Mapping, after: Mapping, *, tolerances_for=None, failed: Map
     fb, fa = before.get("functions") or {}, after.get("functions") or {}
     results: list[FunctionResult] = []
     names = list(fa) + [n for n in failed if n not in fa]
+    if only is not None:  # spec order
+        rank = {n: i for i, n in enumerate(only)}
+        names.sort(key=lambda n: rank.get(n, len(rank)))
     for name in names:
         if name in failed:
             results.append(FunctionResult(name, "failed", error=failed[name]))

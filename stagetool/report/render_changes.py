@@ -19,6 +19,11 @@ _STATUS_WORD = {"ok": "ok", "regression": "REGRESSION", "failed": "FAILED", "new
 def _pct(c: Change) -> str:
     if c.change is None:
         return "new" if c.before_value == 0 and c.after_value else ""
+    pct = c.change * 100
+    if pct != 0 and abs(pct) < 0.001:
+        return ("+" if pct > 0 else "-") + "<0.001%"
+    if pct != 0 and abs(pct) < 0.05:
+        return f"{pct:+.2g}%"
     return ("+" if c.change > 0 else "") + format_percent(c.change)
 
 
@@ -56,7 +61,7 @@ def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> st
     rows = 0
     for f in cmp.functions:
         if f.status == "failed":
-            table.add_row(f.name, "compile", "", "", "", Text(f"FAILED: {f.error}", style="bold red"))
+            table.add_row(f.name, "staging", "", "", "", Text(f"FAILED: {f.error}", style="bold red"))
             rows += 1
         elif f.status in ("new", "removed"):
             table.add_row(f.name, "function", "—" if f.status == "new" else "present",
@@ -88,7 +93,7 @@ def render_markdown(cmp: Comparison, *, color: bool = False, width: int = 120) -
     rows = []
     for f in cmp.functions:
         if f.status == "failed":
-            rows.append([f"`{f.name}`", "compile", "", "", "", f"**FAILED**: {f.error}"])
+            rows.append([f"`{f.name}`", "staging", "", "", "", f"**FAILED**: {f.error}"])
         elif f.status in ("new", "removed"):
             rows.append([f"`{f.name}`", "function", "", "", "", _STATUS_WORD[f.status]])
         for c in f.changes:
@@ -138,7 +143,7 @@ def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:
     for f in cmp.functions:
         tc = ET.SubElement(ts, "testcase", classname=suite, name=f.name)
         if f.status == "failed":
-            ET.SubElement(tc, "error", message=f"{f.name} failed to compile").text = f.error or ""
+            ET.SubElement(tc, "error", message=f"{f.name} failed to stage (trace, lower or compile)").text = f.error or ""
         elif f.status == "regression":
             regs = [c for c in f.changes if c.status == "regression"]
             el = ET.SubElement(tc, "failure", message=f"{len(regs)} regression{'s' if len(regs) != 1 else ''}")
