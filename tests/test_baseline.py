@@ -1,0 +1,381 @@
+"""stagetool.baseline: tolerances, snapshot documents, compare rules, loading, spec ``check:``, renderers."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import shutil
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from stagetool import baseline as bl
+from stagetool.errors import BaselineError, SpecError, UsageError
+from stagetool.report import Format
+from stagetool.report import render_changes
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+# ------------------------------------------------------------------------------- tolerances
+
+
+def test_parse_tolerance_forms():
+    t = bl.parse_tolerance("2%")
+    assert (t.fraction, t.absolute, t.text) == (0.02, None, "2%")
+    t = bl.parse_tolerance("64KiB")
+    assert (t.fraction, t.absolute) == (None, 65536.0)
+    t = bl.parse_tolerance(1000)
+    assert (t.fraction, t.absolute) == (None, 1000.0)
+    assert bl.parse_tolerance("0.5 %").fraction == pytest.approx(0.005)
+    for bad in ("two", "-1%", True, -3, "5 parsecs"):
+        with pytest.raises(UsageError):
+            bl.parse_tolerance(bad)
+
+
+def test_tolerance_allows_is_the_larger_allowance():
+    t = bl.Tolerance(0.01, 50.0)
+    assert t.allows(1000, 1050)          # 5%, but within the absolute 50
+    assert not t.allows(1000, 1051)
+    assert t.allows(10_000, 10_100)      # exactly 1%
+    assert not t.allows(10_000, 10_101)
+    assert t.allows(100, 0)              # shrinking always passes
+    assert not bl.Tolerance(0.0).allows(0, 1)
+
+
+def test_tolerance_options_unknown_name_suggests():
+    assert bl.parse_tolerance_options(["memory=2%", "memory=3%"])["memory"].fraction == pytest.approx(0.03)
+    with pytest.raises(UsageError, match="did you mean 'memory'"):
+        bl.parse_tolerance_options(["memroy=2%"])
+    with pytest.raises(UsageError, match="NAME=VALUE"):
+        bl.parse_tolerance_options(["memory"])
+
+
+def test_effective_tolerances_precedence():
+    check = type("C", (), {"tolerances": {"memory": bl.parse_tolerance("2%")},
+                           "functions": {"f": {"memory": bl.parse_tolerance("3%")}}})()
+    assert bl.effective_tolerances("g", spec_check=check)["memory"].fraction == pytest.approx(0.02)
+    assert bl.effective_tolerances("f", spec_check=check)["memory"].fraction == pytest.approx(0.03)
+    cli = {"memory": bl.parse_tolerance("9%")}
+    assert bl.effective_tolerances("f", spec_check=check, cli=cli)["memory"].fraction == pytest.approx(0.09)
+    assert bl.effective_tolerances("f")["flops"] == bl.DEFAULT_TOLERANCES["flops"]
+
+
+# ------------------------------------------------------------------------------- snapshot documents
+
+
+def _entry(**over):
+    e = {
+        "target": "m.py:f",
+        "mesh": {"axes": [["data", 2], ["model", 4]], "axis_types": "auto", "platform": "cpu", "device_kind": "cpu",
+                 "device_count": 8, "process_count": 1, "topology": None},
+        "inputs": [{"path": "params/w", "shape": [512, 1024], "dtype": "float32", "sharding": "P(None, 'model')",
+                    "bytes_per_device": 131072, "unused": False}],
+        "outputs": [{"path": "out", "shape": [128, 1024], "dtype": "float32", "sharding": "P('data', 'model')",
+                     "bytes_per_device": 16384, "unused": False}],
+        "memory": {"argument_bytes": 1000, "output_bytes": 500, "alias_bytes": 400, "temp_bytes": 10000,
+                   "peak_bytes": 11100},
+        "cost": {"flops": 1_000_000, "transcendentals": 0, "bytes_accessed": 50_000},
+        "collectives": [{"kind": "all-reduce", "axes": "model", "count": 2, "bytes_per_device": 4096}],
+    }
+    e.update(over)
+    return e
+
+
+def _snap(entries, **over):
+    doc = {"snapshot_schema": 1, "kind": "stagetool-snapshot", "stagetool_version": "0.1.0", "jax_version": "0.10.2",
+           "jaxlib_version": "0.10.2", "spec": "m.stagetool.yaml", "functions": entries}
+    doc.update(over)
+    return doc
+
+
+def _compare(before_entry, after_entry, **kw):
+    return bl.compare(_snap({"f": before_entry}), _snap({"f": after_entry}), **kw)
+
+
+def test_identical_snapshots_have_no_changes():
+    cmp = _compare(_entry(), _entry())
+    assert [(f.name, f.status, f.changes) for f in cmp.functions] == [("f", "ok", ())]
+    assert cmp.exit_code() == 0 and cmp.notices == ()
+
+
+def test_sharding_change_is_a_regression_naming_leaf_and_both_shardings():
+    after = _entry()
+    after["inputs"] = [dict(after["inputs"][0], sharding="P('model', None)")]
+    cmp = _compare(_entry(), after)
+    (c,) = cmp.regressions
+    assert (c.what, c.before, c.after) == ("input params/w: sharding", "P(None, 'model')", "P('model', None)")
+    assert cmp.exit_code() == 1
+
+
+def test_leaf_added_removed_shape_and_unused():
+    after = _entry()
+    after["inputs"] = [dict(after["inputs"][0], shape=[512, 2048], unused=True),
+                       {"path": "params/b", "shape": [8], "dtype": "float32", "sharding": "P(None)",
+                        "bytes_per_device": 32, "unused": False}]
+    after["outputs"] = []
+    whats = {(c.what, c.before, c.after) for c in _compare(_entry(), after).regressions}
+    assert ("input params/w: shape", "f32[512,1024]", "f32[512,2048]") in whats
+    assert ("input params/w: sharding", "P(None, 'model')", "unused") in whats
+    assert ("input params/b", "—", "f32[8] P(None)") in whats
+    assert ("output out", "f32[128,1024] P('data', 'model')", "—") in whats
+
+
+def test_metric_growth_against_tolerance_and_improvements():
+    after = _entry(memory={"argument_bytes": 1000, "output_bytes": 500, "alias_bytes": 300,
+                           "temp_bytes": 10_050, "peak_bytes": 11_300},
+                   cost={"flops": 900_000, "transcendentals": 0, "bytes_accessed": 50_000})
+    cmp = _compare(_entry(), after)
+    by = {c.what: c for c in cmp.functions[0].changes}
+    assert by["memory.temp_bytes"].status == "changed"          # +0.5% within 1%
+    assert by["memory.temp_bytes"].change == pytest.approx(0.005)
+    assert by["memory.peak_bytes"].status == "regression"       # +1.8%
+    assert by["memory.alias_bytes"].status == "regression"      # less aliasing is worse
+    assert by["cost.flops"].status == "improvement"
+    assert by["cost.flops"].change == pytest.approx(-0.1)
+    # a looser tolerance turns the peak regression into a change; alias 400 -> 300 is -25%
+    loose = {"memory": bl.parse_tolerance("30%")}
+    cmp = _compare(_entry(), after, tolerances_for=lambda name: bl.effective_tolerances(name, cli=loose))
+    assert cmp.regressions == [] and cmp.exit_code() == 0
+    # an absolute tolerance
+    absolute = {"memory": bl.parse_tolerance("200")}
+    cmp = _compare(_entry(), after, tolerances_for=lambda name: bl.effective_tolerances(name, cli=absolute))
+    assert [c.what for c in cmp.regressions] == []
+
+
+def test_collectives_new_gone_and_growth():
+    after = _entry(collectives=[{"kind": "all-gather", "axes": "data", "count": 1, "bytes_per_device": 2048},
+                                {"kind": "all-reduce", "axes": "model", "count": 3, "bytes_per_device": 4100}])
+    before = _entry(collectives=[{"kind": "all-reduce", "axes": "model", "count": 2, "bytes_per_device": 4096},
+                                 {"kind": "reduce-scatter", "axes": "data", "count": 1, "bytes_per_device": 64}])
+    changes = {c.what: c for c in _compare(before, after).functions[0].changes}
+    assert changes["collective all-gather over data"].status == "regression"
+    assert changes["collective all-gather over data"].note == "new collective"
+    assert changes["collective reduce-scatter over data"].status == "improvement"
+    assert changes["collective all-reduce over model: count"].status == "regression"
+    assert changes["collective all-reduce over model: bytes"].status == "regression"   # 0% default
+    tol = {"collective_bytes": bl.parse_tolerance("1%"), "collective_count": bl.parse_tolerance(1)}
+    cmp = _compare(before, after, tolerances_for=lambda n: bl.effective_tolerances(n, cli=tol))
+    assert [c.what for c in cmp.regressions] == ["collective all-gather over data"]
+
+
+def test_collectives_missing_on_one_side_is_a_notice_not_a_failure():
+    cmp = _compare(_entry(collectives=None), _entry())
+    assert cmp.exit_code() == 0
+    assert any("collectives are in only one" in n for n in cmp.notices)
+
+
+def test_environment_mismatch_notice_and_widened_tolerance():
+    before = _snap({"f": _entry()}, jax_version="0.9.0")
+    grown = _entry(memory=dict(_entry()["memory"], temp_bytes=10_500),      # +5%: below the 10% floor
+                   cost=dict(_entry()["cost"], flops=1_200_000))            # +20%: above it
+    grown["inputs"] = [dict(grown["inputs"][0], sharding="P()")]
+    cmp = bl.compare(before, _snap({"f": grown}))
+    assert any("jax 0.9.0 in the baseline, 0.10.2 now" in n for n in cmp.notices)
+    status = {c.what: c.status for c in cmp.functions[0].changes}
+    assert status["memory.temp_bytes"] == "changed"
+    assert status["cost.flops"] == "regression"
+    assert status["input params/w: sharding"] == "regression"
+    kind = _entry()
+    kind["mesh"] = dict(kind["mesh"], platform="tpu", device_kind="TPU v5 lite")
+    notices = bl.environment_notices(_snap({"f": _entry()}), _snap({"f": kind}))
+    assert notices == ["device cpu:cpu in the baseline, tpu:TPU v5 lite now"]
+
+
+def test_new_removed_failed_functions():
+    before = _snap({"f": _entry(), "gone": _entry()})
+    after = _snap({"f": _entry(), "fresh": _entry()})
+    cmp = bl.compare(before, after, failed={"broken": "compile failed: boom"})
+    assert {f.name: f.status for f in cmp.functions} == {"f": "ok", "fresh": "new", "broken": "failed",
+                                                         "gone": "removed"}
+    assert cmp.exit_code() == 3
+    # with `only`, baseline functions that were not asked for are not "removed"
+    cmp = bl.compare(before, _snap({"f": _entry()}), only=["f"])
+    assert [f.status for f in cmp.functions] == ["ok"]
+
+
+def test_mesh_change_is_a_regression_for_check_only():
+    after = _entry()
+    after["mesh"] = dict(after["mesh"], axes=[["data", 4], ["model", 2]])
+    assert [c.what for c in _compare(_entry(), after).regressions] == ["mesh"]
+    cmp = _compare(_entry(), after, same_mesh_expected=False)
+    assert cmp.regressions == [] and cmp.functions[0].changes[0].after == "data=4 × model=2"
+
+
+def test_collective_rows_accepts_summary_rows_and_single_collectives():
+    Row = dataclasses.make_dataclass("Row", ["kind", "mesh_axes", "count", "bytes_per_device"])
+    Summary = dataclasses.make_dataclass("Summary", ["by_kind_and_mesh_axes"])
+    summary = Summary((Row("all-reduce", ("data", "model"), 2, 100), Row("all-gather", None, 1, 8)))
+    expected = [{"kind": "all-gather", "axes": "?", "count": 1, "bytes_per_device": 8},
+                {"kind": "all-reduce", "axes": "data,model", "count": 2, "bytes_per_device": 100}]
+    assert bl.collective_rows(summary) == expected
+    Wrapper = dataclasses.make_dataclass("Wrapper", ["summary"])
+    assert bl.collective_rows(Wrapper(summary)) == expected
+    One = dataclasses.make_dataclass("One", ["kind", "mesh_axes", "bytes_per_device"])
+    singles = [One("all-reduce", ("data", "model"), 60), One("all-reduce", ("data", "model"), 40),
+               One("all-gather", None, 8)]
+    assert bl.collective_rows(singles) == expected
+    assert bl.collective_rows([{"kind": "all-gather", "axes": "?", "count": 1, "bytes": 8}]) == expected[:1]
+    assert bl.collective_rows(None) is None
+    assert bl.collective_rows(()) == []
+
+
+def test_dumps_is_deterministic_and_numbers_are_stable():
+    assert bl._num(2.0) == 2 and isinstance(bl._num(2.0), int)
+    assert bl._num(0.1 + 0.2) == 0.3
+    assert bl._num(float("nan")) is None and bl._num(None) is None
+    a = _snap({"z": _entry(), "a": _entry()})
+    b = json.loads(json.dumps(a))
+    b["functions"] = dict(reversed(list(b["functions"].items())))
+    assert bl.dumps(a) == bl.dumps(b)
+    assert bl.dumps(a).index('"a"') < bl.dumps(a).index('"z"')
+
+
+# ------------------------------------------------------------------------------- loading
+
+
+@pytest.mark.parametrize("content, match", [
+    (None, "not found"),
+    ("{not json", r":1:2: the baseline is not valid JSON"),
+    ('{"kind": "report", "schema_version": 1}', "not a stagetool snapshot"),
+    ('{"kind": "stagetool-snapshot", "snapshot_schema": 2}', "snapshot_schema 2 is not supported"),
+    ('{"kind": "stagetool-snapshot", "snapshot_schema": 1, "jax_version": "x", "jaxlib_version": "x", '
+     '"functions": {"f": {"mesh": {}}}}', "functions.f: missing 'inputs'"),
+])
+def test_load_snapshot_errors(tmp_path, content, match):
+    p = tmp_path / "lock.json"
+    if content is not None:
+        p.write_text(content)
+    with pytest.raises(BaselineError, match=match) as info:
+        bl.load_snapshot(p)
+    assert info.value.exit_code == 2
+
+
+def test_write_then_load_round_trip(tmp_path):
+    doc = _snap({"f": _entry()})
+    bl.write_snapshot(tmp_path / "lock.json", doc)
+    assert bl.load_snapshot(tmp_path / "lock.json") == doc
+    assert [p.name for p in tmp_path.iterdir()] == ["lock.json"]     # no temporary left behind
+
+
+# ------------------------------------------------------------------------------- spec check:
+
+_SPEC = """\
+version: 1
+mesh: {axes: {data: 8}}
+functions:
+  f:
+    target: m.py:f
+    args: ['f32[8] @ [data]']
+"""
+
+
+def test_spec_check_section(tmp_path):
+    from stagetool.spec import parse_spec
+
+    spec = parse_spec(_SPEC + "check:\n  tolerances: {memory: 2%, collective_bytes: 64KiB}\n"
+                      "  functions:\n    f: {tolerances: {flops: 5%}}\n", file="s.yaml", base_dir=tmp_path)
+    assert spec.check.tolerances["memory"].fraction == pytest.approx(0.02)
+    assert spec.check.tolerances["collective_bytes"].absolute == 65536
+    assert spec.check.functions["f"]["flops"].fraction == pytest.approx(0.05)
+    assert bl.effective_tolerances("f", spec_check=spec.check)["flops"].text == "5%"
+    assert parse_spec(_SPEC, file="s.yaml", base_dir=tmp_path).check is None
+
+
+def test_spec_check_errors_have_locations(tmp_path):
+    from stagetool.spec import parse_spec
+
+    text = _SPEC + "check:\n  tolerances: {memroy: 2%, flops: lots}\n  functions:\n    g: {tolerances: {}}\n"
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, file="s.yaml", base_dir=tmp_path)
+    issues = info.value.issues
+    assert any(i.startswith("s.yaml:8:16: check.tolerances: unknown tolerance 'memroy'") and "did you mean 'memory'"
+               in i for i in issues), issues
+    assert any(i.startswith("s.yaml:8:35: check.tolerances.flops: invalid tolerance 'lots'") for i in issues), issues
+    assert any(i.startswith("s.yaml:10:5: check.functions: 'g' is not a function of this spec") for i in issues), issues
+
+
+# ------------------------------------------------------------------------------- renderers
+
+
+def _regressing_comparison():
+    after = _entry()
+    after["inputs"] = [dict(after["inputs"][0], sharding="P('model', None)")]
+    after["cost"] = dict(after["cost"], flops=500_000)
+    return bl.compare(_snap({"f": _entry(), "g": _entry()}), _snap({"f": after, "g": _entry()}),
+                      failed={"h": "trace failed: boom"})
+
+
+@pytest.mark.parametrize("fmt", list(Format))
+def test_every_format_renders_the_change(fmt):
+    text = render_changes.render(_regressing_comparison(), fmt)
+    assert "params/w" in text and "P('model', None)" in text and "P(None, 'model')" in text
+    if fmt == Format.json:
+        doc = json.loads(text)
+        assert doc["kind"] == "comparison" and doc["regressions"] == 1 and doc["failed"] == 1
+
+
+def test_text_shows_improvement_and_summary():
+    text = render_changes.render_text(_regressing_comparison(), width=160)
+    assert "improvement" in text and "-50.0%" in text
+    assert "3 functions: 1 regression, 1 failed, 1 ok, 1 improvement" in text
+
+
+def test_junit_xml_one_testcase_per_function():
+    root = ET.fromstring(render_changes.junit_xml(_regressing_comparison()))
+    suite = root.find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "1", "1")
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert set(cases) == {"f", "g", "h"}
+    failure = cases["f"].find("failure")
+    assert failure.get("message") == "1 regression"
+    assert "input params/w: sharding: P(None, 'model') -> P('model', None)" in failure.text
+    assert "cost.flops" in cases["f"].find("system-out").text
+    assert cases["g"].find("failure") is None and cases["g"].find("error") is None
+    assert cases["h"].find("error").text == "trace failed: boom"
+
+
+# ------------------------------------------------------------------------------- against JAX
+
+
+@pytest.fixture
+def mlp_copy(tmp_path, monkeypatch):
+    for name in ("mlp.py", "mlp.stagetool.yaml"):
+        shutil.copy(EXAMPLES / name, tmp_path / name)
+    saved_path, saved_mods = list(sys.path), dict(sys.modules)
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    sys.path[:] = saved_path
+    for k in set(sys.modules) - set(saved_mods):
+        del sys.modules[k]
+
+
+def test_snapshot_figures_match_jax_and_arithmetic(mlp_copy):
+    from stagetool.pipeline import Options, staged_functions
+
+    opts = Options(spec=mlp_copy / "mlp.stagetool.yaml")
+    run = bl.take_snapshot(opts)
+    assert run.failed == {} and run.functions == ("train_step",)
+    entry = run.snapshot["functions"]["train_step"]
+    leaves = {x["path"]: x for x in entry["inputs"]}
+    # w1 is f32[512,1024] over model=4 on its columns: 512*1024*4/4 bytes per device
+    assert leaves["params/w1"] == {"path": "params/w1", "shape": [512, 1024], "dtype": "float32",
+                                   "sharding": "P(None, 'model')", "bytes_per_device": 512 * 1024 * 4 // 4,
+                                   "unused": False}
+    assert leaves["batch/x"]["bytes_per_device"] == 128 * 512 * 4 // 2
+    (_, _, staged), = staged_functions(opts)
+    mem = staged.compiled.memory_analysis()
+    assert entry["memory"]["temp_bytes"] == mem.temp_size_in_bytes
+    assert entry["memory"]["argument_bytes"] == mem.argument_size_in_bytes
+    assert entry["memory"]["alias_bytes"] == mem.alias_size_in_bytes
+    cost = staged.compiled.cost_analysis()
+    assert entry["cost"]["flops"] == pytest.approx(cost["flops"], rel=1e-11)
+    assert entry["cost"]["bytes_accessed"] == pytest.approx(cost["bytes accessed"], rel=1e-11)
+    assert entry["mesh"]["axes"] == [["data", 2], ["model", 4]]
+    import jax
+
+    assert run.snapshot["jax_version"] == jax.__version__
+    assert copy.deepcopy(run.snapshot) == bl.validate_snapshot(json.loads(bl.dumps(run.snapshot)))
