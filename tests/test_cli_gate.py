@@ -1,0 +1,223 @@
+"""The CI gate through the real entry point: ``stagetool snapshot`` / ``check`` / ``diff``.
+
+In-process runs go through :func:`stagetool.cli.main`; a few run ``python -m stagetool`` in a
+subprocess (byte-identical snapshots across processes, ``--isolate`` with a function that aborts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from stagetool.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+W1_BEFORE = "['params/w1$', [null, model]]"
+W1_AFTER = "['params/w1$', [model, null]]"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run the CLI in-process; return (exit code, stdout, stderr)."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def run_subprocess(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", COLUMNS="200")
+    env.pop("GITHUB_STEP_SUMMARY", None)
+    return subprocess.run([sys.executable, "-m", "stagetool", *argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A copy of examples/mlp.py and its spec in a temporary folder, which is the working directory."""
+    for name in ("mlp.py", "mlp.stagetool.yaml"):
+        shutil.copy(EXAMPLES / name, tmp_path / name)
+    saved_path, saved_mods = list(sys.path), dict(sys.modules)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    yield tmp_path
+    sys.path[:] = saved_path
+    for k in set(sys.modules) - set(saved_mods):
+        del sys.modules[k]
+
+
+def set_w1(project: Path, rule: str) -> None:
+    spec = project / "mlp.stagetool.yaml"
+    text = spec.read_text()
+    old = W1_AFTER if rule == W1_BEFORE else W1_BEFORE
+    assert old in text or rule in text
+    spec.write_text(text.replace(old, rule))
+
+
+def test_snapshot_check_regression_restore_update(project, capsys, monkeypatch):
+    code, out, err = run(capsys, "snapshot", "--spec", "mlp.stagetool.yaml", "-o", "stagetool.lock.json")
+    assert code == 0 and out == "" and "wrote stagetool.lock.json" in err
+    first = (project / "stagetool.lock.json").read_bytes()
+    assert run(capsys, "snapshot", "--spec", "mlp.stagetool.yaml", "-o", "again.json")[0] == 0
+    assert (project / "again.json").read_bytes() == first
+    doc = json.loads(first)
+    assert doc["snapshot_schema"] == 1 and list(doc["functions"]) == ["train_step"]
+    assert "timings" not in first.decode() and "_s\"" not in first.decode()
+
+    code, out, _ = run(capsys, "check", "--spec", "mlp.stagetool.yaml")     # default --baseline
+    assert code == 0 and "1 function: 1 ok" in out
+
+    set_w1(project, W1_AFTER)
+    summary = project / "summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, out, _ = run(capsys, "check", "--spec", "mlp.stagetool.yaml", "--baseline", "stagetool.lock.json",
+                       "--junit-xml", "junit.xml")
+    assert code == 1
+    row = next(line for line in out.splitlines() if "input params/w1: sharding" in line)
+    assert "P(None, 'model')" in row and "P('model', None)" in row and "regression" in row
+    assert "1 function: 1 regression" in out
+    if doc["functions"]["train_step"]["collectives"] is not None:   # once the pipeline fills collectives
+        assert "new collective" in out
+    # JUnit: one testcase, failing, naming the leaf and both shardings
+    suite = ET.parse(project / "junit.xml").getroot().find("testsuite")
+    (case,) = suite.findall("testcase")
+    assert case.get("name") == "train_step" and suite.get("failures") == "1"
+    assert "input params/w1: sharding: P(None, 'model') -> P('model', None)" in case.find("failure").text
+    # GitHub step summary: appended, Markdown
+    text = summary.read_text()
+    assert text.startswith("earlier step\n### ❌ stagetool check: 1 function: 1 regression")
+    assert "| `train_step` | `input params/w1: sharding` | `P(None, 'model')` | `P('model', None)` |" in text
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY")
+
+    code, out, _ = run(capsys, "check", "--spec", "mlp.stagetool.yaml", "--format", "markdown")
+    assert code == 1 and out.startswith("### ❌ stagetool check") and "**regression**" in out
+
+    set_w1(project, W1_BEFORE)
+    assert run(capsys, "check", "--spec", "mlp.stagetool.yaml")[0] == 0
+
+    set_w1(project, W1_AFTER)
+    code, _, err = run(capsys, "check", "--spec", "mlp.stagetool.yaml", "--update")
+    assert code == 0 and "updated stagetool.lock.json" in err
+    assert json.loads((project / "stagetool.lock.json").read_text())["functions"]["train_step"]["inputs"][2] \
+        ["sharding"] == "P('model', None)"
+    code, out, _ = run(capsys, "check", "--spec", "mlp.stagetool.yaml", "--format", "json")
+    assert code == 0 and json.loads(out)["regressions"] == 0
+
+    # diff of two snapshot files: shown, exit 0 unless --fail-on-regression
+    code, out, _ = run(capsys, "diff", "again.json", "stagetool.lock.json")
+    assert code == 0 and "input params/w1: sharding" in out
+    assert run(capsys, "diff", "again.json", "stagetool.lock.json", "--fail-on-regression")[0] == 1
+    assert run(capsys, "diff", "again.json", "again.json", "--fail-on-regression")[0] == 0
+
+
+def test_check_tolerance_option_and_spec_tolerances(project, capsys):
+    assert run(capsys, "snapshot", "-s", "mlp.stagetool.yaml")[0] == 0
+    set_w1(project, W1_AFTER)   # moving w1 also grows bytes accessed by far more than 1%
+    code, out, _ = run(capsys, "check", "-s", "mlp.stagetool.yaml", "--format", "json")
+    regressions = [c["what"] for f in json.loads(out)["functions"] for c in f["changes"] if c["status"] == "regression"]
+    assert code == 1 and "cost.bytes_accessed" in regressions
+    code, out, _ = run(capsys, "check", "-s", "mlp.stagetool.yaml", "--format", "json",
+                       "--tolerance", "bytes_accessed=1000%")
+    regressions = [c["what"] for f in json.loads(out)["functions"] for c in f["changes"] if c["status"] == "regression"]
+    assert code == 1 and "cost.bytes_accessed" not in regressions and "input params/w1: sharding" in regressions
+    spec = project / "mlp.stagetool.yaml"
+    spec.write_text(spec.read_text() + "check:\n  functions:\n    train_step: {tolerances: {bytes_accessed: 1000%}}\n")
+    code, out, _ = run(capsys, "check", "-s", "mlp.stagetool.yaml", "--format", "json")
+    regressions = [c["what"] for f in json.loads(out)["functions"] for c in f["changes"] if c["status"] == "regression"]
+    assert "cost.bytes_accessed" not in regressions
+    code, _, err = run(capsys, "check", "-s", "mlp.stagetool.yaml", "--tolerance", "memroy=2%")
+    assert code == 2 and "did you mean 'memory'" in err
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "baseline stagetool.lock.json not found"),
+    ("[1, 2", "the baseline is not valid JSON"),
+    ('{"kind": "stagetool-snapshot", "snapshot_schema": 99}', "snapshot_schema 99 is not supported"),
+])
+def test_bad_baseline_exits_2_with_a_message(project, capsys, content, message):
+    if content is not None:
+        (project / "stagetool.lock.json").write_text(content)
+    code, out, err = run(capsys, "check", "-s", "mlp.stagetool.yaml")
+    assert code == 2 and out == ""
+    assert message in err and "hint:" in err
+
+
+def test_diff_usage_errors(project, capsys):
+    code, _, err = run(capsys, "diff", "a.json")
+    assert code == 2 and "two snapshot files" in err
+    code, _, err = run(capsys, "diff", "--mesh-a", "2x4")
+    assert code == 2 and "both --mesh-a and --mesh-b" in err
+    code, _, err = run(capsys, "diff", "a.json", "b.json")
+    assert code == 2 and "baseline a.json not found" in err
+
+
+def test_live_diff_across_meshes(project, capsys):
+    code, out, _ = run(capsys, "diff", "-s", "mlp.stagetool.yaml", "--mesh-a", "2x4", "--mesh-b", "4x2")
+    assert code == 0
+    assert "mesh 2x4 → mesh 4x2" in out
+    mesh_row = next(line for line in out.splitlines() if " mesh " in line and "data=" in line)
+    assert "data=2 × model=4" in mesh_row and "data=4 × model=2" in mesh_row and "changed" in mesh_row
+    # batch/x is f32[128,512] over data: 128*512*4/2 bytes per device on 2x4, /4 on 4x2; same PartitionSpec,
+    # so no sharding row, but the argument bytes per device shrink
+    assert "input batch/x" not in out
+    assert "memory.argument_bytes" in out
+
+
+def test_snapshot_is_byte_identical_across_processes(project, capsys):
+    assert run(capsys, "snapshot", "-s", "mlp.stagetool.yaml", "-o", "inproc.json")[0] == 0
+    proc = run_subprocess("snapshot", "-s", "mlp.stagetool.yaml", "-o", "sub.json", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert (project / "sub.json").read_bytes() == (project / "inproc.json").read_bytes()
+
+
+_FUNCS = """\
+import os
+
+import jax.numpy as jnp
+
+
+def good(x):
+    return jnp.sin(x) * 2
+
+
+def bad(x):
+    os.abort()
+"""
+
+_FUNCS_SPEC = """\
+version: 1
+mesh:
+  axes: {data: 8}
+functions:
+  good:
+    target: funcs.py:good
+    args: ['f32[64,16] @ [data, null]']
+  bad:
+    target: funcs.py:bad
+    args: ['f32[64,16] @ [data, null]']
+"""
+
+
+def test_isolate_reports_an_aborting_function_and_checks_the_others(tmp_path):
+    (tmp_path / "funcs.py").write_text(_FUNCS)
+    (tmp_path / "funcs.stagetool.yaml").write_text(_FUNCS_SPEC)
+    proc = run_subprocess("snapshot", "-s", "funcs.stagetool.yaml", "-f", "good", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_subprocess("check", "-s", "funcs.stagetool.yaml", "--isolate", "--junit-xml", "j.xml", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert "bad: the process died with SIGABRT" in proc.stderr
+    assert "FAILED: the process died with SIGABRT" in proc.stdout
+    assert "2 functions: 1 failed, 1 ok" in proc.stdout
+    cases = {c.get("name"): c for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase")}
+    assert cases["bad"].find("error") is not None and cases["good"].find("error") is None
+    proc = run_subprocess("snapshot", "-s", "funcs.stagetool.yaml", "--isolate", "-o", "all.json", cwd=tmp_path)
+    assert proc.returncode == 3 and not (tmp_path / "all.json").exists()
