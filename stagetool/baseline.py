@@ -207,7 +207,8 @@ def collective_rows(collectives: Any) -> list[dict] | None:
     ``kind``, ``mesh_axes``, ``count``, ``bytes_per_device``), an iterable of such rows, or an
     iterable of single collectives (``kind``, ``mesh_axes``, ``bytes_per_device``), which are
     counted here. Mappings with the same keys work too (``axes`` is accepted for ``mesh_axes``).
-    ``axes`` is ``"data,model"``; ``"?"`` for a collective matched to no mesh axes.
+    ``axes`` is ``"data,model"``; ``"?"`` for a collective matched to no mesh axes; ``"-"`` for an
+    empty axis tuple. Bytes are one execution each (a collective inside a loop counts once).
     """
     if collectives is None:
         return None
@@ -227,7 +228,7 @@ def collective_rows(collectives: Any) -> list[dict] | None:
     for x in items:
         kind = str(get(x, "kind"))
         axes = get(x, "mesh_axes", "axes")
-        axes_text = axes if isinstance(axes, str) else ("?" if axes is None else ",".join(axes))
+        axes_text = axes if isinstance(axes, str) else ("?" if axes is None else ",".join(axes) or "-")
         count = get(x, "count")
         b = get(x, "bytes_per_device", "bytes") or 0
         row = acc.setdefault((kind, axes_text), [0, 0])

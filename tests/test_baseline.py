@@ -379,3 +379,24 @@ def test_snapshot_figures_match_jax_and_arithmetic(mlp_copy):
 
     assert run.snapshot["jax_version"] == jax.__version__
     assert copy.deepcopy(run.snapshot) == bl.validate_snapshot(json.loads(bl.dumps(run.snapshot)))
+
+
+def test_function_snapshot_takes_collectives_from_the_report(mlp_copy):
+    """The collectives section is filled from ``FunctionReport.collectives`` (a CollectiveSummary-like
+    object) and a collective that appears is a regression naming kind and axes."""
+    from stagetool.pipeline import Options, analyze
+
+    report = analyze(Options(spec=mlp_copy / "mlp.stagetool.yaml"), ())
+    Row = dataclasses.make_dataclass("Row", ["kind", "mesh_axes", "count", "bytes_per_device"])
+    Summary = dataclasses.make_dataclass("Summary", ["by_kind_and_mesh_axes"])
+    before_rows = (Row("all-reduce", ("data",), 1, 788484), Row("all-reduce", ("model",), 1, 65536))
+    fr = dataclasses.replace(report.functions[0], collectives=Summary(before_rows))
+    before = bl.snapshot_from_report(dataclasses.replace(report, functions=(fr,)))
+    assert before["functions"]["train_step"]["collectives"] == [
+        {"kind": "all-reduce", "axes": "data", "count": 1, "bytes_per_device": 788484},
+        {"kind": "all-reduce", "axes": "model", "count": 1, "bytes_per_device": 65536}]
+    assert before["functions"]["train_step"]["inputs"] is None     # not asked for: None, not []
+    fr2 = dataclasses.replace(fr, collectives=Summary(before_rows + (Row("all-gather", ("model",), 1, 262144),)))
+    after = bl.snapshot_from_report(dataclasses.replace(report, functions=(fr2,)))
+    (c,) = bl.compare(before, after).regressions
+    assert (c.what, c.after, c.note) == ("collective all-gather over model", "1× 256 KiB", "new collective")
