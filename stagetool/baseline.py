@@ -38,8 +38,9 @@ import dataclasses
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from stagetool.errors import BaselineError, UsageError
 
@@ -600,7 +601,7 @@ def environment_notices(before: Mapping, after: Mapping) -> list[str]:
     for key in ("jax_version", "jaxlib_version"):
         if before.get(key) != after.get(key):
             out.append(f"{key.replace('_version', '')} {before.get(key)} in the baseline, {after.get(key)} now")
-    kinds = lambda d: sorted({(e.get("mesh") or {}).get("platform", "?") + ":" +  # noqa: E731
+    kinds = lambda d: sorted({(e.get("mesh") or {}).get("platform", "?") + ":" +
                               str((e.get("mesh") or {}).get("device_kind", "?"))
                               for e in (d.get("functions") or {}).values()})
     if kinds(before) != kinds(after):
@@ -760,7 +761,7 @@ def _snapshot_in_subprocess(options: Any, spec_path: Path | None) -> tuple[dict 
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=os.getcwd())
+        proc = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, cwd=os.getcwd())
         tail = _tail(proc.stderr)
         if proc.returncode < 0:
             try:

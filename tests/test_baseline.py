@@ -14,8 +14,7 @@ import pytest
 
 from stagetool import baseline as bl
 from stagetool.errors import BaselineError, SpecError, UsageError
-from stagetool.report import Format
-from stagetool.report import render_changes
+from stagetool.report import Format, render_changes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -242,8 +241,8 @@ def test_dumps_is_deterministic_and_numbers_are_stable():
     ("{not json", r":1:2: the baseline is not valid JSON"),
     ('{"kind": "report", "schema_version": 1}', "not a stagetool snapshot"),
     ('{"kind": "stagetool-snapshot", "snapshot_schema": 2}', "snapshot_schema 2 is not supported"),
-    ('{"kind": "stagetool-snapshot", "snapshot_schema": 1, "jax_version": "x", "jaxlib_version": "x", '
-     '"functions": {"f": {"mesh": {}}}}', "functions.f: missing 'inputs'"),
+    (('{"kind": "stagetool-snapshot", "snapshot_schema": 1, "jax_version": "x", "jaxlib_version": "x", '
+      '"functions": {"f": {"mesh": {}}}}'), "functions.f: missing 'inputs'"),
 ])
 def test_load_snapshot_errors(tmp_path, content, match):
     p = tmp_path / "lock.json"

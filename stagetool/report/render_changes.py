@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Callable
+from collections.abc import Callable
 
-from stagetool.baseline import Change, Comparison, FunctionResult
+from stagetool.baseline import Change, Comparison
 from stagetool.report import Format
 from stagetool.report.units import format_percent
 
@@ -162,6 +162,3 @@ def _change_line(c: Change) -> str:
     return (f"{c.what}: {c.before} -> {c.after}" + (f" ({pct})" if pct else "") + f" [{c.status}"
             + (f", {c.note}" if c.note else "") + "]")
 
-
-__all__ = ["render", "render_text", "render_markdown", "render_json", "junit_xml", "summary_line",
-           "RENDERERS", "FunctionResult"]
