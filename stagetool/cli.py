@@ -8,6 +8,7 @@ and ``--version`` stay fast.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -216,6 +217,83 @@ def shardings(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None,
     with _errors(debug):
         opts = _options(target, spec, mesh, platform, topology, function, local_avals, processes)
         emit(_analyze("shardings", opts, [Section.SHARDINGS]), format, output)
+
+
+ChipOpt = Annotated[Optional[str], typer.Option(
+    "--chip", help="Estimate a step-time lower bound (roofline) on this chip: tpu-v5e, h100-sxm, ... "
+                   "(README: 'Chips'; extend it with 'chips:' in the spec).", show_default=False)]
+DeviceMemoryOpt = Annotated[Optional[str], typer.Option(
+    "--device-memory", help="Memory per device, e.g. 16GiB or 80GB, instead of what the device reports.",
+    show_default=False)]
+FailIfOverOpt = Annotated[bool, typer.Option(
+    "--fail-if-over", help="Exit 1 when the peak does not fit in the device memory.")]
+TopOpt = Annotated[int, typer.Option("--top", help="How many largest inputs and peak buffers to list.", min=1)]
+
+
+def _fit_exit(report: Any) -> None:
+    """Exit 1 when any function's peak is over the device memory (``--fail-if-over``)."""
+    over = [f.name for f in report.functions if f.memory is not None and f.memory.verdict.fits is False]
+    if over:
+        _stderr().print(f"[bold red]does not fit:[/] {', '.join(over)}")
+        raise typer.Exit(int(ExitCode.FINDINGS))
+
+
+@app.command()
+def cost(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
+         topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
+         processes: ProcessesOpt = None, chip: ChipOpt = None, format: FormatOpt = Format.text,
+         output: OutputOpt = None, debug: DebugOpt = False) -> None:
+    """FLOPs, transcendentals and bytes accessed: per device (compiled) and whole program (lowered)."""
+    from stagetool.pipeline import Section
+
+    with _errors(debug):
+        opts = dataclasses.replace(
+            _options(target, spec, mesh, platform, topology, function, local_avals, processes), chip=chip)
+        emit(_analyze("cost", opts, [Section.COST]), format, output)
+
+
+@app.command()
+def memory(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
+           topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
+           processes: ProcessesOpt = None, device_memory: DeviceMemoryOpt = None, chip: ChipOpt = None,
+           fail_if_over: FailIfOverOpt = False,
+           peak: Annotated[bool, typer.Option("--peak/--no-peak",
+                                              help="List the buffers live at the peak (one more compile).")] = True,
+           top: TopOpt = 10, format: FormatOpt = Format.text, output: OutputOpt = None,
+           debug: DebugOpt = False) -> None:
+    """Per-device memory: arguments, outputs, donated, temporaries, peak, and what is live at the peak."""
+    from stagetool.pipeline import Section
+
+    with _errors(debug):
+        opts = dataclasses.replace(
+            _options(target, spec, mesh, platform, topology, function, local_avals, processes),
+            device_memory=device_memory, chip=chip, peak=peak, top=top)
+        report = _analyze("memory", opts, [Section.MEMORY])
+        emit(report, format, output)
+        if fail_if_over:
+            _fit_exit(report)
+
+
+@app.command()
+def report(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
+           topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
+           processes: ProcessesOpt = None, chip: ChipOpt = None, device_memory: DeviceMemoryOpt = None,
+           fail_if_over: FailIfOverOpt = False,
+           peak: Annotated[bool, typer.Option("--peak/--no-peak",
+                                              help="List the buffers live at the peak (one more compile).")] = False,
+           top: TopOpt = 10, format: FormatOpt = Format.text, output: OutputOpt = None,
+           debug: DebugOpt = False) -> None:
+    """One screen: mesh, stage timings, shardings, collectives, cost and memory."""
+    from stagetool.pipeline import REPORT_SECTIONS
+
+    with _errors(debug):
+        opts = dataclasses.replace(
+            _options(target, spec, mesh, platform, topology, function, local_avals, processes),
+            device_memory=device_memory, chip=chip, peak=peak, top=top)
+        doc = _analyze("report", opts, list(REPORT_SECTIONS))
+        emit(doc, format, output)
+        if fail_if_over:
+            _fit_exit(doc)
 
 
 @app.command()
