@@ -11,7 +11,7 @@ import enum
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from stagetool.errors import SpecError, UsageError
+from stagetool.errors import UsageError
 from stagetool.spec import FunctionSpec, MeshSpec, Spec, find_spec, load_spec, parse_mesh_option
 
 
@@ -137,8 +137,7 @@ def _same_target(target: str, fspec: FunctionSpec) -> bool:
 
 
 def analyze(options: Options, sections: Iterable[Section] = (Section.SHARDINGS,), *,
-            command: str = "analyze", on_stage: Callable[[str, str], None] | None = None,
-            isolate_errors: bool = False):
+            command: str = "analyze", on_stage: Callable[[str, str], None] | None = None):
     """Stage every function of the plan and analyse it: the Python API behind every command.
 
     Args:
