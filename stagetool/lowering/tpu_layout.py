@@ -70,7 +70,7 @@ _NUMPY_TO_HLO = {
 }
 
 _SHAPE_RE = re.compile(r"^\s*([a-z][a-z0-9]*)\[([0-9,\s]*)\](?:\{([^{}]*)\})?\s*$")
-_ATTR_RE = re.compile(r"([A-Z#]+)\(([^()]*)\)")
+_ATTR_RE = re.compile(r"([A-Z#]*)\(([^()]*)\)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +149,11 @@ def parse_hlo_shape(text: str) -> HloArrayLayout:
         raise ValueError(f"layout {{{order_text}}} is not a permutation of the {len(dims)} dims of {text!r}")
     tiles: list[tuple[int, ...]] = []
     element_bits = memory_space = None
+    previous = ""
     for name, args in _ATTR_RE.findall(attrs_text):
+        # Tiles print as T(8,128)(2,1): the bare "(...)" groups continue the tile list.
+        name = previous if (name == "" and previous == "T") else name
+        previous = name
         if name == "T":
             try:
                 tiles.append(tuple(int(a) for a in args.split(",")))
