@@ -106,7 +106,10 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     (``jax_cpu_collectives_implementation="gloo"``, JAX 0.10's default, set explicitly so a
     CPU-only job can compile and run collectives); it does not affect GPU or TPU backends.
     Must run before any JAX backend starts. ``timeout_s`` bounds the wait for the other
-    processes (``initialization_timeout``, seconds).
+    processes (``initialization_timeout``, seconds). Caution: when they do not all arrive in
+    time, JAX 0.10.2 does not raise; its coordination client *aborts the process* (SIGABRT,
+    exit 134, "DEADLINE_EXCEEDED ... RegisterTask") about ``timeout_s`` + 5 s later, so a caller
+    should say on stderr what it waits for before calling this.
 
     Raises:
       UsageError: some but not all options given; a malformed address, count or id; a JAX
