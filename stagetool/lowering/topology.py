@@ -158,11 +158,16 @@ def _captured_stderr_fd() -> Iterator[list[str]]:
             captured.append(tmp.read().decode("utf-8", "replace"))
 
 
-def tpu_topology_devices(name: str) -> tuple[Any, ...]:
+def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None = None) -> tuple[Any, ...]:
     """Compile-only TPU devices of topology ``name`` (e.g. ``"v5e:2x4"`` → 8 devices).
 
     Order is libtpu's (device id order). The devices can form a ``Mesh`` and compile, never
     execute. libtpu's start-up chatter on stderr is swallowed.
+
+    ``chips_per_host_bounds`` (e.g. ``(2, 4, 1)``) sets how many chips one host (process) has;
+    libtpu's default is ``(2, 2, 1)``, so ``v5e:2x4`` spans two processes by default although
+    a rented v5e-8 / v6e-8 VM has all 8 chips on one host. It only changes
+    ``device.process_index``.
 
     Raises:
       UsageError: libtpu is not installed (the hint gives the install line), or the name is
@@ -181,7 +186,9 @@ def tpu_topology_devices(name: str) -> tuple[Any, ...]:
     canonical = f"{kind}:{_dims_text(name)}"
     with _captured_stderr_fd() as noise:
         try:
-            topo = topologies.get_topology_desc(platform="tpu", topology_name=canonical)
+            kwargs = {} if chips_per_host_bounds is None else {
+                "chips_per_host_bounds": [int(b) for b in chips_per_host_bounds]}
+            topo = topologies.get_topology_desc(platform="tpu", topology_name=canonical, **kwargs)
             error = None
         except Exception as e:  # JaxRuntimeError (INVALID_ARGUMENT) or RuntimeError
             topo, error = None, e
@@ -239,12 +246,12 @@ class TpuTopology:
         return len(self.devices)
 
 
-def tpu_topology(name: str) -> TpuTopology:
+def tpu_topology(name: str, chips_per_host_bounds: Sequence[int] | None = None) -> TpuTopology:
     """Devices and chip facts of compile-only TPU topology ``name``.
 
-    Raises :class:`UsageError` like :func:`tpu_topology_devices`.
+    Arguments and errors as :func:`tpu_topology_devices`.
     """
-    devices = tpu_topology_devices(name)
+    devices = tpu_topology_devices(name, chips_per_host_bounds)
     kind = devices[0].device_kind
     coords = tuple((*tuple(int(c) for c in getattr(d, "coords", ())), int(getattr(d, "core_on_chip", 0)))
                    for d in devices)

@@ -148,6 +148,14 @@ def test_topology_facts(name, kind, gen, n, chips, per_chip, procs, hbm_gib):
 
 
 @needs_libtpu
+def test_chips_per_host_bounds_sets_processes():
+    assert topology.tpu_topology("v5e:2x4", chips_per_host_bounds=(2, 4, 1)).num_processes == 1
+    assert topology.tpu_topology("v5e:4x4", chips_per_host_bounds=(2, 4, 1)).num_processes == 2
+    with pytest.raises(UsageError, match="not divisible"):
+        topology.tpu_topology_devices("v5e:2x4", chips_per_host_bounds=(3, 1, 1))
+
+
+@needs_libtpu
 @pytest.mark.parametrize("name", ["v7x:2x2x1", "v5litepod:2x4", "v5e:3x5"])
 def test_libtpu_rejection_is_a_usage_error(name):
     with pytest.raises(UsageError) as e:
