@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -185,13 +186,23 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     canonical = f"{kind}:{_dims_text(name)}"
     with _captured_stderr_fd() as noise:
+        kwargs = {} if chips_per_host_bounds is None else {
+            "chips_per_host_bounds": [int(b) for b in chips_per_host_bounds]}
         try:
-            kwargs = {} if chips_per_host_bounds is None else {
-                "chips_per_host_bounds": [int(b) for b in chips_per_host_bounds]}
             topo = topologies.get_topology_desc(platform="tpu", topology_name=canonical, **kwargs)
             error = None
         except Exception as e:  # JaxRuntimeError (INVALID_ARGUMENT) or RuntimeError
             topo, error = None, e
+        if (error is not None and chips_per_host_bounds is None and "not divisible" in str(error)
+                and math.prod(_dims) < 4):
+            # A slice smaller than libtpu's default host (v5e:1x1 with libtpu 0.0.42) fits on one host.
+            one_host = [*_dims, 1, 1][:3]
+            try:
+                topo = topologies.get_topology_desc(platform="tpu", topology_name=canonical,
+                                                    chips_per_host_bounds=one_host)
+                error = None
+            except Exception:
+                pass
     if error is not None:
         text = str(error)
         if "not installed" in text:
@@ -293,8 +304,6 @@ def topology_mesh(devices: Sequence[Any], shape: Sequence[int], axis_names: Sequ
     Raises :class:`UsageError` when ``prod(shape)`` differs from ``len(devices)`` or the
     number of names differs from the number of axes.
     """
-    import math
-
     import numpy as np
 
     from jax.experimental import mesh_utils

@@ -153,6 +153,9 @@ def test_chips_per_host_bounds_sets_processes():
     assert topology.tpu_topology("v5e:4x4", chips_per_host_bounds=(2, 4, 1)).num_processes == 2
     with pytest.raises(UsageError, match="not divisible"):
         topology.tpu_topology_devices("v5e:2x4", chips_per_host_bounds=(3, 1, 1))
+    # Smaller than libtpu's default 2x2x1 host: libtpu 0.0.42 refuses it, stagetool retries on one host.
+    sub_host = topology.tpu_topology("v5e:1x1")
+    assert (sub_host.num_devices, sub_host.num_processes) == (1, 1)
 
 
 @needs_libtpu
