@@ -305,7 +305,6 @@ def topology_mesh(devices: Sequence[Any], shape: Sequence[int], axis_names: Sequ
     number of names differs from the number of axes.
     """
     import numpy as np
-
     from jax.experimental import mesh_utils
     from jax.sharding import AxisType, Mesh
 

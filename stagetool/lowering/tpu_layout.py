@@ -173,7 +173,7 @@ def _tiled_element_count(physical_dims: Sequence[int], tiles: Sequence[Sequence[
         if k > len(shape):
             shape = [1] * (k - len(shape)) + shape
         minor = shape[-k:]
-        shape = shape[:-k] + [-(-d // t) for d, t in zip(minor, tile)] + list(tile)
+        shape = shape[:-k] + [-(-d // t) for d, t in zip(minor, tile, strict=True)] + list(tile)
     return math.prod(shape)
 
 

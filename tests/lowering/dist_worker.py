@@ -22,7 +22,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import AxisType, Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from stagetool.lowering import distributed  # noqa: E402
 
@@ -55,7 +56,7 @@ avals = [jax.ShapeDtypeStruct(ours[k], jnp.float32, sharding=NamedSharding(mesh,
 t1 = time.perf_counter()
 compiled = jax.jit(f).trace(*avals).lower().compile()
 t_compile = time.perf_counter() - t1
-in_sh = [(str(s.spec), list(s.shard_shape(a.shape))) for s, a in zip(compiled.input_shardings[0], avals)]
+in_sh = [(str(s.spec), list(s.shard_shape(a.shape))) for s, a in zip(compiled.input_shardings[0], avals, strict=True)]
 out = compiled.output_shardings
 result = {
     "process_index": jax.process_index(),

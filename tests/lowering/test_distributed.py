@@ -14,7 +14,8 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from jax.sharding import AxisType, Mesh, PartitionSpec as P
+from jax.sharding import AxisType, Mesh
+from jax.sharding import PartitionSpec as P
 
 from stagetool.errors import UsageError
 from stagetool.lowering import distributed

@@ -16,7 +16,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from stagetool.errors import UsageError
 from stagetool.lowering import topology, tpu_layout
@@ -172,9 +173,9 @@ def test_libtpu_start_up_prints_nothing_and_shares_the_lockfile():
     # ALLOW_MULTIPLE_LIBTPU_LOAD itself: the child's environment does not have it).
     assert len(topology.tpu_topology_devices("v5e:1x1")) == 1
     env = {k: v for k, v in os.environ.items() if k != "ALLOW_MULTIPLE_LIBTPU_LOAD"}
-    code = ("import sys; sys.path.insert(0, %r)\n"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
             "from stagetool.lowering.topology import tpu_topology_devices\n"
-            "print(len(tpu_topology_devices('v5e:2x4')))" % str(ROOT))
+            "print(len(tpu_topology_devices('v5e:2x4')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert (r.returncode, r.stdout, r.stderr) == (0, "8\n", "")
 
@@ -212,7 +213,7 @@ def test_compile_on_topology_gives_tpu_memory_and_cost():
     # Padded bytes from the public Format/Layout objects add up to XLA's argument size; the
     # logical ones do not (w's shard f32[4096,250] pads 250 -> 256 columns).
     leaves = [tpu_layout.format_bytes(a.sharding.shard_shape(a.shape), a.dtype, f.layout)
-              for a, f in zip((x, w), compiled.input_formats[0])]
+              for a, f in zip((x, w), compiled.input_formats[0], strict=True)]
     mem = compiled.memory_analysis()
     assert sum(b.padded_bytes for b in leaves) == mem.argument_size_in_bytes == 512 * 4096 * 2 + 4096 * 256 * 4
     assert sum(b.logical_bytes for b in leaves) == 512 * 4096 * 2 + 4096 * 250 * 4
