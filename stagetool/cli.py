@@ -69,10 +69,54 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
+#: ``--coordinator``/``--num-processes``/``--process-id`` of the root command, for jax.distributed.
+_DISTRIBUTED: dict[str, Any] = {}
+
+
 @app.callback()
 def _root(version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
-                                                help="Print the version and exit.")] = False) -> None:
-    """What will XLA do with my JAX function on this mesh?"""
+                                                help="Print the version and exit.")] = False,
+          coordinator: Annotated[Optional[str], typer.Option(
+              "--coordinator", help="Multi-process run: HOST:PORT of process 0's coordinator (jax.distributed).",
+              show_default=False)] = None,
+          num_processes: Annotated[Optional[int], typer.Option(
+              "--num-processes", help="Multi-process run: how many processes take part.", show_default=False,
+              min=1)] = None,
+          process_id: Annotated[Optional[int], typer.Option(
+              "--process-id", help="Multi-process run: this process's index (0 prints and writes).",
+              show_default=False, min=0)] = None) -> None:
+    """What will XLA do with my JAX function on this mesh?
+
+    Launched on every host of a cluster (Slurm, Open MPI, a multi-host TPU slice), stagetool joins
+    the job through jax.distributed automatically; elsewhere pass --coordinator, --num-processes
+    and --process-id. Every process stages the program; only process 0 prints and writes files.
+    """
+    _DISTRIBUTED.update(coordinator=coordinator, num_processes=num_processes, process_id=process_id)
+
+
+def _join_distributed() -> int | None:
+    """Join a multi-process job when asked to (or when a cluster launcher is detected).
+
+    Returns the number of processes given on the command line, or None.
+    """
+    from stagetool.lowering.distributed import detect_cluster, initialize
+
+    c, n, i = (_DISTRIBUTED.get(k) for k in ("coordinator", "num_processes", "process_id"))
+    if c is None and n is None and i is None and detect_cluster() is None:
+        return None
+    if c is not None:
+        _stderr().print(f"[dim]joining {n} processes at {_escape(c)} as process {i}…[/]")
+    initialize(c, n, i)
+    return n
+
+
+def _is_primary() -> bool:
+    """False in every process of a multi-process job but process 0."""
+    if "jax" not in sys.modules:
+        return True
+    import jax
+
+    return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
 # ---- plumbing ---------------------------------------------------------------------------------
@@ -127,6 +171,8 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
     """Render ``doc`` and write it to ``output`` (atomically) or stdout: only the payload goes there."""
     from stagetool.report import render
 
+    if not _is_primary():
+        return
     color = _color(output) and fmt == Format.text
     text = render(doc, fmt, color=color, width=_width())
     if output is not None:
@@ -169,6 +215,9 @@ def _options(target, spec, mesh, platform, topology, function, local_avals, proc
 def _analyze(command: str, options: Any, sections: list) -> Any:
     from stagetool.pipeline import analyze
 
+    job = _join_distributed()
+    if job:
+        options = dataclasses.replace(options, job_processes=job)
     with _status() as on_stage:
         return analyze(options, sections, command=command, on_stage=on_stage)
 

@@ -50,6 +50,8 @@ class Options:
       device_memory: per-device memory capacity such as ``16GiB``, overriding what the device reports.
       peak: find the buffers live at the memory peak (one more compile with an XLA dump).
       top: how many largest inputs / peak buffers to list.
+      job_processes: processes of the multi-process job (``jax.distributed``) this process is one
+        of; each provisions its share of CPU devices. None for a single process.
     """
 
     target: str | None = None
@@ -65,6 +67,7 @@ class Options:
     device_memory: str | None = None
     peak: bool = False
     top: int = 10
+    job_processes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +185,7 @@ def _provision(plan: Plan, options: Options) -> Any:
     key = (plan.mesh, plan.platform, plan.topology, options.processes)
     if key not in _SETUP_CACHE:
         _SETUP_CACHE[key] = provision(plan.mesh, platform=plan.platform, topology=plan.topology,
-                                      processes=options.processes)
+                                      processes=options.processes, job_processes=options.job_processes)
     return _SETUP_CACHE[key]
 
 
@@ -263,7 +266,7 @@ def _chip(plan: Plan, options: Options, setup: Any) -> Any:
 def _capacity(plan: Plan, options: Options, setup: Any) -> tuple[int | None, str | None]:
     """Per-device memory capacity in bytes and where it comes from.
 
-    In order: ``--device-memory``; the device's ``memory_stats()['bytes_limit']``; the HBM capacity of
+    In order: ``--device-memory``; a topology's HBM per device; the device's ``memory_stats()['bytes_limit']``; the HBM capacity of
     ``--chip`` or of the chip the device kind names in the chip table; else unknown.
     """
     from stagetool.analysis.chips import chip_for_device_kind
@@ -271,6 +274,8 @@ def _capacity(plan: Plan, options: Options, setup: Any) -> tuple[int | None, str
 
     if options.device_memory:
         return parse_size(options.device_memory), "--device-memory"
+    if setup.capacity_bytes:
+        return setup.capacity_bytes, setup.capacity_source
     cap = device_capacity(setup.devices[0])
     if cap.bytes_limit:
         return cap.bytes_limit, cap.source

@@ -25,7 +25,7 @@ Checked against ``compiled.memory_analysis().argument_size_in_bytes`` from libtp
 = 3072 bytes); see tests/lowering/test_topology.py.
 
 Everything here is pure (strings and tuples in, integers out) except
-:func:`format_bytes`, which reads attributes of a JAX ``Format``/``Layout``.
+:func:`shard_bytes`, which reads attributes of a JAX ``Format``/``Layout``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ __all__ = [
     "HLO_DTYPE_BITS",
     "HloArrayLayout",
     "LeafBytes",
-    "format_bytes",
+    "shard_bytes",
     "hlo_shape_bytes",
     "logical_bytes",
     "padded_bytes",
@@ -213,7 +213,7 @@ def _dtype_bits(dtype) -> int:
     return HLO_DTYPE_BITS[hlo]
 
 
-def format_bytes(shard_shape: Sequence[int], dtype, layout) -> LeafBytes:
+def shard_bytes(shard_shape: Sequence[int], dtype, layout) -> LeafBytes:
     """Logical and padded bytes of one per-device shard from a JAX layout.
 
     Args:

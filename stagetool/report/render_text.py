@@ -127,6 +127,9 @@ def _leaf_table(title: str, leaves: tuple[LeafReport, ...], *, inputs: bool) -> 
     table.add_column("compiled")
     table.add_column("shard", justify="right")
     table.add_column("per device", justify="right")
+    padded = any(x.padded_bytes_per_device not in (None, x.bytes_per_device) for x in leaves)
+    if padded:
+        table.add_column("padded (tiles)", justify="right")
     table.add_column("", overflow="fold")
     for leaf in leaves:
         notes = []
@@ -141,8 +144,11 @@ def _leaf_table(title: str, leaves: tuple[LeafReport, ...], *, inputs: bool) -> 
         if leaf.local_shape is not None:
             notes.append(f"local {dims_str(leaf.local_shape)}")
         compiled = Text(leaf.compiled or "—", style="chosen" if leaf.chosen_by_partitioner else "")
-        table.add_row(leaf.path, shape_str(leaf.dtype, leaf.shape), leaf.declared, compiled,
-                      dims_str(leaf.shard_shape), format_bytes(leaf.bytes_per_device), "; ".join(notes), style=style)
+        cells = [leaf.path, shape_str(leaf.dtype, leaf.shape), leaf.declared, compiled, dims_str(leaf.shard_shape),
+                 format_bytes(leaf.bytes_per_device)]
+        if padded:
+            cells.append(format_bytes(leaf.padded_bytes_per_device))
+        table.add_row(*cells, "; ".join(notes), style=style)
     total = sum(x.bytes_per_device or 0 for x in leaves)
     table.caption = f"{len(leaves)} leaves, {format_bytes(total)} per device" if leaves else "no array leaves"
     table.caption_justify = "left"

@@ -84,14 +84,14 @@ def test_parse_hlo_shape_rejects(bad):
         parse_hlo_shape(bad)
 
 
-def test_format_bytes_reads_a_layout_object():
+def test_shard_bytes_reads_a_layout_object():
     layout = types.SimpleNamespace(major_to_minor=(1, 0, 2), tiling=((2, 128), (2, 1)),
                                    sub_byte_element_size_in_bits=0)
-    assert tpu_layout.format_bytes((2, 3, 130), jnp.bfloat16, layout) == LeafBytes(1560, 3072)
+    assert tpu_layout.shard_bytes((2, 3, 130), jnp.bfloat16, layout) == LeafBytes(1560, 3072)
     int4 = types.SimpleNamespace(major_to_minor=(0, 1), tiling=((8, 128), (8, 1)), sub_byte_element_size_in_bits=4)
-    assert tpu_layout.format_bytes((3, 5), jnp.int4, int4) == LeafBytes(8, 512)
+    assert tpu_layout.shard_bytes((3, 5), jnp.int4, int4) == LeafBytes(8, 512)
     none = types.SimpleNamespace(major_to_minor=None, tiling=None, sub_byte_element_size_in_bits=0)
-    assert tpu_layout.format_bytes((3, 5), jnp.float32, none) == LeafBytes(60, 60)
+    assert tpu_layout.shard_bytes((3, 5), jnp.float32, none) == LeafBytes(60, 60)
 
 
 # --- topology names and the missing-libtpu path ----------------------------------------------
@@ -212,7 +212,7 @@ def test_compile_on_topology_gives_tpu_memory_and_cost():
 
     # Padded bytes from the public Format/Layout objects add up to XLA's argument size; the
     # logical ones do not (w's shard f32[4096,250] pads 250 -> 256 columns).
-    leaves = [tpu_layout.format_bytes(a.sharding.shard_shape(a.shape), a.dtype, f.layout)
+    leaves = [tpu_layout.shard_bytes(a.sharding.shard_shape(a.shape), a.dtype, f.layout)
               for a, f in zip((x, w), compiled.input_formats[0], strict=True)]
     mem = compiled.memory_analysis()
     assert sum(b.padded_bytes for b in leaves) == mem.argument_size_in_bytes == 512 * 4096 * 2 + 4096 * 256 * 4
