@@ -8,6 +8,7 @@ and ``--version`` stay fast.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -68,10 +69,54 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
+#: ``--coordinator``/``--num-processes``/``--process-id`` of the root command, for jax.distributed.
+_DISTRIBUTED: dict[str, Any] = {}
+
+
 @app.callback()
 def _root(version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
-                                                help="Print the version and exit.")] = False) -> None:
-    """What will XLA do with my JAX function on this mesh?"""
+                                                help="Print the version and exit.")] = False,
+          coordinator: Annotated[Optional[str], typer.Option(
+              "--coordinator", help="Multi-process run: HOST:PORT of process 0's coordinator (jax.distributed).",
+              show_default=False)] = None,
+          num_processes: Annotated[Optional[int], typer.Option(
+              "--num-processes", help="Multi-process run: how many processes take part.", show_default=False,
+              min=1)] = None,
+          process_id: Annotated[Optional[int], typer.Option(
+              "--process-id", help="Multi-process run: this process's index (0 prints and writes).",
+              show_default=False, min=0)] = None) -> None:
+    """What will XLA do with my JAX function on this mesh?
+
+    Launched on every host of a cluster (Slurm, Open MPI, a multi-host TPU slice), stagetool joins
+    the job through jax.distributed automatically; elsewhere pass --coordinator, --num-processes
+    and --process-id. Every process stages the program; only process 0 prints and writes files.
+    """
+    _DISTRIBUTED.update(coordinator=coordinator, num_processes=num_processes, process_id=process_id)
+
+
+def _join_distributed() -> int | None:
+    """Join a multi-process job when asked to (or when a cluster launcher is detected).
+
+    Returns the number of processes given on the command line, or None.
+    """
+    from stagetool.lowering.distributed import detect_cluster, initialize
+
+    c, n, i = (_DISTRIBUTED.get(k) for k in ("coordinator", "num_processes", "process_id"))
+    if c is None and n is None and i is None and detect_cluster() is None:
+        return None
+    if c is not None:
+        _stderr().print(f"[dim]joining {n} processes at {_escape(c)} as process {i}…[/]")
+    initialize(c, n, i)
+    return n
+
+
+def _is_primary() -> bool:
+    """False in every process of a multi-process job but process 0."""
+    if "jax" not in sys.modules:
+        return True
+    import jax
+
+    return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
 # ---- plumbing ---------------------------------------------------------------------------------
@@ -126,6 +171,8 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
     """Render ``doc`` and write it to ``output`` (atomically) or stdout: only the payload goes there."""
     from stagetool.report import render
 
+    if not _is_primary():
+        return
     color = _color(output) and fmt == Format.text
     text = render(doc, fmt, color=color, width=_width())
     if output is not None:
@@ -168,6 +215,9 @@ def _options(target, spec, mesh, platform, topology, function, local_avals, proc
 def _analyze(command: str, options: Any, sections: list) -> Any:
     from stagetool.pipeline import analyze
 
+    job = _join_distributed()
+    if job:
+        options = dataclasses.replace(options, job_processes=job)
     with _status() as on_stage:
         return analyze(options, sections, command=command, on_stage=on_stage)
 
@@ -216,6 +266,83 @@ def shardings(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None,
     with _errors(debug):
         opts = _options(target, spec, mesh, platform, topology, function, local_avals, processes)
         emit(_analyze("shardings", opts, [Section.SHARDINGS]), format, output)
+
+
+ChipOpt = Annotated[Optional[str], typer.Option(
+    "--chip", help="Estimate a step-time lower bound (roofline) on this chip: tpu-v5e, h100-sxm, ... "
+                   "(README: 'Chips'; extend it with 'chips:' in the spec).", show_default=False)]
+DeviceMemoryOpt = Annotated[Optional[str], typer.Option(
+    "--device-memory", help="Memory per device, e.g. 16GiB or 80GB, instead of what the device reports.",
+    show_default=False)]
+FailIfOverOpt = Annotated[bool, typer.Option(
+    "--fail-if-over", help="Exit 1 when the peak does not fit in the device memory.")]
+TopOpt = Annotated[int, typer.Option("--top", help="How many largest inputs and peak buffers to list.", min=1)]
+
+
+def _fit_exit(report: Any) -> None:
+    """Exit 1 when any function's peak is over the device memory (``--fail-if-over``)."""
+    over = [f.name for f in report.functions if f.memory is not None and f.memory.verdict.fits is False]
+    if over:
+        _stderr().print(f"[bold red]does not fit:[/] {', '.join(over)}")
+        raise typer.Exit(int(ExitCode.FINDINGS))
+
+
+@app.command()
+def cost(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
+         topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
+         processes: ProcessesOpt = None, chip: ChipOpt = None, format: FormatOpt = Format.text,
+         output: OutputOpt = None, debug: DebugOpt = False) -> None:
+    """FLOPs, transcendentals and bytes accessed: per device (compiled) and whole program (lowered)."""
+    from stagetool.pipeline import Section
+
+    with _errors(debug):
+        opts = dataclasses.replace(
+            _options(target, spec, mesh, platform, topology, function, local_avals, processes), chip=chip)
+        emit(_analyze("cost", opts, [Section.COST]), format, output)
+
+
+@app.command()
+def memory(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
+           topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
+           processes: ProcessesOpt = None, device_memory: DeviceMemoryOpt = None, chip: ChipOpt = None,
+           fail_if_over: FailIfOverOpt = False,
+           peak: Annotated[bool, typer.Option("--peak/--no-peak",
+                                              help="List the buffers live at the peak (one more compile).")] = True,
+           top: TopOpt = 10, format: FormatOpt = Format.text, output: OutputOpt = None,
+           debug: DebugOpt = False) -> None:
+    """Per-device memory: arguments, outputs, donated, temporaries, peak, and what is live at the peak."""
+    from stagetool.pipeline import Section
+
+    with _errors(debug):
+        opts = dataclasses.replace(
+            _options(target, spec, mesh, platform, topology, function, local_avals, processes),
+            device_memory=device_memory, chip=chip, peak=peak, top=top)
+        report = _analyze("memory", opts, [Section.MEMORY])
+        emit(report, format, output)
+        if fail_if_over:
+            _fit_exit(report)
+
+
+@app.command()
+def report(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
+           topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
+           processes: ProcessesOpt = None, chip: ChipOpt = None, device_memory: DeviceMemoryOpt = None,
+           fail_if_over: FailIfOverOpt = False,
+           peak: Annotated[bool, typer.Option("--peak/--no-peak",
+                                              help="List the buffers live at the peak (one more compile).")] = False,
+           top: TopOpt = 10, format: FormatOpt = Format.text, output: OutputOpt = None,
+           debug: DebugOpt = False) -> None:
+    """One screen: mesh, stage timings, shardings, collectives, cost and memory."""
+    from stagetool.pipeline import REPORT_SECTIONS
+
+    with _errors(debug):
+        opts = dataclasses.replace(
+            _options(target, spec, mesh, platform, topology, function, local_avals, processes),
+            device_memory=device_memory, chip=chip, peak=peak, top=top)
+        doc = _analyze("report", opts, list(REPORT_SECTIONS))
+        emit(doc, format, output)
+        if fail_if_over:
+            _fit_exit(doc)
 
 
 @app.command()

@@ -11,7 +11,7 @@ import enum
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from stagetool.errors import SpecError, UsageError
+from stagetool.errors import UsageError
 from stagetool.spec import FunctionSpec, MeshSpec, Spec, find_spec, load_spec, parse_mesh_option
 
 
@@ -28,6 +28,10 @@ class Section(str, enum.Enum):
     COLLECTIVES = "collectives"
 
 
+REPORT_SECTIONS = (Section.SHARDINGS, Section.COLLECTIVES, Section.COST, Section.MEMORY)
+"""What ``stagetool report`` holds."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """What to stage and where; mirrors the CLI's common options.
@@ -42,6 +46,12 @@ class Options:
       local_avals: take spec shapes as host-local (``avals: local``).
       processes: simulate this many processes (hosts) for local avals.
       dialect: ``stablehlo`` or ``hlo`` for the lowered module's text.
+      chip: a chip of the roofline table (``stagetool.analysis.chips``) for a step-time estimate.
+      device_memory: per-device memory capacity such as ``16GiB``, overriding what the device reports.
+      peak: find the buffers live at the memory peak (one more compile with an XLA dump).
+      top: how many largest inputs / peak buffers to list.
+      job_processes: processes of the multi-process job (``jax.distributed``) this process is one
+        of; each provisions its share of CPU devices. None for a single process.
     """
 
     target: str | None = None
@@ -53,6 +63,11 @@ class Options:
     local_avals: bool = False
     processes: int | None = None
     dialect: str = "stablehlo"
+    chip: str | None = None
+    device_memory: str | None = None
+    peak: bool = False
+    top: int = 10
+    job_processes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +140,7 @@ def _same_target(target: str, fspec: FunctionSpec) -> bool:
 
 
 def analyze(options: Options, sections: Iterable[Section] = (Section.SHARDINGS,), *,
-            command: str = "analyze", on_stage: Callable[[str, str], None] | None = None,
-            isolate_errors: bool = False):
+            command: str = "analyze", on_stage: Callable[[str, str], None] | None = None):
     """Stage every function of the plan and analyse it: the Python API behind every command.
 
     Args:
@@ -171,7 +185,7 @@ def _provision(plan: Plan, options: Options) -> Any:
     key = (plan.mesh, plan.platform, plan.topology, options.processes)
     if key not in _SETUP_CACHE:
         _SETUP_CACHE[key] = provision(plan.mesh, platform=plan.platform, topology=plan.topology,
-                                      processes=options.processes)
+                                      processes=options.processes, job_processes=options.job_processes)
     return _SETUP_CACHE[key]
 
 
@@ -207,28 +221,69 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
         fields["module"] = ModuleText("lowered", options.dialect, text)
     if Section.COMPILED_TEXT in wanted:
         fields["module"] = ModuleText("compiled", "hlo", staged.compiled.as_text())
-    if Section.SHARDINGS in wanted:
+    leaves = None
+    if wanted & {Section.SHARDINGS, Section.MEMORY}:
         from stagetool.analysis.shardings import input_leaves, output_leaves
 
-        fields["inputs"] = input_leaves(inputs, staged.compiled)
-        fields["outputs"] = output_leaves(staged.traced, staged.compiled, fspec.out_shardings)
+        leaves = (input_leaves(inputs, staged.compiled),
+                  output_leaves(staged.traced, staged.compiled, fspec.out_shardings))
+    if Section.SHARDINGS in wanted:
+        fields["inputs"], fields["outputs"] = leaves
     if Section.COST in wanted:
-        # Minimal, added for the baseline (issue 5): the per-device CostRecord of the compiled module;
-        # the lead may wrap it with the whole-program record.
-        from stagetool.analysis.cost import has_dot_or_convolution, per_device_cost
+        from stagetool.analysis.sections import cost_section
 
-        fields["cost"] = per_device_cost(staged.compiled,
-                                         has_dot_or_conv=has_dot_or_convolution(staged.lowered.as_text()))
+        fields["cost"] = cost_section(staged.lowered, staged.compiled, len(setup.devices),
+                                      _chip(plan, options, setup))
     if Section.MEMORY in wanted:
-        from stagetool.analysis.memory import memory_of
+        from stagetool.analysis.sections import memory_section
 
-        fields["memory"] = memory_of(staged.compiled)
+        capacity, source = _capacity(plan, options, setup)
+        fields["memory"] = memory_section(staged.lowered, staged.compiled, *leaves, capacity_bytes=capacity,
+                                          capacity_source=source, top=options.top, peak=options.peak)
     notes = []
     if plan.avals == "local":
         notes.append(f"shapes in the spec are host-local; global shapes computed for {setup.process_count} "
                      f"process(es)" + (" (simulated with --processes)" if options.processes else ""))
     return FunctionReport(fspec.name, fspec.target, mesh, StageTimes(t.trace_s, t.lower_s, t.compile_s),
                           notes=tuple(notes), **fields)
+
+
+def _chip_table(plan: Plan) -> dict:
+    from stagetool.analysis.chips import CHIPS, merge_chips
+
+    return merge_chips(plan.spec.chips) if plan.spec.chips else dict(CHIPS)
+
+
+def _chip(plan: Plan, options: Options, setup: Any) -> Any:
+    """The ``--chip`` entry of the chip table (built-in plus the spec's ``chips:``), or None."""
+    if not options.chip:
+        return None
+    from stagetool.analysis.chips import get_chip
+
+    return get_chip(options.chip, _chip_table(plan))
+
+
+def _capacity(plan: Plan, options: Options, setup: Any) -> tuple[int | None, str | None]:
+    """Per-device memory capacity in bytes and where it comes from.
+
+    In order: ``--device-memory``; a topology's HBM per device; the device's ``memory_stats()['bytes_limit']``; the HBM capacity of
+    ``--chip`` or of the chip the device kind names in the chip table; else unknown.
+    """
+    from stagetool.analysis.chips import chip_for_device_kind
+    from stagetool.analysis.memory import device_capacity, parse_size
+
+    if options.device_memory:
+        return parse_size(options.device_memory), "--device-memory"
+    if setup.capacity_bytes:
+        return setup.capacity_bytes, setup.capacity_source
+    cap = device_capacity(setup.devices[0])
+    if cap.bytes_limit:
+        return cap.bytes_limit, cap.source
+    table = _chip_table(plan)
+    name = options.chip or chip_for_device_kind(setup.device_kind)
+    if name and name.lower() in table and table[name.lower()].hbm_capacity_bytes:
+        return int(table[name.lower()].hbm_capacity_bytes), f"chip table ({name.lower()})"
+    return None, None
 
 
 def _version() -> str:

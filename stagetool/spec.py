@@ -261,6 +261,8 @@ class Spec:
       topology: a compile-only TPU topology name such as ``v5e:2x4``, or None.
       avals: ``global`` (shapes are whole arrays) or ``local`` (shapes as one process sees them).
       functions: by name, in file order.
+      chips: user entries for the roofline chip table (``chips: {name: {peak_flops_per_second_bf16: ...}}``),
+        validated by :func:`stagetool.analysis.chips.merge_chips` when used.
       check: the ``check:`` section (tolerances of ``stagetool check``), or None.
     """
 
@@ -270,6 +272,7 @@ class Spec:
     topology: str | None
     avals: str
     functions: dict[str, FunctionSpec]
+    chips: dict = dataclasses.field(default_factory=dict)
     check: CheckSpec | None = None
 
 
@@ -689,7 +692,8 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
         raise SpecError([f"{file}:1:1: the spec is empty; it needs at least 'functions'"])
     if not isinstance(root, yaml.MappingNode):
         raise SpecError([f"{issues.loc(root)}: the spec must be a mapping with 'version', 'mesh' and 'functions'"])
-    _check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "avals", "functions", "check"})
+    _check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "avals", "functions", "chips",
+                                   "check"})
     vnode = _get(root, "version")
     if vnode is not None and _plain(vnode) != SPEC_VERSION:
         issues.add(vnode, "version", f"unsupported spec version {_plain(vnode)!r}; this stagetool reads version {SPEC_VERSION}")
@@ -721,10 +725,17 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
             fs = parser.function(str(k.value), v, k)
             if fs is not None:
                 functions[fs.name] = fs
+    chips: dict = {}
+    cnode = _get(root, "chips")
+    if cnode is not None:
+        if not isinstance(cnode, yaml.MappingNode):
+            issues.add(cnode, "chips", "chips must be a mapping of chip name to its figures")
+        else:
+            chips = _plain(cnode)
     _validate_axes(parser, mesh, functions)
     check = _check_section(issues, _get(root, "check"), functions)
     issues.raise_if_any()
-    return Spec(path, mesh, platform, topology, avals, functions, check)
+    return Spec(path, mesh, platform, topology, avals, functions, chips, check)
 
 
 def _tolerances(issues: _Issues, node: yaml.Node, path: str) -> dict:

@@ -41,6 +41,27 @@ def _itemsize(dtype: Any) -> int:
     return int(getattr(dtype, "itemsize", 0) or 0)
 
 
+def _formats(formats: Any, n: int) -> list[Any]:
+    """Flat ``jax.stages.Compiled.input_formats``/``output_formats`` (None where unavailable)."""
+    import jax
+
+    try:
+        flat = jax.tree_util.tree_leaves(formats, is_leaf=lambda x: x is None or hasattr(x, "layout"))
+    except Exception:  # noqa: BLE001 - layouts are optional facts
+        return [None] * n
+    return flat if len(flat) == n else [None] * n
+
+
+def _padded(shard: tuple[int, ...] | None, dtype: Any, fmt: Any) -> int | None:
+    """Tiled bytes of a shard when its layout is tiled (TPU), else None."""
+    layout = getattr(fmt, "layout", None)
+    if shard is None or layout is None or not getattr(layout, "tiling", None):
+        return None
+    from stagetool.lowering.tpu_layout import shard_bytes
+
+    return shard_bytes(shard, dtype, layout).padded_bytes
+
+
 def input_leaves(inputs: AbstractInputs, compiled: Any) -> tuple[LeafReport, ...]:
     """One :class:`LeafReport` per input leaf, in JAX's flattening order.
 
@@ -57,7 +78,8 @@ def input_leaves(inputs: AbstractInputs, compiled: Any) -> tuple[LeafReport, ...
                                                                    if k not in inputs.static_argnames}))]
     out = []
     parameter = 0
-    for leaf, sharding, struct in zip(inputs.leaves, flat, structs):
+    formats = _formats(compiled.input_formats, len(flat))
+    for leaf, sharding, struct, fmt in zip(inputs.leaves, flat, structs, formats):
         rank = len(leaf.shape)
         size = _itemsize(struct.dtype)
         total = math.prod(leaf.shape) * size
@@ -70,7 +92,8 @@ def input_leaves(inputs: AbstractInputs, compiled: Any) -> tuple[LeafReport, ...
         out.append(LeafReport(leaf.path, leaf.shape, leaf.dtype, declared_text(leaf.declared, rank),
                               sharding_text(sharding, rank), leaf.declared.kind == "auto", shard, total,
                               math.prod(shard) * size, donated=leaf.donated, local_shape=leaf.local_shape,
-                              source=leaf.source, parameter=parameter))
+                              source=leaf.source, parameter=parameter,
+                              padded_bytes_per_device=_padded(shard, struct.dtype, fmt)))
         parameter += 1
     return tuple(out)
 
@@ -85,8 +108,9 @@ def output_leaves(traced: Any, compiled: Any, declared_tree: Any) -> tuple[LeafR
     with_paths, _ = jax.tree_util.tree_flatten_with_path(traced.out_info)
     shardings = jax.tree_util.tree_leaves(compiled.output_shardings, is_leaf=lambda x: x is None)
     declared = _declared_outputs(declared_tree, len(with_paths), traced.out_info)
+    formats = _formats(compiled.output_formats, len(shardings))
     out = []
-    for (kp, info), sharding, decl in zip(with_paths, shardings, declared):
+    for (kp, info), sharding, decl, fmt in zip(with_paths, shardings, declared, formats):
         shape = tuple(info.shape)
         rank = len(shape)
         size = _itemsize(info.dtype)
@@ -95,7 +119,8 @@ def output_leaves(traced: Any, compiled: Any, declared_tree: Any) -> tuple[LeafR
                               declared_text(decl, rank) if decl is not None else "unspecified",
                               sharding_text(sharding, rank) if sharding is not None else None,
                               decl is None or decl.kind in ("auto", "unspecified"), shard,
-                              math.prod(shape) * size, math.prod(shard) * size if shard is not None else None))
+                              math.prod(shape) * size, math.prod(shard) * size if shard is not None else None,
+                              padded_bytes_per_device=_padded(shard, info.dtype, fmt)))
     return tuple(out)
 
 

@@ -275,7 +275,9 @@ def _init_value(v: Any, fspec: FunctionSpec) -> Any:
         if isinstance(x, LeafSpec):
             return jax.ShapeDtypeStruct(x.shape, _jax_dtype(x.dtype))
         if isinstance(x, KeySpec):
-            return jax.random.key(x.seed)
+            # Abstract, not jax.random.key(seed): eval_shape only needs the key's aval, and a
+            # concrete key would run (and compile) a seeding op.
+            return jax.ShapeDtypeStruct((), _jax_dtype("key<fry>"))
         if isinstance(x, CallSpec):
             return build_call(x, fspec)
         return x

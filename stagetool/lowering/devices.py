@@ -29,6 +29,9 @@ class DeviceSetup:
       process_count: how many processes (hosts) the devices span; with ``--processes N`` the
         simulated count.
       process_of_device: for each mesh device, in mesh order, the process (host) index it belongs to.
+      capacity_bytes: memory of one device in bytes when known without asking the device (a
+        topology's HBM from the chip table), else None.
+      capacity_source: where ``capacity_bytes`` comes from.
     """
 
     platform: str
@@ -38,10 +41,12 @@ class DeviceSetup:
     topology: str | None
     process_count: int
     process_of_device: tuple[int, ...]
+    capacity_bytes: int | None = None
+    capacity_source: str | None = None
 
 
 def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str | None = None,
-              processes: int | None = None) -> DeviceSetup:
+              processes: int | None = None, job_processes: int | None = None) -> DeviceSetup:
     """Make the devices ready and lay the mesh over them.
 
     Args:
@@ -51,6 +56,8 @@ def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str
       topology: a compile-only TPU topology such as ``v5e:2x4``.
       processes: simulate this many processes (hosts) laid over the devices in order, for local
         avals; None uses the real process layout.
+      job_processes: in a multi-process job (``jax.distributed``), how many processes share the
+        mesh: each asks for its share of host CPU devices.
 
     Raises:
       UsageError: an unknown platform, too few devices, or a process count that does not divide
@@ -59,16 +66,27 @@ def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str
     if platform is not None and platform not in PLATFORMS:
         raise UsageError(f"--platform {platform!r} is not one of {', '.join(PLATFORMS)}")
     needed = max(mesh_spec.device_count, 1)
+    capacity = (None, None)
     if topology is not None:
-        from stagetool.lowering import topology as topo
+        from stagetool.lowering.topology import topology_mesh, tpu_topology
 
-        devices = list(topo.tpu_topology_devices(topology))
-        where = f"topology {topology}"
+        topo = tpu_topology(topology)
+        devices = list(topo.devices)
+        capacity = (topo.hbm_bytes_per_device, topo.hbm_source)
+        if not mesh_spec.axes:
+            raise UsageError(f"--topology {topology} needs a mesh to lay over its {len(devices)} devices",
+                             hint=f"give --mesh, e.g. --mesh data={len(devices)}")
+        if needed != len(devices):
+            raise UsageError(f"the mesh {mesh_spec} has {needed} devices, but topology {topology} has {len(devices)}",
+                             hint="a compile-only topology is used whole: make the mesh's sizes multiply to its "
+                                  "device count")
+        mesh = topology_mesh(devices, mesh_spec.sizes, mesh_spec.names, explicit=mesh_spec.axis_types == "explicit")
+        return _setup(mesh, devices, topology, processes, capacity)
     else:
         import jax
 
         if platform in (None, "cpu"):
-            _request_cpu_devices(jax, needed)
+            _request_cpu_devices(jax, -(-needed // (job_processes or 1)))
         try:
             devices = jax.devices(platform) if platform else jax.devices()
         except RuntimeError as e:
@@ -85,7 +103,11 @@ def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str
         raise UsageError(f"the mesh {mesh_spec} needs {needed} devices, but {where} has {len(devices)}",
                          hint=hint)
     used = devices[:needed]
-    mesh = _make_mesh(mesh_spec, used)
+    return _setup(_make_mesh(mesh_spec, used), used, None, processes, capacity)
+
+
+def _setup(mesh: Any, used: list, topology: str | None, processes: int | None,
+           capacity: tuple[int | None, str | None]) -> DeviceSetup:
     ordered = tuple(mesh.devices.flat)
     if processes is not None:
         if processes < 1 or len(ordered) % processes:
@@ -105,6 +127,8 @@ def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str
         topology=topology,
         process_count=count,
         process_of_device=process_of,
+        capacity_bytes=capacity[0],
+        capacity_source=capacity[1],
     )
 
 

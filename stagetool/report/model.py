@@ -72,6 +72,9 @@ class LeafReport:
       source: ``file:line:col`` of the spec node that set the shape or sharding, or None.
       parameter: the entry computation parameter number of this input in the compiled module;
         None for outputs and unused inputs.
+      padded_bytes_per_device: bytes of one device's shard in its tiled device layout (TPU
+        ``T(8,128)`` tiles pad the minor dimensions), from ``compiled.input_formats`` /
+        ``output_formats``; None where the layout has no tiling (CPU) or is unknown.
     """
 
     path: str
@@ -88,6 +91,7 @@ class LeafReport:
     local_shape: tuple[int, ...] | None = None
     source: str | None = None
     parameter: int | None = None
+    padded_bytes_per_device: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

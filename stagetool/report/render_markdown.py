@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Iterable
 
 from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
+from stagetool.report import views
 from stagetool.report.units import dims_str, format_bytes, format_seconds, shape_str
-
-#: Section renderers past the built-in ones: ``(attribute name, function(FunctionReport) -> lines)``.
-SECTION_RENDERERS: list[tuple[str, Callable[[FunctionReport], Iterable[str]]]] = []
-
 
 def escape(text: str) -> str:
     """Escape a table cell: pipes and backticks would break the row."""
@@ -48,9 +45,36 @@ def _function(f: FunctionReport) -> list[str]:
     for title, leaves in (("Inputs", f.inputs), ("Outputs", f.outputs)):
         if leaves is not None:
             out += [f"### {title}", ""] + _leaves(leaves) + [""]
-    for attr, fn in SECTION_RENDERERS:
-        if getattr(f, attr, None) is not None:
-            out += list(fn(f)) + [""]
+    if f.cost is not None:
+        out += _cost(f.cost)
+    if f.memory is not None:
+        out += _memory(f.memory)
+    return out
+
+
+def _notes(notes: list[tuple[str, str]]) -> list[str]:
+    marks = {"warn": "⚠️ ", "over": "❌ ", "fits": "✅ "}
+    return [f"- {marks.get(kind, '')}{text}" for kind, text in notes]
+
+
+def _cost(c) -> list[str]:
+    header, rows = views.cost_rows(c)
+    return ["### Cost", ""] + table(header, rows, "lrr") + ["", f"_{views.cost_caption(c)}_", ""] \
+        + _notes(views.cost_notes(c)) + [""]
+
+
+def _memory(m) -> list[str]:
+    header, rows = views.memory_rows(m)
+    out = ["### Memory per device", ""] + table(header, rows, "lrr") + [""] + _notes(views.memory_notes(m)) + [""]
+    if m.largest_inputs:
+        out += ["#### Largest inputs", ""] + table(*views.largest_inputs_rows(m), "llrr") + [""]
+    if m.donation:
+        out += ["#### Donation", ""] + table(*views.donation_rows(m)) + [""]
+    if m.peak is not None:
+        if m.peak.reason:
+            out += [f"- buffers at the peak: n/a: {m.peak.reason}", ""]
+        else:
+            out += [f"#### {views.peak_title(m.peak).capitalize()}", ""] + table(*views.peak_rows(m.peak), "rllll") + [""]
     return out
 
 

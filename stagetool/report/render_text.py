@@ -6,7 +6,7 @@ Knows nothing of JAX: it reads :mod:`stagetool.report.model` records only.
 from __future__ import annotations
 
 import io
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -17,6 +17,7 @@ from rich.text import Text
 from rich.theme import Theme
 
 from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
+from stagetool.report import views
 from stagetool.report.units import dims_str, format_bytes, format_seconds, shape_str
 
 
@@ -41,11 +42,6 @@ THEME = Theme({
     "hlo.keyword": "bold magenta", "hlo.sharding": "yellow", "hlo.metadata": "dim",
     "leaf": "bold", "chosen": "green", "unused": "dim", "warn": "yellow", "bad": "bold red",
 })
-
-#: Section renderers past the built-in ones, registered by the analysis sections (cost, memory,
-#: collectives): ``(attribute name, function(FunctionReport) -> renderables)``.
-SECTION_RENDERERS: list[tuple[str, Callable[[FunctionReport], Iterable[RenderableType]]]] = []
-
 
 def render(doc: Report | DevicesReport, *, color: bool, width: int = 120) -> str:
     """The document as terminal text: ANSI-coloured when ``color``, else plain.
@@ -116,9 +112,10 @@ def _function(f: FunctionReport) -> list[RenderableType]:
         out.append(_leaf_table("inputs", f.inputs, inputs=True))
     if f.outputs is not None:
         out.append(_leaf_table("outputs", f.outputs, inputs=False))
-    for attr, fn in SECTION_RENDERERS:
-        if getattr(f, attr, None) is not None:
-            out.extend(fn(f))
+    if f.cost is not None:
+        out.extend(_cost(f.cost))
+    if f.memory is not None:
+        out.extend(_memory(f.memory))
     return out
 
 
@@ -130,6 +127,9 @@ def _leaf_table(title: str, leaves: tuple[LeafReport, ...], *, inputs: bool) -> 
     table.add_column("compiled")
     table.add_column("shard", justify="right")
     table.add_column("per device", justify="right")
+    padded = any(x.padded_bytes_per_device not in (None, x.bytes_per_device) for x in leaves)
+    if padded:
+        table.add_column("padded (tiles)", justify="right")
     table.add_column("", overflow="fold")
     for leaf in leaves:
         notes = []
@@ -144,8 +144,11 @@ def _leaf_table(title: str, leaves: tuple[LeafReport, ...], *, inputs: bool) -> 
         if leaf.local_shape is not None:
             notes.append(f"local {dims_str(leaf.local_shape)}")
         compiled = Text(leaf.compiled or "—", style="chosen" if leaf.chosen_by_partitioner else "")
-        table.add_row(leaf.path, shape_str(leaf.dtype, leaf.shape), leaf.declared, compiled,
-                      dims_str(leaf.shard_shape), format_bytes(leaf.bytes_per_device), "; ".join(notes), style=style)
+        cells = [leaf.path, shape_str(leaf.dtype, leaf.shape), leaf.declared, compiled, dims_str(leaf.shard_shape),
+                 format_bytes(leaf.bytes_per_device)]
+        if padded:
+            cells.append(format_bytes(leaf.padded_bytes_per_device))
+        table.add_row(*cells, "; ".join(notes), style=style)
     total = sum(x.bytes_per_device or 0 for x in leaves)
     table.caption = f"{len(leaves)} leaves, {format_bytes(total)} per device" if leaves else "no array leaves"
     table.caption_justify = "left"
@@ -200,3 +203,43 @@ def _mesh_grid(axes: tuple[tuple[str, int], ...], ids: tuple[int, ...]) -> Rende
         label = ",".join(f"{axes[i][0]}={v}" for i, v in enumerate(lead[r]))
         table.add_row(label, *[str(i) for i in ids[r * cols:(r + 1) * cols]])
     return Group(table)
+
+
+# ---- cost and memory ----------------------------------------------------------------------------
+
+_NOTE_STYLE = {"warn": "warn", "info": "dim", "fits": "bold green", "over": "bad"}
+
+
+def _table(title: str, header: list[str], rows: list[list[str]], right: set[int] = frozenset(),
+           styles: dict[int, dict] | None = None) -> Table:
+    t = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, h in enumerate(header):
+        t.add_column(h, justify="right" if i in right else "left", **(styles or {}).get(i, {}))
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def _notes(notes: list[tuple[str, str]]) -> list[RenderableType]:
+    return [Text(text, style=_NOTE_STYLE.get(kind, "")) for kind, text in notes]
+
+
+def _cost(c: Any) -> list[RenderableType]:
+    header, rows = views.cost_rows(c)
+    return [_table("cost", header, rows, {1, 2}), Text(views.cost_caption(c), style="dim"), *_notes(views.cost_notes(c))]
+
+
+def _memory(m: Any) -> list[RenderableType]:
+    header, rows = views.memory_rows(m)
+    out: list[RenderableType] = [_table("memory per device", header, rows, {1, 2}), *_notes(views.memory_notes(m))]
+    if m.largest_inputs:
+        out.append(_table("largest inputs", *views.largest_inputs_rows(m), {2, 3}))
+    if m.donation:
+        out.append(_table("donation", *views.donation_rows(m)))
+    if m.peak is not None:
+        if m.peak.reason:
+            out.append(Text(f"buffers at the peak: n/a: {m.peak.reason}", style="warn"))
+        else:
+            out.append(_table(views.peak_title(m.peak), *views.peak_rows(m.peak), {0},
+                              styles={3: {"max_width": 48, "overflow": "ellipsis", "no_wrap": True}}))
+    return out

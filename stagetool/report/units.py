@@ -83,3 +83,16 @@ def _sig3(v: float) -> str:
     if v >= 10:
         return f"{v:.1f}"
     return f"{v:.2f}"
+
+
+def short_path(path: str | None) -> str:
+    """``path`` relative to the working directory when it lies below it, else as given (display only)."""
+    if not path:
+        return "—"
+    import os
+
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel

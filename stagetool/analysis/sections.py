@@ -1,0 +1,172 @@
+"""Report sections built from the analysis records: cost and memory of one staged function.
+
+Each builder takes the JAX stage objects (``jax.stages.Lowered`` / ``Compiled``) and the per-leaf
+sharding reports, and returns a frozen record that renderers read without touching JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from stagetool.analysis.chips import Chip, RooflineEstimate, roofline
+from stagetool.analysis.cost import CostRecord, has_dot_or_convolution, per_device_cost, whole_program_cost
+from stagetool.analysis.memory import (
+    DonationStatus,
+    FitVerdict,
+    MemoryRecord,
+    donation_status,
+    fit_verdict,
+    memory_of,
+    parse_input_output_alias,
+)
+from stagetool.analysis.peak import PeakReport, peak_buffers
+from stagetool.report.model import LeafReport
+
+
+@dataclasses.dataclass(frozen=True)
+class CostSection:
+    """Cost of one function, labelled by scope.
+
+    Attributes:
+      per_device: from ``Compiled.cost_analysis()``: one device's partitioned, optimized module.
+      whole_program: from ``Lowered.cost_analysis()``: the unpartitioned program, all devices together.
+      device_count: devices in the mesh (whole program ≈ per device × devices for fully sharded work).
+      roofline: the ``--chip`` lower bound on step time from the per-device figures (an estimate),
+        or None when no chip was given.
+    """
+
+    per_device: CostRecord
+    whole_program: CostRecord
+    device_count: int
+    roofline: RooflineEstimate | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafBytes:
+    """An input leaf and its bytes per device (for "which parameters dominate")."""
+
+    path: str
+    shape: str
+    bytes_per_device: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafDonation:
+    """Donation of one input leaf.
+
+    Attributes:
+      path: the input leaf.
+      requested: donation was asked for (``donate`` in the spec, or the jit's ``donate_argnums``).
+      status: ``aliased`` (its buffer is reused for an output), ``not usable`` (requested, but no
+        output can reuse it: XLA found no output of the same shape and layout), or
+        ``aliased without request``.
+      aliased_to: the output leaf paths that reuse its buffer (the module's ``input_output_alias``).
+    """
+
+    path: str
+    requested: bool
+    status: str
+    aliased_to: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySection:
+    """Memory of one function, per device, in bytes.
+
+    Attributes:
+      record: ``Compiled.memory_analysis()`` normalised (arguments, outputs, aliased, temporaries,
+        generated code, host figures, peak).
+      capacity_bytes: memory of one device, or None when unknown.
+      capacity_source: where ``capacity_bytes`` comes from (``--device-memory``,
+        ``Device.memory_stats()``, the chip table), or None.
+      verdict: whether the peak fits in the capacity.
+      largest_inputs: the input leaves with the most bytes per device, largest first (ties by path).
+      donation: per input leaf that is donated or aliased.
+      peak: what is live at the peak (a second compile with an XLA dump), or None when not asked.
+    """
+
+    record: MemoryRecord
+    capacity_bytes: int | None
+    capacity_source: str | None
+    verdict: FitVerdict
+    largest_inputs: tuple[LeafBytes, ...]
+    donation: tuple[LeafDonation, ...]
+    peak: PeakReport | None = None
+
+
+def cost_section(lowered: Any, compiled: Any, device_count: int, chip: Chip | None = None,
+                 dtype: str = "bf16") -> CostSection:
+    """Build :class:`CostSection` from the lowered and compiled stages (never raises on missing data)."""
+    whole = whole_program_cost(lowered)
+    try:
+        has_dot = has_dot_or_convolution(lowered.as_text())
+    except Exception:  # noqa: BLE001 - the check is advisory
+        has_dot = None
+    per_device = per_device_cost(compiled, has_dot_or_conv=has_dot)
+    estimate = None
+    if chip is not None:
+        estimate = roofline(chip, flops_per_device=per_device.flops,
+                            bytes_accessed_per_device=per_device.bytes_accessed, dtype=dtype)
+    return CostSection(per_device, whole, device_count, estimate)
+
+
+def memory_section(lowered: Any, compiled: Any, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...],
+                   *, capacity_bytes: int | None, capacity_source: str | None, top: int = 10,
+                   peak: bool = False) -> MemorySection:
+    """Build :class:`MemorySection`.
+
+    Args:
+      lowered / compiled: the stages.
+      inputs / outputs: per-leaf reports (for names, bytes per device and parameter numbers).
+      capacity_bytes / capacity_source: the device's memory, if known.
+      top: how many largest inputs and peak buffers to keep.
+      peak: also find the buffers live at the peak (costs one more compile with an XLA dump).
+    """
+    record = memory_of(compiled)
+    verdict = fit_verdict(record.peak_bytes, capacity_bytes)
+    used = [x for x in inputs if x.bytes_per_device is not None]
+    largest = sorted(used, key=lambda x: (-(x.bytes_per_device or 0), x.path))[:top]
+    largest_inputs = tuple(LeafBytes(x.path, _shape(x), int(x.bytes_per_device or 0)) for x in largest)
+    donation = _donation(compiled, inputs, outputs)
+    peak_report = peak_buffers(lowered, top=top) if peak else None
+    return MemorySection(record, capacity_bytes, capacity_source, verdict, largest_inputs, donation, peak_report)
+
+
+def _shape(x: LeafReport) -> str:
+    from stagetool.report.units import shape_str
+
+    return shape_str(x.dtype, x.shape)
+
+
+def _donation(compiled: Any, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...]) -> tuple[LeafDonation, ...]:
+    try:
+        aliases = parse_input_output_alias(compiled.as_text())
+    except Exception:  # noqa: BLE001 - no text, no aliasing facts
+        aliases = ()
+    params = [x for x in inputs if x.parameter is not None]
+    donated = [False] * len(params)
+    for x in params:
+        donated[x.parameter] = x.donated
+    statuses: dict[int, DonationStatus] = {s.parameter_number: s for s in donation_status(donated, aliases)}
+    out = []
+    for x in inputs:
+        if x.parameter is None:
+            if x.donated:
+                out.append(LeafDonation(x.path, True, "unused (pruned)", ()))
+            continue
+        s = statuses.get(x.parameter)
+        if s is None or (not s.requested and not s.aliased_output_indices):
+            continue
+        names = tuple(_output_name(idx, outputs) for idx in s.aliased_output_indices)
+        out.append(LeafDonation(x.path, s.requested, s.status, names))
+    return tuple(out)
+
+
+def _output_name(index: tuple[int, ...], outputs: tuple[LeafReport, ...]) -> str:
+    """The output leaf at an HLO result shape index: ``(i,)`` is flat output i of a tuple result."""
+    if not index and len(outputs) == 1:
+        return outputs[0].path
+    if len(index) == 1 and 0 <= index[0] < len(outputs):
+        return outputs[index[0]].path
+    return "out{" + ",".join(str(i) for i in index) + "}"

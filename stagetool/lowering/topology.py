@@ -1,0 +1,325 @@
+"""Compile-only TPU devices for a named topology (``v5e:2x4``) on a machine without a TPU.
+
+Uses the public ``jax.experimental.topologies.get_topology_desc(platform="tpu",
+topology_name=...)``, which needs the ``libtpu`` package (``pip install "stagetool[tpu]"``).
+The devices it returns can build a ``jax.sharding.Mesh`` and take
+``jax.jit(f).trace(...).lower().compile()`` all the way, with TPU memory and cost analysis;
+they cannot run anything.
+
+Facts measured with jax 0.10.2 and libtpu 0.0.52 (also 0.0.42.1, the version ``jax[tpu]==0.10.2``
+pins):
+
+- ``JAX_PLATFORMS`` does not need to name ``tpu``; with ``JAX_PLATFORMS=cpu`` the CPU backend
+  keeps its ``jax_num_cpu_devices`` host devices, ``jax.devices()`` stays the CPU list, and the
+  topology devices live beside it in the same process.
+- Names are ``<kind>:<AxB[xC]>``. Kinds accepted by libtpu: ``v2``, ``v3``, ``v4``, ``v5e``,
+  ``v5p`` (``v5`` is the same), ``v6e``, ``tpu7x``, and libtpu's own device-kind spelling
+  (``"TPU v5 lite:2x4"``). ``v5litepod``, ``v6``, ``v7``, ``v7x`` are rejected. An empty name
+  gives a default v2 topology, so it is rejected here.
+- v2, v3, v4 and tpu7x give two devices per chip (``core_on_chip`` 0 and 1; v4 compile-only
+  topologies are *not* megacore), v5e, v5p and v6e one.
+- ``memory_stats()`` raises on compile-only devices ("only supported for addressable PjRt
+  devices"), so HBM capacity comes from :data:`TPU_CHIPS`, a table of Google's published
+  figures.
+- On first use libtpu prints warnings about ``TPU_ACCELERATOR_TYPE``, worker host names and
+  "Logging before InitGoogle()" to file descriptor 2, from C++. The calls below redirect fd 2
+  to a temporary file while libtpu initialises and builds the topology; the captured text is
+  only shown inside the error when the call fails. Setting ``TPU_ACCELERATOR_TYPE`` /
+  ``TPU_WORKER_HOSTNAMES`` would also silence it, but would lie about the machine; the
+  compiled programs are identical either way (checked by hash of the HLO text).
+- libtpu holds ``/tmp/libtpu_lockfile`` once loaded, even compile-only; a second process that
+  loads it fails ("ABORTED: ... libtpu multi-process lockfile") unless
+  ``ALLOW_MULTIPLE_LIBTPU_LOAD=1``, which :func:`tpu_topology_devices` sets (``setdefault``)
+  before loading libtpu.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from stagetool.errors import UsageError
+
+__all__ = [
+    "TPU_CHIPS",
+    "TPU_INSTALL_LINE",
+    "TpuChip",
+    "TpuTopology",
+    "libtpu_available",
+    "libtpu_version",
+    "parse_topology_name",
+    "topology_mesh",
+    "tpu_topology",
+    "tpu_topology_devices",
+]
+
+TPU_INSTALL_LINE = 'pip install "stagetool[tpu]"   (or: pip install "jax[tpu]==<your jax version>")'
+"""What to install for compile-only TPU topologies (shown in errors)."""
+
+_GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuChip:
+    """Published facts about one TPU generation.
+
+    Attributes:
+      alias: the topology-name prefix, e.g. ``"v5e"``.
+      device_kind: ``device.device_kind`` as libtpu spells it, e.g. ``"TPU v5 lite"``.
+      hbm_bytes_per_chip: HBM capacity of one chip in bytes, as Google publishes it
+        (Google's pages say "GB"; the figures are binary, GiB).
+      source: the page the figure comes from.
+    """
+
+    alias: str
+    device_kind: str
+    hbm_bytes_per_chip: int
+    source: str
+
+
+TPU_CHIPS: tuple[TpuChip, ...] = (
+    TpuChip("v2", "TPU v2", 16 * _GIB, "https://cloud.google.com/tpu/docs/v2"),
+    TpuChip("v3", "TPU v3", 32 * _GIB, "https://cloud.google.com/tpu/docs/v3"),
+    TpuChip("v4", "TPU v4", 32 * _GIB, "https://cloud.google.com/tpu/docs/v4"),
+    TpuChip("v5e", "TPU v5 lite", 16 * _GIB, "https://cloud.google.com/tpu/docs/v5e"),
+    TpuChip("v5p", "TPU v5", 95 * _GIB, "https://cloud.google.com/tpu/docs/v5p"),
+    TpuChip("v6e", "TPU v6 lite", 32 * _GIB, "https://cloud.google.com/tpu/docs/v6e"),
+    TpuChip("tpu7x", "TPU7x", 192 * _GIB, "https://cloud.google.com/tpu/docs/tpu7x"),
+)
+"""Known TPU generations, oldest first. Per-chip HBM; divide by devices per chip for a device."""
+
+_ALIASES = {c.alias: c for c in TPU_CHIPS} | {"v5": TPU_CHIPS[4]}
+_BY_KIND = {c.device_kind: c for c in TPU_CHIPS}
+_NAME_RE = re.compile(r"^\s*([A-Za-z0-9 _]+?)\s*[:=]\s*(\d+(?:x\d+){0,2})\s*$")
+_ACCEPTED = ("accepted: <kind>:<AxB> or <kind>:<AxBxC> with kind one of "
+             + ", ".join(c.alias for c in TPU_CHIPS)
+             + "; e.g. v5e:2x4, v5e:4x4, v5p:2x2x2, v4:2x2x1, v6e:2x4")
+
+
+def parse_topology_name(name: str) -> tuple[str, tuple[int, ...]]:
+    """Split ``"v5e:2x4"`` into ``("v5e", (2, 4))``; pure, no libtpu needed.
+
+    The kind is returned as written (libtpu decides whether it knows it). Raises
+    :class:`UsageError` listing the accepted forms when the name has no ``kind:AxB`` shape
+    or a zero dimension.
+    """
+    m = _NAME_RE.match(name or "")
+    if not m or any(int(d) == 0 for d in m.group(2).split("x")):
+        raise UsageError(f"bad TPU topology name {name!r}", hint=_ACCEPTED)
+    return m.group(1), tuple(int(d) for d in m.group(2).split("x"))
+
+
+def libtpu_available() -> bool:
+    """True when the ``libtpu`` package is importable or ``TPU_LIBRARY_PATH`` names a file."""
+    path = os.environ.get("TPU_LIBRARY_PATH")
+    if path and os.path.isfile(path):
+        return True
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def libtpu_version() -> str | None:
+    """The installed ``libtpu`` distribution's version (e.g. ``"0.0.52"``), or None.
+
+    Worth recording beside TPU figures: generated-code size differs between libtpu releases
+    (1.33 MB with 0.0.52 vs 0.30 MB with 0.0.42.1 for the same v5e program).
+    """
+    from importlib import metadata
+
+    try:
+        return metadata.version("libtpu")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def _captured_stderr_fd() -> Iterator[list[str]]:
+    """Send file descriptor 2 to a temporary file; yields a list that receives its text."""
+    captured: list[str] = []
+    try:
+        sys.stderr.flush()
+    except (AttributeError, ValueError):  # pragma: no cover - closed or replaced stderr
+        pass
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            captured.append(tmp.read().decode("utf-8", "replace"))
+
+
+def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None = None) -> tuple[Any, ...]:
+    """Compile-only TPU devices of topology ``name`` (e.g. ``"v5e:2x4"`` → 8 devices).
+
+    Order is libtpu's (device id order). The devices can form a ``Mesh`` and compile, never
+    execute. libtpu's start-up chatter on stderr is swallowed.
+
+    ``chips_per_host_bounds`` (e.g. ``(2, 4, 1)``) sets how many chips one host (process) has;
+    libtpu's default is ``(2, 2, 1)``, so ``v5e:2x4`` spans two processes by default although
+    a rented v5e-8 / v6e-8 VM has all 8 chips on one host. It only changes
+    ``device.process_index``.
+
+    Raises:
+      UsageError: libtpu is not installed (the hint gives the install line), or the name is
+        malformed or unknown to libtpu (the hint lists accepted forms).
+    """
+    kind, _dims = parse_topology_name(name)
+    if not libtpu_available():
+        raise UsageError(f"TPU topology {name!r} needs libtpu, which is not installed",
+                         hint=TPU_INSTALL_LINE)
+    from jax.experimental import topologies
+
+    # libtpu takes /tmp/libtpu_lockfile on start-up, even for compile-only use; without this a
+    # second concurrent process (parallel CI jobs, two stagetool runs) fails with "ABORTED:
+    # Internal error when accessing libtpu multi-process lockfile".
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    canonical = f"{kind}:{_dims_text(name)}"
+    with _captured_stderr_fd() as noise:
+        kwargs = {} if chips_per_host_bounds is None else {
+            "chips_per_host_bounds": [int(b) for b in chips_per_host_bounds]}
+        try:
+            topo = topologies.get_topology_desc(platform="tpu", topology_name=canonical, **kwargs)
+            error = None
+        except Exception as e:  # JaxRuntimeError (INVALID_ARGUMENT) or RuntimeError
+            topo, error = None, e
+        if (error is not None and chips_per_host_bounds is None and "not divisible" in str(error)
+                and math.prod(_dims) < 4):
+            # A slice smaller than libtpu's default host (v5e:1x1 with libtpu 0.0.42) fits on one host.
+            one_host = [*_dims, 1, 1][:3]
+            try:
+                topo = topologies.get_topology_desc(platform="tpu", topology_name=canonical,
+                                                    chips_per_host_bounds=one_host)
+                error = None
+            except Exception:
+                pass
+    if error is not None:
+        text = str(error)
+        if "not installed" in text:
+            raise UsageError(f"TPU topology {name!r} needs libtpu: {text}", hint=TPU_INSTALL_LINE) from None
+        detail = text.splitlines()[0] if text else type(error).__name__
+        if "INVALID_ARGUMENT" in detail:
+            raise UsageError(f"libtpu rejected TPU topology {name!r}: {detail}", hint=_ACCEPTED) from None
+        extra = "".join(noise).strip()
+        msg = f"libtpu failed to build TPU topology {name!r}: {detail}" + (f"\n{extra}" if extra else "")
+        raise UsageError(msg) from None
+    return tuple(topo.devices)
+
+
+def _dims_text(name: str) -> str:
+    return _NAME_RE.match(name).group(2)  # type: ignore[union-attr]
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuTopology:
+    """A compile-only TPU topology and the facts stagetool reports about it.
+
+    Attributes:
+      name: the topology name as given, e.g. ``"v5e:2x4"``.
+      device_kind: ``device.device_kind``, e.g. ``"TPU v5 lite"``.
+      generation: the alias from :data:`TPU_CHIPS` (``"v5e"``), or None for a kind not in it.
+      devices: the compile-only devices, in libtpu's order (``len`` = device count).
+      num_chips: distinct chip coordinates.
+      devices_per_chip: devices (TensorCores exposed as devices) per chip.
+      num_processes: distinct ``device.process_index`` values, i.e. hosts the slice would have.
+      device_coords: per device, ``(x, y, z, core_on_chip)`` from ``device.coords`` and
+        ``device.core_on_chip``.
+      hbm_bytes_per_chip: from :data:`TPU_CHIPS`, None when the kind is unknown.
+      hbm_bytes_per_device: ``hbm_bytes_per_chip / devices_per_chip``, or None.
+      hbm_source: where the HBM figure comes from (a URL), or why there is none.
+    """
+
+    name: str
+    device_kind: str
+    generation: str | None
+    devices: tuple[Any, ...]
+    num_chips: int
+    devices_per_chip: int
+    num_processes: int
+    device_coords: tuple[tuple[int, ...], ...]
+    hbm_bytes_per_chip: int | None
+    hbm_bytes_per_device: int | None
+    hbm_source: str
+
+    @property
+    def num_devices(self) -> int:
+        """Number of devices (``len(devices)``)."""
+        return len(self.devices)
+
+
+def tpu_topology(name: str, chips_per_host_bounds: Sequence[int] | None = None) -> TpuTopology:
+    """Devices and chip facts of compile-only TPU topology ``name``.
+
+    Arguments and errors as :func:`tpu_topology_devices`.
+    """
+    devices = tpu_topology_devices(name, chips_per_host_bounds)
+    kind = devices[0].device_kind
+    coords = tuple((*tuple(int(c) for c in getattr(d, "coords", ())), int(getattr(d, "core_on_chip", 0)))
+                   for d in devices)
+    chips = {c[:-1] for c in coords}
+    per_chip = len(devices) // max(len(chips), 1)
+    chip = _BY_KIND.get(kind)
+    if chip is None:
+        hbm_chip = hbm_dev = None
+        source = f"device kind {kind!r} is not in stagetool's TPU_CHIPS table"
+    else:
+        hbm_chip, hbm_dev, source = chip.hbm_bytes_per_chip, chip.hbm_bytes_per_chip // per_chip, chip.source
+    return TpuTopology(
+        name=name,
+        device_kind=kind,
+        generation=chip.alias if chip else None,
+        devices=devices,
+        num_chips=len(chips),
+        devices_per_chip=per_chip,
+        num_processes=len({d.process_index for d in devices}),
+        device_coords=coords,
+        hbm_bytes_per_chip=hbm_chip,
+        hbm_bytes_per_device=hbm_dev,
+        hbm_source=source,
+    )
+
+
+def topology_mesh(devices: Sequence[Any], shape: Sequence[int], axis_names: Sequence[str], *,
+                  explicit: bool = False):
+    """A ``jax.sharding.Mesh`` of ``shape`` over TPU ``devices``, laid out along the ICI torus.
+
+    Device order comes from ``jax.experimental.mesh_utils.create_device_mesh`` (as in
+    ``jax.experimental.topologies.make_mesh``), which places mesh axes on physical torus
+    axes; a plain ``reshape`` of the device list would not. Axis types are ``Auto``
+    (partitioner decides) unless ``explicit``.
+
+    When ``create_device_mesh`` cannot place the shape (two devices per chip on v4, shapes
+    that do not follow the torus), the devices are taken in the given order instead.
+
+    Raises :class:`UsageError` when ``prod(shape)`` differs from ``len(devices)`` or the
+    number of names differs from the number of axes.
+    """
+    import numpy as np
+    from jax.experimental import mesh_utils
+    from jax.sharding import AxisType, Mesh
+
+    shape, names = tuple(int(s) for s in shape), tuple(axis_names)
+    if len(shape) != len(names):
+        raise UsageError(f"mesh shape {shape} has {len(shape)} axes but {len(names)} names {names}")
+    if math.prod(shape) != len(devices):
+        raise UsageError(f"mesh {'x'.join(map(str, shape))} needs {math.prod(shape)} devices, "
+                         f"the topology has {len(devices)}")
+    try:
+        grid = mesh_utils.create_device_mesh(shape, list(devices))
+    except (ValueError, NotImplementedError, AssertionError):
+        # v2/v3/v4/tpu7x compile-only topologies expose two devices per chip, which
+        # create_device_mesh refuses for v4 and later ("requires one device per chip"), and
+        # some shapes do not map onto the torus: fall back to device-id order.
+        grid = np.array(list(devices), dtype=object).reshape(shape)
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    return Mesh(grid, names, axis_types=(kind,) * len(names))

@@ -1,0 +1,137 @@
+"""Presentation-neutral rows of the report sections, shared by the text and Markdown renderers.
+
+Each function turns a section record into header + rows of already formatted strings, so that both
+renderers show the same facts with the same formatting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagetool.report.units import format_bytes, format_count, format_percent, format_seconds, short_path
+
+_COST_ROWS = (
+    ("FLOPs", "flops", lambda v: format_count(v, "FLOP")),
+    ("transcendentals", "transcendentals", format_count),
+    ("bytes accessed", "bytes_accessed", format_bytes),
+    ("bytes written (outputs)", "output_bytes_accessed", format_bytes),
+    ("arithmetic intensity", "arithmetic_intensity_flops_per_byte",
+     lambda v: "n/a" if v is None else f"{v:.2f} FLOP/B"),
+)
+
+_MEMORY_ROWS = (
+    ("arguments", "argument_bytes"), ("outputs", "output_bytes"), ("aliased (donated)", "alias_bytes"),
+    ("temporaries", "temp_bytes"), ("generated code", "generated_code_bytes"),
+)
+_HOST_ROWS = (
+    ("host arguments", "host_argument_bytes"), ("host outputs", "host_output_bytes"),
+    ("host aliased", "host_alias_bytes"), ("host temporaries", "host_temp_bytes"),
+    ("host generated code", "host_generated_code_bytes"),
+)
+
+
+def _extra_value(metric: Any) -> str:
+    if metric is None:
+        return "n/a"
+    if metric.unit == "seconds":
+        return format_seconds(metric.value) if metric.value >= 0 else f"{metric.value:g} s"
+    if metric.unit == "bytes":
+        return format_bytes(metric.value)
+    return f"{metric.value:g}" + (f" {metric.unit}" if metric.unit not in ("count", "unknown") else "")
+
+
+def cost_rows(c: Any) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)``: each figure per device and for the whole program; ``n/a`` where not reported."""
+    rows = [[label, fmt(getattr(c.per_device, attr)), fmt(getattr(c.whole_program, attr))]
+            for label, attr, fmt in _COST_ROWS]
+    a, b = c.per_device.extra_by_key(), c.whole_program.extra_by_key()
+    for key in sorted(set(a) | set(b)):
+        if key.startswith("utilization"):
+            continue  # per-operand use counts: in the JSON, too noisy for a table
+        rows.append([key, _extra_value(a.get(key)), _extra_value(b.get(key))])
+    return ["", "per device", "whole program"], rows
+
+
+def cost_caption(c: Any) -> str:
+    return (f"per device: Compiled.cost_analysis() of one device's partitioned module; whole program: "
+            f"Lowered.cost_analysis() before partitioning ({c.device_count} devices)")
+
+
+def cost_notes(c: Any) -> list[tuple[str, str]]:
+    """``(severity, text)`` notes: ``warn`` for missing or suspect figures, ``info`` otherwise."""
+    out = []
+    for rec in (c.per_device, c.whole_program):
+        scope = rec.scope.replace("_", " ")
+        if rec.reason:
+            out.append(("warn", f"{scope}: not reported: {rec.reason}"))
+        for field, why in rec.absent_reasons:
+            out.append(("info", f"{scope}: {field} n/a: {why}"))
+        for s in rec.suspects:
+            out.append(("warn", f"{scope}: suspect {s.field}: {s.reason}"))
+    r = c.roofline
+    if r is not None:
+        if r.lower_bound_seconds is None:
+            out.append(("warn", f"roofline ({r.chip}): n/a: {r.reason}"))
+        else:
+            out.append(("info", f"roofline estimate on {r.chip} ({r.dtype}): step ≥ {format_seconds(r.lower_bound_seconds)}, "
+                                f"{r.bound}-bound (compute {format_seconds(r.compute_seconds)}, memory "
+                                f"{format_seconds(r.memory_seconds)}); a lower bound from peak FLOP/s and HBM "
+                                "bandwidth, not a prediction"))
+    return out
+
+
+def memory_rows(m: Any) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)`` of per-device memory in bytes and human units; host rows only where non-zero."""
+    rec = m.record
+    rows = []
+    for label, attr in _MEMORY_ROWS:
+        v = getattr(rec, attr)
+        rows.append([label, "n/a" if v is None else str(v), format_bytes(v)])
+    for label, attr in _HOST_ROWS:
+        v = getattr(rec, attr)
+        if v:
+            rows.append([label, str(v), format_bytes(v)])
+    peak_label = "peak" + {"estimate": " (args + outputs − aliased + temps)"}.get(rec.peak_source or "", "")
+    rows.append([peak_label, "n/a" if rec.peak_bytes is None else str(rec.peak_bytes), format_bytes(rec.peak_bytes)])
+    return ["", "bytes", ""], rows
+
+
+def memory_notes(m: Any) -> list[tuple[str, str]]:
+    """``(severity, text)``: ``fits``/``over`` verdict, missing data, suspects."""
+    rec = m.record
+    out = []
+    if rec.reason:
+        out.append(("warn", f"not reported: {rec.reason}"))
+    for field, why in rec.suspects:
+        out.append(("info", f"suspect {field}: {why}"))
+    v = m.verdict
+    if v.fits is None:
+        out.append(("info", "capacity: unknown (the device reports none; give --device-memory 16GiB or --chip NAME)"))
+    else:
+        out.append(("fits" if v.fits else "over",
+                    f"{'fits' if v.fits else 'DOES NOT FIT'}: peak {format_bytes(v.peak_bytes)} is "
+                    f"{format_percent(v.share_used)} of {format_bytes(v.capacity_bytes)} per device "
+                    f"({m.capacity_source}); headroom {format_bytes(v.headroom_bytes)}"))
+    return out
+
+
+def largest_inputs_rows(m: Any) -> tuple[list[str], list[list[str]]]:
+    total = m.record.argument_bytes
+    rows = [[x.path, x.shape, format_bytes(x.bytes_per_device),
+             format_percent(x.bytes_per_device / total if total else None)] for x in m.largest_inputs]
+    return ["leaf", "shape", "per device", "of arguments"], rows
+
+
+def donation_rows(m: Any) -> tuple[list[str], list[list[str]]]:
+    rows = [[d.path, "yes" if d.requested else "no", d.status, ", ".join(d.aliased_to) or "—"] for d in m.donation]
+    return ["leaf", "requested", "status", "reused by"], rows
+
+
+def peak_title(p: Any) -> str:
+    return f"live at the peak ({format_bytes(p.peak_bytes)} in {p.buffer_count} buffers; largest {len(p.buffers)})"
+
+
+def peak_rows(p: Any) -> tuple[list[str], list[list[str]]]:
+    rows = [[format_bytes(b.size_bytes), b.shape or "—", b.value_name, b.op_name or "—",
+             f"{short_path(b.file)}:{b.line}" if b.file else "—"] for b in p.buffers]
+    return ["size", "shape", "HLO value", "op", "source"], rows
