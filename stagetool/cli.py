@@ -184,9 +184,9 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
             raise UsageError(f"--output {output}: cannot write: {e.strerror or e}") from None
         _stderr().print(f"[dim]wrote {_escape(str(output))}[/]")
     elif pager and sys.stdout.isatty():
-        import click
+        import pydoc
 
-        click.echo_via_pager(text, color=color)
+        pydoc.pager(text)
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -212,12 +212,16 @@ def _options(target, spec, mesh, platform, topology, function, local_avals, proc
                    local_avals=local_avals, processes=processes, dialect=dialect)
 
 
+def _joined(options: Any) -> Any:
+    """Join a multi-process job if asked to; the options then say how many processes share the mesh."""
+    job = _join_distributed()
+    return dataclasses.replace(options, job_processes=job) if job else options
+
+
 def _analyze(command: str, options: Any, sections: list) -> Any:
     from stagetool.pipeline import analyze
 
-    job = _join_distributed()
-    if job:
-        options = dataclasses.replace(options, job_processes=job)
+    options = _joined(options)
     with _status() as on_stage:
         return analyze(options, sections, command=command, on_stage=on_stage)
 
@@ -416,13 +420,15 @@ def snapshot(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, 
     from stagetool.baseline import take_snapshot, write_snapshot
 
     with _errors(debug):
-        opts = _options(target, spec, mesh, platform, topology, function, local_avals, processes)
+        opts = _joined(_options(target, spec, mesh, platform, topology, function, local_avals, processes))
         with _status() as on_stage:
             run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
         if run.failed:
             _report_failures(run.failed)
             _stderr().print(f"[red]{len(run.failed)} function(s) failed; {output} not written[/]")
             raise typer.Exit(int(ExitCode.JAX))
+        if not _is_primary():
+            return
         write_snapshot(output, run.snapshot)
         _stderr().print(f"[dim]wrote {_escape(str(output))} ({len(run.snapshot['functions'])} function(s))[/]")
 
@@ -447,10 +453,12 @@ def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pla
         before = None
         if not (update and not baseline.exists()):
             before = load_snapshot(baseline)
-        opts = _options(target, spec, mesh, platform, topology, function, local_avals, processes)
+        opts = _joined(_options(target, spec, mesh, platform, topology, function, local_avals, processes))
         with _status() as on_stage:
             run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
         _report_failures(run.failed)
+        if not _is_primary():
+            return
         if before is not None:
             cmp = compare(before, run.snapshot, failed=run.failed, before_label=str(baseline), after_label="now",
                           only=run.functions,
@@ -515,23 +523,18 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The console-script entry point; returns the exit code."""
-    try:
-        rv = app(args=argv, prog_name="stagetool", standalone_mode=False)
-    except typer.Exit as e:
-        return int(e.exit_code)
-    except SystemExit as e:  # pragma: no cover - click may still exit directly
-        return int(e.code or 0)
-    except Exception as e:
-        import click
+    """The console-script entry point; returns the exit code.
 
-        if isinstance(e, click.exceptions.Abort):
-            return 130
-        if isinstance(e, click.ClickException):
-            e.show()
-            return int(ExitCode.USAGE)
-        raise
-    return rv if isinstance(rv, int) else int(ExitCode.OK)
+    Typer (click) handles its own usage errors (unknown command or option: exit 2) in standalone
+    mode and ends every run with ``SystemExit``, whose code is returned here.
+    """
+    try:
+        app(args=argv, prog_name="stagetool", standalone_mode=True)
+    except SystemExit as e:
+        if e.code is None:
+            return int(ExitCode.OK)
+        return e.code if isinstance(e.code, int) else int(ExitCode.FINDINGS)
+    return int(ExitCode.OK)
 
 
 if __name__ == "__main__":  # pragma: no cover
