@@ -81,11 +81,10 @@ def _memory(m) -> list[str]:
 def _leaves(leaves: tuple[LeafReport, ...]) -> list[str]:
     rows = []
     for x in leaves:
-        notes = [n for n, on in (("unused", x.unused), ("chosen by the partitioner", x.chosen_by_partitioner and not x.unused),
-                                 ("donated", x.donated)) if on]
-        rows.append([f"`{x.path}`", f"`{shape_str(x.dtype, x.shape)}`", f"`{x.declared}`",
+        rows.append([f"`{x.path}`", f"`{shape_str(x.dtype, x.shape)}`",
+                     "—" if x.declared == "unspecified" else f"`{x.declared}`",
                      f"`{x.compiled}`" if x.compiled else "—", dims_str(x.shard_shape),
-                     format_bytes(x.bytes_per_device), ", ".join(notes)])
+                     format_bytes(x.bytes_per_device), ", ".join(views.leaf_notes(x))])
     return table(["leaf", "shape", "declared", "compiled", "shard", "per device", ""], rows, "lllllrl")
 
 

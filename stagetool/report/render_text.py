@@ -121,36 +121,28 @@ def _function(f: FunctionReport) -> list[RenderableType]:
 
 def _leaf_table(title: str, leaves: tuple[LeafReport, ...], *, inputs: bool) -> Table:
     table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("leaf", style="leaf", overflow="fold")
-    table.add_column("shape")
-    table.add_column("declared")
-    table.add_column("compiled")
-    table.add_column("shard", justify="right")
-    table.add_column("per device", justify="right")
+    table.add_column("leaf", style="leaf", no_wrap=True)
+    for name in ("shape", "declared", "compiled"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("shard", justify="right", no_wrap=True)
+    table.add_column("per device", justify="right", no_wrap=True)
     padded = any(x.padded_bytes_per_device not in (None, x.bytes_per_device) for x in leaves)
     if padded:
-        table.add_column("padded (tiles)", justify="right")
-    table.add_column("", overflow="fold")
+        table.add_column("padded (tiles)", justify="right", no_wrap=True)
+    table.add_column("", overflow="fold", min_width=10)
     for leaf in leaves:
-        notes = []
-        style = None
-        if leaf.unused:
-            notes.append("unused (pruned by the compiler)")
-            style = "unused"
-        if leaf.chosen_by_partitioner and not leaf.unused:
-            notes.append("chosen by the partitioner")
-        if leaf.donated:
-            notes.append("donated")
-        if leaf.local_shape is not None:
-            notes.append(f"local {dims_str(leaf.local_shape)}")
-        compiled = Text(leaf.compiled or "—", style="chosen" if leaf.chosen_by_partitioner else "")
-        cells = [leaf.path, shape_str(leaf.dtype, leaf.shape), leaf.declared, compiled, dims_str(leaf.shard_shape),
+        style = "unused" if leaf.unused else None
+        compiled = Text(leaf.compiled or "—", style="chosen" if leaf.declared == "auto" else "")
+        declared = "—" if leaf.declared == "unspecified" else leaf.declared
+        cells = [leaf.path, shape_str(leaf.dtype, leaf.shape), declared, compiled, dims_str(leaf.shard_shape),
                  format_bytes(leaf.bytes_per_device)]
         if padded:
             cells.append(format_bytes(leaf.padded_bytes_per_device))
-        table.add_row(*cells, "; ".join(notes), style=style)
+        table.add_row(*cells, "; ".join(views.leaf_notes(leaf)), style=style)
     total = sum(x.bytes_per_device or 0 for x in leaves)
     table.caption = f"{len(leaves)} leaves, {format_bytes(total)} per device" if leaves else "no array leaves"
+    if any(views.leaf_notes(x)[:1] == ["chosen"] for x in leaves):
+        table.caption += "; chosen: the SPMD partitioner picked the sharding ('auto' in the spec)"
     table.caption_justify = "left"
     return table
 

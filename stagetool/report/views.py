@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagetool.report.units import format_bytes, format_count, format_percent, format_seconds, short_path
+from stagetool.report.units import dims_str, format_bytes, format_count, format_percent, format_seconds, short_path
 
 _COST_ROWS = (
     ("FLOPs", "flops", lambda v: format_count(v, "FLOP")),
@@ -135,3 +135,17 @@ def peak_rows(p: Any) -> tuple[list[str], list[list[str]]]:
     rows = [[format_bytes(b.size_bytes), b.shape or "—", b.value_name, b.op_name or "—",
              f"{short_path(b.file)}:{b.line}" if b.file else "—"] for b in p.buffers]
     return ["size", "shape", "HLO value", "op", "source"], rows
+
+
+def leaf_notes(leaf: Any) -> list[str]:
+    """Short notes on a shardings-table row: unused, chosen by the partitioner, donated, local shape."""
+    notes = []
+    if leaf.unused:
+        notes.append("unused (pruned)")
+    elif leaf.declared == "auto":
+        notes.append("chosen")
+    if leaf.donated:
+        notes.append("donated")
+    if leaf.local_shape is not None:
+        notes.append(f"local {dims_str(leaf.local_shape)}")
+    return notes
