@@ -175,8 +175,8 @@ def test_indivisible_dimension_and_rank_are_caught_before_lowering(tmp_path):
         """)
     assert info.value.issues == [
         "spec.yaml:7:13: a/x: dimension 0 of size 6 is not divisible by 4, the size of mesh axis 'model'",
-        "spec.yaml:8:7: b: sharding P('data', 'model') has 2 entries, but the array has rank 1 (shape [4])",
-        "spec.yaml:9:7: c: dimension 1 of size 12 is not divisible by 8, the size of mesh axis 'data' × 'model' (2 × 4)",
+        "spec.yaml:8:9: b: sharding P('data', 'model') has 2 entries, but the array has rank 1 (shape [4])",
+        "spec.yaml:9:9: c: dimension 1 of size 12 is not divisible by 8, the size of mesh axis 'data' × 'model' (2 × 4)",
     ]
     assert "for scalars write 'replicated'" in check_fits((), Sharding("spec", ("data",)), {"data": 2})
 
