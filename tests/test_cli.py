@@ -336,6 +336,7 @@ def test_bad_platform(run_cli, project):
 @pytest.mark.xfail(strict=True, reason="cli.main does `import click`, but this typer vendors click as typer._click: "
                    "a bad option raises ModuleNotFoundError instead of exiting 2")
 def test_bad_option_exits_2(run_cli):
+    assert run_cli().code == 2                  # no arguments: help on stderr, exit 2 (click's NoArgsIsHelpError)
     r = run_cli("shardings", "--no-such-option")
     assert r.code == 2 and "No such option" in r.stderr
 
@@ -376,3 +377,89 @@ def test_bytes_per_device_caption(run_cli, project):
     r = run_cli("shardings", target(project, "other"), check=0)
     # f32[8,4] on [data, model]: 8*4*4 bytes over 8 devices.
     assert f"{math.prod([8, 4]) * 4 // 8} B" in r.stdout
+
+
+# ---- fresh processes: what only a new interpreter shows ---------------------------------------
+
+from helpers import REPO, run_subprocess  # noqa: E402
+
+
+def test_help_and_version_do_not_import_jax():
+    code = (
+        "import sys\n"
+        "from stagetool.cli import main\n"
+        "assert main(['--help']) == 0\n"
+        "assert main(['shardings', '--help']) == 0\n"
+        "assert main(['--version']) == 0\n"
+        "print('JAX' if 'jax' in sys.modules or 'jaxlib' in sys.modules else 'NOJAX')\n"
+    )
+    import subprocess
+    import sys
+
+    env = {"PYTHONPATH": str(REPO), "COLUMNS": "200", "NO_COLOR": "1", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip().endswith("NOJAX")
+    assert "Usage: stagetool" in proc.stdout and "shardings" in proc.stdout
+    from stagetool import __version__
+
+    r = run_subprocess("--version")
+    assert (r.code, r.stdout, r.stderr) == (0, f"stagetool {__version__}\n", "")
+
+
+def test_fresh_process_provisions_the_cpu_devices_the_mesh_needs():
+    # 16 host devices: more than conftest's 8, so only a fresh process can show it.
+    r = run_subprocess("shardings", "examples/mlp.py:train_step", "--mesh", "4x4", "--format", "json")
+    assert r.code == 0, r.stderr
+    f = json.loads(r.stdout)["functions"][0]
+    assert f["mesh"]["device_count"] == 16 and f["mesh"]["axes"] == [["data", 4], ["model", 4]]
+    x = leaves_by_path(json.loads(r.stdout))["batch/x"]
+    assert x["shard_shape"] == [128 // 4, 512]
+    r = run_subprocess("devices", "--mesh", "data=2,model=4", "--format", "json")
+    assert r.code == 0 and json.loads(r.stdout)["device_count"] == 8
+
+
+def test_exit_codes_in_a_fresh_process(tmp_path):
+    write(tmp_path, "m.py", "def f(x, w):\n    return x @ w\n")
+    write(tmp_path, "m.stagetool.yaml", "functions: {f: {target: m.py:f, args: ['f32[8,3]', 'f32[4,5]']}}\n")
+    r = run_subprocess("shardings", f"{tmp_path}/m.py:f")
+    assert r.code == 3 and r.stdout == "" and "Traceback" not in r.stderr
+    assert f"at {tmp_path / 'm.py'}:2 in f" in r.stderr
+    r = run_subprocess("shardings", f"{tmp_path}/m.py:g")
+    assert r.code == 2 and r.stdout == "" and "Traceback" not in r.stderr and "does not describe" in r.stderr
+    r = run_subprocess("lower", f"{tmp_path}/m.py:f", "--format", "json", "-o", tmp_path / "out.json")
+    # The trace fails, so the output file is never created.
+    assert r.code == 3 and not (tmp_path / "out.json").exists()
+
+
+def test_colour_on_a_terminal_only():
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    def on_tty(extra_env):
+        main, secondary = pty.openpty()
+        env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+        env.update({"PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "TERM": "xterm-256color", "COLUMNS": "120"})
+        env.update(extra_env)
+        proc = subprocess.Popen([sys.executable, "-m", "stagetool", "devices"], stdout=secondary, stderr=subprocess.DEVNULL,
+                                env=env, cwd=REPO)
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                data = os.read(main, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        proc.wait(timeout=60)
+        os.close(main)
+        return proc.returncode, b"".join(chunks).decode()
+
+    code, out = on_tty({})
+    assert code == 0 and "\x1b[" in out and "platform" in out
+    code, out = on_tty({"NO_COLOR": "1"})
+    assert code == 0 and "\x1b[" not in out and "platform" in out
