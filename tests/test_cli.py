@@ -463,3 +463,38 @@ def test_colour_on_a_terminal_only():
     assert code == 0 and "\x1b[" in out and "platform" in out
     code, out = on_tty({"NO_COLOR": "1"})
     assert code == 0 and "\x1b[" not in out and "platform" in out
+
+
+def test_spec_avals_local_jitted_target_and_keyword_donation(run_cli, tmp_path):
+    write(tmp_path, "j.py", """
+        import functools, jax
+
+        @functools.partial(jax.jit, donate_argnums=(0,), static_argnames=("k",))
+        def jitted(x, k):
+            return x * k
+
+        def kw(x, *, acc):
+            return acc + x
+    """)
+    write(tmp_path, "j.stagetool.yaml", """
+        mesh: {axes: {data: 2, model: 4}}
+        avals: local
+        platform: cpu
+        functions:
+          jitted: {target: j.py:jitted, args: ['f32[8,4] @ [data, null]'], static: {k: 3}}
+          kw:
+            target: j.py:kw
+            args: ['f32[8,4] @ [data, model]']
+            kwargs: {acc: 'f32[8,4] @ [data, model]'}
+            donate: [acc]
+    """)
+    doc = run_cli("shardings", "--spec", tmp_path / "j.stagetool.yaml", "--processes", "2", "--format", "json",
+                  check=0).json()
+    jitted, kw = doc["functions"]
+    (x,) = jitted["inputs"]
+    assert x["donated"]                                      # the target's own donate_argnums
+    assert x["local_shape"] == [8, 4] and x["shape"] == [16, 4]
+    assert jitted["mesh"]["process_count"] == 2
+    ins = {leaf["path"]: leaf for leaf in kw["inputs"]}
+    assert ins["acc"]["donated"] and not ins["x"]["donated"]
+    assert ins["acc"]["shape"] == [16, 4] and ins["acc"]["shard_shape"] == [8, 1]
