@@ -8,7 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import EXAMPLES, isolated_imports, leaves_by_path, run_cli, write  # noqa: F401
+from helpers import REPO, leaves_by_path, run_subprocess, write
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -127,7 +127,7 @@ def test_shardings_json_document(run_cli, project):
     u = jax.ShapeDtypeStruct((4,), jnp.float32, sharding=NamedSharding(mesh, P()))
     with jax.set_mesh(mesh):
         compiled = jax.jit(model.step, donate_argnums=0).trace(params, x, u).lower().compile()
-    params_s, x_s, u_s = compiled.input_shardings[0]
+    params_s, _, u_s = compiled.input_shardings[0]
     assert b["compiled"] == _p(params_s["b"].spec, 1)
     assert u_s is None
 
@@ -380,9 +380,6 @@ def test_bytes_per_device_caption(run_cli, project):
 
 
 # ---- fresh processes: what only a new interpreter shows ---------------------------------------
-
-from helpers import REPO, run_subprocess  # noqa: E402
-
 
 def test_help_and_version_do_not_import_jax():
     code = (

@@ -15,7 +15,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import EXAMPLES, REPO, isolated_imports, leaves_by_path, run_cli  # noqa: F401
+from helpers import EXAMPLES, REPO, leaves_by_path
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import isolated_imports, write  # noqa: F401
+from helpers import write
 
 from stagetool.errors import TargetError
 from stagetool.lowering.target import load_target, split_target, user_frame
