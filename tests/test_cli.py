@@ -495,3 +495,24 @@ def test_spec_avals_local_jitted_target_and_keyword_donation(run_cli, tmp_path):
     ins = {leaf["path"]: leaf for leaf in kw["inputs"]}
     assert ins["acc"]["donated"] and not ins["x"]["donated"]
     assert ins["acc"]["shape"] == [16, 4] and ins["acc"]["shard_shape"] == [8, 1]
+
+
+def test_prng_key_leaves_count_their_key_bytes(run_cli, tmp_path):
+    write(tmp_path, "k.py", "import jax\n\ndef f(k, x):\n    return jax.random.uniform(k[0], x.shape) + x\n")
+    write(tmp_path, "k.stagetool.yaml", """
+        mesh: {axes: {data: 2, model: 4}}
+        functions:
+          f: {target: k.py:f, args: ['key<fry>[4] @ [data]', 'f32[8] @ [data]']}
+    """)
+    doc = run_cli("shardings", f"{tmp_path}/k.py:f", "--format", "json", check=0).json()
+    k = leaves_by_path(doc)["k"]
+    # A threefry key is two uint32 words: JAX's key dtype itemsize.
+    itemsize = jax.eval_shape(lambda: jax.random.key(0)).dtype.itemsize
+    assert itemsize == 8
+    assert (k["dtype"], k["shard_shape"], k["bytes_global"], k["bytes_per_device"]) == ("key<fry>", [2], 4 * itemsize,
+                                                                                        2 * itemsize)
+
+
+def test_unknown_backend_is_a_usage_error(run_cli):
+    err = one_error(run_cli("devices", "--platform", "gpu"))
+    assert "--platform gpu: no such backend here" in err and "hint:" in err
