@@ -381,6 +381,7 @@ def test_bytes_per_device_caption(run_cli, project):
 
 # ---- fresh processes: what only a new interpreter shows ---------------------------------------
 
+@pytest.mark.slow
 def test_help_and_version_do_not_import_jax():
     code = (
         "import sys\n"
@@ -404,6 +405,7 @@ def test_help_and_version_do_not_import_jax():
     assert (r.code, r.stdout, r.stderr) == (0, f"stagetool {__version__}\n", "")
 
 
+@pytest.mark.slow
 def test_fresh_process_provisions_the_cpu_devices_the_mesh_needs():
     # 16 host devices: more than conftest's 8, so only a fresh process can show it.
     r = run_subprocess("shardings", "examples/mlp.py:train_step", "--mesh", "4x4", "--format", "json")
@@ -416,6 +418,7 @@ def test_fresh_process_provisions_the_cpu_devices_the_mesh_needs():
     assert r.code == 0 and json.loads(r.stdout)["device_count"] == 8
 
 
+@pytest.mark.slow
 def test_exit_codes_in_a_fresh_process(tmp_path):
     write(tmp_path, "m.py", "def f(x, w):\n    return x @ w\n")
     write(tmp_path, "m.stagetool.yaml", "functions: {f: {target: m.py:f, args: ['f32[8,3]', 'f32[4,5]']}}\n")
@@ -429,6 +432,7 @@ def test_exit_codes_in_a_fresh_process(tmp_path):
     assert r.code == 3 and not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.slow
 def test_colour_on_a_terminal_only():
     import os
     import pty

@@ -78,6 +78,7 @@ def rule(path: str):
     return P()
 
 
+@pytest.mark.slow
 def test_transformer_shardings_match_jax(run_cli):
     r = run_cli("shardings", "examples/transformer.py:train_step", "--mesh", "2x4", "--format", "json", check=0)
     doc = r.json()
