@@ -263,6 +263,13 @@ def test_single_errors(body, expected):
     assert any(expected in i for i in issues), issues
 
 
+def test_out_sharding_naming_an_unknown_axis_points_at_itself():
+    issues = issues_of(MESH + "functions:\n  f:\n    target: m.py:f\n"
+                       "    out_shardings: {a: [data], b: [null, modl]}\n")
+    assert issues == ["s.yaml:6:35: functions.f.out_shardings.b: sharding P(None, 'modl') names mesh axis "
+                      "'modl', but the mesh has 'data', 'model' (did you mean 'model'?)"]
+
+
 def test_rule_naming_an_unknown_axis_points_at_the_rule():
     issues = issues_of(MESH + "functions:\n  f:\n    target: m.py:f\n    args:\n"
                        "      - init: m.py:i\n        rules:\n          - ['.*', [modl]]\n")
