@@ -437,6 +437,7 @@ class _Parser:
     def __init__(self, file: str, base_dir: Path):
         self.issues = _Issues(file)
         self.base_dir = base_dir
+        self.out_locs: dict[str, Loc] = {}  # out_shardings key path -> where that sharding is written
 
     # A pytree of leaves ------------------------------------------------------------------------
     def tree(self, node: yaml.Node, path: str) -> Any:
@@ -636,6 +637,7 @@ class _Parser:
                             self.issues.loc(key_node), self.base_dir)
 
     def out_tree(self, node: yaml.Node, path: str) -> Any:
+        self.out_locs[path] = self.issues.loc(node)
         value = _plain(node)
         if value is None or isinstance(value, str):
             if value in (None, "auto"):
@@ -834,7 +836,7 @@ def _validate_axes(parser: _Parser, mesh: MeshSpec, functions: dict[str, Functio
         if f.out_shardings is not None:
             def walk_out(t: Any, path: str) -> None:
                 if isinstance(t, Sharding):
-                    check(t, f.loc or Loc("<spec>", 1, 1), path)
+                    check(t, parser.out_locs.get(path) or f.loc or Loc("<spec>", 1, 1), path)
                 elif isinstance(t, (list, tuple)):
                     for i, x in enumerate(t):
                         walk_out(x, f"{path}[{i}]")

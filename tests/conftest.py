@@ -9,3 +9,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+# CLI and import-isolation fixtures shared by the foundation tests (defined in tests/helpers.py).
+from helpers import isolated_imports, run_cli  # noqa: E402, F401

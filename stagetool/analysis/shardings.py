@@ -67,7 +67,9 @@ def input_leaves(inputs: AbstractInputs, compiled: Any) -> tuple[LeafReport, ...
 
     An input whose compiled sharding is None was pruned by the compiler (the function does not use
     it): it is reported as unused, with no compiled sharding and no parameter number. The others
-    are numbered in order as the compiled module's entry parameters.
+    are numbered in order as the compiled module's entry parameters. ``donated`` is true when the
+    spec donates the leaf or ``compiled.args_info`` says JAX donates it (a target jitted with its own
+    ``donate_argnums``).
     """
     import jax
 
@@ -76,22 +78,29 @@ def input_leaves(inputs: AbstractInputs, compiled: Any) -> tuple[LeafReport, ...
         raise AssertionError(f"{len(flat)} compiled input shardings for {len(inputs.leaves)} input leaves")
     structs = [x for x in jax.tree_util.tree_leaves((inputs.args, {k: v for k, v in inputs.kwargs.items()
                                                                    if k not in inputs.static_argnames}))]
+    # Donation as JAX will apply it (``Compiled.args_info``): a target that is already jitted with its
+    # own donate_argnums donates although the spec says nothing.
+    infos = jax.tree_util.tree_leaves(getattr(compiled, "args_info", None),
+                                      is_leaf=lambda x: hasattr(x, "donated"))
+    if len(infos) != len(inputs.leaves):
+        infos = [None] * len(inputs.leaves)
     out = []
     parameter = 0
     formats = _formats(compiled.input_formats, len(flat))
-    for leaf, sharding, struct, fmt in zip(inputs.leaves, flat, structs, formats):
+    for leaf, sharding, struct, info, fmt in zip(inputs.leaves, flat, structs, infos, formats):
+        donated = leaf.donated or bool(getattr(info, "donated", False))
         rank = len(leaf.shape)
         size = _itemsize(struct.dtype)
         total = math.prod(leaf.shape) * size
         if sharding is None:
             out.append(LeafReport(leaf.path, leaf.shape, leaf.dtype, declared_text(leaf.declared, rank), None,
                                   leaf.declared.kind == "auto", None, total, None, unused=True,
-                                  donated=leaf.donated, local_shape=leaf.local_shape, source=leaf.source))
+                                  donated=donated, local_shape=leaf.local_shape, source=leaf.source))
             continue
         shard = tuple(sharding.shard_shape(leaf.shape))
         out.append(LeafReport(leaf.path, leaf.shape, leaf.dtype, declared_text(leaf.declared, rank),
                               sharding_text(sharding, rank), leaf.declared.kind == "auto", shard, total,
-                              math.prod(shard) * size, donated=leaf.donated, local_shape=leaf.local_shape,
+                              math.prod(shard) * size, donated=donated, local_shape=leaf.local_shape,
                               source=leaf.source, parameter=parameter,
                               padded_bytes_per_device=_padded(shard, struct.dtype, fmt)))
         parameter += 1

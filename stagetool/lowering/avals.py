@@ -115,7 +115,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
             issues.append(f"{source}: {path}: {problem}")
         dtype = _jax_dtype(leaf.dtype)
         named = None
-        if sharding.kind != "auto":
+        if sharding.kind != "auto" and not problem:  # a bad sharding is reported, not handed to JAX
             named = NamedSharding(setup.mesh, PartitionSpec(*sharding.dims))
         struct = jax.ShapeDtypeStruct(shape, dtype, sharding=named)
         by_id[id(struct)] = InputLeaf(path, shape, local_shape, leaf.dtype, sharding,

@@ -1,0 +1,106 @@
+"""Shared test helpers: run the CLI in-process or in a fresh process, and keep user imports from leaking.
+
+Import from a test module as ``from helpers import ...`` (pytest puts ``tests/`` on ``sys.path``).
+The fixtures here are re-exported by importing them into the test module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+#: The environment every CLI run sees: fixed width, no colour.
+CLI_ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """What one CLI run produced: exit code, stdout and stderr, kept apart."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def isolated_imports():
+    """Restore ``sys.path`` and drop modules imported from folders the test added to it.
+
+    stagetool puts a target file's folder on ``sys.path`` and imports it (like pytest); without
+    this, a ``model.py`` from one test's ``tmp_path`` would shadow another's.
+    """
+    path_before = list(sys.path)
+    modules_before = set(sys.modules)
+    yield
+    added = [p for p in sys.path if p not in path_before]
+    sys.path[:] = path_before
+    for name in set(sys.modules) - modules_before:
+        mod = sys.modules.get(name)
+        file = getattr(mod, "__file__", None) or ""
+        if any(file.startswith(str(Path(p).resolve())) or file.startswith(p) for p in added if p):
+            del sys.modules[name]
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch, isolated_imports):
+    """``run_cli(*args, check=None) -> Result``: ``stagetool.cli.main`` in this process.
+
+    Rich's width and colour are fixed through ``COLUMNS``/``NO_COLOR``. With ``check`` the exit
+    code is asserted, and the output is shown on failure.
+    """
+    for k, v in CLI_ENV.items():
+        monkeypatch.setenv(k, v)
+
+    def run(*args: str, check: int | None = None) -> Result:
+        from stagetool.cli import main
+
+        capsys.readouterr()  # drop anything printed before
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        result = Result(code, out, err)
+        if check is not None:
+            assert code == check, f"exit {code} != {check}\nstdout:\n{out}\nstderr:\n{err}"
+        return result
+
+    return run
+
+
+def run_subprocess(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120,
+                   python_args: tuple[str, ...] = ()) -> Result:
+    """``python -m stagetool ARGS`` in a fresh process (no conftest: JAX starts as a user's would)."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    full_env.update(CLI_ENV)
+    full_env["PYTHONPATH"] = str(REPO)
+    full_env.setdefault("JAX_PLATFORMS", "cpu")
+    if env:
+        full_env.update(env)
+    proc = subprocess.run([sys.executable, *python_args, "-m", "stagetool", *map(str, args)],
+                          capture_output=True, text=True, env=full_env, cwd=str(cwd or REPO), timeout=timeout)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    """Write dedented ``text`` to ``folder/name`` and return the path."""
+    p = folder / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(textwrap.dedent(text).lstrip("\n"))
+    return p
+
+
+def leaves_by_path(doc: dict, key: str = "inputs", function: int = 0) -> dict[str, dict]:
+    """``{path: leaf}`` of a JSON report's inputs or outputs."""
+    return {leaf["path"]: leaf for leaf in doc["functions"][function][key]}

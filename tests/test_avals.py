@@ -1,0 +1,361 @@
+"""Abstract inputs and staging: ShapeDtypeStructs on the mesh, auto leaves, rules, local avals,
+early shape errors, jitted targets, the ambient mesh — each checked against JAX called directly."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import write
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from stagetool.analysis.shardings import input_leaves, output_leaves
+from stagetool.errors import SpecError, StagingError
+from stagetool.lowering.avals import build_inputs, check_fits
+from stagetool.lowering.devices import local_mesh_sizes, provision
+from stagetool.lowering.stages import jit_function, stage
+from stagetool.lowering.target import load_target
+from stagetool.spec import MeshSpec, Sharding, parse_spec
+
+pytestmark = pytest.mark.usefixtures("isolated_imports")
+
+MESH = MeshSpec((("data", 2), ("model", 4)))
+
+
+def prepare(tmp_path, source: str, functions: str, *, mesh: MeshSpec = MESH, avals: str = "global",
+            processes: int | None = None, name: str = "f"):
+    """Write model.py and a spec; return (fspec, target, setup, inputs)."""
+    write(tmp_path, "model.py", source)
+    axes = ", ".join(f"{n}: {s}" for n, s in mesh.axes)
+    text = f"version: 1\nmesh: {{axes: {{{axes}}}}}\nfunctions:\n" + textwrap.indent(
+        textwrap.dedent(functions).lstrip("\n"), "  ")
+    spec = parse_spec(text, file="spec.yaml", base_dir=tmp_path)
+    fspec = spec.functions[name]
+    target = load_target(fspec.target, base_dir=tmp_path)
+    setup = provision(mesh, processes=processes)
+    inputs = build_inputs(fspec, target.fn, setup, mesh, avals=avals)
+    return fspec, target, setup, inputs
+
+
+def run_stages(fspec, target, setup, inputs, until="compile"):
+    jitted = jit_function(target, fspec, inputs, setup.mesh)
+    return stage(jitted, inputs, setup.mesh, name=fspec.name, user_files=[target.module_file], until=until)
+
+
+MATMUL = """
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+def f(x, w, unused, scale=1.0):
+    return jax.lax.with_sharding_constraint(x @ w, P(None, "model")) * scale
+"""
+
+
+def test_leaves_become_named_shardings_and_auto_is_the_partitioners(tmp_path):
+    fspec, target, setup, inputs = prepare(tmp_path, MATMUL, """
+        f:
+          target: model.py:f
+          args: ['f32[16,32] @ [data, null]', 'f32[32,64] @ auto', 'bf16[8]']
+          kwargs: {scale: 'f32[]'}
+    """)
+    x, w, unused = inputs.args
+    assert x.shape == (16, 32) and x.sharding == NamedSharding(setup.mesh, P("data", None))
+    assert w.sharding is None                     # auto: no sharding, the partitioner decides
+    assert unused.dtype == jnp.bfloat16 and unused.sharding.spec == P()    # no '@': replicated
+    assert inputs.kwargs["scale"].shape == ()
+    assert [leaf.path for leaf in inputs.leaves] == ["x", "w", "unused", "scale"]
+    staged = run_stages(fspec, target, setup, inputs)
+
+    # The same function through JAX directly, on the same mesh and structs.
+    mesh = setup.mesh
+    with jax.set_mesh(mesh):
+        direct = jax.jit(target.fn).trace(
+            jax.ShapeDtypeStruct((16, 32), jnp.float32, sharding=NamedSharding(mesh, P("data", None))),
+            jax.ShapeDtypeStruct((32, 64), jnp.float32),
+            jax.ShapeDtypeStruct((8,), jnp.bfloat16, sharding=NamedSharding(mesh, P())),
+            scale=jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(mesh, P()))).lower().compile()
+    ours = jax.tree_util.tree_leaves(staged.compiled.input_shardings, is_leaf=lambda s: s is None)
+    theirs = jax.tree_util.tree_leaves(direct.input_shardings, is_leaf=lambda s: s is None)
+    assert [None if s is None else s.spec for s in ours] == [None if s is None else s.spec for s in theirs]
+    assert theirs[1].spec == P(None, "model")     # the partitioner's choice after the constraint
+    assert theirs[2] is None                      # `unused` was pruned
+
+    report = {leaf.path: leaf for leaf in input_leaves(inputs, staged.compiled)}
+    assert report["w"].declared == "auto" and report["w"].compiled == "P(None, 'model')"
+    assert report["w"].chosen_by_partitioner and report["w"].shard_shape == (32, 16)
+    assert report["w"].bytes_per_device == 32 * 64 // 4 * 4
+    assert report["x"].shard_shape == (8, 32) and report["x"].bytes_per_device == 16 * 32 * 4 // 2
+    assert report["x"].bytes_global == 16 * 32 * 4
+    assert report["unused"].unused and report["unused"].compiled is None and report["unused"].parameter is None
+    assert [report[p].parameter for p in ("x", "w", "scale")] == [0, 1, 2]
+    out = output_leaves(staged.traced, staged.compiled, fspec.out_shardings)
+    assert [(o.path, o.shape, o.compiled) for o in out] == [("out", (16, 64), "P(None, 'model')")]
+    assert out[0].bytes_per_device == 16 * 64 * 4 // 4
+
+
+def test_ambient_mesh_lets_bare_partition_specs_work(tmp_path):
+    # Without jax.set_mesh, a bare P in with_sharding_constraint has no mesh to refer to.
+    fspec, target, setup, inputs = prepare(tmp_path, MATMUL, """
+        f: {target: model.py:f, args: ['f32[16,32]', 'f32[32,64]', 'f32[1]']}
+    """)
+    with pytest.raises(RuntimeError, match="requires a non-empty mesh in context"):
+        jax.jit(target.fn).trace(*inputs.args).lower()
+    staged = run_stages(fspec, target, setup, inputs)
+    assert staged.compiled.output_shardings.spec == P(None, "model")
+
+
+def test_rules_first_match_wins_and_shard_shapes(tmp_path):
+    source = """
+    import jax, jax.numpy as jnp
+
+    def init(key, d):
+        return {"layer": {"w": jnp.zeros((d, 2 * d)), "b": jnp.zeros((2 * d,))}, "out": {"w": jnp.zeros((2 * d, d))},
+                "step": jnp.zeros((), jnp.int32)}
+
+    def f(params):
+        return jax.tree.map(lambda p: p + 1, params)
+    """
+    fspec, target, setup, inputs = prepare(tmp_path, source, """
+        f:
+          target: model.py:f
+          args:
+            - init: model.py:init
+              init_args: [key(0), 8]
+              rules:
+                - ['layer/w$', [data, model]]
+                - ['/w$', [model, null]]      # also matches layer/w, but the first rule won
+                - ['/b$', [[data, model]]]
+                - ['.*', replicated]
+    """)
+    params = inputs.args[0]
+    assert params["layer"]["w"].sharding.spec == P("data", "model")
+    assert params["out"]["w"].sharding.spec == P("model", None)
+    assert params["layer"]["b"].sharding.spec == P(("data", "model"))
+    assert params["step"].sharding.spec == P() and params["step"].dtype == jnp.int32
+    by_path = {leaf.path: leaf for leaf in inputs.leaves}
+    assert by_path["params/layer/w"].source == "spec.yaml:10:13"     # the rule that matched
+    staged = run_stages(fspec, target, setup, inputs)
+    report = {leaf.path: leaf for leaf in input_leaves(inputs, staged.compiled)}
+    assert report["params/layer/w"].shard_shape == (8 // 2, 16 // 4)
+    assert report["params/layer/b"].shard_shape == (16 // 8,)
+    assert report["params/out/w"].shard_shape == (16 // 4, 8)
+    assert report["params/layer/b"].bytes_per_device == 2 * 4
+
+
+def test_a_leaf_no_rule_matches_is_an_error(tmp_path):
+    source = "import jax.numpy as jnp\n\ndef init():\n    return {'w': jnp.zeros((4, 4)), 'b': jnp.zeros(4)}\n\ndef f(p):\n    return p\n"
+    with pytest.raises(SpecError) as info:
+        prepare(tmp_path, source, """
+            f:
+              target: model.py:f
+              args:
+                - init: model.py:init
+                  rules: [['/w$', replicated]]
+        """)
+    assert info.value.issues == [
+        "spec.yaml:7:9: functions.f.args[0].rules: no rule matches leaf 'p/b' (float32[4]); "
+        "add a rule such as ['.*', replicated] at the end"]
+
+
+def test_indivisible_dimension_and_rank_are_caught_before_lowering(tmp_path):
+    with pytest.raises(SpecError) as info:
+        prepare(tmp_path, "def f(a, b, c):\n    return a\n", """
+            f:
+              target: model.py:f
+              args:
+                - {x: 'f32[6,8] @ [model, null]'}
+                - 'f32[4] @ [data, model]'
+                - 'f32[6,12] @ [null, [data, model]]'
+        """)
+    assert info.value.issues == [
+        "spec.yaml:7:13: a/x: dimension 0 of size 6 is not divisible by 4, the size of mesh axis 'model'",
+        "spec.yaml:8:9: b: sharding P('data', 'model') has 2 entries, but the array has rank 1 (shape [4])",
+        "spec.yaml:9:9: c: dimension 1 of size 12 is not divisible by 8, the size of mesh axis 'data' × 'model' (2 × 4)",
+    ]
+    assert "for scalars write 'replicated'" in check_fits((), Sharding("spec", ("data",)), {"data": 2})
+
+
+def test_check_fits_agrees_with_jax():
+    # Every case check_fits accepts, JAX accepts too, and vice versa (shard_shape raises otherwise).
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    sizes = {"data": 2, "model": 4}
+    for shape in [(6, 8), (8, 6), (2, 12), (16,), (4, 4)]:
+        for dims in [("data",), ("model", None), (None, "model"), (("data", "model"),), (None, ("model", "data"))]:
+            if len(dims) > len(shape):
+                continue
+            ours = check_fits(shape, Sharding("spec", dims), sizes) is None
+            try:
+                NamedSharding(mesh, P(*dims)).shard_shape(shape)
+                theirs = True
+            except ValueError:
+                theirs = False
+            assert ours == theirs, (shape, dims)
+
+
+def test_python_scalars_keys_and_static_objects(tmp_path):
+    source = """
+    import dataclasses, jax
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        width: int
+        depth: int = 1
+
+    def f(x, n, key, *, cfg, train):
+        assert isinstance(cfg, Config) and cfg.width == 8 and train is True
+        return x * n + jax.random.uniform(key, x.shape) * cfg.depth
+    """
+    fspec, target, setup, inputs = prepare(tmp_path, source, """
+        f:
+          target: model.py:f
+          args: ['f32[8]', 3, 'key<fry>[]']
+          static: {cfg: {call: model.py:Config, args: [8], kwargs: {depth: 2}}, train: true}
+    """)
+    n = inputs.args[1]
+    assert n.shape == () and n.dtype == jnp.int32 and n.weak_type
+    key = inputs.args[2]
+    assert jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    assert inputs.static_argnames == ("cfg", "train")
+    assert inputs.kwargs["cfg"].width == 8 and inputs.kwargs["cfg"].depth == 2
+    staged = run_stages(fspec, target, setup, inputs, until="lower")
+    assert staged.compiled is None and staged.timings.compile_s is None and staged.timings.lower_s > 0
+
+
+def test_concrete_key_as_function_argument_is_an_error(tmp_path):
+    with pytest.raises(SpecError, match=r"key\(0\) is a concrete key for init_args"):
+        prepare(tmp_path, "def f(k):\n    return k\n", "f: {target: model.py:f, args: [key(0)]}")
+
+
+def test_local_avals_follow_the_process_blocks(tmp_path):
+    source = "def f(batch, w):\n    return batch['x'] @ w\n"
+    fspec, target, setup, inputs = prepare(tmp_path, source, """
+        f:
+          target: model.py:f
+          args:
+            - {x: 'f32[8,16] @ [data, null]', y: 'f32[8,16] @ [model, null]', z: 'f32[8,16] @ [[data, model], null]'}
+            - 'f32[16,32] @ [null, model]'
+    """, avals="local", processes=2)
+    # Two processes over a 2x4 mesh in device order: process p holds the row data=p, all of model.
+    grid = np.array(setup.process_of_device).reshape(2, 4)
+    assert grid.tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]]
+    assert local_mesh_sizes(MESH, setup.process_of_device) == {"data": 1, "model": 4}
+
+    # multihost_utils semantics: a host-local dim grows by the number of process blocks along the
+    # mesh axes that shard it; count them from the process grid independently.
+    def blocks(axes):
+        per_axis = {"data": len(set(grid[:, 0])), "model": len(set(grid[0, :]))}
+        return math.prod(per_axis[a] for a in axes)
+
+    by_path = {leaf.path: leaf for leaf in inputs.leaves}
+    assert by_path["batch/x"].shape == (8 * blocks(["data"]), 16) == (16, 16)       # doubles
+    assert by_path["batch/y"].shape == (8 * blocks(["model"]), 16) == (8, 16)       # stays
+    assert by_path["batch/z"].shape == (8 * blocks(["data", "model"]), 16) == (16, 16)
+    assert by_path["w"].shape == (16, 32) and by_path["w"].local_shape == (16, 32)
+    assert by_path["batch/x"].local_shape == (8, 16)
+    assert inputs.args[0]["x"].shape == (16, 16)
+    # Each process's share of the global array is its local shape: global shard × devices it holds
+    # along the axis.
+    staged = run_stages(fspec, target, setup, inputs)
+    x = staged.compiled.input_shardings[0][0]["x"]
+    assert x.shard_shape((16, 16))[0] * 1 == 8
+
+
+def test_process_count_must_divide_the_devices():
+    from stagetool.errors import UsageError
+
+    with pytest.raises(UsageError, match="--processes 3 must divide the mesh's 8 devices"):
+        provision(MESH, processes=3)
+
+
+def test_too_few_devices_is_a_usage_error():
+    from stagetool.errors import UsageError
+
+    with pytest.raises(UsageError) as info:
+        provision(MeshSpec((("data", 4), ("model", 4))))
+    assert info.value.message == "the mesh data=4×model=4 needs 16 devices, but platform cpu has 8"
+    assert "fresh process" in info.value.hint
+
+
+def test_explicit_axis_types(tmp_path):
+    setup = provision(MeshSpec((("data", 2), ("model", 4)), "explicit"))
+    assert setup.mesh.axis_types == (jax.sharding.AxisType.Explicit,) * 2
+    assert provision(MESH).mesh.axis_types == (jax.sharding.AxisType.Auto,) * 2
+
+
+def test_already_jitted_target_keeps_its_own_options(tmp_path):
+    source = """
+    import functools, jax
+
+    @functools.partial(jax.jit, static_argnames=("n",), donate_argnums=(0,))
+    def f(x, y, n):
+        return x * n + y
+    """
+    fspec, target, setup, inputs = prepare(tmp_path, source, """
+        f: {target: model.py:f, args: ['f32[8,4] @ [data, null]', 'f32[8,4] @ [data, null]'], static: {n: 3}}
+    """)
+    jitted = jit_function(target, fspec, inputs, setup.mesh)
+    assert jitted is target.fn
+    staged = run_stages(fspec, target, setup, inputs)
+    args_info = staged.compiled.args_info[0]
+    assert [a.donated for a in args_info] == [True, False]
+    report = {leaf.path: leaf for leaf in input_leaves(inputs, staged.compiled)}
+    assert report["x"].donated and not report["y"].donated
+
+
+def test_trace_failure_is_a_staging_error_with_the_users_line(tmp_path):
+    source = "import jax.numpy as jnp\n\ndef f(x, w):\n    y = x @ w\n    return y\n"
+    fspec, target, setup, inputs = prepare(tmp_path, source, "f: {target: model.py:f, args: ['f32[8,3]', 'f32[4,5]']}")
+    with pytest.raises(StagingError) as info:
+        run_stages(fspec, target, setup, inputs)
+    e = info.value
+    assert e.stage == "trace" and e.exit_code == 3
+    assert "dot_general requires contracting dimensions to have the same shape" in e.message
+    assert e.user_frame.startswith(f"{tmp_path / 'model.py'}:4 in f")
+
+
+def test_compile_failure_is_a_staging_error(tmp_path):
+    source = """
+    import jax
+
+    def f(x):
+        return jax.ffi.ffi_call("stagetool_test_no_such_handler", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+    """
+    fspec, target, setup, inputs = prepare(tmp_path, source, "f: {target: model.py:f, args: ['f32[8]']}")
+    staged = run_stages(fspec, target, setup, inputs, until="lower")      # lowering is fine
+    assert staged.lowered is not None
+    with pytest.raises(StagingError) as info:
+        run_stages(fspec, target, setup, inputs)
+    assert info.value.stage == "compile"
+    assert "No FFI handler registered for stagetool_test_no_such_handler" in info.value.message
+
+
+def test_init_failure_is_a_staging_error(tmp_path):
+    source = "import jax.numpy as jnp\n\ndef init(d):\n    return {'w': jnp.zeros((d, d)) @ jnp.zeros((d + 1, d))}\n\ndef f(p):\n    return p\n"
+    with pytest.raises(StagingError) as info:
+        prepare(tmp_path, source, "f: {target: model.py:f, args: [{init: model.py:init, init_args: [4]}]}")
+    assert info.value.stage == "init" and info.value.user_frame.startswith(f"{tmp_path / 'model.py'}:4 in init")
+
+
+def test_donation_and_out_shardings_from_the_spec(tmp_path):
+    source = "def f(a, b):\n    return {'s': a + b, 't': a * b}\n"
+    fspec, target, setup, inputs = prepare(tmp_path, source, """
+        f:
+          target: model.py:f
+          args: ['f32[8,8] @ [data, null]', 'f32[8,8] @ [data, null]']
+          donate: [1]
+          out_shardings: {s: [data, null], t: replicated}
+    """)
+    staged = run_stages(fspec, target, setup, inputs)
+    assert [a.donated for a in staged.compiled.args_info[0]] == [False, True]
+    outs = staged.compiled.output_shardings
+    assert outs["s"].spec == P("data", None) and outs["t"].spec == P()
+    report = {o.path: o for o in output_leaves(staged.traced, staged.compiled, fspec.out_shardings)}
+    assert report["out/s"].declared == "P('data', None)" and report["out/s"].compiled == "P('data', None)"
+    assert report["out/t"].declared == "P(None, None)" and not report["out/t"].chosen_by_partitioner
+    assert report["out/s"].shard_shape == (4, 8)

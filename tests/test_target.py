@@ -1,0 +1,147 @@
+"""Target loading: file paths, module names, attribute paths, import like pytest, clear errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import write
+
+from stagetool.errors import TargetError
+from stagetool.lowering.target import load_target, split_target, user_frame
+
+pytestmark = pytest.mark.usefixtures("isolated_imports")
+
+
+def test_split_target():
+    assert split_target("a/b.py:f") == ("a/b.py", "f")
+    assert split_target("C:/x/m.py:obj.f") == ("C:/x/m.py", "obj.f")
+    for bad in ("m.py", "m.py:", ":f"):
+        with pytest.raises(TargetError, match="must be 'path/to/file.py:func'"):
+            split_target(bad)
+
+
+def test_file_target_with_sibling_import(tmp_path):
+    write(tmp_path, "proj/util.py", "SCALE = 3\n")
+    write(tmp_path, "proj/model.py", """
+        import util
+
+        def f(x):
+            return x * util.SCALE
+
+        class Holder:
+            class Inner:
+                @staticmethod
+                def g(x):
+                    return x + 1
+    """)
+    t = load_target("proj/model.py:f", base_dir=tmp_path)
+    assert t.fn(2) == 6 and t.qualname == "f"
+    assert Path(t.module_file) == tmp_path / "proj" / "model.py"
+    assert str(tmp_path / "proj") in sys.path
+    assert load_target("proj/model.py:Holder.Inner.g", base_dir=tmp_path).fn(1) == 2
+    # Absolute paths need no base_dir.
+    assert load_target(f"{tmp_path}/proj/model.py:f").fn(1) == 3
+
+
+def test_file_in_a_package_imports_like_pytest(tmp_path):
+    write(tmp_path, "pkg/__init__.py", "")
+    write(tmp_path, "pkg/sub/__init__.py", "")
+    write(tmp_path, "pkg/sub/helper.py", "def double(x):\n    return 2 * x\n")
+    write(tmp_path, "pkg/sub/model.py", """
+        from .helper import double
+        from pkg.sub import helper
+
+        def f(x):
+            return double(x) + helper.double(x)
+    """)
+    t = load_target("pkg/sub/model.py:f", base_dir=tmp_path)
+    assert t.fn(1) == 4
+    assert sys.modules["pkg.sub.model"].__file__ == str(tmp_path / "pkg" / "sub" / "model.py")
+    assert str(tmp_path) in sys.path            # the first folder above the packages, as pytest's rootdir
+
+
+def test_module_target_from_the_working_directory(tmp_path, monkeypatch):
+    write(tmp_path, "mymod_for_target.py", "class Obj:\n    attr = staticmethod(lambda x: x - 1)\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_target("mymod_for_target:Obj.attr").fn(5) == 4
+
+
+def test_two_files_with_the_same_name(tmp_path):
+    write(tmp_path, "a/model.py", "def f():\n    return 'a'\n")
+    write(tmp_path, "b/model.py", "def f():\n    return 'b'\n")
+    assert load_target("a/model.py:f", base_dir=tmp_path).fn() == "a"
+    assert load_target("b/model.py:f", base_dir=tmp_path).fn() == "b"
+
+
+def test_missing_file_lists_close_matches(tmp_path):
+    write(tmp_path, "model.py", "")
+    write(tmp_path, "models.py", "")
+    with pytest.raises(TargetError) as info:
+        load_target("modle.py:f", base_dir=tmp_path)
+    assert f"file {tmp_path / 'modle.py'} not found; close matches in {tmp_path}: model.py" in info.value.message
+    with pytest.raises(TargetError) as info:
+        load_target("nodir/model.py:f", base_dir=tmp_path)
+    assert "not found" in info.value.message and "does not exist either" in info.value.hint
+
+
+def test_missing_module_lists_close_matches():
+    with pytest.raises(TargetError) as info:
+        load_target("stagetool.lowering.targte:load_target")
+    assert info.value.message == ("target 'stagetool.lowering.targte:load_target': no module named "
+                                  "'stagetool.lowering.targte'; close matches: target, stages")
+    with pytest.raises(TargetError, match="no module named 'no_such_module_xyz'"):
+        load_target("no_such_module_xyz:f")
+
+
+def test_missing_attribute_lists_close_matches(tmp_path):
+    write(tmp_path, "m.py", "def train_step():\n    pass\n\ndef eval_step():\n    pass\n\nclass C:\n    def method(self):\n        pass\n")
+    with pytest.raises(TargetError) as info:
+        load_target("m.py:train_stpe", base_dir=tmp_path)
+    assert info.value.message == "target 'm.py:train_stpe': m has no attribute 'train_stpe'; close matches: train_step, eval_step"
+    with pytest.raises(TargetError) as info:
+        load_target("m.py:zzz", base_dir=tmp_path)
+    assert "no attribute 'zzz'" in info.value.message
+    assert info.value.hint == "callables there: C, eval_step, train_step"
+    with pytest.raises(TargetError, match=r"m\.C has no attribute 'methd'; close matches: method"):
+        load_target("m.py:C.methd", base_dir=tmp_path)
+
+
+def test_not_callable(tmp_path):
+    write(tmp_path, "m.py", "X = 3\n")
+    with pytest.raises(TargetError, match="is a int, not a callable"):
+        load_target("m.py:X", base_dir=tmp_path)
+
+
+def test_import_failure_names_the_users_line(tmp_path):
+    path = write(tmp_path, "broken.py", "import os\n\nVALUE = 1 / 0\n")
+    with pytest.raises(TargetError) as info:
+        load_target("broken.py:f", base_dir=tmp_path)
+    assert "importing broken failed: ZeroDivisionError: division by zero" in info.value.message
+    assert f"at {path}:3 in <module>" in info.value.message
+
+
+def test_missing_dependency_of_the_users_module(tmp_path):
+    write(tmp_path, "needs.py", "import not_installed_pkg_xyz\n")
+    with pytest.raises(TargetError) as info:
+        load_target("needs.py:f", base_dir=tmp_path)
+    # Not "no module named needs": the user's module exists, its import failed.
+    assert "importing needs failed: No module named 'not_installed_pkg_xyz'" in info.value.message
+
+
+def test_syntax_error(tmp_path):
+    path = write(tmp_path, "syn.py", "def f(:\n    pass\n")
+    with pytest.raises(TargetError) as info:
+        load_target("syn.py:f", base_dir=tmp_path)
+    assert "SyntaxError" in info.value.message and f"at {path}:1" in info.value.message
+
+
+def test_user_frame_prefers_the_users_file(tmp_path):
+    path = write(tmp_path, "uf.py", "def inner():\n    raise ValueError('x')\n\ndef outer():\n    inner()\n")
+    mod = load_target("uf.py:outer", base_dir=tmp_path)
+    try:
+        mod.fn()
+    except ValueError as e:
+        frame = user_frame(e, [str(path)])
+    assert frame == f"{path}:2 in inner\n    raise ValueError('x')"
