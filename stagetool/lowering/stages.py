@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from typing import Any, Callable
 
 from stagetool.errors import StagingError
@@ -39,6 +40,8 @@ class Staged:
       compiled: ``jax.stages.Compiled``, or None when staging stopped at ``lower``.
       timings: seconds per stage.
       jitted: the ``jax.jit``-wrapped function that was staged.
+      warnings: what JAX warned while staging (e.g. "Some donated buffers were not usable"),
+        deduplicated, in order: facts for the report rather than noise on stderr.
     """
 
     traced: Any
@@ -46,6 +49,7 @@ class Staged:
     compiled: Any | None
     timings: StageTimings
     jitted: Any
+    warnings: tuple[str, ...] = ()
 
 
 def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, mesh: Any) -> Any:
@@ -112,17 +116,23 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
     import jax
 
     timings: dict[str, float] = {}
+    warned: list[str] = []
 
     def run(stage_name: str, fn: Callable[[], Any]) -> Any:
         if on_stage:
             on_stage(stage_name)
         start = time.perf_counter()
         try:
-            with jax.set_mesh(mesh):
+            with jax.set_mesh(mesh), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 out = fn()
         except Exception as e:
             raise _staging_error(e, stage_name, name, user_files) from None
         timings[stage_name] = time.perf_counter() - start
+        for w in caught:
+            text = str(w.message).strip().splitlines()[0]
+            if text not in warned:
+                warned.append(text)
         return out
 
     traced = run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs))
@@ -132,7 +142,8 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
         compiled = run("compile", lambda: lowered.compile(compiler_options) if compiler_options
                        else lowered.compile())
     return Staged(traced, lowered, compiled,
-                  StageTimings(timings.get("trace"), timings.get("lower"), timings.get("compile")), jitted)
+                  StageTimings(timings.get("trace"), timings.get("lower"), timings.get("compile")), jitted,
+                  tuple(warned))
 
 
 def _staging_error(e: Exception, stage_name: str, name: str, user_files: list[str]) -> StagingError:
