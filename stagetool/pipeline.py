@@ -240,7 +240,7 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
         capacity, source = _capacity(plan, options, setup)
         fields["memory"] = memory_section(staged.lowered, staged.compiled, *leaves, capacity_bytes=capacity,
                                           capacity_source=source, top=options.top, peak=options.peak)
-    notes = [f"JAX warned: {w}" for w in staged.warnings]
+    notes = [f"warning while staging: {w}" for w in staged.warnings]
     if plan.avals == "local":
         notes.append(f"shapes in the spec are host-local; global shapes computed for {setup.process_count} "
                      f"process(es)" + (" (simulated with --processes)" if options.processes else ""))
