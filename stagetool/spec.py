@@ -868,11 +868,21 @@ def spec_candidates(target: str | None, cwd: Path | None = None) -> list[Path]:
 
 
 def find_spec(target: str | None) -> tuple[Path | None, list[Path]]:
-    """Return the first existing candidate of :func:`spec_candidates` (or None) and every path tried."""
+    """Return the first existing candidate of :func:`spec_candidates` (or None) and every path tried.
+
+    Without a TARGET and with none of the candidates present, a single ``*.stagetool.yaml`` in the
+    working directory is taken (two or more are ambiguous: pass ``--spec``).
+    """
     tried = spec_candidates(target)
     for p in tried:
         if p.is_file():
             return p, tried
+    if not target:
+        pattern = Path.cwd() / "*.stagetool.yaml"
+        found = sorted(Path.cwd().glob("*.stagetool.yaml"))
+        tried.append(pattern)
+        if len(found) == 1:
+            return found[0], tried
     return None, tried
 
 

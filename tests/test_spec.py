@@ -351,3 +351,16 @@ def test_mesh_option_without_spec_mesh():
 def test_bad_mesh_option(text, message, mesh):
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_mesh_option(text, mesh)
+
+
+def test_a_single_spec_in_the_working_directory_is_found_without_a_target(tmp_path, monkeypatch):
+    from stagetool.spec import find_spec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.stagetool.yaml").write_text("functions: {}\n")
+    found, tried = find_spec(None)
+    assert found == tmp_path / "a.stagetool.yaml"
+    assert tried == [tmp_path / "stagetool.yaml", tmp_path / "*.stagetool.yaml"]
+    (tmp_path / "b.stagetool.yaml").write_text("functions: {}\n")
+    assert find_spec(None)[0] is None          # two are ambiguous
+    assert find_spec("m.py:f")[0] is None      # with a TARGET, only the fixed search
