@@ -40,6 +40,7 @@ from stagetool.analysis.hlo import (
     parse_int_list,
     parse_replica_groups,
     parse_source_target_pairs,
+    paused_gc,
     shape_bytes,
 )
 
@@ -337,7 +338,7 @@ _NON_EXECUTING = frozenset({"async-update", "async-done"})
 
 def _call_edges(ins: HloInstruction) -> Iterable[tuple[str, str]]:
     """(attribute, callee) pairs of an instruction, reducers (``to_apply``) excluded."""
-    if ins.opcode in _NON_EXECUTING:
+    if not ins.called_computations or ins.opcode in _NON_EXECUTING:
         return ()
     out = []
     for attr in ("calls", "body", "condition", "branch_computations", "true_computation",
@@ -457,6 +458,11 @@ def find_collectives(module: HloModule, mesh: MeshAxes | None = None) -> tuple[C
       A tuple of :class:`Collective` records; never raises on odd content (unknown values are
       None).
     """
+    with paused_gc():
+        return _find(module, mesh)
+
+
+def _find(module: HloModule, mesh: MeshAxes | None) -> tuple[Collective, ...]:
     contexts = _contexts(module)
     num_devices = module.num_partitions
     if num_devices is not None and module.replica_count:
