@@ -26,15 +26,15 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
 jax.config.update("jax_num_cpu_devices", 8)
 
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from stagetool.analysis import collectives, hlo  # noqa: E402
+from stagetool.analysis import collectives, hlo
 
 D_MODEL, HEADS, D_HEAD, D_FF, SEQ, BATCH, VOCAB = 256, 8, 32, 1024, 64, 16, 512
 
@@ -169,7 +169,9 @@ def main() -> None:
         f"find_collectives time {full['t_find'] / half['t_find']:.2f}x"
     )
     for row in full["summary"].by_kind_and_mesh_axes:
-        print(f"  {row.kind:20s} {str(row.mesh_axes):22s} count {row.count:5d}  {row.bytes_per_device / 1e6:9.2f} MB/device")
+        print(
+            f"  {row.kind:20s} {row.mesh_axes!s:22s} count {row.count:5d}  {row.bytes_per_device / 1e6:9.2f} MB/device"
+        )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 from stagetool.analysis.hlo import (
     ArrayShape,
@@ -46,13 +46,13 @@ from stagetool.analysis.hlo import (
 
 __all__ = [
     "COLLECTIVE_KINDS",
-    "MeshAxes",
     "Collective",
-    "CollectiveTotals",
     "CollectiveSummary",
+    "CollectiveTotals",
+    "MeshAxes",
+    "collectives_from_parameter",
     "find_collectives",
     "summarize",
-    "collectives_from_parameter",
 ]
 
 COLLECTIVE_KINDS: tuple[str, ...] = (
@@ -149,9 +149,7 @@ class _AxisMatcher:
     def __init__(self, mesh: MeshAxes):
         self.mesh = mesh
         n = len(mesh.names)
-        self.subsets: list[tuple[int, ...]] = [
-            c for k in range(1, n + 1) for c in itertools.combinations(range(n), k)
-        ]
+        self.subsets: list[tuple[int, ...]] = [c for k in range(1, n + 1) for c in itertools.combinations(range(n), k)]
         self.ordered: dict[frozenset, tuple[str, ...]] = {}
         self.unordered: dict[frozenset, tuple[str, ...]] = {}
         for sub in self.subsets:
@@ -341,8 +339,15 @@ def _call_edges(ins: HloInstruction) -> Iterable[tuple[str, str]]:
     if not ins.called_computations or ins.opcode in _NON_EXECUTING:
         return ()
     out = []
-    for attr in ("calls", "body", "condition", "branch_computations", "true_computation",
-                 "false_computation", "called_computations"):
+    for attr in (
+        "calls",
+        "body",
+        "condition",
+        "branch_computations",
+        "true_computation",
+        "false_computation",
+        "called_computations",
+    ):
         raw = ins.attributes.get(attr)
         if raw:
             for name in _callee_names(raw):
@@ -489,8 +494,9 @@ def _find(module: HloModule, mesh: MeshAxes | None) -> tuple[Collective, ...]:
     return tuple(out)
 
 
-def _record(module, comp: HloComputation, ins: HloInstruction, kind, done, result_shape, ctx,
-            num_devices, matcher) -> Collective:
+def _record(
+    module, comp: HloComputation, ins: HloInstruction, kind, done, result_shape, ctx, num_devices, matcher
+) -> Collective:
     arrays = _arrays(result_shape)
     operand_bytes: int | None = 0
     for name in ins.operands:
@@ -580,8 +586,7 @@ def summarize(collectives: Iterable[Collective]) -> CollectiveSummary:
         by_kind=tuple(_totals(k, None, by_kind[k]) for k in sorted(by_kind)),
         by_mesh_axes=tuple(_totals(None, a, by_axes[a]) for a in sorted(by_axes, key=_axes_key)),
         by_kind_and_mesh_axes=tuple(
-            _totals(k, a, by_both[(k, a)])
-            for k, a in sorted(by_both, key=lambda ka: (ka[0], _axes_key(ka[1])))
+            _totals(k, a, by_both[(k, a)]) for k, a in sorted(by_both, key=lambda ka: (ka[0], _axes_key(ka[1])))
         ),
     )
 
@@ -664,8 +669,9 @@ def collectives_from_parameter(
             elif op == "conditional" and depth < 64:
                 branches = _callee_names(
                     ins.attributes.get("branch_computations")
-                    or ",".join(filter(None, (ins.attributes.get("true_computation"),
-                                              ins.attributes.get("false_computation"))))
+                    or ",".join(
+                        filter(None, (ins.attributes.get("true_computation"), ins.attributes.get("false_computation")))
+                    )
                 )
                 for k, bname in enumerate(branches):
                     b = module.computation(bname)

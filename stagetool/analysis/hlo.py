@@ -30,24 +30,23 @@ import gc
 import json
 import re
 from collections.abc import Iterator, Mapping
-from typing import Union
 
 __all__ = [
     "ArrayShape",
-    "TupleShape",
+    "HloComputation",
+    "HloInstruction",
+    "HloModule",
+    "OpMetadata",
     "Shape",
     "SourceFrame",
-    "OpMetadata",
-    "HloInstruction",
-    "HloComputation",
-    "HloModule",
-    "parse_hlo_module",
-    "parse_shape",
-    "shape_bytes",
+    "TupleShape",
     "dtype_bits",
-    "parse_replica_groups",
-    "parse_source_target_pairs",
+    "parse_hlo_module",
     "parse_int_list",
+    "parse_replica_groups",
+    "parse_shape",
+    "parse_source_target_pairs",
+    "shape_bytes",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -138,7 +137,7 @@ class TupleShape:
                 yield e
 
 
-Shape = Union[ArrayShape, TupleShape]
+Shape = ArrayShape | TupleShape
 
 
 def shape_bytes(shape: Shape | None) -> int | None:
@@ -218,7 +217,7 @@ def parse_shape(text: str) -> Shape | None:
 
 # One token per match: a whole quoted string, or one structural character. Iterating these with
 # finditer keeps the per-character work inside the regex engine.
-_TOKEN_RE = re.compile(r""""(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|[(){}\[\],]""", re.S)
+_TOKEN_RE = re.compile(r""""(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|[(){}\[\],]""", re.DOTALL)
 
 
 def _match_close(s: str, pos: int) -> int:
@@ -284,7 +283,7 @@ def _parse_attributes(s: str, start: int) -> dict[str, str]:
     return attrs
 
 
-_ESCAPE_RE = re.compile(rb"\\([0-7]{1,3}|x[0-9a-fA-F]{1,2}|.)", re.S)
+_ESCAPE_RE = re.compile(rb"\\([0-7]{1,3}|x[0-9a-fA-F]{1,2}|.)", re.DOTALL)
 _SIMPLE_ESCAPES = {b"n": b"\n", b"t": b"\t", b"r": b"\r", b"'": b"'", b'"': b'"', b"\\": b"\\"}
 
 
@@ -497,9 +496,7 @@ class HloModule:
     attributes: Mapping[str, str] = dataclasses.field(compare=False, hash=False)
     computations: tuple[HloComputation, ...] = ()
     entry_name: str | None = None
-    tables: Mapping[str, Mapping[int, str]] = dataclasses.field(
-        default_factory=dict, compare=False, hash=False
-    )
+    tables: Mapping[str, Mapping[int, str]] = dataclasses.field(default_factory=dict, compare=False, hash=False)
     unparsed_lines: tuple[tuple[int, str], ...] = ()
     _by_name: Mapping[str, HloComputation] = dataclasses.field(
         default_factory=dict, repr=False, compare=False, hash=False
@@ -567,11 +564,7 @@ class HloModule:
                 return chain
         if md.source_file is not None and md.source_line is not None:
             col = md.fields.get("source_column")
-            return (
-                SourceFrame(
-                    md.source_file, md.source_line, None, int(col) if col and col.isdigit() else None
-                ),
-            )
+            return (SourceFrame(md.source_file, md.source_line, None, int(col) if col and col.isdigit() else None),)
         return ()
 
     def _file_location(self, loc_id: int) -> SourceFrame | None:
@@ -718,9 +711,7 @@ def _parse(text: str) -> HloModule:
         if comp_header is not None:
             if stripped == "}":
                 cname, is_entry, sig, cline = comp_header
-                comp = HloComputation(
-                    cname, is_entry, sig, tuple(comp_instrs), cline, {i.name: i for i in comp_instrs}
-                )
+                comp = HloComputation(cname, is_entry, sig, tuple(comp_instrs), cline, {i.name: i for i in comp_instrs})
                 computations.append(comp)
                 if is_entry:
                     entry_name = cname

@@ -92,10 +92,12 @@ def _dp_step(params, x, y):
 def test_data_parallel_gradient_all_reduce(mesh, axes):
     shapes = {"w1": (16, 32), "w2": (32, 8)}
     params = {k: _abstract(mesh, s, P()) for k, s in shapes.items()}
-    compiled = jax.jit(_dp_step).lower(
-        params, _abstract(mesh, (64, 16), P("data")), _abstract(mesh, (64, 8), P("data"))
-    ).compile()
-    module, found = _analyse(compiled, axes)
+    compiled = (
+        jax.jit(_dp_step)
+        .lower(params, _abstract(mesh, (64, 16), P("data")), _abstract(mesh, (64, 8), P("data")))
+        .compile()
+    )
+    _, found = _analyse(compiled, axes)
     assert found and {c.kind for c in found} == {"all-reduce"}
     assert all(c.mesh_axes == ("data",) for c in found)
     data_groups = _np_axis_groups((2, 4), 0)
@@ -112,7 +114,10 @@ def test_data_parallel_gradient_all_reduce(mesh, axes):
     summary = C.summarize(found)
     (row,) = summary.by_mesh_axes
     assert (row.mesh_axes, row.count, row.bytes_per_device, row.executed_bytes_per_device) == (
-        ("data",), len(found), grad_bytes, grad_bytes
+        ("data",),
+        len(found),
+        grad_bytes,
+        grad_bytes,
     )
     json.dumps([c.to_dict() for c in found])
     json.dumps(summary.to_dict())
@@ -128,9 +133,11 @@ def _matmul(a, b):
 
 def test_contracting_dim_sharded_all_reduce_over_model(mesh, axes):
     m, k, n = 16, 64, 32
-    compiled = jax.jit(_matmul).lower(
-        _abstract(mesh, (m, k), P(None, "model")), _abstract(mesh, (k, n), P("model", None))
-    ).compile()
+    compiled = (
+        jax.jit(_matmul)
+        .lower(_abstract(mesh, (m, k), P(None, "model")), _abstract(mesh, (k, n), P("model", None)))
+        .compile()
+    )
     _, found = _analyse(compiled, axes)
     (c,) = found
     assert c.kind == "all-reduce" and c.mesh_axes == ("model",)
@@ -211,9 +218,11 @@ def _fsdp_scan(mesh):
 def test_scan_collectives_run_once_per_layer(mesh, axes):
     d = 32
     fwd = _fsdp_scan(mesh)
-    compiled = jax.jit(fwd).lower(
-        _abstract(mesh, (LAYERS, d, d), P(None, "data", None)), _abstract(mesh, (64, d), P("data"))
-    ).compile()
+    compiled = (
+        jax.jit(fwd)
+        .lower(_abstract(mesh, (LAYERS, d, d), P(None, "data", None)), _abstract(mesh, (64, d), P("data")))
+        .compile()
+    )
     module, found = _analyse(compiled, axes)
     in_loop = [c for c in found if c.in_loop]
     assert in_loop
@@ -322,7 +331,7 @@ def test_fixture_summary(fixture_found):
 
 def test_fixture_explain(fixture_found):
     module, found = fixture_found
-    names = lambda n: [c.name for c in C.collectives_from_parameter(module, found, n)]  # noqa: E731
+    names = lambda n: [c.name for c in C.collectives_from_parameter(module, found, n)]
     assert names(0) == ["all-gather-start", "ag2"]  # the weight, through the loop's tuple element 1
     assert names(1) == ["ar", "cp-start", "rs"]  # v: loop element 2, then the conditional branch
     assert names(2) == []  # the branch index is control, not data

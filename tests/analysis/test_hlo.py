@@ -172,7 +172,13 @@ def test_unknown_lines_are_kept_raw(fixture_module):
 def test_computations_and_calls(fixture_module):
     m = fixture_module
     assert [c.name for c in m.computations] == [
-        "add.1", "body", "cond", "branch_0", "branch_1", "wrapped_all_to_all", "main"
+        "add.1",
+        "body",
+        "cond",
+        "branch_0",
+        "branch_1",
+        "wrapped_all_to_all",
+        "main",
     ]
     assert m.entry_name == "main" and m.entry.is_entry
     loop = m.entry.instruction("loop")
@@ -212,21 +218,19 @@ def test_stack_frames_and_old_style_source(fixture_module):
 
 
 def test_parser_is_total_on_junk():
-    junk = "\n".join(
-        [
-            "HloModule m, num_partitions=x",
-            "%c (a: f32[]) -> f32[] {",
-            "  %a = f32[] parameter(0)",
-            "  %b = f32[ broken(",
-            "  %q = f32[] add(%a, %a), metadata={op_name=\"unterminated",
-            "  ROOT %r = f32[] negate(%a)",
-            "}",
-            "}",
-            "ENTRY %e {",
-            "  %z = (f32[], s32[]) tuple(",
-        ]
-    )
-    m = hlo.parse_hlo_module(junk)
+    lines = [
+        "HloModule m, num_partitions=x",
+        "%c (a: f32[]) -> f32[] {",
+        "  %a = f32[] parameter(0)",
+        "  %b = f32[ broken(",
+        '  %q = f32[] add(%a, %a), metadata={op_name="unterminated',
+        "  ROOT %r = f32[] negate(%a)",
+        "}",
+        "}",
+        "ENTRY %e {",
+        "  %z = (f32[], s32[]) tuple(",
+    ]
+    m = hlo.parse_hlo_module("\n".join(lines))
     assert m.num_partitions is None
     assert [c.name for c in m.computations] == ["c", "e"]
     assert [i.name for i in m.computation("c").instructions] == ["a", "q", "r"]
@@ -237,7 +241,7 @@ def test_parser_is_total_on_junk():
 def test_escaped_strings_in_metadata():
     text = (
         "ENTRY %e (p: f32[]) -> f32[] {\n"
-        "  ROOT %p = f32[] parameter(0), metadata={op_name=\"p[\\'w1\\']\" op_type=\"a\\\"b\\303\\251\"}\n"
+        '  ROOT %p = f32[] parameter(0), metadata={op_name="p[\\\'w1\\\']" op_type="a\\"b\\303\\251"}\n'
         "}\n"
     )
     p = hlo.parse_hlo_module(text).entry.instruction("p")
