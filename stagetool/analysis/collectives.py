@@ -18,9 +18,11 @@ Conventions, each checked by the tests on JAX 0.10.2:
   (``all-gather-start`` / ``-done``) the pair counts once, under the start's name, with the
   done's result (the real result, not the start's bookkeeping tuple).
 * ``executions`` is how many times the instruction runs per program execution: 1 in the entry,
-  multiplied by XLA's ``known_trip_count`` for every enclosing ``while``; None (unknown) when an
-  enclosing loop has no known trip count, inside a ``conditional`` branch, or in a computation
-  not reached from the entry.
+  multiplied by the trip count of every enclosing ``while`` — XLA's ``known_trip_count`` from the
+  loop's backend config (CPU, GPU) or, where none is printed (TPU), the count of a literal
+  counted loop ``for (i = a; i < n; i += s)`` read from the condition, body and initial tuple;
+  None (unknown) when an enclosing loop fits neither, inside a ``conditional`` branch, or in a
+  computation not reached from the entry.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Iterable, Sequence
 
 from stagetool.analysis.hlo import (
     ArrayShape,
+    array_leaves,
     HloComputation,
     HloInstruction,
     HloModule,
@@ -206,6 +209,9 @@ class Collective:
         also for async pairs).
       name: HLO instruction name (of the ``-start`` for an async pair).
       computation: name of the computation holding it.
+      fusion: name of the ``fusion`` instruction whose fused computation holds it, or None. A
+        TPU ``all-reduce-scatter`` fusion (all-reduce + slice) is reported as one
+        ``reduce-scatter`` whose result is the fusion's.
       is_async: True for a ``-start``/``-done`` pair or a collective inside an ``async-start``
         wrapper computation.
       done_name: the matching ``-done`` instruction's name, or None.
@@ -229,14 +235,19 @@ class Collective:
       executions: times it runs per program execution (see module docstring), None if unknown.
       in_loop: True when inside a ``while`` body (at any depth).
       in_conditional: True when inside a ``conditional`` branch (at any depth).
-      op_name: JAX's op name path from the metadata, or None.
+      op_name: JAX's op name path from the metadata (the calling fusion's or wrapper's when the
+        collective has none), or None.
       source: innermost source frame (the user's op line), or None when not recorded.
       source_chain: all frames, innermost first (callers follow).
+      merged: ``(computation, name)`` of the other instructions counted in this record: TPU
+        splits an async collective over start / continuation / done fusions that share its
+        ``channel_id``; empty elsewhere.
     """
 
     kind: str
     name: str
     computation: str
+    fusion: str | None
     is_async: bool
     done_name: str | None
     result_types: tuple[str, ...]
@@ -256,6 +267,7 @@ class Collective:
     op_name: str | None
     source: SourceFrame | None
     source_chain: tuple[SourceFrame, ...]
+    merged: tuple[tuple[str, str], ...] = ()
 
     @property
     def executed_bytes_per_device(self) -> int | None:
@@ -359,24 +371,134 @@ def _callee_names(raw: str) -> list[str]:
     return [p.strip().lstrip("%") for p in raw.strip().strip("{}").split(",") if p.strip()]
 
 
-def _trip_count(ins: HloInstruction) -> int | None:
+def _trip_count(module: HloModule, caller: HloComputation, ins: HloInstruction) -> int | None:
+    """Trip count of a ``while``: XLA's ``known_trip_count`` when the backend config states it
+    (CPU, GPU), else :func:`_derived_trip_count` (TPU prints no backend config on loops)."""
     cfg = backend_config_json(ins)
-    if not cfg:
-        return None
-    n = (cfg.get("known_trip_count") or {}).get("n")
-    try:
-        return int(n) if n is not None else None
-    except (TypeError, ValueError):
-        return None
+    n = ((cfg or {}).get("known_trip_count") or {}).get("n")
+    if n is not None:
+        try:
+            return int(n)
+        except (TypeError, ValueError):
+            return None
+    return _derived_trip_count(module, caller, ins)
 
 
-def _contexts(module: HloModule) -> dict[str, _Context]:
-    """Execution context of every computation reached from the entry."""
-    callers: dict[str, list[tuple[str, HloInstruction, str]]] = {}
+_PASS_THROUGH = frozenset({"copy", "bitcast"})
+
+
+def _resolve(comp: HloComputation, name: str) -> HloInstruction | None:
+    """The instruction ``name`` names, looking through copies and bitcasts."""
+    ins = comp.instruction(name)
+    for _ in range(64):
+        if ins is None or ins.opcode not in _PASS_THROUGH or len(ins.operands) != 1:
+            return ins
+        ins = comp.instruction(ins.operands[0])
+    return None
+
+
+def _const_int(ins: HloInstruction | None) -> int | None:
+    if ins is None or ins.opcode != "constant" or not isinstance(ins.shape, ArrayShape) or ins.shape.dims:
+        return None
+    text = ins.operand_text.strip()
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def _binary(module: HloModule, comp: HloComputation, ins: HloInstruction | None, opcode: str):
+    """``(lhs, rhs, instruction)`` of a binary ``opcode`` instruction, also when it is the root
+    of a fusion of two parameters (``wrapped_add``, ``wrapped_compare``); else None."""
+    if ins is None:
+        return None
+    if ins.opcode == opcode and len(ins.operands) == 2:
+        return _resolve(comp, ins.operands[0]), _resolve(comp, ins.operands[1]), ins
+    if ins.opcode == "fusion" and len(ins.called_computations) == 1:
+        fused = module.computation(ins.called_computations[0])
+        root = fused.root if fused else None
+        if root is None or root.opcode != opcode or len(root.operands) != 2:
+            return None
+        sides = []
+        for name in root.operands:
+            k = fused.instruction(name).parameter_number if fused.instruction(name) else None
+            if k is None or k >= len(ins.operands):
+                return None
+            sides.append(_resolve(comp, ins.operands[k]))
+        return sides[0], sides[1], root
+    return None
+
+
+def _loop_index(comp: HloComputation, ins: HloInstruction | None) -> int | None:
+    """Tuple index i when ``ins`` is ``get-tuple-element(parameter(0)), index=i``."""
+    if ins is None or ins.opcode != "get-tuple-element" or not ins.operands:
+        return None
+    src = _resolve(comp, ins.operands[0])
+    if src is None or src.parameter_number != 0:
+        return None
+    idx = parse_int_list(ins.attributes.get("index"))
+    return idx[0] if idx else None
+
+
+_MIRROR = {"LT": "GT", "GT": "LT", "LE": "GE", "GE": "LE", "NE": "NE"}
+
+
+def _derived_trip_count(module: HloModule, caller: HloComputation, ins: HloInstruction) -> int | None:
+    """Trip count of the counted-loop pattern ``for (i = a; i < n; i += s)``, or None.
+
+    Derived only when every piece is a literal: the condition's root compares element *i* of the
+    loop state with a constant (``LT``, ``LE`` or ``NE``, either side), the body's root tuple
+    sets element *i* to itself plus a positive constant, and the ``while`` operand is a tuple
+    whose element *i* is a constant (copies, bitcasts and single-op fusions looked through).
+    """
+    body = module.computation(ins.attributes.get("body", "").lstrip("%"))
+    cond = module.computation(ins.attributes.get("condition", "").lstrip("%"))
+    if body is None or cond is None or not ins.operands:
+        return None
+    cmp = _binary(module, cond, cond.root, "compare")
+    if cmp is None:
+        return None
+    lhs, rhs, cmp_ins = cmp
+    direction = cmp_ins.attributes.get("direction", "")
+    if _loop_index(cond, lhs) is None:
+        lhs, rhs, direction = rhs, lhs, _MIRROR.get(direction, "")
+    i, limit = _loop_index(cond, lhs), _const_int(rhs)
+    if i is None or limit is None or direction not in ("LT", "LE", "NE"):
+        return None
+    root = body.root
+    if root is None or root.opcode != "tuple" or i >= len(root.operands):
+        return None
+    add = _binary(module, body, _resolve(body, root.operands[i]), "add")
+    if add is None:
+        return None
+    a, b, _ = add
+    if _loop_index(body, a) != i:
+        a, b = b, a
+    step = _const_int(b)
+    if _loop_index(body, a) != i or step is None or step <= 0:
+        return None
+    init_tuple = _resolve(caller, ins.operands[0])
+    if init_tuple is None or init_tuple.opcode != "tuple" or i >= len(init_tuple.operands):
+        return None
+    start = _const_int(_resolve(caller, init_tuple.operands[i]))
+    if start is None:
+        return None
+    if direction == "LT":
+        return max(0, -(-(limit - start) // step))
+    if direction == "LE":
+        return max(0, (limit - start) // step + 1)
+    return (limit - start) // step if limit >= start and (limit - start) % step == 0 else None
+
+
+def _callers(module: HloModule) -> dict[str, list[tuple[HloComputation, HloInstruction, str]]]:
+    """callee name -> [(calling computation, calling instruction, attribute)], reducers excluded."""
+    callers: dict[str, list[tuple[HloComputation, HloInstruction, str]]] = {}
     for comp in module.computations:
         for ins in comp.instructions:
             for attr, callee in _call_edges(ins):
-                callers.setdefault(callee, []).append((comp.name, ins, attr))
+                callers.setdefault(callee, []).append((comp, ins, attr))
+    return callers
+
+
+def _contexts(module: HloModule, callers) -> dict[str, _Context]:
+    """Execution context of every computation reached from the entry."""
     memo: dict[str, _Context | None] = {}
 
     def ctx(name: str, stack: frozenset) -> _Context | None:
@@ -391,7 +513,7 @@ def _contexts(module: HloModule) -> dict[str, _Context]:
         found = False
         in_loop = in_cond = is_async = False
         for caller, ins, attr in callers.get(name, ()):
-            c = ctx(caller, stack | {name})
+            c = ctx(caller.name, stack | {name})
             if c is None:
                 continue
             found = True
@@ -400,7 +522,7 @@ def _contexts(module: HloModule) -> dict[str, _Context]:
             factor: int | None = 1
             if ins.opcode == "while":
                 in_loop = True
-                trips = _trip_count(ins)
+                trips = _trip_count(module, caller, ins)
                 factor = None if trips is None else (trips + 1 if attr == "condition" else trips)
             elif ins.opcode == "conditional":
                 in_cond = True
@@ -424,14 +546,6 @@ def _contexts(module: HloModule) -> dict[str, _Context]:
 
 # --------------------------------------------------------------------------------------------
 # Finding collectives
-
-
-def _arrays(shape) -> list[ArrayShape]:
-    if shape is None:
-        return []
-    if isinstance(shape, ArrayShape):
-        return [shape]
-    return list(shape.arrays())
 
 
 def _async_result_shape(start: HloInstruction):
@@ -468,7 +582,8 @@ def find_collectives(module: HloModule, mesh: MeshAxes | None = None) -> tuple[C
 
 
 def _find(module: HloModule, mesh: MeshAxes | None) -> tuple[Collective, ...]:
-    contexts = _contexts(module)
+    callers = _callers(module)
+    contexts = _contexts(module, callers)
     num_devices = module.num_partitions
     if num_devices is not None and module.replica_count:
         num_devices *= module.replica_count
@@ -476,6 +591,8 @@ def _find(module: HloModule, mesh: MeshAxes | None) -> tuple[Collective, ...]:
     out: list[Collective] = []
     for comp in module.computations:
         ctx = contexts.get(comp.name)
+        sites = callers.get(comp.name, ())
+        caller = sites[0][1] if len(sites) == 1 else None
         dones = {}
         for ins in comp.instructions:
             if ins.opcode in _DONE and ins.operands:
@@ -490,14 +607,51 @@ def _find(module: HloModule, mesh: MeshAxes | None) -> tuple[Collective, ...]:
                 result_shape = done.shape if done is not None else _async_result_shape(ins)
             else:
                 continue
-            out.append(_record(module, comp, ins, kind, done, result_shape, ctx, num_devices, matcher))
-    return tuple(out)
+            fusion = caller if caller is not None and caller.opcode == "fusion" else None
+            if kind == "all-reduce" and fusion is not None and _is_all_reduce_scatter(comp, fusion):
+                kind, result_shape = "reduce-scatter", fusion.shape
+            out.append(_record(module, comp, ins, kind, done, result_shape, ctx, num_devices, matcher, caller, fusion))
+    return _merge_split_collectives(out)
+
+
+def _merge_split_collectives(found: list[Collective]) -> tuple[Collective, ...]:
+    """Count once a collective that TPU splits over several fusions.
+
+    XLA's TPU backend lowers an async collective to a start fusion, continuation fusions (each
+    overlapping some compute) and a done fusion, each holding a copy of the collective with the
+    same ``channel_id``. Elsewhere a channel id names one collective. Copies inside fusions with
+    the same kind and channel id become one record (the first in text order) listing the others
+    in ``merged``.
+    """
+    first: dict[tuple[str, int], int] = {}
+    extra: dict[int, list[tuple[str, str]]] = {}
+    keep: list[int] = []
+    for k, c in enumerate(found):
+        key = (c.kind, c.channel_id)
+        if c.fusion is None or c.channel_id is None:
+            keep.append(k)
+        elif key in first:
+            extra.setdefault(first[key], []).append((c.computation, c.name))
+        else:
+            first[key] = k
+            keep.append(k)
+    return tuple(
+        dataclasses.replace(found[k], merged=tuple(extra[k]), is_async=True) if k in extra else found[k] for k in keep
+    )
+
+
+def _is_all_reduce_scatter(fused: HloComputation, fusion: HloInstruction) -> bool:
+    """TPU's reduce-scatter: an ``all-reduce`` plus a slice inside an ``all-reduce-scatter``
+    fusion (its emitter is named ``...AllReduceScatter...`` in the backend config)."""
+    return fused.name.startswith("all-reduce-scatter") or "AllReduceScatter" in fusion.attributes.get(
+        "backend_config", ""
+    )
 
 
 def _record(
-    module, comp: HloComputation, ins: HloInstruction, kind, done, result_shape, ctx, num_devices, matcher
+    module, comp: HloComputation, ins, kind, done, result_shape, ctx, num_devices, matcher, caller, fusion
 ) -> Collective:
-    arrays = _arrays(result_shape)
+    arrays = array_leaves(result_shape)
     operand_bytes: int | None = 0
     for name in ins.operands:
         o = comp.instruction(name)
@@ -517,12 +671,15 @@ def _record(
             axes = matcher.match_pairs(pairs)
         elif groups is not None:
             axes = matcher.match_groups(groups)
-    chain = module.source_stack(ins)
+    # A collective inside a fusion or wrapper often has no metadata: take its caller's.
+    described = ins if (ins.metadata or caller is None) else caller
+    chain = module.source_stack(described)
     ch = ins.attributes.get("channel_id", "")
     return Collective(
         kind=kind,
         name=ins.name,
         computation=comp.name,
+        fusion=fusion.name if fusion is not None else None,
         is_async=done is not None or ins.opcode in _START or bool(ctx and ctx.is_async),
         done_name=done.name if done is not None else None,
         result_types=tuple(a.type_text() for a in arrays),
@@ -539,7 +696,7 @@ def _record(
         executions=ctx.executions if ctx else None,
         in_loop=bool(ctx and ctx.in_loop),
         in_conditional=bool(ctx and ctx.in_conditional),
-        op_name=ins.metadata.op_name if ins.metadata else None,
+        op_name=described.metadata.op_name if described.metadata else None,
         source=chain[0] if chain else None,
         source_chain=chain,
     )
@@ -607,17 +764,38 @@ def _merge(a, b):
     return a | b
 
 
-def collectives_from_parameter(
-    module: HloModule, collectives: Sequence[Collective], parameter_number: int
-) -> tuple[Collective, ...]:
-    """The collectives among ``collectives`` whose operands depend on entry parameter
-    ``parameter_number`` — the answer to "why is ``wq`` gathered?".
+_VALUE_OPS = frozenset(
+    {
+        "copy", "bitcast", "convert", "bitcast-convert", "reshape", "transpose", "broadcast",
+        "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad", "reverse", "gather",
+        "reduce-precision", "optimization-barrier", "copy-start", "copy-done", "async-start",
+        "async-update", "async-done", "domain", "add-dependency",
+    }
+)  # fmt: skip
+"""Opcodes whose result carries their operands' values, rearranged or re-typed, not combined."""
 
-    Data flow is followed forward from ``parameter(N)`` of the entry through every instruction,
-    into and out of fusions, calls, async wrappers, conditional branches and while loops (loop
-    state tracked per tuple element, iterated to a fixpoint); tuple / get-tuple-element are
-    followed element-wise. Control dependencies (a loop's condition, a branch index) are not
-    data flow. Map a JAX argument to its parameter number with
+
+def collectives_from_parameter(
+    module: HloModule,
+    collectives: Sequence[Collective],
+    parameter_number: int,
+    *,
+    through_compute: bool = False,
+) -> tuple[Collective, ...]:
+    """The collectives among ``collectives`` that carry entry parameter ``parameter_number`` —
+    the answer to "why is ``wq`` gathered?".
+
+    Data flow is followed forward from ``parameter(N)`` of the entry into and out of fusions,
+    calls, async wrappers, conditional branches and while loops (loop state tracked per tuple
+    element, iterated to a fixpoint); tuple / get-tuple-element are followed element-wise.
+    Control dependencies (a loop's condition, a branch index) are not data flow.
+
+    With ``through_compute=False`` (default) the flow passes only through ops that keep the
+    parameter's values — layout, dtype and shape changes, slicing, concatenation, tuple, loop
+    and call plumbing, and collectives themselves (:data:`_VALUE_OPS`) — so the answer is the
+    collectives that move the parameter itself (FSDP gathers of ``wq``), not every collective
+    downstream of it. With ``through_compute=True`` it passes through every op: all collectives
+    whose operands depend on the parameter at all (in a train step, usually most of them). Map a JAX argument to its parameter number with
     :meth:`HloModule.entry_parameters` (``metadata.op_name`` is the argument's key path);
     unused arguments have no parameter.
 
@@ -689,7 +867,10 @@ def collectives_from_parameter(
                         args = tuple((k, v) for k, v in enumerate(ops) if v)
                         root_t = _merge(root_t, analyze(callee, args, depth + 1))
                 if any(ops):
-                    t = root_t if (op in ("fusion", "call") and callees and root_t is not None) else True
+                    if op in ("fusion", "call") and callees:
+                        t = root_t
+                    elif through_compute or op in _VALUE_OPS or op in _KINDS or op in _START or op in _DONE:
+                        t = True
                 if (op in _KINDS or op in _START) and any(ops):
                     hits.add((comp.name, ins.name))
             if t:
@@ -702,4 +883,4 @@ def collectives_from_parameter(
     if not any(p.parameter_number == parameter_number for p in entry.parameters()):
         return ()
     analyze(entry, ((parameter_number, True),), 0)
-    return tuple(c for c in collectives if (c.computation, c.name) in hits)
+    return tuple(c for c in collectives if (c.computation, c.name) in hits or any(piece in hits for piece in c.merged))

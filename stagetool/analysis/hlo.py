@@ -40,12 +40,15 @@ __all__ = [
     "Shape",
     "SourceFrame",
     "TupleShape",
+    "array_leaves",
+    "backend_config_json",
     "dtype_bits",
     "parse_hlo_module",
     "parse_int_list",
     "parse_replica_groups",
     "parse_shape",
     "parse_source_target_pairs",
+    "paused_gc",
     "shape_bytes",
 ]
 
@@ -138,6 +141,15 @@ class TupleShape:
 
 
 Shape = ArrayShape | TupleShape
+
+
+def array_leaves(shape: Shape | None) -> tuple[ArrayShape, ...]:
+    """The arrays of a shape in order: itself for an array, the leaves of a tuple, () for None."""
+    if shape is None:
+        return ()
+    if isinstance(shape, ArrayShape):
+        return (shape,)
+    return tuple(shape.arrays())
 
 
 def shape_bytes(shape: Shape | None) -> int | None:

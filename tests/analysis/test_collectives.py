@@ -6,9 +6,11 @@ never from the parser.
 
 from __future__ import annotations
 
+import gzip
 import inspect
 import json
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -121,6 +123,12 @@ def test_data_parallel_gradient_all_reduce(mesh, axes):
     )
     json.dumps([c.to_dict() for c in found])
     json.dumps(summary.to_dict())
+    # the all-reduce sums gradients: it depends on every parameter but moves none of them
+    module = hlo.parse_hlo_module(compiled.as_text())
+    for name in ("params['w1']", "params['w2']"):
+        n = _param_number(module, name)
+        assert C.collectives_from_parameter(module, found, n) == ()
+        assert C.collectives_from_parameter(module, found, n, through_compute=True) == found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,6 +256,12 @@ def test_scan_collectives_run_once_per_layer(mesh, axes):
     assert set(C.collectives_from_parameter(module, found, ws)) >= set(gathers)
     assert not set(C.collectives_from_parameter(module, found, x)) & set(gathers)
 
+    # without XLA's known_trip_count the same count is derived from the loop itself
+    stripped = re.sub(r', backend_config=\{[^\n]*"known_trip_count"[^\n]*\}', "", compiled.as_text())
+    assert "known_trip_count" not in stripped
+    again = C.find_collectives(hlo.parse_hlo_module(stripped), axes)
+    assert [(c.name, c.executions) for c in again] == [(c.name, c.executions) for c in found]
+
 
 # ---------------------------------------------------------------------------------------------
 # Device ids in the HLO are positions in mesh.devices.flat, also for a permuted device list
@@ -357,3 +371,85 @@ def test_unmatched_groups_keep_groups():
     assert C.summarize([odd]).by_mesh_axes[0].mesh_axes is None
     # without a mesh nothing is named
     assert all(c.mesh_axes is None for c in C.find_collectives(module))
+
+
+# ---------------------------------------------------------------------------------------------
+# A real TPU module (compile-only v5e 2x4, written by data/make_tpu_fixture.py)
+
+TPU_GEN = DATA / "make_tpu_fixture.py"
+# generator constants: LAYERS, D, HEADS * D_HEAD, D_FF; bf16 weights
+TPU_LAYERS, TPU_D, TPU_HD, TPU_FF, BF16 = 3, 256, 256, 1024, 2
+
+
+@pytest.fixture(scope="module")
+def tpu():
+    text = gzip.decompress((DATA / "tpu_v5e_2x4_train_step.hlo.gz").read_bytes()).decode()
+    module = hlo.parse_hlo_module(text)
+    return text, module, C.find_collectives(module, C.MeshAxes(("data", "model"), (2, 4)))
+
+
+def _gen_line(needle: str) -> int:
+    lines = TPU_GEN.read_text().splitlines()
+    return 1 + next(i for i, line in enumerate(lines) if needle in line)
+
+
+def test_tpu_module_parses_completely(tpu):
+    text, module, _ = tpu
+    assert module.unparsed_lines == ()
+    assert module.num_partitions == 8
+    instrs = [i for c in module.computations for i in c.instructions]
+    assert len(instrs) == sum(1 for line in text.splitlines() if re.match(r"\s+(ROOT )?%\S+ = ", line))
+    assert all(i.shape is not None for i in instrs)
+    assert any(":T(8,128)(2,1)" in (a.layout or "") for i in instrs if i.shape for a in hlo.array_leaves(i.shape))
+
+
+def test_tpu_weight_gathers_explained(tpu):
+    """Each FSDP weight is gathered exactly once over `data`, to its data-unsharded size."""
+    _, module, found = tpu
+    # global shape and which dim is sharded over `model` (4) for each parameter
+    weights = {
+        "wq": ((TPU_D, TPU_HD), 1), "wk": ((TPU_D, TPU_HD), 1), "wv": ((TPU_D, TPU_HD), 1),
+        "wo": ((TPU_HD, TPU_D), 0), "w1": ((TPU_D, TPU_FF), 1), "w2": ((TPU_FF, TPU_D), 0),
+    }  # fmt: skip
+    needles = {"wq": 'x @ p["wq"]', "wk": 'x @ p["wk"]', "wv": 'x @ p["wv"]', "wo": '@ p["wo"]'}
+    for name, (shape, model_dim) in weights.items():
+        gathered = list(shape)
+        gathered[model_dim] //= 4
+        (c,) = C.collectives_from_parameter(module, found, _param_number(module, f"p['{name}']"))
+        assert (c.kind, c.mesh_axes, c.group_size) == ("all-gather", ("data",), 2)
+        assert c.bytes_per_device == gathered[0] * gathered[1] * BF16
+        assert c.operand_bytes_per_device == c.bytes_per_device // 2
+        assert pathlib.Path(c.source.file).name == TPU_GEN.name
+        if name in needles:
+            assert c.source.line == _gen_line(needles[name])
+    # the scanned weights: one [1, D, D] layer per iteration, in the loop
+    (c,) = C.collectives_from_parameter(module, found, _param_number(module, "p['ws']"))
+    assert c.bytes_per_device == TPU_D * TPU_D * BF16 and c.in_loop
+    assert c.source.line in {_gen_line("with_sharding_constraint(w, full)"), _gen_line("lax.scan(layer")}
+    assert C.collectives_from_parameter(module, found, _param_number(module, "x")) == ()
+
+
+def test_tpu_loop_trip_count_is_derived(tpu):
+    text, _, found = tpu
+    assert "known_trip_count" not in text  # TPU prints no trip count: it must be derived
+    in_loop = [c for c in found if c.in_loop]
+    assert in_loop and all(c.executions == TPU_LAYERS for c in in_loop)
+
+
+def test_tpu_async_split_and_reduce_scatter_fusions(tpu):
+    _, module, found = tpu
+    keys = [(c.kind, c.channel_id) for c in found if c.channel_id is not None]
+    assert len(keys) == len(set(keys))  # one record per collective
+    split = [c for c in found if c.merged]
+    assert split and all(c.is_async and c.fusion for c in split)
+    for c in split:  # every piece is the same all-gather (same channel, groups, shape)
+        for comp, name in c.merged:
+            piece = module.computation(comp).instruction(name)
+            assert piece.opcode == c.kind
+            assert piece.attributes["channel_id"] == str(c.channel_id)
+            assert piece.shape.type_text() == c.result_types[0]
+    scatters = [c for c in found if c.kind == "reduce-scatter"]
+    assert scatters
+    for c in scatters:  # an all-reduce + slice fusion: the result is the slice, half over data
+        assert c.fusion and module.computation(c.computation).instruction(c.name).opcode == "all-reduce"
+        assert c.mesh_axes == ("data",) and c.bytes_per_device * 2 == c.operand_bytes_per_device
