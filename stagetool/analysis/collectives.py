@@ -33,12 +33,12 @@ from collections.abc import Iterable, Sequence
 
 from stagetool.analysis.hlo import (
     ArrayShape,
-    array_leaves,
     HloComputation,
     HloInstruction,
     HloModule,
     SourceFrame,
     TupleShape,
+    array_leaves,
     backend_config_json,
     parse_int_list,
     parse_replica_groups,
