@@ -103,10 +103,13 @@ class MeshAxes:
 
     @classmethod
     def from_mesh(cls, mesh: object) -> MeshAxes:
-        """From a ``jax.sharding.Mesh`` (or anything with ``axis_names`` and ``devices.shape``)."""
+        """From a ``jax.sharding.Mesh`` or ``AbstractMesh`` (anything with ``axis_names`` and
+        ``axis_sizes`` or ``devices.shape``)."""
         names = tuple(str(n) for n in mesh.axis_names)  # type: ignore[attr-defined]
-        sizes = tuple(int(s) for s in mesh.devices.shape)  # type: ignore[attr-defined]
-        return cls(names, sizes)
+        sizes = getattr(mesh, "axis_sizes", None)
+        if sizes is None:
+            sizes = mesh.devices.shape  # type: ignore[attr-defined]
+        return cls(names, tuple(int(s) for s in sizes))
 
     @property
     def num_devices(self) -> int:
