@@ -32,6 +32,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 
 from stagetool.analysis.hlo import (
+    CALL_ATTRIBUTES,
     ArrayShape,
     HloComputation,
     HloInstruction,
@@ -346,6 +347,7 @@ class _Context:
 
 
 _REDUCER_ATTR = "to_apply"
+_EXECUTED_CALL_ATTRIBUTES = tuple(a for a in CALL_ATTRIBUTES if a != _REDUCER_ATTR)
 _NON_EXECUTING = frozenset({"async-update", "async-done"})
 
 
@@ -354,15 +356,7 @@ def _call_edges(ins: HloInstruction) -> Iterable[tuple[str, str]]:
     if not ins.called_computations or ins.opcode in _NON_EXECUTING:
         return ()
     out = []
-    for attr in (
-        "calls",
-        "body",
-        "condition",
-        "branch_computations",
-        "true_computation",
-        "false_computation",
-        "called_computations",
-    ):
+    for attr in _EXECUTED_CALL_ATTRIBUTES:
         raw = ins.attributes.get(attr)
         if raw:
             for name in _callee_names(raw):

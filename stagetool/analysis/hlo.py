@@ -32,6 +32,7 @@ import re
 from collections.abc import Iterator, Mapping
 
 __all__ = [
+    "CALL_ATTRIBUTES",
     "ArrayShape",
     "HloComputation",
     "HloInstruction",
@@ -390,7 +391,7 @@ def _parse_metadata(raw: str) -> OpMetadata:
 # --------------------------------------------------------------------------------------------
 # Instructions, computations, module
 
-_CALL_ATTRS = (
+CALL_ATTRIBUTES: tuple[str, ...] = (
     "calls",
     "to_apply",
     "body",
@@ -400,6 +401,7 @@ _CALL_ATTRS = (
     "false_computation",
     "called_computations",
 )
+"""Instruction attributes that name called computations (``to_apply`` names a reducer)."""
 _NAME_RE = re.compile(r"%?([A-Za-z_][\w.\-]*)")
 _PCT_NAME_RE = re.compile(r"%([\w.\-]+)")
 _NO_OPERAND_OPCODES = frozenset({"constant", "parameter", "iota", "partition-id", "replica-id"})
@@ -657,7 +659,7 @@ def _parse_instruction(line: str, line_number: int) -> HloInstruction | None:
         operands = tuple(names)
     attrs = _parse_attributes(line, close + 1) if close + 1 < len(line) else {}
     called: list[str] = []
-    for key in _CALL_ATTRS:
+    for key in CALL_ATTRIBUTES:
         v = attrs.get(key)
         if v:
             called.extend(_NAME_RE.findall(v))
