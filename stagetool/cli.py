@@ -292,6 +292,24 @@ def _fit_exit(report: Any) -> None:
 
 
 @app.command()
+def collectives(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
+                topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
+                processes: ProcessesOpt = None,
+                explain: Annotated[Optional[list[str]], typer.Option(
+                    "--explain", "-e", help="An input leaf (its path, or the last part: wq) whose collectives "
+                                            "to trace: why is it gathered? Repeatable.", show_default=False)] = None,
+                format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
+    """Every collective the SPMD partitioner inserted: kind, mesh axes, bytes, runs, and your source line."""
+    from stagetool.pipeline import Section
+
+    with _errors(debug):
+        opts = dataclasses.replace(
+            _options(target, spec, mesh, platform, topology, function, local_avals, processes),
+            explain=tuple(explain or ()))
+        emit(_analyze("collectives", opts, [Section.COLLECTIVES]), format, output)
+
+
+@app.command()
 def cost(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
          topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
          processes: ProcessesOpt = None, chip: ChipOpt = None, format: FormatOpt = Format.text,

@@ -50,6 +50,7 @@ class Options:
       device_memory: per-device memory capacity such as ``16GiB``, overriding what the device reports.
       peak: find the buffers live at the memory peak (one more compile with an XLA dump).
       top: how many largest inputs / peak buffers to list.
+      explain: input leaves (key paths, or their last parts) whose collectives to trace.
       job_processes: processes of the multi-process job (``jax.distributed``) this process is one
         of; each provisions its share of CPU devices. None for a single process.
     """
@@ -67,6 +68,7 @@ class Options:
     device_memory: str | None = None
     peak: bool = False
     top: int = 10
+    explain: tuple[str, ...] = ()
     job_processes: int | None = None
 
 
@@ -172,7 +174,7 @@ def staged_functions(options: Options, *, until: str = "compile",
     plan = make_plan(options)
     setup = _provision(plan, options)
     for fspec in plan.functions:
-        inputs, staged = _stage(plan, fspec, setup, until, on_stage)
+        inputs, staged, _ = _stage(plan, fspec, setup, until, on_stage)
         yield fspec, inputs, staged
 
 
@@ -190,7 +192,7 @@ def _provision(plan: Plan, options: Options) -> Any:
 
 
 def _stage(plan: Plan, fspec: FunctionSpec, setup: Any, until: str,
-           on_stage: Callable[[str, str], None] | None) -> tuple[Any, Any]:
+           on_stage: Callable[[str, str], None] | None) -> tuple[Any, Any, list[str]]:
     from stagetool.lowering.avals import build_inputs
     from stagetool.lowering.stages import jit_function, stage
     from stagetool.lowering.target import load_target
@@ -201,7 +203,7 @@ def _stage(plan: Plan, fspec: FunctionSpec, setup: Any, until: str,
     user_files = [target.module_file] if target.module_file else []
     staged = stage(jitted, inputs, setup.mesh, name=fspec.name, user_files=user_files, until=until,
                    on_stage=(lambda s: on_stage(fspec.name, s)) if on_stage else None)
-    return inputs, staged
+    return inputs, staged, user_files
 
 
 def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], options: Options,
@@ -210,7 +212,7 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
 
     setup = _provision(plan, options)
     needs_compile = bool(wanted - {Section.LOWERED_TEXT})
-    inputs, staged = _stage(plan, fspec, setup, "compile" if needs_compile else "lower", on_stage)
+    inputs, staged, user_files = _stage(plan, fspec, setup, "compile" if needs_compile else "lower", on_stage)
     mesh = MeshReport(plan.mesh.axes, plan.mesh.axis_types, setup.platform, setup.device_kind,
                       len(setup.devices), setup.process_count, setup.topology)
     t = staged.timings
@@ -219,10 +221,11 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
         text = staged.lowered.as_text(dialect=options.dialect) if options.dialect != "stablehlo" \
             else staged.lowered.as_text()
         fields["module"] = ModuleText("lowered", options.dialect, text)
+    compiled_text = staged.compiled.as_text() if needs_compile else None  # once: parsing is linear in it
     if Section.COMPILED_TEXT in wanted:
-        fields["module"] = ModuleText("compiled", "hlo", staged.compiled.as_text())
+        fields["module"] = ModuleText("compiled", "hlo", compiled_text)
     leaves = None
-    if wanted & {Section.SHARDINGS, Section.MEMORY}:
+    if wanted & {Section.SHARDINGS, Section.MEMORY, Section.COLLECTIVES}:
         from stagetool.analysis.shardings import input_leaves, output_leaves
 
         leaves = (input_leaves(inputs, staged.compiled),
@@ -239,7 +242,14 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
 
         capacity, source = _capacity(plan, options, setup)
         fields["memory"] = memory_section(staged.lowered, staged.compiled, *leaves, capacity_bytes=capacity,
-                                          capacity_source=source, top=options.top, peak=options.peak)
+                                          capacity_source=source, top=options.top, peak=options.peak,
+                                          compiled_text=compiled_text)
+    if Section.COLLECTIVES in wanted:
+        from stagetool.analysis.hlo import parse_hlo_module
+        from stagetool.analysis.sections import collectives_section
+
+        fields["collectives"] = collectives_section(parse_hlo_module(compiled_text), setup.mesh, leaves[0],
+                                                    user_files, options.explain)
     notes = [f"warning while staging: {w}" for w in staged.warnings]
     if plan.avals == "local":
         notes.append(f"shapes in the spec are host-local; global shapes computed for {setup.process_count} "

@@ -20,6 +20,15 @@ from stagetool.analysis.memory import (
     memory_of,
     parse_input_output_alias,
 )
+from stagetool.analysis.collectives import (
+    Collective,
+    CollectiveSummary,
+    MeshAxes,
+    collectives_from_parameter,
+    find_collectives,
+    summarize,
+)
+from stagetool.analysis.hlo import HloModule
 from stagetool.analysis.peak import PeakReport, peak_buffers
 from stagetool.report.model import LeafReport
 
@@ -113,7 +122,7 @@ def cost_section(lowered: Any, compiled: Any, device_count: int, chip: Chip | No
 
 def memory_section(lowered: Any, compiled: Any, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...],
                    *, capacity_bytes: int | None, capacity_source: str | None, top: int = 10,
-                   peak: bool = False) -> MemorySection:
+                   peak: bool = False, compiled_text: str | None = None) -> MemorySection:
     """Build :class:`MemorySection`.
 
     Args:
@@ -122,13 +131,14 @@ def memory_section(lowered: Any, compiled: Any, inputs: tuple[LeafReport, ...], 
       capacity_bytes / capacity_source: the device's memory, if known.
       top: how many largest inputs and peak buffers to keep.
       peak: also find the buffers live at the peak (costs one more compile with an XLA dump).
+      compiled_text: ``compiled.as_text()`` if the caller has it already.
     """
     record = memory_of(compiled)
     verdict = fit_verdict(record.peak_bytes, capacity_bytes)
     used = [x for x in inputs if x.bytes_per_device is not None]
     largest = sorted(used, key=lambda x: (-(x.bytes_per_device or 0), x.path))[:top]
     largest_inputs = tuple(LeafBytes(x.path, _shape(x), int(x.bytes_per_device or 0)) for x in largest)
-    donation = _donation(compiled, inputs, outputs)
+    donation = _donation(compiled_text if compiled_text is not None else compiled.as_text(), inputs, outputs)
     peak_report = peak_buffers(lowered, top=top) if peak else None
     return MemorySection(record, capacity_bytes, capacity_source, verdict, largest_inputs, donation, peak_report)
 
@@ -139,11 +149,8 @@ def _shape(x: LeafReport) -> str:
     return shape_str(x.dtype, x.shape)
 
 
-def _donation(compiled: Any, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...]) -> tuple[LeafDonation, ...]:
-    try:
-        aliases = parse_input_output_alias(compiled.as_text())
-    except Exception:  # noqa: BLE001 - no text, no aliasing facts
-        aliases = ()
+def _donation(compiled_text: str, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...]) -> tuple[LeafDonation, ...]:
+    aliases = parse_input_output_alias(compiled_text or "")
     params = [x for x in inputs if x.parameter is not None]
     donated = [False] * len(params)
     for x in params:
@@ -170,3 +177,117 @@ def _output_name(index: tuple[int, ...], outputs: tuple[LeafReport, ...]) -> str
     if len(index) == 1 and 0 <= index[0] < len(outputs):
         return outputs[index[0]].path
     return "out{" + ",".join(str(i) for i in index) + "}"
+
+
+# ---- collectives ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveItem:
+    """One collective and the user's source line that caused it.
+
+    Attributes:
+      collective: the record from :func:`stagetool.analysis.collectives.find_collectives`.
+      source: ``file:line`` of the innermost frame in the user's code (the target's file when it is
+        in the chain, else the first frame outside JAX and the standard library), or None.
+    """
+
+    collective: Collective
+    source: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """``--explain LEAF``: the collectives that move one input leaf.
+
+    Attributes:
+      leaf: the input leaf's key path.
+      parameter: its entry parameter number in the compiled module; None when pruned as unused.
+      collectives: names of the collectives whose operands carry the parameter's values (through
+        fusions, calls, loops and layout/slice ops; not through arithmetic).
+    """
+
+    leaf: str
+    parameter: int | None
+    collectives: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectivesSection:
+    """The collectives the SPMD partitioner inserted into one function's compiled module.
+
+    Attributes:
+      items: every collective in module text order (an async start/done pair counts once), with
+        the user's source line.
+      summary: count and bytes per device by kind, by mesh axes, and by both.
+      explained: the ``--explain`` answers, or () when none was asked.
+    """
+
+    items: tuple[CollectiveItem, ...]
+    summary: CollectiveSummary
+    explained: tuple[Explanation, ...] = ()
+
+
+def collectives_section(module: HloModule, mesh: Any, inputs: tuple[LeafReport, ...] | None,
+                        user_files: list[str], explain: tuple[str, ...] = ()) -> CollectivesSection:
+    """Build :class:`CollectivesSection` from the parsed compiled module.
+
+    Args:
+      module: ``parse_hlo_module(compiled.as_text())``.
+      mesh: the ``jax.sharding.Mesh`` (replica groups are matched against its axes).
+      inputs: per-leaf reports with entry parameter numbers (needed for ``explain``).
+      user_files: the user's source files, preferred when picking the source frame.
+      explain: input leaf paths to explain (see :func:`match_leaves`).
+
+    Raises:
+      UsageError: an ``explain`` leaf that matches no input leaf.
+    """
+    found = find_collectives(module, MeshAxes.from_mesh(mesh))
+    items = tuple(CollectiveItem(c, _user_source(c, user_files)) for c in found)
+    explained = []
+    for leaf in match_leaves(explain, inputs or ()):
+        hits = () if leaf.parameter is None else collectives_from_parameter(module, found, leaf.parameter)
+        explained.append(Explanation(leaf.path, leaf.parameter, tuple(c.name for c in hits)))
+    return CollectivesSection(items, summarize(found), tuple(explained))
+
+
+def match_leaves(patterns: tuple[str, ...], leaves: tuple[LeafReport, ...]) -> list[LeafReport]:
+    """The input leaves each pattern names: an exact key path, or a ``/``-suffix of one (``wq`` names
+    ``params/layers/wq``). In leaf order, each once.
+
+    Raises:
+      UsageError: a pattern that names no leaf, with close matches.
+    """
+    from stagetool.errors import UsageError
+
+    chosen: list[LeafReport] = []
+    for pattern in patterns:
+        hits = [x for x in leaves if x.path == pattern or x.path.endswith("/" + pattern.lstrip("/"))]
+        if not hits:
+            import difflib
+
+            close = difflib.get_close_matches(pattern, [x.path for x in leaves], n=3, cutoff=0.4)
+            raise UsageError(f"--explain {pattern!r} names no input leaf"
+                             + (f"; close matches: {', '.join(close)}" if close else ""),
+                             hint="give a leaf path as 'stagetool shardings' lists it, or its last part")
+        chosen.extend(h for h in hits if h not in chosen)
+    return sorted(chosen, key=lambda x: [y.path for y in leaves].index(x.path))
+
+
+def _user_source(c: Collective, user_files: list[str]) -> str | None:
+    from pathlib import Path
+
+    from stagetool.lowering.target import library_dirs
+
+    chain = c.source_chain or ((c.source,) if c.source else ())
+    if not chain:
+        return None
+    resolved = {str(Path(f).resolve()) for f in user_files}
+    for frame in chain:
+        if str(Path(frame.file).resolve()) in resolved:
+            return f"{frame.file}:{frame.line}"
+    library = library_dirs()
+    for frame in chain:
+        if not any(str(Path(frame.file).resolve()).startswith(d) for d in library):
+            return f"{frame.file}:{frame.line}"
+    return f"{chain[0].file}:{chain[0].line}"

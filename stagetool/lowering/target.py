@@ -165,7 +165,7 @@ def user_frame(exc: BaseException, user_files: list[str]) -> str | None:
         if str(Path(fr.filename).resolve()) in resolved:
             chosen = fr
     if chosen is None:
-        library = _library_dirs()
+        library = library_dirs()
         for fr in tb:
             f = str(Path(fr.filename).resolve()) if not fr.filename.startswith("<") else None
             if f is None or any(f.startswith(d) for d in library):
@@ -176,7 +176,7 @@ def user_frame(exc: BaseException, user_files: list[str]) -> str | None:
     return f"{chosen.filename}:{chosen.lineno} in {chosen.name}" + (f"\n    {chosen.line}" if chosen.line else "")
 
 
-def _library_dirs() -> tuple[str, ...]:
+def library_dirs() -> tuple[str, ...]:
     """Folders whose frames are never the user's: stagetool, JAX, the standard library, site-packages."""
     import sysconfig
 

@@ -45,6 +45,8 @@ def _function(f: FunctionReport) -> list[str]:
     for title, leaves in (("Inputs", f.inputs), ("Outputs", f.outputs)):
         if leaves is not None:
             out += [f"### {title}", ""] + _leaves(leaves) + [""]
+    if f.collectives is not None:
+        out += _collectives(f.collectives)
     if f.cost is not None:
         out += _cost(f.cost)
     if f.memory is not None:
@@ -55,6 +57,16 @@ def _function(f: FunctionReport) -> list[str]:
 def _notes(notes: list[tuple[str, str]]) -> list[str]:
     marks = {"warn": "⚠️ ", "over": "❌ ", "fits": "✅ "}
     return [f"- {marks.get(kind, '')}{text}" for kind, text in notes]
+
+
+def _collectives(c) -> list[str]:
+    if not c.items:
+        out = ["### Collectives", "", "None: no communication between devices.", ""]
+    else:
+        out = [f"### Collectives ({len(c.items)})", ""] + table(*views.collectives_rows(c), "lllrlll") + [""]
+        out += ["#### By kind and mesh axes", ""] + table(*views.collectives_summary_rows(c), "llrrr") + [""]
+    out += [f"- {line}" for line in views.explain_lines(c)] + ([""] if c.explained else [])
+    return out
 
 
 def _cost(c) -> list[str]:

@@ -112,6 +112,8 @@ def _function(f: FunctionReport) -> list[RenderableType]:
         out.append(_leaf_table("inputs", f.inputs, inputs=True))
     if f.outputs is not None:
         out.append(_leaf_table("outputs", f.outputs, inputs=False))
+    if f.collectives is not None:
+        out.extend(_collectives(f.collectives))
     if f.cost is not None:
         out.extend(_cost(f.cost))
     if f.memory is not None:
@@ -214,6 +216,21 @@ def _table(title: str, header: list[str], rows: list[list[str]], right: set[int]
 
 def _notes(notes: list[tuple[str, str]]) -> list[RenderableType]:
     return [Text(text, style=_NOTE_STYLE.get(kind, "")) for kind, text in notes]
+
+
+def _collectives(c: Any) -> list[RenderableType]:
+    if not c.items:
+        out: list[RenderableType] = [Text("collectives: none (no communication between devices)", style="bold")]
+    else:
+        header, rows = views.collectives_rows(c)
+        table = _table(f"collectives ({len(c.items)})", header, rows, {3},
+                       styles={0: {"style": "hlo.collective", "no_wrap": True, "min_width": 10},
+                               **{i: {"no_wrap": True, "min_width": len(header[i])} for i in range(1, 6)},
+                               6: {"overflow": "ellipsis", "min_width": 10, "max_width": 40}})
+        out = [table, _table("collectives by kind and mesh axes", *views.collectives_summary_rows(c), {2, 3, 4})]
+    for line in views.explain_lines(c):
+        out.append(Text("explain " + line))
+    return out
 
 
 def _cost(c: Any) -> list[RenderableType]:

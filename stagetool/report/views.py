@@ -149,3 +149,71 @@ def leaf_notes(leaf: Any) -> list[str]:
     if leaf.local_shape is not None:
         notes.append(f"local {dims_str(leaf.local_shape)}")
     return notes
+
+
+def _axes(axes: tuple[str, ...] | None) -> str:
+    if axes is None:
+        return "(no mesh axes match)"
+    return " × ".join(axes) if axes else "(within a device)"
+
+
+def collectives_rows(c: Any) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)``: one row per collective, in module order."""
+    rows = []
+    for item in c.items:
+        x = item.collective
+        runs = "?" if x.executions is None else str(x.executions)
+        if x.in_loop:
+            runs += " (loop)"
+        types = x.result_types
+        result = ", ".join(types) if len(types) <= 2 else f"{types[0]} +{len(types) - 1} more"
+        rows.append([x.kind + (" (async)" if x.is_async else ""), _axes(x.mesh_axes), result,
+                     format_bytes(x.bytes_per_device), runs, _source(item.source), _op(x.op_name)])
+    return ["kind", "mesh axes", "result per device", "bytes", "runs", "source", "op"], rows
+
+
+def _source(source: str | None) -> str:
+    if not source:
+        return "—"
+    file, _, line = source.rpartition(":")
+    return f"{short_path(file)}:{line}"
+
+
+def _op(op_name: str | None) -> str:
+    """The op name without the leading ``jit(fn)/`` that every op of the function shares."""
+    if not op_name:
+        return "—"
+    head, sep, rest = op_name.partition("/")
+    return rest if sep and head.startswith("jit(") and rest else op_name
+
+
+def collectives_summary_rows(c: Any) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)``: count and bytes per device by kind × mesh axes, then the total."""
+    rows = []
+    for t in c.summary.by_kind_and_mesh_axes:
+        rows.append([t.kind, _axes(t.mesh_axes), str(t.count), format_bytes(t.bytes_per_device),
+                     format_bytes(t.executed_bytes_per_device) + (" (+?)" if t.unknown_executions_count else "")])
+    t = c.summary.total
+    rows.append(["total", "", str(t.count), format_bytes(t.bytes_per_device),
+                 format_bytes(t.executed_bytes_per_device) + (" (+?)" if t.unknown_executions_count else "")])
+    return ["kind", "mesh axes", "count", "bytes per device (each once)", "bytes per device per step"], rows
+
+
+def explain_lines(c: Any) -> list[str]:
+    """One line per ``--explain`` leaf: which collectives move it."""
+    by_name = {item.collective.name: item for item in c.items}
+    out = []
+    for e in c.explained:
+        if e.parameter is None:
+            out.append(f"{e.leaf}: unused (pruned by the compiler): no collective moves it")
+        elif not e.collectives:
+            out.append(f"{e.leaf} (parameter {e.parameter}): no collective moves it; it stays as sharded")
+        else:
+            parts = []
+            for name in e.collectives:
+                item = by_name[name]
+                x = item.collective
+                where = f" at {_source(item.source)}" if item.source else ""
+                parts.append(f"{x.kind} over {_axes(x.mesh_axes)} ({format_bytes(x.bytes_per_device)}){where}")
+            out.append(f"{e.leaf} (parameter {e.parameter}): " + "; ".join(parts))
+    return out
