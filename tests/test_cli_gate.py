@@ -85,8 +85,9 @@ def test_snapshot_check_regression_restore_update(project, capsys, monkeypatch):
     row = next(line for line in out.splitlines() if "input params/w1: sharding" in line)
     assert "P(None, 'model')" in row and "P('model', None)" in row and "regression" in row
     assert "1 function: 1 regression" in out
-    if doc["functions"]["train_step"]["collectives"] is not None:   # once the pipeline fills collectives
-        assert "new collective" in out
+    assert doc["functions"]["train_step"]["collectives"]
+    new = [line for line in out.splitlines() if "new collective" in line]
+    assert new and any("all-gather" in line and "model" in line for line in new), out
     # JUnit: one testcase, failing, naming the leaf and both shardings
     suite = ET.parse(project / "junit.xml").getroot().find("testsuite")
     (case,) = suite.findall("testcase")

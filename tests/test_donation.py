@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.helpers import write
+from helpers import write
 
 
 def test_unusable_donation_is_reported(run_cli, tmp_path):

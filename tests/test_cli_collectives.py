@@ -1,0 +1,139 @@
+"""`stagetool collectives` on three classic layouts, checked against the module JAX compiles itself.
+
+Expected bytes come from shapes × dtype size and the mesh arithmetic; expected counts and replica
+groups from the compiled HLO text of the same function compiled directly with JAX.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from helpers import write
+
+MODEL = """\
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+
+def dp_step(w, x):
+    g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)  # DP-GRAD
+    return w - 0.1 * g
+
+
+def contract(a, b):
+    return a @ b  # CONTRACT
+
+
+def fsdp(w, x):
+    w = jax.lax.with_sharding_constraint(w, P(None, None))  # FSDP-GATHER
+    return jnp.tanh(x @ w)
+"""
+
+SPEC = """\
+version: 1
+mesh: {axes: {data: 2, model: 4}}
+functions:
+  dp:
+    target: m.py:dp_step
+    args: ['f32[64,32]', 'f32[16,64] @ [data, null]']
+  contract:
+    target: m.py:contract
+    args: ['f32[16,64] @ [null, model]', 'f32[64,32] @ [model, null]']
+  fsdp:
+    target: m.py:fsdp
+    args: ['f32[64,32] @ [data, null]', 'f32[16,64]']
+"""
+
+
+def line_of(path, marker: str) -> int:
+    return next(i for i, text in enumerate(path.read_text().splitlines(), 1) if marker in text)
+
+
+def groups_of(axis: str) -> set[frozenset[int]]:
+    """Device groups (positions in mesh.devices.flat) of one axis of the 2x4 data×model mesh."""
+    ids = np.arange(8).reshape(2, 4)
+    lines = ids.T if axis == "data" else ids
+    return {frozenset(int(i) for i in row) for row in lines}
+
+
+def jax_compiled_text(fn, *args) -> str:
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    structs = [jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec)) for shape, spec in args]
+    with jax.set_mesh(mesh):
+        return jax.jit(fn).trace(*structs).lower().compile().as_text()
+
+
+def count_ops(text: str, kind: str) -> int:
+    """Collectives of one kind in HLO text: sync ops plus async starts (a start/done pair is one)."""
+    return len(re.findall(rf"= [^=]*\b{kind}(-start)?\(", text))
+
+
+def run_collectives(run_cli, tmp_path, function: str, *extra: str) -> dict:
+    write(tmp_path, "m.py", MODEL)
+    spec = write(tmp_path, "m.stagetool.yaml", SPEC)
+    r = run_cli("collectives", "--spec", str(spec), "--function", function, "--format", "json", *extra, check=0)
+    return r.json()
+
+
+def test_data_parallel_gradient_all_reduce_over_data(run_cli, tmp_path, isolated_imports):
+    doc = run_collectives(run_cli, tmp_path, "dp")
+    items = doc["functions"][0]["collectives"]["items"]
+    import m
+
+    text = jax_compiled_text(m.dp_step, ((64, 32), P()), ((16, 64), P("data", None)))
+    assert len(items) == count_ops(text, "all-reduce") + count_ops(text, "all-gather") + count_ops(text, "reduce-scatter")
+    (grad,) = [x for x in items if x["collective"]["kind"] == "all-reduce"]
+    c = grad["collective"]
+    assert c["mesh_axes"] == ["data"]
+    assert c["bytes_per_device"] == 64 * 32 * 4           # the whole replicated gradient, f32
+    assert {frozenset(g) for g in c["replica_groups"]} == groups_of("data")
+    assert grad["source"] == f"{tmp_path / 'm.py'}:{line_of(tmp_path / 'm.py', 'DP-GRAD')}"
+    summary = doc["functions"][0]["collectives"]["summary"]["by_kind_and_mesh_axes"]
+    assert [(r["kind"], r["mesh_axes"], r["count"], r["bytes_per_device"]) for r in summary] == [
+        ("all-reduce", ["data"], 1, 64 * 32 * 4)]
+
+
+def test_contracting_dimension_sharded_over_model_is_all_reduced_over_model(run_cli, tmp_path, isolated_imports):
+    doc = run_collectives(run_cli, tmp_path, "contract")
+    items = doc["functions"][0]["collectives"]["items"]
+    import m
+
+    text = jax_compiled_text(m.contract, ((16, 64), P(None, "model")), ((64, 32), P("model", None)))
+    reduces = [x for x in items if x["collective"]["kind"] == "all-reduce"]
+    assert len(reduces) == count_ops(text, "all-reduce") == 1
+    c = reduces[0]["collective"]
+    assert c["mesh_axes"] == ["model"]
+    assert {frozenset(g) for g in c["replica_groups"]} == groups_of("model")
+    assert c["bytes_per_device"] == 16 * 32 * 4            # each device's partial sum of the full result
+    assert reduces[0]["source"].endswith(f"m.py:{line_of(tmp_path / 'm.py', 'CONTRACT')}")
+
+
+def test_fsdp_parameters_are_all_gathered_over_the_fsdp_axis(run_cli, tmp_path, isolated_imports):
+    doc = run_collectives(run_cli, tmp_path, "fsdp", "--explain", "w")
+    section = doc["functions"][0]["collectives"]
+    import m
+
+    text = jax_compiled_text(m.fsdp, ((64, 32), P("data", None)), ((16, 64), P()))
+    gathers = [x for x in section["items"] if x["collective"]["kind"] == "all-gather"]
+    assert len(gathers) == count_ops(text, "all-gather") == 1
+    c = gathers[0]["collective"]
+    assert c["mesh_axes"] == ["data"]
+    assert c["bytes_per_device"] == 64 * 32 * 4            # the full parameter on every device
+    assert gathers[0]["source"].endswith(f"m.py:{line_of(tmp_path / 'm.py', 'FSDP-GATHER')}")
+    (explained,) = section["explained"]
+    assert explained["leaf"] == "w" and explained["collectives"] == [c["name"]]
+    assert doc["functions"][0]["inputs"] is None  # the collectives command carries no shardings table
+
+
+def test_explain_names_an_unknown_leaf_with_close_matches(run_cli, tmp_path, isolated_imports):
+    write(tmp_path, "m.py", MODEL)
+    spec = write(tmp_path, "m.stagetool.yaml", SPEC)
+    r = run_cli("collectives", "--spec", str(spec), "--function", "fsdp", "--explain", "ww")
+    assert r.code == 2 and "--explain 'ww' names no input leaf" in r.stderr and "Traceback" not in r.stderr
