@@ -78,13 +78,9 @@ def rule(path: str):
     return P()
 
 
-@pytest.mark.slow
-def test_transformer_shardings_match_jax(run_cli):
-    r = run_cli("shardings", "examples/transformer.py:train_step", "--mesh", "2x4", "--format", "json", check=0)
-    doc = r.json()
-    (f,) = doc["functions"]
-    assert f["mesh"]["axes"] == [["data", 2], ["model", 4]] and f["mesh"]["device_count"] == 8
-
+def transformer_stages():
+    """The transformer example staged directly with JAX, on inputs built here from the sizes and the
+    rules above (not from stagetool's spec handling): ``(args, traced, lowered, compiled)``."""
     model = load_example("transformer")
     mesh = auto_mesh()
     key = jax.random.key(0)
@@ -102,7 +98,18 @@ def test_transformer_shardings_match_jax(run_cli):
     args = (place(params, "params"), place(opt, "opt_state"), batch)
     with jax.set_mesh(mesh):
         traced = jax.jit(model.train_step, static_argnames=("n_heads",), donate_argnums=(0, 1)).trace(*args, n_heads=4)
-        compiled = traced.lower().compile()
+        lowered = traced.lower()
+        compiled = lowered.compile()
+    return args, traced, lowered, compiled
+
+
+@pytest.mark.slow
+def test_transformer_shardings_match_jax(run_cli):
+    r = run_cli("shardings", "examples/transformer.py:train_step", "--mesh", "2x4", "--format", "json", check=0)
+    doc = r.json()
+    (f,) = doc["functions"]
+    assert f["mesh"]["axes"] == [["data", 2], ["model", 4]] and f["mesh"]["device_count"] == 8
+    args, traced, _, compiled = transformer_stages()
 
     flat_in, _ = jax.tree_util.tree_flatten_with_path(args)
     names = ("params", "opt_state", "batch")
@@ -126,6 +133,34 @@ def test_transformer_shardings_match_jax(run_cli):
     assert all(ins[p]["donated"] for p in ins if p.startswith(("params/", "opt_state/")))
     assert not any(ins[p]["donated"] for p in ins if p.startswith("batch/"))
     assert ins["opt_state/step"]["shape"] == [] and ins["opt_state/step"]["dtype"] == "int32"
+
+
+@pytest.mark.slow
+def test_transformer_cost_and_memory_equal_jax(run_cli):
+    """Issue 3's "done when": per-device figures are Compiled's, whole-program ones Lowered's."""
+    cost = run_cli("cost", "examples/transformer.py:train_step", "--mesh", "2x4", "--format", "json", check=0)
+    memory = run_cli("memory", "examples/transformer.py:train_step", "--mesh", "2x4", "--no-peak", "--format", "json",
+                     check=0)
+    c = cost.json()["functions"][0]["cost"]
+    m = memory.json()["functions"][0]["memory"]["record"]
+    _, _, lowered, compiled = transformer_stages()
+    per_device, whole = compiled.cost_analysis(), lowered.cost_analysis()
+    assert c["per_device"]["scope"] == "per_device" and c["whole_program"]["scope"] == "whole_program"
+    for ours, raw in ((c["per_device"], per_device), (c["whole_program"], whole)):
+        assert ours["flops"] == raw["flops"]
+        assert ours["transcendentals"] == raw["transcendentals"]
+        assert ours["bytes_accessed"] == raw["bytes accessed"]
+        assert ours["arithmetic_intensity_flops_per_byte"] == pytest.approx(raw["flops"] / raw["bytes accessed"])
+    # The partitioned program does about 1/8 of the work on each of the 8 devices.
+    assert c["per_device"]["flops"] == pytest.approx(whole["flops"] / 8, rel=0.1)
+    stats = compiled.memory_analysis()
+    assert m["argument_bytes"] == stats.argument_size_in_bytes
+    assert m["output_bytes"] == stats.output_size_in_bytes
+    assert m["alias_bytes"] == stats.alias_size_in_bytes
+    assert m["temp_bytes"] == stats.temp_size_in_bytes
+    assert m["generated_code_bytes"] == stats.generated_code_size_in_bytes
+    assert m["peak_bytes"] == max(stats.peak_memory_in_bytes, stats.argument_size_in_bytes
+                                  + stats.output_size_in_bytes - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
 
 
 # ---- the MLP ----------------------------------------------------------------------------------
