@@ -321,11 +321,11 @@ def normalise_cost(raw: Any, *, scope: str, source: str | None = None,
                       suspects=tuple(suspects))
 
 
-def whole_program_cost(lowered: Any) -> CostRecord:
+def whole_program_cost(lowered: Any, *, program_text: str | None = None) -> CostRecord:
     """Whole-program cost from ``lowered.cost_analysis()`` (``jax.stages.Lowered``).
 
     Figures are for the unpartitioned program (all devices together). The 0-FLOPs check
-    scans ``lowered.as_text()`` for dots/convolutions. Exceptions raised by the backend's
+    scans ``program_text`` (default ``lowered.as_text()``) for dots/convolutions. Exceptions raised by the backend's
     ``cost_analysis()`` become a not-reported record with the error text as reason.
     """
     try:
@@ -333,10 +333,12 @@ def whole_program_cost(lowered: Any) -> CostRecord:
     except Exception as e:  # noqa: BLE001 - backend failures are data here
         return _not_reported(SCOPE_WHOLE_PROGRAM, _SOURCE[SCOPE_WHOLE_PROGRAM],
                              f"cost_analysis() raised {type(e).__name__}: {e}")
-    try:
-        text = lowered.as_text()
-    except Exception:  # noqa: BLE001
-        text = None
+    text = program_text
+    if text is None:
+        try:
+            text = lowered.as_text()
+        except Exception:  # noqa: BLE001
+            text = None
     return normalise_cost(raw, scope=SCOPE_WHOLE_PROGRAM, program_text=text)
 
 

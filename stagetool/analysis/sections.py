@@ -107,11 +107,12 @@ class MemorySection:
 def cost_section(lowered: Any, compiled: Any, device_count: int, chip: Chip | None = None,
                  dtype: str = "bf16") -> CostSection:
     """Build :class:`CostSection` from the lowered and compiled stages (never raises on missing data)."""
-    whole = whole_program_cost(lowered)
     try:
-        has_dot = has_dot_or_convolution(lowered.as_text())
+        text = lowered.as_text()
     except Exception:  # noqa: BLE001 - the check is advisory
-        has_dot = None
+        text = None
+    whole = whole_program_cost(lowered, program_text=text)
+    has_dot = has_dot_or_convolution(text) if text is not None else None
     per_device = per_device_cost(compiled, has_dot_or_conv=has_dot)
     estimate = None
     if chip is not None:
@@ -242,8 +243,14 @@ def collectives_section(module: HloModule, mesh: Any, inputs: tuple[LeafReport, 
     Raises:
       UsageError: an ``explain`` leaf that matches no input leaf.
     """
+    from pathlib import Path
+
+    from stagetool.lowering.target import library_dirs
+
     found = find_collectives(module, MeshAxes.from_mesh(mesh))
-    items = tuple(CollectiveItem(c, _user_source(c, user_files)) for c in found)
+    user = {str(Path(f).resolve()) for f in user_files}
+    library = library_dirs()
+    items = tuple(CollectiveItem(c, _user_source(c, user, library)) for c in found)
     explained = []
     for leaf in match_leaves(explain, inputs or ()):
         hits = () if leaf.parameter is None else collectives_from_parameter(module, found, leaf.parameter)
@@ -274,19 +281,16 @@ def match_leaves(patterns: tuple[str, ...], leaves: tuple[LeafReport, ...]) -> l
     return sorted(chosen, key=lambda x: [y.path for y in leaves].index(x.path))
 
 
-def _user_source(c: Collective, user_files: list[str]) -> str | None:
+def _user_source(c: Collective, user: set[str], library: tuple[str, ...]) -> str | None:
+    """``file:line`` of the frame in the user's files, else the first outside ``library``, else innermost."""
     from pathlib import Path
-
-    from stagetool.lowering.target import library_dirs
 
     chain = c.source_chain or ((c.source,) if c.source else ())
     if not chain:
         return None
-    resolved = {str(Path(f).resolve()) for f in user_files}
     for frame in chain:
-        if str(Path(frame.file).resolve()) in resolved:
+        if str(Path(frame.file).resolve()) in user:
             return f"{frame.file}:{frame.line}"
-    library = library_dirs()
     for frame in chain:
         if not any(str(Path(frame.file).resolve()).startswith(d) for d in library):
             return f"{frame.file}:{frame.line}"
