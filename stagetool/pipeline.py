@@ -327,22 +327,26 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
             mesh_spec = parse_mesh_option(mesh, MeshSpec(()))
         except ValueError as e:
             raise UsageError(str(e)) from None
-    setup = provision(mesh_spec, platform=platform, topology=topology)
+    layout = mesh_spec
+    if topology is not None and not mesh_spec.axes:
+        from stagetool.lowering.topology import tpu_topology
+
+        layout = MeshSpec((("devices", tpu_topology(topology).num_devices),))  # list them all, in one axis
+    setup = provision(layout, platform=platform, topology=topology)
     if topology is None:
         import jax
 
         all_devices = jax.devices(setup.platform)
     else:
-        all_devices = list(setup.devices)
+        all_devices = sorted(setup.devices, key=lambda d: d.id)
     infos = tuple(DeviceInfo(int(d.id), int(getattr(d, "process_index", 0)), str(getattr(d, "device_kind", "")),
                              tuple(int(c) for c in d.coords) if getattr(d, "coords", None) is not None else None)
                   for d in all_devices)
-    memory = None
-    try:
-        stats = all_devices[0].memory_stats()
-        memory = int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
-    except Exception:
-        memory = None
+    memory = setup.capacity_bytes
+    if memory is None:
+        from stagetool.analysis.memory import device_capacity
+
+        memory = device_capacity(all_devices[0]).bytes_limit
     jax_v, jaxlib_v = _jax_versions()
     return DevicesReport(
         platform=setup.platform, device_kind=setup.device_kind, device_count=len(infos),

@@ -78,11 +78,12 @@ def rule(path: str):
     return P()
 
 
-def transformer_stages():
+def transformer_stages(mesh=None):
     """The transformer example staged directly with JAX, on inputs built here from the sizes and the
-    rules above (not from stagetool's spec handling): ``(args, traced, lowered, compiled)``."""
+    rules above (not from stagetool's spec handling): ``(args, traced, lowered, compiled)``.
+    ``mesh`` defaults to the 2x4 data×model mesh over the first 8 CPU devices."""
     model = load_example("transformer")
-    mesh = auto_mesh()
+    mesh = mesh if mesh is not None else auto_mesh()
     key = jax.random.key(0)
     params = jax.eval_shape(functools.partial(model.init_params, **SIZES), key)
     opt = jax.eval_shape(functools.partial(model.init_opt_state, **SIZES), key)
