@@ -1,5 +1,55 @@
-"""stagetool: what will XLA do with my JAX function on this mesh?"""
+"""stagetool: what will XLA do with my JAX function on this mesh?
+
+The Python API (the same report the CLI renders)::
+
+    from stagetool import Options, Section, analyze
+
+    report = analyze(Options(target="examples/mlp.py:train_step", mesh="2x4"), [Section.SHARDINGS, Section.COST])
+
+Names are imported lazily, so ``import stagetool`` (and ``stagetool --help``) do not import JAX.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 from stagetool._version import __version__
 
-__all__ = ["__version__"]
+_EXPORTS = {
+    "Options": "stagetool.pipeline",
+    "Section": "stagetool.pipeline",
+    "REPORT_SECTIONS": "stagetool.pipeline",
+    "analyze": "stagetool.pipeline",
+    "staged_functions": "stagetool.pipeline",
+    "devices_report": "stagetool.pipeline",
+    "load_spec": "stagetool.spec",
+    "Report": "stagetool.report.model",
+    "FunctionReport": "stagetool.report.model",
+    "LeafReport": "stagetool.report.model",
+    "Format": "stagetool.report",
+    "render": "stagetool.report",
+    "StagetoolError": "stagetool.errors",
+    "UsageError": "stagetool.errors",
+    "SpecError": "stagetool.errors",
+    "TargetError": "stagetool.errors",
+    "StagingError": "stagetool.errors",
+    "BaselineError": "stagetool.errors",
+    "ExitCode": "stagetool.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stagetool' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,43 @@
+"""The code paths that differ on attached GPUs, exercised with stand-in devices (no GPU needed)."""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import pytest
+
+from stagetool.errors import UsageError
+from stagetool.lowering import devices as devices_mod
+from stagetool.pipeline import Options, Plan, _capacity
+from stagetool.spec import MeshSpec, Spec
+
+
+def fake_gpu(i: int, limit: int = 80 * 2**30):
+    return types.SimpleNamespace(id=i, platform="gpu", device_kind="NVIDIA H100 80GB HBM3", process_index=0,
+                                 memory_stats=lambda: {"bytes_limit": limit, "bytes_in_use": 0})
+
+
+def test_too_few_gpus_is_a_usage_error_that_suggests_simulating(monkeypatch):
+    monkeypatch.setattr(jax, "devices", lambda platform=None: [fake_gpu(0), fake_gpu(1)])
+    with pytest.raises(UsageError) as e:
+        devices_mod.provision(MeshSpec((("data", 2), ("model", 4))), platform="gpu")
+    assert e.value.message == "the mesh data=2×model=4 needs 8 devices, but platform gpu has 2"
+    assert "--platform cpu" in e.value.hint
+
+
+def test_capacity_comes_from_the_gpu(monkeypatch):
+    setup = types.SimpleNamespace(devices=(fake_gpu(0, 12345),), device_kind="NVIDIA H100 80GB HBM3",
+                                  capacity_bytes=None, capacity_source=None)
+    plan = Plan(Spec(None, MeshSpec(()), None, None, "global", {}), (), MeshSpec(()), "gpu", None, "global")
+    assert _capacity(plan, Options(), setup) == (12345, "jax.Device.memory_stats()['bytes_limit']")
+    # --device-memory wins over what the device says.
+    assert _capacity(plan, Options(device_memory="1GiB"), setup) == (2**30, "--device-memory")
+
+
+def test_capacity_falls_back_to_the_chip_table_for_a_known_gpu_kind():
+    dev = types.SimpleNamespace(id=0, platform="gpu", memory_stats=lambda: None)
+    setup = types.SimpleNamespace(devices=(dev,), device_kind="NVIDIA H100 80GB HBM3", capacity_bytes=None,
+                                  capacity_source=None)
+    plan = Plan(Spec(None, MeshSpec(()), None, None, "global", {}), (), MeshSpec(()), "gpu", None, "global")
+    assert _capacity(plan, Options(), setup) == (80 * 10**9, "chip table (h100-sxm)")
