@@ -283,10 +283,13 @@ FailIfOverOpt = Annotated[bool, typer.Option(
 TopOpt = Annotated[int, typer.Option("--top", help="How many largest inputs and peak buffers to list.", min=1)]
 
 
-def _fit_exit(report: Any) -> None:
-    """Exit 1 when any function's peak is over the device memory (``--fail-if-over``)."""
+def _emit_with_verdict(command: str, options: Any, sections: list, fmt: Format, output: Optional[Path],
+                       fail_if_over: bool) -> None:
+    """Analyse and emit; with ``--fail-if-over``, exit 1 when any function's peak is over the device memory."""
+    report = _analyze(command, options, sections)
+    emit(report, fmt, output)
     over = [f.name for f in report.functions if f.memory is not None and f.memory.verdict.fits is False]
-    if over:
+    if fail_if_over and over:
         _stderr().print(f"[bold red]does not fit:[/] {', '.join(over)}")
         raise typer.Exit(int(ExitCode.FINDINGS))
 
@@ -339,10 +342,7 @@ def memory(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pl
         opts = dataclasses.replace(
             _options(target, spec, mesh, platform, topology, function, local_avals, processes),
             device_memory=device_memory, chip=chip, peak=peak, top=top)
-        report = _analyze("memory", opts, [Section.MEMORY])
-        emit(report, format, output)
-        if fail_if_over:
-            _fit_exit(report)
+        _emit_with_verdict("memory", opts, [Section.MEMORY], format, output, fail_if_over)
 
 
 @app.command()
@@ -361,10 +361,7 @@ def report(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pl
         opts = dataclasses.replace(
             _options(target, spec, mesh, platform, topology, function, local_avals, processes),
             device_memory=device_memory, chip=chip, peak=peak, top=top)
-        doc = _analyze("report", opts, list(REPORT_SECTIONS))
-        emit(doc, format, output)
-        if fail_if_over:
-            _fit_exit(doc)
+        _emit_with_verdict("report", opts, list(REPORT_SECTIONS), format, output, fail_if_over)
 
 
 @app.command()

@@ -492,12 +492,19 @@ class _Parser:
                 ok = False
         return LeafSpec(tuple(shape), dtype, sharding, loc) if ok else None
 
+    def target_of(self, node: yaml.MappingNode, key: str, path: str) -> str | None:
+        """The ``file.py:name`` / ``pkg.mod:name`` under ``key``, or None after recording the problem."""
+        target = _plain(_get(node, key))
+        if not isinstance(target, str) or ":" not in target:
+            self.issues.add(_get(node, key), f"{path}.{key}",
+                            f"{key} must name a callable as 'file.py:name' or 'pkg.mod:name', not {target!r}")
+            return None
+        return target
+
     def call(self, node: yaml.MappingNode, path: str) -> CallSpec | None:
         _check_keys(self.issues, node, path, {"call", "args", "kwargs"})
-        target = _plain(_get(node, "call"))
-        if not isinstance(target, str) or ":" not in target:
-            self.issues.add(_get(node, "call"), f"{path}.call",
-                            f"call must name a callable as 'file.py:name' or 'pkg.mod:name', not {target!r}")
+        target = self.target_of(node, "call", path)
+        if target is None:
             return None
         args = self.args_list(_get(node, "args"), f"{path}.args")
         kwargs = self.kwargs_map(_get(node, "kwargs"), f"{path}.kwargs")
@@ -505,10 +512,8 @@ class _Parser:
 
     def init(self, node: yaml.MappingNode, path: str) -> InitSpec | None:
         _check_keys(self.issues, node, path, {"init", "init_args", "init_kwargs", "rules"})
-        target = _plain(_get(node, "init"))
-        if not isinstance(target, str) or ":" not in target:
-            self.issues.add(_get(node, "init"), f"{path}.init",
-                            f"init must name a function as 'file.py:name' or 'pkg.mod:name', not {target!r}")
+        target = self.target_of(node, "init", path)
+        if target is None:
             return None
         args = self.args_list(_get(node, "init_args"), f"{path}.init_args")
         kwargs = self.kwargs_map(_get(node, "init_kwargs"), f"{path}.init_kwargs")
