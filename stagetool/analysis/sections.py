@@ -52,7 +52,7 @@ class CostSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class LeafBytes:
+class InputBytes:
     """An input leaf and its bytes per device (for "which parameters dominate")."""
 
     path: str
@@ -99,7 +99,7 @@ class MemorySection:
     capacity_bytes: int | None
     capacity_source: str | None
     verdict: FitVerdict
-    largest_inputs: tuple[LeafBytes, ...]
+    largest_inputs: tuple[InputBytes, ...]
     donation: tuple[LeafDonation, ...]
     peak: PeakReport | None = None
 
@@ -138,7 +138,7 @@ def memory_section(lowered: Any, compiled: Any, inputs: tuple[LeafReport, ...], 
     verdict = fit_verdict(record.peak_bytes, capacity_bytes)
     used = [x for x in inputs if x.bytes_per_device is not None]
     largest = sorted(used, key=lambda x: (-(x.bytes_per_device or 0), x.path))[:top]
-    largest_inputs = tuple(LeafBytes(x.path, _shape(x), int(x.bytes_per_device or 0)) for x in largest)
+    largest_inputs = tuple(InputBytes(x.path, _shape(x), int(x.bytes_per_device or 0)) for x in largest)
     donation = _donation(compiled_text if compiled_text is not None else compiled.as_text(), inputs, outputs)
     peak_report = peak_buffers(lowered, top=top) if peak else None
     return MemorySection(record, capacity_bytes, capacity_source, verdict, largest_inputs, donation, peak_report)
