@@ -295,29 +295,6 @@ def parse_size(text: str | int) -> int:
     return int(value.to_integral_value(rounding=ROUND_FLOOR))
 
 
-def format_bytes(n: int | float | None, *, binary: bool = True) -> str:
-    """Format a byte count with a human unit, deterministically.
-
-    Binary units (KiB, MiB, GiB, TiB, PiB; steps of 1024) by default, decimal (KB ... PB) with
-    ``binary=False``. Below one step: ``"512 B"``; otherwise two decimals: ``"1.50 GiB"``.
-    Negative numbers keep their sign; ``None`` gives ``"n/a"``.
-    """
-    if n is None:
-        return "n/a"
-    sign = "-" if n < 0 else ""
-    v = abs(float(n))
-    step = 1024 if binary else 1000
-    units = ["KiB", "MiB", "GiB", "TiB", "PiB"] if binary else ["KB", "MB", "GB", "TB", "PB"]
-    if v < step:
-        return f"{sign}{int(v) if v == int(v) else round(v, 2)} B"
-    unit = None
-    for unit in units:
-        v /= step
-        if round(v, 2) < step:
-            break
-    return f"{sign}{v:.2f} {unit}"
-
-
 @dataclasses.dataclass(frozen=True)
 class Capacity:
     """Memory capacity of one device, in bytes.

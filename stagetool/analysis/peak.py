@@ -233,98 +233,47 @@ def parse_live_range_peak(text: str) -> PeakLiveRange | None:
 
 
 # --------------------------------------------------------------------------- module text
-# TODO(merge): replace ModuleIndex with stagetool/analysis/hlo.py once it lands.
-
-_TABLE_ROW = re.compile(r"^(\d+) (.*)$")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\(")
-_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
-_FRAME_ID = re.compile(r"stack_frame_id=(\d+)")
-_ATTR = re.compile(r"(\w+)=(\d+)")
-_LAYOUT = re.compile(r"\{[^{}]*\}")
-
-
-def _split_top_level(text: str) -> list[str]:
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    if cur:
-        parts.append("".join(cur).strip())
-    return parts
 
 
 class ModuleIndex:
-    """A minimal index of optimised HLO module text: instruction shapes and source locations.
+    """Instruction shapes and source locations of optimised HLO module text, by instruction name.
 
-    Reads the ``FileNames`` / ``FunctionNames`` / ``FileLocations`` / ``StackFrames`` tables
-    and, per instruction, its result shape and metadata. Instruction names are unique within
-    an HLO module, so a flat mapping is enough.
+    A thin view over :func:`stagetool.analysis.hlo.parse_hlo_module` (instruction names are unique
+    within an HLO module, so a flat mapping is enough).
     """
 
     def __init__(self, module_text: str):
-        self._files: dict[int, str] = {}
-        self._functions: dict[int, str] = {}
-        self._locations: dict[int, dict[str, int]] = {}
-        self._frames: dict[int, dict[str, int]] = {}
-        self._shapes: dict[str, str] = {}
-        self._meta: dict[str, tuple[str | None, int | None]] = {}
-        table = None
-        tables = {"FileNames", "FunctionNames", "FileLocations", "StackFrames"}
-        for ln in module_text.splitlines():
-            s = ln.strip()
-            if s in tables:
-                table = s
-                continue
-            if table and (m := _TABLE_ROW.match(s)):
-                key, rest = int(m.group(1)), m.group(2)
-                if table == "FileNames":
-                    self._files[key] = rest.strip('"')
-                elif table == "FunctionNames":
-                    self._functions[key] = rest.strip('"')
-                elif table == "FileLocations":
-                    self._locations[key] = {k: int(v) for k, v in _ATTR.findall(rest)}
-                else:
-                    self._frames[key] = {k: int(v) for k, v in _ATTR.findall(rest)}
-                continue
-            table = None
-            m = _INSTRUCTION.match(ln)
-            if m and not s.startswith(("HloModule", "ENTRY")):
-                name = m.group(1)
-                self._shapes[name] = m.group(2)
-                op = _OP_NAME.search(ln)
-                fid = _FRAME_ID.search(ln)
-                self._meta[name] = (op.group(1) if op else None, int(fid.group(1)) if fid else None)
+        from stagetool.analysis.hlo import parse_hlo_module
+
+        self._module = parse_hlo_module(module_text)
+        self._by_name = {i.name: i for c in self._module.computations for i in c.instructions}
 
     def shape(self, instruction_name: str, shape_index: tuple[int, ...] = ()) -> str | None:
         """HLO shape of an instruction's result (or of one tuple element), layouts dropped."""
-        s = self._shapes.get(instruction_name)
-        if s is None:
-            return None
+        from stagetool.analysis.hlo import ArrayShape, TupleShape
+
+        ins = self._by_name.get(instruction_name)
+        shape = ins.shape if ins is not None else None
         for i in shape_index:
-            if not (s.startswith("(") and s.endswith(")")):
+            if not isinstance(shape, TupleShape) or i >= len(shape.elements):
                 return None
-            parts = _split_top_level(s[1:-1])
-            if i >= len(parts):
-                return None
-            s = parts[i]
-        return _LAYOUT.sub("", s)
+            shape = shape.elements[i]
+        if isinstance(shape, ArrayShape):
+            return shape.type_text()
+        if isinstance(shape, TupleShape):
+            return "(" + ", ".join(a.type_text() for a in shape.arrays()) + ")"
+        return None
 
     def resolve(self, instruction_name: str) -> SourceLocation:
         """Op name and innermost recorded source frame of an instruction (Nones when unknown)."""
-        op_name, frame_id = self._meta.get(instruction_name, (None, None))
-        frame = self._frames.get(frame_id) if frame_id is not None else None
-        loc = self._locations.get(frame.get("file_location_id", -1)) if frame else None
-        if not loc:
+        ins = self._by_name.get(instruction_name)
+        if ins is None:
+            return SourceLocation(None, None, None, None)
+        op_name = ins.metadata.op_name if ins.metadata is not None else None
+        frames = self._module.source_stack(ins)
+        if not frames:
             return SourceLocation(op_name, None, None, None)
-        return SourceLocation(op_name, self._files.get(loc.get("file_name_id", -1)), loc.get("line"),
-                              self._functions.get(loc.get("function_name_id", -1)))
+        return SourceLocation(op_name, frames[0].file, frames[0].line, frames[0].function)
 
 
 # --------------------------------------------------------------------------- driver
