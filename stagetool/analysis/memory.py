@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from typing import Any
 
+from stagetool.analysis.cost import Suspect
 from stagetool.errors import UsageError
 
 _SOURCE = "jax.stages.Compiled.memory_analysis()"
@@ -62,7 +63,7 @@ class MemoryRecord:
       peak_bytes: the figure to compare with capacity: the larger of the two above.
       peak_source: ``"reported"``, ``"estimate"`` (argument+output-alias+temp) or None.
       reason: why nothing was reported (None when memory_analysis() gave an object).
-      suspects: ``(field, reason)`` pairs for figures that look wrong.
+      suspects: figures that look wrong, as :class:`stagetool.analysis.cost.Suspect` records.
     """
 
     argument_bytes: int | None
@@ -80,7 +81,7 @@ class MemoryRecord:
     peak_bytes: int | None
     peak_source: str | None
     reason: str | None
-    suspects: tuple[tuple[str, str], ...] = ()
+    suspects: tuple[Suspect, ...] = ()
     source: str = _SOURCE
 
 
@@ -109,21 +110,21 @@ def normalise_memory(stats: Any) -> MemoryRecord:
                             reason=f"{_SOURCE} returned None: the backend reports no memory analysis")
     vals = {f: _int_or_none(stats, attr) for f, attr in _FIELDS}
     reported = _int_or_none(stats, "peak_memory_in_bytes")
-    suspects: list[tuple[str, str]] = []
+    suspects: list[Suspect] = []
     for f, v in [*vals.items(), ("peak_bytes_reported", reported)]:
         if v is not None and v < 0:
-            suspects.append((f, f"negative byte count {v}"))
+            suspects.append(Suspect(f, f"negative byte count {v}"))
     a, o, al, t = (vals["argument_bytes"], vals["output_bytes"], vals["alias_bytes"], vals["temp_bytes"])
     estimate = None
     if None not in (a, o, al, t):
         estimate = a + o - al + t
         if al > o:
-            suspects.append(("alias_bytes", f"aliased bytes {al} exceed output bytes {o}"))
+            suspects.append(Suspect("alias_bytes", f"aliased bytes {al} exceed output bytes {o}"))
     if reported is not None and t is not None and reported < t:
-        suspects.append(("peak_bytes_reported",
-                         f"peak_memory_in_bytes {reported} is smaller than the temp allocation {t}; "
-                         "this backend's figure leaves out temporaries (seen on CPU), "
-                         "peak_bytes uses argument+output-alias+temp instead"))
+        suspects.append(Suspect("peak_bytes_reported",
+                                f"peak_memory_in_bytes {reported} is smaller than the temp allocation {t}; "
+                                "this backend's figure leaves out temporaries (seen on CPU), "
+                                "peak_bytes uses argument+output-alias+temp instead"))
     if reported is None and estimate is None:
         peak, src = None, None
     elif estimate is None or (reported is not None and reported >= estimate):

@@ -102,8 +102,8 @@ def memory_notes(m: Any) -> list[tuple[str, str]]:
     out = []
     if rec.reason:
         out.append(("warn", f"not reported: {rec.reason}"))
-    for field, why in rec.suspects:
-        out.append(("info", f"suspect {field}: {why}"))
+    for s in rec.suspects:
+        out.append(("info", f"suspect {s.field}: {s.reason}"))
     v = m.verdict
     if v.fits is None:
         out.append(("info", "capacity: unknown (the device reports none; give --device-memory 16GiB or --chip NAME)"))

@@ -53,7 +53,7 @@ def test_peak_includes_temp_even_when_reported_peak_does_not():
     if jax.default_backend() == "cpu":  # jaxlib 0.10.2 CPU: peak_memory_in_bytes leaves out temp
         assert rec.peak_bytes_reported < rec.temp_bytes
         assert rec.peak_source == "estimate"
-        assert [f for f, _ in rec.suspects] == ["peak_bytes_reported"]
+        assert [s.field for s in rec.suspects] == ["peak_bytes_reported"]
 
 
 def test_no_memory_analysis_is_data():
