@@ -90,8 +90,10 @@ def test_bad_device_memory_is_a_usage_error(run_cli, spec):
 def test_report_markdown_renders_as_tables(run_cli, spec):
     text = run_cli("report", "--spec", str(spec), "--format", "markdown", check=0).stdout
     html = MarkdownIt("commonmark").enable("table").render(text)
-    # Per function: inputs, outputs, collectives summary (matmul only), cost, memory, largest inputs.
-    assert html.count("<table>") >= 10
+    # Per function: shardings summary, cost, memory, largest inputs; matmul adds its collectives and
+    # their summary: 2 × 4 + 2.
+    assert html.count("<table>") == 10
+    assert re.search(r"<th[^>]*>sharded over</th>", html)
     assert re.search(r"<th[^>]*>per device</th>", html) and re.search(r"<th[^>]*>whole program</th>", html)
     assert re.search(r"<td[^>]*>FLOPs</td>", html)
     # No row lost its cells: every row has as many cells as its table's header.

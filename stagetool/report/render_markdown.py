@@ -27,11 +27,11 @@ def render(doc: Report | DevicesReport, *, color: bool = False, width: int = 120
     """The document as Markdown text ending in a newline."""
     del color, width
     lines = _devices(doc) if isinstance(doc, DevicesReport) else [
-        line for f in doc.functions for line in _function(f)]
+        line for f in doc.functions for line in _function(f, summary=doc.command == "report")]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _function(f: FunctionReport) -> list[str]:
+def _function(f: FunctionReport, *, summary: bool = False) -> list[str]:
     mesh = " × ".join(f"{n}={s}" for n, s in f.mesh.axes) or "1 device"
     t = f.timings
     stages = ", ".join(f"{name} {format_seconds(v)}" for name, v in
@@ -42,9 +42,13 @@ def _function(f: FunctionReport) -> list[str]:
     out += [f"> {n}" for n in f.notes] + ([""] if f.notes else [])
     if f.module is not None:
         out += [f"### {f.module.stage.capitalize()} module ({f.module.dialect})", "", "```", f.module.text.rstrip(), "```", ""]
-    for title, leaves in (("Inputs", f.inputs), ("Outputs", f.outputs)):
-        if leaves is not None:
-            out += [f"### {title}", ""] + _leaves(leaves) + [""]
+    if summary and f.inputs is not None:
+        out += ["### Shardings", ""] + table(*views.shardings_summary_rows(f.inputs, f.outputs), "lrrrr") + [""]
+        out += [f"- {line}" for line in views.shardings_summary_notes(f.inputs)] + [""]
+    else:
+        for title, leaves in (("Inputs", f.inputs), ("Outputs", f.outputs)):
+            if leaves is not None:
+                out += [f"### {title}", ""] + _leaves(leaves) + [""]
     if f.collectives is not None:
         out += _collectives(f.collectives)
     if f.cost is not None:

@@ -64,7 +64,7 @@ def renderables(doc: Report | DevicesReport) -> list[RenderableType]:
         return _devices(doc)
     out: list[RenderableType] = []
     for f in doc.functions:
-        out.extend(_function(f))
+        out.extend(_function(f, summary=doc.command == "report"))
     return out
 
 
@@ -102,16 +102,22 @@ def _header(f: FunctionReport) -> list[RenderableType]:
     return out
 
 
-def _function(f: FunctionReport) -> list[RenderableType]:
+def _function(f: FunctionReport, *, summary: bool = False) -> list[RenderableType]:
+    """One function's sections; with ``summary`` (the one-screen ``report``) the shardings tables are
+    folded into counts by mesh axes (the JSON keeps every leaf)."""
     out = _header(f)
     if f.module is not None:
         label = f"{f.module.stage} module ({f.module.dialect})"
         out.append(Text(label, style="bold"))
         out.append(ModuleHighlighter()(Text(f.module.text.rstrip())))
-    if f.inputs is not None:
-        out.append(_leaf_table("inputs", f.inputs, inputs=True))
-    if f.outputs is not None:
-        out.append(_leaf_table("outputs", f.outputs, inputs=False))
+    if summary and f.inputs is not None:
+        out.append(_table("shardings", *views.shardings_summary_rows(f.inputs, f.outputs), {1, 2, 3, 4}))
+        out.extend(Text(line, style="dim") for line in views.shardings_summary_notes(f.inputs))
+    else:
+        if f.inputs is not None:
+            out.append(_leaf_table("inputs", f.inputs, inputs=True))
+        if f.outputs is not None:
+            out.append(_leaf_table("outputs", f.outputs, inputs=False))
     if f.collectives is not None:
         out.extend(_collectives(f.collectives))
     if f.cost is not None:

@@ -217,3 +217,45 @@ def explain_lines(c: Any) -> list[str]:
                 parts.append(f"{x.kind} over {_axes(x.mesh_axes)} ({format_bytes(x.bytes_per_device)}){where}")
             out.append(f"{e.leaf} (parameter {e.parameter}): " + "; ".join(parts))
     return out
+
+
+def _sharded_over(compiled: str | None) -> str:
+    """The mesh axes a compiled sharding text (``P(None, 'model')``) uses: ``model``; ``replicated``."""
+    if compiled is None:
+        return "unused (pruned)"
+    import re
+
+    axes = re.findall(r"'([^']+)'", compiled)
+    return " × ".join(dict.fromkeys(axes)) if axes else "replicated"
+
+
+def shardings_summary_rows(inputs: Any, outputs: Any) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)``: leaves and bytes per device by the mesh axes their compiled sharding uses,
+    for inputs and outputs side by side; a short form of the shardings tables for ``report``."""
+    groups: dict[str, list[int]] = {}
+    for side, leaves in ((0, inputs or ()), (1, outputs or ())):
+        for x in leaves:
+            g = groups.setdefault(_sharded_over(x.compiled), [0, 0, 0, 0])
+            g[side * 2] += 1
+            g[side * 2 + 1] += x.bytes_per_device or 0
+    order = sorted(groups, key=lambda k: (k in ("replicated", "unused (pruned)"), k == "unused (pruned)", k))
+    rows = [[k, str(g[0]), format_bytes(g[1]), str(g[2]), format_bytes(g[3])] for k, g in
+            ((k, groups[k]) for k in order)]
+    totals = [sum(groups[k][i] for k in groups) for i in range(4)]
+    rows.append(["total", str(totals[0]), format_bytes(totals[1]), str(totals[2]), format_bytes(totals[3])])
+    return ["sharded over", "inputs", "per device", "outputs", "per device"], rows
+
+
+def shardings_summary_notes(inputs: Any) -> list[str]:
+    """The input leaves worth a line of their own: chosen by the partitioner, unused, donation count."""
+    out = []
+    for x in inputs or ():
+        if x.declared == "auto" and not x.unused:
+            out.append(f"chosen by the partitioner: {x.path} → {x.compiled}")
+    unused = [x.path for x in inputs or () if x.unused]
+    if unused:
+        out.append("unused (pruned by the compiler): " + ", ".join(unused))
+    donated = sum(1 for x in inputs or () if x.donated)
+    if donated:
+        out.append(f"donated: {donated} of {len(inputs)} input leaves")
+    return out
