@@ -130,13 +130,21 @@ def _stderr():
 
 @contextlib.contextmanager
 def _errors(debug: bool) -> Iterator[None]:
-    """Map stagetool errors to one message on stderr and a fixed exit code; tracebacks only with --debug."""
+    """Map errors to one message on stderr and a fixed exit code.
+
+    A :class:`StagetoolError` exits with its own code. Anything else escaped from JAX or from
+    stagetool itself: one line and exit 3. ``--debug`` adds the full traceback, never another code.
+    """
     try:
         yield
+    except typer.Exit:
+        raise
     except StagetoolError as e:
-        if debug:
-            raise
         err = _stderr()
+        if debug:
+            import traceback
+
+            traceback.print_exc()
         err.print(f"[bold red]error:[/] {_escape(e.message)}")
         frame = getattr(e, "user_frame", None)
         if frame:
@@ -144,6 +152,25 @@ def _errors(debug: bool) -> Iterator[None]:
         if e.hint:
             err.print(f"  [dim]hint:[/] {_escape(e.hint)}")
         raise typer.Exit(int(e.exit_code)) from None
+    except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback without --debug
+        err = _stderr()
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0]
+        err.print(f"[bold red]error:[/] unexpected {type(e).__name__}: {_escape(first)}")
+        if not debug:
+            err.print("  [dim]hint:[/] rerun with --debug for the traceback, and report it if it is not your code's")
+        raise typer.Exit(int(ExitCode.JAX)) from None
+
+
+@contextlib.contextmanager
+def _user_stdout_to_stderr() -> Iterator[None]:
+    """While the user's code is imported and traced, its ``print`` goes to stderr: stdout carries only
+    the payload (``stagetool lower f.py:f > f.mlir``, ``--format json | jq``)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 def _escape(text: str) -> str:
@@ -162,9 +189,9 @@ def _width() -> int:
 
         return shutil.get_terminal_size((120, 40)).columns
     try:
-        return int(os.environ.get("COLUMNS", "120"))
+        return int(os.environ.get("COLUMNS", "160"))  # piped: wide enough that no column is cut
     except ValueError:
-        return 120
+        return 160
 
 
 def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) -> None:
@@ -222,7 +249,7 @@ def _analyze(command: str, options: Any, sections: list) -> Any:
     from stagetool.pipeline import analyze
 
     options = _joined(options)
-    with _status() as on_stage:
+    with _status() as on_stage, _user_stdout_to_stderr():
         return analyze(options, sections, command=command, on_stage=on_stage)
 
 

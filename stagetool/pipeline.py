@@ -222,6 +222,11 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
             else staged.lowered.as_text()
         fields["module"] = ModuleText("lowered", options.dialect, text)
     compiled_text = staged.compiled.as_text() if needs_compile else None  # once: parsing is linear in it
+    module = None
+    if wanted & {Section.COST, Section.COLLECTIVES}:
+        from stagetool.analysis.hlo import parse_hlo_module
+
+        module = parse_hlo_module(compiled_text)
     if Section.COMPILED_TEXT in wanted:
         fields["module"] = ModuleText("compiled", "hlo", compiled_text)
     leaves = None
@@ -235,8 +240,9 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
     if Section.COST in wanted:
         from stagetool.analysis.sections import cost_section
 
-        fields["cost"] = cost_section(staged.lowered, staged.compiled, len(setup.devices),
-                                      _chip(plan, options, setup))
+        chip = _chip(plan, options, setup)
+        fields["cost"] = cost_section(staged.lowered, staged.compiled, len(setup.devices), chip,
+                                      _roofline_dtype(inputs, chip), module)
     if Section.MEMORY in wanted:
         from stagetool.analysis.sections import memory_section
 
@@ -245,17 +251,30 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
                                           capacity_source=source, top=options.top, peak=options.peak,
                                           compiled_text=compiled_text)
     if Section.COLLECTIVES in wanted:
-        from stagetool.analysis.hlo import parse_hlo_module
         from stagetool.analysis.sections import collectives_section
 
-        fields["collectives"] = collectives_section(parse_hlo_module(compiled_text), setup.mesh, leaves[0],
-                                                    user_files, options.explain)
+        fields["collectives"] = collectives_section(module, setup.mesh, leaves[0], user_files, options.explain)
     notes = [f"warning while staging: {w}" for w in staged.warnings]
+    narrow = sorted({x.dtype for x in inputs.leaves if x.dtype in ("bfloat16", "float16")})
+    if setup.platform == "cpu" and narrow and needs_compile:
+        notes.append(f"XLA:CPU computes {'/'.join(narrow)} dot products in f32: collectives, temporaries and bytes "
+                     "accessed can be up to 2x what a GPU or TPU compile gives; use --topology (compile-only TPU) "
+                     "or an attached accelerator for those figures")
     if plan.avals == "local":
         notes.append(f"shapes in the spec are host-local; global shapes computed for {setup.process_count} "
                      f"process(es)" + (" (simulated with --processes)" if options.processes else ""))
     return FunctionReport(fspec.name, fspec.target, mesh, StageTimes(t.trace_s, t.lower_s, t.compile_s),
                           notes=tuple(notes), **fields)
+
+
+def _roofline_dtype(inputs: Any, chip: Any) -> str:
+    """Which peak FLOP/s the roofline uses: ``bf16`` when any input is 16-bit floating point, else
+    ``f32`` — unless the chip publishes no f32 peak (TPUs: their default matmul precision runs f32
+    matmuls as bf16 passes on the MXU), then ``bf16``."""
+    dtypes = {x.dtype for x in inputs.leaves}
+    if dtypes & {"bfloat16", "float16"}:
+        return "bf16"
+    return "f32" if chip is None or chip.peak_flops_per_second_f32 else "bf16"
 
 
 def _chip_table(plan: Plan) -> dict:

@@ -12,7 +12,6 @@ from helpers import REPO, leaves_by_path, run_subprocess, write
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stagetool.errors import StagingError
 from stagetool.report import Format
 from stagetool.report.model import SCHEMA_VERSION
 
@@ -357,10 +356,14 @@ def test_trace_failure_exits_3_with_jax_message_and_user_line(run_cli, project):
     assert f"at {project / 'model.py'}:22 in bad_trace" in err and "y = x @ w" in err
 
 
-def test_debug_lets_the_error_through(run_cli, project):
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(run_cli, project):
     write(project, "bad.stagetool.yaml", "functions: {f: {target: model.py:bad_trace, args: ['f32[8,3]', 'f32[4,5]']}}\n")
-    with pytest.raises(StagingError):          # --debug lets the exception (and its traceback) through
-        run_cli("shardings", "--spec", project / "bad.stagetool.yaml", "--debug")
+    r = run_cli("shardings", "--spec", project / "bad.stagetool.yaml", "--debug")
+    assert r.code == 3                          # a JAX failure stays exit 3 with --debug
+    assert "Traceback (most recent call last)" in r.stderr and "StagingError" in r.stderr
+    assert "error: f: trace failed" in r.stderr
+    r = run_cli("shardings", "--spec", project / "nope.yaml", "--debug")
+    assert r.code == 2 and "Traceback" in r.stderr  # a usage error stays exit 2
 
 
 def test_compile_failure_exits_3(run_cli, project):

@@ -881,3 +881,12 @@ def collectives_from_parameter(
         return ()
     analyze(entry, ((parameter_number, True),), 0)
     return tuple(c for c in collectives if (c.computation, c.name) in hits or any(piece in hits for piece in c.merged))
+
+
+def while_loops(module: HloModule) -> tuple[tuple[str, int | None], ...]:
+    """Every ``while`` instruction of the module with its trip count (None when unknown), in text order.
+
+    Cost analysis counts a loop body once whatever its trip count; callers use this to say so.
+    """
+    return tuple((ins.name, _trip_count(module, comp, ins))
+                 for comp in module.computations for ins in comp.instructions if ins.opcode == "while")

@@ -27,6 +27,7 @@ from stagetool.analysis.collectives import (
     collectives_from_parameter,
     find_collectives,
     summarize,
+    while_loops,
 )
 from stagetool.analysis.hlo import HloModule
 from stagetool.analysis.peak import PeakReport, peak_buffers
@@ -43,12 +44,16 @@ class CostSection:
       device_count: devices in the mesh (whole program ≈ per device × devices for fully sharded work).
       roofline: the ``--chip`` lower bound on step time from the per-device figures (an estimate),
         or None when no chip was given.
+      loop_trip_counts: the trip count of every ``while`` loop of the compiled module (None when
+        unknown). XLA's cost analysis counts a loop body once, so with loops the FLOPs and bytes
+        are a lower bound; a ``scan`` over N layers is undercounted about N-fold in its body.
     """
 
     per_device: CostRecord
     whole_program: CostRecord
     device_count: int
     roofline: RooflineEstimate | None = None
+    loop_trip_counts: tuple[int | None, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +110,12 @@ class MemorySection:
 
 
 def cost_section(lowered: Any, compiled: Any, device_count: int, chip: Chip | None = None,
-                 dtype: str = "bf16") -> CostSection:
-    """Build :class:`CostSection` from the lowered and compiled stages (never raises on missing data)."""
+                 dtype: str = "bf16", module: HloModule | None = None) -> CostSection:
+    """Build :class:`CostSection` from the lowered and compiled stages (never raises on missing data).
+
+    ``dtype`` picks the chip's peak FLOP/s for the roofline (``bf16`` or ``f32``); ``module`` is the
+    parsed compiled module, for its loops.
+    """
     try:
         text = lowered.as_text()
     except Exception:  # noqa: BLE001 - the check is advisory
@@ -118,7 +127,8 @@ def cost_section(lowered: Any, compiled: Any, device_count: int, chip: Chip | No
     if chip is not None:
         estimate = roofline(chip, flops_per_device=per_device.flops,
                             bytes_accessed_per_device=per_device.bytes_accessed, dtype=dtype)
-    return CostSection(per_device, whole, device_count, estimate)
+    loops = tuple(n for _, n in while_loops(module)) if module is not None else ()
+    return CostSection(per_device, whole, device_count, estimate, loops)
 
 
 def memory_section(lowered: Any, compiled: Any, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...],

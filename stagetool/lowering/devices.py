@@ -87,8 +87,13 @@ def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str
 
         if platform in (None, "cpu"):
             _request_cpu_devices(jax, -(-needed // (job_processes or 1)))
+        from stagetool.lowering.topology import captured_stderr_fd
+
         try:
-            devices = jax.devices(platform) if platform else jax.devices()
+            # Backends start here. With libtpu installed but no TPU attached, its plugin prints
+            # start-up warnings on fd 2 before JAX falls back to the CPU: keep them off the terminal.
+            with captured_stderr_fd():
+                devices = jax.devices(platform) if platform else jax.devices()
         except RuntimeError as e:
             raise UsageError(f"--platform {platform}: no such backend here ({str(e).splitlines()[0]})",
                              hint="run 'stagetool devices' to see what JAX finds, or use --platform cpu") from None

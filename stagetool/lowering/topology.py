@@ -140,7 +140,7 @@ def libtpu_version() -> str | None:
 
 
 @contextlib.contextmanager
-def _captured_stderr_fd() -> Iterator[list[str]]:
+def captured_stderr_fd() -> Iterator[list[str]]:
     """Send file descriptor 2 to a temporary file; yields a list that receives its text."""
     captured: list[str] = []
     try:
@@ -185,7 +185,7 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
     # Internal error when accessing libtpu multi-process lockfile".
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     canonical = f"{kind}:{_dims_text(name)}"
-    with _captured_stderr_fd() as noise:
+    with captured_stderr_fd() as noise:
         kwargs = {} if chips_per_host_bounds is None else {
             "chips_per_host_bounds": [int(b) for b in chips_per_host_bounds]}
         try:

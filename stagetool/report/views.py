@@ -68,6 +68,11 @@ def cost_notes(c: Any) -> list[tuple[str, str]]:
             out.append(("info", f"{scope}: {field} n/a: {why}"))
         for s in rec.suspects:
             out.append(("warn", f"{scope}: suspect {s.field}: {s.reason}"))
+    if c.loop_trip_counts:
+        trips = ", ".join("?" if n is None else str(n) for n in c.loop_trip_counts)
+        n = len(c.loop_trip_counts)
+        out.append(("warn", f"{n} while loop{'s' if n != 1 else ''} (trip count{'s' if n != 1 else ''} {trips}): "
+                            "XLA's cost analysis counts a loop body once, so FLOPs and bytes are a lower bound"))
     r = c.roofline
     if r is not None:
         if r.lower_bound_seconds is None:

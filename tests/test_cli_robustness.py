@@ -1,0 +1,79 @@
+"""What the user's code and the environment must not do to stagetool's output and exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+from helpers import REPO, write
+
+
+def test_prints_in_user_code_do_not_corrupt_the_payload(run_cli, tmp_path):
+    write(tmp_path, "p.py", """\
+        print("importing p")
+
+        def f(x):
+            print("tracing f")
+            return x * 2
+    """)
+    spec = write(tmp_path, "p.stagetool.yaml", "functions:\n  f: {target: p.py:f, args: ['f32[4]']}\n")
+    r = run_cli("lower", "--spec", str(spec), check=0)
+    assert r.stdout.startswith("module @jit_f") and "tracing f" not in r.stdout
+    assert "importing p" in r.stderr and "tracing f" in r.stderr
+    r = run_cli("shardings", "--spec", str(spec), "--format", "json", check=0)
+    assert r.json()["functions"][0]["name"] == "f"
+
+
+def test_an_unexpected_exception_is_one_line_and_exit_3(run_cli, tmp_path, monkeypatch):
+    write(tmp_path, "q.py", "def f(x):\n    return x + 1\n")
+    spec = write(tmp_path, "q.stagetool.yaml", "functions:\n  f: {target: q.py:f, args: ['f32[4]']}\n")
+
+    def broken(self):
+        raise RuntimeError("INTERNAL: the backend fell over\nsecond line")
+
+    monkeypatch.setattr(jax.stages.Compiled, "as_text", broken)
+    r = run_cli("compile", "--spec", str(spec))
+    assert r.code == 3 and "Traceback" not in r.stderr
+    assert "error: unexpected RuntimeError: INTERNAL: the backend fell over" in r.stderr
+    assert "second line" not in r.stderr and "--debug" in r.stderr
+
+
+def test_loops_and_16_bit_inputs_on_cpu_are_flagged(run_cli, tmp_path):
+    write(tmp_path, "s.py", """\
+        import jax
+        import jax.numpy as jnp
+
+        def f(ws, x):
+            def body(x, w):
+                return jnp.tanh(x @ w), None
+            return jax.lax.scan(body, x, ws)[0]
+    """)
+    spec = write(tmp_path, "s.stagetool.yaml", "functions:\n  f: {target: s.py:f, args: ['bf16[4,64,64]', 'bf16[8,64]']}\n")
+    doc = run_cli("cost", "--spec", str(spec), "--chip", "tpu-v5e", "--format", "json", check=0).json()
+    f = doc["functions"][0]
+    assert f["cost"]["loop_trip_counts"] == [4]
+    assert f["cost"]["roofline"]["dtype"] == "bf16"
+    assert any(n.startswith("XLA:CPU computes bfloat16 dot products in f32") for n in f["notes"])
+    text = run_cli("cost", "--spec", str(spec), check=0).stdout
+    assert "1 while loop (trip count 4): XLA's cost analysis counts a loop body once" in text
+
+
+def test_f32_roofline_uses_the_f32_peak_where_published(run_cli, tmp_path):
+    write(tmp_path, "m.py", "def f(a, b):\n    return a @ b\n")
+    spec = write(tmp_path, "m.stagetool.yaml", "functions:\n  f: {target: m.py:f, args: ['f32[64,64]', 'f32[64,64]']}\n")
+    gpu = run_cli("cost", "--spec", str(spec), "--chip", "a100-80gb", "--format", "json", check=0).json()
+    assert gpu["functions"][0]["cost"]["roofline"]["dtype"] == "f32"
+    assert gpu["functions"][0]["cost"]["roofline"]["peak_flops_per_second"] == 19.5e12
+    tpu = run_cli("cost", "--spec", str(spec), "--chip", "tpu-v5e", "--format", "json", check=0).json()
+    assert tpu["functions"][0]["cost"]["roofline"]["dtype"] == "bf16"  # TPUs publish no f32 peak
+
+
+def test_a_cpu_run_prints_nothing_on_stderr_in_a_fresh_process():
+    """With libtpu installed (as `.ci/run` does) but no TPU, its start-up warnings must not show."""
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    r = subprocess.run([sys.executable, "-m", "stagetool", "shardings", "examples/mlp.py:train_step", "--format",
+                        "json", "-o", os.devnull], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip() == f"wrote {os.devnull}", r.stderr
