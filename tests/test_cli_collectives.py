@@ -137,3 +137,12 @@ def test_explain_names_an_unknown_leaf_with_close_matches(run_cli, tmp_path, iso
     spec = write(tmp_path, "m.stagetool.yaml", SPEC)
     r = run_cli("collectives", "--spec", str(spec), "--function", "fsdp", "--explain", "ww")
     assert r.code == 2 and "--explain 'ww' names no input leaf" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_explain_separates_moving_a_leaf_from_what_its_values_flow_into(run_cli, tmp_path, isolated_imports):
+    doc = run_collectives(run_cli, tmp_path, "contract", "--explain", "a")
+    section = doc["functions"][0]["collectives"]
+    (reduce,) = [x["collective"]["name"] for x in section["items"] if x["collective"]["kind"] == "all-reduce"]
+    (explained,) = section["explained"]
+    # `a` stays sharded on model columns; the partial products it feeds are all-reduced over model.
+    assert explained["collectives"] == [] and explained["downstream"] == [reduce]

@@ -215,12 +215,15 @@ class Explanation:
       leaf: the input leaf's key path.
       parameter: its entry parameter number in the compiled module; None when pruned as unused.
       collectives: names of the collectives whose operands carry the parameter's values (through
-        fusions, calls, loops and layout/slice ops; not through arithmetic).
+        fusions, calls, loops and layout/slice ops; not through arithmetic): what moves the leaf.
+      downstream: names of the further collectives whose operands depend on it through computation
+        (a partial sum of a sharded matmul, a gradient): what the leaf's sharding causes.
     """
 
     leaf: str
     parameter: int | None
     collectives: tuple[str, ...]
+    downstream: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,8 +266,13 @@ def collectives_section(module: HloModule, mesh: Any, inputs: tuple[LeafReport, 
     items = tuple(CollectiveItem(c, _user_source(c, user, library)) for c in found)
     explained = []
     for leaf in match_leaves(explain, inputs or ()):
-        hits = () if leaf.parameter is None else collectives_from_parameter(module, found, leaf.parameter)
-        explained.append(Explanation(leaf.path, leaf.parameter, tuple(c.name for c in hits)))
+        if leaf.parameter is None:
+            explained.append(Explanation(leaf.path, None, ()))
+            continue
+        moved = tuple(c.name for c in collectives_from_parameter(module, found, leaf.parameter))
+        after = collectives_from_parameter(module, found, leaf.parameter, through_compute=True)
+        explained.append(Explanation(leaf.path, leaf.parameter, moved,
+                                     tuple(c.name for c in after if c.name not in moved)))
     return CollectivesSection(items, summarize(found), tuple(explained))
 
 

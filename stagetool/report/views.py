@@ -205,22 +205,35 @@ def collectives_summary_rows(c: Any) -> tuple[list[str], list[list[str]]]:
 
 
 def explain_lines(c: Any) -> list[str]:
-    """One line per ``--explain`` leaf: which collectives move it."""
+    """One line per ``--explain`` leaf: the collectives that move it, then those its values flow into."""
     by_name = {item.collective.name: item for item in c.items}
+
+    def describe(names: tuple[str, ...]) -> str:
+        parts = []
+        for name in names:
+            item = by_name[name]
+            x = item.collective
+            where = f" at {_source(item.source)}" if item.source else ""
+            parts.append(f"{x.kind} over {_axes(x.mesh_axes)} ({format_bytes(x.bytes_per_device)}){where}")
+        return "; ".join(parts)
+
     out = []
     for e in c.explained:
         if e.parameter is None:
-            out.append(f"{e.leaf}: unused (pruned by the compiler): no collective moves it")
-        elif not e.collectives:
-            out.append(f"{e.leaf} (parameter {e.parameter}): no collective moves it; it stays as sharded")
-        else:
-            parts = []
-            for name in e.collectives:
-                item = by_name[name]
-                x = item.collective
-                where = f" at {_source(item.source)}" if item.source else ""
-                parts.append(f"{x.kind} over {_axes(x.mesh_axes)} ({format_bytes(x.bytes_per_device)}){where}")
-            out.append(f"{e.leaf} (parameter {e.parameter}): " + "; ".join(parts))
+            out.append(f"{e.leaf}: unused (pruned by the compiler): no collective touches it")
+            continue
+        moved = f"moved by {describe(e.collectives)}" if e.collectives else "no collective moves it (it stays as sharded)"
+        line = f"{e.leaf} (parameter {e.parameter}): {moved}"
+        if e.downstream:
+            groups: dict[tuple, list[int]] = {}
+            for name in e.downstream:
+                x = by_name[name].collective
+                g = groups.setdefault((x.kind, _axes(x.mesh_axes)), [0, 0])
+                g[0] += 1
+                g[1] += x.bytes_per_device or 0
+            flows = ", ".join(f"{n} {kind} over {axes} ({format_bytes(b)})" for (kind, axes), (n, b) in groups.items())
+            line += f"; its values flow (through computation) into {flows}"
+        out.append(line)
     return out
 
 
