@@ -122,6 +122,9 @@ def make_plan(options: Options) -> Plan:
     platform = options.platform or spec.platform
     topology = options.topology or spec.topology
     avals = "local" if options.local_avals else spec.avals
+    if options.processes is not None and avals != "local":
+        raise UsageError(f"--processes {options.processes} simulates hosts for local avals, but the shapes are global",
+                         hint="add --local-avals (or 'avals: local' in the spec)")
     return Plan(spec, tuple(functions), mesh, platform, topology, avals)
 
 

@@ -370,6 +370,7 @@ def test_compile_failure_exits_3(run_cli, project):
     write(project, "bad.stagetool.yaml", "functions: {f: {target: model.py:bad_compile, args: ['f32[8]']}}\n")
     err = one_error(run_cli("compile", "--spec", project / "bad.stagetool.yaml"), code=3)
     assert "f: compile failed:" in err and "No FFI handler registered for stagetool_cli_no_such_handler" in err
+    assert "model.py:" in err and "in bad_compile (the function being compiled)" in err
     run_cli("lower", "--spec", project / "bad.stagetool.yaml", check=0)    # lowering alone succeeds
 
 

@@ -77,3 +77,8 @@ def test_a_cpu_run_prints_nothing_on_stderr_in_a_fresh_process():
                         "json", "-o", os.devnull], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stderr.strip() == f"wrote {os.devnull}", r.stderr
+
+
+def test_processes_without_local_avals_is_a_usage_error(run_cli):
+    r = run_cli("shardings", str(REPO / "examples" / "mlp.py") + ":train_step", "--processes", "2")
+    assert r.code == 2 and "--processes 2 simulates hosts for local avals" in r.stderr and "--local-avals" in r.stderr

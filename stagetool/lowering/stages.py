@@ -127,7 +127,7 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
                 warnings.simplefilter("always")
                 out = fn()
         except Exception as e:
-            raise _staging_error(e, stage_name, name, user_files) from None
+            raise _staging_error(e, stage_name, name, user_files, jitted) from None
         timings[stage_name] = time.perf_counter() - start
         for w in caught:
             text = str(w.message).strip().splitlines()[0]
@@ -146,7 +146,19 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
                   tuple(warned))
 
 
-def _staging_error(e: Exception, stage_name: str, name: str, user_files: list[str]) -> StagingError:
+def _definition(fn: Any) -> str | None:
+    """``file:line in name`` where the (unwrapped) function is defined, or None."""
+    import inspect
+
+    try:
+        target = inspect.unwrap(fn)
+        _, line = inspect.getsourcelines(target)
+        return f"{inspect.getsourcefile(target)}:{line} in {target.__name__} (the function being compiled)"
+    except (TypeError, OSError, AttributeError):
+        return None
+
+
+def _staging_error(e: Exception, stage_name: str, name: str, user_files: list[str], jitted: Any = None) -> StagingError:
     text = str(e).strip()
     # JAX appends a long "The stack trace below excludes JAX-internal frames" note; keep the message.
     for marker in ("\n--------------------", "\nThe stack trace below excludes JAX-internal frames"):
@@ -155,5 +167,9 @@ def _staging_error(e: Exception, stage_name: str, name: str, user_files: list[st
     lines = text.splitlines()
     if len(lines) > 25:
         text = "\n".join(lines[:25] + [f"... ({len(lines) - 25} more lines; --debug shows everything)"])
+    frame = user_frame(e, user_files)
+    if frame is None and jitted is not None:
+        # XLA fails below any Python frame of the user's (a compile error): point at the function.
+        frame = _definition(jitted)
     return StagingError(f"{name}: {stage_name} failed: {type(e).__name__}: {text}", stage=stage_name,
-                        function=name, user_frame=user_frame(e, user_files))
+                        function=name, user_frame=frame)

@@ -32,12 +32,13 @@ def render(doc: Report | DevicesReport, *, color: bool = False, width: int = 120
 
 
 def _function(f: FunctionReport, *, summary: bool = False) -> list[str]:
-    mesh = " × ".join(f"{n}={s}" for n, s in f.mesh.axes) or "1 device"
+    mesh = " × ".join(f"{n}={s}" for n, s in f.mesh.axes) or "none"
     t = f.timings
     stages = ", ".join(f"{name} {format_seconds(v)}" for name, v in
                        (("trace", t.trace_s), ("lower", t.lower_s), ("compile", t.compile_s)) if v is not None)
     out = [f"## `{f.name}` — `{f.target}`", "",
-           f"Mesh **{mesh}** on {f.mesh.device_count} {f.mesh.platform} device(s) ({f.mesh.device_kind})"
+           f"Mesh **{mesh}** on {f.mesh.device_count} {f.mesh.platform} device{'s' if f.mesh.device_count != 1 else ''}"
+           + (f" ({f.mesh.device_kind})" if f.mesh.device_kind not in (f.mesh.platform, "") else "")
            + (f", topology `{f.mesh.topology}`" if f.mesh.topology else "") + (f"; {stages}" if stages else "") + ".", ""]
     out += [f"> {n}" for n in f.notes] + ([""] if f.notes else [])
     if f.module is not None:

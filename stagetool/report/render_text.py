@@ -85,8 +85,10 @@ def _bare_modules(doc: Report) -> str:
 
 
 def _header(f: FunctionReport) -> list[RenderableType]:
-    mesh = " × ".join(f"{n}={s}" for n, s in f.mesh.axes) or "1 device"
+    mesh = " × ".join(f"{n}={s}" for n, s in f.mesh.axes) or "none"
     where = f"{f.mesh.device_count} {f.mesh.platform} device{'s' if f.mesh.device_count != 1 else ''}"
+    if f.mesh.device_kind not in (f.mesh.platform, ""):
+        where += f" ({f.mesh.device_kind})"
     if f.mesh.topology:
         where += f" (topology {f.mesh.topology}, compile-only)"
     if f.mesh.process_count > 1:
@@ -148,7 +150,8 @@ def _leaf_table(title: str, leaves: tuple[LeafReport, ...], *, inputs: bool) -> 
             cells.append(format_bytes(leaf.padded_bytes_per_device))
         table.add_row(*cells, "; ".join(views.leaf_notes(leaf)), style=style)
     total = sum(x.bytes_per_device or 0 for x in leaves)
-    table.caption = f"{len(leaves)} leaves, {format_bytes(total)} per device" if leaves else "no array leaves"
+    n = len(leaves)
+    table.caption = f"{n} lea{'ves' if n != 1 else 'f'}, {format_bytes(total)} per device" if leaves else "no array leaves"
     if any(views.leaf_notes(x)[:1] == ["chosen"] for x in leaves):
         table.caption += "; chosen: the SPMD partitioner picked the sharding ('auto' in the spec)"
     table.caption_justify = "left"
