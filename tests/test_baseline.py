@@ -193,7 +193,43 @@ def test_new_removed_failed_functions():
     assert cmp.exit_code() == 3
     # with `only`, baseline functions that were not asked for are not "removed"
     cmp = bl.compare(before, _snap({"f": _entry()}), only=["f"])
-    assert [f.status for f in cmp.functions] == ["ok"]
+    assert [f.status for f in cmp.functions] == ["ok"] and cmp.exit_code() == 0
+
+
+def test_a_function_missing_from_the_run_is_a_regression_a_new_one_is_not():
+    before = _snap({"f": _entry(), "gone": _entry()})
+    cmp = bl.compare(before, _snap({"f": _entry()}))
+    assert [(f.name, f.status) for f in cmp.functions] == [("f", "ok"), ("gone", "removed")]
+    assert [(c.function, c.what, c.status) for c in cmp.regressions] == [("gone", "function", "regression")]
+    assert cmp.exit_code() == 1 and cmp.exit_code(fail_on_regression=False) == 0
+    # a rename: the old name fails, the new one is only shown
+    cmp = bl.compare(before, _snap({"f": _entry(), "renamed": _entry()}))
+    assert {f.name: f.status for f in cmp.functions} == {"f": "ok", "renamed": "new", "gone": "removed"}
+    assert [c.function for c in cmp.regressions] == ["gone"]
+    # only new functions: shown, never failing
+    cmp = bl.compare(_snap({"f": _entry()}), _snap({"f": _entry(), "fresh": _entry()}))
+    assert cmp.exit_code() == 0 and [f.status for f in cmp.functions] == ["ok", "new"]
+    # `order` sorts the results (spec order) without restricting them
+    cmp = bl.compare(before, _snap({"f": _entry(), "h": _entry()}), order=["h", "f"])
+    assert [f.name for f in cmp.functions] == ["h", "f", "gone"]
+
+
+def test_a_missing_function_is_named_in_every_output():
+    cmp = bl.compare(_snap({"f": _entry(), "gone": _entry()}), _snap({"f": _entry()}))
+    text = render_changes.render_text(cmp, width=200)
+    row = next(line for line in text.splitlines() if line.strip().startswith("gone"))
+    assert "function" in row and "present" in row and "regression" in row and "no longer staged" in row
+    assert len([line for line in text.splitlines() if line.strip().startswith("gone")]) == 1
+    md = render_changes.render_markdown(cmp)
+    assert md.startswith("### ❌") and "| `gone` | `function` | `present` | `—` |" in md and "**regression**" in md
+    doc = json.loads(render_changes.render_json(cmp))
+    assert doc["regressions"] == 1
+    gone = next(f for f in doc["functions"] if f["name"] == "gone")
+    assert gone["status"] == "removed" and gone["changes"][0]["status"] == "regression"
+    suite = ET.fromstring(render_changes.junit_xml(cmp)).find("testsuite")
+    assert (suite.get("failures"), suite.get("skipped")) == ("1", "0")
+    case = next(c for c in suite.findall("testcase") if c.get("name") == "gone")
+    assert case.find("failure") is not None and "no longer staged" in case.find("failure").text
 
 
 def test_mesh_change_is_a_regression_for_check_only():

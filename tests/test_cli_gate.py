@@ -173,6 +173,68 @@ def test_live_diff_across_meshes(project, capsys):
     assert "memory.argument_bytes" in out
 
 
+_TWO = """\
+import jax.numpy as jnp
+
+
+def keep(x):
+    return jnp.sin(x) * 2
+
+
+def drop(x):
+    return jnp.cos(x) + 1
+"""
+
+_TWO_SPEC = """\
+version: 1
+mesh:
+  axes: {data: 8}
+functions:
+  keep:
+    target: two.py:keep
+    args: ['f32[64,16] @ [data, null]']
+  drop:
+    target: two.py:drop
+    args: ['f32[64,16] @ [data, null]']
+"""
+
+
+def test_check_fails_when_a_baseline_function_is_no_longer_staged(project, capsys):
+    (project / "two.py").write_text(_TWO)
+    spec = project / "two.stagetool.yaml"
+    spec.write_text(_TWO_SPEC)
+    assert run(capsys, "snapshot", "-s", "two.stagetool.yaml", "-o", "two.lock.json")[0] == 0
+    code, out, _ = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json")
+    assert code == 0 and "2 functions: 2 ok" in out
+
+    spec.write_text(_TWO_SPEC.split("  drop:")[0])     # `drop` deleted from the spec
+    code, out, _ = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json", "--junit-xml", "j.xml")
+    assert code == 1, out
+    row = next(line for line in out.splitlines() if line.strip().startswith("drop"))
+    assert "regression" in row and "no longer staged" in row
+    code, out, _ = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json", "--format", "json")
+    doc = json.loads(out)
+    assert code == 1 and doc["regressions"] == 1
+    assert {f["name"]: f["status"] for f in doc["functions"]} == {"keep": "ok", "drop": "removed"}
+    cases = {c.get("name"): c for c in ET.parse(project / "j.xml").getroot().iter("testcase")}
+    assert cases["drop"].find("failure") is not None and cases["keep"].find("failure") is None
+    code, out, _ = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json", "--format", "markdown")
+    assert code == 1 and out.startswith("### ❌") and "| `drop` | `function` |" in out
+
+    # restricted on purpose: only the selected function is compared, the other is not mentioned
+    spec.write_text(_TWO_SPEC)
+    for argv in (["-f", "keep"], ["two.py:keep"]):
+        code, out, _ = run(capsys, "check", *argv, "-s", "two.stagetool.yaml", "-b", "two.lock.json")
+        assert code == 0 and "1 function: 1 ok" in out and "drop" not in out, (argv, out)
+
+    # a rename: the old name fails, the new one is shown as new
+    spec.write_text(_TWO_SPEC.replace("  drop:", "  dropped:"))
+    code, out, _ = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json", "--format", "json")
+    assert code == 1
+    assert {f["name"]: f["status"] for f in json.loads(out)["functions"]} == {"keep": "ok", "dropped": "new",
+                                                                              "drop": "removed"}
+
+
 def test_snapshot_is_byte_identical_across_processes(project, capsys):
     assert run(capsys, "snapshot", "-s", "mlp.stagetool.yaml", "-o", "inproc.json")[0] == 0
     proc = run_subprocess("snapshot", "-s", "mlp.stagetool.yaml", "-o", "sub.json", cwd=project)

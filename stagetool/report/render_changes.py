@@ -13,7 +13,7 @@ from stagetool.report import Format
 from stagetool.report.units import format_percent
 
 _STATUS_WORD = {"ok": "ok", "regression": "REGRESSION", "failed": "FAILED", "new": "new (not in baseline)",
-                "removed": "removed (in baseline, not run)"}
+                "removed": "removed (in the baseline, no longer staged)"}
 
 
 def _pct(c: Change) -> str:
@@ -63,9 +63,8 @@ def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> st
         if f.status == "failed":
             table.add_row(f.name, "staging", "", "", "", Text(f"FAILED: {f.error}", style="bold red"))
             rows += 1
-        elif f.status in ("new", "removed"):
-            table.add_row(f.name, "function", "—" if f.status == "new" else "present",
-                          "present" if f.status == "new" else "—", "", _STATUS_WORD[f.status])
+        elif f.status == "new":  # a removed function's row is its change (a regression)
+            table.add_row(f.name, "function", "—", "present", "", _STATUS_WORD[f.status])
             rows += 1
         for c in f.changes:
             status = c.status + (f" ({c.note})" if c.note else "")
@@ -94,8 +93,8 @@ def render_markdown(cmp: Comparison, *, color: bool = False, width: int = 120) -
     for f in cmp.functions:
         if f.status == "failed":
             rows.append([f"`{f.name}`", "staging", "", "", "", f"**FAILED**: {f.error}"])
-        elif f.status in ("new", "removed"):
-            rows.append([f"`{f.name}`", "function", "", "", "", _STATUS_WORD[f.status]])
+        elif f.status == "new":  # a removed function's row is its change (a regression)
+            rows.append([f"`{f.name}`", "`function`", "`—`", "`present`", "", _STATUS_WORD[f.status]])
         for c in f.changes:
             status = ("**regression**" if c.status == "regression" else c.status) + (f" ({c.note})" if c.note else "")
             rows.append([f"`{c.function}`", f"`{c.what}`", f"`{c.before}`", f"`{c.after}`", _pct(c), status])
@@ -131,24 +130,28 @@ def render(cmp: Comparison, fmt: Format, *, color: bool = False, width: int = 12
 
 def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:
     """JUnit XML: one ``<testcase>`` per function; ``<failure>`` lists its regressions, ``<error>``
-    a function that failed to compile, ``<skipped>`` one that is new or removed."""
+    a function that failed to compile; a function in the baseline but no longer staged is a
+    ``<failure>`` too; a new one is ``<skipped>``."""
     import xml.etree.ElementTree as ET
 
     root = ET.Element("testsuites", name=suite)
-    failures = sum(1 for f in cmp.functions if f.status == "regression")
+    failures = sum(1 for f in cmp.functions if f.status in ("regression", "removed"))
     errors = len(cmp.failed)
-    skipped = sum(1 for f in cmp.functions if f.status in ("new", "removed"))
+    skipped = sum(1 for f in cmp.functions if f.status == "new")
     ts = ET.SubElement(root, "testsuite", name=cmp.title, tests=str(len(cmp.functions)), failures=str(failures),
                        errors=str(errors), skipped=str(skipped))
     for f in cmp.functions:
         tc = ET.SubElement(ts, "testcase", classname=suite, name=f.name)
         if f.status == "failed":
             ET.SubElement(tc, "error", message=f"{f.name} failed to stage (trace, lower or compile)").text = f.error or ""
+        elif f.status == "removed":
+            el = ET.SubElement(tc, "failure", message=_STATUS_WORD[f.status])
+            el.text = "\n".join(_change_line(c) for c in f.changes)
         elif f.status == "regression":
             regs = [c for c in f.changes if c.status == "regression"]
             el = ET.SubElement(tc, "failure", message=f"{len(regs)} regression{'s' if len(regs) != 1 else ''}")
             el.text = "\n".join(_change_line(c) for c in regs)
-        elif f.status in ("new", "removed"):
+        elif f.status == "new":
             ET.SubElement(tc, "skipped", message=_STATUS_WORD[f.status])
         others = [c for c in f.changes if c.status != "regression"]
         if others:
