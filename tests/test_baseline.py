@@ -356,7 +356,25 @@ def test_every_format_renders_the_change(fmt):
 def test_text_shows_improvement_and_summary():
     text = render_changes.render_text(_regressing_comparison(), width=160)
     assert "improvement" in text and "-50.0%" in text
-    assert "3 functions: 1 regression, 1 failed, 1 ok, 1 improvement" in text
+    assert "3 functions: 1 with regressions (1 failing change), 1 failed to stage, 1 ok; 1 improvement" in text
+
+
+def test_summary_counts_functions_and_changes_unambiguously():
+    grown = _entry(memory=dict(_entry()["memory"], peak_bytes=22_200, temp_bytes=20_000))
+    grown["inputs"] = [dict(grown["inputs"][0], sharding="P('model', None)")]
+    cmp = _compare(_entry(), grown)      # one function, three regressions
+    assert [c.status for c in cmp.regressions] == ["regression"] * 3
+    assert render_changes.summary_line(cmp) == "1 function: 1 with regressions (3 failing changes)"
+    two = bl.compare(_snap({"f": _entry(), "g": _entry()}), _snap({"f": grown, "g": grown}))
+    assert render_changes.summary_line(two) == "2 functions: 2 with regressions (6 failing changes)"
+    small = _entry(cost=dict(_entry()["cost"], flops=1_005_000, bytes_accessed=40_000))   # +0.5%: within 1%
+    cmp = bl.compare(_snap({"f": _entry(), "gone": _entry()}), _snap({"f": small, "fresh": _entry()}))
+    assert render_changes.summary_line(cmp) == ("3 functions: 1 removed (in the baseline, no longer staged), 1 ok, "
+                                                "1 new (not in the baseline); 1 improvement, 1 change shown, not failing")
+    assert render_changes.summary_line(_compare(_entry(), _entry())) == "1 function: 1 ok"
+    assert render_changes.render_markdown(cmp).startswith("### ❌ stagetool check: 3 functions: 1 removed")
+    assert ET.fromstring(render_changes.junit_xml(two)).find("testsuite/testcase/failure").get("message") == \
+        "3 regressions"
 
 
 def test_junit_xml_one_testcase_per_function():

@@ -84,7 +84,8 @@ def test_snapshot_check_regression_restore_update(project, capsys, monkeypatch):
     assert code == 1
     row = next(line for line in out.splitlines() if "input params/w1: sharding" in line)
     assert "P(None, 'model')" in row and "P('model', None)" in row and "regression" in row
-    assert "1 function: 1 regression" in out
+    failing = [line for line in out.splitlines() if "  regression" in line]
+    assert len(failing) > 1 and f"1 function: 1 with regressions ({len(failing)} failing changes)" in out, out
     assert doc["functions"]["train_step"]["collectives"]
     new = [line for line in out.splitlines() if "new collective" in line]
     assert new and any("all-gather" in line and "model" in line for line in new), out
@@ -95,7 +96,7 @@ def test_snapshot_check_regression_restore_update(project, capsys, monkeypatch):
     assert "input params/w1: sharding: P(None, 'model') -> P('model', None)" in case.find("failure").text
     # GitHub step summary: appended, Markdown
     text = summary.read_text()
-    assert text.startswith("earlier step\n### ❌ stagetool check: 1 function: 1 regression")
+    assert text.startswith("earlier step\n### ❌ stagetool check: 1 function: 1 with regressions (")
     assert "| `train_step` | `input params/w1: sharding` | `P(None, 'model')` | `P('model', None)` |" in text
     monkeypatch.delenv("GITHUB_STEP_SUMMARY")
 
@@ -279,7 +280,7 @@ def test_isolate_reports_an_aborting_function_and_checks_the_others(tmp_path):
     assert proc.returncode == 3, proc.stderr
     assert "bad: the process died with SIGABRT" in proc.stderr
     assert "FAILED: the process died with SIGABRT" in proc.stdout
-    assert "2 functions: 1 failed, 1 ok" in proc.stdout
+    assert "2 functions: 1 failed to stage, 1 ok" in proc.stdout
     cases = {c.get("name"): c for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase")}
     assert cases["bad"].find("error") is not None and cases["good"].find("error") is None
     proc = run_subprocess("snapshot", "-s", "funcs.stagetool.yaml", "--isolate", "-o", "all.json", cwd=tmp_path)

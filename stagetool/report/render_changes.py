@@ -27,18 +27,43 @@ def _pct(c: Change) -> str:
     return ("+" if c.change > 0 else "") + format_percent(c.change)
 
 
+def _n(count: int, noun: str, plural: str | None = None) -> str:
+    """``1 function``, ``2 functions`` (``plural`` when it is not ``noun + "s"``)."""
+    return f"{count} {noun if count == 1 else (plural or noun + 's')}"
+
+
 def summary_line(cmp: Comparison) -> str:
-    """``3 functions: 1 regression, 1 failed, 1 ok`` (counts of function statuses) plus improvements."""
-    counts: dict[str, int] = {}
+    """One line of counts, functions first, then changes that do not fail.
+
+    ``3 functions: 1 with regressions (3 failing changes), 1 failed to stage, 1 ok; 2 improvements``.
+    Every function is counted once, by its status: with regressions, removed (in the baseline, no
+    longer staged: fails), failed to stage, ok, new (not in the baseline: does not fail).
+    """
+    by_status: dict[str, list] = {}
     for f in cmp.functions:
-        counts[f.status] = counts.get(f.status, 0) + 1
-    parts = [f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: ["regression", "failed", "ok", "new",
-                                                                             "removed"].index(kv[0]))]
+        by_status.setdefault(f.status, []).append(f)
+    parts = []
+    for status in ("regression", "removed", "failed", "ok", "new"):
+        fs = by_status.get(status, [])
+        if not fs:
+            continue
+        if status == "regression":
+            failing = sum(1 for f in fs for c in f.changes if c.status == "regression")
+            parts.append(f"{len(fs)} with regressions ({_n(failing, 'failing change')})")
+        elif status == "removed":
+            parts.append(f"{len(fs)} removed (in the baseline, no longer staged)")
+        elif status == "failed":
+            parts.append(f"{len(fs)} failed to stage")
+        elif status == "new":
+            parts.append(f"{len(fs)} new (not in the baseline)")
+        else:
+            parts.append(f"{len(fs)} ok")
+    text = f"{_n(len(cmp.functions), 'function')}: " + (", ".join(parts) if parts else "nothing to compare")
     improvements = sum(1 for f in cmp.functions for c in f.changes if c.status == "improvement")
-    if improvements:
-        parts.append(f"{improvements} improvement{'s' if improvements != 1 else ''}")
-    n = len(cmp.functions)
-    return f"{n} function{'s' if n != 1 else ''}: " + (", ".join(parts) if parts else "nothing to compare")
+    within = sum(1 for f in cmp.functions for c in f.changes if c.status == "changed")
+    extra = ([_n(improvements, "improvement")] if improvements else []) + \
+        ([f"{_n(within, 'change')} shown, not failing"] if within else [])
+    return text + ("; " + ", ".join(extra) if extra else "")
 
 
 def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
@@ -149,7 +174,7 @@ def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:
             el.text = "\n".join(_change_line(c) for c in f.changes)
         elif f.status == "regression":
             regs = [c for c in f.changes if c.status == "regression"]
-            el = ET.SubElement(tc, "failure", message=f"{len(regs)} regression{'s' if len(regs) != 1 else ''}")
+            el = ET.SubElement(tc, "failure", message=_n(len(regs), "regression"))
             el.text = "\n".join(_change_line(c) for c in regs)
         elif f.status == "new":
             ET.SubElement(tc, "skipped", message=_STATUS_WORD[f.status])
