@@ -117,6 +117,12 @@ def test_snapshot_check_regression_restore_update(project, capsys, monkeypatch):
     # diff of two snapshot files: shown, exit 0 unless --fail-on-regression
     code, out, _ = run(capsys, "diff", "again.json", "stagetool.lock.json")
     assert code == 0 and "input params/w1: sharding" in out
+    code, out, _ = run(capsys, "diff", "again.json", "stagetool.lock.json", "--format", "json")
+    doc = json.loads(out)
+    assert code == 0 and list(doc)[:2] == ["schema_version", "kind"]
+    assert (doc["schema_version"], doc["kind"], doc["title"]) == (1, "comparison", "stagetool diff")
+    assert (doc["before"], doc["after"]) == ("again.json", "stagetool.lock.json")
+    assert doc["regressions"] == sum(c["status"] == "regression" for f in doc["functions"] for c in f["changes"]) > 0
     assert run(capsys, "diff", "again.json", "stagetool.lock.json", "--fail-on-regression")[0] == 1
     assert run(capsys, "diff", "again.json", "again.json", "--fail-on-regression")[0] == 0
 

@@ -131,12 +131,20 @@ def render_markdown(cmp: Comparison, *, color: bool = False, width: int = 120) -
     return "\n".join(out).rstrip() + "\n"
 
 
+#: ``schema_version`` of the comparison JSON (``check`` / ``diff --format json``).
+COMPARISON_SCHEMA_VERSION = 1
+
+
 def render_json(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
-    """The comparison as JSON: ``{kind: "comparison", regressions, failed, functions: [...]}``."""
+    """The comparison as JSON: ``schema_version`` and ``kind: "comparison"`` first (like the report's
+    JSON), then the :class:`stagetool.baseline.Comparison` fields (``title``, ``before``, ``after``,
+    ``functions``: ``[{name, status, changes: [Change fields], error}]``, ``notices``), then
+    ``regressions`` (the number of failing changes) and ``failed`` (the number of functions that
+    failed to stage)."""
     del color, width
     from stagetool.report.model import to_jsonable
 
-    body = {"kind": "comparison", "schema_version": 1, **to_jsonable(cmp),
+    body = {"schema_version": COMPARISON_SCHEMA_VERSION, "kind": "comparison", **to_jsonable(cmp),
             "regressions": len(cmp.regressions), "failed": len(cmp.failed)}
     return json.dumps(body, indent=2, ensure_ascii=False) + "\n"
 
