@@ -242,6 +242,40 @@ def test_check_fails_when_a_baseline_function_is_no_longer_staged(project, capsy
                                                                               "drop": "removed"}
 
 
+def _workflow_commands() -> tuple[list[str], list[str]]:
+    """The example workflow's ``stagetool ...`` command lines (run steps and the header comment), and
+    its ``pip install`` lines; backslash continuations joined."""
+    import yaml
+
+    text = (EXAMPLES / "ci" / "stagetool-check.yml").read_text()
+    doc = yaml.safe_load(text)
+    runs = [step["run"] for step in doc["jobs"]["stagetool"]["steps"] if "run" in step]
+    script = "\n".join(runs).replace("\\\n", " ").splitlines()
+    comments = [ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("#")]
+    stagetool = [ln.strip() for ln in script + comments if ln.strip().startswith("stagetool ")]
+    pip = [ln.strip() for ln in script if "pip install" in ln]
+    return stagetool, pip
+
+
+def test_example_workflow_commands_run_against_the_real_cli(project, capsys):
+    import shlex
+
+    commands, pip = _workflow_commands()
+    # stagetool is not on PyPI: nothing installs a package named "stagetool" from an index
+    for line in pip:
+        assert "stagetool" not in shlex.split(line), line
+    assert any("install -e ./.stagetool" in line for line in pip)
+    check = next(c for c in commands if "--junit-xml" in c)
+    update = next(c for c in commands if "--update" in c)
+    (project / "mlp.stagetool.yaml").rename(project / "stagetool.yaml")
+    assert run(capsys, "snapshot", "--spec", "stagetool.yaml")[0] == 0
+    code, _, err = run(capsys, *shlex.split(check)[1:])
+    assert code == 0, err
+    assert (project / "stagetool-check.md").read_text().startswith("### ✅ stagetool check: 1 function: 1 ok")
+    assert ET.parse(project / "stagetool-junit.xml").getroot().find("testsuite").get("tests") == "1"
+    assert run(capsys, *shlex.split(update)[1:])[0] == 0
+
+
 def test_snapshot_is_byte_identical_across_processes(project, capsys):
     assert run(capsys, "snapshot", "-s", "mlp.stagetool.yaml", "-o", "inproc.json")[0] == 0
     proc = run_subprocess("snapshot", "-s", "mlp.stagetool.yaml", "-o", "sub.json", cwd=project)
