@@ -242,6 +242,29 @@ def test_check_fails_when_a_baseline_function_is_no_longer_staged(project, capsy
                                                                               "drop": "removed"}
 
 
+def test_update_restricted_to_one_function_keeps_the_others(project, capsys):
+    (project / "two.py").write_text(_TWO)
+    spec = project / "two.stagetool.yaml"
+    spec.write_text(_TWO_SPEC)
+    assert run(capsys, "snapshot", "-s", "two.stagetool.yaml", "-o", "two.lock.json")[0] == 0
+    lock = project / "two.lock.json"
+    doc = json.loads(lock.read_text())
+    spec.write_text(_TWO_SPEC.replace("[data, null]']\n  drop:", "[null, data]']\n  drop:", 1))   # `keep` moves
+    code, _, err = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json", "-f", "keep", "--update")
+    assert code == 0 and "(1 function; 1 other kept as it was)" in err, err
+    after = json.loads(lock.read_text())
+    assert list(after["functions"]) == ["drop", "keep"]
+    assert after["functions"]["drop"] == doc["functions"]["drop"]
+    assert after["functions"]["keep"]["inputs"][0]["sharding"] != doc["functions"]["keep"]["inputs"][0]["sharding"]
+    code, out, _ = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json")
+    assert code == 0 and "2 functions: 2 ok" in out
+    # a baseline from another jax: a partial update would mix the two environments
+    lock.write_text(json.dumps(dict(after, jax_version="0.0.1")))
+    code, _, err = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json", "-f", "keep", "--update")
+    assert code == 2 and "partial update would mix" in err
+    assert json.loads(lock.read_text())["jax_version"] == "0.0.1"
+
+
 def _workflow_commands() -> tuple[list[str], list[str]]:
     """The example workflow's ``stagetool ...`` command lines (run steps and the header comment), and
     its ``pip install`` lines; backslash continuations joined."""
