@@ -440,7 +440,9 @@ def snapshot(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, 
             run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
         if run.failed:
             _report_failures(run.failed)
-            _stderr().print(f"[red]{len(run.failed)} function(s) failed; {output} not written[/]")
+            n = len(run.failed)
+            _stderr().print(f"[red]{n} function{'s' if n != 1 else ''} failed to stage; {_escape(str(output))} "
+                            "not written[/]")
             raise typer.Exit(int(ExitCode.JAX))
         if not _is_primary():
             return
