@@ -504,9 +504,9 @@ def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pla
                                      hint="update every function: drop --function / the TARGET")
             write_snapshot(baseline, new)
             n, kept = len(run.snapshot["functions"]), len(new["functions"]) - len(run.snapshot["functions"])
+            others = "1 other kept as it was" if kept == 1 else f"{kept} others kept as they were"
             _stderr().print(f"[dim]updated {_escape(str(baseline))} ({n} function{'s' if n != 1 else ''}"
-                            + (f"; {kept} other{'s' if kept != 1 else ''} kept as {'they were' if kept != 1 else 'it was'}"
-                               if kept else "") + ")[/]")
+                            + (f"; {others}" if kept else "") + ")[/]")
             code = 0
         raise typer.Exit(code)
 

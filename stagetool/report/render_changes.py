@@ -12,7 +12,7 @@ from stagetool.baseline import Change, Comparison
 from stagetool.report import Format
 from stagetool.report.units import format_percent
 
-_STATUS_WORD = {"ok": "ok", "regression": "REGRESSION", "failed": "FAILED", "new": "new (not in baseline)",
+_STATUS_WORD = {"ok": "ok", "regression": "REGRESSION", "failed": "FAILED", "new": "new (not in the baseline)",
                 "removed": "removed (in the baseline, no longer staged)"}
 
 
@@ -117,7 +117,7 @@ def render_markdown(cmp: Comparison, *, color: bool = False, width: int = 120) -
     rows = []
     for f in cmp.functions:
         if f.status == "failed":
-            rows.append([f"`{f.name}`", "staging", "", "", "", f"**FAILED**: {f.error}"])
+            rows.append([f"`{f.name}`", "`staging`", "", "", "", f"**FAILED**: {f.error}"])
         elif f.status == "new":  # a removed function's row is its change (a regression)
             rows.append([f"`{f.name}`", "`function`", "`—`", "`present`", "", _STATUS_WORD[f.status]])
         for c in f.changes:
