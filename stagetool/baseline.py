@@ -20,16 +20,18 @@ floats rounded to 12 significant digits, so two runs on the same machine give th
 * a leaf whose compiled sharding, shape, dtype or unused flag changed, a leaf added or removed,
   a different mesh;
 * a collective (kind × mesh axes) that appears;
+* a function of the baseline that is no longer staged (deleted or renamed in the spec), unless
+  the run was restricted on purpose (``--function``, a TARGET: see ``only`` in :func:`compare`);
 * growth of a metric beyond its tolerance (:data:`DEFAULT_TOLERANCES`; ``alias_bytes`` is the
   other way round: less aliasing is worse).
 
-Shrinking metrics and collectives that disappear are improvements: shown, never failing. When
-the two snapshots come from different jax/jaxlib versions, platforms or device kinds, the
-comparison still runs, a notice says so, and memory and cost tolerances are raised to at least
-:data:`ENV_MISMATCH_FLOOR` (10%): compiler versions move these figures a little; sharding and
-collective changes still fail.
+Shrinking metrics and collectives that disappear are improvements, and new functions are shown:
+neither ever fails. When the two snapshots come from different jax/jaxlib versions, platforms
+or device kinds, the comparison still runs, a notice says so, and memory and cost tolerances
+are raised to at least :data:`ENV_MISMATCH_FLOOR` (10%): compiler versions move these figures a
+little; sharding and collective changes still fail.
 
-Nothing here imports JAX at import time; :func:`snapshot_options` runs the pipeline.
+Nothing here imports JAX at import time; :func:`take_snapshot` runs the pipeline.
 """
 
 from __future__ import annotations
@@ -401,7 +403,8 @@ class FunctionResult:
     Attributes:
       name: the spec's function name.
       status: ``ok``, ``regression``, ``failed`` (did not compile, or its process died),
-        ``new`` (not in the baseline) or ``removed`` (in the baseline, not run now).
+        ``new`` (not in the baseline; never fails) or ``removed`` (in the baseline, not staged
+        now; fails: its one change is :func:`removed_change`, a regression).
       changes: what changed, regressions first.
       error: for ``failed``, the error message.
     """
@@ -595,6 +598,12 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
     return changes, notices
 
 
+def removed_change(name: str) -> Change:
+    """The regression of a function that is in the baseline but was not staged now."""
+    return Change(name, "function", "present", "—", "regression",
+                  note="in the baseline, no longer staged; --update accepts the removal")
+
+
 def environment_notices(before: Mapping, after: Mapping) -> list[str]:
     """Sentences naming jax/jaxlib versions, platforms or device kinds that differ (empty if none)."""
     out = []
@@ -611,14 +620,22 @@ def environment_notices(before: Mapping, after: Mapping) -> list[str]:
 
 def compare(before: Mapping, after: Mapping, *, tolerances_for=None, failed: Mapping[str, str] | None = None,
             title: str = "stagetool check", before_label: str = "baseline", after_label: str = "current",
-            only: Iterable[str] | None = None, same_mesh_expected: bool = True) -> Comparison:
+            only: Iterable[str] | None = None, order: Iterable[str] | None = None,
+            same_mesh_expected: bool = True) -> Comparison:
     """Compare two snapshots.
+
+    A function of ``before`` that is neither in ``after`` nor failed is ``removed``, and that is a
+    regression (one :func:`removed_change`): deleting or renaming a function must not pass the gate
+    silently. A function only in ``after`` is ``new``: shown, never failing.
 
     Args:
       before / after: snapshot documents (:func:`load_snapshot`, :func:`snapshot_from_report`).
       tolerances_for: ``function name -> {tolerance name: Tolerance}``; None for the defaults.
       failed: functions that failed to compile now, with their error message.
-      only: compare only these functions of the baseline (the rest are not "removed"); None: all.
+      only: for a run restricted on purpose (``--function``, a TARGET): compare only these
+        functions of the baseline; the others are not mentioned. None: all of them.
+      order: the order of the results (the spec's; ``only`` when given); None: ``after``'s order,
+        then failed functions. Removed functions come last, in ``before``'s order.
       same_mesh_expected: see :func:`compare_function`.
     """
     failed = dict(failed or {})
@@ -630,8 +647,9 @@ def compare(before: Mapping, after: Mapping, *, tolerances_for=None, failed: Map
     fb, fa = before.get("functions") or {}, after.get("functions") or {}
     results: list[FunctionResult] = []
     names = list(fa) + [n for n in failed if n not in fa]
-    if only is not None:  # spec order
-        rank = {n: i for i, n in enumerate(only)}
+    order = only if only is not None else order
+    if order is not None:  # spec order
+        rank = {n: i for i, n in enumerate(order)}
         names.sort(key=lambda n: rank.get(n, len(rank)))
     for name in names:
         if name in failed:
@@ -648,7 +666,7 @@ def compare(before: Mapping, after: Mapping, *, tolerances_for=None, failed: Map
     wanted = set(fb) if only is None else set(only)
     for name in fb:
         if name not in fa and name not in failed and name in wanted:
-            results.append(FunctionResult(name, "removed"))
+            results.append(FunctionResult(name, "removed", (removed_change(name),)))
     return Comparison(title, before_label, after_label, tuple(results), tuple(notices))
 
 

@@ -467,12 +467,15 @@ def snapshot(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, 
             run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
         if run.failed:
             _report_failures(run.failed)
-            _stderr().print(f"[red]{len(run.failed)} function(s) failed; {output} not written[/]")
+            n = len(run.failed)
+            _stderr().print(f"[red]{n} function{'s' if n != 1 else ''} failed to stage; {_escape(str(output))} "
+                            "not written[/]")
             raise typer.Exit(int(ExitCode.JAX))
         if not _is_primary():
             return
         write_snapshot(output, run.snapshot)
-        _stderr().print(f"[dim]wrote {_escape(str(output))} ({len(run.snapshot['functions'])} function(s))[/]")
+        n = len(run.snapshot["functions"])
+        _stderr().print(f"[dim]wrote {_escape(str(output))} ({n} function{'s' if n != 1 else ''})[/]")
 
 
 @app.command()
@@ -487,14 +490,17 @@ def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pla
           format: FormatOpt = Format.text, output: OutputOpt = None, junit_xml: JunitOpt = None,
           isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
     """CI gate: recompute and compare with the baseline. Exit 0 clean, 1 regression, 2 bad input, 3 JAX failure."""
-    from stagetool.baseline import (compare, effective_tolerances, load_snapshot, parse_tolerance_options,
-                                    take_snapshot, write_snapshot)
+    from stagetool.baseline import (compare, effective_tolerances, environment_notices, load_snapshot,
+                                    parse_tolerance_options, take_snapshot, write_snapshot)
 
     with _errors(debug):
         cli_tols = parse_tolerance_options(tolerance or [])
         before = None
         if not (update and not baseline.exists()):
             before = load_snapshot(baseline)
+        # a run restricted on purpose compares (and --update rewrites) only what it staged; a full run
+        # also catches baseline functions that are no longer in the spec (a regression)
+        restricted = target is not None or function is not None
         opts = _joined(_options(target, spec, mesh, platform, topology, function, local_avals, processes))
         with _status() as on_stage:
             run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
@@ -503,7 +509,7 @@ def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pla
             return
         if before is not None:
             cmp = compare(before, run.snapshot, failed=run.failed, before_label=str(baseline), after_label="now",
-                          only=run.functions,
+                          only=run.functions if restricted else None, order=run.functions,
                           tolerances_for=lambda name: effective_tolerances(name, spec_check=run.spec_check,
                                                                            cli=cli_tols))
             _gate_output(cmp, format, output, junit_xml)
@@ -514,8 +520,20 @@ def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pla
             if run.failed:
                 _stderr().print(f"[red]not updating {_escape(str(baseline))}: a function failed[/]")
                 raise typer.Exit(int(ExitCode.JAX))
-            write_snapshot(baseline, run.snapshot)
-            _stderr().print(f"[dim]updated {_escape(str(baseline))}[/]")
+            new = run.snapshot
+            if restricted and before is not None:
+                # a restricted run updates only what it staged; the baseline's other functions stay
+                new = {**run.snapshot, "functions": {**before["functions"], **run.snapshot["functions"]}}
+                differs = environment_notices(before, new)
+                if differs:
+                    raise UsageError(f"not updating {baseline}: it comes from another environment ("
+                                     + "; ".join(differs) + "), and a partial update would mix the two",
+                                     hint="update every function: drop --function / the TARGET")
+            write_snapshot(baseline, new)
+            n, kept = len(run.snapshot["functions"]), len(new["functions"]) - len(run.snapshot["functions"])
+            others = "1 other kept as it was" if kept == 1 else f"{kept} others kept as they were"
+            _stderr().print(f"[dim]updated {_escape(str(baseline))} ({n} function{'s' if n != 1 else ''}"
+                            + (f"; {others}" if kept else "") + ")[/]")
             code = 0
         raise typer.Exit(code)
 

@@ -193,7 +193,43 @@ def test_new_removed_failed_functions():
     assert cmp.exit_code() == 3
     # with `only`, baseline functions that were not asked for are not "removed"
     cmp = bl.compare(before, _snap({"f": _entry()}), only=["f"])
-    assert [f.status for f in cmp.functions] == ["ok"]
+    assert [f.status for f in cmp.functions] == ["ok"] and cmp.exit_code() == 0
+
+
+def test_a_function_missing_from_the_run_is_a_regression_a_new_one_is_not():
+    before = _snap({"f": _entry(), "gone": _entry()})
+    cmp = bl.compare(before, _snap({"f": _entry()}))
+    assert [(f.name, f.status) for f in cmp.functions] == [("f", "ok"), ("gone", "removed")]
+    assert [(c.function, c.what, c.status) for c in cmp.regressions] == [("gone", "function", "regression")]
+    assert cmp.exit_code() == 1 and cmp.exit_code(fail_on_regression=False) == 0
+    # a rename: the old name fails, the new one is only shown
+    cmp = bl.compare(before, _snap({"f": _entry(), "renamed": _entry()}))
+    assert {f.name: f.status for f in cmp.functions} == {"f": "ok", "renamed": "new", "gone": "removed"}
+    assert [c.function for c in cmp.regressions] == ["gone"]
+    # only new functions: shown, never failing
+    cmp = bl.compare(_snap({"f": _entry()}), _snap({"f": _entry(), "fresh": _entry()}))
+    assert cmp.exit_code() == 0 and [f.status for f in cmp.functions] == ["ok", "new"]
+    # `order` sorts the results (spec order) without restricting them
+    cmp = bl.compare(before, _snap({"f": _entry(), "h": _entry()}), order=["h", "f"])
+    assert [f.name for f in cmp.functions] == ["h", "f", "gone"]
+
+
+def test_a_missing_function_is_named_in_every_output():
+    cmp = bl.compare(_snap({"f": _entry(), "gone": _entry()}), _snap({"f": _entry()}))
+    text = render_changes.render_text(cmp, width=200)
+    row = next(line for line in text.splitlines() if line.strip().startswith("gone"))
+    assert "function" in row and "present" in row and "regression" in row and "no longer staged" in row
+    assert len([line for line in text.splitlines() if line.strip().startswith("gone")]) == 1
+    md = render_changes.render_markdown(cmp)
+    assert md.startswith("### ❌") and "| `gone` | `function` | `present` | `—` |" in md and "**regression**" in md
+    doc = json.loads(render_changes.render_json(cmp))
+    assert doc["regressions"] == 1
+    gone = next(f for f in doc["functions"] if f["name"] == "gone")
+    assert gone["status"] == "removed" and gone["changes"][0]["status"] == "regression"
+    suite = ET.fromstring(render_changes.junit_xml(cmp)).find("testsuite")
+    assert (suite.get("failures"), suite.get("skipped")) == ("1", "0")
+    case = next(c for c in suite.findall("testcase") if c.get("name") == "gone")
+    assert case.find("failure") is not None and "no longer staged" in case.find("failure").text
 
 
 def test_mesh_change_is_a_regression_for_check_only():
@@ -320,7 +356,25 @@ def test_every_format_renders_the_change(fmt):
 def test_text_shows_improvement_and_summary():
     text = render_changes.render_text(_regressing_comparison(), width=160)
     assert "improvement" in text and "-50.0%" in text
-    assert "3 functions: 1 regression, 1 failed, 1 ok, 1 improvement" in text
+    assert "3 functions: 1 with regressions (1 failing change), 1 failed to stage, 1 ok; 1 improvement" in text
+
+
+def test_summary_counts_functions_and_changes_unambiguously():
+    grown = _entry(memory=dict(_entry()["memory"], peak_bytes=22_200, temp_bytes=20_000))
+    grown["inputs"] = [dict(grown["inputs"][0], sharding="P('model', None)")]
+    cmp = _compare(_entry(), grown)      # one function, three regressions
+    assert [c.status for c in cmp.regressions] == ["regression"] * 3
+    assert render_changes.summary_line(cmp) == "1 function: 1 with regressions (3 failing changes)"
+    two = bl.compare(_snap({"f": _entry(), "g": _entry()}), _snap({"f": grown, "g": grown}))
+    assert render_changes.summary_line(two) == "2 functions: 2 with regressions (6 failing changes)"
+    small = _entry(cost=dict(_entry()["cost"], flops=1_005_000, bytes_accessed=40_000))   # +0.5%: within 1%
+    cmp = bl.compare(_snap({"f": _entry(), "gone": _entry()}), _snap({"f": small, "fresh": _entry()}))
+    assert render_changes.summary_line(cmp) == ("3 functions: 1 removed (in the baseline, no longer staged), 1 ok, "
+                                                "1 new (not in the baseline); 1 improvement, 1 change shown, not failing")
+    assert render_changes.summary_line(_compare(_entry(), _entry())) == "1 function: 1 ok"
+    assert render_changes.render_markdown(cmp).startswith("### ❌ stagetool check: 3 functions: 1 removed")
+    assert ET.fromstring(render_changes.junit_xml(two)).find("testsuite/testcase/failure").get("message") == \
+        "3 regressions"
 
 
 def test_junit_xml_one_testcase_per_function():

@@ -84,7 +84,8 @@ def test_snapshot_check_regression_restore_update(project, capsys, monkeypatch):
     assert code == 1
     row = next(line for line in out.splitlines() if "input params/w1: sharding" in line)
     assert "P(None, 'model')" in row and "P('model', None)" in row and "regression" in row
-    assert "1 function: 1 regression" in out
+    failing = [line for line in out.splitlines() if "  regression" in line]
+    assert len(failing) > 1 and f"1 function: 1 with regressions ({len(failing)} failing changes)" in out, out
     assert doc["functions"]["train_step"]["collectives"]
     new = [line for line in out.splitlines() if "new collective" in line]
     assert new and any("all-gather" in line and "model" in line for line in new), out
@@ -95,7 +96,7 @@ def test_snapshot_check_regression_restore_update(project, capsys, monkeypatch):
     assert "input params/w1: sharding: P(None, 'model') -> P('model', None)" in case.find("failure").text
     # GitHub step summary: appended, Markdown
     text = summary.read_text()
-    assert text.startswith("earlier step\n### ❌ stagetool check: 1 function: 1 regression")
+    assert text.startswith("earlier step\n### ❌ stagetool check: 1 function: 1 with regressions (")
     assert "| `train_step` | `input params/w1: sharding` | `P(None, 'model')` | `P('model', None)` |" in text
     monkeypatch.delenv("GITHUB_STEP_SUMMARY")
 
@@ -116,6 +117,12 @@ def test_snapshot_check_regression_restore_update(project, capsys, monkeypatch):
     # diff of two snapshot files: shown, exit 0 unless --fail-on-regression
     code, out, _ = run(capsys, "diff", "again.json", "stagetool.lock.json")
     assert code == 0 and "input params/w1: sharding" in out
+    code, out, _ = run(capsys, "diff", "again.json", "stagetool.lock.json", "--format", "json")
+    doc = json.loads(out)
+    assert code == 0 and list(doc)[:2] == ["schema_version", "kind"]
+    assert (doc["schema_version"], doc["kind"], doc["title"]) == (1, "comparison", "stagetool diff")
+    assert (doc["before"], doc["after"]) == ("again.json", "stagetool.lock.json")
+    assert doc["regressions"] == sum(c["status"] == "regression" for f in doc["functions"] for c in f["changes"]) > 0
     assert run(capsys, "diff", "again.json", "stagetool.lock.json", "--fail-on-regression")[0] == 1
     assert run(capsys, "diff", "again.json", "again.json", "--fail-on-regression")[0] == 0
 
@@ -173,6 +180,125 @@ def test_live_diff_across_meshes(project, capsys):
     assert "memory.argument_bytes" in out
 
 
+_TWO = """\
+import jax.numpy as jnp
+
+
+def keep(x):
+    return jnp.sin(x) * 2
+
+
+def drop(x):
+    return jnp.cos(x) + 1
+"""
+
+_TWO_SPEC = """\
+version: 1
+mesh:
+  axes: {data: 8}
+functions:
+  keep:
+    target: two.py:keep
+    args: ['f32[64,16] @ [data, null]']
+  drop:
+    target: two.py:drop
+    args: ['f32[64,16] @ [data, null]']
+"""
+
+
+def test_check_fails_when_a_baseline_function_is_no_longer_staged(project, capsys):
+    (project / "two.py").write_text(_TWO)
+    spec = project / "two.stagetool.yaml"
+    spec.write_text(_TWO_SPEC)
+    assert run(capsys, "snapshot", "-s", "two.stagetool.yaml", "-o", "two.lock.json")[0] == 0
+    code, out, _ = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json")
+    assert code == 0 and "2 functions: 2 ok" in out
+
+    spec.write_text(_TWO_SPEC.split("  drop:")[0])     # `drop` deleted from the spec
+    code, out, _ = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json", "--junit-xml", "j.xml")
+    assert code == 1, out
+    row = next(line for line in out.splitlines() if line.strip().startswith("drop"))
+    assert "regression" in row and "no longer staged" in row
+    code, out, _ = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json", "--format", "json")
+    doc = json.loads(out)
+    assert code == 1 and doc["regressions"] == 1
+    assert {f["name"]: f["status"] for f in doc["functions"]} == {"keep": "ok", "drop": "removed"}
+    cases = {c.get("name"): c for c in ET.parse(project / "j.xml").getroot().iter("testcase")}
+    assert cases["drop"].find("failure") is not None and cases["keep"].find("failure") is None
+    code, out, _ = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json", "--format", "markdown")
+    assert code == 1 and out.startswith("### ❌") and "| `drop` | `function` |" in out
+
+    # restricted on purpose: only the selected function is compared, the other is not mentioned
+    spec.write_text(_TWO_SPEC)
+    for argv in (["-f", "keep"], ["two.py:keep"]):
+        code, out, _ = run(capsys, "check", *argv, "-s", "two.stagetool.yaml", "-b", "two.lock.json")
+        assert code == 0 and "1 function: 1 ok" in out and "drop" not in out, (argv, out)
+
+    # a rename: the old name fails, the new one is shown as new
+    spec.write_text(_TWO_SPEC.replace("  drop:", "  dropped:"))
+    code, out, _ = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json", "--format", "json")
+    assert code == 1
+    assert {f["name"]: f["status"] for f in json.loads(out)["functions"]} == {"keep": "ok", "dropped": "new",
+                                                                              "drop": "removed"}
+
+
+def test_update_restricted_to_one_function_keeps_the_others(project, capsys):
+    (project / "two.py").write_text(_TWO)
+    spec = project / "two.stagetool.yaml"
+    spec.write_text(_TWO_SPEC)
+    assert run(capsys, "snapshot", "-s", "two.stagetool.yaml", "-o", "two.lock.json")[0] == 0
+    lock = project / "two.lock.json"
+    doc = json.loads(lock.read_text())
+    spec.write_text(_TWO_SPEC.replace("[data, null]']\n  drop:", "[null, data]']\n  drop:", 1))   # `keep` moves
+    code, _, err = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json", "-f", "keep", "--update")
+    assert code == 0 and "(1 function; 1 other kept as it was)" in err, err
+    after = json.loads(lock.read_text())
+    assert list(after["functions"]) == ["drop", "keep"]
+    assert after["functions"]["drop"] == doc["functions"]["drop"]
+    assert after["functions"]["keep"]["inputs"][0]["sharding"] != doc["functions"]["keep"]["inputs"][0]["sharding"]
+    code, out, _ = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json")
+    assert code == 0 and "2 functions: 2 ok" in out
+    # a baseline from another jax: a partial update would mix the two environments
+    lock.write_text(json.dumps(dict(after, jax_version="0.0.1")))
+    code, _, err = run(capsys, "check", "-s", "two.stagetool.yaml", "-b", "two.lock.json", "-f", "keep", "--update")
+    assert code == 2 and "partial update would mix" in err
+    assert json.loads(lock.read_text())["jax_version"] == "0.0.1"
+
+
+def _workflow_commands() -> tuple[list[str], list[str]]:
+    """The example workflow's ``stagetool ...`` command lines (run steps and the header comment), and
+    its ``pip install`` lines; backslash continuations joined."""
+    import yaml
+
+    text = (EXAMPLES / "ci" / "stagetool-check.yml").read_text()
+    doc = yaml.safe_load(text)
+    runs = [step["run"] for step in doc["jobs"]["stagetool"]["steps"] if "run" in step]
+    script = "\n".join(runs).replace("\\\n", " ").splitlines()
+    comments = [ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("#")]
+    stagetool = [ln.strip() for ln in script + comments if ln.strip().startswith("stagetool ")]
+    pip = [ln.strip() for ln in script if "pip install" in ln]
+    return stagetool, pip
+
+
+def test_example_workflow_commands_run_against_the_real_cli(project, capsys):
+    import shlex
+
+    commands, pip = _workflow_commands()
+    # stagetool is not on PyPI: nothing installs a package named "stagetool" from an index
+    for line in pip:
+        assert "stagetool" not in shlex.split(line), line
+    assert any("install -e ./.stagetool" in line for line in pip)
+    check = next(c for c in commands if "--junit-xml" in c)
+    update = next(c for c in commands if "--update" in c)
+    (project / "mlp.stagetool.yaml").rename(project / "stagetool.yaml")
+    assert run(capsys, "snapshot", "--spec", "stagetool.yaml")[0] == 0
+    code, _, err = run(capsys, *shlex.split(check)[1:])
+    assert code == 0, err
+    assert (project / "stagetool-check.md").read_text().startswith("### ✅ stagetool check: 1 function: 1 ok")
+    assert ET.parse(project / "stagetool-junit.xml").getroot().find("testsuite").get("tests") == "1"
+    assert run(capsys, *shlex.split(update)[1:])[0] == 0
+
+
 def test_snapshot_is_byte_identical_across_processes(project, capsys):
     assert run(capsys, "snapshot", "-s", "mlp.stagetool.yaml", "-o", "inproc.json")[0] == 0
     proc = run_subprocess("snapshot", "-s", "mlp.stagetool.yaml", "-o", "sub.json", cwd=project)
@@ -217,7 +343,7 @@ def test_isolate_reports_an_aborting_function_and_checks_the_others(tmp_path):
     assert proc.returncode == 3, proc.stderr
     assert "bad: the process died with SIGABRT" in proc.stderr
     assert "FAILED: the process died with SIGABRT" in proc.stdout
-    assert "2 functions: 1 failed, 1 ok" in proc.stdout
+    assert "2 functions: 1 failed to stage, 1 ok" in proc.stdout
     cases = {c.get("name"): c for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase")}
     assert cases["bad"].find("error") is not None and cases["good"].find("error") is None
     proc = run_subprocess("snapshot", "-s", "funcs.stagetool.yaml", "--isolate", "-o", "all.json", cwd=tmp_path)

@@ -12,8 +12,8 @@ from stagetool.baseline import Change, Comparison
 from stagetool.report import Format
 from stagetool.report.units import format_percent
 
-_STATUS_WORD = {"ok": "ok", "regression": "REGRESSION", "failed": "FAILED", "new": "new (not in baseline)",
-                "removed": "removed (in baseline, not run)"}
+_STATUS_WORD = {"ok": "ok", "regression": "REGRESSION", "failed": "FAILED", "new": "new (not in the baseline)",
+                "removed": "removed (in the baseline, no longer staged)"}
 
 
 def _pct(c: Change) -> str:
@@ -27,18 +27,43 @@ def _pct(c: Change) -> str:
     return ("+" if c.change > 0 else "") + format_percent(c.change)
 
 
+def _n(count: int, noun: str, plural: str | None = None) -> str:
+    """``1 function``, ``2 functions`` (``plural`` when it is not ``noun + "s"``)."""
+    return f"{count} {noun if count == 1 else (plural or noun + 's')}"
+
+
 def summary_line(cmp: Comparison) -> str:
-    """``3 functions: 1 regression, 1 failed, 1 ok`` (counts of function statuses) plus improvements."""
-    counts: dict[str, int] = {}
+    """One line of counts, functions first, then changes that do not fail.
+
+    ``3 functions: 1 with regressions (3 failing changes), 1 failed to stage, 1 ok; 2 improvements``.
+    Every function is counted once, by its status: with regressions, removed (in the baseline, no
+    longer staged: fails), failed to stage, ok, new (not in the baseline: does not fail).
+    """
+    by_status: dict[str, list] = {}
     for f in cmp.functions:
-        counts[f.status] = counts.get(f.status, 0) + 1
-    parts = [f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: ["regression", "failed", "ok", "new",
-                                                                             "removed"].index(kv[0]))]
+        by_status.setdefault(f.status, []).append(f)
+    parts = []
+    for status in ("regression", "removed", "failed", "ok", "new"):
+        fs = by_status.get(status, [])
+        if not fs:
+            continue
+        if status == "regression":
+            failing = sum(1 for f in fs for c in f.changes if c.status == "regression")
+            parts.append(f"{len(fs)} with regressions ({_n(failing, 'failing change')})")
+        elif status == "removed":
+            parts.append(f"{len(fs)} removed (in the baseline, no longer staged)")
+        elif status == "failed":
+            parts.append(f"{len(fs)} failed to stage")
+        elif status == "new":
+            parts.append(f"{len(fs)} new (not in the baseline)")
+        else:
+            parts.append(f"{len(fs)} ok")
+    text = f"{_n(len(cmp.functions), 'function')}: " + (", ".join(parts) if parts else "nothing to compare")
     improvements = sum(1 for f in cmp.functions for c in f.changes if c.status == "improvement")
-    if improvements:
-        parts.append(f"{improvements} improvement{'s' if improvements != 1 else ''}")
-    n = len(cmp.functions)
-    return f"{n} function{'s' if n != 1 else ''}: " + (", ".join(parts) if parts else "nothing to compare")
+    within = sum(1 for f in cmp.functions for c in f.changes if c.status == "changed")
+    extra = ([_n(improvements, "improvement")] if improvements else []) + \
+        ([f"{_n(within, 'change')} shown, not failing"] if within else [])
+    return text + ("; " + ", ".join(extra) if extra else "")
 
 
 def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
@@ -63,9 +88,8 @@ def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> st
         if f.status == "failed":
             table.add_row(f.name, "staging", "", "", "", Text(f"FAILED: {f.error}", style="bold red"))
             rows += 1
-        elif f.status in ("new", "removed"):
-            table.add_row(f.name, "function", "—" if f.status == "new" else "present",
-                          "present" if f.status == "new" else "—", "", _STATUS_WORD[f.status])
+        elif f.status == "new":  # a removed function's row is its change (a regression)
+            table.add_row(f.name, "function", "—", "present", "", _STATUS_WORD[f.status])
             rows += 1
         for c in f.changes:
             status = c.status + (f" ({c.note})" if c.note else "")
@@ -93,9 +117,9 @@ def render_markdown(cmp: Comparison, *, color: bool = False, width: int = 120) -
     rows = []
     for f in cmp.functions:
         if f.status == "failed":
-            rows.append([f"`{f.name}`", "staging", "", "", "", f"**FAILED**: {f.error}"])
-        elif f.status in ("new", "removed"):
-            rows.append([f"`{f.name}`", "function", "", "", "", _STATUS_WORD[f.status]])
+            rows.append([f"`{f.name}`", "`staging`", "", "", "", f"**FAILED**: {f.error}"])
+        elif f.status == "new":  # a removed function's row is its change (a regression)
+            rows.append([f"`{f.name}`", "`function`", "`—`", "`present`", "", _STATUS_WORD[f.status]])
         for c in f.changes:
             status = ("**regression**" if c.status == "regression" else c.status) + (f" ({c.note})" if c.note else "")
             rows.append([f"`{c.function}`", f"`{c.what}`", f"`{c.before}`", f"`{c.after}`", _pct(c), status])
@@ -107,12 +131,20 @@ def render_markdown(cmp: Comparison, *, color: bool = False, width: int = 120) -
     return "\n".join(out).rstrip() + "\n"
 
 
+#: ``schema_version`` of the comparison JSON (``check`` / ``diff --format json``).
+COMPARISON_SCHEMA_VERSION = 1
+
+
 def render_json(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
-    """The comparison as JSON: ``{kind: "comparison", regressions, failed, functions: [...]}``."""
+    """The comparison as JSON: ``schema_version`` and ``kind: "comparison"`` first (like the report's
+    JSON), then the :class:`stagetool.baseline.Comparison` fields (``title``, ``before``, ``after``,
+    ``functions``: ``[{name, status, changes: [Change fields], error}]``, ``notices``), then
+    ``regressions`` (the number of failing changes) and ``failed`` (the number of functions that
+    failed to stage)."""
     del color, width
     from stagetool.report.model import to_jsonable
 
-    body = {"kind": "comparison", "schema_version": 1, **to_jsonable(cmp),
+    body = {"schema_version": COMPARISON_SCHEMA_VERSION, "kind": "comparison", **to_jsonable(cmp),
             "regressions": len(cmp.regressions), "failed": len(cmp.failed)}
     return json.dumps(body, indent=2, ensure_ascii=False) + "\n"
 
@@ -131,24 +163,28 @@ def render(cmp: Comparison, fmt: Format, *, color: bool = False, width: int = 12
 
 def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:
     """JUnit XML: one ``<testcase>`` per function; ``<failure>`` lists its regressions, ``<error>``
-    a function that failed to compile, ``<skipped>`` one that is new or removed."""
+    a function that failed to compile; a function in the baseline but no longer staged is a
+    ``<failure>`` too; a new one is ``<skipped>``."""
     import xml.etree.ElementTree as ET
 
     root = ET.Element("testsuites", name=suite)
-    failures = sum(1 for f in cmp.functions if f.status == "regression")
+    failures = sum(1 for f in cmp.functions if f.status in ("regression", "removed"))
     errors = len(cmp.failed)
-    skipped = sum(1 for f in cmp.functions if f.status in ("new", "removed"))
+    skipped = sum(1 for f in cmp.functions if f.status == "new")
     ts = ET.SubElement(root, "testsuite", name=cmp.title, tests=str(len(cmp.functions)), failures=str(failures),
                        errors=str(errors), skipped=str(skipped))
     for f in cmp.functions:
         tc = ET.SubElement(ts, "testcase", classname=suite, name=f.name)
         if f.status == "failed":
             ET.SubElement(tc, "error", message=f"{f.name} failed to stage (trace, lower or compile)").text = f.error or ""
+        elif f.status == "removed":
+            el = ET.SubElement(tc, "failure", message=_STATUS_WORD[f.status])
+            el.text = "\n".join(_change_line(c) for c in f.changes)
         elif f.status == "regression":
             regs = [c for c in f.changes if c.status == "regression"]
-            el = ET.SubElement(tc, "failure", message=f"{len(regs)} regression{'s' if len(regs) != 1 else ''}")
+            el = ET.SubElement(tc, "failure", message=_n(len(regs), "regression"))
             el.text = "\n".join(_change_line(c) for c in regs)
-        elif f.status in ("new", "removed"):
+        elif f.status == "new":
             ET.SubElement(tc, "skipped", message=_STATUS_WORD[f.status])
         others = [c for c in f.changes if c.status != "regression"]
         if others:
