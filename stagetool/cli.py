@@ -463,7 +463,7 @@ def snapshot(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, 
 
     with _errors(debug):
         opts = _joined(_options(target, spec, mesh, platform, topology, function, local_avals, processes))
-        with _status() as on_stage:
+        with _status() as on_stage, _user_stdout_to_stderr():
             run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
         if run.failed:
             _report_failures(run.failed)
@@ -502,7 +502,7 @@ def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pla
         # also catches baseline functions that are no longer in the spec (a regression)
         restricted = target is not None or function is not None
         opts = _joined(_options(target, spec, mesh, platform, topology, function, local_avals, processes))
-        with _status() as on_stage:
+        with _status() as on_stage, _user_stdout_to_stderr():
             run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
         _report_failures(run.failed)
         if not _is_primary():
@@ -565,7 +565,7 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
             runs = []
             for m in (mesh_a, mesh_b):
                 opts = _options(None, spec, m, platform, None, function, False, None)
-                with _status() as on_stage:
+                with _status() as on_stage, _user_stdout_to_stderr():
                     runs.append(take_snapshot(opts, isolate=isolate, on_stage=on_stage))
             _report_failures({**runs[0].failed, **runs[1].failed})
             before, after, failed = runs[0].snapshot, runs[1].snapshot, {**runs[0].failed, **runs[1].failed}
