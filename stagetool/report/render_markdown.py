@@ -85,8 +85,12 @@ def _memory(m) -> list[str]:
     out = ["### Memory per device", ""] + table(header, rows, "lrr") + [""] + _notes(views.memory_notes(m)) + [""]
     if m.largest_inputs:
         out += ["#### Largest inputs", ""] + table(*views.largest_inputs_rows(m), "llrr") + [""]
-    if m.donation:
-        out += ["#### Donation", ""] + table(*views.donation_rows(m)) + [""]
+    summary = views.donation_summary(m)
+    if summary:
+        out += [f"- {summary}", ""]
+        header, rows = views.donation_rows(m)
+        if rows:
+            out += ["#### Donation that did not take", ""] + table(header, rows) + [""]
     if m.peak is not None:
         if m.peak.reason:
             out += [f"- buffers at the peak: n/a: {m.peak.reason}", ""]

@@ -252,8 +252,12 @@ def _memory(m: Any) -> list[RenderableType]:
     out: list[RenderableType] = [_table("memory per device", header, rows, {1, 2}), *_notes(views.memory_notes(m))]
     if m.largest_inputs:
         out.append(_table("largest inputs", *views.largest_inputs_rows(m), {2, 3}))
-    if m.donation:
-        out.append(_table("donation", *views.donation_rows(m)))
+    summary = views.donation_summary(m)
+    if summary:
+        out.append(Text(summary))
+        header, rows = views.donation_rows(m)
+        if rows:
+            out.append(_table("donation that did not take", header, rows))
     if m.peak is not None:
         if m.peak.reason:
             out.append(Text(f"buffers at the peak: n/a: {m.peak.reason}", style="warn"))

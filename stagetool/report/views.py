@@ -127,8 +127,23 @@ def largest_inputs_rows(m: Any) -> tuple[list[str], list[list[str]]]:
     return ["leaf", "shape", "per device", "of arguments"], rows
 
 
+def donation_summary(m: Any) -> str | None:
+    """One line on donation: how many donated leaves reuse their buffer for an output."""
+    requested = [d for d in m.donation if d.requested]
+    if not m.donation:
+        return None
+    aliased = sum(1 for d in requested if d.status == "aliased")
+    text = f"donation: {aliased} of {len(requested)} donated leaves reuse their buffer for an output"
+    if len(requested) > aliased:
+        text += "; the others are listed below"
+    return text
+
+
 def donation_rows(m: Any) -> tuple[list[str], list[list[str]]]:
-    rows = [[d.path, "yes" if d.requested else "no", d.status, ", ".join(d.aliased_to) or "—"] for d in m.donation]
+    """``(header, rows)`` of the leaves whose donation did not simply work (not usable, unused,
+    aliased without being asked); the aliased ones are counted by :func:`donation_summary`."""
+    rows = [[d.path, "yes" if d.requested else "no", d.status, ", ".join(d.aliased_to) or "—"] for d in m.donation
+            if not (d.requested and d.status == "aliased")]
     return ["leaf", "requested", "status", "reused by"], rows
 
 
