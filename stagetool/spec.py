@@ -422,13 +422,14 @@ def parse_leaf(text: str, loc: Loc) -> LeafSpec:
 
 def _dtype(name: str) -> str:
     n = name.strip()
-    if n in DTYPES:
-        return DTYPES[n]
-    if n in ("key", "key<fry>"):
+    low = n.lower()  # F32, BF16, Float32: names are case-insensitive
+    if low in DTYPES:
+        return DTYPES[low]
+    if low in ("key", "key<fry>"):
         return "key<fry>"
-    if n in KEY_DTYPES:
-        return n
-    close = _close(n, list(DTYPES) + ["key<fry>"])
+    if low in KEY_DTYPES:
+        return low
+    close = _close(low, list(DTYPES) + ["key<fry>"])
     raise ValueError(f"unknown dtype {n!r}" + (f" (did you mean {close!r}?)" if close else "")
                      + "; use HLO short names (f32 bf16 i32 u32 pred ...), numpy names, or key<fry>")
 

@@ -63,6 +63,10 @@ def one_function(body: str):
     ("key[4]", (4,), "key<fry>", UNSPECIFIED),
     ("f32[8,16] @ [[data, model], null]", (8, 16), "float32", Sharding("spec", (("data", "model"), None))),
     ("f32[8,16] @ [null, [model]]", (8, 16), "float32", Sharding("spec", (None, "model"))),
+    ("F32[4]", (4,), "float32", UNSPECIFIED),                 # dtype names in any case
+    ("BF16[2] @ [data]", (2,), "bfloat16", Sharding("spec", ("data",))),
+    ("Float32[1]", (1,), "float32", UNSPECIFIED),
+    ("Key<Fry>[]", (), "key<fry>", UNSPECIFIED),
 ])
 def test_compact_leaf(text, shape, dtype, sharding):
     leaf = parse_leaf(text, loc=None)
