@@ -337,6 +337,32 @@ def _plain(node: yaml.Node) -> Any:
         return node.value  # an unknown tag: keep the text, validation will name it
 
 
+def _duplicate_keys(issues: _Issues, node: yaml.Node, path: str = "") -> None:
+    """Record every mapping key written twice, anywhere in the spec.
+
+    YAML keeps only the last of two equal keys, silently: a mesh ``{data: 2, data: 4}`` would
+    have one axis, a second function of the same name would replace the first.
+    """
+    if isinstance(node, yaml.SequenceNode):
+        for i, n in enumerate(node.value):
+            _duplicate_keys(issues, n, f"{path}[{i}]")
+    elif isinstance(node, yaml.MappingNode):
+        first: dict[Any, yaml.Node] = {}
+        for k, v in node.value:
+            try:
+                key = _plain(k)
+                hash(key)
+            except TypeError:
+                key = id(k)  # a list or mapping as a key: never equal to another
+            if key in first:
+                m = first[key].start_mark
+                issues.add(k, path, f"duplicate key {k.value!r} (first written at line {m.line + 1}, column "
+                                    f"{m.column + 1}); YAML would keep only the last one: remove or rename one")
+            else:
+                first[key] = k
+            _duplicate_keys(issues, v, f"{path}.{k.value}" if path else str(k.value))
+
+
 def _get(node: yaml.MappingNode, key: str) -> yaml.Node | None:
     for k, v in node.value:
         if isinstance(k, yaml.ScalarNode) and k.value == key:
@@ -700,6 +726,7 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
         raise SpecError([f"{file}:1:1: the spec is empty; it needs at least 'functions'"])
     if not isinstance(root, yaml.MappingNode):
         raise SpecError([f"{issues.loc(root)}: the spec must be a mapping with 'version', 'mesh' and 'functions'"])
+    _duplicate_keys(issues, root)
     _check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "avals", "functions", "chips",
                                    "check"})
     vnode = _get(root, "version")
@@ -906,6 +933,8 @@ def parse_mesh_option(text: str, spec_mesh: MeshSpec) -> MeshSpec:
             name = name.strip()
             if not name.isidentifier() or not size.strip().isdigit() or int(size) < 1:
                 raise ValueError(f"--mesh {text!r}: {part!r} is not 'axis=size' with a positive size")
+            if name in (n for n, _ in axes):
+                raise ValueError(f"--mesh {text!r} names axis {name!r} twice; give each axis once")
             axes.append((name, int(size)))
         if spec_mesh.axes and [n for n, _ in axes] != list(spec_mesh.names):
             unknown = [n for n, _ in axes if n not in spec_mesh.names]

@@ -351,6 +351,8 @@ def test_mesh_option_without_spec_mesh():
     ("data=2,fsdp=4", "give every axis of the spec once", SPEC_MESH),
     ("data=x", "is not 'axis=size'", SPEC_MESH),
     ("2x4", "there is no spec mesh to name the axes", MeshSpec(())),
+    ("data=2,data=4", "names axis 'data' twice", MeshSpec(())),
+    ("data=2,data=4", "names axis 'data' twice", SPEC_MESH),
 ])
 def test_bad_mesh_option(text, message, mesh):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -368,3 +370,29 @@ def test_a_single_spec_in_the_working_directory_is_found_without_a_target(tmp_pa
     (tmp_path / "b.stagetool.yaml").write_text("functions: {}\n")
     assert find_spec(None)[0] is None          # two are ambiguous
     assert find_spec("m.py:f")[0] is None      # with a TARGET, only the fixed search
+
+
+def test_duplicate_keys_are_errors_where_they_are_written():
+    issues = issues_of("""
+        version: 1
+        mesh: {axes: {data: 2, data: 4}}
+        functions:
+          f:
+            target: m.py:f
+            args: [{a: 'f32[2]', a: 'f32[4]'}]
+            kwargs: {k: 1, k: 2}
+            static: {s: 1, s: 2}
+          f: m.py:g
+        """)
+    assert issues == [
+        "s.yaml:2:24: mesh.axes: duplicate key 'data' (first written at line 2, column 15); "
+        "YAML would keep only the last one: remove or rename one",
+        "s.yaml:6:26: functions.f.args[0]: duplicate key 'a' (first written at line 6, column 13); "
+        "YAML would keep only the last one: remove or rename one",
+        "s.yaml:7:20: functions.f.kwargs: duplicate key 'k' (first written at line 7, column 14); "
+        "YAML would keep only the last one: remove or rename one",
+        "s.yaml:8:20: functions.f.static: duplicate key 's' (first written at line 8, column 14); "
+        "YAML would keep only the last one: remove or rename one",
+        "s.yaml:9:3: functions: duplicate key 'f' (first written at line 4, column 3); "
+        "YAML would keep only the last one: remove or rename one",
+    ]
