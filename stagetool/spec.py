@@ -467,7 +467,12 @@ class _Parser:
         self.out_locs: dict[str, Loc] = {}  # out_shardings key path -> where that sharding is written
 
     # A pytree of leaves ------------------------------------------------------------------------
-    def tree(self, node: yaml.Node, path: str) -> Any:
+    def tree(self, node: yaml.Node, path: str, *, plain_strings: bool = False) -> Any:
+        """A pytree whose string leaves are array leaves (``f32[4] @ [data]``) or ``key(N)``.
+
+        With ``plain_strings`` (``init_args``/``init_kwargs``), a string with no ``[`` that is not
+        ``key(N)`` is kept as a plain Python string (``act: tanh``).
+        """
         loc = self.issues.loc(node)
         if isinstance(node, yaml.ScalarNode):
             value = _plain(node)
@@ -475,6 +480,8 @@ class _Parser:
                 km = _KEY_CALL_RE.match(value)
                 if km:
                     return KeySpec(int(km.group(1)), loc)
+                if plain_strings and "[" not in value:
+                    return value
                 try:
                     return parse_leaf(value, loc)
                 except ValueError as e:
@@ -482,7 +489,7 @@ class _Parser:
                     return None
             return value  # numbers, booleans and null pass through as Python values
         if isinstance(node, yaml.SequenceNode):
-            items = [self.tree(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
+            items = [self.tree(n, f"{path}[{i}]", plain_strings=plain_strings) for i, n in enumerate(node.value)]
             return tuple(items) if node.tag == "!tuple" else items
         assert isinstance(node, yaml.MappingNode)
         keys = {k for _, k in _keys(node)}
@@ -494,14 +501,26 @@ class _Parser:
             return self.expanded_leaf(node, path)
         out = {}
         for k, v in node.value:
-            out[str(_plain(k))] = self.tree(v, f"{path}.{k.value}" if path else str(k.value))
+            out[str(_plain(k))] = self.tree(v, f"{path}.{k.value}" if path else str(k.value),
+                                            plain_strings=plain_strings)
         return out
+
+    def plain_value(self, node: yaml.Node, path: str) -> Any:
+        """A plain Python value (an argument of ``call``): strings stay strings; ``{call: ...}`` nests."""
+        if isinstance(node, yaml.MappingNode):
+            if _get(node, "call") is not None:
+                return self.call(node, path)
+            return {_plain(k): self.plain_value(v, f"{path}.{k.value}") for k, v in node.value}
+        if isinstance(node, yaml.SequenceNode):
+            items = [self.plain_value(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
+            return tuple(items) if node.tag == "!tuple" else items
+        return _plain(node)
 
     def expanded_leaf(self, node: yaml.MappingNode, path: str) -> LeafSpec | None:
         loc = self.issues.loc(node)
+        ok = True
         shape_node, dtype_node, sh_node = _get(node, "shape"), _get(node, "dtype"), _get(node, "sharding")
         shape = _plain(shape_node)
-        ok = True
         if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
             self.issues.add(shape_node, f"{path}.shape", f"shape must be a list of non-negative integers, not {shape!r}")
             ok = False
@@ -533,8 +552,20 @@ class _Parser:
         target = self.target_of(node, "call", path)
         if target is None:
             return None
-        args = self.args_list(_get(node, "args"), f"{path}.args")
-        kwargs = self.kwargs_map(_get(node, "kwargs"), f"{path}.kwargs")
+        args: list = []
+        anode = _get(node, "args")
+        if anode is not None:
+            if not isinstance(anode, yaml.SequenceNode):
+                self.issues.add(anode, f"{path}.args", "must be a list (one entry per positional argument)")
+            else:
+                args = [self.plain_value(n, f"{path}.args[{i}]") for i, n in enumerate(anode.value)]
+        kwargs: dict = {}
+        knode = _get(node, "kwargs")
+        if knode is not None:
+            if not isinstance(knode, yaml.MappingNode):
+                self.issues.add(knode, f"{path}.kwargs", "must be a mapping of argument name to value")
+            else:
+                kwargs = {str(k.value): self.plain_value(v, f"{path}.kwargs.{k.value}") for k, v in knode.value}
         return CallSpec(target, tuple(args), kwargs, self.issues.loc(node))
 
     def init(self, node: yaml.MappingNode, path: str) -> InitSpec | None:
@@ -542,8 +573,8 @@ class _Parser:
         target = self.target_of(node, "init", path)
         if target is None:
             return None
-        args = self.args_list(_get(node, "init_args"), f"{path}.init_args")
-        kwargs = self.kwargs_map(_get(node, "init_kwargs"), f"{path}.init_kwargs")
+        args = self.args_list(_get(node, "init_args"), f"{path}.init_args", plain_strings=True)
+        kwargs = self.kwargs_map(_get(node, "init_kwargs"), f"{path}.init_kwargs", plain_strings=True)
         rules: list[Rule] = []
         rules_node = _get(node, "rules")
         if rules_node is not None:
@@ -569,21 +600,21 @@ class _Parser:
                     rules.append(Rule(pattern, sharding, self.issues.loc(rn)))
         return InitSpec(target, tuple(args), kwargs, tuple(rules), self.issues.loc(node), path)
 
-    def args_list(self, node: yaml.Node | None, path: str) -> list:
+    def args_list(self, node: yaml.Node | None, path: str, *, plain_strings: bool = False) -> list:
         if node is None:
             return []
         if not isinstance(node, yaml.SequenceNode):
             self.issues.add(node, path, "must be a list (one entry per positional argument)")
             return []
-        return [self.tree(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
+        return [self.tree(n, f"{path}[{i}]", plain_strings=plain_strings) for i, n in enumerate(node.value)]
 
-    def kwargs_map(self, node: yaml.Node | None, path: str) -> dict:
+    def kwargs_map(self, node: yaml.Node | None, path: str, *, plain_strings: bool = False) -> dict:
         if node is None:
             return {}
         if not isinstance(node, yaml.MappingNode):
             self.issues.add(node, path, "must be a mapping of argument name to value")
             return {}
-        return {str(k.value): self.tree(v, f"{path}.{k.value}") for k, v in node.value}
+        return {str(k.value): self.tree(v, f"{path}.{k.value}", plain_strings=plain_strings) for k, v in node.value}
 
     # Top level ---------------------------------------------------------------------------------
     def mesh(self, node: yaml.Node | None) -> MeshSpec:
@@ -639,11 +670,7 @@ class _Parser:
                 self.issues.add(snode, f"{path}.static", "static must be a mapping of argument name to value")
             else:
                 for k, v in snode.value:
-                    vpath = f"{path}.static.{k.value}"
-                    if isinstance(v, yaml.MappingNode) and _get(v, "call") is not None:
-                        static[str(k.value)] = self.call(v, vpath)
-                    else:
-                        static[str(k.value)] = _plain(v)
+                    static[str(k.value)] = self.plain_value(v, f"{path}.static.{k.value}")
         donate: list = []
         dnode = _get(node, "donate")
         if dnode is not None:

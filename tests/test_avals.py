@@ -359,3 +359,30 @@ def test_donation_and_out_shardings_from_the_spec(tmp_path):
     assert report["out/s"].declared == "P('data', None)" and report["out/s"].compiled == "P('data', None)"
     assert report["out/t"].declared == "P(None, None)" and not report["out/t"].chosen_by_partitioner
     assert report["out/s"].shard_shape == (4, 8)
+
+
+def test_call_arguments_are_plain_strings_and_nested_calls_are_built(tmp_path):
+    source = """
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Sub:
+        name: str
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        act: str
+        subs: tuple = ()
+
+    def f(x, *, cfg):
+        return x
+    """
+    _, _, _, inputs = prepare(tmp_path, source, """
+        f:
+          target: model.py:f
+          args: ['f32[8]']
+          static:
+            cfg: {call: model.py:Config, kwargs: {act: tanh, subs: !tuple [{call: model.py:Sub, args: [gelu]}]}}
+    """)
+    cfg = inputs.kwargs["cfg"]
+    assert cfg.act == "tanh" and len(cfg.subs) == 1 and cfg.subs[0].name == "gelu"

@@ -176,7 +176,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
 
     args = tuple(convert(a, names[i], i in donated_nums) for i, a in enumerate(fspec.args))
     kwargs = {k: convert(v, k, k in donated_names) for k, v in fspec.kwargs.items()}
-    static = {k: (build_call(v, fspec) if isinstance(v, CallSpec) else v) for k, v in fspec.static.items()}
+    static = {k: build_value(v, fspec) for k, v in fspec.static.items()}
     if issues:
         raise SpecError(issues, hint="shard a dimension only over mesh axes whose sizes divide it")
     # The order JAX flattens (args, kwargs) in (dict keys sorted), as in compiled.input_shardings.
@@ -285,6 +285,20 @@ def _init_value(v: Any, fspec: FunctionSpec) -> Any:
     return jax.tree_util.tree_map(one, v, is_leaf=lambda x: isinstance(x, (LeafSpec, KeySpec, CallSpec)))
 
 
+def build_value(value: Any, fspec: FunctionSpec) -> Any:
+    """A plain spec value (a ``call`` argument, a static value) with every nested ``{call: ...}`` built.
+
+    Lists, tuples and dicts are rebuilt with the same types; other values are returned as they are.
+    """
+    if isinstance(value, CallSpec):
+        return build_call(value, fspec)
+    if isinstance(value, (list, tuple)):
+        return type(value)(build_value(v, fspec) for v in value)
+    if isinstance(value, dict):
+        return {k: build_value(v, fspec) for k, v in value.items()}
+    return value
+
+
 def build_call(call: CallSpec, fspec: FunctionSpec) -> Any:
     """Build ``target(*args, **kwargs)`` for a ``{call: ...}`` node (a config, a model definition).
 
@@ -294,8 +308,8 @@ def build_call(call: CallSpec, fspec: FunctionSpec) -> Any:
     from stagetool.errors import TargetError
 
     target = load_target(call.target, base_dir=fspec.base_dir)
-    args = [build_call(a, fspec) if isinstance(a, CallSpec) else a for a in call.args]
-    kwargs = {k: build_call(v, fspec) if isinstance(v, CallSpec) else v for k, v in call.kwargs.items()}
+    args = [build_value(a, fspec) for a in call.args]
+    kwargs = {k: build_value(v, fspec) for k, v in call.kwargs.items()}
     try:
         return target.fn(*args, **kwargs)
     except Exception as e:
