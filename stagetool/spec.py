@@ -497,7 +497,7 @@ class _Parser:
             return self.init(node, path)
         if "call" in keys:
             return self.call(node, path)
-        if keys and keys <= {"shape", "dtype", "sharding"} and {"shape", "dtype"} <= keys:
+        if {"shape", "dtype"} <= keys:
             return self.expanded_leaf(node, path)
         out = {}
         for k, v in node.value:
@@ -518,7 +518,9 @@ class _Parser:
 
     def expanded_leaf(self, node: yaml.MappingNode, path: str) -> LeafSpec | None:
         loc = self.issues.loc(node)
-        ok = True
+        before = len(self.issues.items)
+        _check_keys(self.issues, node, path, {"shape", "dtype", "sharding"})
+        ok = len(self.issues.items) == before
         shape_node, dtype_node, sh_node = _get(node, "shape"), _get(node, "dtype"), _get(node, "sharding")
         shape = _plain(shape_node)
         if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):

@@ -396,3 +396,31 @@ def test_duplicate_keys_are_errors_where_they_are_written():
         "s.yaml:9:3: functions: duplicate key 'f' (first written at line 4, column 3); "
         "YAML would keep only the last one: remove or rename one",
     ]
+
+
+def test_arguments_of_call_are_plain_values_and_init_args_keep_plain_strings():
+    f = one_function("""
+        target: m.py:f
+        args:
+          - init: m.py:init
+            init_args: [key(1), relu, 'f32[3]', [gelu, 2]]
+            init_kwargs: {act: tanh, x: 'bf16[2] @ [data]', names: {a: silu}}
+        static:
+          cfg: {call: m.py:Config, args: ['f32[4]', [a, b]], kwargs: {act: tanh, sub: {call: m.py:Sub, args: [x]}}}
+    """)
+    init = f.args[0]
+    assert isinstance(init.args[0], KeySpec) and init.args[1] == "relu"
+    assert isinstance(init.args[2], LeafSpec) and init.args[3] == ["gelu", 2]
+    assert init.kwargs["act"] == "tanh" and init.kwargs["names"] == {"a": "silu"}
+    assert isinstance(init.kwargs["x"], LeafSpec) and init.kwargs["x"].dtype == "bfloat16"
+    cfg = f.static["cfg"]
+    assert cfg.args == ("f32[4]", ["a", "b"])                    # a string, never an array leaf
+    assert cfg.kwargs["act"] == "tanh"
+    sub = cfg.kwargs["sub"]
+    assert isinstance(sub, CallSpec) and sub.target == "m.py:Sub" and sub.args == ("x",)
+
+
+def test_an_expanded_leaf_with_an_unknown_key_is_reported_as_a_leaf():
+    issues = issues_of(MESH + "functions:\n  f:\n    target: m.py:f\n"
+                       "    args: [{shape: [4], dtype: f32, sharding: [data], extra: 1}]\n")
+    assert issues == ["s.yaml:6:55: functions.f.args[0]: unknown key 'extra'; expected one of dtype, shape, sharding"]
