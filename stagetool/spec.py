@@ -262,7 +262,7 @@ class Spec:
       avals: ``global`` (shapes are whole arrays) or ``local`` (shapes as one process sees them).
       functions: by name, in file order.
       chips: user entries for the roofline chip table (``chips: {name: {peak_flops_per_second_bf16: ...}}``),
-        validated by :func:`stagetool.analysis.chips.merge_chips` when used.
+        as written; already validated with :func:`stagetool.analysis.chips.merge_chips` at load.
       check: the ``check:`` section (tolerances of ``stagetool check``), or None.
     """
 
@@ -796,10 +796,42 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
             issues.add(cnode, "chips", "chips must be a mapping of chip name to its figures")
         else:
             chips = _plain(cnode)
+            _check_chips(issues, cnode)
     _validate_axes(parser, mesh, functions)
     check = _check_section(issues, _get(root, "check"), functions)
     issues.raise_if_any()
     return Spec(path, mesh, platform, topology, avals, functions, chips, check)
+
+
+def _check_chips(issues: _Issues, node: yaml.MappingNode) -> None:
+    """Validate ``chips:`` entries with :func:`stagetool.analysis.chips.merge_chips`, each problem
+    placed at the node it is about (the field's value, an unknown field's key, or the chip's name)."""
+    from stagetool.analysis.chips import merge_chips
+
+    for knode, vnode in node.value:
+        name = _plain(knode)
+        try:
+            merge_chips({name: _plain(vnode)})
+        except SpecError as e:
+            prefix = f"chips.{name}"
+            for issue in e.issues:
+                rest = issue[len(prefix):] if issue.startswith(prefix) else ": " + issue
+                where, at = prefix, knode
+                if rest.startswith("."):
+                    field, _, rest = rest[1:].partition(":")
+                    rest = ":" + rest
+                    where = f"{prefix}.{field}"
+                    if isinstance(vnode, yaml.MappingNode):
+                        for fk, fv in vnode.value:
+                            if fk.value == field:
+                                at = fv if fv is not None and field in _chip_fields() else fk
+                issues.add(at, where, rest[1:].strip())
+
+
+def _chip_fields() -> tuple[str, ...]:
+    from stagetool.analysis.chips import _FIELDS
+
+    return _FIELDS
 
 
 def _tolerances(issues: _Issues, node: yaml.Node, path: str) -> dict:

@@ -424,3 +424,20 @@ def test_an_expanded_leaf_with_an_unknown_key_is_reported_as_a_leaf():
     issues = issues_of(MESH + "functions:\n  f:\n    target: m.py:f\n"
                        "    args: [{shape: [4], dtype: f32, sharding: [data], extra: 1}]\n")
     assert issues == ["s.yaml:6:55: functions.f.args[0]: unknown key 'extra'; expected one of dtype, shape, sharding"]
+
+
+def test_chips_are_validated_at_load_with_locations():
+    spec = parse(MESH + "functions: {f: m.py:f}\nchips:\n  npu: {peak_flops_per_second_bf16: 4.0e14}\n")
+    assert spec.chips == {"npu": {"peak_flops_per_second_bf16": "4.0e14"}}      # merge_chips reads it
+    issues = issues_of(MESH + "functions: {f: m.py:f}\nchips:\n"
+                       "  npu: {peak_flops_per_second_bf16: fast, bogus: 1}\n  gpu: {note: x}\n  tpu: 3\n")
+    needs = ("a new chip needs at least one of peak_flops_per_second_bf16, peak_flops_per_second_f32, "
+             "hbm_bandwidth_bytes_per_second, hbm_capacity_bytes")
+    assert issues == [
+        f"s.yaml:5:3: chips.npu: {needs}",
+        "s.yaml:5:37: chips.npu.peak_flops_per_second_bf16: expected a number, got 'fast'",
+        "s.yaml:5:43: chips.npu.bogus: unknown field; valid fields: peak_flops_per_second_bf16, "
+        "peak_flops_per_second_f32, hbm_bandwidth_bytes_per_second, hbm_capacity_bytes, sources, note",
+        f"s.yaml:6:3: chips.gpu: {needs}",
+        "s.yaml:7:3: chips.tpu: expected a mapping of figures, got int",
+    ]
