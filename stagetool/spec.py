@@ -965,7 +965,11 @@ def find_spec(target: str | None) -> tuple[Path | None, list[Path]]:
     """Return the first existing candidate of :func:`spec_candidates` (or None) and every path tried.
 
     Without a TARGET and with none of the candidates present, a single ``*.stagetool.yaml`` in the
-    working directory is taken (two or more are ambiguous: pass ``--spec``).
+    working directory is taken.
+
+    Raises:
+      UsageError: two or more ``*.stagetool.yaml`` in the working directory make the search
+        ambiguous; the message lists the paths tried and the files found, and says to pass ``--spec``.
     """
     tried = spec_candidates(target)
     for p in tried:
@@ -977,6 +981,13 @@ def find_spec(target: str | None) -> tuple[Path | None, list[Path]]:
         tried.append(pattern)
         if len(found) == 1:
             return found[0], tried
+        if len(found) > 1:
+            from stagetool.errors import UsageError
+
+            raise UsageError(
+                "no single spec found; tried " + ", ".join(str(p) for p in tried)
+                + f" ({len(found)} found: {', '.join(p.name for p in found)} — pass --spec)",
+                hint="pass --spec FILE to choose one")
     return None, tried
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stagetool.errors import SpecError
+from stagetool.errors import SpecError, TargetError, UsageError
 from stagetool.spec import (
     AUTO,
     REPLICATED,
@@ -368,7 +368,11 @@ def test_a_single_spec_in_the_working_directory_is_found_without_a_target(tmp_pa
     assert found == tmp_path / "a.stagetool.yaml"
     assert tried == [tmp_path / "stagetool.yaml", tmp_path / "*.stagetool.yaml"]
     (tmp_path / "b.stagetool.yaml").write_text("functions: {}\n")
-    assert find_spec(None)[0] is None          # two are ambiguous
+    with pytest.raises(UsageError) as info:    # two are ambiguous
+        find_spec(None)
+    assert info.value.message == (f"no single spec found; tried {tmp_path / 'stagetool.yaml'}, "
+                                  f"{tmp_path / '*.stagetool.yaml'} (2 found: a.stagetool.yaml, "
+                                  "b.stagetool.yaml — pass --spec)")
     assert find_spec("m.py:f")[0] is None      # with a TARGET, only the fixed search
 
 
