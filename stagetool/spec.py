@@ -949,11 +949,17 @@ def spec_candidates(target: str | None, cwd: Path | None = None) -> list[Path]:
 
     1. ``<module stem>.stagetool.yaml`` beside a ``file.py`` target;
     2. ``stagetool.yaml`` in the working directory.
+
+    Raises:
+      TargetError: ``target`` is not ``file.py:func`` / ``pkg.mod:func`` (checked first, so that a
+        TARGET without ``:func`` is reported as such rather than as "no spec found").
     """
     cwd = cwd or Path.cwd()
     out: list[Path] = []
-    if target and ":" in target:
-        module = target.rsplit(":", 1)[0]
+    if target:
+        from stagetool.lowering.target import split_target  # imports no JAX
+
+        module = split_target(target)[0]
         if module.endswith(".py"):
             p = Path(module)
             out.append(p.with_name(p.stem + ".stagetool.yaml"))
@@ -968,6 +974,7 @@ def find_spec(target: str | None) -> tuple[Path | None, list[Path]]:
     working directory is taken.
 
     Raises:
+      TargetError: ``target`` has no ``:func`` part (see :func:`spec_candidates`).
       UsageError: two or more ``*.stagetool.yaml`` in the working directory make the search
         ambiguous; the message lists the paths tried and the files found, and says to pass ``--spec``.
     """

@@ -376,6 +376,15 @@ def test_a_single_spec_in_the_working_directory_is_found_without_a_target(tmp_pa
     assert find_spec("m.py:f")[0] is None      # with a TARGET, only the fixed search
 
 
+@pytest.mark.parametrize("target", ["mlp.py", "examples/mlp.py", "pkg.mod", "mlp.py:"])
+def test_a_target_without_func_is_a_target_error_before_the_spec_search(tmp_path, monkeypatch, target):
+    monkeypatch.chdir(tmp_path)
+    for call in (find_spec, spec_candidates):
+        with pytest.raises(TargetError, match=re.escape(
+                f"target {target!r} must be 'path/to/file.py:func', 'package.module:func' or 'module:obj.attr'")):
+            call(target)
+
+
 def test_duplicate_keys_are_errors_where_they_are_written():
     issues = issues_of("""
         version: 1
