@@ -237,6 +237,9 @@ class FunctionSpec:
       out_shardings: None (the compiler chooses), or a pytree of :class:`Sharding`.
       loc: where the function's entry is written.
       base_dir: the folder relative targets resolve against.
+      locs: where each part is written, by key: ``"target"``, ``"args"``, ``"args[1]"``,
+        ``"kwargs"``, ``"kwargs.<name>"``, ``"static"``, ``"static.<name>"``, ``"donate"``,
+        ``"out_shardings"`` (only the keys the entry has).
     """
 
     name: str
@@ -248,6 +251,11 @@ class FunctionSpec:
     out_shardings: Any
     loc: Loc | None
     base_dir: Path
+    locs: dict = dataclasses.field(default_factory=dict, compare=False)
+
+    def where(self, key: str) -> Loc | None:
+        """The location of ``key`` (see ``locs``), else of the function's entry."""
+        return self.locs.get(key) or self.loc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -694,8 +702,18 @@ class _Parser:
         onode = _get(node, "out_shardings")
         if onode is not None:
             out_shardings = self.out_tree(onode, f"{path}.out_shardings")
+        locs: dict[str, Loc] = {}
+        for k, v in node.value:
+            key = str(k.value)
+            locs[key] = self.issues.loc(k)
+            if key in ("kwargs", "static") and isinstance(v, yaml.MappingNode):
+                for kk, _ in v.value:
+                    locs[f"{key}.{kk.value}"] = self.issues.loc(kk)
+            if key == "args" and isinstance(v, yaml.SequenceNode):
+                for i, n in enumerate(v.value):
+                    locs[f"args[{i}]"] = self.issues.loc(n)
         return FunctionSpec(name, target, tuple(args), kwargs, static, tuple(donate), out_shardings,
-                            self.issues.loc(key_node), self.base_dir)
+                            self.issues.loc(key_node), self.base_dir, locs)
 
     def out_tree(self, node: yaml.Node, path: str) -> Any:
         self.out_locs[path] = self.issues.loc(node)

@@ -386,3 +386,60 @@ def test_call_arguments_are_plain_strings_and_nested_calls_are_built(tmp_path):
     """)
     cfg = inputs.kwargs["cfg"]
     assert cfg.act == "tanh" and len(cfg.subs) == 1 and cfg.subs[0].name == "gelu"
+
+
+SIG_SOURCE = """
+import functools, jax
+
+def f(x, w, *, scale=1.0):
+    return x @ w * scale
+
+@jax.jit
+def g(x):
+    return x
+
+def h(x, /, y):
+    return x + y
+
+def init(d, *, depth=1):
+    return {"w": jax.numpy.zeros((d, d))}
+"""
+
+
+@pytest.mark.parametrize("functions, expected", [
+    # a static name the function does not take (jax.jit(static_argnames=...) raised a raw ValueError)
+    ("f: {target: model.py:f, args: ['f32[4,4]', 'f32[4,4]'], static: {cfg: 3}}",
+     ["spec.yaml:4:68: functions.f.static: f(x, w, *, scale=1.0) has no parameter 'cfg'"]),
+    ("g: {target: model.py:g, args: ['f32[4]'], static: {y: 3}}",
+     ["spec.yaml:4:54: functions.g.static: g(x) has no parameter 'y'"]),
+    # a missing positional argument was an exit-3 "missing 1 required positional argument" from JAX
+    ("f: {target: model.py:f, args: ['f32[4,4]']}",
+     ["spec.yaml:4:3: functions.f: f(x, w, *, scale=1.0) missing required argument 'w'"]),
+    ("f: {target: model.py:f, args: ['f32[4,4]', 'f32[4,4]', 'f32[4]']}",
+     ["spec.yaml:4:27: functions.f.args: f(x, w, *, scale=1.0) takes 2 positional arguments, but the spec gives 3"]),
+    ("f: {target: model.py:f, args: ['f32[4,4]', 'f32[4,4]'], kwargs: {scal: 'f32[]'}}",
+     ["spec.yaml:4:68: functions.f.kwargs: f(x, w, *, scale=1.0) has no parameter 'scal' (did you mean 'scale'?)"]),
+    ("h: {target: model.py:h, args: ['f32[4]'], kwargs: {x: 'f32[4]', y: 'f32[4]'}}",
+     ["spec.yaml:4:54: functions.h.kwargs: h(x, /, y) parameter 'x' is positional-only; give it under 'args'"]),
+    ("f: {target: model.py:f, args: ['f32[4,4]', 'f32[4,4]'], static: {scale: [1, 2]}}",
+     ["spec.yaml:4:68: functions.f.static.scale: a static value must be hashable, and a list is not; "
+      "write a list as a tuple: !tuple [...]"]),
+    ("f: {target: model.py:f, args: [{init: model.py:init, init_args: [4, 5]}, 'f32[4,4]']}",
+     ["spec.yaml:4:34: functions.f.args[0].init_args: init(d, *, depth=1) takes 1 positional argument, "
+      "but the spec gives 2"]),
+])
+def test_arguments_are_bound_to_the_signature_before_tracing(tmp_path, functions, expected):
+    name = functions.split(":")[0]
+    with pytest.raises(SpecError) as info:
+        prepare(tmp_path, SIG_SOURCE, functions, name=name)
+    assert info.value.issues == expected and info.value.exit_code == 2
+
+
+def test_jax_jit_rejecting_the_options_is_a_spec_error(tmp_path):
+    import dataclasses
+
+    fspec, target, setup, inputs = prepare(tmp_path, SIG_SOURCE, "f: {target: model.py:f, args: ['f32[4,4]', 'f32[4,4]']}")
+    bad = dataclasses.replace(inputs, static_argnames=("cfg",))           # what the signature check stops
+    with pytest.raises(SpecError, match=r"spec.yaml:4:3: functions.f.static: jax.jit does not accept the spec's options "
+                                        r"for model.py:f: .*invalid argnames \{'cfg'\} in static_argnames"):
+        jit_function(target, fspec, bad, setup.mesh)

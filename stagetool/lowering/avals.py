@@ -88,7 +88,9 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
       avals: ``global`` (spec shapes are whole arrays) or ``local`` (as one process sees them).
 
     Raises:
-      SpecError: every leaf whose sharding does not fit its shape (rank, or a dimension the mesh
+      SpecError: args/kwargs/static that do not bind to ``fn``'s signature (:func:`check_signature`),
+        an unhashable static value, an ``init`` whose init_args do not bind to its signature;
+        every leaf whose sharding does not fit its shape (rank, or a dimension the mesh
         axes do not divide), or that no rule matches, with its key path and spec location.
       TargetError: an ``init`` or ``call`` target cannot be loaded.
       StagingError: ``jax.eval_shape`` of an ``init`` function fails (exit code 3).
@@ -96,6 +98,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
+    check_signature(fspec, fn)
     names = _arg_names(fn, len(fspec.args))
     issues: list[str] = []
     by_id: dict[int, InputLeaf] = {}
@@ -177,6 +180,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     args = tuple(convert(a, names[i], i in donated_nums) for i, a in enumerate(fspec.args))
     kwargs = {k: convert(v, k, k in donated_names) for k, v in fspec.kwargs.items()}
     static = {k: build_value(v, fspec) for k, v in fspec.static.items()}
+    check_static_hashable(fspec, static)
     if issues:
         raise SpecError(issues, hint="shard a dimension only over mesh axes whose sizes divide it")
     # The order JAX flattens (args, kwargs) in (dict keys sorted), as in compiled.input_shardings.
@@ -184,6 +188,110 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     kwargs.update(static)
     return AbstractInputs(args, kwargs, leaves, tuple(static), tuple(sorted(donated_nums)),
                           tuple(sorted(donated_names)))
+
+
+def signature_problems(fn: Callable[..., Any], n_args: int, kwnames: list[str]) -> list[tuple[str, str]]:
+    """Why ``fn`` cannot be called with ``n_args`` positional arguments and keywords ``kwnames``.
+
+    Returns ``(where, message)`` pairs, ``where`` being ``"args"``, ``"kw:<name>"`` or ``""`` (the
+    call as a whole, e.g. a missing argument); empty when the call binds, or when ``fn`` has no
+    signature ``inspect.signature`` can read (then nothing is checked).
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return []
+    params = list(sig.parameters.values())
+    P = inspect.Parameter
+    positional = [p for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    var_pos = any(p.kind == P.VAR_POSITIONAL for p in params)
+    var_kw = any(p.kind == P.VAR_KEYWORD for p in params)
+    by_name = {p.name: p for p in params if p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD)}
+    out: list[tuple[str, str]] = []
+    if n_args > len(positional) and not var_pos:
+        out.append(("args", f"takes {len(positional)} positional argument{'s' if len(positional) != 1 else ''}, "
+                            f"but the spec gives {n_args}"))
+    given_by_position = {p.name for p in positional[:n_args]}
+    for name in kwnames:
+        p = by_name.get(name)
+        if p is None:
+            if not var_kw:
+                import difflib
+
+                close = difflib.get_close_matches(name, list(by_name), n=1, cutoff=0.6)
+                out.append((f"kw:{name}", f"has no parameter {name!r}"
+                            + (f" (did you mean {close[0]!r}?)" if close else "")))
+        elif p.kind == P.POSITIONAL_ONLY:
+            out.append((f"kw:{name}", f"parameter {name!r} is positional-only; give it under 'args'"))
+        elif name in given_by_position:
+            out.append((f"kw:{name}", f"parameter {name!r} is given twice: by position in 'args' and by name"))
+    given = given_by_position | set(kwnames)
+    missing = [p.name for p in params if p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD)
+               and p.default is P.empty and p.name not in given]
+    if missing:
+        out.append(("", f"missing required argument{'s' if len(missing) > 1 else ''} "
+                        + ", ".join(repr(m) for m in missing)))
+    if not out:
+        try:
+            sig.bind(*range(n_args), **{k: None for k in kwnames})
+        except TypeError as e:  # anything the checks above do not name
+            out.append(("", str(e)))
+    return out
+
+
+def describe_callable(fn: Callable[..., Any]) -> str:
+    """``name(signature)`` of a callable, e.g. ``mlp(params, batch, *, train=False)``."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    try:
+        return f"{name}{inspect.signature(fn)}"
+    except (TypeError, ValueError):
+        return f"{name}(...)"
+
+
+def check_signature(fspec: FunctionSpec, fn: Callable[..., Any]) -> None:
+    """Bind the spec's ``args``, ``kwargs`` and ``static`` against ``inspect.signature(fn)``, before any tracing.
+
+    Also checks that every static value is hashable, as ``jax.jit`` requires.
+
+    Raises:
+      SpecError: an extra or missing positional or keyword argument, a static name the function
+        does not take, or an unhashable static value; each at the location of the spec key it is
+        about (the function's entry for a missing argument), with the function's signature.
+    """
+    described = describe_callable(fn)
+    path = f"functions.{fspec.name}"
+    issues: list[str] = []
+    kwnames = list(fspec.kwargs) + [k for k in fspec.static if k not in fspec.kwargs]
+    for where, message in signature_problems(fn, len(fspec.args), kwnames):
+        if where == "args":
+            loc, key = fspec.where("args"), f"{path}.args"
+        elif where.startswith("kw:"):
+            name = where[3:]
+            section = "static" if name in fspec.static else "kwargs"
+            loc, key = fspec.locs.get(f"{section}.{name}") or fspec.where(section), f"{path}.{section}"
+        else:
+            loc, key = fspec.loc, path
+        issues.append(f"{loc}: {key}: {described} {message}")
+    for name in fspec.static:
+        if name in fspec.kwargs:
+            issues.append(f"{fspec.where('static.' + name)}: {path}.static: {name!r} is both in kwargs and static; "
+                          "keep it in one")
+    if issues:
+        raise SpecError(issues, hint="make args/kwargs/static match the function's parameters")
+
+
+def check_static_hashable(fspec: FunctionSpec, static: dict[str, Any]) -> None:
+    """Raise SpecError for a built static value that ``jax.jit`` could not hash (a list, a dict)."""
+    issues = []
+    for name, value in static.items():
+        try:
+            hash(value)
+        except TypeError:
+            issues.append(f"{fspec.where('static.' + name)}: functions.{fspec.name}.static.{name}: "
+                          f"a static value must be hashable, and a {type(value).__name__} is not"
+                          + ("; write a list as a tuple: !tuple [...]" if isinstance(value, list) else ""))
+    if issues:
+        raise SpecError(issues)
 
 
 def check_fits(shape: tuple[int, ...], sharding: Sharding, axis_size: dict[str, int]) -> str | None:
@@ -230,11 +338,18 @@ def eval_init(init: InitSpec, fspec: FunctionSpec) -> Any:
     Leaf and key arguments are traced; plain values are bound as Python constants.
 
     Raises:
+      SpecError: ``init_args``/``init_kwargs`` do not bind to the init function's signature.
       StagingError: the init function fails under ``eval_shape`` (stage ``"init"``).
     """
     import jax
 
     target = load_target(init.target, base_dir=fspec.base_dir)
+    problems = signature_problems(target.fn, len(init.args), list(init.kwargs))
+    if problems:
+        described = describe_callable(target.fn)
+        raise SpecError([f"{init.loc}: {init.path}"
+                         + {"args": ".init_args", "": ""}.get(w, ".init_kwargs") + f": {described} {m}"
+                         for w, m in problems], hint="make init_args/init_kwargs match the init function's parameters")
     traced_pos: list[int] = []
     args: list[Any] = []
     for i, a in enumerate(init.args):
