@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from stagetool.analysis.shardings import input_leaves, output_leaves
 from stagetool.errors import SpecError, StagingError
-from stagetool.lowering.avals import build_inputs, check_fits
+from stagetool.lowering.avals import build_inputs, check_fits, check_out_shardings
 from stagetool.lowering.devices import local_mesh_sizes, provision
 from stagetool.lowering.stages import jit_function, stage
 from stagetool.lowering.target import load_target
@@ -443,3 +443,59 @@ def test_jax_jit_rejecting_the_options_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError, match=r"spec.yaml:4:3: functions.f.static: jax.jit does not accept the spec's options "
                                         r"for model.py:f: .*invalid argnames \{'cfg'\} in static_argnames"):
         jit_function(target, fspec, bad, setup.mesh)
+
+
+OUT_SOURCE = """
+def pair(x):
+    return (x, x * 2)
+
+def as_list(x):
+    return [x, x]
+
+def named(x):
+    return {"loss": x.sum(), "y": (x, x)}
+"""
+
+
+def _out_info(target, inputs, setup, fspec):
+    import dataclasses
+
+    probe = jit_function(target, dataclasses.replace(fspec, out_shardings=None), inputs, setup.mesh)
+    with jax.set_mesh(setup.mesh):
+        return probe.trace(*inputs.args, **inputs.kwargs).out_info
+
+
+@pytest.mark.parametrize("name, out, message", [
+    ("pair", "[[data], [data], [data]]",
+     "spec.yaml:4:51: functions.pair.out_shardings: the spec gives a list of 3 shardings, but the function returns "
+     "a tuple of 2 (f32[8], f32[8]) (out_shardings: a tuple of 3 (P('data'), P('data'), P('data')))"),
+    ("named", "{loss: replicated, z: auto}",
+     "spec.yaml:4:53: functions.named.out_shardings: the spec gives a mapping with keys loss, z, but the function "
+     "returns a dict {loss: f32[], y: (f32[8], f32[8])} (out_shardings: a dict {loss: P(), z: auto})"),
+    ("named", "{loss: replicated, y: [[data], [data], auto]}",
+     "spec.yaml:4:53: functions.named.out_shardings: at y: the spec gives a list of 3 shardings, but the function "
+     "returns a tuple of 2 (f32[8], f32[8]) (out_shardings: a dict {loss: P(), y: (P('data'), P('data'), auto)})"),
+])
+def test_out_shardings_that_do_not_fit_the_outputs_are_a_spec_error(tmp_path, name, out, message):
+    fspec, target, setup, inputs = prepare(
+        tmp_path, OUT_SOURCE, f"{name}: {{target: model.py:{name}, args: ['f32[8]'], out_shardings: {out}}}", name=name)
+    with pytest.raises(StagingError, match="pytree structure error"):     # what JAX says without the check
+        run_stages(fspec, target, setup, inputs, until="lower")
+    with pytest.raises(SpecError) as info:
+        check_out_shardings(fspec, _out_info(target, inputs, setup, fspec))
+    assert info.value.issues == [message]
+
+
+def test_out_shardings_that_fit_are_returned_in_the_outputs_container_types(tmp_path):
+    import dataclasses
+
+    fspec, target, setup, inputs = prepare(
+        tmp_path, OUT_SOURCE, "as_list: {target: model.py:as_list, args: ['f32[8]'], out_shardings: [[data], auto]}",
+        name="as_list")
+    assert fspec.out_shardings == (Sharding("spec", ("data",)), None)
+    with pytest.raises(StagingError, match="different types"):        # JAX wants the list a list
+        run_stages(fspec, target, setup, inputs, until="lower")
+    fitted = check_out_shardings(fspec, _out_info(target, inputs, setup, fspec))
+    assert fitted == [Sharding("spec", ("data",)), None]
+    staged = run_stages(dataclasses.replace(fspec, out_shardings=fitted), target, setup, inputs)
+    assert staged.compiled.output_shardings[0].spec == P("data")

@@ -294,6 +294,92 @@ def check_static_hashable(fspec: FunctionSpec, static: dict[str, Any]) -> None:
         raise SpecError(issues)
 
 
+def check_out_shardings(fspec: FunctionSpec, out_info: Any) -> Any:
+    """Check the spec's ``out_shardings`` against the traced output tree; return it in the output's shape.
+
+    ``out_shardings`` is a prefix of the output pytree: a sharding (or ``auto``) stands for a whole
+    subtree; a list stands for a tuple or list of as many outputs; a mapping for a dict with the
+    same keys. Because YAML has only one kind of list, a spec list matches a tuple or a list output
+    and the returned tree uses the output's type (``jax.jit`` requires the exact type).
+
+    Args:
+      fspec: the function's spec (``out_shardings`` not None).
+      out_info: ``jax.stages.Traced.out_info`` of a trace *without* out_shardings (a pytree of
+        ``ShapeDtypeStruct``-like leaves).
+
+    Returns:
+      ``fspec.out_shardings`` with each list as the output's tuple or list: pass it to
+      :func:`stagetool.lowering.stages.jit_function` via ``dataclasses.replace(fspec, out_shardings=...)``.
+
+    Raises:
+      SpecError: at the out_shardings location, naming the key path where the structures part and
+        describing both (the spec's, and the function's outputs).
+    """
+    if fspec.out_shardings is None:
+        return None
+    problems: list[str] = []
+
+    def conform(spec: Any, out: Any, path: str) -> Any:
+        if spec is None or isinstance(spec, Sharding):
+            return spec
+        at = f"at {path}: " if path else ""
+        if isinstance(spec, (list, tuple)):
+            if type(out) in (list, tuple) and len(out) == len(spec):
+                return type(out)(conform(sv, ov, f"{path}[{i}]") for i, (sv, ov) in enumerate(zip(spec, out)))
+            problems.append(f"{at}the spec gives a list of {len(spec)} shardings, but the function returns "
+                            f"{_describe_tree(out)}")
+            return spec
+        if isinstance(spec, dict):
+            if isinstance(out, dict) and set(map(str, out)) == set(spec):
+                return {k: conform(spec[str(k)], v, f"{path}.{k}" if path else str(k)) for k, v in out.items()}
+            problems.append(f"{at}the spec gives a mapping with keys {', '.join(sorted(spec))}, but the function "
+                            f"returns {_describe_tree(out)}")
+            return spec
+        return spec
+
+    out = conform(fspec.out_shardings, out_info, "")
+    if problems:
+        loc = fspec.where("out_shardings")
+        raise SpecError([f"{loc}: functions.{fspec.name}.out_shardings: " + "; ".join(problems)
+                         + f" (out_shardings: {_describe_tree(fspec.out_shardings)})"],
+                        hint="give one sharding per output, in a list for a tuple or list of outputs and in "
+                             "a mapping for a dict; a single sharding or 'auto' covers a whole subtree")
+    return out
+
+
+def _is_struct(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _describe_tree(tree: Any, depth: int = 0) -> str:
+    """A short readable picture of a pytree: ``(f32[8], {a: f32[2,4], b: i32[]})``; shardings as ``P(...)``."""
+    if depth > 3:
+        return "..."
+    if tree is None:
+        return "auto"
+    if isinstance(tree, Sharding):
+        return str(tree)
+    if _is_struct(tree):
+        return f"{_short_dtype(tree.dtype)}{list(tree.shape)}".replace(" ", "")
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        items = [_describe_tree(t, depth + 1) for t in tree[:8]] + (["..."] if len(tree) > 8 else [])
+        kind = "a tuple" if isinstance(tree, tuple) else "a list"
+        inner = ", ".join(items)
+        return f"{kind} of {len(tree)} ({inner})" if depth == 0 else f"({inner})" if isinstance(tree, tuple) else f"[{inner}]"
+    if isinstance(tree, dict):
+        keys = sorted(tree, key=str)
+        inner = ", ".join(f"{k}: {_describe_tree(tree[k], depth + 1)}" for k in keys[:8]) + (", ..." if len(keys) > 8 else "")
+        return f"a dict {{{inner}}}" if depth == 0 else f"{{{inner}}}"
+    return f"a {type(tree).__name__}" if depth == 0 else type(tree).__name__
+
+
+def _short_dtype(dtype: Any) -> str:
+    name = str(dtype)
+    short = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64", "int32": "i32",
+             "int64": "i64", "int8": "i8", "uint8": "u8", "uint32": "u32", "bool": "pred"}
+    return short.get(name, name)
+
+
 def check_fits(shape: tuple[int, ...], sharding: Sharding, axis_size: dict[str, int]) -> str | None:
     """Why ``sharding`` cannot lay out an array of ``shape``, or None when it can.
 
