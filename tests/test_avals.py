@@ -161,6 +161,7 @@ def test_a_leaf_no_rule_matches_is_an_error(tmp_path):
     assert info.value.issues == [
         "spec.yaml:7:9: functions.f.args[0].rules: no rule matches leaf 'p/b' (float32[4]); "
         "add a rule such as ['.*', replicated] at the end"]
+    assert info.value.hint is None         # not the divisibility hint: the message says what to do
 
 
 def test_indivisible_dimension_and_rank_are_caught_before_lowering(tmp_path):
@@ -178,6 +179,11 @@ def test_indivisible_dimension_and_rank_are_caught_before_lowering(tmp_path):
         "spec.yaml:8:9: b: sharding P('data', 'model') has 2 entries, but the array has rank 1 (shape [4])",
         "spec.yaml:9:9: c: dimension 1 of size 12 is not divisible by 8, the size of mesh axis 'data' × 'model' (2 × 4)",
     ]
+    assert info.value.hint == ("shard a dimension only over mesh axes whose sizes divide it; a sharding has at most "
+                               "one entry per array dimension (trailing dimensions are replicated)")
+    with pytest.raises(SpecError) as info:
+        prepare(tmp_path / "rank", "def f(a):\n    return a\n", "f: {target: model.py:f, args: ['f32[4] @ [data, model]']}")
+    assert info.value.hint == "a sharding has at most one entry per array dimension (trailing dimensions are replicated)"
     assert "for scalars write 'replicated'" in check_fits((), Sharding("spec", ("data",)), {"data": 2})
 
 

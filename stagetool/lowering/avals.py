@@ -101,6 +101,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     check_signature(fspec, fn)
     names = _arg_names(fn, len(fspec.args))
     issues: list[str] = []
+    hints: list[str] = []  # one per kind of problem found, each fitting its kind
     by_id: dict[int, InputLeaf] = {}
     local_sizes = local_mesh_sizes(mesh_spec, setup.process_of_device) if avals == "local" else None
     donated_nums = {d for d in fspec.donate if isinstance(d, int)}
@@ -116,6 +117,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         problem = check_fits(shape, sharding, axis_size)
         if problem:
             issues.append(f"{source}: {path}: {problem}")
+            hints.append(_DIVIDE_HINT if "not divisible" in problem else _RANK_HINT)
         dtype = _jax_dtype(leaf.dtype)
         named = None
         if sharding.kind != "auto" and not problem:  # a bad sharding is reported, not handed to JAX
@@ -182,7 +184,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     static = {k: build_value(v, fspec) for k, v in fspec.static.items()}
     check_static_hashable(fspec, static)
     if issues:
-        raise SpecError(issues, hint="shard a dimension only over mesh axes whose sizes divide it")
+        raise SpecError(issues, hint="; ".join(dict.fromkeys(hints)) or None)
     # The order JAX flattens (args, kwargs) in (dict keys sorted), as in compiled.input_shardings.
     leaves = [by_id[id(x)] for x in jax.tree_util.tree_leaves((args, kwargs)) if id(x) in by_id]
     kwargs.update(static)
@@ -378,6 +380,10 @@ def _short_dtype(dtype: Any) -> str:
     short = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64", "int32": "i32",
              "int64": "i64", "int8": "i8", "uint8": "u8", "uint32": "u32", "bool": "pred"}
     return short.get(name, name)
+
+
+_DIVIDE_HINT = "shard a dimension only over mesh axes whose sizes divide it"
+_RANK_HINT = "a sharding has at most one entry per array dimension (trailing dimensions are replicated)"
 
 
 def check_fits(shape: tuple[int, ...], sharding: Sharding, axis_size: dict[str, int]) -> str | None:
