@@ -505,3 +505,41 @@ def test_out_shardings_that_fit_are_returned_in_the_outputs_container_types(tmp_
     assert fitted == [Sharding("spec", ("data",)), None]
     staged = run_stages(dataclasses.replace(fspec, out_shardings=fitted), target, setup, inputs)
     assert staged.compiled.output_shardings[0].spec == P("data")
+
+
+INIT_SOURCE = """
+import jax.numpy as jnp
+
+def init_raises(d):
+    raise ValueError(f"no layout for d={d}")
+
+def init_shapes(d):
+    return {"w": jnp.zeros((d, d)) @ jnp.zeros((d + 1, d))}
+
+def f(p):
+    return p
+"""
+
+
+@pytest.mark.parametrize("init, line, message", [
+    ("init_raises", 4, "ValueError: no layout for d=4"),
+    ("init_shapes", 7, "TypeError: dot_general requires contracting dimensions to have the same shape"),
+])
+def test_a_failing_init_points_at_the_users_line_once(tmp_path, init, line, message):
+    with pytest.raises(StagingError) as info:
+        prepare(tmp_path, INIT_SOURCE, f"f: {{target: model.py:f, args: [{{init: model.py:{init}, init_args: [4]}}]}}")
+    e = info.value
+    source_line = INIT_SOURCE.lstrip("\n").splitlines()[line - 1].strip()
+    assert e.stage == "init" and e.exit_code == 3 and e.message.startswith(message)
+    assert e.user_frame == f"{tmp_path / 'model.py'}:{line} in {init}\n    {source_line}"
+    assert source_line not in e.message and "stagetool" not in e.user_frame
+
+
+def test_an_init_called_with_a_wrong_keyword_is_a_spec_error_not_a_staging_error(tmp_path):
+    # The TypeError would be raised at stagetool's own call of init (no user frame at all).
+    with pytest.raises(SpecError) as info:
+        prepare(tmp_path, INIT_SOURCE, "f: {target: model.py:f, args: [{init: model.py:init_raises, init_kwargs: {dim: 4}}]}")
+    assert info.value.issues == [
+        "spec.yaml:4:34: functions.f.args[0].init_kwargs: init_raises(d) has no parameter 'dim'",
+        "spec.yaml:4:34: functions.f.args[0]: init_raises(d) missing required argument 'd'",
+    ]
