@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from stagetool.analysis.shardings import input_leaves, output_leaves
 from stagetool.errors import SpecError, StagingError
-from stagetool.lowering.avals import build_inputs, check_fits, check_out_shardings
+from stagetool.lowering.avals import build_inputs, check_fits, check_out_shardings, fit_out_shardings
 from stagetool.lowering.devices import local_mesh_sizes, provision
 from stagetool.lowering.stages import jit_function, stage
 from stagetool.lowering.target import load_target
@@ -505,6 +505,11 @@ def test_out_shardings_that_fit_are_returned_in_the_outputs_container_types(tmp_
     assert fitted == [Sharding("spec", ("data",)), None]
     staged = run_stages(dataclasses.replace(fspec, out_shardings=fitted), target, setup, inputs)
     assert staged.compiled.output_shardings[0].spec == P("data")
+    # The one-call form for the pipeline: the same tree; a misfit is a SpecError before staging.
+    assert fit_out_shardings(fspec, target.fn, inputs, setup.mesh).out_shardings == fitted
+    bad = dataclasses.replace(fspec, out_shardings=(None, None, None))
+    with pytest.raises(SpecError, match="the spec gives a list of 3 shardings, but the function returns a list of 2"):
+        fit_out_shardings(bad, target.fn, inputs, setup.mesh)
 
 
 INIT_SOURCE = """

@@ -349,6 +349,33 @@ def check_out_shardings(fspec: FunctionSpec, out_info: Any) -> Any:
     return out
 
 
+def fit_out_shardings(fspec: FunctionSpec, fn: Callable[..., Any], inputs: AbstractInputs, mesh: Any) -> FunctionSpec:
+    """``fspec`` with ``out_shardings`` checked and fitted to the function's outputs (see :func:`check_out_shardings`).
+
+    Traces ``fn`` once without out_shardings (under ``jax.set_mesh(mesh)``) to read
+    ``Traced.out_info``; costs one extra trace, and only when the spec gives out_shardings. When
+    that trace itself fails, ``fspec`` is returned unchanged, so that staging reports the failure
+    as usual (exit code 3).
+
+    Raises:
+      SpecError: the out_shardings do not fit the output tree (exit code 2).
+    """
+    import dataclasses as dc
+
+    import jax
+
+    if fspec.out_shardings is None:
+        return fspec
+    options: dict[str, Any] = {"static_argnames": inputs.static_argnames} if inputs.static_argnames else {}
+    try:
+        probe = fn if isinstance(fn, jax.stages.Wrapped) else jax.jit(fn, **options)
+        with jax.set_mesh(mesh):
+            out_info = probe.trace(*inputs.args, **inputs.kwargs).out_info
+    except Exception:  # the user's function fails to trace: staging says so, with its frame
+        return fspec
+    return dc.replace(fspec, out_shardings=check_out_shardings(fspec, out_info))
+
+
 def _is_struct(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
