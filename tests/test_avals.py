@@ -16,7 +16,12 @@ from jax.sharding import PartitionSpec as P
 
 from stagetool.analysis.shardings import input_leaves, output_leaves
 from stagetool.errors import SpecError, StagingError
-from stagetool.lowering.avals import build_inputs, check_fits, check_out_shardings, fit_out_shardings
+from stagetool.lowering.avals import (
+    build_inputs,
+    check_fits,
+    check_out_shardings,
+    fit_out_shardings,
+)
 from stagetool.lowering.devices import local_mesh_sizes, provision
 from stagetool.lowering.stages import jit_function, stage
 from stagetool.lowering.target import load_target

@@ -211,8 +211,8 @@ def signature_problems(fn: Callable[..., Any], n_args: int, kwnames: list[str]) 
     by_name = {p.name: p for p in params if p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD)}
     out: list[tuple[str, str]] = []
     if n_args > len(positional) and not var_pos:
-        out.append(("args", f"takes {len(positional)} positional argument{'s' if len(positional) != 1 else ''}, "
-                            f"but the spec gives {n_args}"))
+        plural = "s" if len(positional) != 1 else ""
+        out.append(("args", f"takes {len(positional)} positional argument{plural}, but the spec gives {n_args}"))
     given_by_position = {p.name for p in positional[:n_args]}
     for name in kwnames:
         p = by_name.get(name)
