@@ -237,6 +237,9 @@ class FunctionSpec:
       out_shardings: None (the compiler chooses), or a pytree of :class:`Sharding`.
       loc: where the function's entry is written.
       base_dir: the folder relative targets resolve against.
+      locs: where each part is written, by key: ``"target"``, ``"args"``, ``"args[1]"``,
+        ``"kwargs"``, ``"kwargs.<name>"``, ``"static"``, ``"static.<name>"``, ``"donate"``,
+        ``"out_shardings"`` (only the keys the entry has).
     """
 
     name: str
@@ -248,6 +251,11 @@ class FunctionSpec:
     out_shardings: Any
     loc: Loc | None
     base_dir: Path
+    locs: dict = dataclasses.field(default_factory=dict, compare=False)
+
+    def where(self, key: str) -> Loc | None:
+        """The location of ``key`` (see ``locs``), else of the function's entry."""
+        return self.locs.get(key) or self.loc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,7 +270,7 @@ class Spec:
       avals: ``global`` (shapes are whole arrays) or ``local`` (shapes as one process sees them).
       functions: by name, in file order.
       chips: user entries for the roofline chip table (``chips: {name: {peak_flops_per_second_bf16: ...}}``),
-        validated by :func:`stagetool.analysis.chips.merge_chips` when used.
+        as written; already validated with :func:`stagetool.analysis.chips.merge_chips` at load.
       check: the ``check:`` section (tolerances of ``stagetool check``), or None.
     """
 
@@ -335,6 +343,32 @@ def _plain(node: yaml.Node) -> Any:
         return _CONSTRUCTOR.construct_object(node, deep=True)
     except yaml.YAMLError:
         return node.value  # an unknown tag: keep the text, validation will name it
+
+
+def _duplicate_keys(issues: _Issues, node: yaml.Node, path: str = "") -> None:
+    """Record every mapping key written twice, anywhere in the spec.
+
+    YAML keeps only the last of two equal keys, silently: a mesh ``{data: 2, data: 4}`` would
+    have one axis, a second function of the same name would replace the first.
+    """
+    if isinstance(node, yaml.SequenceNode):
+        for i, n in enumerate(node.value):
+            _duplicate_keys(issues, n, f"{path}[{i}]")
+    elif isinstance(node, yaml.MappingNode):
+        first: dict[Any, yaml.Node] = {}
+        for k, v in node.value:
+            try:
+                key = _plain(k)
+                hash(key)
+            except TypeError:
+                key = id(k)  # a list or mapping as a key: never equal to another
+            if key in first:
+                m = first[key].start_mark
+                issues.add(k, path, f"duplicate key {k.value!r} (first written at line {m.line + 1}, column "
+                                    f"{m.column + 1}); YAML would keep only the last one: remove or rename one")
+            else:
+                first[key] = k
+            _duplicate_keys(issues, v, f"{path}.{k.value}" if path else str(k.value))
 
 
 def _get(node: yaml.MappingNode, key: str) -> yaml.Node | None:
@@ -422,13 +456,14 @@ def parse_leaf(text: str, loc: Loc) -> LeafSpec:
 
 def _dtype(name: str) -> str:
     n = name.strip()
-    if n in DTYPES:
-        return DTYPES[n]
-    if n in ("key", "key<fry>"):
+    low = n.lower()  # F32, BF16, Float32: names are case-insensitive
+    if low in DTYPES:
+        return DTYPES[low]
+    if low in ("key", "key<fry>"):
         return "key<fry>"
-    if n in KEY_DTYPES:
-        return n
-    close = _close(n, list(DTYPES) + ["key<fry>"])
+    if low in KEY_DTYPES:
+        return low
+    close = _close(low, list(DTYPES) + ["key<fry>"])
     raise ValueError(f"unknown dtype {n!r}" + (f" (did you mean {close!r}?)" if close else "")
                      + "; use HLO short names (f32 bf16 i32 u32 pred ...), numpy names, or key<fry>")
 
@@ -440,7 +475,12 @@ class _Parser:
         self.out_locs: dict[str, Loc] = {}  # out_shardings key path -> where that sharding is written
 
     # A pytree of leaves ------------------------------------------------------------------------
-    def tree(self, node: yaml.Node, path: str) -> Any:
+    def tree(self, node: yaml.Node, path: str, *, plain_strings: bool = False) -> Any:
+        """A pytree whose string leaves are array leaves (``f32[4] @ [data]``) or ``key(N)``.
+
+        With ``plain_strings`` (``init_args``/``init_kwargs``), a string with no ``[`` that is not
+        ``key(N)`` is kept as a plain Python string (``act: tanh``).
+        """
         loc = self.issues.loc(node)
         if isinstance(node, yaml.ScalarNode):
             value = _plain(node)
@@ -448,6 +488,8 @@ class _Parser:
                 km = _KEY_CALL_RE.match(value)
                 if km:
                     return KeySpec(int(km.group(1)), loc)
+                if plain_strings and "[" not in value:
+                    return value
                 try:
                     return parse_leaf(value, loc)
                 except ValueError as e:
@@ -455,7 +497,7 @@ class _Parser:
                     return None
             return value  # numbers, booleans and null pass through as Python values
         if isinstance(node, yaml.SequenceNode):
-            items = [self.tree(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
+            items = [self.tree(n, f"{path}[{i}]", plain_strings=plain_strings) for i, n in enumerate(node.value)]
             return tuple(items) if node.tag == "!tuple" else items
         assert isinstance(node, yaml.MappingNode)
         keys = {k for _, k in _keys(node)}
@@ -463,18 +505,32 @@ class _Parser:
             return self.init(node, path)
         if "call" in keys:
             return self.call(node, path)
-        if keys and keys <= {"shape", "dtype", "sharding"} and {"shape", "dtype"} <= keys:
+        if {"shape", "dtype"} <= keys:
             return self.expanded_leaf(node, path)
         out = {}
         for k, v in node.value:
-            out[str(_plain(k))] = self.tree(v, f"{path}.{k.value}" if path else str(k.value))
+            out[str(_plain(k))] = self.tree(v, f"{path}.{k.value}" if path else str(k.value),
+                                            plain_strings=plain_strings)
         return out
+
+    def plain_value(self, node: yaml.Node, path: str) -> Any:
+        """A plain Python value (an argument of ``call``): strings stay strings; ``{call: ...}`` nests."""
+        if isinstance(node, yaml.MappingNode):
+            if _get(node, "call") is not None:
+                return self.call(node, path)
+            return {_plain(k): self.plain_value(v, f"{path}.{k.value}") for k, v in node.value}
+        if isinstance(node, yaml.SequenceNode):
+            items = [self.plain_value(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
+            return tuple(items) if node.tag == "!tuple" else items
+        return _plain(node)
 
     def expanded_leaf(self, node: yaml.MappingNode, path: str) -> LeafSpec | None:
         loc = self.issues.loc(node)
+        before = len(self.issues.items)
+        _check_keys(self.issues, node, path, {"shape", "dtype", "sharding"})
+        ok = len(self.issues.items) == before
         shape_node, dtype_node, sh_node = _get(node, "shape"), _get(node, "dtype"), _get(node, "sharding")
         shape = _plain(shape_node)
-        ok = True
         if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
             self.issues.add(shape_node, f"{path}.shape", f"shape must be a list of non-negative integers, not {shape!r}")
             ok = False
@@ -506,8 +562,20 @@ class _Parser:
         target = self.target_of(node, "call", path)
         if target is None:
             return None
-        args = self.args_list(_get(node, "args"), f"{path}.args")
-        kwargs = self.kwargs_map(_get(node, "kwargs"), f"{path}.kwargs")
+        args: list = []
+        anode = _get(node, "args")
+        if anode is not None:
+            if not isinstance(anode, yaml.SequenceNode):
+                self.issues.add(anode, f"{path}.args", "must be a list (one entry per positional argument)")
+            else:
+                args = [self.plain_value(n, f"{path}.args[{i}]") for i, n in enumerate(anode.value)]
+        kwargs: dict = {}
+        knode = _get(node, "kwargs")
+        if knode is not None:
+            if not isinstance(knode, yaml.MappingNode):
+                self.issues.add(knode, f"{path}.kwargs", "must be a mapping of argument name to value")
+            else:
+                kwargs = {str(k.value): self.plain_value(v, f"{path}.kwargs.{k.value}") for k, v in knode.value}
         return CallSpec(target, tuple(args), kwargs, self.issues.loc(node))
 
     def init(self, node: yaml.MappingNode, path: str) -> InitSpec | None:
@@ -515,8 +583,8 @@ class _Parser:
         target = self.target_of(node, "init", path)
         if target is None:
             return None
-        args = self.args_list(_get(node, "init_args"), f"{path}.init_args")
-        kwargs = self.kwargs_map(_get(node, "init_kwargs"), f"{path}.init_kwargs")
+        args = self.args_list(_get(node, "init_args"), f"{path}.init_args", plain_strings=True)
+        kwargs = self.kwargs_map(_get(node, "init_kwargs"), f"{path}.init_kwargs", plain_strings=True)
         rules: list[Rule] = []
         rules_node = _get(node, "rules")
         if rules_node is not None:
@@ -542,21 +610,21 @@ class _Parser:
                     rules.append(Rule(pattern, sharding, self.issues.loc(rn)))
         return InitSpec(target, tuple(args), kwargs, tuple(rules), self.issues.loc(node), path)
 
-    def args_list(self, node: yaml.Node | None, path: str) -> list:
+    def args_list(self, node: yaml.Node | None, path: str, *, plain_strings: bool = False) -> list:
         if node is None:
             return []
         if not isinstance(node, yaml.SequenceNode):
             self.issues.add(node, path, "must be a list (one entry per positional argument)")
             return []
-        return [self.tree(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
+        return [self.tree(n, f"{path}[{i}]", plain_strings=plain_strings) for i, n in enumerate(node.value)]
 
-    def kwargs_map(self, node: yaml.Node | None, path: str) -> dict:
+    def kwargs_map(self, node: yaml.Node | None, path: str, *, plain_strings: bool = False) -> dict:
         if node is None:
             return {}
         if not isinstance(node, yaml.MappingNode):
             self.issues.add(node, path, "must be a mapping of argument name to value")
             return {}
-        return {str(k.value): self.tree(v, f"{path}.{k.value}") for k, v in node.value}
+        return {str(k.value): self.tree(v, f"{path}.{k.value}", plain_strings=plain_strings) for k, v in node.value}
 
     # Top level ---------------------------------------------------------------------------------
     def mesh(self, node: yaml.Node | None) -> MeshSpec:
@@ -612,11 +680,7 @@ class _Parser:
                 self.issues.add(snode, f"{path}.static", "static must be a mapping of argument name to value")
             else:
                 for k, v in snode.value:
-                    vpath = f"{path}.static.{k.value}"
-                    if isinstance(v, yaml.MappingNode) and _get(v, "call") is not None:
-                        static[str(k.value)] = self.call(v, vpath)
-                    else:
-                        static[str(k.value)] = _plain(v)
+                    static[str(k.value)] = self.plain_value(v, f"{path}.static.{k.value}")
         donate: list = []
         dnode = _get(node, "donate")
         if dnode is not None:
@@ -638,8 +702,18 @@ class _Parser:
         onode = _get(node, "out_shardings")
         if onode is not None:
             out_shardings = self.out_tree(onode, f"{path}.out_shardings")
+        locs: dict[str, Loc] = {}
+        for k, v in node.value:
+            key = str(k.value)
+            locs[key] = self.issues.loc(k)
+            if key in ("kwargs", "static") and isinstance(v, yaml.MappingNode):
+                for kk, _ in v.value:
+                    locs[f"{key}.{kk.value}"] = self.issues.loc(kk)
+            if key == "args" and isinstance(v, yaml.SequenceNode):
+                for i, n in enumerate(v.value):
+                    locs[f"args[{i}]"] = self.issues.loc(n)
         return FunctionSpec(name, target, tuple(args), kwargs, static, tuple(donate), out_shardings,
-                            self.issues.loc(key_node), self.base_dir)
+                            self.issues.loc(key_node), self.base_dir, locs)
 
     def out_tree(self, node: yaml.Node, path: str) -> Any:
         self.out_locs[path] = self.issues.loc(node)
@@ -699,6 +773,7 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
         raise SpecError([f"{file}:1:1: the spec is empty; it needs at least 'functions'"])
     if not isinstance(root, yaml.MappingNode):
         raise SpecError([f"{issues.loc(root)}: the spec must be a mapping with 'version', 'mesh' and 'functions'"])
+    _duplicate_keys(issues, root)
     _check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "avals", "functions", "chips",
                                    "check"})
     vnode = _get(root, "version")
@@ -739,10 +814,42 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
             issues.add(cnode, "chips", "chips must be a mapping of chip name to its figures")
         else:
             chips = _plain(cnode)
+            _check_chips(issues, cnode)
     _validate_axes(parser, mesh, functions)
     check = _check_section(issues, _get(root, "check"), functions)
     issues.raise_if_any()
     return Spec(path, mesh, platform, topology, avals, functions, chips, check)
+
+
+def _check_chips(issues: _Issues, node: yaml.MappingNode) -> None:
+    """Validate ``chips:`` entries with :func:`stagetool.analysis.chips.merge_chips`, each problem
+    placed at the node it is about (the field's value, an unknown field's key, or the chip's name)."""
+    from stagetool.analysis.chips import merge_chips
+
+    for knode, vnode in node.value:
+        name = _plain(knode)
+        try:
+            merge_chips({name: _plain(vnode)})
+        except SpecError as e:
+            prefix = f"chips.{name}"
+            for issue in e.issues:
+                rest = issue[len(prefix):] if issue.startswith(prefix) else ": " + issue
+                where, at = prefix, knode
+                if rest.startswith("."):
+                    field, _, rest = rest[1:].partition(":")
+                    rest = ":" + rest
+                    where = f"{prefix}.{field}"
+                    if isinstance(vnode, yaml.MappingNode):
+                        for fk, fv in vnode.value:
+                            if fk.value == field:
+                                at = fv if fv is not None and field in _chip_fields() else fk
+                issues.add(at, where, rest[1:].strip())
+
+
+def _chip_fields() -> tuple[str, ...]:
+    from stagetool.analysis.chips import _FIELDS
+
+    return _FIELDS
 
 
 def _tolerances(issues: _Issues, node: yaml.Node, path: str) -> dict:
@@ -860,11 +967,17 @@ def spec_candidates(target: str | None, cwd: Path | None = None) -> list[Path]:
 
     1. ``<module stem>.stagetool.yaml`` beside a ``file.py`` target;
     2. ``stagetool.yaml`` in the working directory.
+
+    Raises:
+      TargetError: ``target`` is not ``file.py:func`` / ``pkg.mod:func`` (checked first, so that a
+        TARGET without ``:func`` is reported as such rather than as "no spec found").
     """
     cwd = cwd or Path.cwd()
     out: list[Path] = []
-    if target and ":" in target:
-        module = target.rsplit(":", 1)[0]
+    if target:
+        from stagetool.lowering.target import split_target  # imports no JAX
+
+        module = split_target(target)[0]
         if module.endswith(".py"):
             p = Path(module)
             out.append(p.with_name(p.stem + ".stagetool.yaml"))
@@ -876,7 +989,12 @@ def find_spec(target: str | None) -> tuple[Path | None, list[Path]]:
     """Return the first existing candidate of :func:`spec_candidates` (or None) and every path tried.
 
     Without a TARGET and with none of the candidates present, a single ``*.stagetool.yaml`` in the
-    working directory is taken (two or more are ambiguous: pass ``--spec``).
+    working directory is taken.
+
+    Raises:
+      TargetError: ``target`` has no ``:func`` part (see :func:`spec_candidates`).
+      UsageError: two or more ``*.stagetool.yaml`` in the working directory make the search
+        ambiguous; the message lists the paths tried and the files found, and says to pass ``--spec``.
     """
     tried = spec_candidates(target)
     for p in tried:
@@ -888,6 +1006,13 @@ def find_spec(target: str | None) -> tuple[Path | None, list[Path]]:
         tried.append(pattern)
         if len(found) == 1:
             return found[0], tried
+        if len(found) > 1:
+            from stagetool.errors import UsageError
+
+            raise UsageError(
+                "no single spec found; tried " + ", ".join(str(p) for p in tried)
+                + f" ({len(found)} found: {', '.join(p.name for p in found)} — pass --spec)",
+                hint="pass --spec FILE to choose one")
     return None, tried
 
 
@@ -905,6 +1030,8 @@ def parse_mesh_option(text: str, spec_mesh: MeshSpec) -> MeshSpec:
             name = name.strip()
             if not name.isidentifier() or not size.strip().isdigit() or int(size) < 1:
                 raise ValueError(f"--mesh {text!r}: {part!r} is not 'axis=size' with a positive size")
+            if name in (n for n, _ in axes):
+                raise ValueError(f"--mesh {text!r} names axis {name!r} twice; give each axis once")
             axes.append((name, int(size)))
         if spec_mesh.axes and [n for n, _ in axes] != list(spec_mesh.names):
             unknown = [n for n, _ in axes if n not in spec_mesh.names]

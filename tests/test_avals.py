@@ -16,7 +16,12 @@ from jax.sharding import PartitionSpec as P
 
 from stagetool.analysis.shardings import input_leaves, output_leaves
 from stagetool.errors import SpecError, StagingError
-from stagetool.lowering.avals import build_inputs, check_fits
+from stagetool.lowering.avals import (
+    build_inputs,
+    check_fits,
+    check_out_shardings,
+    fit_out_shardings,
+)
 from stagetool.lowering.devices import local_mesh_sizes, provision
 from stagetool.lowering.stages import jit_function, stage
 from stagetool.lowering.target import load_target
@@ -161,6 +166,7 @@ def test_a_leaf_no_rule_matches_is_an_error(tmp_path):
     assert info.value.issues == [
         "spec.yaml:7:9: functions.f.args[0].rules: no rule matches leaf 'p/b' (float32[4]); "
         "add a rule such as ['.*', replicated] at the end"]
+    assert info.value.hint is None         # not the divisibility hint: the message says what to do
 
 
 def test_indivisible_dimension_and_rank_are_caught_before_lowering(tmp_path):
@@ -178,6 +184,11 @@ def test_indivisible_dimension_and_rank_are_caught_before_lowering(tmp_path):
         "spec.yaml:8:9: b: sharding P('data', 'model') has 2 entries, but the array has rank 1 (shape [4])",
         "spec.yaml:9:9: c: dimension 1 of size 12 is not divisible by 8, the size of mesh axis 'data' × 'model' (2 × 4)",
     ]
+    assert info.value.hint == ("shard a dimension only over mesh axes whose sizes divide it; a sharding has at most "
+                               "one entry per array dimension (trailing dimensions are replicated)")
+    with pytest.raises(SpecError) as info:
+        prepare(tmp_path / "rank", "def f(a):\n    return a\n", "f: {target: model.py:f, args: ['f32[4] @ [data, model]']}")
+    assert info.value.hint == "a sharding has at most one entry per array dimension (trailing dimensions are replicated)"
     assert "for scalars write 'replicated'" in check_fits((), Sharding("spec", ("data",)), {"data": 2})
 
 
@@ -359,3 +370,186 @@ def test_donation_and_out_shardings_from_the_spec(tmp_path):
     assert report["out/s"].declared == "P('data', None)" and report["out/s"].compiled == "P('data', None)"
     assert report["out/t"].declared == "P(None, None)" and not report["out/t"].chosen_by_partitioner
     assert report["out/s"].shard_shape == (4, 8)
+
+
+def test_call_arguments_are_plain_strings_and_nested_calls_are_built(tmp_path):
+    source = """
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Sub:
+        name: str
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        act: str
+        subs: tuple = ()
+
+    def f(x, *, cfg):
+        return x
+    """
+    _, _, _, inputs = prepare(tmp_path, source, """
+        f:
+          target: model.py:f
+          args: ['f32[8]']
+          static:
+            cfg: {call: model.py:Config, kwargs: {act: tanh, subs: !tuple [{call: model.py:Sub, args: [gelu]}]}}
+    """)
+    cfg = inputs.kwargs["cfg"]
+    assert cfg.act == "tanh" and len(cfg.subs) == 1 and cfg.subs[0].name == "gelu"
+
+
+SIG_SOURCE = """
+import functools, jax
+
+def f(x, w, *, scale=1.0):
+    return x @ w * scale
+
+@jax.jit
+def g(x):
+    return x
+
+def h(x, /, y):
+    return x + y
+
+def init(d, *, depth=1):
+    return {"w": jax.numpy.zeros((d, d))}
+"""
+
+
+@pytest.mark.parametrize("functions, expected", [
+    # a static name the function does not take (jax.jit(static_argnames=...) raised a raw ValueError)
+    ("f: {target: model.py:f, args: ['f32[4,4]', 'f32[4,4]'], static: {cfg: 3}}",
+     ["spec.yaml:4:68: functions.f.static: f(x, w, *, scale=1.0) has no parameter 'cfg'"]),
+    ("g: {target: model.py:g, args: ['f32[4]'], static: {y: 3}}",
+     ["spec.yaml:4:54: functions.g.static: g(x) has no parameter 'y'"]),
+    # a missing positional argument was an exit-3 "missing 1 required positional argument" from JAX
+    ("f: {target: model.py:f, args: ['f32[4,4]']}",
+     ["spec.yaml:4:3: functions.f: f(x, w, *, scale=1.0) missing required argument 'w'"]),
+    ("f: {target: model.py:f, args: ['f32[4,4]', 'f32[4,4]', 'f32[4]']}",
+     ["spec.yaml:4:27: functions.f.args: f(x, w, *, scale=1.0) takes 2 positional arguments, but the spec gives 3"]),
+    ("f: {target: model.py:f, args: ['f32[4,4]', 'f32[4,4]'], kwargs: {scal: 'f32[]'}}",
+     ["spec.yaml:4:68: functions.f.kwargs: f(x, w, *, scale=1.0) has no parameter 'scal' (did you mean 'scale'?)"]),
+    ("h: {target: model.py:h, args: ['f32[4]'], kwargs: {x: 'f32[4]', y: 'f32[4]'}}",
+     ["spec.yaml:4:54: functions.h.kwargs: h(x, /, y) parameter 'x' is positional-only; give it under 'args'"]),
+    ("f: {target: model.py:f, args: ['f32[4,4]', 'f32[4,4]'], static: {scale: [1, 2]}}",
+     ["spec.yaml:4:68: functions.f.static.scale: a static value must be hashable, and a list is not; "
+      "write a list as a tuple: !tuple [...]"]),
+    ("f: {target: model.py:f, args: [{init: model.py:init, init_args: [4, 5]}, 'f32[4,4]']}",
+     ["spec.yaml:4:34: functions.f.args[0].init_args: init(d, *, depth=1) takes 1 positional argument, "
+      "but the spec gives 2"]),
+])
+def test_arguments_are_bound_to_the_signature_before_tracing(tmp_path, functions, expected):
+    name = functions.split(":")[0]
+    with pytest.raises(SpecError) as info:
+        prepare(tmp_path, SIG_SOURCE, functions, name=name)
+    assert info.value.issues == expected and info.value.exit_code == 2
+
+
+def test_jax_jit_rejecting_the_options_is_a_spec_error(tmp_path):
+    import dataclasses
+
+    fspec, target, setup, inputs = prepare(tmp_path, SIG_SOURCE, "f: {target: model.py:f, args: ['f32[4,4]', 'f32[4,4]']}")
+    bad = dataclasses.replace(inputs, static_argnames=("cfg",))           # what the signature check stops
+    with pytest.raises(SpecError, match=r"spec.yaml:4:3: functions.f.static: jax.jit does not accept the spec's options "
+                                        r"for model.py:f: .*invalid argnames \{'cfg'\} in static_argnames"):
+        jit_function(target, fspec, bad, setup.mesh)
+
+
+OUT_SOURCE = """
+def pair(x):
+    return (x, x * 2)
+
+def as_list(x):
+    return [x, x]
+
+def named(x):
+    return {"loss": x.sum(), "y": (x, x)}
+"""
+
+
+def _out_info(target, inputs, setup, fspec):
+    import dataclasses
+
+    probe = jit_function(target, dataclasses.replace(fspec, out_shardings=None), inputs, setup.mesh)
+    with jax.set_mesh(setup.mesh):
+        return probe.trace(*inputs.args, **inputs.kwargs).out_info
+
+
+@pytest.mark.parametrize("name, out, message", [
+    ("pair", "[[data], [data], [data]]",
+     "spec.yaml:4:51: functions.pair.out_shardings: the spec gives a list of 3 shardings, but the function returns "
+     "a tuple of 2 (f32[8], f32[8]) (out_shardings: a tuple of 3 (P('data'), P('data'), P('data')))"),
+    ("named", "{loss: replicated, z: auto}",
+     "spec.yaml:4:53: functions.named.out_shardings: the spec gives a mapping with keys loss, z, but the function "
+     "returns a dict {loss: f32[], y: (f32[8], f32[8])} (out_shardings: a dict {loss: P(), z: auto})"),
+    ("named", "{loss: replicated, y: [[data], [data], auto]}",
+     "spec.yaml:4:53: functions.named.out_shardings: at y: the spec gives a list of 3 shardings, but the function "
+     "returns a tuple of 2 (f32[8], f32[8]) (out_shardings: a dict {loss: P(), y: (P('data'), P('data'), auto)})"),
+])
+def test_out_shardings_that_do_not_fit_the_outputs_are_a_spec_error(tmp_path, name, out, message):
+    fspec, target, setup, inputs = prepare(
+        tmp_path, OUT_SOURCE, f"{name}: {{target: model.py:{name}, args: ['f32[8]'], out_shardings: {out}}}", name=name)
+    with pytest.raises(StagingError, match="pytree structure error"):     # what JAX says without the check
+        run_stages(fspec, target, setup, inputs, until="lower")
+    with pytest.raises(SpecError) as info:
+        check_out_shardings(fspec, _out_info(target, inputs, setup, fspec))
+    assert info.value.issues == [message]
+
+
+def test_out_shardings_that_fit_are_returned_in_the_outputs_container_types(tmp_path):
+    import dataclasses
+
+    fspec, target, setup, inputs = prepare(
+        tmp_path, OUT_SOURCE, "as_list: {target: model.py:as_list, args: ['f32[8]'], out_shardings: [[data], auto]}",
+        name="as_list")
+    assert fspec.out_shardings == (Sharding("spec", ("data",)), None)
+    with pytest.raises(StagingError, match="different types"):        # JAX wants the list a list
+        run_stages(fspec, target, setup, inputs, until="lower")
+    fitted = check_out_shardings(fspec, _out_info(target, inputs, setup, fspec))
+    assert fitted == [Sharding("spec", ("data",)), None]
+    staged = run_stages(dataclasses.replace(fspec, out_shardings=fitted), target, setup, inputs)
+    assert staged.compiled.output_shardings[0].spec == P("data")
+    # The one-call form for the pipeline: the same tree; a misfit is a SpecError before staging.
+    assert fit_out_shardings(fspec, target.fn, inputs, setup.mesh).out_shardings == fitted
+    bad = dataclasses.replace(fspec, out_shardings=(None, None, None))
+    with pytest.raises(SpecError, match="the spec gives a list of 3 shardings, but the function returns a list of 2"):
+        fit_out_shardings(bad, target.fn, inputs, setup.mesh)
+
+
+INIT_SOURCE = """
+import jax.numpy as jnp
+
+def init_raises(d):
+    raise ValueError(f"no layout for d={d}")
+
+def init_shapes(d):
+    return {"w": jnp.zeros((d, d)) @ jnp.zeros((d + 1, d))}
+
+def f(p):
+    return p
+"""
+
+
+@pytest.mark.parametrize("init, line, message", [
+    ("init_raises", 4, "ValueError: no layout for d=4"),
+    ("init_shapes", 7, "TypeError: dot_general requires contracting dimensions to have the same shape"),
+])
+def test_a_failing_init_points_at_the_users_line_once(tmp_path, init, line, message):
+    with pytest.raises(StagingError) as info:
+        prepare(tmp_path, INIT_SOURCE, f"f: {{target: model.py:f, args: [{{init: model.py:{init}, init_args: [4]}}]}}")
+    e = info.value
+    source_line = INIT_SOURCE.lstrip("\n").splitlines()[line - 1].strip()
+    assert e.stage == "init" and e.exit_code == 3 and e.message.startswith(message)
+    assert e.user_frame == f"{tmp_path / 'model.py'}:{line} in {init}\n    {source_line}"
+    assert source_line not in e.message and "stagetool" not in e.user_frame
+
+
+def test_an_init_called_with_a_wrong_keyword_is_a_spec_error_not_a_staging_error(tmp_path):
+    # The TypeError would be raised at stagetool's own call of init (no user frame at all).
+    with pytest.raises(SpecError) as info:
+        prepare(tmp_path, INIT_SOURCE, "f: {target: model.py:f, args: [{init: model.py:init_raises, init_kwargs: {dim: 4}}]}")
+    assert info.value.issues == [
+        "spec.yaml:4:34: functions.f.args[0].init_kwargs: init_raises(d) has no parameter 'dim'",
+        "spec.yaml:4:34: functions.f.args[0]: init_raises(d) missing required argument 'd'",
+    ]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stagetool.errors import SpecError
+from stagetool.errors import SpecError, TargetError, UsageError
 from stagetool.spec import (
     AUTO,
     REPLICATED,
@@ -63,6 +63,10 @@ def one_function(body: str):
     ("key[4]", (4,), "key<fry>", UNSPECIFIED),
     ("f32[8,16] @ [[data, model], null]", (8, 16), "float32", Sharding("spec", (("data", "model"), None))),
     ("f32[8,16] @ [null, [model]]", (8, 16), "float32", Sharding("spec", (None, "model"))),
+    ("F32[4]", (4,), "float32", UNSPECIFIED),                 # dtype names in any case
+    ("BF16[2] @ [data]", (2,), "bfloat16", Sharding("spec", ("data",))),
+    ("Float32[1]", (1,), "float32", UNSPECIFIED),
+    ("Key<Fry>[]", (), "key<fry>", UNSPECIFIED),
 ])
 def test_compact_leaf(text, shape, dtype, sharding):
     leaf = parse_leaf(text, loc=None)
@@ -347,6 +351,8 @@ def test_mesh_option_without_spec_mesh():
     ("data=2,fsdp=4", "give every axis of the spec once", SPEC_MESH),
     ("data=x", "is not 'axis=size'", SPEC_MESH),
     ("2x4", "there is no spec mesh to name the axes", MeshSpec(())),
+    ("data=2,data=4", "names axis 'data' twice", MeshSpec(())),
+    ("data=2,data=4", "names axis 'data' twice", SPEC_MESH),
 ])
 def test_bad_mesh_option(text, message, mesh):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -362,5 +368,89 @@ def test_a_single_spec_in_the_working_directory_is_found_without_a_target(tmp_pa
     assert found == tmp_path / "a.stagetool.yaml"
     assert tried == [tmp_path / "stagetool.yaml", tmp_path / "*.stagetool.yaml"]
     (tmp_path / "b.stagetool.yaml").write_text("functions: {}\n")
-    assert find_spec(None)[0] is None          # two are ambiguous
+    with pytest.raises(UsageError) as info:    # two are ambiguous
+        find_spec(None)
+    assert info.value.message == (f"no single spec found; tried {tmp_path / 'stagetool.yaml'}, "
+                                  f"{tmp_path / '*.stagetool.yaml'} (2 found: a.stagetool.yaml, "
+                                  "b.stagetool.yaml — pass --spec)")
     assert find_spec("m.py:f")[0] is None      # with a TARGET, only the fixed search
+
+
+@pytest.mark.parametrize("target", ["mlp.py", "examples/mlp.py", "pkg.mod", "mlp.py:"])
+def test_a_target_without_func_is_a_target_error_before_the_spec_search(tmp_path, monkeypatch, target):
+    monkeypatch.chdir(tmp_path)
+    for call in (find_spec, spec_candidates):
+        with pytest.raises(TargetError, match=re.escape(
+                f"target {target!r} must be 'path/to/file.py:func', 'package.module:func' or 'module:obj.attr'")):
+            call(target)
+
+
+def test_duplicate_keys_are_errors_where_they_are_written():
+    issues = issues_of("""
+        version: 1
+        mesh: {axes: {data: 2, data: 4}}
+        functions:
+          f:
+            target: m.py:f
+            args: [{a: 'f32[2]', a: 'f32[4]'}]
+            kwargs: {k: 1, k: 2}
+            static: {s: 1, s: 2}
+          f: m.py:g
+        """)
+    assert issues == [
+        "s.yaml:2:24: mesh.axes: duplicate key 'data' (first written at line 2, column 15); "
+        "YAML would keep only the last one: remove or rename one",
+        "s.yaml:6:26: functions.f.args[0]: duplicate key 'a' (first written at line 6, column 13); "
+        "YAML would keep only the last one: remove or rename one",
+        "s.yaml:7:20: functions.f.kwargs: duplicate key 'k' (first written at line 7, column 14); "
+        "YAML would keep only the last one: remove or rename one",
+        "s.yaml:8:20: functions.f.static: duplicate key 's' (first written at line 8, column 14); "
+        "YAML would keep only the last one: remove or rename one",
+        "s.yaml:9:3: functions: duplicate key 'f' (first written at line 4, column 3); "
+        "YAML would keep only the last one: remove or rename one",
+    ]
+
+
+def test_arguments_of_call_are_plain_values_and_init_args_keep_plain_strings():
+    f = one_function("""
+        target: m.py:f
+        args:
+          - init: m.py:init
+            init_args: [key(1), relu, 'f32[3]', [gelu, 2]]
+            init_kwargs: {act: tanh, x: 'bf16[2] @ [data]', names: {a: silu}}
+        static:
+          cfg: {call: m.py:Config, args: ['f32[4]', [a, b]], kwargs: {act: tanh, sub: {call: m.py:Sub, args: [x]}}}
+    """)
+    init = f.args[0]
+    assert isinstance(init.args[0], KeySpec) and init.args[1] == "relu"
+    assert isinstance(init.args[2], LeafSpec) and init.args[3] == ["gelu", 2]
+    assert init.kwargs["act"] == "tanh" and init.kwargs["names"] == {"a": "silu"}
+    assert isinstance(init.kwargs["x"], LeafSpec) and init.kwargs["x"].dtype == "bfloat16"
+    cfg = f.static["cfg"]
+    assert cfg.args == ("f32[4]", ["a", "b"])                    # a string, never an array leaf
+    assert cfg.kwargs["act"] == "tanh"
+    sub = cfg.kwargs["sub"]
+    assert isinstance(sub, CallSpec) and sub.target == "m.py:Sub" and sub.args == ("x",)
+
+
+def test_an_expanded_leaf_with_an_unknown_key_is_reported_as_a_leaf():
+    issues = issues_of(MESH + "functions:\n  f:\n    target: m.py:f\n"
+                       "    args: [{shape: [4], dtype: f32, sharding: [data], extra: 1}]\n")
+    assert issues == ["s.yaml:6:55: functions.f.args[0]: unknown key 'extra'; expected one of dtype, shape, sharding"]
+
+
+def test_chips_are_validated_at_load_with_locations():
+    spec = parse(MESH + "functions: {f: m.py:f}\nchips:\n  npu: {peak_flops_per_second_bf16: 4.0e14}\n")
+    assert spec.chips == {"npu": {"peak_flops_per_second_bf16": "4.0e14"}}      # merge_chips reads it
+    issues = issues_of(MESH + "functions: {f: m.py:f}\nchips:\n"
+                       "  npu: {peak_flops_per_second_bf16: fast, bogus: 1}\n  gpu: {note: x}\n  tpu: 3\n")
+    needs = ("a new chip needs at least one of peak_flops_per_second_bf16, peak_flops_per_second_f32, "
+             "hbm_bandwidth_bytes_per_second, hbm_capacity_bytes")
+    assert issues == [
+        f"s.yaml:5:3: chips.npu: {needs}",
+        "s.yaml:5:37: chips.npu.peak_flops_per_second_bf16: expected a number, got 'fast'",
+        "s.yaml:5:43: chips.npu.bogus: unknown field; valid fields: peak_flops_per_second_bf16, "
+        "peak_flops_per_second_f32, hbm_bandwidth_bytes_per_second, hbm_capacity_bytes, sources, note",
+        f"s.yaml:6:3: chips.gpu: {needs}",
+        "s.yaml:7:3: chips.tpu: expected a mapping of figures, got int",
+    ]

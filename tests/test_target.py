@@ -145,3 +145,14 @@ def test_user_frame_prefers_the_users_file(tmp_path):
     except ValueError as e:
         frame = user_frame(e, [str(path)])
     assert frame == f"{path}:2 in inner\n    raise ValueError('x')"
+
+
+def test_user_frame_is_never_stagetools_own_code():
+    import stagetool.lowering.target as target_module
+
+    try:
+        split_target("no-colon")
+    except TargetError as e:
+        # Even named as a user file, stagetool's frame is not the user's line: the caller's is.
+        frame = user_frame(e, [target_module.__file__])
+    assert frame.startswith(f"{Path(__file__).resolve()}:") and "in test_user_frame_is_never_stagetools_own_code" in frame

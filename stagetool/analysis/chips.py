@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -117,9 +118,20 @@ def get_chip(name: str, table: Mapping[str, Chip] | None = None) -> Chip:
     return t[key]
 
 
+_NUMERIC_TEXT = re.compile(r"^[+-]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+
+
 def _number(value: Any, field: str, where: str, issues: list[str]) -> float | int | None:
+    """A positive finite figure from a user entry, or None after recording the problem in ``issues``.
+
+    Numbers, and strings that spell one (``"4.0e14"``, ``"4e14"``: YAML 1.1, which PyYAML reads,
+    takes ``4.0e14`` without a sign in the exponent for a string), are accepted; for
+    ``hbm_capacity_bytes`` also sizes such as ``"16GiB"``.
+    """
     if value is None:
         return None
+    if isinstance(value, str) and _NUMERIC_TEXT.match(value.strip()):
+        value = float(value.strip().replace("_", ""))
     if field == "hbm_capacity_bytes" and isinstance(value, str):
         from stagetool.analysis.memory import parse_size
         try:

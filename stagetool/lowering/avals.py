@@ -88,7 +88,9 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
       avals: ``global`` (spec shapes are whole arrays) or ``local`` (as one process sees them).
 
     Raises:
-      SpecError: every leaf whose sharding does not fit its shape (rank, or a dimension the mesh
+      SpecError: args/kwargs/static that do not bind to ``fn``'s signature (:func:`check_signature`),
+        an unhashable static value, an ``init`` whose init_args do not bind to its signature;
+        every leaf whose sharding does not fit its shape (rank, or a dimension the mesh
         axes do not divide), or that no rule matches, with its key path and spec location.
       TargetError: an ``init`` or ``call`` target cannot be loaded.
       StagingError: ``jax.eval_shape`` of an ``init`` function fails (exit code 3).
@@ -96,8 +98,10 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
+    check_signature(fspec, fn)
     names = _arg_names(fn, len(fspec.args))
     issues: list[str] = []
+    hints: list[str] = []  # one per kind of problem found, each fitting its kind
     by_id: dict[int, InputLeaf] = {}
     local_sizes = local_mesh_sizes(mesh_spec, setup.process_of_device) if avals == "local" else None
     donated_nums = {d for d in fspec.donate if isinstance(d, int)}
@@ -113,6 +117,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         problem = check_fits(shape, sharding, axis_size)
         if problem:
             issues.append(f"{source}: {path}: {problem}")
+            hints.append(_DIVIDE_HINT if "not divisible" in problem else _RANK_HINT)
         dtype = _jax_dtype(leaf.dtype)
         named = None
         if sharding.kind != "auto" and not problem:  # a bad sharding is reported, not handed to JAX
@@ -176,14 +181,236 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
 
     args = tuple(convert(a, names[i], i in donated_nums) for i, a in enumerate(fspec.args))
     kwargs = {k: convert(v, k, k in donated_names) for k, v in fspec.kwargs.items()}
-    static = {k: (build_call(v, fspec) if isinstance(v, CallSpec) else v) for k, v in fspec.static.items()}
+    static = {k: build_value(v, fspec) for k, v in fspec.static.items()}
+    check_static_hashable(fspec, static)
     if issues:
-        raise SpecError(issues, hint="shard a dimension only over mesh axes whose sizes divide it")
+        raise SpecError(issues, hint="; ".join(dict.fromkeys(hints)) or None)
     # The order JAX flattens (args, kwargs) in (dict keys sorted), as in compiled.input_shardings.
     leaves = [by_id[id(x)] for x in jax.tree_util.tree_leaves((args, kwargs)) if id(x) in by_id]
     kwargs.update(static)
     return AbstractInputs(args, kwargs, leaves, tuple(static), tuple(sorted(donated_nums)),
                           tuple(sorted(donated_names)))
+
+
+def signature_problems(fn: Callable[..., Any], n_args: int, kwnames: list[str]) -> list[tuple[str, str]]:
+    """Why ``fn`` cannot be called with ``n_args`` positional arguments and keywords ``kwnames``.
+
+    Returns ``(where, message)`` pairs, ``where`` being ``"args"``, ``"kw:<name>"`` or ``""`` (the
+    call as a whole, e.g. a missing argument); empty when the call binds, or when ``fn`` has no
+    signature ``inspect.signature`` can read (then nothing is checked).
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return []
+    params = list(sig.parameters.values())
+    P = inspect.Parameter
+    positional = [p for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    var_pos = any(p.kind == P.VAR_POSITIONAL for p in params)
+    var_kw = any(p.kind == P.VAR_KEYWORD for p in params)
+    by_name = {p.name: p for p in params if p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD)}
+    out: list[tuple[str, str]] = []
+    if n_args > len(positional) and not var_pos:
+        plural = "s" if len(positional) != 1 else ""
+        out.append(("args", f"takes {len(positional)} positional argument{plural}, but the spec gives {n_args}"))
+    given_by_position = {p.name for p in positional[:n_args]}
+    for name in kwnames:
+        p = by_name.get(name)
+        if p is None:
+            if not var_kw:
+                import difflib
+
+                close = difflib.get_close_matches(name, list(by_name), n=1, cutoff=0.6)
+                out.append((f"kw:{name}", f"has no parameter {name!r}"
+                            + (f" (did you mean {close[0]!r}?)" if close else "")))
+        elif p.kind == P.POSITIONAL_ONLY:
+            out.append((f"kw:{name}", f"parameter {name!r} is positional-only; give it under 'args'"))
+        elif name in given_by_position:
+            out.append((f"kw:{name}", f"parameter {name!r} is given twice: by position in 'args' and by name"))
+    given = given_by_position | set(kwnames)
+    missing = [p.name for p in params if p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD)
+               and p.default is P.empty and p.name not in given]
+    if missing:
+        out.append(("", f"missing required argument{'s' if len(missing) > 1 else ''} "
+                        + ", ".join(repr(m) for m in missing)))
+    if not out:
+        try:
+            sig.bind(*range(n_args), **{k: None for k in kwnames})
+        except TypeError as e:  # anything the checks above do not name
+            out.append(("", str(e)))
+    return out
+
+
+def describe_callable(fn: Callable[..., Any]) -> str:
+    """``name(signature)`` of a callable, e.g. ``mlp(params, batch, *, train=False)``."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    try:
+        return f"{name}{inspect.signature(fn)}"
+    except (TypeError, ValueError):
+        return f"{name}(...)"
+
+
+def check_signature(fspec: FunctionSpec, fn: Callable[..., Any]) -> None:
+    """Bind the spec's ``args``, ``kwargs`` and ``static`` against ``inspect.signature(fn)``, before any tracing.
+
+    Also checks that every static value is hashable, as ``jax.jit`` requires.
+
+    Raises:
+      SpecError: an extra or missing positional or keyword argument, a static name the function
+        does not take, or an unhashable static value; each at the location of the spec key it is
+        about (the function's entry for a missing argument), with the function's signature.
+    """
+    described = describe_callable(fn)
+    path = f"functions.{fspec.name}"
+    issues: list[str] = []
+    kwnames = list(fspec.kwargs) + [k for k in fspec.static if k not in fspec.kwargs]
+    for where, message in signature_problems(fn, len(fspec.args), kwnames):
+        if where == "args":
+            loc, key = fspec.where("args"), f"{path}.args"
+        elif where.startswith("kw:"):
+            name = where[3:]
+            section = "static" if name in fspec.static else "kwargs"
+            loc, key = fspec.locs.get(f"{section}.{name}") or fspec.where(section), f"{path}.{section}"
+        else:
+            loc, key = fspec.loc, path
+        issues.append(f"{loc}: {key}: {described} {message}")
+    for name in fspec.static:
+        if name in fspec.kwargs:
+            issues.append(f"{fspec.where('static.' + name)}: {path}.static: {name!r} is both in kwargs and static; "
+                          "keep it in one")
+    if issues:
+        raise SpecError(issues, hint="make args/kwargs/static match the function's parameters")
+
+
+def check_static_hashable(fspec: FunctionSpec, static: dict[str, Any]) -> None:
+    """Raise SpecError for a built static value that ``jax.jit`` could not hash (a list, a dict)."""
+    issues = []
+    for name, value in static.items():
+        try:
+            hash(value)
+        except TypeError:
+            issues.append(f"{fspec.where('static.' + name)}: functions.{fspec.name}.static.{name}: "
+                          f"a static value must be hashable, and a {type(value).__name__} is not"
+                          + ("; write a list as a tuple: !tuple [...]" if isinstance(value, list) else ""))
+    if issues:
+        raise SpecError(issues)
+
+
+def check_out_shardings(fspec: FunctionSpec, out_info: Any) -> Any:
+    """Check the spec's ``out_shardings`` against the traced output tree; return it in the output's shape.
+
+    ``out_shardings`` is a prefix of the output pytree: a sharding (or ``auto``) stands for a whole
+    subtree; a list stands for a tuple or list of as many outputs; a mapping for a dict with the
+    same keys. Because YAML has only one kind of list, a spec list matches a tuple or a list output
+    and the returned tree uses the output's type (``jax.jit`` requires the exact type).
+
+    Args:
+      fspec: the function's spec (``out_shardings`` not None).
+      out_info: ``jax.stages.Traced.out_info`` of a trace *without* out_shardings (a pytree of
+        ``ShapeDtypeStruct``-like leaves).
+
+    Returns:
+      ``fspec.out_shardings`` with each list as the output's tuple or list: pass it to
+      :func:`stagetool.lowering.stages.jit_function` via ``dataclasses.replace(fspec, out_shardings=...)``.
+
+    Raises:
+      SpecError: at the out_shardings location, naming the key path where the structures part and
+        describing both (the spec's, and the function's outputs).
+    """
+    if fspec.out_shardings is None:
+        return None
+    problems: list[str] = []
+
+    def conform(spec: Any, out: Any, path: str) -> Any:
+        if spec is None or isinstance(spec, Sharding):
+            return spec
+        at = f"at {path}: " if path else ""
+        if isinstance(spec, (list, tuple)):
+            if type(out) in (list, tuple) and len(out) == len(spec):
+                return type(out)(conform(sv, ov, f"{path}[{i}]") for i, (sv, ov) in enumerate(zip(spec, out)))
+            problems.append(f"{at}the spec gives a list of {len(spec)} shardings, but the function returns "
+                            f"{_describe_tree(out)}")
+            return spec
+        if isinstance(spec, dict):
+            if isinstance(out, dict) and set(map(str, out)) == set(spec):
+                return {k: conform(spec[str(k)], v, f"{path}.{k}" if path else str(k)) for k, v in out.items()}
+            problems.append(f"{at}the spec gives a mapping with keys {', '.join(sorted(spec))}, but the function "
+                            f"returns {_describe_tree(out)}")
+            return spec
+        return spec
+
+    out = conform(fspec.out_shardings, out_info, "")
+    if problems:
+        loc = fspec.where("out_shardings")
+        raise SpecError([f"{loc}: functions.{fspec.name}.out_shardings: " + "; ".join(problems)
+                         + f" (out_shardings: {_describe_tree(fspec.out_shardings)})"],
+                        hint="give one sharding per output, in a list for a tuple or list of outputs and in "
+                             "a mapping for a dict; a single sharding or 'auto' covers a whole subtree")
+    return out
+
+
+def fit_out_shardings(fspec: FunctionSpec, fn: Callable[..., Any], inputs: AbstractInputs, mesh: Any) -> FunctionSpec:
+    """``fspec`` with ``out_shardings`` checked and fitted to the function's outputs (see :func:`check_out_shardings`).
+
+    Traces ``fn`` once without out_shardings (under ``jax.set_mesh(mesh)``) to read
+    ``Traced.out_info``; costs one extra trace, and only when the spec gives out_shardings. When
+    that trace itself fails, ``fspec`` is returned unchanged, so that staging reports the failure
+    as usual (exit code 3).
+
+    Raises:
+      SpecError: the out_shardings do not fit the output tree (exit code 2).
+    """
+    import dataclasses as dc
+
+    import jax
+
+    if fspec.out_shardings is None:
+        return fspec
+    options: dict[str, Any] = {"static_argnames": inputs.static_argnames} if inputs.static_argnames else {}
+    try:
+        probe = fn if isinstance(fn, jax.stages.Wrapped) else jax.jit(fn, **options)
+        with jax.set_mesh(mesh):
+            out_info = probe.trace(*inputs.args, **inputs.kwargs).out_info
+    except Exception:  # the user's function fails to trace: staging says so, with its frame
+        return fspec
+    return dc.replace(fspec, out_shardings=check_out_shardings(fspec, out_info))
+
+
+def _is_struct(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _describe_tree(tree: Any, depth: int = 0) -> str:
+    """A short readable picture of a pytree: ``(f32[8], {a: f32[2,4], b: i32[]})``; shardings as ``P(...)``."""
+    if depth > 3:
+        return "..."
+    if tree is None:
+        return "auto"
+    if isinstance(tree, Sharding):
+        return str(tree)
+    if _is_struct(tree):
+        return f"{_short_dtype(tree.dtype)}{list(tree.shape)}".replace(" ", "")
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        items = [_describe_tree(t, depth + 1) for t in tree[:8]] + (["..."] if len(tree) > 8 else [])
+        kind = "a tuple" if isinstance(tree, tuple) else "a list"
+        inner = ", ".join(items)
+        return f"{kind} of {len(tree)} ({inner})" if depth == 0 else f"({inner})" if isinstance(tree, tuple) else f"[{inner}]"
+    if isinstance(tree, dict):
+        keys = sorted(tree, key=str)
+        inner = ", ".join(f"{k}: {_describe_tree(tree[k], depth + 1)}" for k in keys[:8]) + (", ..." if len(keys) > 8 else "")
+        return f"a dict {{{inner}}}" if depth == 0 else f"{{{inner}}}"
+    return f"a {type(tree).__name__}" if depth == 0 else type(tree).__name__
+
+
+def _short_dtype(dtype: Any) -> str:
+    name = str(dtype)
+    short = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64", "int32": "i32",
+             "int64": "i64", "int8": "i8", "uint8": "u8", "uint32": "u32", "bool": "pred"}
+    return short.get(name, name)
+
+
+_DIVIDE_HINT = "shard a dimension only over mesh axes whose sizes divide it"
+_RANK_HINT = "a sharding has at most one entry per array dimension (trailing dimensions are replicated)"
 
 
 def check_fits(shape: tuple[int, ...], sharding: Sharding, axis_size: dict[str, int]) -> str | None:
@@ -230,11 +457,18 @@ def eval_init(init: InitSpec, fspec: FunctionSpec) -> Any:
     Leaf and key arguments are traced; plain values are bound as Python constants.
 
     Raises:
+      SpecError: ``init_args``/``init_kwargs`` do not bind to the init function's signature.
       StagingError: the init function fails under ``eval_shape`` (stage ``"init"``).
     """
     import jax
 
     target = load_target(init.target, base_dir=fspec.base_dir)
+    problems = signature_problems(target.fn, len(init.args), list(init.kwargs))
+    if problems:
+        described = describe_callable(target.fn)
+        raise SpecError([f"{init.loc}: {init.path}"
+                         + {"args": ".init_args", "": ""}.get(w, ".init_kwargs") + f": {described} {m}"
+                         for w, m in problems], hint="make init_args/init_kwargs match the init function's parameters")
     traced_pos: list[int] = []
     args: list[Any] = []
     for i, a in enumerate(init.args):
@@ -285,6 +519,20 @@ def _init_value(v: Any, fspec: FunctionSpec) -> Any:
     return jax.tree_util.tree_map(one, v, is_leaf=lambda x: isinstance(x, (LeafSpec, KeySpec, CallSpec)))
 
 
+def build_value(value: Any, fspec: FunctionSpec) -> Any:
+    """A plain spec value (a ``call`` argument, a static value) with every nested ``{call: ...}`` built.
+
+    Lists, tuples and dicts are rebuilt with the same types; other values are returned as they are.
+    """
+    if isinstance(value, CallSpec):
+        return build_call(value, fspec)
+    if isinstance(value, (list, tuple)):
+        return type(value)(build_value(v, fspec) for v in value)
+    if isinstance(value, dict):
+        return {k: build_value(v, fspec) for k, v in value.items()}
+    return value
+
+
 def build_call(call: CallSpec, fspec: FunctionSpec) -> Any:
     """Build ``target(*args, **kwargs)`` for a ``{call: ...}`` node (a config, a model definition).
 
@@ -294,8 +542,8 @@ def build_call(call: CallSpec, fspec: FunctionSpec) -> Any:
     from stagetool.errors import TargetError
 
     target = load_target(call.target, base_dir=fspec.base_dir)
-    args = [build_call(a, fspec) if isinstance(a, CallSpec) else a for a in call.args]
-    kwargs = {k: build_call(v, fspec) if isinstance(v, CallSpec) else v for k, v in call.kwargs.items()}
+    args = [build_value(a, fspec) for a in call.args]
+    kwargs = {k: build_value(v, fspec) for k, v in call.kwargs.items()}
     try:
         return target.fn(*args, **kwargs)
     except Exception as e:

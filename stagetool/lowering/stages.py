@@ -13,7 +13,7 @@ import time
 import warnings
 from typing import Any, Callable
 
-from stagetool.errors import StagingError
+from stagetool.errors import SpecError, StagingError
 from stagetool.lowering.avals import AbstractInputs
 from stagetool.lowering.target import Target, user_frame
 from stagetool.spec import FunctionSpec, Sharding
@@ -58,6 +58,10 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
     A target that is already ``jax.jit``-wrapped keeps its own options and is used as it is,
     unless the spec adds donation or out shardings, in which case it is wrapped once more (the
     inner jit then becomes a nested call of the outer one).
+
+    Raises:
+      SpecError: ``jax.jit`` rejects the options (static or donated names the function does not
+        take), at the location of the spec key concerned; never a raw JAX exception.
     """
     import jax
 
@@ -75,7 +79,16 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
         options["donate_argnames"] = inputs.donate_argnames
     if fspec.out_shardings is not None:
         options["out_shardings"] = out_shardings
-    return jax.jit(fn, **options)
+    try:
+        return jax.jit(fn, **options)
+    except Exception as e:  # jax.jit checks its options against the signature: a spec mistake
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        key = next((k for k, words in (("static", ("static_arg",)), ("donate", ("donate_arg",)),
+                                        ("out_shardings", ("out_shardings",))) if any(w in text for w in words)), None)
+        loc = fspec.where(key) if key else fspec.loc
+        raise SpecError([f"{loc}: functions.{fspec.name}" + (f".{key}" if key else "")
+                         + f": jax.jit does not accept the spec's options for {fspec.target}: {text}"],
+                        hint="name only parameters the function takes in static and donate") from None
 
 
 def _out_shardings(tree: Any, mesh: Any) -> Any:

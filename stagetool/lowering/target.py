@@ -154,11 +154,14 @@ def user_frame(exc: BaseException, user_files: list[str]) -> str | None:
     """The innermost traceback frame of ``exc`` in the user's code, as ``file:line in func``.
 
     A frame counts as the user's if its file is one of ``user_files``, else if it lies outside
-    JAX, jaxlib, stagetool, the standard library and site-packages.
+    JAX, jaxlib, stagetool, the standard library and site-packages. A frame of stagetool's own code
+    is never the user's, whatever ``user_files`` holds (a call stagetool makes is not the user's line).
     """
     tb = traceback.extract_tb(exc.__traceback__)
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{exc.filename}:{exc.lineno}"
+    own = str(Path(__file__).resolve().parents[1]) + "/"
+    tb = [fr for fr in tb if fr.filename.startswith("<") or not str(Path(fr.filename).resolve()).startswith(own)]
     resolved = {str(Path(f).resolve()) for f in user_files if f}
     chosen = None
     for fr in tb:

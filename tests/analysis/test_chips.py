@@ -50,6 +50,21 @@ def test_merge_user_entries():
     assert list(table) == sorted(table)
 
 
+def test_numbers_written_as_yaml_1_1_strings_are_numbers():
+    import yaml
+
+    # PyYAML (YAML 1.1) reads 4.0e14 — the README's own example — as a string.
+    entry = yaml.safe_load("peak_flops_per_second_bf16: 4.0e14\nhbm_bandwidth_bytes_per_second: 1e12\n"
+                           "hbm_capacity_bytes: 3.2e10\npeak_flops_per_second_f32: '2_000'")
+    assert entry["peak_flops_per_second_bf16"] == "4.0e14"
+    c = chips.merge_chips({"npu": entry})["npu"]
+    assert c.peak_flops_per_second_bf16 == 4.0e14 and c.hbm_bandwidth_bytes_per_second == 1e12
+    assert c.hbm_capacity_bytes == 32_000_000_000 and isinstance(c.hbm_capacity_bytes, int)
+    assert c.peak_flops_per_second_f32 == 2000.0
+    with pytest.raises(SpecError, match="must be a positive finite number, got -1.0"):
+        chips.merge_chips({"npu": {"peak_flops_per_second_bf16": "-1e0"}})
+
+
 def test_merge_reports_every_problem():
     with pytest.raises(SpecError) as e:
         chips.merge_chips({
