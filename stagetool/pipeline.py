@@ -98,6 +98,10 @@ def make_plan(options: Options) -> Plan:
         if spec_path is None:
             raise UsageError("no spec found; tried " + ", ".join(str(p) for p in tried),
                              hint="pass --spec FILE, or write one of those files (README: 'The spec')")
+    if options.target:
+        from stagetool.lowering.target import split_target
+
+        split_target(options.target)  # a malformed TARGET is the first thing to say
     spec = load_spec(spec_path)
     functions = list(spec.functions.values())
     if options.target:
@@ -177,8 +181,8 @@ def staged_functions(options: Options, *, until: str = "compile",
     plan = make_plan(options)
     setup = _provision(plan, options)
     for fspec in plan.functions:
-        inputs, staged, _ = _stage(plan, fspec, setup, until, on_stage)
-        yield fspec, inputs, staged
+        fitted, inputs, staged, _ = _stage(plan, fspec, setup, until, on_stage)
+        yield fitted, inputs, staged
 
 
 _SETUP_CACHE: dict[tuple, Any] = {}
@@ -195,18 +199,24 @@ def _provision(plan: Plan, options: Options) -> Any:
 
 
 def _stage(plan: Plan, fspec: FunctionSpec, setup: Any, until: str,
-           on_stage: Callable[[str, str], None] | None) -> tuple[Any, Any, list[str]]:
-    from stagetool.lowering.avals import build_inputs
+           on_stage: Callable[[str, str], None] | None) -> tuple[FunctionSpec, Any, Any, list[str]]:
+    """Load, build inputs, check out_shardings against the outputs, jit and stage one function.
+
+    Returns the function spec (its out_shardings fitted to the output tree), the abstract inputs,
+    the :class:`~stagetool.lowering.stages.Staged` stages and the user's source files.
+    """
+    from stagetool.lowering.avals import build_inputs, fit_out_shardings
     from stagetool.lowering.stages import jit_function, stage
     from stagetool.lowering.target import load_target
 
     target = load_target(fspec.target, base_dir=fspec.base_dir)
     inputs = build_inputs(fspec, target.fn, setup, plan.mesh, avals=plan.avals)
+    fspec = fit_out_shardings(fspec, target.fn, inputs, setup.mesh)
     jitted = jit_function(target, fspec, inputs, setup.mesh)
     user_files = [target.module_file] if target.module_file else []
     staged = stage(jitted, inputs, setup.mesh, name=fspec.name, user_files=user_files, until=until,
                    on_stage=(lambda s: on_stage(fspec.name, s)) if on_stage else None)
-    return inputs, staged, user_files
+    return fspec, inputs, staged, user_files
 
 
 def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], options: Options,
@@ -215,7 +225,7 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
 
     setup = _provision(plan, options)
     needs_compile = bool(wanted - {Section.LOWERED_TEXT})
-    inputs, staged, user_files = _stage(plan, fspec, setup, "compile" if needs_compile else "lower", on_stage)
+    fspec, inputs, staged, user_files = _stage(plan, fspec, setup, "compile" if needs_compile else "lower", on_stage)
     mesh = MeshReport(plan.mesh.axes, plan.mesh.axis_types, setup.platform, setup.device_kind,
                       len(setup.devices), setup.process_count, setup.topology)
     t = staged.timings

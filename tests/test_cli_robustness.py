@@ -82,3 +82,28 @@ def test_a_cpu_run_prints_nothing_on_stderr_in_a_fresh_process():
 def test_processes_without_local_avals_is_a_usage_error(run_cli):
     r = run_cli("shardings", str(REPO / "examples" / "mlp.py") + ":train_step", "--processes", "2")
     assert r.code == 2 and "--processes 2 simulates hosts for local avals" in r.stderr and "--local-avals" in r.stderr
+
+
+def test_out_shardings_that_do_not_fit_the_outputs_are_a_spec_error(run_cli, tmp_path):
+    write(tmp_path, "o.py", "def f(x):\n    return x, x * 2\n")
+    spec = write(tmp_path, "o.stagetool.yaml", """\
+        mesh: {axes: {data: 2}}
+        functions:
+          f:
+            target: o.py:f
+            args: ['f32[8] @ [data]']
+            out_shardings: [[data], [data], [data]]
+    """)
+    r = run_cli("shardings", "--spec", str(spec))
+    assert r.code == 2 and "o.stagetool.yaml:6:" in r.stderr and "out_shardings" in r.stderr
+    assert "Traceback" not in r.stderr
+    write(tmp_path, "o.stagetool.yaml", """\
+        mesh: {axes: {data: 2}}
+        functions:
+          f:
+            target: o.py:f
+            args: ['f32[8] @ [data]']
+            out_shardings: [[data], replicated]
+    """)
+    outs = run_cli("shardings", "--spec", str(spec), "--format", "json", check=0).json()["functions"][0]["outputs"]
+    assert [(x["declared"], x["compiled"]) for x in outs] == [("P('data')", "P('data')"), ("P(None)", "P(None)")]  # padded to rank
