@@ -11,6 +11,7 @@ from typing import Any
 from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.highlighter import RegexHighlighter
+from rich.measure import Measurement
 from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
@@ -51,11 +52,29 @@ def render(doc: Report | DevicesReport, *, color: bool, width: int = 120) -> str
     """
     if isinstance(doc, Report) and not color and _module_only(doc):
         return _bare_modules(doc)
-    console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, color_system="truecolor"
-                      if color else None, width=width, theme=THEME, highlight=False, soft_wrap=False)
-    for r in renderables(doc):
-        console.print(r)
-    return console.file.getvalue()
+    items = renderables(doc)
+
+    def console(w: int) -> Console:
+        return Console(file=io.StringIO(), force_terminal=color, no_color=not color,
+                       color_system="truecolor" if color else None, width=w, theme=THEME, highlight=False,
+                       soft_wrap=False)
+
+    # Tables are never squeezed below the width their cells need (a cut-off shape or byte count is
+    # worse than a long line): on a narrow terminal the lines wrap instead.
+    probe = console(_MAX_WIDTH)
+    needed = max((Measurement.get(probe, probe.options, t).maximum for t in items if isinstance(t, Table)),
+                 default=0)
+    out = console(max(width, min(needed, _MAX_WIDTH)))
+    for r in items:
+        out.print(r)
+    text = out.file.getvalue()
+    if not color:  # Rich pads every line to the table's width: drop that padding from plain text
+        text = "\n".join(line.rstrip() for line in text.split("\n"))
+    return text
+
+
+#: The widest a table may ask for before its flexible columns (op names, notes) are folded.
+_MAX_WIDTH = 200
 
 
 def renderables(doc: Report | DevicesReport) -> list[RenderableType]:
