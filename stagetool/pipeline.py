@@ -314,8 +314,11 @@ def _capacity(plan: Plan, options: Options, setup: Any) -> tuple[int | None, str
     from stagetool.analysis.chips import chip_for_device_kind
     from stagetool.analysis.memory import device_capacity, parse_size
 
-    if options.device_memory:
-        return parse_size(options.device_memory), "--device-memory"
+    if options.device_memory is not None:
+        size = parse_size(options.device_memory)
+        if size <= 0:
+            raise UsageError(f"--device-memory {options.device_memory}: the memory of a device must be more than 0 bytes")
+        return size, "--device-memory"
     if setup.capacity_bytes:
         return setup.capacity_bytes, setup.capacity_source
     cap = device_capacity(setup.devices[0])

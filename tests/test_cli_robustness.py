@@ -116,3 +116,8 @@ def test_a_narrow_terminal_never_cuts_a_cell(run_cli, monkeypatch):
     row = next(line for line in out.splitlines() if line.startswith(" opt_state/v/layers/w_down "))
     assert "f32[2,1024,256]" in row and "P(None, 'model', None)" in row and "[2,256,256]" in row and "512 KiB" in row
     assert all(line == line.rstrip() for line in out.splitlines())
+
+
+def test_zero_device_memory_is_a_usage_error(run_cli):
+    r = run_cli("memory", str(REPO / "examples" / "mlp.py") + ":train_step", "--no-peak", "--device-memory", "0")
+    assert r.code == 2 and "more than 0 bytes" in r.stderr
