@@ -315,6 +315,10 @@ def _emit_with_verdict(command: str, options: Any, sections: list, fmt: Format, 
     """Analyse and emit; with ``--fail-if-over``, exit 1 when any function's peak is over the device memory."""
     report = _analyze(command, options, sections)
     emit(report, fmt, output)
+    unknown = [f.name for f in report.functions if f.memory is not None and f.memory.verdict.fits is None]
+    if fail_if_over and unknown:
+        raise UsageError(f"--fail-if-over needs the device memory, which is unknown for {', '.join(unknown)}",
+                         hint="give --device-memory 16GiB, --chip NAME or --topology NAME")
     over = [f.name for f in report.functions if f.memory is not None and f.memory.verdict.fits is False]
     if fail_if_over and over:
         _stderr().print(f"[bold red]does not fit:[/] {', '.join(over)}")

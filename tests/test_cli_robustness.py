@@ -121,3 +121,8 @@ def test_a_narrow_terminal_never_cuts_a_cell(run_cli, monkeypatch):
 def test_zero_device_memory_is_a_usage_error(run_cli):
     r = run_cli("memory", str(REPO / "examples" / "mlp.py") + ":train_step", "--no-peak", "--device-memory", "0")
     assert r.code == 2 and "more than 0 bytes" in r.stderr
+
+
+def test_fail_if_over_without_a_known_capacity_is_a_usage_error(run_cli):
+    r = run_cli("memory", str(REPO / "examples" / "mlp.py") + ":train_step", "--no-peak", "--fail-if-over")
+    assert r.code == 2 and "--fail-if-over needs the device memory" in r.stderr and "--device-memory" in r.stderr

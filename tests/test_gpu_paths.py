@@ -40,4 +40,4 @@ def test_capacity_falls_back_to_the_chip_table_for_a_known_gpu_kind():
     setup = types.SimpleNamespace(devices=(dev,), device_kind="NVIDIA H100 80GB HBM3", capacity_bytes=None,
                                   capacity_source=None)
     plan = Plan(Spec(None, MeshSpec(()), None, None, "global", {}), (), MeshSpec(()), "gpu", None, "global")
-    assert _capacity(plan, Options(), setup) == (80 * 10**9, "chip table (h100-sxm)")
+    assert _capacity(plan, Options(), setup) == (80 * 2**30, "chip table (h100-sxm)")

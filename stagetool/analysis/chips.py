@@ -29,6 +29,10 @@ from stagetool.errors import SpecError, UsageError
 
 _T = 10**12
 _G = 10**9
+_GIB = 2**30
+"""FLOP/s and bandwidths are decimal (vendors' TFLOPS, GB/s); HBM capacities are binary: an HBM
+stack sold as "16 GB" holds 16 GiB (``memory_stats()['bytes_limit']`` on a v5e is just under 16 GiB),
+and ``stagetool.lowering.topology.TPU_CHIPS`` uses the same figures."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,22 +63,22 @@ _A100_PDF = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10
 
 CHIPS: dict[str, Chip] = {
     c.name: c for c in (
-        Chip("tpu-v4", 275 * _T, None, 1200 * _G, 32 * _G, ("https://cloud.google.com/tpu/docs/v4",),
+        Chip("tpu-v4", 275 * _T, None, 1200 * _G, 32 * _GIB, ("https://cloud.google.com/tpu/docs/v4",),
              "bf16 275 TFLOPs; HBM2 32 GiB, 1200 GBps per chip"),
-        Chip("tpu-v5e", 197 * _T, None, 819 * _G, 16 * _G, ("https://cloud.google.com/tpu/docs/v5e",),
+        Chip("tpu-v5e", 197 * _T, None, 819 * _G, 16 * _GIB, ("https://cloud.google.com/tpu/docs/v5e",),
              "bf16 197 TFLOPs; HBM2 16 GB, 819 GBps per chip"),
-        Chip("tpu-v5p", 459 * _T, None, 2765 * _G, 95 * _G, ("https://cloud.google.com/tpu/docs/v5p",),
+        Chip("tpu-v5p", 459 * _T, None, 2765 * _G, 95 * _GIB, ("https://cloud.google.com/tpu/docs/v5p",),
              "bf16 459 TFLOPs; HBM2e 95 GB, 2765 GBps per chip"),
-        Chip("tpu-v6e", 918 * _T, None, 1638 * _G, 32 * _G, ("https://cloud.google.com/tpu/docs/v6e",),
+        Chip("tpu-v6e", 918 * _T, None, 1638 * _G, 32 * _GIB, ("https://cloud.google.com/tpu/docs/v6e",),
              "bf16 918 TFLOPs; HBM 32 GB, 1638 GBps per chip (Trillium)"),
-        Chip("a100-40gb", 312 * _T, 19.5 * _T, 1555 * _G, 40 * _G, (_A100_PDF,),
+        Chip("a100-40gb", 312 * _T, 19.5 * _T, 1555 * _G, 40 * _GIB, (_A100_PDF,),
              "SXM; BF16 tensor core 312 TFLOPS dense (624 sparse); FP32 19.5 TFLOPS; HBM2 1,555 GB/s"),
-        Chip("a100-80gb", 312 * _T, 19.5 * _T, 2039 * _G, 80 * _G, (_A100_PDF,),
+        Chip("a100-80gb", 312 * _T, 19.5 * _T, 2039 * _G, 80 * _GIB, (_A100_PDF,),
              "SXM; BF16 tensor core 312 TFLOPS dense (624 sparse); FP32 19.5 TFLOPS; HBM2e 2,039 GB/s"),
-        Chip("h100-sxm", 989.5 * _T, 67 * _T, 3350 * _G, 80 * _G,
+        Chip("h100-sxm", 989.5 * _T, 67 * _T, 3350 * _G, 80 * _GIB,
              ("https://www.nvidia.com/en-us/data-center/h100/",),
              "BF16 tensor core 1,979 TFLOPS with sparsity -> 989.5 dense; FP32 67 TFLOPS; 3.35 TB/s"),
-        Chip("h200", 989.5 * _T, 67 * _T, 4800 * _G, 141 * _G,
+        Chip("h200", 989.5 * _T, 67 * _T, 4800 * _G, 141 * _GIB,
              ("https://www.nvidia.com/en-us/data-center/h200/",),
              "SXM; BF16 tensor core 1,979 TFLOPS with sparsity -> 989.5 dense; FP32 67 TFLOPS; 4.8 TB/s"),
     )

@@ -98,10 +98,13 @@ def _int_or_none(obj: Any, name: str) -> int | None:
 def normalise_memory(stats: Any) -> MemoryRecord:
     """Turn a ``CompiledMemoryStats`` (or any object with those attributes, or None) into a record.
 
-    ``peak_bytes`` is ``max(peak_memory_in_bytes, argument + output - alias + temp)``; the
-    source of the larger one is in ``peak_source``. A suspect is added when the reported
-    peak is smaller than the temp allocation (seen on CPU, jaxlib 0.10.2) or when any
-    figure is negative or the alias exceeds the output. Never raises.
+    ``peak_bytes`` is XLA's ``peak_memory_in_bytes`` (``peak_source="reported"``), unless it is
+    missing or cannot be right because it is smaller than the temp allocation alone (seen on CPU,
+    jaxlib 0.10.2, where it leaves out temporaries): then the estimate
+    ``argument + output - alias + temp`` (``peak_source="estimate"``), with a suspect saying so.
+    On TPU the reported peak can be well below that sum (buffers are reused across the program),
+    so the sum is never preferred to a plausible reported figure. A suspect is also added for a
+    negative figure or aliased bytes beyond the outputs. Never raises.
     """
     if stats is None:
         empty = {f: None for f, _ in _FIELDS}
@@ -125,12 +128,13 @@ def normalise_memory(stats: Any) -> MemoryRecord:
                                 f"peak_memory_in_bytes {reported} is smaller than the temp allocation {t}; "
                                 "this backend's figure leaves out temporaries (seen on CPU), "
                                 "peak_bytes uses argument+output-alias+temp instead"))
-    if reported is None and estimate is None:
-        peak, src = None, None
-    elif estimate is None or (reported is not None and reported >= estimate):
+    implausible = reported is not None and t is not None and reported < t
+    if reported is not None and not (implausible and estimate is not None):
         peak, src = reported, "reported"
-    else:
+    elif estimate is not None:
         peak, src = estimate, "estimate"
+    else:
+        peak, src = None, None
     if not any(v is not None for v in vals.values()) and reported is None:
         return MemoryRecord(**vals, peak_bytes_reported=None, peak_bytes_estimate=None, peak_bytes=None,
                             peak_source=None, reason=f"{_SOURCE} returned a "

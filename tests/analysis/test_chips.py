@@ -46,7 +46,7 @@ def test_merge_user_entries():
     assert table["my-npu"] == chips.Chip("my-npu", 1e14, None, None, 24 * 2**30, ("https://example.com/npu",))
     assert table["tpu-v5e"].hbm_capacity_bytes == 16 * 2**30
     assert table["tpu-v5e"].peak_flops_per_second_bf16 == 197e12  # untouched fields kept
-    assert chips.CHIPS["tpu-v5e"].hbm_capacity_bytes == 16 * 10**9  # built-in table unchanged
+    assert chips.CHIPS["tpu-v5e"].hbm_capacity_bytes == 16 * 2**30  # built-in table unchanged
     assert list(table) == sorted(table)
 
 
@@ -126,3 +126,14 @@ def test_roofline_from_a_real_per_device_cost():
     assert r.compute_seconds == pytest.approx(2 * M * N * K / 8 / 989.5e12)
     assert r.memory_seconds == pytest.approx(rec.bytes_accessed / 4.8e12)
     assert r.lower_bound_seconds == max(r.compute_seconds, r.memory_seconds)
+
+
+def test_hbm_capacities_agree_with_the_topology_table():
+    """The roofline's chip table and the compile-only topology table give one capacity per chip."""
+    from stagetool.lowering.topology import TPU_CHIPS
+
+    shared = [(chips.CHIPS[f"tpu-{t.alias}"], t) for t in TPU_CHIPS if f"tpu-{t.alias}" in chips.CHIPS]
+    assert len(shared) == 4  # v4, v5e, v5p, v6e
+    for chip, tpu in shared:
+        assert chip.hbm_capacity_bytes == tpu.hbm_bytes_per_chip, tpu.alias
+    assert chips.CHIPS["tpu-v5e"].hbm_capacity_bytes == 16 * 2**30

@@ -48,7 +48,6 @@ def test_peak_includes_temp_even_when_reported_peak_does_not():
     assert rec.argument_bytes == 2 * n * F32 and rec.output_bytes == n * F32
     assert rec.temp_bytes >= n * n * F32  # the outer product lives in the temp allocation
     assert rec.peak_bytes_estimate == rec.argument_bytes + rec.output_bytes - rec.alias_bytes + rec.temp_bytes
-    assert rec.peak_bytes == max(rec.peak_bytes_reported, rec.peak_bytes_estimate)
     assert rec.peak_bytes >= n * n * F32
     if jax.default_backend() == "cpu":  # jaxlib 0.10.2 CPU: peak_memory_in_bytes leaves out temp
         assert rec.peak_bytes_reported < rec.temp_bytes
@@ -62,6 +61,16 @@ def test_no_memory_analysis_is_data():
     broken = types.SimpleNamespace(memory_analysis=lambda: (_ for _ in ()).throw(RuntimeError("x")))
     assert "RuntimeError" in memory.memory_of(broken).reason
     assert memory.normalise_memory(object()).reason
+
+
+def test_a_plausible_reported_peak_below_the_sum_is_kept():
+    """TPU reuses buffers across the program: its peak can be far below arguments + outputs + temps."""
+    stats = types.SimpleNamespace(argument_size_in_bytes=100_000, output_size_in_bytes=100_000,
+                                  alias_size_in_bytes=0, temp_size_in_bytes=50_000, generated_code_size_in_bytes=0,
+                                  peak_memory_in_bytes=180_000)
+    rec = memory.normalise_memory(stats)
+    assert (rec.peak_bytes_estimate, rec.peak_bytes, rec.peak_source) == (250_000, 180_000, "reported")
+    assert rec.suspects == ()
 
 
 def test_reported_peak_used_when_larger():
