@@ -203,7 +203,11 @@ def _unwrap(obj: Any, *names: str) -> Any:
 
 
 def collective_rows(collectives: Any) -> list[dict] | None:
-    """Collectives as sorted ``{kind, axes, count, bytes_per_device}`` rows, or None when absent.
+    """Collectives as sorted ``{kind, axes, count, bytes_per_device[, bytes_per_step]}`` rows, or None.
+
+    From a :class:`stagetool.analysis.sections.CollectivesSection` (``.items``), each row also has
+    ``bytes_per_step``: bytes × runs, summed (a collective whose runs are unknown counts once), so
+    that a loop that runs longer (a deeper ``scan``) is a change even when its ops are the same.
 
     Accepts what ``FunctionReport.collectives`` may hold: an object with ``.summary`` or
     ``.by_kind_and_mesh_axes`` (``stagetool.analysis.collectives.CollectiveSummary``: rows with
@@ -215,6 +219,19 @@ def collective_rows(collectives: Any) -> list[dict] | None:
     """
     if collectives is None:
         return None
+    items_of_section = getattr(collectives, "items", None)
+    if items_of_section is not None and not callable(items_of_section):
+        per_step: dict[tuple[str, str], list[int]] = {}
+        for item in items_of_section:
+            c = item.collective
+            axes = "?" if c.mesh_axes is None else ",".join(c.mesh_axes) or "-"
+            row = per_step.setdefault((c.kind, axes), [0, 0, 0])
+            b = c.bytes_per_device or 0
+            row[0] += 1
+            row[1] += b
+            row[2] += b * (c.executions if c.executions is not None else 1)
+        return [{"kind": k, "axes": a, "count": n, "bytes_per_device": b, "bytes_per_step": t}
+                for (k, a), (n, b, t) in sorted(per_step.items())]
     src = getattr(collectives, "summary", None) or collectives
     rows = getattr(src, "by_kind_and_mesh_axes", None)
     items = list(rows if rows is not None else (getattr(src, "collectives", None) or src))
@@ -588,9 +605,13 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
                 changes.append(Change(name, what, f"{x['count']}× {_fmt_number(x['bytes_per_device'], 'bytes')}", "—",
                                       "improvement", x["bytes_per_device"], 0, note="collective gone"))
             else:
-                for c in (_metric(name, f"{what}: count", x["count"], y["count"], "", tol["collective_count"]),
-                          _metric(name, f"{what}: bytes", x["bytes_per_device"], y["bytes_per_device"], "bytes",
-                                  tol["collective_bytes"])):
+                metrics = [_metric(name, f"{what}: count", x["count"], y["count"], "", tol["collective_count"]),
+                           _metric(name, f"{what}: bytes", x["bytes_per_device"], y["bytes_per_device"], "bytes",
+                                   tol["collective_bytes"])]
+                if x.get("bytes_per_step") is not None and y.get("bytes_per_step") is not None:
+                    metrics.append(_metric(name, f"{what}: bytes per step", x["bytes_per_step"], y["bytes_per_step"],
+                                           "bytes", tol["collective_bytes"]))
+                for c in metrics:
                     if c:
                         changes.append(c)
     order = {"regression": 0, "changed": 1, "improvement": 2}

@@ -348,3 +348,26 @@ def test_isolate_reports_an_aborting_function_and_checks_the_others(tmp_path):
     assert cases["bad"].find("error") is not None and cases["good"].find("error") is None
     proc = run_subprocess("snapshot", "-s", "funcs.stagetool.yaml", "--isolate", "-o", "all.json", cwd=tmp_path)
     assert proc.returncode == 3 and not (tmp_path / "all.json").exists()
+
+
+def test_a_loop_that_runs_longer_is_a_regression(tmp_path, capsys, monkeypatch):
+    """Same ops, more trips: per-step collective bytes grow although no op changed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loop.py").write_text(
+        "import jax\nimport jax.numpy as jnp\nfrom jax.sharding import PartitionSpec as P\n\n\n"
+        "def f(w, h, n):\n"
+        "    def body(i, h):\n"
+        "        g = jax.lax.with_sharding_constraint(h, P())\n"
+        "        return jax.lax.with_sharding_constraint(jnp.tanh(g @ w), P('data', None))\n"
+        "    return jax.lax.fori_loop(0, n, body, h)\n")
+    spec = tmp_path / "loop.stagetool.yaml"
+    text = ("mesh: {axes: {data: 2}}\nfunctions:\n  f:\n    target: loop.py:f\n"
+            "    args: ['f32[64,64]', 'f32[64,64] @ [data, null]']\n    static: {n: N}\n")
+    spec.write_text(text.replace("N", "4"))
+    assert run(capsys, "snapshot", "--spec", str(spec), "-o", "lock.json")[0] == 0
+    doc = json.loads((tmp_path / "lock.json").read_text())
+    (row,) = [r for r in doc["functions"]["f"]["collectives"] if r["kind"] == "all-gather"]
+    assert row["bytes_per_step"] == 4 * row["bytes_per_device"] == 4 * 64 * 64 * 4
+    spec.write_text(text.replace("N", "40"))
+    code, out, _ = run(capsys, "check", "--spec", str(spec), "--baseline", "lock.json")
+    assert code == 1 and "bytes per step" in out
