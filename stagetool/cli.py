@@ -47,8 +47,8 @@ PlatformOpt = Annotated[Optional[str], typer.Option(
 TopologyOpt = Annotated[Optional[str], typer.Option(
     "--topology", help="Compile for a TPU topology without the hardware, e.g. v5e:2x4 (needs libtpu).",
     show_default=False)]
-FunctionOpt = Annotated[Optional[str], typer.Option(
-    "--function", "-f", help="Run only this function of the spec.", show_default=False)]
+FunctionOpt = Annotated[Optional[list[str]], typer.Option(
+    "--function", "-f", help="Run only this function of the spec (repeat for several).", show_default=False)]
 LocalAvalsOpt = Annotated[bool, typer.Option(
     "--local-avals", help="Spec shapes are host-local (as one process sees them), like 'avals: local'.")]
 ProcessesOpt = Annotated[Optional[int], typer.Option(
@@ -235,6 +235,7 @@ def _status() -> Iterator[Any]:
 def _options(target, spec, mesh, platform, topology, function, local_avals, processes, dialect="stablehlo"):
     from stagetool.pipeline import Options
 
+    function = tuple(function) if function else None
     return Options(target=target, spec=spec, mesh=mesh, platform=platform, topology=topology, function=function,
                    local_avals=local_avals, processes=processes, dialect=dialect)
 

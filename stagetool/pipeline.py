@@ -42,7 +42,7 @@ class Options:
       mesh: ``2x4`` or ``data=2,model=4``, overriding the spec's mesh sizes.
       platform: ``cpu`` | ``gpu`` | ``tpu``.
       topology: a compile-only TPU topology (``v5e:2x4``).
-      function: run only the spec function of this name.
+      function: run only the spec function(s) of this name (a name or a tuple of names).
       local_avals: take spec shapes as host-local (``avals: local``).
       processes: simulate this many processes (hosts) for local avals.
       dialect: ``stablehlo`` or ``hlo`` for the lowered module's text.
@@ -60,7 +60,7 @@ class Options:
     mesh: str | None = None
     platform: str | None = None
     topology: str | None = None
-    function: str | None = None
+    function: str | tuple[str, ...] | None = None
     local_avals: bool = False
     processes: int | None = None
     dialect: str = "stablehlo"
@@ -111,10 +111,11 @@ def make_plan(options: Options) -> Plan:
             raise UsageError(f"the spec {spec_path} does not describe {options.target}; it has: {described}",
                              hint="add the function under 'functions:' or pass the right --spec")
     if options.function:
-        if options.function not in spec.functions:
-            raise UsageError(f"--function {options.function!r} is not in {spec_path}; it has: "
-                             + ", ".join(spec.functions))
-        functions = [f for f in functions if f.name == options.function]
+        wanted = (options.function,) if isinstance(options.function, str) else tuple(options.function)
+        for name in wanted:
+            if name not in spec.functions:
+                raise UsageError(f"--function {name!r} is not in {spec_path}; it has: " + ", ".join(spec.functions))
+        functions = [f for f in functions if f.name in wanted]
     if not functions:
         raise UsageError(f"the spec {spec_path} has no functions to run")
     mesh = spec.mesh

@@ -103,3 +103,8 @@ def test_report_markdown_renders_as_tables(run_cli, spec):
         header = len(re.findall(r"<th[ >]", body.split("</tr>")[0]))
         rows = [r for r in body.split("</tr>")[1:] if "<td" in r]
         assert header and rows and all(len(re.findall(r"<td[ >]", r)) == header for r in rows)
+
+
+def test_function_repeats_to_run_several(run_cli, spec):
+    doc = run_cli("cost", "--spec", str(spec), "-f", "outer", "-f", "matmul", "--format", "json", check=0).json()
+    assert [f["name"] for f in doc["functions"]] == ["matmul", "outer"]  # in spec order
