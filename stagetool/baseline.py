@@ -754,7 +754,7 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None) -> Snap
         try:
             report = analyze(one, _sections(), command="snapshot", on_stage=on_stage)
         except StagingError as e:
-            failed[name] = f"{e.stage} failed: {e.message}" + (f" (at {e.user_frame})" if e.user_frame else "")
+            failed[name] = e.message + (f" (at {e.user_frame})" if e.user_frame else "")  # "f: trace failed: ..."
             continue
         parts.append(snapshot_from_report(report, spec=_spec_label(spec_path)))
     if parts:

@@ -209,13 +209,16 @@ def _op(op_name: str | None) -> str:
 
 def collectives_summary_rows(c: Any) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)``: count and bytes per device by kind × mesh axes, then the total."""
+    def per_step(t: Any) -> str:
+        if t.unknown_executions_count == t.count:
+            return "? (runs unknown)"
+        return format_bytes(t.executed_bytes_per_device) + (" + ?" if t.unknown_executions_count else "")
+
     rows = []
     for t in c.summary.by_kind_and_mesh_axes:
-        rows.append([t.kind, _axes(t.mesh_axes), str(t.count), format_bytes(t.bytes_per_device),
-                     format_bytes(t.executed_bytes_per_device) + (" (+?)" if t.unknown_executions_count else "")])
+        rows.append([t.kind, _axes(t.mesh_axes), str(t.count), format_bytes(t.bytes_per_device), per_step(t)])
     t = c.summary.total
-    rows.append(["total", "", str(t.count), format_bytes(t.bytes_per_device),
-                 format_bytes(t.executed_bytes_per_device) + (" (+?)" if t.unknown_executions_count else "")])
+    rows.append(["total", "", str(t.count), format_bytes(t.bytes_per_device), per_step(t)])
     return ["kind", "mesh axes", "count", "bytes per device (each once)", "bytes per device per step"], rows
 
 
