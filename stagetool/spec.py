@@ -942,20 +942,21 @@ def _validate_axes(parser: _Parser, mesh: MeshSpec, functions: dict[str, Functio
             for k, t in tree.items():
                 walk(t, f"{path}.{k}")
 
+    def walk_out(t: Any, path: str, fallback: Loc) -> None:
+        if isinstance(t, Sharding):
+            check(t, parser.out_locs.get(path) or fallback, path)
+        elif isinstance(t, (list, tuple)):
+            for i, x in enumerate(t):
+                walk_out(x, f"{path}[{i}]", fallback)
+        elif isinstance(t, dict):
+            for k, x in t.items():
+                walk_out(x, f"{path}.{k}", fallback)
+
     for f in functions.values():
         walk(list(f.args), f"functions.{f.name}.args")
         walk(f.kwargs, f"functions.{f.name}.kwargs")
         if f.out_shardings is not None:
-            def walk_out(t: Any, path: str) -> None:
-                if isinstance(t, Sharding):
-                    check(t, parser.out_locs.get(path) or f.loc or Loc("<spec>", 1, 1), path)
-                elif isinstance(t, (list, tuple)):
-                    for i, x in enumerate(t):
-                        walk_out(x, f"{path}[{i}]")
-                elif isinstance(t, dict):
-                    for k, x in t.items():
-                        walk_out(x, f"{path}.{k}")
-            walk_out(f.out_shardings, f"functions.{f.name}.out_shardings")
+            walk_out(f.out_shardings, f"functions.{f.name}.out_shardings", f.loc or Loc("<spec>", 1, 1))
 
 
 # ----------------------------------------------------------------------------------------------

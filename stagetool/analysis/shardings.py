@@ -87,7 +87,7 @@ def input_leaves(inputs: AbstractInputs, compiled: Any) -> tuple[LeafReport, ...
     out = []
     parameter = 0
     formats = _formats(compiled.input_formats, len(flat))
-    for leaf, sharding, struct, info, fmt in zip(inputs.leaves, flat, structs, infos, formats):
+    for leaf, sharding, struct, info, fmt in zip(inputs.leaves, flat, structs, infos, formats, strict=True):
         donated = leaf.donated or bool(getattr(info, "donated", False))
         rank = len(leaf.shape)
         size = _itemsize(struct.dtype)
@@ -119,7 +119,7 @@ def output_leaves(traced: Any, compiled: Any, declared_tree: Any) -> tuple[LeafR
     declared = _declared_outputs(declared_tree, len(with_paths), traced.out_info)
     formats = _formats(compiled.output_formats, len(shardings))
     out = []
-    for (kp, info), sharding, decl, fmt in zip(with_paths, shardings, declared, formats):
+    for (kp, info), sharding, decl, fmt in zip(with_paths, shardings, declared, formats, strict=True):
         shape = tuple(info.shape)
         rank = len(shape)
         size = _itemsize(info.dtype)
