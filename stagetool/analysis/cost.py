@@ -321,25 +321,34 @@ def normalise_cost(raw: Any, *, scope: str, source: str | None = None,
                       suspects=tuple(suspects))
 
 
+def _stage_cost(stage: Any, scope: str, *, program_text: str | None, needs_text: bool,
+                has_dot_or_conv: bool | None = None) -> CostRecord:
+    """``stage.cost_analysis()`` normalised in ``scope``; backend exceptions become a not-reported record.
+
+    ``stage.as_text()`` is read for the 0-FLOPs check only when ``needs_text`` and no
+    ``program_text`` was given.
+    """
+    try:
+        raw = stage.cost_analysis()
+    except Exception as e:  # noqa: BLE001 - backend failures are data here
+        return _not_reported(scope, _SOURCE[scope], f"cost_analysis() raised {type(e).__name__}: {e}")
+    if program_text is None and needs_text:
+        try:
+            program_text = stage.as_text()
+        except Exception:  # noqa: BLE001 - the check is advisory
+            program_text = None
+    return normalise_cost(raw, scope=scope, has_dot_or_conv=has_dot_or_conv, program_text=program_text)
+
+
 def whole_program_cost(lowered: Any, *, program_text: str | None = None) -> CostRecord:
     """Whole-program cost from ``lowered.cost_analysis()`` (``jax.stages.Lowered``).
 
     Figures are for the unpartitioned program (all devices together). The 0-FLOPs check
-    scans ``program_text`` (default ``lowered.as_text()``) for dots/convolutions. Exceptions raised by the backend's
-    ``cost_analysis()`` become a not-reported record with the error text as reason.
+    scans ``program_text`` (default ``lowered.as_text()``) for dots/convolutions. Exceptions
+    raised by the backend's ``cost_analysis()`` become a not-reported record with the error
+    text as reason.
     """
-    try:
-        raw = lowered.cost_analysis()
-    except Exception as e:  # noqa: BLE001 - backend failures are data here
-        return _not_reported(SCOPE_WHOLE_PROGRAM, _SOURCE[SCOPE_WHOLE_PROGRAM],
-                             f"cost_analysis() raised {type(e).__name__}: {e}")
-    text = program_text
-    if text is None:
-        try:
-            text = lowered.as_text()
-        except Exception:  # noqa: BLE001
-            text = None
-    return normalise_cost(raw, scope=SCOPE_WHOLE_PROGRAM, program_text=text)
+    return _stage_cost(lowered, SCOPE_WHOLE_PROGRAM, program_text=program_text, needs_text=True)
 
 
 def per_device_cost(compiled: Any, *, has_dot_or_conv: bool | None = None) -> CostRecord:
@@ -351,16 +360,5 @@ def per_device_cost(compiled: Any, *, has_dot_or_conv: bool | None = None) -> Co
     so the lowered text is the better source). Backend exceptions become a
     not-reported record.
     """
-    try:
-        raw = compiled.cost_analysis()
-    except Exception as e:  # noqa: BLE001
-        return _not_reported(SCOPE_PER_DEVICE, _SOURCE[SCOPE_PER_DEVICE],
-                             f"cost_analysis() raised {type(e).__name__}: {e}")
-    text = None
-    if has_dot_or_conv is None:
-        try:
-            text = compiled.as_text()
-        except Exception:  # noqa: BLE001
-            text = None
-    return normalise_cost(raw, scope=SCOPE_PER_DEVICE, has_dot_or_conv=has_dot_or_conv,
-                          program_text=text)
+    return _stage_cost(compiled, SCOPE_PER_DEVICE, program_text=None, needs_text=has_dot_or_conv is None,
+                       has_dot_or_conv=has_dot_or_conv)
