@@ -150,6 +150,19 @@ def _mesh_groups(sizes: tuple[int, ...], grouped: tuple[int, ...]) -> tuple[tupl
     return tuple(tuple(o + x for x in inner) for o in outer)
 
 
+def _sub_axis_meshes(mesh: MeshAxes) -> list[MeshAxes]:
+    """The meshes with one axis split into a major and a minor part (every proper divisor)."""
+    out = []
+    for i, (name, n) in enumerate(zip(mesh.names, mesh.sizes, strict=True)):
+        for d in range(2, n):
+            if n % d:
+                continue
+            names = (*mesh.names[:i], f"{name}[major {n // d} of {n}]", f"{name}[minor {d} of {n}]",
+                     *mesh.names[i + 1:])
+            out.append(MeshAxes(names, (*mesh.sizes[:i], n // d, d, *mesh.sizes[i + 1:])))
+    return out
+
+
 class _AxisMatcher:
     """Looks up which mesh axes (if any) produce a given set of device groups."""
 
@@ -168,8 +181,28 @@ class _AxisMatcher:
                 g = groups if perm == sub else _mesh_groups(mesh.sizes, perm)
                 self.ordered.setdefault(frozenset(g), tuple(mesh.names[i] for i in perm))
         self._group_of: dict[tuple[int, ...], list[int]] = {}
+        self._refined: list[_AxisMatcher] | None = None
 
     def match_groups(self, groups: tuple[tuple[int, ...], ...]) -> tuple[str, ...] | None:
+        """The mesh axes whose device groups these are, or None.
+
+        Whole axes first; then sub-axes: an axis of size n splits into a major part of n/d and a
+        minor part of d (row-major order is kept), named ``model[minor 2 of 4]`` and
+        ``model[major 2 of 4]`` — what XLA prints as ``{'axis':(2)2}`` when a collective runs
+        over part of an axis.
+        """
+        hit = self._match_whole(groups)
+        if hit is not None or not groups:
+            return hit
+        if self._refined is None:
+            self._refined = [_AxisMatcher(m) for m in _sub_axis_meshes(self.mesh)]
+        for refined in self._refined:
+            hit = refined._match_whole(groups)
+            if hit is not None:
+                return hit
+        return None
+
+    def _match_whole(self, groups: tuple[tuple[int, ...], ...]) -> tuple[str, ...] | None:
         if not groups:
             return None
         if all(len(g) == 1 for g in groups):

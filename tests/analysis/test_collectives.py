@@ -460,3 +460,14 @@ def test_tpu_async_split_and_reduce_scatter_fusions(tpu):
     for c in scatters:  # an all-reduce + slice fusion: the result is the slice, half over data
         assert c.fusion and module.computation(c.computation).instruction(c.name).opcode == "all-reduce"
         assert c.mesh_axes == ("data",) and c.bytes_per_device * 2 == c.operand_bytes_per_device
+
+
+def test_groups_over_part_of_an_axis_name_the_sub_axis():
+    """{0,1},{2,3},... on data=2 x model=4 runs over the minor half of `model` (XLA: {'axis':(2)2})."""
+    from stagetool.analysis.collectives import MeshAxes, _AxisMatcher
+
+    m = _AxisMatcher(MeshAxes(("data", "model"), (2, 4)))
+    assert m.match_groups(((0, 1), (2, 3), (4, 5), (6, 7))) == ("model[minor 2 of 4]",)
+    assert m.match_groups(((0, 2), (1, 3), (4, 6), (5, 7))) == ("model[major 2 of 4]",)
+    assert m.match_groups(((0, 1, 2, 3), (4, 5, 6, 7))) == ("model",)       # whole axes first
+    assert m.match_groups(((0, 5), (1, 4), (2, 7), (3, 6))) is None           # no axis set makes these
