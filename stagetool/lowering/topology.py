@@ -159,6 +159,10 @@ def captured_stderr_fd() -> Iterator[list[str]]:
             captured.append(tmp.read().decode("utf-8", "replace"))
 
 
+#: TPU generations sold as one host with 8 chips (v5e-8 / v6e-8 VMs); bigger slices use 4-chip hosts.
+_EIGHT_CHIP_HOSTS = ("v5e", "v6e")
+
+
 def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None = None) -> tuple[Any, ...]:
     """Compile-only TPU devices of topology ``name`` (e.g. ``"v5e:2x4"`` → 8 devices).
 
@@ -166,9 +170,9 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
     execute. libtpu's start-up chatter on stderr is swallowed.
 
     ``chips_per_host_bounds`` (e.g. ``(2, 4, 1)``) sets how many chips one host (process) has;
-    libtpu's default is ``(2, 2, 1)``, so ``v5e:2x4`` spans two processes by default although
-    a rented v5e-8 / v6e-8 VM has all 8 chips on one host. It only changes
-    ``device.process_index``.
+    libtpu's default is ``(2, 2, 1)``. An 8-chip v5e or v6e slice defaults to one host, as the
+    v5e-8 / v6e-8 VMs are; larger slices keep libtpu's 4-chip hosts. It only changes
+    ``device.process_index`` (and so local avals).
 
     Raises:
       UsageError: libtpu is not installed (the hint gives the install line), or the name is
@@ -185,6 +189,9 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
     # Internal error when accessing libtpu multi-process lockfile".
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     canonical = f"{kind}:{_dims_text(name)}"
+    if chips_per_host_bounds is None and kind in _EIGHT_CHIP_HOSTS and math.prod(_dims) == 8 and len(_dims) == 2:
+        # v5e-8 and v6e-8 are single-host VMs (all 8 chips on one host): so are their topologies.
+        chips_per_host_bounds = (*_dims, 1)
     with captured_stderr_fd() as noise:
         kwargs = {} if chips_per_host_bounds is None else {
             "chips_per_host_bounds": [int(b) for b in chips_per_host_bounds]}

@@ -131,10 +131,11 @@ def test_jax_without_libtpu_maps_to_usage_error(monkeypatch):
 
 @needs_libtpu
 @pytest.mark.parametrize("name,kind,gen,n,chips,per_chip,procs,hbm_gib", [
-    ("v5e:2x4", "TPU v5 lite", "v5e", 8, 8, 1, 2, 16),
+    ("v5e:2x4", "TPU v5 lite", "v5e", 8, 8, 1, 1, 16),     # a v5e-8 VM is one host
+    ("v5e:4x4", "TPU v5 lite", "v5e", 16, 16, 1, 4, 16),    # larger slices: 4-chip hosts
     ("v5p:2x2x2", "TPU v5", "v5p", 8, 8, 1, 2, 95),
     ("v4:2x2x1", "TPU v4", "v4", 8, 4, 2, 1, 32),
-    ("v6e:2x4", "TPU v6 lite", "v6e", 8, 8, 1, 2, 32),
+    ("v6e:2x4", "TPU v6 lite", "v6e", 8, 8, 1, 1, 32),
 ])
 def test_topology_facts(name, kind, gen, n, chips, per_chip, procs, hbm_gib):
     t = topology.tpu_topology(name)
