@@ -456,6 +456,17 @@ def _report_failures(failed: dict) -> None:
         err.print(f"[bold red]error:[/] {_escape(name)}: {_escape(message)}")
 
 
+def _functions_dropped(path: Path, snapshot: dict) -> list[str]:
+    """Functions an existing snapshot file holds that the new one does not (it replaces the file whole)."""
+    import json
+
+    try:
+        before = json.loads(path.read_text())["functions"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return sorted(set(before) - set(snapshot["functions"])) if isinstance(before, dict) else []
+
+
 @app.command()
 def snapshot(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
              topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
@@ -478,9 +489,13 @@ def snapshot(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, 
             raise typer.Exit(int(ExitCode.JAX))
         if not _is_primary():
             return
+        dropped = _functions_dropped(output, run.snapshot)
         write_snapshot(output, run.snapshot)
         n = len(run.snapshot["functions"])
         _stderr().print(f"[dim]wrote {_escape(str(output))} ({n} function{'s' if n != 1 else ''})[/]")
+        if dropped:
+            _stderr().print(f"[yellow]notice:[/] {_escape(str(output))} held {', '.join(dropped)}, which this snapshot "
+                            "does not; to refresh one function of a baseline, use 'check --update -f NAME'")
 
 
 @app.command()

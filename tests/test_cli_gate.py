@@ -371,3 +371,12 @@ def test_a_loop_that_runs_longer_is_a_regression(tmp_path, capsys, monkeypatch):
     spec.write_text(text.replace("N", "40"))
     code, out, _ = run(capsys, "check", "--spec", str(spec), "--baseline", "lock.json")
     assert code == 1 and "bytes per step" in out
+
+
+def test_a_partial_snapshot_over_a_fuller_one_says_what_it_drops(project, capsys):
+    assert run(capsys, "snapshot", "--spec", "mlp.stagetool.yaml", "-o", "full.json")[0] == 0
+    doc = json.loads((project / "full.json").read_text())
+    doc["functions"]["other_step"] = doc["functions"]["train_step"]   # as if the spec had a second function
+    (project / "full.json").write_text(json.dumps(doc))
+    code, _, err = run(capsys, "snapshot", "--spec", "mlp.stagetool.yaml", "-f", "train_step", "-o", "full.json")
+    assert code == 0 and "held other_step, which this snapshot does not" in err and "check --update -f" in err
