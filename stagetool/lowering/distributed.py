@@ -10,7 +10,7 @@ Host-local shapes ("local avals": what one process feeds) map to global ones as
 ``jax.experimental.multihost_utils.host_local_array_to_global_array`` does it:
 :func:`local_to_global_shape`.
 
-Cluster auto-detection: JAX's own detection (``jax._src.clusters``) is private, so
+Cluster auto-detection: JAX's own detection lives in its private modules, so
 :func:`detect_cluster` reads the same environment variables JAX's detectors read, and only
 reports a cluster when it has more than one process:
 
