@@ -11,4 +11,4 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 
 # CLI and import-isolation fixtures shared by the foundation tests (defined in tests/helpers.py).
-from helpers import isolated_imports, run_cli  # noqa: E402, F401
+from helpers import isolated_imports, mlp_copy, run_cli  # noqa: E402, F401

@@ -56,6 +56,17 @@ def isolated_imports():
 
 
 @pytest.fixture
+def mlp_copy(tmp_path, monkeypatch, isolated_imports):
+    """A copy of examples/mlp.py and its spec in a temporary folder, which is the working directory."""
+    import shutil
+
+    for name in ("mlp.py", "mlp.stagetool.yaml"):
+        shutil.copy(EXAMPLES / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
 def run_cli(capsys, monkeypatch, isolated_imports):
     """``run_cli(*args, check=None) -> Result``: ``stagetool.cli.main`` in this process.
 

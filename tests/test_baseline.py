@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import shutil
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -392,18 +390,6 @@ def test_junit_xml_one_testcase_per_function():
 
 
 # ------------------------------------------------------------------------------- against JAX
-
-
-@pytest.fixture
-def mlp_copy(tmp_path, monkeypatch):
-    for name in ("mlp.py", "mlp.stagetool.yaml"):
-        shutil.copy(EXAMPLES / name, tmp_path / name)
-    saved_path, saved_mods = list(sys.path), dict(sys.modules)
-    monkeypatch.chdir(tmp_path)
-    yield tmp_path
-    sys.path[:] = saved_path
-    for k in set(sys.modules) - set(saved_mods):
-        del sys.modules[k]
 
 
 def test_snapshot_figures_match_jax_and_arithmetic(mlp_copy):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -40,18 +39,11 @@ def run_subprocess(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def project(tmp_path, monkeypatch):
-    """A copy of examples/mlp.py and its spec in a temporary folder, which is the working directory."""
-    for name in ("mlp.py", "mlp.stagetool.yaml"):
-        shutil.copy(EXAMPLES / name, tmp_path / name)
-    saved_path, saved_mods = list(sys.path), dict(sys.modules)
-    monkeypatch.chdir(tmp_path)
+def project(mlp_copy, monkeypatch):
+    """The MLP example copied into the working directory, with a fixed width and no step summary."""
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    yield tmp_path
-    sys.path[:] = saved_path
-    for k in set(sys.modules) - set(saved_mods):
-        del sys.modules[k]
+    return mlp_copy
 
 
 def set_w1(project: Path, rule: str) -> None:
