@@ -1,0 +1,76 @@
+"""Golden files: the JSON and Markdown reports and the snapshot of the bundled examples.
+
+They pin what stagetool prints for the examples so that a change of the code's layout (or any
+refactoring) that changes a figure, a label or the order of rows is seen. Timings and versions are
+stripped (:func:`normalise`); everything else must match byte for byte.
+
+Regenerate after an intended change, and review the diff::
+
+    .venv/bin/python tests/golden/regenerate.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+GOLDEN = Path(__file__).resolve().parent
+REPO = GOLDEN.parents[1]
+
+#: (golden file name, CLI arguments); ``{out}`` is a temporary output file.
+CASES: dict[str, tuple[str, ...]] = {
+    f"{example}.{kind}": (*command, f"examples/{example}.py:train_step", *options)
+    for example in ("mlp", "transformer")
+    for kind, command, options in (
+        ("report.json", ("report",), ("--format", "json")),
+        ("report.md", ("report",), ("--format", "markdown")),
+        ("snapshot.json", ("snapshot",), ("-o", "{out}")),
+    )
+}
+
+_VERSION_KEYS = ("stagetool_version", "jax_version", "jaxlib_version")
+_TIMINGS_MD = re.compile(r"trace [^,;]+, lower [^,;]+, compile [^.;\n]+")
+
+
+def normalise(name: str, text: str) -> str:
+    """Strip what changes from run to run or release to release: timings and versions."""
+    if name.endswith(".md"):
+        return _TIMINGS_MD.sub("trace …, lower …, compile …", text)
+    doc = json.loads(text)
+    for key in _VERSION_KEYS:
+        doc.pop(key, None)
+    for fn in doc.get("functions", []) if isinstance(doc.get("functions"), list) else []:
+        if fn.get("timings") is not None:
+            fn["timings"] = {k: None for k in fn["timings"]}
+    return json.dumps(doc, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+
+
+def produce(name: str) -> str:
+    """Run the CLI for one golden case in a fresh process and return its normalised output."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update({"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
+                "STAGETOOL_NO_CACHE": "1"})
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        argv = [a.replace("{out}", str(out)) for a in CASES[name]]
+        proc = subprocess.run([sys.executable, "-m", "stagetool", *argv], capture_output=True, text=True,
+                              env=env, cwd=REPO, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"stagetool {' '.join(argv)} exited {proc.returncode}:\n{proc.stderr}")
+        text = out.read_text(encoding="utf-8") if "{out}" in CASES[name] else proc.stdout
+    return normalise(name, text)
+
+
+def main() -> None:
+    for name in CASES:
+        (GOLDEN / name).write_text(produce(name), encoding="utf-8")
+        print(f"wrote tests/golden/{name}")
+
+
+if __name__ == "__main__":
+    main()
