@@ -34,7 +34,7 @@ CASES: dict[str, tuple[str, ...]] = {
 }
 
 _VERSION_KEYS = ("stagetool_version", "jax_version", "jaxlib_version")
-_TIMINGS_MD = re.compile(r"trace [^,;]+, lower [^,;]+, compile [^.;\n]+")
+_TIMINGS_MD = re.compile(r"trace [0-9.]+ [a-zµ]+, lower [0-9.]+ [a-zµ]+, compile [0-9.]+ [a-zµ]+")
 
 
 def normalise(name: str, text: str) -> str:
