@@ -4,7 +4,7 @@ Builds a transformer train step whose layers are unrolled in Python (not scanned
 compiled, partitioned HLO text is tens of MB, on 8 simulated CPU devices with a 2x4
 (data, model) mesh: batch over ``data``, attention heads and MLP hidden over ``model``, weights
 also sharded over ``data`` (FSDP-style), so XLA:CPU emits thousands of all-gathers and
-all-reduces. Then it times :func:`stagetool.analysis.hlo.parse_hlo_module`,
+all-reduces. Then it times :func:`stagetool.hlo.parser.parse_hlo_module`,
 :func:`stagetool.analysis.collectives.find_collectives` and ``summarize`` on the module of
 ``--layers`` layers and on one of half as many, and prints MB/s, lines/s and the time ratio
 full/half (about the text-size ratio when the work is linear).

@@ -1,7 +1,7 @@
 """The ``stagetool`` command: a thin Typer layer over :mod:`stagetool.pipeline`.
 
 It parses options, calls the pipeline, picks a renderer and maps errors to exit codes
-(:class:`stagetool.errors.ExitCode`). Importing this module does not import JAX, so ``--help``
+(:class:`stagetool.core.errors.ExitCode`). Importing this module does not import JAX, so ``--help``
 and ``--version`` stay fast.
 """
 
@@ -17,7 +17,7 @@ from typing import Annotated, Any, Iterator, Optional
 import typer
 
 from stagetool._version import __version__
-from stagetool.errors import ExitCode, StagetoolError, UsageError
+from stagetool.core.errors import ExitCode, StagetoolError, UsageError
 from stagetool.report import Format
 
 app = typer.Typer(
@@ -203,7 +203,7 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
     color = _color(output) and fmt == Format.text
     text = render(doc, fmt, color=color, width=_width())
     if output is not None:
-        from stagetool.fileio import write_atomic
+        from stagetool.core.fileio import write_atomic
 
         try:
             write_atomic(output, text)
@@ -424,8 +424,8 @@ JunitOpt = Annotated[Optional[Path], typer.Option(
 
 def _gate_output(cmp: Any, format: Format, output: Optional[Path], junit_xml: Optional[Path]) -> None:
     """Write the change table (stdout or -o), JUnit XML, and the GitHub step summary when set."""
-    from stagetool.fileio import write_atomic
-    from stagetool.report import render_changes
+    from stagetool.core.fileio import write_atomic
+    from stagetool.gate import render as render_changes
 
     text = render_changes.render(cmp, format, color=_color(output) and format == Format.text, width=_width())
     if output is not None:
@@ -475,7 +475,7 @@ def snapshot(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, 
              = Path("stagetool.lock.json"),
              isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
     """Record shardings, memory, cost and collectives of every function: the baseline for 'check'."""
-    from stagetool.baseline import take_snapshot, write_snapshot
+    from stagetool.gate.compare import take_snapshot, write_snapshot
 
     with _errors(debug):
         opts = _joined(_options(target, spec, mesh, platform, topology, function, local_avals, processes))
@@ -510,7 +510,7 @@ def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pla
           format: FormatOpt = Format.text, output: OutputOpt = None, junit_xml: JunitOpt = None,
           isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
     """CI gate: recompute and compare with the baseline. Exit 0 clean, 1 regression, 2 bad input, 3 JAX failure."""
-    from stagetool.baseline import (compare, effective_tolerances, environment_notices, load_snapshot,
+    from stagetool.gate.compare import (compare, effective_tolerances, environment_notices, load_snapshot,
                                     parse_tolerance_options, take_snapshot, write_snapshot)
 
     with _errors(debug):
@@ -572,7 +572,7 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
          format: FormatOpt = Format.text, output: OutputOpt = None, junit_xml: JunitOpt = None,
          isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
     """Compare two snapshots (diff A.json B.json), or one spec on two meshes (diff --spec S --mesh-a 2x4 --mesh-b 4x2)."""
-    from stagetool.baseline import compare, effective_tolerances, load_snapshot, parse_tolerance_options, take_snapshot
+    from stagetool.gate.compare import compare, effective_tolerances, load_snapshot, parse_tolerance_options, take_snapshot
 
     with _errors(debug):
         cli_tols = parse_tolerance_options(tolerance or [])

@@ -11,8 +11,8 @@ import enum
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from stagetool.errors import UsageError
-from stagetool.spec import FunctionSpec, MeshSpec, Spec, find_spec, load_spec, parse_mesh_option
+from stagetool.core.errors import UsageError
+from stagetool.spec.parse import FunctionSpec, MeshSpec, Spec, find_spec, load_spec, parse_mesh_option
 
 
 class Section(str, enum.Enum):
@@ -46,7 +46,7 @@ class Options:
       local_avals: take spec shapes as host-local (``avals: local``).
       processes: simulate this many processes (hosts) for local avals.
       dialect: ``stablehlo`` or ``hlo`` for the lowered module's text.
-      chip: a chip of the roofline table (``stagetool.analysis.chips``) for a step-time estimate.
+      chip: a chip of the roofline table (``stagetool.core.chips``) for a step-time estimate.
       device_memory: per-device memory capacity such as ``16GiB``, overriding what the device reports.
       peak: find the buffers live at the memory peak (one more compile with an XLA dump).
       top: how many largest inputs / peak buffers to list.
@@ -238,7 +238,7 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
     compiled_text = staged.compiled.as_text() if needs_compile else None  # once: parsing is linear in it
     module = None
     if wanted & {Section.COST, Section.COLLECTIVES}:
-        from stagetool.analysis.hlo import parse_hlo_module
+        from stagetool.hlo.parser import parse_hlo_module
 
         module = parse_hlo_module(compiled_text)
     if Section.COMPILED_TEXT in wanted:
@@ -292,7 +292,7 @@ def _roofline_dtype(inputs: Any, chip: Any) -> str:
 
 
 def _chip_table(plan: Plan) -> dict:
-    from stagetool.analysis.chips import CHIPS, merge_chips
+    from stagetool.core.chips import CHIPS, merge_chips
 
     return merge_chips(plan.spec.chips) if plan.spec.chips else dict(CHIPS)
 
@@ -301,7 +301,7 @@ def _chip(plan: Plan, options: Options, setup: Any) -> Any:
     """The ``--chip`` entry of the chip table (built-in plus the spec's ``chips:``), or None."""
     if not options.chip:
         return None
-    from stagetool.analysis.chips import get_chip
+    from stagetool.core.chips import get_chip
 
     return get_chip(options.chip, _chip_table(plan))
 
@@ -312,7 +312,7 @@ def _capacity(plan: Plan, options: Options, setup: Any) -> tuple[int | None, str
     In order: ``--device-memory``; a topology's HBM per device; the device's ``memory_stats()['bytes_limit']``; the HBM capacity of
     ``--chip`` or of the chip the device kind names in the chip table; else unknown.
     """
-    from stagetool.analysis.chips import chip_for_device_kind
+    from stagetool.core.chips import chip_for_device_kind
     from stagetool.analysis.memory import device_capacity, parse_size
 
     if options.device_memory is not None:

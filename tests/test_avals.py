@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stagetool.analysis.shardings import input_leaves, output_leaves
-from stagetool.errors import SpecError, StagingError
+from stagetool.core.errors import SpecError, StagingError
 from stagetool.lowering.avals import (
     build_inputs,
     check_fits,
@@ -25,7 +25,7 @@ from stagetool.lowering.avals import (
 from stagetool.lowering.devices import local_mesh_sizes, provision
 from stagetool.lowering.stages import jit_function, stage
 from stagetool.lowering.target import load_target
-from stagetool.spec import MeshSpec, Sharding, parse_spec
+from stagetool.spec.parse import MeshSpec, Sharding, parse_spec
 
 pytestmark = pytest.mark.usefixtures("isolated_imports")
 
@@ -278,14 +278,14 @@ def test_local_avals_follow_the_process_blocks(tmp_path):
 
 
 def test_process_count_must_divide_the_devices():
-    from stagetool.errors import UsageError
+    from stagetool.core.errors import UsageError
 
     with pytest.raises(UsageError, match="--processes 3 must divide the mesh's 8 devices"):
         provision(MESH, processes=3)
 
 
 def test_too_few_devices_is_a_usage_error():
-    from stagetool.errors import UsageError
+    from stagetool.core.errors import UsageError
 
     with pytest.raises(UsageError) as info:
         provision(MeshSpec((("data", 4), ("model", 4))))

@@ -1,4 +1,4 @@
-"""stagetool.baseline: tolerances, snapshot documents, compare rules, loading, spec ``check:``, renderers."""
+"""stagetool.gate.compare: tolerances, snapshot documents, compare rules, loading, spec ``check:``, renderers."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from stagetool import baseline as bl
-from stagetool.errors import BaselineError, SpecError, UsageError
-from stagetool.report import Format, render_changes
+from stagetool.gate import compare as bl
+from stagetool.core.errors import BaselineError, SpecError, UsageError
+from stagetool.report import Format
+from stagetool.gate import render as render_changes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -307,7 +308,7 @@ functions:
 
 
 def test_spec_check_section(tmp_path):
-    from stagetool.spec import parse_spec
+    from stagetool.spec.parse import parse_spec
 
     spec = parse_spec(_SPEC + "check:\n  tolerances: {memory: 2%, collective_bytes: 64KiB}\n"
                       "  functions:\n    f: {tolerances: {flops: 5%}}\n", file="s.yaml", base_dir=tmp_path)
@@ -319,7 +320,7 @@ def test_spec_check_section(tmp_path):
 
 
 def test_spec_check_errors_have_locations(tmp_path):
-    from stagetool.spec import parse_spec
+    from stagetool.spec.parse import parse_spec
 
     text = _SPEC + "check:\n  tolerances: {memroy: 2%, flops: lots}\n  functions:\n    g: {tolerances: {}}\n"
     with pytest.raises(SpecError) as info:

@@ -7,10 +7,10 @@ import types
 import jax
 import pytest
 
-from stagetool.errors import UsageError
+from stagetool.core.errors import UsageError
 from stagetool.lowering import devices as devices_mod
 from stagetool.pipeline import Options, Plan, _capacity
-from stagetool.spec import MeshSpec, Spec
+from stagetool.spec.parse import MeshSpec, Spec
 
 
 def fake_gpu(i: int, limit: int = 80 * 2**30):

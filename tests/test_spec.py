@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stagetool.errors import SpecError, TargetError, UsageError
-from stagetool.spec import (
+from stagetool.core.errors import SpecError, TargetError, UsageError
+from stagetool.spec.parse import (
     AUTO,
     REPLICATED,
     UNSPECIFIED,
@@ -360,7 +360,7 @@ def test_bad_mesh_option(text, message, mesh):
 
 
 def test_a_single_spec_in_the_working_directory_is_found_without_a_target(tmp_path, monkeypatch):
-    from stagetool.spec import find_spec
+    from stagetool.spec.parse import find_spec
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a.stagetool.yaml").write_text("functions: {}\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import write
 
-from stagetool.errors import TargetError
+from stagetool.core.errors import TargetError
 from stagetool.lowering.target import load_target, split_target, user_frame
 
 pytestmark = pytest.mark.usefixtures("isolated_imports")

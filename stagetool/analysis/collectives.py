@@ -1,6 +1,6 @@
 """Collectives of a compiled (partitioned) HLO module, named in the user's mesh axes.
 
-Input: an :class:`~stagetool.analysis.hlo.HloModule` parsed from ``compiled.as_text()`` and a
+Input: an :class:`~stagetool.hlo.parser.HloModule` parsed from ``compiled.as_text()`` and a
 :class:`MeshAxes` (the user's mesh axis names and sizes, in order). Output: one frozen
 :class:`Collective` per collective instruction, a :class:`CollectiveSummary`, and the answer to
 "which collectives move data that comes from entry parameter N"
@@ -31,7 +31,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 
-from stagetool.analysis.hlo import (
+from stagetool.hlo.parser import (
     CALL_ATTRIBUTES,
     ArrayShape,
     HloComputation,

@@ -27,7 +27,7 @@ from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from typing import Any
 
 from stagetool.analysis.cost import Suspect
-from stagetool.errors import UsageError
+from stagetool.core.errors import UsageError
 
 _SOURCE = "jax.stages.Compiled.memory_analysis()"
 

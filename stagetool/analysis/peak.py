@@ -16,7 +16,7 @@ stack frame resolves through the ``FileNames`` / ``FunctionNames`` / ``FileLocat
 ``StackFrames`` tables at the top of that text to the user's file and line.
 
 NOTE: the small HLO-text reader here (:class:`ModuleIndex`) is deliberately local; switch it
-to ``stagetool/analysis/hlo.py`` once that parser is merged. Callers can already pass their
+to ``stagetool/hlo/parser.py`` once that parser is merged. Callers can already pass their
 own ``resolve`` callable to :func:`peak_buffers`.
 
 ``memory_analysis().serialized_buffer_assignment_proto`` is an ``xla.BufferAssignmentProto``
@@ -238,19 +238,19 @@ def parse_live_range_peak(text: str) -> PeakLiveRange | None:
 class ModuleIndex:
     """Instruction shapes and source locations of optimised HLO module text, by instruction name.
 
-    A thin view over :func:`stagetool.analysis.hlo.parse_hlo_module` (instruction names are unique
+    A thin view over :func:`stagetool.hlo.parser.parse_hlo_module` (instruction names are unique
     within an HLO module, so a flat mapping is enough).
     """
 
     def __init__(self, module_text: str):
-        from stagetool.analysis.hlo import parse_hlo_module
+        from stagetool.hlo.parser import parse_hlo_module
 
         self._module = parse_hlo_module(module_text)
         self._by_name = {i.name: i for c in self._module.computations for i in c.instructions}
 
     def shape(self, instruction_name: str, shape_index: tuple[int, ...] = ()) -> str | None:
         """HLO shape of an instruction's result (or of one tuple element), layouts dropped."""
-        from stagetool.analysis.hlo import ArrayShape, TupleShape
+        from stagetool.hlo.parser import ArrayShape, TupleShape
 
         ins = self._by_name.get(instruction_name)
         shape = ins.shape if ins is not None else None

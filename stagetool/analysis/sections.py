@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from stagetool.analysis.chips import Chip, RooflineEstimate, roofline
+from stagetool.core.chips import Chip, RooflineEstimate, roofline
 from stagetool.analysis.cost import CostRecord, has_dot_or_convolution, per_device_cost, whole_program_cost
 from stagetool.analysis.memory import (
     DonationStatus,
@@ -29,7 +29,7 @@ from stagetool.analysis.collectives import (
     summarize,
     while_loops,
 )
-from stagetool.analysis.hlo import HloModule
+from stagetool.hlo.parser import HloModule
 from stagetool.analysis.peak import PeakReport, peak_buffers
 from stagetool.report.model import LeafReport
 
@@ -155,7 +155,7 @@ def memory_section(lowered: Any, compiled: Any, inputs: tuple[LeafReport, ...], 
 
 
 def _shape(x: LeafReport) -> str:
-    from stagetool.report.units import shape_str
+    from stagetool.core.units import shape_str
 
     return shape_str(x.dtype, x.shape)
 
@@ -283,7 +283,7 @@ def match_leaves(patterns: tuple[str, ...], leaves: tuple[LeafReport, ...]) -> l
     Raises:
       UsageError: a pattern that names no leaf, with close matches.
     """
-    from stagetool.errors import UsageError
+    from stagetool.core.errors import UsageError
 
     chosen: list[LeafReport] = []
     for pattern in patterns:

@@ -11,7 +11,7 @@ from typing import Any
 
 from stagetool.lowering.avals import AbstractInputs, keypath_str
 from stagetool.report.model import LeafReport
-from stagetool.spec import Sharding, format_dims
+from stagetool.spec.parse import Sharding, format_dims
 
 
 def sharding_text(sharding: Any, rank: int) -> str:

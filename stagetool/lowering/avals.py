@@ -16,10 +16,10 @@ import functools
 import inspect
 from typing import Any, Callable
 
-from stagetool.errors import SpecError, StagingError
+from stagetool.core.errors import SpecError, StagingError
 from stagetool.lowering.devices import DeviceSetup, local_mesh_sizes
 from stagetool.lowering.target import load_target, user_frame
-from stagetool.spec import (
+from stagetool.spec.parse import (
     REPLICATED,
     CallSpec,
     FunctionSpec,
@@ -539,7 +539,7 @@ def build_call(call: CallSpec, fspec: FunctionSpec) -> Any:
     Raises:
       TargetError: the callable cannot be loaded or raises.
     """
-    from stagetool.errors import TargetError
+    from stagetool.core.errors import TargetError
 
     target = load_target(call.target, base_dir=fspec.base_dir)
     args = [build_value(a, fspec) for a in call.args]

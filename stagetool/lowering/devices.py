@@ -10,8 +10,8 @@ import dataclasses
 import os
 from typing import Any
 
-from stagetool.errors import UsageError
-from stagetool.spec import MeshSpec
+from stagetool.core.errors import UsageError
+from stagetool.spec.parse import MeshSpec
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 

@@ -34,7 +34,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stagetool.errors import UsageError
+from stagetool.core.errors import UsageError
 
 __all__ = [
     "detect_cluster",

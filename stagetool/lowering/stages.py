@@ -13,10 +13,10 @@ import time
 import warnings
 from typing import Any, Callable
 
-from stagetool.errors import SpecError, StagingError
+from stagetool.core.errors import SpecError, StagingError
 from stagetool.lowering.avals import AbstractInputs
 from stagetool.lowering.target import Target, user_frame
-from stagetool.spec import FunctionSpec, Sharding
+from stagetool.spec.parse import FunctionSpec, Sharding
 
 STAGES = ("trace", "lower", "compile")
 

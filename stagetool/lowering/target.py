@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from stagetool.errors import TargetError
+from stagetool.core.errors import TargetError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,7 +46,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from stagetool.errors import UsageError
+from stagetool.core.errors import UsageError
 
 __all__ = [
     "TPU_CHIPS",

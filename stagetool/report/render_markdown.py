@@ -6,7 +6,7 @@ from typing import Iterable
 
 from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
 from stagetool.report import views
-from stagetool.report.units import dims_str, format_bytes, format_seconds, shape_str
+from stagetool.core.units import dims_str, format_bytes, format_seconds, shape_str
 
 def escape(text: str) -> str:
     """Escape a table cell: pipes and backticks would break the row."""

@@ -19,7 +19,7 @@ from rich.theme import Theme
 
 from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
 from stagetool.report import views
-from stagetool.report.units import dims_str, format_bytes, format_seconds, shape_str
+from stagetool.core.units import dims_str, format_bytes, format_seconds, shape_str
 
 
 class ModuleHighlighter(RegexHighlighter):

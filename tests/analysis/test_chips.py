@@ -1,4 +1,4 @@
-"""Tests of stagetool.analysis.chips: the table, user entries and the roofline estimate."""
+"""Tests of stagetool.core.chips: the table, user entries and the roofline estimate."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from stagetool.analysis import chips, cost
-from stagetool.errors import SpecError, UsageError
+from stagetool.analysis import cost
+from stagetool.core import chips
+from stagetool.core.errors import SpecError, UsageError
 
 
 def test_table_has_the_promised_chips_with_sources():

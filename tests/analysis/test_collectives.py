@@ -20,7 +20,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stagetool.analysis import collectives as C
-from stagetool.analysis import hlo
+from stagetool.hlo import parser as hlo
 
 DATA = pathlib.Path(__file__).parent / "data"
 F32 = 4

@@ -13,8 +13,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stagetool.analysis import hlo
-from stagetool.analysis.hlo import ArrayShape, TupleShape
+from stagetool.hlo import parser as hlo
+from stagetool.hlo.parser import ArrayShape, TupleShape
 
 DATA = pathlib.Path(__file__).parent / "data"
 

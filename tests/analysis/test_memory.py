@@ -11,8 +11,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stagetool.analysis import memory
-from stagetool.errors import UsageError
-from stagetool.report.units import format_bytes
+from stagetool.core.errors import UsageError
+from stagetool.core.units import format_bytes
 
 F32 = 4
 

@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import AxisType, Mesh
 from jax.sharding import PartitionSpec as P
 
-from stagetool.errors import UsageError
+from stagetool.core.errors import UsageError
 from stagetool.lowering import distributed
 
 WORKER = Path(__file__).with_name("dist_worker.py")

@@ -19,7 +19,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stagetool.errors import UsageError
+from stagetool.core.errors import UsageError
 from stagetool.lowering import topology, tpu_layout
 from stagetool.lowering.tpu_layout import LeafBytes, hlo_shape_bytes, parse_hlo_shape
 

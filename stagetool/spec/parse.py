@@ -1,7 +1,7 @@
 """The YAML spec: a function's abstract inputs, its mesh, and how to stage it.
 
 The spec is parsed from YAML with PyYAML's safe composer, so that every node keeps its file, line
-and column. Validation collects *every* problem before raising one :class:`~stagetool.errors.SpecError`
+and column. Validation collects *every* problem before raising one :class:`~stagetool.core.errors.SpecError`
 whose lines read ``file:line:col: functions.train_step.args[1].tokens: what is wrong``.
 
 This module knows nothing of JAX: it turns text into plain frozen records (:class:`Spec`,
@@ -35,7 +35,7 @@ from typing import Any, Union
 
 import yaml
 
-from stagetool.errors import SpecError
+from stagetool.core.errors import SpecError
 
 SPEC_VERSION = 1
 
@@ -270,7 +270,7 @@ class Spec:
       avals: ``global`` (shapes are whole arrays) or ``local`` (shapes as one process sees them).
       functions: by name, in file order.
       chips: user entries for the roofline chip table (``chips: {name: {peak_flops_per_second_bf16: ...}}``),
-        as written; already validated with :func:`stagetool.analysis.chips.merge_chips` at load.
+        as written; already validated with :func:`stagetool.core.chips.merge_chips` at load.
       check: the ``check:`` section (tolerances of ``stagetool check``), or None.
     """
 
@@ -286,10 +286,10 @@ class Spec:
 
 @dataclasses.dataclass(frozen=True)
 class CheckSpec:
-    """The spec's ``check:`` section: tolerances of ``stagetool check`` (see :mod:`stagetool.baseline`).
+    """The spec's ``check:`` section: tolerances of ``stagetool check`` (see :mod:`stagetool.gate.compare`).
 
     Attributes:
-      tolerances: tolerance name → :class:`stagetool.baseline.Tolerance`, for every function.
+      tolerances: tolerance name → :class:`stagetool.gate.compare.Tolerance`, for every function.
       functions: function name → its own tolerances (override the ones above).
     """
 
@@ -822,9 +822,9 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
 
 
 def _check_chips(issues: _Issues, node: yaml.MappingNode) -> None:
-    """Validate ``chips:`` entries with :func:`stagetool.analysis.chips.merge_chips`, each problem
+    """Validate ``chips:`` entries with :func:`stagetool.core.chips.merge_chips`, each problem
     placed at the node it is about (the field's value, an unknown field's key, or the chip's name)."""
-    from stagetool.analysis.chips import merge_chips
+    from stagetool.core.chips import merge_chips
 
     for knode, vnode in node.value:
         name = _plain(knode)
@@ -847,15 +847,15 @@ def _check_chips(issues: _Issues, node: yaml.MappingNode) -> None:
 
 
 def _chip_fields() -> tuple[str, ...]:
-    from stagetool.analysis.chips import _FIELDS
+    from stagetool.core.chips import _FIELDS
 
     return _FIELDS
 
 
 def _tolerances(issues: _Issues, node: yaml.Node, path: str) -> dict:
     """``{name: '2%'}`` → ``{name: Tolerance}``; every bad entry is an issue."""
-    from stagetool.baseline import TOLERANCE_KEYS, parse_tolerance
-    from stagetool.errors import UsageError
+    from stagetool.gate.compare import TOLERANCE_KEYS, parse_tolerance
+    from stagetool.core.errors import UsageError
 
     out: dict = {}
     if not isinstance(node, yaml.MappingNode):
@@ -1008,7 +1008,7 @@ def find_spec(target: str | None) -> tuple[Path | None, list[Path]]:
         if len(found) == 1:
             return found[0], tried
         if len(found) > 1:
-            from stagetool.errors import UsageError
+            from stagetool.core.errors import UsageError
 
             raise UsageError(
                 "no single spec found; tried " + ", ".join(str(p) for p in tried)

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from stagetool.errors import BaselineError, UsageError
+from stagetool.core.errors import BaselineError, UsageError
 
 SNAPSHOT_SCHEMA = 1
 SNAPSHOT_KIND = "stagetool-snapshot"
@@ -311,12 +311,12 @@ def dumps(snapshot: Mapping) -> str:
 
 
 def write_snapshot(path: str | Path, snapshot: Mapping) -> None:
-    """Write a snapshot atomically (:func:`stagetool.fileio.write_atomic`).
+    """Write a snapshot atomically (:func:`stagetool.core.fileio.write_atomic`).
 
     Raises:
       UsageError: the file cannot be written.
     """
-    from stagetool.fileio import write_atomic
+    from stagetool.core.fileio import write_atomic
 
     try:
         write_atomic(path, dumps(snapshot))
@@ -475,7 +475,7 @@ def _fmt_leaf(leaf: Mapping | None) -> str:
 
 
 def _fmt_number(v: Any, unit: str) -> str:
-    from stagetool.report.units import format_bytes, format_count
+    from stagetool.core.units import format_bytes, format_count
 
     if v is None:
         return "n/a"
@@ -509,7 +509,7 @@ def _compare_leaves(name: str, side: str, before: list | None, after: list | Non
 
 
 def _shape(leaf: Mapping | None) -> str:
-    from stagetool.report.units import shape_str
+    from stagetool.core.units import shape_str
 
     return "—" if leaf is None else shape_str(str(leaf.get("dtype")), leaf.get("shape"))
 
@@ -726,7 +726,7 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None) -> Snap
     """Stage every function of ``options`` (a :class:`stagetool.pipeline.Options`) and snapshot it.
 
     Each function is staged on its own: one that fails to trace, lower or compile
-    (:class:`stagetool.errors.StagingError`) is recorded in ``failed`` and the others still run.
+    (:class:`stagetool.core.errors.StagingError`) is recorded in ``failed`` and the others still run.
     With ``isolate``, each function runs in its own ``python -m stagetool snapshot --function``
     process, so that one that aborts the process (an XLA ``LLVM ERROR``, ``os.abort()``) is
     recorded too.
@@ -734,7 +734,7 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None) -> Snap
     Raises:
       UsageError, SpecError, TargetError: bad options, spec or target.
     """
-    from stagetool.errors import StagingError
+    from stagetool.core.errors import StagingError
     from stagetool.pipeline import analyze, make_plan
 
     plan = make_plan(options)

@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from stagetool.errors import SpecError, UsageError
+from stagetool.core.errors import SpecError, UsageError
 
 _T = 10**12
 _G = 10**9
@@ -212,7 +212,7 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
             table[name] = Chip(name=name, **{f: values.get(f) for f in _NUMERIC_FIELDS},
                                sources=values.get("sources", ("user",)), note=values.get("note", ""))
     if issues:
-        raise SpecError(issues, hint="see stagetool.analysis.chips.merge_chips for the fields")
+        raise SpecError(issues, hint="see stagetool.core.chips.merge_chips for the fields")
     return dict(sorted(table.items()))
 
 

@@ -1,4 +1,4 @@
-"""Renderers of a :class:`stagetool.baseline.Comparison` (``check`` / ``diff``): text, JSON, Markdown,
+"""Renderers of a :class:`stagetool.gate.compare.Comparison` (``check`` / ``diff``): text, JSON, Markdown,
 and JUnit XML. Pure: no JAX, no printing; each returns text.
 """
 
@@ -8,9 +8,9 @@ import io
 import json
 from collections.abc import Callable
 
-from stagetool.baseline import Change, Comparison
+from stagetool.gate.compare import Change, Comparison
 from stagetool.report import Format
-from stagetool.report.units import format_percent
+from stagetool.core.units import format_percent
 
 _STATUS_WORD = {"ok": "ok", "regression": "REGRESSION", "failed": "FAILED", "new": "new (not in the baseline)",
                 "removed": "removed (in the baseline, no longer staged)"}
@@ -137,7 +137,7 @@ COMPARISON_SCHEMA_VERSION = 1
 
 def render_json(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
     """The comparison as JSON: ``schema_version`` and ``kind: "comparison"`` first (like the report's
-    JSON), then the :class:`stagetool.baseline.Comparison` fields (``title``, ``before``, ``after``,
+    JSON), then the :class:`stagetool.gate.compare.Comparison` fields (``title``, ``before``, ``after``,
     ``functions``: ``[{name, status, changes: [Change fields], error}]``, ``notices``), then
     ``regressions`` (the number of failing changes) and ``failed`` (the number of functions that
     failed to stage)."""
