@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from stagetool.core.errors import UsageError
-from stagetool.spec.parse import FunctionSpec, MeshSpec, Spec, find_spec, load_spec, parse_mesh_option
+from stagetool.core.mesh import MeshSpec, parse_mesh_option
+from stagetool.spec.discovery import find_spec
+from stagetool.spec.model import FunctionSpec, Spec
+from stagetool.spec.parse import load_spec
 
 
 class Section(str, enum.Enum):

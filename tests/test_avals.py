@@ -25,7 +25,9 @@ from stagetool.lowering.avals import (
 from stagetool.lowering.devices import local_mesh_sizes, provision
 from stagetool.lowering.stages import jit_function, stage
 from stagetool.lowering.target import load_target
-from stagetool.spec.parse import MeshSpec, Sharding, parse_spec
+from stagetool.core.mesh import MeshSpec
+from stagetool.core.sharding import Sharding
+from stagetool.spec.parse import parse_spec
 
 pytestmark = pytest.mark.usefixtures("isolated_imports")
 

@@ -133,7 +133,7 @@ def test_shardings_json_document(run_cli, project):
 
 
 def _p(spec, rank):
-    from stagetool.spec.parse import format_dims
+    from stagetool.core.sharding import format_dims
 
     dims = [d if d is None or isinstance(d, str) else tuple(d) for d in spec]
     return format_dims(tuple(dims + [None] * (rank - len(dims))))

@@ -19,7 +19,7 @@ from helpers import EXAMPLES, REPO, leaves_by_path
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stagetool.spec.parse import format_dims
+from stagetool.core.sharding import format_dims
 
 
 @pytest.fixture(autouse=True)

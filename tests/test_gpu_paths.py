@@ -10,7 +10,8 @@ import pytest
 from stagetool.core.errors import UsageError
 from stagetool.lowering import devices as devices_mod
 from stagetool.pipeline import Options, Plan, _capacity
-from stagetool.spec.parse import MeshSpec, Spec
+from stagetool.core.mesh import MeshSpec
+from stagetool.spec.model import Spec
 
 
 def fake_gpu(i: int, limit: int = 80 * 2**30):

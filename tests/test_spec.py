@@ -9,24 +9,11 @@ from pathlib import Path
 import pytest
 
 from stagetool.core.errors import SpecError, TargetError, UsageError
-from stagetool.spec.parse import (
-    AUTO,
-    REPLICATED,
-    UNSPECIFIED,
-    CallSpec,
-    InitSpec,
-    KeySpec,
-    LeafSpec,
-    MeshSpec,
-    Sharding,
-    find_spec,
-    load_spec,
-    parse_leaf,
-    parse_mesh_option,
-    parse_sharding,
-    parse_spec,
-    spec_candidates,
-)
+from stagetool.core.mesh import MeshSpec, parse_mesh_option
+from stagetool.core.sharding import AUTO, REPLICATED, Sharding, UNSPECIFIED
+from stagetool.spec.discovery import find_spec, spec_candidates
+from stagetool.spec.model import CallSpec, InitSpec, KeySpec, LeafSpec
+from stagetool.spec.parse import load_spec, parse_leaf, parse_sharding, parse_spec
 
 
 def parse(text: str, **kw):
@@ -360,7 +347,7 @@ def test_bad_mesh_option(text, message, mesh):
 
 
 def test_a_single_spec_in_the_working_directory_is_found_without_a_target(tmp_path, monkeypatch):
-    from stagetool.spec.parse import find_spec
+    from stagetool.spec.discovery import find_spec
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a.stagetool.yaml").write_text("functions: {}\n")

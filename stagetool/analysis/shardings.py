@@ -11,7 +11,7 @@ from typing import Any
 
 from stagetool.lowering.avals import AbstractInputs, keypath_str
 from stagetool.report.model import LeafReport
-from stagetool.spec.parse import Sharding, format_dims
+from stagetool.core.sharding import format_dims, Sharding
 
 
 def sharding_text(sharding: Any, rank: int) -> str:

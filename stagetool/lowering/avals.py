@@ -19,17 +19,10 @@ from typing import Any, Callable
 from stagetool.core.errors import SpecError, StagingError
 from stagetool.lowering.devices import DeviceSetup, local_mesh_sizes
 from stagetool.lowering.target import load_target, user_frame
-from stagetool.spec.parse import (
-    REPLICATED,
-    CallSpec,
-    FunctionSpec,
-    InitSpec,
-    KeySpec,
-    LeafSpec,
-    Loc,
-    MeshSpec,
-    Sharding,
-)
+from stagetool.core.location import Loc
+from stagetool.core.mesh import MeshSpec
+from stagetool.core.sharding import REPLICATED, Sharding
+from stagetool.spec.model import CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from stagetool.core.errors import UsageError
-from stagetool.spec.parse import MeshSpec
+from stagetool.core.mesh import MeshSpec
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 

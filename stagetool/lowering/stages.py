@@ -16,7 +16,8 @@ from typing import Any, Callable
 from stagetool.core.errors import SpecError, StagingError
 from stagetool.lowering.avals import AbstractInputs
 from stagetool.lowering.target import Target, user_frame
-from stagetool.spec.parse import FunctionSpec, Sharding
+from stagetool.core.sharding import Sharding
+from stagetool.spec.model import FunctionSpec
 
 STAGES = ("trace", "lower", "compile")
 

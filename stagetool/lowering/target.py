@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stagetool.core.errors import TargetError
+from stagetool.spec.discovery import split_target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,20 +36,6 @@ class Target:
     fn: Callable[..., Any]
     module_file: str | None
     qualname: str
-
-
-def split_target(text: str) -> tuple[str, str]:
-    """Split ``module:attr`` at the last colon (so Windows-style ``C:`` drive letters survive).
-
-    Raises:
-      TargetError: when there is no ``:attr`` part.
-    """
-    module, sep, attr = text.rpartition(":")
-    if not sep or not module or not attr:
-        raise TargetError(
-            f"target {text!r} must be 'path/to/file.py:func', 'package.module:func' or 'module:obj.attr'",
-            hint="name the function after a colon, e.g. examples/mlp.py:train_step")
-    return module, attr
 
 
 def load_target(text: str, *, base_dir: Path | None = None) -> Target:

@@ -1,0 +1,76 @@
+"""The mesh as stagetool names it: ordered ``(axis name, size)`` pairs and the axis type.
+
+One value from the spec, ``--mesh`` and the report; rendered in one way (:meth:`MeshSpec.__str__`).
+Knows nothing of JAX: ``stagetool.lowering.devices`` turns it into a ``jax.sharding.Mesh``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from stagetool.core.location import Loc
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    """A named mesh: ordered ``(axis name, size)`` pairs and the axis type (``auto`` | ``explicit``)."""
+
+    axes: tuple[tuple[str, int], ...]
+    axis_types: str = "auto"
+    loc: Loc | None = dataclasses.field(default=None, compare=False)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.axes)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(s for _, s in self.axes)
+
+    @property
+    def device_count(self) -> int:
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+    def __str__(self) -> str:
+        return "×".join(f"{n}={s}" for n, s in self.axes) if self.axes else "(no mesh)"
+
+
+
+def parse_mesh_option(text: str, spec_mesh: MeshSpec) -> MeshSpec:
+    """Apply ``--mesh``: ``2x4`` (sizes in the spec's axis order) or ``data=2,model=4``.
+
+    Raises:
+      ValueError: with a message naming what is wrong.
+    """
+    t = text.strip()
+    if "=" in t:
+        axes: list[tuple[str, int]] = []
+        for part in t.split(","):
+            name, _, size = part.partition("=")
+            name = name.strip()
+            if not name.isidentifier() or not size.strip().isdigit() or int(size) < 1:
+                raise ValueError(f"--mesh {text!r}: {part!r} is not 'axis=size' with a positive size")
+            if name in (n for n, _ in axes):
+                raise ValueError(f"--mesh {text!r} names axis {name!r} twice; give each axis once")
+            axes.append((name, int(size)))
+        if spec_mesh.axes and [n for n, _ in axes] != list(spec_mesh.names):
+            unknown = [n for n, _ in axes if n not in spec_mesh.names]
+            if unknown or len(axes) != len(spec_mesh.axes):
+                raise ValueError(f"--mesh {text!r} names axes {', '.join(n for n, _ in axes)}, but the spec's mesh has "
+                                 f"{', '.join(spec_mesh.names)}; give every axis of the spec once")
+            order = {n: i for i, n in enumerate(spec_mesh.names)}
+            axes.sort(key=lambda a: order[a[0]])
+        return MeshSpec(tuple(axes), spec_mesh.axis_types, spec_mesh.loc)
+    parts = [p.strip() for p in t.lower().split("x")]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--mesh {text!r} is not sizes like 2x4 or names like data=2,model=4")
+    sizes = [int(p) for p in parts]
+    if not spec_mesh.axes:
+        raise ValueError(f"--mesh {text!r} gives sizes, but there is no spec mesh to name the axes; "
+                         "write --mesh data=2,model=4")
+    if len(sizes) != len(spec_mesh.axes):
+        raise ValueError(f"--mesh {text!r} has {len(sizes)} sizes, but the spec's mesh has {len(spec_mesh.axes)} axes "
+                         f"({', '.join(spec_mesh.names)})")
+    return MeshSpec(tuple(zip(spec_mesh.names, sizes)), spec_mesh.axis_types, spec_mesh.loc)

@@ -1,0 +1,66 @@
+"""A sharding as structure: which mesh axes shard each dimension, or that the compiler chooses.
+
+One value for the spec's declared shardings, the compiled shardings read back from JAX, and the
+report; rendered as JAX prints a ``PartitionSpec`` (``P('data', None)``) only at the edges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Union
+
+@dataclasses.dataclass(frozen=True)
+class Sharding:
+    """A sharding as the spec writes it.
+
+    Attributes:
+      kind: ``"spec"`` (a PartitionSpec), ``"auto"`` (the partitioner chooses), or ``"unspecified"``
+        (no sharding given: replicated on the mesh for inputs; the compiler's choice for outputs).
+      dims: for ``"spec"``, one entry per array dimension: None (not sharded), a mesh axis name, or a
+        tuple of axis names (several mesh axes on one dimension, major first). ``()`` is replicated.
+    """
+
+    kind: str
+    dims: tuple[Union[None, str, tuple[str, ...]], ...] = ()
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """Every mesh axis this sharding names, in order."""
+        out: list[str] = []
+        for d in self.dims:
+            if isinstance(d, str):
+                out.append(d)
+            elif isinstance(d, tuple):
+                out.extend(d)
+        return tuple(out)
+
+    def padded(self, rank: int) -> "Sharding":
+        """The same sharding with ``None`` appended up to ``rank`` dimensions (``auto`` as is)."""
+        if self.kind != "spec" or len(self.dims) >= rank:
+            return self
+        return Sharding("spec", tuple(self.dims) + (None,) * (rank - len(self.dims)))
+
+    def __str__(self) -> str:
+        if self.kind != "spec":
+            return self.kind
+        return format_dims(self.dims)
+
+
+def format_dims(dims: tuple) -> str:
+    """Format PartitionSpec dims as JAX prints them: ``P('data', None)``, ``P(('data', 'fsdp'),)``."""
+    parts = []
+    for d in dims:
+        if d is None:
+            parts.append("None")
+        elif isinstance(d, str):
+            parts.append(repr(d))
+        else:
+            parts.append("(" + ", ".join(repr(a) for a in d) + ("," if len(d) == 1 else "") + ")")
+    return "P(" + ", ".join(parts) + ")"
+
+
+REPLICATED = Sharding("spec", ())
+AUTO = Sharding("auto")
+UNSPECIFIED = Sharding("unspecified")
+
+

@@ -1,0 +1,157 @@
+"""The spec's records: plain frozen values parsed from YAML (no JAX).
+
+See :mod:`stagetool.spec.parse` for the format; ``stagetool.lowering`` turns these records into
+``jax.ShapeDtypeStruct``s on a mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any, Union
+
+from stagetool.core.location import Loc
+from stagetool.core.mesh import MeshSpec
+from stagetool.core.sharding import Sharding
+
+@dataclasses.dataclass(frozen=True)
+class LeafSpec:
+    """One abstract array: ``dtype[d0,d1,...] @ sharding``.
+
+    Attributes:
+      shape: the shape as written (global, or host-local under ``avals: local``).
+      dtype: a numpy dtype name (``"bfloat16"``) or a typed PRNG key dtype (``"key<fry>"``).
+      sharding: how the array is laid over the mesh.
+      loc: where the leaf is written.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    sharding: Sharding
+    loc: Loc
+
+
+@dataclasses.dataclass(frozen=True)
+class KeySpec:
+    """``key(N)``: a concrete PRNG key ``jax.random.key(N)``, as an ``init`` function argument."""
+
+    seed: int
+    loc: Loc
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSpec:
+    """An object built by calling a named callable: ``{call: model.py:Config, args: [...], kwargs: {...}}``.
+
+    Used for static arguments (a config dataclass, a model definition) and inside ``init_args``.
+    """
+
+    target: str
+    args: tuple
+    kwargs: dict
+    loc: Loc
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A sharding rule: the first rule whose ``pattern`` is found (``re.search``) in a leaf's key path wins."""
+
+    pattern: re.Pattern
+    sharding: Sharding
+    loc: Loc
+
+
+@dataclasses.dataclass(frozen=True)
+class InitSpec:
+    """A pytree of parameters whose shapes come from ``jax.eval_shape(init, *init_args, **init_kwargs)``.
+
+    Leaves of ``init_args`` that are :class:`LeafSpec` or :class:`KeySpec` are passed to ``init``
+    as traced values; plain YAML values are bound as Python constants (so ``d_model: 64`` can set
+    a shape). Shardings come from ``rules``; with no rules every leaf is replicated.
+    """
+
+    target: str
+    args: tuple
+    kwargs: dict
+    rules: tuple[Rule, ...]
+    loc: Loc
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionSpec:
+    """One function to stage.
+
+    Attributes:
+      name: the key under ``functions:``.
+      target: ``file.py:func``, ``pkg.mod:func`` or ``mod:obj.attr`` (relative files resolve against
+        the spec's folder, see ``base_dir``).
+      args: positional arguments, each a pytree whose leaves are :class:`LeafSpec`, :class:`InitSpec`
+        (a whole subtree), or plain values.
+      kwargs: keyword arguments, likewise.
+      static: ``static_argnames`` values: plain YAML values or :class:`CallSpec`.
+      donate: positional indices or keyword names of donated arguments.
+      out_shardings: None (the compiler chooses), or a pytree of :class:`Sharding`.
+      loc: where the function's entry is written.
+      base_dir: the folder relative targets resolve against.
+      locs: where each part is written, by key: ``"target"``, ``"args"``, ``"args[1]"``,
+        ``"kwargs"``, ``"kwargs.<name>"``, ``"static"``, ``"static.<name>"``, ``"donate"``,
+        ``"out_shardings"`` (only the keys the entry has).
+    """
+
+    name: str
+    target: str
+    args: tuple
+    kwargs: dict
+    static: dict
+    donate: tuple[Union[int, str], ...]
+    out_shardings: Any
+    loc: Loc | None
+    base_dir: Path
+    locs: dict = dataclasses.field(default_factory=dict, compare=False)
+
+    def where(self, key: str) -> Loc | None:
+        """The location of ``key`` (see ``locs``), else of the function's entry."""
+        return self.locs.get(key) or self.loc
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A whole spec file.
+
+    Attributes:
+      path: the file, or None for a spec made from the command line only.
+      mesh: the mesh (may have no axes: a single device).
+      platform: ``cpu`` | ``gpu`` | ``tpu`` | None (JAX's default backend).
+      topology: a compile-only TPU topology name such as ``v5e:2x4``, or None.
+      avals: ``global`` (shapes are whole arrays) or ``local`` (shapes as one process sees them).
+      functions: by name, in file order.
+      chips: user entries for the roofline chip table (``chips: {name: {peak_flops_per_second_bf16: ...}}``),
+        as written; already validated with :func:`stagetool.core.chips.merge_chips` at load.
+      check: the ``check:`` section (tolerances of ``stagetool check``), or None.
+    """
+
+    path: Path | None
+    mesh: MeshSpec
+    platform: str | None
+    topology: str | None
+    avals: str
+    functions: dict[str, FunctionSpec]
+    chips: dict = dataclasses.field(default_factory=dict)
+    check: CheckSpec | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckSpec:
+    """The spec's ``check:`` section: tolerances of ``stagetool check`` (see :mod:`stagetool.gate.compare`).
+
+    Attributes:
+      tolerances: tolerance name → :class:`stagetool.gate.compare.Tolerance`, for every function.
+      functions: function name → its own tolerances (override the ones above).
+    """
+
+    tolerances: dict
+    functions: dict
+
+
