@@ -475,7 +475,8 @@ def snapshot(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, 
              = Path("stagetool.lock.json"),
              isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
     """Record shardings, memory, cost and collectives of every function: the baseline for 'check'."""
-    from stagetool.gate.compare import take_snapshot, write_snapshot
+    from stagetool.gate.snapshot import write_snapshot
+    from stagetool.pipeline import take_snapshot
 
     with _errors(debug):
         opts = _joined(_options(target, spec, mesh, platform, topology, function, local_avals, processes))
@@ -510,8 +511,10 @@ def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pla
           format: FormatOpt = Format.text, output: OutputOpt = None, junit_xml: JunitOpt = None,
           isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
     """CI gate: recompute and compare with the baseline. Exit 0 clean, 1 regression, 2 bad input, 3 JAX failure."""
-    from stagetool.gate.compare import (compare, effective_tolerances, environment_notices, load_snapshot,
-                                    parse_tolerance_options, take_snapshot, write_snapshot)
+    from stagetool.core.tolerances import effective_tolerances, parse_tolerance_options
+    from stagetool.gate.compare import compare, environment_notices
+    from stagetool.gate.snapshot import load_snapshot, write_snapshot
+    from stagetool.pipeline import take_snapshot
 
     with _errors(debug):
         cli_tols = parse_tolerance_options(tolerance or [])
@@ -572,7 +575,10 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
          format: FormatOpt = Format.text, output: OutputOpt = None, junit_xml: JunitOpt = None,
          isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
     """Compare two snapshots (diff A.json B.json), or one spec on two meshes (diff --spec S --mesh-a 2x4 --mesh-b 4x2)."""
-    from stagetool.gate.compare import compare, effective_tolerances, load_snapshot, parse_tolerance_options, take_snapshot
+    from stagetool.core.tolerances import effective_tolerances, parse_tolerance_options
+    from stagetool.gate.compare import compare
+    from stagetool.gate.snapshot import load_snapshot
+    from stagetool.pipeline import take_snapshot
 
     with _errors(debug):
         cli_tols = parse_tolerance_options(tolerance or [])

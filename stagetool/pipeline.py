@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from stagetool.core.errors import UsageError
+from stagetool.gate.run import SnapshotRun
 from stagetool.core.mesh import MeshSpec, parse_mesh_option
 from stagetool.spec.discovery import find_spec
 from stagetool.spec.model import FunctionSpec, Spec
@@ -316,7 +317,8 @@ def _capacity(plan: Plan, options: Options, setup: Any) -> tuple[int | None, str
     ``--chip`` or of the chip the device kind names in the chip table; else unknown.
     """
     from stagetool.core.chips import chip_for_device_kind
-    from stagetool.analysis.memory import device_capacity, parse_size
+    from stagetool.analysis.memory import device_capacity
+    from stagetool.core.units import parse_size
 
     if options.device_memory is not None:
         size = parse_size(options.device_memory)
@@ -394,3 +396,64 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
         mesh=mesh_spec.axes or None,
         mesh_device_ids=tuple(int(d.id) for d in setup.devices) if mesh_spec.axes else None,
         memory_bytes_per_device=memory)
+
+
+# ---- the CI gate's runs
+
+
+SNAPSHOT_SECTIONS = ("shardings", "cost", "memory", "collectives")
+
+
+def _snapshot_sections() -> list[Section]:
+    return [s for s in Section if s.value in SNAPSHOT_SECTIONS]
+
+
+def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None) -> SnapshotRun:
+    """Stage every function of ``options`` (a :class:`stagetool.pipeline.Options`) and snapshot it.
+
+    Each function is staged on its own: one that fails to trace, lower or compile
+    (:class:`stagetool.core.errors.StagingError`) is recorded in ``failed`` and the others still run.
+    With ``isolate``, each function runs in its own ``python -m stagetool snapshot --function``
+    process, so that one that aborts the process (an XLA ``LLVM ERROR``, ``os.abort()``) is
+    recorded too.
+
+    Raises:
+      UsageError, SpecError, TargetError: bad options, spec or target.
+    """
+    from stagetool.core.errors import StagingError
+    from stagetool.gate.run import SnapshotRun, snapshot_in_subprocess, spec_label
+    from stagetool.gate.snapshot import SNAPSHOT_KIND, SNAPSHOT_SCHEMA, merge_snapshots, snapshot_from_report
+
+    plan = make_plan(options)
+    names = tuple(f.name for f in plan.functions)
+    spec_path = plan.spec.path
+    parts: list[dict] = []
+    failed: dict[str, str] = {}
+    for name in names:
+        one = dataclasses.replace(options, function=name)
+        if isolate:
+            part, error = snapshot_in_subprocess(one, spec_path)
+            if error is not None:
+                failed[name] = error
+            else:
+                parts.append(part)
+            continue
+        try:
+            report = analyze(one, _snapshot_sections(), command="snapshot", on_stage=on_stage)
+        except StagingError as e:
+            failed[name] = e.message + (f" (at {e.user_frame})" if e.user_frame else "")  # "f: trace failed: ..."
+            continue
+        parts.append(snapshot_from_report(report, spec=spec_label(spec_path)))
+    if parts:
+        snap = merge_snapshots(parts)
+    else:
+        import jax
+        import jaxlib
+
+        from stagetool._version import __version__
+
+        snap = {"snapshot_schema": SNAPSHOT_SCHEMA, "kind": SNAPSHOT_KIND, "stagetool_version": __version__,
+                "jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
+                "spec": spec_label(spec_path), "functions": {}}
+    snap["spec"] = spec_label(spec_path)
+    return SnapshotRun(snap, failed, names, spec_path, getattr(plan.spec, "check", None))

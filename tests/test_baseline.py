@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from stagetool.gate import compare as bl
+from stagetool import pipeline
+from stagetool.core import tolerances
+from stagetool.gate import compare as gate_compare
+from stagetool.gate import snapshot
 from stagetool.core.errors import BaselineError, SpecError, UsageError
 from stagetool.report import Format
 from stagetool.gate import render as render_changes
@@ -22,44 +25,44 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def test_parse_tolerance_forms():
-    t = bl.parse_tolerance("2%")
+    t = tolerances.parse_tolerance("2%")
     assert (t.fraction, t.absolute, t.text) == (0.02, None, "2%")
-    t = bl.parse_tolerance("64KiB")
+    t = tolerances.parse_tolerance("64KiB")
     assert (t.fraction, t.absolute) == (None, 65536.0)
-    t = bl.parse_tolerance(1000)
+    t = tolerances.parse_tolerance(1000)
     assert (t.fraction, t.absolute) == (None, 1000.0)
-    assert bl.parse_tolerance("0.5 %").fraction == pytest.approx(0.005)
+    assert tolerances.parse_tolerance("0.5 %").fraction == pytest.approx(0.005)
     for bad in ("two", "-1%", True, -3, "5 parsecs"):
         with pytest.raises(UsageError):
-            bl.parse_tolerance(bad)
+            tolerances.parse_tolerance(bad)
 
 
 def test_tolerance_allows_is_the_larger_allowance():
-    t = bl.Tolerance(0.01, 50.0)
+    t = tolerances.Tolerance(0.01, 50.0)
     assert t.allows(1000, 1050)          # 5%, but within the absolute 50
     assert not t.allows(1000, 1051)
     assert t.allows(10_000, 10_100)      # exactly 1%
     assert not t.allows(10_000, 10_101)
     assert t.allows(100, 0)              # shrinking always passes
-    assert not bl.Tolerance(0.0).allows(0, 1)
+    assert not tolerances.Tolerance(0.0).allows(0, 1)
 
 
 def test_tolerance_options_unknown_name_suggests():
-    assert bl.parse_tolerance_options(["memory=2%", "memory=3%"])["memory"].fraction == pytest.approx(0.03)
+    assert tolerances.parse_tolerance_options(["memory=2%", "memory=3%"])["memory"].fraction == pytest.approx(0.03)
     with pytest.raises(UsageError, match="did you mean 'memory'"):
-        bl.parse_tolerance_options(["memroy=2%"])
+        tolerances.parse_tolerance_options(["memroy=2%"])
     with pytest.raises(UsageError, match="NAME=VALUE"):
-        bl.parse_tolerance_options(["memory"])
+        tolerances.parse_tolerance_options(["memory"])
 
 
 def test_effective_tolerances_precedence():
-    check = type("C", (), {"tolerances": {"memory": bl.parse_tolerance("2%")},
-                           "functions": {"f": {"memory": bl.parse_tolerance("3%")}}})()
-    assert bl.effective_tolerances("g", spec_check=check)["memory"].fraction == pytest.approx(0.02)
-    assert bl.effective_tolerances("f", spec_check=check)["memory"].fraction == pytest.approx(0.03)
-    cli = {"memory": bl.parse_tolerance("9%")}
-    assert bl.effective_tolerances("f", spec_check=check, cli=cli)["memory"].fraction == pytest.approx(0.09)
-    assert bl.effective_tolerances("f")["flops"] == bl.DEFAULT_TOLERANCES["flops"]
+    check = type("C", (), {"tolerances": {"memory": tolerances.parse_tolerance("2%")},
+                           "functions": {"f": {"memory": tolerances.parse_tolerance("3%")}}})()
+    assert tolerances.effective_tolerances("g", spec_check=check)["memory"].fraction == pytest.approx(0.02)
+    assert tolerances.effective_tolerances("f", spec_check=check)["memory"].fraction == pytest.approx(0.03)
+    cli = {"memory": tolerances.parse_tolerance("9%")}
+    assert tolerances.effective_tolerances("f", spec_check=check, cli=cli)["memory"].fraction == pytest.approx(0.09)
+    assert tolerances.effective_tolerances("f")["flops"] == tolerances.DEFAULT_TOLERANCES["flops"]
 
 
 # ------------------------------------------------------------------------------- snapshot documents
@@ -91,7 +94,7 @@ def _snap(entries, **over):
 
 
 def _compare(before_entry, after_entry, **kw):
-    return bl.compare(_snap({"f": before_entry}), _snap({"f": after_entry}), **kw)
+    return gate_compare.compare(_snap({"f": before_entry}), _snap({"f": after_entry}), **kw)
 
 
 def test_identical_snapshots_have_no_changes():
@@ -135,12 +138,12 @@ def test_metric_growth_against_tolerance_and_improvements():
     assert by["cost.flops"].status == "improvement"
     assert by["cost.flops"].change == pytest.approx(-0.1)
     # a looser tolerance turns the peak regression into a change; alias 400 -> 300 is -25%
-    loose = {"memory": bl.parse_tolerance("30%")}
-    cmp = _compare(_entry(), after, tolerances_for=lambda name: bl.effective_tolerances(name, cli=loose))
+    loose = {"memory": tolerances.parse_tolerance("30%")}
+    cmp = _compare(_entry(), after, tolerances_for=lambda name: tolerances.effective_tolerances(name, cli=loose))
     assert cmp.regressions == [] and cmp.exit_code() == 0
     # an absolute tolerance
-    absolute = {"memory": bl.parse_tolerance("200")}
-    cmp = _compare(_entry(), after, tolerances_for=lambda name: bl.effective_tolerances(name, cli=absolute))
+    absolute = {"memory": tolerances.parse_tolerance("200")}
+    cmp = _compare(_entry(), after, tolerances_for=lambda name: tolerances.effective_tolerances(name, cli=absolute))
     assert [c.what for c in cmp.regressions] == []
 
 
@@ -155,8 +158,8 @@ def test_collectives_new_gone_and_growth():
     assert changes["collective reduce-scatter over data"].status == "improvement"
     assert changes["collective all-reduce over model: count"].status == "regression"
     assert changes["collective all-reduce over model: bytes"].status == "regression"   # 0% default
-    tol = {"collective_bytes": bl.parse_tolerance("1%"), "collective_count": bl.parse_tolerance(1)}
-    cmp = _compare(before, after, tolerances_for=lambda n: bl.effective_tolerances(n, cli=tol))
+    tol = {"collective_bytes": tolerances.parse_tolerance("1%"), "collective_count": tolerances.parse_tolerance(1)}
+    cmp = _compare(before, after, tolerances_for=lambda n: tolerances.effective_tolerances(n, cli=tol))
     assert [c.what for c in cmp.regressions] == ["collective all-gather over data"]
 
 
@@ -171,7 +174,7 @@ def test_environment_mismatch_notice_and_widened_tolerance():
     grown = _entry(memory=dict(_entry()["memory"], temp_bytes=10_500),      # +5%: below the 10% floor
                    cost=dict(_entry()["cost"], flops=1_200_000))            # +20%: above it
     grown["inputs"] = [dict(grown["inputs"][0], sharding="P()")]
-    cmp = bl.compare(before, _snap({"f": grown}))
+    cmp = gate_compare.compare(before, _snap({"f": grown}))
     assert any("jax 0.9.0 in the baseline, 0.10.2 now" in n for n in cmp.notices)
     status = {c.what: c.status for c in cmp.functions[0].changes}
     assert status["memory.temp_bytes"] == "changed"
@@ -179,42 +182,42 @@ def test_environment_mismatch_notice_and_widened_tolerance():
     assert status["input params/w: sharding"] == "regression"
     kind = _entry()
     kind["mesh"] = dict(kind["mesh"], platform="tpu", device_kind="TPU v5 lite")
-    notices = bl.environment_notices(_snap({"f": _entry()}), _snap({"f": kind}))
+    notices = gate_compare.environment_notices(_snap({"f": _entry()}), _snap({"f": kind}))
     assert notices == ["device cpu:cpu in the baseline, tpu:TPU v5 lite now"]
 
 
 def test_new_removed_failed_functions():
     before = _snap({"f": _entry(), "gone": _entry()})
     after = _snap({"f": _entry(), "fresh": _entry()})
-    cmp = bl.compare(before, after, failed={"broken": "compile failed: boom"})
+    cmp = gate_compare.compare(before, after, failed={"broken": "compile failed: boom"})
     assert {f.name: f.status for f in cmp.functions} == {"f": "ok", "fresh": "new", "broken": "failed",
                                                          "gone": "removed"}
     assert cmp.exit_code() == 3
     # with `only`, baseline functions that were not asked for are not "removed"
-    cmp = bl.compare(before, _snap({"f": _entry()}), only=["f"])
+    cmp = gate_compare.compare(before, _snap({"f": _entry()}), only=["f"])
     assert [f.status for f in cmp.functions] == ["ok"] and cmp.exit_code() == 0
 
 
 def test_a_function_missing_from_the_run_is_a_regression_a_new_one_is_not():
     before = _snap({"f": _entry(), "gone": _entry()})
-    cmp = bl.compare(before, _snap({"f": _entry()}))
+    cmp = gate_compare.compare(before, _snap({"f": _entry()}))
     assert [(f.name, f.status) for f in cmp.functions] == [("f", "ok"), ("gone", "removed")]
     assert [(c.function, c.what, c.status) for c in cmp.regressions] == [("gone", "function", "regression")]
     assert cmp.exit_code() == 1 and cmp.exit_code(fail_on_regression=False) == 0
     # a rename: the old name fails, the new one is only shown
-    cmp = bl.compare(before, _snap({"f": _entry(), "renamed": _entry()}))
+    cmp = gate_compare.compare(before, _snap({"f": _entry(), "renamed": _entry()}))
     assert {f.name: f.status for f in cmp.functions} == {"f": "ok", "renamed": "new", "gone": "removed"}
     assert [c.function for c in cmp.regressions] == ["gone"]
     # only new functions: shown, never failing
-    cmp = bl.compare(_snap({"f": _entry()}), _snap({"f": _entry(), "fresh": _entry()}))
+    cmp = gate_compare.compare(_snap({"f": _entry()}), _snap({"f": _entry(), "fresh": _entry()}))
     assert cmp.exit_code() == 0 and [f.status for f in cmp.functions] == ["ok", "new"]
     # `order` sorts the results (spec order) without restricting them
-    cmp = bl.compare(before, _snap({"f": _entry(), "h": _entry()}), order=["h", "f"])
+    cmp = gate_compare.compare(before, _snap({"f": _entry(), "h": _entry()}), order=["h", "f"])
     assert [f.name for f in cmp.functions] == ["h", "f", "gone"]
 
 
 def test_a_missing_function_is_named_in_every_output():
-    cmp = bl.compare(_snap({"f": _entry(), "gone": _entry()}), _snap({"f": _entry()}))
+    cmp = gate_compare.compare(_snap({"f": _entry(), "gone": _entry()}), _snap({"f": _entry()}))
     text = render_changes.render_text(cmp, width=200)
     row = next(line for line in text.splitlines() if line.strip().startswith("gone"))
     assert "function" in row and "present" in row and "regression" in row and "no longer staged" in row
@@ -245,27 +248,27 @@ def test_collective_rows_accepts_summary_rows_and_single_collectives():
     summary = Summary((Row("all-reduce", ("data", "model"), 2, 100), Row("all-gather", None, 1, 8)))
     expected = [{"kind": "all-gather", "axes": "?", "count": 1, "bytes_per_device": 8},
                 {"kind": "all-reduce", "axes": "data,model", "count": 2, "bytes_per_device": 100}]
-    assert bl.collective_rows(summary) == expected
+    assert snapshot.collective_rows(summary) == expected
     Wrapper = dataclasses.make_dataclass("Wrapper", ["summary"])
-    assert bl.collective_rows(Wrapper(summary)) == expected
+    assert snapshot.collective_rows(Wrapper(summary)) == expected
     One = dataclasses.make_dataclass("One", ["kind", "mesh_axes", "bytes_per_device"])
     singles = [One("all-reduce", ("data", "model"), 60), One("all-reduce", ("data", "model"), 40),
                One("all-gather", None, 8)]
-    assert bl.collective_rows(singles) == expected
-    assert bl.collective_rows([{"kind": "all-gather", "axes": "?", "count": 1, "bytes": 8}]) == expected[:1]
-    assert bl.collective_rows(None) is None
-    assert bl.collective_rows(()) == []
+    assert snapshot.collective_rows(singles) == expected
+    assert snapshot.collective_rows([{"kind": "all-gather", "axes": "?", "count": 1, "bytes": 8}]) == expected[:1]
+    assert snapshot.collective_rows(None) is None
+    assert snapshot.collective_rows(()) == []
 
 
 def test_dumps_is_deterministic_and_numbers_are_stable():
-    assert bl._num(2.0) == 2 and isinstance(bl._num(2.0), int)
-    assert bl._num(0.1 + 0.2) == 0.3
-    assert bl._num(float("nan")) is None and bl._num(None) is None
+    assert snapshot._num(2.0) == 2 and isinstance(snapshot._num(2.0), int)
+    assert snapshot._num(0.1 + 0.2) == 0.3
+    assert snapshot._num(float("nan")) is None and snapshot._num(None) is None
     a = _snap({"z": _entry(), "a": _entry()})
     b = json.loads(json.dumps(a))
     b["functions"] = dict(reversed(list(b["functions"].items())))
-    assert bl.dumps(a) == bl.dumps(b)
-    assert bl.dumps(a).index('"a"') < bl.dumps(a).index('"z"')
+    assert snapshot.dumps(a) == snapshot.dumps(b)
+    assert snapshot.dumps(a).index('"a"') < snapshot.dumps(a).index('"z"')
 
 
 # ------------------------------------------------------------------------------- loading
@@ -284,14 +287,14 @@ def test_load_snapshot_errors(tmp_path, content, match):
     if content is not None:
         p.write_text(content)
     with pytest.raises(BaselineError, match=match) as info:
-        bl.load_snapshot(p)
+        snapshot.load_snapshot(p)
     assert info.value.exit_code == 2
 
 
 def test_write_then_load_round_trip(tmp_path):
     doc = _snap({"f": _entry()})
-    bl.write_snapshot(tmp_path / "lock.json", doc)
-    assert bl.load_snapshot(tmp_path / "lock.json") == doc
+    snapshot.write_snapshot(tmp_path / "lock.json", doc)
+    assert snapshot.load_snapshot(tmp_path / "lock.json") == doc
     assert [p.name for p in tmp_path.iterdir()] == ["lock.json"]     # no temporary left behind
 
 
@@ -315,7 +318,7 @@ def test_spec_check_section(tmp_path):
     assert spec.check.tolerances["memory"].fraction == pytest.approx(0.02)
     assert spec.check.tolerances["collective_bytes"].absolute == 65536
     assert spec.check.functions["f"]["flops"].fraction == pytest.approx(0.05)
-    assert bl.effective_tolerances("f", spec_check=spec.check)["flops"].text == "5%"
+    assert tolerances.effective_tolerances("f", spec_check=spec.check)["flops"].text == "5%"
     assert parse_spec(_SPEC, file="s.yaml", base_dir=tmp_path).check is None
 
 
@@ -339,7 +342,7 @@ def _regressing_comparison():
     after = _entry()
     after["inputs"] = [dict(after["inputs"][0], sharding="P('model', None)")]
     after["cost"] = dict(after["cost"], flops=500_000)
-    return bl.compare(_snap({"f": _entry(), "g": _entry()}), _snap({"f": after, "g": _entry()}),
+    return gate_compare.compare(_snap({"f": _entry(), "g": _entry()}), _snap({"f": after, "g": _entry()}),
                       failed={"h": "trace failed: boom"})
 
 
@@ -364,10 +367,10 @@ def test_summary_counts_functions_and_changes_unambiguously():
     cmp = _compare(_entry(), grown)      # one function, three regressions
     assert [c.status for c in cmp.regressions] == ["regression"] * 3
     assert render_changes.summary_line(cmp) == "1 function: 1 with regressions (3 failing changes)"
-    two = bl.compare(_snap({"f": _entry(), "g": _entry()}), _snap({"f": grown, "g": grown}))
+    two = gate_compare.compare(_snap({"f": _entry(), "g": _entry()}), _snap({"f": grown, "g": grown}))
     assert render_changes.summary_line(two) == "2 functions: 2 with regressions (6 failing changes)"
     small = _entry(cost=dict(_entry()["cost"], flops=1_005_000, bytes_accessed=40_000))   # +0.5%: within 1%
-    cmp = bl.compare(_snap({"f": _entry(), "gone": _entry()}), _snap({"f": small, "fresh": _entry()}))
+    cmp = gate_compare.compare(_snap({"f": _entry(), "gone": _entry()}), _snap({"f": small, "fresh": _entry()}))
     assert render_changes.summary_line(cmp) == ("3 functions: 1 removed (in the baseline, no longer staged), 1 ok, "
                                                 "1 new (not in the baseline); 1 improvement, 1 change shown, not failing")
     assert render_changes.summary_line(_compare(_entry(), _entry())) == "1 function: 1 ok"
@@ -397,7 +400,7 @@ def test_snapshot_figures_match_jax_and_arithmetic(mlp_copy):
     from stagetool.pipeline import Options, staged_functions
 
     opts = Options(spec=mlp_copy / "mlp.stagetool.yaml")
-    run = bl.take_snapshot(opts)
+    run = pipeline.take_snapshot(opts)
     assert run.failed == {} and run.functions == ("train_step",)
     entry = run.snapshot["functions"]["train_step"]
     leaves = {x["path"]: x for x in entry["inputs"]}
@@ -418,7 +421,7 @@ def test_snapshot_figures_match_jax_and_arithmetic(mlp_copy):
     import jax
 
     assert run.snapshot["jax_version"] == jax.__version__
-    assert copy.deepcopy(run.snapshot) == bl.validate_snapshot(json.loads(bl.dumps(run.snapshot)))
+    assert copy.deepcopy(run.snapshot) == snapshot.validate_snapshot(json.loads(snapshot.dumps(run.snapshot)))
 
 
 def test_function_snapshot_takes_collectives_from_the_report(mlp_copy):
@@ -431,12 +434,12 @@ def test_function_snapshot_takes_collectives_from_the_report(mlp_copy):
     Summary = dataclasses.make_dataclass("Summary", ["by_kind_and_mesh_axes"])
     before_rows = (Row("all-reduce", ("data",), 1, 788484), Row("all-reduce", ("model",), 1, 65536))
     fr = dataclasses.replace(report.functions[0], collectives=Summary(before_rows))
-    before = bl.snapshot_from_report(dataclasses.replace(report, functions=(fr,)))
+    before = snapshot.snapshot_from_report(dataclasses.replace(report, functions=(fr,)))
     assert before["functions"]["train_step"]["collectives"] == [
         {"kind": "all-reduce", "axes": "data", "count": 1, "bytes_per_device": 788484},
         {"kind": "all-reduce", "axes": "model", "count": 1, "bytes_per_device": 65536}]
     assert before["functions"]["train_step"]["inputs"] is None     # not asked for: None, not []
     fr2 = dataclasses.replace(fr, collectives=Summary(before_rows + (Row("all-gather", ("model",), 1, 262144),)))
-    after = bl.snapshot_from_report(dataclasses.replace(report, functions=(fr2,)))
-    (c,) = bl.compare(before, after).regressions
+    after = snapshot.snapshot_from_report(dataclasses.replace(report, functions=(fr2,)))
+    (c,) = gate_compare.compare(before, after).regressions
     assert (c.what, c.after, c.note) == ("collective all-gather over model", "1× 256 KiB", "new collective")

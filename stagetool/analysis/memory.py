@@ -23,11 +23,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable, Sequence
-from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from typing import Any
 
 from stagetool.analysis.cost import Suspect
-from stagetool.core.errors import UsageError
 
 _SOURCE = "jax.stages.Compiled.memory_analysis()"
 
@@ -260,44 +258,6 @@ def donation_status(donated: Sequence[bool], aliases: Iterable[AliasEntry]) -> t
 
 # --------------------------------------------------------------------------- capacity and sizes
 
-
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
-}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
-
-
-def parse_size(text: str | int) -> int:
-    """Parse a human size into bytes.
-
-    ``KiB/MiB/GiB/TiB/PiB`` are binary (1 GiB = 2**30 bytes); ``KB/MB/GB/TB/PB`` are decimal
-    (1 GB = 10**9 bytes), as in IEC 80000-13. Units are case-insensitive (``16gib`` works);
-    ``B`` or no unit means bytes. Fractions are allowed and rounded down to whole bytes
-    (``1.5GB`` = 1_500_000_000). An int is returned unchanged.
-
-    Raises:
-      UsageError: not a non-negative number followed by a known unit.
-    """
-    if isinstance(text, bool):
-        raise UsageError(f"invalid size {text!r}", hint="write e.g. 16GiB, 512MB or 1.5GB")
-    if isinstance(text, int):
-        if text < 0:
-            raise UsageError(f"invalid size {text}: negative", hint="sizes are >= 0 bytes")
-        return text
-    m = _SIZE.match(str(text))
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _UNITS:
-        raise UsageError(
-            f"invalid size {text!r}: expected a number with an optional unit",
-            hint="units: B, KB, MB, GB, TB, PB (powers of 1000) or KiB, MiB, GiB, TiB, PiB "
-                 "(powers of 1024), e.g. 16GiB, 512MB, 1.5GB")
-    try:
-        value = Decimal(m.group(1)) * _UNITS[unit]
-    except InvalidOperation:  # pragma: no cover - regex guarantees a number
-        raise UsageError(f"invalid size {text!r}") from None
-    return int(value.to_integral_value(rounding=ROUND_FLOOR))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,15 +11,7 @@ from typing import Any
 
 from stagetool.core.chips import Chip, RooflineEstimate, roofline
 from stagetool.analysis.cost import CostRecord, has_dot_or_convolution, per_device_cost, whole_program_cost
-from stagetool.analysis.memory import (
-    DonationStatus,
-    FitVerdict,
-    MemoryRecord,
-    donation_status,
-    fit_verdict,
-    memory_of,
-    parse_input_output_alias,
-)
+from stagetool.analysis.memory import donation_status, DonationStatus, fit_verdict, FitVerdict, memory_of, MemoryRecord, parse_input_output_alias
 from stagetool.analysis.collectives import (
     Collective,
     CollectiveSummary,

@@ -137,7 +137,7 @@ def _number(value: Any, field: str, where: str, issues: list[str]) -> float | in
     if isinstance(value, str) and _NUMERIC_TEXT.match(value.strip()):
         value = float(value.strip().replace("_", ""))
     if field == "hbm_capacity_bytes" and isinstance(value, str):
-        from stagetool.analysis.memory import parse_size
+        from stagetool.core.units import parse_size
         try:
             return parse_size(value)
         except UsageError as e:

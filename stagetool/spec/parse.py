@@ -603,7 +603,7 @@ def _chip_fields() -> tuple[str, ...]:
 
 def _tolerances(issues: _Issues, node: yaml.Node, path: str) -> dict:
     """``{name: '2%'}`` → ``{name: Tolerance}``; every bad entry is an issue."""
-    from stagetool.gate.compare import TOLERANCE_KEYS, parse_tolerance
+    from stagetool.core.tolerances import parse_tolerance, TOLERANCE_KEYS
     from stagetool.core.errors import UsageError
 
     out: dict = {}

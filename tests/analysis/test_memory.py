@@ -11,6 +11,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stagetool.analysis import memory
+from stagetool.core import units
 from stagetool.core.errors import UsageError
 from stagetool.core.units import format_bytes
 
@@ -130,13 +131,13 @@ def test_parse_alias_header_forms():
     ("100", 100), ("7B", 7), ("2kib", 2048), ("0.1KiB", 102), (".5KB", 500), (4096, 4096), ("1TB", 10**12),
 ])
 def test_parse_size(text, expected):
-    assert memory.parse_size(text) == expected
+    assert units.parse_size(text) == expected
 
 
 @pytest.mark.parametrize("bad", ["", "GiB", "16 GiBs", "-1GB", "1e9", "16Gb/s", -5, True, "1,5GB"])
 def test_parse_size_errors(bad):
     with pytest.raises(UsageError):
-        memory.parse_size(bad)
+        units.parse_size(bad)
 
 
 @pytest.mark.parametrize("n,expected", [
@@ -149,7 +150,7 @@ def test_format_bytes(n, expected):
 
 def test_format_parse_round_trip():
     for n in (2**20, 3 * 2**30, 5 * 2**40):
-        assert memory.parse_size(format_bytes(n).replace(" ", "")) == n
+        assert units.parse_size(format_bytes(n).replace(" ", "")) == n
 
 
 # --------------------------------------------------------------------------- capacity and verdict
@@ -168,7 +169,7 @@ def test_device_capacity_from_memory_stats():
 
 
 def test_fit_verdict():
-    v = memory.fit_verdict(3 * 2**30, memory.parse_size("16GiB"))
+    v = memory.fit_verdict(3 * 2**30, units.parse_size("16GiB"))
     assert v.fits is True and v.share_used == pytest.approx(3 / 16) and v.headroom_bytes == 13 * 2**30
     over = memory.fit_verdict(17 * 2**30, 16 * 2**30)
     assert over.fits is False and over.headroom_bytes == -(2**30)

@@ -1,0 +1,83 @@
+"""Running the gate's functions: the record of a snapshot run, and one function in its own process.
+
+``stagetool.pipeline.take_snapshot`` stages the functions; here is what it returns and how
+``--isolate`` runs one function in a ``python -m stagetool snapshot --function NAME`` process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from stagetool.core.errors import BaselineError
+from stagetool.gate.snapshot import validate_snapshot
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotRun:
+    """A snapshot taken now, and the functions that failed.
+
+    Attributes:
+      snapshot: the document (functions that failed are left out).
+      failed: function name → error message (a compile error, or how its process died).
+      functions: every function of the plan, in spec order.
+      spec_path: the spec used.
+      spec_check: the spec's ``check:`` section (tolerances), or None.
+    """
+
+    snapshot: dict
+    failed: dict[str, str]
+    functions: tuple[str, ...]
+    spec_path: Path | None
+    spec_check: Any = None
+
+
+def spec_label(spec_path: Path | None) -> str | None:
+    return None if spec_path is None else Path(spec_path).name
+
+
+def snapshot_in_subprocess(options: Any, spec_path: Path | None) -> tuple[dict | None, str | None]:
+    """Run ``python -m stagetool snapshot --function NAME`` into a temporary file."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="stagetool-isolate-") as tmp:
+        out = Path(tmp) / "snapshot.json"
+        argv = [sys.executable, "-m", "stagetool", "snapshot", "--function", options.function, "-o", str(out)]
+        if spec_path is not None:
+            argv += ["--spec", str(Path(spec_path).resolve())]
+        elif options.target:
+            argv.insert(4, options.target)
+        for flag, value in (("--mesh", options.mesh), ("--platform", options.platform),
+                            ("--topology", options.topology), ("--processes", options.processes)):
+            if value is not None:
+                argv += [flag, str(value)]
+        if options.local_avals:
+            argv.append("--local-avals")
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        proc = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, cwd=os.getcwd())
+        tail = _tail(proc.stderr)
+        if proc.returncode < 0:
+            try:
+                sig = signal.Signals(-proc.returncode).name
+            except ValueError:
+                sig = f"signal {-proc.returncode}"
+            return None, f"the process died with {sig}" + (f": {tail}" if tail else "")
+        if proc.returncode != 0:
+            return None, tail or f"exit code {proc.returncode}"
+        try:
+            return validate_snapshot(json.loads(out.read_text(encoding="utf-8")), str(out)), None
+        except (OSError, ValueError, BaselineError) as e:
+            return None, f"no snapshot from the isolated process: {e}"
+
+
+def _tail(stderr: str, lines: int = 3) -> str:
+    kept = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith("wrote ")]
+    return " | ".join(kept[-lines:])

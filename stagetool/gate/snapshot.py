@@ -1,0 +1,241 @@
+"""Snapshots: the deterministic subset of a report that the CI gate compares (``stagetool.lock.json``).
+
+A *snapshot* holds, per function of a spec, the facts a change to the model or the spec should
+not move silently:
+
+* every input and output leaf: path, shape, dtype, the compiled sharding
+  (``Compiled.input_shardings`` / ``output_shardings``), bytes per device, whether it is unused;
+* memory per device, in bytes (``Compiled.memory_analysis()`` through
+  :func:`stagetool.analysis.memory.memory_of`): argument, output, alias, temp, peak;
+* cost per device (``Compiled.cost_analysis()`` through
+  :func:`stagetool.analysis.cost.per_device_cost`): FLOPs, transcendentals, bytes accessed;
+* collectives: count and bytes per device by kind × mesh axes (None when not computed);
+* the mesh, platform and device kind; jax and jaxlib versions at the top.
+
+The file is deterministic: no timings, keys sorted, integral floats written as integers and other
+floats rounded to 12 significant digits, so two runs on the same machine give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from stagetool.core.errors import BaselineError, UsageError
+
+SNAPSHOT_SCHEMA = 1
+SNAPSHOT_KIND = "stagetool-snapshot"
+
+#: Memory fields kept per function (bytes per device). ``alias_bytes``: more is better.
+MEMORY_FIELDS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes")
+#: Cost fields kept per function (per device): FLOPs, transcendental ops, bytes accessed.
+COST_FIELDS = ("flops", "transcendentals", "bytes_accessed")
+
+
+def _num(v: Any) -> int | float | None:
+    """A stable JSON number: integral values as int, others rounded to 12 significant digits."""
+    if v is None:
+        return None
+    f = float(v)
+    if not math.isfinite(f):
+        return None
+    if f.is_integer():
+        return int(f)
+    return float(f"{f:.12g}")
+
+
+def _leaf(leaf: Any) -> dict:
+    return {"path": leaf.path, "shape": list(leaf.shape), "dtype": leaf.dtype, "sharding": leaf.compiled,
+            "bytes_per_device": leaf.bytes_per_device, "unused": bool(leaf.unused)}
+
+
+def _unwrap(obj: Any, *names: str) -> Any:
+    """The record inside a section wrapper (``.per_device`` / ``.record``), or the object itself."""
+    for name in names:
+        inner = getattr(obj, name, None)
+        if inner is not None:
+            return inner
+    return obj
+
+
+def collective_rows(collectives: Any) -> list[dict] | None:
+    """Collectives as sorted ``{kind, axes, count, bytes_per_device[, bytes_per_step]}`` rows, or None.
+
+    From a :class:`stagetool.analysis.sections.CollectivesSection` (``.items``), each row also has
+    ``bytes_per_step``: bytes × runs, summed (a collective whose runs are unknown counts once), so
+    that a loop that runs longer (a deeper ``scan``) is a change even when its ops are the same.
+
+    Accepts what ``FunctionReport.collectives`` may hold: an object with ``.summary`` or
+    ``.by_kind_and_mesh_axes`` (``stagetool.analysis.collectives.CollectiveSummary``: rows with
+    ``kind``, ``mesh_axes``, ``count``, ``bytes_per_device``), an iterable of such rows, or an
+    iterable of single collectives (``kind``, ``mesh_axes``, ``bytes_per_device``), which are
+    counted here. Mappings with the same keys work too (``axes`` is accepted for ``mesh_axes``).
+    ``axes`` is ``"data,model"``; ``"?"`` for a collective matched to no mesh axes; ``"-"`` for an
+    empty axis tuple. Bytes are one execution each (a collective inside a loop counts once).
+    """
+    if collectives is None:
+        return None
+    items_of_section = getattr(collectives, "items", None)
+    if items_of_section is not None and not callable(items_of_section):
+        per_step: dict[tuple[str, str], list[int]] = {}
+        for item in items_of_section:
+            c = item.collective
+            axes = "?" if c.mesh_axes is None else ",".join(c.mesh_axes) or "-"
+            row = per_step.setdefault((c.kind, axes), [0, 0, 0])
+            b = c.bytes_per_device or 0
+            row[0] += 1
+            row[1] += b
+            row[2] += b * (c.executions if c.executions is not None else 1)
+        return [{"kind": k, "axes": a, "count": n, "bytes_per_device": b, "bytes_per_step": t}
+                for (k, a), (n, b, t) in sorted(per_step.items())]
+    src = getattr(collectives, "summary", None) or collectives
+    rows = getattr(src, "by_kind_and_mesh_axes", None)
+    items = list(rows if rows is not None else (getattr(src, "collectives", None) or src))
+
+    def get(x: Any, *names: str) -> Any:
+        for n in names:
+            if isinstance(x, Mapping) and n in x:
+                return x[n]
+            if hasattr(x, n):
+                return getattr(x, n)
+        return None
+
+    acc: dict[tuple[str, str], list[int]] = {}
+    for x in items:
+        kind = str(get(x, "kind"))
+        axes = get(x, "mesh_axes", "axes")
+        axes_text = axes if isinstance(axes, str) else ("?" if axes is None else ",".join(axes) or "-")
+        count = get(x, "count")
+        b = get(x, "bytes_per_device", "bytes") or 0
+        row = acc.setdefault((kind, axes_text), [0, 0])
+        row[0] += int(count) if count is not None else 1
+        row[1] += int(b)
+    return [{"kind": k, "axes": a, "count": c, "bytes_per_device": b} for (k, a), (c, b) in sorted(acc.items())]
+
+
+def function_snapshot(fr: Any) -> dict:
+    """The snapshot entry of one :class:`stagetool.report.model.FunctionReport` (a JSON-ready dict).
+
+    Sections the report lacks are None (``inputs`` and ``outputs`` need ``Section.SHARDINGS``,
+    ``memory`` ``Section.MEMORY``, ``cost`` ``Section.COST``, ``collectives``
+    ``Section.COLLECTIVES``).
+    """
+    m = fr.mesh
+    mem = _unwrap(fr.memory, "per_device", "record") if fr.memory is not None else None
+    cost = _unwrap(fr.cost, "per_device") if fr.cost is not None else None
+    return {
+        "target": fr.target,
+        "mesh": {"axes": [[n, int(s)] for n, s in m.axes], "axis_types": m.axis_types, "platform": m.platform,
+                 "device_kind": m.device_kind, "device_count": m.device_count, "process_count": m.process_count,
+                 "topology": m.topology},
+        "inputs": None if fr.inputs is None else [_leaf(x) for x in fr.inputs],
+        "outputs": None if fr.outputs is None else [_leaf(x) for x in fr.outputs],
+        "memory": None if mem is None else {f: _num(getattr(mem, f, None)) for f in MEMORY_FIELDS},
+        "cost": None if cost is None else {f: _num(getattr(cost, f, None)) for f in COST_FIELDS},
+        "collectives": collective_rows(fr.collectives),
+    }
+
+
+def snapshot_from_report(report: Any, *, spec: str | None = None) -> dict:
+    """A snapshot document from a :class:`stagetool.report.model.Report` (functions by name)."""
+    return {
+        "snapshot_schema": SNAPSHOT_SCHEMA,
+        "kind": SNAPSHOT_KIND,
+        "stagetool_version": report.stagetool_version,
+        "jax_version": report.jax_version,
+        "jaxlib_version": report.jaxlib_version,
+        "spec": spec,
+        "functions": {f.name: function_snapshot(f) for f in report.functions},
+    }
+
+
+def merge_snapshots(parts: Iterable[dict]) -> dict:
+    """One snapshot from several (e.g. one per isolated function); the first one's header wins."""
+    parts = list(parts)
+    if not parts:
+        raise ValueError("nothing to merge")
+    out = {k: v for k, v in parts[0].items() if k != "functions"}
+    out["functions"] = {}
+    for p in parts:
+        out["functions"].update(p["functions"])
+    return out
+
+
+def dumps(snapshot: Mapping) -> str:
+    """The snapshot as deterministic JSON text: sorted keys, 2-space indent, trailing newline."""
+    return json.dumps(snapshot, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def write_snapshot(path: str | Path, snapshot: Mapping) -> None:
+    """Write a snapshot atomically (:func:`stagetool.core.fileio.write_atomic`).
+
+    Raises:
+      UsageError: the file cannot be written.
+    """
+    from stagetool.core.fileio import write_atomic
+
+    try:
+        write_atomic(path, dumps(snapshot))
+    except OSError as e:
+        raise UsageError(f"{path}: cannot write the snapshot: {e.strerror or e}") from None
+
+
+def load_snapshot(path: str | Path) -> dict:
+    """Read and validate a snapshot file.
+
+    Raises:
+      BaselineError: the file is missing or unreadable, not JSON, not a stagetool snapshot, of
+        another ``snapshot_schema``, or lacks a required field (naming it).
+    """
+    p = Path(path)
+    hint = f"create it with: stagetool snapshot --spec SPEC -o {p}  (or stagetool check --update)"
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BaselineError(f"baseline {p} not found", hint=hint) from None
+    except OSError as e:
+        raise BaselineError(f"baseline {p}: cannot read: {e.strerror or e}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BaselineError(f"{p}:{e.lineno}:{e.colno}: the baseline is not valid JSON: {e.msg}", hint=hint) from None
+    return validate_snapshot(doc, str(p))
+
+
+def validate_snapshot(doc: Any, where: str = "<snapshot>") -> dict:
+    """Check the structure of a parsed snapshot; see :func:`load_snapshot`."""
+    if not isinstance(doc, dict) or doc.get("kind") != SNAPSHOT_KIND:
+        raise BaselineError(f"{where}: not a stagetool snapshot (expected \"kind\": \"{SNAPSHOT_KIND}\")",
+                            hint="write one with stagetool snapshot")
+    version = doc.get("snapshot_schema")
+    if version != SNAPSHOT_SCHEMA:
+        raise BaselineError(f"{where}: snapshot_schema {version!r} is not supported; this stagetool reads "
+                            f"snapshot_schema {SNAPSHOT_SCHEMA}",
+                            hint="regenerate the baseline with this stagetool: stagetool check --update")
+    problems = []
+    for key in ("jax_version", "jaxlib_version", "functions"):
+        if key not in doc:
+            problems.append(f"missing {key!r}")
+    functions = doc.get("functions")
+    if not isinstance(functions, dict):
+        problems.append("'functions' must be an object of function name to entry")
+    else:
+        for name, entry in functions.items():
+            if not isinstance(entry, dict):
+                problems.append(f"functions.{name}: must be an object")
+                continue
+            for key in ("mesh", "inputs", "outputs", "memory", "cost", "collectives"):
+                if key not in entry:
+                    problems.append(f"functions.{name}: missing {key!r}")
+            for key in ("inputs", "outputs"):
+                leaves = entry.get(key)
+                if leaves is not None and (not isinstance(leaves, list)
+                                           or not all(isinstance(x, dict) and "path" in x for x in leaves)):
+                    problems.append(f"functions.{name}.{key}: must be a list of leaves with a 'path'")
+    if problems:
+        raise BaselineError(f"{where}: malformed snapshot: " + "; ".join(problems),
+                            hint="regenerate it: stagetool check --update")
+    return doc
