@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from stagetool.core.errors import UsageError
-from stagetool.gate.run import SnapshotRun
 from stagetool.core.mesh import MeshSpec, parse_mesh_option
+from stagetool.gate.run import SnapshotRun
 from stagetool.spec.discovery import find_spec
 from stagetool.spec.model import FunctionSpec, Spec
 from stagetool.spec.parse import load_spec
@@ -226,7 +226,12 @@ def _stage(plan: Plan, fspec: FunctionSpec, setup: Any, until: str,
 
 def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], options: Options,
                      on_stage: Callable[[str, str], None] | None):
-    from stagetool.report.model import FunctionReport, MeshReport, ModuleText, StageTimes
+    from stagetool.report.model import (
+        FunctionReport,
+        MeshReport,
+        ModuleText,
+        StageTimes,
+    )
 
     setup = _provision(plan, options)
     needs_compile = bool(wanted - {Section.LOWERED_TEXT})
@@ -316,8 +321,8 @@ def _capacity(plan: Plan, options: Options, setup: Any) -> tuple[int | None, str
     In order: ``--device-memory``; a topology's HBM per device; the device's ``memory_stats()['bytes_limit']``; the HBM capacity of
     ``--chip`` or of the chip the device kind names in the chip table; else unknown.
     """
-    from stagetool.core.chips import chip_for_device_kind
     from stagetool.analysis.memory import device_capacity
+    from stagetool.core.chips import chip_for_device_kind
     from stagetool.core.units import parse_size
 
     if options.device_memory is not None:
@@ -422,7 +427,12 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None) -> Snap
     """
     from stagetool.core.errors import StagingError
     from stagetool.gate.run import SnapshotRun, snapshot_in_subprocess, spec_label
-    from stagetool.gate.snapshot import SNAPSHOT_KIND, SNAPSHOT_SCHEMA, merge_snapshots, snapshot_from_report
+    from stagetool.gate.snapshot import (
+        SNAPSHOT_KIND,
+        SNAPSHOT_SCHEMA,
+        merge_snapshots,
+        snapshot_from_report,
+    )
 
     plan = make_plan(options)
     names = tuple(f.name for f in plan.functions)

@@ -9,9 +9,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from stagetool.core.chips import Chip, RooflineEstimate, roofline
-from stagetool.analysis.cost import CostRecord, has_dot_or_convolution, per_device_cost, whole_program_cost
-from stagetool.analysis.memory import donation_status, DonationStatus, fit_verdict, FitVerdict, memory_of, MemoryRecord, parse_input_output_alias
 from stagetool.analysis.collectives import (
     Collective,
     CollectiveSummary,
@@ -21,9 +18,26 @@ from stagetool.analysis.collectives import (
     summarize,
     while_loops,
 )
-from stagetool.hlo.parser import HloModule
+from stagetool.analysis.cost import (
+    CostRecord,
+    has_dot_or_convolution,
+    per_device_cost,
+    whole_program_cost,
+)
+from stagetool.analysis.memory import (
+    DonationStatus,
+    FitVerdict,
+    MemoryRecord,
+    donation_status,
+    fit_verdict,
+    memory_of,
+    parse_input_output_alias,
+)
 from stagetool.analysis.peak import PeakReport, peak_buffers
-from stagetool.report.model import LeafReport
+from stagetool.analysis.roofline import RooflineEstimate, roofline
+from stagetool.analysis.shardings import LeafReport
+from stagetool.core.chips import Chip
+from stagetool.hlo.parser import HloModule
 
 
 @dataclasses.dataclass(frozen=True)

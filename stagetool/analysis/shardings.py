@@ -6,12 +6,57 @@ shapes from ``Sharding.shard_shape``; bytes from elements × ``dtype.itemsize``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
+from stagetool.core.sharding import Sharding, format_dims
 from stagetool.lowering.avals import AbstractInputs, keypath_str
-from stagetool.report.model import LeafReport
-from stagetool.core.sharding import format_dims, Sharding
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafReport:
+    """The sharding of one input or output leaf.
+
+    Attributes:
+      path: key path, ``params/layers/wq`` (inputs start with the argument name, outputs with ``out``).
+      shape: global shape.
+      dtype: numpy dtype name or PRNG key dtype.
+      declared: the sharding the spec asks for, as JAX prints a PartitionSpec (``P('data', None)``),
+        or ``auto`` (the partitioner chooses) or ``unspecified`` (outputs without out_shardings).
+      compiled: the sharding the compiled program uses (``compiled.input_shardings`` /
+        ``output_shardings``), in the same form; None for an input the compiler pruned as unused.
+      chosen_by_partitioner: the compiled sharding was the SPMD partitioner's choice (``auto`` or
+        unspecified in the spec).
+      shard_shape: the per-device shard's shape (``sharding.shard_shape(shape)``); None if unused.
+      bytes_global: bytes of the whole array: elements × dtype size.
+      bytes_per_device: bytes of one device's shard: shard elements × dtype size; None if unused.
+      unused: the compiler pruned this input (the function does not use it).
+      donated: donation was requested for this input.
+      local_shape: under ``avals: local``, the host-local shape the spec gave; else None.
+      source: ``file:line:col`` of the spec node that set the shape or sharding, or None.
+      parameter: the entry computation parameter number of this input in the compiled module;
+        None for outputs and unused inputs.
+      padded_bytes_per_device: bytes of one device's shard in its tiled device layout (TPU
+        ``T(8,128)`` tiles pad the minor dimensions), from ``compiled.input_formats`` /
+        ``output_formats``; None where the layout has no tiling (CPU) or is unknown.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    declared: str
+    compiled: str | None
+    chosen_by_partitioner: bool
+    shard_shape: tuple[int, ...] | None
+    bytes_global: int
+    bytes_per_device: int | None
+    unused: bool = False
+    donated: bool = False
+    local_shape: tuple[int, ...] | None = None
+    source: str | None = None
+    parameter: int | None = None
+    padded_bytes_per_device: int | None = None
 
 
 def sharding_text(sharding: Any, rank: int) -> str:

@@ -1,4 +1,4 @@
-"""Published peak figures of common accelerators, and a roofline estimate.
+"""Published peak figures of common accelerators (the roofline's chip table).
 
 Every figure is the vendor's public number for **one chip** (one TPU chip; one GPU), with
 its source URL in the table. Conventions:
@@ -94,7 +94,7 @@ _DEVICE_KIND_HINTS = (
 
 _NUMERIC_FIELDS = ("peak_flops_per_second_bf16", "peak_flops_per_second_f32",
                    "hbm_bandwidth_bytes_per_second", "hbm_capacity_bytes")
-_FIELDS = (*_NUMERIC_FIELDS, "sources", "note")
+CHIP_FIELDS = (*_NUMERIC_FIELDS, "sources", "note")
 
 
 def chip_for_device_kind(device_kind: str) -> str | None:
@@ -183,9 +183,9 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
         if not isinstance(entry, Mapping):
             issues.append(f"{where}: expected a mapping of figures, got {type(entry).__name__}")
             continue
-        unknown = sorted(set(map(str, entry)) - set(_FIELDS))
+        unknown = sorted(set(map(str, entry)) - set(CHIP_FIELDS))
         for u in unknown:
-            issues.append(f"{where}.{u}: unknown field; valid fields: {', '.join(_FIELDS)}")
+            issues.append(f"{where}.{u}: unknown field; valid fields: {', '.join(CHIP_FIELDS)}")
         values: dict[str, Any] = {}
         for f in _NUMERIC_FIELDS:
             if f in entry:
@@ -214,84 +214,3 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
     if issues:
         raise SpecError(issues, hint="see stagetool.core.chips.merge_chips for the fields")
     return dict(sorted(table.items()))
-
-
-@dataclasses.dataclass(frozen=True)
-class RooflineEstimate:
-    """A lower bound on one device's run time from the roofline model -- an ESTIMATE.
-
-    ``compute_seconds = flops_per_device / peak_flops_per_second``;
-    ``memory_seconds = bytes_accessed_per_device / hbm_bandwidth_bytes_per_second``;
-    ``lower_bound_seconds = max(compute_seconds, memory_seconds)``. It ignores communication,
-    overlap limits, launch overheads and the gap between peak and achieved throughput, so a
-    real step takes longer.
-
-    Attributes:
-      chip: chip name.
-      dtype: ``"bf16"`` or ``"f32"`` (which peak FLOP/s was used).
-      flops_per_device: FLOPs of one device's program (``Compiled.cost_analysis()``), or None.
-      bytes_accessed_per_device: bytes accessed by one device's program, or None.
-      peak_flops_per_second: the chip's peak for ``dtype``, or None.
-      hbm_bandwidth_bytes_per_second: the chip's HBM bandwidth, or None.
-      compute_seconds, memory_seconds, lower_bound_seconds: seconds, or None.
-      bound: ``"compute"`` or ``"memory"`` (which term dominates; compute on a tie), or None.
-      reason: why some figure is None (None when all are present).
-      label: always ``"estimate"``.
-    """
-
-    chip: str
-    dtype: str
-    flops_per_device: float | None
-    bytes_accessed_per_device: float | None
-    peak_flops_per_second: float | None
-    hbm_bandwidth_bytes_per_second: float | None
-    compute_seconds: float | None
-    memory_seconds: float | None
-    lower_bound_seconds: float | None
-    bound: str | None
-    reason: str | None = None
-    label: str = "estimate"
-
-
-def roofline(chip: Chip, *, flops_per_device: float | None, bytes_accessed_per_device: float | None,
-             dtype: str = "bf16") -> RooflineEstimate:
-    """Roofline lower bound of one device's run time on ``chip``.
-
-    Args:
-      chip: from :func:`get_chip` / :data:`CHIPS`.
-      flops_per_device: FLOPs of the per-device program (``Compiled.cost_analysis()['flops']``).
-      bytes_accessed_per_device: its ``'bytes accessed'``.
-      dtype: ``"bf16"`` or ``"f32"``: which peak FLOP/s applies.
-
-    Returns:
-      A :class:`RooflineEstimate`; terms whose inputs are missing (or negative) are None and
-      ``reason`` says which. ``lower_bound_seconds``/``bound`` need both terms.
-
-    Raises:
-      UsageError: ``dtype`` is not ``"bf16"`` or ``"f32"``.
-    """
-    if dtype not in ("bf16", "f32"):
-        raise UsageError(f"unknown roofline dtype {dtype!r}", hint="use bf16 or f32")
-    peak = chip.peak_flops_per_second_bf16 if dtype == "bf16" else chip.peak_flops_per_second_f32
-    bw = chip.hbm_bandwidth_bytes_per_second
-    reasons = []
-    compute = memory = None
-    if flops_per_device is None or flops_per_device < 0:
-        reasons.append("FLOPs not reported" if flops_per_device is None else "FLOPs negative")
-    elif not peak:
-        reasons.append(f"no published {dtype} peak FLOP/s for {chip.name}")
-    else:
-        compute = flops_per_device / peak
-    if bytes_accessed_per_device is None or bytes_accessed_per_device < 0:
-        reasons.append("bytes accessed not reported" if bytes_accessed_per_device is None
-                       else "bytes accessed negative")
-    elif not bw:
-        reasons.append(f"no HBM bandwidth for {chip.name}")
-    else:
-        memory = bytes_accessed_per_device / bw
-    lower = bound = None
-    if compute is not None and memory is not None:
-        lower = max(compute, memory)
-        bound = "compute" if compute >= memory else "memory"
-    return RooflineEstimate(chip.name, dtype, flops_per_device, bytes_accessed_per_device, peak, bw,
-                            compute, memory, lower, bound, "; ".join(reasons) or None)

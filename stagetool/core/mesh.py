@@ -7,6 +7,7 @@ Knows nothing of JAX: ``stagetool.lowering.devices`` turns it into a ``jax.shard
 from __future__ import annotations
 
 import dataclasses
+
 from stagetool.core.location import Loc
 
 

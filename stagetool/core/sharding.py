@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Union
 
+
 @dataclasses.dataclass(frozen=True)
 class Sharding:
     """A sharding as the spec writes it.

@@ -8,9 +8,9 @@ import io
 import json
 from collections.abc import Callable
 
+from stagetool.core.units import format_percent
 from stagetool.gate.compare import Change, Comparison
 from stagetool.report import Format
-from stagetool.core.units import format_percent
 
 _STATUS_WORD = {"ok": "ok", "regression": "REGRESSION", "failed": "FAILED", "new": "new (not in the baseline)",
                 "removed": "removed (in the baseline, no longer staged)"}

@@ -17,11 +17,11 @@ import inspect
 from typing import Any, Callable
 
 from stagetool.core.errors import SpecError, StagingError
-from stagetool.lowering.devices import DeviceSetup, local_mesh_sizes
-from stagetool.lowering.target import load_target, user_frame
 from stagetool.core.location import Loc
 from stagetool.core.mesh import MeshSpec
 from stagetool.core.sharding import REPLICATED, Sharding
+from stagetool.lowering.devices import DeviceSetup, local_mesh_sizes
+from stagetool.lowering.target import load_target, user_frame
 from stagetool.spec.model import CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec
 
 

@@ -14,9 +14,9 @@ import warnings
 from typing import Any, Callable
 
 from stagetool.core.errors import SpecError, StagingError
+from stagetool.core.sharding import Sharding
 from stagetool.lowering.avals import AbstractInputs
 from stagetool.lowering.target import Target, user_frame
-from stagetool.core.sharding import Sharding
 from stagetool.spec.model import FunctionSpec
 
 STAGES = ("trace", "lower", "compile")

@@ -1,6 +1,8 @@
 """The report: plain, frozen, JSON-serialisable records of what stagetool found.
 
-Nothing here imports JAX or Rich. The analysis fills these records; renderers (``text``, ``json``,
+Nothing here imports JAX or Rich. The records of each section come from ``stagetool.analysis``
+(:class:`LeafReport`, :class:`CostSection`, :class:`MemorySection`, :class:`CollectivesSection`);
+this module composes them into one document per command; renderers (``text``, ``json``,
 ``markdown``) present them. A section that was not computed is None, and renderers skip it.
 
 The JSON form (:func:`to_json`) is versioned by :data:`SCHEMA_VERSION` and documented in README.md.
@@ -13,6 +15,9 @@ import enum
 import json
 import math
 from typing import Any
+
+from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
+from stagetool.analysis.shardings import LeafReport
 
 SCHEMA_VERSION = 1
 
@@ -50,51 +55,6 @@ class StageTimes:
 
 
 @dataclasses.dataclass(frozen=True)
-class LeafReport:
-    """The sharding of one input or output leaf.
-
-    Attributes:
-      path: key path, ``params/layers/wq`` (inputs start with the argument name, outputs with ``out``).
-      shape: global shape.
-      dtype: numpy dtype name or PRNG key dtype.
-      declared: the sharding the spec asks for, as JAX prints a PartitionSpec (``P('data', None)``),
-        or ``auto`` (the partitioner chooses) or ``unspecified`` (outputs without out_shardings).
-      compiled: the sharding the compiled program uses (``compiled.input_shardings`` /
-        ``output_shardings``), in the same form; None for an input the compiler pruned as unused.
-      chosen_by_partitioner: the compiled sharding was the SPMD partitioner's choice (``auto`` or
-        unspecified in the spec).
-      shard_shape: the per-device shard's shape (``sharding.shard_shape(shape)``); None if unused.
-      bytes_global: bytes of the whole array: elements × dtype size.
-      bytes_per_device: bytes of one device's shard: shard elements × dtype size; None if unused.
-      unused: the compiler pruned this input (the function does not use it).
-      donated: donation was requested for this input.
-      local_shape: under ``avals: local``, the host-local shape the spec gave; else None.
-      source: ``file:line:col`` of the spec node that set the shape or sharding, or None.
-      parameter: the entry computation parameter number of this input in the compiled module;
-        None for outputs and unused inputs.
-      padded_bytes_per_device: bytes of one device's shard in its tiled device layout (TPU
-        ``T(8,128)`` tiles pad the minor dimensions), from ``compiled.input_formats`` /
-        ``output_formats``; None where the layout has no tiling (CPU) or is unknown.
-    """
-
-    path: str
-    shape: tuple[int, ...]
-    dtype: str
-    declared: str
-    compiled: str | None
-    chosen_by_partitioner: bool
-    shard_shape: tuple[int, ...] | None
-    bytes_global: int
-    bytes_per_device: int | None
-    unused: bool = False
-    donated: bool = False
-    local_shape: tuple[int, ...] | None = None
-    source: str | None = None
-    parameter: int | None = None
-    padded_bytes_per_device: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
 class ModuleText:
     """A module's text: ``stablehlo`` or ``hlo`` from the lowered stage, or the compiled ``hlo``."""
 
@@ -127,9 +87,9 @@ class FunctionReport:
     module: ModuleText | None = None
     inputs: tuple[LeafReport, ...] | None = None
     outputs: tuple[LeafReport, ...] | None = None
-    cost: Any = None
-    memory: Any = None
-    collectives: Any = None
+    cost: CostSection | None = None
+    memory: MemorySection | None = None
+    collectives: CollectivesSection | None = None
     notes: tuple[str, ...] = ()
 
 

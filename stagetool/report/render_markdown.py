@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
-from stagetool.report import views
 from stagetool.core.units import dims_str, format_bytes, format_seconds, shape_str
+from stagetool.report import views
+from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
+
 
 def escape(text: str) -> str:
     """Escape a table cell: pipes and backticks would break the row."""

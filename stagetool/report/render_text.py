@@ -17,9 +17,9 @@ from rich.table import Table
 from rich.text import Text
 from rich.theme import Theme
 
-from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
-from stagetool.report import views
 from stagetool.core.units import dims_str, format_bytes, format_seconds, shape_str
+from stagetool.report import views
+from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
 
 
 class ModuleHighlighter(RegexHighlighter):

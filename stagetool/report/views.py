@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagetool.core.units import dims_str, format_bytes, format_count, format_percent, format_seconds, short_path
+from stagetool.core.units import (
+    dims_str,
+    format_bytes,
+    format_count,
+    format_percent,
+    format_seconds,
+    short_path,
+)
 
 _COST_ROWS = (
     ("FLOPs", "flops", lambda v: format_count(v, "FLOP")),

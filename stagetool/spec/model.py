@@ -15,6 +15,7 @@ from stagetool.core.location import Loc
 from stagetool.core.mesh import MeshSpec
 from stagetool.core.sharding import Sharding
 
+
 @dataclasses.dataclass(frozen=True)
 class LeafSpec:
     """One abstract array: ``dtype[d0,d1,...] @ sharding``.

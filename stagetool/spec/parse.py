@@ -38,7 +38,17 @@ from stagetool.core.dtypes import DTYPES, KEY_DTYPES
 from stagetool.core.errors import SpecError
 from stagetool.core.mesh import MeshSpec
 from stagetool.core.sharding import AUTO, REPLICATED, UNSPECIFIED, Sharding
-from stagetool.spec.model import (CallSpec, CheckSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, Loc, Rule, Spec)
+from stagetool.spec.model import (
+    CallSpec,
+    CheckSpec,
+    FunctionSpec,
+    InitSpec,
+    KeySpec,
+    LeafSpec,
+    Loc,
+    Rule,
+    Spec,
+)
 
 SPEC_VERSION = 1
 
@@ -596,15 +606,15 @@ def _check_chips(issues: _Issues, node: yaml.MappingNode) -> None:
 
 
 def _chip_fields() -> tuple[str, ...]:
-    from stagetool.core.chips import _FIELDS
+    from stagetool.core.chips import CHIP_FIELDS
 
-    return _FIELDS
+    return CHIP_FIELDS
 
 
 def _tolerances(issues: _Issues, node: yaml.Node, path: str) -> dict:
     """``{name: '2%'}`` → ``{name: Tolerance}``; every bad entry is an issue."""
-    from stagetool.core.tolerances import parse_tolerance, TOLERANCE_KEYS
     from stagetool.core.errors import UsageError
+    from stagetool.core.tolerances import TOLERANCE_KEYS, parse_tolerance
 
     out: dict = {}
     if not isinstance(node, yaml.MappingNode):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from stagetool.analysis import cost
+from stagetool.analysis import roofline
 from stagetool.core import chips
 from stagetool.core.errors import SpecError, UsageError
 
@@ -77,7 +78,7 @@ def test_merge_reports_every_problem():
         })
     issues = e.value.issues
     assert issues == [
-        "chips.a.bogus: unknown field; valid fields: " + ", ".join(chips._FIELDS),
+        "chips.a.bogus: unknown field; valid fields: " + ", ".join(chips.CHIP_FIELDS),
         "chips.a.peak_flops_per_second_bf16: must be a positive finite number, got -1",
         "chips.a: a new chip needs at least one of " + ", ".join(chips._NUMERIC_FIELDS),
         "chips.b.hbm_capacity_bytes: invalid size 'lots': expected a number with an optional unit",
@@ -93,24 +94,24 @@ def test_merge_reports_every_problem():
 
 def test_roofline_arithmetic():
     chip = chips.Chip("toy", 100.0, 10.0, 20.0, 1, ("user",))
-    r = chips.roofline(chip, flops_per_device=1000.0, bytes_accessed_per_device=100.0)
+    r = roofline.roofline(chip, flops_per_device=1000.0, bytes_accessed_per_device=100.0)
     assert (r.compute_seconds, r.memory_seconds, r.lower_bound_seconds, r.bound) == (10.0, 5.0, 10.0, "compute")
     assert r.label == "estimate" and r.reason is None
-    m = chips.roofline(chip, flops_per_device=1000.0, bytes_accessed_per_device=100.0, dtype="f32")
+    m = roofline.roofline(chip, flops_per_device=1000.0, bytes_accessed_per_device=100.0, dtype="f32")
     assert (m.compute_seconds, m.memory_seconds, m.bound) == (100.0, 5.0, "compute")
-    mem = chips.roofline(chip, flops_per_device=10.0, bytes_accessed_per_device=400.0)
+    mem = roofline.roofline(chip, flops_per_device=10.0, bytes_accessed_per_device=400.0)
     assert (mem.lower_bound_seconds, mem.bound) == (20.0, "memory")
 
 
 def test_roofline_missing_inputs_give_none_with_reason():
-    r = chips.roofline(chips.CHIPS["tpu-v5e"], flops_per_device=1e12, bytes_accessed_per_device=None, dtype="f32")
+    r = roofline.roofline(chips.CHIPS["tpu-v5e"], flops_per_device=1e12, bytes_accessed_per_device=None, dtype="f32")
     assert r.compute_seconds is None and r.memory_seconds is None and r.lower_bound_seconds is None
     assert r.bound is None
     assert r.reason == "no published f32 peak FLOP/s for tpu-v5e; bytes accessed not reported"
-    neg = chips.roofline(chips.CHIPS["h100-sxm"], flops_per_device=-1.0, bytes_accessed_per_device=1e9)
+    neg = roofline.roofline(chips.CHIPS["h100-sxm"], flops_per_device=-1.0, bytes_accessed_per_device=1e9)
     assert neg.compute_seconds is None and neg.memory_seconds == pytest.approx(1e9 / 3.35e12)
     with pytest.raises(UsageError):
-        chips.roofline(chips.CHIPS["h200"], flops_per_device=1.0, bytes_accessed_per_device=1.0, dtype="fp8")
+        roofline.roofline(chips.CHIPS["h200"], flops_per_device=1.0, bytes_accessed_per_device=1.0, dtype="fp8")
 
 
 def test_roofline_from_a_real_per_device_cost():
@@ -123,7 +124,7 @@ def test_roofline_from_a_real_per_device_cost():
     b = jax.ShapeDtypeStruct((K, N), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))
     rec = cost.per_device_cost(jax.jit(lambda a, b: a @ b).trace(a, b).lower().compile())
     h200 = chips.CHIPS["h200"]
-    r = chips.roofline(h200, flops_per_device=rec.flops, bytes_accessed_per_device=rec.bytes_accessed)
+    r = roofline.roofline(h200, flops_per_device=rec.flops, bytes_accessed_per_device=rec.bytes_accessed)
     assert r.compute_seconds == pytest.approx(2 * M * N * K / 8 / 989.5e12)
     assert r.memory_seconds == pytest.approx(rec.bytes_accessed / 4.8e12)
     assert r.lower_bound_seconds == max(r.compute_seconds, r.memory_seconds)
