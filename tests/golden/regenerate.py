@@ -38,16 +38,35 @@ _TIMINGS_MD = re.compile(r"trace [0-9.]+ [a-zµ]+, lower [0-9.]+ [a-zµ]+, compi
 
 
 def normalise(name: str, text: str) -> str:
-    """Strip what changes from run to run or release to release: timings and versions."""
+    """Strip what changes from run to run, checkout to checkout or release to release: timings,
+    versions, the checkout's folder, and source frames in stagetool's own code or in libraries
+    (their line numbers move with any edit)."""
     if name.endswith(".md"):
         return _TIMINGS_MD.sub("trace …, lower …, compile …", text)
-    doc = json.loads(text)
+    doc = _drop_own_frames(json.loads(text))
     for key in _VERSION_KEYS:
         doc.pop(key, None)
     for fn in doc.get("functions", []) if isinstance(doc.get("functions"), list) else []:
         if fn.get("timings") is not None:
             fn["timings"] = {k: None for k in fn["timings"]}
     return json.dumps(doc, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+
+
+def _drop_own_frames(value):
+    """The document with ``source_chain`` frames outside the examples dropped and paths made
+    relative to the checkout."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if k == "source_chain" and isinstance(v, list):
+                v = [f for f in v if isinstance(f, dict) and str(f.get("file", "")).startswith(str(REPO / "examples"))]
+            out[k] = _drop_own_frames(v)
+        return out
+    if isinstance(value, list):
+        return [_drop_own_frames(v) for v in value]
+    if isinstance(value, str) and value.startswith(str(REPO) + "/"):
+        return value[len(str(REPO)) + 1:]
+    return value
 
 
 def produce(name: str) -> str:
