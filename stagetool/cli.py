@@ -63,6 +63,58 @@ DebugOpt = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")
 PagerOpt = Annotated[bool, typer.Option("--pager", help="Page long module text on a terminal.")]
 
 
+@dataclasses.dataclass(frozen=True)
+class Staging:
+    """The options every staging command shares (declared once, in :data:`_STAGING_PARAMETERS`)."""
+
+    target: Optional[str]
+    spec: Optional[Path]
+    mesh: Optional[str]
+    platform: Optional[str]
+    topology: Optional[str]
+    function: Optional[list[str]]
+    local_avals: bool
+    processes: Optional[int]
+
+    def options(self, **more: Any) -> Any:
+        """The :class:`stagetool.pipeline.Options` these stand for, with ``more`` fields set."""
+        from stagetool.pipeline import Options
+
+        return Options(target=self.target, spec=self.spec, mesh=self.mesh, platform=self.platform,
+                       topology=self.topology, function=tuple(self.function) if self.function else None,
+                       local_avals=self.local_avals, processes=self.processes, **more)
+
+
+#: (name, annotation, default) of the shared staging options, in the order ``--help`` lists them.
+_STAGING_PARAMETERS: tuple[tuple[str, Any, Any], ...] = (
+    ("target", Target, None), ("spec", SpecOpt, None), ("mesh", MeshOpt, None), ("platform", PlatformOpt, None),
+    ("topology", TopologyOpt, None), ("function", FunctionOpt, None), ("local_avals", LocalAvalsOpt, False),
+    ("processes", ProcessesOpt, None),
+)
+
+
+def staging_command(fn: Any) -> Any:
+    """Give a command the shared staging options: Typer sees them as the command's first parameters,
+    and the command receives them as one ``staging: Staging`` argument."""
+    import functools
+    import inspect
+
+    signature = inspect.signature(fn, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "staging"]
+    shared = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=annotation)
+              for name, annotation, default in _STAGING_PARAMETERS]
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        staging = Staging(**{name: kwargs.pop(name) for name, _, _ in _STAGING_PARAMETERS})
+        return fn(staging=staging, **kwargs)
+
+    parameters = shared + own
+    command.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in parameters}
+    return command
+
+
 def _version_callback(value: bool) -> None:
     if value:
         typer.echo(f"stagetool {__version__}")
@@ -232,14 +284,6 @@ def _status() -> Iterator[Any]:
         yield update
 
 
-def _options(target, spec, mesh, platform, topology, function, local_avals, processes, dialect="stablehlo"):
-    from stagetool.pipeline import Options
-
-    function = tuple(function) if function else None
-    return Options(target=target, spec=spec, mesh=mesh, platform=platform, topology=topology, function=function,
-                   local_avals=local_avals, processes=processes, dialect=dialect)
-
-
 def _joined(options: Any) -> Any:
     """Join a multi-process job if asked to; the options then say how many processes share the mesh."""
     job = _join_distributed()
@@ -258,10 +302,8 @@ def _analyze(command: str, options: Any, sections: list) -> Any:
 
 
 @app.command()
-def lower(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
-          topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
-          processes: ProcessesOpt = None,
-          dialect: Annotated[str, typer.Option("--dialect", help="stablehlo or hlo.")] = "stablehlo",
+@staging_command
+def lower(staging: Staging, dialect: Annotated[str, typer.Option("--dialect", help="stablehlo or hlo.")] = "stablehlo",
           format: FormatOpt = Format.text, output: OutputOpt = None, pager: PagerOpt = False,
           debug: DebugOpt = False) -> None:
     """Print the lowered module (StableHLO, with the shardings as written). Does not compile."""
@@ -270,33 +312,31 @@ def lower(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pla
     with _errors(debug):
         if dialect not in ("stablehlo", "hlo"):
             raise UsageError(f"--dialect {dialect!r} must be 'stablehlo' or 'hlo'")
-        opts = _options(target, spec, mesh, platform, topology, function, local_avals, processes, dialect)
+        opts = staging.options(dialect=dialect)
         emit(_analyze("lower", opts, [Section.LOWERED_TEXT]), format, output, pager=pager)
 
 
 @app.command("compile")
-def compile_(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
-             topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
-             processes: ProcessesOpt = None, format: FormatOpt = Format.text, output: OutputOpt = None,
+@staging_command
+def compile_(staging: Staging, format: FormatOpt = Format.text, output: OutputOpt = None,
              pager: PagerOpt = False, debug: DebugOpt = False) -> None:
     """Print the compiled module: optimized HLO after the SPMD partitioner, per device."""
     from stagetool.pipeline import Section
 
     with _errors(debug):
-        opts = _options(target, spec, mesh, platform, topology, function, local_avals, processes)
+        opts = staging.options()
         emit(_analyze("compile", opts, [Section.COMPILED_TEXT]), format, output, pager=pager)
 
 
 @app.command()
-def shardings(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
-              topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
-              processes: ProcessesOpt = None, format: FormatOpt = Format.text, output: OutputOpt = None,
+@staging_command
+def shardings(staging: Staging, format: FormatOpt = Format.text, output: OutputOpt = None,
               debug: DebugOpt = False) -> None:
     """For every input and output leaf: the sharding declared, the one compiled, and bytes per device."""
     from stagetool.pipeline import Section
 
     with _errors(debug):
-        opts = _options(target, spec, mesh, platform, topology, function, local_avals, processes)
+        opts = staging.options()
         emit(_analyze("shardings", opts, [Section.SHARDINGS]), format, output)
 
 
@@ -327,10 +367,8 @@ def _emit_with_verdict(command: str, options: Any, sections: list, fmt: Format, 
 
 
 @app.command()
-def collectives(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
-                topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
-                processes: ProcessesOpt = None,
-                explain: Annotated[Optional[list[str]], typer.Option(
+@staging_command
+def collectives(staging: Staging, explain: Annotated[Optional[list[str]], typer.Option(
                     "--explain", "-e", help="An input leaf (its path, or the last part: wq) whose collectives "
                                             "to trace: why is it gathered? Repeatable.", show_default=False)] = None,
                 format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
@@ -338,30 +376,25 @@ def collectives(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = Non
     from stagetool.pipeline import Section
 
     with _errors(debug):
-        opts = dataclasses.replace(
-            _options(target, spec, mesh, platform, topology, function, local_avals, processes),
-            explain=tuple(explain or ()))
+        opts = staging.options(explain=tuple(explain or ()))
         emit(_analyze("collectives", opts, [Section.COLLECTIVES]), format, output)
 
 
 @app.command()
-def cost(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
-         topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
-         processes: ProcessesOpt = None, chip: ChipOpt = None, format: FormatOpt = Format.text,
+@staging_command
+def cost(staging: Staging, chip: ChipOpt = None, format: FormatOpt = Format.text,
          output: OutputOpt = None, debug: DebugOpt = False) -> None:
     """FLOPs, transcendentals and bytes accessed: per device (compiled) and whole program (lowered)."""
     from stagetool.pipeline import Section
 
     with _errors(debug):
-        opts = dataclasses.replace(
-            _options(target, spec, mesh, platform, topology, function, local_avals, processes), chip=chip)
+        opts = staging.options(chip=chip)
         emit(_analyze("cost", opts, [Section.COST]), format, output)
 
 
 @app.command()
-def memory(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
-           topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
-           processes: ProcessesOpt = None, device_memory: DeviceMemoryOpt = None, chip: ChipOpt = None,
+@staging_command
+def memory(staging: Staging, device_memory: DeviceMemoryOpt = None, chip: ChipOpt = None,
            fail_if_over: FailIfOverOpt = False,
            peak: Annotated[bool, typer.Option("--peak/--no-peak",
                                               help="List the buffers live at the peak (one more compile).")] = True,
@@ -371,16 +404,13 @@ def memory(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pl
     from stagetool.pipeline import Section
 
     with _errors(debug):
-        opts = dataclasses.replace(
-            _options(target, spec, mesh, platform, topology, function, local_avals, processes),
-            device_memory=device_memory, chip=chip, peak=peak, top=top)
+        opts = staging.options(device_memory=device_memory, chip=chip, peak=peak, top=top)
         _emit_with_verdict("memory", opts, [Section.MEMORY], format, output, fail_if_over)
 
 
 @app.command()
-def report(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
-           topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
-           processes: ProcessesOpt = None, chip: ChipOpt = None, device_memory: DeviceMemoryOpt = None,
+@staging_command
+def report(staging: Staging, chip: ChipOpt = None, device_memory: DeviceMemoryOpt = None,
            fail_if_over: FailIfOverOpt = False,
            peak: Annotated[bool, typer.Option("--peak/--no-peak",
                                               help="List the buffers live at the peak (one more compile).")] = False,
@@ -390,9 +420,7 @@ def report(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pl
     from stagetool.pipeline import REPORT_SECTIONS
 
     with _errors(debug):
-        opts = dataclasses.replace(
-            _options(target, spec, mesh, platform, topology, function, local_avals, processes),
-            device_memory=device_memory, chip=chip, peak=peak, top=top)
+        opts = staging.options(device_memory=device_memory, chip=chip, peak=peak, top=top)
         _emit_with_verdict("report", opts, list(REPORT_SECTIONS), format, output, fail_if_over)
 
 
@@ -468,10 +496,8 @@ def _functions_dropped(path: Path, snapshot: dict) -> list[str]:
 
 
 @app.command()
-def snapshot(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
-             topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
-             processes: ProcessesOpt = None,
-             output: Annotated[Path, typer.Option("--output", "-o", help="The snapshot file (written atomically).")]
+@staging_command
+def snapshot(staging: Staging, output: Annotated[Path, typer.Option("--output", "-o", help="The snapshot file (written atomically).")]
              = Path("stagetool.lock.json"),
              isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
     """Record shardings, memory, cost and collectives of every function: the baseline for 'check'."""
@@ -479,7 +505,7 @@ def snapshot(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, 
     from stagetool.pipeline import take_snapshot
 
     with _errors(debug):
-        opts = _joined(_options(target, spec, mesh, platform, topology, function, local_avals, processes))
+        opts = _joined(staging.options())
         with _status() as on_stage, _user_stdout_to_stderr():
             run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
         if run.failed:
@@ -500,10 +526,8 @@ def snapshot(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, 
 
 
 @app.command()
-def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, platform: PlatformOpt = None,
-          topology: TopologyOpt = None, function: FunctionOpt = None, local_avals: LocalAvalsOpt = False,
-          processes: ProcessesOpt = None,
-          baseline: Annotated[Path, typer.Option("--baseline", "-b", help="The snapshot to compare with.")]
+@staging_command
+def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline", "-b", help="The snapshot to compare with.")]
           = Path("stagetool.lock.json"),
           tolerance: ToleranceOpt = None,
           update: Annotated[bool, typer.Option("--update", help="Rewrite the baseline with what is found now "
@@ -523,8 +547,8 @@ def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pla
             before = load_snapshot(baseline)
         # a run restricted on purpose compares (and --update rewrites) only what it staged; a full run
         # also catches baseline functions that are no longer in the spec (a regression)
-        restricted = target is not None or function is not None
-        opts = _joined(_options(target, spec, mesh, platform, topology, function, local_avals, processes))
+        restricted = staging.target is not None or staging.function is not None
+        opts = _joined(staging.options())
         with _status() as on_stage, _user_stdout_to_stderr():
             run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
         _report_failures(run.failed)
@@ -538,7 +562,7 @@ def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pla
             _gate_output(cmp, format, output, junit_xml)
             code = cmp.exit_code()
         else:
-            code = 3 if run.failed else 0
+            code = ExitCode.JAX if run.failed else ExitCode.OK
         if update:
             if run.failed:
                 _stderr().print(f"[red]not updating {_escape(str(baseline))}: a function failed[/]")
@@ -557,8 +581,8 @@ def check(target: Target = None, spec: SpecOpt = None, mesh: MeshOpt = None, pla
             others = "1 other kept as it was" if kept == 1 else f"{kept} others kept as they were"
             _stderr().print(f"[dim]updated {_escape(str(baseline))} ({n} function{'s' if n != 1 else ''}"
                             + (f"; {others}" if kept else "") + ")[/]")
-            code = 0
-        raise typer.Exit(code)
+            code = ExitCode.OK
+        raise typer.Exit(int(code))
 
 
 @app.command()
@@ -590,7 +614,9 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
                 raise UsageError("live diff needs both --mesh-a and --mesh-b", hint="e.g. --mesh-a 2x4 --mesh-b 4x2")
             runs = []
             for m in (mesh_a, mesh_b):
-                opts = _options(None, spec, m, platform, None, function, False, None)
+                from stagetool.pipeline import Options
+
+                opts = Options(spec=spec, mesh=m, platform=platform, function=tuple(function) if function else None)
                 with _status() as on_stage, _user_stdout_to_stderr():
                     runs.append(take_snapshot(opts, isolate=isolate, on_stage=on_stage))
             _report_failures({**runs[0].failed, **runs[1].failed})
@@ -605,7 +631,7 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
                       after_label=labels[1], same_mesh_expected=not live,
                       tolerances_for=lambda name: effective_tolerances(name, spec_check=spec_check, cli=cli_tols))
         _gate_output(cmp, format, output, junit_xml)
-        raise typer.Exit(cmp.exit_code(fail_on_regression=fail_on_regression))
+        raise typer.Exit(int(cmp.exit_code(fail_on_regression=fail_on_regression)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -171,9 +171,14 @@ def analyze(options: Options, sections: Iterable[Section] = (Section.SHARDINGS,)
       UsageError, SpecError, TargetError: bad options, spec or target (exit code 2).
       StagingError: JAX failed to trace, lower or compile (exit code 3).
     """
+    return _analyze_plan(make_plan(options), options, sections, command=command, on_stage=on_stage)
+
+
+def _analyze_plan(plan: Plan, options: Options, sections: Iterable[Section], *, command: str,
+                  on_stage: Callable[[str, str], None] | None):
+    """:func:`analyze` for a plan already made (the spec is read once per run)."""
     from stagetool.report.model import Report
 
-    plan = make_plan(options)
     wanted = set(sections)
     reports = tuple(_function_report(plan, f, wanted, options, on_stage) for f in plan.functions)
     return Report(command, _version(), *_jax_versions(), reports)
@@ -436,6 +441,7 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None) -> Snap
 
     plan = make_plan(options)
     names = tuple(f.name for f in plan.functions)
+    by_name = {f.name: f for f in plan.functions}
     spec_path = plan.spec.path
     parts: list[dict] = []
     failed: dict[str, str] = {}
@@ -449,7 +455,8 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None) -> Snap
                 parts.append(part)
             continue
         try:
-            report = analyze(one, _snapshot_sections(), command="snapshot", on_stage=on_stage)
+            report = _analyze_plan(dataclasses.replace(plan, functions=(by_name[name],)), one, _snapshot_sections(),
+                                   command="snapshot", on_stage=on_stage)
         except StagingError as e:
             failed[name] = e.message + (f" (at {e.user_frame})" if e.user_frame else "")  # "f: trace failed: ..."
             continue

@@ -313,11 +313,6 @@ class Collective:
             return None
         return self.bytes_per_device * self.executions
 
-    def to_dict(self) -> dict:
-        """Plain dict (str/int/bool/None, tuples, nested dicts for frames) for JSON."""
-        d = dataclasses.asdict(self)
-        d["executed_bytes_per_device"] = self.executed_bytes_per_device
-        return d
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,9 +342,6 @@ class CollectiveTotals:
     executed_bytes_per_device: int
     unknown_executions_count: int
 
-    def to_dict(self) -> dict:
-        """Plain dict for JSON."""
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -362,9 +354,6 @@ class CollectiveSummary:
     by_mesh_axes: tuple[CollectiveTotals, ...]
     by_kind_and_mesh_axes: tuple[CollectiveTotals, ...]
 
-    def to_dict(self) -> dict:
-        """Plain dict for JSON."""
-        return dataclasses.asdict(self)
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from stagetool.core.errors import ExitCode
 from stagetool.core.tolerances import DEFAULT_TOLERANCES, ENV_MISMATCH_FLOOR, Tolerance
 from stagetool.gate.snapshot import COST_FIELDS, MEMORY_FIELDS
 
@@ -102,11 +103,12 @@ class Comparison:
         """Functions that failed to compile."""
         return [f for f in self.functions if f.status == "failed"]
 
-    def exit_code(self, *, fail_on_regression: bool = True) -> int:
-        """3 when a function failed, else 1 for a regression (if it counts), else 0."""
+    def exit_code(self, *, fail_on_regression: bool = True) -> ExitCode:
+        """``JAX`` (3) when a function failed, else ``FINDINGS`` (1) for a regression (if it counts),
+        else ``OK`` (0)."""
         if self.failed:
-            return 3
-        return 1 if fail_on_regression and self.regressions else 0
+            return ExitCode.JAX
+        return ExitCode.FINDINGS if fail_on_regression and self.regressions else ExitCode.OK
 
 
 def _fmt_leaf(leaf: Mapping | None) -> str:

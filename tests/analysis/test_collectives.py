@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from stagetool.analysis import collectives as C
 from stagetool.hlo import parser as hlo
+from stagetool.report.model import to_jsonable
 
 DATA = pathlib.Path(__file__).parent / "data"
 F32 = 4
@@ -127,8 +128,8 @@ def test_data_parallel_gradient_all_reduce(mesh, axes):
         grad_bytes,
         grad_bytes,
     )
-    json.dumps([c.to_dict() for c in found])
-    json.dumps(summary.to_dict())
+    json.dumps(to_jsonable(found))  # the records serialise as the report does
+    json.dumps(to_jsonable(summary))
     # the all-reduce sums gradients: it depends on every parameter but moves none of them
     module = hlo.parse_hlo_module(compiled.as_text())
     for name in ("params['w1']", "params['w2']"):
