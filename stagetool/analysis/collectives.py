@@ -28,8 +28,13 @@ Conventions, each checked by the tests on JAX 0.10.2:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import math
+import re
 from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 from stagetool.hlo.parser import (
     CALL_ATTRIBUTES,
@@ -42,8 +47,6 @@ from stagetool.hlo.parser import (
     array_leaves,
     backend_config_json,
     parse_int_list,
-    parse_replica_groups,
-    parse_source_target_pairs,
     paused_gc,
     shape_bytes,
 )
@@ -55,7 +58,9 @@ __all__ = [
     "CollectiveTotals",
     "MeshAxes",
     "collectives_from_parameter",
+    "expand_replica_groups",
     "find_collectives",
+    "parse_source_target_pairs",
     "summarize",
 ]
 
@@ -115,10 +120,7 @@ class MeshAxes:
     @property
     def num_devices(self) -> int:
         """Product of the axis sizes."""
-        n = 1
-        for s in self.sizes:
-            n *= s
-        return n
+        return math.prod(self.sizes)
 
     def groups(self, axes: Sequence[str]) -> tuple[tuple[int, ...], ...]:
         """Device groups (positions) of a collective over ``axes``: devices that differ only in
@@ -136,18 +138,21 @@ class MeshAxes:
         return _mesh_groups(self.sizes, tuple(idx))
 
 
+def _mesh_group_array(sizes: tuple[int, ...], grouped: tuple[int, ...]) -> np.ndarray:
+    """Device positions of a row-major mesh of ``sizes``, one row per group over the ``grouped``
+    axes: the grouped axes moved last (in the order given), the others kept in mesh order."""
+    ids = np.arange(math.prod(sizes)).reshape(sizes)
+    moved = np.moveaxis(ids, grouped, range(ids.ndim - len(grouped), ids.ndim))
+    return moved.reshape(-1, math.prod(sizes[i] for i in grouped))
+
+
 def _mesh_groups(sizes: tuple[int, ...], grouped: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-    strides = [1] * len(sizes)
-    for i in range(len(sizes) - 2, -1, -1):
-        strides[i] = strides[i + 1] * sizes[i + 1]
-    rest = [i for i in range(len(sizes)) if i not in grouped]
-    outer = [0]
-    for i in rest:
-        outer = [b + k * strides[i] for b in outer for k in range(sizes[i])]
-    inner = [0]
-    for i in grouped:
-        inner = [b + k * strides[i] for b in inner for k in range(sizes[i])]
-    return tuple(tuple(o + x for x in inner) for o in outer)
+    return _as_groups(_mesh_group_array(sizes, grouped))
+
+
+def _as_groups(rows: np.ndarray) -> tuple[tuple[int, ...], ...]:
+    """A 2-D array of device ids as a tuple of groups of Python ints."""
+    return tuple(map(tuple, rows.tolist()))
 
 
 def _sub_axis_meshes(mesh: MeshAxes) -> list[MeshAxes]:
@@ -180,7 +185,7 @@ class _AxisMatcher:
             for perm in perms:
                 g = groups if perm == sub else _mesh_groups(mesh.sizes, perm)
                 self.ordered.setdefault(frozenset(g), tuple(mesh.names[i] for i in perm))
-        self._group_of: dict[tuple[int, ...], list[int]] = {}
+        self._group_of: dict[tuple[int, ...], np.ndarray] = {}
         self._refined: list[_AxisMatcher] | None = None
 
     def match_groups(self, groups: tuple[tuple[int, ...], ...]) -> tuple[str, ...] | None:
@@ -219,17 +224,168 @@ class _AxisMatcher:
             return None
         if not moving:
             return ()
+        src, dst = np.array(moving).T
         for sub in self.subsets:
             gid = self._group_of.get(sub)
-            if gid is None:
-                gid = [0] * n
-                for k, g in enumerate(_mesh_groups(self.mesh.sizes, sub)):
-                    for d in g:
-                        gid[d] = k
+            if gid is None:  # device position -> index of its group over `sub`
+                rows = _mesh_group_array(self.mesh.sizes, sub)
+                gid = np.empty(n, dtype=np.intp)
+                gid[rows] = np.arange(len(rows))[:, None]
                 self._group_of[sub] = gid
-            if all(gid[s] == gid[t] for s, t in moving):
+            if np.array_equal(gid[src], gid[dst]):
                 return tuple(self.mesh.names[i] for i in sub)
         return None
+
+
+# --------------------------------------------------------------------------------------------
+# Replica groups: what the printed forms mean, as device-id arrays
+
+_INT_RE = re.compile(r"-?\d+")
+_GROUP_RE = re.compile(r"\{([^{}]*)\}")
+_IOTA_RE = re.compile(r"\[([\d,\s]*)\]\s*<=\s*\[([\d,\s]*)\](?:\s*T\(([\d,\s]*)\))?")
+_DEVICE_IDS_RE = re.compile(r"\[([\d,\s]*)\](?:\s*T\(([\d,\s]*)\))?$")
+_MESH_RE = re.compile(r"mesh\[([^\]]*)\]\s*(?:,\s*device_ids=\((.*?)\))?\s*\{([^}]*)\}\s*$")
+_MESH_AXIS_RE = re.compile(r"'?([^'=]+?)'?\s*=\s*(\d+)")  # 'axis_0'=2
+_AXIS_REF_RE = re.compile(r"'?([^':]+?)'?(?::\((\d+)\)(\d+))?$")
+
+
+def _ints(s: str) -> list[int]:
+    return [int(v) for v in _INT_RE.findall(s)]
+
+
+def _explicit_groups(raw: str) -> tuple[tuple[int, ...], ...] | None:
+    """``{{0,4},{1,5}}`` -> ((0, 4), (1, 5)); ``{}`` -> (); None when not braced."""
+    s = raw.strip()
+    if not (s.startswith("{") and s.endswith("}")):
+        return None
+    inner = s[1:-1].strip()
+    if not inner:
+        return ()
+    return tuple(tuple(_ints(g)) for g in _GROUP_RE.findall(inner))
+
+
+def _iota_ids(dims: list[int], perm: list[int] | None) -> np.ndarray:
+    """``iota(prod(dims)).reshape(dims).transpose(perm)``, flattened row-major."""
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    return (ids.transpose(perm) if perm else ids).reshape(-1)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def expand_replica_groups(raw: str | None, num_devices: int | None = None) -> tuple[tuple[int, ...], ...] | None:
+    """Expand a ``replica_groups=`` value (raw, as the parser keeps it) to the device groups it
+    denotes.
+
+    Accepted forms (as XLA prints them):
+
+    * explicit: ``{{0,4},{1,5}}``; ``{}`` means one group of all ``num_devices`` devices (None if
+      ``num_devices`` is not given);
+    * iota: ``[G,S]<=[N]`` and ``[G,S]<=[d0,d1,...]T(p0,p1,...)``: iota over the reshape dims,
+      transposed by the permutation, read row-major into G groups of S;
+    * mesh: ``mesh['a'=2,'b'=4] {'a'}``, with an optional ``, device_ids=(...)`` (an iota
+      ``[d..]T(p..)`` or a list of ids) and sub-axes ``'a':(pre)size``: the devices of the mesh
+      array that differ only along the named axes, in the named order.
+
+    Ids are those of the module: with ``use_global_device_ids`` and one replica (JAX's SPMD
+    programs) they are partition ids, i.e. positions in the user's ``mesh.devices.flat``.
+    Returns None when the text is none of these forms. Results are cached.
+    """
+    if raw is None:
+        return None
+    s = raw.strip()
+    try:
+        if s.startswith("{"):
+            groups = _explicit_groups(s)
+            if groups == () and num_devices is not None:
+                return (tuple(range(num_devices)),)
+            return groups if groups else None
+        if s.startswith("["):
+            m = _IOTA_RE.fullmatch(s)
+            if m is None:
+                return None
+            shape, dims = _ints(m.group(1)), _ints(m.group(2))
+            if len(shape) != 2 or math.prod(shape) != math.prod(dims):
+                return None
+            return _as_groups(_iota_ids(dims, _ints(m.group(3)) if m.group(3) else None).reshape(shape))
+        if s.startswith("mesh["):
+            return _mesh_form_groups(s)
+    except (ValueError, IndexError, ZeroDivisionError):  # numpy's AxisError is a ValueError
+        return None
+    return None
+
+
+def _mesh_form_groups(s: str) -> tuple[tuple[int, ...], ...] | None:
+    m = _MESH_RE.fullmatch(s)
+    if m is None:
+        return None
+    axes = []
+    for part in m.group(1).split(","):
+        am = _MESH_AXIS_RE.fullmatch(part.strip())
+        if am is None:
+            return None
+        axes.append((am.group(1).strip(), int(am.group(2))))
+    if not axes:
+        return None
+    names = [a for a, _ in axes]
+    sizes = [n for _, n in axes]
+    total = math.prod(sizes)
+    ids_text = (m.group(2) or "").strip()
+    if not ids_text:
+        device_ids = np.arange(total)
+    elif dm := _DEVICE_IDS_RE.fullmatch(ids_text):
+        dims = _ints(dm.group(1))
+        if math.prod(dims) != total:
+            return None
+        device_ids = _iota_ids(dims, _ints(dm.group(2)) if dm.group(2) else None)
+    else:
+        device_ids = np.array(_ints(ids_text), dtype=np.int64)
+    if device_ids.size != total:
+        return None
+    # Each grouped axis ref: (mesh dim, pre_size, size); a full axis is (dim, 1, full size).
+    refs: list[tuple[int, int, int]] = []
+    for part in [p.strip() for p in m.group(3).split(",") if p.strip()]:
+        am = _AXIS_REF_RE.fullmatch(part)
+        if am is None or am.group(1).strip() not in names:
+            return None
+        dim = names.index(am.group(1).strip())
+        if am.group(2) is not None:
+            refs.append((dim, int(am.group(2)), int(am.group(3))))
+        else:
+            refs.append((dim, 1, sizes[dim]))
+    # Split every mesh dim into factors (major first) so that each ref is exactly one factor.
+    factor_sizes: list[int] = []
+    ref_factor: dict[int, int] = {}
+    for dim, full in enumerate(sizes):
+        on_dim = sorted((pre, size, k) for k, (d, pre, size) in enumerate(refs) if d == dim)
+        covered = 1
+        for pre, size, k in on_dim:
+            if pre % covered:
+                return None
+            if pre != covered:
+                factor_sizes.append(pre // covered)
+                covered = pre
+            ref_factor[k] = len(factor_sizes)
+            factor_sizes.append(size)
+            covered *= size
+        if full % covered:
+            return None
+        if covered != full or not on_dim:
+            factor_sizes.append(full // covered)
+    grouped = [ref_factor[k] for k in range(len(refs))]
+    rest = [f for f in range(len(factor_sizes)) if f not in grouped]
+    group_size = math.prod(factor_sizes[f] for f in grouped)
+    # The device-id array viewed with the factors, the grouped ones moved last, read row-major.
+    return _as_groups(device_ids.reshape(factor_sizes).transpose(rest + grouped).reshape(-1, group_size))
+
+
+def parse_source_target_pairs(raw: str | None) -> tuple[tuple[int, int], ...] | None:
+    """A raw ``source_target_pairs=`` value ``{{0,1},{1,2}}`` -> ((0, 1), (1, 2)); None when absent
+    or malformed."""
+    if raw is None:
+        return None
+    groups = _explicit_groups(raw)
+    if groups is None or any(len(g) != 2 for g in groups):
+        return None
+    return tuple((g[0], g[1]) for g in groups)
 
 
 # --------------------------------------------------------------------------------------------
@@ -679,7 +835,7 @@ def _record(
     if not ins.operands:
         operand_bytes = None
     rg_text = ins.attributes.get("replica_groups")
-    groups = parse_replica_groups(rg_text, num_devices) if rg_text is not None else None
+    groups = expand_replica_groups(rg_text, num_devices) if rg_text is not None else None
     if groups is None and rg_text is None and kind != "collective-permute" and num_devices:
         groups = (tuple(range(num_devices)),)  # no replica_groups: all devices
     sizes = {len(g) for g in groups} if groups else set()

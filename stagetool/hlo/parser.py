@@ -16,6 +16,13 @@ What the parser gives (all plain frozen records):
   ``None`` when the text is not a shape this parser knows), operand names, raw attributes
   (``name -> raw text``), called computations and :class:`OpMetadata`.
 
+The parser is syntactic: it reads structure (lines, names, shapes, brackets, ``k=v`` pairs)
+and keeps attribute values as printed. What a value means is left to the analyses that use it:
+device groups and mesh axes of ``replica_groups`` / ``source_target_pairs`` are read by
+:mod:`stagetool.analysis.collectives`. The one exception is the mesh form of replica groups,
+whose value holds a top-level comma (``mesh[...], device_ids=(...) {...}``): the parser folds it
+back into one value, which is syntax too.
+
 The parser is total: a line it does not understand is kept verbatim in
 :attr:`HloModule.unparsed_lines` and never raises. It reads the text once, line by line, and
 every step is linear in the length of the line, so the whole parse is linear in the text size.
@@ -46,9 +53,7 @@ __all__ = [
     "dtype_bits",
     "parse_hlo_module",
     "parse_int_list",
-    "parse_replica_groups",
     "parse_shape",
-    "parse_source_target_pairs",
     "paused_gc",
     "shape_bytes",
 ]
@@ -809,7 +814,11 @@ def _frame_table(raw: Mapping[int, str]) -> dict[int, tuple[int, int]]:
 
 
 # --------------------------------------------------------------------------------------------
-# Attribute values used by collectives
+# Attribute values
+#
+# Values stay raw text in :attr:`HloInstruction.attributes`. What a ``replica_groups`` or
+# ``source_target_pairs`` value *means* (which devices form a group, which mesh axes they run
+# over) is not syntax: :mod:`stagetool.analysis.collectives` reads it.
 
 _INT_RE = re.compile(r"-?\d+")
 
@@ -820,180 +829,6 @@ def parse_int_list(raw: str | None) -> tuple[int, ...] | None:
         return None
     vals = _INT_RE.findall(raw)
     return tuple(int(v) for v in vals) if vals else None
-
-
-def parse_source_target_pairs(raw: str | None) -> tuple[tuple[int, int], ...] | None:
-    """``{{0,1},{1,2}}`` -> ((0, 1), (1, 2)); None when absent or malformed."""
-    if raw is None:
-        return None
-    groups = _parse_explicit_groups(raw)
-    if groups is None or any(len(g) != 2 for g in groups):
-        return None
-    return tuple((g[0], g[1]) for g in groups)
-
-
-def _parse_explicit_groups(raw: str) -> tuple[tuple[int, ...], ...] | None:
-    s = raw.strip()
-    if not (s.startswith("{") and s.endswith("}")):
-        return None
-    inner = s[1:-1].strip()
-    if not inner:
-        return ()
-    groups = []
-    for g in re.findall(r"\{([^{}]*)\}", inner):
-        groups.append(tuple(int(v) for v in _INT_RE.findall(g)))
-    return tuple(groups)
-
-
-def _iota(reshape: list[int], perm: list[int] | None) -> list[int]:
-    """Row-major values of iota(prod(reshape)).reshape(reshape).transpose(perm), flattened."""
-    n = 1
-    for d in reshape:
-        n *= d
-    if not perm or perm == list(range(len(reshape))):
-        return list(range(n))
-    # strides of the original (row-major) array, permuted
-    strides = [1] * len(reshape)
-    for i in range(len(reshape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * reshape[i + 1]
-    tdims = [reshape[p] for p in perm]
-    tstrides = [strides[p] for p in perm]
-    out = [0]
-    for d, st in zip(tdims, tstrides):
-        out = [base + k * st for base in out for k in range(d)]
-    return out
-
-
-_IOTA_RE = re.compile(r"\[([\d,\s]*)\]\s*<=\s*\[([\d,\s]*)\](?:\s*T\(([\d,\s]*)\))?")
-_DEVICE_IDS_RE = re.compile(r"\[([\d,\s]*)\](?:\s*T\(([\d,\s]*)\))?$")
-_MESH_RE = re.compile(r"mesh\[([^\]]*)\]\s*(?:,\s*device_ids=\((.*?)\))?\s*\{([^}]*)\}\s*$")
-_MESH_AXIS_RE = re.compile(r"'?([^'=]+?)'?\s*=\s*(\d+)")  # 'axis_0'=2
-_AXIS_REF_RE = re.compile(r"'?([^':]+?)'?(?::\((\d+)\)(\d+))?$")
-
-
-def _ints(s: str) -> list[int]:
-    return [int(v) for v in _INT_RE.findall(s)]
-
-
-@functools.lru_cache(maxsize=1 << 12)
-def parse_replica_groups(raw: str | None, num_devices: int | None = None) -> tuple[tuple[int, ...], ...] | None:
-    """Expand a ``replica_groups=`` value to the device groups it denotes.
-
-    Accepted forms (as XLA prints them):
-
-    * explicit: ``{{0,4},{1,5}}``; ``{}`` means one group of all ``num_devices`` devices (None if
-      ``num_devices`` is not given);
-    * iota: ``[G,S]<=[N]`` and ``[G,S]<=[d0,d1,...]T(p0,p1,...)``: iota over the reshape dims,
-      transposed by the permutation, read row-major into G groups of S;
-    * mesh: ``mesh['a'=2,'b'=4] {'a'}``, with an optional ``, device_ids=(...)`` (an iota
-      ``[d..]T(p..)`` or a list of ids) and sub-axes ``'a':(pre)size``: the devices of the mesh
-      array that differ only along the named axes, in the named order.
-
-    Ids are those of the module: with ``use_global_device_ids`` and one replica (JAX's SPMD
-    programs) they are partition ids, i.e. positions in the user's ``mesh.devices.flat``.
-    Returns None when the text is none of these forms. Results are cached.
-    """
-    if raw is None:
-        return None
-    s = raw.strip()
-    try:
-        if s.startswith("{"):
-            groups = _parse_explicit_groups(s)
-            if groups == () and num_devices is not None:
-                return (tuple(range(num_devices)),)
-            return groups if groups else None
-        if s.startswith("["):
-            m = _IOTA_RE.fullmatch(s)
-            if m is None:
-                return None
-            dims = _ints(m.group(1))
-            reshape = _ints(m.group(2))
-            perm = _ints(m.group(3)) if m.group(3) else None
-            flat = _iota(reshape, perm)
-            if len(dims) != 2 or dims[0] * dims[1] != len(flat):
-                return None
-            size = dims[1]
-            return tuple(tuple(flat[i : i + size]) for i in range(0, len(flat), size))
-        if s.startswith("mesh["):
-            return _expand_mesh_groups(s)
-    except (ValueError, IndexError, ZeroDivisionError):
-        return None
-    return None
-
-
-def _expand_mesh_groups(s: str) -> tuple[tuple[int, ...], ...] | None:
-    m = _MESH_RE.fullmatch(s)
-    if m is None:
-        return None
-    axes = []
-    for part in m.group(1).split(","):
-        am = _MESH_AXIS_RE.fullmatch(part.strip())
-        if am is None:
-            return None
-        axes.append((am.group(1).strip(), int(am.group(2))))
-    if not axes:
-        return None
-    names = [a for a, _ in axes]
-    sizes = [n for _, n in axes]
-    total = 1
-    for n in sizes:
-        total *= n
-    ids_text = (m.group(2) or "").strip()
-    if ids_text:
-        dm = _DEVICE_IDS_RE.fullmatch(ids_text)
-        if dm:
-            device_ids = _iota(_ints(dm.group(1)), _ints(dm.group(2)) if dm.group(2) else None)
-        else:
-            device_ids = _ints(ids_text)
-    else:
-        device_ids = list(range(total))
-    if len(device_ids) != total:
-        return None
-    # Each grouped axis ref: (mesh dim, pre_size, size); a full axis is (dim, 1, full size).
-    refs: list[tuple[int, int, int]] = []
-    for part in [p.strip() for p in m.group(3).split(",") if p.strip()]:
-        am = _AXIS_REF_RE.fullmatch(part)
-        if am is None or am.group(1).strip() not in names:
-            return None
-        dim = names.index(am.group(1).strip())
-        if am.group(2) is not None:
-            refs.append((dim, int(am.group(2)), int(am.group(3))))
-        else:
-            refs.append((dim, 1, sizes[dim]))
-    # Split every mesh dim into factors so that each ref is exactly one factor.
-    factor_sizes: list[int] = []
-    ref_factor: dict[int, int] = {}
-    for dim, full in enumerate(sizes):
-        on_dim = sorted((pre, size, k) for k, (d, pre, size) in enumerate(refs) if d == dim)
-        covered = 1
-        for pre, size, k in on_dim:
-            if pre % covered:
-                return None
-            if pre != covered:
-                factor_sizes.append(pre // covered)
-                covered = pre
-            ref_factor[k] = len(factor_sizes)
-            factor_sizes.append(size)
-            covered *= size
-        if full % covered:
-            return None
-        if covered != full or not on_dim:
-            factor_sizes.append(full // covered)
-    grouped = [ref_factor[k] for k in range(len(refs))]
-    order = [f for f in range(len(factor_sizes)) if f not in grouped] + grouped
-    group_size = 1
-    for f in grouped:
-        group_size *= factor_sizes[f]
-    # device_ids viewed with factor_sizes, transposed by `order`, read row-major.
-    strides = [1] * len(factor_sizes)
-    for i in range(len(factor_sizes) - 2, -1, -1):
-        strides[i] = strides[i + 1] * factor_sizes[i + 1]
-    positions = [0]
-    for f in order:
-        st = strides[f]
-        positions = [base + k * st for base in positions for k in range(factor_sizes[f])]
-    flat = [device_ids[p] for p in positions]
-    return tuple(tuple(flat[i : i + group_size]) for i in range(0, len(flat), group_size))
 
 
 def backend_config_json(instruction: HloInstruction) -> dict | None:

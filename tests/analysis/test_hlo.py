@@ -1,4 +1,5 @@
-"""Tests of the HLO text parser: shapes, replica-group forms, tables, totality, real modules."""
+"""Tests of the HLO text parser: shapes, tables, totality, real modules (what replica groups mean is
+tested with the collectives, tests/analysis/test_collectives.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -71,73 +71,6 @@ def test_unknown_shapes_are_none_not_errors():
     assert hlo.shape_bytes(None) is None
     assert hlo.parse_shape("zz[2]").byte_size is None
     assert hlo.shape_bytes(TupleShape((ArrayShape("zz", (2,)),))) is None
-
-
-# ---------------------------------------------------------------------------------------------
-# Replica groups (expected values from numpy, independent of the parser)
-
-
-def _np_groups(arr: np.ndarray) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(int(v) for v in row) for row in arr)
-
-
-def test_explicit_groups_and_empty_means_all():
-    assert hlo.parse_replica_groups("{{0,4},{1,5},{2,6},{3,7}}") == ((0, 4), (1, 5), (2, 6), (3, 7))
-    assert hlo.parse_replica_groups("{}", num_devices=4) == ((0, 1, 2, 3),)
-    assert hlo.parse_replica_groups("{}") is None
-
-
-def test_iota_groups():
-    assert hlo.parse_replica_groups("[2,4]<=[8]") == _np_groups(np.arange(8).reshape(2, 4))
-
-
-def test_transposed_iota_groups():
-    expected = _np_groups(np.arange(8).reshape(2, 4).transpose(1, 0).reshape(4, 2))
-    assert hlo.parse_replica_groups("[4,2]<=[2,4]T(1,0)") == expected
-    expected3 = _np_groups(np.arange(24).reshape(2, 3, 4).transpose(2, 0, 1).reshape(6, 4))
-    assert hlo.parse_replica_groups("[6,4]<=[2,3,4]T(2,0,1)") == expected3
-
-
-def _mesh_form(ids: np.ndarray, grouped: list[int]) -> tuple[tuple[int, ...], ...]:
-    rest = [i for i in range(ids.ndim) if i not in grouped]
-    size = int(np.prod([ids.shape[i] for i in grouped]))
-    return _np_groups(ids.transpose(rest + grouped).reshape(-1, size))
-
-
-def test_mesh_form_groups():
-    ids = np.arange(8).reshape(2, 1, 4)
-    assert hlo.parse_replica_groups("mesh['axis_0'=2,'axis_1'=1,'axis_2'=4] {'axis_0'}") == _mesh_form(ids, [0])
-    assert hlo.parse_replica_groups("mesh['axis_0'=2,'axis_1'=1,'axis_2'=4] {'axis_2'}") == _mesh_form(ids, [2])
-    # several axes, in the order named
-    assert hlo.parse_replica_groups("mesh['axis_0'=2,'axis_1'=1,'axis_2'=4] {'axis_2','axis_0'}") == _mesh_form(
-        ids, [2, 0]
-    )
-
-
-def test_mesh_form_with_device_ids():
-    ids = np.arange(8).reshape(2, 4).T.reshape(1, 4, 2)
-    text = "mesh['axis_0'=1,'axis_1'=4,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_1'}"
-    assert hlo.parse_replica_groups(text) == _mesh_form(ids, [1])
-    explicit = "mesh['a'=2,'b'=2], device_ids=(3,1,2,0) {'b'}"
-    assert hlo.parse_replica_groups(explicit) == _mesh_form(np.array([3, 1, 2, 0]).reshape(2, 2), [1])
-
-
-def test_mesh_form_sub_axes():
-    # 'a':(2)2 is the middle factor of a = 8 split as [2, 2, 2]
-    ids = np.arange(8).reshape(2, 2, 2)
-    assert hlo.parse_replica_groups("mesh['a'=8] {'a':(2)2}") == _mesh_form(ids, [1])
-    assert hlo.parse_replica_groups("mesh['a'=8] {'a':(1)2,'a':(4)2}") == _mesh_form(ids, [0, 2])
-
-
-def test_bad_replica_groups_are_none():
-    for text in ["[3,3]<=[8]", "mesh['a'=2] {'b'}", "garbage", "mesh['a'=2], device_ids=(0,1,2) {'a'}"]:
-        assert hlo.parse_replica_groups(text) is None
-
-
-def test_source_target_pairs():
-    assert hlo.parse_source_target_pairs("{{0,1},{1,0}}") == ((0, 1), (1, 0))
-    assert hlo.parse_source_target_pairs("{{0,1,2}}") is None
-    assert hlo.parse_source_target_pairs(None) is None
 
 
 # ---------------------------------------------------------------------------------------------
