@@ -6,6 +6,12 @@ Input: an :class:`~stagetool.hlo.parser.HloModule` parsed from ``compiled.as_tex
 "which collectives move data that comes from entry parameter N"
 (:func:`collectives_from_parameter`).
 
+The parser keeps ``replica_groups`` and ``source_target_pairs`` as the text XLA printed; their
+meaning lives here: :func:`expand_replica_groups` turns each printed form (explicit, iota,
+transposed iota, mesh) into device groups, and :class:`MeshAxes` / ``_AxisMatcher`` name the
+mesh axes (or sub-axes) that make those groups. Both are device-id array arithmetic in numpy
+(``arange(n).reshape(dims).transpose(perm).reshape(groups)``; ``moveaxis`` of the mesh array).
+
 Conventions, each checked by the tests on JAX 0.10.2:
 
 * Device ids in replica groups are partition ids (JAX's SPMD programs have one replica and set
