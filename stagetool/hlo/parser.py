@@ -2,8 +2,9 @@
 
 The input is what ``jax.jit(f).lower(...).compile().as_text()`` returns: the optimized,
 partitioned (per-device) HLO module as text. jaxlib also ships an object model
-(``compiled.runtime_executable().hlo_modules()``), but it exposes names, opcodes and the operand
-graph only: no shapes, no attributes, no metadata. The text carries all of these, so it is the
+(``compiled.runtime_executable().hlo_modules()``), but its accessors expose names, opcodes and the
+operand graph only: no shapes, no attributes, no metadata (its serialized proto holds them, but
+jaxlib ships no public class to decode it). The text carries all of these, so it is the
 source of truth here, and this module reads nothing else
 (tests/analysis/test_hlo_object_model.py holds its names, opcodes and operands against that
 object model).

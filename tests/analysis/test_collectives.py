@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -123,6 +125,46 @@ def test_mesh_form_sub_axes():
 def test_bad_replica_groups_are_none():
     for text in ["[3,3]<=[8]", "mesh['a'=2] {'b'}", "garbage", "mesh['a'=2], device_ids=(0,1,2) {'a'}"]:
         assert C.expand_replica_groups(text) is None
+
+
+@st.composite
+def _mesh_and_axes(draw):
+    sizes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    order = draw(st.permutations(range(len(sizes))))
+    grouped = order[: draw(st.integers(0, len(sizes)))]
+    device_ids = draw(st.permutations(range(int(np.prod(sizes)))))
+    return tuple(sizes), tuple(grouped), np.array(device_ids).reshape(sizes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_mesh_and_axes())
+def test_every_printed_form_of_mesh_axis_groups_expands_to_them(case):
+    """The mesh, explicit and iota forms of one collective's groups mean the same groups, those
+    that numpy computes from the device array; with the identity device order they name the axes."""
+    sizes, grouped, ids = case
+    names = [f"a{i}" for i in range(len(sizes))]
+    expected = _mesh_form(ids, list(grouped))
+    head = "mesh[" + ",".join(f"'{n}'={s}" for n, s in zip(names, sizes)) + "]"
+    refs = "{" + ",".join(f"'{names[i]}'" for i in grouped) + "}"
+    ids_text = ",".join(str(int(v)) for v in ids.flat)
+    assert C.expand_replica_groups(f"{head}, device_ids=({ids_text}) {refs}") == expected
+    explicit = "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in expected) + "}"
+    assert C.expand_replica_groups(explicit) == expected
+    # identity device order: the iota form, and the matcher names the grouped axes
+    n, size = int(np.prod(sizes)), int(np.prod([sizes[i] for i in grouped]))
+    rest = [i for i in range(len(sizes)) if i not in grouped]
+    perm = ",".join(map(str, rest + list(grouped)))
+    plain = _mesh_form(np.arange(n).reshape(sizes), list(grouped))
+    assert C.expand_replica_groups(f"[{n // size},{size}]<=[{','.join(map(str, sizes))}]T({perm})") == plain
+    assert C.expand_replica_groups(f"{head} {refs}") == plain
+    mesh = C.MeshAxes(tuple(names), sizes)
+    assert mesh.groups([names[i] for i in grouped]) == plain
+    matched = C._AxisMatcher(mesh).match_groups(plain)
+    if size == 1:
+        assert matched == ()
+    else:  # the same groups (as sets) as the grouped axes less those of size 1
+        assert matched is not None
+        assert {frozenset(g) for g in mesh.groups(matched)} == {frozenset(g) for g in plain}
 
 
 def test_source_target_pairs():
