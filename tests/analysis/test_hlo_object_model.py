@@ -11,8 +11,8 @@ reads from ``compiled.as_text()``:
 
 * The serialized ``HloModuleProto``. jaxlib ships no importable ``hlo_pb2`` (and ``jax._src`` is
   off limits), so the bytes are decoded here with a small protobuf wire-format reader and the
-  field numbers of XLA's ``xla/service/hlo.proto``, which are frozen (protobuf never reuses a
-  number): module ``name`` 1, ``entry_computation_name`` 2, ``computations`` 3; computation
+  field numbers of XLA's ``xla/service/hlo.proto``, which XLA keeps stable (renumbering would
+  break every serialized module): module ``name`` 1, ``entry_computation_name`` 2, ``computations`` 3; computation
   ``name`` 1, ``instructions`` 2; instruction ``name`` 1, ``opcode`` 2 (the opcode as XLA spells it
   in text, e.g. ``all-reduce``), ``id`` 35, ``operand_ids`` 36 (ids resolved to names within the
   computation). This is the one public route to the opcode *text*; the enum's names differ from
