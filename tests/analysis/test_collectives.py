@@ -136,7 +136,7 @@ def _mesh_and_axes(draw):
     return tuple(sizes), tuple(grouped), np.array(device_ids).reshape(sizes)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(_mesh_and_axes())
 def test_every_printed_form_of_mesh_axis_groups_expands_to_them(case):
     """The mesh, explicit and iota forms of one collective's groups mean the same groups, those
