@@ -6,7 +6,7 @@ is: ``name``, ``to_string()``, ``computations()`` (each with ``name`` and ``inst
 each instruction with ``name``, ``opcode`` as an ``HloOpcode`` enum member such as
 ``kAllReduce``, ``operands()`` and ``to_string()``) and ``as_serialized_hlo_module_proto()``.
 
-Two independent views are compared with what :func:`stagetool.analysis.hlo.parse_hlo_module`
+Two independent views are compared with what :func:`stagetool.hlo.parser.parse_hlo_module`
 reads from ``compiled.as_text()``:
 
 * The serialized ``HloModuleProto``. jaxlib ships no importable ``hlo_pb2`` (and ``jax._src`` is
@@ -34,7 +34,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stagetool.analysis import hlo
+from stagetool.hlo import parser as hlo
 
 LAYERS, BATCH, WIDTH = 4, 16, 64
 
