@@ -38,7 +38,8 @@ jax.config.update("jax_num_cpu_devices", 8)
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stagetool.analysis import collectives, hlo
+from stagetool.analysis import collectives
+from stagetool.hlo import parser as hlo
 
 D_MODEL, HEADS, D_HEAD, D_FF, SEQ, BATCH, VOCAB = 256, 8, 32, 1024, 64, 16, 512
 
