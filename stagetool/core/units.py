@@ -8,19 +8,12 @@ from __future__ import annotations
 import re
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 
+from stagetool.core.dtypes import hlo_name
 from stagetool.core.errors import UsageError
-
-_SHORT_DTYPES = {
-    "bool": "pred", "int8": "s8", "int16": "s16", "int32": "s32", "int64": "s64",
-    "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
-    "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
-    "float8_e4m3fn": "f8e4m3fn", "float8_e5m2": "f8e5m2", "complex64": "c64", "complex128": "c128",
-}
-
 
 def short_dtype(dtype: str) -> str:
     """HLO's short name of a numpy dtype name: ``float32`` → ``f32``, ``int32`` → ``s32``."""
-    return _SHORT_DTYPES.get(dtype, dtype)
+    return hlo_name(dtype)
 
 
 def shape_str(dtype: str, shape: tuple[int, ...] | list[int] | None) -> str:

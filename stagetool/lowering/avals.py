@@ -16,6 +16,7 @@ import functools
 import inspect
 from typing import Any, Callable
 
+from stagetool.core.dtypes import hlo_name
 from stagetool.core.errors import SpecError, StagingError
 from stagetool.core.location import Loc
 from stagetool.core.mesh import MeshSpec
@@ -382,7 +383,7 @@ def _describe_tree(tree: Any, depth: int = 0) -> str:
     if isinstance(tree, Sharding):
         return str(tree)
     if _is_struct(tree):
-        return f"{_short_dtype(tree.dtype)}{list(tree.shape)}".replace(" ", "")
+        return f"{hlo_name(str(tree.dtype))}{list(tree.shape)}".replace(" ", "")
     if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
         items = [_describe_tree(t, depth + 1) for t in tree[:8]] + (["..."] if len(tree) > 8 else [])
         kind = "a tuple" if isinstance(tree, tuple) else "a list"
@@ -393,13 +394,6 @@ def _describe_tree(tree: Any, depth: int = 0) -> str:
         inner = ", ".join(f"{k}: {_describe_tree(tree[k], depth + 1)}" for k in keys[:8]) + (", ..." if len(keys) > 8 else "")
         return f"a dict {{{inner}}}" if depth == 0 else f"{{{inner}}}"
     return f"a {type(tree).__name__}" if depth == 0 else type(tree).__name__
-
-
-def _short_dtype(dtype: Any) -> str:
-    name = str(dtype)
-    short = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64", "int32": "i32",
-             "int64": "i64", "int8": "i8", "uint8": "u8", "uint32": "u32", "bool": "pred"}
-    return short.get(name, name)
 
 
 _DIVIDE_HINT = "shard a dimension only over mesh axes whose sizes divide it"

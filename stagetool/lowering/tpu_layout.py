@@ -35,6 +35,8 @@ import math
 import re
 from collections.abc import Sequence
 
+from stagetool.core.dtypes import TABLE, storage_bits
+
 __all__ = [
     "HLO_DTYPE_BITS",
     "HloArrayLayout",
@@ -46,28 +48,9 @@ __all__ = [
     "parse_hlo_shape",
 ]
 
-HLO_DTYPE_BITS: dict[str, int] = {
-    "pred": 8,
-    "s2": 2, "u2": 2, "s4": 4, "u4": 4, "f4e2m1fn": 4,
-    "s8": 8, "u8": 8, "f8e4m3fn": 8, "f8e5m2": 8, "f8e4m3b11fnuz": 8, "f8e4m3fnuz": 8,
-    "f8e5m2fnuz": 8, "f8e4m3": 8, "f8e3m4": 8, "f8e8m0fnu": 8,
-    "s16": 16, "u16": 16, "f16": 16, "bf16": 16,
-    "s32": 32, "u32": 32, "f32": 32,
-    "s64": 64, "u64": 64, "f64": 64, "c64": 64,
-    "c128": 128,
-}
-"""Storage width in bits of each HLO element type (``pred`` is stored as one byte)."""
-
-_NUMPY_TO_HLO = {
-    "bool": "pred", "int2": "s2", "uint2": "u2", "int4": "s4", "uint4": "u4",
-    "float4_e2m1fn": "f4e2m1fn", "int8": "s8", "uint8": "u8", "float8_e4m3fn": "f8e4m3fn",
-    "float8_e5m2": "f8e5m2", "float8_e4m3b11fnuz": "f8e4m3b11fnuz",
-    "float8_e4m3fnuz": "f8e4m3fnuz", "float8_e5m2fnuz": "f8e5m2fnuz",
-    "float8_e4m3": "f8e4m3", "float8_e3m4": "f8e3m4", "float8_e8m0fnu": "f8e8m0fnu",
-    "int16": "s16", "uint16": "u16", "float16": "f16", "bfloat16": "bf16",
-    "int32": "s32", "uint32": "u32", "float32": "f32", "int64": "s64", "uint64": "u64",
-    "float64": "f64", "complex64": "c64", "complex128": "c128",
-}
+HLO_DTYPE_BITS: dict[str, int] = {d.hlo: d.bits for d in TABLE}
+"""Storage width in bits of each HLO element type (``pred`` is stored as one byte): the one table
+of :mod:`stagetool.core.dtypes`."""
 
 _SHAPE_RE = re.compile(r"^\s*([a-z][a-z0-9]*)\[([0-9,\s]*)\](?:\{([^{}]*)\})?\s*$")
 _ATTR_RE = re.compile(r"([A-Z#]*)\(([^()]*)\)")
@@ -207,10 +190,10 @@ def _dtype_bits(dtype) -> int:
     import numpy as np
 
     name = np.dtype(dtype).name
-    hlo = _NUMPY_TO_HLO.get(name)
-    if hlo is None:
+    bits = storage_bits(name)
+    if bits is None:
         raise ValueError(f"no HLO element type for dtype {name!r}")
-    return HLO_DTYPE_BITS[hlo]
+    return bits
 
 
 def shard_bytes(shard_shape: Sequence[int], dtype, layout) -> LeafBytes:
