@@ -209,7 +209,7 @@ def _provision(plan: Plan, options: Options) -> Any:
 
 
 def _stage(plan: Plan, fspec: FunctionSpec, setup: Any, until: str,
-           on_stage: Callable[[str, str], None] | None) -> tuple[FunctionSpec, Any, Any, list[str]]:
+           on_stage: Callable[[str, str], None] | None, *, dump: bool = False) -> tuple[FunctionSpec, Any, Any, list[str]]:
     """Load, build inputs, check out_shardings against the outputs, jit and stage one function.
 
     Returns the function spec (its out_shardings fitted to the output tree), the abstract inputs,
@@ -224,65 +224,71 @@ def _stage(plan: Plan, fspec: FunctionSpec, setup: Any, until: str,
     fspec = fit_out_shardings(fspec, target.fn, inputs, setup.mesh)
     jitted = jit_function(target, fspec, inputs, setup.mesh)
     user_files = [target.module_file] if target.module_file else []
-    staged = stage(jitted, inputs, setup.mesh, name=fspec.name, user_files=user_files, until=until,
+    staged = stage(jitted, inputs, setup.mesh, name=fspec.name, user_files=user_files, until=until, dump=dump,
                    on_stage=(lambda s: on_stage(fspec.name, s)) if on_stage else None)
     return fspec, inputs, staged, user_files
 
 
 def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], options: Options,
                      on_stage: Callable[[str, str], None] | None):
-    from stagetool.report.model import (
-        FunctionReport,
-        MeshReport,
-        ModuleText,
-        StageTimes,
-    )
+    """Stage one function and build its report: lowering hands analysis one
+    :class:`~stagetool.lowering.facts.StagedFunction`; the analysis never sees a JAX object."""
+    from stagetool.lowering.facts import PeakDump, gather
 
     setup = _provision(plan, options)
     needs_compile = bool(wanted - {Section.LOWERED_TEXT})
-    fspec, inputs, staged, user_files = _stage(plan, fspec, setup, "compile" if needs_compile else "lower", on_stage)
+    dump = options.peak and Section.MEMORY in wanted
+    fspec, inputs, staged, user_files = _stage(plan, fspec, setup, "compile" if needs_compile else "lower", on_stage,
+                                               dump=dump)
+    peak = None
+    if staged.dump is not None:
+        text, reason = staged.dump
+        peak = PeakDump(text, staged.compiled.as_text() or "", staged.timings.compile_s, reason)
+    facts = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
+                   declared_outputs=fspec.out_shardings,
+                   lowered_dialect=options.dialect if Section.LOWERED_TEXT in wanted else None, peak=peak)
+    return _report_of(facts, plan, fspec, setup, wanted, options, user_files, inputs)
+
+
+def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: Any, wanted: set[Section], options: Options,
+               user_files: list[str], inputs: Any):
+    """The :class:`~stagetool.report.model.FunctionReport` of one staged function's facts."""
+    from stagetool.report.model import FunctionReport, MeshReport, ModuleText, StageTimes
+
+    needs_compile = bool(wanted - {Section.LOWERED_TEXT})
     mesh = MeshReport(plan.mesh.axes, plan.mesh.axis_types, setup.platform, setup.device_kind,
                       len(setup.devices), setup.process_count, setup.topology)
-    t = staged.timings
+    t = facts.timings
     fields: dict[str, Any] = {}
     if Section.LOWERED_TEXT in wanted:
-        text = staged.lowered.as_text(dialect=options.dialect) if options.dialect != "stablehlo" \
-            else staged.lowered.as_text()
-        fields["module"] = ModuleText("lowered", options.dialect, text)
-    compiled_text = staged.compiled.as_text() if needs_compile else None  # once: parsing is linear in it
-    module = None
-    if wanted & {Section.COST, Section.COLLECTIVES}:
-        from stagetool.hlo.parser import parse_hlo_module
-
-        module = parse_hlo_module(compiled_text)
+        fields["module"] = ModuleText("lowered", facts.lowered_dialect, facts.lowered_text)
     if Section.COMPILED_TEXT in wanted:
-        fields["module"] = ModuleText("compiled", "hlo", compiled_text)
+        fields["module"] = ModuleText("compiled", "hlo", facts.compiled_text)
     leaves = None
     if wanted & {Section.SHARDINGS, Section.MEMORY, Section.COLLECTIVES}:
         from stagetool.analysis.shardings import input_leaves, output_leaves
 
-        leaves = (input_leaves(inputs, staged.compiled),
-                  output_leaves(staged.traced, staged.compiled, fspec.out_shardings))
+        leaves = (input_leaves(facts.inputs), output_leaves(facts.outputs))
     if Section.SHARDINGS in wanted:
         fields["inputs"], fields["outputs"] = leaves
     if Section.COST in wanted:
         from stagetool.analysis.sections import cost_section
 
         chip = _chip(plan, options, setup)
-        fields["cost"] = cost_section(staged.lowered, staged.compiled, len(setup.devices), chip,
-                                      _roofline_dtype(inputs, chip), module)
+        fields["cost"] = cost_section(facts, len(setup.devices), chip, _roofline_dtype(inputs, chip))
     if Section.MEMORY in wanted:
         from stagetool.analysis.sections import memory_section
 
         capacity, source = _capacity(plan, options, setup)
-        fields["memory"] = memory_section(staged.lowered, staged.compiled, *leaves, capacity_bytes=capacity,
-                                          capacity_source=source, top=options.top, peak=options.peak,
-                                          compiled_text=compiled_text)
+        fields["memory"] = memory_section(facts, *leaves, capacity_bytes=capacity, capacity_source=source,
+                                          top=options.top)
     if Section.COLLECTIVES in wanted:
+        from stagetool.analysis.collectives import MeshAxes
         from stagetool.analysis.sections import collectives_section
 
-        fields["collectives"] = collectives_section(module, setup.mesh, leaves[0], user_files, options.explain)
-    notes = [f"warning while staging: {w}" for w in staged.warnings]
+        fields["collectives"] = collectives_section(facts.module, MeshAxes(plan.mesh.names, plan.mesh.sizes),
+                                                    leaves[0], user_files, options.explain)
+    notes = [f"warning while staging: {w}" for w in facts.warnings]
     narrow = sorted({x.dtype for x in inputs.leaves if x.dtype in ("bfloat16", "float16")})
     if setup.platform == "cpu" and narrow and needs_compile:
         notes.append(f"XLA:CPU computes {'/'.join(narrow)} dot products in f32: collectives, temporaries and bytes "
@@ -326,7 +332,7 @@ def _capacity(plan: Plan, options: Options, setup: Any) -> tuple[int | None, str
     In order: ``--device-memory``; a topology's HBM per device; the device's ``memory_stats()['bytes_limit']``; the HBM capacity of
     ``--chip`` or of the chip the device kind names in the chip table; else unknown.
     """
-    from stagetool.analysis.memory import device_capacity
+    from stagetool.lowering.devices import device_capacity
     from stagetool.core.chips import chip_for_device_kind
     from stagetool.core.units import parse_size
 
@@ -395,7 +401,7 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
                   for d in all_devices)
     memory = setup.capacity_bytes
     if memory is None:
-        from stagetool.analysis.memory import device_capacity
+        from stagetool.lowering.devices import device_capacity
 
         memory = device_capacity(all_devices[0]).bytes_limit
     jax_v, jaxlib_v = _jax_versions()

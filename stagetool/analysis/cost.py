@@ -35,6 +35,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from stagetool.lowering.facts import BackendResult
+
 SCOPE_WHOLE_PROGRAM = "whole_program"
 """Scope of figures from ``Lowered.cost_analysis()``: the unpartitioned program, all devices together."""
 SCOPE_PER_DEVICE = "per_device"
@@ -321,44 +323,34 @@ def normalise_cost(raw: Any, *, scope: str, source: str | None = None,
                       suspects=tuple(suspects))
 
 
-def _stage_cost(stage: Any, scope: str, *, program_text: str | None, needs_text: bool,
-                has_dot_or_conv: bool | None = None) -> CostRecord:
-    """``stage.cost_analysis()`` normalised in ``scope``; backend exceptions become a not-reported record.
+def _result_cost(result: BackendResult | None, scope: str, *, program_text: str | None,
+                 has_dot_or_conv: bool | None = None) -> CostRecord:
+    """A backend's ``cost_analysis()`` result normalised in ``scope``; an exception it raised (or no
+    result at all) becomes a not-reported record with the reason."""
+    if result is None:
+        return _not_reported(scope, _SOURCE[scope], "the function was not compiled")
+    if result.error is not None:
+        return _not_reported(scope, _SOURCE[scope], f"cost_analysis() raised {result.error}")
+    return normalise_cost(result.values, scope=scope, has_dot_or_conv=has_dot_or_conv, program_text=program_text)
 
-    ``stage.as_text()`` is read for the 0-FLOPs check only when ``needs_text`` and no
-    ``program_text`` was given.
+
+def whole_program_cost(result: BackendResult | None, *, program_text: str | None = None) -> CostRecord:
+    """Whole-program cost from ``Lowered.cost_analysis()`` (as :mod:`stagetool.lowering.facts` read it).
+
+    Figures are for the unpartitioned program (all devices together). The 0-FLOPs check scans
+    ``program_text`` (the lowered StableHLO) for dots/convolutions. An exception the backend's
+    ``cost_analysis()`` raised becomes a not-reported record with the error text as reason.
     """
-    try:
-        raw = stage.cost_analysis()
-    except Exception as e:  # noqa: BLE001 - backend failures are data here
-        return _not_reported(scope, _SOURCE[scope], f"cost_analysis() raised {type(e).__name__}: {e}")
-    if program_text is None and needs_text:
-        try:
-            program_text = stage.as_text()
-        except Exception:  # noqa: BLE001 - the check is advisory
-            program_text = None
-    return normalise_cost(raw, scope=scope, has_dot_or_conv=has_dot_or_conv, program_text=program_text)
+    return _result_cost(result, SCOPE_WHOLE_PROGRAM, program_text=program_text)
 
 
-def whole_program_cost(lowered: Any, *, program_text: str | None = None) -> CostRecord:
-    """Whole-program cost from ``lowered.cost_analysis()`` (``jax.stages.Lowered``).
+def per_device_cost(result: BackendResult | None, *, has_dot_or_conv: bool | None = None,
+                    program_text: str | None = None) -> CostRecord:
+    """Per-device cost from ``Compiled.cost_analysis()`` (as :mod:`stagetool.lowering.facts` read it).
 
-    Figures are for the unpartitioned program (all devices together). The 0-FLOPs check
-    scans ``program_text`` (default ``lowered.as_text()``) for dots/convolutions. Exceptions
-    raised by the backend's ``cost_analysis()`` become a not-reported record with the error
-    text as reason.
+    Figures are for one device's partitioned, optimised module. Pass ``has_dot_or_conv`` (from the
+    lowered text: CPU may rewrite dots to custom calls) for the 0-FLOPs check; when None,
+    ``program_text`` (the compiled text) is scanned. Backend exceptions become a not-reported record.
     """
-    return _stage_cost(lowered, SCOPE_WHOLE_PROGRAM, program_text=program_text, needs_text=True)
-
-
-def per_device_cost(compiled: Any, *, has_dot_or_conv: bool | None = None) -> CostRecord:
-    """Per-device cost from ``compiled.cost_analysis()`` (``jax.stages.Compiled``).
-
-    Figures are for one device's partitioned, optimised module. Pass ``has_dot_or_conv``
-    (e.g. ``has_dot_or_convolution(lowered.as_text())``) for the 0-FLOPs check; when
-    None, ``compiled.as_text()`` is scanned (CPU may have rewritten dots to custom calls,
-    so the lowered text is the better source). Backend exceptions become a
-    not-reported record.
-    """
-    return _stage_cost(compiled, SCOPE_PER_DEVICE, program_text=None, needs_text=has_dot_or_conv is None,
-                       has_dot_or_conv=has_dot_or_conv)
+    return _result_cost(result, SCOPE_PER_DEVICE, program_text=program_text if has_dot_or_conv is None else None,
+                        has_dot_or_conv=has_dot_or_conv)

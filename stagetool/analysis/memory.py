@@ -23,7 +23,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable, Sequence
+from collections.abc import Mapping
 from typing import Any
+
+from stagetool.lowering.facts import BackendResult
 
 from stagetool.analysis.cost import Suspect
 
@@ -84,7 +87,7 @@ class MemoryRecord:
 
 
 def _int_or_none(obj: Any, name: str) -> int | None:
-    v = getattr(obj, name, None)
+    v = obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
     if v is None:
         return None
     try:
@@ -141,14 +144,13 @@ def normalise_memory(stats: Any) -> MemoryRecord:
                         peak_bytes=peak, peak_source=src, reason=None, suspects=tuple(suspects))
 
 
-def memory_of(compiled: Any) -> MemoryRecord:
-    """Per-device memory record of a ``jax.stages.Compiled`` (exceptions become a reason)."""
-    try:
-        stats = compiled.memory_analysis()
-    except Exception as e:  # noqa: BLE001 - backend failures are data here
+def memory_of(result: BackendResult | None) -> MemoryRecord:
+    """Per-device memory record from ``Compiled.memory_analysis()`` as lowering read it (an
+    exception the backend raised becomes the record's reason)."""
+    if result is not None and result.error is not None:
         rec = normalise_memory(None)
-        return dataclasses.replace(rec, reason=f"memory_analysis() raised {type(e).__name__}: {e}")
-    return normalise_memory(stats)
+        return dataclasses.replace(rec, reason=f"memory_analysis() raised {result.error}")
+    return normalise_memory(result.values if result is not None else None)
 
 
 # --------------------------------------------------------------------------- donation
@@ -258,40 +260,6 @@ def donation_status(donated: Sequence[bool], aliases: Iterable[AliasEntry]) -> t
 
 # --------------------------------------------------------------------------- capacity and sizes
 
-
-
-@dataclasses.dataclass(frozen=True)
-class Capacity:
-    """Memory capacity of one device, in bytes.
-
-    Attributes:
-      bytes_limit: bytes the allocator may use on the device, or None.
-      source: where the figure comes from (``"jax.Device.memory_stats()['bytes_limit']"``,
-        ``"user"`` or a chip-table name).
-      reason: why it is None.
-    """
-
-    bytes_limit: int | None
-    source: str | None
-    reason: str | None = None
-
-
-def device_capacity(device: Any) -> Capacity:
-    """Capacity of a ``jax.Device`` from ``device.memory_stats()['bytes_limit']``.
-
-    ``memory_stats()`` is None on CPU (and on compile-only TPU devices it may raise);
-    both give a :class:`Capacity` with ``bytes_limit=None`` and a reason.
-    """
-    try:
-        stats = device.memory_stats()
-    except Exception as e:  # noqa: BLE001
-        return Capacity(None, None, f"memory_stats() raised {type(e).__name__}: {e}")
-    if not stats:
-        return Capacity(None, None, f"{getattr(device, 'platform', 'this')} device reports no memory_stats()")
-    limit = stats.get("bytes_limit")
-    if limit is None:
-        return Capacity(None, None, "memory_stats() has no 'bytes_limit'")
-    return Capacity(int(limit), "jax.Device.memory_stats()['bytes_limit']")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """What is live at the memory peak, found without running the program.
 
-How (verified on jax/jaxlib 0.10.2, CPU): compile the lowered module once more with
-``compiler_options={"xla_dump_to": DIR, "xla_dump_hlo_as_text": True}``. XLA then writes,
+How (verified on jax/jaxlib 0.10.2, CPU): ``stagetool.lowering.stages`` compiles with
+``compiler_options={"xla_dump_to": DIR, "xla_dump_hlo_as_text": True}`` (the one compile of the
+run) and hands the dump's text over in :class:`~stagetool.lowering.facts.PeakDump`. XLA writes,
 per module, ``module_NNNN.<name>.<backend>_after_optimizations-live-range.txt`` (its
 "Live ranges at N (peak)" section lists every buffer live at the peak with its bytes,
 followed by a "Stack trace breakdown for peak usage" tree by op name) and
@@ -15,9 +16,7 @@ Buffers are named ``<instruction>{<shape index>}``; the instruction's shape and 
 stack frame resolves through the ``FileNames`` / ``FunctionNames`` / ``FileLocations`` /
 ``StackFrames`` tables at the top of that text to the user's file and line.
 
-NOTE: the small HLO-text reader here (:class:`ModuleIndex`) is deliberately local; switch it
-to ``stagetool/hlo/parser.py`` once that parser is merged. Callers can already pass their
-own ``resolve`` callable to :func:`peak_buffers`.
+Callers can pass their own ``resolve`` callable to :func:`peak_report`.
 
 ``memory_analysis().serialized_buffer_assignment_proto`` is an ``xla.BufferAssignmentProto``
 in bytes; decoding it needs XLA's ``.proto`` schema, which JAX does not ship as a public
@@ -27,16 +26,11 @@ Python module, so it is not used here.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import shutil
-import tempfile
-import time
 from collections.abc import Callable
-from typing import Any
 
-DUMP_OPTIONS = {"xla_dump_hlo_as_text": True}
-"""Compiler options added next to ``xla_dump_to`` for the peak dump."""
+from stagetool.lowering.facts import PeakDump
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +139,7 @@ class PeakReport:
       buffers: the largest live buffers (at most ``top``), largest first.
       buffer_count: how many buffers are live at the peak in total.
       breakdown: XLA's peak breakdown by op name (see :class:`PeakOpShare`).
-      dump_compile_seconds: wall time of the extra compile with dumping (seconds).
+      dump_compile_seconds: wall time of the compile that wrote the dump (seconds).
       reason: why nothing was found (None on success).
     """
 
@@ -276,75 +270,36 @@ class ModuleIndex:
         return SourceLocation(op_name, frames[0].file, frames[0].line, frames[0].function)
 
 
-# --------------------------------------------------------------------------- driver
+# --------------------------------------------------------------------------- the report
 
 
-def _module_name(module_text: str) -> str | None:
-    m = re.match(r"HloModule\s+([^\s,]+)", module_text)
-    return m.group(1) if m else None
-
-
-def _pick_live_range_file(dump_dir: str, module_name: str | None) -> str | None:
-    files = sorted(f for f in os.listdir(dump_dir) if f.endswith("-live-range.txt"))
-    if module_name:
-        named = [f for f in files if f".{module_name}." in f]
-        files = named or files
-    return os.path.join(dump_dir, files[-1]) if files else None
-
-
-def peak_buffers(lowered: Any, *, top: int = 10, resolve: Resolver | None = None,
-                 compiler_options: dict[str, Any] | None = None) -> PeakReport:
-    """Largest buffers live at the per-device memory peak of a lowered program.
-
-    Compiles ``lowered`` (a ``jax.stages.Lowered``) once more with an XLA dump into a fresh
-    temporary directory (always removed, also on errors), parses the live-range dump and
-    attributes each buffer to its shape, op name and source line.
+def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = None) -> PeakReport:
+    """Largest buffers live at the per-device memory peak, from the live-range dump lowering took
+    with the compile (:class:`stagetool.lowering.facts.PeakDump`), each attributed to its shape,
+    op name and source line.
 
     Args:
-      lowered: the ``jax.stages.Lowered`` the pipeline already has.
+      dump: the dump's live-range text and the compiled module text it describes.
       top: how many buffers to return (largest first).
-      resolve: ``instruction_name -> SourceLocation``; default: read the compiled module's
-        own text (:class:`ModuleIndex`).
-      compiler_options: extra compiler options the main compile used (kept, so the dumped
-        module is the same program).
+      resolve: ``instruction_name -> SourceLocation``; default: the compiled module's own text
+        (:class:`ModuleIndex`).
 
     Returns:
-      A :class:`PeakReport`; when the compile fails or XLA writes no live-range file (e.g.
-      the executable came from the persistent compilation cache) the report has
-      ``reason`` set and no buffers. Never raises for those cases.
+      A :class:`PeakReport`; with ``reason`` set and no buffers when XLA wrote no live-range file
+      (e.g. the executable came from the persistent compilation cache). Never raises for that.
     """
-    tmp = tempfile.mkdtemp(prefix="stagetool-peak-")
-    try:
-        opts = dict(compiler_options or {})
-        opts.update(DUMP_OPTIONS)
-        opts["xla_dump_to"] = tmp
-        t0 = time.perf_counter()
-        try:
-            compiled = lowered.compile(compiler_options=opts)
-        except Exception as e:  # noqa: BLE001 - a failed extra compile is data here
-            return PeakReport(None, None, (), 0, (), None,
-                              f"compile with XLA dump failed: {type(e).__name__}: {e}")
-        seconds = time.perf_counter() - t0
-        module_text = compiled.as_text() or ""
-        path = _pick_live_range_file(tmp, _module_name(module_text))
-        if path is None:
-            return PeakReport(None, None, (), 0, (), seconds,
-                              "XLA wrote no live-range dump (the executable may have come from the "
-                              "persistent compilation cache, or this backend does not dump it)")
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            live = parse_live_range_peak(fh.read())
-        if live is None:
-            return PeakReport(None, None, (), 0, (), seconds,
-                              f"no 'Live ranges at N (peak)' section in {os.path.basename(path)}")
-        index = ModuleIndex(module_text)
-        res = resolve or index.resolve
-        out = []
-        for b in live.buffers[:max(top, 0)]:
-            loc = res(b.instruction_name)
-            out.append(PeakBuffer(b.value_name, b.instruction_name, b.size_bytes,
-                                  index.shape(b.instruction_name, b.shape_index),
-                                  loc.op_name, loc.file, loc.line, loc.function))
-        return PeakReport(live.peak_bytes, live.position, tuple(out), len(live.buffers),
-                          live.breakdown, seconds)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    seconds = dump.compile_seconds
+    if dump.live_range_text is None:
+        return PeakReport(None, None, (), 0, (), seconds, dump.reason or "no live-range dump")
+    live = parse_live_range_peak(dump.live_range_text)
+    if live is None:
+        return PeakReport(None, None, (), 0, (), seconds, "no 'Live ranges at N (peak)' section in the dump")
+    index = ModuleIndex(dump.module_text)
+    res = resolve or index.resolve
+    out = []
+    for b in live.buffers[:max(top, 0)]:
+        loc = res(b.instruction_name)
+        out.append(PeakBuffer(b.value_name, b.instruction_name, b.size_bytes,
+                              index.shape(b.instruction_name, b.shape_index),
+                              loc.op_name, loc.file, loc.line, loc.function))
+    return PeakReport(live.peak_bytes, live.position, tuple(out), len(live.buffers), live.breakdown, seconds)

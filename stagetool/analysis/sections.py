@@ -7,7 +7,6 @@ sharding reports, and returns a frozen record that renderers read without touchi
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from stagetool.analysis.collectives import (
     Collective,
@@ -33,11 +32,12 @@ from stagetool.analysis.memory import (
     memory_of,
     parse_input_output_alias,
 )
-from stagetool.analysis.peak import PeakReport, peak_buffers
+from stagetool.analysis.peak import PeakReport, peak_report
 from stagetool.analysis.roofline import RooflineEstimate, roofline
 from stagetool.analysis.shardings import LeafReport
 from stagetool.core.chips import Chip
 from stagetool.hlo.parser import HloModule
+from stagetool.lowering.facts import StagedFunction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +103,7 @@ class MemorySection:
       verdict: whether the peak fits in the capacity.
       largest_inputs: the input leaves with the most bytes per device, largest first (ties by path).
       donation: per input leaf that is donated or aliased.
-      peak: what is live at the peak (a second compile with an XLA dump), or None when not asked.
+      peak: what is live at the peak (from the compile's XLA dump), or None when not asked.
     """
 
     record: MemoryRecord
@@ -115,49 +115,46 @@ class MemorySection:
     peak: PeakReport | None = None
 
 
-def cost_section(lowered: Any, compiled: Any, device_count: int, chip: Chip | None = None,
-                 dtype: str = "bf16", module: HloModule | None = None) -> CostSection:
-    """Build :class:`CostSection` from the lowered and compiled stages (never raises on missing data).
+def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = None,
+                 dtype: str = "bf16") -> CostSection:
+    """Build :class:`CostSection` from a staged function's facts (never raises on missing data).
 
-    ``dtype`` picks the chip's peak FLOP/s for the roofline (``bf16`` or ``f32``); ``module`` is the
-    parsed compiled module, for its loops.
+    Whole program: ``Lowered.cost_analysis()``; per device: ``Compiled.cost_analysis()``, both as
+    lowering read them. ``dtype`` picks the chip's peak FLOP/s for the roofline (``bf16`` or
+    ``f32``); the compiled module's loops give the trip counts.
     """
-    try:
-        text = lowered.as_text()
-    except Exception:  # noqa: BLE001 - the check is advisory
-        text = None
-    whole = whole_program_cost(lowered, program_text=text)
+    text = facts.stablehlo_text
+    whole = whole_program_cost(facts.whole_program_cost, program_text=text)
     has_dot = has_dot_or_convolution(text) if text is not None else None
-    per_device = per_device_cost(compiled, has_dot_or_conv=has_dot)
+    per_device = per_device_cost(facts.per_device_cost, has_dot_or_conv=has_dot, program_text=facts.compiled_text)
     estimate = None
     if chip is not None:
         estimate = roofline(chip, flops_per_device=per_device.flops,
                             bytes_accessed_per_device=per_device.bytes_accessed, dtype=dtype)
+    module = facts.module
     loops = tuple(n for _, n in while_loops(module)) if module is not None else ()
     return CostSection(per_device, whole, device_count, estimate, loops)
 
 
-def memory_section(lowered: Any, compiled: Any, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...],
-                   *, capacity_bytes: int | None, capacity_source: str | None, top: int = 10,
-                   peak: bool = False, compiled_text: str | None = None) -> MemorySection:
-    """Build :class:`MemorySection`.
+def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...],
+                   *, capacity_bytes: int | None, capacity_source: str | None, top: int = 10) -> MemorySection:
+    """Build :class:`MemorySection` from a staged function's facts.
 
     Args:
-      lowered / compiled: the stages.
+      facts: ``Compiled.memory_analysis()``, the compiled text (its ``input_output_alias``) and the
+        live-range dump when the peak was asked for, as lowering read them.
       inputs / outputs: per-leaf reports (for names, bytes per device and parameter numbers).
       capacity_bytes / capacity_source: the device's memory, if known.
       top: how many largest inputs and peak buffers to keep.
-      peak: also find the buffers live at the peak (costs one more compile with an XLA dump).
-      compiled_text: ``compiled.as_text()`` if the caller has it already.
     """
-    record = memory_of(compiled)
+    record = memory_of(facts.memory)
     verdict = fit_verdict(record.peak_bytes, capacity_bytes)
     used = [x for x in inputs if x.bytes_per_device is not None]
     largest = sorted(used, key=lambda x: (-(x.bytes_per_device or 0), x.path))[:top]
     largest_inputs = tuple(InputBytes(x.path, _shape(x), int(x.bytes_per_device or 0)) for x in largest)
-    donation = _donation(compiled_text if compiled_text is not None else compiled.as_text(), inputs, outputs)
-    peak_report = peak_buffers(lowered, top=top) if peak else None
-    return MemorySection(record, capacity_bytes, capacity_source, verdict, largest_inputs, donation, peak_report)
+    donation = _donation(facts.compiled_text or "", inputs, outputs)
+    peak = peak_report(facts.peak, top=top) if facts.peak is not None else None
+    return MemorySection(record, capacity_bytes, capacity_source, verdict, largest_inputs, donation, peak)
 
 
 def _shape(x: LeafReport) -> str:
@@ -248,13 +245,13 @@ class CollectivesSection:
     explained: tuple[Explanation, ...] = ()
 
 
-def collectives_section(module: HloModule, mesh: Any, inputs: tuple[LeafReport, ...] | None,
+def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafReport, ...] | None,
                         user_files: list[str], explain: tuple[str, ...] = ()) -> CollectivesSection:
     """Build :class:`CollectivesSection` from the parsed compiled module.
 
     Args:
       module: ``parse_hlo_module(compiled.as_text())``.
-      mesh: the ``jax.sharding.Mesh`` (replica groups are matched against its axes).
+      mesh: the mesh's axis names and sizes (replica groups are matched against its axes).
       inputs: per-leaf reports with entry parameter numbers (needed for ``explain``).
       user_files: the user's source files, preferred when picking the source frame.
       explain: input leaf paths to explain (see :func:`match_leaves`).
@@ -266,7 +263,7 @@ def collectives_section(module: HloModule, mesh: Any, inputs: tuple[LeafReport, 
 
     from stagetool.lowering.target import library_dirs
 
-    found = find_collectives(module, MeshAxes.from_mesh(mesh))
+    found = find_collectives(module, mesh)
     user = {str(Path(f).resolve()) for f in user_files}
     library = library_dirs()
     items = tuple(CollectiveItem(c, _user_source(c, user, library)) for c in found)

@@ -12,17 +12,26 @@ from typing import Union
 
 @dataclasses.dataclass(frozen=True)
 class Sharding:
-    """A sharding as the spec writes it.
+    """A sharding as structure: the spec's, or the compiled program's read back from JAX.
 
     Attributes:
-      kind: ``"spec"`` (a PartitionSpec), ``"auto"`` (the partitioner chooses), or ``"unspecified"``
-        (no sharding given: replicated on the mesh for inputs; the compiler's choice for outputs).
+      kind: ``"spec"`` (a PartitionSpec over the mesh's axes), ``"auto"`` (the partitioner
+        chooses), ``"unspecified"`` (no sharding given: replicated on the mesh for inputs; the
+        compiler's choice for outputs), or ``"other"`` (a compiled sharding that no PartitionSpec
+        over the mesh expresses; ``text`` holds JAX's description).
       dims: for ``"spec"``, one entry per array dimension: None (not sharded), a mesh axis name, or a
         tuple of axis names (several mesh axes on one dimension, major first). ``()`` is replicated.
+      text: for ``"other"``, JAX's ``repr`` of the sharding.
     """
 
     kind: str
     dims: tuple[Union[None, str, tuple[str, ...]], ...] = ()
+    text: str | None = None
+
+    @property
+    def replicated(self) -> bool:
+        """A PartitionSpec that shards no dimension."""
+        return self.kind == "spec" and not self.axes
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -42,6 +51,9 @@ class Sharding:
         return Sharding("spec", tuple(self.dims) + (None,) * (rank - len(self.dims)))
 
     def __str__(self) -> str:
+        """As JAX prints a PartitionSpec, ``P('data', None)``; ``auto``, ``unspecified`` or JAX's text else."""
+        if self.kind == "other":
+            return self.text or "other"
         if self.kind != "spec":
             return self.kind
         return format_dims(self.dims)

@@ -48,7 +48,7 @@ def _num(v: Any) -> int | float | None:
 
 
 def _leaf(leaf: Any) -> dict:
-    return {"path": leaf.path, "shape": list(leaf.shape), "dtype": leaf.dtype, "sharding": leaf.compiled,
+    return {"path": leaf.path, "shape": list(leaf.shape), "dtype": leaf.dtype, "sharding": None if leaf.compiled is None else str(leaf.compiled),
             "bytes_per_device": leaf.bytes_per_device, "unused": bool(leaf.unused)}
 
 

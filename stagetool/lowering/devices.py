@@ -193,3 +193,37 @@ def local_mesh_sizes(mesh_spec: MeshSpec, process_of_device: tuple[int, ...], pr
         raise UsageError(f"the devices of process {process} do not form a sub-mesh of {mesh_spec}; "
                          "local avals need each process to hold a box of the mesh")
     return local
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    """Memory capacity of one device, in bytes.
+
+    Attributes:
+      bytes_limit: bytes the allocator may use on the device, or None.
+      source: where the figure comes from (``"jax.Device.memory_stats()['bytes_limit']"``,
+        ``"user"`` or a chip-table name).
+      reason: why it is None.
+    """
+
+    bytes_limit: int | None
+    source: str | None
+    reason: str | None = None
+
+
+def device_capacity(device: Any) -> Capacity:
+    """Capacity of a ``jax.Device`` from ``device.memory_stats()['bytes_limit']``.
+
+    ``memory_stats()`` is None on CPU (and on compile-only TPU devices it may raise);
+    both give a :class:`Capacity` with ``bytes_limit=None`` and a reason.
+    """
+    try:
+        stats = device.memory_stats()
+    except Exception as e:  # noqa: BLE001
+        return Capacity(None, None, f"memory_stats() raised {type(e).__name__}: {e}")
+    if not stats:
+        return Capacity(None, None, f"{getattr(device, 'platform', 'this')} device reports no memory_stats()")
+    limit = stats.get("bytes_limit")
+    if limit is None:
+        return Capacity(None, None, "memory_stats() has no 'bytes_limit'")
+    return Capacity(int(limit), "jax.Device.memory_stats()['bytes_limit']")

@@ -43,6 +43,8 @@ class Staged:
       jitted: the ``jax.jit``-wrapped function that was staged.
       warnings: what JAX warned while staging (e.g. "Some donated buffers were not usable"),
         deduplicated, in order: facts for the report rather than noise on stderr.
+      dump: with ``dump=True``, the live-range dump XLA wrote while compiling: ``(live-range file
+        text or None, why there is none or None)``.
     """
 
     traced: Any
@@ -51,6 +53,7 @@ class Staged:
     timings: StageTimings
     jitted: Any
     warnings: tuple[str, ...] = ()
+    dump: tuple[str | None, str | None] | None = None
 
 
 def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, mesh: Any) -> Any:
@@ -110,7 +113,7 @@ def _out_shardings(tree: Any, mesh: Any) -> Any:
 
 
 def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_files: list[str],
-          until: str = "compile", compiler_options: dict | None = None,
+          until: str = "compile", compiler_options: dict | None = None, dump: bool = False,
           on_stage: Callable[[str], None] | None = None) -> Staged:
     """Trace, lower and (unless ``until="lower"``) compile.
 
@@ -122,6 +125,9 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
       user_files: the user's source files, to find the user's frame in a traceback.
       until: ``"lower"`` or ``"compile"``.
       compiler_options: passed to ``Lowered.compile``.
+      dump: compile with XLA's dump into a temporary folder (``xla_dump_to``) and keep the
+        buffer live-range file's text (:attr:`Staged.dump`), so the peak buffers come from the
+        one compile; the folder is removed on every exit path.
       on_stage: called with ``"trace"``, ``"lower"``, ``"compile"`` as each stage starts.
 
     Raises:
@@ -152,12 +158,49 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
     traced = run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs))
     lowered = run("lower", traced.lower)
     compiled = None
+    dumped = None
     if until == "compile":
-        compiled = run("compile", lambda: lowered.compile(compiler_options) if compiler_options
-                       else lowered.compile())
+        if dump:
+            import shutil
+            import tempfile
+
+            folder = tempfile.mkdtemp(prefix="stagetool-dump-")
+            try:
+                options = {**(compiler_options or {}), **DUMP_OPTIONS, "xla_dump_to": folder}
+                compiled = run("compile", lambda: lowered.compile(options))
+                dumped = read_live_range(folder, compiled.as_text() or "")
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        else:
+            compiled = run("compile", lambda: lowered.compile(compiler_options) if compiler_options
+                           else lowered.compile())
     return Staged(traced, lowered, compiled,
                   StageTimings(timings.get("trace"), timings.get("lower"), timings.get("compile")), jitted,
-                  tuple(warned))
+                  tuple(warned), dumped)
+
+
+DUMP_OPTIONS = {"xla_dump_hlo_as_text": True}
+"""Compiler options added next to ``xla_dump_to`` for the live-range dump.
+
+With ``xla_dump_to`` XLA writes, per module, ``module_NNNN.<name>.<backend>_after_optimizations-
+live-range.txt`` (its "Live ranges at N (peak)" section lists every buffer live at the peak);
+verified on jax/jaxlib 0.10.2. Text is XLA's default dump format; per-pass dumps stay off."""
+
+
+def read_live_range(folder: str, module_text: str) -> tuple[str | None, str | None]:
+    """``(text of the compiled module's live-range dump, None)``, or ``(None, why there is none)``."""
+    import os
+    import re
+
+    m = re.match(r"HloModule\s+([^\s,]+)", module_text)
+    files = sorted(f for f in os.listdir(folder) if f.endswith("-live-range.txt"))
+    if m:
+        files = [f for f in files if f".{m.group(1)}." in f] or files
+    if not files:
+        return None, ("XLA wrote no live-range dump (the executable may have come from the persistent "
+                      "compilation cache, or this backend does not dump it)")
+    with open(os.path.join(folder, files[-1]), encoding="utf-8", errors="replace") as fh:
+        return fh.read(), None
 
 
 def _definition(fn: Any) -> str | None:

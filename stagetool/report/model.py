@@ -18,6 +18,7 @@ from typing import Any
 
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.analysis.shardings import LeafReport
+from stagetool.core.sharding import Sharding
 
 SCHEMA_VERSION = 1
 
@@ -111,8 +112,10 @@ class Report:
 
 
 def to_jsonable(obj: Any) -> Any:
-    """Turn records into JSON values: dataclasses to objects (field order kept), tuples to lists,
-    enums to their values, non-finite floats to None."""
+    """Turn records into JSON values: dataclasses to objects (field order kept), shardings to JAX's
+    PartitionSpec text, tuples to lists, enums to their values, non-finite floats to None."""
+    if isinstance(obj, Sharding):
+        return str(obj)  # as JAX prints a PartitionSpec: the one text form, at the edge
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)
                 if not f.metadata.get("json_skip")}

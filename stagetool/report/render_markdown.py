@@ -104,8 +104,8 @@ def _leaves(leaves: tuple[LeafReport, ...]) -> list[str]:
     rows = []
     for x in leaves:
         rows.append([f"`{x.path}`", f"`{shape_str(x.dtype, x.shape)}`",
-                     "—" if x.declared == "unspecified" else f"`{x.declared}`",
-                     f"`{x.compiled}`" if x.compiled else "—", dims_str(x.shard_shape),
+                     "—" if x.declared.kind == "unspecified" else f"`{x.declared}`",
+                     f"`{x.compiled}`" if x.compiled is not None else "—", dims_str(x.shard_shape),
                      format_bytes(x.bytes_per_device), ", ".join(views.leaf_notes(x))])
     return table(["leaf", "shape", "declared", "compiled", "shard", "per device", ""], rows, "lllllrl")
 

@@ -161,8 +161,9 @@ def _leaf_table(title: str, leaves: tuple[LeafReport, ...], *, inputs: bool) -> 
     table.add_column("", overflow="fold", min_width=10)
     for leaf in leaves:
         style = "unused" if leaf.unused else None
-        compiled = Text(leaf.compiled or "—", style="chosen" if leaf.declared == "auto" else "")
-        declared = "—" if leaf.declared == "unspecified" else leaf.declared
+        compiled = Text(str(leaf.compiled) if leaf.compiled is not None else "—",
+                        style="chosen" if leaf.declared.kind == "auto" else "")
+        declared = "—" if leaf.declared.kind == "unspecified" else str(leaf.declared)
         cells = [leaf.path, shape_str(leaf.dtype, leaf.shape), declared, compiled, dims_str(leaf.shard_shape),
                  format_bytes(leaf.bytes_per_device)]
         if padded:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stagetool.core.sharding import Sharding
 from stagetool.core.units import (
     dims_str,
     format_bytes,
@@ -169,7 +170,7 @@ def leaf_notes(leaf: Any) -> list[str]:
     notes = []
     if leaf.unused:
         notes.append("unused (pruned)")
-    elif leaf.declared == "auto":
+    elif leaf.declared.kind == "auto":
         notes.append("chosen")
     if leaf.donated:
         notes.append("donated")
@@ -262,13 +263,14 @@ def explain_lines(c: Any) -> list[str]:
     return out
 
 
-def _sharded_over(compiled: str | None) -> str:
-    """The mesh axes a compiled sharding text (``P(None, 'model')``) uses: ``model``; ``replicated``."""
+def _sharded_over(compiled: Sharding | None) -> str:
+    """The mesh axes a compiled sharding uses (``P(None, 'model')`` → ``model``), ``replicated``, or
+    ``unused (pruned)``."""
     if compiled is None:
         return "unused (pruned)"
-    import re
-
-    axes = re.findall(r"'([^']+)'", compiled)
+    if compiled.kind == "other":
+        return "other (no PartitionSpec over the mesh)"
+    axes = compiled.axes
     return " × ".join(dict.fromkeys(axes)) if axes else "replicated"
 
 
@@ -293,7 +295,7 @@ def shardings_summary_notes(inputs: Any) -> list[str]:
     """The input leaves worth a line of their own: chosen by the partitioner, unused, donation count."""
     out = []
     for x in inputs or ():
-        if x.declared == "auto" and not x.unused:
+        if x.declared.kind == "auto" and not x.unused:
             out.append(f"chosen by the partitioner: {x.path} → {x.compiled}")
     unused = [x.path for x in inputs or () if x.unused]
     if unused:

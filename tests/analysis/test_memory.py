@@ -11,6 +11,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stagetool.analysis import memory
+from stagetool.lowering import devices
 from stagetool.core import units
 from stagetool.core.errors import UsageError
 from stagetool.core.units import format_bytes
@@ -157,15 +158,15 @@ def test_format_parse_round_trip():
 
 
 def test_cpu_device_capacity_is_none_with_reason():
-    cap = memory.device_capacity(jax.devices()[0])
+    cap = devices.device_capacity(jax.devices()[0])
     assert jax.devices()[0].memory_stats() is None
     assert cap.bytes_limit is None and "memory_stats" in cap.reason
 
 
 def test_device_capacity_from_memory_stats():
     dev = types.SimpleNamespace(memory_stats=lambda: {"bytes_limit": 123, "bytes_in_use": 1})
-    assert memory.device_capacity(dev) == memory.Capacity(123, "jax.Device.memory_stats()['bytes_limit']")
-    assert memory.device_capacity(types.SimpleNamespace(memory_stats=lambda: {"x": 1})).bytes_limit is None
+    assert devices.device_capacity(dev) == devices.Capacity(123, "jax.Device.memory_stats()['bytes_limit']")
+    assert devices.device_capacity(types.SimpleNamespace(memory_stats=lambda: {"x": 1})).bytes_limit is None
 
 
 def test_fit_verdict():

@@ -1,0 +1,354 @@
+"""What lowering hands analysis: one frozen value per staged function, with no JAX object inside.
+
+:func:`gather` reads everything the analysis needs from JAX's stage objects (``jax.stages.Traced``,
+``Lowered``, ``Compiled``) once: module texts, the raw ``cost_analysis()`` and
+``memory_analysis()`` results, per-leaf shardings (as :class:`~stagetool.core.sharding.Sharding`
+structure over the mesh), shard shapes, layouts and donation, and the peak dump when one was
+taken. ``stagetool.analysis`` then works from this :class:`StagedFunction` alone, so it never calls
+JAX, and its records can be cached or computed in another process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from stagetool.core.sharding import Sharding
+from stagetool.lowering.stages import StageTimings
+
+if TYPE_CHECKING:
+    from stagetool.hlo.parser import HloModule
+    from stagetool.lowering.avals import AbstractInputs
+    from stagetool.lowering.stages import Staged
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafFacts:
+    """One input or output leaf of the staged program.
+
+    Attributes:
+      path: key path, ``params/layers/wq`` (inputs start with the argument name, outputs with ``out``).
+      shape: global shape.
+      dtype: numpy dtype name or PRNG key dtype (``key<fry>``).
+      declared: what the spec asks for (``auto``/``unspecified`` kinds, or mesh axes per dimension).
+      compiled: the compiled program's sharding as mesh axes per dimension (padded to the rank;
+        kind ``other`` with JAX's text when no PartitionSpec over the mesh is equivalent), from
+        ``Compiled.input_shardings`` / ``output_shardings``; None for an input the compiler pruned.
+      shard_shape: one device's shard shape (``jax.sharding.Sharding.shard_shape``); None if pruned.
+      donated: donation was requested (the spec, or the jit's own ``donate_argnums`` as
+        ``Compiled.args_info`` reports it).
+      local_shape: under ``avals: local``, the host-local shape the spec gave.
+      source: ``file:line:col`` of the spec node that set the shape or sharding.
+      parameter: the entry computation parameter number of an input (None for outputs and pruned inputs).
+      padded_bytes_per_device: bytes of one shard in its tiled device layout (TPU), from
+        ``Compiled.input_formats`` / ``output_formats``; None without tiling.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    declared: Sharding
+    compiled: Sharding | None
+    shard_shape: tuple[int, ...] | None
+    donated: bool = False
+    local_shape: tuple[int, ...] | None = None
+    source: str | None = None
+    parameter: int | None = None
+    padded_bytes_per_device: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendResult:
+    """What a backend analysis API returned, or why there is nothing.
+
+    Attributes:
+      values: the raw result: ``cost_analysis()``'s ``{key: float}`` dict (or list of dicts), or
+        ``memory_analysis()``'s fields as ``{attribute: int}``; None when the API returned None.
+      error: ``"<Exception>: message"`` when the API raised, else None.
+    """
+
+    values: Any
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakDump:
+    """XLA's buffer live-range dump of the compile (``xla_dump_to``), for the peak-buffer analysis.
+
+    Attributes:
+      live_range_text: the ``*-live-range.txt`` file's text, or None when XLA wrote none.
+      module_text: the optimised module the dump describes (``Compiled.as_text()``).
+      compile_seconds: wall time of the compile that wrote the dump.
+      reason: why there is no live-range text (None when there is).
+    """
+
+    live_range_text: str | None
+    module_text: str
+    compile_seconds: float | None
+    reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedFunction:
+    """Everything analysis reads about one staged function (see the module docstring).
+
+    Attributes:
+      name / target: the spec's function name and target.
+      timings: seconds per stage.
+      warnings: what JAX (or the user's code) warned while staging, deduplicated.
+      lowered_text: the lowered module in ``lowered_dialect`` (``Lowered.as_text``), when asked for.
+      lowered_dialect: ``stablehlo`` or ``hlo``.
+      stablehlo_text: the lowered StableHLO (``Lowered.as_text()``), for the cost checks; None when
+        not read.
+      compiled_text: the compiled, partitioned module (``Compiled.as_text()``); None before compile.
+      whole_program_cost: ``Lowered.cost_analysis()``.
+      per_device_cost: ``Compiled.cost_analysis()``.
+      memory: ``Compiled.memory_analysis()``.
+      inputs / outputs: per-leaf facts, in JAX's flattening order; None before compile.
+      peak: the live-range dump, when the peak was asked for.
+    """
+
+    name: str
+    target: str
+    timings: StageTimings
+    warnings: tuple[str, ...] = ()
+    lowered_text: str | None = None
+    lowered_dialect: str = "stablehlo"
+    stablehlo_text: str | None = None
+    compiled_text: str | None = None
+    whole_program_cost: BackendResult | None = None
+    per_device_cost: BackendResult | None = None
+    memory: BackendResult | None = None
+    inputs: tuple[LeafFacts, ...] | None = None
+    outputs: tuple[LeafFacts, ...] | None = None
+    peak: PeakDump | None = None
+
+    @functools.cached_property
+    def module(self) -> HloModule | None:
+        """The compiled module parsed once (:func:`stagetool.hlo.parser.parse_hlo_module`)."""
+        if self.compiled_text is None:
+            return None
+        from stagetool.hlo.parser import parse_hlo_module
+
+        return parse_hlo_module(self.compiled_text)
+
+
+_MEMORY_ATTRIBUTES = (
+    "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+    "generated_code_size_in_bytes", "host_argument_size_in_bytes", "host_output_size_in_bytes",
+    "host_alias_size_in_bytes", "host_temp_size_in_bytes", "host_generated_code_size_in_bytes",
+    "peak_memory_in_bytes",
+)
+
+
+def _call(api: Any) -> BackendResult:
+    try:
+        return BackendResult(api())
+    except Exception as e:  # noqa: BLE001 - a backend that cannot answer is a fact, not a crash
+        return BackendResult(None, f"{type(e).__name__}: {e}")
+
+
+def _memory(compiled: Any) -> BackendResult:
+    result = _call(compiled.memory_analysis)
+    if result.values is None:
+        return result
+    stats = result.values
+    return BackendResult({a: getattr(stats, a) for a in _MEMORY_ATTRIBUTES if getattr(stats, a, None) is not None})
+
+
+def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, mesh: Any,
+           declared_outputs: Any = None, lowered_dialect: str | None = None, compiled_text: bool = True,
+           stablehlo_text: bool = True, peak: PeakDump | None = None) -> StagedFunction:
+    """Read one staged function's facts from its stage objects.
+
+    Args:
+      staged: the stages (``compiled`` None when staging stopped at ``lower``).
+      inputs: the abstract inputs it was staged with.
+      name / target: the spec's function name and target.
+      mesh: the ``jax.sharding.Mesh`` (compiled shardings are expressed over its axes).
+      declared_outputs: the spec's ``out_shardings`` tree (None: every output is the compiler's).
+      lowered_dialect: read the lowered module's text in this dialect (None: do not).
+      compiled_text / stablehlo_text: read those texts (cost, collectives and donation need them).
+      peak: the live-range dump taken with the compile, if any.
+    """
+    lowered, compiled = staged.lowered, staged.compiled
+    fields: dict[str, Any] = {}
+    if lowered_dialect is not None:
+        fields["lowered_text"] = (lowered.as_text(dialect=lowered_dialect) if lowered_dialect != "stablehlo"
+                                  else lowered.as_text())
+        fields["lowered_dialect"] = lowered_dialect
+    if compiled is not None:
+        if stablehlo_text:
+            fields["stablehlo_text"] = fields["lowered_text"] if lowered_dialect == "stablehlo" else _text(lowered)
+        if compiled_text:
+            fields["compiled_text"] = compiled.as_text()
+        fields["whole_program_cost"] = _call(lowered.cost_analysis)
+        fields["per_device_cost"] = _call(compiled.cost_analysis)
+        fields["memory"] = _memory(compiled)
+        fields["inputs"] = input_facts(inputs, compiled, mesh)
+        fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh)
+    return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)
+
+
+def _text(lowered: Any) -> str | None:
+    try:
+        return lowered.as_text()
+    except Exception:  # noqa: BLE001 - the text only feeds advisory checks
+        return None
+
+
+# ---- shardings -----------------------------------------------------------------------------------
+
+
+def sharding_of(sharding: Any, rank: int, mesh: Any) -> Sharding:
+    """A ``jax.sharding.Sharding`` as mesh axes per dimension, padded with None to ``rank``.
+
+    ``NamedSharding`` gives its ``PartitionSpec``; a single-device sharding is replicated; any
+    other sharding (``GSPMDSharding`` from a compiler choice) is matched against the
+    PartitionSpecs over ``mesh``'s axes with ``Sharding.is_equivalent_to`` (fewest axes first), and
+    kept as kind ``other`` with JAX's text only when none is equivalent.
+    """
+    spec = getattr(sharding, "spec", None)
+    if spec is not None:
+        return _from_spec(tuple(spec), rank)
+    if type(sharding).__name__ == "SingleDeviceSharding":
+        return Sharding("spec", (None,) * rank)
+    found = _equivalent_spec(sharding, rank, mesh)
+    if found is not None:
+        return found
+    return Sharding("other", text=repr(sharding))
+
+
+def _from_spec(dims: tuple, rank: int) -> Sharding:
+    out = [d if (d is None or isinstance(d, str)) else (tuple(d) if len(tuple(d)) != 1 else tuple(d)[0])
+           for d in dims]
+    out = [None if isinstance(d, tuple) and not d else d for d in out]
+    return Sharding("spec", tuple(out) + (None,) * (rank - len(out)))
+
+
+_MAX_AXES_SEARCHED = 4
+
+
+def _equivalent_spec(sharding: Any, rank: int, mesh: Any) -> Sharding | None:
+    if mesh is None or not getattr(mesh, "axis_names", None):
+        return None
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    names = tuple(mesh.axis_names)[:_MAX_AXES_SEARCHED]
+    # every placement of each axis on a dimension (or nowhere); fewest axes used first, then in mesh order
+    candidates = sorted(itertools.product(range(-1, rank), repeat=len(names)),
+                        key=lambda p: (sum(1 for d in p if d >= 0), [d if d >= 0 else rank for d in p]))
+    for placement in candidates:
+        dims: list[Any] = [None] * rank
+        for axis, dim in zip(names, placement):
+            if dim >= 0:
+                dims[dim] = axis if dims[dim] is None else (*((dims[dim],) if isinstance(dims[dim], str)
+                                                               else dims[dim]), axis)
+        try:
+            if sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec(*dims)), rank):
+                return Sharding("spec", tuple(dims))
+        except Exception:  # noqa: BLE001 - an inapplicable candidate
+            continue
+    return None
+
+
+def _formats(formats: Any, n: int) -> list[Any]:
+    """Flat ``Compiled.input_formats``/``output_formats`` (None where unavailable)."""
+    import jax
+
+    try:
+        flat = jax.tree_util.tree_leaves(formats, is_leaf=lambda x: x is None or hasattr(x, "layout"))
+    except Exception:  # noqa: BLE001 - layouts are optional facts
+        return [None] * n
+    return flat if len(flat) == n else [None] * n
+
+
+def _padded(shard: tuple[int, ...] | None, dtype: Any, fmt: Any) -> int | None:
+    """Tiled bytes of a shard when its layout is tiled (TPU), else None."""
+    layout = getattr(fmt, "layout", None)
+    if shard is None or layout is None or not getattr(layout, "tiling", None):
+        return None
+    from stagetool.lowering.tpu_layout import shard_bytes
+
+    return shard_bytes(shard, dtype, layout).padded_bytes
+
+
+def input_facts(inputs: AbstractInputs, compiled: Any, mesh: Any) -> tuple[LeafFacts, ...]:
+    """One :class:`LeafFacts` per input leaf, in JAX's flattening order.
+
+    An input whose compiled sharding is None was pruned by the compiler (the function does not use
+    it): it has no compiled sharding and no parameter number. The others are numbered in order as
+    the compiled module's entry parameters. ``donated`` is true when the spec donates the leaf or
+    ``Compiled.args_info`` says JAX donates it (a target jitted with its own ``donate_argnums``).
+    """
+    import jax
+
+    flat = jax.tree_util.tree_leaves(compiled.input_shardings, is_leaf=lambda x: x is None)
+    if len(flat) != len(inputs.leaves):
+        raise AssertionError(f"{len(flat)} compiled input shardings for {len(inputs.leaves)} input leaves")
+    structs = jax.tree_util.tree_leaves((inputs.args, {k: v for k, v in inputs.kwargs.items()
+                                                       if k not in inputs.static_argnames}))
+    infos = jax.tree_util.tree_leaves(getattr(compiled, "args_info", None), is_leaf=lambda x: hasattr(x, "donated"))
+    if len(infos) != len(inputs.leaves):
+        infos = [None] * len(inputs.leaves)
+    out = []
+    parameter = 0
+    formats = _formats(compiled.input_formats, len(flat))
+    for leaf, sharding, struct, info, fmt in zip(inputs.leaves, flat, structs, infos, formats, strict=True):
+        donated = leaf.donated or bool(getattr(info, "donated", False))
+        rank = len(leaf.shape)
+        if sharding is None:
+            out.append(LeafFacts(leaf.path, leaf.shape, leaf.dtype, leaf.declared, None, None, donated,
+                                 leaf.local_shape, leaf.source))
+            continue
+        shard = tuple(sharding.shard_shape(leaf.shape))
+        out.append(LeafFacts(leaf.path, leaf.shape, leaf.dtype, leaf.declared, sharding_of(sharding, rank, mesh),
+                             shard, donated, leaf.local_shape, leaf.source, parameter,
+                             _padded(shard, struct.dtype, fmt)))
+        parameter += 1
+    return tuple(out)
+
+
+def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any) -> tuple[LeafFacts, ...]:
+    """One :class:`LeafFacts` per output leaf (paths start with ``out``).
+
+    ``declared_tree`` is the spec's ``out_shardings`` (None: every output is the compiler's choice,
+    declared ``unspecified``).
+    """
+    import jax
+
+    from stagetool.lowering.avals import keypath_str
+
+    with_paths, _ = jax.tree_util.tree_flatten_with_path(traced.out_info)
+    shardings = jax.tree_util.tree_leaves(compiled.output_shardings, is_leaf=lambda x: x is None)
+    declared = _declared_outputs(declared_tree, len(with_paths), traced.out_info)
+    formats = _formats(compiled.output_formats, len(shardings))
+    out = []
+    for (kp, info), sharding, decl, fmt in zip(with_paths, shardings, declared, formats, strict=True):
+        shape = tuple(info.shape)
+        shard = tuple(sharding.shard_shape(shape)) if sharding is not None else None
+        out.append(LeafFacts("out" + keypath_str(kp), shape, str(info.dtype),
+                             decl if decl is not None else Sharding("unspecified"),
+                             sharding_of(sharding, len(shape), mesh) if sharding is not None else None,
+                             shard, padded_bytes_per_device=_padded(shard, info.dtype, fmt)))
+    return tuple(out)
+
+
+def _declared_outputs(tree: Any, n: int, out_info: Any) -> list[Sharding | None]:
+    """The spec's out_shardings broadcast over the output leaves (a single sharding covers all)."""
+    import jax
+
+    if tree is None:
+        return [None] * n
+    if isinstance(tree, Sharding):
+        return [tree] * n
+    try:
+        # A prefix tree: each declared sharding covers the subtree of the output at its position.
+        return jax.tree_util.tree_leaves(
+            jax.tree_util.tree_map(lambda s, sub: [s] * len(jax.tree_util.tree_leaves(sub)), tree, out_info,
+                                   is_leaf=lambda x: isinstance(x, Sharding) or x is None))
+    except Exception:  # noqa: BLE001 - a tree that does not fit was reported by fit_out_shardings
+        return [None] * n
+
