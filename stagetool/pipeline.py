@@ -233,20 +233,16 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
                      on_stage: Callable[[str, str], None] | None):
     """Stage one function and build its report: lowering hands analysis one
     :class:`~stagetool.lowering.facts.StagedFunction`; the analysis never sees a JAX object."""
-    from stagetool.lowering.facts import PeakDump, gather
+    from stagetool.lowering.facts import gather
 
     setup = _provision(plan, options)
     needs_compile = bool(wanted - {Section.LOWERED_TEXT})
     dump = options.peak and Section.MEMORY in wanted
     fspec, inputs, staged, user_files = _stage(plan, fspec, setup, "compile" if needs_compile else "lower", on_stage,
                                                dump=dump)
-    peak = None
-    if staged.dump is not None:
-        text, reason = staged.dump
-        peak = PeakDump(text, staged.compiled.as_text() or "", staged.timings.compile_s, reason)
     facts = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
                    declared_outputs=fspec.out_shardings,
-                   lowered_dialect=options.dialect if Section.LOWERED_TEXT in wanted else None, peak=peak)
+                   lowered_dialect=options.dialect if Section.LOWERED_TEXT in wanted else None, peak=staged.dump)
     return _report_of(facts, plan, fspec, setup, wanted, options, user_files, inputs)
 
 

@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stagetool.analysis.shardings import input_leaves, output_leaves
+from stagetool.lowering.facts import input_facts, output_facts
 from stagetool.core.errors import SpecError, StagingError
 from stagetool.lowering.avals import (
     build_inputs,
@@ -93,16 +94,16 @@ def test_leaves_become_named_shardings_and_auto_is_the_partitioners(tmp_path):
     assert theirs[1].spec == P(None, "model")     # the partitioner's choice after the constraint
     assert theirs[2] is None                      # `unused` was pruned
 
-    report = {leaf.path: leaf for leaf in input_leaves(inputs, staged.compiled)}
-    assert report["w"].declared == "auto" and report["w"].compiled == "P(None, 'model')"
+    report = {leaf.path: leaf for leaf in input_leaves(input_facts(inputs, staged.compiled, setup.mesh))}
+    assert str(report["w"].declared) == "auto" and str(report["w"].compiled) == "P(None, 'model')"
     assert report["w"].chosen_by_partitioner and report["w"].shard_shape == (32, 16)
     assert report["w"].bytes_per_device == 32 * 64 // 4 * 4
     assert report["x"].shard_shape == (8, 32) and report["x"].bytes_per_device == 16 * 32 * 4 // 2
     assert report["x"].bytes_global == 16 * 32 * 4
     assert report["unused"].unused and report["unused"].compiled is None and report["unused"].parameter is None
     assert [report[p].parameter for p in ("x", "w", "scale")] == [0, 1, 2]
-    out = output_leaves(staged.traced, staged.compiled, fspec.out_shardings)
-    assert [(o.path, o.shape, o.compiled) for o in out] == [("out", (16, 64), "P(None, 'model')")]
+    out = output_leaves(output_facts(staged.traced, staged.compiled, fspec.out_shardings, setup.mesh))
+    assert [(o.path, o.shape, str(o.compiled)) for o in out] == [("out", (16, 64), "P(None, 'model')")]
     assert out[0].bytes_per_device == 16 * 64 * 4 // 4
 
 
@@ -148,7 +149,7 @@ def test_rules_first_match_wins_and_shard_shapes(tmp_path):
     by_path = {leaf.path: leaf for leaf in inputs.leaves}
     assert by_path["params/layer/w"].source == "spec.yaml:10:13"     # the rule that matched
     staged = run_stages(fspec, target, setup, inputs)
-    report = {leaf.path: leaf for leaf in input_leaves(inputs, staged.compiled)}
+    report = {leaf.path: leaf for leaf in input_leaves(input_facts(inputs, staged.compiled, setup.mesh))}
     assert report["params/layer/w"].shard_shape == (8 // 2, 16 // 4)
     assert report["params/layer/b"].shard_shape == (16 // 8,)
     assert report["params/out/w"].shard_shape == (16 // 4, 8)
@@ -317,7 +318,7 @@ def test_already_jitted_target_keeps_its_own_options(tmp_path):
     staged = run_stages(fspec, target, setup, inputs)
     args_info = staged.compiled.args_info[0]
     assert [a.donated for a in args_info] == [True, False]
-    report = {leaf.path: leaf for leaf in input_leaves(inputs, staged.compiled)}
+    report = {leaf.path: leaf for leaf in input_leaves(input_facts(inputs, staged.compiled, setup.mesh))}
     assert report["x"].donated and not report["y"].donated
 
 
@@ -368,9 +369,9 @@ def test_donation_and_out_shardings_from_the_spec(tmp_path):
     assert [a.donated for a in staged.compiled.args_info[0]] == [False, True]
     outs = staged.compiled.output_shardings
     assert outs["s"].spec == P("data", None) and outs["t"].spec == P()
-    report = {o.path: o for o in output_leaves(staged.traced, staged.compiled, fspec.out_shardings)}
-    assert report["out/s"].declared == "P('data', None)" and report["out/s"].compiled == "P('data', None)"
-    assert report["out/t"].declared == "P(None, None)" and not report["out/t"].chosen_by_partitioner
+    report = {o.path: o for o in output_leaves(output_facts(staged.traced, staged.compiled, fspec.out_shardings, setup.mesh))}
+    assert str(report["out/s"].declared) == "P('data', None)" and str(report["out/s"].compiled) == "P('data', None)"
+    assert str(report["out/t"].declared) == "P(None, None)" and not report["out/t"].chosen_by_partitioner
     assert report["out/s"].shard_shape == (4, 8)
 
 

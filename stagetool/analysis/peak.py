@@ -29,7 +29,7 @@ import dataclasses
 import re
 from collections.abc import Callable
 
-from stagetool.lowering.facts import PeakDump
+from stagetool.lowering.stages import PeakDump
 
 
 

@@ -16,7 +16,7 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 from stagetool.core.sharding import Sharding
-from stagetool.lowering.stages import StageTimings
+from stagetool.lowering.stages import PeakDump, StageTimings
 
 if TYPE_CHECKING:
     from stagetool.hlo.parser import HloModule
@@ -74,23 +74,6 @@ class BackendResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class PeakDump:
-    """XLA's buffer live-range dump of the compile (``xla_dump_to``), for the peak-buffer analysis.
-
-    Attributes:
-      live_range_text: the ``*-live-range.txt`` file's text, or None when XLA wrote none.
-      module_text: the optimised module the dump describes (``Compiled.as_text()``).
-      compile_seconds: wall time of the compile that wrote the dump.
-      reason: why there is no live-range text (None when there is).
-    """
-
-    live_range_text: str | None
-    module_text: str
-    compile_seconds: float | None
-    reason: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
 class StagedFunction:
     """Everything analysis reads about one staged function (see the module docstring).
 
@@ -143,6 +126,16 @@ _MEMORY_ATTRIBUTES = (
 )
 
 
+def cost_result(stage: Any) -> BackendResult:
+    """``stage.cost_analysis()`` of a ``jax.stages.Lowered`` or ``Compiled`` as a :class:`BackendResult`."""
+    return _call(stage.cost_analysis)
+
+
+def memory_result(compiled: Any) -> BackendResult:
+    """``compiled.memory_analysis()`` as a :class:`BackendResult` of its fields."""
+    return _memory(compiled)
+
+
 def _call(api: Any) -> BackendResult:
     try:
         return BackendResult(api())
@@ -184,9 +177,9 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
             fields["stablehlo_text"] = fields["lowered_text"] if lowered_dialect == "stablehlo" else _text(lowered)
         if compiled_text:
             fields["compiled_text"] = compiled.as_text()
-        fields["whole_program_cost"] = _call(lowered.cost_analysis)
-        fields["per_device_cost"] = _call(compiled.cost_analysis)
-        fields["memory"] = _memory(compiled)
+        fields["whole_program_cost"] = cost_result(lowered)
+        fields["per_device_cost"] = cost_result(compiled)
+        fields["memory"] = memory_result(compiled)
         fields["inputs"] = input_facts(inputs, compiled, mesh)
         fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh)
     return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)

@@ -31,6 +31,23 @@ class StageTimings:
     compile_s: float | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class PeakDump:
+    """XLA's buffer live-range dump of the compile (``xla_dump_to``), for the peak-buffer analysis.
+
+    Attributes:
+      live_range_text: the ``*-live-range.txt`` file's text, or None when XLA wrote none.
+      module_text: the optimised module the dump describes (``Compiled.as_text()``).
+      compile_seconds: wall time of the compile that wrote the dump.
+      reason: why there is no live-range text (None when there is).
+    """
+
+    live_range_text: str | None
+    module_text: str
+    compile_seconds: float | None
+    reason: str | None = None
+
+
 @dataclasses.dataclass
 class Staged:
     """A function staged up to some point.
@@ -43,8 +60,7 @@ class Staged:
       jitted: the ``jax.jit``-wrapped function that was staged.
       warnings: what JAX warned while staging (e.g. "Some donated buffers were not usable"),
         deduplicated, in order: facts for the report rather than noise on stderr.
-      dump: with ``dump=True``, the live-range dump XLA wrote while compiling: ``(live-range file
-        text or None, why there is none or None)``.
+      dump: with ``dump=True``, the live-range dump XLA wrote while compiling.
     """
 
     traced: Any
@@ -53,7 +69,7 @@ class Staged:
     timings: StageTimings
     jitted: Any
     warnings: tuple[str, ...] = ()
-    dump: tuple[str | None, str | None] | None = None
+    dump: PeakDump | None = None
 
 
 def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, mesh: Any) -> Any:
@@ -161,16 +177,7 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
     dumped = None
     if until == "compile":
         if dump:
-            import shutil
-            import tempfile
-
-            folder = tempfile.mkdtemp(prefix="stagetool-dump-")
-            try:
-                options = {**(compiler_options or {}), **DUMP_OPTIONS, "xla_dump_to": folder}
-                compiled = run("compile", lambda: lowered.compile(options))
-                dumped = read_live_range(folder, compiled.as_text() or "")
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
+            compiled, dumped = run("compile", lambda: compile_with_dump(lowered, compiler_options))
         else:
             compiled = run("compile", lambda: lowered.compile(compiler_options) if compiler_options
                            else lowered.compile())
@@ -185,6 +192,28 @@ DUMP_OPTIONS = {"xla_dump_hlo_as_text": True}
 With ``xla_dump_to`` XLA writes, per module, ``module_NNNN.<name>.<backend>_after_optimizations-
 live-range.txt`` (its "Live ranges at N (peak)" section lists every buffer live at the peak);
 verified on jax/jaxlib 0.10.2. Text is XLA's default dump format; per-pass dumps stay off."""
+
+
+def compile_with_dump(lowered: Any, compiler_options: dict | None = None) -> tuple[Any, PeakDump]:
+    """Compile ``lowered`` (a ``jax.stages.Lowered``) with XLA's dump into a temporary folder and
+    return the executable and its :class:`~stagetool.lowering.facts.PeakDump`.
+
+    The folder is removed on every exit path; the compile's exceptions propagate.
+    """
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="stagetool-dump-")
+    try:
+        options = {**(compiler_options or {}), **DUMP_OPTIONS, "xla_dump_to": folder}
+        start = time.perf_counter()
+        compiled = lowered.compile(options)
+        seconds = time.perf_counter() - start
+        module_text = compiled.as_text() or ""
+        text, reason = read_live_range(folder, module_text)
+        return compiled, PeakDump(text, module_text, seconds, reason)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def read_live_range(folder: str, module_text: str) -> tuple[str | None, str | None]:

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from stagetool.lowering.facts import cost_result
 from stagetool.analysis import cost
 from stagetool.analysis import roofline
 from stagetool.core import chips
@@ -122,7 +123,7 @@ def test_roofline_from_a_real_per_device_cost():
     M = K = N = 512
     a = jax.ShapeDtypeStruct((M, K), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
     b = jax.ShapeDtypeStruct((K, N), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))
-    rec = cost.per_device_cost(jax.jit(lambda a, b: a @ b).trace(a, b).lower().compile())
+    rec = cost.per_device_cost(cost_result(jax.jit(lambda a, b: a @ b).trace(a, b).lower().compile()))
     h200 = chips.CHIPS["h200"]
     r = roofline.roofline(h200, flops_per_device=rec.flops, bytes_accessed_per_device=rec.bytes_accessed)
     assert r.compute_seconds == pytest.approx(2 * M * N * K / 8 / 989.5e12)

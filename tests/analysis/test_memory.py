@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from stagetool.lowering.facts import memory_result
 from stagetool.analysis import memory
 from stagetool.lowering import devices
 from stagetool.core import units
@@ -29,7 +30,7 @@ def test_argument_and_output_bytes_are_per_device_shards():
     a = jax.ShapeDtypeStruct((M, K), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
     b = jax.ShapeDtypeStruct((K, N), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))
     compiled = jax.jit(lambda a, b: a @ b).trace(a, b).lower().compile()
-    rec = memory.memory_of(compiled)
+    rec = memory.memory_of(memory_result(compiled))
     assert rec.reason is None
     assert rec.argument_bytes == (M // 2 * K + K * N // 4) * F32
     assert rec.output_bytes == M // 2 * N // 4 * F32
@@ -46,7 +47,7 @@ def test_peak_includes_temp_even_when_reported_peak_does_not():
         return jnp.sin(x[:, None] * y[None, :]).sum(axis=1)
 
     x = jax.ShapeDtypeStruct((n,), jnp.float32)
-    rec = memory.memory_of(jax.jit(f).trace(x, x).lower().compile())
+    rec = memory.memory_of(memory_result(jax.jit(f).trace(x, x).lower().compile()))
     assert rec.argument_bytes == 2 * n * F32 and rec.output_bytes == n * F32
     assert rec.temp_bytes >= n * n * F32  # the outer product lives in the temp allocation
     assert rec.peak_bytes_estimate == rec.argument_bytes + rec.output_bytes - rec.alias_bytes + rec.temp_bytes
@@ -61,7 +62,7 @@ def test_no_memory_analysis_is_data():
     rec = memory.normalise_memory(None)
     assert rec.reason and rec.peak_bytes is None and rec.argument_bytes is None
     broken = types.SimpleNamespace(memory_analysis=lambda: (_ for _ in ()).throw(RuntimeError("x")))
-    assert "RuntimeError" in memory.memory_of(broken).reason
+    assert "RuntimeError" in memory.memory_of(memory_result(broken)).reason
     assert memory.normalise_memory(object()).reason
 
 
@@ -96,7 +97,7 @@ def test_donated_jit_aliases_parameter_to_output():
     assert [(s.parameter_number, s.status, s.aliased_output_indices) for s in status] == [
         (0, "aliased", ((0,),)), (1, "not requested", ())]
     # argument 0's buffer is reused for output 0: the alias size is its bytes
-    assert memory.memory_of(compiled).alias_bytes == 64 * 64 * F32
+    assert memory.memory_of(memory_result(compiled)).alias_bytes == 64 * 64 * F32
 
 
 def test_donation_not_usable_is_reported():
