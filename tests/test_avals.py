@@ -292,7 +292,7 @@ def test_too_few_devices_is_a_usage_error():
 
     with pytest.raises(UsageError) as info:
         provision(MeshSpec((("data", 4), ("model", 4))))
-    assert info.value.message == "the mesh data=4×model=4 needs 16 devices, but platform cpu has 8"
+    assert info.value.message == "the mesh data=4 × model=4 needs 16 devices, but platform cpu has 8"
     assert "fresh process" in info.value.hint
 
 

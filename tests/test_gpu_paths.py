@@ -23,7 +23,7 @@ def test_too_few_gpus_is_a_usage_error_that_suggests_simulating(monkeypatch):
     monkeypatch.setattr(jax, "devices", lambda platform=None: [fake_gpu(0), fake_gpu(1)])
     with pytest.raises(UsageError) as e:
         devices_mod.provision(MeshSpec((("data", 2), ("model", 4))), platform="gpu")
-    assert e.value.message == "the mesh data=2×model=4 needs 8 devices, but platform gpu has 2"
+    assert e.value.message == "the mesh data=2 × model=4 needs 8 devices, but platform gpu has 2"
     assert "--platform cpu" in e.value.hint
 
 

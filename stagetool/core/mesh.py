@@ -7,8 +7,15 @@ Knows nothing of JAX: ``stagetool.lowering.devices`` turns it into a ``jax.shard
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from stagetool.core.location import Loc
+
+
+def format_mesh(axes: Iterable[tuple[str, int]] | Iterable[list], *, empty: str = "none") -> str:
+    """The one way a mesh is printed: ``data=2 × model=4`` (``empty`` for a mesh without axes)."""
+    text = " × ".join(f"{name}={size}" for name, size in axes)
+    return text or empty
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +42,7 @@ class MeshSpec:
         return n
 
     def __str__(self) -> str:
-        return "×".join(f"{n}={s}" for n, s in self.axes) if self.axes else "(no mesh)"
+        return format_mesh(self.axes, empty="(no mesh)")
 
 
 

@@ -11,6 +11,7 @@ from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from stagetool.core.dtypes import hlo_name
 from stagetool.core.errors import UsageError
 
+
 def short_dtype(dtype: str) -> str:
     """HLO's short name of a numpy dtype name: ``float32`` → ``f32``, ``int32`` → ``s32``."""
     return hlo_name(dtype)

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from stagetool.core.errors import ExitCode
+from stagetool.core.mesh import format_mesh
 from stagetool.core.tolerances import DEFAULT_TOLERANCES, ENV_MISMATCH_FLOOR, Tolerance
 from stagetool.gate.snapshot import COST_FIELDS, MEMORY_FIELDS
 
@@ -212,7 +213,7 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
     mb, ma = before.get("mesh") or {}, after.get("mesh") or {}
 
     def axes_text(m: Mapping) -> str:
-        return " × ".join(f"{n}={s}" for n, s in m.get("axes") or []) or "1 device"
+        return format_mesh(m.get("axes") or [], empty="1 device")
 
     if axes_text(mb) != axes_text(ma):
         changes.append(Change(name, "mesh", axes_text(mb), axes_text(ma),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from stagetool.core.mesh import format_mesh
 from stagetool.core.units import dims_str, format_bytes, format_seconds, shape_str
 from stagetool.report import views
 from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
@@ -33,7 +34,7 @@ def render(doc: Report | DevicesReport, *, color: bool = False, width: int = 120
 
 
 def _function(f: FunctionReport, *, summary: bool = False) -> list[str]:
-    mesh = " × ".join(f"{n}={s}" for n, s in f.mesh.axes) or "none"
+    mesh = format_mesh(f.mesh.axes)
     t = f.timings
     stages = ", ".join(f"{name} {format_seconds(v)}" for name, v in
                        (("trace", t.trace_s), ("lower", t.lower_s), ("compile", t.compile_s)) if v is not None)

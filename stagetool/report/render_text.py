@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.theme import Theme
 
+from stagetool.core.mesh import format_mesh
 from stagetool.core.units import dims_str, format_bytes, format_seconds, shape_str
 from stagetool.report import views
 from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
@@ -104,7 +105,7 @@ def _bare_modules(doc: Report) -> str:
 
 
 def _header(f: FunctionReport) -> list[RenderableType]:
-    mesh = " × ".join(f"{n}={s}" for n, s in f.mesh.axes) or "none"
+    mesh = format_mesh(f.mesh.axes)
     where = f"{f.mesh.device_count} {f.mesh.platform} device{'s' if f.mesh.device_count != 1 else ''}"
     if f.mesh.device_kind not in (f.mesh.platform, ""):
         where += f" ({f.mesh.device_kind})"
@@ -196,7 +197,7 @@ def _devices(d: DevicesReport) -> list[RenderableType]:
         summary.add_row(k, v)
     out.append(summary)
     if d.mesh:
-        out.append(Text(f"\nmesh {' × '.join(f'{n}={s}' for n, s in d.mesh)} (device ids in mesh order)", style="bold"))
+        out.append(Text(f"\nmesh {format_mesh(d.mesh)} (device ids in mesh order)", style="bold"))
         out.append(_mesh_grid(d.mesh, d.mesh_device_ids or ()))
     if any(x.coords for x in d.devices):
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
