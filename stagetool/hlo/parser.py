@@ -41,6 +41,8 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 
+from stagetool.core.dtypes import BY_HLO
+
 __all__ = [
     "CALL_ATTRIBUTES",
     "ArrayShape",
@@ -65,22 +67,16 @@ __all__ = [
 # Shapes
 
 
-_DTYPE_BITS_RE = re.compile(r"[a-z]+?(\d+)")
 
 
 def dtype_bits(dtype: str) -> int | None:
-    """Storage bits of one element of an HLO primitive type, unpacked.
-
-    ``pred`` is 8 bits (XLA stores booleans in a byte); ``token`` and ``opaque`` are 0 bits; every
-    other type carries its width in its name (``f32`` 32, ``bf16`` 16, ``c64`` 64, ``f8e4m3fn``
-    8, ``s4`` 4, ``f4e2m1fn`` 4). Returns None for a name without a width.
-    """
-    if dtype == "pred":
-        return 8
+    """Storage bits of one element of an HLO primitive type, from the one dtype table
+    (:mod:`stagetool.core.dtypes`): ``pred`` 8 (a byte), ``f32`` 32, ``s4`` 4, ...; ``token`` and
+    ``opaque`` 0 bits. Returns None for a type the table does not know."""
     if dtype in ("token", "opaque", "opaque-type"):
         return 0
-    m = _DTYPE_BITS_RE.match(dtype)
-    return int(m.group(1)) if m else None
+    known = BY_HLO.get(dtype)
+    return known.bits if known is not None else None
 
 
 _ELEMENT_BITS_RE = re.compile(r"E\((\d+)\)")
