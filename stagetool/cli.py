@@ -56,7 +56,8 @@ ProcessesOpt = Annotated[Optional[int], typer.Option(
     show_default=False, min=1)]
 FormatOpt = Annotated[Format, typer.Option(
     "--format", help="text: tables on a terminal (plain when piped); json: the versioned document; "
-                     "markdown: tables for a pull request.")]
+                     "markdown: tables for a pull request (report -o FILE.md also writes its pictures as "
+                     "SVG files into FILE-files/); html: one self-contained page with pictures.")]
 OutputOpt = Annotated[Optional[Path], typer.Option(
     "--output", "-o", help="Write to FILE (atomically) instead of stdout.", show_default=False)]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
@@ -253,11 +254,21 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
     if not _is_primary():
         return
     color = _color(output) and fmt == Format.text
-    text = render(doc, fmt, color=color, width=_width())
+    svgs: dict[str, str] = {}
+    if fmt == Format.markdown and output is not None and getattr(doc, "command", None) == "report":
+        from stagetool.report.render_markdown import render_with_figures
+
+        text, svgs = render_with_figures(doc, f"{output.stem}-files")
+    else:
+        text = render(doc, fmt, color=color, width=_width())
     if output is not None:
         from stagetool.core.fileio import write_atomic
 
         try:
+            for name, svg in svgs.items():
+                folder = output.parent / f"{output.stem}-files"
+                folder.mkdir(exist_ok=True)
+                write_atomic(folder / name, svg)
             write_atomic(output, text)
         except OSError as e:
             raise UsageError(f"--output {output}: cannot write: {e.strerror or e}") from None
@@ -450,12 +461,15 @@ JunitOpt = Annotated[Optional[Path], typer.Option(
     "--junit-xml", help="Also write JUnit XML (one testcase per function) to FILE.", show_default=False)]
 
 
-def _gate_output(cmp: Any, format: Format, output: Optional[Path], junit_xml: Optional[Path]) -> None:
-    """Write the change table (stdout or -o), JUnit XML, and the GitHub step summary when set."""
+def _gate_output(cmp: Any, format: Format, output: Optional[Path], junit_xml: Optional[Path],
+                 snapshots: tuple[dict, dict] | None = None) -> None:
+    """Write the change table (stdout or -o), JUnit XML, and the GitHub step summary when set.
+    ``snapshots`` (before, after) let the HTML page draw the layouts and memory that changed."""
     from stagetool.core.fileio import write_atomic
     from stagetool.gate import render as render_changes
 
-    text = render_changes.render(cmp, format, color=_color(output) and format == Format.text, width=_width())
+    text = render_changes.render(cmp, format, color=_color(output) and format == Format.text, width=_width(),
+                                 snapshots=snapshots)
     if output is not None:
         try:
             write_atomic(output, text)
@@ -559,7 +573,7 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
                           only=run.functions if restricted else None, order=run.functions,
                           tolerances_for=lambda name: effective_tolerances(name, spec_check=run.spec_check,
                                                                            cli=cli_tols))
-            _gate_output(cmp, format, output, junit_xml)
+            _gate_output(cmp, format, output, junit_xml, (before, run.snapshot))
             code = cmp.exit_code()
         else:
             code = ExitCode.JAX if run.failed else ExitCode.OK
@@ -630,7 +644,7 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
         cmp = compare(before, after, failed=failed, title="stagetool diff", before_label=labels[0],
                       after_label=labels[1], same_mesh_expected=not live,
                       tolerances_for=lambda name: effective_tolerances(name, spec_check=spec_check, cli=cli_tols))
-        _gate_output(cmp, format, output, junit_xml)
+        _gate_output(cmp, format, output, junit_xml, (before, after))
         raise typer.Exit(int(cmp.exit_code(fail_on_regression=fail_on_regression)))
 
 

@@ -149,16 +149,33 @@ def render_json(cmp: Comparison, *, color: bool = False, width: int = 120) -> st
     return json.dumps(body, indent=2, ensure_ascii=False) + "\n"
 
 
+def render_html(cmp: Comparison, *, color: bool = False, width: int = 120, before: dict | None = None,
+                after: dict | None = None) -> str:
+    """One HTML page: the verdict, each function's changes, and, from the two snapshots when given,
+    the device grids of every leaf whose sharding changed and the memory bars when the peak
+    changed, before and after side by side."""
+    del color, width
+    from stagetool.report.render_html import render_comparison
+
+    return render_comparison(cmp, before=before, after=after, summary=summary_line(cmp))
+
+
 RENDERERS: dict[Format, Callable[..., str]] = {
     Format.text: render_text,
     Format.json: render_json,
     Format.markdown: render_markdown,
+    Format.html: render_html,
 }
 
 
-def render(cmp: Comparison, fmt: Format, *, color: bool = False, width: int = 120) -> str:
-    """Render a comparison in any :class:`stagetool.report.Format`."""
-    return RENDERERS[Format(fmt)](cmp, color=color, width=width)
+def render(cmp: Comparison, fmt: Format, *, color: bool = False, width: int = 120,
+           snapshots: tuple[dict, dict] | None = None) -> str:
+    """Render a comparison in any :class:`stagetool.report.Format`; ``snapshots`` (before, after) let
+    the HTML page draw what changed."""
+    fmt = Format(fmt)
+    if fmt is Format.html and snapshots is not None:
+        return render_html(cmp, color=color, width=width, before=snapshots[0], after=snapshots[1])
+    return RENDERERS[fmt](cmp, color=color, width=width)
 
 
 def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:

@@ -15,6 +15,8 @@ class Format(str, enum.Enum):
     """The versioned JSON document (README: "JSON schema")."""
     markdown = "markdown"
     """GitHub-flavoured Markdown tables."""
+    html = "html"
+    """One self-contained HTML page with pictures (device grids, memory, collectives, cost); no network."""
 
 
 def renderer(fmt: Format) -> Callable[..., str]:

@@ -25,15 +25,46 @@ def table(header: list[str], rows: Iterable[list[str]], align: str | None = None
     return out
 
 
-def render(doc: Report | DevicesReport, *, color: bool = False, width: int = 120) -> str:
-    """The document as Markdown text ending in a newline."""
+def render(doc: Report | DevicesReport, *, color: bool = False, width: int = 120,
+           figures: dict[str, dict[str, str]] | None = None) -> str:
+    """The document as Markdown text ending in a newline.
+
+    ``figures``: per function name, picture kind (``layouts``, ``memory``, ``collectives``) → the
+    relative path of its SVG file; each is linked as an image under its section.
+    """
     del color, width
+    figures = figures or {}
     lines = _devices(doc) if isinstance(doc, DevicesReport) else [
-        line for f in doc.functions for line in _function(f, summary=doc.command == "report")]
+        line for f in doc.functions for line in _function(f, summary=doc.command == "report",
+                                                          figures=figures.get(f.name, {}))]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _function(f: FunctionReport, *, summary: bool = False) -> list[str]:
+def render_with_figures(doc: Report, folder: str) -> tuple[str, dict[str, str]]:
+    """The Markdown text with its key pictures linked as SVG files in ``folder`` (a path relative to
+    the Markdown file, ``report-files``), and those files' texts by name.
+
+    GitHub strips inline ``<svg>`` and ``data:`` images from Markdown but shows an SVG file linked by
+    a relative path (in a repository, a rendered artifact, a wiki); see README "The HTML report".
+    """
+    from stagetool.report.render_html import _slug, figures
+
+    svgs = figures(doc)
+    links: dict[str, dict[str, str]] = {}
+    for f in doc.functions:
+        for kind in ("layouts", "memory", "collectives"):
+            name = f"{_slug(f.name)}-{kind}.svg"
+            if name in svgs:
+                links.setdefault(f.name, {})[kind] = f"{folder}/{name}"
+    return render(doc, figures=links), svgs
+
+
+def _image(figures: dict[str, str], kind: str, alt: str) -> list[str]:
+    return [f"![{alt}]({figures[kind]})", ""] if kind in figures else []
+
+
+def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, str] | None = None) -> list[str]:
+    figures = figures or {}
     mesh = format_mesh(f.mesh.axes)
     t = f.timings
     stages = ", ".join(f"{name} {format_seconds(v)}" for name, v in
@@ -48,16 +79,17 @@ def _function(f: FunctionReport, *, summary: bool = False) -> list[str]:
     if summary and f.inputs is not None:
         out += ["### Shardings", ""] + table(*views.shardings_summary_rows(f.inputs, f.outputs), "lrrrr") + [""]
         out += [f"- {line}" for line in views.shardings_summary_notes(f.inputs)] + [""]
+        out += _image(figures, "layouts", f"device grids of {f.name}'s input layouts")
     else:
         for title, leaves in (("Inputs", f.inputs), ("Outputs", f.outputs)):
             if leaves is not None:
                 out += [f"### {title}", ""] + _leaves(leaves) + [""]
     if f.collectives is not None:
-        out += _collectives(f.collectives)
+        out += _collectives(f.collectives) + _image(figures, "collectives", f"collective bytes of {f.name} by kind and mesh axes")
     if f.cost is not None:
         out += _cost(f.cost)
     if f.memory is not None:
-        out += _memory(f.memory)
+        out += _memory(f.memory) + _image(figures, "memory", f"memory per device of {f.name}")
     return out
 
 

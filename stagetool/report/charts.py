@@ -1,0 +1,306 @@
+"""Geometry of the HTML report's pictures: plain records that the SVG templates draw (no markup here).
+
+Every figure is computed from the report model (or a snapshot's plain data) and carries its own
+size, so that a template only places rectangles and text. Pure, deterministic, no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+from stagetool.report.layout import LeafLayout, ranges_text
+from stagetool.core.units import format_bytes
+
+
+def hue(index: int) -> int:
+    """A distinct hue for shard ``index`` (the golden angle spreads neighbours apart)."""
+    return int(round((index * 137.508) % 360))
+
+
+# ---------------------------------------------------------------------------------------- device grid
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One device of a grid: position, colour (hue of its shard), label lines and DOM data."""
+
+    x: float
+    y: float
+    w: float
+    h: float
+    device: int
+    hue: int
+    shard_id: int
+    lines: tuple[str, ...]
+    title: str
+    shard: str
+    coords: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Panel:
+    """One 2-D slice of an N-D mesh (the leading axes fixed); its label names them."""
+
+    x: float
+    y: float
+    w: float
+    h: float
+    label: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceGrid:
+    """The mesh as a grid of devices, each cell coloured by the shard it holds."""
+
+    width: float
+    height: float
+    cells: tuple[Cell, ...]
+    panels: tuple[Panel, ...]
+    row_label: str
+    col_label: str
+    row_label_y: float
+    shard_count: int
+    replicas: int
+
+
+CELL_W, GAP, PAD, PANEL_GAP, LABEL_H = 92.0, 4.0, 18.0, 14.0, 16.0
+
+
+def _cell_lines(layout: LeafLayout, d: Any) -> tuple[str, ...]:
+    lines = [f"dev {d.device}"]
+    sharded = [(i, r) for i, (r, axes) in enumerate(zip(d.ranges, layout.dims)) if axes]
+    if not sharded:
+        lines.append("whole array")
+    for i, (a, b) in sharded:
+        lines.append(f"d{i} {a}:{b}")
+    return tuple(lines)
+
+
+def device_grid(layout: LeafLayout, *, name: str = "") -> DeviceGrid:
+    """Lay the mesh's devices out as a grid.
+
+    1 axis: one row; 2 axes: rows along the first, columns along the second; N axes: one 2-D panel
+    (rows: axis N-2, columns: axis N-1) per combination of the leading N-2 axes, side by side.
+    A cell shows the device (its position in ``mesh.devices.flat``) and, per sharded dimension,
+    the element range it holds; its colour is the shard's, so replicas share a colour.
+    """
+    axes = layout.axes
+    names = [n for n, _ in axes]
+    sizes = [s for _, s in axes]
+    if len(axes) == 0:
+        rows, cols, lead = 1, 1, []
+    elif len(axes) == 1:
+        rows, cols, lead = 1, sizes[0], []
+    else:
+        rows, cols, lead = sizes[-2], sizes[-1], list(range(len(axes) - 2))
+    n_lines = max(len(_cell_lines(layout, d)) for d in layout.devices)
+    cell_h = 14.0 * n_lines + 10.0
+    panel_w = cols * CELL_W + (cols - 1) * GAP
+    panel_h = rows * cell_h + (rows - 1) * GAP
+    n_panels = math.prod(sizes[i] for i in lead) if lead else 1
+    top = PAD + (LABEL_H if lead else 0.0)
+    cells = []
+    panels = []
+    per_panel = rows * cols
+    for p in range(n_panels):
+        px = PAD + p * (panel_w + PANEL_GAP)
+        if lead:
+            first = layout.devices[p * per_panel]
+            label = ", ".join(f"{names[i]}={first.coords[i]}" for i in lead)
+            panels.append(Panel(px, top, panel_w, panel_h, label))
+        for k in range(per_panel):
+            d = layout.devices[p * per_panel + k]
+            r, c = divmod(k, cols)
+            where = ", ".join(f"{n}={x}" for n, x in zip(names, d.coords))
+            held = ", ".join(f"{a}:{b}" for a, b in d.ranges)
+            title = f"device {d.device} ({where}) holds {name}[{held}]" if name else \
+                f"device {d.device} ({where}) holds [{held}]"
+            cells.append(Cell(px + c * (CELL_W + GAP), top + r * (cell_h + GAP), CELL_W, cell_h, d.device,
+                              hue(d.shard_id), d.shard_id, _cell_lines(layout, d), title,
+                              ranges_text(d.ranges), where))
+    width = 2 * PAD + n_panels * panel_w + (n_panels - 1) * PANEL_GAP
+    height = top + panel_h + PAD
+    if len(axes) == 0:
+        row_label, col_label = "", "one device"
+    elif len(axes) == 1:
+        row_label, col_label = "", f"{names[0]} →"
+    else:
+        row_label, col_label = f"{names[-2]} →", f"{names[-1]} →"
+    return DeviceGrid(width, height, tuple(cells), tuple(panels), row_label, col_label, top + panel_h / 2,
+                      layout.shard_count, layout.replicas)
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One block of the array view: which devices hold it."""
+
+    x: float
+    y: float
+    w: float
+    h: float
+    hue: int
+    label: str
+    title: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayView:
+    """The array cut into its shards (1-D and 2-D leaves, as ``jax.debug.visualize_sharding``)."""
+
+    width: float
+    height: float
+    blocks: tuple[Block, ...]
+
+
+def _devices_text(ids: Sequence[int]) -> str:
+    """``0-3``, ``0,4``, ``0-1,4-5``: compact runs of device positions."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def array_view(layout: LeafLayout) -> ArrayView | None:
+    """The array as a rectangle cut into blocks (rows: dimension 0, columns: dimension 1 of a 2-D
+    leaf; one row for 1-D), each labelled with the devices that hold it; None for other ranks."""
+    rank = len(layout.shape)
+    if rank not in (1, 2):
+        return None
+    counts = [1] * rank
+    holders: dict[tuple[int, ...], list[int]] = {}
+    sid: dict[tuple[int, ...], int] = {}
+    for d in layout.devices:
+        holders.setdefault(d.block, []).append(d.device)
+        sid.setdefault(d.block, d.shard_id)
+        counts = [max(c, b + 1) for c, b in zip(counts, d.block)]
+    rows, cols = (1, counts[0]) if rank == 1 else (counts[0], counts[1])
+    width = max(160.0, min(480.0, 60.0 * cols))
+    height = 36.0 if rank == 1 else max(48.0, min(320.0, 36.0 * rows))
+    bw, bh = width / cols, height / rows
+    blocks = []
+    for block, devs in sorted(holders.items()):
+        r, c = (0, block[0]) if rank == 1 else block
+        text = _devices_text(devs)
+        blocks.append(Block(PAD / 2 + c * bw, PAD / 2 + r * bh, bw, bh, hue(sid[block]),
+                            ("dev " if len(devs) == 1 else "devs ") + text,
+                            f"block {block}: devices {text}"))
+    return ArrayView(width + PAD, height + PAD, tuple(blocks))
+
+
+# ---------------------------------------------------------------------------------------- bars
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """A piece of a stacked bar or one bar of a bar chart."""
+
+    x: float
+    y: float
+    w: float
+    h: float
+    cls: str
+    label: str
+    value: str
+    title: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Marker:
+    """A vertical line across a bar (the peak, the capacity)."""
+
+    x: float
+    label: str
+    cls: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StackedBar:
+    """Memory per device: arguments, outputs, temporaries, code, against the capacity."""
+
+    width: float
+    height: float
+    segments: tuple[Segment, ...]
+    markers: tuple[Marker, ...]
+    scale_label: str
+
+
+BAR_W = 560.0
+
+
+def memory_bar(parts: Sequence[tuple[str, str, int | None]], *, peak: int | None, capacity: int | None,
+               width: float = BAR_W, scale_to: int | None = None) -> StackedBar | None:
+    """A stacked bar of ``(label, css class, bytes)`` parts with the peak and capacity marked.
+
+    The scale is the largest of the parts' sum, the peak, the capacity and ``scale_to`` (two bars
+    drawn side by side share a scale); None when nothing is known.
+    """
+    known = [(label, cls, int(v)) for label, cls, v in parts if v]
+    total = sum(v for _, _, v in known)
+    used = max([total, peak or 0, scale_to or 0])
+    # A capacity far above what is used would shrink the bar to a sliver: then the bar keeps the
+    # scale of what is used, and the capacity is named at its right end with the share used.
+    off_scale = bool(capacity) and capacity > 4 * used and used > 0
+    scale = used if off_scale else max(used, capacity or 0)
+    if scale <= 0:
+        return None
+    x, y, h = 0.0, 22.0, 30.0
+    segs = []
+    for label, cls, v in known:
+        w = width * v / scale
+        segs.append(Segment(x, y, w, h, cls, label, format_bytes(v), f"{label}: {format_bytes(v)} ({v} B)"))
+        x += w
+    markers = []
+    if peak:
+        markers.append(Marker(width * peak / scale, f"peak {format_bytes(peak)}", "peak"))
+    if capacity and not off_scale:
+        markers.append(Marker(width * capacity / scale, f"capacity {format_bytes(capacity)}", "capacity"))
+    label = f"0 … {format_bytes(scale)} per device"
+    if off_scale:
+        label += (f"; capacity {format_bytes(capacity)} is off the scale (the peak uses "
+                  f"{100 * (peak or used) / capacity:.1f}% of it)")
+    return StackedBar(width, 22.0 + h + 22.0, tuple(segs), tuple(markers), label)
+
+
+@dataclasses.dataclass(frozen=True)
+class BarChart:
+    """Horizontal bars, one per row, with a label left and a value right."""
+
+    width: float
+    height: float
+    label_w: float
+    bars: tuple[Segment, ...]
+
+
+def bar_chart(rows: Sequence[tuple[str, float | None, str, str, str]], *, width: float = BAR_W) -> BarChart | None:
+    """``(label, value, value text, css class, title)`` rows as horizontal bars scaled to the largest."""
+    if not rows:
+        return None
+    scale = max((v or 0) for _, v, _, _, _ in rows) or 1.0
+    label_w = min(330.0, max(80.0, 7.0 * max(len(r[0]) for r in rows)))
+    bar_h, gap = 18.0, 6.0
+    bars = []
+    for i, (label, value, text, cls, title) in enumerate(rows):
+        w = max(1.0, (width - label_w - 120.0) * (value or 0) / scale) if value else 0.0
+        bars.append(Segment(label_w, 4.0 + i * (bar_h + gap), w, bar_h, cls, label, text, title))
+    return BarChart(width, 8.0 + len(rows) * (bar_h + gap), label_w, tuple(bars))
+
+
+# ---------------------------------------------------------------------------------------- roofline
+
+
+def roofline_chart(r: Any, seconds: Any) -> BarChart | None:
+    """Compute time vs memory time of a roofline estimate, the dominant one marked ``dominant``."""
+    if r is None or r.compute_seconds is None or r.memory_seconds is None:
+        return None
+    rows = []
+    for name, value in (("compute (FLOPs / peak FLOP/s)", r.compute_seconds),
+                        ("memory (bytes / HBM bandwidth)", r.memory_seconds)):
+        dominant = name.startswith(r.bound or "-")
+        rows.append((name, value, seconds(value) + (" ◀ bound" if dominant else ""),
+                     "dominant" if dominant else "other", f"{name}: {seconds(value)}"))
+    return bar_chart(rows)
