@@ -82,7 +82,11 @@ def _summary(layout: Any) -> str:
 
 def layout_figures(leaves: Sequence[LeafReport] | None, axes: Sequence[tuple[str, int]], prefix: str
                    ) -> tuple[list[LayoutFigure], list[str]]:
-    """Figures for the used leaves, grouped by (shape, declared, compiled), and the unused leaves' paths."""
+    """Figures for the used leaves, grouped by (shape, declared, compiled), and the unused leaves' paths.
+
+    Sharded layouts come first (in leaf order), replicated ones after them: the pictures worth a look
+    lead.
+    """
     groups: dict[tuple, list[LeafReport]] = {}
     unused = []
     for x in leaves or ():
@@ -91,7 +95,11 @@ def layout_figures(leaves: Sequence[LeafReport] | None, axes: Sequence[tuple[str
             continue
         groups.setdefault((tuple(x.shape), x.dtype, x.declared, str(x.compiled)), []).append(x)
     out = []
-    for k, members in enumerate(groups.values()):
+    replicated = {key: all(not d for d in (parse_partition_spec(key[3], len(key[0])) or ((),)))
+                  for key in groups}
+    ordered = sorted(groups, key=lambda key: replicated[key])  # stable: leaf order within each kind
+    for k, key in enumerate(ordered):
+        members = groups[key]
         x = members[0]
         layout = leaf_layout(x.shape, x.compiled, axes)
         declared_dims = parse_partition_spec(x.declared, len(x.shape))
