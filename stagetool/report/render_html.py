@@ -254,10 +254,18 @@ def _snapshot_leaf_figure(leaf: Mapping | None, axes: Sequence, ident: str) -> d
 def _snapshot_memory_bar(mem: Mapping | None, scale_to: int | None) -> charts.StackedBar | None:
     if not mem:
         return None
-    rec = type("Rec", (), {k: mem.get(k) for k in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes")})
-    rec.generated_code_bytes = None
-    return charts.memory_bar(_memory_parts(rec), peak=mem.get("peak_bytes"), capacity=None,
-                             scale_to=scale_to)
+    from types import SimpleNamespace
+
+    rec = SimpleNamespace(generated_code_bytes=None, **{k: mem.get(k) for k in (
+        "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes")})
+    return charts.memory_bar(_memory_parts(rec), peak=mem.get("peak_bytes"), capacity=None, scale_to=scale_to)
+
+
+def _drawn_bytes(mem: Mapping | None) -> int:
+    """What a memory bar of a snapshot's figures adds up to: the peak, or its parts when larger."""
+    m = mem or {}
+    parts = sum(m.get(k) or 0 for k in ("argument_bytes", "output_bytes", "temp_bytes")) - (m.get("alias_bytes") or 0)
+    return max(parts, m.get("peak_bytes") or 0)
 
 
 def comparison_view(cmp: Any, before: Mapping | None, after: Mapping | None) -> list[dict[str, Any]]:
@@ -281,9 +289,7 @@ def comparison_view(cmp: Any, before: Mapping | None, after: Mapping | None) -> 
                           "after": _snapshot_leaf_figure(find(a), axes_a, f"c{i}-{j}-a")})
         memory = None
         if any(c.what == "memory.peak_bytes" for c in f.changes):
-            peaks = [x.get("peak_bytes") or 0 for x in ((b.get("memory") or {}), (a.get("memory") or {}))]
-            scale = max(peaks + [sum((s.get("memory") or {}).get(k) or 0 for k in ("argument_bytes", "temp_bytes",
-                                                                                  "output_bytes")) for s in (a, b)])
+            scale = max(_drawn_bytes(b.get("memory")), _drawn_bytes(a.get("memory")))
             memory = {"before": _snapshot_memory_bar(b.get("memory"), scale),
                       "after": _snapshot_memory_bar(a.get("memory"), scale)}
         out.append({"f": f, "pairs": pairs, "memory": memory})
