@@ -87,6 +87,15 @@ def test_replicated_unused_and_undrawable_leaves():
     assert parse_partition_spec("auto", 2) is None and parse_partition_spec("P('a', 'b')", 1) is None
 
 
+def test_the_report_sharding_structure_is_read_as_its_text():
+    from stagetool.core.sharding import AUTO, Sharding
+
+    s = Sharding("spec", (("a", "c"), None, "b"))
+    assert parse_partition_spec(s, 3) == parse_partition_spec(str(s), 3) == (("a", "c"), (), ("b",))
+    assert ours(MESH_3D, s, (8, 4, 6)) == jax_assignment(MESH_3D, P(("a", "c"), None, "b"), (8, 4, 6))
+    assert parse_partition_spec(AUTO, 2) is None and parse_partition_spec(Sharding("other", text="x"), 2) is None
+
+
 def test_nd_mesh_grid_is_one_panel_per_leading_coordinate():
     grid = charts.device_grid(leaf_layout((8, 4, 6), "P(('a', 'c'), None, 'b')", MESH_3D), name="x")
     assert [p.label for p in grid.panels] == ["a=0", "a=1"]
