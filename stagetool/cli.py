@@ -192,6 +192,18 @@ def _errors(debug: bool) -> Iterator[None]:
         yield
     except typer.Exit:
         raise
+    except BrokenPipeError:
+        _stdout_closed()
+        raise typer.Exit(int(ExitCode.USAGE)) from None
+    except SystemExit as e:  # user code called sys.exit(): its failure, never the command's verdict
+        err = _stderr()
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        err.print(f"[bold red]error:[/] user code raised SystemExit({_escape(repr(e.code))}) while it was "
+                  "imported, called or traced; the run did not finish")
+        raise typer.Exit(int(ExitCode.JAX)) from None
     except StagetoolError as e:
         err = _stderr()
         if debug:
@@ -227,9 +239,25 @@ def _user_stdout_to_stderr() -> Iterator[None]:
 
 
 def _escape(text: str) -> str:
-    from rich.markup import escape
+    """Text for a Rich markup string: control characters shown as escapes, markup escaped."""
+    from stagetool.core.text import markup_safe
 
-    return escape(text)
+    return markup_safe(text)
+
+
+def _stdout_closed() -> None:
+    """stdout's reader went away (``stagetool ... | head``): say so once, and keep the interpreter
+    from failing again when it flushes stdout at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        _stderr().print("[bold red]error:[/] stdout was closed before the output was written (broken pipe)")
+    except OSError:
+        pass
 
 
 def _color(output: Optional[Path]) -> bool:
@@ -648,19 +676,111 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
         raise typer.Exit(int(cmp.exit_code(fail_on_regression=fail_on_regression)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The console-script entry point; returns the exit code.
+def _run_app(argv: list[str] | None) -> int:
+    """Run the Typer app; its exit code.
 
     Typer (click) handles its own usage errors (unknown command or option: exit 2) in standalone
-    mode and ends every run with ``SystemExit``, whose code is returned here.
+    mode and ends every run with ``SystemExit``, whose code is returned here. Every command maps
+    its errors through :func:`_errors`, so a ``SystemExit`` that is not an integer code stagetool
+    chose cannot reach this point as a success.
     """
     try:
         app(args=argv, prog_name="stagetool", standalone_mode=True)
     except SystemExit as e:
-        if e.code is None:
+        if e.code is None or e.code == 0:
             return int(ExitCode.OK)
-        return e.code if isinstance(e.code, int) else int(ExitCode.FINDINGS)
+        if isinstance(e.code, int) and not isinstance(e.code, bool) and e.code in {int(c) for c in ExitCode}:
+            return e.code
+        return int(ExitCode.JAX)
+    except BrokenPipeError:
+        _stdout_closed()
+        return int(ExitCode.USAGE)
     return int(ExitCode.OK)
+
+
+class _Signalled(BaseException):
+    """Raised in the main thread by the SIGINT/SIGTERM handler."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _end_on_signal(signum: int) -> None:
+    """A signal ends the run: kill children, remove temporary files, one line, exit 130/143.
+
+    The staging thread may be inside XLA's compiler, where no Python code runs until it returns;
+    the process ends with ``os._exit`` so that neither that thread nor the interpreter's teardown
+    (which would wait for it, or crash under it) runs on.
+    """
+    import signal
+
+    from stagetool.core import cleanup
+
+    cleanup.run_all()
+    code, name = ((ExitCode.INTERRUPTED, "interrupted (SIGINT)") if signum == signal.SIGINT
+                  else (ExitCode.TERMINATED, "terminated (SIGTERM)"))
+    for stream in (sys.stdout, sys.__stdout__):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe; nothing more to say there
+            pass
+    try:
+        os.write(2, f"stagetool: {name}; nothing was written\n".encode())
+    except OSError:
+        pass
+    os._exit(int(code))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console-script entry point; returns the exit code.
+
+    The command runs in a worker thread while the main thread waits and handles SIGINT and SIGTERM:
+    a signal during a compile (C++, where Python's handlers cannot run) still ends the run at once
+    with exit 130/143, one line on stderr, children killed and temporary files removed
+    (:func:`_end_on_signal`). A signal the caller set to be ignored (``nohup``, a background job)
+    stays ignored. Called from a thread other than the main one, the command runs in that thread.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return _run_app(argv)
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Signalled(signum)
+
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        current = signal.getsignal(sig)
+        if current is signal.SIG_IGN:
+            continue
+        previous[sig] = current
+        signal.signal(sig, handler)
+    result: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            result["code"] = _run_app(argv)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            result["error"] = e
+
+    worker = threading.Thread(target=work, name="stagetool-command", daemon=True)
+    try:
+        try:
+            worker.start()
+            while worker.is_alive():
+                worker.join(0.25)
+        except _Signalled as s:
+            _end_on_signal(s.signum)
+        except KeyboardInterrupt:  # a handler installed by someone else (a test runner)
+            _end_on_signal(signal.SIGINT)
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+    if "error" in result:
+        raise result["error"]
+    return result["code"]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -219,7 +219,12 @@ def _stage(plan: Plan, fspec: FunctionSpec, setup: Any, until: str,
     from stagetool.lowering.stages import jit_function, stage
     from stagetool.lowering.target import load_target
 
-    target = load_target(fspec.target, base_dir=fspec.base_dir)
+    from stagetool.core.errors import TargetError
+
+    try:
+        target = load_target(fspec.target, base_dir=fspec.base_dir)
+    except TargetError as e:  # name the spec's line that asked for it
+        raise TargetError(f"{fspec.where('target')}: functions.{fspec.name}.target: {e.message}", hint=e.hint) from None
     inputs = build_inputs(fspec, target.fn, setup, plan.mesh, avals=plan.avals)
     fspec = fit_out_shardings(fspec, target.fn, inputs, setup.mesh)
     jitted = jit_function(target, fspec, inputs, setup.mesh)

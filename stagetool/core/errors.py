@@ -21,6 +21,23 @@ class ExitCode(enum.IntEnum):
     """A bad option, spec, target or baseline file."""
     JAX = 3
     """JAX or XLA failed to trace, lower or compile the user's function."""
+    INTERRUPTED = 130
+    """Interrupted by SIGINT (Ctrl-C): 128 + the signal number, as shells report it."""
+    TERMINATED = 143
+    """Ended by SIGTERM: 128 + the signal number."""
+
+
+#: What user code (a target module, ``init``, ``{call: ...}``, the traced function) may raise that is
+#: that code's failure: every ``Exception`` and ``SystemExit`` (a module that calls ``sys.exit()``
+#: must not end a CI gate with exit 0). ``KeyboardInterrupt`` is left to the signal handling.
+USER_CODE_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
+
+def describe_exception(e: BaseException) -> str:
+    """``Type: message`` of an exception from user code; ``SystemExit(0)`` reads as what it is."""
+    if isinstance(e, SystemExit):
+        return f"SystemExit({e.code!r}) raised (the code called sys.exit or raised SystemExit)"
+    return f"{type(e).__name__}: {e}"
 
 
 class StagetoolError(Exception):

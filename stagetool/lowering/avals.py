@@ -17,7 +17,7 @@ import inspect
 from typing import Any, Callable
 
 from stagetool.core.dtypes import hlo_name
-from stagetool.core.errors import SpecError, StagingError
+from stagetool.core.errors import USER_CODE_ERRORS, SpecError, StagingError, describe_exception
 from stagetool.core.location import Loc
 from stagetool.core.mesh import MeshSpec
 from stagetool.core.sharding import REPLICATED, Sharding
@@ -282,7 +282,11 @@ def check_static_hashable(fspec: FunctionSpec, static: dict[str, Any]) -> None:
     for name, value in static.items():
         try:
             hash(value)
-        except TypeError:
+        except USER_CODE_ERRORS as e:  # unhashable, or a __hash__ of the user's that raises
+            if not isinstance(e, TypeError):
+                issues.append(f"{fspec.where('static.' + name)}: functions.{fspec.name}.static.{name}: "
+                              f"hashing the {type(value).__name__} failed: {describe_exception(e)}")
+                continue
             issues.append(f"{fspec.where('static.' + name)}: functions.{fspec.name}.static.{name}: "
                           f"a static value must be hashable, and a {type(value).__name__} is not"
                           + ("; write a list as a tuple: !tuple [...]" if isinstance(value, list) else ""))
@@ -365,7 +369,7 @@ def fit_out_shardings(fspec: FunctionSpec, fn: Callable[..., Any], inputs: Abstr
         probe = fn if isinstance(fn, jax.stages.Wrapped) else jax.jit(fn, **options)
         with jax.set_mesh(mesh):
             out_info = probe.trace(*inputs.args, **inputs.kwargs).out_info
-    except Exception:  # the user's function fails to trace: staging says so, with its frame
+    except USER_CODE_ERRORS:  # the user's function fails to trace: staging says so, with its frame
         return fspec
     return dc.replace(fspec, out_shardings=check_out_shardings(fspec, out_info))
 
@@ -449,7 +453,7 @@ def eval_init(init: InitSpec, fspec: FunctionSpec) -> Any:
     """
     import jax
 
-    target = load_target(init.target, base_dir=fspec.base_dir)
+    target = _load_at(init.target, fspec, init.loc, f"{init.path}.init")
     problems = signature_problems(target.fn, len(init.args), list(init.kwargs))
     if problems:
         described = describe_callable(target.fn)
@@ -477,8 +481,8 @@ def eval_init(init: InitSpec, fspec: FunctionSpec) -> Any:
     dyn = [args[i] for i in traced_pos] + [kwargs[k] for k in traced_kw]
     try:
         return jax.eval_shape(call, *dyn)
-    except Exception as e:  # the user's init failed under tracing
-        raise StagingError(f"{type(e).__name__}: {e}", stage="init", function=fspec.name,
+    except USER_CODE_ERRORS as e:  # the user's init failed under tracing (sys.exit() included)
+        raise StagingError(describe_exception(e), stage="init", function=fspec.name,
                            user_frame=user_frame(e, [target.module_file or ""])) from None
 
 
@@ -528,13 +532,24 @@ def build_call(call: CallSpec, fspec: FunctionSpec) -> Any:
     """
     from stagetool.core.errors import TargetError
 
-    target = load_target(call.target, base_dir=fspec.base_dir)
+    target = _load_at(call.target, fspec, call.loc, "call")
     args = [build_value(a, fspec) for a in call.args]
     kwargs = {k: build_value(v, fspec) for k, v in call.kwargs.items()}
     try:
         return target.fn(*args, **kwargs)
-    except Exception as e:
-        raise TargetError(f"{call.loc}: calling {call.target} failed: {type(e).__name__}: {e}") from None
+    except USER_CODE_ERRORS as e:
+        raise TargetError(f"{call.loc}: calling {call.target} failed: {describe_exception(e)}"
+                          + (f"\n  at {frame}" if (frame := user_frame(e, [target.module_file or ""])) else "")) from None
+
+
+def _load_at(text: str, fspec: FunctionSpec, loc: Any, what: str) -> Any:
+    """:func:`load_target` with the spec's file:line of the key that names it in the error."""
+    from stagetool.core.errors import TargetError
+
+    try:
+        return load_target(text, base_dir=fspec.base_dir)
+    except TargetError as e:
+        raise TargetError(f"{loc}: {what}: {e.message}", hint=e.hint) from None
 
 
 def _arg_names(fn: Callable[..., Any], n: int) -> list[str]:

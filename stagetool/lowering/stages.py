@@ -13,7 +13,7 @@ import time
 import warnings
 from typing import Any, Callable
 
-from stagetool.core.errors import SpecError, StagingError
+from stagetool.core.errors import USER_CODE_ERRORS, SpecError, StagingError, describe_exception
 from stagetool.core.sharding import Sharding
 from stagetool.lowering.avals import AbstractInputs
 from stagetool.lowering.target import Target, user_frame
@@ -162,7 +162,7 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
             with jax.set_mesh(mesh), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 out = fn()
-        except Exception as e:
+        except USER_CODE_ERRORS as e:  # SystemExit from the traced code is its failure too
             raise _staging_error(e, stage_name, name, user_files, jitted) from None
         timings[stage_name] = time.perf_counter() - start
         for w in caught:
@@ -203,7 +203,10 @@ def compile_with_dump(lowered: Any, compiler_options: dict | None = None) -> tup
     import shutil
     import tempfile
 
+    from stagetool.core import cleanup
+
     folder = tempfile.mkdtemp(prefix="stagetool-dump-")
+    token = cleanup.register_path(folder)  # removed by the signal handling if the compile is cut short
     try:
         options = {**(compiler_options or {}), **DUMP_OPTIONS, "xla_dump_to": folder}
         start = time.perf_counter()
@@ -214,6 +217,7 @@ def compile_with_dump(lowered: Any, compiler_options: dict | None = None) -> tup
         return compiled, PeakDump(text, module_text, seconds, reason)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        cleanup.forget(token)
 
 
 def read_live_range(folder: str, module_text: str) -> tuple[str | None, str | None]:
@@ -244,7 +248,7 @@ def _definition(fn: Any) -> str | None:
         return None
 
 
-def _staging_error(e: Exception, stage_name: str, name: str, user_files: list[str], jitted: Any = None) -> StagingError:
+def _staging_error(e: BaseException, stage_name: str, name: str, user_files: list[str], jitted: Any = None) -> StagingError:
     text = str(e).strip()
     # JAX appends a long "The stack trace below excludes JAX-internal frames" note; keep the message.
     for marker in ("\n--------------------", "\nThe stack trace below excludes JAX-internal frames"):
@@ -257,5 +261,6 @@ def _staging_error(e: Exception, stage_name: str, name: str, user_files: list[st
     if frame is None and jitted is not None:
         # XLA fails below any Python frame of the user's (a compile error): point at the function.
         frame = _definition(jitted)
-    return StagingError(f"{name}: {stage_name} failed: {type(e).__name__}: {text}", stage=stage_name,
+    what = describe_exception(e) if isinstance(e, SystemExit) else f"{type(e).__name__}: {text}"
+    return StagingError(f"{name}: {stage_name} failed: {what}", stage=stage_name,
                         function=name, user_frame=frame)

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from stagetool.core.errors import TargetError
+from stagetool.core.errors import USER_CODE_ERRORS, TargetError, describe_exception
 from stagetool.spec.discovery import split_target
 
 
@@ -127,8 +127,8 @@ def _import(text: str, name: str, user_file: str | None) -> Any:
                               + (f"; close matches: {', '.join(close)}" if close else ""),
                               hint="a file target needs its path and .py, e.g. examples/mlp.py:train_step") from None
         raise TargetError(f"target {text!r}: importing {name} failed: {e}" + _frame_note(e, user_file)) from None
-    except Exception as e:
-        raise TargetError(f"target {text!r}: importing {name} failed: {type(e).__name__}: {e}"
+    except USER_CODE_ERRORS as e:  # SystemExit too: a module that exits is a module that failed
+        raise TargetError(f"target {text!r}: importing {name} failed: {describe_exception(e)}"
                           + _frame_note(e, user_file)) from None
 
 

@@ -1,0 +1,93 @@
+"""What a run leaves behind if it is cut short: temporary files and folders, child processes.
+
+Code that creates a temporary path or starts a child registers it here for as long as it exists.
+``finally`` blocks remove them on the ordinary exit paths; when a signal ends the run while the
+staging thread is inside XLA (where no Python ``finally`` can run), the CLI's signal handling calls
+:func:`run_all` from the main thread before the process exits. Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+from typing import Any, Iterator
+
+_LOCK = threading.Lock()
+_PATHS: dict[int, str] = {}
+_CHILDREN: dict[int, Any] = {}
+_NEXT = [0]
+
+
+def register_path(path: str | os.PathLike) -> int:
+    """Remember a temporary file or folder to remove if the run is cut short; returns a token."""
+    with _LOCK:
+        _NEXT[0] += 1
+        _PATHS[_NEXT[0]] = os.fspath(path)
+        return _NEXT[0]
+
+
+def register_child(proc: Any) -> int:
+    """Remember a child process (a ``subprocess.Popen`` started with ``start_new_session=True``)."""
+    with _LOCK:
+        _NEXT[0] += 1
+        _CHILDREN[_NEXT[0]] = proc
+        return _NEXT[0]
+
+
+def forget(token: int) -> None:
+    """The path is gone or the child has ended: nothing to do for it any more."""
+    with _LOCK:
+        _PATHS.pop(token, None)
+        _CHILDREN.pop(token, None)
+
+
+@contextlib.contextmanager
+def temporary_path(path: str | os.PathLike) -> Iterator[str]:
+    """Register ``path`` while the block runs, and remove it (file or folder) when the block ends."""
+    token = register_path(path)
+    try:
+        yield os.fspath(path)
+    finally:
+        _remove(os.fspath(path))
+        forget(token)
+
+
+def kill_child(proc: Any) -> None:
+    """Kill a child's whole process group (it was started in its own session), then reap it."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        with contextlib.suppress(OSError):
+            proc.kill()
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=5)
+
+
+def _remove(path: str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        pass
+
+
+def run_all() -> None:
+    """Kill every registered child and remove every registered path (a signal ends the run)."""
+    with _LOCK:
+        children = list(_CHILDREN.values())
+        paths = list(_PATHS.values())
+        _CHILDREN.clear()
+        _PATHS.clear()
+    for proc in children:
+        kill_child(proc)
+    for path in reversed(paths):
+        _remove(path)
