@@ -485,6 +485,9 @@ ToleranceOpt = Annotated[Optional[list[str]], typer.Option(
                               "flops=5%, collective_bytes=64KiB. Names: memory, flops, bytes_accessed, "
                               "collective_bytes, collective_count. Defaults: 1%, 1%, 1%, 0%, 0.",
     show_default=False)]
+TimeoutOpt = Annotated[Optional[float], typer.Option(
+    "--timeout", help="With --isolate: seconds each function's process may take before it is killed and "
+                      "reported as failed. Default: 1800.", show_default=False, min=0.001)]
 JunitOpt = Annotated[Optional[Path], typer.Option(
     "--junit-xml", help="Also write JUnit XML (one testcase per function) to FILE.", show_default=False)]
 
@@ -530,8 +533,12 @@ def _functions_dropped(path: Path, snapshot: dict) -> list[str]:
     """Functions an existing snapshot file holds that the new one does not (it replaces the file whole)."""
     import json
 
+    from stagetool.core.fileio import is_special
+
+    if is_special(path):  # a device, FIFO or /dev/stdout: written in place, never read first
+        return []
     try:
-        before = json.loads(path.read_text())["functions"]
+        before = json.loads(path.read_text(encoding="utf-8"))["functions"]
     except (OSError, ValueError, KeyError, TypeError):
         return []
     return sorted(set(before) - set(snapshot["functions"])) if isinstance(before, dict) else []
@@ -541,7 +548,7 @@ def _functions_dropped(path: Path, snapshot: dict) -> list[str]:
 @staging_command
 def snapshot(staging: Staging, output: Annotated[Path, typer.Option("--output", "-o", help="The snapshot file (written atomically).")]
              = Path("stagetool.lock.json"),
-             isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
+             isolate: IsolateOpt = False, timeout: TimeoutOpt = None, debug: DebugOpt = False) -> None:
     """Record shardings, memory, cost and collectives of every function: the baseline for 'check'."""
     from stagetool.gate.snapshot import write_snapshot
     from stagetool.pipeline import take_snapshot
@@ -549,7 +556,7 @@ def snapshot(staging: Staging, output: Annotated[Path, typer.Option("--output", 
     with _errors(debug):
         opts = _joined(staging.options())
         with _status() as on_stage, _user_stdout_to_stderr():
-            run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
+            run = take_snapshot(opts, isolate=isolate, on_stage=on_stage, timeout_s=timeout)
         if run.failed:
             _report_failures(run.failed)
             n = len(run.failed)
@@ -563,7 +570,7 @@ def snapshot(staging: Staging, output: Annotated[Path, typer.Option("--output", 
         n = len(run.snapshot["functions"])
         _stderr().print(f"[dim]wrote {_escape(str(output))} ({n} function{'s' if n != 1 else ''})[/]")
         if dropped:
-            _stderr().print(f"[yellow]notice:[/] {_escape(str(output))} held {', '.join(dropped)}, which this snapshot "
+            _stderr().print(f"[yellow]notice:[/] {_escape(str(output))} held {_escape(', '.join(dropped))}, which this snapshot "
                             "does not; to refresh one function of a baseline, use 'check --update -f NAME'")
 
 
@@ -575,7 +582,7 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
           update: Annotated[bool, typer.Option("--update", help="Rewrite the baseline with what is found now "
                                                                  "and exit 0 (unless a function fails).")] = False,
           format: FormatOpt = Format.text, output: OutputOpt = None, junit_xml: JunitOpt = None,
-          isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
+          isolate: IsolateOpt = False, timeout: TimeoutOpt = None, debug: DebugOpt = False) -> None:
     """CI gate: recompute and compare with the baseline. Exit 0 clean, 1 regression, 2 bad input, 3 JAX failure."""
     from stagetool.core.tolerances import effective_tolerances, parse_tolerance_options
     from stagetool.gate.compare import compare, environment_notices
@@ -592,7 +599,7 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
         restricted = staging.target is not None or staging.function is not None
         opts = _joined(staging.options())
         with _status() as on_stage, _user_stdout_to_stderr():
-            run = take_snapshot(opts, isolate=isolate, on_stage=on_stage)
+            run = take_snapshot(opts, isolate=isolate, on_stage=on_stage, timeout_s=timeout)
         _report_failures(run.failed)
         if not _is_primary():
             return
@@ -609,16 +616,24 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
             if run.failed:
                 _stderr().print(f"[red]not updating {_escape(str(baseline))}: a function failed[/]")
                 raise typer.Exit(int(ExitCode.JAX))
-            new = run.snapshot
-            if restricted and before is not None:
-                # a restricted run updates only what it staged; the baseline's other functions stay
-                new = {**run.snapshot, "functions": {**before["functions"], **run.snapshot["functions"]}}
-                differs = environment_notices(before, new)
-                if differs:
-                    raise UsageError(f"not updating {baseline}: it comes from another environment ("
-                                     + "; ".join(differs) + "), and a partial update would mix the two",
-                                     hint="update every function: drop --function / the TARGET")
-            write_snapshot(baseline, new)
+            from stagetool.core.fileio import is_special, locked
+
+            with locked(baseline):
+                # read-modify-write under an exclusive lock: a concurrent 'check --update -f other' that
+                # landed since this run read the baseline is kept, not overwritten
+                current = before
+                if restricted and baseline.exists() and not is_special(baseline):
+                    current = load_snapshot(baseline)
+                new = run.snapshot
+                if restricted and current is not None:
+                    # a restricted run updates only what it staged; the baseline's other functions stay
+                    new = {**run.snapshot, "functions": {**current["functions"], **run.snapshot["functions"]}}
+                    differs = environment_notices(current, new)
+                    if differs:
+                        raise UsageError(f"not updating {baseline}: it comes from another environment ("
+                                         + "; ".join(differs) + "), and a partial update would mix the two",
+                                         hint="update every function: drop --function / the TARGET")
+                write_snapshot(baseline, new)
             n, kept = len(run.snapshot["functions"]), len(new["functions"]) - len(run.snapshot["functions"])
             others = "1 other kept as it was" if kept == 1 else f"{kept} others kept as they were"
             _stderr().print(f"[dim]updated {_escape(str(baseline))} ({n} function{'s' if n != 1 else ''}"
@@ -639,7 +654,7 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
          fail_on_regression: Annotated[bool, typer.Option(
              "--fail-on-regression", help="Exit 1 when B regresses against A (default: exit 0).")] = False,
          format: FormatOpt = Format.text, output: OutputOpt = None, junit_xml: JunitOpt = None,
-         isolate: IsolateOpt = False, debug: DebugOpt = False) -> None:
+         isolate: IsolateOpt = False, timeout: TimeoutOpt = None, debug: DebugOpt = False) -> None:
     """Compare two snapshots (diff A.json B.json), or one spec on two meshes (diff --spec S --mesh-a 2x4 --mesh-b 4x2)."""
     from stagetool.core.tolerances import effective_tolerances, parse_tolerance_options
     from stagetool.gate.compare import compare
@@ -660,7 +675,7 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
 
                 opts = Options(spec=spec, mesh=m, platform=platform, function=tuple(function) if function else None)
                 with _status() as on_stage, _user_stdout_to_stderr():
-                    runs.append(take_snapshot(opts, isolate=isolate, on_stage=on_stage))
+                    runs.append(take_snapshot(opts, isolate=isolate, on_stage=on_stage, timeout_s=timeout))
             _report_failures({**runs[0].failed, **runs[1].failed})
             before, after, failed = runs[0].snapshot, runs[1].snapshot, {**runs[0].failed, **runs[1].failed}
             labels, spec_check = (f"mesh {mesh_a}", f"mesh {mesh_b}"), runs[1].spec_check

@@ -425,14 +425,15 @@ def _snapshot_sections() -> list[Section]:
     return [s for s in Section if s.value in SNAPSHOT_SECTIONS]
 
 
-def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None) -> SnapshotRun:
+def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None, timeout_s: float | None = None) -> SnapshotRun:
     """Stage every function of ``options`` (a :class:`stagetool.pipeline.Options`) and snapshot it.
 
     Each function is staged on its own: one that fails to trace, lower or compile
     (:class:`stagetool.core.errors.StagingError`) is recorded in ``failed`` and the others still run.
     With ``isolate``, each function runs in its own ``python -m stagetool snapshot --function``
     process, so that one that aborts the process (an XLA ``LLVM ERROR``, ``os.abort()``) is
-    recorded too.
+    recorded too; ``timeout_s`` bounds each such process (default
+    :data:`stagetool.gate.run.DEFAULT_TIMEOUT_S`), and one that runs past it is a failure.
 
     Raises:
       UsageError, SpecError, TargetError: bad options, spec or target.
@@ -455,7 +456,7 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None) -> Snap
     for name in names:
         one = dataclasses.replace(options, function=name)
         if isolate:
-            part, error = snapshot_in_subprocess(one, spec_path)
+            part, error = snapshot_in_subprocess(one, spec_path, **({} if timeout_s is None else {"timeout_s": timeout_s}))
             if error is not None:
                 failed[name] = error
             else:

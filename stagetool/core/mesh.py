@@ -7,6 +7,7 @@ Knows nothing of JAX: ``stagetool.lowering.devices`` turns it into a ``jax.shard
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable
 
 from stagetool.core.location import Loc
@@ -16,6 +17,33 @@ def format_mesh(axes: Iterable[tuple[str, int]] | Iterable[list], *, empty: str 
     """The one way a mesh is printed: ``data=2 × model=4`` (``empty`` for a mesh without axes)."""
     text = " × ".join(f"{name}={size}" for name, size in axes)
     return text or empty
+
+
+#: The most devices a mesh may have (``--mesh`` and the spec): far above any slice built, far below
+#: what makes XLA's device assignment run out of memory or overflow.
+MAX_DEVICES = 2**16
+
+_AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def axis_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a mesh axis name, or None: an ASCII identifier (what XLA accepts;
+    a non-ASCII name aborts the compiler)."""
+    if not isinstance(name, str) or not _AXIS_NAME.match(name):
+        return (f"mesh axis name {name!r} must be an ASCII identifier (letters, digits and '_', not starting "
+                "with a digit), e.g. data or model")
+    return None
+
+
+def device_count_problem(sizes: "list[int] | tuple[int, ...]") -> str | None:
+    """Why a mesh of these axis sizes is too large, or None."""
+    n = 1
+    for s in sizes:
+        n *= s
+        if n > MAX_DEVICES:
+            return (f"a mesh of {'x'.join(str(s) for s in sizes)} has more than {MAX_DEVICES} devices, "
+                    f"the most stagetool lays a mesh over")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +86,11 @@ def parse_mesh_option(text: str, spec_mesh: MeshSpec) -> MeshSpec:
         for part in t.split(","):
             name, _, size = part.partition("=")
             name = name.strip()
-            if not name.isidentifier() or not size.strip().isdigit() or int(size) < 1:
+            if not (size.strip().isascii() and size.strip().isdigit()) or int(size) < 1:
                 raise ValueError(f"--mesh {text!r}: {part!r} is not 'axis=size' with a positive size")
+            problem = axis_name_problem(name)
+            if problem:
+                raise ValueError(f"--mesh {text!r}: {problem}")
             if name in (n for n, _ in axes):
                 raise ValueError(f"--mesh {text!r} names axis {name!r} twice; give each axis once")
             axes.append((name, int(size)))
@@ -70,11 +101,17 @@ def parse_mesh_option(text: str, spec_mesh: MeshSpec) -> MeshSpec:
                                  f"{', '.join(spec_mesh.names)}; give every axis of the spec once")
             order = {n: i for i, n in enumerate(spec_mesh.names)}
             axes.sort(key=lambda a: order[a[0]])
+        problem = device_count_problem([s for _, s in axes])
+        if problem:
+            raise ValueError(f"--mesh {text!r}: {problem}")
         return MeshSpec(tuple(axes), spec_mesh.axis_types, spec_mesh.loc)
     parts = [p.strip() for p in t.lower().split("x")]
-    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+    if not parts or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
         raise ValueError(f"--mesh {text!r} is not sizes like 2x4 or names like data=2,model=4")
     sizes = [int(p) for p in parts]
+    problem = device_count_problem(sizes)
+    if problem:
+        raise ValueError(f"--mesh {text!r}: {problem}")
     if not spec_mesh.axes:
         raise ValueError(f"--mesh {text!r} gives sizes, but there is no spec mesh to name the axes; "
                          "write --mesh data=2,model=4")

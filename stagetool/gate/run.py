@@ -38,15 +38,27 @@ def spec_label(spec_path: Path | None) -> str | None:
     return None if spec_path is None else Path(spec_path).name
 
 
-def snapshot_in_subprocess(options: Any, spec_path: Path | None) -> tuple[dict | None, str | None]:
-    """Run ``python -m stagetool snapshot --function NAME`` into a temporary file."""
+#: Seconds one ``--isolate`` process may take by default (a generous bound for a compile).
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+def snapshot_in_subprocess(options: Any, spec_path: Path | None, *,
+                           timeout_s: float | None = DEFAULT_TIMEOUT_S) -> tuple[dict | None, str | None]:
+    """Run ``python -m stagetool snapshot --function NAME`` into a temporary file.
+
+    The child runs in its own session (process group); it and everything it started are killed when
+    it runs past ``timeout_s`` (reported as that function's failure) or when a signal ends this run
+    (:mod:`stagetool.core.cleanup`). The temporary folder is removed on every path.
+    """
     import os
     import signal
     import subprocess
     import sys
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="stagetool-isolate-") as tmp:
+    from stagetool.core import cleanup
+
+    with tempfile.TemporaryDirectory(prefix="stagetool-isolate-") as tmp, cleanup.temporary_path(tmp):
         out = Path(tmp) / "snapshot.json"
         argv = [sys.executable, "-m", "stagetool", "snapshot", "--function", options.function, "-o", str(out)]
         if spec_path is not None:
@@ -62,7 +74,18 @@ def snapshot_in_subprocess(options: Any, spec_path: Path | None) -> tuple[dict |
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        proc = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, cwd=os.getcwd())
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 errors="replace", env=env, cwd=os.getcwd(), start_new_session=True)
+        token = cleanup.register_child(child)
+        try:
+            _, stderr = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            cleanup.kill_child(child)
+            return None, f"timed out after {timeout_s:g} s (--timeout); the process was killed"
+        finally:
+            cleanup.kill_child(child)  # its process group, if anything of it is left
+            cleanup.forget(token)
+        proc = subprocess.CompletedProcess(argv, child.returncode, "", stderr)
         tail = _tail(proc.stderr)
         if proc.returncode < 0:
             try:

@@ -193,16 +193,41 @@ def load_snapshot(path: str | Path) -> dict:
     p = Path(path)
     hint = f"create it with: stagetool snapshot --spec SPEC -o {p}  (or stagetool check --update)"
     try:
-        text = p.read_text(encoding="utf-8")
+        if p.is_dir():
+            raise BaselineError(f"baseline {p} is a folder, not a snapshot file", hint=hint)
+        data = p.read_bytes()
     except FileNotFoundError:
         raise BaselineError(f"baseline {p} not found", hint=hint) from None
     except OSError as e:
         raise BaselineError(f"baseline {p}: cannot read: {e.strerror or e}") from None
+    return parse_snapshot(data, str(p), hint=hint)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
+def parse_snapshot(data: bytes, where: str, *, hint: str | None = None) -> dict:
+    """Parse and validate snapshot bytes (UTF-8 JSON); see :func:`load_snapshot`.
+
+    Raises:
+      BaselineError: not UTF-8 (naming the byte offset), not JSON (line:col), a non-finite number
+        (``NaN``, ``Infinity``: every metric compared with one would read as an improvement), nested
+        too deeply, or not a valid snapshot (:func:`validate_snapshot`).
+    """
     try:
-        doc = json.loads(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BaselineError(f"{where}: byte {e.start}: the baseline is not UTF-8 text", hint=hint) from None
+    try:
+        doc = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
-        raise BaselineError(f"{p}:{e.lineno}:{e.colno}: the baseline is not valid JSON: {e.msg}", hint=hint) from None
-    return validate_snapshot(doc, str(p))
+        raise BaselineError(f"{where}:{e.lineno}:{e.colno}: the baseline is not valid JSON: {e.msg}", hint=hint) from None
+    except ValueError as e:
+        raise BaselineError(f"{where}: the baseline holds a {e}; numbers must be finite", hint=hint) from None
+    except RecursionError:
+        raise BaselineError(f"{where}: the baseline is nested too deeply to be a snapshot", hint=hint) from None
+    return validate_snapshot(doc, where)
 
 
 def validate_snapshot(doc: Any, where: str = "<snapshot>") -> dict:
@@ -225,17 +250,105 @@ def validate_snapshot(doc: Any, where: str = "<snapshot>") -> dict:
     else:
         for name, entry in functions.items():
             if not isinstance(entry, dict):
-                problems.append(f"functions.{name}: must be an object")
+                problems.append(f"functions.{_key(name)}: must be an object")
                 continue
             for key in ("mesh", "inputs", "outputs", "memory", "cost", "collectives"):
                 if key not in entry:
-                    problems.append(f"functions.{name}: missing {key!r}")
+                    problems.append(f"functions.{_key(name)}: missing {key!r}")
             for key in ("inputs", "outputs"):
                 leaves = entry.get(key)
                 if leaves is not None and (not isinstance(leaves, list)
                                            or not all(isinstance(x, dict) and "path" in x for x in leaves)):
-                    problems.append(f"functions.{name}.{key}: must be a list of leaves with a 'path'")
+                    problems.append(f"functions.{_key(name)}.{key}: must be a list of leaves with a 'path'")
+    if not problems and isinstance(functions, dict):
+        for name, entry in functions.items():
+            _check_entry(problems, f"functions.{_key(name)}", entry)
+        for key in ("jax_version", "jaxlib_version", "stagetool_version", "spec"):
+            if doc.get(key) is not None and not isinstance(doc.get(key), str):
+                problems.append(f"{key}: must be a string, not {_kind(doc.get(key))}")
     if problems:
-        raise BaselineError(f"{where}: malformed snapshot: " + "; ".join(problems),
+        shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
+        raise BaselineError(f"{where}: malformed snapshot: " + "; ".join(shown),
                             hint="regenerate it: stagetool check --update")
     return doc
+
+
+def _key(name: Any) -> str:
+    return name if isinstance(name, str) and name.isidentifier() else json.dumps(name, ensure_ascii=True)
+
+
+def _kind(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(v), type(v).__name__)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _check_entry(problems: list[str], path: str, entry: dict) -> None:
+    """The types of one function's entry, as :mod:`stagetool.gate.compare` reads them (JSON paths)."""
+    if entry.get("target") is not None and not isinstance(entry["target"], str):
+        problems.append(f"{path}.target: must be a string, not {_kind(entry['target'])}")
+    mesh = entry.get("mesh")
+    if mesh is not None:
+        if not isinstance(mesh, dict):
+            problems.append(f"{path}.mesh: must be an object, not {_kind(mesh)}")
+        else:
+            axes = mesh.get("axes")
+            if axes is not None and not (isinstance(axes, list) and all(
+                    isinstance(a, list) and len(a) == 2 and isinstance(a[0], str) and _is_int(a[1]) for a in axes)):
+                problems.append(f"{path}.mesh.axes: must be a list of [name, size] pairs")
+            for k in ("platform", "device_kind", "axis_types", "topology"):
+                if mesh.get(k) is not None and not isinstance(mesh[k], str):
+                    problems.append(f"{path}.mesh.{k}: must be a string, not {_kind(mesh[k])}")
+            for k in ("device_count", "process_count"):
+                if mesh.get(k) is not None and not _is_int(mesh[k]):
+                    problems.append(f"{path}.mesh.{k}: must be an integer, not {_kind(mesh[k])}")
+    for key in ("inputs", "outputs"):
+        for i, leaf in enumerate(entry.get(key) or []):
+            where = f"{path}.{key}[{i}]"
+            if not isinstance(leaf.get("path"), str):
+                problems.append(f"{where}.path: must be a string, not {_kind(leaf.get('path'))}")
+            shape = leaf.get("shape")
+            if shape is not None and not (isinstance(shape, list) and all(_is_int(d) for d in shape)):
+                problems.append(f"{where}.shape: must be a list of integers")
+            for k in ("dtype", "sharding"):
+                if leaf.get(k) is not None and not isinstance(leaf[k], str):
+                    problems.append(f"{where}.{k}: must be a string, not {_kind(leaf[k])}")
+            if leaf.get("bytes_per_device") is not None and not _is_number(leaf["bytes_per_device"]):
+                problems.append(f"{where}.bytes_per_device: must be a number, not {_kind(leaf['bytes_per_device'])}")
+            if leaf.get("unused") is not None and not isinstance(leaf["unused"], bool):
+                problems.append(f"{where}.unused: must be true or false, not {_kind(leaf['unused'])}")
+    for section, fields in (("memory", MEMORY_FIELDS), ("cost", COST_FIELDS)):
+        value = entry.get(section)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            problems.append(f"{path}.{section}: must be an object or null, not {_kind(value)}")
+            continue
+        for f in fields:
+            if value.get(f) is not None and not _is_number(value[f]):
+                problems.append(f"{path}.{section}.{f}: must be a number or null, not {_kind(value[f])}")
+    rows = entry.get("collectives")
+    if rows is not None:
+        if not isinstance(rows, list):
+            problems.append(f"{path}.collectives: must be a list or null, not {_kind(rows)}")
+            return
+        for i, row in enumerate(rows):
+            where = f"{path}.collectives[{i}]"
+            if not isinstance(row, dict):
+                problems.append(f"{where}: must be an object, not {_kind(row)}")
+                continue
+            for k in ("kind", "axes"):
+                if not isinstance(row.get(k), str):
+                    problems.append(f"{where}.{k}: must be a string, not {_kind(row.get(k))}")
+            for k in ("count", "bytes_per_device"):
+                if not _is_number(row.get(k)):
+                    problems.append(f"{where}.{k}: must be a number, not {_kind(row.get(k))}")
+            if row.get("bytes_per_step") is not None and not _is_number(row["bytes_per_step"]):
+                problems.append(f"{where}.bytes_per_step: must be a number, not {_kind(row['bytes_per_step'])}")

@@ -36,7 +36,7 @@ import yaml
 
 from stagetool.core.dtypes import DTYPES, KEY_DTYPES
 from stagetool.core.errors import SpecError
-from stagetool.core.mesh import MeshSpec
+from stagetool.core.mesh import MeshSpec, axis_name_problem, device_count_problem
 from stagetool.core.sharding import AUTO, REPLICATED, UNSPECIFIED, Sharding
 from stagetool.spec.model import (
     CallSpec,
@@ -54,6 +54,100 @@ SPEC_VERSION = 1
 
 _LEAF_RE = re.compile(r"^\s*(?P<dtype>[A-Za-z][\w<>]*)\s*\[(?P<dims>[^\]]*)\]\s*(?:@\s*(?P<sharding>.+?))?\s*$")
 _KEY_CALL_RE = re.compile(r"^\s*key\(\s*(-?\d+)\s*\)\s*$")
+
+#: Limits that keep a hostile spec from hanging or crashing the loader (README: "The spec").
+MAX_DEPTH = 64
+"""How deeply collections may nest in a spec (real specs nest fewer than 15 levels)."""
+MAX_ALIASES = 1_000
+"""How many ``*alias`` references a spec may hold."""
+MAX_EXPANDED_NODES = 200_000
+"""How many nodes the spec may have with every alias expanded (an alias "bomb" has billions)."""
+MAX_DIMENSION = 2**32
+"""The largest size of one dimension of a leaf."""
+MAX_ELEMENTS = 2**57
+"""The most elements one leaf may have: XLA computes a buffer's bytes in int64, and a leaf of
+2**61 f32 elements aborts the compiler; 2**57 leaves room for 16-byte complex types."""
+
+
+class _SpecLimit(Exception):
+    def __init__(self, node_or_mark: Any, message: str):
+        super().__init__(message)
+        self.mark = getattr(node_or_mark, "start_mark", node_or_mark)
+        self.message = message
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe composer with a nesting depth and alias count bound (checked while composing)."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _SpecLimit(self.peek_event().start_mark,
+                                 f"more than {MAX_ALIASES} aliases (*name); a spec needs a handful")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _SpecLimit(self.peek_event().start_mark, f"nested more than {MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _children(node: yaml.Node) -> list:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [x for kv in node.value for x in kv]
+    return []
+
+
+def _check_graph(root: yaml.Node) -> None:
+    """Reject a node graph that refers to itself (a recursive alias) or that expands, aliases
+    followed, to more than :data:`MAX_EXPANDED_NODES` nodes. Iterative: no recursion to exhaust."""
+    size: dict[int, int] = {}
+    state: dict[int, int] = {}  # 1: on the current path, 2: done
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            size[key] = min(1 + sum(size[id(c)] for c in _children(node)), MAX_EXPANDED_NODES + 1)
+            state[key] = 2
+            if size[key] > MAX_EXPANDED_NODES:
+                raise _SpecLimit(root, f"with its aliases expanded, the spec has more than {MAX_EXPANDED_NODES} "
+                                       "nodes (an alias bomb?)")
+            continue
+        seen = state.get(key)
+        if seen == 2:
+            continue
+        if seen == 1:
+            raise _SpecLimit(node, "an alias refers to a node that contains it (a recursive alias)")
+        state[key] = 1
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node))
+
+
+def compose_bounded(text: str) -> yaml.Node | None:
+    """``yaml.compose`` with :data:`MAX_DEPTH`, :data:`MAX_ALIASES` and :data:`MAX_EXPANDED_NODES`.
+
+    Raises:
+      yaml.YAMLError: not YAML.
+      _SpecLimit: a limit is exceeded (with the mark where).
+    """
+    loader = _BoundedLoader(text)
+    try:
+        root = loader.get_single_node()
+    finally:
+        loader.dispose()
+    if root is not None:
+        _check_graph(root)
+    return root
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,11 +191,20 @@ def _plain(node: yaml.Node) -> Any:
         items = [_plain(n) for n in node.value]
         return tuple(items) if node.tag == "!tuple" else items
     if isinstance(node, yaml.MappingNode):
-        return {_plain(k): _plain(v) for k, v in node.value}
+        return {_hashable(_plain(k)): _plain(v) for k, v in node.value}
     try:
         return _CONSTRUCTOR.construct_object(node, deep=True)
     except yaml.YAMLError:
         return node.value  # an unknown tag: keep the text, validation will name it
+
+
+def _hashable(key: Any) -> Any:
+    """A mapping key as Python can hold it: a list or mapping used as a YAML key becomes its text."""
+    try:
+        hash(key)
+        return key
+    except TypeError:
+        return str(key)
 
 
 def _duplicate_keys(issues: _Issues, node: yaml.Node, path: str = "") -> None:
@@ -174,7 +277,15 @@ def parse_sharding(value: Any) -> Sharding:
         if v == "replicated":
             return REPLICATED
         if v.startswith("["):
-            return parse_sharding(yaml.safe_load(v))
+            try:
+                parsed = compose_bounded(v)
+                value = _plain(parsed) if parsed is not None else None
+            except (yaml.YAMLError, _SpecLimit) as e:
+                raise ValueError(f"sharding {value!r} is not a list like [data, null]: "
+                                 f"{getattr(e, 'problem', None) or getattr(e, 'message', None) or e}") from None
+            if not isinstance(value, list):
+                raise ValueError(f"sharding {v!r} is not a list like [data, null]")
+            return parse_sharding(value)
         raise ValueError(f"sharding {value!r} is not 'auto', 'replicated' or a list like [data, null]")
     if isinstance(value, (list, tuple)):
         dims: list = []
@@ -209,8 +320,26 @@ def parse_leaf(text: str, loc: Loc) -> LeafSpec:
         raise ValueError(f"shape [{dims_text}] must be a list of non-negative integers") from None
     if any(d < 0 for d in shape):
         raise ValueError(f"shape [{dims_text}] must be a list of non-negative integers")
+    problem = shape_problem(shape)
+    if problem:
+        raise ValueError(problem)
     sharding = parse_sharding(m["sharding"]) if m["sharding"] else UNSPECIFIED
     return LeafSpec(shape, dtype, sharding, loc)
+
+
+def shape_problem(shape: tuple[int, ...] | list[int]) -> str | None:
+    """Why XLA could not take this shape (a dimension or element count too large), or None."""
+    if len(shape) > MAX_DEPTH:
+        return f"shape has {len(shape)} dimensions; at most {MAX_DEPTH}"
+    n = 1
+    for d in shape:
+        if d > MAX_DIMENSION:
+            return f"dimension size {d} is larger than {MAX_DIMENSION} (2**32), the largest stagetool accepts"
+        n *= d
+    if n > MAX_ELEMENTS:
+        return (f"shape {list(shape)} has {n} elements, more than {MAX_ELEMENTS} (2**57), "
+                "the most stagetool accepts for one leaf")
+    return None
 
 
 def _dtype(name: str) -> str:
@@ -292,6 +421,9 @@ class _Parser:
         shape = _plain(shape_node)
         if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
             self.issues.add(shape_node, f"{path}.shape", f"shape must be a list of non-negative integers, not {shape!r}")
+            ok = False
+        elif shape_problem(shape):
+            self.issues.add(shape_node, f"{path}.shape", shape_problem(shape))
             ok = False
         try:
             dtype = _dtype(str(_plain(dtype_node)))
@@ -402,10 +534,19 @@ class _Parser:
         else:
             for k, v in axes_node.value:
                 size = _plain(v)
+                name = _plain(k)
+                problem = axis_name_problem(name)
+                if problem:
+                    self.issues.add(k, f"mesh.axes", problem)
+                    continue
                 if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                     self.issues.add(v, f"mesh.axes.{k.value}", f"axis size must be a positive integer, not {size!r}")
                     continue
                 axes.append((str(k.value), size))
+            problem = device_count_problem([s for _, s in axes])
+            if problem:
+                self.issues.add(axes_node, "mesh.axes", problem)
+                axes = []
         types_node = _get(node, "axis_types")
         types = "auto"
         if types_node is not None:
@@ -510,11 +651,20 @@ def load_spec(path: str | Path) -> Spec:
     """
     p = Path(path)
     try:
-        text = p.read_text()
+        if p.is_dir():
+            raise SpecError([f"{p}: is a folder, not a spec file"])
+        data = p.read_bytes()
     except FileNotFoundError:
         raise SpecError([f"{p}: spec file not found"]) from None
     except OSError as e:
-        raise SpecError([f"{p}: cannot read spec: {e.strerror}"]) from None
+        raise SpecError([f"{p}: cannot read spec: {e.strerror or e}"]) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise SpecError([f"{p}:{line}:{col}: byte {e.start} (0x{data[e.start]:02x}) is not UTF-8; "
+                         "a spec is UTF-8 text"]) from None
     return parse_spec(text, file=str(p), base_dir=p.resolve().parent, path=p)
 
 
@@ -523,11 +673,18 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
     parser = _Parser(file, base_dir or Path.cwd())
     issues = parser.issues
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = compose_bounded(text)
+    except _SpecLimit as e:
+        where = f"{file}:{e.mark.line + 1}:{e.mark.column + 1}" if e.mark is not None else file
+        raise SpecError([f"{where}: {e.message}"]) from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
-        raise SpecError([f"{where}: not valid YAML: {getattr(e, 'problem', None) or e}"]) from None
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        if mark is None and getattr(e, "position", None) is not None:  # a reader error: a bad character
+            text_before = text[:e.position]
+            where = f"{file}:{text_before.count(chr(10)) + 1}:{e.position - (text_before.rfind(chr(10)) + 1) + 1}"
+        else:
+            where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else f"{file}:1:1"
+        raise SpecError([f"{where}: not valid YAML: {getattr(e, 'problem', None) or getattr(e, 'reason', None) or e}"]) from None
     if root is None:
         raise SpecError([f"{file}:1:1: the spec is empty; it needs at least 'functions'"])
     if not isinstance(root, yaml.MappingNode):
@@ -542,7 +699,7 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
     platform = None
     pnode = _get(root, "platform")
     if pnode is not None:
-        platform = str(_plain(pnode))
+        platform = _plain(pnode)
         if platform not in ("cpu", "gpu", "tpu"):
             issues.add(pnode, "platform", f"platform must be cpu, gpu or tpu, not {platform!r}")
     topology = None
