@@ -282,6 +282,10 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
     if not _is_primary():
         return
     color = _color(output) and fmt == Format.text
+    if fmt != Format.json:  # names from specs and user code, control characters escaped (JSON escapes its own)
+        from stagetool.core.text import sanitized
+
+        doc = sanitized(doc)
     svgs: dict[str, str] = {}
     if fmt == Format.markdown and output is not None and getattr(doc, "command", None) == "report":
         from stagetool.report.render_markdown import render_with_figures
@@ -497,8 +501,10 @@ def _gate_output(cmp: Any, format: Format, output: Optional[Path], junit_xml: Op
     """Write the change table (stdout or -o), JUnit XML, and the GitHub step summary when set.
     ``snapshots`` (before, after) let the HTML page draw the layouts and memory that changed."""
     from stagetool.core.fileio import write_atomic
+    from stagetool.core.text import sanitized
     from stagetool.gate import render as render_changes
 
+    cmp = sanitized(cmp)  # names from specs, baselines and user code: control characters escaped
     text = render_changes.render(cmp, format, color=_color(output) and format == Format.text, width=_width(),
                                  snapshots=snapshots)
     if output is not None:

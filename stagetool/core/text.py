@@ -7,7 +7,10 @@ rewrite the terminal; printed through Rich, ``[bold]`` in one of them would be t
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import re
+from typing import Any
 
 # C0 controls except tab and newline, DEL, C1 controls, and the Unicode line/paragraph separators and
 # bidirectional overrides that reorder what a reader sees.
@@ -36,3 +39,43 @@ def markup_safe(text: object) -> str:
     from rich.markup import escape
 
     return escape(printable(text))
+
+
+def sanitized(obj: Any, _depth: int = 0) -> Any:
+    """``obj`` with every string in it made :func:`printable` (dataclasses, lists, tuples and dicts
+    are copied where something changed; other values are returned as they are).
+
+    For a document about to be rendered for a terminal or a pull request (text, Markdown, JUnit):
+    names from specs, baselines and user code reach every renderer already escaped.
+    """
+    if _depth > 200:
+        return obj
+    t = type(obj)
+    if t is str:
+        return printable(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name, None)
+            new = sanitized(value, _depth + 1)
+            if new is not value:
+                changes[f.name] = new
+        if not changes:
+            return obj
+        out = copy.copy(obj)
+        for name, value in changes.items():
+            object.__setattr__(out, name, value)
+        return out
+    if t is list:
+        items = [sanitized(x, _depth + 1) for x in obj]
+        return items if any(a is not b for a, b in zip(items, obj)) else obj
+    if isinstance(obj, tuple):
+        items = [sanitized(x, _depth + 1) for x in obj]
+        if not any(a is not b for a, b in zip(items, obj)):
+            return obj
+        return t(*items) if hasattr(obj, "_fields") else t(items)
+    if t is dict:
+        out_d = {sanitized(k, _depth + 1): sanitized(v, _depth + 1) for k, v in obj.items()}
+        same = len(out_d) == len(obj) and all(k in obj and out_d[k] is obj[k] for k in out_d)
+        return obj if same else out_d
+    return obj

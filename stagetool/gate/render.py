@@ -86,14 +86,15 @@ def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> st
     rows = 0
     for f in cmp.functions:
         if f.status == "failed":
-            table.add_row(f.name, "staging", "", "", "", Text(f"FAILED: {f.error}", style="bold red"))
+            table.add_row(Text(f.name), "staging", "", "", "", Text(f"FAILED: {f.error}", style="bold red"))
             rows += 1
         elif f.status == "new":  # a removed function's row is its change (a regression)
-            table.add_row(f.name, "function", "—", "present", "", _STATUS_WORD[f.status])
+            table.add_row(Text(f.name), "function", "—", "present", "", _STATUS_WORD[f.status])
             rows += 1
         for c in f.changes:
             status = c.status + (f" ({c.note})" if c.note else "")
-            table.add_row(c.function, c.what, c.before, c.after, _pct(c), Text(status, style=styles[c.status]))
+            table.add_row(Text(c.function), Text(c.what), Text(c.before), Text(c.after), _pct(c),
+                          Text(status, style=styles[c.status]))
             rows += 1
     if rows:
         console.print(table)

@@ -87,7 +87,10 @@ def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str
 
         if platform in (None, "cpu"):
             _request_cpu_devices(jax, -(-needed // (job_processes or 1)))
-        from stagetool.lowering.topology import captured_stderr_fd
+        from stagetool.lowering.topology import captured_stderr_fd, check_xla_flags, quiet_libtpu_logs
+
+        quiet_libtpu_logs()
+        check_xla_flags()
 
         try:
             # Backends start here. With libtpu installed but no TPU attached, its plugin prints

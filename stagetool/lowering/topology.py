@@ -139,6 +139,33 @@ def libtpu_version() -> str | None:
         return None
 
 
+def quiet_libtpu_logs() -> None:
+    """Keep libtpu from writing log files (``/tmp/tpu_logs/tpu_driver.*``, two per process, even
+    with ``--platform cpu``) unless the user asked for them: ``TPU_MIN_LOG_LEVEL=3`` (fatal only)
+    when neither ``TPU_MIN_LOG_LEVEL`` nor ``TPU_LOG_DIR`` is set. Call before a backend starts."""
+    if "TPU_MIN_LOG_LEVEL" not in os.environ and "TPU_LOG_DIR" not in os.environ:
+        os.environ["TPU_MIN_LOG_LEVEL"] = "3"
+
+
+def check_xla_flags() -> None:
+    """Say what is wrong with ``XLA_FLAGS`` before XLA reads it: XLA ends the process (exit 1)
+    on a flag it does not know, and its message is lost while libtpu's start-up noise is captured.
+    Every XLA flag is ``--xla_NAME[=VALUE]``; anything else is refused here (exit 2).
+
+    Raises:
+      UsageError: a token of ``XLA_FLAGS`` is not an XLA flag.
+    """
+    import re
+
+    from stagetool.core.errors import UsageError
+
+    text = os.environ.get("XLA_FLAGS", "")
+    bad = [t for t in text.split() if not re.match(r"--xla_[A-Za-z0-9_]+(=|$)", t)]
+    if bad:
+        raise UsageError(f"XLA_FLAGS={text!r}: {bad[0]!r} is not an XLA flag (XLA would end the process on it)",
+                         hint="XLA flags look like --xla_force_host_platform_device_count=8; fix or unset XLA_FLAGS")
+
+
 @contextlib.contextmanager
 def captured_stderr_fd() -> Iterator[list[str]]:
     """Send file descriptor 2 to a temporary file; yields a list that receives its text."""
@@ -188,6 +215,8 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
     # second concurrent process (parallel CI jobs, two stagetool runs) fails with "ABORTED:
     # Internal error when accessing libtpu multi-process lockfile".
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    quiet_libtpu_logs()
+    check_xla_flags()
     canonical = f"{kind}:{_dims_text(name)}"
     if chips_per_host_bounds is None and kind in _EIGHT_CHIP_HOSTS and math.prod(_dims) == 8 and len(_dims) == 2:
         # v5e-8 and v6e-8 are single-host VMs (all 8 chips on one host): so are their topologies.

@@ -240,7 +240,8 @@ def _table(title: str, header: list[str], rows: list[list[str]], right: set[int]
     for i, h in enumerate(header):
         t.add_column(h, justify="right" if i in right else "left", **(styles or {}).get(i, {}))
     for r in rows:
-        t.add_row(*r)
+        # cells are data (names from specs and user code), never Rich markup: '[/]' in a name is text
+        t.add_row(*(Text(c) if isinstance(c, str) else c for c in r))
     return t
 
 
