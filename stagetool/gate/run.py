@@ -74,17 +74,18 @@ def snapshot_in_subprocess(options: Any, spec_path: Path | None, *,
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 errors="replace", env=env, cwd=os.getcwd(), start_new_session=True)
-        token = cleanup.register_child(child)
-        try:
-            _, stderr = child.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            cleanup.kill_child(child)
-            return None, f"timed out after {timeout_s:g} s (--timeout); the process was killed"
-        finally:
-            cleanup.kill_child(child)  # its process group, if anything of it is left
-            cleanup.forget(token)
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                              env=env, cwd=os.getcwd(), start_new_session=True) as child:
+            token = cleanup.register_child(child)
+            try:
+                _, stderr = child.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                cleanup.kill_child(child)
+                child.communicate()
+                return None, f"timed out after {timeout_s:g} s (--timeout); the process was killed"
+            finally:
+                cleanup.kill_child(child)  # its process group, if anything of it is left
+                cleanup.forget(token)
         proc = subprocess.CompletedProcess(argv, child.returncode, "", stderr)
         tail = _tail(proc.stderr)
         if proc.returncode < 0:

@@ -314,8 +314,11 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any) -> t
 
     from stagetool.lowering.avals import keypath_str
 
-    with_paths, _ = jax.tree_util.tree_flatten_with_path(traced.out_info)
-    shardings = jax.tree_util.tree_leaves(compiled.output_shardings, is_leaf=lambda x: x is None)
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(traced.out_info)
+    try:  # by the outputs' own structure: a function returning None has no output leaf
+        shardings = treedef.flatten_up_to(compiled.output_shardings)
+    except (ValueError, TypeError):
+        shardings = jax.tree_util.tree_leaves(compiled.output_shardings, is_leaf=lambda x: x is None)
     declared = _declared_outputs(declared_tree, len(with_paths), traced.out_info)
     formats = _formats(compiled.output_formats, len(shardings))
     out = []

@@ -383,7 +383,11 @@ class _Parser:
                 except ValueError as e:
                     self.issues.add(node, path, str(e))
                     return None
-            return value  # numbers, booleans and null pass through as Python values
+            if value is None and not plain_strings:
+                self.issues.add(node, path, "null is not an input: give a leaf such as 'f32[4]', or leave the "
+                                            "parameter out so that its default applies")
+                return None
+            return value  # numbers and booleans pass through as Python values
         if isinstance(node, yaml.SequenceNode):
             items = [self.tree(n, f"{path}[{i}]", plain_strings=plain_strings) for i, n in enumerate(node.value)]
             return tuple(items) if node.tag == "!tuple" else items

@@ -1,0 +1,404 @@
+"""Hostile input, faults and signals (issue #15): a gate never passes by accident, no file but the
+one asked for is touched, and the process ends with a fixed exit code, never a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import CLI_ENV, EXAMPLES, REPO, run_subprocess, write
+
+from stagetool.core import fileio
+
+# ---- fail closed: user code that raises SystemExit ---------------------------------------------
+
+USER = """\
+    import sys
+
+    if {at_import!r}:
+        sys.exit({code!r})
+
+    class Cfg:
+        def __init__(self):
+            if {at_call!r}:
+                sys.exit({code!r})
+
+    def init(n):
+        import jax.numpy as jnp
+        if {at_init!r}:
+            sys.exit({code!r})
+        return {{"w": jnp.zeros((n,))}}
+
+    def f(params, x, cfg=None):
+        if {at_trace!r}:
+            raise SystemExit({code!r})
+        return params["w"] * x
+
+    def g(x):
+        return x + 1
+"""
+
+
+def _gate_files(tmp_path: Path, where: str, code: object) -> Path:
+    flags = {k: k == f"at_{where}" for k in ("at_import", "at_call", "at_init", "at_trace")}
+    write(tmp_path, "u.py", USER.format(code=code, **flags))
+    return write(tmp_path, "u.stagetool.yaml", """\
+        functions:
+          f:
+            target: u.py:f
+            args: [{init: u.py:init, init_args: [4]}, 'f32[4]']
+            static: {cfg: {call: u.py:Cfg}}
+          g: {target: u.py:g, args: ['f32[4]']}
+    """.replace("static: {cfg: {call: u.py:Cfg}}", "kwargs: {}"))
+
+
+@pytest.mark.parametrize("where,expected", [("import", 2), ("init", 3), ("trace", 3)])
+@pytest.mark.parametrize("code", [0, None, "a message"])
+def test_user_code_that_exits_never_passes_the_gate(run_cli, tmp_path, monkeypatch, where, expected, code):
+    spec = _gate_files(tmp_path, where, code)
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("snapshot", "--spec", spec, "-o", tmp_path / "lock.json")
+    assert r.code == expected, r.stderr
+    assert "SystemExit" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "lock.json").exists()
+    # a baseline of g alone: check of the whole spec must fail, with the JUnit file written
+    run_cli("snapshot", "--spec", spec, "-f", "g", "-o", tmp_path / "g.json", check=0) if where != "import" else None
+    if where != "import":
+        r = run_cli("check", "--spec", spec, "-b", tmp_path / "g.json", "--junit-xml", tmp_path / "j.xml")
+        assert r.code == 3, r.stderr
+        assert "SystemExit" in (tmp_path / "j.xml").read_text()
+
+
+def test_a_call_that_exits_is_a_target_error_at_its_spec_line(run_cli, tmp_path):
+    write(tmp_path, "c.py", "import sys\nclass Cfg:\n    def __init__(self):\n        sys.exit(0)\n"
+                            "def f(x, cfg=None):\n    return x\n")
+    spec = write(tmp_path, "c.stagetool.yaml", "functions:\n  f:\n    target: c.py:f\n    args: ['f32[4]']\n"
+                                               "    static: {cfg: {call: c.py:Cfg}}\n")
+    r = run_cli("snapshot", "--spec", spec, "-o", tmp_path / "o.json", check=2)
+    assert f"{spec}:5:" in r.stderr and "SystemExit(0)" in r.stderr and "c.py:4" in r.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
+# ---- bad baselines are exit 2 --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mlp_snapshot(tmp_path_factory):
+    doc = json.loads((REPO / "tests/golden/mlp.snapshot.json").read_text())
+    return {"jax_version": "0.0", "jaxlib_version": "0.0", **doc}
+
+
+@pytest.mark.parametrize("mutate,expect", [
+    (lambda t: t.replace('"flops": ', '"flops": NaN, "x": ', 1), "non-finite number NaN"),
+    (lambda t: t.replace('"peak_bytes": ', '"peak_bytes": -Infinity, "y": ', 1), "non-finite number -Infinity"),
+    (lambda t: t.replace('"peak_bytes": ', '"peak_bytes": "12", "y": ', 1), "peak_bytes: must be a number"),
+    (lambda t: t.replace('"memory": {', '"memory": ["x"], "z": {', 1), "memory: must be an object"),
+    (lambda t: t.replace('"collectives": [', '"collectives": 7, "z": [', 1), "collectives: must be a list"),
+    (lambda t: t.replace('"shape": [', '"shape": ["a", ', 1), "shape: must be a list of integers"),
+    (lambda t: t[:40] + "\udcff" + t[40:], "byte 40: the baseline is not UTF-8"),
+    (lambda t: "[" * 100000 + "]" * 100000, "nested too deeply"),
+])
+def test_a_damaged_baseline_is_exit_2(tmp_path, mlp_snapshot, mutate, expect):
+    from stagetool.core.errors import BaselineError
+    from stagetool.gate.snapshot import load_snapshot
+
+    text = mutate(json.dumps(mlp_snapshot, indent=1))
+    p = tmp_path / "b.json"
+    p.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(BaselineError) as e:
+        load_snapshot(p)
+    assert expect in e.value.message and e.value.exit_code == 2
+
+
+def test_a_nan_baseline_is_exit_2_from_check(run_cli, mlp_copy):
+    run_cli("snapshot", "-o", "lock.json", check=0)
+    text = Path("lock.json").read_text().replace('"flops": ', '"flops": NaN, "old_flops": ', 1)
+    Path("lock.json").write_text(text)
+    r = run_cli("check", "-b", "lock.json", check=2)
+    assert "non-finite number NaN" in r.stderr and "improvement" not in r.stdout
+
+
+# ---- writing only what was asked ---------------------------------------------------------------
+
+
+def test_a_regular_file_is_replaced_atomically_keeping_its_mode(tmp_path):
+    p = tmp_path / "out.txt"
+    p.write_text("old")
+    p.chmod(0o640)
+    fileio.write_atomic(p, "new")
+    assert p.read_text() == "new" and stat.S_IMODE(p.stat().st_mode) == 0o640
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    p = tmp_path / "out.txt"
+    p.write_text("old")
+
+    def boom(*a):
+        raise KeyboardInterrupt  # a signal in the write window
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(KeyboardInterrupt):
+        fileio.write_atomic(p, "new")
+    assert p.read_text() == "old" and sorted(x.name for x in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_a_symlink_is_followed_and_stays_a_link(tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target.name)
+    fileio.write_atomic(link, "new")
+    assert link.is_symlink() and os.readlink(link) == "real.json" and target.read_text() == "new"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a character device needs root")
+def test_a_character_device_is_written_in_place_never_replaced(tmp_path):
+    dev = tmp_path / "null"
+    os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a private /dev/null, never the real one
+    before = os.stat(dev)
+    fileio.write_atomic(dev, "payload")
+    after = os.stat(dev)
+    assert stat.S_ISCHR(after.st_mode) and after.st_ino == before.st_ino and after.st_rdev == before.st_rdev
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["null"]
+
+
+def test_a_fifo_is_written_in_place_and_never_read_first(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(fifo, "rb") as fh:
+            got.append(fh.read())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    fileio.write_atomic(fifo, "through the pipe")
+    reader.join(10)
+    assert got == [b"through the pipe"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert not fileio.is_special(tmp_path) and fileio.is_special(fifo)
+
+
+def test_snapshot_to_dev_stdout_does_not_hang_and_prints_the_snapshot(tmp_path):
+    for name in ("mlp.py", "mlp.stagetool.yaml"):
+        (tmp_path / name).write_text((EXAMPLES / name).read_text())
+    r = run_subprocess("snapshot", "--spec", tmp_path / "mlp.stagetool.yaml", "-o", "/dev/stdout", cwd=tmp_path,
+                       timeout=120)
+    assert r.code == 0, r.stderr
+    assert json.loads(r.stdout)["kind"] == "stagetool-snapshot"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.py", "mlp.stagetool.yaml"]
+
+
+def test_the_lock_serialises_read_modify_write(tmp_path):
+    p = tmp_path / "b.json"
+    order: list[str] = []
+    with fileio.locked(p):
+        t = threading.Thread(target=lambda: (fileio.locked(p).__enter__(), order.append("second")))
+        t.start()
+        time.sleep(0.3)
+        order.append("first")
+    t.join(5)
+    assert order == ["first", "second"]
+
+
+def test_concurrent_updates_of_different_functions_both_land(tmp_path):
+    write(tmp_path, "two.py", "def a(x):\n    return x + 1\n\ndef b(x):\n    return x * 2\n")
+    spec = write(tmp_path, "two.stagetool.yaml",
+                 "functions:\n  a: {target: two.py:a, args: ['f32[8]']}\n  b: {target: two.py:b, args: ['f32[8]']}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    # a baseline whose a and b are stale (f32[4] inputs); each run updates one of them
+    stale = write(tmp_path, "stale.stagetool.yaml",
+                  "functions:\n  a: {target: two.py:a, args: ['f32[4]']}\n  b: {target: two.py:b, args: ['f32[4]']}\n")
+    base = tmp_path / "lock.json"
+    assert subprocess.run([sys.executable, "-m", "stagetool", "snapshot", "--spec", str(stale), "-o", str(base)],
+                          env=env, cwd=tmp_path, capture_output=True, timeout=120).returncode == 0
+    procs = [subprocess.Popen([sys.executable, "-m", "stagetool", "check", "--spec", str(spec), "-b", str(base),
+                               "--update", "-f", name], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    results = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    doc = json.loads(base.read_text())
+    assert {n: doc["functions"][n]["inputs"][0]["shape"] for n in ("a", "b")} == {"a": [8], "b": [8]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lock.json", "stale.stagetool.yaml", "two.py",
+                                                          "two.stagetool.yaml"]
+
+
+# ---- validate before JAX sees it -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,expect", [
+    ('mesh: {axes: {"d\\u00e4ta": 2}}\nfunctions:\n  f: {target: m.py:f, args: ["f32[4]"]}\n',
+     ":1:15: mesh.axes: mesh axis name 'd\u00e4ta' must be an ASCII identifier"),
+    ('mesh: {axes: {a: 99999, b: 99999}}\nfunctions:\n  f: {target: m.py:f, args: ["f32[4]"]}\n',
+     "more than 65536 devices"),
+    ('functions:\n  f: {target: m.py:f, args: ["f32[8589934592]"]}\n', "larger than 4294967296"),
+    ('functions:\n  f: {target: m.py:f, args: [{shape: [4294967296, 4294967296], dtype: f32}]}\n',
+     "more than 144115188075855872 (2**57)"),
+    ('functions:\n  f: {target: m.py:f, args: ["f32[4] @ [data"]}\n', "sharding '[data' is not a list"),
+    ('functions:\n  f: {target: m.py:f, args: [null]}\n', ":2:30: functions.f.args[0]: null is not an input"),
+    ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi")) + "functions: {}\n",
+     "more than 200000 nodes (an alias bomb?)"),
+    ("functions: &x\n  f: *x\n", ":1:12: an alias refers to a node that contains it (a recursive alias)"),
+    ("a: " + "[" * 5000 + "]" * 5000 + "\nfunctions: {}\n", "nested more than 64 levels deep"),
+    ('functions:\n  f: {target: "m.py:f\\x01", args: ["f32[4]\x01"]}\n', ":2:43: not valid YAML"),
+])
+def test_bad_specs_are_exit_2_naming_the_line(run_cli, tmp_path, text, expect):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(text)
+    start = time.perf_counter()
+    r = run_cli("shardings", "--spec", spec, check=2)
+    assert expect in r.stderr and "Traceback" not in r.stderr
+    assert time.perf_counter() - start < 10
+
+
+def test_a_spec_that_is_not_utf8_names_the_byte(run_cli, tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_bytes(b"functions:\n  f: {target: m.py:\xff, args: ['f32[4]']}\n")
+    r = run_cli("shardings", "--spec", spec, check=2)
+    assert f"{spec}:2:20: byte 30 (0xff) is not UTF-8" in r.stderr
+
+
+@pytest.mark.parametrize("mesh,expect", [("99999x99999", "more than 65536 devices"),
+                                         ("d\u00e4=2", "must be an ASCII identifier"),
+                                         ("data=\u00b2", "is not 'axis=size'")])
+def test_bad_mesh_options_are_exit_2(run_cli, mlp_copy, mesh, expect):
+    r = run_cli("shardings", "--mesh", mesh, check=2)
+    assert expect in r.stderr
+
+
+def test_a_bad_xla_flag_is_shown_not_a_silent_exit_1(tmp_path):
+    r = run_subprocess("devices", env={"XLA_FLAGS": "--typo"}, cwd=tmp_path)
+    assert r.code == 2 and "'--typo' is not an XLA flag" in r.stderr
+
+
+def test_libtpu_writes_no_log_files_on_a_cpu_run(tmp_path):
+    env = {"TMPDIR": str(tmp_path), "JAX_PLATFORMS": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "stagetool", "devices", "--platform", "cpu"], cwd=tmp_path,
+                            env={**{k: v for k, v in os.environ.items() if not k.startswith("TPU_")}, **CLI_ENV,
+                                 "PYTHONPATH": str(REPO), **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert list(tmp_path.iterdir()) == []
+    logs = Path("/tmp/tpu_logs")
+    assert not [p for p in (logs.iterdir() if logs.is_dir() else []) if p.name.endswith(f".{proc.pid}")]
+
+
+# ---- terminal safety -----------------------------------------------------------------------------
+
+
+def test_escape_sequences_in_names_are_escaped(run_cli, tmp_path):
+    write(tmp_path, "e.py", "def g(x):\n    return x\n")
+    spec = tmp_path / "e.stagetool.yaml"
+    spec.write_text('functions:\n  "g\\e[31mRED[/]": {target: e.py:g, args: ["f32[4]"]}\n'
+                    '  "h\\e]0;t\\a": {target: e.py:nope, args: ["f32[4]"]}\n')
+    for fmt in ("text", "markdown"):
+        r = run_cli("shardings", "--spec", spec, "-f", "g\x1b[31mRED[/]", "--format", fmt, check=0)
+        assert "\x1b" not in r.stdout and "g\\x1b[31mRED[/]" in r.stdout
+    r = run_cli("shardings", "--spec", spec, check=2)
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr
+
+
+# ---- signals -------------------------------------------------------------------------------------
+
+SLOW = """\
+import sys
+
+import jax.numpy as jnp
+
+
+def f(x):
+    for i in range(400):
+        x = jnp.sin(x) * (i + 1.0) + jnp.cos(x[::-1])
+    print("traced", file=sys.stderr, flush=True)
+    return x
+"""
+
+
+def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "slow.py").write_text(SLOW)
+    (work / "slow.stagetool.yaml").write_text("functions:\n  f: {target: slow.py:f, args: ['f32[1024]']}\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", TMPDIR=str(tmp))
+    return subprocess.Popen([sys.executable, "-m", "stagetool", *args, "--spec", "slow.stagetool.yaml"], cwd=work,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(proc: subprocess.Popen, condition, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_sigint_during_the_peak_compile_exits_130_and_leaves_nothing(tmp_path):
+    proc = _start(tmp_path, "memory", "-o", "report.txt")
+    tmp = tmp_path / "tmp"
+    _wait_for(proc, lambda: any(p.name.startswith("stagetool-dump-") for p in tmp.iterdir()))
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - start < 10  # not after the compile finishes
+    assert err.strip().splitlines()[-1] == "stagetool: interrupted (SIGINT); nothing was written"
+    assert "Traceback" not in err and "Fatal Python error" not in err
+    assert list(tmp.iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["slow.py", "slow.stagetool.yaml"]
+
+
+def test_sigterm_during_a_compile_exits_143_with_one_line(tmp_path):
+    proc = _start(tmp_path, "snapshot", "-o", "lock.json")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr))
+    reader.start()
+    _wait_for(proc, lambda: any("traced" in ln for ln in lines))
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    reader.join(10)
+    proc.stdout.close()
+    proc.stderr.close()
+    assert proc.returncode == 143, lines
+    assert [ln for ln in lines if "traced" not in ln] == ["stagetool: terminated (SIGTERM); nothing was written\n"]
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["slow.py", "slow.stagetool.yaml"]
+
+
+def test_isolate_timeout_is_that_functions_failure(run_cli, tmp_path):
+    write(tmp_path, "t.py", "import time\n\ndef slow(x):\n    time.sleep(60)\n    return x\n\n"
+                            "def fast(x):\n    return x\n")
+    spec = write(tmp_path, "t.stagetool.yaml", "functions:\n  slow: {target: t.py:slow, args: ['f32[4]']}\n"
+                                               "  fast: {target: t.py:fast, args: ['f32[4]']}\n")
+    start = time.perf_counter()
+    r = run_cli("snapshot", "--spec", spec, "--isolate", "--timeout", "8", "-o", tmp_path / "o.json", check=3)
+    assert time.perf_counter() - start < 50
+    assert "slow: timed out after 8 s (--timeout)" in r.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_a_broken_stdout_pipe_is_one_line_not_a_traceback(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([sys.executable, "-m", "stagetool", "lower", str(EXAMPLES / "mlp.py") + ":train_step"],
+                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader went away before the output
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 2, err
+    assert "broken pipe" in err and "Traceback" not in err and "Exception ignored" not in err
