@@ -1,0 +1,261 @@
+"""Property-based fuzzing of the CLI (issue #15): generated specs, options and baselines.
+
+Whatever the input, ``stagetool`` ends with an exit code in {0, 1, 2, 3}, prints no traceback
+without ``--debug``, and touches no file outside the example's folder. Run in process through the
+real entry point (:func:`stagetool.cli.main`) with a fixed seed and a fixed budget, so that CI runs
+the same inputs every time; ``STAGETOOL_FUZZ_EXAMPLES`` raises the budget for a longer local run.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+from helpers import CLI_ENV, EXAMPLES, REPO
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+#: Exit codes seen, for the summary the test prints (issue #15 asks for the figures).
+OUTCOMES: collections.Counter = collections.Counter()
+
+MODULE = """\
+import sys
+
+import jax.numpy as jnp
+
+
+def f(x):
+    return x * 2
+
+
+def g(x, y):
+    return jnp.sum(x) + jnp.sum(y)
+
+
+def none(x):
+    return None
+
+
+def exits(x):
+    sys.exit(0)
+
+
+def raises(x):
+    raise ValueError("bad \\x1b[31m input")
+
+
+class Cfg:
+    def __init__(self, n=1):
+        self.n = n
+"""
+
+AXES = st.sampled_from(["data", "model", "d\u00e4ta", "x y", "", "0a", "_", "a\x1b[31m", "[/]", "model"])
+SIZES = st.one_of(st.sampled_from([1, 2, 4, 8]), st.integers(-3, 10), st.just(99999), st.just(2**40))
+DTYPES = st.sampled_from(["f32", "bf16", "i32", "key<fry>", "f33", "pred", "", "c128"])
+DIMS = st.lists(st.one_of(st.sampled_from([1, 2, 4, 8, 16]), st.integers(-2, 3), st.just(2**33)), max_size=3)
+SHARDINGS = st.one_of(st.none(), st.sampled_from(["[data]", "[model, null]", "[data", "auto", "replicated", "[[data, model]]",
+                                                  "[ghost]", "[1]", "{a: b}", "[data, data]"]))
+
+
+@st.composite
+def leaf(draw):
+    dims = ",".join(str(d) for d in draw(DIMS))
+    sharding = draw(SHARDINGS)
+    text = f"{draw(DTYPES)}[{dims}]" + (f" @ {sharding}" if sharding else "")
+    return draw(st.one_of(st.just(text), st.just(text), st.none(), st.integers(-1, 3), st.just("key(0)"),
+                          st.just({"shape": draw(DIMS), "dtype": draw(DTYPES)})))
+
+
+@st.composite
+def function(draw):
+    target = draw(st.sampled_from(["fz.py:f", "fz.py:f", "fz.py:g", "fz.py:none", "fz.py:exits", "fz.py:raises",
+                                   "fz.py:nope", "nope.py:f", "fz.py", "os:getcwd", ":", "fz.py:Cfg"]))
+    fn: dict = {"target": target, "args": draw(st.lists(leaf(), min_size=0, max_size=3))}
+    if draw(st.booleans()):
+        fn["static"] = draw(st.sampled_from([{"cfg": {"call": "fz.py:Cfg"}}, {"n": [1, 2]}, {"cfg": {"call": "fz.py:exits",
+                                                                                                    "args": [1]}}]))
+    if draw(st.integers(0, 4)) == 0:
+        fn["donate"] = draw(st.sampled_from([[0], [5], ["x"], "all"]))
+    if draw(st.integers(0, 4)) == 0:
+        fn["out_shardings"] = draw(SHARDINGS)
+    if draw(st.integers(0, 6)) == 0:
+        fn[draw(st.sampled_from(["donat", "kwargs", "args"]))] = draw(st.sampled_from([{}, [], None, "x"]))
+    return fn
+
+
+SANE_LEAVES = st.sampled_from(["f32[8] @ [data]", "f32[8]", "bf16[4,8] @ [null, data]", "i32[8] @ [data]", 2,
+                               {"shape": [8, 4], "dtype": "f32", "sharding": ["data", None]}])
+
+
+@st.composite
+def sane_spec(draw) -> dict:
+    """A spec that stages (or fails in the user's code): the mesh {data: 2}, the module's functions."""
+    fns = {}
+    for name in draw(st.lists(st.sampled_from(["f", "g", "none", "exits", "raises"]), min_size=1, max_size=2,
+                              unique=True)):
+        arity = 2 if name == "g" else 1
+        fns[name] = {"target": f"fz.py:{name}", "args": [draw(SANE_LEAVES) for _ in range(arity)]}
+    return {"mesh": {"axes": {"data": 2}}, "functions": fns}
+
+
+@st.composite
+def spec_text(draw):
+    kind = draw(st.integers(0, 9))
+    if kind == 0:  # raw bytes: not UTF-8, not YAML, control characters
+        return draw(st.binary(max_size=200))
+    if kind >= 6:
+        return yaml.safe_dump(draw(sane_spec()), sort_keys=False).encode()
+    doc: dict = {}
+    if draw(st.booleans()):
+        doc["mesh"] = {"axes": draw(st.dictionaries(AXES, SIZES, max_size=2))}
+    if draw(st.integers(0, 5)) == 0:
+        doc[draw(st.sampled_from(["platform", "version", "avals", "topology", "check"]))] = draw(
+            st.sampled_from(["cpu", "tpu", "gpu", 2, "local", None, "v5e:2x2", {"tolerances": {"flops": "x"}}]))
+    names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=6)
+    doc["functions"] = draw(st.dictionaries(st.one_of(st.just("f"), st.just("g"), names), function(),
+                                            min_size=0, max_size=2))
+    text = yaml.safe_dump(doc, allow_unicode=True, sort_keys=False)
+    if kind == 1:  # a textual mutation of a spec
+        i = draw(st.integers(0, len(text)))
+        text = text[:i] + draw(st.sampled_from(["", "*a", "&a ", "[", "{", ": ", "\t", "\x1b", "!tuple ", "- ",
+                                                "!!python/object:os.system ", "\n  "])) + text[i + draw(st.integers(0, 3)):]
+    if kind == 2:  # anchors and aliases
+        text = "x: &a [1, 2, 3]\ny: &b [*a, *a, *a, *a]\nz: [*b, *b, *b]\n" + text
+    return text.encode("utf-8", "surrogateescape")
+
+
+@st.composite
+def baseline_text(draw, base: dict):
+    doc = json.loads(json.dumps(base))
+    mutation = draw(st.integers(0, 7))
+    fn = doc["functions"].setdefault("f", {})
+    if mutation == 1:
+        fn.setdefault("cost", {})["flops"] = draw(st.sampled_from(["NaN", "12", None, [], -1]))
+    elif mutation == 2:
+        doc[draw(st.sampled_from(["functions", "snapshot_schema", "kind", "jax_version"]))] = draw(
+            st.sampled_from([None, [], "x", 2, {}]))
+    elif mutation == 3:
+        fn[draw(st.sampled_from(["memory", "inputs", "collectives", "mesh"]))] = draw(
+            st.sampled_from([None, [], "x", 2, {"peak_bytes": "1"}, [{"path": 1}], [{"kind": "all-reduce"}]]))
+    text = json.dumps(doc)
+    if mutation == 4:
+        text = text.replace('"flops": ', '"flops": NaN, "_": ', 1)
+    elif mutation == 5:
+        cut = draw(st.integers(0, len(text)))
+        text = text[:cut]
+    elif mutation == 6:
+        return draw(st.binary(max_size=60))
+    return text.encode()
+
+
+OPTIONS = st.fixed_dictionaries({
+    "command": st.sampled_from(["shardings", "cost", "memory", "lower", "snapshot", "check", "check-update", "report",
+                                "collectives"]),
+    "mesh": st.one_of(st.none(), st.none(), st.none(), st.sampled_from(["2", "2x4", "data=2", "99999x99999", "d\u00e4=2", "x", "0", "data=2,data=2",
+                                                 "1x1x1"])),
+    "function": st.one_of(st.none(), st.none(), st.sampled_from(["f", "g", "zz"])),
+    "format": st.sampled_from(["text", "json", "markdown", "text", "json", "xml"]),
+    "extra": st.sampled_from([[], [], [], [], [], ["--local-avals"], ["--processes", "2"], ["--chip", "nope"],
+                              ["--device-memory", "12 parsecs"], ["--tolerance", "flops=-5%"], ["--platform", "None"]]),
+})
+
+BASE = {"snapshot_schema": 1, "kind": "stagetool-snapshot", "jax_version": "0", "jaxlib_version": "0",
+        "stagetool_version": "0", "spec": None, "functions": {"f": {
+            "target": "fz.py:f", "mesh": {"axes": [], "axis_types": "auto", "platform": "cpu", "device_kind": "cpu",
+                                         "device_count": 1, "process_count": 1, "topology": None},
+            "inputs": [{"path": "x", "shape": [4], "dtype": "float32", "sharding": "P(None)", "bytes_per_device": 16,
+                        "unused": False}],
+            "outputs": [], "memory": {"peak_bytes": 32}, "cost": {"flops": 4}, "collectives": []}}}
+
+
+def _state(paths: list[Path]) -> dict:
+    """Every file under ``paths`` (not descending into the fuzz folder) with its size and mtime."""
+    out = {}
+    for root in paths:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if not d.startswith(("stagetool-fuzz-", ".", "__pycache__"))]
+            for name in filenames:
+                p = os.path.join(dirpath, name)
+                with contextlib.suppress(OSError):
+                    st_ = os.lstat(p)
+                    out[p] = (st_.st_size, st_.st_mtime_ns)
+    return out
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    from stagetool.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_fuzz_specs_options_and_baselines(monkeypatch):
+    for k, v in CLI_ENV.items():
+        monkeypatch.setenv(k, v)
+    root = Path(tempfile.mkdtemp(prefix="stagetool-fuzz-"))
+    watched = [EXAMPLES, root.parent / "stagetool-fuzz-outside"]
+    watched[1].mkdir(exist_ok=True)
+    (watched[1] / "keep.txt").write_text("keep")
+    before = _state(watched)
+    path_before, modules_before = list(sys.path), set(sys.modules)
+    cwd = os.getcwd()
+    budget = int(os.environ.get("STAGETOOL_FUZZ_EXAMPLES", "60"))
+
+    @settings(max_examples=budget, deadline=None, derandomize=True, database=None, print_blob=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(spec=spec_text(), options=OPTIONS, baseline=baseline_text(BASE))
+    def one(spec: bytes, options: dict, baseline: bytes) -> None:
+        work = Path(tempfile.mkdtemp(dir=root))
+        try:
+            os.chdir(work)
+            (work / "fz.py").write_text(MODULE)
+            (work / "s.yaml").write_bytes(spec)
+            (work / "base.json").write_bytes(baseline)
+            command = options["command"]
+            argv = [command.split("-")[0], "--spec", "s.yaml"]
+            if command == "snapshot":
+                argv += ["-o", "out.json"]
+            elif command.startswith("check"):
+                argv += ["-b", "base.json", "--junit-xml", "j.xml"] + (["--update"] if command == "check-update" else [])
+            elif command == "memory":
+                argv += ["--no-peak"]
+            if options["mesh"]:
+                argv += ["--mesh", options["mesh"]]
+            if options["function"]:
+                argv += ["-f", options["function"]]
+            if command not in ("snapshot",):
+                argv += ["--format", options["format"]]
+            argv += options["extra"]
+            code, out, err = _run(argv)
+            OUTCOMES[code] += 1
+            assert code in (0, 1, 2, 3), (argv, code, err)
+            assert "Traceback" not in err and "Traceback" not in out, (argv, err)
+            assert not [p for p in work.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".")], argv
+        finally:
+            os.chdir(cwd)
+            shutil.rmtree(work, ignore_errors=True)
+            sys.path[:] = path_before
+            for name in set(sys.modules) - modules_before:
+                if getattr(sys.modules.get(name), "__file__", None) and str(root) in sys.modules[name].__file__:
+                    del sys.modules[name]
+
+    try:
+        one()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert _state(watched) == before  # nothing outside the fuzz folder was written
+    shutil.rmtree(watched[1], ignore_errors=True)
+    total = sum(OUTCOMES.values())
+    print(f"\nfuzz: {total} inputs; exit codes " + ", ".join(f"{c}: {n}" for c, n in sorted(OUTCOMES.items())))
+    assert total >= budget and OUTCOMES[2] > 0 and OUTCOMES[0] + OUTCOMES[1] + OUTCOMES[3] > 0
+    assert REPO.is_dir()
