@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 #: Exit codes seen, for the summary the test prints (issue #15 asks for the figures).
 OUTCOMES: collections.Counter = collections.Counter()
+UNEXPECTED: list = []
 
 MODULE = """\
 import sys
@@ -238,6 +239,8 @@ def test_fuzz_specs_options_and_baselines(monkeypatch):
             argv += options["extra"]
             code, out, err = _run(argv)
             OUTCOMES[code] += 1
+            if "error: unexpected" in err:  # exit 3 is for JAX failures and real bugs, not bad input
+                UNEXPECTED.append((argv, err.strip().splitlines()[0]))
             assert code in (0, 1, 2, 3), (argv, code, err)
             assert "Traceback" not in err and "Traceback" not in out, (argv, err)
             assert not [p for p in work.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".")], argv
@@ -256,6 +259,10 @@ def test_fuzz_specs_options_and_baselines(monkeypatch):
     assert _state(watched) == before  # nothing outside the fuzz folder was written
     shutil.rmtree(watched[1], ignore_errors=True)
     total = sum(OUTCOMES.values())
-    print(f"\nfuzz: {total} inputs; exit codes " + ", ".join(f"{c}: {n}" for c, n in sorted(OUTCOMES.items())))
+    print(f"\nfuzz: {total} inputs; exit codes " + ", ".join(f"{c}: {n}" for c, n in sorted(OUTCOMES.items()))
+          + f"; 'unexpected' errors: {len(UNEXPECTED)}")
+    for argv, line in UNEXPECTED:
+        print("  unexpected:", argv, line)
+    assert not UNEXPECTED
     assert total >= budget and OUTCOMES[2] > 0 and OUTCOMES[0] + OUTCOMES[1] + OUTCOMES[3] > 0
     assert REPO.is_dir()
