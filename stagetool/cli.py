@@ -792,6 +792,10 @@ def main(argv: list[str] | None = None) -> int:
             worker.start()
             while worker.is_alive():
                 worker.join(0.25)
+                for sig in previous:
+                    # A backend's plugin may install its own handler (a C++ stack dump on SIGTERM)
+                    # with sigaction when it starts: put ours back.
+                    signal.signal(sig, handler)
         except _Signalled as s:
             _end_on_signal(s.signum)
         except KeyboardInterrupt:  # a handler installed by someone else (a test runner)

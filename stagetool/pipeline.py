@@ -203,8 +203,16 @@ def _provision(plan: Plan, options: Options) -> Any:
 
     key = (plan.mesh, plan.platform, plan.topology, options.processes)
     if key not in _SETUP_CACHE:
-        _SETUP_CACHE[key] = provision(plan.mesh, platform=plan.platform, topology=plan.topology,
-                                      processes=options.processes, job_processes=options.job_processes)
+        try:
+            _SETUP_CACHE[key] = provision(plan.mesh, platform=plan.platform, topology=plan.topology,
+                                          processes=options.processes, job_processes=options.job_processes)
+        except UsageError as e:
+            # a platform or topology the spec chose (not the command line): name the spec's line
+            for name, given in (("platform", options.platform), ("topology", options.topology)):
+                loc = getattr(plan.spec, "locs", {}).get(name)
+                if given is None and loc is not None and e.message.startswith(f"--{name} "):
+                    raise UsageError(f"{loc}: {name}: " + e.message[len(name) + 3:], hint=e.hint) from None
+            raise
     return _SETUP_CACHE[key]
 
 

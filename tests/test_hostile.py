@@ -402,3 +402,50 @@ def test_a_broken_stdout_pipe_is_one_line_not_a_traceback(tmp_path):
         err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 2, err
     assert "broken pipe" in err and "Traceback" not in err and "Exception ignored" not in err
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if text in (p / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(p.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_sigint_during_isolate_kills_the_child_and_removes_its_folder(tmp_path):
+    proc = _start(tmp_path, "snapshot", "--isolate", "-o", "lock.json")
+    tmp = tmp_path / "tmp"
+    _wait_for(proc, lambda: _pids_mentioning(str(tmp / "stagetool-isolate-")))
+    time.sleep(1.0)
+    children = _pids_mentioning(str(tmp / "stagetool-isolate-"))
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "stagetool: interrupted (SIGINT); nothing was written"
+    time.sleep(0.2)
+    assert children and not [pid for pid in children if Path(f"/proc/{pid}").exists()
+                             and "Z" not in (Path(f"/proc/{pid}/stat").read_text().split()[2:3] or [""])]
+    assert list(tmp.iterdir()) == []
+
+
+def test_a_platform_from_the_spec_is_named_at_its_line(run_cli, tmp_path):
+    write(tmp_path, "p.py", "def f(x):\n    return x\n")
+    spec = write(tmp_path, "p.stagetool.yaml", "platform: gpu\nfunctions:\n  f: {target: p.py:f, args: ['f32[4]']}\n")
+    r = run_cli("shardings", "--spec", spec, check=2)
+    assert f"{spec}:1:11: platform: gpu: no such backend here" in r.stderr
+
+
+def test_null_inside_an_argument_stages_and_a_null_argument_is_exit_2(run_cli, tmp_path):
+    write(tmp_path, "tn.py", "def f(t, k=None):\n    return t[0] * 2\n\ndef none(x):\n    return None\n")
+    spec = write(tmp_path, "a.stagetool.yaml", "functions:\n  f: {target: tn.py:f, args: [!tuple ['f32[4]', null]]}\n"
+                                               "  none: {target: tn.py:none, args: ['f32[4]']}\n")
+    doc = run_cli("shardings", "--spec", spec, "--format", "json", check=0).json()
+    assert [[leaf["path"] for leaf in f["inputs"]] for f in doc["functions"]] == [["t/0"], ["x"]]
+    assert doc["functions"][1]["outputs"] == []
+    bad = write(tmp_path, "b.stagetool.yaml", "functions:\n  f: {target: tn.py:f, args: ['f32[4]'], kwargs: {k: null}}\n")
+    r = run_cli("shardings", "--spec", bad, check=2)
+    assert f"{bad}:2:54: functions.f.kwargs.k: null is not an input" in r.stderr

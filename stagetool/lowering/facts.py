@@ -278,7 +278,11 @@ def input_facts(inputs: AbstractInputs, compiled: Any, mesh: Any) -> tuple[LeafF
     """
     import jax
 
-    flat = jax.tree_util.tree_leaves(compiled.input_shardings, is_leaf=lambda x: x is None)
+    dynamic = (tuple(inputs.args), {k: v for k, v in inputs.kwargs.items() if k not in inputs.static_argnames})
+    try:  # by the inputs' own structure: a None inside an argument's pytree is no leaf
+        flat = jax.tree_util.tree_structure(dynamic).flatten_up_to(compiled.input_shardings)
+    except (ValueError, TypeError):
+        flat = jax.tree_util.tree_leaves(compiled.input_shardings, is_leaf=lambda x: x is None)
     if len(flat) != len(inputs.leaves):
         raise AssertionError(f"{len(flat)} compiled input shardings for {len(inputs.leaves)} input leaves")
     structs = jax.tree_util.tree_leaves((inputs.args, {k: v for k, v in inputs.kwargs.items()

@@ -131,6 +131,7 @@ class Spec:
       chips: user entries for the roofline chip table (``chips: {name: {peak_flops_per_second_bf16: ...}}``),
         as written; already validated with :func:`stagetool.core.chips.merge_chips` at load.
       check: the ``check:`` section (tolerances of ``stagetool check``), or None.
+      locs: where top-level keys are written (``platform``, ``topology``), for errors found later.
     """
 
     path: Path | None
@@ -141,6 +142,7 @@ class Spec:
     functions: dict[str, FunctionSpec]
     chips: dict = dataclasses.field(default_factory=dict)
     check: CheckSpec | None = None
+    locs: dict[str, Loc] = dataclasses.field(default_factory=dict, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -383,11 +383,7 @@ class _Parser:
                 except ValueError as e:
                     self.issues.add(node, path, str(e))
                     return None
-            if value is None and not plain_strings:
-                self.issues.add(node, path, "null is not an input: give a leaf such as 'f32[4]', or leave the "
-                                            "parameter out so that its default applies")
-                return None
-            return value  # numbers and booleans pass through as Python values
+            return value  # numbers, booleans and null pass through as Python values
         if isinstance(node, yaml.SequenceNode):
             items = [self.tree(n, f"{path}[{i}]", plain_strings=plain_strings) for i, n in enumerate(node.value)]
             return tuple(items) if node.tag == "!tuple" else items
@@ -511,7 +507,16 @@ class _Parser:
         if not isinstance(node, yaml.SequenceNode):
             self.issues.add(node, path, "must be a list (one entry per positional argument)")
             return []
+        if not plain_strings:
+            self._no_null_arguments([(n, f"{path}[{i}]") for i, n in enumerate(node.value)])
         return [self.tree(n, f"{path}[{i}]", plain_strings=plain_strings) for i, n in enumerate(node.value)]
+
+    def _no_null_arguments(self, items: list) -> None:
+        # A whole argument that is null has no leaves for jit to shard (inside a pytree, null is fine).
+        for n, p in items:
+            if isinstance(n, yaml.ScalarNode) and _plain(n) is None:
+                self.issues.add(n, p, "null is not an input: give a leaf such as 'f32[4]', or leave the "
+                                      "parameter out so that its default applies")
 
     def kwargs_map(self, node: yaml.Node | None, path: str, *, plain_strings: bool = False) -> dict:
         if node is None:
@@ -519,6 +524,8 @@ class _Parser:
         if not isinstance(node, yaml.MappingNode):
             self.issues.add(node, path, "must be a mapping of argument name to value")
             return {}
+        if not plain_strings:
+            self._no_null_arguments([(v, f"{path}.{k.value}") for k, v in node.value])
         return {str(k.value): self.tree(v, f"{path}.{k.value}", plain_strings=plain_strings) for k, v in node.value}
 
     # Top level ---------------------------------------------------------------------------------
@@ -738,7 +745,8 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
     _validate_axes(parser, mesh, functions)
     check = _check_section(issues, _get(root, "check"), functions)
     issues.raise_if_any()
-    return Spec(path, mesh, platform, topology, avals, functions, chips, check)
+    locs = {key: issues.loc(node) for key, node in (("platform", pnode), ("topology", tnode)) if node is not None}
+    return Spec(path, mesh, platform, topology, avals, functions, chips, check, locs)
 
 
 def _check_chips(issues: _Issues, node: yaml.MappingNode) -> None:
