@@ -747,7 +747,7 @@ def _end_on_signal(signum: int) -> None:
         except Exception:  # noqa: BLE001 - a closed pipe; nothing more to say there
             pass
     try:
-        os.write(2, f"stagetool: {name}; nothing was written\n".encode())
+        os.write(2, f"stagetool: {name}\n".encode())
     except OSError:
         pass
     os._exit(int(code))
