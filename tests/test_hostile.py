@@ -277,9 +277,14 @@ def test_bad_mesh_options_are_exit_2(run_cli, mlp_copy, mesh, expect):
     assert expect in r.stderr
 
 
-def test_a_bad_xla_flag_is_shown_not_a_silent_exit_1(tmp_path):
-    r = run_subprocess("devices", env={"XLA_FLAGS": "--typo"}, cwd=tmp_path)
-    assert r.code == 2 and "'--typo' is not an XLA flag" in r.stderr
+@pytest.mark.parametrize("flags,expect", [
+    ("--typo", "'--typo' is not an XLA flag"),
+    ("--xla_typo_flag", "XLA refuses it: Unknown flag in XLA_FLAGS: --xla_typo_flag"),
+    ("--xla_force_host_platform_device_count=abc", "XLA refuses it: Couldn't interpret value abc"),
+])
+def test_a_bad_xla_flag_is_shown_not_a_silent_exit_1(tmp_path, flags, expect):
+    r = run_subprocess("devices", env={"XLA_FLAGS": flags}, cwd=tmp_path)
+    assert r.code == 2 and expect in r.stderr, r.stderr
 
 
 def test_libtpu_writes_no_log_files_on_a_cpu_run(tmp_path):

@@ -164,6 +164,59 @@ def check_xla_flags() -> None:
     if bad:
         raise UsageError(f"XLA_FLAGS={text!r}: {bad[0]!r} is not an XLA flag (XLA would end the process on it)",
                          hint="XLA flags look like --xla_force_host_platform_device_count=8; fix or unset XLA_FLAGS")
+    if text.strip() and _CHECKED_XLA_FLAGS.get("text") != text:
+        problem = _xla_flags_problem()
+        _CHECKED_XLA_FLAGS["text"] = text
+        if problem:
+            raise UsageError(f"XLA_FLAGS={text!r}: XLA refuses it: {problem}",
+                             hint="fix or unset XLA_FLAGS (XLA would end the process on it)")
+
+
+_CHECKED_XLA_FLAGS: dict[str, str] = {}
+
+
+def _xla_flags_problem(timeout_s: float = 20.0) -> str | None:
+    """XLA's message if it refuses ``XLA_FLAGS``, else None.
+
+    XLA parses ``XLA_FLAGS`` once, when a compile option is first made, and on an unknown flag ends
+    the process (exit 1). A forked child makes one (``jaxlib.xla_client.CompileOptions``, no
+    backend started) with its stderr in a pipe; the parent reads XLA's line if the child dies.
+    """
+    if not hasattr(os, "fork"):
+        return None
+    import re
+    import time
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only this one call, then _exit
+        try:
+            os.close(read_end)
+            os.dup2(write_end, 2)
+            import jaxlib.xla_client as xc
+
+            xc.CompileOptions()
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:  # never hang on the check itself
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            os.close(read_end)
+            return None
+        time.sleep(0.01)
+    with os.fdopen(read_end, "rb") as fh:
+        output = fh.read().decode("utf-8", "replace")
+    if os.waitstatus_to_exitcode(status) == 0:
+        return None
+    # XLA's own log lines (E1201 12:00:00.0 pid file.cc:63] message): the first error is the reason
+    logged = [m.group(1).strip() for m in re.finditer(r"^[EF]\d{4} [^\]]*\] (.*)$", output, re.M)]
+    return logged[0] if logged else "the flags were refused"
 
 
 @contextlib.contextmanager
