@@ -87,7 +87,7 @@ def _entry(**over):
 
 
 def _snap(entries, **over):
-    doc = {"snapshot_schema": 1, "kind": "stagetool-snapshot", "stagetool_version": "0.1.0", "jax_version": "0.10.2",
+    doc = {"snapshot_schema": 2, "kind": "stagetool-snapshot", "stagetool_version": "0.1.0", "jax_version": "0.10.2",
            "jaxlib_version": "0.10.2", "spec": "m.stagetool.yaml", "functions": entries}
     doc.update(over)
     return doc
@@ -278,8 +278,9 @@ def test_dumps_is_deterministic_and_numbers_are_stable():
     (None, "not found"),
     ("{not json", r":1:2: the baseline is not valid JSON"),
     ('{"kind": "report", "schema_version": 1}', "not a stagetool snapshot"),
-    ('{"kind": "stagetool-snapshot", "snapshot_schema": 2}', "snapshot_schema 2 is not supported"),
-    (('{"kind": "stagetool-snapshot", "snapshot_schema": 1, "jax_version": "x", "jaxlib_version": "x", '
+    ('{"kind": "stagetool-snapshot", "snapshot_schema": 3}', "snapshot_schema 3 is not supported"),
+    ('{"kind": "stagetool-snapshot", "snapshot_schema": 1}', "schema 1: its memory.peak_bytes is XLA's peak_memory_in_bytes or"),
+    (('{"kind": "stagetool-snapshot", "snapshot_schema": 2, "jax_version": "x", "jaxlib_version": "x", '
       '"functions": {"f": {"mesh": {}}}}'), "functions.f: missing 'inputs'"),
 ])
 def test_load_snapshot_errors(tmp_path, content, match):

@@ -27,6 +27,7 @@ from stagetool.analysis.memory import (
     DonationStatus,
     FitVerdict,
     MemoryRecord,
+    at_least_live,
     donation_status,
     fit_verdict,
     memory_of,
@@ -147,13 +148,13 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
       capacity_bytes / capacity_source: the device's memory, if known.
       top: how many largest inputs and peak buffers to keep.
     """
-    record = memory_of(facts.memory)
+    peak = peak_report(facts.peak, top=top) if facts.peak is not None else None
+    record = at_least_live(memory_of(facts.memory), peak.peak_bytes if peak is not None else None)
     verdict = fit_verdict(record.peak_bytes, capacity_bytes)
     used = [x for x in inputs if x.bytes_per_device is not None]
     largest = sorted(used, key=lambda x: (-(x.bytes_per_device or 0), x.path))[:top]
     largest_inputs = tuple(InputBytes(x.path, _shape(x), int(x.bytes_per_device or 0)) for x in largest)
     donation = _donation(facts.compiled_text or "", inputs, outputs)
-    peak = peak_report(facts.peak, top=top) if facts.peak is not None else None
     return MemorySection(record, capacity_bytes, capacity_source, verdict, largest_inputs, donation, peak)
 
 

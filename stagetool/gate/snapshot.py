@@ -6,7 +6,8 @@ not move silently:
 * every input and output leaf: path, shape, dtype, the compiled sharding
   (``Compiled.input_shardings`` / ``output_shardings``), bytes per device, whether it is unused;
 * memory per device, in bytes (``Compiled.memory_analysis()`` through
-  :func:`stagetool.analysis.memory.memory_of`): argument, output, alias, temp, peak;
+  :func:`stagetool.analysis.memory.memory_of`): argument, output, alias, temp, and the peak
+  ``argument + output - alias + temp`` (one definition on every backend, whatever donation);
 * cost per device (``Compiled.cost_analysis()`` through
   :func:`stagetool.analysis.cost.per_device_cost`): FLOPs, transcendentals, bytes accessed;
 * collectives: count and bytes per device by kind × mesh axes (None when not computed);
@@ -26,7 +27,9 @@ from typing import Any
 
 from stagetool.core.errors import BaselineError, UsageError
 
-SNAPSHOT_SCHEMA = 1
+SNAPSHOT_SCHEMA = 2
+"""2: ``memory.peak_bytes`` is always ``argument + output - alias + temp`` (schema 1 recorded XLA's
+``peak_memory_in_bytes`` or that sum, picked by a heuristic, so it changed meaning with donation)."""
 SNAPSHOT_KIND = "stagetool-snapshot"
 
 #: Memory fields kept per function (bytes per device). ``alias_bytes``: more is better.
@@ -236,6 +239,12 @@ def validate_snapshot(doc: Any, where: str = "<snapshot>") -> dict:
         raise BaselineError(f"{where}: not a stagetool snapshot (expected \"kind\": \"{SNAPSHOT_KIND}\")",
                             hint="write one with stagetool snapshot")
     version = doc.get("snapshot_schema")
+    if version == 1:
+        raise BaselineError(f"{where}: snapshot_schema 1: its memory.peak_bytes is XLA's peak_memory_in_bytes or "
+                            "arguments + outputs - aliased + temporaries, picked by a heuristic (it changed meaning "
+                            "with donation); this stagetool records the latter always (snapshot_schema 2), so the "
+                            "two cannot be compared",
+                            hint="regenerate the baseline with this stagetool: stagetool check --update")
     if version != SNAPSHOT_SCHEMA:
         raise BaselineError(f"{where}: snapshot_schema {version!r} is not supported; this stagetool reads "
                             f"snapshot_schema {SNAPSHOT_SCHEMA}",

@@ -104,8 +104,11 @@ def memory_rows(m: Any) -> tuple[list[str], list[list[str]]]:
         v = getattr(rec, attr)
         if v:
             rows.append([label, str(v), format_bytes(v)])
-    peak_label = "peak" + {"estimate": " (args + outputs − aliased + temps)"}.get(rec.peak_source or "", "")
+    peak_label = "peak (" + {"live at the peak": "live at the peak"}.get(
+        rec.peak_source or "", "args + outputs − aliased + temps") + "; gated)"
     rows.append([peak_label, "n/a" if rec.peak_bytes is None else str(rec.peak_bytes), format_bytes(rec.peak_bytes)])
+    if rec.peak_bytes_reported is not None and rec.peak_bytes_reported != rec.peak_bytes:
+        rows.append(["XLA peak_memory_in_bytes", str(rec.peak_bytes_reported), format_bytes(rec.peak_bytes_reported)])
     return ["", "bytes", ""], rows
 
 
@@ -117,6 +120,11 @@ def memory_notes(m: Any) -> list[tuple[str, str]]:
         out.append(("warn", f"not reported: {rec.reason}"))
     for s in rec.suspects:
         out.append(("info", f"suspect {s.field}: {s.reason}"))
+    if rec.peak_bytes_reported is not None and rec.peak_bytes is not None and rec.peak_bytes_reported != rec.peak_bytes:
+        out.append(("info", "peak: the gate and the capacity verdict use arguments + outputs − aliased + temporaries "
+                    "(what XLA allocates for one execution; the same meaning on every backend and with or without "
+                    "donation); XLA's peak_memory_in_bytes is shown beside it, not gated: it leaves out temporaries "
+                    "on CPU and changes with donation"))
     v = m.verdict
     if v.fits is None:
         out.append(("info", "capacity: unknown (the device reports none; give --device-memory 16GiB or --chip NAME)"))
