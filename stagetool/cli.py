@@ -312,6 +312,15 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
+    _exit_if_failed(doc)
+
+
+def _exit_if_failed(doc: Any) -> None:
+    """After the others are rendered: each function that failed to stage on stderr, and exit 3."""
+    failed = [f for f in getattr(doc, "functions", None) or () if getattr(f, "error", None)]
+    if failed:
+        _report_failures({f.name: f.error for f in failed})
+        raise typer.Exit(int(ExitCode.JAX))
 
 
 @contextlib.contextmanager
@@ -532,7 +541,8 @@ def _gate_output(cmp: Any, format: Format, output: Optional[Path], junit_xml: Op
 def _report_failures(failed: dict) -> None:
     err = _stderr()
     for name, message in failed.items():
-        err.print(f"[bold red]error:[/] {_escape(name)}: {_escape(message)}")
+        text = message if message.startswith(f"{name}: ") else f"{name}: {message}"
+        err.print(f"[bold red]error:[/] {_escape(text)}")
 
 
 def _functions_dropped(path: Path, snapshot: dict) -> list[str]:

@@ -175,13 +175,67 @@ def analyze(options: Options, sections: Iterable[Section] = (Section.SHARDINGS,)
 
 
 def _analyze_plan(plan: Plan, options: Options, sections: Iterable[Section], *, command: str,
-                  on_stage: Callable[[str, str], None] | None):
-    """:func:`analyze` for a plan already made (the spec is read once per run)."""
+                  on_stage: Callable[[str, str], None] | None, prepared: dict | None = None):
+    """:func:`analyze` for a plan already made (the spec is read once per run).
+
+    Every function's inputs and out_shardings are checked before anything is lowered (one
+    :class:`SpecError` with all the problems of all functions); a function that then fails to trace,
+    lower or compile is a :class:`FunctionReport` with ``error`` set, and the others still run.
+    """
     from stagetool.report.model import Report
 
     wanted = set(sections)
-    reports = tuple(_function_report(plan, f, wanted, options, on_stage) for f in plan.functions)
+    if prepared is None:
+        prepared = prepare_all(plan, options)
+    reports = tuple(_function_report(plan, f, wanted, options, on_stage, prepared[f.name]) for f in plan.functions)
     return Report(command, _version(), *_jax_versions(), reports)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """One function made ready to stage: the spec (out_shardings fitted to the outputs), the loaded
+    target and the abstract inputs, or the error that stopped it (an ``init`` that failed)."""
+
+    fspec: FunctionSpec
+    target: Any = None
+    inputs: Any = None
+    error: Any = None
+
+
+def prepare_all(plan: Plan, options: Options) -> dict[str, Prepared]:
+    """Load every function's target, build its abstract inputs and check its out_shardings, before
+    anything is lowered.
+
+    Raises:
+      SpecError: every spec problem of every function, at once.
+      UsageError, TargetError: a bad option or target.
+    """
+    from stagetool.core.errors import SpecError, StagingError, TargetError
+    from stagetool.lowering.avals import build_inputs, fit_out_shardings
+    from stagetool.lowering.target import load_target
+
+    setup = _provision(plan, options)
+    out: dict[str, Prepared] = {}
+    issues: list[str] = []
+    for fspec in plan.functions:
+        try:
+            try:
+                target = load_target(fspec.target, base_dir=fspec.base_dir)
+            except TargetError as e:  # name the spec's line that asked for it
+                raise TargetError(f"{fspec.where('target')}: functions.{fspec.name}.target: {e.message}",
+                                  hint=e.hint) from None
+            inputs = build_inputs(fspec, target.fn, setup, plan.mesh, avals=plan.avals)
+            fitted = fit_out_shardings(fspec, target.fn, inputs, setup.mesh)
+        except SpecError as e:
+            issues.extend(e.issues)
+            continue
+        except StagingError as e:
+            out[fspec.name] = Prepared(fspec, error=e)
+            continue
+        out[fspec.name] = Prepared(fitted, target, inputs)
+    if issues:
+        raise SpecError(issues)
+    return out
 
 
 def staged_functions(options: Options, *, until: str = "compile",
@@ -190,8 +244,9 @@ def staged_functions(options: Options, *, until: str = "compile",
     JAX stage objects themselves (notebooks, tests)."""
     plan = make_plan(options)
     setup = _provision(plan, options)
+    prepared = prepare_all(plan, options)
     for fspec in plan.functions:
-        fitted, inputs, staged, _ = _stage(plan, fspec, setup, until, on_stage)
+        fitted, inputs, staged, _ = _stage(plan, prepared[fspec.name], setup, until, on_stage)
         yield fitted, inputs, staged
 
 
@@ -216,25 +271,21 @@ def _provision(plan: Plan, options: Options) -> Any:
     return _SETUP_CACHE[key]
 
 
-def _stage(plan: Plan, fspec: FunctionSpec, setup: Any, until: str,
+def _stage(plan: Plan, prep: Prepared, setup: Any, until: str,
            on_stage: Callable[[str, str], None] | None, *, dump: bool = False) -> tuple[FunctionSpec, Any, Any, list[str]]:
-    """Load, build inputs, check out_shardings against the outputs, jit and stage one function.
+    """Jit and stage one prepared function (see :func:`prepare_all`).
 
     Returns the function spec (its out_shardings fitted to the output tree), the abstract inputs,
     the :class:`~stagetool.lowering.stages.Staged` stages and the user's source files.
+
+    Raises:
+      StagingError: the function's ``init`` failed, or JAX failed to trace, lower or compile it.
     """
-    from stagetool.lowering.avals import build_inputs, fit_out_shardings
     from stagetool.lowering.stages import jit_function, stage
-    from stagetool.lowering.target import load_target
 
-    from stagetool.core.errors import TargetError
-
-    try:
-        target = load_target(fspec.target, base_dir=fspec.base_dir)
-    except TargetError as e:  # name the spec's line that asked for it
-        raise TargetError(f"{fspec.where('target')}: functions.{fspec.name}.target: {e.message}", hint=e.hint) from None
-    inputs = build_inputs(fspec, target.fn, setup, plan.mesh, avals=plan.avals)
-    fspec = fit_out_shardings(fspec, target.fn, inputs, setup.mesh)
+    if prep.error is not None:
+        raise prep.error
+    fspec, target, inputs = prep.fspec, prep.target, prep.inputs
     jitted = jit_function(target, fspec, inputs, setup.mesh)
     user_files = [target.module_file] if target.module_file else []
     staged = stage(jitted, inputs, setup.mesh, name=fspec.name, user_files=user_files, until=until, dump=dump,
@@ -243,30 +294,46 @@ def _stage(plan: Plan, fspec: FunctionSpec, setup: Any, until: str,
 
 
 def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], options: Options,
-                     on_stage: Callable[[str, str], None] | None):
+                     on_stage: Callable[[str, str], None] | None, prep: Prepared | None = None):
     """Stage one function and build its report: lowering hands analysis one
-    :class:`~stagetool.lowering.facts.StagedFunction`; the analysis never sees a JAX object."""
+    :class:`~stagetool.lowering.facts.StagedFunction`; the analysis never sees a JAX object.
+    A :class:`StagingError` becomes the report's ``error`` (its sections are None)."""
+    from stagetool.core.errors import StagingError
     from stagetool.lowering.facts import gather
+    from stagetool.report.model import FunctionReport, StageTimes
 
     setup = _provision(plan, options)
+    if prep is None:
+        prep = prepare_all(dataclasses.replace(plan, functions=(fspec,)), options)[fspec.name]
     needs_compile = bool(wanted - {Section.LOWERED_TEXT})
     dump = options.peak and Section.MEMORY in wanted
-    fspec, inputs, staged, user_files = _stage(plan, fspec, setup, "compile" if needs_compile else "lower", on_stage,
-                                               dump=dump)
+    try:
+        fspec, inputs, staged, user_files = _stage(plan, prep, setup, "compile" if needs_compile else "lower",
+                                                   on_stage, dump=dump)
+    except StagingError as e:
+        message = e.message + (f" (at {e.user_frame})" if e.user_frame else "")
+        return FunctionReport(fspec.name, fspec.target, _mesh_report(plan, setup), StageTimes(None, None, None),
+                              error=message)
     facts = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
                    declared_outputs=fspec.out_shardings,
                    lowered_dialect=options.dialect if Section.LOWERED_TEXT in wanted else None, peak=staged.dump)
     return _report_of(facts, plan, fspec, setup, wanted, options, user_files, inputs)
 
 
+def _mesh_report(plan: Plan, setup: Any) -> Any:
+    from stagetool.report.model import MeshReport
+
+    return MeshReport(plan.mesh.axes, plan.mesh.axis_types, setup.platform, setup.device_kind,
+                      len(setup.devices), setup.process_count, setup.topology)
+
+
 def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: Any, wanted: set[Section], options: Options,
                user_files: list[str], inputs: Any):
     """The :class:`~stagetool.report.model.FunctionReport` of one staged function's facts."""
-    from stagetool.report.model import FunctionReport, MeshReport, ModuleText, StageTimes
+    from stagetool.report.model import FunctionReport, ModuleText, StageTimes
 
     needs_compile = bool(wanted - {Section.LOWERED_TEXT})
-    mesh = MeshReport(plan.mesh.axes, plan.mesh.axis_types, setup.platform, setup.device_kind,
-                      len(setup.devices), setup.process_count, setup.topology)
+    mesh = _mesh_report(plan, setup)
     t = facts.timings
     fields: dict[str, Any] = {}
     if Section.LOWERED_TEXT in wanted:
@@ -446,7 +513,6 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None, timeout
     Raises:
       UsageError, SpecError, TargetError: bad options, spec or target.
     """
-    from stagetool.core.errors import StagingError
     from stagetool.gate.run import SnapshotRun, snapshot_in_subprocess, spec_label
     from stagetool.gate.snapshot import (
         SNAPSHOT_KIND,
@@ -461,6 +527,7 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None, timeout
     spec_path = plan.spec.path
     parts: list[dict] = []
     failed: dict[str, str] = {}
+    prepared = None if isolate else prepare_all(plan, options)  # every spec error before anything is lowered
     for name in names:
         one = dataclasses.replace(options, function=name)
         if isolate:
@@ -470,11 +537,10 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None, timeout
             else:
                 parts.append(part)
             continue
-        try:
-            report = _analyze_plan(dataclasses.replace(plan, functions=(by_name[name],)), one, _snapshot_sections(),
-                                   command="snapshot", on_stage=on_stage)
-        except StagingError as e:
-            failed[name] = e.message + (f" (at {e.user_frame})" if e.user_frame else "")  # "f: trace failed: ..."
+        report = _analyze_plan(dataclasses.replace(plan, functions=(by_name[name],)), one, _snapshot_sections(),
+                               command="snapshot", on_stage=on_stage, prepared=prepared)
+        if report.functions[0].error is not None:
+            failed[name] = report.functions[0].error  # "f: trace failed: ... (at file.py:LINE in f)"
             continue
         parts.append(snapshot_from_report(report, spec=spec_label(spec_path)))
     if parts:

@@ -44,3 +44,83 @@ def test_donation_is_no_peak_regression(run_cli, tmp_path, monkeypatch):
     assert rec["peak_bytes_reported"] != rec["peak_bytes"]
     r = run_cli("memory", "--spec", "sgd.stagetool.yaml", "--peak", check=0)
     assert "XLA peak_memory_in_bytes" in r.stdout and "gated" in r.stdout
+
+
+EXPLICIT = """
+def square(a):
+    return a @ a
+
+def gram(a):
+    return a.T @ a
+"""
+EXPLICIT_SPEC = """
+version: 1
+mesh:
+  axes: {S: 2}
+  axis_types: explicit
+functions:
+  square:
+    target: m.py:square
+    args: ['f32[8,8] @ [S]']
+  gram:
+    target: m.py:gram
+    args: ['f32[8,8] @ [S]']
+"""
+
+
+def test_one_failing_function_never_blanks_the_others(run_cli, tmp_path, monkeypatch):
+    """Explicit axes: ``gram`` contracts two S-sharded dimensions, which JAX's sharding types reject;
+    ``square`` is reported in full, ``gram`` is listed with JAX's error, and the exit code is 3."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "m.py", EXPLICIT)
+    write(tmp_path, "m.stagetool.yaml", EXPLICIT_SPEC)
+    for command in ("shardings", "report", "collectives"):
+        r = run_cli(command, "--spec", "m.stagetool.yaml", "--format", "json", check=3)
+        fs = {f["name"]: f for f in r.json()["functions"]}
+        assert fs["square"]["error"] is None
+        assert "ShardingTypeError" in fs["gram"]["error"] and "m.py:5 in gram" in fs["gram"]["error"]
+        assert fs["gram"]["inputs"] is None and fs["gram"]["collectives"] is None
+        assert "error: gram: trace failed: ShardingTypeError" in r.stderr
+        if command == "shardings":
+            assert leaves_by_path(r.json(), function=0)["a"]["compiled"] == "P('S', None)"
+    r = run_cli("shardings", "--spec", "m.stagetool.yaml", check=3)
+    assert "square" in r.stdout and "P('S', None)" in r.stdout and "failed: gram: trace failed" in r.stdout
+    r = run_cli("report", "--spec", "m.stagetool.yaml", "--format", "markdown", check=3)
+    assert "**Failed:** gram: trace failed: ShardingTypeError" in r.stdout
+    r = run_cli("lower", "--spec", "m.stagetool.yaml", "-f", "square", "-f", "gram", check=3)
+    assert "func.func" in r.stdout or "module" in r.stdout
+    # the snapshot holds what staged; the failed function is named on stderr, exit 3
+    run_cli("snapshot", "--spec", "m.stagetool.yaml", "-o", "lock.json", check=3)
+
+
+def test_spec_errors_of_all_functions_before_anything_is_lowered(run_cli, tmp_path, monkeypatch):
+    """An out_shardings that does not divide an output is a spec error with the output's path, found
+    with the other functions' errors before anything is lowered (exit 2, nothing on stdout)."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "b.py", """
+        def f(a):
+            return {"x": a[:3], "y": a}
+
+        def g(a):
+            return a
+        """)
+    write(tmp_path, "b.stagetool.yaml", """
+        version: 1
+        mesh:
+          axes: {S: 2}
+        functions:
+          f:
+            target: b.py:f
+            args: ['f32[8,8]']
+            out_shardings: [S]
+          g:
+            target: b.py:g
+            args: ['f32[8,8]']
+            out_shardings: [null, null, S]
+        """)
+    for command in ("shardings", "snapshot"):
+        r = run_cli(command, "--spec", "b.stagetool.yaml", check=2)
+        assert r.stdout == ""
+        assert ("functions.f.out_shardings: at ['x'] (f32[3,8]): dimension 0 of size 3 is not divisible by 2"
+                in r.stderr)
+        assert "functions.g.out_shardings: at the output (f32[8,8]): sharding P(None, None, 'S') has 3 entries" in r.stderr

@@ -294,7 +294,7 @@ def check_static_hashable(fspec: FunctionSpec, static: dict[str, Any]) -> None:
         raise SpecError(issues)
 
 
-def check_out_shardings(fspec: FunctionSpec, out_info: Any) -> Any:
+def check_out_shardings(fspec: FunctionSpec, out_info: Any, axis_size: dict[str, int] | None = None) -> Any:
     """Check the spec's ``out_shardings`` against the traced output tree; return it in the output's shape.
 
     ``out_shardings`` is a prefix of the output pytree: a sharding (or ``auto``) stands for a whole
@@ -319,8 +319,25 @@ def check_out_shardings(fspec: FunctionSpec, out_info: Any) -> Any:
         return None
     problems: list[str] = []
 
+    def fits(spec: Sharding, out: Any, path: str) -> None:
+        """Every output leaf under ``out`` must be divisible by ``spec`` (with the leaf's path)."""
+        if axis_size is None:
+            return
+        import jax
+
+        for key_path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
+            if not _is_struct(leaf):
+                continue
+            where = path + jax.tree_util.keystr(key_path)
+            why = check_fits(tuple(leaf.shape), spec, axis_size)
+            if why:
+                dims = ",".join(str(d) for d in leaf.shape)
+                problems.append(f"at {where or 'the output'} ({hlo_name(str(leaf.dtype))}[{dims}]): {why}")
+
     def conform(spec: Any, out: Any, path: str) -> Any:
         if spec is None or isinstance(spec, Sharding):
+            if isinstance(spec, Sharding):
+                fits(spec, out, path)
             return spec
         at = f"at {path}: " if path else ""
         if isinstance(spec, (list, tuple)):
@@ -371,7 +388,7 @@ def fit_out_shardings(fspec: FunctionSpec, fn: Callable[..., Any], inputs: Abstr
             out_info = probe.trace(*inputs.args, **inputs.kwargs).out_info
     except USER_CODE_ERRORS:  # the user's function fails to trace: staging says so, with its frame
         return fspec
-    return dc.replace(fspec, out_shardings=check_out_shardings(fspec, out_info))
+    return dc.replace(fspec, out_shardings=check_out_shardings(fspec, out_info, dict(mesh.shape)))
 
 
 def _is_struct(x: Any) -> bool:

@@ -79,6 +79,8 @@ class FunctionReport:
       memory: memory analysis (per device), see ``stagetool.analysis.memory``.
       collectives: collectives, see ``stagetool.analysis.collectives``.
       notes: short remarks for the reader (e.g. what was simulated).
+      error: why the function could not be staged (JAX's message and the user's frame), or None;
+        when set, every section is None and the command exits 3 after reporting the others.
     """
 
     name: str
@@ -92,6 +94,7 @@ class FunctionReport:
     memory: MemorySection | None = None
     collectives: CollectivesSection | None = None
     notes: tuple[str, ...] = ()
+    error: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,6 +74,8 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
            + (f" ({f.mesh.device_kind})" if f.mesh.device_kind not in (f.mesh.platform, "") else "")
            + (f", topology `{f.mesh.topology}`" if f.mesh.topology else "") + (f"; {stages}" if stages else "") + ".", ""]
     out += [f"> {n}" for n in f.notes] + ([""] if f.notes else [])
+    if f.error is not None:
+        return out + [f"**Failed:** {escape(f.error)}", ""]
     if f.module is not None:
         out += [f"### {f.module.stage.capitalize()} module ({f.module.dialect})", "", "```", f.module.text.rstrip(), "```", ""]
     if summary and f.inputs is not None:

@@ -89,16 +89,18 @@ def renderables(doc: Report | DevicesReport) -> list[RenderableType]:
 
 
 def _module_only(doc: Report) -> bool:
-    return all(f.module is not None and f.inputs is None and f.cost is None and f.memory is None
-               and f.collectives is None for f in doc.functions)
+    staged = [f for f in doc.functions if f.error is None]
+    return bool(staged) and all(f.module is not None and f.inputs is None and f.cost is None and f.memory is None
+                                and f.collectives is None for f in staged)
 
 
 def _bare_modules(doc: Report) -> str:
-    if len(doc.functions) == 1:
-        text = doc.functions[0].module.text
+    staged = [f for f in doc.functions if f.error is None]  # the failed ones are on stderr, exit 3
+    if len(staged) == 1:
+        text = staged[0].module.text
         return text if text.endswith("\n") else text + "\n"
     parts = []
-    for f in doc.functions:
+    for f in staged:
         comment = "//" if f.module.dialect == "stablehlo" else "//"
         parts.append(f"{comment} ---- {f.name} ({f.target}), {f.module.stage} {f.module.dialect}\n{f.module.text.rstrip()}\n")
     return "\n".join(parts)
@@ -128,6 +130,9 @@ def _function(f: FunctionReport, *, summary: bool = False) -> list[RenderableTyp
     """One function's sections; with ``summary`` (the one-screen ``report``) the shardings tables are
     folded into counts by mesh axes (the JSON keeps every leaf)."""
     out = _header(f)
+    if f.error is not None:
+        out.append(Text(f"failed: {f.error}", style="bad"))
+        return out
     if f.module is not None:
         label = f"{f.module.stage} module ({f.module.dialect})"
         out.append(Text(label, style="bold"))
