@@ -298,7 +298,7 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
     """Stage one function and build its report: lowering hands analysis one
     :class:`~stagetool.lowering.facts.StagedFunction`; the analysis never sees a JAX object.
     A :class:`StagingError` becomes the report's ``error`` (its sections are None)."""
-    from stagetool.core.errors import StagingError
+    from stagetool.core.errors import OutOfMemoryError, StagingError
     from stagetool.lowering.facts import gather
     from stagetool.report.model import FunctionReport, StageTimes
 
@@ -310,14 +310,33 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
     try:
         fspec, inputs, staged, user_files = _stage(plan, prep, setup, "compile" if needs_compile else "lower",
                                                    on_stage, dump=dump)
-    except StagingError as e:
-        message = e.message + (f" (at {e.user_frame})" if e.user_frame else "")
+    except OutOfMemoryError as e:
+        if Section.MEMORY not in wanted:
+            return _failed(plan, fspec, setup, e)
+        from stagetool.analysis.sections import out_of_memory_section
+
+        capacity, source = _capacity(plan, options, setup)
+        memory = out_of_memory_section(e, prep.inputs.leaves, dict(plan.mesh.axes), capacity_bytes=capacity,
+                                       capacity_source=source)
+        rest = sorted(s.value for s in wanted - {Section.MEMORY, Section.LOWERED_TEXT})
+        notes = (f"the compile ran out of memory: {e.xla_message}"
+                 + (f"; {', '.join(rest)} need a compiled program and are not shown" if rest else ""),)
         return FunctionReport(fspec.name, fspec.target, _mesh_report(plan, setup), StageTimes(None, None, None),
-                              error=message)
+                              memory=memory, notes=notes)
+    except StagingError as e:
+        return _failed(plan, fspec, setup, e)
     facts = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
                    declared_outputs=fspec.out_shardings,
                    lowered_dialect=options.dialect if Section.LOWERED_TEXT in wanted else None, peak=staged.dump)
     return _report_of(facts, plan, fspec, setup, wanted, options, user_files, inputs)
+
+
+def _failed(plan: Plan, fspec: FunctionSpec, setup: Any, e: Any) -> Any:
+    from stagetool.report.model import FunctionReport, StageTimes
+
+    message = e.message + (f" (at {e.user_frame})" if e.user_frame else "")
+    return FunctionReport(fspec.name, fspec.target, _mesh_report(plan, setup), StageTimes(None, None, None),
+                          error=message)
 
 
 def _mesh_report(plan: Plan, setup: Any) -> Any:

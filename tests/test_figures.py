@@ -124,3 +124,100 @@ def test_spec_errors_of_all_functions_before_anything_is_lowered(run_cli, tmp_pa
         assert ("functions.f.out_shardings: at ['x'] (f32[3,8]): dimension 0 of size 3 is not divisible by 2"
                 in r.stderr)
         assert "functions.g.out_shardings: at the output (f32[8,8]): sharding P(None, None, 'S') has 3 entries" in r.stderr
+
+
+# ---- out of memory is an answer (item 7)
+
+import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from stagetool.lowering import topology  # noqa: E402
+from stagetool.lowering.stages import parse_out_of_memory  # noqa: E402
+
+needs_libtpu = pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed: pip install -e '.[tpu]'")
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def test_xla_out_of_memory_messages_are_read():
+    libtpu = ("JaxRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+              "temporaries (129.73G) exceeds available HBM (15.75G).")
+    got = parse_out_of_memory(libtpu)
+    assert got["needed_bytes"] == round(129.73 * 2**30) and got["available_bytes"] == round(15.75 * 2**30)
+    assert (got["memory_space"], got["what"]) == ("HBM", "HLO temporaries")
+    assert got["xla_message"].startswith("RESOURCE_EXHAUSTED: Ran out of memory on HBM")
+    older = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+             "Used 20.26G of 15.48G hbm. Exceeded hbm capacity by 4.78G.")
+    got = parse_out_of_memory(older)
+    assert (got["needed_bytes"], got["available_bytes"]) == (round(20.26 * 2**30), round(15.48 * 2**30))
+    assert parse_out_of_memory("RESOURCE_EXHAUSTED: too many handles") is None
+    assert parse_out_of_memory("INVALID_ARGUMENT: Ran out of memory") is None
+    assert parse_out_of_memory("RESOURCE_EXHAUSTED: ran out of memory")["needed_bytes"] is None
+
+
+LLAMA_SPEC = """
+version: 1
+mesh:
+  axes: {data: 8}
+functions:
+  train_step:
+    target: llama3_8b.py:train_step
+    args:
+      - init: llama3_8b.py:init_state
+        init_args: [key(0)]
+      - 'i32[8,2048] @ [data]'
+    donate: [0]
+"""
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_llama3_8b_does_not_fit_a_v5e_2x4(run_cli, tmp_path, monkeypatch):
+    """Llama 3 8B's decoder (32 scanned layers, bf16 parameters, f32 Adam moments), data-parallel on a
+    v5e 2x4: exit 1 with "does not fit" and XLA's figures, not exit 3. The arguments are derived:
+    8,030,261,248 parameters × (2 + 4 + 4) bytes + the tokens' shard (2 × 2048 × 4 B)."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(DATA / "llama3_8b.py", tmp_path / "llama3_8b.py")
+    write(tmp_path, "llama3_8b.stagetool.yaml", LLAMA_SPEC)
+    r = run_cli("memory", "--spec", "llama3_8b.stagetool.yaml", "--topology", "v5e:2x4", "--fail-if-over",
+                "--no-peak", check=1)
+    assert "DOES NOT FIT: the compile ran out of memory" in r.stdout and "available (XLA: HBM)" in r.stdout
+    assert "does not fit: train_step" in r.stderr
+    r = run_cli("report", "--spec", "llama3_8b.stagetool.yaml", "--topology", "v5e:2x4", "--format", "json",
+                "--fail-if-over", check=1)
+    f = r.json()["functions"][0]
+    assert f["error"] is None and f["memory"]["verdict"]["fits"] is False
+    oom = f["memory"]["out_of_memory"]
+    assert oom["available_bytes"] == round(15.75 * 2**30)
+    assert oom["needed_bytes"] > 100 * 2**30
+    params = 2 * 128256 * 4096 + 4096 + 32 * (4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096)
+    assert params == 8_030_261_248
+    assert oom["argument_bytes"] == params * 10 + 1 * 2048 * 4  # one row of tokens per device
+
+
+@needs_libtpu
+def test_one_huge_weight_does_not_fit(run_cli, tmp_path, monkeypatch):
+    """Another shape of the kind: one replicated 20 GiB bf16 weight; exits 1 under --fail-if-over,
+    and a command without the memory section still says exit 3 with XLA's message."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "big.py", """
+        def f(w, x):
+            return x @ w
+        """)
+    write(tmp_path, "big.stagetool.yaml", """
+        version: 1
+        mesh:
+          axes: {data: 8}
+        functions:
+          f:
+            target: big.py:f
+            args: ['bf16[131072,81920]', 'bf16[64,131072] @ [data]']
+        """)
+    r = run_cli("memory", "--spec", "big.stagetool.yaml", "--topology", "v5e:2x4", "--fail-if-over", "--format",
+                "json", check=1)
+    oom = r.json()["functions"][0]["memory"]["out_of_memory"]
+    assert oom["argument_bytes"] == 131072 * 81920 * 2 + 8 * 131072 * 2
+    assert oom["needed_bytes"] >= 131072 * 81920 * 2 - 2**30 // 100  # XLA rounds to 0.01 GiB
+    r = run_cli("shardings", "--spec", "big.stagetool.yaml", "--topology", "v5e:2x4", check=3)
+    assert "RESOURCE_EXHAUSTED" in r.stderr

@@ -310,3 +310,53 @@ def fit_verdict(peak_bytes: int | None, capacity_bytes: int | None) -> FitVerdic
         return FitVerdict(peak_bytes, capacity_bytes, None, None, None, "capacity is not positive")
     return FitVerdict(peak_bytes, capacity_bytes, peak_bytes / capacity_bytes,
                       capacity_bytes - peak_bytes, peak_bytes <= capacity_bytes)
+
+
+# --------------------------------------------------------------------------- out of memory
+
+
+@dataclasses.dataclass(frozen=True)
+class OutOfMemory:
+    """The compile stopped because the program does not fit: XLA's figures, and what the inputs say.
+
+    Attributes:
+      needed_bytes: per device, what XLA said the program needs (XLA's figure, printed to 0.01 of
+        its unit: ``129.73G``), or None.
+      available_bytes: per device, what XLA said is available (``15.75G`` on a 16 GiB v5e), or None.
+      memory_space: the memory XLA named (``HBM``), or None.
+      what: what XLA was sizing (``HLO temporaries``), or None.
+      xla_message: XLA's message.
+      argument_bytes: per device, the inputs' bytes from their declared shardings (derived: shape ×
+        dtype ÷ the mesh axes sharding each dimension), leaves with ``auto`` sharding counted whole.
+      auto_leaves: the input leaves counted whole because the partitioner would have chosen their sharding.
+    """
+
+    needed_bytes: int | None
+    available_bytes: int | None
+    memory_space: str | None
+    what: str | None
+    xla_message: str
+    argument_bytes: int | None
+    auto_leaves: tuple[str, ...] = ()
+
+
+def declared_argument_bytes(leaves: Iterable[Any], axis_size: Mapping[str, int]) -> tuple[int | None, tuple[str, ...]]:
+    """Per-device bytes of input leaves (``shape``, ``dtype``, ``declared``) from their declared
+    shardings, and the paths of ``auto`` leaves (counted whole). None when a dtype is unknown."""
+    from stagetool.core.dtypes import array_bytes
+
+    total, auto = 0, []
+    for x in leaves:
+        shape = list(x.shape)
+        declared = x.declared
+        if getattr(declared, "kind", None) == "spec":
+            for i, d in enumerate(declared.dims[: len(shape)]):
+                for a in () if d is None else ((d,) if isinstance(d, str) else d):
+                    shape[i] = -(-shape[i] // axis_size.get(a, 1))
+        elif getattr(declared, "kind", None) == "auto":
+            auto.append(x.path)
+        b = array_bytes(shape, x.dtype)
+        if b is None:
+            return None, tuple(auto)
+        total += b
+    return total, tuple(auto)

@@ -7,6 +7,7 @@ sharding reports, and returns a frozen record that renderers read without touchi
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from stagetool.analysis.collectives import (
     Collective,
@@ -27,7 +28,10 @@ from stagetool.analysis.memory import (
     DonationStatus,
     FitVerdict,
     MemoryRecord,
+    OutOfMemory,
     at_least_live,
+    declared_argument_bytes,
+    normalise_memory,
     donation_status,
     fit_verdict,
     memory_of,
@@ -105,6 +109,9 @@ class MemorySection:
       largest_inputs: the input leaves with the most bytes per device, largest first (ties by path).
       donation: per input leaf that is donated or aliased.
       peak: what is live at the peak (from the compile's XLA dump), or None when not asked.
+      out_of_memory: the compile stopped because the program does not fit (XLA's needed and available
+        bytes); then ``record`` is empty, ``verdict`` compares XLA's needed with its available bytes
+        and ``capacity_bytes`` is XLA's available figure.
     """
 
     record: MemoryRecord
@@ -114,6 +121,7 @@ class MemorySection:
     largest_inputs: tuple[InputBytes, ...]
     donation: tuple[LeafDonation, ...]
     peak: PeakReport | None = None
+    out_of_memory: OutOfMemory | None = None
 
 
 def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = None,
@@ -156,6 +164,24 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
     largest_inputs = tuple(InputBytes(x.path, _shape(x), int(x.bytes_per_device or 0)) for x in largest)
     donation = _donation(facts.compiled_text or "", inputs, outputs)
     return MemorySection(record, capacity_bytes, capacity_source, verdict, largest_inputs, donation, peak)
+
+
+def out_of_memory_section(error: Any, leaves: Any, axis_size: dict[str, int], *, capacity_bytes: int | None,
+                          capacity_source: str | None) -> MemorySection:
+    """:class:`MemorySection` of a compile that ran out of memory (a
+    :class:`stagetool.core.errors.OutOfMemoryError`): "does not fit", with XLA's needed and
+    available bytes and the argument bytes known from the inputs' declared shardings."""
+    args, auto = declared_argument_bytes(leaves, axis_size)
+    oom = OutOfMemory(error.needed_bytes, error.available_bytes, error.memory_space, error.what, error.xla_message,
+                      args, auto)
+    record = dataclasses.replace(normalise_memory(None), reason="the compile ran out of memory: XLA gives no "
+                                 "memory_analysis() for a program that does not fit")
+    if error.available_bytes is not None:
+        capacity_bytes, capacity_source = error.available_bytes, "XLA's compile (available)"
+    verdict = fit_verdict(error.needed_bytes, capacity_bytes)
+    if verdict.fits is not False:  # XLA said it does not fit, whatever figures its message carried
+        verdict = dataclasses.replace(verdict, fits=False, reason="XLA's compile ran out of memory")
+    return MemorySection(record, capacity_bytes, capacity_source, verdict, (), (), None, oom)
 
 
 def _shape(x: LeafReport) -> str:

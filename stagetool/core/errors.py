@@ -102,3 +102,27 @@ class StagingError(StagetoolError):
         self.stage = stage
         self.function = function
         self.user_frame = user_frame
+
+
+class OutOfMemoryError(StagingError):
+    """XLA's compile stopped because the program does not fit in device memory (``RESOURCE_EXHAUSTED``
+    "ran out of memory"): an answer, not a crash. ``memory``/``report`` show it as a "does not fit"
+    verdict; where it escapes it is exit code 3 like any compile failure.
+
+    Attributes:
+      needed_bytes: what XLA said the program needs per device, or None when its message has no figure.
+      available_bytes: what XLA said is available per device, or None.
+      memory_space: the memory XLA named (``HBM``), or None.
+      what: what XLA said it was sizing (``HLO temporaries``), or None.
+      xla_message: XLA's message, without JAX's exception prefix.
+    """
+
+    def __init__(self, message: str, *, stage: str, function: str, user_frame: str | None = None,
+                 needed_bytes: int | None = None, available_bytes: int | None = None,
+                 memory_space: str | None = None, what: str | None = None, xla_message: str = ""):
+        super().__init__(message, stage=stage, function=function, user_frame=user_frame)
+        self.needed_bytes = needed_bytes
+        self.available_bytes = available_bytes
+        self.memory_space = memory_space
+        self.what = what
+        self.xla_message = xla_message

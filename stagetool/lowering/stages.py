@@ -9,11 +9,12 @@ as it does in the user's job.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 import warnings
 from typing import Any, Callable
 
-from stagetool.core.errors import USER_CODE_ERRORS, SpecError, StagingError, describe_exception
+from stagetool.core.errors import USER_CODE_ERRORS, OutOfMemoryError, SpecError, StagingError, describe_exception
 from stagetool.core.sharding import Sharding
 from stagetool.lowering.avals import AbstractInputs
 from stagetool.lowering.target import Target, user_frame
@@ -262,5 +263,46 @@ def _staging_error(e: BaseException, stage_name: str, name: str, user_files: lis
         # XLA fails below any Python frame of the user's (a compile error): point at the function.
         frame = _definition(jitted)
     what = describe_exception(e) if isinstance(e, SystemExit) else f"{type(e).__name__}: {text}"
-    return StagingError(f"{name}: {stage_name} failed: {what}", stage=stage_name,
-                        function=name, user_frame=frame)
+    message = f"{name}: {stage_name} failed: {what}"
+    oom = parse_out_of_memory(text) if stage_name == "compile" else None
+    if oom is not None:
+        return OutOfMemoryError(message, stage=stage_name, function=name, user_frame=frame, **oom)
+    return StagingError(message, stage=stage_name, function=name, user_frame=frame)
+
+
+_XLA_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+_OOM_REQUIRED = re.compile(r"required for (?P<what>[^()]+?) \((?P<need>[\d.]+)(?P<nu>[KMGTP]?)i?B?\) exceeds "
+                           r"available (?P<space>\w+) \((?P<have>[\d.]+)(?P<hu>[KMGTP]?)i?B?\)")
+_OOM_USED = re.compile(r"Used (?P<need>[\d.]+)(?P<nu>[KMGTP]?)i?B? of (?P<have>[\d.]+)(?P<hu>[KMGTP]?)i?B? "
+                       r"(?P<space>\w+)")
+
+
+def parse_out_of_memory(text: str) -> dict | None:
+    """The figures of XLA's "ran out of memory" compile error, or None when ``text`` is not one.
+
+    Two forms are read (XLA prints sizes with binary prefixes, ``15.75G`` = 15.75 GiB, rounded to
+    two decimals, so the bytes are to within 0.005 of the unit):
+
+    * libtpu 0.10.2 (checked with ``--topology v5e:2x4``): ``RESOURCE_EXHAUSTED: Ran out of memory on
+      HBM, the total memory required for HLO temporaries (18.00G) exceeds available HBM (15.75G).``
+    * XLA:TPU's ``Ran out of memory in memory space hbm. Used 20.26G of 15.48G hbm.``
+
+    Returns:
+      ``{needed_bytes, available_bytes, memory_space, what, xla_message}`` (figures None when
+      the message has none).
+    """
+    if "RESOURCE_EXHAUSTED" not in text or "out of memory" not in text.lower():
+        return None
+    start = text.find("RESOURCE_EXHAUSTED")
+    xla = text[start:].split("\n", 1)[0].strip()
+    m = _OOM_REQUIRED.search(text) or _OOM_USED.search(text)
+    if m is None:
+        return {"needed_bytes": None, "available_bytes": None, "memory_space": None, "what": None, "xla_message": xla}
+
+    def size(number: str, unit: str) -> int:
+        return int(round(float(number) * _XLA_UNITS[unit]))
+
+    groups = m.groupdict()
+    return {"needed_bytes": size(groups["need"], groups["nu"]), "available_bytes": size(groups["have"], groups["hu"]),
+            "memory_space": groups["space"].upper(), "what": (groups.get("what") or "").strip() or None,
+            "xla_message": xla}

@@ -96,6 +96,13 @@ def cost_notes(c: Any) -> list[tuple[str, str]]:
 def memory_rows(m: Any) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)`` of per-device memory in bytes and human units; host rows only where non-zero."""
     rec = m.record
+    oom = getattr(m, "out_of_memory", None)
+    if oom is not None:  # no compiled program: XLA's figures from its error, and what the inputs say
+        rows = [[f"needed (XLA: {oom.what or 'the program'})", _int_text(oom.needed_bytes), format_bytes(oom.needed_bytes)],
+                [f"available (XLA: {oom.memory_space or 'device memory'})", _int_text(oom.available_bytes),
+                 format_bytes(oom.available_bytes)],
+                ["arguments (from the inputs' shardings)", _int_text(oom.argument_bytes), format_bytes(oom.argument_bytes)]]
+        return ["", "bytes", ""], rows
     rows = []
     for label, attr in _MEMORY_ROWS:
         v = getattr(rec, attr)
@@ -112,6 +119,10 @@ def memory_rows(m: Any) -> tuple[list[str], list[list[str]]]:
     return ["", "bytes", ""], rows
 
 
+def _int_text(v: int | None) -> str:
+    return "n/a" if v is None else str(v)
+
+
 def memory_notes(m: Any) -> list[tuple[str, str]]:
     """``(severity, text)``: ``fits``/``over`` verdict, missing data, suspects."""
     rec = m.record
@@ -125,6 +136,14 @@ def memory_notes(m: Any) -> list[tuple[str, str]]:
                     "(what XLA allocates for one execution; the same meaning on every backend and with or without "
                     "donation); XLA's peak_memory_in_bytes is shown beside it, not gated: it leaves out temporaries "
                     "on CPU and changes with donation"))
+    oom = getattr(m, "out_of_memory", None)
+    if oom is not None:
+        out = [("over", f"DOES NOT FIT: the compile ran out of memory: XLA needs {format_bytes(oom.needed_bytes)} "
+                        f"and has {format_bytes(oom.available_bytes)} per device ({oom.xla_message})")]
+        if oom.auto_leaves:
+            out.append(("info", f"arguments count {len(oom.auto_leaves)} 'auto' leaves whole: "
+                                + ", ".join(oom.auto_leaves[:5]) + (" ..." if len(oom.auto_leaves) > 5 else "")))
+        return out
     v = m.verdict
     if v.fits is None:
         out.append(("info", "capacity: unknown (the device reports none; give --device-memory 16GiB or --chip NAME)"))
