@@ -221,3 +221,108 @@ def test_one_huge_weight_does_not_fit(run_cli, tmp_path, monkeypatch):
     assert oom["needed_bytes"] >= 131072 * 81920 * 2 - 2**30 // 100  # XLA rounds to 0.01 GiB
     r = run_cli("shardings", "--spec", "big.stagetool.yaml", "--topology", "v5e:2x4", check=3)
     assert "RESOURCE_EXHAUSTED" in r.stderr
+
+
+# ---- sub-byte and exotic dtypes (item 2)
+
+QUANT = """
+import jax, jax.numpy as jnp
+
+def init(key):
+    return {"w_q": jax.random.randint(key, (1024, 1024), -8, 8).astype(jnp.int4),
+            "scale": jnp.ones((1024,), jnp.bfloat16)}
+
+def f(params, x):
+    return x @ (params["w_q"].astype(jnp.bfloat16) * params["scale"])
+
+def total(*xs):
+    return sum(x.astype(jnp.float32).sum() for x in xs)
+"""
+QUANT_SPEC = """
+version: 1
+functions:
+  f:
+    target: q.py:f
+    args:
+      - init: q.py:init
+        init_args: [key(0)]
+      - 'bf16[16,1024]'
+  g:
+    target: q.py:f
+    args:
+      - {w_q: 's4[1024,1024]', scale: 'bf16[1024]'}
+      - 'bf16[16,1024]'
+"""
+
+
+def test_int4_weights_count_two_per_byte(run_cli, tmp_path, monkeypatch):
+    """``w_q`` int4[1024,1024] from an init and as ``s4`` in the spec: 524,288 B, 93.8% of the
+    559,104 B of arguments (XLA's argument size: 524,288 + 2,048 + 32,768)."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "q.py", QUANT)
+    write(tmp_path, "q.stagetool.yaml", QUANT_SPEC)
+    r = run_cli("memory", "--spec", "q.stagetool.yaml", "--format", "json", "--no-peak", check=0)
+    for f in r.json()["functions"]:
+        m = f["memory"]
+        assert m["record"]["argument_bytes"] == 559_104 == 524_288 + 2_048 + 32_768
+        assert m["largest_inputs"][0] == {"path": "params/w_q", "shape": "s4[1024,1024]", "bytes_per_device": 524_288}
+    r = run_cli("memory", "--spec", "q.stagetool.yaml", "-f", "g", "--no-peak", check=0)
+    assert "93.8%" in r.stdout and "187.5%" not in r.stdout
+    r = run_cli("shardings", "--spec", "q.stagetool.yaml", "-f", "g", "--format", "json", check=0)
+    assert leaves_by_path(r.json())["params/w_q"]["bytes_per_device"] == 524_288
+
+
+def test_every_narrow_dtype_is_accepted_and_counted_as_xla_stores_it(run_cli, tmp_path, monkeypatch):
+    """s4/u4/int4/uint4, s2/u2, f4e2m1fn, f8e8m0fnu, f8e4m3fn, f8e5m2: the per-leaf bytes
+    (ceil(elements × bits / 8)) add up to XLA's own argument size."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "q.py", QUANT)
+    leaves = {"s4[1024,1024]": 524_288, "u4[1000,3]": 1_500, "int4[7]": 4, "uint4[5]": 3, "s2[64,64]": 1_024,
+              "u2[9]": 3, "f4e2m1fn[33,2]": 33, "f8e8m0fnu[10]": 10, "f8e4m3fn[4]": 4, "f8e5m2[4]": 4}
+    args = ", ".join(f"'{x}'" for x in leaves)
+    write(tmp_path, "d.stagetool.yaml", f"version: 1\nfunctions:\n  total:\n    target: q.py:total\n    args: [{args}]\n")
+    r = run_cli("memory", "--spec", "d.stagetool.yaml", "--format", "json", "--no-peak", check=0)
+    m = r.json()["functions"][0]["memory"]
+    got = {x["shape"]: x["bytes_per_device"] for x in m["largest_inputs"]}
+    assert sorted(got.values()) == sorted(leaves.values())
+    assert m["record"]["argument_bytes"] == sum(leaves.values())
+
+
+@needs_libtpu
+def test_sub_byte_padded_bytes_on_a_tpu_topology(run_cli, tmp_path, monkeypatch):
+    """On v5e tiles, per leaf: padded ≥ logical, and the padded bytes add up to XLA's argument size."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "q.py", QUANT)
+    write(tmp_path, "t.stagetool.yaml", """
+        version: 1
+        mesh:
+          axes: {data: 8}
+        functions:
+          f:
+            target: q.py:f
+            args:
+              - init: q.py:init
+                init_args: [key(0)]
+              - 'bf16[16,1024]'
+          h:
+            target: q.py:f
+            args:
+              - {w_q: 's4[1024,24]', scale: 'bf16[24]'}
+              - 'bf16[3,1024]'
+          u:
+            target: q.py:f
+            args:
+              - {w_q: 'u4[1000,24] @ [null, data]', scale: 'f32[24]'}
+              - 'f32[3,1000]'
+        """)
+    r = run_cli("report", "--spec", "t.stagetool.yaml", "--topology", "v5e:2x4", "--format", "json", check=0)
+    padded_seen = False
+    for f in r.json()["functions"]:
+        xs = f["inputs"]
+        for x in xs:
+            assert x["padded_bytes_per_device"] >= x["bytes_per_device"], x
+            padded_seen |= x["padded_bytes_per_device"] > x["bytes_per_device"]
+        assert sum(x["padded_bytes_per_device"] for x in xs) == f["memory"]["record"]["argument_bytes"], f["name"]
+        if f["name"] == "f":
+            assert leaves_by_path({"functions": [f]})["params/w_q"]["bytes_per_device"] == 524_288
+    assert padded_seen

@@ -263,9 +263,12 @@ def _padded(shard: tuple[int, ...] | None, dtype: Any, fmt: Any) -> int | None:
     layout = getattr(fmt, "layout", None)
     if shard is None or layout is None or not getattr(layout, "tiling", None):
         return None
+    from stagetool.core.dtypes import array_bytes
     from stagetool.lowering.tpu_layout import shard_bytes
 
-    return shard_bytes(shard, dtype, layout).padded_bytes
+    padded = shard_bytes(shard, dtype, layout).padded_bytes
+    logical = array_bytes(shard, str(dtype))
+    return max(padded, logical) if logical is not None else padded  # padding never takes bytes away
 
 
 def input_facts(inputs: AbstractInputs, compiled: Any, mesh: Any) -> tuple[LeafFacts, ...]:
