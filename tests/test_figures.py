@@ -326,3 +326,45 @@ def test_sub_byte_padded_bytes_on_a_tpu_topology(run_cli, tmp_path, monkeypatch)
         if f["name"] == "f":
             assert leaves_by_path({"functions": [f]})["params/w_q"]["bytes_per_device"] == 524_288
     assert padded_seen
+
+
+# ---- loop-aware cost through the CLI (item 3)
+
+SCAN = """
+import jax, jax.numpy as jnp
+
+def forward(ws, x):
+    def layer(x, w):
+        return jnp.tanh(x @ w), None
+    y, _ = jax.lax.scan(layer, x, ws)
+    return y
+"""
+
+
+def test_cost_shows_the_loop_aware_estimate_and_the_roofline_uses_it(run_cli, tmp_path, monkeypatch):
+    """12 layers of tanh(x @ w), x f32[64,256], w f32[256,256]: 12 × 2·64·256·256 FLOPs of dots;
+    XLA counts one layer, the loop-aware estimate all twelve, and the roofline is fed from it."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "s.py", SCAN)
+    write(tmp_path, "s.stagetool.yaml", """
+        version: 1
+        functions:
+          forward:
+            target: s.py:forward
+            args: ['f32[12,256,256]', 'f32[64,256]']
+        """)
+    r = run_cli("cost", "--spec", "s.stagetool.yaml", "--chip", "tpu-v5e", "--format", "json", check=0)
+    c = r.json()["functions"][0]["cost"]
+    dots = 12 * 2 * 64 * 256 * 256
+    assert c["per_device"]["flops"] < dots / 6
+    la = c["loop_aware"]
+    assert la["source"] == "derived estimate" and la["loops"][0][1] == 12
+    assert dots <= la["flops"] <= dots * 1.02  # plus 12 × the tanh's element-wise work, if any
+    assert la["transcendentals"] == 12 * 64 * 256
+    assert c["roofline"]["flops_per_device"] == la["flops"]
+    assert c["roofline"]["bytes_accessed_per_device"] == la["bytes_accessed"]
+    r = run_cli("cost", "--spec", "s.stagetool.yaml", check=0)
+    assert "FLOPs, loop-aware (estimate)" in r.stdout and "derived estimate" in r.stdout
+    run_cli("snapshot", "--spec", "s.stagetool.yaml", "-o", "lock.json", check=0)
+    snap = json.loads((tmp_path / "lock.json").read_text())["functions"]["forward"]["cost"]
+    assert snap["loop_aware_flops"] == la["flops"]

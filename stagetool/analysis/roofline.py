@@ -21,7 +21,8 @@ class RooflineEstimate:
     Attributes:
       chip: chip name.
       dtype: ``"bf16"`` or ``"f32"`` (which peak FLOP/s was used).
-      flops_per_device: FLOPs of one device's program (``Compiled.cost_analysis()``), or None.
+      flops_per_device: FLOPs of one device's program: the loop-aware estimate (XLA's
+        ``Compiled.cost_analysis()`` figure with each loop body × its trip count), or None.
       bytes_accessed_per_device: bytes accessed by one device's program, or None.
       peak_flops_per_second: the chip's peak for ``dtype``, or None.
       hbm_bandwidth_bytes_per_second: the chip's HBM bandwidth, or None.

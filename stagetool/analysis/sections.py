@@ -24,6 +24,7 @@ from stagetool.analysis.cost import (
     per_device_cost,
     whole_program_cost,
 )
+from stagetool.analysis.loops import LoopAwareCost, loop_aware_cost
 from stagetool.analysis.memory import (
     DonationStatus,
     FitVerdict,
@@ -53,11 +54,15 @@ class CostSection:
       per_device: from ``Compiled.cost_analysis()``: one device's partitioned, optimized module.
       whole_program: from ``Lowered.cost_analysis()``: the unpartitioned program, all devices together.
       device_count: devices in the mesh (whole program ≈ per device × devices for fully sharded work).
-      roofline: the ``--chip`` lower bound on step time from the per-device figures (an estimate),
-        or None when no chip was given.
+      roofline: the ``--chip`` lower bound on step time (an estimate) from the loop-aware per-device
+        figures, or None when no chip was given.
       loop_trip_counts: the trip count of every ``while`` loop of the compiled module (None when
-        unknown). XLA's cost analysis counts a loop body once, so with loops the FLOPs and bytes
+        unknown). XLA's cost analysis counts a loop body once, so with loops its FLOPs and bytes
         are a lower bound; a ``scan`` over N layers is undercounted about N-fold in its body.
+      loop_aware: the **derived estimate** of one device's cost with each loop body × its trip
+        count (:class:`stagetool.analysis.loops.LoopAwareCost`: flops, transcendentals,
+        bytes_accessed, method, reason); equal to XLA's figures when the module has no loops.
+        None when the compiled module is not available.
     """
 
     per_device: CostRecord
@@ -65,6 +70,7 @@ class CostSection:
     device_count: int
     roofline: RooflineEstimate | None = None
     loop_trip_counts: tuple[int | None, ...] = ()
+    loop_aware: LoopAwareCost | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,13 +142,18 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
     whole = whole_program_cost(facts.whole_program_cost, program_text=text)
     has_dot = has_dot_or_convolution(text) if text is not None else None
     per_device = per_device_cost(facts.per_device_cost, has_dot_or_conv=has_dot, program_text=facts.compiled_text)
+    module = facts.module
+    loops = while_loops(module) if module is not None else ()
+    aware = None
+    if module is not None:
+        aware = loop_aware_cost(module, dict(loops), flops=per_device.flops,
+                                transcendentals=per_device.transcendentals, bytes_accessed=per_device.bytes_accessed)
     estimate = None
     if chip is not None:
-        estimate = roofline(chip, flops_per_device=per_device.flops,
-                            bytes_accessed_per_device=per_device.bytes_accessed, dtype=dtype)
-    module = facts.module
-    loops = tuple(n for _, n in while_loops(module)) if module is not None else ()
-    return CostSection(per_device, whole, device_count, estimate, loops)
+        flops, moved = (aware.flops, aware.bytes_accessed) if aware is not None else (
+            per_device.flops, per_device.bytes_accessed)
+        estimate = roofline(chip, flops_per_device=flops, bytes_accessed_per_device=moved, dtype=dtype)
+    return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware)
 
 
 def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...],

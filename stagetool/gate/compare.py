@@ -27,7 +27,7 @@ from typing import Any
 from stagetool.core.errors import ExitCode
 from stagetool.core.mesh import format_mesh
 from stagetool.core.tolerances import DEFAULT_TOLERANCES, ENV_MISMATCH_FLOOR, Tolerance
-from stagetool.gate.snapshot import COST_FIELDS, MEMORY_FIELDS
+from stagetool.gate.snapshot import COST_FIELDS, DERIVED_COST_FIELDS, MEMORY_FIELDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +237,8 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
         changes += _compare_leaves(name, side, before.get(key), after.get(key))
     for section, fields, unit_of, key_of in (
             ("memory", MEMORY_FIELDS, lambda f: "bytes", lambda f: "memory"),
-            ("cost", COST_FIELDS, lambda f: "bytes" if f == "bytes_accessed" else ("FLOP" if f == "flops" else ""),
+            ("cost", COST_FIELDS + DERIVED_COST_FIELDS,
+             lambda f: "bytes" if f == "bytes_accessed" else ("FLOP" if f.endswith("flops") else ""),
              lambda f: "bytes_accessed" if f == "bytes_accessed" else "flops")):
         b, a = before.get(section), after.get(section)
         if b is None or a is None:

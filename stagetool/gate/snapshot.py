@@ -9,7 +9,8 @@ not move silently:
   :func:`stagetool.analysis.memory.memory_of`): argument, output, alias, temp, and the peak
   ``argument + output - alias + temp`` (one definition on every backend, whatever donation);
 * cost per device (``Compiled.cost_analysis()`` through
-  :func:`stagetool.analysis.cost.per_device_cost`): FLOPs, transcendentals, bytes accessed;
+  :func:`stagetool.analysis.cost.per_device_cost`): FLOPs, transcendentals, bytes accessed, and
+  the loop-aware FLOPs estimate (``loop_aware_flops``: each loop body × its trip count);
 * collectives: count and bytes per device by kind × mesh axes (None when not computed);
 * the mesh, platform and device kind; jax and jaxlib versions at the top.
 
@@ -36,6 +37,14 @@ SNAPSHOT_KIND = "stagetool-snapshot"
 MEMORY_FIELDS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes")
 #: Cost fields kept per function (per device): FLOPs, transcendental ops, bytes accessed.
 COST_FIELDS = ("flops", "transcendentals", "bytes_accessed")
+#: Derived cost fields: ``loop_aware_flops``, the estimate with each loop body × its trip count
+#: (:class:`stagetool.analysis.loops.LoopAwareCost`), so that a deeper ``scan`` is a change.
+DERIVED_COST_FIELDS = ("loop_aware_flops",)
+
+
+def _loop_aware_flops(section: Any, per_device: Any) -> Any:
+    la = getattr(section, "loop_aware", None)
+    return la.flops if la is not None else getattr(per_device, "flops", None)
 
 
 def _num(v: Any) -> int | float | None:
@@ -137,7 +146,8 @@ def function_snapshot(fr: Any) -> dict:
         "inputs": None if fr.inputs is None else [_leaf(x) for x in fr.inputs],
         "outputs": None if fr.outputs is None else [_leaf(x) for x in fr.outputs],
         "memory": None if mem is None else {f: _num(getattr(mem, f, None)) for f in MEMORY_FIELDS},
-        "cost": None if cost is None else {f: _num(getattr(cost, f, None)) for f in COST_FIELDS},
+        "cost": None if cost is None else {**{f: _num(getattr(cost, f, None)) for f in COST_FIELDS},
+                                           "loop_aware_flops": _num(_loop_aware_flops(fr.cost, cost))},
         "collectives": collective_rows(fr.collectives),
     }
 

@@ -57,6 +57,11 @@ def cost_rows(c: Any) -> tuple[list[str], list[list[str]]]:
         if key.startswith("utilization"):
             continue  # per-operand use counts: in the JSON, too noisy for a table
         rows.append([key, _extra_value(a.get(key)), _extra_value(b.get(key))])
+    la = getattr(c, "loop_aware", None)
+    if la is not None and la.loops:  # beside XLA's figures, never instead of them
+        rows += [["FLOPs, loop-aware (estimate)", format_count(la.flops, "FLOP"), "—"],
+                 ["transcendentals, loop-aware (estimate)", format_count(la.transcendentals), "—"],
+                 ["bytes accessed, loop-aware (estimate)", format_bytes(la.bytes_accessed), "—"]]
     return ["", "per device", "whole program"], rows
 
 
@@ -80,7 +85,12 @@ def cost_notes(c: Any) -> list[tuple[str, str]]:
         trips = ", ".join("?" if n is None else str(n) for n in c.loop_trip_counts)
         n = len(c.loop_trip_counts)
         out.append(("warn", f"{n} while loop{'s' if n != 1 else ''} (trip count{'s' if n != 1 else ''} {trips}): "
-                            "XLA's cost analysis counts a loop body once, so FLOPs and bytes are a lower bound"))
+                            "XLA's cost analysis counts a loop body once, so its FLOPs and bytes are a lower bound; "
+                            "the loop-aware rows are a derived estimate (XLA's figure + (trip count − 1) × each "
+                            "body's cost counted from the compiled module), and the roofline uses them"))
+        la = getattr(c, "loop_aware", None)
+        if la is not None and la.reason:
+            out.append(("info", f"loop-aware estimate: {la.reason}"))
     r = c.roofline
     if r is not None:
         if r.lower_bound_seconds is None:
