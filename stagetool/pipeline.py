@@ -188,7 +188,9 @@ def _analyze_plan(plan: Plan, options: Options, sections: Iterable[Section], *, 
     if prepared is None:
         prepared = prepare_all(plan, options)
     reports = tuple(_function_report(plan, f, wanted, options, on_stage, prepared[f.name]) for f in plan.functions)
-    return Report(command, _version(), *_jax_versions(), reports)
+    from stagetool.lowering.config import compile_config
+
+    return Report(command, _version(), *_jax_versions(), reports, config=compile_config())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,7 +387,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: Any, wanted: 
                                                     leaves[0], user_files, options.explain)
     notes = [f"warning while staging: {w}" for w in facts.warnings]
     narrow = sorted({x.dtype for x in inputs.leaves if x.dtype in ("bfloat16", "float16")})
-    if setup.platform == "cpu" and narrow and needs_compile:
+    if setup.platform == "cpu" and narrow and needs_compile and _has_dots(facts):
         notes.append(f"XLA:CPU computes {'/'.join(narrow)} dot products in f32: collectives, temporaries and bytes "
                      "accessed can be up to 2x what a GPU or TPU compile gives; use --topology (compile-only TPU) "
                      "or an attached accelerator for those figures")
@@ -394,6 +396,14 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: Any, wanted: 
                      f"process(es)" + (" (simulated with --processes)" if options.processes else ""))
     return FunctionReport(fspec.name, fspec.target, mesh, StageTimes(t.trace_s, t.lower_s, t.compile_s),
                           notes=tuple(notes), **fields)
+
+
+def _has_dots(facts: Any) -> bool:
+    """Whether the program has a dot product or convolution (the CPU bf16 note is only about those)."""
+    from stagetool.analysis.cost import has_dot_or_convolution
+
+    text = facts.stablehlo_text or facts.compiled_text
+    return text is None or has_dot_or_convolution(text)
 
 
 def _roofline_dtype(inputs: Any, chip: Any) -> str:
@@ -446,6 +456,12 @@ def _capacity(plan: Plan, options: Options, setup: Any) -> tuple[int | None, str
     if name and name.lower() in table and table[name.lower()].hbm_capacity_bytes:
         return int(table[name.lower()].hbm_capacity_bytes), f"chip table ({name.lower()})"
     return None, None
+
+
+def _config_dict() -> dict[str, str]:
+    from stagetool.lowering.config import compile_config
+
+    return dict(compile_config())
 
 
 def _version() -> str:
@@ -572,6 +588,6 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None, timeout
 
         snap = {"snapshot_schema": SNAPSHOT_SCHEMA, "kind": SNAPSHOT_KIND, "stagetool_version": __version__,
                 "jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
-                "spec": spec_label(spec_path), "functions": {}}
+                "spec": spec_label(spec_path), "functions": {}, "config": _config_dict()}
     snap["spec"] = spec_label(spec_path)
     return SnapshotRun(snap, failed, names, spec_path, getattr(plan.spec, "check", None))

@@ -368,3 +368,83 @@ def test_cost_shows_the_loop_aware_estimate_and_the_roofline_uses_it(run_cli, tm
     run_cli("snapshot", "--spec", "s.stagetool.yaml", "-o", "lock.json", check=0)
     snap = json.loads((tmp_path / "lock.json").read_text())["functions"]["forward"]["cost"]
     assert snap["loop_aware_flops"] == la["flops"]
+
+
+# ---- say what changed the program (item 9)
+
+
+def test_donated_but_not_usable_says_why(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "m.py", """
+        def f(a, b):
+            return (a @ b).sum(axis=0)
+
+        def g(a):
+            return a * 2
+        """)
+    write(tmp_path, "m.stagetool.yaml", """
+        version: 1
+        mesh: {axes: {data: 2}}
+        functions:
+          f:
+            target: m.py:f
+            args: ['f32[8,3] @ [data, null]', 'f32[3,16]']
+            donate: [0, 1]
+          g:
+            target: m.py:g
+            args: ['f32[8,8] @ [data]']
+            donate: [0]
+            out_shardings: replicated
+        """)
+    r = run_cli("memory", "--spec", "m.stagetool.yaml", "--no-peak", "--format", "json", check=0)
+    f, g = r.json()["functions"]
+    why = {d["path"]: d["reason"] for d in f["memory"]["donation"]}
+    assert why == {"a": "no output has shape and dtype f32[8,3]", "b": "no output has shape and dtype f32[3,16]"}
+    (d,) = g["memory"]["donation"]
+    assert d["status"] == "not usable"
+    assert d["reason"] == "the outputs of that shape and dtype (out) have another sharding: 256 B per device, not 128 B"
+    r = run_cli("memory", "--spec", "m.stagetool.yaml", "--no-peak", check=0)
+    assert "no output has shape and dtype f32[8,3]" in r.stdout
+
+
+def test_the_cpu_bf16_note_only_with_dot_products(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "m.py", """
+        def mm(a):
+            return a @ a
+
+        def add(a):
+            return a + 1
+        """)
+    write(tmp_path, "m.stagetool.yaml", """
+        version: 1
+        functions:
+          mm: {target: m.py:mm, args: ['bf16[8,8]']}
+          add: {target: m.py:add, args: ['bf16[8,8]']}
+        """)
+    r = run_cli("shardings", "--spec", "m.stagetool.yaml", "--format", "json", check=0)
+    notes = {f["name"]: " ".join(f["notes"]) for f in r.json()["functions"]}
+    assert "XLA:CPU computes bfloat16 dot products in f32" in notes["mm"]
+    assert "dot products" not in notes["add"]
+
+
+def test_configuration_that_changes_the_program_is_in_the_header_and_the_snapshot(run_cli, tmp_path, monkeypatch):
+    import jax
+
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "sgd.py", SGD)
+    write(tmp_path, "sgd.stagetool.yaml", SGD_SPEC)
+    r = run_cli("shardings", "--spec", "sgd.stagetool.yaml", "--format", "json", check=0)
+    config = dict(r.json()["config"])
+    assert config["jax_threefry_partitionable"] == str(jax.config.jax_threefry_partitionable)
+    assert config["jax_default_matmul_precision"] == "None"
+    assert "config: jax_threefry_partitionable=" in run_cli("shardings", "--spec", "sgd.stagetool.yaml", check=0).stdout
+    run_cli("snapshot", "--spec", "sgd.stagetool.yaml", "-o", "lock.json", check=0)
+    assert json.loads((tmp_path / "lock.json").read_text())["config"]["jax_enable_x64"] == "False"
+    before = jax.config.jax_default_matmul_precision
+    try:
+        jax.config.update("jax_default_matmul_precision", "highest")
+        r = run_cli("check", "--spec", "sgd.stagetool.yaml", "--baseline", "lock.json", check=None)
+    finally:
+        jax.config.update("jax_default_matmul_precision", before)
+    assert "config jax_default_matmul_precision None in the baseline, highest now" in r.stdout + r.stderr

@@ -93,12 +93,15 @@ class LeafDonation:
         output can reuse it: XLA found no output of the same shape and layout), or
         ``aliased without request``.
       aliased_to: the output leaf paths that reuse its buffer (the module's ``input_output_alias``).
+      reason: for ``not usable``, why: no output has the leaf's shape and dtype, or the outputs that
+        have them already reuse other donated buffers, or they differ in sharding (bytes per device).
     """
 
     path: str
     requested: bool
     status: str
     aliased_to: tuple[str, ...]
+    reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,8 +221,35 @@ def _donation(compiled_text: str, inputs: tuple[LeafReport, ...], outputs: tuple
         if s is None or (not s.requested and not s.aliased_output_indices):
             continue
         names = tuple(_output_name(idx, outputs) for idx in s.aliased_output_indices)
-        out.append(LeafDonation(x.path, s.requested, s.status, names))
+        reason = _not_usable_reason(x, inputs, outputs, statuses) if s.status == "not usable" else None
+        out.append(LeafDonation(x.path, s.requested, s.status, names, reason))
     return tuple(out)
+
+
+def _not_usable_reason(x: LeafReport, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...],
+                       statuses: dict[int, DonationStatus]) -> str:
+    """Why XLA could reuse no output buffer for a donated input (XLA matches shape, dtype and the
+    per-device buffer)."""
+    from stagetool.core.units import shape_str
+
+    same = [o for o in outputs if tuple(o.shape) == tuple(x.shape) and o.dtype == x.dtype]
+    if not same:
+        return f"no output has shape and dtype {shape_str(x.dtype, x.shape)}"
+    fits = [o for o in same if o.bytes_per_device == x.bytes_per_device]
+    if not fits:
+        return (f"the outputs of that shape and dtype ({', '.join(o.path for o in same)}) have another sharding: "
+                f"{_fmt(same[0].bytes_per_device)} per device, not {_fmt(x.bytes_per_device)}")
+    taken = {_output_name(i, outputs) for s in statuses.values() for i in s.aliased_output_indices}
+    if all(o.path in taken for o in fits):
+        return (f"the outputs of that shape and dtype ({', '.join(o.path for o in fits)}) already reuse other "
+                "donated buffers")
+    return "XLA found no output whose buffer it could reuse (layout or memory space differ)"
+
+
+def _fmt(n: int | None) -> str:
+    from stagetool.core.units import format_bytes
+
+    return format_bytes(n)
 
 
 def _output_name(index: tuple[int, ...], outputs: tuple[LeafReport, ...]) -> str:

@@ -289,7 +289,8 @@ def removed_change(name: str) -> Change:
 
 
 def environment_notices(before: Mapping, after: Mapping) -> list[str]:
-    """Sentences naming jax/jaxlib versions, platforms or device kinds that differ (empty if none)."""
+    """Sentences naming jax/jaxlib versions, platforms, device kinds or configuration (``config``:
+    ``jax_threefry_partitionable``, matmul precision, ``XLA_FLAGS`` ...) that differ (empty if none)."""
     out = []
     for key in ("jax_version", "jaxlib_version"):
         if before.get(key) != after.get(key):
@@ -299,6 +300,12 @@ def environment_notices(before: Mapping, after: Mapping) -> list[str]:
                               for e in (d.get("functions") or {}).values()})
     if kinds(before) != kinds(after):
         out.append(f"device {', '.join(kinds(before)) or '?'} in the baseline, {', '.join(kinds(after)) or '?'} now")
+    cb, ca = before.get("config"), after.get("config")
+    if isinstance(cb, Mapping) and isinstance(ca, Mapping):
+        for key in sorted(set(cb) | set(ca)):
+            if cb.get(key) != ca.get(key):
+                out.append(f"config {key} {cb.get(key, 'unset')} in the baseline, {ca.get(key, 'unset')} now "
+                           "(it changes the compiled program)")
     return out
 
 

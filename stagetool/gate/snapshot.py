@@ -12,7 +12,9 @@ not move silently:
   :func:`stagetool.analysis.cost.per_device_cost`): FLOPs, transcendentals, bytes accessed, and
   the loop-aware FLOPs estimate (``loop_aware_flops``: each loop body × its trip count);
 * collectives: count and bytes per device by kind × mesh axes (None when not computed);
-* the mesh, platform and device kind; jax and jaxlib versions at the top.
+* the mesh, platform and device kind; jax and jaxlib versions and the configuration that changes
+  the compiled program (``config``: ``jax_threefry_partitionable``, the default matmul precision,
+  ``XLA_FLAGS`` ...) at the top.
 
 The file is deterministic: no timings, keys sorted, integral floats written as integers and other
 floats rounded to 12 significant digits, so two runs on the same machine give the same bytes.
@@ -161,6 +163,7 @@ def snapshot_from_report(report: Any, *, spec: str | None = None) -> dict:
         "jax_version": report.jax_version,
         "jaxlib_version": report.jaxlib_version,
         "spec": spec,
+        "config": dict(getattr(report, "config", ()) or ()),
         "functions": {f.name: function_snapshot(f) for f in report.functions},
     }
 

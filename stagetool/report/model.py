@@ -105,6 +105,9 @@ class Report:
       command: the stagetool command that made it (``shardings``, ``report``, ...).
       stagetool_version / jax_version / jaxlib_version: versions that produced it.
       functions: in spec order.
+      config: ``(name, value)`` of the configuration that changes the compiled program
+        (``jax_threefry_partitionable``, ``jax_default_matmul_precision``, ``XLA_FLAGS`` ...; see
+        :mod:`stagetool.lowering.config`).
     """
 
     command: str
@@ -112,6 +115,7 @@ class Report:
     jax_version: str
     jaxlib_version: str
     functions: tuple[FunctionReport, ...]
+    config: tuple[tuple[str, str], ...] = ()
 
 
 def to_jsonable(obj: Any) -> Any:

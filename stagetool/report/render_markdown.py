@@ -35,7 +35,7 @@ def render(doc: Report | DevicesReport, *, color: bool = False, width: int = 120
     del color, width
     figures = figures or {}
     lines = _devices(doc) if isinstance(doc, DevicesReport) else [
-        line for f in doc.functions for line in _function(f, summary=doc.command == "report",
+        line for f in doc.functions for line in _function(f, summary=doc.command == "report", config=doc.config,
                                                           figures=figures.get(f.name, {}))]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -63,7 +63,8 @@ def _image(figures: dict[str, str], kind: str, alt: str) -> list[str]:
     return [f"![{alt}]({figures[kind]})", ""] if kind in figures else []
 
 
-def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, str] | None = None) -> list[str]:
+def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, str] | None = None,
+              config: tuple[tuple[str, str], ...] = ()) -> list[str]:
     figures = figures or {}
     mesh = format_mesh(f.mesh.axes)
     t = f.timings
@@ -73,6 +74,8 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
            f"Mesh **{mesh}** on {f.mesh.device_count} {f.mesh.platform} device{'s' if f.mesh.device_count != 1 else ''}"
            + (f" ({f.mesh.device_kind})" if f.mesh.device_kind not in (f.mesh.platform, "") else "")
            + (f", topology `{f.mesh.topology}`" if f.mesh.topology else "") + (f"; {stages}" if stages else "") + ".", ""]
+    if config:
+        out += [f"<sub>{escape(views.config_line(config))}</sub>", ""]
     out += [f"> {n}" for n in f.notes] + ([""] if f.notes else [])
     if f.error is not None:
         return out + [f"**Failed:** {escape(f.error)}", ""]

@@ -84,7 +84,7 @@ def renderables(doc: Report | DevicesReport) -> list[RenderableType]:
         return _devices(doc)
     out: list[RenderableType] = []
     for f in doc.functions:
-        out.extend(_function(f, summary=doc.command == "report"))
+        out.extend(_function(f, summary=doc.command == "report", config=doc.config))
     return out
 
 
@@ -106,7 +106,7 @@ def _bare_modules(doc: Report) -> str:
     return "\n".join(parts)
 
 
-def _header(f: FunctionReport) -> list[RenderableType]:
+def _header(f: FunctionReport, config: tuple[tuple[str, str], ...] = ()) -> list[RenderableType]:
     mesh = format_mesh(f.mesh.axes)
     where = f"{f.mesh.device_count} {f.mesh.platform} device{'s' if f.mesh.device_count != 1 else ''}"
     if f.mesh.device_kind not in (f.mesh.platform, ""):
@@ -121,15 +121,18 @@ def _header(f: FunctionReport) -> list[RenderableType]:
     title = Text.assemble((f.name, "bold"), "  ", (f.target, "dim"))
     sub = Text.assemble("mesh ", (mesh, "bold"), f" on {where}", ("  ·  " + stages if stages else "", "dim"))
     out: list[RenderableType] = [Rule(title, align="left"), sub]
+    if config:
+        out.append(Text(views.config_line(config), style="dim"))
     for note in f.notes:
         out.append(Text(f"note: {note}", style="dim"))
     return out
 
 
-def _function(f: FunctionReport, *, summary: bool = False) -> list[RenderableType]:
+def _function(f: FunctionReport, *, summary: bool = False,
+              config: tuple[tuple[str, str], ...] = ()) -> list[RenderableType]:
     """One function's sections; with ``summary`` (the one-screen ``report``) the shardings tables are
     folded into counts by mesh axes (the JSON keeps every leaf)."""
-    out = _header(f)
+    out = _header(f, config)
     if f.error is not None:
         out.append(Text(f"failed: {f.error}", style="bad"))
         return out

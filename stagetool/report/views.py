@@ -65,6 +65,11 @@ def cost_rows(c: Any) -> tuple[list[str], list[list[str]]]:
     return ["", "per device", "whole program"], rows
 
 
+def config_line(config: Any) -> str:
+    """The configuration that changes the compiled program, on one line (report header)."""
+    return "config: " + " · ".join(f"{name}={value}" for name, value in config)
+
+
 def cost_caption(c: Any) -> str:
     return (f"per device: Compiled.cost_analysis() of one device's partitioned module; whole program: "
             f"Lowered.cost_analysis() before partitioning ({c.device_count} devices)")
@@ -187,9 +192,9 @@ def donation_summary(m: Any) -> str | None:
 def donation_rows(m: Any) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)`` of the leaves whose donation did not simply work (not usable, unused,
     aliased without being asked); the aliased ones are counted by :func:`donation_summary`."""
-    rows = [[d.path, "yes" if d.requested else "no", d.status, ", ".join(d.aliased_to) or "—"] for d in m.donation
-            if not (d.requested and d.status == "aliased")]
-    return ["leaf", "requested", "status", "reused by"], rows
+    rows = [[d.path, "yes" if d.requested else "no", d.status, ", ".join(d.aliased_to) or "—",
+             getattr(d, "reason", None) or ""] for d in m.donation if not (d.requested and d.status == "aliased")]
+    return ["leaf", "requested", "status", "reused by", "why"], rows
 
 
 def peak_title(p: Any) -> str:
