@@ -228,3 +228,31 @@ def counted_cost(module: HloModule) -> Counted:
 
 
 TripCounts = Callable[[HloModule], dict[str, int | None]]
+
+
+def dot_flops_lower_bound(module: HloModule) -> float:
+    """FLOPs of the module's ``dot`` and ``convolution`` instructions alone, every computation once
+    (as XLA counts): a floor under any FLOP count XLA reports for the same module."""
+    entry = module.entry
+    if entry is None:
+        return 0.0
+    counter = _Counter(module, {}, False)
+    seen: set[str] = set()
+    total = 0.0
+    stack = [entry.name]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        comp = module.computation(name)
+        if comp is None:
+            continue
+        for ins in comp.instructions:
+            if ins.opcode == "dot":
+                total += _dot_flops(comp, ins)
+            elif ins.opcode == "convolution":
+                total += _conv_flops(comp, ins)
+            stack.extend(c.lstrip("%") for c in ins.called_computations)
+    del counter
+    return total

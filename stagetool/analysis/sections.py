@@ -20,11 +20,12 @@ from stagetool.analysis.collectives import (
 )
 from stagetool.analysis.cost import (
     CostRecord,
+    Suspect,
     has_dot_or_convolution,
     per_device_cost,
     whole_program_cost,
 )
-from stagetool.analysis.loops import LoopAwareCost, loop_aware_cost
+from stagetool.analysis.loops import LoopAwareCost, dot_flops_lower_bound, loop_aware_cost
 from stagetool.analysis.memory import (
     DonationStatus,
     FitVerdict,
@@ -151,12 +152,54 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
     if module is not None:
         aware = loop_aware_cost(module, dict(loops), flops=per_device.flops,
                                 transcendentals=per_device.transcendentals, bytes_accessed=per_device.bytes_accessed)
+    per_device, whole = _cross_checked(per_device, whole, module, device_count)
     estimate = None
     if chip is not None:
         flops, moved = (aware.flops, aware.bytes_accessed) if aware is not None else (
             per_device.flops, per_device.bytes_accessed)
         estimate = roofline(chip, flops_per_device=flops, bytes_accessed_per_device=moved, dtype=dtype)
     return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware)
+
+
+def _cross_checked(per_device: CostRecord, whole: CostRecord, module: HloModule | None,
+                   device_count: int) -> tuple[CostRecord, CostRecord]:
+    """Suspects no single record can see: XLA's per-device FLOPs below the FLOPs of the compiled
+    module's own dots and convolutions; the per-device and whole-program figures further apart
+    than partitioning explains (the devices together doing under half the program, or one device
+    over twice the whole program)."""
+    extra_pd: list[Suspect] = []
+    extra_whole: list[Suspect] = []
+    if module is not None and per_device.flops is not None:
+        floor = dot_flops_lower_bound(module)
+        if floor > 0 and per_device.flops < 0.99 * floor:
+            extra_pd.append(Suspect("flops", f"{per_device.flops:.6g} FLOPs is below the {floor:.6g} FLOPs of the "
+                                    "compiled module's dot/convolution instructions alone (2 × output elements × "
+                                    "contracted size)"))
+    p, w = per_device.flops, whole.flops
+    if p is not None and w is not None and w > 0 and device_count >= 1:
+        if p * device_count < 0.5 * w:
+            extra_whole.append(Suspect("flops", f"the whole program's {w:.6g} FLOPs is more than twice what the "
+                                       f"{device_count} devices do together ({p:.6g} each): partitioning does "
+                                       "not explain it"))
+        elif p > 2 * w:
+            extra_pd.append(Suspect("flops", f"one device's {p:.6g} FLOPs is more than twice the whole program's "
+                                    f"{w:.6g}: partitioning does not explain it"))
+    if extra_pd:
+        per_device = dataclasses.replace(per_device, suspects=(*per_device.suspects, *extra_pd))
+    if extra_whole:
+        whole = dataclasses.replace(whole, suspects=(*whole.suspects, *extra_whole))
+    return per_device, whole
+
+
+def _memory_suspects(record: MemoryRecord, inputs: tuple[LeafReport, ...]) -> MemoryRecord:
+    """An all-zero ``memory_analysis()`` for a program whose inputs have bytes is suspect."""
+    figures = (record.argument_bytes, record.output_bytes, record.temp_bytes, record.peak_bytes_reported)
+    given = sum(x.bytes_per_device or 0 for x in inputs if not x.unused)
+    if given > 0 and all(v == 0 for v in figures if v is not None) and any(v is not None for v in figures):
+        why = Suspect("argument_bytes", f"memory_analysis() reports 0 bytes for everything, but the used inputs "
+                      f"hold {given} bytes per device: the backend's figures are not usable")
+        return dataclasses.replace(record, suspects=(*record.suspects, why))
+    return record
 
 
 def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...],
@@ -172,6 +215,7 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
     """
     peak = peak_report(facts.peak, top=top) if facts.peak is not None else None
     record = at_least_live(memory_of(facts.memory), peak.peak_bytes if peak is not None else None)
+    record = _memory_suspects(record, inputs)
     verdict = fit_verdict(record.peak_bytes, capacity_bytes)
     used = [x for x in inputs if x.bytes_per_device is not None]
     largest = sorted(used, key=lambda x: (-(x.bytes_per_device or 0), x.path))[:top]

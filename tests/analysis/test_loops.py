@@ -93,3 +93,61 @@ def test_unknown_trip_count_counts_once_and_says_so():
     cost, est = estimate(compiled)
     assert est.loops and est.loops[0][1] is None
     assert est.flops == cost["flops"] and "trip count unknown" in est.reason
+
+
+# ---- sanity checks on backend figures (issue #10 item 8)
+
+from stagetool.analysis import cost as cost_mod  # noqa: E402
+from stagetool.analysis import sections  # noqa: E402
+from stagetool.analysis.loops import dot_flops_lower_bound  # noqa: E402
+
+
+def _matmul_module():
+    a = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+    b = jax.ShapeDtypeStruct((128, 32), jnp.float32)
+    compiled = jax.jit(lambda a, b: a @ b).trace(a, b).lower().compile()
+    return compiled, parse_hlo_module(compiled.as_text())
+
+
+def test_flops_below_the_dot_lower_bound_are_suspect():
+    compiled, module = _matmul_module()
+    assert dot_flops_lower_bound(module) == 2 * 64 * 32 * 128 == compiled.cost_analysis()["flops"]
+    ok = cost_mod.normalise_cost(compiled.cost_analysis(), scope="per_device")
+    whole = cost_mod.normalise_cost(compiled.cost_analysis(), scope="whole_program")
+    pd, _ = sections._cross_checked(ok, whole, module, 1)
+    assert pd.suspects == ()
+    low = cost_mod.normalise_cost({"flops": 1000.0, "bytes accessed": 4e4}, scope="per_device")
+    pd, _ = sections._cross_checked(low, whole, module, 1)
+    assert [s.field for s in pd.suspects] == ["flops"] and "dot/convolution" in pd.suspects[0].reason
+
+
+def test_lowered_and_compiled_figures_apart_beyond_partitioning_are_suspect():
+    def rec(flops, scope):
+        return cost_mod.normalise_cost({"flops": flops, "bytes accessed": 1e6}, scope=scope)
+
+    def flagged(pd, whole, devices):
+        a, b = sections._cross_checked(pd, whole, None, devices)
+        return [s.reason for s in a.suspects + b.suspects if s.field == "flops"]
+
+    whole = rec(8e6, "whole_program")
+    assert flagged(rec(1e6, "per_device"), whole, 8) == []   # fully sharded: 8 devices × 1e6 = whole
+    assert flagged(rec(8e6, "per_device"), whole, 8) == []   # replicated: every device does it all
+    assert "partitioning does not explain it" in flagged(rec(1e5, "per_device"), whole, 8)[0]
+    assert "more than twice the whole program" in flagged(rec(3e7, "per_device"), whole, 8)[0]
+
+
+def test_all_zero_memory_analysis_with_inputs_is_suspect():
+    import types
+
+    from stagetool.analysis import memory
+    from stagetool.analysis.shardings import LeafReport
+
+    zero = types.SimpleNamespace(argument_size_in_bytes=0, output_size_in_bytes=0, alias_size_in_bytes=0,
+                                 temp_size_in_bytes=0, generated_code_size_in_bytes=0, peak_memory_in_bytes=0)
+    leaf = LeafReport.__new__(LeafReport)
+    object.__setattr__(leaf, "bytes_per_device", 4096)
+    object.__setattr__(leaf, "unused", False)
+    rec = sections._memory_suspects(memory.normalise_memory(zero), (leaf,))
+    assert [s.field for s in rec.suspects] == ["argument_bytes"] and "4096 bytes" in rec.suspects[0].reason
+    object.__setattr__(leaf, "bytes_per_device", 0)
+    assert sections._memory_suspects(memory.normalise_memory(zero), (leaf,)).suspects == ()
