@@ -448,3 +448,46 @@ def test_configuration_that_changes_the_program_is_in_the_header_and_the_snapsho
     finally:
         jax.config.update("jax_default_matmul_precision", before)
     assert "config jax_default_matmul_precision None in the baseline, highest now" in r.stdout + r.stderr
+
+
+# ---- whole program means whole program (item 4)
+
+SHARD_MAP = """
+import jax, jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+def f(x, w):
+    def local(x, w):
+        return jax.lax.psum(x @ w, "model")
+    return jax.shard_map(local, in_specs=(P("data", "model"), P("model", None)), out_specs=P("data", None))(x, w)
+
+def g(x, w):
+    return f(x, w) + jnp.tanh(x @ w)
+"""
+
+
+def test_an_entirely_manual_program_is_scaled_to_the_whole(run_cli, tmp_path, monkeypatch):
+    """shard_map over data=2 × model=4: Lowered.cost_analysis() costs one shard's f32[128,128] @
+    f32[128,128]; the whole program is 8 shards: at least the unsharded 2·256·512·128 FLOPs."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "sm.py", SHARD_MAP)
+    write(tmp_path, "sm.stagetool.yaml", """
+        version: 1
+        mesh:
+          axes: {data: 2, model: 4}
+        functions:
+          f:
+            target: sm.py:f
+            args: ['f32[256,512] @ [data, model]', 'f32[512,128] @ [model, null]']
+          g:
+            target: sm.py:g
+            args: ['f32[256,512] @ [data, model]', 'f32[512,128] @ [model, null]']
+        """)
+    r = run_cli("cost", "--spec", "sm.stagetool.yaml", "--format", "json", check=0)
+    f, g = (x["cost"] for x in r.json()["functions"])
+    shard = 2 * 128 * 128 * 128
+    assert shard <= f["per_device"]["flops"] < 1.05 * shard
+    assert f["whole_program"]["flops"] == pytest.approx(8 * f["per_device"]["flops"], rel=0.01)
+    assert f["whole_program"]["flops"] >= 2 * 256 * 512 * 128
+    assert "× 8 shards" in f["whole_program"]["source"] and "one shard_map over all devices" in f["scope_notes"][0]
+    assert "mixes the two scopes" in g["scope_notes"][0] and "×" not in g["whole_program"]["source"]

@@ -354,3 +354,75 @@ def per_device_cost(result: BackendResult | None, *, has_dot_or_conv: bool | Non
     """
     return _result_cost(result, SCOPE_PER_DEVICE, program_text=program_text if has_dot_or_conv is None else None,
                         has_dot_or_conv=has_dot_or_conv)
+
+
+# --------------------------------------------------------------------------- shard_map scope
+
+_MESH_DECL = re.compile(r"sdy\.mesh\s+@(\w+)\s*=\s*<\[([^\]]*)\]")
+_MESH_AXIS = re.compile(r'"([^"]+)"\s*=\s*(\d+)')
+_MANUAL = re.compile(r"sdy\.manual_computation\(.*?manual_axes=\{([^}]*)\}")
+_STRUCTURAL = ("sdy.manual_computation", "return", "stablehlo.constant", "stablehlo.reshape", "sdy.return",
+               "func.return", "stablehlo.bitcast_convert", "stablehlo.tuple", "stablehlo.get_tuple_element",
+               "sdy.sharding_constraint")
+
+
+@dataclasses.dataclass(frozen=True)
+class ManualScope:
+    """What ``Lowered.cost_analysis()`` counts when the program uses ``shard_map``: it costs a manual
+    computation's body once, as one shard sees it.
+
+    Attributes:
+      kind: ``"none"`` (no manual computation), ``"entire"`` (the program is one manual computation
+        over all devices: the lowered figures are one shard's) or ``"partial"`` (manual parts are
+        one shard's, the rest is the whole program's).
+      shards: devices the manual axes span (the product of their sizes), or None.
+      axes: the manual mesh axes.
+    """
+
+    kind: str
+    shards: int | None = None
+    axes: tuple[str, ...] = ()
+
+
+def manual_scope(stablehlo_text: str | None) -> ManualScope:
+    """Find ``sdy.manual_computation`` ops in the lowered StableHLO (Shardy) and say what the
+    lowered cost's scope is (:class:`ManualScope`)."""
+    if not stablehlo_text or "sdy.manual_computation" not in stablehlo_text:
+        return ManualScope("none")
+    sizes: dict[str, int] = {}
+    m = _MESH_DECL.search(stablehlo_text)
+    if m:
+        sizes = {a: int(n) for a, n in _MESH_AXIS.findall(m.group(2))}
+    axes: list[str] = []
+    for mm in _MANUAL.finditer(stablehlo_text):
+        for a in re.findall(r'"([^"]+)"', mm.group(1)):
+            if a not in axes:
+                axes.append(a)
+    shards = 1
+    for a in axes:
+        shards *= sizes.get(a, 1)
+    every = sizes and all(a in axes or n == 1 for a, n in sizes.items())
+    # the entry function's own ops (4-space indent inside @main) other than the manual computation
+    main = stablehlo_text.split("func.func public @main", 1)[-1]
+    top_ops = []
+    for line in main.splitlines()[1:]:
+        if line.startswith("  }"):
+            break
+        if line.startswith("    ") and not line.startswith("     "):
+            op = re.sub(r"^\s*(%[\w#:, %]+=\s*)?", "", line).split("(")[0].split(" ")[0].strip('"')
+            top_ops.append(op)
+    entire = bool(every) and all(op.startswith(_STRUCTURAL) or op in ("", "}") for op in top_ops)
+    return ManualScope("entire" if entire else "partial", shards, tuple(axes))
+
+
+def scaled_to_shards(record: CostRecord, shards: int) -> CostRecord:
+    """A whole-program record of one shard's figures multiplied by the shards (FLOPs,
+    transcendentals, bytes): for a program that is one ``shard_map`` over all devices."""
+    def k(v: float | None) -> float | None:
+        return None if v is None else v * shards
+
+    return dataclasses.replace(
+        record, flops=k(record.flops), transcendentals=k(record.transcendentals),
+        bytes_accessed=k(record.bytes_accessed), output_bytes_accessed=k(record.output_bytes_accessed),
+        source=f"{record.source} × {shards} shards (the program is one shard_map over all devices; XLA "
+               "costs one shard)")

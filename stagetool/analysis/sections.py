@@ -22,6 +22,8 @@ from stagetool.analysis.cost import (
     CostRecord,
     Suspect,
     has_dot_or_convolution,
+    manual_scope,
+    scaled_to_shards,
     per_device_cost,
     whole_program_cost,
 )
@@ -64,6 +66,10 @@ class CostSection:
         count (:class:`stagetool.analysis.loops.LoopAwareCost`: flops, transcendentals,
         bytes_accessed, method, reason); equal to XLA's figures when the module has no loops.
         None when the compiled module is not available.
+      scope_notes: where a figure is not what its scope's name claims: a program that is one
+        ``shard_map`` over all devices has its whole-program figures scaled from one shard's
+        (``Lowered.cost_analysis()`` costs one shard); a partly manual one says which part is
+        counted per shard.
     """
 
     per_device: CostRecord
@@ -72,6 +78,7 @@ class CostSection:
     roofline: RooflineEstimate | None = None
     loop_trip_counts: tuple[int | None, ...] = ()
     loop_aware: LoopAwareCost | None = None
+    scope_notes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,13 +159,24 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
     if module is not None:
         aware = loop_aware_cost(module, dict(loops), flops=per_device.flops,
                                 transcendentals=per_device.transcendentals, bytes_accessed=per_device.bytes_accessed)
+    scope = manual_scope(text)
+    notes: tuple[str, ...] = ()
+    if scope.kind == "entire" and scope.shards and scope.shards > 1:
+        whole = scaled_to_shards(whole, scope.shards)
+        notes = (f"whole program: the program is one shard_map over all devices (manual axes "
+                 f"{', '.join(scope.axes)}); Lowered.cost_analysis() costs one shard, so its figures are "
+                 f"multiplied by the {scope.shards} shards",)
+    elif scope.kind == "partial":
+        notes = (f"whole program: Lowered.cost_analysis() counts the shard_map parts (manual axes "
+                 f"{', '.join(scope.axes)}) as one shard's work, not × {scope.shards or '?'} shards, and the rest "
+                 "of the program whole: the figure mixes the two scopes",)
     per_device, whole = _cross_checked(per_device, whole, module, device_count)
     estimate = None
     if chip is not None:
         flops, moved = (aware.flops, aware.bytes_accessed) if aware is not None else (
             per_device.flops, per_device.bytes_accessed)
         estimate = roofline(chip, flops_per_device=flops, bytes_accessed_per_device=moved, dtype=dtype)
-    return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware)
+    return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware, notes)
 
 
 def _cross_checked(per_device: CostRecord, whole: CostRecord, module: HloModule | None,

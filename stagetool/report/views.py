@@ -86,6 +86,8 @@ def cost_notes(c: Any) -> list[tuple[str, str]]:
             out.append(("info", f"{scope}: {field} n/a: {why}"))
         for s in rec.suspects:
             out.append(("warn", f"{scope}: suspect {s.field}: {s.reason}"))
+    for note in getattr(c, "scope_notes", ()):
+        out.append(("warn", note))
     if c.loop_trip_counts:
         trips = ", ".join("?" if n is None else str(n) for n in c.loop_trip_counts)
         n = len(c.loop_trip_counts)
