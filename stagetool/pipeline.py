@@ -365,7 +365,8 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: Any, wanted: 
     if wanted & {Section.SHARDINGS, Section.MEMORY, Section.COLLECTIVES}:
         from stagetool.analysis.shardings import input_leaves, output_leaves
 
-        leaves = (input_leaves(facts.inputs), output_leaves(facts.outputs))
+        explicit = plan.mesh.axis_types == "explicit"
+        leaves = (input_leaves(facts.inputs, explicit=explicit), output_leaves(facts.outputs, explicit=explicit))
     if Section.SHARDINGS in wanted:
         fields["inputs"], fields["outputs"] = leaves
     if Section.COST in wanted:

@@ -491,3 +491,27 @@ def test_an_entirely_manual_program_is_scaled_to_the_whole(run_cli, tmp_path, mo
     assert f["whole_program"]["flops"] >= 2 * 256 * 512 * 128
     assert "× 8 shards" in f["whole_program"]["source"] and "one shard_map over all devices" in f["scope_notes"][0]
     assert "mixes the two scopes" in g["scope_notes"][0] and "×" not in g["whole_program"]["source"]
+
+
+def test_on_explicit_axes_auto_is_decided_by_sharding_types_not_the_partitioner(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "e.py", "def f(a, b):\n    return a * 2 + b\n")
+    spec = """
+        version: 1
+        mesh:
+          axes: {S: 2}
+          axis_types: AXES
+        functions:
+          f:
+            target: e.py:f
+            args: ['f32[8,8] @ auto', 'f32[8,8] @ [S]']
+        """
+    write(tmp_path, "e.stagetool.yaml", spec.replace("AXES", "explicit"))
+    r = run_cli("shardings", "--spec", "e.stagetool.yaml", "--format", "json", check=0)
+    a = leaves_by_path(r.json())["a"]
+    assert a["chosen_by_partitioner"] is False and a["chosen_by"] == "JAX's sharding types"
+    out = run_cli("shardings", "--spec", "e.stagetool.yaml", check=0).stdout
+    assert "typed" in out and "partitioner picked" not in out
+    write(tmp_path, "e.stagetool.yaml", spec.replace("AXES", "auto"))
+    a = leaves_by_path(run_cli("shardings", "--spec", "e.stagetool.yaml", "--format", "json", check=0).json())["a"]
+    assert a["chosen_by_partitioner"] is True and a["chosen_by"] == "the SPMD partitioner"

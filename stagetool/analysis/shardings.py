@@ -27,6 +27,8 @@ class LeafReport:
         Printed (and written to JSON) as JAX prints a PartitionSpec, ``P('data', None)``.
       compiled: the sharding the compiled program uses (``Compiled.input_shardings`` /
         ``output_shardings``) as mesh axes per dimension; None for an input the compiler pruned.
+      chosen_by: who decided a sharding the spec left open: ``"the SPMD partitioner"``, or on a
+        mesh with explicit axes ``"JAX's sharding types"``; None when the spec declared it.
       chosen_by_partitioner: the compiled sharding was the SPMD partitioner's choice (``auto`` or
         unspecified in the spec).
       shard_shape: the per-device shard's shape (``sharding.shard_shape(shape)``); None if unused.
@@ -59,6 +61,7 @@ class LeafReport:
     source: str | None = None
     parameter: int | None = None
     padded_bytes_per_device: int | None = None
+    chosen_by: str | None = None
 
 
 def _bytes(shape: tuple[int, ...], dtype: str) -> int:
@@ -68,27 +71,30 @@ def _bytes(shape: tuple[int, ...], dtype: str) -> int:
     return n
 
 
-def leaf_report(facts: LeafFacts, *, output: bool = False) -> LeafReport:
+def leaf_report(facts: LeafFacts, *, output: bool = False, explicit: bool = False) -> LeafReport:
     """The :class:`LeafReport` of one leaf: shardings padded to the rank, bytes per device.
 
     ``chosen_by_partitioner``: an input declared ``auto``; an output declared ``auto`` or left
-    ``unspecified``.
+    ``unspecified`` — unless the mesh's axes are ``explicit``: then JAX's sharding-in-types rules
+    decided it while tracing, not the SPMD partitioner (``chosen_by`` says which).
     """
     rank = len(facts.shape)
-    chosen = facts.declared.kind in (("auto", "unspecified") if output else ("auto",))
+    undeclared = facts.declared.kind in (("auto", "unspecified") if output else ("auto",))
+    chosen = undeclared and not explicit
     per_device = _bytes(facts.shard_shape, facts.dtype) if facts.shard_shape is not None else None
     return LeafReport(facts.path, facts.shape, facts.dtype, facts.declared.padded(rank), facts.compiled, chosen,
                       facts.shard_shape, _bytes(facts.shape, facts.dtype), per_device,
                       unused=not output and facts.compiled is None, donated=facts.donated,
                       local_shape=facts.local_shape, source=facts.source, parameter=facts.parameter,
-                      padded_bytes_per_device=facts.padded_bytes_per_device)
+                      padded_bytes_per_device=facts.padded_bytes_per_device,
+                      chosen_by=("JAX's sharding types" if explicit else "the SPMD partitioner") if undeclared else None)
 
 
-def input_leaves(facts: tuple[LeafFacts, ...]) -> tuple[LeafReport, ...]:
-    """The input leaves' reports, in JAX's flattening order."""
-    return tuple(leaf_report(f) for f in facts)
+def input_leaves(facts: tuple[LeafFacts, ...], *, explicit: bool = False) -> tuple[LeafReport, ...]:
+    """The input leaves' reports, in JAX's flattening order (``explicit``: the mesh's axes are explicit)."""
+    return tuple(leaf_report(f, explicit=explicit) for f in facts)
 
 
-def output_leaves(facts: tuple[LeafFacts, ...]) -> tuple[LeafReport, ...]:
+def output_leaves(facts: tuple[LeafFacts, ...], *, explicit: bool = False) -> tuple[LeafReport, ...]:
     """The output leaves' reports (paths start with ``out``)."""
-    return tuple(leaf_report(f, output=True) for f in facts)
+    return tuple(leaf_report(f, output=True, explicit=explicit) for f in facts)

@@ -183,6 +183,8 @@ def _leaf_table(title: str, leaves: tuple[LeafReport, ...], *, inputs: bool) -> 
     table.caption = f"{n} lea{'ves' if n != 1 else 'f'}, {format_bytes(total)} per device" if leaves else "no array leaves"
     if any(views.leaf_notes(x)[:1] == ["chosen"] for x in leaves):
         table.caption += "; chosen: the SPMD partitioner picked the sharding ('auto' in the spec)"
+    if any(views.leaf_notes(x)[:1] == ["typed"] for x in leaves):
+        table.caption += "; typed: JAX's sharding-in-types rules decided it while tracing (explicit mesh axes)"
     table.caption_justify = "left"
     return table
 

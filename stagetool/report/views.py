@@ -215,7 +215,7 @@ def leaf_notes(leaf: Any) -> list[str]:
     if leaf.unused:
         notes.append("unused (pruned)")
     elif leaf.declared.kind == "auto":
-        notes.append("chosen")
+        notes.append("chosen" if getattr(leaf, "chosen_by", None) != "JAX's sharding types" else "typed")
     if leaf.donated:
         notes.append("donated")
     if leaf.local_shape is not None:
@@ -340,7 +340,9 @@ def shardings_summary_notes(inputs: Any) -> list[str]:
     out = []
     for x in inputs or ():
         if x.declared.kind == "auto" and not x.unused:
-            out.append(f"chosen by the partitioner: {x.path} → {x.compiled}")
+            who = "JAX's sharding types (explicit axes)" if getattr(x, "chosen_by", None) == "JAX's sharding types" \
+                else "the partitioner"
+            out.append(f"chosen by {who}: {x.path} → {x.compiled}")
     unused = [x.path for x in inputs or () if x.unused]
     if unused:
         out.append("unused (pruned by the compiler): " + ", ".join(unused))
