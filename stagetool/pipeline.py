@@ -329,7 +329,8 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
         return _failed(plan, fspec, setup, e)
     facts = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
                    declared_outputs=fspec.out_shardings,
-                   lowered_dialect=options.dialect if Section.LOWERED_TEXT in wanted else None, peak=staged.dump)
+                   lowered_dialect=options.dialect if Section.LOWERED_TEXT in wanted else None, peak=staged.dump,
+                   user_files=user_files)
     return _report_of(facts, plan, fspec, setup, wanted, options, user_files, inputs)
 
 
@@ -387,6 +388,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: Any, wanted: 
         fields["collectives"] = collectives_section(facts.module, MeshAxes(plan.mesh.names, plan.mesh.sizes),
                                                     leaves[0], user_files, options.explain)
     notes = [f"warning while staging: {w}" for w in facts.warnings]
+    notes += list(getattr(facts, "uneven_constraints", ()))
     narrow = sorted({x.dtype for x in inputs.leaves if x.dtype in ("bfloat16", "float16")})
     if setup.platform == "cpu" and narrow and needs_compile and _has_dots(facts):
         notes.append(f"XLA:CPU computes {'/'.join(narrow)} dot products in f32: collectives, temporaries and bytes "

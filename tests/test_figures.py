@@ -515,3 +515,40 @@ def test_on_explicit_axes_auto_is_decided_by_sharding_types_not_the_partitioner(
     write(tmp_path, "e.stagetool.yaml", spec.replace("AXES", "auto"))
     a = leaves_by_path(run_cli("shardings", "--spec", "e.stagetool.yaml", "--format", "json", check=0).json())["a"]
     assert a["chosen_by_partitioner"] is True and a["chosen_by"] == "the SPMD partitioner"
+
+
+def test_a_constraint_the_mesh_does_not_divide_is_a_note_with_the_users_line(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "c.py", """
+        import jax
+        from jax.sharding import PartitionSpec as P
+
+        def scale(x):
+            return jax.lax.with_sharding_constraint(x * 2, P("data", "model"))
+
+        def looped(x):
+            step = lambda c, _: (jax.lax.with_sharding_constraint(c + 1, P(None, "data")), None)
+            return jax.lax.scan(step, x, None, length=3)[0]
+        """)
+    write(tmp_path, "c.stagetool.yaml", """
+        version: 1
+        mesh:
+          axes: {data: 2, model: 4}
+        functions:
+          scale:
+            target: c.py:scale
+            args: ['f32[64,30] @ auto']
+          even:
+            target: c.py:scale
+            args: ['f32[64,32] @ auto']
+          looped:
+            target: c.py:looped
+            args: ['f32[8,5]']
+        """)
+    r = run_cli("shardings", "--spec", "c.stagetool.yaml", "--format", "json", check=0)
+    notes = {f["name"]: f["notes"] for f in r.json()["functions"]}
+    assert [n for n in notes["scale"] if "sharding constraint" in n] == [
+        f"sharding constraint at {tmp_path / 'c.py'}:5: dimension 1 of size 30 is not divisible by 4 (model): "
+        "XLA pads it to 32 and may gather it"]
+    assert not any("sharding constraint" in n for n in notes["even"])
+    assert any(f"c.py:8: dimension 1 of size 5 is not divisible by 2 (data)" in n for n in notes["looped"])

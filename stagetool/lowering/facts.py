@@ -81,6 +81,8 @@ class StagedFunction:
       name / target: the spec's function name and target.
       timings: seconds per stage.
       warnings: what JAX (or the user's code) warned while staging, deduplicated.
+      uneven_constraints: sharding constraints on a dimension the mesh axes do not divide (XLA pads
+        it and may gather), each as one sentence naming the user's line.
       lowered_text: the lowered module in ``lowered_dialect`` (``Lowered.as_text``), when asked for.
       lowered_dialect: ``stablehlo`` or ``hlo``.
       stablehlo_text: the lowered StableHLO (``Lowered.as_text()``), for the cost checks; None when
@@ -97,6 +99,7 @@ class StagedFunction:
     target: str
     timings: StageTimings
     warnings: tuple[str, ...] = ()
+    uneven_constraints: tuple[str, ...] = ()
     lowered_text: str | None = None
     lowered_dialect: str = "stablehlo"
     stablehlo_text: str | None = None
@@ -153,7 +156,8 @@ def _memory(compiled: Any) -> BackendResult:
 
 def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, mesh: Any,
            declared_outputs: Any = None, lowered_dialect: str | None = None, compiled_text: bool = True,
-           stablehlo_text: bool = True, peak: PeakDump | None = None) -> StagedFunction:
+           stablehlo_text: bool = True, peak: PeakDump | None = None,
+           user_files: list[str] | None = None) -> StagedFunction:
     """Read one staged function's facts from its stage objects.
 
     Args:
@@ -182,7 +186,59 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
         fields["memory"] = memory_result(compiled)
         fields["inputs"] = input_facts(inputs, compiled, mesh)
         fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh)
+    fields["uneven_constraints"] = uneven_constraints(staged.traced, user_files or [])
     return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)
+
+
+def uneven_constraints(traced: Any, user_files: list[str]) -> tuple[str, ...]:
+    """Sharding constraints (``with_sharding_constraint``, in any nested jaxpr) on a dimension whose
+    size the constraint's mesh axes do not divide: XLA pads the dimension and may gather. One
+    sentence each, with the user's line (the innermost frame in ``user_files``, else outside JAX)."""
+    from pathlib import Path
+
+    from stagetool.lowering.target import library_dirs
+
+    try:
+        root = traced.jaxpr.jaxpr
+    except Exception:  # noqa: BLE001 - a fact we may lack
+        return ()
+    user = {str(Path(f).resolve()) for f in user_files}
+    library = library_dirs()
+    found: list[str] = []
+
+    def where(eqn: Any) -> str:
+        tb = getattr(eqn.source_info, "traceback", None)
+        frames = list(getattr(tb, "frames", None) or ())
+        pick = next((f for f in frames if str(Path(f.file_name).resolve()) in user), None) or next(
+            (f for f in frames if not any(str(Path(f.file_name).resolve()).startswith(d) for d in library)), None)
+        return f"{pick.file_name}:{pick.line_num}" if pick else "an unknown line"
+
+    def walk(jaxpr: Any, depth: int = 0) -> None:
+        if depth > 32:
+            return
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "sharding_constraint":
+                sharding = eqn.params.get("sharding")
+                spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+                shape = getattr(eqn.invars[0].aval, "shape", ())
+                sizes = dict(getattr(mesh, "shape", {}) or {})
+                for i, entry in enumerate(tuple(spec or ())[: len(shape)]):
+                    axes = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+                    k = 1
+                    for a in axes:
+                        k *= int(sizes.get(a, 1))
+                    if k > 1 and shape[i] % k:
+                        found.append(f"sharding constraint at {where(eqn)}: dimension {i} of size {shape[i]} is "
+                                     f"not divisible by {k} ({' × '.join(axes)}): XLA pads it to "
+                                     f"{-(-shape[i] // k) * k} and may gather it")
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (list, tuple)) else (value,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner, depth + 1)
+
+    walk(root)
+    return tuple(dict.fromkeys(found))
 
 
 def _text(lowered: Any) -> str | None:
