@@ -394,6 +394,15 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: Any, wanted: 
         notes.append(f"XLA:CPU computes {'/'.join(narrow)} dot products in f32: collectives, temporaries and bytes "
                      "accessed can be up to 2x what a GPU or TPU compile gives; use --topology (compile-only TPU) "
                      "or an attached accelerator for those figures")
+    if setup.topology:
+        from stagetool.lowering.topology import host_override_note
+
+        try:
+            hosts = host_override_note(setup.topology, setup.process_count)
+        except Exception:  # noqa: BLE001 - a malformed name was refused earlier; no note then
+            hosts = None
+        if hosts:
+            notes.append(hosts)
     if plan.avals == "local":
         notes.append(f"shapes in the spec are host-local; global shapes computed for {setup.process_count} "
                      f"process(es)" + (" (simulated with --processes)" if options.processes else ""))

@@ -552,3 +552,29 @@ def test_a_constraint_the_mesh_does_not_divide_is_a_note_with_the_users_line(run
         "XLA pads it to 32 and may gather it"]
     assert not any("sharding constraint" in n for n in notes["even"])
     assert any(f"c.py:8: dimension 1 of size 5 is not divisible by 2 (data)" in n for n in notes["looped"])
+
+
+def test_the_topology_host_count_override_is_shown(run_cli, tmp_path, monkeypatch):
+    from stagetool.lowering.topology import host_override_note
+
+    assert "stagetool's override" in host_override_note("v5e:2x4", 1)
+    assert host_override_note("v5e:4x4", 4) is None and host_override_note("v5p:2x2x2", 2) is None
+    if not topology.libtpu_available():
+        return
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "q.py", QUANT)
+    write(tmp_path, "t.stagetool.yaml", """
+        version: 1
+        mesh:
+          axes: {data: 8}
+        functions:
+          h:
+            target: q.py:f
+            args:
+              - {w_q: 's4[1024,24]', scale: 'bf16[24]'}
+              - 'bf16[8,1024] @ [data]'
+        """)
+    r = run_cli("shardings", "--spec", "t.stagetool.yaml", "--topology", "v5e:2x4", "--format", "json", check=0)
+    (f,) = r.json()["functions"]
+    assert f["mesh"]["process_count"] == 1
+    assert any("topology v5e:2x4: 1 host(s) of 8 chips: stagetool's override" in n for n in f["notes"])

@@ -243,6 +243,22 @@ def captured_stderr_fd() -> Iterator[list[str]]:
 _EIGHT_CHIP_HOSTS = ("v5e", "v6e")
 
 
+def host_override_note(name: str, num_processes: int) -> str | None:
+    """A sentence when stagetool chose the host layout of topology ``name`` rather than libtpu's
+    default (4-chip hosts): 8-chip v5e/v6e slices are one host, as the v5e-8/v6e-8 VMs are, and a
+    slice smaller than libtpu's host is one host. None when libtpu's default applies."""
+    kind, dims = parse_topology_name(name)
+    chips = math.prod(dims)
+    if kind in _EIGHT_CHIP_HOSTS and chips == 8 and len(dims) == 2:
+        return (f"topology {name}: {num_processes} host(s) of 8 chips: stagetool's override of libtpu's default "
+                "(hosts of 2x2x1 chips, which would make 2 hosts), because v5e-8/v6e-8 are single-host VMs; "
+                "it changes local avals only")
+    if chips < 4:
+        return (f"topology {name}: {num_processes} host(s): the slice is smaller than libtpu's default host "
+                "of 2x2x1 chips")
+    return None
+
+
 def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None = None) -> tuple[Any, ...]:
     """Compile-only TPU devices of topology ``name`` (e.g. ``"v5e:2x4"`` → 8 devices).
 
