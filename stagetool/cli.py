@@ -181,6 +181,10 @@ def _stderr():
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+_DEBUG = [False]
+"""Whether the running command has ``--debug`` (a failed function's traceback is then shown)."""
+
+
 @contextlib.contextmanager
 def _errors(debug: bool) -> Iterator[None]:
     """Map errors to one message on stderr and a fixed exit code.
@@ -188,6 +192,7 @@ def _errors(debug: bool) -> Iterator[None]:
     A :class:`StagetoolError` exits with its own code. Anything else escaped from JAX or from
     stagetool itself: one line and exit 3. ``--debug`` adds the full traceback, never another code.
     """
+    _DEBUG[0] = debug
     try:
         yield
     except typer.Exit:
@@ -281,6 +286,9 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
 
     if not _is_primary():
         return
+    functions = getattr(doc, "functions", None)
+    if functions and all(getattr(f, "error", None) for f in functions):
+        _exit_if_failed(doc)  # nothing staged: the errors alone, on stderr; stdout stays empty
     color = _color(output) and fmt == Format.text
     if fmt != Format.json:  # names from specs and user code, control characters escaped (JSON escapes its own)
         from stagetool.core.text import sanitized
@@ -318,6 +326,10 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
 def _exit_if_failed(doc: Any) -> None:
     """After the others are rendered: each function that failed to stage on stderr, and exit 3."""
     failed = [f for f in getattr(doc, "functions", None) or () if getattr(f, "error", None)]
+    if failed and _DEBUG[0]:
+        for f in failed:
+            if f.error_traceback:
+                sys.stderr.write(f.error_traceback)
     if failed:
         _report_failures({f.name: f.error for f in failed})
         raise typer.Exit(int(ExitCode.JAX))

@@ -337,9 +337,11 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
 def _failed(plan: Plan, fspec: FunctionSpec, setup: Any, e: Any) -> Any:
     from stagetool.report.model import FunctionReport, StageTimes
 
+    import traceback
+
     message = e.message + (f" (at {e.user_frame})" if e.user_frame else "")
     return FunctionReport(fspec.name, fspec.target, _mesh_report(plan, setup), StageTimes(None, None, None),
-                          error=message)
+                          error=message, error_traceback="".join(traceback.format_exception(e)))
 
 
 def _mesh_report(plan: Plan, setup: Any) -> Any:

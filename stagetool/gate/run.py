@@ -72,7 +72,7 @@ def snapshot_in_subprocess(options: Any, spec_path: Path | None, *,
         if options.local_avals:
             argv.append("--local-avals")
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding the stagetool package
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
                               env=env, cwd=os.getcwd(), start_new_session=True) as child:

@@ -81,6 +81,7 @@ class FunctionReport:
       notes: short remarks for the reader (e.g. what was simulated).
       error: why the function could not be staged (JAX's message and the user's frame), or None;
         when set, every section is None and the command exits 3 after reporting the others.
+      error_traceback: the Python traceback of that failure, for ``--debug`` (not in the JSON).
     """
 
     name: str
@@ -95,6 +96,7 @@ class FunctionReport:
     collectives: CollectivesSection | None = None
     notes: tuple[str, ...] = ()
     error: str | None = None
+    error_traceback: str | None = dataclasses.field(default=None, compare=False, metadata={"json_skip": True})
 
 
 @dataclasses.dataclass(frozen=True)
