@@ -15,7 +15,12 @@ own rules (``xla/service/hlo_cost_analysis.cc``):
 * fusions and calls: their computation's instructions; layout, slicing and data movement: 0.
 
 Bytes accessed of a body: operand bytes + result bytes of each top-level instruction of the body
-(fusions count as one: what they read and write), as XLA counts them for unfused memory traffic.
+(fusions count as one: what they read and write), except that a slice reads only what it keeps and
+an in-place ``dynamic-update-slice`` touches only its update (also where a fusion's parameter is only
+sliced or updated in place: a ``scan`` reading layer i of a stacked weight). Bytes compose less
+exactly than FLOPs (the unrolled program fuses across layers, the loop re-reads its carry): on the
+tests' programs the estimate is 1.1-1.8× the unrolled program's figure, against 3-6× when each
+sliced stack is counted whole. FLOPs agree with the unrolled program within 0.1%.
 
 Only the *difference* (loops beyond their first iteration) comes from this count; the rest is XLA's
 figure. It is an estimate: labelled so everywhere it is shown. Unknown trip counts count once
@@ -39,6 +44,7 @@ ELEMENTWISE = frozenset({
     "convert", "popcnt", "count-leading-zeros", "real", "imag", "complex", "stochastic-convert",
     "reduce-precision",
 })
+_SLICES = frozenset({"dynamic-slice", "slice", "gather"})
 _CALLS = frozenset({"fusion", "call", "async-start", "custom-call", "map"})
 _FREE = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "opt-barrier",
                    "partition-id", "replica-id", "iota"})
@@ -136,6 +142,34 @@ class _Counter:
                 (self.instruction(comp, i, top=top) for i in comp.instructions), Counted())
         return self.memo[key]
 
+    def moved(self, comp: HloComputation, ins: HloInstruction) -> float:
+        """Bytes a top-level instruction reads and writes, as XLA counts them: a slice reads only what
+        it keeps, an in-place ``dynamic-update-slice`` touches only the update (also inside a fusion
+        whose parameter is only sliced or updated in place)."""
+        op = ins.opcode
+        out = float(shape_bytes(ins.shape) or 0)
+        operands = [float(shape_bytes(_operand_shape(comp, o)) or 0) for o in ins.operands]
+        if op in _SLICES:
+            return 2 * out
+        if op == "dynamic-update-slice" and len(operands) > 1:
+            return 2 * operands[1] + sum(operands[2:])
+        if op == "fusion" and ins.called_computations:
+            fused = self.module.computation(ins.called_computations[0].lstrip("%"))
+            if fused is not None:
+                params = {p.parameter_number: p.name for p in fused.parameters()}
+                root = fused.root
+                for i in range(len(operands)):
+                    name = params.get(i)
+                    users = [u for u in fused.instructions if name in u.operands] if name else []
+                    if users and all(u.opcode in _SLICES and u.operands[0] == name for u in users):
+                        operands[i] = sum(float(shape_bytes(u.shape) or 0) for u in users)
+                    elif users and all(u.opcode == "dynamic-update-slice" and u.operands[0] == name for u in users):
+                        operands[i] = 0.0
+                        upd = [float(shape_bytes(_operand_shape(fused, u.operands[1])) or 0) for u in users]
+                        if root is not None and root.opcode == "dynamic-update-slice":
+                            out = sum(upd)
+        return out + sum(operands)
+
     def _reducer_flops(self, ins: HloInstruction) -> float:
         names = [c for c in ins.called_computations]
         return sum(self.computation(c, top=False).flops for c in names) or 1.0
@@ -144,10 +178,7 @@ class _Counter:
         op = ins.opcode
         if op in _FREE:
             return Counted()
-        moved = 0.0
-        if top:  # memory traffic of a top-level instruction: what it reads and writes
-            moved = float(shape_bytes(ins.shape) or 0) + sum(
-                float(shape_bytes(_operand_shape(comp, o)) or 0) for o in ins.operands)
+        moved = self.moved(comp, ins) if top else 0.0
         if op == "while":
             body, cond = (ins.attributes.get("body", ""), ins.attributes.get("condition", ""))
             n = self.trips.get(ins.name)
