@@ -3,18 +3,32 @@
 Both run as whole processes on the same function and inputs (the bundled example and its spec):
 the bare script builds the inputs itself, then `jax.jit(f).trace(...).lower()`, `.compile()`,
 `as_text()` of both stages, `cost_analysis()` of both and `memory_analysis()`. Each is run
-`--runs` times, alternating; the medians and their ratio are printed. The goal is a ratio
-≤ 1.05: stagetool's own work (spec, rendering, HLO parsing) should be small next to JAX's.
+`--runs` times, alternating; the medians (wall and CPU seconds: on a shared machine the CPU time
+is the steadier figure) and their ratio are printed. stagetool runs with ``--no-cache`` there: the
+goal is a ratio ≤ 1.10, stagetool's own work (spec, rendering, HLO parsing) small next to JAX's.
+
+``--all`` prints every ratio of issue 11 in one run: ``report`` on the MLP and the transformer and
+``memory`` (with the peak buffers: one compile) on the transformer against the bare script, and a
+warm against a cold facts cache for ``snapshot`` on the transformer and on a compile-heavy
+8B-parameter scanned decoder (bench/decoder.stagetool.yaml), checking the snapshots are identical.
 
     python bench/bench_overhead.py [--runs 7] [--example mlp|transformer]
+    python bench/bench_overhead.py --all [--runs 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
+import dataclasses
+import os
+import platform
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -77,36 +91,105 @@ BARE = {
 }
 STAGETOOL = {
     "mlp": [sys.executable, "-m", "stagetool", "report", "examples/mlp.py:train_step", "--format", "json",
-            "-o", "/dev/null"],
+            "-o", "/dev/null", "--no-cache"],
     "transformer": [sys.executable, "-m", "stagetool", "report", "examples/transformer.py:train_step", "--format",
-                    "json", "-o", "/dev/null"],
+                    "json", "-o", "/dev/null", "--no-cache"],
+}
+MEMORY_TRANSFORMER = [sys.executable, "-m", "stagetool", "memory", "examples/transformer.py:train_step", "--format",
+                      "json", "-o", "/dev/null", "--no-cache"]
+SNAPSHOT_SPECS = {
+    "transformer": "examples/transformer.stagetool.yaml",
+    # examples/transformer.py at 8B-parameter decoder sizes (32 layers under lax.scan): compiles in
+    # ~10-15 s on a 2-core VM (an 8B model for a real TPU topology compiles for minutes)
+    "decoder-8b": "bench/decoder.stagetool.yaml",
 }
 
 
-def timed(cmd: list[str]) -> float:
+@dataclasses.dataclass
+class Timing:
+    wall: float
+    cpu: float  # user + system seconds of the child process
+
+
+def timed(cmd: list[str]) -> Timing:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return Timing(wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+
+
+def compare(label: str, a_name: str, a_cmd, b_name: str, b_cmd, runs: int, goal: str) -> tuple[float, float]:
+    """Run ``a`` and ``b`` alternately ``runs`` times (after one warm-up each) and print medians and the
+    ratio b/a. ``a_cmd``/``b_cmd`` are argv lists or callables returning one (a fresh cache folder)."""
+    argv = (lambda c: c() if callable(c) else c)
+    timed(argv(a_cmd)), timed(argv(b_cmd))  # warm the file cache (and fill a warm facts cache)
+    a, b = [], []
+    for _ in range(runs):
+        a.append(timed(argv(a_cmd)))
+        b.append(timed(argv(b_cmd)))
+    med = lambda xs, f: statistics.median(getattr(x, f) for x in xs)  # noqa: E731
+    ratio_wall, ratio_cpu = med(b, "wall") / med(a, "wall"), med(b, "cpu") / med(a, "cpu")
+    print(f"{label}  ({runs} runs each, medians)")
+    print(f"  {a_name:<28} wall {med(a, 'wall'):7.3f} s   cpu {med(a, 'cpu'):7.3f} s")
+    print(f"  {b_name:<28} wall {med(b, 'wall'):7.3f} s   cpu {med(b, 'cpu'):7.3f} s")
+    print(f"  ratio {b_name} / {a_name}: wall {ratio_wall:.3f}, cpu {ratio_cpu:.3f}   (goal {goal})")
+    sys.stdout.flush()
+    return ratio_wall, ratio_cpu
+
+
+def snapshot_cmd(spec: str, cache: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "stagetool", "snapshot", "--spec", spec, "--cache-dir", str(cache), "-o", str(out)]
+
+
+def warm_vs_cold(name: str, runs: int, goal: str) -> None:
+    """``snapshot`` with an empty cache folder (cold: everything compiled) against one filled by an
+    earlier run (warm: traced and lowered only); the two snapshots must be byte-identical."""
+    spec = SNAPSHOT_SPECS[name]
+    with tempfile.TemporaryDirectory(prefix="stagetool-bench-") as tmp:
+        root = Path(tmp)
+        counter = iter(range(10**6))
+
+        def cold() -> list[str]:
+            i = next(counter)
+            return snapshot_cmd(spec, root / f"cold-{i}", root / f"cold-{i}.json")
+
+        warm = snapshot_cmd(spec, root / "warm", root / "warm.json")
+        ratio_wall, ratio_cpu = compare(f"snapshot {name}: cold cache / warm cache", "warm", warm, "cold", cold,
+                                        runs, goal)
+        cold_out = (root / "cold-0.json").read_bytes()
+        same = cold_out == (root / "warm.json").read_bytes()
+        print(f"  warm snapshot identical to the cold one: {'yes' if same else 'NO'}")
+        for p in root.glob("cold-*"):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=None, help="runs of each command (default 7; 5 with --all)")
     parser.add_argument("--example", choices=sorted(BARE), default="mlp")
+    parser.add_argument("--all", action="store_true", help="every ratio of issue 11, in one run")
     args = parser.parse_args()
-    bare_cmd = [sys.executable, "-c", BARE[args.example]]
-    tool_cmd = STAGETOOL[args.example]
-    timed(bare_cmd), timed(tool_cmd)  # warm the file cache
-    bare, tool = [], []
-    for _ in range(args.runs):
-        bare.append(timed(bare_cmd))
-        tool.append(timed(tool_cmd))
-    b, t = statistics.median(bare), statistics.median(tool)
-    print(f"example: {args.example}, runs: {args.runs}")
-    print(f"bare script       median {b:.3f} s  (min {min(bare):.3f}, max {max(bare):.3f})")
-    print(f"stagetool report  median {t:.3f} s  (min {min(tool):.3f}, max {max(tool):.3f})")
-    print(f"ratio stagetool/bare: median {t / b:.3f}, min {min(tool) / min(bare):.3f}  (goal ≤ 1.05; the min "
-          "is the steadier figure on a busy machine: noise only adds time)")
+    # An installed package has its bytecode; a checkout run with PYTHONDONTWRITEBYTECODE=1 would
+    # compile every stagetool module from source on each run (~0.3 s), which no user pays.
+    compileall.compile_dir(ROOT / "stagetool", quiet=1)
+    if args.all:
+        runs = args.runs or 5
+        print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}; python "
+              f"{platform.python_version()}")
+        compare("report, mlp (no cache)", "bare script", [sys.executable, "-c", BARE["mlp"]], "stagetool report",
+                STAGETOOL["mlp"], runs, "≤ 1.10")
+        compare("report, transformer (no cache)", "bare script", [sys.executable, "-c", BARE["transformer"]],
+                "stagetool report", STAGETOOL["transformer"], runs, "≤ 1.10")
+        compare("memory, transformer (no cache; with the peak buffers)", "bare script",
+                [sys.executable, "-c", BARE["transformer"]], "stagetool memory", MEMORY_TRANSFORMER, runs, "≤ 1.10")
+        warm_vs_cold("transformer", runs, "≥ 2.5")
+        warm_vs_cold("decoder-8b", runs, "≥ 5")
+        return
+    runs = args.runs or 7
+    compare(f"example: {args.example}", "bare script", [sys.executable, "-c", BARE[args.example]],
+            "stagetool report", STAGETOOL[args.example], runs, "≤ 1.10")
 
 
 if __name__ == "__main__":

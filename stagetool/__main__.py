@@ -2,6 +2,7 @@
 
 import sys
 
-from stagetool.cli import main
+if __name__ == "__main__":  # not when a worker process (multiprocessing's spawn) imports it as __mp_main__
+    from stagetool.cli import main
 
-sys.exit(main())
+    sys.exit(main())

@@ -61,6 +61,12 @@ FormatOpt = Annotated[Format, typer.Option(
 OutputOpt = Annotated[Optional[Path], typer.Option(
     "--output", "-o", help="Write to FILE (atomically) instead of stdout.", show_default=False)]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
+CacheDirOpt = Annotated[Optional[Path], typer.Option(
+    "--cache-dir", help="The facts cache: a function whose lowered module, compile options, devices and versions "
+                        "match an entry is not compiled again. Default: $STAGETOOL_CACHE_DIR, else the user cache "
+                        "folder.", show_default=False)]
+NoCacheOpt = Annotated[bool, typer.Option(
+    "--no-cache", help="Compile every function; read and write no cache (also STAGETOOL_NO_CACHE=1).")]
 PagerOpt = Annotated[bool, typer.Option("--pager", help="Page long module text on a terminal.")]
 
 
@@ -76,21 +82,25 @@ class Staging:
     function: Optional[list[str]]
     local_avals: bool
     processes: Optional[int]
+    cache_dir: Optional[Path] = None
+    no_cache: bool = False
 
     def options(self, **more: Any) -> Any:
         """The :class:`stagetool.pipeline.Options` these stand for, with ``more`` fields set."""
+        from stagetool.lowering.cache import resolve_cache_dir
         from stagetool.pipeline import Options
 
         return Options(target=self.target, spec=self.spec, mesh=self.mesh, platform=self.platform,
                        topology=self.topology, function=tuple(self.function) if self.function else None,
-                       local_avals=self.local_avals, processes=self.processes, **more)
+                       local_avals=self.local_avals, processes=self.processes,
+                       cache_dir=resolve_cache_dir(self.cache_dir, no_cache=self.no_cache), jax_cache=True, **more)
 
 
 #: (name, annotation, default) of the shared staging options, in the order ``--help`` lists them.
 _STAGING_PARAMETERS: tuple[tuple[str, Any, Any], ...] = (
     ("target", Target, None), ("spec", SpecOpt, None), ("mesh", MeshOpt, None), ("platform", PlatformOpt, None),
     ("topology", TopologyOpt, None), ("function", FunctionOpt, None), ("local_avals", LocalAvalsOpt, False),
-    ("processes", ProcessesOpt, None),
+    ("processes", ProcessesOpt, None), ("cache_dir", CacheDirOpt, None), ("no_cache", NoCacheOpt, False),
 )
 
 
@@ -176,6 +186,10 @@ def _is_primary() -> bool:
 
 
 def _stderr():
+    """Rich's console on stderr when it is a terminal; else a plain writer of the same markup
+    (importing Rich costs more than the rest of a short command's own work)."""
+    if not sys.stderr.isatty():
+        return _PlainConsole()
     from rich.console import Console
 
     return Console(stderr=True, highlight=False, soft_wrap=True)
@@ -183,6 +197,31 @@ def _stderr():
 
 _DEBUG = [False]
 """Whether the running command has ``--debug`` (a failed function's traceback is then shown)."""
+_MARKUP_TAG = None
+
+
+class _PlainConsole:
+    """``print`` of Rich markup as plain text on stderr: tags dropped, escaped brackets kept, as
+    Rich's own console writes it when stderr is not a terminal."""
+
+    def print(self, markup: str = "") -> None:
+        import re
+
+        global _MARKUP_TAG
+        if _MARKUP_TAG is None:
+            _MARKUP_TAG = re.compile(r"((\\*)\[([a-z#/@][^[]*?)])")  # rich.markup.RE_TAGS
+        out, pos = [], 0
+        for m in _MARKUP_TAG.finditer(markup):
+            out.append(markup[pos:m.start()])
+            pos = m.end()
+            backslashes = m.group(2)
+            if backslashes:
+                out.append("\\" * (len(backslashes) // 2))
+                if len(backslashes) % 2:  # an escaped bracket: the text, not a tag
+                    out.append(m.group(0)[len(backslashes):])
+        out.append(markup[pos:])
+        sys.stderr.write("".join(out) + "\n")
+        sys.stderr.flush()
 
 
 @contextlib.contextmanager
@@ -412,6 +451,9 @@ DeviceMemoryOpt = Annotated[Optional[str], typer.Option(
     show_default=False)]
 FailIfOverOpt = Annotated[bool, typer.Option(
     "--fail-if-over", help="Exit 1 when the peak does not fit in the device memory.")]
+JobsOpt = Annotated[int, typer.Option(
+    "--jobs", "-j", help="Stage up to N functions at once, each in a worker process of its own (one JAX start per "
+                         "worker); the output is the same as with 1.", min=1)]
 TopOpt = Annotated[int, typer.Option("--top", help="How many largest inputs and peak buffers to list.", min=1)]
 
 
@@ -478,13 +520,13 @@ def report(staging: Staging, chip: ChipOpt = None, device_memory: DeviceMemoryOp
            fail_if_over: FailIfOverOpt = False,
            peak: Annotated[bool, typer.Option("--peak/--no-peak",
                                               help="List the buffers live at the peak (one more compile).")] = False,
-           top: TopOpt = 10, format: FormatOpt = Format.text, output: OutputOpt = None,
+           top: TopOpt = 10, jobs: JobsOpt = 1, format: FormatOpt = Format.text, output: OutputOpt = None,
            debug: DebugOpt = False) -> None:
     """One screen: mesh, stage timings, shardings, collectives, cost and memory."""
     from stagetool.pipeline import REPORT_SECTIONS
 
     with _errors(debug):
-        opts = staging.options(device_memory=device_memory, chip=chip, peak=peak, top=top)
+        opts = staging.options(device_memory=device_memory, chip=chip, peak=peak, top=top, jobs=jobs)
         _emit_with_verdict("report", opts, list(REPORT_SECTIONS), format, output, fail_if_over)
 
 
@@ -576,13 +618,13 @@ def _functions_dropped(path: Path, snapshot: dict) -> list[str]:
 @staging_command
 def snapshot(staging: Staging, output: Annotated[Path, typer.Option("--output", "-o", help="The snapshot file (written atomically).")]
              = Path("stagetool.lock.json"),
-             isolate: IsolateOpt = False, timeout: TimeoutOpt = None, debug: DebugOpt = False) -> None:
+             isolate: IsolateOpt = False, timeout: TimeoutOpt = None, jobs: JobsOpt = 1, debug: DebugOpt = False) -> None:
     """Record shardings, memory, cost and collectives of every function: the baseline for 'check'."""
     from stagetool.gate.snapshot import write_snapshot
     from stagetool.pipeline import take_snapshot
 
     with _errors(debug):
-        opts = _joined(staging.options())
+        opts = _joined(staging.options(jobs=jobs))
         with _status() as on_stage, _user_stdout_to_stderr():
             run = take_snapshot(opts, isolate=isolate, on_stage=on_stage, timeout_s=timeout)
         if run.failed:
@@ -610,7 +652,7 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
           update: Annotated[bool, typer.Option("--update", help="Rewrite the baseline with what is found now "
                                                                  "and exit 0 (unless a function fails).")] = False,
           format: FormatOpt = Format.text, output: OutputOpt = None, junit_xml: JunitOpt = None,
-          isolate: IsolateOpt = False, timeout: TimeoutOpt = None, debug: DebugOpt = False) -> None:
+          isolate: IsolateOpt = False, timeout: TimeoutOpt = None, jobs: JobsOpt = 1, debug: DebugOpt = False) -> None:
     """CI gate: recompute and compare with the baseline. Exit 0 clean, 1 regression, 2 bad input, 3 JAX failure."""
     from stagetool.core.tolerances import effective_tolerances, parse_tolerance_options
     from stagetool.gate.compare import compare, environment_notices
@@ -625,7 +667,7 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
         # a run restricted on purpose compares (and --update rewrites) only what it staged; a full run
         # also catches baseline functions that are no longer in the spec (a regression)
         restricted = staging.target is not None or staging.function is not None
-        opts = _joined(staging.options())
+        opts = _joined(staging.options(jobs=jobs))
         with _status() as on_stage, _user_stdout_to_stderr():
             run = take_snapshot(opts, isolate=isolate, on_stage=on_stage, timeout_s=timeout)
         _report_failures(run.failed)
@@ -699,9 +741,11 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
                 raise UsageError("live diff needs both --mesh-a and --mesh-b", hint="e.g. --mesh-a 2x4 --mesh-b 4x2")
             runs = []
             for m in (mesh_a, mesh_b):
+                from stagetool.lowering.cache import resolve_cache_dir
                 from stagetool.pipeline import Options
 
-                opts = Options(spec=spec, mesh=m, platform=platform, function=tuple(function) if function else None)
+                opts = Options(spec=spec, mesh=m, platform=platform, function=tuple(function) if function else None,
+                               cache_dir=resolve_cache_dir(), jax_cache=True)
                 with _status() as on_stage, _user_stdout_to_stderr():
                     runs.append(take_snapshot(opts, isolate=isolate, on_stage=on_stage, timeout_s=timeout))
             _report_failures({**runs[0].failed, **runs[1].failed})

@@ -57,6 +57,12 @@ class Options:
       explain: input leaves (key paths, or their last parts) whose collectives to trace.
       job_processes: processes of the multi-process job (``jax.distributed``) this process is one
         of; each provisions its share of CPU devices. None for a single process.
+      cache_dir: the facts cache folder (:mod:`stagetool.lowering.cache`): a function whose key
+        matches an entry is not compiled. None (the API's default): no cache.
+      jax_cache: also turn on JAX's persistent compilation cache in ``cache_dir/jax`` (the CLI does),
+        unless this run takes the peak dump, which must come from a real compile.
+      jobs: stage this many functions at once, each worker a process of its own that starts JAX
+        once (:mod:`stagetool.core.workers`); the report is the same as a serial run's, in spec order.
     """
 
     target: str | None = None
@@ -74,6 +80,9 @@ class Options:
     top: int = 10
     explain: tuple[str, ...] = ()
     job_processes: int | None = None
+    cache_dir: Path | None = None
+    jax_cache: bool = False
+    jobs: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +195,23 @@ def _analyze_plan(plan: Plan, options: Options, sections: Iterable[Section], *, 
 
     wanted = set(sections)
     if prepared is None:
-        prepared = prepare_all(plan, options)
+        prepared = prepare_all(plan, options)  # every spec error before anything is lowered
+    if options.jobs > 1 and len(plan.functions) > 1:
+        from stagetool.core.workers import raise_first_error, run_in_workers
+        from stagetool.lowering.config import compile_config
+
+        outcomes = run_in_workers(_report_task, [f.name for f in plan.functions], jobs=options.jobs,
+                                  common=(options, tuple(wanted)))
+        raise_first_error(outcomes)
+        died = [(f.name, o.died) for f, o in zip(plan.functions, outcomes) if o.died]
+        if died:
+            from stagetool.core.errors import StagingError
+
+            name, how = died[0]
+            raise StagingError(f"{name}: {how}", stage="compile", function=name)
+        return Report(command, _version(), *_jax_versions(), tuple(o.value for o in outcomes),
+                      config=compile_config())
+    _use_jax_cache(options, wanted)
     reports = tuple(_function_report(plan, f, wanted, options, on_stage, prepared[f.name]) for f in plan.functions)
     from stagetool.lowering.config import compile_config
 
@@ -240,6 +265,43 @@ def prepare_all(plan: Plan, options: Options) -> dict[str, Prepared]:
     return out
 
 
+_WORKER_PLANS: dict[Options, Plan] = {}
+
+
+def _worker_plan(options: Options) -> Plan:
+    """In a worker process, the plan of ``options`` made once (each worker reads the spec once)."""
+    if options not in _WORKER_PLANS:
+        _WORKER_PLANS[options] = make_plan(options)
+    return _WORKER_PLANS[options]
+
+
+def _report_task(common: tuple, name: str) -> Any:
+    """A worker's task for ``--jobs``: the :class:`~stagetool.report.model.FunctionReport` of one function."""
+    options, wanted = common
+    plan = _worker_plan(options)
+    _use_jax_cache(options, set(wanted))
+    (fspec,) = [f for f in plan.functions if f.name == name]
+    return _function_report(plan, fspec, set(wanted), options, None)
+
+
+def _snapshot_task(common: tuple, name: str) -> tuple[dict | None, str | None]:
+    """A worker's task for ``snapshot``/``check`` with ``--jobs`` or ``--isolate``: ``(snapshot part, None)``,
+    or ``(None, error)`` when the function fails to stage."""
+    from stagetool.core.errors import StagingError
+    from stagetool.gate.run import spec_label
+    from stagetool.gate.snapshot import snapshot_from_report
+
+    (options,) = common
+    plan = _worker_plan(options)
+    (fspec,) = [f for f in plan.functions if f.name == name]
+    report = _analyze_plan(dataclasses.replace(plan, functions=(fspec,)),
+                           dataclasses.replace(options, function=name, jobs=1), _snapshot_sections(),
+                           command="snapshot", on_stage=None)
+    if report.functions[0].error is not None:
+        return None, report.functions[0].error
+    return snapshot_from_report(report, spec=spec_label(plan.spec.path)), None
+
+
 def staged_functions(options: Options, *, until: str = "compile",
                      on_stage: Callable[[str, str], None] | None = None) -> Iterator[tuple[FunctionSpec, Any, Any]]:
     """Yield ``(function spec, abstract inputs, Staged)`` for each function: for callers that want the
@@ -253,6 +315,14 @@ def staged_functions(options: Options, *, until: str = "compile",
 
 
 _SETUP_CACHE: dict[tuple, Any] = {}
+
+
+def _use_jax_cache(options: Options, wanted: set[Section]) -> None:
+    """Turn on JAX's persistent compilation cache when asked to and no peak dump is taken in this process."""
+    if options.jax_cache and options.cache_dir is not None and not (options.peak and Section.MEMORY in wanted):
+        from stagetool.lowering.cache import enable_jax_cache
+
+        enable_jax_cache(options.cache_dir)
 
 
 def _provision(plan: Plan, options: Options) -> Any:
@@ -309,9 +379,26 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
         prep = prepare_all(dataclasses.replace(plan, functions=(fspec,)), options)[fspec.name]
     needs_compile = bool(wanted - {Section.LOWERED_TEXT})
     dump = options.peak and Section.MEMORY in wanted
+    cache = None
+    # a multi-process job compiles in every process together: one process answering from its cache
+    # while another compiles could leave the other waiting, so such jobs do not use the facts cache
+    real_processes = setup.process_count if options.processes is None else 1
+    if needs_compile and options.cache_dir is not None and real_processes == 1:
+        from stagetool.lowering.cache import FactsCache
+
+        cache = FactsCache(options.cache_dir)
+    dialect = options.dialect if Section.LOWERED_TEXT in wanted else None
     try:
-        fspec, inputs, staged, user_files = _stage(plan, prep, setup, "compile" if needs_compile else "lower",
-                                                   on_stage, dump=dump)
+        fspec, inputs, staged, user_files = _stage(plan, prep, setup, "compile" if needs_compile and cache is None
+                                                   else "lower", on_stage, dump=dump)
+        cached = False
+        if cache is None:
+            facts = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
+                           declared_outputs=fspec.out_shardings, lowered_dialect=dialect, peak=staged.dump,
+                           user_files=user_files)
+        else:
+            facts, cached = _facts_through_cache(cache, staged, inputs, fspec, setup, user_files, dialect, dump,
+                                                 on_stage)
     except OutOfMemoryError as e:
         if Section.MEMORY not in wanted:
             return _failed(plan, fspec, setup, e)
@@ -327,11 +414,34 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
                               memory=memory, notes=notes)
     except StagingError as e:
         return _failed(plan, fspec, setup, e)
-    facts = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
-                   declared_outputs=fspec.out_shardings,
-                   lowered_dialect=options.dialect if Section.LOWERED_TEXT in wanted else None, peak=staged.dump,
-                   user_files=user_files)
-    return _report_of(facts, plan, fspec, setup, wanted, options, user_files, inputs)
+    return _report_of(facts, plan, fspec, setup, wanted, options, user_files, inputs, cached=cached)
+
+
+def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSpec, setup: Any,
+                         user_files: list[str], dialect: str | None, dump: bool,
+                         on_stage: Callable[[str, str], None] | None) -> tuple[Any, bool]:
+    """The facts of a function staged up to ``lower``: from the facts cache when its key has a valid
+    entry (no compile), else compiled, gathered and stored. Returns ``(StagedFunction, cached)``."""
+    from stagetool.lowering.cache import cache_key
+    from stagetool.lowering.facts import StagedFunction, gather
+    from stagetool.lowering.stages import compile_staged, merge_warnings
+
+    key = cache_key(staged.lowered, setup, inputs, declared_outputs=fspec.out_shardings)
+    hit = cache.load(key, peak=dump)
+    if hit is not None:
+        base = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
+                      declared_outputs=fspec.out_shardings, lowered_dialect=dialect, user_files=user_files)
+        stablehlo = base.lowered_text if dialect == "stablehlo" else staged.lowered.as_text()
+        facts = dataclasses.replace(base, stablehlo_text=stablehlo, **hit.fields,
+                                    warnings=merge_warnings(staged.warnings, hit.compile_warnings))
+        return facts, True
+    staged = compile_staged(staged, setup.mesh, name=fspec.name, user_files=user_files, dump=dump,
+                            on_stage=(lambda s: on_stage(fspec.name, s)) if on_stage else None)
+    facts: StagedFunction = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
+                                   declared_outputs=fspec.out_shardings, lowered_dialect=dialect, peak=staged.dump,
+                                   user_files=user_files)
+    cache.store(key, facts, staged.compile_warnings)
+    return facts, False
 
 
 def _failed(plan: Plan, fspec: FunctionSpec, setup: Any, e: Any) -> Any:
@@ -352,7 +462,7 @@ def _mesh_report(plan: Plan, setup: Any) -> Any:
 
 
 def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: Any, wanted: set[Section], options: Options,
-               user_files: list[str], inputs: Any):
+               user_files: list[str], inputs: Any, *, cached: bool = False):
     """The :class:`~stagetool.report.model.FunctionReport` of one staged function's facts."""
     from stagetool.report.model import FunctionReport, ModuleText, StageTimes
 
@@ -409,7 +519,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: Any, wanted: 
         notes.append(f"shapes in the spec are host-local; global shapes computed for {setup.process_count} "
                      f"process(es)" + (" (simulated with --processes)" if options.processes else ""))
     return FunctionReport(fspec.name, fspec.target, mesh, StageTimes(t.trace_s, t.lower_s, t.compile_s),
-                          notes=tuple(notes), **fields)
+                          notes=tuple(notes), cached=cached, **fields)
 
 
 def _has_dots(facts: Any) -> bool:
@@ -558,6 +668,8 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None, timeout
     process, so that one that aborts the process (an XLA ``LLVM ERROR``, ``os.abort()``) is
     recorded too; ``timeout_s`` bounds each such process (default
     :data:`stagetool.gate.run.DEFAULT_TIMEOUT_S`), and one that runs past it is a failure.
+    Otherwise, with ``options.jobs`` > 1, functions are staged in that many worker processes
+    (:mod:`stagetool.core.workers`); the snapshot is the same as a serial run's.
 
     Raises:
       UsageError, SpecError, TargetError: bad options, spec or target.
@@ -577,21 +689,34 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None, timeout
     parts: list[dict] = []
     failed: dict[str, str] = {}
     prepared = None if isolate else prepare_all(plan, options)  # every spec error before anything is lowered
-    for name in names:
-        one = dataclasses.replace(options, function=name)
-        if isolate:
+    if isolate:
+        for name in names:
+            one = dataclasses.replace(options, function=name)
             part, error = snapshot_in_subprocess(one, spec_path, **({} if timeout_s is None else {"timeout_s": timeout_s}))
             if error is not None:
                 failed[name] = error
             else:
                 parts.append(part)
-            continue
-        report = _analyze_plan(dataclasses.replace(plan, functions=(by_name[name],)), one, _snapshot_sections(),
-                               command="snapshot", on_stage=on_stage, prepared=prepared)
-        if report.functions[0].error is not None:
-            failed[name] = report.functions[0].error  # "f: trace failed: ... (at file.py:LINE in f)"
-            continue
-        parts.append(snapshot_from_report(report, spec=spec_label(spec_path)))
+    elif options.jobs > 1 and len(names) > 1:
+        from stagetool.core.workers import raise_first_error, run_in_workers
+
+        outcomes = run_in_workers(_snapshot_task, names, jobs=options.jobs, common=(options,))
+        raise_first_error(outcomes)
+        for name, o in zip(names, outcomes):
+            part, error = o.value if o.died is None else (None, o.died)
+            if error is not None:
+                failed[name] = error
+            else:
+                parts.append(part)
+    else:
+        for name in names:
+            one = dataclasses.replace(options, function=name)
+            report = _analyze_plan(dataclasses.replace(plan, functions=(by_name[name],)), one, _snapshot_sections(),
+                                   command="snapshot", on_stage=on_stage, prepared=prepared)
+            if report.functions[0].error is not None:
+                failed[name] = report.functions[0].error  # "f: trace failed: ... (at file.py:LINE in f)"
+                continue
+            parts.append(snapshot_from_report(report, spec=spec_label(spec_path)))
     if parts:
         snap = merge_snapshots(parts)
     else:

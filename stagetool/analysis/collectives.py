@@ -39,6 +39,7 @@ import itertools
 import math
 import re
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -437,7 +438,9 @@ class Collective:
       op_name: JAX's op name path from the metadata (the calling fusion's or wrapper's when the
         collective has none), or None.
       source: innermost source frame (the user's op line), or None when not recorded.
-      source_chain: all frames, innermost first (callers follow).
+      source_chain: the frames of the traced code, innermost first (callers follow), up to the
+        first frame in stagetool's own package: how stagetool was called (a command, a worker
+        process, the Python API) is not part of the program (:func:`program_frames`).
       merged: ``(computation, name)`` of the other instructions counted in this record: TPU
         splits an async collective over start / continuation / done fusions that share its
         ``channel_id``; empty elsewhere.
@@ -854,7 +857,7 @@ def _record(
             axes = matcher.match_groups(groups)
     # A collective inside a fusion or wrapper often has no metadata: take its caller's.
     described = ins if (ins.metadata or caller is None) else caller
-    chain = module.source_stack(described)
+    chain = program_frames(module.source_stack(described))
     ch = ins.attributes.get("channel_id", "")
     return Collective(
         kind=kind,
@@ -1074,3 +1077,18 @@ def while_loops(module: HloModule) -> tuple[tuple[str, int | None], ...]:
     """
     return tuple((ins.name, _trip_count(module, comp, ins))
                  for comp in module.computations for ins in comp.instructions if ins.opcode == "while")
+
+
+_STAGETOOL_DIR = str(Path(__file__).resolve().parents[1]) + "/"
+
+
+def program_frames(chain: Sequence) -> tuple:
+    """A source chain (innermost first) cut at the first frame in stagetool's own package: the frames
+    after it are the call path into stagetool, which differs between a serial run, a ``--jobs``
+    worker and the run that filled the facts cache, while the program does not."""
+    out = []
+    for frame in chain:
+        if str(getattr(frame, "file", "") or "").startswith(_STAGETOOL_DIR):
+            break
+        out.append(frame)
+    return tuple(out)

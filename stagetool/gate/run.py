@@ -71,6 +71,8 @@ def snapshot_in_subprocess(options: Any, spec_path: Path | None, *,
                 argv += [flag, str(value)]
         if options.local_avals:
             argv.append("--local-avals")
+        cache_dir = getattr(options, "cache_dir", None)
+        argv += ["--cache-dir", str(Path(cache_dir).resolve())] if cache_dir is not None else ["--no-cache"]
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the folder holding the stagetool package
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -62,6 +62,7 @@ class Staged:
       warnings: what JAX warned while staging (e.g. "Some donated buffers were not usable"),
         deduplicated, in order: facts for the report rather than noise on stderr.
       dump: with ``dump=True``, the live-range dump XLA wrote while compiling.
+      compile_warnings: the warnings of the compile stage alone (also in ``warnings``).
     """
 
     traced: Any
@@ -71,6 +72,7 @@ class Staged:
     jitted: Any
     warnings: tuple[str, ...] = ()
     dump: PeakDump | None = None
+    compile_warnings: tuple[str, ...] = ()
 
 
 def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, mesh: Any) -> Any:
@@ -150,41 +152,74 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
     Raises:
       StagingError: JAX/XLA failed in a stage (exit code 3), with JAX's message and the user's frame.
     """
-    import jax
-
     timings: dict[str, float] = {}
     warned: list[str] = []
-
-    def run(stage_name: str, fn: Callable[[], Any]) -> Any:
-        if on_stage:
-            on_stage(stage_name)
-        start = time.perf_counter()
-        try:
-            with jax.set_mesh(mesh), warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                out = fn()
-        except USER_CODE_ERRORS as e:  # SystemExit from the traced code is its failure too
-            raise _staging_error(e, stage_name, name, user_files, jitted) from None
-        timings[stage_name] = time.perf_counter() - start
-        for w in caught:
-            text = str(w.message).strip().splitlines()[0]
-            if text not in warned:
-                warned.append(text)
-        return out
-
-    traced = run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs))
-    lowered = run("lower", traced.lower)
-    compiled = None
-    dumped = None
+    traced = _run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs), mesh, name, user_files, jitted,
+                  timings, warned, on_stage)
+    lowered = _run("lower", traced.lower, mesh, name, user_files, jitted, timings, warned, on_stage)
+    staged = Staged(traced, lowered, None, StageTimings(timings.get("trace"), timings.get("lower")), jitted,
+                    tuple(warned))
     if until == "compile":
-        if dump:
-            compiled, dumped = run("compile", lambda: compile_with_dump(lowered, compiler_options))
-        else:
-            compiled = run("compile", lambda: lowered.compile(compiler_options) if compiler_options
-                           else lowered.compile())
-    return Staged(traced, lowered, compiled,
-                  StageTimings(timings.get("trace"), timings.get("lower"), timings.get("compile")), jitted,
-                  tuple(warned), dumped)
+        staged = compile_staged(staged, mesh, name=name, user_files=user_files, compiler_options=compiler_options,
+                                dump=dump, on_stage=on_stage)
+    return staged
+
+
+def compile_staged(staged: Staged, mesh: Any, *, name: str, user_files: list[str],
+                   compiler_options: dict | None = None, dump: bool = False,
+                   on_stage: Callable[[str], None] | None = None) -> Staged:
+    """Compile a function :func:`stage` stopped at ``lower``: the same :class:`Staged` with
+    ``compiled`` (and ``dump``) set, the compile timed and its warnings kept apart in
+    :attr:`Staged.compile_warnings` (a cached compile replays them).
+
+    Raises:
+      StagingError: XLA failed to compile (exit code 3).
+    """
+    timings: dict[str, float] = {}
+    warned: list[str] = []
+    lowered = staged.lowered
+    if dump:
+        compiled, dumped = _run("compile", lambda: compile_with_dump(lowered, compiler_options), mesh, name,
+                                user_files, staged.jitted, timings, warned, on_stage)
+    else:
+        dumped = None
+        compiled = _run("compile", lambda: lowered.compile(compiler_options) if compiler_options
+                        else lowered.compile(), mesh, name, user_files, staged.jitted, timings, warned, on_stage)
+    return dataclasses.replace(staged, compiled=compiled, dump=dumped,
+                               timings=dataclasses.replace(staged.timings, compile_s=timings.get("compile")),
+                               warnings=merge_warnings(staged.warnings, warned),
+                               compile_warnings=tuple(warned))
+
+
+def merge_warnings(first: tuple[str, ...], more: Any) -> tuple[str, ...]:
+    """``first`` then the warnings of ``more`` not already in it, in order."""
+    out = list(first)
+    for w in more:
+        if w not in out:
+            out.append(w)
+    return tuple(out)
+
+
+def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_files: list[str], jitted: Any,
+         timings: dict[str, float], warned: list[str], on_stage: Callable[[str], None] | None) -> Any:
+    """Run one stage with the mesh ambient, timed, its warnings collected; JAX's errors → StagingError."""
+    import jax
+
+    if on_stage:
+        on_stage(stage_name)
+    start = time.perf_counter()
+    try:
+        with jax.set_mesh(mesh), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = fn()
+    except USER_CODE_ERRORS as e:  # SystemExit from the traced code is its failure too
+        raise _staging_error(e, stage_name, name, user_files, jitted) from None
+    timings[stage_name] = time.perf_counter() - start
+    for w in caught:
+        text = str(w.message).strip().splitlines()[0]
+        if text not in warned:
+            warned.append(text)
+    return out
 
 
 DUMP_OPTIONS = {"xla_dump_hlo_as_text": True}

@@ -82,6 +82,8 @@ class FunctionReport:
       error: why the function could not be staged (JAX's message and the user's frame), or None;
         when set, every section is None and the command exits 3 after reporting the others.
       error_traceback: the Python traceback of that failure, for ``--debug`` (not in the JSON).
+      cached: the compiled facts came from stagetool's facts cache (the function was traced and
+        lowered, not compiled; ``timings.compile_s`` is None).
     """
 
     name: str
@@ -97,6 +99,7 @@ class FunctionReport:
     notes: tuple[str, ...] = ()
     error: str | None = None
     error_traceback: str | None = dataclasses.field(default=None, compare=False, metadata={"json_skip": True})
+    cached: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -180,6 +180,8 @@ def function_view(f: FunctionReport, index: int) -> dict[str, Any]:
     t = f.timings
     stages = [(n, format_seconds(v)) for n, v in (("trace", t.trace_s), ("lower", t.lower_s),
                                                    ("compile", t.compile_s)) if v is not None]
+    if f.cached:
+        stages.append(("compile", "(cached)"))
     prefix = f"f{index}"
     inputs, unused_in = layout_figures(f.inputs, f.mesh.axes, f"{prefix}-in")
     outputs, unused_out = layout_figures(f.outputs, f.mesh.axes, f"{prefix}-out")

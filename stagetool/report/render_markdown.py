@@ -70,6 +70,8 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
     t = f.timings
     stages = ", ".join(f"{name} {format_seconds(v)}" for name, v in
                        (("trace", t.trace_s), ("lower", t.lower_s), ("compile", t.compile_s)) if v is not None)
+    if f.cached:
+        stages += ", compile (cached)"
     out = [f"## `{f.name}` — `{f.target}`", "",
            f"Mesh **{mesh}** on {f.mesh.device_count} {f.mesh.platform} device{'s' if f.mesh.device_count != 1 else ''}"
            + (f" ({f.mesh.device_kind})" if f.mesh.device_kind not in (f.mesh.platform, "") else "")

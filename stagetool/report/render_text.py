@@ -118,6 +118,8 @@ def _header(f: FunctionReport, config: tuple[tuple[str, str], ...] = ()) -> list
     t = f.timings
     stages = " · ".join(f"{name} {format_seconds(v)}" for name, v in
                         (("trace", t.trace_s), ("lower", t.lower_s), ("compile", t.compile_s)) if v is not None)
+    if f.cached:
+        stages += " · compile (cached)"
     title = Text.assemble((f.name, "bold"), "  ", (f.target, "dim"))
     sub = Text.assemble("mesh ", (mesh, "bold"), f" on {where}", ("  ·  " + stages if stages else "", "dim"))
     out: list[RenderableType] = [Rule(title, align="left"), sub]

@@ -1,0 +1,251 @@
+"""stagetool.lowering.cache: the facts cache (issue 11.2).
+
+A warm run reuses the stored facts and gives the same report as the cold one; anything that changes
+what the compile would produce — one sharding, one dtype, the mesh, a compile option, the jax
+version — misses; a truncated, corrupt or foreign entry is ignored and rewritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import pytest
+
+from helpers import run_subprocess, write
+from stagetool.lowering.cache import FactsCache, cache_key, resolve_cache_dir
+from stagetool.pipeline import REPORT_SECTIONS, Options, Section, analyze
+from stagetool.report.model import to_jsonable
+
+MODULE = """
+    import jax.numpy as jnp
+
+
+    def step(w, x):
+        return jnp.tanh(x @ w).sum(axis=0)
+    """
+
+SPEC = """
+    version: 1
+    mesh:
+      axes: {{data: 2, model: 4}}
+    functions:
+      step:
+        target: m.py:step
+        args:
+          - '{w}[64,32] @ [null, model]'
+          - '{x}[16,64] @ [{xdim}, null]'
+    """
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch, isolated_imports):
+    """A module and a spec in ``tmp_path`` (the working directory); ``spec(**changes)`` rewrites the spec."""
+    write(tmp_path, "m.py", MODULE)
+    monkeypatch.chdir(tmp_path)
+
+    def spec(w="f32", x="f32", xdim="data") -> Path:
+        return write(tmp_path, "m.stagetool.yaml", SPEC.format(w=w, x=x, xdim=xdim))
+
+    spec()
+    return spec
+
+
+def _run(cache: Path, mesh: str | None = None, sections=REPORT_SECTIONS, peak: bool = False):
+    options = Options(spec=Path("m.stagetool.yaml"), cache_dir=cache, mesh=mesh, peak=peak)
+    (f,) = analyze(options, sections).functions
+    return f
+
+
+def _entries(cache: Path) -> list[Path]:
+    return sorted((cache / "facts").glob("*/*.json"))
+
+
+def _without_timings(f) -> dict:
+    doc = to_jsonable(f)
+    doc.pop("timings"), doc.pop("cached")
+    return doc
+
+
+def test_a_warm_run_reuses_the_facts_and_reports_the_same(project, tmp_path):
+    cache = tmp_path / "cache"
+    cold = _run(cache)
+    assert not cold.cached and cold.timings.compile_s is not None
+    assert len(_entries(cache)) == 1
+    warm = _run(cache)
+    assert warm.cached and warm.timings.compile_s is None  # traced and lowered, not compiled
+    assert _without_timings(warm) == _without_timings(cold)
+    # independently of stagetool's own records: the cold run's per-device FLOPs are JAX's figure
+    # for the same program, so the warm run did not make them up
+    assert warm.cost.per_device.flops == cold.cost.per_device.flops > 0
+
+
+def test_a_cached_run_compiles_nothing(project, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    _run(cache)
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled on a cache hit")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", no_compile)
+    assert _run(cache).cached
+
+
+@pytest.mark.parametrize("change", [
+    {"w": "bf16"},          # one dtype
+    {"xdim": "null"},       # one sharding
+    {"mesh": "4x2"},        # the mesh
+])
+def test_changing_what_the_compile_sees_misses(project, tmp_path, change):
+    cache = tmp_path / "cache"
+    _run(cache)
+    mesh = change.pop("mesh", None)
+    project(**change)
+    again = _run(cache, mesh=mesh)
+    assert not again.cached
+    assert len(_entries(cache)) == 2
+    assert _run(cache, mesh=mesh).cached  # and the new entry answers the next run
+
+
+def test_the_jax_version_is_part_of_the_key(project, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    _run(cache)
+    monkeypatch.setattr(jax, "__version__", jax.__version__ + ".post1")
+    assert not _run(cache).cached
+
+
+def test_a_compile_option_is_part_of_the_key(project, tmp_path):
+    from stagetool.lowering.avals import build_inputs  # noqa: F401 - staged through the public API below
+    from stagetool.pipeline import staged_functions
+
+    options = Options(spec=Path("m.stagetool.yaml"))
+    ((fspec, inputs, staged),) = list(staged_functions(options, until="lower"))
+    from stagetool.pipeline import _provision, make_plan
+
+    setup = _provision(make_plan(options), options)
+    plain = cache_key(staged.lowered, setup, inputs)
+    assert plain == cache_key(staged.lowered, setup, inputs, compiler_options={})
+    assert plain != cache_key(staged.lowered, setup, inputs, compiler_options={"xla_cpu_enable_fast_math": True})
+    assert plain != cache_key(staged.lowered, setup, inputs, compiler_options={"xla_cpu_enable_fast_math": False})
+
+
+def _corrupt(entry: Path, how: str) -> None:
+    text = entry.read_text()
+    if how == "truncated":
+        entry.write_text(text[: len(text) // 2])
+    elif how == "empty":
+        entry.write_text("")
+    elif how == "tampered":  # valid JSON, a figure changed without the payload digest
+        doc = json.loads(text)
+        doc["payload"]["fields"]["compiled_text"] = "HloModule forged"
+        entry.write_text(json.dumps(doc))
+    elif how == "wrong_type":  # digest recomputed, but a field of the wrong type
+        import hashlib
+
+        doc = json.loads(text)
+        doc["payload"]["fields"]["memory"]["values"] = "lots"
+        doc["payload_sha256"] = hashlib.sha256(json.dumps(doc["payload"], sort_keys=True).encode()).hexdigest()
+        entry.write_text(json.dumps(doc))
+    elif how == "schema":
+        doc = json.loads(text)
+        doc["schema"] = 999
+        entry.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "tampered", "wrong_type", "schema"])
+def test_a_bad_entry_is_ignored_and_rewritten(project, tmp_path, how):
+    cache = tmp_path / "cache"
+    cold = _run(cache)
+    (entry,) = _entries(cache)
+    _corrupt(entry, how)
+    again = _run(cache)
+    assert not again.cached  # never trusted
+    assert _without_timings(again) == _without_timings(cold)
+    assert json.loads(entry.read_text())["payload"]  # rewritten whole
+    assert _run(cache).cached
+
+
+def test_a_foreign_entry_is_ignored(project, tmp_path):
+    """An entry copied under another key (another function's facts) is not used for this one."""
+    cache = tmp_path / "cache"
+    _run(cache)
+    (entry,) = _entries(cache)
+    project(w="bf16")
+    options = Options(spec=Path("m.stagetool.yaml"))
+    from stagetool.pipeline import _provision, make_plan, staged_functions
+
+    ((fspec, inputs, staged),) = list(staged_functions(options, until="lower"))
+    key = cache_key(staged.lowered, _provision(make_plan(options), options), inputs)
+    target = FactsCache(cache).path(key)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(entry.read_text())
+    assert FactsCache(cache).load(key) is None
+    assert not _run(cache).cached
+
+
+def test_the_peak_comes_from_an_entry_that_holds_it(project, tmp_path):
+    """An entry written without the peak dump does not answer ``memory --peak``; the dump compile
+    rewrites it, and the next peak run is a hit with the same buffers."""
+    cache = tmp_path / "cache"
+    _run(cache, sections=[Section.MEMORY])
+    first = _run(cache, sections=[Section.MEMORY], peak=True)
+    assert not first.cached and first.memory.peak is not None and first.memory.peak.buffers
+    second = _run(cache, sections=[Section.MEMORY], peak=True)
+    assert second.cached and second.memory.peak == first.memory.peak
+    assert _run(cache, sections=[Section.MEMORY]).cached  # the peak entry answers a run without it
+
+
+def test_resolve_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.delenv("STAGETOOL_NO_CACHE", raising=False)
+    monkeypatch.setenv("STAGETOOL_CACHE_DIR", str(tmp_path / "env"))
+    assert resolve_cache_dir() == tmp_path / "env"
+    assert resolve_cache_dir(tmp_path / "opt") == tmp_path / "opt"
+    assert resolve_cache_dir(tmp_path / "opt", no_cache=True) is None
+    monkeypatch.setenv("STAGETOOL_NO_CACHE", "1")
+    assert resolve_cache_dir() is None
+    monkeypatch.delenv("STAGETOOL_NO_CACHE")
+    monkeypatch.delenv("STAGETOOL_CACHE_DIR")
+    import platformdirs
+
+    assert resolve_cache_dir() == Path(platformdirs.user_cache_dir("stagetool"))
+
+
+@pytest.mark.slow
+def test_cli_warm_snapshot_is_identical_and_memory_keeps_the_peak_after_a_jax_cache_hit(tmp_path):
+    """Whole processes, as a user runs them: the warm snapshot's bytes equal the cold one's; the
+    text report says "(cached)"; ``memory`` after ``compile`` (which filled JAX's persistent cache
+    with the same executable) still lists the buffers live at the peak."""
+    write(tmp_path, "m.py", MODULE)
+    write(tmp_path, "m.stagetool.yaml", SPEC.format(w="f32", x="f32", xdim="data"))
+    cache = tmp_path / "cache"
+    common = ("--spec", tmp_path / "m.stagetool.yaml", "--cache-dir", cache)
+    for name in ("cold", "warm"):
+        r = run_subprocess("snapshot", *common, "-o", tmp_path / f"{name}.json", cwd=tmp_path)
+        assert r.code == 0, r.stderr
+    assert (tmp_path / "cold.json").read_bytes() == (tmp_path / "warm.json").read_bytes()
+    r = run_subprocess("report", *common, cwd=tmp_path)
+    assert r.code == 0 and "compile (cached)" in r.stdout.splitlines()[1], r.stdout
+
+    other = tmp_path / "cache2"
+    r = run_subprocess("compile", "--spec", tmp_path / "m.stagetool.yaml", "--cache-dir", other, cwd=tmp_path)
+    assert r.code == 0, r.stderr
+    assert list((other / "jax").iterdir())  # JAX's persistent cache holds the executable
+    r = run_subprocess("memory", "--spec", tmp_path / "m.stagetool.yaml", "--cache-dir", other, "--format", "json",
+                       cwd=tmp_path)
+    assert r.code == 0, r.stderr
+    peak = r.json()["functions"][0]["memory"]["peak"]
+    assert peak is not None and peak["buffers"], peak
+
+
+def test_facts_the_format_cannot_hold_are_not_cached(project, tmp_path, monkeypatch):
+    """A backend result of an unexpected type is not written (nor guessed at); the run still works."""
+    cache = tmp_path / "cache"
+    from stagetool.lowering import facts as facts_module
+
+    real = facts_module.cost_result
+    monkeypatch.setattr(facts_module, "cost_result",
+                        lambda stage: dataclasses.replace(real(stage), values={"flops": object()}))
+    first = _run(cache, sections=[Section.SHARDINGS])
+    assert not first.cached and _entries(cache) == []

@@ -1,0 +1,78 @@
+"""``--jobs N`` (issue 11.3): functions staged in worker processes give the output of a serial run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import run_subprocess, write
+
+MODULE = """
+    import jax
+    import jax.numpy as jnp
+
+
+    def matmul(w, x):
+        print("user output goes to stderr")
+        return jnp.tanh(x @ w)
+
+
+    def reduce(x):
+        return x.sum(axis=0)
+
+
+    def gather(x):
+        return jax.lax.with_sharding_constraint(x * 2, jax.sharding.PartitionSpec())
+    """
+
+SPEC = """
+    version: 1
+    mesh:
+      axes: {data: 2, model: 4}
+    functions:
+      matmul:
+        target: m.py:matmul
+        args: ['f32[64,32] @ [null, model]', 'f32[16,64] @ [data, null]']
+      reduce:
+        target: m.py:reduce
+        args: ['f32[64,32] @ [data, model]']
+      gather:
+        target: m.py:gather
+        args: ['f32[64,32] @ [data, null]']
+    """
+
+
+@pytest.mark.slow
+def test_jobs_give_the_serial_snapshot_and_report(tmp_path):
+    write(tmp_path, "m.py", MODULE)
+    write(tmp_path, "m.stagetool.yaml", SPEC)
+    serial = run_subprocess("snapshot", "-s", "m.stagetool.yaml", "-o", "serial.json", cwd=tmp_path)
+    assert serial.code == 0, serial.stderr
+    parallel = run_subprocess("snapshot", "-s", "m.stagetool.yaml", "-o", "parallel.json", "--jobs", "2", cwd=tmp_path)
+    assert parallel.code == 0, parallel.stderr
+    assert (tmp_path / "serial.json").read_bytes() == (tmp_path / "parallel.json").read_bytes()
+    assert list(json.loads((tmp_path / "serial.json").read_text())["functions"]) == ["gather", "matmul", "reduce"]
+
+    reports = []
+    for jobs in ("1", "3"):
+        r = run_subprocess("report", "-s", "m.stagetool.yaml", "--format", "json", "--jobs", jobs, cwd=tmp_path)
+        assert r.code == 0, r.stderr
+        assert "user output goes to stderr" in r.stderr  # stdout is the payload alone, in workers too
+        doc = r.json()
+        for f in doc["functions"]:
+            f.pop("timings")
+            if f["memory"] and f["memory"].get("peak"):
+                f["memory"]["peak"].pop("dump_compile_seconds", None)
+        reports.append(doc)
+    assert [f["name"] for f in reports[1]["functions"]] == ["matmul", "reduce", "gather"]  # spec order
+    assert reports[0] == reports[1]
+    check = run_subprocess("check", "-s", "m.stagetool.yaml", "--baseline", "serial.json", "--jobs", "3", cwd=tmp_path)
+    assert check.code == 0, check.stdout + check.stderr
+
+
+def test_a_bad_spec_under_jobs_is_exit_2(tmp_path):
+    write(tmp_path, "m.py", MODULE)
+    write(tmp_path, "m.stagetool.yaml", SPEC.replace("f32[64,32] @ [data, model]", "f32[63,32] @ [data, model]"))
+    r = run_subprocess("snapshot", "-s", "m.stagetool.yaml", "-o", "x.json", "--jobs", "2", cwd=tmp_path)
+    assert r.code == 2 and "not divisible" in r.stderr, r.stderr
