@@ -252,6 +252,8 @@ def prepare_all(plan: Plan, options: Options) -> dict[str, Prepared]:
                 raise TargetError(f"{fspec.where('target')}: functions.{fspec.name}.target: {e.message}",
                                   hint=e.hint) from None
             inputs = build_inputs(fspec, target.fn, setup, plan.mesh, avals=plan.avals)
+            if inputs.fn is not None:  # a pure function around the target (non-array leaves, in-place NNX updates)
+                target = dataclasses.replace(target, fn=inputs.fn)
             fitted = fit_out_shardings(fspec, target.fn, inputs, setup.mesh)
         except SpecError as e:
             issues.extend(e.issues)

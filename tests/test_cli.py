@@ -98,7 +98,8 @@ def test_shardings_json_document(run_cli, project):
     assert all(f["timings"][k] > 0 for k in ("trace_s", "lower_s", "compile_s"))
     leaf_fields = {"path", "shape", "dtype", "declared", "compiled", "chosen_by_partitioner", "shard_shape",
                    "bytes_global", "bytes_per_device", "unused", "donated", "local_shape", "source", "parameter",
-                   "padded_bytes_per_device", "chosen_by"}
+                   "padded_bytes_per_device", "chosen_by",
+                   "sharding_source"}
     assert all(set(leaf) == leaf_fields for leaf in f["inputs"] + f["outputs"])
     ins = leaves_by_path(doc)
     assert list(ins) == ["params/b", "params/w1", "params/w2", "x", "unused"]   # JAX's flattening order

@@ -204,7 +204,8 @@ def test_every_error_is_reported_with_location_and_key_path():
     """)
     assert issues == [
         "s.yaml:2:35: mesh: unknown key 'axis_tipes'; expected one of axes, axis_types (did you mean 'axis_types'?)",
-        "s.yaml:3:1: unknown key 'platfrom'; expected one of avals, check, chips, functions, mesh, platform, topology, "
+        "s.yaml:3:1: unknown key 'platfrom'; expected one of avals, check, chips, functions, logical_axis_rules, mesh, "
+            "platform, topology, "
         "version "
         "(did you mean 'platform'?)",
         "s.yaml:8:9: functions.f.args[0]: unknown dtype 'f33' (did you mean 'f32'?); use HLO short names "
@@ -215,8 +216,8 @@ def test_every_error_is_reported_with_location_and_key_path():
         "'data', 'model' (did you mean 'model'?)",
         "s.yaml:11:9: functions.f.args[3]: sharding P('data', 'data') uses mesh axis 'data' twice",
         "s.yaml:12:13: functions.f.donate: donate index 5 is out of range: the function has 4 positional args",
-        "s.yaml:13:5: functions.f: unknown key 'statik'; expected one of args, donate, kwargs, out_shardings, "
-        "static, target (did you mean 'static'?)",
+        "s.yaml:13:5: functions.f: unknown key 'statik'; expected one of args, donate, kwargs, logical_axis_rules, "
+        "out_shardings, static, target (did you mean 'static'?)",
     ]
 
 

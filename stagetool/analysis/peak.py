@@ -267,7 +267,11 @@ class ModuleIndex:
         frames = self._module.source_stack(ins)
         if not frames:
             return SourceLocation(op_name, None, None, None)
-        return SourceLocation(op_name, frames[0].file, frames[0].line, frames[0].function)
+        from stagetool.lowering.target import is_library_file
+
+        # The innermost frame in the user's code (any file outside the libraries), else the innermost.
+        frame = next((f for f in frames if not is_library_file(f.file)), frames[0])
+        return SourceLocation(op_name, frame.file, frame.line, frame.function)
 
 
 # --------------------------------------------------------------------------- the report

@@ -396,6 +396,7 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
     found = find_collectives(module, mesh)
     user = {str(Path(f).resolve()) for f in user_files}
     library = library_dirs()
+    found = [_without_tool_frames(c) for c in found]
     items = tuple(CollectiveItem(c, _user_source(c, user, library)) for c in found)
     explained = []
     for leaf in match_leaves(explain, inputs or ()):
@@ -433,16 +434,37 @@ def match_leaves(patterns: tuple[str, ...], leaves: tuple[LeafReport, ...]) -> l
 
 
 def _user_source(c: Collective, user: set[str], library: tuple[str, ...]) -> str | None:
-    """``file:line`` of the frame in the user's files, else the first outside ``library``, else innermost."""
+    """``file:line`` of the innermost frame in the user's code (any file outside ``library``, wherever
+    it lies), else of the innermost frame in the user's files, else the innermost frame."""
     from pathlib import Path
 
     chain = c.source_chain or ((c.source,) if c.source else ())
     if not chain:
         return None
     for frame in chain:
-        if str(Path(frame.file).resolve()) in user:
+        resolved = str(Path(frame.file).resolve())
+        if not frame.file.startswith("<") and not any(resolved.startswith(d) for d in library) \
+                and "/site-packages/" not in resolved and "/dist-packages/" not in resolved:
             return f"{frame.file}:{frame.line}"
     for frame in chain:
-        if not any(str(Path(frame.file).resolve()).startswith(d) for d in library):
+        if str(Path(frame.file).resolve()) in user:
             return f"{frame.file}:{frame.line}"
     return f"{chain[0].file}:{chain[0].line}"
+
+
+def _without_tool_frames(c: Collective) -> Collective:
+    """``c`` with stagetool's own frames and the CLI's (Typer, Click) dropped from its source chain:
+    they are how stagetool called the user's function, not the user's code."""
+    import dataclasses
+    from pathlib import Path
+
+    own = str(Path(__file__).resolve().parents[1]) + "/"
+    if not c.source_chain:
+        return c
+
+    def tool(frame) -> bool:
+        resolved = str(Path(frame.file).resolve())
+        return resolved.startswith(own) or "/typer/" in resolved or "/click/" in resolved
+
+    kept = tuple(f for f in c.source_chain if not tool(f))
+    return c if len(kept) == len(c.source_chain) else dataclasses.replace(c, source_chain=kept)

@@ -44,6 +44,10 @@ class LeafReport:
       padded_bytes_per_device: bytes of one device's shard in its tiled device layout (TPU
         ``T(8,128)`` tiles pad the minor dimensions), from ``compiled.input_formats`` /
         ``output_formats``; None where the layout has no tiling (CPU) or is unknown.
+      sharding_source: where the sharding comes from: ``"spec"`` (written in the spec, or an
+        output's ``out_shardings``), ``"rule"`` (an ``init``'s rules), ``"model"`` (the model's own
+        annotations, or a sharding the ``init`` returns), ``"compiler"`` (the partitioner chose it:
+        ``auto``, or an output without out_shardings), or None (an input replicated by default).
     """
 
     path: str
@@ -62,6 +66,7 @@ class LeafReport:
     parameter: int | None = None
     padded_bytes_per_device: int | None = None
     chosen_by: str | None = None
+    sharding_source: str | None = None
 
 
 def _bytes(shape: tuple[int, ...], dtype: str) -> int:
@@ -87,7 +92,8 @@ def leaf_report(facts: LeafFacts, *, output: bool = False, explicit: bool = Fals
                       unused=not output and facts.compiled is None, donated=facts.donated,
                       local_shape=facts.local_shape, source=facts.source, parameter=facts.parameter,
                       padded_bytes_per_device=facts.padded_bytes_per_device,
-                      chosen_by=("JAX's sharding types" if explicit else "the SPMD partitioner") if undeclared else None)
+                      chosen_by=("JAX's sharding types" if explicit else "the SPMD partitioner") if undeclared else None,
+                      sharding_source=facts.sharding_source)
 
 
 def input_leaves(facts: tuple[LeafFacts, ...], *, explicit: bool = False) -> tuple[LeafReport, ...]:

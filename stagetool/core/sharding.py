@@ -72,6 +72,21 @@ def format_dims(dims: tuple) -> str:
     return "P(" + ", ".join(parts) + ")"
 
 
+def spec_dims(spec) -> tuple:
+    """A ``PartitionSpec`` (or any sequence of its entries) as ``Sharding.dims``: None / an axis name /
+    a tuple of axis names per dimension (a one-axis tuple as the name), trailing Nones dropped."""
+    dims: list = []
+    for d in tuple(spec):
+        if d is None or isinstance(d, str):
+            dims.append(d)
+        else:
+            d = tuple(d)
+            dims.append(d[0] if len(d) == 1 else (d or None))
+    while dims and dims[-1] is None:
+        dims.pop()
+    return tuple(dims)
+
+
 REPLICATED = Sharding("spec", ())
 AUTO = Sharding("auto")
 UNSPECIFIED = Sharding("unspecified")

@@ -149,7 +149,15 @@ def _compare_leaves(name: str, side: str, before: list | None, after: list | Non
                 if x.get("bytes_per_device") != y.get("bytes_per_device"):
                     note = (f"per device {_fmt_number(x.get('bytes_per_device'), 'bytes')} → "
                             f"{_fmt_number(y.get('bytes_per_device'), 'bytes')}")
-                out.append(Change(name, f"{what}: sharding", _fmt_leaf(x), _fmt_leaf(y), "regression",
+                status, label = "regression", f"{what}: sharding"
+                if x.get("chosen") and y.get("chosen"):
+                    # An output sharding nobody declared (no out_shardings) is the compiler's choice: it is
+                    # compared apart, and a new choice that holds fewer bytes per device is no regression.
+                    label = f"{what}: sharding (the compiler's choice)"
+                    bx, by = x.get("bytes_per_device"), y.get("bytes_per_device")
+                    if bx is not None and by is not None and by < bx:
+                        status = "changed"
+                out.append(Change(name, label, _fmt_leaf(x), _fmt_leaf(y), status,
                                   x.get("bytes_per_device"), y.get("bytes_per_device"), note=note))
     return out
 

@@ -61,9 +61,13 @@ def _num(v: Any) -> int | float | None:
     return float(f"{f:.12g}")
 
 
-def _leaf(leaf: Any) -> dict:
-    return {"path": leaf.path, "shape": list(leaf.shape), "dtype": leaf.dtype, "sharding": None if leaf.compiled is None else str(leaf.compiled),
-            "bytes_per_device": leaf.bytes_per_device, "unused": bool(leaf.unused)}
+def _leaf(leaf: Any, output: bool = False) -> dict:
+    out = {"path": leaf.path, "shape": list(leaf.shape), "dtype": leaf.dtype,
+           "sharding": None if leaf.compiled is None else str(leaf.compiled),
+           "bytes_per_device": leaf.bytes_per_device, "unused": bool(leaf.unused)}
+    if output and leaf.chosen_by_partitioner:
+        out["chosen"] = True  # no out_shardings: the compiler's choice, compared apart (gate.compare)
+    return out
 
 
 def _unwrap(obj: Any, *names: str) -> Any:
@@ -146,7 +150,7 @@ def function_snapshot(fr: Any) -> dict:
                  "device_kind": m.device_kind, "device_count": m.device_count, "process_count": m.process_count,
                  "topology": m.topology},
         "inputs": None if fr.inputs is None else [_leaf(x) for x in fr.inputs],
-        "outputs": None if fr.outputs is None else [_leaf(x) for x in fr.outputs],
+        "outputs": None if fr.outputs is None else [_leaf(x, output=True) for x in fr.outputs],
         "memory": None if mem is None else {f: _num(getattr(mem, f, None)) for f in MEMORY_FIELDS},
         "cost": None if cost is None else {**{f: _num(getattr(cost, f, None)) for f in COST_FIELDS},
                                            "loop_aware_flops": _num(_loop_aware_flops(fr.cost, cost))},

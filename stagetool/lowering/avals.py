@@ -23,7 +23,7 @@ from stagetool.core.mesh import MeshSpec
 from stagetool.core.sharding import REPLICATED, Sharding
 from stagetool.lowering.devices import DeviceSetup, local_mesh_sizes
 from stagetool.lowering.target import load_target, user_frame
-from stagetool.spec.model import CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec
+from stagetool.spec.model import CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +38,10 @@ class InputLeaf:
       declared: the sharding the spec asks for (``auto`` leaves have kind ``"auto"``).
       source: where the leaf's shape or sharding was written (``file:line:col``), or None.
       donated: whether the leaf belongs to a donated argument.
+      sharding_source: where ``declared`` comes from: ``"spec"`` (written on the leaf), ``"rule"`` (an
+        ``init``'s rules), ``"model"`` (the model's own annotations or the ``init``'s result),
+        ``"compiler"`` (``auto``: the partitioner chooses), or None (replicated by default).
+      arg: the top-level argument the leaf belongs to (a position or a keyword name).
     """
 
     path: str
@@ -47,6 +51,8 @@ class InputLeaf:
     declared: Sharding
     source: str | None
     donated: bool
+    sharding_source: str | None = None
+    arg: int | str | None = None
 
 
 @dataclasses.dataclass
@@ -60,6 +66,11 @@ class AbstractInputs:
         without static arguments.
       static_argnames: names of the static keyword arguments.
       donate_argnums / donate_argnames: donated arguments.
+      fn: the callable to ``jax.jit``: the target, or a pure function of the array leaves that wraps
+        it (:func:`stagetool.lowering.frameworks.prepare_call`: non-array leaves, in-place Flax NNX
+        updates, logical axis rules); None means the target itself.
+      state_outputs: arguments whose updated state ``fn`` returns beside the target's output
+        (``{"out": ..., name: ...}``); () when ``fn`` returns the target's output as it is.
     """
 
     args: tuple
@@ -68,6 +79,8 @@ class AbstractInputs:
     static_argnames: tuple[str, ...]
     donate_argnums: tuple[int, ...]
     donate_argnames: tuple[str, ...]
+    fn: Callable[..., Any] | None = None
+    state_outputs: tuple[str, ...] = ()
 
 
 def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup, mesh_spec: MeshSpec, *,
@@ -102,31 +115,42 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     donated_names = {d for d in fspec.donate if isinstance(d, str)}
     axis_size = dict(mesh_spec.axes)
 
-    def to_struct(leaf: LeafSpec, sharding: Sharding, path: str, source: Loc | str | None, donated: bool):
+    def to_struct(leaf: LeafSpec, sharding: Sharding, path: str, source: Loc | str | None, donated: bool,
+                  origin: str | None = "spec", weak_type: bool = False):
         shape = tuple(leaf.shape)
         local_shape = None
         if local_sizes is not None:
             local_shape = shape
             shape = _global_shape(shape, sharding, axis_size, local_sizes)
         problem = check_fits(shape, sharding, axis_size)
-        if problem:
+        unknown = [a for a in sharding.axes if a not in axis_size] if sharding.kind == "spec" else []
+        if unknown and not problem:
+            problem = (f"sharding {sharding} names mesh axis {unknown[0]!r}, but the mesh has "
+                       + (", ".join(repr(a) for a in axis_size) or "no axes"))
+            issues.append(f"{source}: {path}: {problem}")
+            hints.append("shard only over the mesh's axes; name logical axes through logical_axis_rules")
+        elif problem:
             issues.append(f"{source}: {path}: {problem}")
             hints.append(_DIVIDE_HINT if "not divisible" in problem else _RANK_HINT)
         dtype = _jax_dtype(leaf.dtype)
         named = None
         if sharding.kind != "auto" and not problem:  # a bad sharding is reported, not handed to JAX
             named = NamedSharding(setup.mesh, PartitionSpec(*sharding.dims))
-        struct = jax.ShapeDtypeStruct(shape, dtype, sharding=named)
+        struct = jax.ShapeDtypeStruct(shape, dtype, sharding=named, weak_type=weak_type)
         by_id[id(struct)] = InputLeaf(path, shape, local_shape, leaf.dtype, sharding,
-                                      str(source) if source else None, donated)
+                                      str(source) if source else None, donated,
+                                      "compiler" if sharding.kind == "auto" else origin)
         return struct
 
-    def convert(tree: Any, path: str, donated: bool) -> Any:
+    def convert(tree: Any, path: str, donated: bool, top: bool = False) -> Any:
         if isinstance(tree, LeafSpec):
-            sharding = tree.sharding if tree.sharding.kind != "unspecified" else REPLICATED
-            return to_struct(tree, sharding, path, tree.loc, donated)
+            unspecified = tree.sharding.kind == "unspecified"
+            sharding = REPLICATED if unspecified else tree.sharding
+            return to_struct(tree, sharding, path, tree.loc, donated, None if unspecified else "spec")
         if isinstance(tree, InitSpec):
             return init_tree(tree, path, donated)
+        if isinstance(tree, RefSpec):
+            return ref_tree(tree, path, donated)
         if isinstance(tree, KeySpec):
             issues.append(f"{tree.loc}: {path}: key({tree.seed}) is a concrete key for init_args; "
                           "an argument of the function takes an abstract key, e.g. 'key<fry>[]'")
@@ -139,6 +163,8 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
             return tuple(convert(t, f"{path}/{i}", donated) for i, t in enumerate(tree))
         if isinstance(tree, dict):
             return {k: convert(v, f"{path}/{k}", donated) for k, v in tree.items()}
+        if top and prejitted and isinstance(tree, (bool, int, float, str)):
+            return tree  # a value at a static_argnums position of a jitted target is passed as the value
         if isinstance(tree, (bool, int, float)):
             # A Python number is traced as a weakly typed scalar, as jax.jit does with a literal.
             dtype = "bool" if isinstance(tree, bool) else "int32" if isinstance(tree, int) else "float32"
@@ -149,41 +175,94 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         return tree
 
     def init_tree(init: InitSpec, path: str, donated: bool) -> Any:
-        shapes = eval_init(init, fspec)
+        shapes = eval_init(init, fspec, setup.mesh, rules_object())
+        return abstract_tree(shapes, path, donated, init.loc, init.rules, init.has_rules, f"{init.loc}: {init.path}")
+
+    def ref_tree(ref: RefSpec, path: str, donated: bool) -> Any:
+        obj = load_target(ref.target, base_dir=fspec.base_dir, need_callable=False).fn
+        shapes = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None),
+                                           weak_type=getattr(x, "weak_type", False))
+            if isinstance(x, jax.Array) else x, obj)
+        return abstract_tree(shapes, path, donated, ref.loc, (), False, f"{ref.loc}: {path}")
+
+    def abstract_tree(shapes: Any, path: str, donated: bool, loc: Loc, rules: tuple[Rule, ...], has_rules: bool,
+                      where: str) -> Any:
+        """Array leaves of an ``init`` result (or a ``ref``) as structs sharded by the rules, else by the
+        model; every other leaf as it is (static)."""
+        from stagetool.lowering.frameworks import model_shardings, struct_dims
+
         flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+        from_model = model_shardings(shapes, rules_object()) if not has_rules else [None] * len(flat)
         out = []
-        for kp, value in flat:
+        for (kp, value), model_dims in zip(flat, from_model, strict=True):
             leaf_path = path + keypath_str(kp)
-            if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            if not isinstance(value, jax.ShapeDtypeStruct):
                 out.append(value)
                 continue
-            sharding, source = REPLICATED, init.loc
-            if init.rules:
-                for rule in init.rules:
-                    if rule.pattern.search(leaf_path):
-                        sharding, source = rule.sharding, rule.loc
-                        break
-                else:
-                    issues.append(f"{init.loc}: {init.path}.rules: no rule matches leaf {leaf_path!r} "
+            sharding, source, origin = REPLICATED, loc, None
+            if has_rules:
+                found = _apply_rules(rules, leaf_path, value, fspec)
+                if found is None:
+                    issues.append(f"{where}.rules: no rule matches leaf {leaf_path!r} "
                                   f"({_dtype_name(value.dtype)}{list(value.shape)}); add a rule such as "
                                   "['.*', replicated] at the end")
-                    out.append(jax.ShapeDtypeStruct(value.shape, value.dtype))
+                    out.append(jax.ShapeDtypeStruct(value.shape, value.dtype, weak_type=value.weak_type))
                     continue
-            leaf = LeafSpec(tuple(value.shape), _dtype_name(value.dtype), sharding, init.loc)
-            out.append(to_struct(leaf, sharding, leaf_path, source, donated))
+                sharding, source = found
+                origin = "rule"
+            else:
+                dims = struct_dims(value)
+                if dims is None:
+                    dims = model_dims
+                if isinstance(dims, str):  # the model's annotation cannot be resolved: say why
+                    issues.append(f"{where}: leaf {leaf_path!r}: {dims}")
+                    hints.append("name the rules at the top of the spec: logical_axis_rules: model.py:RULES")
+                    out.append(jax.ShapeDtypeStruct(value.shape, value.dtype, weak_type=value.weak_type))
+                    continue
+                if dims is not None:
+                    sharding, origin = Sharding("spec", dims), "model"
+                    unknown = [a for a in sharding.axes if a not in axis_size]
+                    if unknown:
+                        issues.append(f"{where}: the model shards leaf {leaf_path!r} over {', '.join(map(repr, unknown))}, "
+                                      f"which the mesh does not have ({', '.join(axis_size) or 'no axes'})")
+                        hints.append("name the logical axis rules (logical_axis_rules: model.py:RULES) or give "
+                                     "rules for this argument")
+                        out.append(jax.ShapeDtypeStruct(value.shape, value.dtype, weak_type=value.weak_type))
+                        continue
+            leaf = LeafSpec(tuple(value.shape), _dtype_name(value.dtype), sharding, loc)
+            out.append(to_struct(leaf, sharding, leaf_path, source, donated, origin, weak_type=value.weak_type))
         return jax.tree_util.tree_unflatten(treedef, out)
 
-    args = tuple(convert(a, names[i], i in donated_nums) for i, a in enumerate(fspec.args))
+    rules_cache: list[Any] = []
+
+    def rules_object() -> Any:
+        if not rules_cache:
+            rules_cache.append(load_target(fspec.logical_axis_rules, base_dir=fspec.base_dir, need_callable=False).fn
+                               if fspec.logical_axis_rules else None)
+        return rules_cache[0]
+
+    prejitted = isinstance(fn, jax.stages.Wrapped)
+
+    args = tuple(convert(a, names[i], i in donated_nums, top=True) for i, a in enumerate(fspec.args))
     kwargs = {k: convert(v, k, k in donated_names) for k, v in fspec.kwargs.items()}
     static = {k: build_value(v, fspec) for k, v in fspec.static.items()}
     check_static_hashable(fspec, static)
     if issues:
         raise SpecError(issues, hint="; ".join(dict.fromkeys(hints)) or None)
+    from stagetool.lowering.frameworks import prepare_call
+
+    prepared = prepare_call(fn, args, kwargs, static, names=names, donate_argnums=tuple(sorted(donated_nums)),
+                            donate_argnames=tuple(sorted(donated_names)), rules=rules_object(),
+                            where=f"{fspec.where('args')}: functions.{fspec.name}: ")
     # The order JAX flattens (args, kwargs) in (dict keys sorted), as in compiled.input_shardings.
-    leaves = [by_id[id(x)] for x in jax.tree_util.tree_leaves((args, kwargs)) if id(x) in by_id]
-    kwargs.update(static)
-    return AbstractInputs(args, kwargs, leaves, tuple(static), tuple(sorted(donated_nums)),
-                          tuple(sorted(donated_names)))
+    structs = [x for x in jax.tree_util.tree_leaves((prepared.args, {k: v for k, v in prepared.kwargs.items()
+                                                                     if k not in static}))]
+    leaves = [dataclasses.replace(by_id[id(x)], arg=top) for x, top in zip(structs, prepared.leaf_args)
+              if id(x) in by_id]
+    return AbstractInputs(prepared.args, prepared.kwargs, leaves, tuple(static), prepared.donate_argnums,
+                          prepared.donate_argnames, prepared.fn if prepared.fn is not fn else None,
+                          prepared.state_outputs)
 
 
 def signature_problems(fn: Callable[..., Any], n_args: int, kwnames: list[str]) -> list[tuple[str, str]]:
@@ -294,7 +373,8 @@ def check_static_hashable(fspec: FunctionSpec, static: dict[str, Any]) -> None:
         raise SpecError(issues)
 
 
-def check_out_shardings(fspec: FunctionSpec, out_info: Any, axis_size: dict[str, int] | None = None) -> Any:
+def check_out_shardings(fspec: FunctionSpec, out_info: Any, axis_size: dict[str, int] | None = None,
+                        inputs: AbstractInputs | None = None) -> Any:
     """Check the spec's ``out_shardings`` against the traced output tree; return it in the output's shape.
 
     ``out_shardings`` is a prefix of the output pytree: a sharding (or ``auto``) stands for a whole
@@ -334,12 +414,29 @@ def check_out_shardings(fspec: FunctionSpec, out_info: Any, axis_size: dict[str,
                 dims = ",".join(str(d) for d in leaf.shape)
                 problems.append(f"at {where or 'the output'} ({hlo_name(str(leaf.dtype))}[{dims}]): {why}")
 
+    import jax
+
+    from stagetool.spec.model import LikeSpec, OutRulesSpec
+
     def conform(spec: Any, out: Any, path: str) -> Any:
         if spec is None or isinstance(spec, Sharding):
             if isinstance(spec, Sharding):
                 fits(spec, out, path)
             return spec
         at = f"at {path}: " if path else ""
+        if isinstance(spec, LikeSpec):
+            return like(spec, out, at)
+        if isinstance(spec, OutRulesSpec):
+            flat, treedef = jax.tree_util.tree_flatten_with_path(out)
+            chosen = []
+            for kp, value in flat:
+                leaf_path = "out" + (f"/{path}" if path else "") + keypath_str(kp)
+                found = _apply_rules(spec.rules, leaf_path, value, fspec)
+                if found is None:
+                    problems.append(f"{at}no rule matches output leaf {leaf_path!r}; add a rule such as ['.*', replicated]")
+                    return spec
+                chosen.append(found[0])
+            return jax.tree_util.tree_unflatten(treedef, chosen)
         if isinstance(spec, (list, tuple)):
             if type(out) in (list, tuple) and len(out) == len(spec):
                 return type(out)(conform(sv, ov, f"{path}[{i}]") for i, (sv, ov) in enumerate(zip(spec, out)))
@@ -354,7 +451,22 @@ def check_out_shardings(fspec: FunctionSpec, out_info: Any, axis_size: dict[str,
             return spec
         return spec
 
-    out = conform(fspec.out_shardings, out_info, "")
+    def like(spec: Any, out: Any, at: str) -> Any:
+        leaves = [x for x in (inputs.leaves if inputs else []) if x.arg == spec.arg]
+        flat, treedef = jax.tree_util.tree_flatten(out)
+        if not leaves or len(leaves) != len(flat) or any(tuple(x.shape) != tuple(o.shape) for x, o in zip(leaves, flat)):
+            problems.append(f"{at}like: {spec.arg!r} names an argument with {len(leaves)} array leaves, but this "
+                            f"output subtree has {len(flat)}" + (" of other shapes" if len(leaves) == len(flat) else "")
+                            + f" ({_describe_tree(out)})")
+            return spec
+        return jax.tree_util.tree_unflatten(treedef, [None if x.declared.kind == "auto" else x.declared for x in leaves])
+
+    declared = fspec.out_shardings
+    if inputs is not None and inputs.state_outputs:
+        # The staged function returns {"out": the target's output, name: updated state, ...}; the spec's
+        # out_shardings are the target's, and the updated state is left to the compiler (as nnx.jit does).
+        declared = {"out": declared, **{name: None for name in inputs.state_outputs}}
+    out = conform(declared, out_info, "")
     if problems:
         loc = fspec.where("out_shardings")
         raise SpecError([f"{loc}: functions.{fspec.name}.out_shardings: " + "; ".join(problems)
@@ -382,13 +494,14 @@ def fit_out_shardings(fspec: FunctionSpec, fn: Callable[..., Any], inputs: Abstr
     if fspec.out_shardings is None:
         return fspec
     options: dict[str, Any] = {"static_argnames": inputs.static_argnames} if inputs.static_argnames else {}
+    fn = inputs.fn or fn
     try:
         probe = fn if isinstance(fn, jax.stages.Wrapped) else jax.jit(fn, **options)
         with jax.set_mesh(mesh):
             out_info = probe.trace(*inputs.args, **inputs.kwargs).out_info
     except USER_CODE_ERRORS:  # the user's function fails to trace: staging says so, with its frame
         return fspec
-    return dc.replace(fspec, out_shardings=check_out_shardings(fspec, out_info, dict(mesh.shape)))
+    return dc.replace(fspec, out_shardings=check_out_shardings(fspec, out_info, dict(mesh.shape), inputs))
 
 
 def _is_struct(x: Any) -> bool:
@@ -459,19 +572,27 @@ def _global_shape(local: tuple[int, ...], sharding: Sharding, axis_size: dict[st
     return tuple(out)
 
 
-def eval_init(init: InitSpec, fspec: FunctionSpec) -> Any:
+def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any = None) -> Any:
     """``jax.eval_shape`` of an ``init`` function: a pytree of ``ShapeDtypeStruct`` (no FLOPs run).
 
-    Leaf and key arguments are traced; plain values are bound as Python constants.
+    Leaf and key arguments are traced; plain values are bound as Python constants. The ``init``
+    runs under the mesh (``jax.set_mesh``) and the logical axis ``rules``, as tracing does, so
+    Flax's eager sharding and ``get_abstract_mesh()`` work there. Array leaves keep what
+    ``jax.eval_shape`` gives (dtype, ``weak_type``, sharding); non-array leaves (an Equinox
+    module's functions) are returned as they are (see :func:`stagetool.lowering.frameworks.eval_shape_any`).
 
     Raises:
       SpecError: ``init_args``/``init_kwargs`` do not bind to the init function's signature.
       StagingError: the init function fails under ``eval_shape`` (stage ``"init"``).
     """
+    import contextlib
+
     import jax
 
+    from stagetool.lowering.frameworks import call_init, eval_shape_any, logical_rules
+
     target = _load_at(init.target, fspec, init.loc, f"{init.path}.init")
-    problems = signature_problems(target.fn, len(init.args), list(init.kwargs))
+    problems = signature_problems(_init_signature_of(target.fn), len(init.args), list(init.kwargs))
     if problems:
         described = describe_callable(target.fn)
         raise SpecError([f"{init.loc}: {init.path}"
@@ -493,11 +614,12 @@ def eval_init(init: InitSpec, fspec: FunctionSpec) -> Any:
             full[pos] = value
         kw = dict(kwargs)
         kw.update(zip(traced_kw, dyn[len(traced_pos):]))
-        return target.fn(*full, **kw)
+        return call_init(target.fn, full, kw)
 
     dyn = [args[i] for i in traced_pos] + [kwargs[k] for k in traced_kw]
     try:
-        return jax.eval_shape(call, *dyn)
+        with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()), logical_rules(rules):
+            return eval_shape_any(call, *dyn)
     except USER_CODE_ERRORS as e:  # the user's init failed under tracing (sys.exit() included)
         raise StagingError(describe_exception(e), stage="init", function=fspec.name,
                            user_frame=user_frame(e, [target.module_file or ""])) from None
@@ -522,9 +644,11 @@ def _init_value(v: Any, fspec: FunctionSpec) -> Any:
             return jax.ShapeDtypeStruct((), _jax_dtype("key<fry>"))
         if isinstance(x, CallSpec):
             return build_call(x, fspec)
+        if isinstance(x, RefSpec):
+            return load_target(x.target, base_dir=fspec.base_dir, need_callable=False).fn
         return x
 
-    return jax.tree_util.tree_map(one, v, is_leaf=lambda x: isinstance(x, (LeafSpec, KeySpec, CallSpec)))
+    return jax.tree_util.tree_map(one, v, is_leaf=lambda x: isinstance(x, (LeafSpec, KeySpec, CallSpec, RefSpec)))
 
 
 def build_value(value: Any, fspec: FunctionSpec) -> Any:
@@ -534,6 +658,8 @@ def build_value(value: Any, fspec: FunctionSpec) -> Any:
     """
     if isinstance(value, CallSpec):
         return build_call(value, fspec)
+    if isinstance(value, RefSpec):
+        return load_target(value.target, base_dir=fspec.base_dir, need_callable=False).fn
     if isinstance(value, (list, tuple)):
         return type(value)(build_value(v, fspec) for v in value)
     if isinstance(value, dict):
@@ -567,6 +693,50 @@ def _load_at(text: str, fspec: FunctionSpec, loc: Any, what: str) -> Any:
         return load_target(text, base_dir=fspec.base_dir)
     except TargetError as e:
         raise TargetError(f"{loc}: {what}: {e.message}", hint=e.hint) from None
+
+
+def _init_signature_of(fn: Any) -> Any:
+    """What to check ``init_args`` against: a Flax NNX Module class's ``__init__`` (its metaclass
+    hides the signature), with ``rngs`` optional (stagetool builds ``nnx.Rngs(0)`` in the trace)."""
+    if isinstance(fn, type) and (type(fn).__module__ or "").startswith("flax"):
+        try:
+            sig = inspect.signature(fn.__init__)
+        except (TypeError, ValueError):
+            return fn
+        params = list(sig.parameters.values())[1:]
+        params = [p.replace(default=None) if p.name == "rngs" and p.default is p.empty else p for p in params]
+
+        def init(*a: Any, **k: Any) -> None: ...
+
+        init.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        return init
+    return fn
+
+
+def _apply_rules(rules: tuple[Rule, ...], path: str, value: Any, fspec: FunctionSpec) -> tuple[Sharding, Any] | None:
+    """The first rule's sharding for a leaf: a ``[regex, sharding]`` whose regex is found in ``path``,
+    or a callable rule that returns a PartitionSpec for ``(path, value)``; None when none decides."""
+    from stagetool.core.sharding import spec_dims
+
+    for rule in rules:
+        if rule.call is None:
+            if rule.pattern.search(path):
+                return rule.sharding, rule.loc
+            continue
+        fn = load_target(rule.call, base_dir=fspec.base_dir).fn
+        try:
+            spec = fn(path, value)
+        except Exception as e:
+            raise SpecError([f"{rule.loc}: rule {rule.call} failed for leaf {path!r}: {type(e).__name__}: {e}"]) from None
+        if spec is None:
+            continue
+        from jax.sharding import PartitionSpec
+
+        if not isinstance(spec, (PartitionSpec, tuple, list)):
+            raise SpecError([f"{rule.loc}: rule {rule.call} returned {spec!r} for leaf {path!r}; "
+                             "return a jax.sharding.PartitionSpec, or None to let the next rule decide"])
+        return Sharding("spec", spec_dims(spec)), rule.loc
+    return None
 
 
 def _arg_names(fn: Callable[..., Any], n: int) -> list[str]:

@@ -44,6 +44,8 @@ class LeafFacts:
       parameter: the entry computation parameter number of an input (None for outputs and pruned inputs).
       padded_bytes_per_device: bytes of one shard in its tiled device layout (TPU), from
         ``Compiled.input_formats`` / ``output_formats``; None without tiling.
+      sharding_source: where the declared sharding comes from: ``spec``, ``rule``, ``model``,
+        ``compiler`` (the partitioner chooses), or None (an input replicated by default).
     """
 
     path: str
@@ -57,6 +59,7 @@ class LeafFacts:
     source: str | None = None
     parameter: int | None = None
     padded_bytes_per_device: int | None = None
+    sharding_source: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +188,7 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
         fields["per_device_cost"] = cost_result(compiled)
         fields["memory"] = memory_result(compiled)
         fields["inputs"] = input_facts(inputs, compiled, mesh)
-        fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh)
+        fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh, inputs.state_outputs)
     fields["uneven_constraints"] = uneven_constraints(staged.traced, user_files or [])
     return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)
 
@@ -338,16 +341,20 @@ def input_facts(inputs: AbstractInputs, compiled: Any, mesh: Any) -> tuple[LeafF
     import jax
 
     dynamic = (tuple(inputs.args), {k: v for k, v in inputs.kwargs.items() if k not in inputs.static_argnames})
-    try:  # by the inputs' own structure: a None inside an argument's pytree is no leaf
-        flat = jax.tree_util.tree_structure(dynamic).flatten_up_to(compiled.input_shardings)
+    structs, treedef = jax.tree_util.tree_flatten(dynamic)
+    # Flattened up to the inputs' own structure: a None subtree of the inputs is no leaf, a None
+    # sharding is an unused input, and a registered class with odd attributes is never probed.
+    try:
+        flat = treedef.flatten_up_to(_as_tuple(compiled.input_shardings))
     except (ValueError, TypeError):
         flat = jax.tree_util.tree_leaves(compiled.input_shardings, is_leaf=lambda x: x is None)
     if len(flat) != len(inputs.leaves):
         raise AssertionError(f"{len(flat)} compiled input shardings for {len(inputs.leaves)} input leaves")
-    structs = jax.tree_util.tree_leaves((inputs.args, {k: v for k, v in inputs.kwargs.items()
-                                                       if k not in inputs.static_argnames}))
-    infos = jax.tree_util.tree_leaves(getattr(compiled, "args_info", None), is_leaf=lambda x: hasattr(x, "donated"))
-    if len(infos) != len(inputs.leaves):
+    # Donation as JAX will apply it (``Compiled.args_info``): a target that is already jitted with its
+    # own donate_argnums donates although the spec says nothing.
+    try:
+        infos = treedef.flatten_up_to(_as_tuple(getattr(compiled, "args_info", None)))
+    except Exception:  # noqa: BLE001 - donation as the spec says
         infos = [None] * len(inputs.leaves)
     out = []
     parameter = 0
@@ -357,21 +364,31 @@ def input_facts(inputs: AbstractInputs, compiled: Any, mesh: Any) -> tuple[LeafF
         rank = len(leaf.shape)
         if sharding is None:
             out.append(LeafFacts(leaf.path, leaf.shape, leaf.dtype, leaf.declared, None, None, donated,
-                                 leaf.local_shape, leaf.source))
+                                 leaf.local_shape, leaf.source, sharding_source=leaf.sharding_source))
             continue
         shard = tuple(sharding.shard_shape(leaf.shape))
         out.append(LeafFacts(leaf.path, leaf.shape, leaf.dtype, leaf.declared, sharding_of(sharding, rank, mesh),
                              shard, donated, leaf.local_shape, leaf.source, parameter,
-                             _padded(shard, struct.dtype, fmt)))
+                             _padded(shard, struct.dtype, fmt), leaf.sharding_source))
         parameter += 1
     return tuple(out)
 
 
-def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any) -> tuple[LeafFacts, ...]:
+def _as_tuple(tree: Any) -> Any:
+    """``(args, kwargs)`` as JAX's stages give it, with the args a tuple (as the inputs hold them)."""
+    if isinstance(tree, (tuple, list)) and len(tree) == 2:
+        return (tuple(tree[0]), tree[1])
+    return tree
+
+
+def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
+                 state_outputs: tuple[str, ...] = ()) -> tuple[LeafFacts, ...]:
     """One :class:`LeafFacts` per output leaf (paths start with ``out``).
 
     ``declared_tree`` is the spec's ``out_shardings`` (None: every output is the compiler's choice,
-    declared ``unspecified``).
+    declared ``unspecified``). With ``state_outputs`` (a Flax NNX step that updates its arguments in
+    place), the staged function returns ``{"out": output, name: updated state, ...}``: the output's
+    leaves are named ``out/...`` and each argument's updated state ``name/...``, as its inputs are.
     """
     import jax
 
@@ -388,10 +405,12 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any) -> t
     for (kp, info), sharding, decl, fmt in zip(with_paths, shardings, declared, formats, strict=True):
         shape = tuple(info.shape)
         shard = tuple(sharding.shard_shape(shape)) if sharding is not None else None
-        out.append(LeafFacts("out" + keypath_str(kp), shape, str(info.dtype),
+        chosen = decl is None or decl.kind in ("auto", "unspecified")
+        out.append(LeafFacts(keypath_str(kp)[1:] if state_outputs else "out" + keypath_str(kp), shape, str(info.dtype),
                              decl if decl is not None else Sharding("unspecified"),
                              sharding_of(sharding, len(shape), mesh) if sharding is not None else None,
-                             shard, padded_bytes_per_device=_padded(shard, info.dtype, fmt)))
+                             shard, padded_bytes_per_device=_padded(shard, info.dtype, fmt),
+                             sharding_source="compiler" if chosen else "spec"))
     return tuple(out)
 
 

@@ -115,6 +115,7 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
 
 
 def _out_shardings(tree: Any, mesh: Any) -> Any:
+    import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
     def one(s: Any) -> Any:
@@ -122,13 +123,10 @@ def _out_shardings(tree: Any, mesh: Any) -> Any:
             if s.kind == "spec":
                 return NamedSharding(mesh, PartitionSpec(*s.dims))
             return None  # auto / unspecified: the compiler chooses
-        if isinstance(s, (list, tuple)):
-            return type(s)(one(x) for x in s)
-        if isinstance(s, dict):
-            return {k: one(v) for k, v in s.items()}
         return s
 
-    return one(tree)
+    # Any pytree of shardings (a list, a dict, an nnx.State from `like:`), None for the compiler's choice.
+    return jax.tree_util.tree_map(one, tree, is_leaf=lambda x: isinstance(x, Sharding) or x is None)
 
 
 def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_files: list[str],
@@ -278,6 +276,7 @@ def _definition(fn: Any) -> str | None:
 
     try:
         target = inspect.unwrap(fn)
+        target = inspect.unwrap(getattr(target, "_stagetool_wraps", target))  # the user's function, not a wrapper
         _, line = inspect.getsourcelines(target)
         return f"{inspect.getsourcefile(target)}:{line} in {target.__name__} (the function being compiled)"
     except (TypeError, OSError, AttributeError):

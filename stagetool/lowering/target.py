@@ -38,13 +38,15 @@ class Target:
     qualname: str
 
 
-def load_target(text: str, *, base_dir: Path | None = None) -> Target:
+def load_target(text: str, *, base_dir: Path | None = None, need_callable: bool = True) -> Target:
     """Import the module of ``text`` and return the named attribute.
 
     Args:
       text: ``path/to/file.py:func``, ``package.module:func`` or ``module:obj.attr``.
       base_dir: the folder a relative file path resolves against (the spec's folder); the working
         directory when None.
+      need_callable: refuse an attribute that is not callable (a ``{ref: ...}`` or a rules object
+        may be any value).
 
     Raises:
       TargetError: the file, module or attribute does not exist (with close matches), the module
@@ -68,7 +70,7 @@ def load_target(text: str, *, base_dir: Path | None = None) -> Target:
                 hint=None if close else f"callables there: {', '.join(sorted(n for n in names if callable(getattr(obj, n, None)))[:12])}")
         obj = getattr(obj, part)
         walked.append(part)
-    if not callable(obj):
+    if need_callable and not callable(obj):
         raise TargetError(f"target {text!r} is a {type(obj).__name__}, not a callable")
     return Target(text, obj, getattr(module, "__file__", None), attr)
 
@@ -140,34 +142,36 @@ def _frame_note(exc: BaseException, user_file: str | None) -> str:
 def user_frame(exc: BaseException, user_files: list[str]) -> str | None:
     """The innermost traceback frame of ``exc`` in the user's code, as ``file:line in func``.
 
-    A frame counts as the user's if its file is one of ``user_files``, else if it lies outside
-    JAX, jaxlib, stagetool, the standard library and site-packages. A frame of stagetool's own code
-    is never the user's, whatever ``user_files`` holds (a call stagetool makes is not the user's line).
+    The user's code is any file outside the libraries (:func:`is_library_file`: JAX, Flax, optax,
+    Equinox, the standard library, site-packages, stagetool itself), wherever it lies: a helper in
+    another folder than the target's is the user's too. Where every frame is a library's,
+    the innermost frame in ``user_files`` (a target installed in site-packages) is taken.
     """
     tb = traceback.extract_tb(exc.__traceback__)
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{exc.filename}:{exc.lineno}"
     own = str(Path(__file__).resolve().parents[1]) + "/"
     tb = [fr for fr in tb if fr.filename.startswith("<") or not str(Path(fr.filename).resolve()).startswith(own)]
-    resolved = {str(Path(f).resolve()) for f in user_files if f}
     chosen = None
     for fr in tb:
-        if str(Path(fr.filename).resolve()) in resolved:
+        if not fr.filename.startswith("<") and not is_library_file(fr.filename):
             chosen = fr
     if chosen is None:
-        library = library_dirs()
+        resolved = {str(Path(f).resolve()) for f in user_files if f}
         for fr in tb:
-            f = str(Path(fr.filename).resolve()) if not fr.filename.startswith("<") else None
-            if f is None or any(f.startswith(d) for d in library):
-                continue
-            chosen = fr
+            if str(Path(fr.filename).resolve()) in resolved:
+                chosen = fr
     if chosen is None:
         return None
     return f"{chosen.filename}:{chosen.lineno} in {chosen.name}" + (f"\n    {chosen.line}" if chosen.line else "")
 
 
+_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "equinox", "chex", "orbax", "typer", "click", "rich")
+
+
 def library_dirs() -> tuple[str, ...]:
-    """Folders whose frames are never the user's: stagetool, JAX, the standard library, site-packages."""
+    """Folders whose frames are never the user's: stagetool, JAX, Flax, optax, Equinox, Typer, the
+    standard library, site-packages (also where a library is installed elsewhere, e.g. editable)."""
     import sysconfig
 
     dirs = {str(Path(__file__).resolve().parents[1]) + "/"}
@@ -175,8 +179,21 @@ def library_dirs() -> tuple[str, ...]:
         p = sysconfig.get_paths().get(key)
         if p:
             dirs.add(str(Path(p).resolve()) + "/")
-    for name in ("jax", "jaxlib"):
+    for name in _LIBRARIES:
         mod = sys.modules.get(name)
         if mod is not None and getattr(mod, "__file__", None):
             dirs.add(str(Path(mod.__file__).resolve().parent) + "/")
     return tuple(sorted(dirs))
+
+
+def is_library_file(filename: str) -> bool:
+    """Whether a source file belongs to a library (see :func:`library_dirs`) rather than the user.
+
+    ``<frozen ...>``/``<string>`` pseudo-files count as library code; a relative path (as HLO
+    metadata may record it) is resolved against the working directory.
+    """
+    if not filename or filename.startswith("<"):
+        return True
+    resolved = str(Path(filename).resolve())
+    return any(resolved.startswith(d) for d in library_dirs()) or "/site-packages/" in resolved \
+        or "/dist-packages/" in resolved

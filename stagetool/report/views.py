@@ -210,8 +210,13 @@ def peak_rows(p: Any) -> tuple[list[str], list[list[str]]]:
 
 
 def leaf_notes(leaf: Any) -> list[str]:
-    """Short notes on a shardings-table row: unused, chosen by the partitioner, donated, local shape."""
+    """Short notes on a shardings-table row: where an input's sharding comes from (``rule``:
+    an init's rules, ``model``: the model's own annotations), unused, chosen by the partitioner,
+    donated, local shape."""
     notes = []
+    source = getattr(leaf, "sharding_source", None)
+    if source in ("rule", "model"):
+        notes.append(f"from {source}")
     if leaf.unused:
         notes.append("unused (pruned)")
     elif leaf.declared.kind == "auto":

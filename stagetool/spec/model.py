@@ -55,12 +55,26 @@ class CallSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class Rule:
-    """A sharding rule: the first rule whose ``pattern`` is found (``re.search``) in a leaf's key path wins."""
+class RefSpec:
+    """``{ref: model.py:OPTIMIZER}``: a module-level object passed as it is (not called)."""
 
-    pattern: re.Pattern
-    sharding: Sharding
+    target: str
     loc: Loc
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A sharding rule: the first rule whose ``pattern`` is found (``re.search``) in a leaf's key path wins.
+
+    A callable rule (``{call: model.py:fsdp_spec}``) has ``pattern`` None and ``call`` set: it is called
+    with the leaf's key path and its ``jax.ShapeDtypeStruct`` and returns a ``PartitionSpec`` (the
+    leaf's sharding) or None (the next rule decides).
+    """
+
+    pattern: re.Pattern | None
+    sharding: Sharding | None
+    loc: Loc
+    call: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +83,8 @@ class InitSpec:
 
     Leaves of ``init_args`` that are :class:`LeafSpec` or :class:`KeySpec` are passed to ``init``
     as traced values; plain YAML values are bound as Python constants (so ``d_model: 64`` can set
-    a shape). Shardings come from ``rules``; with no rules every leaf is replicated.
+    a shape). Shardings come from ``rules``; without ``rules`` (``has_rules`` false) from the model
+    (a sharding on the ``eval_shape`` result, Flax partitioning metadata), else replicated.
     """
 
     target: str
@@ -78,6 +93,7 @@ class InitSpec:
     rules: tuple[Rule, ...]
     loc: Loc
     path: str
+    has_rules: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +115,8 @@ class FunctionSpec:
       locs: where each part is written, by key: ``"target"``, ``"args"``, ``"args[1]"``,
         ``"kwargs"``, ``"kwargs.<name>"``, ``"static"``, ``"static.<name>"``, ``"donate"``,
         ``"out_shardings"`` (only the keys the entry has).
+      logical_axis_rules: ``model.py:LOGICAL_AXIS_RULES``, the object naming Flax logical axis rules
+        (the function's own, else the spec's top-level one), active during ``init`` and tracing.
     """
 
     name: str
@@ -111,10 +129,28 @@ class FunctionSpec:
     loc: Loc | None
     base_dir: Path
     locs: dict = dataclasses.field(default_factory=dict, compare=False)
+    logical_axis_rules: str | None = None
 
     def where(self, key: str) -> Loc | None:
         """The location of ``key`` (see ``locs``), else of the function's entry."""
         return self.locs.get(key) or self.loc
+
+
+@dataclasses.dataclass(frozen=True)
+class LikeSpec:
+    """``out_shardings: {like: ARG}``: an output subtree sharded as positional argument ``ARG`` (an
+    index) or keyword argument ``ARG`` (a name) is, leaf for leaf."""
+
+    arg: Union[int, str]
+    loc: Loc
+
+
+@dataclasses.dataclass(frozen=True)
+class OutRulesSpec:
+    """``out_shardings: {rules: [...]}``: an output subtree's leaves sharded by rules, as an ``init``'s."""
+
+    rules: tuple[Rule, ...]
+    loc: Loc
 
 
 @dataclasses.dataclass(frozen=True)

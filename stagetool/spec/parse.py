@@ -45,7 +45,10 @@ from stagetool.spec.model import (
     InitSpec,
     KeySpec,
     LeafSpec,
+    LikeSpec,
     Loc,
+    OutRulesSpec,
+    RefSpec,
     Rule,
     Spec,
 )
@@ -361,6 +364,7 @@ class _Parser:
         self.issues = _Issues(file)
         self.base_dir = base_dir
         self.out_locs: dict[str, Loc] = {}  # out_shardings key path -> where that sharding is written
+        self.logical_axis_rules: str | None = None  # the top-level logical_axis_rules target
 
     # A pytree of leaves ------------------------------------------------------------------------
     def tree(self, node: yaml.Node, path: str, *, plain_strings: bool = False) -> Any:
@@ -393,6 +397,8 @@ class _Parser:
             return self.init(node, path)
         if "call" in keys:
             return self.call(node, path)
+        if "ref" in keys:
+            return self.ref(node, path)
         if {"shape", "dtype"} <= keys:
             return self.expanded_leaf(node, path)
         out = {}
@@ -406,6 +412,8 @@ class _Parser:
         if isinstance(node, yaml.MappingNode):
             if _get(node, "call") is not None:
                 return self.call(node, path)
+            if _get(node, "ref") is not None:
+                return self.ref(node, path)
             return {_plain(k): self.plain_value(v, f"{path}.{k.value}") for k, v in node.value}
         if isinstance(node, yaml.SequenceNode):
             items = [self.plain_value(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
@@ -469,6 +477,11 @@ class _Parser:
                 kwargs = {str(k.value): self.plain_value(v, f"{path}.kwargs.{k.value}") for k, v in knode.value}
         return CallSpec(target, tuple(args), kwargs, self.issues.loc(node))
 
+    def ref(self, node: yaml.MappingNode, path: str) -> RefSpec | None:
+        _check_keys(self.issues, node, path, {"ref"})
+        target = self.target_of(node, "ref", path)
+        return RefSpec(target, self.issues.loc(node)) if target is not None else None
+
     def init(self, node: yaml.MappingNode, path: str) -> InitSpec | None:
         _check_keys(self.issues, node, path, {"init", "init_args", "init_kwargs", "rules"})
         target = self.target_of(node, "init", path)
@@ -476,16 +489,29 @@ class _Parser:
             return None
         args = self.args_list(_get(node, "init_args"), f"{path}.init_args", plain_strings=True)
         kwargs = self.kwargs_map(_get(node, "init_kwargs"), f"{path}.init_kwargs", plain_strings=True)
-        rules: list[Rule] = []
         rules_node = _get(node, "rules")
+        rules = self.rules(rules_node, path)
+        return InitSpec(target, tuple(args), kwargs, tuple(rules), self.issues.loc(node), path,
+                        has_rules=rules_node is not None)
+
+    def rules(self, rules_node: yaml.Node | None, path: str) -> list[Rule]:
+        """``[regex, sharding]`` pairs and ``{call: file.py:fn}`` callables, in order."""
+        rules: list[Rule] = []
         if rules_node is not None:
             if not isinstance(rules_node, yaml.SequenceNode):
                 self.issues.add(rules_node, f"{path}.rules", "rules must be a list of [regex, sharding] pairs")
             else:
                 for i, rn in enumerate(rules_node.value):
                     rpath = f"{path}.rules[{i}]"
+                    if isinstance(rn, yaml.MappingNode) and _get(rn, "call") is not None:
+                        _check_keys(self.issues, rn, rpath, {"call"})
+                        target = self.target_of(rn, "call", rpath)
+                        if target is not None:
+                            rules.append(Rule(None, None, self.issues.loc(rn), call=target))
+                        continue
                     if not (isinstance(rn, yaml.SequenceNode) and len(rn.value) == 2):
-                        self.issues.add(rn, rpath, "a rule is a pair [regex, sharding], e.g. ['.*/wq$', [null, model]]")
+                        self.issues.add(rn, rpath, "a rule is a pair [regex, sharding], e.g. ['.*/wq$', [null, model]], "
+                                        "or a callable {call: model.py:spec_of} (path, ShapeDtypeStruct) -> PartitionSpec | None")
                         continue
                     pat_text = _plain(rn.value[0])
                     try:
@@ -499,7 +525,7 @@ class _Parser:
                         self.issues.add(rn.value[1], rpath, str(e))
                         continue
                     rules.append(Rule(pattern, sharding, self.issues.loc(rn)))
-        return InitSpec(target, tuple(args), kwargs, tuple(rules), self.issues.loc(node), path)
+        return rules
 
     def args_list(self, node: yaml.Node | None, path: str, *, plain_strings: bool = False) -> list:
         if node is None:
@@ -575,7 +601,8 @@ class _Parser:
         if not isinstance(node, yaml.MappingNode):
             self.issues.add(node, path, "a function must be a mapping with at least 'target'")
             return None
-        _check_keys(self.issues, node, path, {"target", "args", "kwargs", "static", "donate", "out_shardings"})
+        _check_keys(self.issues, node, path, {"target", "args", "kwargs", "static", "donate", "out_shardings",
+                                              "logical_axis_rules"})
         tnode = _get(node, "target")
         target = _plain(tnode) if tnode is not None else None
         if not isinstance(target, str) or ":" not in target:
@@ -623,8 +650,10 @@ class _Parser:
             if key == "args" and isinstance(v, yaml.SequenceNode):
                 for i, n in enumerate(v.value):
                     locs[f"args[{i}]"] = self.issues.loc(n)
+        lnode = _get(node, "logical_axis_rules")
+        logical = self.target_of(node, "logical_axis_rules", path) if lnode is not None else self.logical_axis_rules
         return FunctionSpec(name, target, tuple(args), kwargs, static, tuple(donate), out_shardings,
-                            self.issues.loc(key_node), self.base_dir, locs)
+                            self.issues.loc(key_node), self.base_dir, locs, logical)
 
     def out_tree(self, node: yaml.Node, path: str) -> Any:
         self.out_locs[path] = self.issues.loc(node)
@@ -648,6 +677,16 @@ class _Parser:
                     return None
             return tuple(self.out_tree(n, f"{path}[{i}]") for i, n in enumerate(node.value))
         if isinstance(node, yaml.MappingNode):
+            keys = [str(k.value) for k, _ in node.value]
+            if keys == ["like"]:
+                arg = _plain(_get(node, "like"))
+                if isinstance(arg, bool) or not isinstance(arg, (int, str)):
+                    self.issues.add(node, path, f"like names a positional argument (an index) or a keyword argument "
+                                    f"(a name), not {arg!r}")
+                    return None
+                return LikeSpec(arg, self.issues.loc(node))
+            if keys == ["rules"]:
+                return OutRulesSpec(tuple(self.rules(_get(node, "rules"), path)), self.issues.loc(node))
             return {str(k.value): self.out_tree(v, f"{path}.{k.value}") for k, v in node.value}
         self.issues.add(node, path, f"{value!r} is not a sharding")
         return None
@@ -702,7 +741,9 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
         raise SpecError([f"{issues.loc(root)}: the spec must be a mapping with 'version', 'mesh' and 'functions'"])
     _duplicate_keys(issues, root)
     _check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "avals", "functions", "chips",
-                                   "check"})
+                                   "check", "logical_axis_rules"})
+    if _get(root, "logical_axis_rules") is not None:
+        parser.logical_axis_rules = parser.target_of(root, "logical_axis_rules", "")
     vnode = _get(root, "version")
     if vnode is not None and _plain(vnode) != SPEC_VERSION:
         issues.add(vnode, "version", f"unsupported spec version {_plain(vnode)!r}; this stagetool reads version {SPEC_VERSION}")
@@ -862,7 +903,8 @@ def _validate_axes(parser: _Parser, mesh: MeshSpec, functions: dict[str, Functio
             check(tree.sharding, tree.loc, path)
         elif isinstance(tree, InitSpec):
             for i, r in enumerate(tree.rules):
-                check(r.sharding, r.loc, f"{tree.path}.rules[{i}]")
+                if r.sharding is not None:
+                    check(r.sharding, r.loc, f"{tree.path}.rules[{i}]")
         elif isinstance(tree, (list, tuple)):
             for i, t in enumerate(tree):
                 walk(t, f"{path}[{i}]")
@@ -873,6 +915,10 @@ def _validate_axes(parser: _Parser, mesh: MeshSpec, functions: dict[str, Functio
     def walk_out(t: Any, path: str, fallback: Loc) -> None:
         if isinstance(t, Sharding):
             check(t, parser.out_locs.get(path) or fallback, path)
+        elif isinstance(t, OutRulesSpec):
+            for r in t.rules:
+                if r.sharding is not None:
+                    check(r.sharding, r.loc, path)
         elif isinstance(t, (list, tuple)):
             for i, x in enumerate(t):
                 walk_out(x, f"{path}[{i}]", fallback)
