@@ -315,3 +315,29 @@ def test_out_shardings_like_must_fit_the_output(tmp_path, run_cli):
     assert (w["declared"], w["compiled"], w["sharding_source"]) == ("P('x', None)", "P('x', None)", "spec")
     bad = run_cli("shardings", "--spec", tmp_path / "m.stagetool.yaml", "--function", "bad", check=2)
     assert "like: 1" in bad.stderr and "out_shardings" in bad.stderr
+
+
+def test_nnx_updated_state_pinned_like_the_inputs(tmp_path, run_cli):
+    """out_shardings may name the updated arguments beside ``out``: the new state then comes out as the
+    inputs are laid out (``like``), and every donated leaf is aliased."""
+    pytest.importorskip("flax")
+    write(tmp_path, "m.py", NNX_STEP.replace("nnx.Linear(512, 256, rngs=nnx.Rngs(0))", "nnx.Linear(512, 256, rngs=nnx.Rngs(0), "
+                                             "kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), (None, 'x')))"))
+    write(tmp_path, "m.stagetool.yaml", """
+        version: 1
+        mesh: {axes: {x: 8}}
+        functions:
+          step:
+            target: m.py:step
+            args: [{init: m.py:make_model}, {init: m.py:make_optimizer}, 'f32[16,512]']
+            donate: [0, 1]
+            out_shardings: {out: replicated, model: {like: 0}}
+    """)
+    out = run_cli("report", tmp_path / "m.py:step", "--format", "json", check=0).json()
+    outputs = leaves_by_path(out, "outputs")
+    kernel = outputs["model/kernel/value"]
+    assert (kernel["declared"], kernel["compiled"], kernel["sharding_source"]) == ("P(None, 'x')", "P(None, 'x')", "spec")
+    assert outputs["optimizer/step/value"]["sharding_source"] == "compiler"
+    assert leaves_by_path(out)["model/kernel/value"]["sharding_source"] == "model"
+    donation = out["functions"][0]["memory"]["donation"]
+    assert donation and all(d["status"] == "aliased" for d in donation if d["requested"])

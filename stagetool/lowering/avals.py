@@ -464,8 +464,14 @@ def check_out_shardings(fspec: FunctionSpec, out_info: Any, axis_size: dict[str,
     declared = fspec.out_shardings
     if inputs is not None and inputs.state_outputs:
         # The staged function returns {"out": the target's output, name: updated state, ...}; the spec's
-        # out_shardings are the target's, and the updated state is left to the compiler (as nnx.jit does).
-        declared = {"out": declared, **{name: None for name in inputs.state_outputs}}
+        # out_shardings are the target's, and the updated state is left to the compiler (as nnx.jit
+        # does), unless the spec names the updated arguments as keys beside "out".
+        names = {"out", *inputs.state_outputs}
+        if isinstance(declared, dict) and set(declared) <= names and set(declared) & set(inputs.state_outputs):
+            # {out: ..., model: {like: 0}}: the updated state pinned too (keys the spec omits: the compiler's)
+            declared = {k: declared.get(k) for k in ("out", *inputs.state_outputs)}
+        else:
+            declared = {"out": declared, **{name: None for name in inputs.state_outputs}}
     out = conform(declared, out_info, "")
     if problems:
         loc = fspec.where("out_shardings")

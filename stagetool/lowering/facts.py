@@ -424,9 +424,11 @@ def _declared_outputs(tree: Any, n: int, out_info: Any) -> list[Sharding | None]
         return [tree] * n
     try:
         # A prefix tree: each declared sharding covers the subtree of the output at its position.
+        # (None, for auto, stays a leaf of the result: it covers its subtree's leaves too)
         return jax.tree_util.tree_leaves(
             jax.tree_util.tree_map(lambda s, sub: [s] * len(jax.tree_util.tree_leaves(sub)), tree, out_info,
-                                   is_leaf=lambda x: isinstance(x, Sharding) or x is None))
+                                   is_leaf=lambda x: isinstance(x, Sharding) or x is None),
+            is_leaf=lambda x: isinstance(x, Sharding) or x is None)
     except Exception:  # noqa: BLE001 - a tree that does not fit was reported by fit_out_shardings
         return [None] * n
 
