@@ -47,7 +47,7 @@ def box_dims(box: Any, rules: Any) -> tuple | None:
         logical = getattr(box, "rules", None) or rules or nn.get_logical_axis_rules()
         if not logical and any(n is not None for n in names):
             raise ValueError(f"the model names logical axes {tuple(names)} (nn.with_logical_partitioning), "
-                             "but no logical axis rules map them onto the mesh")
+                             "but no logical axis rules map them onto the mesh; name them in the spec: logical_axis_rules: model.py:RULES")
         return spec_dims(nn.logical_to_mesh_axes(tuple(names), logical))
     return spec_dims(tuple(names))
 

@@ -273,7 +273,7 @@ def _refuse_refs(flat: list[Any], tops: list[Any], where: str) -> None:
     for x, top in zip(flat, tops):
         if (ref_type is not None and isinstance(x, ref_type)) or type(x).__name__ in ("Ref", "ArrayRef"):
             issues.append(f"{where}argument {top!r} holds a {type(x).__name__} ({x!r:.60}), which jax.jit cannot "
-                          "take as an input")
+                          "take as an input; pass the array itself (ref[...]), or build the Ref inside the function")
     if issues:
         raise SpecError(issues, hint="pass the array itself (ref[...]), or build the Ref inside the function; "
                                      "for Flax NNX, build the model with its Variables' default (non-Ref) values")
