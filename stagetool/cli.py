@@ -763,6 +763,111 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
         raise typer.Exit(int(cmp.exit_code(fail_on_regression=fail_on_regression)))
 
 
+# ---- sweep (README: "Sweeps"); self-contained: its options are its own -------------------------
+
+
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def sweep(target: Target = None,
+          files: Annotated[Optional[list[Path]], typer.Argument(
+              help="After 'merge': the JSON documents of a sweep's shards to join.", show_default=False)] = None,
+          spec: SpecOpt = None, function: FunctionOpt = None, platform: PlatformOpt = None,
+          mesh: Annotated[Optional[str], typer.Option(
+              "--mesh", "-m", help="Meshes to try: 1x8,2x4,4x2, or 'all' (every factorisation of the device "
+                                   "count over the spec's axes).", show_default=False)] = None,
+          set_: Annotated[Optional[list[str]], typer.Option(
+              "--set", help="NAME=V1,V2,...: values for the spec's ${NAME} placeholders (repeatable); the grid is "
+                            "the product of all axes.", show_default=False)] = None,
+          topology: Annotated[Optional[str], typer.Option(
+              "--topology", help="Compile-only TPU topologies to try: v5e:2x4,v5e:4x4.", show_default=False)] = None,
+          devices: Annotated[Optional[int], typer.Option(
+              "--devices", help="The device count --mesh all factorises (default: the topology's, else the "
+                                "spec mesh's).", show_default=False, min=1)] = None,
+          chip: ChipOpt = None, device_memory: DeviceMemoryOpt = None,
+          rank_by: Annotated[str, typer.Option(
+              "--rank-by", help="What picks the best configuration that fits: step (roofline step time on --chip), "
+                                "peak, collectives, flops or compile.")] = "step",
+          executor: Annotated[str, typer.Option(
+              "--executor", help="local: worker processes here (--jobs); ray: tasks on a running Ray cluster "
+                                 "(RAY_ADDRESS).")] = "local",
+          jobs: Annotated[int, typer.Option("--jobs", "-j", help="Worker processes at a time (local).", min=1)] = 1,
+          shard: Annotated[Optional[str], typer.Option(
+              "--shard", help="I/N: run only that share of the grid (CI matrix jobs, Slurm array tasks); join "
+                              "the JSON with 'stagetool sweep merge'.", show_default=False)] = None,
+          output_dir: Annotated[Optional[Path], typer.Option(
+              "--output-dir", help="Write each finished configuration to DIR/<id>.json as it completes.",
+              show_default=False)] = None,
+          resume: Annotated[bool, typer.Option(
+              "--resume", help="Skip configurations already finished in --output-dir.")] = False,
+          format: Annotated[str, typer.Option(
+              "--format", help="text, json (the input of 'sweep merge'), markdown or csv.")] = "text",
+          output: OutputOpt = None, debug: DebugOpt = False) -> None:
+    """Stage a grid of configurations (meshes x --set values x topologies) and compare them; or
+    'stagetool sweep merge A.json B.json ...' to join shards."""
+    with _errors(debug):
+        from stagetool.sweep.render import SweepFormat, render as render_sweep
+        from stagetool.sweep.rows import RankBy
+        from stagetool.sweep.executors import Executor
+
+        try:
+            fmt, rank, how = SweepFormat(format), RankBy(rank_by), Executor(executor)
+        except ValueError as e:
+            raise UsageError(f"sweep: {e}", hint="--format text|json|markdown|csv; --rank-by step|peak|collectives|"
+                                                  "flops|compile; --executor local|ray") from None
+        if target == "merge":
+            doc = _sweep_merge(files or [])
+        else:
+            if files:
+                raise UsageError(f"sweep takes one TARGET; unexpected {' '.join(map(str, files))}",
+                                 hint="to join shards: stagetool sweep merge A.json B.json")
+            from stagetool.sweep import SweepOptions, run_sweep
+
+            options = SweepOptions(target=target, spec=spec, function=tuple(function) if function else None,
+                                   platform=platform, chip=chip, device_memory=device_memory, mesh=mesh,
+                                   set=tuple(set_ or ()), topology=topology, devices=devices, rank_by=rank,
+                                   executor=how.value, jobs=jobs, shard=shard, output_dir=output_dir, resume=resume)
+            err = _stderr()
+
+            def progress(row: dict, done: int, total: int) -> None:
+                failure = f" ({row['status']})" if row["status"] != "ok" else ""
+                err.print(f"[dim]{done}/{total} {_escape(row['id'])}{_escape(failure)}[/]")
+
+            def resumed(ids: list[str]) -> None:
+                err.print(f"[dim]resumed {len(ids)} finished configuration{'s' if len(ids) != 1 else ''} "
+                          f"from {_escape(str(output_dir))}[/]")
+
+            doc = run_sweep(options, on_row=progress, on_resume=resumed)
+        text = render_sweep(doc, fmt, color=_color(output) and fmt == SweepFormat.text, width=_width())
+        if output is not None:
+            from stagetool.core.fileio import write_atomic
+
+            try:
+                write_atomic(output, text)
+            except OSError as e:
+                raise UsageError(f"--output {output}: cannot write: {e.strerror or e}") from None
+            _stderr().print(f"[dim]wrote {_escape(str(output))}[/]")
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        if any(r["status"] == "error" for r in doc["rows"]):
+            raise typer.Exit(int(ExitCode.JAX))
+
+
+def _sweep_merge(files: list[Path]) -> dict:
+    import json
+
+    from stagetool.sweep.rows import merge
+
+    if not files:
+        raise UsageError("sweep merge needs the JSON documents to join", hint="stagetool sweep merge a.json b.json")
+    docs = []
+    for f in files:
+        try:
+            docs.append(json.loads(Path(f).read_text()))
+        except (OSError, ValueError) as e:
+            raise UsageError(f"sweep merge: cannot read {f}: {getattr(e, 'strerror', None) or e}") from None
+    return merge(docs)
+
+
 def _run_app(argv: list[str] | None) -> int:
     """Run the Typer app; its exit code.
 

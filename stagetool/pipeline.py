@@ -16,7 +16,7 @@ from stagetool.core.mesh import MeshSpec, parse_mesh_option
 from stagetool.gate.run import SnapshotRun
 from stagetool.spec.discovery import find_spec
 from stagetool.spec.model import FunctionSpec, Spec
-from stagetool.spec.parse import load_spec
+from stagetool.spec.variables import load_spec_with
 
 
 class Section(str, enum.Enum):
@@ -63,6 +63,8 @@ class Options:
         unless this run takes the peak dump, which must come from a real compile.
       jobs: stage this many functions at once, each worker a process of its own that starts JAX
         once (:mod:`stagetool.core.workers`); the report is the same as a serial run's, in spec order.
+      variables: ``(name, value text)`` pairs filling the spec's ``${name}`` placeholders
+        (:mod:`stagetool.spec.variables`; ``stagetool sweep --set``).
     """
 
     target: str | None = None
@@ -83,6 +85,7 @@ class Options:
     cache_dir: Path | None = None
     jax_cache: bool = False
     jobs: int = 1
+    variables: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +105,7 @@ def make_plan(options: Options) -> Plan:
 
     Raises:
       UsageError: no spec found (naming the paths tried), a TARGET the spec does not describe,
-        an unknown ``--function``, or a bad ``--mesh``.
+        an unknown ``--function``, a bad ``--mesh``, or a placeholder without a value.
       SpecError: the spec is invalid.
     """
     spec_path = options.spec
@@ -115,7 +118,7 @@ def make_plan(options: Options) -> Plan:
         from stagetool.lowering.target import split_target
 
         split_target(options.target)  # a malformed TARGET is the first thing to say
-    spec = load_spec(spec_path)
+    spec = load_spec_with(spec_path, dict(options.variables))
     functions = list(spec.functions.values())
     if options.target:
         functions = [f for f in functions if _same_target(options.target, f)]

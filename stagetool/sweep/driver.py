@@ -1,0 +1,245 @@
+"""Plan a sweep (check every option once, build the grid), run what is left of it, and assemble the
+document.
+
+Everything a user can get wrong — the spec, the TARGET, ``--set`` names and values, mesh sizes,
+``--shard`` — is checked here, before any worker starts, and is one error (exit 2) rather than a
+row per configuration. The driver does not import JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from stagetool.core.errors import UsageError
+from stagetool.sweep.grid import Config, Grid, build_grid, mesh_values, parse_shard, shard_of, topology_device_count
+from stagetool.sweep.rows import SWEEP_SCHEMA_VERSION, RankBy, document
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepOptions:
+    """What to sweep and how; mirrors ``stagetool sweep``'s options.
+
+    Attributes:
+      target, spec, function, platform, chip, device_memory: as for ``stagetool report``.
+      mesh: ``1x8,2x4`` or ``all``; None keeps the spec's mesh.
+      set: ``NAME=V1,V2`` strings filling the spec's ``${NAME}`` placeholders.
+      topology: ``v5e:2x4,v5e:4x4``; None keeps the spec's.
+      devices: the device count ``--mesh all`` factorises (default: the topology's, else the spec
+        mesh's size).
+      rank_by: what picks the best configuration that fits.
+      executor: ``local`` or ``ray``; jobs: worker processes at a time for ``local``.
+      shard: ``I/N``: run only that share of the grid.
+      output_dir: write each finished row there (``<id>.json``, atomically).
+      resume: skip configurations whose row is already in ``output_dir``.
+    """
+
+    target: str | None = None
+    spec: Path | None = None
+    function: tuple[str, ...] | None = None
+    platform: str | None = None
+    chip: str | None = None
+    device_memory: str | None = None
+    mesh: str | None = None
+    set: tuple[str, ...] = ()
+    topology: str | None = None
+    devices: int | None = None
+    rank_by: RankBy = RankBy.step
+    executor: str = "local"
+    jobs: int = 1
+    shard: str | None = None
+    output_dir: Path | None = None
+    resume: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPlan:
+    """A checked sweep: the document's header, the grid, this run's share of it, and the payloads."""
+
+    header: dict
+    grid: Grid
+    configs: tuple[Config, ...]
+    common: dict
+    fingerprint_base: str
+
+
+def _stagetool_root() -> str:
+    import stagetool
+
+    return str(Path(stagetool.__file__).resolve().parent.parent)
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def plan_sweep(options: SweepOptions) -> SweepPlan:
+    """Check the options against the spec and build the grid.
+
+    Raises:
+      UsageError / SpecError / TargetError: a bad option, spec or target (exit 2).
+    """
+    from stagetool.pipeline import Options, make_plan
+    from stagetool.core.mesh import parse_mesh_option
+    from stagetool.spec.discovery import find_spec
+    from stagetool.spec.variables import check_names, parse_set_options, read_spec_text
+
+    if options.jobs < 1:
+        raise UsageError(f"--jobs {options.jobs}: give at least 1")
+    if options.resume and options.output_dir is None:
+        raise UsageError("--resume reads the rows of an earlier run from --output-dir; give --output-dir DIR")
+    if options.executor == "ray" and options.jobs != 1:
+        raise UsageError("--jobs is for --executor local; with Ray, the cluster's CPUs set the parallelism")
+    shard = parse_shard(options.shard)
+    spec_path = options.spec
+    if spec_path is None:
+        spec_path, tried = find_spec(options.target)
+        if spec_path is None:
+            raise UsageError("no spec found; tried " + ", ".join(str(p) for p in tried),
+                             hint="pass --spec FILE, or write one of those files (README: 'The spec')")
+    text = read_spec_text(spec_path)
+    variables = parse_set_options(list(options.set))
+    check_names(text, list(variables), file=str(spec_path))
+    topologies = None
+    if options.topology is not None:
+        from stagetool.sweep.grid import _split
+
+        topologies = _split("--topology", options.topology)
+        for t in topologies:
+            topology_device_count(t)  # a malformed name is one error now, not one per row
+    first = tuple((name, values[0]) for name, values in variables.items())
+    # the spec, the TARGET, --function and the placeholders, checked once with the first values
+    plan = make_plan(Options(target=options.target, spec=spec_path, function=options.function, variables=first,
+                             topology=topologies[0] if topologies else None, platform=options.platform))
+    if len(plan.functions) != 1:
+        raise UsageError(f"a sweep compares configurations of one function, and {spec_path} selects "
+                         f"{len(plan.functions)}: " + ", ".join(f.name for f in plan.functions),
+                         hint="name it with TARGET or --function NAME")
+    fspec = plan.functions[0]
+    device_count = options.devices
+    if device_count is None and options.mesh is not None and options.mesh.strip().lower() == "all":
+        counts = {topology_device_count(t) for t in (topologies or ([plan.topology] if plan.topology else []))}
+        if len(counts) > 1:
+            raise UsageError(f"--mesh all with topologies of different sizes ({options.topology})",
+                             hint="run one sweep per topology size, or list the meshes: --mesh 2x8,4x4")
+        device_count = counts.pop() if counts else plan.mesh.device_count
+    meshes = mesh_values(options.mesh, plan.spec.mesh.names, device_count)
+    for m in meshes or ():
+        try:
+            parse_mesh_option(m, plan.spec.mesh)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if options.chip:
+        from stagetool.core.chips import CHIPS, get_chip, merge_chips
+
+        get_chip(options.chip, merge_chips(plan.spec.chips) if plan.spec.chips else dict(CHIPS))
+    if options.device_memory is not None:
+        from stagetool.core.units import parse_size
+
+        if parse_size(options.device_memory) <= 0:
+            raise UsageError(f"--device-memory {options.device_memory}: the memory of a device must be more than 0 bytes")
+    grid = build_grid(meshes=meshes, topologies=topologies, variables=variables)
+    common = {"target": options.target, "spec": str(Path(spec_path).resolve()), "function": fspec.name,
+              "platform": options.platform, "chip": options.chip, "device_memory": options.device_memory}
+    header = {
+        "schema_version": SWEEP_SCHEMA_VERSION, "kind": "sweep",
+        "stagetool_version": _stagetool_version(), "jax_version": _dist_version("jax"),
+        "jaxlib_version": _dist_version("jaxlib"),
+        "target": options.target or fspec.target, "function": fspec.name, "spec": str(spec_path),
+        "axes": [[name, list(values)] for name, values in grid.axes],
+        "options": {"platform": options.platform, "chip": options.chip, "device_memory": options.device_memory},
+        "grid_size": len(grid.configs), "shard": f"{shard[0]}/{shard[1]}" if shard else None,
+    }
+    base = json.dumps({"common": common, "spec_text": hashlib.sha256(text.encode()).hexdigest(),
+                       "stagetool": _stagetool_version()}, sort_keys=True)
+    return SweepPlan(header, grid, shard_of(grid.configs, shard), common, base)
+
+
+def _stagetool_version() -> str:
+    from stagetool._version import __version__
+
+    return __version__
+
+
+def fingerprint(plan: SweepPlan, config: Config) -> str:
+    """What a row in ``--output-dir`` must match to be reused by ``--resume``: the options, the spec's
+    text, the stagetool version and the configuration's values."""
+    data = plan.fingerprint_base + json.dumps([config.mesh, config.topology, list(config.variables)])
+    return hashlib.sha256(data.encode()).hexdigest()
+
+
+def payload(plan: SweepPlan, config: Config) -> dict:
+    """What a worker needs to stage ``config`` (see :mod:`stagetool.sweep.run`)."""
+    return {"config": {"index": config.index, "id": config.id, "mesh": config.mesh, "topology": config.topology,
+                       "variables": [list(v) for v in config.variables]},
+            "common": plan.common, "cwd": os.getcwd(), "pythonpath": _stagetool_root()}
+
+
+def read_finished(plan: SweepPlan, output_dir: Path) -> dict[str, dict]:
+    """Rows of this sweep already in ``output_dir`` (a file whose fingerprint does not match, or that
+    does not parse, is not a finished row and is run again)."""
+    done = {}
+    for c in plan.configs:
+        path = output_dir / f"{c.id}.json"
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(saved, dict) and saved.get("fingerprint") == fingerprint(plan, c) and \
+                isinstance(saved.get("row"), dict) and saved["row"].get("id") == c.id:
+            done[c.id] = saved["row"]
+    return done
+
+
+def run_sweep(options: SweepOptions, *, on_row: Callable[[dict, int, int], None] | None = None,
+              on_resume: Callable[[list[str]], None] | None = None) -> dict:
+    """Plan, run the configurations not yet finished, and return the sweep document.
+
+    ``on_row(row, finished, total)`` is called as each configuration finishes (for progress);
+    ``on_resume(ids)`` once with the ids ``--resume`` takes from ``--output-dir``.
+
+    Raises:
+      UsageError / SpecError / TargetError: a bad option, spec or target, before anything runs.
+    """
+    from stagetool.core.fileio import write_atomic
+    from stagetool.sweep import executors
+
+    plan = plan_sweep(options)
+    out_dir = options.output_dir
+    if out_dir is not None:
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--output-dir {out_dir}: cannot create: {e.strerror or e}") from None
+    rows: dict[str, dict] = read_finished(plan, out_dir) if options.resume and out_dir is not None else {}
+    todo = [c for c in plan.configs if c.id not in rows]
+    if rows and on_resume is not None:
+        on_resume([c.id for c in plan.configs if c.id in rows])
+    by_id = {c.id: c for c in plan.configs}
+    total = len(plan.configs)
+
+    def finished(row: dict) -> None:
+        rows[row["id"]] = row
+        if out_dir is not None:
+            c = by_id[row["id"]]
+            write_atomic(out_dir / f"{c.id}.json",
+                         json.dumps({"fingerprint": fingerprint(plan, c), "row": row}, indent=1) + "\n")
+        if on_row is not None:
+            on_row(row, len(rows), total)
+
+    payloads = [payload(plan, c) for c in todo]
+    if options.executor == executors.Executor.ray.value:
+        if payloads:
+            executors.run_ray(payloads, on_row=finished)
+    else:
+        executors.run_local(payloads, jobs=options.jobs, on_row=finished)
+    return document(plan.header, rows.values(), options.rank_by)

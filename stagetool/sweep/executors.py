@@ -1,0 +1,108 @@
+"""Where a sweep's configurations run: here, one after another or N at a time, or as Ray tasks.
+
+Every executor runs each configuration through :func:`stagetool.sweep.run.run_isolated` — a fresh
+``python -m stagetool.sweep.run`` process — so a row is the same whichever executor made it, and
+device counts and topologies of different configurations never meet in one JAX backend.
+
+* ``local``: ``--jobs N`` threads, each waiting on one worker process at a time (N processes).
+* ``ray``: one ``ray.remote`` task per configuration on a running Ray cluster (``RAY_ADDRESS``, or
+  the cluster ``ray start`` left on this machine: Ray's ``address="auto"``). The task starts the
+  worker process on its node, so the spec and the code must be at the same paths on every node
+  (a shared file system, as Slurm clusters have). Ray is imported only here, only then.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import os
+from typing import Callable, Iterable
+
+from stagetool.core.errors import UsageError
+
+OnRow = Callable[[dict], None]
+
+
+class Executor(str, enum.Enum):
+    """``--executor``."""
+
+    local = "local"
+    """Worker processes on this machine (``--jobs N``, default 1)."""
+    ray = "ray"
+    """Ray tasks on a running cluster (``pip install 'stagetool[ray]'``)."""
+
+
+def run_local(payloads: Iterable[dict], *, jobs: int, on_row: OnRow) -> None:
+    """Run every payload in its own process, ``jobs`` at a time; ``on_row`` gets each row as it finishes."""
+    from stagetool.sweep.run import run_isolated
+
+    payloads = list(payloads)
+    if jobs <= 1:
+        for p in payloads:
+            on_row(run_isolated(p))
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="stagetool-sweep") as pool:
+        futures = [pool.submit(run_isolated, p) for p in payloads]
+        try:
+            for f in concurrent.futures.as_completed(futures):
+                on_row(f.result())
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+
+def _connect_ray(pythonpath: str | None):
+    """Import Ray and connect to the running cluster; returns ``(ray, whether we connected)``.
+
+    Raises:
+      UsageError: Ray is not installed, or no running cluster is found.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--executor ray needs Ray, which is not installed",
+                         hint="pip install 'stagetool[ray]' (or use --jobs N on this machine)") from None
+    if ray.is_initialized():
+        return ray, False
+    address = os.environ.get("RAY_ADDRESS") or "auto"
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p)} \
+        if pythonpath else {}
+    try:
+        ray.init(address=address, runtime_env={"env_vars": env} if env else None, logging_level="ERROR",
+                 log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        where = f"RAY_ADDRESS={address}" if address != "auto" else "no RAY_ADDRESS, and no cluster started on this machine"
+        raise UsageError(f"--executor ray: cannot connect to a Ray cluster ({where}): {first}",
+                         hint="start one with 'ray start --head' (or on a cluster node) and set RAY_ADDRESS=HOST:PORT, "
+                              "or use --jobs N") from None
+    return ray, True
+
+
+def run_ray(payloads: Iterable[dict], *, on_row: OnRow) -> None:
+    """Run every payload as a Ray task (one CPU each); ``on_row`` gets each row as it finishes."""
+    from stagetool.sweep.run import run_isolated
+
+    payloads = list(payloads)
+    pythonpath = payloads[0].get("pythonpath") if payloads else None
+    ray, connected = _connect_ray(pythonpath)
+    try:
+        task = ray.remote(num_cpus=1, max_retries=0)(run_isolated)
+        pending = {task.remote(p): p for p in payloads}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                payload = pending.pop(ref)
+                try:
+                    row = ray.get(ref)
+                except Exception as e:  # noqa: BLE001 - a lost node or worker is one error row
+                    from stagetool.sweep.run import _empty_row, _first_lines
+
+                    row = _empty_row(payload["config"])
+                    row["error"] = {"stage": "ray", "exit_code": 3,
+                                    "message": _first_lines(f"the Ray task failed: {type(e).__name__}: {e}")}
+                on_row(row)
+    finally:
+        if connected:
+            ray.shutdown()

@@ -1,0 +1,195 @@
+"""Renderers of a sweep document: a Rich table, JSON, Markdown and CSV. Pure: no JAX.
+
+The table has one row per configuration in grid order: the swept values, peak memory per device
+and whether it fits, collective bytes per step by mesh axes, XLA's per-device FLOPs, the roofline
+step time, compile time, and the failure of a configuration that did not stage. ``★`` marks the
+best configuration that fits by ``--rank-by``.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import io
+import json
+from typing import Any
+
+from stagetool.core.units import format_bytes, format_count, format_seconds
+from stagetool.sweep.rows import DOES_NOT_FIT, OK
+
+
+class SweepFormat(str, enum.Enum):
+    """Output formats of ``stagetool sweep``."""
+
+    text = "text"
+    """A Rich table on a terminal; plain text when piped or NO_COLOR."""
+    json = "json"
+    """The sweep document (``kind: sweep``), the input of ``stagetool sweep merge``."""
+    markdown = "markdown"
+    """A GitHub-flavoured Markdown table."""
+    csv = "csv"
+    """One line per configuration, raw numbers (bytes, seconds, FLOPs), for a spreadsheet."""
+
+
+def _value_columns(doc: dict) -> list[str]:
+    return [name for name, _ in doc.get("axes", [])]
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _fits(row: dict) -> str:
+    if row["status"] == DOES_NOT_FIT:
+        return "no"
+    if row["status"] != OK:
+        return "—"
+    return {True: "yes", False: "no", None: "?"}[row["fits"]]
+
+
+def _peak(row: dict) -> str:
+    peak = row.get("peak_bytes_per_device")
+    if peak is None:
+        return "—" if row["status"] != OK else "n/a"
+    cap = row.get("capacity_bytes_per_device")
+    return format_bytes(peak) + (f" ({100 * peak / cap:.0f}%)" if cap else "")
+
+
+def _collectives(row: dict) -> str:
+    by_axes = row.get("collective_bytes_per_step_by_mesh_axes")
+    if by_axes is None:
+        return "—"
+    if not by_axes:
+        return "none"
+    text = " · ".join(f"{axes} {format_bytes(b)}" for axes, b in by_axes.items())
+    return text + (" +?" if row.get("collectives_unknown_runs") else "")
+
+
+def _failure(row: dict) -> str:
+    err = row.get("error")
+    if err is None:
+        return ""
+    first = (err.get("message") or "").strip().splitlines()
+    return f"{err.get('stage')}: {first[0] if first else ''}"
+
+
+def table_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and cells shared by the text and Markdown tables."""
+    chip = doc.get("options", {}).get("chip")
+    values = _value_columns(doc)
+    head = ["", *values, "peak / device", "fits", "collectives / step by mesh axes", "FLOPs / device (XLA)",
+            f"step (roofline, {chip})" if chip else "step (roofline)", "compile", "failure"]
+    cells = []
+    for r in doc["rows"]:
+        loops = " (loops once)" if r.get("while_loops") else ""
+        flops = format_count(r["flops_per_device_xla"]) + loops if r.get("flops_per_device_xla") is not None else "—"
+        t = (r.get("timings") or {}).get("compile_s")
+        cells.append(["★" if r["id"] == doc.get("best") else "",
+                      *(_value(r["values"].get(v, "")) for v in values), _peak(r), _fits(r), _collectives(r), flops,
+                      format_seconds(r["roofline_step_seconds"]) if r.get("roofline_step_seconds") is not None else "—",
+                      format_seconds(t) if t is not None else "—", _failure(r)])
+    return head, cells
+
+
+def _footer(doc: dict) -> list[str]:
+    lines = []
+    n, total = len(doc["rows"]), doc.get("grid_size")
+    fit = sum(1 for r in doc["rows"] if r["status"] == OK and r.get("fits") is not False)
+    scope = f"{n} configuration{'s' if n != 1 else ''}" + (f" of {total}" if total != n else "")
+    if doc.get("shard"):
+        scope += f" (shard {doc['shard']})"
+    lines.append(f"{scope}; {fit} stage{'s' if fit == 1 else ''} and fit{'s' if fit == 1 else ''}")
+    if doc.get("best"):
+        lines.append(f"★ best by {doc.get('ranked_by')}: {doc['best']}")
+    if doc.get("ranking_note"):
+        lines.append(f"note: {doc['ranking_note']}")
+    if any(r.get("while_loops") for r in doc["rows"]):
+        lines.append("FLOPs are XLA's per-device figures, which count a while body (a scan) once: a lower bound "
+                     "with loops, and the roofline with them")
+    return lines
+
+
+def render_text(doc: dict, *, color: bool = False, width: int = 160) -> str:
+    from rich import box
+    from rich.console import Console
+    from rich.measure import Measurement
+    from rich.table import Table
+    from rich.text import Text
+
+    head, cells = table_rows(doc)
+    title = f"sweep {doc.get('function')}  {doc.get('target')}"
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False)
+    for i, h in enumerate(head):
+        numeric = h.startswith(("peak", "FLOPs", "step", "compile"))
+        table.add_column(h, justify="right" if numeric else "left", no_wrap=h not in ("failure",),
+                         overflow="fold")
+    for row, r in zip(cells, doc["rows"]):
+        style = "bold green" if r["id"] == doc.get("best") else ("dim" if r["status"] != OK else None)
+        table.add_row(*(Text(c) for c in row), style=style)  # Text: "model[minor 2 of 8]" is not markup
+    def make(w: int) -> Console:
+        return Console(file=io.StringIO(), force_terminal=color, no_color=not color,
+                       color_system="truecolor" if color else None, width=w, highlight=False)
+
+    # as the report's tables: never squeezed below what the cells need (a narrow terminal wraps lines)
+    probe = make(400)
+    needed = Measurement.get(probe, probe.options, table).maximum
+    console = make(max(width, min(needed, 400)))
+    console.print(table)
+    for line in _footer(doc):
+        console.print(Text(line))
+    text = console.file.getvalue()
+    if not color:
+        text = "\n".join(line.rstrip() for line in text.split("\n"))
+    return text
+
+
+def render_markdown(doc: dict, **_: Any) -> str:
+    head, cells = table_rows(doc)
+
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|").replace("\n", " ")
+
+    out = [f"### sweep `{doc.get('function')}` ({doc.get('target')})", "",
+           "| " + " | ".join(esc(h) for h in head) + " |",
+           "|" + "|".join(":---" if not h.startswith(("peak", "FLOPs", "step", "compile")) else "---:"
+                          for h in head) + "|"]
+    out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in cells]
+    out.append("")
+    out += [line + "  " for line in _footer(doc)]
+    return "\n".join(out).rstrip() + "\n"
+
+
+CSV_COLUMNS = ("index", "id", "best", "status", "peak_bytes_per_device", "capacity_bytes_per_device", "fits",
+               "collective_bytes_per_step", "flops_per_device_xla", "while_loops", "chip", "roofline_step_seconds",
+               "roofline_bound", "compile_s", "error")
+
+
+def render_csv(doc: dict, **_: Any) -> str:
+    values = _value_columns(doc)
+    axes_keys = sorted({k for r in doc["rows"] for k in (r.get("collective_bytes_per_step_by_mesh_axes") or {})})
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*values, *CSV_COLUMNS, *(f"collective_bytes_per_step[{k}]" for k in axes_keys)])
+    for r in doc["rows"]:
+        by_axes = r.get("collective_bytes_per_step_by_mesh_axes") or {}
+        fields = {**r, "best": r["id"] == doc.get("best"), "compile_s": (r.get("timings") or {}).get("compile_s"),
+                  "error": _failure(r)}
+        w.writerow([_value(r["values"].get(v, "")) for v in values]
+                   + ["" if fields.get(c) is None else _value(fields[c]) for c in CSV_COLUMNS]
+                   + ["" if by_axes.get(k) is None else by_axes[k] for k in axes_keys])
+    return buf.getvalue()
+
+
+def render_json(doc: dict, **_: Any) -> str:
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def render(doc: dict, fmt: SweepFormat, *, color: bool = False, width: int = 160) -> str:
+    """The sweep document in ``fmt``."""
+    fmt = SweepFormat(fmt)
+    if fmt == SweepFormat.text:
+        return render_text(doc, color=color, width=width)
+    return {SweepFormat.json: render_json, SweepFormat.markdown: render_markdown,
+            SweepFormat.csv: render_csv}[fmt](doc)
