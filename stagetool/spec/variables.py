@@ -159,11 +159,20 @@ def read_spec_text(path: str | Path) -> str:
     """
     p = Path(path)
     try:
-        return p.read_text()
+        if p.is_dir():
+            raise SpecError([f"{p}: is a folder, not a spec file"])
+        data = p.read_bytes()
     except FileNotFoundError:
         raise SpecError([f"{p}: spec file not found"]) from None
     except OSError as e:
-        raise SpecError([f"{p}: cannot read spec: {e.strerror}"]) from None
+        raise SpecError([f"{p}: cannot read spec: {e.strerror or e}"]) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise SpecError([f"{p}:{line}:{col}: byte {e.start} (0x{data[e.start]:02x}) is not UTF-8; "
+                         "a spec is UTF-8 text"]) from None
 
 
 def load_spec_with(path: str | Path, values: Mapping[str, str] | None = None):
