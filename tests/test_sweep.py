@@ -160,6 +160,7 @@ def test_mesh_all_on_the_transformer_gives_one_row_per_factorisation_equal_to_re
         assert row["peak_bytes_per_device"] == one["memory"]["record"]["peak_bytes"]
         assert row["fits"] == one["memory"]["verdict"]["fits"] is True
         assert row["flops_per_device_xla"] == one["cost"]["per_device"]["flops"]
+        assert row["flops_per_device_loop_aware"] == one["cost"]["loop_aware"]["flops"]
         assert row["roofline_step_seconds"] == one["cost"]["roofline"]["lower_bound_seconds"]
         assert row["while_loops"] == len(one["cost"]["loop_trip_counts"]) == 2  # the scan over layers, forward and back
         summary = one["collectives"]["summary"]

@@ -79,12 +79,17 @@ def table_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     """Header and cells shared by the text and Markdown tables."""
     chip = doc.get("options", {}).get("chip")
     values = _value_columns(doc)
-    head = ["", *values, "peak / device", "fits", "collectives / step by mesh axes", "FLOPs / device (XLA)",
+    head = ["", *values, "peak / device", "fits", "collectives / step by mesh axes", "FLOPs / device (loop-aware)",
             f"step (roofline, {chip})" if chip else "step (roofline)", "compile", "failure"]
     cells = []
     for r in doc["rows"]:
-        loops = " (loops once)" if r.get("while_loops") else ""
-        flops = format_count(r["flops_per_device_xla"]) + loops if r.get("flops_per_device_xla") is not None else "—"
+        aware = r.get("flops_per_device_loop_aware")
+        if aware is not None:
+            flops = format_count(aware) + (" (est.)" if r.get("while_loops") else "")
+        elif r.get("flops_per_device_xla") is not None:
+            flops = format_count(r["flops_per_device_xla"]) + (" (loops once)" if r.get("while_loops") else "")
+        else:
+            flops = "—"
         t = (r.get("timings") or {}).get("compile_s")
         cells.append(["★" if r["id"] == doc.get("best") else "",
                       *(_value(r["values"].get(v, "")) for v in values), _peak(r), _fits(r), _collectives(r), flops,
@@ -106,8 +111,8 @@ def _footer(doc: dict) -> list[str]:
     if doc.get("ranking_note"):
         lines.append(f"note: {doc['ranking_note']}")
     if any(r.get("while_loops") for r in doc["rows"]):
-        lines.append("FLOPs are XLA's per-device figures, which count a while body (a scan) once: a lower bound "
-                     "with loops, and the roofline with them")
+        lines.append("FLOPs (est.) are the loop-aware estimate: XLA's per-device figure counts a while body (a scan) "
+                     "once, the estimate adds (trip count - 1) x each body; the roofline uses it")
     return lines
 
 
@@ -162,7 +167,7 @@ def render_markdown(doc: dict, **_: Any) -> str:
 
 
 CSV_COLUMNS = ("index", "id", "best", "status", "peak_bytes_per_device", "capacity_bytes_per_device", "fits",
-               "collective_bytes_per_step", "flops_per_device_xla", "while_loops", "chip", "roofline_step_seconds",
+               "collective_bytes_per_step", "flops_per_device_xla", "flops_per_device_loop_aware", "while_loops", "chip", "roofline_step_seconds",
                "roofline_bound", "compile_s", "error")
 
 

@@ -38,7 +38,7 @@ def _empty_row(config: dict) -> dict:
             "device_kind": None, "device_count": None, "peak_bytes_per_device": None,
             "capacity_bytes_per_device": None, "capacity_source": None, "fits": None,
             "collective_bytes_per_step": None, "collective_bytes_per_step_by_mesh_axes": None,
-            "collectives_unknown_runs": None, "flops_per_device_xla": None, "while_loops": None,
+            "collectives_unknown_runs": None, "flops_per_device_xla": None, "flops_per_device_loop_aware": None, "while_loops": None,
             "chip": None, "roofline_step_seconds": None, "roofline_bound": None, "error": None,
             "timings": {"trace_s": None, "lower_s": None, "compile_s": None}}
 
@@ -66,7 +66,9 @@ def row_from_function(row: dict, fn: Any) -> dict:
                                                            for t in s.by_mesh_axes},
                    collectives_unknown_runs=s.total.unknown_executions_count)
     if fn.cost is not None:
-        row.update(flops_per_device_xla=fn.cost.per_device.flops, while_loops=len(fn.cost.loop_trip_counts))
+        aware = fn.cost.loop_aware
+        row.update(flops_per_device_xla=fn.cost.per_device.flops, while_loops=len(fn.cost.loop_trip_counts),
+                   flops_per_device_loop_aware=aware.flops if aware is not None else None)
         if fn.cost.roofline is not None:
             r = fn.cost.roofline
             row.update(chip=r.chip, roofline_step_seconds=r.lower_bound_seconds, roofline_bound=r.bound)
