@@ -692,12 +692,11 @@ class _Parser:
         return None
 
 
-def load_spec(path: str | Path) -> Spec:
-    """Read and validate a spec file.
+def read_spec_text(path: str | Path) -> str:
+    """The spec file's text.
 
     Raises:
-      SpecError: listing every problem as ``file:line:col: key.path: message``; also for a file
-        that does not exist or is not valid YAML.
+      SpecError: the file does not exist or cannot be read or is not UTF-8 (naming the line, column and byte).
     """
     p = Path(path)
     try:
@@ -709,12 +708,23 @@ def load_spec(path: str | Path) -> Spec:
     except OSError as e:
         raise SpecError([f"{p}: cannot read spec: {e.strerror or e}"]) from None
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise SpecError([f"{p}:{line}:{col}: byte {e.start} (0x{data[e.start]:02x}) is not UTF-8; "
                          "a spec is UTF-8 text"]) from None
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a spec file.
+
+    Raises:
+      SpecError: listing every problem as ``file:line:col: key.path: message``; also for a file
+        that does not exist or is not valid YAML.
+    """
+    p = Path(path)
+    text = read_spec_text(p)
     return parse_spec(text, file=str(p), base_dir=p.resolve().parent, path=p)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from stagetool.core.errors import SpecError, UsageError
+from stagetool.core.errors import UsageError
 
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 """``${name}``: a name is a Python identifier."""
@@ -151,30 +151,6 @@ def check_names(text: str, names: list[str] | tuple[str, ...], *, file: str = "<
                          + "write ${name} in the spec where the value goes")
 
 
-def read_spec_text(path: str | Path) -> str:
-    """The spec file's text.
-
-    Raises:
-      SpecError: the file does not exist or cannot be read (as :func:`stagetool.spec.parse.load_spec`).
-    """
-    p = Path(path)
-    try:
-        if p.is_dir():
-            raise SpecError([f"{p}: is a folder, not a spec file"])
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise SpecError([f"{p}: spec file not found"]) from None
-    except OSError as e:
-        raise SpecError([f"{p}: cannot read spec: {e.strerror or e}"]) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise SpecError([f"{p}:{line}:{col}: byte {e.start} (0x{data[e.start]:02x}) is not UTF-8; "
-                         "a spec is UTF-8 text"]) from None
-
-
 def load_spec_with(path: str | Path, values: Mapping[str, str] | None = None):
     """:func:`stagetool.spec.parse.load_spec`, with the spec's placeholders filled from ``values``.
 
@@ -184,7 +160,7 @@ def load_spec_with(path: str | Path, values: Mapping[str, str] | None = None):
       UsageError: a placeholder without a value, or a value for a name the spec does not use.
       SpecError: the filled spec is invalid.
     """
-    from stagetool.spec.parse import load_spec, parse_spec
+    from stagetool.spec.parse import load_spec, parse_spec, read_spec_text
 
     p = Path(path)
     text = read_spec_text(p)

@@ -91,7 +91,8 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     from stagetool.pipeline import Options, make_plan
     from stagetool.core.mesh import parse_mesh_option
     from stagetool.spec.discovery import find_spec
-    from stagetool.spec.variables import check_names, parse_set_options, read_spec_text
+    from stagetool.spec.parse import read_spec_text
+    from stagetool.spec.variables import check_names, parse_set_options
 
     if options.jobs < 1:
         raise UsageError(f"--jobs {options.jobs}: give at least 1")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import enum
-from typing import Any, Iterable
+from typing import Iterable
 
 from stagetool.core.errors import UsageError
 
