@@ -386,8 +386,10 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
     dump = options.peak and Section.MEMORY in wanted
     cache = None
     # a multi-process job compiles in every process together: one process answering from its cache
-    # while another compiles could leave the other waiting, so such jobs do not use the facts cache
-    real_processes = setup.process_count if options.processes is None else 1
+    # while another compiles could leave the other waiting, so such jobs do not use the facts cache.
+    # Simulated processes (--processes) and a compile-only topology's hosts are all this one process.
+    simulated = options.processes is not None or setup.topology is not None
+    real_processes = 1 if simulated else setup.process_count
     if needs_compile and options.cache_dir is not None and real_processes == 1:
         from stagetool.lowering.cache import FactsCache
 

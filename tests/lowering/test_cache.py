@@ -249,3 +249,18 @@ def test_facts_the_format_cannot_hold_are_not_cached(project, tmp_path, monkeypa
                         lambda stage: dataclasses.replace(real(stage), values={"flops": object()}))
     first = _run(cache, sections=[Section.SHARDINGS])
     assert not first.cached and _entries(cache) == []
+
+
+def test_a_compile_only_topology_spanning_hosts_is_cached(project, tmp_path):
+    """v5p:2x2x2 spans two hosts, but a compile-only topology is compiled in this one process: its
+    facts are cached like a CPU mesh's (before, such runs never used the cache)."""
+    from stagetool.lowering import topology
+
+    if not topology.libtpu_available():
+        pytest.skip("libtpu not installed")
+    cache = tmp_path / "cache"
+    options = Options(spec=Path("m.stagetool.yaml"), cache_dir=cache, topology="v5p:2x2x2")
+    (cold,) = analyze(options, REPORT_SECTIONS).functions
+    assert cold.mesh.process_count == 2 and not cold.cached and cold.error is None
+    (warm,) = analyze(options, REPORT_SECTIONS).functions
+    assert warm.cached and _without_timings(warm) == _without_timings(cold)
