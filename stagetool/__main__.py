@@ -1,8 +1,26 @@
-"""``python -m stagetool`` runs the command line."""
+"""The ``stagetool`` command's entry point (the console script and ``python -m stagetool``).
+
+``stagetool --version`` is answered here without importing Typer, Rich or JAX; everything else
+goes to :func:`stagetool.cli.main`.
+"""
+
+from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__":  # not when a worker process (multiprocessing's spawn) imports it as __mp_main__
-    from stagetool.cli import main
 
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); the exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--version"]:
+        from stagetool._version import __version__
+
+        sys.stdout.write(f"stagetool {__version__}\n")
+        return 0
+    from stagetool.cli import main as cli_main
+
+    return cli_main(argv)
+
+
+if __name__ == "__main__":  # not when a worker process (multiprocessing's spawn) imports it as __mp_main__
     sys.exit(main())

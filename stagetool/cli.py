@@ -2,7 +2,7 @@
 
 It parses options, calls the pipeline, picks a renderer and maps errors to exit codes
 (:class:`stagetool.core.errors.ExitCode`). Importing this module does not import JAX, so ``--help``
-and ``--version`` stay fast.
+stays fast (``--version`` is answered before this module is imported: :mod:`stagetool.__main__`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 # ---- options shared by the staging commands ---------------------------------------------------
@@ -868,6 +869,57 @@ def _sweep_merge(files: list[Path]) -> dict:
     return merge(docs)
 
 
+#: the root command's options that take a value (``--coordinator HOST:PORT``)
+_ROOT_VALUE_OPTIONS = ("--coordinator", "--num-processes", "--process-id")
+
+
+def _click_command(argv: list[str]) -> Any:
+    """The click command that runs ``argv``: the root group holding only the subcommand ``argv``
+    names; for the root's help (``--help``, ``-h``, no arguments) the root group listing every
+    subcommand by name and help text alone; else (a misspelt command, a root flag) the full group.
+
+    Typer builds a click command from each function's signature on every run (about 35 ms for all
+    twelve on a 2-core VM), and a run needs only its own; what it parses and prints is the same
+    (``tests/test_cli.py`` compares the help both ways).
+    """
+    import copy
+    import inspect
+
+    import typer.core
+    import typer.main
+
+    if argv in ([], ["--help"], ["-h"]):
+        root = copy.copy(app)
+        root.registered_commands = []
+        group = typer.main.get_command(root)
+        for c in app.registered_commands:  # listed, never run: the help exits first
+            doc = c.help if c.help is not None else inspect.getdoc(c.callback)
+            group.add_command(typer.core.TyperCommand(
+                name=c.name or typer.main.get_command_name(c.callback.__name__), callback=None,
+                help=inspect.cleandoc(doc) if doc else doc, short_help=c.short_help, hidden=c.hidden,
+                deprecated=c.deprecated))
+        return group
+
+    name, args = None, iter(argv)
+    for arg in args:
+        if arg in _ROOT_VALUE_OPTIONS:
+            next(args, None)
+        elif arg.startswith(tuple(f"{o}=" for o in _ROOT_VALUE_OPTIONS)):
+            continue
+        elif arg.startswith("-"):
+            break  # a root flag (--help, --version) or a usage error: the whole group answers it
+        else:
+            name = arg
+            break
+    infos = [c for c in app.registered_commands
+             if name is not None and (c.name or typer.main.get_command_name(c.callback.__name__)) == name]
+    if len(infos) != 1:
+        return typer.main.get_command(app)
+    only = copy.copy(app)
+    only.registered_commands = infos
+    return typer.main.get_command(only)
+
+
 def _run_app(argv: list[str] | None) -> int:
     """Run the Typer app; its exit code.
 
@@ -877,7 +929,8 @@ def _run_app(argv: list[str] | None) -> int:
     chose cannot reach this point as a success.
     """
     try:
-        app(args=argv, prog_name="stagetool", standalone_mode=True)
+        _click_command(sys.argv[1:] if argv is None else argv)(args=argv, prog_name="stagetool",
+                                                               standalone_mode=True)
     except SystemExit as e:
         if e.code is None or e.code == 0:
             return int(ExitCode.OK)

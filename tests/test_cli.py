@@ -405,6 +405,35 @@ def test_help_and_version_do_not_import_jax():
 
     r = run_subprocess("--version")
     assert (r.code, r.stdout, r.stderr) == (0, f"stagetool {__version__}\n", "")
+    # the entry point answers --version before importing Typer (or Rich, or JAX)
+    code = ("import sys\nfrom stagetool.__main__ import main\nassert main(['--version']) == 0\n"
+            "print(sorted(m for m in ('typer', 'rich', 'jax') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.stdout == f"stagetool {__version__}\n[]\n", proc.stderr
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["-h"], ["report", "--help"], ["--coordinator", "h:1", "cost", "-h"],
+                                  ["--coordinator=h:1", "memory", "--help"], ["reprot"], ["--bogus"]])
+def test_the_command_built_for_one_run_answers_as_the_whole_app(argv, capfd):
+    """A run builds only the subcommand it names, and the root's help lists the subcommands from
+    their names and docstrings alone (cli._click_command); help, usage errors and exit codes are
+    those of the app with every subcommand built."""
+    import typer.main
+
+    from stagetool import cli
+
+    def answer(command) -> tuple:
+        try:
+            command.main(args=list(argv), prog_name="stagetool", standalone_mode=True)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        out, err = capfd.readouterr()
+        return code, out, err
+
+    full = answer(typer.main.get_command(cli.app))
+    assert full[1] or full[2]  # the comparison is of something
+    assert answer(cli._click_command(list(argv))) == full
 
 
 @pytest.mark.slow
