@@ -10,16 +10,26 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line with ``argv`` (default ``sys.argv[1:]``); the exit code."""
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); the exit code.
+
+    The cyclic garbage collector is paused through start-up and resumed once the devices are up
+    (:mod:`stagetool.core.gc_pause`).
+    """
     args = sys.argv[1:] if argv is None else argv
     if args == ["--version"]:
         from stagetool._version import __version__
 
         sys.stdout.write(f"stagetool {__version__}\n")
         return 0
-    from stagetool.cli import main as cli_main
+    from stagetool.core import gc_pause
 
-    return cli_main(argv)
+    gc_pause.pause()
+    try:
+        from stagetool.cli import main as cli_main
+
+        return cli_main(argv)
+    finally:
+        gc_pause.before_exit()
 
 
 if __name__ == "__main__":  # not when a worker process (multiprocessing's spawn) imports it as __mp_main__

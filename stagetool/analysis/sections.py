@@ -7,7 +7,7 @@ sharding reports, and returns a frozen record that renderers read without touchi
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stagetool.analysis.collectives import (
     Collective,
@@ -23,11 +23,15 @@ from stagetool.analysis.cost import (
     Suspect,
     has_dot_or_convolution,
     manual_scope,
-    scaled_to_shards,
     per_device_cost,
+    scaled_to_shards,
     whole_program_cost,
 )
-from stagetool.analysis.loops import LoopAwareCost, dot_flops_lower_bound, loop_aware_cost
+from stagetool.analysis.loops import (
+    LoopAwareCost,
+    dot_flops_lower_bound,
+    loop_aware_cost,
+)
 from stagetool.analysis.memory import (
     DonationStatus,
     FitVerdict,
@@ -35,18 +39,20 @@ from stagetool.analysis.memory import (
     OutOfMemory,
     at_least_live,
     declared_argument_bytes,
-    normalise_memory,
     donation_status,
     fit_verdict,
     memory_of,
+    normalise_memory,
     parse_input_output_alias,
 )
-from stagetool.analysis.peak import PeakReport, peak_report
-from stagetool.analysis.roofline import RooflineEstimate, roofline
 from stagetool.analysis.shardings import LeafReport
-from stagetool.core.chips import Chip
 from stagetool.hlo.parser import HloModule
 from stagetool.lowering.facts import StagedFunction
+
+if TYPE_CHECKING:  # imported where used: only --chip and the peak buffers need them
+    from stagetool.analysis.peak import PeakReport
+    from stagetool.analysis.roofline import RooflineEstimate
+    from stagetool.core.chips import Chip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +181,8 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
     if chip is not None:
         flops, moved = (aware.flops, aware.bytes_accessed) if aware is not None else (
             per_device.flops, per_device.bytes_accessed)
+        from stagetool.analysis.roofline import roofline
+
         estimate = roofline(chip, flops_per_device=flops, bytes_accessed_per_device=moved, dtype=dtype)
     return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware, notes)
 
@@ -231,7 +239,11 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
       capacity_bytes / capacity_source: the device's memory, if known.
       top: how many largest inputs and peak buffers to keep.
     """
-    peak = peak_report(facts.peak, top=top) if facts.peak is not None else None
+    peak = None
+    if facts.peak is not None:
+        from stagetool.analysis.peak import peak_report
+
+        peak = peak_report(facts.peak, top=top)
     record = at_least_live(memory_of(facts.memory), peak.peak_bytes if peak is not None else None)
     record = _memory_suspects(record, inputs)
     verdict = fit_verdict(record.peak_bytes, capacity_bytes)

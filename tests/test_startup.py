@@ -1,0 +1,67 @@
+"""Start-up of the command line: the cyclic collector paused through imports and resumed with the
+start-up heap frozen (stagetool.core.gc_pause); the Python API leaves the caller's collector alone."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import CLI_ENV, REPO
+
+from stagetool.core import gc_pause
+
+
+@pytest.fixture
+def collector():
+    """Restore the collector's state (and unfreeze) after the test."""
+    was = gc.isenabled()
+    yield
+    gc.unfreeze()
+    gc.enable() if was else gc.disable()
+    gc_pause._paused = False
+
+
+def test_pause_then_resume_freezes_what_start_up_made(collector):
+    gc.enable()
+    gc_pause.pause()
+    assert not gc.isenabled()
+    made = [[i] for i in range(1000)]  # noqa: F841 - objects alive at resume
+    gc_pause.resume()
+    assert gc.isenabled() and gc.get_freeze_count() >= 1000
+    frozen = gc.get_freeze_count()
+    gc_pause.resume()  # a second call changes nothing
+    assert gc.get_freeze_count() == frozen
+
+
+def test_resume_without_pause_leaves_the_collector_alone(collector):
+    gc.disable()  # the caller's choice (the Python API never pauses)
+    gc_pause.resume()
+    assert not gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_the_cli_process_collects_again_once_the_devices_are_up(tmp_path):
+    """In a real run the collector is back on for tracing and compiling, with the start-up heap
+    (JAX's modules) frozen: not one collection walks it."""
+    code = ("import atexit, gc, json, sys\n"
+            "from stagetool.__main__ import main\n"
+            "state = {}\n"
+            "import stagetool.pipeline as p\n"
+            "real = p._provision\n"
+            "def spy(*a, **k):\n"
+            "    setup = real(*a, **k)\n"
+            "    state.setdefault('after_provision', [gc.isenabled(), gc.get_freeze_count()])\n"
+            "    return setup\n"
+            "p._provision = spy\n"
+            "code = main(['shardings', 'examples/mlp.py:train_step', '--format', 'json', '-o', "
+            f"{str(tmp_path / 'r.json')!r}])\n"
+            "print(json.dumps([code, 'jax' in sys.modules, state['after_provision']]))\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    code, jax_loaded, (enabled, frozen) = json.loads(proc.stdout.splitlines()[-1])
+    assert code == 0 and jax_loaded and enabled and frozen > 100_000
