@@ -546,16 +546,18 @@ def devices(mesh: Annotated[Optional[str], typer.Option(
 # ---- CI gate: snapshot, check, diff (README: "The CI gate") ------------------------------------
 
 IsolateOpt = Annotated[bool, typer.Option(
-    "--isolate", help="Stage each function in its own process, so one that aborts the process (an XLA "
-                      "'LLVM ERROR') is reported as failed and the others still run. Costs ~1.5 s per function.")]
+    "--isolate", help="Stage each function in a worker process of its own (--jobs N: N at a time), so one "
+                      "that aborts its process (an XLA 'LLVM ERROR') is reported as failed and the others "
+                      "still run. Costs ~1.5 s per function.")]
 ToleranceOpt = Annotated[Optional[list[str]], typer.Option(
     "--tolerance", "-t", help="NAME=VALUE, repeatable: allowed growth before a regression, e.g. memory=2%, "
                               "flops=5%, collective_bytes=64KiB. Names: memory, flops, bytes_accessed, "
                               "collective_bytes, collective_count. Defaults: 1%, 1%, 1%, 0%, 0.",
     show_default=False)]
 TimeoutOpt = Annotated[Optional[float], typer.Option(
-    "--timeout", help="With --isolate: seconds each function's process may take before it is killed and "
-                      "reported as failed. Default: 1800.", show_default=False, min=0.001)]
+    "--timeout", help="Seconds each function may take: functions are staged in worker processes (as with "
+                      "--isolate or --jobs), and one still running after this long has its process killed and "
+                      "is reported as failed. Default with --isolate: 1800.", show_default=False, min=0.001)]
 JunitOpt = Annotated[Optional[Path], typer.Option(
     "--junit-xml", help="Also write JUnit XML (one testcase per function) to FILE.", show_default=False)]
 

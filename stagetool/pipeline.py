@@ -9,14 +9,16 @@ from __future__ import annotations
 import dataclasses
 import enum
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from stagetool.core.errors import UsageError
 from stagetool.core.mesh import MeshSpec, parse_mesh_option
-from stagetool.gate.run import SnapshotRun
 from stagetool.spec.discovery import find_spec
 from stagetool.spec.model import FunctionSpec, Spec
 from stagetool.spec.variables import load_spec_with
+
+if TYPE_CHECKING:
+    from stagetool.gate.run import SnapshotRun
 
 
 class Section(str, enum.Enum):
@@ -331,6 +333,7 @@ def _use_jax_cache(options: Options, wanted: set[Section]) -> None:
 
 
 def _provision(plan: Plan, options: Options) -> Any:
+    from stagetool.core import gc_pause
     from stagetool.lowering.devices import provision
 
     key = (plan.mesh, plan.platform, plan.topology, options.processes)
@@ -345,6 +348,7 @@ def _provision(plan: Plan, options: Options) -> Any:
                 if given is None and loc is not None and e.message.startswith(f"--{name} "):
                     raise UsageError(f"{loc}: {name}: " + e.message[len(name) + 3:], hint=e.hint) from None
             raise
+        gc_pause.resume()  # start-up is over: JAX is imported and its backend started
     return _SETUP_CACHE[key]
 
 
@@ -671,17 +675,18 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None, timeout
 
     Each function is staged on its own: one that fails to trace, lower or compile
     (:class:`stagetool.core.errors.StagingError`) is recorded in ``failed`` and the others still run.
-    With ``isolate``, each function runs in its own ``python -m stagetool snapshot --function``
-    process, so that one that aborts the process (an XLA ``LLVM ERROR``, ``os.abort()``) is
-    recorded too; ``timeout_s`` bounds each such process (default
-    :data:`stagetool.gate.run.DEFAULT_TIMEOUT_S`), and one that runs past it is a failure.
-    Otherwise, with ``options.jobs`` > 1, functions are staged in that many worker processes
-    (:mod:`stagetool.core.workers`); the snapshot is the same as a serial run's.
+    With ``options.jobs`` > 1, functions are staged in that many worker processes
+    (:mod:`stagetool.core.workers`); the snapshot is the same as a serial run's. With ``isolate``,
+    the same workers take one function each, so that one that aborts its process (an XLA
+    ``LLVM ERROR``, ``os.abort()``) is recorded too. ``timeout_s`` (which also puts the functions in
+    workers) bounds each function's time in its worker (with ``isolate``, default
+    :data:`stagetool.gate.run.DEFAULT_TIMEOUT_S`); one that runs past it is killed and recorded as
+    failed.
 
     Raises:
       UsageError, SpecError, TargetError: bad options, spec or target.
     """
-    from stagetool.gate.run import SnapshotRun, snapshot_in_subprocess, spec_label
+    from stagetool.gate.run import DEFAULT_TIMEOUT_S, SnapshotRun, spec_label
     from stagetool.gate.snapshot import (
         SNAPSHOT_KIND,
         SNAPSHOT_SCHEMA,
@@ -696,18 +701,13 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None, timeout
     parts: list[dict] = []
     failed: dict[str, str] = {}
     prepared = None if isolate else prepare_all(plan, options)  # every spec error before anything is lowered
-    if isolate:
-        for name in names:
-            one = dataclasses.replace(options, function=name)
-            part, error = snapshot_in_subprocess(one, spec_path, **({} if timeout_s is None else {"timeout_s": timeout_s}))
-            if error is not None:
-                failed[name] = error
-            else:
-                parts.append(part)
-    elif options.jobs > 1 and len(names) > 1:
+    if isolate or timeout_s is not None or (options.jobs > 1 and len(names) > 1):
         from stagetool.core.workers import raise_first_error, run_in_workers
 
-        outcomes = run_in_workers(_snapshot_task, names, jobs=options.jobs, common=(options,))
+        if isolate and timeout_s is None:
+            timeout_s = DEFAULT_TIMEOUT_S
+        outcomes = run_in_workers(_snapshot_task, names, jobs=options.jobs, common=(options,), isolate=isolate,
+                                  timeout_s=timeout_s)
         raise_first_error(outcomes)
         for name, o in zip(names, outcomes):
             part, error = o.value if o.died is None else (None, o.died)

@@ -300,6 +300,7 @@ def test_snapshot_is_byte_identical_across_processes(project, capsys):
 
 _FUNCS = """\
 import os
+import sys
 
 import jax.numpy as jnp
 
@@ -309,6 +310,7 @@ def good(x):
 
 
 def bad(x):
+    print("LLVM ERROR: out of registers (simulated)", file=sys.stderr, flush=True)
     os.abort()
 """
 
@@ -333,13 +335,17 @@ def test_isolate_reports_an_aborting_function_and_checks_the_others(tmp_path):
     assert proc.returncode == 0, proc.stderr
     proc = run_subprocess("check", "-s", "funcs.stagetool.yaml", "--isolate", "--junit-xml", "j.xml", cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr
-    assert "bad: the process died with SIGABRT" in proc.stderr
+    # the worker's last stderr line is in the failure: what a CI log needs to say why
+    assert "bad: the process died with SIGABRT: LLVM ERROR: out of registers (simulated)" in proc.stderr
     assert "FAILED: the process died with SIGABRT" in proc.stdout
     assert "2 functions: 1 failed to stage, 1 ok" in proc.stdout
     cases = {c.get("name"): c for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase")}
     assert cases["bad"].find("error") is not None and cases["good"].find("error") is None
     proc = run_subprocess("snapshot", "-s", "funcs.stagetool.yaml", "--isolate", "-o", "all.json", cwd=tmp_path)
     assert proc.returncode == 3 and not (tmp_path / "all.json").exists()
+    # the same workers as --jobs: two at a time, the same outcome
+    proc = run_subprocess("check", "-s", "funcs.stagetool.yaml", "--isolate", "--jobs", "2", cwd=tmp_path)
+    assert proc.returncode == 3 and "2 functions: 1 failed to stage, 1 ok" in proc.stdout, proc.stderr
 
 
 def test_a_loop_that_runs_longer_is_a_regression(tmp_path, capsys, monkeypatch):

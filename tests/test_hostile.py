@@ -385,15 +385,18 @@ def test_sigterm_during_a_compile_exits_143_with_one_line(tmp_path):
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["slow.py", "slow.stagetool.yaml"]
 
 
-def test_isolate_timeout_is_that_functions_failure(run_cli, tmp_path):
+@pytest.mark.parametrize("workers", [["--isolate"], ["--jobs", "2"]])
+def test_a_timeout_is_that_functions_failure(run_cli, tmp_path, workers):
+    """--timeout kills the worker of a function still running after that long (--isolate's
+    workers, or --jobs'); the other function is staged, and the run fails closed (exit 3, no file)."""
     write(tmp_path, "t.py", "import time\n\ndef slow(x):\n    time.sleep(60)\n    return x\n\n"
                             "def fast(x):\n    return x\n")
     spec = write(tmp_path, "t.stagetool.yaml", "functions:\n  slow: {target: t.py:slow, args: ['f32[4]']}\n"
                                                "  fast: {target: t.py:fast, args: ['f32[4]']}\n")
     start = time.perf_counter()
-    r = run_cli("snapshot", "--spec", spec, "--isolate", "--timeout", "8", "-o", tmp_path / "o.json", check=3)
+    r = run_cli("snapshot", "--spec", spec, *workers, "--timeout", "8", "-o", tmp_path / "o.json", check=3)
     assert time.perf_counter() - start < 50
-    assert "slow: timed out after 8 s (--timeout)" in r.stderr
+    assert "slow: timed out after 8 s; the process was killed" in r.stderr
     assert not (tmp_path / "o.json").exists()
 
 
@@ -409,24 +412,27 @@ def test_a_broken_stdout_pipe_is_one_line_not_a_traceback(tmp_path):
     assert "broken pipe" in err and "Traceback" not in err and "Exception ignored" not in err
 
 
-def _pids_mentioning(text: str) -> list[int]:
+def _children_of(pid: int) -> list[int]:
     pids = []
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
-                if text in (p / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(p.name))
+                stat = (p / "stat").read_text()
             except OSError:
-                pass
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state: the parent's pid
+                pids.append(int(p.name))
     return pids
 
 
-def test_sigint_during_isolate_kills_the_child_and_removes_its_folder(tmp_path):
+def test_sigint_during_isolate_kills_the_child_and_removes_its_files(tmp_path):
+    """The --isolate worker runs in a session of its own (Ctrl-C at a terminal does not reach it):
+    the parent kills it, and removes the file its stderr went to."""
     proc = _start(tmp_path, "snapshot", "--isolate", "-o", "lock.json")
     tmp = tmp_path / "tmp"
-    _wait_for(proc, lambda: _pids_mentioning(str(tmp / "stagetool-isolate-")))
+    _wait_for(proc, lambda: list(tmp.glob("stagetool-worker-*.stderr")) and _children_of(proc.pid))
     time.sleep(1.0)
-    children = _pids_mentioning(str(tmp / "stagetool-isolate-"))
+    children = _children_of(proc.pid)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

@@ -30,7 +30,8 @@ def register_path(path: str | os.PathLike) -> int:
 
 
 def register_child(proc: Any) -> int:
-    """Remember a child process (a ``subprocess.Popen`` started with ``start_new_session=True``)."""
+    """Remember a child process started in a session of its own: a ``subprocess.Popen`` started with
+    ``start_new_session=True``, or a ``multiprocessing.Process`` that calls ``os.setsid()`` first."""
     with _LOCK:
         _NEXT[0] += 1
         _CHILDREN[_NEXT[0]] = proc
@@ -56,8 +57,12 @@ def temporary_path(path: str | os.PathLike) -> Iterator[str]:
 
 
 def kill_child(proc: Any) -> None:
-    """Kill a child's whole process group (it was started in its own session), then reap it."""
-    if proc.poll() is not None:
+    """Kill a child's whole process group (it was started in its own session), then reap it.
+
+    ``proc`` is a ``subprocess.Popen`` or a ``multiprocessing.Process``.
+    """
+    popen = hasattr(proc, "poll")
+    if (proc.poll() if popen else proc.exitcode) is not None or proc.pid is None:
         return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -65,7 +70,7 @@ def kill_child(proc: Any) -> None:
         with contextlib.suppress(OSError):
             proc.kill()
     with contextlib.suppress(Exception):
-        proc.wait(timeout=5)
+        proc.wait(timeout=5) if popen else proc.join(5)
 
 
 def _remove(path: str) -> None:

@@ -3,7 +3,12 @@
 ``--jobs N`` stages N functions at once, each worker a fresh Python process (``spawn``: no state
 inherited from the parent's JAX) that starts JAX once and then takes items until none are left.
 ``--isolate`` uses the same workers with one item per process, so an item that kills its process
-(an XLA ``LLVM ERROR``, ``os.abort()``) is recorded as failed with the signal and the others run.
+(an XLA ``LLVM ERROR``, ``os.abort()``) is recorded as failed with the signal and the last lines it
+wrote to stderr, and the others run. An item that runs past ``timeout_s`` has its process killed
+and is recorded as failed the same way.
+
+Each worker runs in a session of its own and is registered with :mod:`stagetool.core.cleanup`:
+a signal that ends the run kills the workers and whatever they started.
 
 A task is a module-level function ``fn(common, item)`` (pickled by reference); what it returns
 must pickle. An exception it raises comes back and is raised again in the parent (stagetool's
@@ -14,6 +19,7 @@ every item has run. No JAX here: the task imports what it needs.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -31,69 +37,134 @@ class Outcome:
     error: BaseException | None = None
 
 
+@dataclasses.dataclass
+class _Worker:
+    process: Any
+    token: int  # its registration with stagetool.core.cleanup
+    stderr: str | None  # the file its stderr goes to (isolate), else None: the parent's stderr
+    index: int | None = None  # the item it is on
+    deadline: float | None = None  # time.monotonic() by which that item must be done
+
+
 def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs: int, common: Any = None,
-                   isolate: bool = False) -> list[Outcome]:
+                   isolate: bool = False, timeout_s: float | None = None) -> list[Outcome]:
     """``fn(common, item)`` for every item in at most ``jobs`` worker processes; one :class:`Outcome` per item.
 
-    With ``isolate`` every item gets a process of its own. A worker that dies is replaced, and the
-    item it was on is recorded with how it died (``the process died with SIGABRT``).
+    With ``isolate`` every item gets a process of its own, whose stderr is kept apart (the last
+    lines go into the message of an item whose process died). A worker that dies, or that is
+    still on an item ``timeout_s`` seconds after it was handed over (then it is killed), is
+    replaced, and the item is recorded with how it ended (``the process died with SIGABRT: ...``,
+    ``timed out after 8 s; the process was killed``).
     """
     import multiprocessing
+    import tempfile
+    import time
     from multiprocessing.connection import wait
+
+    from stagetool.core import cleanup
 
     ctx = multiprocessing.get_context("spawn")
     pending = collections.deque(range(len(items)))
     outcomes: list[Outcome | None] = [None] * len(items)
-    active: dict[Any, list] = {}  # parent end of the pipe → [process, index of the item it is on]
+    active: dict[Any, _Worker] = {}  # parent end of the pipe → its worker
 
     def spawn() -> None:
+        stderr = None
+        if isolate:
+            fd, stderr = tempfile.mkstemp(prefix="stagetool-worker-", suffix=".stderr")
+            os.close(fd)
+            cleanup.register_path(stderr)
         parent, child = ctx.Pipe()
-        process = ctx.Process(target=_worker, args=(fn, common, child), daemon=True)
+        process = ctx.Process(target=_worker, args=(fn, common, child, stderr), daemon=True)
         process.start()
         child.close()
-        active[parent] = [process, None]
+        active[parent] = _Worker(process, cleanup.register_child(process), stderr)
 
-    def retire(conn: Any) -> None:
-        process, _ = active.pop(conn)
-        try:
-            conn.send(None)
-        except OSError:
-            pass
+    def end(conn: Any, *, ask: bool) -> _Worker:
+        """Stop a worker: ask it to leave (it is idle), else kill it; reap it and drop its files."""
+        worker = active.pop(conn)
+        if ask:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+            worker.process.join(30)
+        cleanup.kill_child(worker.process)
         conn.close()
-        process.join()
+        cleanup.forget(worker.token)
+        return worker
+
+    def how_it_died(worker: _Worker) -> str:
+        tail = _tail(worker.stderr) if worker.stderr else ""
+        return _death(worker.process.exitcode) + (f": {tail}" if tail else "")
+
+    def drop_files(worker: _Worker) -> None:
+        if worker.stderr:
+            with contextlib.suppress(OSError):
+                os.unlink(worker.stderr)
 
     for _ in range(min(max(1, jobs), len(items))):
         spawn()
-    while active:
-        for conn in wait(list(active)):
-            process, index = active[conn]
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                conn.close()
-                process.join()
-                del active[conn]
-                if index is not None:
-                    outcomes[index] = Outcome(died=_death(process.exitcode))
-                if pending and len(active) < jobs:
-                    spawn()
+    try:
+        while active:
+            deadlines = [w.deadline for w in active.values() if w.deadline is not None]
+            wait_s = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+            ready = wait(list(active), timeout=wait_s)
+            if not ready:  # an item ran past its deadline
+                now = time.monotonic()
+                for conn in [c for c, w in active.items() if w.deadline is not None and w.deadline <= now]:
+                    worker = end(conn, ask=False)
+                    outcomes[worker.index] = Outcome(died=f"timed out after {timeout_s:g} s; the process was killed")
+                    drop_files(worker)
+                    if pending and len(active) < jobs:
+                        spawn()
                 continue
-            if message[0] == "done":
-                _, ok, value = message
-                outcomes[index] = Outcome(value=value) if ok else Outcome(error=_rebuild(value))
-                active[conn][1] = None
-                if isolate:
-                    retire(conn)
-                    if pending:
+            for conn in ready:
+                worker = active[conn]
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    end(conn, ask=False)
+                    if worker.index is not None:
+                        outcomes[worker.index] = Outcome(died=how_it_died(worker))
+                    drop_files(worker)
+                    if pending and len(active) < jobs:
                         spawn()
                     continue
-            if pending:  # "ready", or "done" with more to do
-                index = pending.popleft()
-                active[conn][1] = index
-                conn.send((index, items[index]))
-            else:
-                retire(conn)
+                if message[0] == "done":
+                    _, ok, value = message
+                    outcomes[worker.index] = Outcome(value=value) if ok else Outcome(error=_rebuild(value))
+                    worker.index = worker.deadline = None
+                    if isolate:
+                        drop_files(end(conn, ask=True))
+                        if pending:
+                            spawn()
+                        continue
+                if pending:  # "ready", or "done" with more to do
+                    worker.index = pending.popleft()
+                    worker.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                    conn.send((worker.index, items[worker.index]))
+                else:
+                    drop_files(end(conn, ask=True))
+    finally:  # an exception here (KeyboardInterrupt in a test runner) leaves no worker behind
+        for conn in list(active):
+            drop_files(end(conn, ask=False))
     return [o if o is not None else Outcome(died="the worker never answered") for o in outcomes]
+
+
+def _tail(path: str, lines: int = 3) -> str:
+    """The last non-empty lines a worker wrote to its stderr file, joined with `` | ``."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    from stagetool.core.text import printable
+
+    kept = [printable(ln.strip(), newlines=False) for ln in text.splitlines() if ln.strip()]
+    return " | ".join(kept[-lines:])
 
 
 def raise_first_error(outcomes: Sequence[Outcome]) -> None:
@@ -114,8 +185,16 @@ def _death(exitcode: int | None) -> str:
     return f"the process exited with code {exitcode} before answering"
 
 
-def _worker(fn: Callable[[Any, Any], Any], common: Any, conn: Any) -> None:
+def _worker(fn: Callable[[Any, Any], Any], common: Any, conn: Any, stderr: str | None = None) -> None:
     """A worker's loop: say ready, then run each item sent until ``None``."""
+    from stagetool.core import gc_pause
+
+    gc_pause.pause()  # start-up: as the command line's own process (stagetool.core.gc_pause)
+    os.setsid()  # a session of its own: killing its process group kills whatever it started
+    if stderr is not None:
+        fd = os.open(stderr, os.O_WRONLY | os.O_APPEND)
+        os.dup2(fd, 2)
+        os.close(fd)
     # stdout is the parent's payload: the user's print and JAX's noise go to stderr
     sys.stdout.flush()
     os.dup2(2, 1)
