@@ -7,10 +7,11 @@ the bare script builds the inputs itself, then `jax.jit(f).trace(...).lower()`, 
 is the steadier figure) and their ratio are printed. stagetool runs with ``--no-cache`` there: the
 goal is a ratio ≤ 1.10, stagetool's own work (spec, rendering, HLO parsing) small next to JAX's.
 
-``--all`` prints every ratio of issue 11 in one run: ``report`` on the MLP and the transformer and
-``memory`` (with the peak buffers: one compile) on the transformer against the bare script, and a
-warm against a cold facts cache for ``snapshot`` on the transformer and on a compile-heavy
-8B-parameter scanned decoder compiled for TPU v5p:2x2x2 (bench/decoder.stagetool.yaml), checking the snapshots are identical.
+``--all`` prints every figure of issue 11 in one run: the start-up time of ``--help`` and
+``--version``; ``report`` on the MLP and the transformer and ``memory`` (with the peak buffers: one
+compile) on the transformer against the bare script; and a warm against a cold facts cache for
+``snapshot`` on the transformer and on a compile-heavy 8B-parameter scanned decoder compiled for TPU
+v5p:2x2x2 (bench/decoder.stagetool.yaml), checking that the snapshots are identical.
 
     python bench/bench_overhead.py [--runs 7] [--example mlp|transformer]
     python bench/bench_overhead.py --all [--runs 5]
@@ -175,6 +176,15 @@ def warm_vs_cold(name: str, runs: int, goal: str, extra: tuple[str, ...] = ()) -
             shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
+def startup(runs: int = 15) -> None:
+    """``--help``, a subcommand's ``--help`` and ``--version``: medians of ``runs`` whole processes (goal < 0.2 s)."""
+    print(f"start-up, no JAX  ({runs} runs each, medians; goal < 0.2 s)")
+    for args in (["--help"], ["report", "--help"], ["--version"]):
+        times = [timed([sys.executable, "-m", "stagetool", *args]).wall for _ in range(runs)]
+        print(f"  stagetool {' '.join(args):<16} wall {statistics.median(times):7.3f} s")
+    sys.stdout.flush()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=None, help="runs of each command (default 7; 5 with --all)")
@@ -188,8 +198,14 @@ def main() -> None:
         runs = args.runs or 5
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}; python "
               f"{platform.python_version()}")
+        startup()
         compare("report, mlp (no cache)", "bare script", [sys.executable, "-c", BARE["mlp"]], "stagetool report",
                 STAGETOOL["mlp"], runs, "≤ 1.10")
+        # stagetool's command line pauses Python's cyclic collector through start-up (core/gc_pause);
+        # a bare script that does the same shows what stagetool's own work costs apart from that
+        compare("report, mlp (no cache), against a bare script that pauses the collector too", "bare script, gc paused",
+                [sys.executable, "-c", "import gc\ngc.disable()\n" + BARE["mlp"] + "gc.freeze()\n"],
+                "stagetool report", STAGETOOL["mlp"], runs, "information")
         compare("report, transformer (no cache)", "bare script", [sys.executable, "-c", BARE["transformer"]],
                 "stagetool report", STAGETOOL["transformer"], runs, "≤ 1.10")
         compare("memory, transformer (no cache; with the peak buffers)", "bare script",

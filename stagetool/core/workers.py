@@ -42,6 +42,7 @@ class _Worker:
     process: Any
     token: int  # its registration with stagetool.core.cleanup
     stderr: str | None  # the file its stderr goes to (isolate), else None: the parent's stderr
+    stderr_token: int | None  # that file's registration with stagetool.core.cleanup
     index: int | None = None  # the item it is on
     deadline: float | None = None  # time.monotonic() by which that item must be done
 
@@ -69,16 +70,16 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
     active: dict[Any, _Worker] = {}  # parent end of the pipe → its worker
 
     def spawn() -> None:
-        stderr = None
+        stderr = stderr_token = None
         if isolate:
             fd, stderr = tempfile.mkstemp(prefix="stagetool-worker-", suffix=".stderr")
             os.close(fd)
-            cleanup.register_path(stderr)
+            stderr_token = cleanup.register_path(stderr)
         parent, child = ctx.Pipe()
         process = ctx.Process(target=_worker, args=(fn, common, child, stderr), daemon=True)
         process.start()
         child.close()
-        active[parent] = _Worker(process, cleanup.register_child(process), stderr)
+        active[parent] = _Worker(process, cleanup.register_child(process), stderr, stderr_token)
 
     def end(conn: Any, *, ask: bool) -> _Worker:
         """Stop a worker: ask it to leave (it is idle), else kill it; reap it and drop its files."""
@@ -102,6 +103,7 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
         if worker.stderr:
             with contextlib.suppress(OSError):
                 os.unlink(worker.stderr)
+            cleanup.forget(worker.stderr_token)
 
     for _ in range(min(max(1, jobs), len(items))):
         spawn()
@@ -110,15 +112,14 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
             deadlines = [w.deadline for w in active.values() if w.deadline is not None]
             wait_s = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
             ready = wait(list(active), timeout=wait_s)
-            if not ready:  # an item ran past its deadline
-                now = time.monotonic()
-                for conn in [c for c, w in active.items() if w.deadline is not None and w.deadline <= now]:
-                    worker = end(conn, ask=False)
-                    outcomes[worker.index] = Outcome(died=f"timed out after {timeout_s:g} s; the process was killed")
-                    drop_files(worker)
-                    if pending and len(active) < jobs:
-                        spawn()
-                continue
+            now = time.monotonic()
+            for conn in [c for c, w in active.items() if c not in ready and w.deadline is not None
+                         and w.deadline <= now]:  # an item that ran past its deadline
+                worker = end(conn, ask=False)
+                outcomes[worker.index] = Outcome(died=f"timed out after {timeout_s:g} s; the process was killed")
+                drop_files(worker)
+                if pending and len(active) < jobs:
+                    spawn()
             for conn in ready:
                 worker = active[conn]
                 try:
