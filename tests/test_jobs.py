@@ -76,3 +76,29 @@ def test_a_bad_spec_under_jobs_is_exit_2(tmp_path):
     write(tmp_path, "m.stagetool.yaml", SPEC.replace("f32[64,32] @ [data, model]", "f32[63,32] @ [data, model]"))
     r = run_subprocess("snapshot", "-s", "m.stagetool.yaml", "-o", "x.json", "--jobs", "2", cwd=tmp_path)
     assert r.code == 2 and "not divisible" in r.stderr, r.stderr
+
+
+class _BreaksInTheWorker:
+    """Pickles, but raises when a spawned worker unpickles it: the worker dies before it starts."""
+
+    def __reduce__(self):
+        return (_explode, ())
+
+
+def _explode():
+    raise RuntimeError("cannot start")
+
+
+def _never_called(common, item):  # pragma: no cover - the workers die first
+    return item
+
+
+def test_workers_that_die_starting_end_the_run_with_every_item_failed():
+    """A worker that cannot start is replaced, each one charged to an item, so the pool ends
+    (before, it replaced such workers forever) and every item says why."""
+    from stagetool.core.workers import run_in_workers
+
+    outcomes = run_in_workers(_never_called, ["a", "b", "c"], jobs=2, common=_BreaksInTheWorker())
+    assert [o.value for o in outcomes] == [None, None, None]
+    assert all(o.died and o.died.startswith("the worker died before it started: the process exited with code 1")
+               for o in outcomes), outcomes

@@ -45,6 +45,7 @@ class _Worker:
     stderr_token: int | None  # that file's registration with stagetool.core.cleanup
     index: int | None = None  # the item it is on
     deadline: float | None = None  # time.monotonic() by which that item must be done
+    started: bool = False  # it said "ready": it got through its start
 
 
 def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs: int, common: Any = None,
@@ -128,10 +129,16 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
                     end(conn, ask=False)
                     if worker.index is not None:
                         outcomes[worker.index] = Outcome(died=how_it_died(worker))
+                    elif not worker.started and pending:
+                        # it died starting (its arguments did not unpickle, the interpreter failed):
+                        # the next item is charged with it, so that a start that always fails ends
+                        outcomes[pending.popleft()] = Outcome(died="the worker died before it started: "
+                                                                   + how_it_died(worker))
                     drop_files(worker)
                     if pending and len(active) < jobs:
                         spawn()
                     continue
+                worker.started = True
                 if message[0] == "done":
                     _, ok, value = message
                     outcomes[worker.index] = Outcome(value=value) if ok else Outcome(error=_rebuild(value))
