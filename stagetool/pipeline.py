@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from stagetool.core.errors import UsageError
 from stagetool.core.mesh import MeshSpec, parse_mesh_option
-from stagetool.spec.discovery import find_spec
+from stagetool.spec.discovery import resolve_spec
 from stagetool.spec.model import FunctionSpec, Spec
 from stagetool.spec.variables import load_spec_with
 
@@ -110,12 +110,7 @@ def make_plan(options: Options) -> Plan:
         an unknown ``--function``, a bad ``--mesh``, or a placeholder without a value.
       SpecError: the spec is invalid.
     """
-    spec_path = options.spec
-    if spec_path is None:
-        spec_path, tried = find_spec(options.target)
-        if spec_path is None:
-            raise UsageError("no spec found; tried " + ", ".join(str(p) for p in tried),
-                             hint="pass --spec FILE, or write one of those files (README: 'The spec')")
+    spec_path = resolve_spec(options.spec, options.target)
     if options.target:
         from stagetool.lowering.target import split_target
 
@@ -294,7 +289,6 @@ def _report_task(common: tuple, name: str) -> Any:
 def _snapshot_task(common: tuple, name: str) -> tuple[dict | None, str | None]:
     """A worker's task for ``snapshot``/``check`` with ``--jobs`` or ``--isolate``: ``(snapshot part, None)``,
     or ``(None, error)`` when the function fails to stage."""
-    from stagetool.core.errors import StagingError
     from stagetool.gate.run import spec_label
     from stagetool.gate.snapshot import snapshot_from_report
 

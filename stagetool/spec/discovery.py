@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stagetool.core.errors import TargetError
+from stagetool.core.errors import TargetError, UsageError
 
 
 def split_target(text: str) -> tuple[str, str]:
@@ -73,3 +73,18 @@ def find_spec(target: str | None) -> tuple[Path | None, list[Path]]:
     return None, tried
 
 
+def resolve_spec(spec: str | Path | None, target: str | None) -> Path:
+    """The spec file to read: ``spec`` (``--spec``) when given, else the one :func:`find_spec` finds.
+
+    Raises:
+      UsageError: none was given and none is found (the message names every path tried); or the
+        search is ambiguous (see :func:`find_spec`).
+      TargetError: ``target`` has no ``:func`` part.
+    """
+    if spec is not None:
+        return Path(spec)
+    found, tried = find_spec(target)
+    if found is None:
+        raise UsageError("no spec found; tried " + ", ".join(str(p) for p in tried),
+                         hint="pass --spec FILE, or write one of those files (README: 'The spec')")
+    return found

@@ -90,7 +90,7 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     """
     from stagetool.pipeline import Options, make_plan
     from stagetool.core.mesh import parse_mesh_option
-    from stagetool.spec.discovery import find_spec
+    from stagetool.spec.discovery import resolve_spec
     from stagetool.spec.parse import read_spec_text
     from stagetool.spec.variables import check_names, parse_set_options
 
@@ -101,12 +101,7 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     if options.executor == "ray" and options.jobs != 1:
         raise UsageError("--jobs is for --executor local; with Ray, the cluster's CPUs set the parallelism")
     shard = parse_shard(options.shard)
-    spec_path = options.spec
-    if spec_path is None:
-        spec_path, tried = find_spec(options.target)
-        if spec_path is None:
-            raise UsageError("no spec found; tried " + ", ".join(str(p) for p in tried),
-                             hint="pass --spec FILE, or write one of those files (README: 'The spec')")
+    spec_path = resolve_spec(options.spec, options.target)
     text = read_spec_text(spec_path)
     variables = parse_set_options(list(options.set))
     check_names(text, list(variables), file=str(spec_path))
