@@ -394,6 +394,11 @@ def _joined(options: Any) -> Any:
     return dataclasses.replace(options, job_processes=job) if job else options
 
 
+def _outputs(**paths: Optional[Path]) -> tuple[tuple[str, Path], ...]:
+    """``(--option, path)`` of the files a command will write, for the plan to check before staging."""
+    return tuple(("--" + name.replace("_", "-"), path) for name, path in paths.items() if path is not None)
+
+
 def _analyze(command: str, options: Any, sections: list) -> Any:
     from stagetool.pipeline import analyze
 
@@ -414,9 +419,7 @@ def lower(staging: Staging, dialect: Annotated[str, typer.Option("--dialect", he
     from stagetool.pipeline import Section
 
     with _errors(debug):
-        if dialect not in ("stablehlo", "hlo"):
-            raise UsageError(f"--dialect {dialect!r} must be 'stablehlo' or 'hlo'")
-        opts = staging.options(dialect=dialect)
+        opts = staging.options(dialect=dialect, outputs=_outputs(output=output))
         emit(_analyze("lower", opts, [Section.LOWERED_TEXT]), format, output, pager=pager)
 
 
@@ -428,7 +431,7 @@ def compile_(staging: Staging, format: FormatOpt = Format.text, output: OutputOp
     from stagetool.pipeline import Section
 
     with _errors(debug):
-        opts = staging.options()
+        opts = staging.options(outputs=_outputs(output=output))
         emit(_analyze("compile", opts, [Section.COMPILED_TEXT]), format, output, pager=pager)
 
 
@@ -440,7 +443,7 @@ def shardings(staging: Staging, format: FormatOpt = Format.text, output: OutputO
     from stagetool.pipeline import Section
 
     with _errors(debug):
-        opts = staging.options()
+        opts = staging.options(outputs=_outputs(output=output))
         emit(_analyze("shardings", opts, [Section.SHARDINGS]), format, output)
 
 
@@ -454,7 +457,7 @@ FailIfOverOpt = Annotated[bool, typer.Option(
     "--fail-if-over", help="Exit 1 when the peak does not fit in the device memory.")]
 JobsOpt = Annotated[int, typer.Option(
     "--jobs", "-j", help="Stage up to N functions at once, each in a worker process of its own (one JAX start per "
-                         "worker); the output is the same as with 1.", min=1)]
+                         "worker); the output is the same as with 1.")]
 TopOpt = Annotated[int, typer.Option("--top", help="How many largest inputs and peak buffers to list.", min=1)]
 
 
@@ -483,7 +486,7 @@ def collectives(staging: Staging, explain: Annotated[Optional[list[str]], typer.
     from stagetool.pipeline import Section
 
     with _errors(debug):
-        opts = staging.options(explain=tuple(explain or ()))
+        opts = staging.options(explain=tuple(explain or ()), outputs=_outputs(output=output))
         emit(_analyze("collectives", opts, [Section.COLLECTIVES]), format, output)
 
 
@@ -495,7 +498,7 @@ def cost(staging: Staging, chip: ChipOpt = None, format: FormatOpt = Format.text
     from stagetool.pipeline import Section
 
     with _errors(debug):
-        opts = staging.options(chip=chip)
+        opts = staging.options(chip=chip, outputs=_outputs(output=output))
         emit(_analyze("cost", opts, [Section.COST]), format, output)
 
 
@@ -511,7 +514,8 @@ def memory(staging: Staging, device_memory: DeviceMemoryOpt = None, chip: ChipOp
     from stagetool.pipeline import Section
 
     with _errors(debug):
-        opts = staging.options(device_memory=device_memory, chip=chip, peak=peak, top=top)
+        opts = staging.options(device_memory=device_memory, chip=chip, peak=peak, top=top,
+                               outputs=_outputs(output=output))
         _emit_with_verdict("memory", opts, [Section.MEMORY], format, output, fail_if_over)
 
 
@@ -527,7 +531,8 @@ def report(staging: Staging, chip: ChipOpt = None, device_memory: DeviceMemoryOp
     from stagetool.pipeline import REPORT_SECTIONS
 
     with _errors(debug):
-        opts = staging.options(device_memory=device_memory, chip=chip, peak=peak, top=top, jobs=jobs)
+        opts = staging.options(device_memory=device_memory, chip=chip, peak=peak, top=top, jobs=jobs,
+                               outputs=_outputs(output=output))
         _emit_with_verdict("report", opts, list(REPORT_SECTIONS), format, output, fail_if_over)
 
 
@@ -627,9 +632,10 @@ def snapshot(staging: Staging, output: Annotated[Path, typer.Option("--output", 
     from stagetool.pipeline import take_snapshot
 
     with _errors(debug):
-        opts = _joined(staging.options(jobs=jobs))
+        opts = _joined(staging.options(jobs=jobs, isolate=isolate, timeout_s=timeout,
+                                       outputs=_outputs(output=output)))
         with _status() as on_stage, _user_stdout_to_stderr():
-            run = take_snapshot(opts, isolate=isolate, on_stage=on_stage, timeout_s=timeout)
+            run = take_snapshot(opts, on_stage=on_stage)
         if run.failed:
             _report_failures(run.failed)
             n = len(run.failed)
@@ -670,9 +676,11 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
         # a run restricted on purpose compares (and --update rewrites) only what it staged; a full run
         # also catches baseline functions that are no longer in the spec (a regression)
         restricted = staging.target is not None or staging.function is not None
-        opts = _joined(staging.options(jobs=jobs))
+        opts = _joined(staging.options(jobs=jobs, isolate=isolate, timeout_s=timeout,
+                                       outputs=_outputs(output=output, junit_xml=junit_xml,
+                                                        baseline=baseline if update else None)))
         with _status() as on_stage, _user_stdout_to_stderr():
-            run = take_snapshot(opts, isolate=isolate, on_stage=on_stage, timeout_s=timeout)
+            run = take_snapshot(opts, on_stage=on_stage)
         _report_failures(run.failed)
         if not _is_primary():
             return
@@ -748,9 +756,10 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
                 from stagetool.pipeline import Options
 
                 opts = Options(spec=spec, mesh=m, platform=platform, function=tuple(function) if function else None,
-                               cache_dir=resolve_cache_dir(), jax_cache=True)
+                               cache_dir=resolve_cache_dir(), jax_cache=True, isolate=isolate, timeout_s=timeout,
+                               outputs=_outputs(output=output, junit_xml=junit_xml))
                 with _status() as on_stage, _user_stdout_to_stderr():
-                    runs.append(take_snapshot(opts, isolate=isolate, on_stage=on_stage, timeout_s=timeout))
+                    runs.append(take_snapshot(opts, on_stage=on_stage))
             _report_failures({**runs[0].failed, **runs[1].failed})
             before, after, failed = runs[0].snapshot, runs[1].snapshot, {**runs[0].failed, **runs[1].failed}
             labels, spec_check = (f"mesh {mesh_a}", f"mesh {mesh_b}"), runs[1].spec_check
@@ -827,7 +836,8 @@ def sweep(target: Target = None,
             options = SweepOptions(target=target, spec=spec, function=tuple(function) if function else None,
                                    platform=platform, chip=chip, device_memory=device_memory, mesh=mesh,
                                    set=tuple(set_ or ()), topology=topology, devices=devices, rank_by=rank,
-                                   executor=how.value, jobs=jobs, shard=shard, output_dir=output_dir, resume=resume)
+                                   executor=how.value, jobs=jobs, shard=shard, output_dir=output_dir, resume=resume,
+                                   outputs=_outputs(output=output))
             err = _stderr()
 
             def progress(row: dict, done: int, total: int) -> None:

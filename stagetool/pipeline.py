@@ -1,24 +1,37 @@
-"""The pipeline: options → spec → target → devices + mesh → abstract inputs → stages → report.
+"""The pipeline, as its data flow: options → :class:`Plan` (:func:`make_plan`: every option and spec
+value resolved and checked, before any JAX work) → devices + mesh (:func:`provision_devices`) →
+abstract inputs (:func:`prepare_inputs`) → stages and analysis (:func:`stage_and_analyse`) → report
+(:func:`assemble_report`).
 
-One direction, no back-and-forth. :func:`analyze` is the Python API behind every command; it
-returns a :class:`stagetool.report.model.Report` that renderers present.
+One direction, no back-and-forth; nothing after :func:`make_plan` reads :class:`Options`.
+:func:`analyze` is the Python API behind every command; it returns a
+:class:`stagetool.report.model.Report` that renderers present.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
-from stagetool.core.errors import UsageError
+from stagetool.analysis.leaves import LeafPattern
+from stagetool.core.chips import CHIPS, Chip, get_chip, merge_chips
+from stagetool.core.errors import ExitCode, StagetoolError, UsageError
 from stagetool.core.mesh import MeshSpec, parse_mesh_option
 from stagetool.spec.discovery import resolve_spec
 from stagetool.spec.model import FunctionSpec, Spec
 from stagetool.spec.variables import load_spec_with
 
 if TYPE_CHECKING:
+    from stagetool.core.errors import StagingError
     from stagetool.gate.run import SnapshotRun
+    from stagetool.lowering.avals import AbstractInputs
+    from stagetool.lowering.devices import DeviceSetup
+    from stagetool.lowering.stages import Staged
+    from stagetool.lowering.target import Target
+    from stagetool.report.model import FunctionReport, Report
 
 
 class Section(str, enum.Enum):
@@ -67,6 +80,10 @@ class Options:
         once (:mod:`stagetool.core.workers`); the report is the same as a serial run's, in spec order.
       variables: ``(name, value text)`` pairs filling the spec's ``${name}`` placeholders
         (:mod:`stagetool.spec.variables`; ``stagetool sweep --set``).
+      timeout_s: seconds each function may take in a worker (``--timeout``); None: no limit.
+      isolate: stage each function in a worker process of its own (``--isolate``).
+      outputs: ``(option, path)`` of each file the command will write (``--output``, ``--junit-xml``,
+        ``--baseline`` with ``--update``), checked by :func:`make_plan` before anything is staged.
     """
 
     target: str | None = None
@@ -88,11 +105,31 @@ class Options:
     jax_cache: bool = False
     jobs: int = 1
     variables: tuple[tuple[str, str], ...] = ()
+    timeout_s: float | None = None
+    isolate: bool = False
+    outputs: tuple[tuple[str, Path], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The validated spec, the functions to run, and the effective mesh."""
+    """Every option and spec value, resolved and checked once by :func:`make_plan` before any JAX
+    work; nothing after it reads :class:`Options`.
+
+    Attributes:
+      spec: the validated spec; functions: the ones to run, in spec order.
+      mesh: the effective mesh (``--mesh`` over the spec's); platform, topology: the effective ones.
+      avals: ``global`` or ``local`` spec shapes; processes: simulated processes (``--processes``).
+      job_processes: processes of the ``jax.distributed`` job, or None.
+      dialect: ``stablehlo`` or ``hlo`` for the lowered text.
+      chips: the chip table (built-in merged with the spec's ``chips:``); chip: ``--chip``'s entry.
+      device_memory_bytes: ``--device-memory`` in bytes per device, or None (then the device, the
+        topology or the chip table says; see :func:`_capacity`).
+      peak, top: the peak dump and how many rows to list.
+      explain: the ``--explain`` patterns, compiled (checked against the leaves in :func:`build_inputs`).
+      cache_dir: the facts cache folder, or None; jax_cache: also JAX's compilation cache there.
+      jobs: worker processes at a time (>= 1); timeout_s: seconds per function in a worker, or
+        None; isolate: each function in a worker of its own.
+    """
 
     spec: Spec
     functions: tuple[FunctionSpec, ...]
@@ -100,50 +137,148 @@ class Plan:
     platform: str | None
     topology: str | None
     avals: str
+    processes: int | None = None
+    job_processes: int | None = None
+    dialect: str = "stablehlo"
+    chips: Mapping[str, Chip] = dataclasses.field(default_factory=lambda: dict(CHIPS))
+    chip: Chip | None = None
+    device_memory_bytes: int | None = None
+    peak: bool = False
+    top: int = 10
+    explain: tuple[LeafPattern, ...] = ()
+    cache_dir: Path | None = None
+    jax_cache: bool = False
+    jobs: int = 1
+    timeout_s: float | None = None
+    isolate: bool = False
+
+
+class _Problems:
+    """Usage errors collected while a plan is made, raised together (one message, exit 2)."""
+
+    def __init__(self) -> None:
+        self.errors: list[StagetoolError] = []
+
+    @contextlib.contextmanager
+    def check(self) -> Iterator[None]:
+        try:
+            yield
+        except StagetoolError as e:
+            if e.exit_code != ExitCode.USAGE:
+                raise
+            self.errors.append(e)
+
+    def raise_all(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            lines = [f"  - {e.message}" + (f" (hint: {e.hint})" if e.hint else "") for e in self.errors]
+            raise UsageError(f"{len(self.errors)} problems, nothing was staged:\n" + "\n".join(lines))
 
 
 def make_plan(options: Options) -> Plan:
-    """Find and validate the spec and pick the functions to run.
+    """Resolve every option and spec value into a :class:`Plan`, before any JAX work.
+
+    Checks the spec, TARGET, ``--function``, ``--mesh``, ``--processes``, ``--dialect``, ``--chip``
+    (against the built-in table and the spec's ``chips:``), ``--device-memory`` (a size above 0),
+    ``--explain`` (regular expressions), ``--jobs`` (>= 1), ``--timeout`` (> 0), the cache folder and
+    every output file (its folder exists, is a folder and takes a new file).
 
     Raises:
-      UsageError: no spec found (naming the paths tried), a TARGET the spec does not describe,
-        an unknown ``--function``, a bad ``--mesh``, or a placeholder without a value.
-      SpecError: the spec is invalid.
+      UsageError: every problem with the options at once (one message when there are several).
+      SpecError: the spec is invalid (alone, or within the one UsageError with the option problems).
     """
-    spec_path = resolve_spec(options.spec, options.target)
-    if options.target:
-        from stagetool.lowering.target import split_target
+    from stagetool.analysis.leaves import leaf_patterns
+    from stagetool.core.fileio import write_problem
+    from stagetool.core.units import parse_size
 
-        split_target(options.target)  # a malformed TARGET is the first thing to say
-    spec = load_spec_with(spec_path, dict(options.variables))
+    problems = _Problems()
+    device_memory = explain = None
+    if options.device_memory is not None:
+        with problems.check():
+            try:
+                device_memory = parse_size(options.device_memory)
+            except UsageError as e:
+                raise UsageError(f"--device-memory {options.device_memory}: {e.message}", hint=e.hint) from None
+            if device_memory <= 0:
+                raise UsageError(f"--device-memory {options.device_memory}: the memory of a device must be more "
+                                 "than 0 bytes", hint="write e.g. 16GiB")
+    with problems.check():
+        explain = leaf_patterns(tuple(options.explain))
+    with problems.check():
+        if options.dialect not in ("stablehlo", "hlo"):
+            raise UsageError(f"--dialect {options.dialect!r} must be 'stablehlo' or 'hlo'")
+    with problems.check():
+        if options.jobs < 1:
+            raise UsageError(f"--jobs {options.jobs}: give at least 1", hint="--jobs 1 stages in this process")
+    with problems.check():
+        if options.timeout_s is not None and not options.timeout_s > 0:
+            raise UsageError(f"--timeout {options.timeout_s}: give a number of seconds above 0")
+    with problems.check():
+        if options.cache_dir is not None and options.cache_dir.exists() and not options.cache_dir.is_dir():
+            raise UsageError(f"--cache-dir {options.cache_dir}: not a folder",
+                             hint="give a folder, or --no-cache to compile without the cache")
+    for option, path in options.outputs:
+        with problems.check():
+            why = write_problem(path)
+            if why:
+                raise UsageError(f"{option} {path}: cannot write: {why}", hint="give a file in a folder you can write")
+    spec = None
+    with problems.check():
+        spec_path = resolve_spec(options.spec, options.target)
+        if options.target:
+            from stagetool.lowering.target import split_target
+
+            split_target(options.target)  # a malformed TARGET is the first thing to say
+        spec = load_spec_with(spec_path, dict(options.variables))
+    if spec is None:
+        problems.raise_all()
     functions = list(spec.functions.values())
-    if options.target:
-        functions = [f for f in functions if _same_target(options.target, f)]
-        if not functions:
-            described = ", ".join(f"{f.name} ({f.target})" for f in spec.functions.values()) or "none"
-            raise UsageError(f"the spec {spec_path} does not describe {options.target}; it has: {described}",
-                             hint="add the function under 'functions:' or pass the right --spec")
-    if options.function:
-        wanted = (options.function,) if isinstance(options.function, str) else tuple(options.function)
-        for name in wanted:
-            if name not in spec.functions:
-                raise UsageError(f"--function {name!r} is not in {spec_path}; it has: " + ", ".join(spec.functions))
-        functions = [f for f in functions if f.name in wanted]
-    if not functions:
-        raise UsageError(f"the spec {spec_path} has no functions to run")
+    with problems.check():
+        if options.target:
+            functions = [f for f in functions if _same_target(options.target, f)]
+            if not functions:
+                described = ", ".join(f"{f.name} ({f.target})" for f in spec.functions.values()) or "none"
+                raise UsageError(f"the spec {spec_path} does not describe {options.target}; it has: {described}",
+                                 hint="add the function under 'functions:' or pass the right --spec")
+    with problems.check():
+        if options.function:
+            wanted = (options.function,) if isinstance(options.function, str) else tuple(options.function)
+            for name in wanted:
+                if name not in spec.functions:
+                    raise UsageError(f"--function {name!r} is not in {spec_path}; it has: " + ", ".join(spec.functions))
+            functions = [f for f in functions if f.name in wanted]
+    with problems.check():
+        if not functions and not problems.errors:
+            raise UsageError(f"the spec {spec_path} has no functions to run")
     mesh = spec.mesh
-    if options.mesh:
-        try:
-            mesh = parse_mesh_option(options.mesh, spec.mesh)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    platform = options.platform or spec.platform
-    topology = options.topology or spec.topology
+    with problems.check():
+        if options.mesh:
+            try:
+                mesh = parse_mesh_option(options.mesh, spec.mesh)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
     avals = "local" if options.local_avals else spec.avals
-    if options.processes is not None and avals != "local":
-        raise UsageError(f"--processes {options.processes} simulates hosts for local avals, but the shapes are global",
-                         hint="add --local-avals (or 'avals: local' in the spec)")
-    return Plan(spec, tuple(functions), mesh, platform, topology, avals)
+    with problems.check():
+        if options.processes is not None and avals != "local":
+            raise UsageError(f"--processes {options.processes} simulates hosts for local avals, but the shapes are "
+                             "global", hint="add --local-avals (or 'avals: local' in the spec)")
+    chips: dict[str, Chip] = dict(CHIPS)
+    chip = None
+    with problems.check():
+        if spec.chips:
+            chips = merge_chips(spec.chips)
+        if options.chip:
+            try:
+                chip = get_chip(options.chip, chips)
+            except UsageError as e:
+                raise UsageError(f"--chip {options.chip}: {e.message}", hint=e.hint) from None
+    problems.raise_all()
+    return Plan(spec, tuple(functions), mesh, options.platform or spec.platform, options.topology or spec.topology,
+                avals, processes=options.processes, job_processes=options.job_processes, dialect=options.dialect,
+                chips=chips, chip=chip, device_memory_bytes=device_memory, peak=options.peak, top=options.top,
+                explain=explain, cache_dir=options.cache_dir, jax_cache=options.jax_cache, jobs=options.jobs,
+                timeout_s=options.timeout_s, isolate=options.isolate)
 
 
 def _same_target(target: str, fspec: FunctionSpec) -> bool:
@@ -167,7 +302,7 @@ def analyze(options: Options, sections: Iterable[Section] = (Section.SHARDINGS,)
     """Stage every function of the plan and analyse it: the Python API behind every command.
 
     Args:
-      options: what to stage and where.
+      options: what to stage and where (resolved once by :func:`make_plan`).
       sections: what the report should hold; compiling is skipped when only
         :attr:`Section.LOWERED_TEXT` is asked for.
       command: recorded in the report.
@@ -177,45 +312,27 @@ def analyze(options: Options, sections: Iterable[Section] = (Section.SHARDINGS,)
       A :class:`stagetool.report.model.Report`.
 
     Raises:
-      UsageError, SpecError, TargetError: bad options, spec or target (exit code 2).
+      UsageError, SpecError, TargetError: bad options, spec or target (exit code 2), before any trace.
       StagingError: JAX failed to trace, lower or compile (exit code 3).
     """
-    return _analyze_plan(make_plan(options), options, sections, command=command, on_stage=on_stage)
+    return analyze_plan(make_plan(options), sections, command=command, on_stage=on_stage)
 
 
-def _analyze_plan(plan: Plan, options: Options, sections: Iterable[Section], *, command: str,
-                  on_stage: Callable[[str, str], None] | None, prepared: dict | None = None):
-    """:func:`analyze` for a plan already made (the spec is read once per run).
+def analyze_plan(plan: Plan, sections: Iterable[Section], *, command: str = "analyze",
+                 on_stage: Callable[[str, str], None] | None = None,
+                 prepared: dict[str, Prepared] | None = None) -> Report:
+    """:func:`analyze` for a plan already made, as its data flow: plan → provision devices → build
+    inputs → stage → analyse → report.
 
-    Every function's inputs and out_shardings are checked before anything is lowered (one
-    :class:`SpecError` with all the problems of all functions); a function that then fails to trace,
+    Every function's inputs, out_shardings and ``--explain`` patterns are checked before anything is
+    lowered (one error with all the problems of all functions); a function that then fails to trace,
     lower or compile is a :class:`FunctionReport` with ``error`` set, and the others still run.
     """
-    from stagetool.report.model import Report
-
-    wanted = set(sections)
+    wanted = frozenset(sections)
+    setup = provision_devices(plan)
     if prepared is None:
-        prepared = prepare_all(plan, options)  # every spec error before anything is lowered
-    if options.jobs > 1 and len(plan.functions) > 1:
-        from stagetool.core.workers import raise_first_error, run_in_workers
-        from stagetool.lowering.config import compile_config
-
-        outcomes = run_in_workers(_report_task, [f.name for f in plan.functions], jobs=options.jobs,
-                                  common=(options, tuple(wanted)))
-        raise_first_error(outcomes)
-        died = [(f.name, o.died) for f, o in zip(plan.functions, outcomes) if o.died]
-        if died:
-            from stagetool.core.errors import StagingError
-
-            name, how = died[0]
-            raise StagingError(f"{name}: {how}", stage="compile", function=name)
-        return Report(command, _version(), *_jax_versions(), tuple(o.value for o in outcomes),
-                      config=compile_config())
-    _use_jax_cache(options, wanted)
-    reports = tuple(_function_report(plan, f, wanted, options, on_stage, prepared[f.name]) for f in plan.functions)
-    from stagetool.lowering.config import compile_config
-
-    return Report(command, _version(), *_jax_versions(), reports, config=compile_config())
+        prepared = prepare_inputs(plan, setup)
+    return assemble_report(command, stage_and_analyse(plan, setup, prepared, wanted, on_stage))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,26 +341,58 @@ class Prepared:
     target and the abstract inputs, or the error that stopped it (an ``init`` that failed)."""
 
     fspec: FunctionSpec
-    target: Any = None
-    inputs: Any = None
-    error: Any = None
+    target: Target | None = None
+    inputs: AbstractInputs | None = None
+    error: StagingError | None = None
 
 
-def prepare_all(plan: Plan, options: Options) -> dict[str, Prepared]:
-    """Load every function's target, build its abstract inputs and check its out_shardings, before
-    anything is lowered.
+def provision_devices(plan: Plan) -> DeviceSetup:
+    """The devices and ``jax.sharding.Mesh`` of the plan (made once per process and kept).
 
     Raises:
-      SpecError: every spec problem of every function, at once.
+      UsageError: a bad platform or topology (naming the spec's line when the spec chose it), or
+        too few devices.
+    """
+    from stagetool.core import gc_pause
+    from stagetool.lowering.devices import provision
+
+    key = (plan.mesh, plan.platform, plan.topology, plan.processes, plan.job_processes)
+    if key not in _SETUP_CACHE:
+        try:
+            _SETUP_CACHE[key] = provision(plan.mesh, platform=plan.platform, topology=plan.topology,
+                                          processes=plan.processes, job_processes=plan.job_processes)
+        except UsageError as e:
+            # a platform or topology the spec chose (not the command line): name the spec's line
+            for name, chosen in (("platform", plan.spec.platform), ("topology", plan.spec.topology)):
+                loc = getattr(plan.spec, "locs", {}).get(name)
+                if chosen is not None and chosen == getattr(plan, name) and loc is not None \
+                        and e.message.startswith(f"--{name} "):
+                    raise UsageError(f"{loc}: {name}: " + e.message[len(name) + 3:], hint=e.hint) from None
+            raise
+        gc_pause.resume()  # start-up is over: JAX is imported and its backend started
+    return _SETUP_CACHE[key]
+
+
+_SETUP_CACHE: dict[tuple, Any] = {}
+
+
+def prepare_inputs(plan: Plan, setup: DeviceSetup) -> dict[str, Prepared]:
+    """Load every function's target, build its abstract inputs, check its out_shardings and the
+    ``--explain`` patterns against its input leaves, before anything is lowered.
+
+    Raises:
+      SpecError: every spec problem of every function, at once (with the ``--explain`` problems, a
+        UsageError holding all of them).
       UsageError, TargetError: a bad option or target.
     """
+    from stagetool.analysis.leaves import unmatched_leaf_patterns
     from stagetool.core.errors import SpecError, StagingError, TargetError
     from stagetool.lowering.avals import build_inputs, fit_out_shardings
     from stagetool.lowering.target import load_target
 
-    setup = _provision(plan, options)
     out: dict[str, Prepared] = {}
     issues: list[str] = []
+    unmatched: list[str] = []
     for fspec in plan.functions:
         try:
             try:
@@ -261,94 +410,103 @@ def prepare_all(plan: Plan, options: Options) -> dict[str, Prepared]:
         except StagingError as e:
             out[fspec.name] = Prepared(fspec, error=e)
             continue
+        unmatched += [f"{m} of {fspec.name}" if ";" not in m else m.replace(";", f" of {fspec.name};", 1)
+                      for m in unmatched_leaf_patterns(plan.explain, [x.path for x in inputs.leaves])]
         out[fspec.name] = Prepared(fitted, target, inputs)
+    problems = _Problems()
     if issues:
-        raise SpecError(issues)
+        problems.errors.append(SpecError(issues))
+    if unmatched:
+        problems.errors.append(UsageError("; ".join(unmatched), hint="give a leaf path as 'stagetool shardings' "
+                                                                     "lists it, its last part, or a regular expression"))
+    problems.raise_all()
     return out
 
 
-_WORKER_PLANS: dict[Options, Plan] = {}
+def stage_and_analyse(plan: Plan, setup: DeviceSetup, prepared: dict[str, Prepared], wanted: frozenset[Section],
+                      on_stage: Callable[[str, str], None] | None = None) -> tuple[FunctionReport, ...]:
+    """Stage and analyse every function of the plan: one
+    :class:`~stagetool.report.model.FunctionReport` each, in spec order. With ``plan.jobs`` > 1,
+    in worker processes (:mod:`stagetool.core.workers`), each handed the plan.
+
+    Raises:
+      StagingError: a worker died (with ``--jobs``).
+    """
+    if plan.jobs > 1 and len(plan.functions) > 1:
+        from stagetool.core.workers import raise_first_error, run_in_workers
+
+        outcomes = run_in_workers(_report_task, [f.name for f in plan.functions], jobs=plan.jobs,
+                                  common=(plan, wanted))
+        raise_first_error(outcomes)
+        died = [(f.name, o.died) for f, o in zip(plan.functions, outcomes) if o.died]
+        if died:
+            from stagetool.core.errors import StagingError
+
+            name, how = died[0]
+            raise StagingError(f"{name}: {how}", stage="compile", function=name)
+        return tuple(o.value for o in outcomes)
+    _use_jax_cache(plan, wanted)
+    return tuple(_function_report(plan, setup, prepared[f.name], wanted, on_stage) for f in plan.functions)
 
 
-def _worker_plan(options: Options) -> Plan:
-    """In a worker process, the plan of ``options`` made once (each worker reads the spec once)."""
-    if options not in _WORKER_PLANS:
-        _WORKER_PLANS[options] = make_plan(options)
-    return _WORKER_PLANS[options]
+def assemble_report(command: str, functions: tuple[FunctionReport, ...]) -> Report:
+    """The :class:`~stagetool.report.model.Report` of the function reports, with versions and the
+    compile configuration."""
+    from stagetool.lowering.config import compile_config
+    from stagetool.report.model import Report
+
+    return Report(command, _version(), *_jax_versions(), functions, config=compile_config())
 
 
-def _report_task(common: tuple, name: str) -> Any:
-    """A worker's task for ``--jobs``: the :class:`~stagetool.report.model.FunctionReport` of one function."""
-    options, wanted = common
-    plan = _worker_plan(options)
-    _use_jax_cache(options, set(wanted))
+def _one(plan: Plan, name: str) -> Plan:
+    """The plan restricted to the function ``name``, staged in this process."""
     (fspec,) = [f for f in plan.functions if f.name == name]
-    return _function_report(plan, fspec, set(wanted), options, None)
+    return dataclasses.replace(plan, functions=(fspec,), jobs=1)
 
 
-def _snapshot_task(common: tuple, name: str) -> tuple[dict | None, str | None]:
+def _report_task(common: tuple[Plan, frozenset[Section]], name: str) -> FunctionReport:
+    """A worker's task for ``--jobs``: the :class:`~stagetool.report.model.FunctionReport` of one function."""
+    plan, wanted = common
+    return analyze_plan(_one(plan, name), wanted).functions[0]
+
+
+def _snapshot_task(common: tuple[Plan], name: str) -> tuple[dict | None, str | None]:
     """A worker's task for ``snapshot``/``check`` with ``--jobs`` or ``--isolate``: ``(snapshot part, None)``,
     or ``(None, error)`` when the function fails to stage."""
     from stagetool.gate.run import spec_label
     from stagetool.gate.snapshot import snapshot_from_report
 
-    (options,) = common
-    plan = _worker_plan(options)
-    (fspec,) = [f for f in plan.functions if f.name == name]
-    report = _analyze_plan(dataclasses.replace(plan, functions=(fspec,)),
-                           dataclasses.replace(options, function=name, jobs=1), _snapshot_sections(),
-                           command="snapshot", on_stage=None)
+    (plan,) = common
+    report = analyze_plan(_one(plan, name), _snapshot_sections(), command="snapshot")
     if report.functions[0].error is not None:
         return None, report.functions[0].error
     return snapshot_from_report(report, spec=spec_label(plan.spec.path)), None
 
 
-def staged_functions(options: Options, *, until: str = "compile",
-                     on_stage: Callable[[str, str], None] | None = None) -> Iterator[tuple[FunctionSpec, Any, Any]]:
+def staged_functions(options: Options, *, until: str = "compile", on_stage: Callable[[str, str], None] | None = None
+                     ) -> Iterator[tuple[FunctionSpec, AbstractInputs, Staged]]:
     """Yield ``(function spec, abstract inputs, Staged)`` for each function: for callers that want the
     JAX stage objects themselves (notebooks, tests)."""
     plan = make_plan(options)
-    setup = _provision(plan, options)
-    prepared = prepare_all(plan, options)
+    setup = provision_devices(plan)
+    prepared = prepare_inputs(plan, setup)
     for fspec in plan.functions:
-        fitted, inputs, staged, _ = _stage(plan, prepared[fspec.name], setup, until, on_stage)
+        fitted, inputs, staged, _ = _stage(prepared[fspec.name], setup, until, on_stage)
         yield fitted, inputs, staged
 
 
-_SETUP_CACHE: dict[tuple, Any] = {}
-
-
-def _use_jax_cache(options: Options, wanted: set[Section]) -> None:
+def _use_jax_cache(plan: Plan, wanted: frozenset[Section]) -> None:
     """Turn on JAX's persistent compilation cache when asked to and no peak dump is taken in this process."""
-    if options.jax_cache and options.cache_dir is not None and not (options.peak and Section.MEMORY in wanted):
+    if plan.jax_cache and plan.cache_dir is not None and not (plan.peak and Section.MEMORY in wanted):
         from stagetool.lowering.cache import enable_jax_cache
 
-        enable_jax_cache(options.cache_dir)
+        enable_jax_cache(plan.cache_dir)
 
 
-def _provision(plan: Plan, options: Options) -> Any:
-    from stagetool.core import gc_pause
-    from stagetool.lowering.devices import provision
-
-    key = (plan.mesh, plan.platform, plan.topology, options.processes)
-    if key not in _SETUP_CACHE:
-        try:
-            _SETUP_CACHE[key] = provision(plan.mesh, platform=plan.platform, topology=plan.topology,
-                                          processes=options.processes, job_processes=options.job_processes)
-        except UsageError as e:
-            # a platform or topology the spec chose (not the command line): name the spec's line
-            for name, given in (("platform", options.platform), ("topology", options.topology)):
-                loc = getattr(plan.spec, "locs", {}).get(name)
-                if given is None and loc is not None and e.message.startswith(f"--{name} "):
-                    raise UsageError(f"{loc}: {name}: " + e.message[len(name) + 3:], hint=e.hint) from None
-            raise
-        gc_pause.resume()  # start-up is over: JAX is imported and its backend started
-    return _SETUP_CACHE[key]
-
-
-def _stage(plan: Plan, prep: Prepared, setup: Any, until: str,
-           on_stage: Callable[[str, str], None] | None, *, dump: bool = False) -> tuple[FunctionSpec, Any, Any, list[str]]:
-    """Jit and stage one prepared function (see :func:`prepare_all`).
+def _stage(prep: Prepared, setup: DeviceSetup, until: str,
+           on_stage: Callable[[str, str], None] | None, *,
+           dump: bool = False) -> tuple[FunctionSpec, AbstractInputs, Staged, list[str]]:
+    """Jit and stage one prepared function (see :func:`prepare_inputs`).
 
     Returns the function spec (its out_shardings fitted to the output tree), the abstract inputs,
     the :class:`~stagetool.lowering.stages.Staged` stages and the user's source files.
@@ -368,33 +526,31 @@ def _stage(plan: Plan, prep: Prepared, setup: Any, until: str,
     return fspec, inputs, staged, user_files
 
 
-def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], options: Options,
-                     on_stage: Callable[[str, str], None] | None, prep: Prepared | None = None):
-    """Stage one function and build its report: lowering hands analysis one
+def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: frozenset[Section],
+                     on_stage: Callable[[str, str], None] | None) -> FunctionReport:
+    """Stage one prepared function and build its report: lowering hands analysis one
     :class:`~stagetool.lowering.facts.StagedFunction`; the analysis never sees a JAX object.
     A :class:`StagingError` becomes the report's ``error`` (its sections are None)."""
     from stagetool.core.errors import OutOfMemoryError, StagingError
     from stagetool.lowering.facts import gather
     from stagetool.report.model import FunctionReport, StageTimes
 
-    setup = _provision(plan, options)
-    if prep is None:
-        prep = prepare_all(dataclasses.replace(plan, functions=(fspec,)), options)[fspec.name]
+    fspec = prep.fspec
     needs_compile = bool(wanted - {Section.LOWERED_TEXT})
-    dump = options.peak and Section.MEMORY in wanted
+    dump = plan.peak and Section.MEMORY in wanted
     cache = None
     # a multi-process job compiles in every process together: one process answering from its cache
     # while another compiles could leave the other waiting, so such jobs do not use the facts cache.
     # Simulated processes (--processes) and a compile-only topology's hosts are all this one process.
-    simulated = options.processes is not None or setup.topology is not None
+    simulated = plan.processes is not None or setup.topology is not None
     real_processes = 1 if simulated else setup.process_count
-    if needs_compile and options.cache_dir is not None and real_processes == 1:
+    if needs_compile and plan.cache_dir is not None and real_processes == 1:
         from stagetool.lowering.cache import FactsCache
 
-        cache = FactsCache(options.cache_dir)
-    dialect = options.dialect if Section.LOWERED_TEXT in wanted else None
+        cache = FactsCache(plan.cache_dir)
+    dialect = plan.dialect if Section.LOWERED_TEXT in wanted else None
     try:
-        fspec, inputs, staged, user_files = _stage(plan, prep, setup, "compile" if needs_compile and cache is None
+        fspec, inputs, staged, user_files = _stage(prep, setup, "compile" if needs_compile and cache is None
                                                    else "lower", on_stage, dump=dump)
         cached = False
         if cache is None:
@@ -409,7 +565,7 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
             return _failed(plan, fspec, setup, e)
         from stagetool.analysis.sections import out_of_memory_section
 
-        capacity, source = _capacity(plan, options, setup)
+        capacity, source = _capacity(plan, setup)
         memory = out_of_memory_section(e, prep.inputs.leaves, dict(plan.mesh.axes), capacity_bytes=capacity,
                                        capacity_source=source)
         rest = sorted(s.value for s in wanted - {Section.MEMORY, Section.LOWERED_TEXT})
@@ -419,7 +575,7 @@ def _function_report(plan: Plan, fspec: FunctionSpec, wanted: set[Section], opti
                               memory=memory, notes=notes)
     except StagingError as e:
         return _failed(plan, fspec, setup, e)
-    return _report_of(facts, plan, fspec, setup, wanted, options, user_files, inputs, cached=cached)
+    return _report_of(facts, plan, fspec, setup, wanted, user_files, inputs, cached=cached)
 
 
 def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSpec, setup: Any,
@@ -449,7 +605,7 @@ def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSp
     return facts, False
 
 
-def _failed(plan: Plan, fspec: FunctionSpec, setup: Any, e: Any) -> Any:
+def _failed(plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, e: StagingError) -> FunctionReport:
     from stagetool.report.model import FunctionReport, StageTimes
 
     import traceback
@@ -459,15 +615,15 @@ def _failed(plan: Plan, fspec: FunctionSpec, setup: Any, e: Any) -> Any:
                           error=message, error_traceback="".join(traceback.format_exception(e)))
 
 
-def _mesh_report(plan: Plan, setup: Any) -> Any:
+def _mesh_report(plan: Plan, setup: DeviceSetup) -> Any:
     from stagetool.report.model import MeshReport
 
     return MeshReport(plan.mesh.axes, plan.mesh.axis_types, setup.platform, setup.device_kind,
                       len(setup.devices), setup.process_count, setup.topology)
 
 
-def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: Any, wanted: set[Section], options: Options,
-               user_files: list[str], inputs: Any, *, cached: bool = False):
+def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, wanted: frozenset[Section],
+               user_files: list[str], inputs: AbstractInputs, *, cached: bool = False) -> FunctionReport:
     """The :class:`~stagetool.report.model.FunctionReport` of one staged function's facts."""
     from stagetool.report.model import FunctionReport, ModuleText, StageTimes
 
@@ -490,20 +646,19 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: Any, wanted: 
     if Section.COST in wanted:
         from stagetool.analysis.sections import cost_section
 
-        chip = _chip(plan, options, setup)
-        fields["cost"] = cost_section(facts, len(setup.devices), chip, _roofline_dtype(inputs, chip))
+        fields["cost"] = cost_section(facts, len(setup.devices), plan.chip, _roofline_dtype(inputs, plan.chip))
     if Section.MEMORY in wanted:
         from stagetool.analysis.sections import memory_section
 
-        capacity, source = _capacity(plan, options, setup)
+        capacity, source = _capacity(plan, setup)
         fields["memory"] = memory_section(facts, *leaves, capacity_bytes=capacity, capacity_source=source,
-                                          top=options.top)
+                                          top=plan.top)
     if Section.COLLECTIVES in wanted:
         from stagetool.analysis.collectives import MeshAxes
         from stagetool.analysis.sections import collectives_section
 
         fields["collectives"] = collectives_section(facts.module, MeshAxes(plan.mesh.names, plan.mesh.sizes),
-                                                    leaves[0], user_files, options.explain)
+                                                    leaves[0], user_files, plan.explain)
     notes = [f"warning while staging: {w}" for w in facts.warnings]
     notes += list(getattr(facts, "uneven_constraints", ()))
     narrow = sorted({x.dtype for x in inputs.leaves if x.dtype in ("bfloat16", "float16")})
@@ -522,7 +677,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: Any, wanted: 
             notes.append(hosts)
     if plan.avals == "local":
         notes.append(f"shapes in the spec are host-local; global shapes computed for {setup.process_count} "
-                     f"process(es)" + (" (simulated with --processes)" if options.processes else ""))
+                     f"process(es)" + (" (simulated with --processes)" if plan.processes else ""))
     return FunctionReport(fspec.name, fspec.target, mesh, StageTimes(t.trace_s, t.lower_s, t.compile_s),
                           notes=tuple(notes), cached=cached, **fields)
 
@@ -545,45 +700,29 @@ def _roofline_dtype(inputs: Any, chip: Any) -> str:
     return "f32" if chip is None or chip.peak_flops_per_second_f32 else "bf16"
 
 
-def _chip_table(plan: Plan) -> dict:
-    from stagetool.core.chips import CHIPS, merge_chips
-
-    return merge_chips(plan.spec.chips) if plan.spec.chips else dict(CHIPS)
-
-
-def _chip(plan: Plan, options: Options, setup: Any) -> Any:
-    """The ``--chip`` entry of the chip table (built-in plus the spec's ``chips:``), or None."""
-    if not options.chip:
-        return None
-    from stagetool.core.chips import get_chip
-
-    return get_chip(options.chip, _chip_table(plan))
-
-
-def _capacity(plan: Plan, options: Options, setup: Any) -> tuple[int | None, str | None]:
+def _capacity(plan: Plan, setup: DeviceSetup) -> tuple[int | None, str | None]:
     """Per-device memory capacity in bytes and where it comes from.
 
-    In order: ``--device-memory``; a topology's HBM per device; the device's ``memory_stats()['bytes_limit']``; the HBM capacity of
-    ``--chip`` or of the chip the device kind names in the chip table; else unknown.
+    In order: ``--device-memory``; a topology's HBM per device; the device's
+    ``memory_stats()['bytes_limit']``; the HBM capacity of ``--chip`` or of the chip the device kind
+    names in the plan's chip table; else unknown.
     """
-    from stagetool.lowering.devices import device_capacity
     from stagetool.core.chips import chip_for_device_kind
-    from stagetool.core.units import parse_size
+    from stagetool.lowering.devices import device_capacity
 
-    if options.device_memory is not None:
-        size = parse_size(options.device_memory)
-        if size <= 0:
-            raise UsageError(f"--device-memory {options.device_memory}: the memory of a device must be more than 0 bytes")
-        return size, "--device-memory"
+    if plan.device_memory_bytes is not None:
+        return plan.device_memory_bytes, "--device-memory"
     if setup.capacity_bytes:
         return setup.capacity_bytes, setup.capacity_source
     cap = device_capacity(setup.devices[0])
     if cap.bytes_limit:
         return cap.bytes_limit, cap.source
-    table = _chip_table(plan)
-    name = options.chip or chip_for_device_kind(setup.device_kind)
-    if name and name.lower() in table and table[name.lower()].hbm_capacity_bytes:
-        return int(table[name.lower()].hbm_capacity_bytes), f"chip table ({name.lower()})"
+    chip = plan.chip
+    if chip is None:
+        name = chip_for_device_kind(setup.device_kind)
+        chip = plan.chips.get(name.lower()) if name else None
+    if chip is not None and chip.hbm_capacity_bytes:
+        return int(chip.hbm_capacity_bytes), f"chip table ({chip.name})"
     return None, None
 
 
@@ -664,21 +803,34 @@ def _snapshot_sections() -> list[Section]:
     return [s for s in Section if s.value in SNAPSHOT_SECTIONS]
 
 
-def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None, timeout_s: float | None = None) -> SnapshotRun:
-    """Stage every function of ``options`` (a :class:`stagetool.pipeline.Options`) and snapshot it.
+def take_snapshot(options: Options, *, isolate: bool = False, on_stage=None,
+                  timeout_s: float | None = None) -> SnapshotRun:
+    """Stage every function of ``options`` and snapshot it: :func:`snapshot_plan` of
+    :func:`make_plan` (``isolate``/``timeout_s`` here, for the Python API, add to the options').
+
+    Raises:
+      UsageError, SpecError, TargetError: bad options, spec or target, before any trace.
+    """
+    options = dataclasses.replace(options, isolate=isolate or options.isolate,
+                                  timeout_s=timeout_s if timeout_s is not None else options.timeout_s)
+    return snapshot_plan(make_plan(options), on_stage=on_stage)
+
+
+def snapshot_plan(plan: Plan, *, on_stage=None) -> SnapshotRun:
+    """Stage every function of the plan and snapshot it.
 
     Each function is staged on its own: one that fails to trace, lower or compile
     (:class:`stagetool.core.errors.StagingError`) is recorded in ``failed`` and the others still run.
-    With ``options.jobs`` > 1, functions are staged in that many worker processes
+    With ``plan.jobs`` > 1, functions are staged in that many worker processes
     (:mod:`stagetool.core.workers`); the snapshot is the same as a serial run's. With ``isolate``,
     the same workers take one function each, so that one that aborts its process (an XLA
-    ``LLVM ERROR``, ``os.abort()``) is recorded too. ``timeout_s`` (which also puts the functions in
+    ``LLVM ERROR``, ``os.abort()``) is recorded too. ``plan.timeout_s`` (which also puts the functions in
     workers) bounds each function's time in its worker (with ``isolate``, default
     :data:`stagetool.gate.run.DEFAULT_TIMEOUT_S`); one that runs past it is killed and recorded as
     failed.
 
     Raises:
-      UsageError, SpecError, TargetError: bad options, spec or target.
+      SpecError, TargetError: a function's inputs or target, before anything is lowered.
     """
     from stagetool.gate.run import DEFAULT_TIMEOUT_S, SnapshotRun, spec_label
     from stagetool.gate.snapshot import (
@@ -688,19 +840,21 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None, timeout
         snapshot_from_report,
     )
 
-    plan = make_plan(options)
     names = tuple(f.name for f in plan.functions)
-    by_name = {f.name: f for f in plan.functions}
     spec_path = plan.spec.path
     parts: list[dict] = []
     failed: dict[str, str] = {}
-    prepared = None if isolate else prepare_all(plan, options)  # every spec error before anything is lowered
-    if isolate or timeout_s is not None or (options.jobs > 1 and len(names) > 1):
+    isolate, timeout_s = plan.isolate, plan.timeout_s
+    setup = prepared = None
+    if not isolate:  # every spec error before anything is lowered
+        setup = provision_devices(plan)
+        prepared = prepare_inputs(plan, setup)
+    if isolate or timeout_s is not None or (plan.jobs > 1 and len(names) > 1):
         from stagetool.core.workers import raise_first_error, run_in_workers
 
         if isolate and timeout_s is None:
             timeout_s = DEFAULT_TIMEOUT_S
-        outcomes = run_in_workers(_snapshot_task, names, jobs=options.jobs, common=(options,), isolate=isolate,
+        outcomes = run_in_workers(_snapshot_task, names, jobs=plan.jobs, common=(plan,), isolate=isolate,
                                   timeout_s=timeout_s)
         raise_first_error(outcomes)
         for name, o in zip(names, outcomes):
@@ -711,9 +865,8 @@ def take_snapshot(options: Any, *, isolate: bool = False, on_stage=None, timeout
                 parts.append(part)
     else:
         for name in names:
-            one = dataclasses.replace(options, function=name)
-            report = _analyze_plan(dataclasses.replace(plan, functions=(by_name[name],)), one, _snapshot_sections(),
-                                   command="snapshot", on_stage=on_stage, prepared=prepared)
+            report = analyze_plan(_one(plan, name), _snapshot_sections(), command="snapshot", on_stage=on_stage,
+                                  prepared=prepared)
             if report.functions[0].error is not None:
                 failed[name] = report.functions[0].error  # "f: trace failed: ... (at file.py:LINE in f)"
                 continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import jax
@@ -9,7 +10,7 @@ import pytest
 
 from stagetool.core.errors import UsageError
 from stagetool.lowering import devices as devices_mod
-from stagetool.pipeline import Options, Plan, _capacity
+from stagetool.pipeline import Plan, _capacity
 from stagetool.core.mesh import MeshSpec
 from stagetool.spec.model import Spec
 
@@ -31,9 +32,9 @@ def test_capacity_comes_from_the_gpu(monkeypatch):
     setup = types.SimpleNamespace(devices=(fake_gpu(0, 12345),), device_kind="NVIDIA H100 80GB HBM3",
                                   capacity_bytes=None, capacity_source=None)
     plan = Plan(Spec(None, MeshSpec(()), None, None, "global", {}), (), MeshSpec(()), "gpu", None, "global")
-    assert _capacity(plan, Options(), setup) == (12345, "jax.Device.memory_stats()['bytes_limit']")
-    # --device-memory wins over what the device says.
-    assert _capacity(plan, Options(device_memory="1GiB"), setup) == (2**30, "--device-memory")
+    assert _capacity(plan, setup) == (12345, "jax.Device.memory_stats()['bytes_limit']")
+    # --device-memory (resolved to bytes by make_plan) wins over what the device says.
+    assert _capacity(dataclasses.replace(plan, device_memory_bytes=2**30), setup) == (2**30, "--device-memory")
 
 
 def test_capacity_falls_back_to_the_chip_table_for_a_known_gpu_kind():
@@ -41,4 +42,4 @@ def test_capacity_falls_back_to_the_chip_table_for_a_known_gpu_kind():
     setup = types.SimpleNamespace(devices=(dev,), device_kind="NVIDIA H100 80GB HBM3", capacity_bytes=None,
                                   capacity_source=None)
     plan = Plan(Spec(None, MeshSpec(()), None, None, "global", {}), (), MeshSpec(()), "gpu", None, "global")
-    assert _capacity(plan, Options(), setup) == (80 * 2**30, "chip table (h100-sxm)")
+    assert _capacity(plan, setup) == (80 * 2**30, "chip table (h100-sxm)")

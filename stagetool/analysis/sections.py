@@ -45,6 +45,7 @@ from stagetool.analysis.memory import (
     normalise_memory,
     parse_input_output_alias,
 )
+from stagetool.analysis.leaves import LeafPattern, leaf_patterns, unmatched_leaf_patterns
 from stagetool.analysis.shardings import LeafReport
 from stagetool.hlo.parser import HloModule
 from stagetool.lowering.facts import StagedFunction
@@ -388,7 +389,7 @@ class CollectivesSection:
 
 
 def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafReport, ...] | None,
-                        user_files: list[str], explain: tuple[str, ...] = ()) -> CollectivesSection:
+                        user_files: list[str], explain: tuple[LeafPattern | str, ...] = ()) -> CollectivesSection:
     """Build :class:`CollectivesSection` from the parsed compiled module.
 
     Args:
@@ -396,10 +397,10 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
       mesh: the mesh's axis names and sizes (replica groups are matched against its axes).
       inputs: per-leaf reports with entry parameter numbers (needed for ``explain``).
       user_files: the user's source files, preferred when picking the source frame.
-      explain: input leaf paths to explain (see :func:`match_leaves`).
+      explain: the input leaves to explain (:class:`LeafPattern`, or text compiled as one).
 
     Raises:
-      UsageError: an ``explain`` leaf that matches no input leaf.
+      UsageError: an ``explain`` pattern that names no input leaf.
     """
     from pathlib import Path
 
@@ -422,27 +423,22 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
     return CollectivesSection(items, summarize(found), tuple(explained))
 
 
-def match_leaves(patterns: tuple[str, ...], leaves: tuple[LeafReport, ...]) -> list[LeafReport]:
-    """The input leaves each pattern names: an exact key path, or a ``/``-suffix of one (``wq`` names
-    ``params/layers/wq``). In leaf order, each once.
+def match_leaves(patterns: tuple[LeafPattern | str, ...], leaves: tuple[LeafReport, ...]) -> list[LeafReport]:
+    """The input leaves the patterns name (see :class:`LeafPattern`; text is compiled first). In leaf
+    order, each once.
 
     Raises:
-      UsageError: a pattern that names no leaf, with close matches.
+      UsageError: a bad regular expression, or a pattern that names no leaf (with close matches).
     """
     from stagetool.core.errors import UsageError
 
-    chosen: list[LeafReport] = []
-    for pattern in patterns:
-        hits = [x for x in leaves if x.path == pattern or x.path.endswith("/" + pattern.lstrip("/"))]
-        if not hits:
-            import difflib
-
-            close = difflib.get_close_matches(pattern, [x.path for x in leaves], n=3, cutoff=0.4)
-            raise UsageError(f"--explain {pattern!r} names no input leaf"
-                             + (f"; close matches: {', '.join(close)}" if close else ""),
-                             hint="give a leaf path as 'stagetool shardings' lists it, or its last part")
-        chosen.extend(h for h in hits if h not in chosen)
-    return sorted(chosen, key=lambda x: [y.path for y in leaves].index(x.path))
+    compiled = tuple(p for p in patterns if isinstance(p, LeafPattern))
+    compiled += leaf_patterns(tuple(p for p in patterns if not isinstance(p, LeafPattern)))
+    problems = unmatched_leaf_patterns(compiled, [x.path for x in leaves])
+    if problems:
+        raise UsageError("; ".join(problems),
+                         hint="give a leaf path as 'stagetool shardings' lists it, or its last part")
+    return [x for x in leaves if any(p.names(x.path) for p in compiled)]
 
 
 def _user_source(c: Collective, user: set[str], library: tuple[str, ...]) -> str | None:

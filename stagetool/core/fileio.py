@@ -45,6 +45,34 @@ def _through_dev(p: str) -> bool:
     return a.startswith(("/dev/", "/proc/"))
 
 
+def write_problem(path: str | Path) -> str | None:
+    """Why :func:`write_atomic` could not write ``path``, or None when it can: checked before a run
+    stages anything, so that a bad ``-o`` is a usage error rather than a compile thrown away.
+
+    A special file (``/dev/stdout``) is written in place and is not probed. Otherwise the folder
+    must exist, be a folder, and take a new file: a temporary file is created in it and removed
+    (a real write, because ``os.access`` says yes to root even where the write fails, e.g. in
+    ``/sys`` or on a read-only mount).
+    """
+    p = Path(path)
+    if is_special(p):
+        return None
+    if p.is_dir():
+        return f"{p} is a folder; give a file name"
+    parent = p.parent
+    if not parent.exists():
+        return f"the folder {parent} does not exist"
+    if not parent.is_dir():
+        return f"{parent} is not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".stagetool-probe-")
+    except OSError as e:
+        return f"cannot create a file in {parent}: {e.strerror or e}"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
 def write_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path``: atomically for a regular file, in place for anything else.
 

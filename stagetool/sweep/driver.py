@@ -36,6 +36,7 @@ class SweepOptions:
       shard: ``I/N``: run only that share of the grid.
       output_dir: write each finished row there (``<id>.json``, atomically).
       resume: skip configurations whose row is already in ``output_dir``.
+      outputs: ``(option, path)`` of the files the command writes (``-o``), checked before anything runs.
     """
 
     target: str | None = None
@@ -54,6 +55,7 @@ class SweepOptions:
     shard: str | None = None
     output_dir: Path | None = None
     resume: bool = False
+    outputs: tuple[tuple[str, Path], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,9 +115,11 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
         for t in topologies:
             topology_device_count(t)  # a malformed name is one error now, not one per row
     first = tuple((name, values[0]) for name, values in variables.items())
-    # the spec, the TARGET, --function and the placeholders, checked once with the first values
+    # the spec, the TARGET, --function, the placeholders (with the first values), --chip, --device-memory
+    # and -o, checked once, all at once
     plan = make_plan(Options(target=options.target, spec=spec_path, function=options.function, variables=first,
-                             topology=topologies[0] if topologies else None, platform=options.platform))
+                             topology=topologies[0] if topologies else None, platform=options.platform,
+                             chip=options.chip, device_memory=options.device_memory, outputs=options.outputs))
     if len(plan.functions) != 1:
         raise UsageError(f"a sweep compares configurations of one function, and {spec_path} selects "
                          f"{len(plan.functions)}: " + ", ".join(f.name for f in plan.functions),
@@ -134,15 +138,6 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
             parse_mesh_option(m, plan.spec.mesh)
         except ValueError as e:
             raise UsageError(str(e)) from None
-    if options.chip:
-        from stagetool.core.chips import CHIPS, get_chip, merge_chips
-
-        get_chip(options.chip, merge_chips(plan.spec.chips) if plan.spec.chips else dict(CHIPS))
-    if options.device_memory is not None:
-        from stagetool.core.units import parse_size
-
-        if parse_size(options.device_memory) <= 0:
-            raise UsageError(f"--device-memory {options.device_memory}: the memory of a device must be more than 0 bytes")
     grid = build_grid(meshes=meshes, topologies=topologies, variables=variables)
     common = {"target": options.target, "spec": str(Path(spec_path).resolve()), "function": fspec.name,
               "platform": options.platform, "chip": options.chip, "device_memory": options.device_memory}

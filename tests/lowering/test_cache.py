@@ -122,9 +122,9 @@ def test_a_compile_option_is_part_of_the_key(project, tmp_path):
 
     options = Options(spec=Path("m.stagetool.yaml"))
     ((fspec, inputs, staged),) = list(staged_functions(options, until="lower"))
-    from stagetool.pipeline import _provision, make_plan
+    from stagetool.pipeline import make_plan, provision_devices
 
-    setup = _provision(make_plan(options), options)
+    setup = provision_devices(make_plan(options))
     plain = cache_key(staged.lowered, setup, inputs)
     assert plain == cache_key(staged.lowered, setup, inputs, compiler_options={})
     assert plain != cache_key(staged.lowered, setup, inputs, compiler_options={"xla_cpu_enable_fast_math": True})
@@ -174,10 +174,10 @@ def test_a_foreign_entry_is_ignored(project, tmp_path):
     (entry,) = _entries(cache)
     project(w="bf16")
     options = Options(spec=Path("m.stagetool.yaml"))
-    from stagetool.pipeline import _provision, make_plan, staged_functions
+    from stagetool.pipeline import make_plan, provision_devices, staged_functions
 
     ((fspec, inputs, staged),) = list(staged_functions(options, until="lower"))
-    key = cache_key(staged.lowered, _provision(make_plan(options), options), inputs)
+    key = cache_key(staged.lowered, provision_devices(make_plan(options)), inputs)
     target = FactsCache(cache).path(key)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(entry.read_text())
