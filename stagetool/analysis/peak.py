@@ -26,10 +26,18 @@ Python module, so it is not used here.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 
+from stagetool.hlo.buffers import (  # the one reader of the dump's files; re-exported here
+    LiveBuffer,
+    PeakLiveRange,
+    PeakOpShare,
+    parse_live_range_peak,
+)
 from stagetool.lowering.stages import PeakDump
+
+__all__ = ["LiveBuffer", "ModuleIndex", "PeakBuffer", "PeakLiveRange", "PeakOpShare", "PeakReport",
+           "SourceLocation", "parse_live_range_peak", "peak_report"]
 
 
 
@@ -52,60 +60,6 @@ class SourceLocation:
 
 Resolver = Callable[[str], SourceLocation]
 """``resolve(instruction_name) -> SourceLocation``."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LiveBuffer:
-    """One buffer live at the peak, as listed in the live-range dump.
-
-    Attributes:
-      value_name: the HLO value, ``"<instruction>{<shape index>}"`` (``"fusion.3{}"``).
-      instruction_name: the instruction that defines it.
-      shape_index: shape index within the instruction's (tuple) result, ``()`` for the whole.
-      size_bytes: bytes of this buffer on one device.
-    """
-
-    value_name: str
-    instruction_name: str
-    shape_index: tuple[int, ...]
-    size_bytes: int
-
-
-@dataclasses.dataclass(frozen=True)
-class PeakOpShare:
-    """One node of the "Stack trace breakdown for peak usage" tree.
-
-    Attributes:
-      name: op name (``"jit(f)/sin"``) or computation name at the root.
-      depth: 0 for the root, 1 for its children, ...
-      share: fraction of the peak (0..1), as XLA printed it (one decimal of a percent).
-      total_bytes: bytes attributed to this node and its children.
-      current_bytes: bytes attributed to this node itself.
-    """
-
-    name: str
-    depth: int
-    share: float
-    total_bytes: int
-    current_bytes: int
-
-
-@dataclasses.dataclass(frozen=True)
-class PeakLiveRange:
-    """The peak section of one live-range dump file.
-
-    Attributes:
-      position: index in the instruction sequence where the peak occurs.
-      peak_bytes: bytes live at the peak (per device), from the breakdown header or the
-        last cumulative figure.
-      buffers: every buffer live at the peak, largest first (ties by name).
-      breakdown: the stack-trace breakdown tree in file order.
-    """
-
-    position: int | None
-    peak_bytes: int | None
-    buffers: tuple[LiveBuffer, ...]
-    breakdown: tuple[PeakOpShare, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,80 +106,6 @@ class PeakReport:
     reason: str | None = None
 
 
-# --------------------------------------------------------------------------- live-range file
-
-
-_PEAK_HEADER = re.compile(r"^\s*Live ranges at (\d+) \(peak\):\s*$")
-_BUFFER_LINE = re.compile(r"^\s+(\S+?)(\{[\d,]*\}): (\d+) bytes")
-_BREAKDOWN_HEADER = re.compile(r"^\s*Stack trace breakdown for peak usage: ([\d ]+) bytes")
-_BREAKDOWN_LINE = re.compile(
-    r"^(?P<prefix>[\s│├└─]*)(?P<name>.+?) \((?P<pct>[\d.]+)%, total: (?P<total>[\d ]+) bytes, "
-    r"current: (?P<cur>[\d ]+) bytes")
-
-
-def _num(text: str) -> int:
-    return int(text.replace(" ", ""))
-
-
-def _shape_index(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.strip("{}").split(",") if p)
-
-
-def parse_live_range_peak(text: str) -> PeakLiveRange | None:
-    """Parse the "Live ranges at N (peak)" section of an XLA ``*-live-range.txt`` dump.
-
-    Returns None when the file has no peak section.
-    """
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if _PEAK_HEADER.match(ln)), None)
-    if start is None:
-        return None
-    position = int(_PEAK_HEADER.match(lines[start]).group(1))
-    buffers: list[LiveBuffer] = []
-    breakdown: list[PeakOpShare] = []
-    peak = None
-    last_cumulative = None
-    in_breakdown = False
-    root_width = 0
-    first_child_width = 0
-    for ln in lines[start + 1:]:
-        hb = _BREAKDOWN_HEADER.match(ln)
-        if hb:
-            peak = _num(hb.group(1))
-            in_breakdown = True
-            continue
-        if in_breakdown:
-            m = _BREAKDOWN_LINE.match(ln)
-            if not m:
-                continue
-            width = len(m.group("prefix"))
-            if not breakdown:
-                root_width = width
-            if width <= root_width:
-                depth = 0
-            else:
-                # children start one branch ("├── ") right of the root; each deeper level
-                # adds one 4-character column ("│   ").
-                first_child_width = first_child_width or width
-                depth = 1 + max(width - first_child_width, 0) // 4
-            breakdown.append(PeakOpShare(m.group("name"), depth, float(m.group("pct")) / 100.0,
-                                         _num(m.group("total")), _num(m.group("cur"))))
-            continue
-        m = _BUFFER_LINE.match(ln)
-        if m:
-            buffers.append(LiveBuffer(m.group(1) + m.group(2), m.group(1), _shape_index(m.group(2)),
-                                      int(m.group(3))))
-            cm = re.search(r"cumulative: (\d+) bytes", ln)
-            if cm:
-                last_cumulative = int(cm.group(1))
-        elif ln.strip() and not ln.startswith(" "):
-            break
-    if peak is None:
-        peak = last_cumulative
-    buffers.sort(key=lambda b: (-b.size_bytes, b.value_name))
-    return PeakLiveRange(position, peak, tuple(buffers), tuple(breakdown))
-
-
 # --------------------------------------------------------------------------- module text
 
 
@@ -257,6 +137,29 @@ class ModuleIndex:
         if isinstance(shape, TupleShape):
             return "(" + ", ".join(a.type_text() for a in shape.arrays()) + ")"
         return None
+
+    def entry_names(self) -> frozenset[str]:
+        """Names of the entry computation's instructions."""
+        entry = self._module.entry
+        return frozenset(i.name for i in entry.instructions) if entry is not None else frozenset()
+
+    def root_operands(self) -> dict[str, int]:
+        """``operand name -> output index`` of the entry's ROOT tuple (``{root: 0}`` when it is no tuple)."""
+        entry = self._module.entry
+        root = entry.root if entry is not None else None
+        if root is None:
+            return {}
+        if root.opcode != "tuple":
+            return {root.name: 0}
+        out: dict[str, int] = {}
+        for i, name in enumerate(root.operands):
+            out.setdefault(name, i)
+        return out
+
+    def op_and_source(self, instruction_name: str) -> tuple[str | None, str | None]:
+        """``(op name, "file:line")`` of an instruction, Nones where unknown (see :meth:`resolve`)."""
+        loc = self.resolve(instruction_name)
+        return loc.op_name, (f"{loc.file}:{loc.line}" if loc.file else None)
 
     def resolve(self, instruction_name: str) -> SourceLocation:
         """Op name and innermost recorded source frame of an instruction (Nones when unknown)."""

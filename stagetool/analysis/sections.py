@@ -52,6 +52,7 @@ from stagetool.lowering.facts import StagedFunction
 
 if TYPE_CHECKING:  # imported where used: only --chip and the peak buffers need them
     from stagetool.analysis.peak import PeakReport
+    from stagetool.analysis.timeline import TimelinePeak, TimelinePoint
     from stagetool.analysis.roofline import RooflineEstimate
     from stagetool.core.chips import Chip
 
@@ -136,6 +137,10 @@ class MemorySection:
       out_of_memory: the compile stopped because the program does not fit (XLA's needed and available
         bytes); then ``record`` is empty, ``verdict`` compares XLA's needed with its available bytes
         and ``capacity_bytes`` is XLA's available figure.
+      timeline: bytes live on one device at each step of the entry computation's schedule
+        (:mod:`stagetool.analysis.timeline`, from the same dump as ``peak``), or None.
+      timeline_peak: the timeline's maximum set against the gated peak (the difference named), or
+        None when the peak dump was not asked for.
     """
 
     record: MemoryRecord
@@ -146,6 +151,8 @@ class MemorySection:
     donation: tuple[LeafDonation, ...]
     peak: PeakReport | None = None
     out_of_memory: OutOfMemory | None = None
+    timeline: tuple[TimelinePoint, ...] | None = None
+    timeline_peak: TimelinePeak | None = None
 
 
 def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = None,
@@ -252,7 +259,14 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
     largest = sorted(used, key=lambda x: (-(x.bytes_per_device or 0), x.path))[:top]
     largest_inputs = tuple(InputBytes(x.path, _shape(x), int(x.bytes_per_device or 0)) for x in largest)
     donation = _donation(facts.compiled_text or "", inputs, outputs)
-    return MemorySection(record, capacity_bytes, capacity_source, verdict, largest_inputs, donation, peak)
+    timeline = timeline_peak = None
+    if facts.peak is not None:
+        from stagetool.analysis.timeline import memory_timeline
+
+        timeline, timeline_peak = memory_timeline(facts.peak, gated_peak=record.peak_bytes, record=record,
+                                                  inputs=inputs, outputs=outputs, top=top)
+    return MemorySection(record, capacity_bytes, capacity_source, verdict, largest_inputs, donation, peak,
+                         timeline=timeline, timeline_peak=timeline_peak)
 
 
 def out_of_memory_section(error: Any, leaves: Any, axis_size: dict[str, int], *, capacity_bytes: int | None,

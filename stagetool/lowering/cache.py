@@ -41,9 +41,10 @@ from typing import Any
 
 from stagetool.core.sharding import Sharding
 from stagetool.lowering.facts import BackendResult, LeafFacts, StagedFunction
+from stagetool.hlo.buffers import Allocation, AssignedBuffer, BufferAssignment, LogicalBuffer
 from stagetool.lowering.stages import PeakDump
 
-CACHE_SCHEMA = 1
+CACHE_SCHEMA = 2
 """Version of the entry format and of the key's contents; bump it when either changes."""
 
 ENTRY_KIND = "stagetool-facts"
@@ -265,7 +266,9 @@ def _decode_entry(entry: Any, key: str, *, peak: bool) -> CachedFacts | None:
 
 # ---- encoding: plain JSON, tuples and the known records tagged ----------------------------------
 
-_RECORDS: dict[str, type] = {cls.__name__: cls for cls in (LeafFacts, BackendResult, PeakDump, Sharding)}
+_RECORDS: dict[str, type] = {cls.__name__: cls for cls in (LeafFacts, BackendResult, PeakDump, Sharding,
+                                                            BufferAssignment, LogicalBuffer, Allocation,
+                                                            AssignedBuffer)}
 
 
 def _encode(value: Any) -> Any:
@@ -354,4 +357,23 @@ def _valid(f: dict[str, Any]) -> bool:
             and (peak is None or (isinstance(peak, PeakDump) and isinstance(peak.module_text, str)
                                   and (peak.live_range_text is None or isinstance(peak.live_range_text, str))
                                   and (peak.compile_seconds is None or _is(peak.compile_seconds, int, float))
-                                  and (peak.reason is None or isinstance(peak.reason, str)))))
+                                  and (peak.reason is None or isinstance(peak.reason, str))
+                                  and (peak.buffers_reason is None or isinstance(peak.buffers_reason, str))
+                                  and (peak.buffers is None or _valid_buffers(peak.buffers)))))
+
+
+def _valid_buffers(b: Any) -> bool:
+    """A cached buffer assignment is well-typed (the heap-simulator events are never cached)."""
+    return (isinstance(b, BufferAssignment) and isinstance(b.module, str) and isinstance(b.entry, str)
+            and b.traces == ()
+            and isinstance(b.buffers, tuple) and all(
+                isinstance(x, LogicalBuffer) and _is(x.id, int) and _is(x.size, int) and isinstance(x.instruction, str)
+                and _ints(x.shape_index) and _is(x.color, int) for x in b.buffers)
+            and isinstance(b.allocations, tuple) and all(
+                isinstance(a, Allocation) and all(_is(getattr(a, n), int) for n in ("index", "size", "color"))
+                and all(isinstance(getattr(a, n), bool) for n in ("is_thread_local", "is_tuple", "is_constant",
+                                                                   "maybe_live_out"))
+                and (a.parameter_number is None or _is(a.parameter_number, int))
+                and isinstance(a.assigned, tuple)
+                and all(isinstance(x, AssignedBuffer) and _ints((x.buffer_id, x.offset, x.size)) for x in a.assigned)
+                for a in b.allocations))

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from stagetool.core.errors import USER_CODE_ERRORS, OutOfMemoryError, SpecError, StagingError, describe_exception
 from stagetool.core.sharding import Sharding
+from stagetool.hlo.buffers import BufferAssignment
 from stagetool.lowering.avals import AbstractInputs
 from stagetool.lowering.target import Target, user_frame
 from stagetool.spec.model import FunctionSpec
@@ -41,12 +42,18 @@ class PeakDump:
       module_text: the optimised module the dump describes (``Compiled.as_text()``).
       compile_seconds: wall time of the compile that wrote the dump.
       reason: why there is no live-range text (None when there is).
+      buffers: the buffer assignment of the same compile (which allocation and offset each HLO
+        value occupies), read from the dump's ``*.hlo.pb`` by :func:`stagetool.hlo.buffers.read_hlo_proto`
+        (heap-simulator events left out); None when XLA wrote none or it could not be read.
+      buffers_reason: why ``buffers`` is None (None when it is set).
     """
 
     live_range_text: str | None
     module_text: str
     compile_seconds: float | None
     reason: str | None = None
+    buffers: BufferAssignment | None = None
+    buffers_reason: str | None = None
 
 
 @dataclasses.dataclass
@@ -220,12 +227,14 @@ def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_file
     return out
 
 
-DUMP_OPTIONS = {"xla_dump_hlo_as_text": True}
+DUMP_OPTIONS = {"xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": True}
 """Compiler options added next to ``xla_dump_to`` for the live-range dump.
 
 With ``xla_dump_to`` XLA writes, per module, ``module_NNNN.<name>.<backend>_after_optimizations-
 live-range.txt`` (its "Live ranges at N (peak)" section lists every buffer live at the peak);
-verified on jax/jaxlib 0.10.2. Text is XLA's default dump format; per-pass dumps stay off."""
+``xla_dump_hlo_as_proto`` adds ``...after_optimizations.hlo.pb``, the ``HloProto`` with the buffer
+assignment (the memory timeline's source); verified on jax/jaxlib 0.10.2 (CPU, compile-only TPU).
+Per-pass dumps stay off."""
 
 
 def compile_with_dump(lowered: Any, compiler_options: dict | None = None) -> tuple[Any, PeakDump]:
@@ -248,21 +257,48 @@ def compile_with_dump(lowered: Any, compiler_options: dict | None = None) -> tup
         seconds = time.perf_counter() - start
         module_text = compiled.as_text() or ""
         text, reason = read_live_range(folder, module_text)
-        return compiled, PeakDump(text, module_text, seconds, reason)
+        buffers, buffers_reason = read_buffer_assignment(folder, module_text)
+        return compiled, PeakDump(text, module_text, seconds, reason, buffers, buffers_reason)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         cleanup.forget(token)
 
 
+def _dump_files(folder: str, module_text: str, suffix: str) -> list[str]:
+    """The dump's files ending in ``suffix``, those of the compiled module's name first chosen."""
+    import os
+
+    m = re.match(r"HloModule\s+([^\s,]+)", module_text)
+    files = sorted(f for f in os.listdir(folder) if f.endswith(suffix))
+    if m:
+        files = [f for f in files if f".{m.group(1)}." in f] or files
+    return files
+
+
+def read_buffer_assignment(folder: str, module_text: str) -> tuple[BufferAssignment | None, str | None]:
+    """``(buffer assignment of the compiled module, None)`` from the ``HloProto`` beside its
+    live-range dump (``<prefix>-live-range.txt`` → ``<prefix>.hlo.pb``), or ``(None, why not)``."""
+    import os
+
+    from stagetool.hlo.buffers import ProtoError, read_hlo_proto
+
+    files = _dump_files(folder, module_text, "-live-range.txt")
+    proto = files[-1][: -len("-live-range.txt")] + ".hlo.pb" if files else None
+    if proto is None or not os.path.exists(os.path.join(folder, proto)):
+        return None, "XLA wrote no HloProto after optimisations (xla_dump_hlo_as_proto) beside the live-range dump"
+    with open(os.path.join(folder, proto), "rb") as fh:
+        data = fh.read()
+    try:
+        return read_hlo_proto(data, traces=False), None
+    except ProtoError as e:
+        return None, f"XLA's {proto} could not be read: {e}"
+
+
 def read_live_range(folder: str, module_text: str) -> tuple[str | None, str | None]:
     """``(text of the compiled module's live-range dump, None)``, or ``(None, why there is none)``."""
     import os
-    import re
 
-    m = re.match(r"HloModule\s+([^\s,]+)", module_text)
-    files = sorted(f for f in os.listdir(folder) if f.endswith("-live-range.txt"))
-    if m:
-        files = [f for f in files if f".{m.group(1)}." in f] or files
+    files = _dump_files(folder, module_text, "-live-range.txt")
     if not files:
         return None, ("XLA wrote no live-range dump (the executable may have come from the persistent "
                       "compilation cache, or this backend does not dump it)")

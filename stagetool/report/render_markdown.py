@@ -137,6 +137,9 @@ def _memory(m) -> list[str]:
             out += [f"- buffers at the peak: n/a: {m.peak.reason}", ""]
         else:
             out += [f"#### {views.peak_title(m.peak).capitalize()}", ""] + table(*views.peak_rows(m.peak), "rllll") + [""]
+    lines = views.timeline_lines(m)
+    if lines:
+        out += ["```text", *lines, "```", ""]
     return out
 
 

@@ -209,6 +209,43 @@ def peak_rows(p: Any) -> tuple[list[str], list[list[str]]]:
     return ["size", "shape", "HLO value", "op", "source"], rows
 
 
+def short_source(source_line: str | None) -> str:
+    """A ``file:line`` with the file shortened as :func:`short_path` does; ``—`` for None."""
+    if not source_line:
+        return "—"
+    file, _, line = source_line.rpartition(":")
+    return f"{short_path(file)}:{line}" if file and line.isdigit() else source_line
+
+
+def timeline_lines(m: Any) -> list[str]:
+    """The memory timeline in a few lines (text and Markdown): a sparkline with the peak's step, op
+    and source, then what separates the timeline's peak from the gated peak; ``[]`` when the peak
+    dump was not taken, one ``n/a`` line when it has no timeline."""
+    tp = getattr(m, "timeline_peak", None)
+    if tp is None:
+        return []
+    if tp.reason or not m.timeline:
+        return [f"memory over time: n/a: {tp.reason or 'no timeline'}"]
+    from stagetool.analysis.timeline import sparkline
+
+    where = ", ".join(x for x in (tp.op, short_source(tp.source_line) if tp.source_line else None) if x)
+    lines = [f"memory over time ({tp.steps} steps, per device): {sparkline(m.timeline)} "
+             f"peak {format_bytes(tp.bytes)} at step {tp.position} ({tp.instruction}{', ' + where if where else ''})"]
+    if tp.gated_peak_bytes is not None and not tp.differences:
+        lines.append(f"  the timeline's peak is the gated peak ({tp.gated_peak_bytes:,} B)")
+    elif tp.differences:
+        lines.append(f"  the gated peak ({tp.gated_peak_bytes:,} B) is the timeline's peak ({tp.bytes:,} B) plus:")
+        lines += [f"  {'+' if d.bytes >= 0 else '−'} {abs(d.bytes):,} B: {d.what}" for d in tp.differences]
+    return lines
+
+
+def timeline_buffer_rows(tp: Any) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)`` of the buffers live at the timeline's peak, largest first."""
+    rows = [[format_bytes(b.bytes), b.kind, b.leaf or b.value, b.shape or "—", b.op or "—",
+             short_source(b.source_line)] for b in tp.buffers]
+    return ["size", "kind", "leaf or HLO value", "shape", "op", "source"], rows
+
+
 def leaf_notes(leaf: Any) -> list[str]:
     """Short notes on a shardings-table row: where an input's sharding comes from (``rule``:
     an init's rules, ``model``: the model's own annotations), unused, chosen by the partitioner,

@@ -112,8 +112,9 @@ def test_no_live_range_file_gives_reason(monkeypatch):
 
 
 def test_dump_options_are_exactly_these():
-    # the only options the dump compile adds (besides xla_dump_to): keep the dump small
-    assert stages.DUMP_OPTIONS == {"xla_dump_hlo_as_text": True}
+    # the only options the dump compile adds (besides xla_dump_to): keep the dump small; the proto
+    # holds the buffer assignment the memory timeline reads
+    assert stages.DUMP_OPTIONS == {"xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": True}
 
 
 _LIVE_RANGE = """\
