@@ -811,7 +811,7 @@ def sweep(target: Target = None,
           resume: Annotated[bool, typer.Option(
               "--resume", help="Skip configurations already finished in --output-dir.")] = False,
           format: Annotated[str, typer.Option(
-              "--format", help="text, json (the input of 'sweep merge'), markdown or csv.")] = "text",
+              "--format", help="text, json (the input of 'sweep merge'), markdown, csv or html.")] = "text",
           output: OutputOpt = None, debug: DebugOpt = False) -> None:
     """Stage a grid of configurations (meshes x --set values x topologies) and compare them; or
     'stagetool sweep merge A.json B.json ...' to join shards."""
@@ -823,7 +823,7 @@ def sweep(target: Target = None,
         try:
             fmt, rank, how = SweepFormat(format), RankBy(rank_by), Executor(executor)
         except ValueError as e:
-            raise UsageError(f"sweep: {e}", hint="--format text|json|markdown|csv; --rank-by step|peak|collectives|"
+            raise UsageError(f"sweep: {e}", hint="--format text|json|markdown|csv|html; --rank-by step|peak|collectives|"
                                                   "flops|compile; --executor local|ray") from None
         if target == "merge":
             doc = _sweep_merge(files or [])

@@ -187,3 +187,14 @@ class Page:
         data = self.send("Page.captureScreenshot", session=True, format="png", captureBeyondViewport=True,
                          clip={"x": 0, "y": 0, "width": width, "height": height, "scale": 1})["data"]
         path.write_bytes(base64.b64decode(data))
+
+    def screenshot_of(self, path: Path, selector: str, *, pad: int = 12) -> None:
+        """A PNG of the first element matching ``selector``: its box plus ``pad`` pixels around it,
+        in page coordinates (not the viewport's)."""
+        x, y, w, h = self.evaluate(
+            "(() => { const e = document.querySelector(%s); const r = e.getBoundingClientRect();"
+            " return [r.left + scrollX, r.top + scrollY, r.width, r.height]; })()" % json.dumps(selector))
+        data = self.send("Page.captureScreenshot", session=True, format="png", captureBeyondViewport=True,
+                         clip={"x": max(x - pad, 0), "y": max(y - pad, 0), "width": w + 2 * pad,
+                               "height": h + 2 * pad, "scale": 1})["data"]
+        path.write_bytes(base64.b64decode(data))

@@ -207,6 +207,66 @@ def test_transformer_page_draws_each_leafs_assignment(transformer_html):
     assert len(dom.ids) == len(set(dom.ids))
 
 
+class Timeline(html.parser.HTMLParser):
+    """The memory timeline's picture as drawn: the area's points, the peak marker, the stacked buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = False
+        self.area: list[tuple[float, float]] = []
+        self.peak: tuple[float, float] | None = None
+        self.stack: list[tuple[float, float, str]] = []
+        self.levels: list[tuple[str, float]] = []
+        self._g = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "svg" and a.get("class") == "memory-timeline":
+            self.inside = True
+        if not self.inside:
+            return
+        if tag == "path" and a.get("class") == "timeline-area":
+            self.area = [(float(x), float(y)) for x, y in re.findall(r"[ML]([\d.]+) ([\d.]+)", a["d"])]
+        elif tag == "circle" and a.get("class") == "peak":
+            self.peak = (float(a["cx"]), float(a["cy"]))
+        elif tag == "g" and a.get("class") == "stacked-buffer":
+            self._g = True
+        elif tag == "rect" and self._g:
+            self.stack.append((float(a["y"]), float(a["height"]), a["class"]))
+        elif tag == "line" and a.get("class") in ("gated", "capacity"):
+            self.levels.append((a["class"], float(a["y1"])))
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self.inside = False
+        elif tag == "g":
+            self._g = False
+
+
+def test_transformer_page_draws_the_memory_timeline(transformer_html):
+    """The area's highest point is the peak marker, the buffers live at the peak are stacked up to
+    the same height, and the figures in the text agree: the timeline's peak plus the named
+    differences is the gated peak."""
+    text = transformer_html.read_text()
+    t = Timeline()
+    t.feed(text)
+    assert len(t.area) > 100 and t.peak is not None
+    top = min(y for _, y in t.area)
+    assert t.peak[1] == top
+    peak_xs = [x for x, y in t.area if y == top]
+    assert min(peak_xs) <= t.peak[0] <= max(peak_xs)
+    stack_top = min(y for y, _, _ in t.stack)
+    assert abs(stack_top - top) < 0.05 and {c for _, _, c in t.stack} >= {"args", "temps"}
+    # the gated peak's dashed line lies above the area (CPU: the temp block is not full at the peak)
+    (gated_y,) = [y for cls, y in t.levels if cls == "gated"]
+    assert gated_y < top
+    plain = re.sub(r"<[^>]+>", "", text)
+    peak = int(re.search(r"Peak [\d.]+ \w+ \(([\d,]+) B\) at step", plain).group(1).replace(",", ""))
+    gated = int(re.search(r"The gated peak \(([\d,]+) B\) is the timeline's peak plus", plain).group(1).replace(",", ""))
+    parts = [int(x.replace(",", "")) for x in re.findall(r"([+-][\d,]+) B: ", plain)]
+    assert parts and peak + sum(parts) == gated
+
+
 def test_html_is_deterministic(run_cli, mlp_copy):
     from stagetool import Options, Section, analyze
     from stagetool.report import Format, render
@@ -334,6 +394,14 @@ def test_transformer_page_in_headless_chromium(chromium_path, transformer_html):
         p.send("Emulation.setEmulatedMedia", session=True,
                features=[{"name": "prefers-color-scheme", "value": "light"}])
         p.screenshot(shot)
+        # the memory timeline is drawn: an area of real size, its peak marker on its highest point
+        box = p.evaluate("(() => { const r = document.querySelector('svg.memory-timeline path.timeline-area')"
+                         ".getBoundingClientRect(); return [r.width, r.height, r.top]; })()")
+        assert box[0] > 300 and box[1] > 100
+        dot = p.evaluate("(() => { const r = document.querySelector('svg.memory-timeline circle.peak')"
+                         ".getBoundingClientRect(); return [r.top + r.height / 2]; })()")
+        assert abs(dot[0] - box[2]) < 1.5
+        p.screenshot_of(ARTIFACTS / "memory-timeline.png", "div.timeline")
         assert p.console_errors() == []
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(f"screenshot: {shot}")

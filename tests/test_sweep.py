@@ -337,3 +337,59 @@ def test_text_markdown_and_csv_render_every_row(tmp_path):
     assert lines[1].startswith("2x4,0,mesh=2x4,true,ok,2048,4096,true,3072,1500000000.0,,1,")
     assert lines[1].endswith(",1024,2048") and lines[2].endswith("setup: not divisible,,")
     assert json.loads(render(doc, SweepFormat.json)) == doc
+
+
+def test_html_is_the_table_with_bars_and_the_best_marked():
+    """``--format html``: one row per configuration, each with its peak (against its capacity),
+    collective bytes and step time as bars on one scale per column, and the best row marked."""
+    from html.parser import HTMLParser
+
+    from stagetool.sweep.render import SweepFormat, render
+
+    def row(i, mesh, peak, coll, step, status="ok"):
+        return {"index": i, "id": f"mesh={mesh}", "values": {"mesh": mesh}, "status": status,
+                "peak_bytes_per_device": peak, "capacity_bytes_per_device": 4096, "fits": None if peak is None else peak <= 4096,
+                "collective_bytes_per_step": coll, "collective_bytes_per_step_by_mesh_axes": {"data": coll} if coll else None,
+                "collectives_unknown_runs": 0, "flops_per_device_xla": 1e9, "while_loops": 0,
+                "roofline_step_seconds": step, "timings": {"compile_s": 0.5},
+                "error": None if status != "error" else {"stage": "setup", "exit_code": 2, "message": "no <mesh>"}}
+
+    rows = [row(0, "1x8", 2048, 1000, 4e-3), row(1, "2x4", 1024, 4000, 2e-3), row(2, "4x2", 8192, 500, 1e-3, "does not fit"),
+            row(3, "8x1", None, None, None, "error")]
+    doc = {"kind": "sweep", "function": "f", "target": "m.py:f", "axes": [["mesh", ["1x8", "2x4", "4x2", "8x1"]]],
+           "options": {"chip": "tpu-v5e"}, "grid_size": 4, "shard": None, "best": "mesh=2x4", "ranked_by": "step",
+           "ranking_note": None, "rows": rows}
+    page = render(doc, SweepFormat.html)
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "default-src 'none'" in page
+    assert "no &lt;mesh&gt;" in page  # the failure is text, escaped
+
+    class Rows(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows, self.cell = {}, None
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag == "tr" and "data-config" in a:
+                self.current = self.rows.setdefault(a["data-config"], {"best": a["data-best"], "bars": {}})
+            elif tag == "td" and a.get("class") in ("peak", "collectives", "step"):
+                self.cell = a["class"]
+            elif tag == "rect" and self.cell and a.get("class") != "track":
+                self.current["bars"][self.cell] = (a["class"], float(a["width"]))
+            elif tag == "line" and self.cell == "peak":
+                self.current["capacity_x"] = float(a["x1"])
+
+        def handle_endtag(self, tag):
+            if tag == "td":
+                self.cell = None
+
+    parsed = Rows()
+    parsed.feed(page)
+    got = parsed.rows
+    assert [k for k, v in got.items() if v["best"] == "true"] == ["mesh=2x4"]
+    # one scale per column: the largest value (or the capacity) fills the 120-pixel bar
+    assert got["mesh=4x2"]["bars"]["peak"] == ("over", 120.0)  # over its capacity: drawn as such
+    assert got["mesh=1x8"]["bars"]["peak"] == ("peak", 30.0) and got["mesh=1x8"]["capacity_x"] == 60.0
+    assert got["mesh=2x4"]["bars"]["collectives"] == ("collectives", 120.0)
+    assert got["mesh=1x8"]["bars"]["step"] == ("step", 120.0) and got["mesh=4x2"]["bars"]["step"] == ("step", 30.0)
+    assert got["mesh=8x1"]["bars"] == {}  # the failed configuration has no figures to draw

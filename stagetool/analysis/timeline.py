@@ -92,6 +92,28 @@ class TimelineBuffer:
 
 
 @dataclasses.dataclass(frozen=True)
+class BufferGroup:
+    """Buffers live at the peak that have one name for the reader: a parameter's or output's leaf
+    path, else the user's source line of the op that defined them (else the op, else the HLO value).
+
+    Attributes:
+      label: the leaf path, ``file:line``, op name or HLO value.
+      kind: ``parameter``, ``output``, ``parameter+output`` or ``temporary``.
+      bytes: their bytes together (per device).
+      count: how many buffers.
+      shapes: their distinct HLO shapes, sorted (at most 3).
+      op: the op that defined the largest of them, or None.
+    """
+
+    label: str
+    kind: str
+    bytes: int
+    count: int
+    shapes: tuple[str, ...] = ()
+    op: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class TimelineDifference:
     """One named part of ``gated peak − timeline peak`` (bytes; negative where the timeline counts more)."""
 
@@ -115,6 +137,8 @@ class TimelinePeak:
       host_bytes: allocations in host memory (``S(5)``), never in the timeline.
       buffers: the largest buffers live at the peak (at most ``top``), largest first.
       buffer_count: how many buffers are live at the peak.
+      groups: every buffer live at the peak, grouped by leaf path or source line
+        (:class:`BufferGroup`), largest first: what the HTML chart stacks.
       steps: steps in the entry computation's schedule (points of the timeline).
       source: where the figures come from.
       reason: why there is no timeline (None when there is).
@@ -132,6 +156,7 @@ class TimelinePeak:
     host_bytes: int | None = None
     buffers: tuple[TimelineBuffer, ...] = ()
     buffer_count: int = 0
+    groups: tuple[BufferGroup, ...] = ()
     steps: int = 0
     source: str = SOURCE
     reason: str | None = None
@@ -253,8 +278,22 @@ def memory_timeline(dump: Any, *, gated_peak: int | None, record: Any = None, in
     differences = _differences(peak_point.bytes, gated_peak, allocated, record, temps)
     peak = TimelinePeak(peak_point.bytes, peak_point.position, peak_point.instruction, peak_point.op,
                         peak_point.source_line, gated_peak, differences, baseline, allocated, host,
-                        tuple(buffers[:max(top, 0)]), len(buffers), len(points))
+                        tuple(buffers[:max(top, 0)]), len(buffers), _groups(buffers), len(points))
     return tuple(points), peak
+
+
+def _groups(buffers: Sequence[TimelineBuffer]) -> tuple[BufferGroup, ...]:
+    """The buffers grouped by the name a reader knows them by, largest group first (ties by label)."""
+    grouped: dict[tuple[str, str], list[TimelineBuffer]] = {}
+    for b in buffers:
+        grouped.setdefault((b.leaf or b.source_line or b.op or b.value, b.kind), []).append(b)
+    out = []
+    for (label, kind), members in grouped.items():
+        largest = max(members, key=lambda b: (b.bytes, b.value))
+        shapes = tuple(sorted({b.shape for b in members if b.shape}))[:3]
+        out.append(BufferGroup(label, kind, sum(b.bytes for b in members), len(members), shapes, largest.op))
+    out.sort(key=lambda g: (-g.bytes, g.label, g.kind))
+    return tuple(out)
 
 
 def _buffers_at(t: int, ranges: Any, by_value: dict, by_id: dict, place: dict, whole: list[Allocation],

@@ -304,3 +304,208 @@ def roofline_chart(r: Any, seconds: Any) -> BarChart | None:
         rows.append((name, value, seconds(value) + (" ◀ bound" if dominant else ""),
                      "dominant" if dominant else "other", f"{name}: {seconds(value)}"))
     return bar_chart(rows)
+
+
+# ---------------------------------------------------------------------------------------- memory timeline
+
+
+@dataclasses.dataclass(frozen=True)
+class Tick:
+    """An axis tick: its position (x or y, in the chart's pixels) and label."""
+
+    at: float
+    label: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Level:
+    """A horizontal line across the plot (the capacity, the gated peak) at ``y``; its label at
+    ``label_x`` with SVG ``text-anchor`` ``anchor``."""
+
+    y: float
+    label: str
+    cls: str
+    label_x: float = 0.0
+    anchor: str = "end"
+
+
+@dataclasses.dataclass(frozen=True)
+class TimelineChart:
+    """Bytes live per device over the entry computation's schedule, as an area (XProf's memory
+    viewer), with the peak marked and, beside it, the buffers live at the peak stacked by size.
+
+    Attributes:
+      width, height: the picture's size.
+      plot_x, plot_y, plot_w, plot_h: the plot area (the y axis is bytes, 0 at the bottom).
+      area: the SVG path of the area (a step line closed along the x axis).
+      peak_x, peak_y: the peak's point; ``peak_label`` at ``peak_label_y`` with ``peak_anchor``.
+      levels: horizontal lines: the capacity (when on the scale) and the gated peak (when it differs).
+      y_ticks, x_ticks: axis ticks (bytes; steps of the schedule).
+      stack: the buffers live at the peak, stacked bottom-up largest first, on the plot's bytes scale.
+      stack_x, stack_w: where the stack is drawn.
+      caption: scale and what is off it.
+    """
+
+    width: float
+    height: float
+    plot_x: float
+    plot_y: float
+    plot_w: float
+    plot_h: float
+    area: str
+    peak_x: float
+    peak_y: float
+    peak_label: str
+    peak_label_y: float
+    peak_anchor: str
+    levels: tuple[Level, ...]
+    y_ticks: tuple[Tick, ...]
+    x_ticks: tuple[Tick, ...]
+    stack: tuple[Segment, ...]
+    stack_x: float
+    stack_w: float
+    caption: str
+
+
+def _nice(v: float) -> float:
+    """The smallest of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10^k that is at least ``v``."""
+    if v <= 0:
+        return 1.0
+    base = 10 ** math.floor(math.log10(v))
+    return next(m * base for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * base >= v * (1 - 1e-12))
+
+
+def _nice_bytes(v: float) -> float:
+    """A round byte count at least ``v`` in the binary unit ``format_bytes`` prints it in (60 MiB, not 62.9 MB)."""
+    unit = 1.0
+    while v >= 1000 * unit and unit < 2.0 ** 50:
+        unit *= 1024.0
+    return _nice(v / unit) * unit
+
+
+CHAR_W = 6.7
+"""Approximate width of one character of the pictures' 11 px monospace font, for placing labels."""
+
+
+def timeline_chart(values: Sequence[int], *, peak_index: int, peak_label: str, capacity: int | None,
+                   gated: int | None, buffers: Sequence[tuple[str, int, str, str]] = (),
+                   buffer_total: int | None = None, width: float = 860.0, height: float = 240.0,
+                   max_columns: int = 1200) -> TimelineChart | None:
+    """Geometry of a memory timeline.
+
+    Args:
+      values: bytes per step, in schedule order.
+      peak_index: the step of the peak; ``peak_label`` its label.
+      capacity: per-device capacity (drawn when within 4× the peak, else named in the caption).
+      gated: the gated peak, drawn as a level when it differs from the timeline's maximum.
+      buffers: ``(label, bytes, title, css class)`` of the buffers (or groups) live at the peak,
+        largest first; those under 1/40 of the peak are merged into one segment per css class, and
+        the stack reaches ``buffer_total`` (every byte live there) when given.
+      max_columns: more steps than this are drawn as the highest of each group (the peak is kept).
+
+    Returns None for no values.
+    """
+    if not values:
+        return None
+    n = len(values)
+    top = max(values)
+    on_scale = [top, gated or 0] + ([capacity] if capacity and capacity <= 4 * max(top, 1) else [])
+    y_max = _nice_bytes(max(on_scale) * 1.06)
+    px, py, pw, ph = 74.0, 20.0, width - 74.0 - 290.0, height - 20.0 - 36.0
+
+    def y_of(v: float) -> float:
+        return py + ph - ph * v / y_max
+
+    cols = min(n, max_columns)
+    xs = [px + pw * i / cols for i in range(cols + 1)]
+    heights = [max(values[c * n // cols:(c + 1) * n // cols] or [values[min(c * n // cols, n - 1)]])
+               for c in range(cols)]
+    path = [f"M{xs[0]:.2f} {py + ph:.2f}"]
+    for c, v in enumerate(heights):
+        y = y_of(v)
+        path.append(f"L{xs[c]:.2f} {y:.2f}L{xs[c + 1]:.2f} {y:.2f}")
+    path.append(f"L{xs[-1]:.2f} {py + ph:.2f}Z")
+    peak_col = peak_index * cols // n
+    peak_x, peak_y = (xs[peak_col] + xs[peak_col + 1]) / 2, y_of(top)
+    peak_anchor = "end" if peak_x > px + 0.6 * pw else "start"
+    peak_w = CHAR_W * len(peak_label)
+    peak_span = (peak_x - peak_w, peak_x) if peak_anchor == "end" else (peak_x, peak_x + peak_w)
+    peak_label_y = peak_y - 7 if peak_y - 7 > py + 4 else peak_y + 14
+    caption = f"0 … {format_bytes(y_max)} per device over {n} steps of the entry computation's schedule"
+    wanted = []
+    if capacity:
+        if capacity <= 4 * max(top, 1):
+            wanted.append((y_of(capacity), f"capacity {format_bytes(capacity)}", "capacity"))
+        else:
+            caption += f"; capacity {format_bytes(capacity)} is off the scale (the peak uses {100 * top / capacity:.1f}% of it)"
+    if gated and gated != top:
+        wanted.append((y_of(gated), f"gated peak {format_bytes(gated)}", "gated"))
+    levels = []
+    for y, label, cls in wanted:
+        w = CHAR_W * len(label)
+        # right end of the plot, unless the peak's label is there: then the left end
+        clash = abs((y - 4) - peak_label_y) < 12 and peak_span[1] > px + pw - w - 4
+        levels.append(Level(y, label, cls, px + 4 if clash else px + pw - 2, "start" if clash else "end"))
+    y_ticks = tuple(Tick(y_of(y_max * k / 4), format_bytes(y_max * k / 4)) for k in range(5))
+    step = _nice(n / 6)
+    x_ticks = tuple(Tick(px + pw * i / n, str(int(i))) for i in (k * step for k in range(int(n / step) + 1)) if i < n)
+    stack_x, stack_w = px + pw + 22.0, 34.0
+    segs = []
+    y_base = py + ph
+    shown_total = 0
+    small: dict[str, list[int]] = {}
+    for label, size, title, cls in buffers:
+        if size * 40 < top:
+            small.setdefault(cls, []).append(size)
+            continue
+        h = ph * size / y_max
+        y_base -= h
+        shown_total += size
+        segs.append(Segment(stack_x, y_base, stack_w, h, cls, label, format_bytes(size), title))
+    names = {"args": "parameters", "outs": "outputs", "temps": "temporaries"}
+    for cls, sizes in sorted(small.items(), key=lambda kv: -sum(kv[1])):
+        size = sum(sizes)
+        h = ph * size / y_max
+        y_base -= h
+        shown_total += size
+        what = f"{len(sizes)} smaller {names.get(cls, 'buffers')}"
+        segs.append(Segment(stack_x, y_base, stack_w, h, cls, what, format_bytes(size), f"{what}: {size} B"))
+    rest = (buffer_total or 0) - shown_total
+    if rest > 0:
+        h = ph * rest / y_max
+        y_base -= h
+        segs.append(Segment(stack_x, y_base, stack_w, h, "other", "other buffers", format_bytes(rest),
+                            f"the other buffers live at the peak: {rest} B"))
+    return TimelineChart(width, height, px, py, pw, ph, "".join(path), peak_x, peak_y, peak_label, peak_label_y,
+                         peak_anchor, tuple(levels), y_ticks, x_ticks, tuple(segs), stack_x, stack_w, caption)
+
+
+# ---------------------------------------------------------------------------------------- sweep table
+
+
+@dataclasses.dataclass(frozen=True)
+class CellBar:
+    """A small horizontal bar inside a table cell: its filled width of ``width`` pixels, and where
+    a reference line (the capacity) falls, if anywhere on the bar."""
+
+    width: float
+    fill: float
+    cls: str
+    mark: float | None = None
+
+
+def cell_bars(values: Sequence[float | None], *, cls: str, width: float = 120.0,
+              marks: Sequence[float | None] | None = None) -> list[CellBar | None]:
+    """One bar per value on a shared scale (the largest value or mark fills ``width``); None for a
+    missing value. ``marks`` (e.g. each row's capacity) are drawn as a line where on the scale."""
+    known = [v for v in values if v is not None] + [m for m in (marks or ()) if m is not None]
+    scale = max(known, default=0) or 1.0
+    out: list[CellBar | None] = []
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(None)
+            continue
+        mark = marks[i] if marks is not None else None
+        out.append(CellBar(width, max(1.0, width * v / scale) if v else 0.0, cls,
+                           width * mark / scale if mark else None))
+    return out

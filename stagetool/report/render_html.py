@@ -142,10 +142,43 @@ def memory_view(m: Any) -> dict[str, Any]:
         peak_chart = charts.bar_chart(rows)
     header, rows = views.memory_rows(m)
     return {"bar": bar, "rows": rows, "notes": views.memory_notes(m), "aliased": rec.alias_bytes,
+            "timeline": timeline_view(m),
             "peak": p, "peak_title": views.peak_title(p) if p is not None and not p.reason else None,
             "peak_chart": peak_chart, "peak_rows": views.peak_rows(p)[1] if p is not None and not p.reason else [],
             "largest": views.largest_inputs_rows(m)[1] if m.largest_inputs else [],
             "donation": views.donation_summary(m)}
+
+
+_KIND_CLASS = {"parameter": "args", "parameter+output": "args", "output": "outs", "temporary": "temps"}
+
+
+def _group_label(g: Any) -> str:
+    """A group of buffers at the peak as the chart names it: the leaf path, or ``file:line`` (basename),
+    with the count when more than one."""
+    label = g.label
+    if g.kind == "temporary" and ":" in label and "/" in label:
+        label = views.short_source(label).rsplit("/", 1)[-1]
+    return label + (f" ×{g.count}" if g.count > 1 else "")
+
+
+def timeline_view(m: Any) -> dict[str, Any] | None:
+    """The memory timeline's chart, its peak and the named differences; None without the peak dump."""
+    tp = getattr(m, "timeline_peak", None)
+    if tp is None:
+        return None
+    if tp.reason or not m.timeline:
+        return {"reason": tp.reason or "no timeline", "chart": None}
+    where = ", ".join(x for x in (views._op(tp.op) if tp.op else None,
+                                  views.short_source(tp.source_line) if tp.source_line else None) if x)
+    stack = [(_group_label(g), g.bytes,
+              f"{g.kind}: {g.label}, {g.count} buffer{'s' if g.count != 1 else ''} {', '.join(g.shapes)}"
+              f"{' (' + views._op(g.op) + ')' if g.op else ''}: {g.bytes} B", _KIND_CLASS.get(g.kind, "temps"))
+             for g in tp.groups]
+    chart = charts.timeline_chart([p.bytes for p in m.timeline], peak_index=tp.position,
+                                  peak_label=f"peak {format_bytes(tp.bytes)} at step {tp.position}",
+                                  capacity=m.capacity_bytes, gated=tp.gated_peak_bytes, buffers=stack,
+                                  buffer_total=tp.bytes)
+    return {"reason": None, "chart": chart, "tp": tp, "where": where, "rows": views.timeline_buffer_rows(tp)[1]}
 
 
 def collectives_view(c: Any) -> dict[str, Any]:

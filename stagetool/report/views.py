@@ -228,7 +228,9 @@ def timeline_lines(m: Any) -> list[str]:
         return [f"memory over time: n/a: {tp.reason or 'no timeline'}"]
     from stagetool.analysis.timeline import sparkline
 
-    where = ", ".join(x for x in (tp.op, short_source(tp.source_line) if tp.source_line else None) if x)
+    op = _op(tp.op) if tp.op else None
+    op = op if op is None or len(op) <= 60 else op[:59] + "…"
+    where = ", ".join(x for x in (op, short_source(tp.source_line) if tp.source_line else None) if x)
     lines = [f"memory over time ({tp.steps} steps, per device): {sparkline(m.timeline)} "
              f"peak {format_bytes(tp.bytes)} at step {tp.position} ({tp.instruction}{', ' + where if where else ''})"]
     if tp.gated_peak_bytes is not None and not tp.differences:

@@ -1,4 +1,4 @@
-"""Renderers of a sweep document: a Rich table, JSON, Markdown and CSV. Pure: no JAX.
+"""Renderers of a sweep document: a Rich table, JSON, Markdown, CSV and HTML. Pure: no JAX.
 
 The table has one row per configuration in grid order: the swept values, peak memory per device
 and whether it fits, collective bytes per step by mesh axes, XLA's per-device FLOPs, the roofline
@@ -9,6 +9,7 @@ best configuration that fits by ``--rank-by``.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import enum
 import io
 import json
@@ -16,6 +17,7 @@ from typing import Any
 
 from stagetool.core.units import format_bytes, format_count, format_seconds
 from stagetool.sweep.rows import DOES_NOT_FIT, OK
+from stagetool.sweep.rows import ERROR as ERROR_STATUS
 
 
 class SweepFormat(str, enum.Enum):
@@ -29,6 +31,9 @@ class SweepFormat(str, enum.Enum):
     """A GitHub-flavoured Markdown table."""
     csv = "csv"
     """One line per configuration, raw numbers (bytes, seconds, FLOPs), for a spreadsheet."""
+    html = "html"
+    """One self-contained page (no script, no network): the table with bars for peak memory,
+    collective bytes and step time, the best configuration marked."""
 
 
 def _value_columns(doc: dict) -> list[str]:
@@ -191,10 +196,47 @@ def render_json(doc: dict, **_: Any) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
+def html_rows(doc: dict) -> list[dict]:
+    """Per configuration, the cells of the HTML table and its three bars (peak per device against
+    the capacity, collective bytes per step, roofline step time), each bar on its column's scale."""
+    from stagetool.report.charts import cell_bars
+
+    rows = doc["rows"]
+    peaks = [r.get("peak_bytes_per_device") if r["status"] != ERROR_STATUS else None for r in rows]
+    caps = [r.get("capacity_bytes_per_device") for r in rows]
+    top = max((p for p in peaks if p is not None), default=0)
+    # a capacity far above every peak would flatten the bars: then it is named in the text only
+    drawn_caps = caps if top and all(c is None or c <= 4 * top for c in caps) else None
+    peak_bars = cell_bars(peaks, cls="peak", marks=drawn_caps)
+    coll_bars = cell_bars([r.get("collective_bytes_per_step") for r in rows], cls="collectives")
+    step_bars = cell_bars([r.get("roofline_step_seconds") for r in rows], cls="step")
+    head, cells = table_rows(doc)
+    out = []
+    for r, c, pb, cb, sb in zip(rows, cells, peak_bars, coll_bars, step_bars):
+        if pb is not None and r.get("fits") is False:
+            pb = dataclasses.replace(pb, cls="over")
+        coll = r.get("collective_bytes_per_step")
+        out.append({"row": r, "cells": c, "best": r["id"] == doc.get("best"), "failed": r["status"] == ERROR_STATUS,
+                    "peak_bar": pb, "coll_bar": cb, "step_bar": sb,
+                    "coll_total": format_bytes(coll) if coll is not None else "—"})
+    return out
+
+
+def render_html(doc: dict, **_: Any) -> str:
+    """The sweep as one self-contained HTML page (the report's stylesheet; no script, no network)."""
+    from stagetool.report.render_html import environment
+
+    head, _ = table_rows(doc)
+    values = _value_columns(doc)
+    return environment().get_template("sweep.html.j2").render(
+        doc=doc, values=values, head=head, rows=html_rows(doc), footer=_footer(doc),
+        chip=doc.get("options", {}).get("chip"))
+
+
 def render(doc: dict, fmt: SweepFormat, *, color: bool = False, width: int = 160) -> str:
     """The sweep document in ``fmt``."""
     fmt = SweepFormat(fmt)
     if fmt == SweepFormat.text:
         return render_text(doc, color=color, width=width)
     return {SweepFormat.json: render_json, SweepFormat.markdown: render_markdown,
-            SweepFormat.csv: render_csv}[fmt](doc)
+            SweepFormat.csv: render_csv, SweepFormat.html: render_html}[fmt](doc)
