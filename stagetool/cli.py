@@ -46,7 +46,15 @@ MeshOpt = Annotated[Optional[str], typer.Option(
 PlatformOpt = Annotated[Optional[str], typer.Option(
     "--platform", help="Backend: cpu, gpu or tpu. Default: the spec's, else JAX's default.", show_default=False)]
 TopologyOpt = Annotated[Optional[str], typer.Option(
-    "--topology", help="Compile for a TPU topology without the hardware, e.g. v5e:2x4 (needs libtpu).",
+    "--topology", help="Compile for hardware that is not here: a TPU topology, e.g. v5e:2x4 (needs libtpu), or "
+                       "GPUs, e.g. h100:8 (one host of 8), h100:2x8 (needs the gpu-aot extra).",
+    show_default=False)]
+SlicesOpt = Annotated[Optional[int], typer.Option(
+    "--slices", help="Stage N slices of the TPU --topology joined over DCN (multi-slice); the mesh's first axis "
+                     "spans them.", show_default=False)]
+GpuTargetConfigOpt = Annotated[Optional[str], typer.Option(
+    "--gpu-target-config", help="A GpuTargetConfigProto text file (from 'stagetool devices --target-config') "
+                                "for a GPU topology: --topology gpu:8 --gpu-target-config h100.txtpb.",
     show_default=False)]
 FunctionOpt = Annotated[Optional[list[str]], typer.Option(
     "--function", "-f", help="Run only this function of the spec (repeat for several).", show_default=False)]
@@ -85,6 +93,8 @@ class Staging:
     processes: Optional[int]
     cache_dir: Optional[Path] = None
     no_cache: bool = False
+    gpu_target_config: Optional[str] = None
+    slices: Optional[int] = None
 
     def options(self, **more: Any) -> Any:
         """The :class:`stagetool.pipeline.Options` these stand for, with ``more`` fields set."""
@@ -94,6 +104,7 @@ class Staging:
         return Options(target=self.target, spec=self.spec, mesh=self.mesh, platform=self.platform,
                        topology=self.topology, function=tuple(self.function) if self.function else None,
                        local_avals=self.local_avals, processes=self.processes,
+                       gpu_target_config=self.gpu_target_config, slices=self.slices,
                        cache_dir=resolve_cache_dir(self.cache_dir, no_cache=self.no_cache), jax_cache=True, **more)
 
 
@@ -102,6 +113,7 @@ _STAGING_PARAMETERS: tuple[tuple[str, Any, Any], ...] = (
     ("target", Target, None), ("spec", SpecOpt, None), ("mesh", MeshOpt, None), ("platform", PlatformOpt, None),
     ("topology", TopologyOpt, None), ("function", FunctionOpt, None), ("local_avals", LocalAvalsOpt, False),
     ("processes", ProcessesOpt, None), ("cache_dir", CacheDirOpt, None), ("no_cache", NoCacheOpt, False),
+    ("gpu_target_config", GpuTargetConfigOpt, None), ("slices", SlicesOpt, None),
 )
 
 
@@ -363,6 +375,21 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
     _exit_if_failed(doc)
 
 
+def _write_text(text: str, output: Optional[Path]) -> None:
+    """Plain text to ``output`` (atomically) or stdout."""
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from stagetool.core.fileio import write_atomic
+
+    try:
+        write_atomic(output, text)
+    except OSError as e:
+        raise UsageError(f"--output {output}: cannot write: {e.strerror or e}") from None
+    _stderr().print(f"[dim]wrote {_escape(str(output))}[/]")
+
+
 def _exit_if_failed(doc: Any) -> None:
     """After the others are rendered: each function that failed to stage on stderr, and exit 3."""
     failed = [f for f in getattr(doc, "functions", None) or () if getattr(f, "error", None)]
@@ -539,13 +566,23 @@ def report(staging: Staging, chip: ChipOpt = None, device_memory: DeviceMemoryOp
 @app.command()
 def devices(mesh: Annotated[Optional[str], typer.Option(
                 "--mesh", "-m", help="Lay a mesh over the devices, e.g. data=2,model=4.", show_default=False)] = None,
-            platform: PlatformOpt = None, topology: TopologyOpt = None, format: FormatOpt = Format.text,
-            output: OutputOpt = None, debug: DebugOpt = False) -> None:
+            platform: PlatformOpt = None, topology: TopologyOpt = None,
+            gpu_target_config: GpuTargetConfigOpt = None,
+            target_config: Annotated[bool, typer.Option(
+                "--target-config", help="Print (or -o FILE) the attached GPU's GpuTargetConfigProto, for "
+                                        "--gpu-target-config on a machine without it.")] = False,
+            format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
     """The platform, device kind and count, processes, and jax/jaxlib versions."""
     with _errors(debug):
+        if target_config:
+            from stagetool.lowering.gpu_capture import capture_target_config
+
+            _write_text(capture_target_config(), output)
+            return
         from stagetool.pipeline import devices_report
 
-        emit(devices_report(mesh=mesh, platform=platform, topology=topology), format, output)
+        emit(devices_report(mesh=mesh, platform=platform, topology=topology, gpu_target_config=gpu_target_config),
+             format, output)
 
 
 # ---- CI gate: snapshot, check, diff (README: "The CI gate") ------------------------------------

@@ -60,7 +60,10 @@ class Options:
       spec: the spec file, or None to search for it (see :func:`stagetool.spec.spec_candidates`).
       mesh: ``2x4`` or ``data=2,model=4``, overriding the spec's mesh sizes.
       platform: ``cpu`` | ``gpu`` | ``tpu``.
-      topology: a compile-only TPU topology (``v5e:2x4``).
+      topology: a compile-only TPU topology (``v5e:2x4``) or GPU target (``h100:8``, ``h100:2x8``).
+      gpu_target_config: a ``GpuTargetConfigProto`` text file for a GPU target (``--gpu-target-config``).
+      slices: stage this many slices of the TPU topology joined over DCN (``--slices``), overriding
+        the spec's ``slices``; the mesh's first axis spans them.
       function: run only the spec function(s) of this name (a name or a tuple of names).
       local_avals: take spec shapes as host-local (``avals: local``).
       processes: simulate this many processes (hosts) for local avals.
@@ -91,6 +94,8 @@ class Options:
     mesh: str | None = None
     platform: str | None = None
     topology: str | None = None
+    gpu_target_config: str | None = None
+    slices: int | None = None
     function: str | tuple[str, ...] | None = None
     local_avals: bool = False
     processes: int | None = None
@@ -129,6 +134,8 @@ class Plan:
       cache_dir: the facts cache folder, or None; jax_cache: also JAX's compilation cache there.
       jobs: worker processes at a time (>= 1); timeout_s: seconds per function in a worker, or
         None; isolate: each function in a worker of its own.
+      gpu_target_config: the ``--gpu-target-config`` file of a GPU target, or None.
+      slices: TPU slices joined over DCN (``--slices``, the spec's ``slices``), 1 for one.
     """
 
     spec: Spec
@@ -151,6 +158,8 @@ class Plan:
     jobs: int = 1
     timeout_s: float | None = None
     isolate: bool = False
+    gpu_target_config: str | None = None
+    slices: int = 1
 
 
 class _Problems:
@@ -258,6 +267,12 @@ def make_plan(options: Options) -> Plan:
                 mesh = parse_mesh_option(options.mesh, spec.mesh)
             except ValueError as e:
                 raise UsageError(str(e)) from None
+    topology = options.topology or spec.topology
+    slices = 1
+    with problems.check():
+        _check_topology(spec, options, topology)
+    with problems.check():
+        slices = _check_slices(spec, options, topology, mesh)
     avals = "local" if options.local_avals else spec.avals
     with problems.check():
         if options.processes is not None and avals != "local":
@@ -274,11 +289,59 @@ def make_plan(options: Options) -> Plan:
             except UsageError as e:
                 raise UsageError(f"--chip {options.chip}: {e.message}", hint=e.hint) from None
     problems.raise_all()
-    return Plan(spec, tuple(functions), mesh, options.platform or spec.platform, options.topology or spec.topology,
+    return Plan(spec, tuple(functions), mesh, options.platform or spec.platform, topology,
                 avals, processes=options.processes, job_processes=options.job_processes, dialect=options.dialect,
                 chips=chips, chip=chip, device_memory_bytes=device_memory, peak=options.peak, top=options.top,
                 explain=explain, cache_dir=options.cache_dir, jax_cache=options.jax_cache, jobs=options.jobs,
-                timeout_s=options.timeout_s, isolate=options.isolate)
+                timeout_s=options.timeout_s, isolate=options.isolate, gpu_target_config=options.gpu_target_config,
+                slices=slices)
+
+
+def _check_topology(spec: Spec, options: Options, topology: str | None) -> None:
+    """The topology's name, shape, config file and library, before JAX starts (exit 2); a topology the
+    spec chose is named by its line."""
+    from stagetool.lowering.compile_only import check_topology
+
+    try:
+        check_topology(topology, options.gpu_target_config)
+    except UsageError as e:
+        loc = getattr(spec, "locs", {}).get("topology")
+        if options.topology is None and topology is not None and loc is not None:
+            raise UsageError(f"{loc}: topology: {e.message}", hint=e.hint) from None
+        raise
+
+
+def plan_slices(spec: Spec, options: Options) -> int:
+    """The slices a run stages: ``--slices``, else the spec's ``slices``, else 1."""
+    return options.slices or getattr(spec, "slices", None) or 1
+
+
+def _check_slices(spec: Spec, options: Options, topology: str | None, mesh: MeshSpec) -> int:
+    """``--slices N`` / ``slices: N`` before JAX starts: a whole number, a TPU topology, and a mesh
+    whose first axis is a multiple of N and whose size is N × the topology's devices (exit 2).
+    Returns N."""
+    n = plan_slices(spec, options)
+    given = "--slices" if options.slices else f"{spec.locs.get('slices', 'the spec')}: slices"
+    if options.slices is not None and options.slices < 1:
+        raise UsageError(f"--slices {options.slices}: the number of TPU slices must be at least 1")
+    if n == 1:
+        return 1
+    from stagetool.lowering.compile_only import is_gpu_target, topology_device_count
+
+    if topology is None or is_gpu_target(topology, options.gpu_target_config):
+        raise UsageError(f"{given} {n}: slices are TPU slices joined over DCN, and need a TPU topology",
+                         hint=f"add --topology, e.g. --topology v5e:2x4 --slices {n}")
+    per_slice = topology_device_count(topology)
+    if mesh.axes:
+        first, size = mesh.axes[0]
+        if size % n:
+            raise UsageError(f"{given} {n}: the mesh's first axis {first}={size} spans the slices, so its size must "
+                             f"be a multiple of {n}", hint=f"e.g. --mesh {first}={n * max(size // n, 1)},...")
+        if mesh.device_count != n * per_slice:
+            raise UsageError(f"the mesh {mesh} has {mesh.device_count} devices, but {n} slices of {topology} have "
+                             f"{n * per_slice}", hint="a compile-only topology is used whole: make the mesh's sizes "
+                                                      "multiply to the slices' device count")
+    return n
 
 
 def _same_target(target: str, fspec: FunctionSpec) -> bool:
@@ -356,11 +419,13 @@ def provision_devices(plan: Plan) -> DeviceSetup:
     from stagetool.core import gc_pause
     from stagetool.lowering.devices import provision
 
-    key = (plan.mesh, plan.platform, plan.topology, plan.processes, plan.job_processes)
+    key = (plan.mesh, plan.platform, plan.topology, plan.processes, plan.job_processes, plan.gpu_target_config,
+           plan.slices)
     if key not in _SETUP_CACHE:
         try:
             _SETUP_CACHE[key] = provision(plan.mesh, platform=plan.platform, topology=plan.topology,
-                                          processes=plan.processes, job_processes=plan.job_processes)
+                                          processes=plan.processes, job_processes=plan.job_processes,
+                                          gpu_target_config=plan.gpu_target_config, slices=plan.slices)
         except UsageError as e:
             # a platform or topology the spec chose (not the command line): name the spec's line
             for name, chosen in (("platform", plan.spec.platform), ("topology", plan.spec.topology)):
@@ -619,7 +684,7 @@ def _mesh_report(plan: Plan, setup: DeviceSetup) -> Any:
     from stagetool.report.model import MeshReport
 
     return MeshReport(plan.mesh.axes, plan.mesh.axis_types, setup.platform, setup.device_kind,
-                      len(setup.devices), setup.process_count, setup.topology)
+                      len(setup.devices), setup.process_count, setup.topology, getattr(setup, "slices", 1))
 
 
 def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, wanted: frozenset[Section],
@@ -658,7 +723,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
         from stagetool.analysis.sections import collectives_section
 
         fields["collectives"] = collectives_section(facts.module, MeshAxes(plan.mesh.names, plan.mesh.sizes),
-                                                    leaves[0], user_files, plan.explain)
+                                                    leaves[0], user_files, plan.explain, slices=setup.slices)
     notes = [f"warning while staging: {w}" for w in facts.warnings]
     notes += list(getattr(facts, "uneven_constraints", ()))
     narrow = sorted({x.dtype for x in inputs.leaves if x.dtype in ("bfloat16", "float16")})
@@ -666,6 +731,11 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
         notes.append(f"XLA:CPU computes {'/'.join(narrow)} dot products in f32: collectives, temporaries and bytes "
                      "accessed can be up to 2x what a GPU or TPU compile gives; use --topology (compile-only TPU) "
                      "or an attached accelerator for those figures")
+    if getattr(setup, "target_config_sha256", None) is not None:
+        notes.append(f"compile-only GPU target {setup.topology} ({setup.device_kind}, config from "
+                     f"{setup.target_config_source}): no GPU was there to time kernels, so XLA chose GEMM and fusion "
+                     "kernels by its heuristics, without autotuning; on the GPU autotuning may choose others "
+                     "(temporaries and timings can differ)")
     if setup.topology:
         from stagetool.lowering.topology import host_override_note
 
@@ -745,7 +815,8 @@ def _jax_versions() -> tuple[str, str]:
     return jax.__version__, jaxlib.__version__
 
 
-def devices_report(*, mesh: str | None = None, platform: str | None = None, topology: str | None = None):
+def devices_report(*, mesh: str | None = None, platform: str | None = None, topology: str | None = None,
+                   gpu_target_config: str | None = None):
     """What ``stagetool devices`` shows: a :class:`stagetool.report.model.DevicesReport`.
 
     With ``mesh`` (``data=2,model=4``), CPU devices are provisioned for it and the mesh's device
@@ -765,10 +836,10 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
             raise UsageError(str(e)) from None
     layout = mesh_spec
     if topology is not None and not mesh_spec.axes:
-        from stagetool.lowering.topology import tpu_topology
+        from stagetool.lowering.compile_only import topology_device_count
 
-        layout = MeshSpec((("devices", tpu_topology(topology).num_devices),))  # list them all, in one axis
-    setup = provision(layout, platform=platform, topology=topology)
+        layout = MeshSpec((("devices", topology_device_count(topology, gpu_target_config)),))  # all, in one axis
+    setup = provision(layout, platform=platform, topology=topology, gpu_target_config=gpu_target_config)
     if topology is None:
         import jax
 

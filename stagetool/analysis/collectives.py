@@ -444,6 +444,9 @@ class Collective:
       merged: ``(computation, name)`` of the other instructions counted in this record: TPU
         splits an async collective over start / continuation / done fusions that share its
         ``channel_id``; empty elsewhere.
+      network: on a multi-slice TPU job (``--slices``), ``"ici"`` for a collective within a slice,
+        ``"dcn"`` for a transfer between slices (XLA's megascale ``send``, whose ``kind`` is its
+        transfer type, e.g. ``all-reduce``); None for one slice.
     """
 
     kind: str
@@ -470,6 +473,7 @@ class Collective:
     source: SourceFrame | None
     source_chain: tuple[SourceFrame, ...]
     merged: tuple[tuple[str, str], ...] = ()
+    network: str | None = None
 
     @property
     def executed_bytes_per_device(self) -> int | None:
@@ -496,6 +500,7 @@ class CollectiveTotals:
         executions and bytes are known: bytes each device receives per program execution.
       unknown_executions_count: how many had unknown executions (left out of the two sums
         above; their bytes still count in ``bytes_per_device``).
+      network: in ``by_kind_and_mesh_axes`` rows of a multi-slice job, ``"ici"`` or ``"dcn"``; else None.
     """
 
     kind: str | None
@@ -506,18 +511,24 @@ class CollectiveTotals:
     executions: int
     executed_bytes_per_device: int
     unknown_executions_count: int
+    network: str | None = None
 
 
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveSummary:
-    """Totals by kind, by mesh axes and by both; rows sorted by kind name, then mesh axes
-    (unmatched last)."""
+    """Totals by kind, by mesh axes and by both (and network, on a multi-slice job); rows sorted
+    by kind name, then mesh axes (unmatched last), then network.
+
+    ``dcn_bytes_per_step``: on a multi-slice job, the bytes each device sends between slices per
+    program execution (Σ of the DCN transfers' ``bytes_per_device × executions``; 0 when none);
+    None for one slice."""
 
     total: CollectiveTotals
     by_kind: tuple[CollectiveTotals, ...]
     by_mesh_axes: tuple[CollectiveTotals, ...]
     by_kind_and_mesh_axes: tuple[CollectiveTotals, ...]
+    dcn_bytes_per_step: int | None = None
 
 
 
@@ -749,23 +760,35 @@ def _reduction(module: HloModule, ins: HloInstruction) -> str | None:
     return root.opcode if root else None
 
 
-def find_collectives(module: HloModule, mesh: MeshAxes | None = None) -> tuple[Collective, ...]:
+def find_collectives(module: HloModule, mesh: MeshAxes | None = None, *, slices: int = 1) -> tuple[Collective, ...]:
     """Every collective of ``module`` in text order (computation by computation), async pairs
     once, including those inside fusions, while bodies, conditionals, calls and async wrappers.
 
     Args:
       module: the parsed compiled module (``parse_hlo_module(compiled.as_text())``).
       mesh: the user's mesh; without it ``mesh_axes`` is None everywhere.
+      slices: TPU slices of a multi-slice job (``--slices``). XLA then compiles one slice's program
+        (``num_partitions`` = the slice's devices): replica groups are matched against the slice's
+        part of the mesh (first axis ÷ ``slices``), and XLA's DCN transfers (``send`` with
+        ``_xla_megascale_transfer_type``) are collectives of their own with ``network="dcn"`` over
+        the first mesh axis.
 
     Returns:
       A tuple of :class:`Collective` records; never raises on odd content (unknown values are
       None).
     """
     with paused_gc():
-        return _find(module, mesh)
+        if slices <= 1:
+            return _find(module, mesh)
+        per_slice = None if mesh is None else MeshAxes(mesh.names, (max(mesh.sizes[0] // slices, 1), *mesh.sizes[1:]))
+        found = _find(module, per_slice, dcn_axes=(mesh.names[0],) if mesh is not None and mesh.names else None)
+        return tuple(c if c.network == "dcn" else dataclasses.replace(c, network="ici") for c in found)
 
 
-def _find(module: HloModule, mesh: MeshAxes | None) -> tuple[Collective, ...]:
+_MEGASCALE = re.compile(r'_xla_megascale_transfer_type="([A-Za-z_]+)"')
+
+
+def _find(module: HloModule, mesh: MeshAxes | None, dcn_axes: tuple[str, ...] | None = None) -> tuple[Collective, ...]:
     callers = _callers(module)
     contexts = _contexts(module, callers)
     num_devices = module.num_partitions
@@ -783,6 +806,16 @@ def _find(module: HloModule, mesh: MeshAxes | None) -> tuple[Collective, ...]:
                 dones[ins.operands[0]] = ins
         for ins in comp.instructions:
             op = ins.opcode
+            if op == "send" and dcn_axes is not None:
+                m = _MEGASCALE.search(ins.attributes.get("frontend_attributes", ""))
+                if m and ins.operands:  # a transfer between slices over DCN: what this device sends
+                    kind = m.group(1).lower().replace("_", "-")
+                    data = comp.instruction(ins.operands[0])
+                    rec = _record(module, comp, ins, kind, None, data.shape if data is not None else None, ctx,
+                                  num_devices, None, caller, None)
+                    out.append(dataclasses.replace(rec, mesh_axes=dcn_axes, network="dcn", is_async=True,
+                                                   replica_groups=None, group_size=None))
+                continue
             if op in _KINDS:
                 kind, done = op, None
                 result_shape = ins.shape
@@ -913,7 +946,8 @@ def _axes_key(axes: tuple[str, ...] | None) -> tuple:
 
 def summarize(collectives: Iterable[Collective]) -> CollectiveSummary:
     """Count and bytes per device of ``collectives`` (one execution, and × known executions),
-    in total, by kind, by mesh axes and by (kind, mesh axes)."""
+    in total, by kind, by mesh axes and by (kind, mesh axes, network); on a multi-slice job (any
+    collective has a ``network``) also the bytes over DCN per step."""
     items = list(collectives)
     by_kind: dict[str, list[Collective]] = {}
     by_axes: dict = {}
@@ -921,14 +955,18 @@ def summarize(collectives: Iterable[Collective]) -> CollectiveSummary:
     for c in items:
         by_kind.setdefault(c.kind, []).append(c)
         by_axes.setdefault(c.mesh_axes, []).append(c)
-        by_both.setdefault((c.kind, c.mesh_axes), []).append(c)
+        by_both.setdefault((c.kind, c.mesh_axes, c.network), []).append(c)
+    multislice = any(c.network is not None for c in items)
+    dcn = sum(c.executed_bytes_per_device or 0 for c in items if c.network == "dcn") if multislice else None
     return CollectiveSummary(
         total=_totals(None, None, items),
         by_kind=tuple(_totals(k, None, by_kind[k]) for k in sorted(by_kind)),
         by_mesh_axes=tuple(_totals(None, a, by_axes[a]) for a in sorted(by_axes, key=_axes_key)),
         by_kind_and_mesh_axes=tuple(
-            _totals(k, a, by_both[(k, a)]) for k, a in sorted(by_both, key=lambda ka: (ka[0], _axes_key(ka[1])))
+            dataclasses.replace(_totals(k, a, by_both[(k, a, n)]), network=n)
+            for k, a, n in sorted(by_both, key=lambda kan: (kan[0], _axes_key(kan[1]), kan[2] or ""))
         ),
+        dcn_bytes_per_step=dcn,
     )
 
 

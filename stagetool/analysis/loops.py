@@ -117,16 +117,88 @@ def _dot_flops(comp: HloComputation, ins: HloInstruction) -> float:
     return 2.0 * _elements(ins.shape) * k
 
 
+def _window(text: str | None) -> dict[str, list[str]]:
+    """``{size=8 stride=7 lhs_dilate=8 pad=0_1x2_2}`` → ``{"size": ["8"], "stride": ["7"], ...}``."""
+    out: dict[str, list[str]] = {}
+    for key, value in re.findall(r"(\w+)=([\w\-]+)", text or ""):
+        out[key] = value.split("x")
+    return out
+
+
+def _valid_positions(kernel: int, output: int, inp: int, stride: int, pad_low: int, lhs_dilate: int,
+                     rhs_dilate: int) -> int:
+    """How many (output, kernel) index pairs of one spatial dimension read a real (not padded, not
+    dilation-hole) input element: XLA's count in ``HloCostAnalysis::GetConvolutionFlops``."""
+    import numpy as np
+
+    out_idx = np.arange(output, dtype=np.int64)
+    total = 0
+    for k in range(kernel):
+        undilated = out_idx * stride - pad_low + k * rhs_dilate
+        ok = (undilated % lhs_dilate == 0) if lhs_dilate > 1 else np.ones_like(undilated, dtype=bool)
+        idx = undilated // lhs_dilate if lhs_dilate > 1 else undilated
+        total += int(np.count_nonzero(ok & (idx >= 0) & (idx < inp)))
+    return total
+
+
 def _conv_flops(comp: HloComputation, ins: HloInstruction) -> float:
+    """2 × (input features ÷ feature groups) × output features × (batch ÷ batch groups) × the product
+    over spatial dimensions of the valid (output, kernel) position pairs, as XLA counts a convolution
+    (padding and lhs/rhs dilation holes excluded: TPU compiles batched matmuls into such windows)."""
+    lhs = _operand_shape(comp, ins.operands[0]) if ins.operands else None
     rhs = _operand_shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
-    if not isinstance(rhs, ArrayShape) or not isinstance(ins.shape, ArrayShape):
+    results = array_leaves(ins.shape)  # a cuDNN custom call's result is (output, scratch)
+    out = results[0] if results else None
+    if not (isinstance(lhs, ArrayShape) and isinstance(rhs, ArrayShape) and isinstance(out, ArrayShape)):
         return 0.0
-    labels = ins.attributes.get("dim_labels", "")
-    m = re.match(r"[^_]*_([^-]*)->", labels)
-    out_features = 1
-    if m and "o" in m.group(1) and len(m.group(1)) == len(rhs.dims):
-        out_features = rhs.dims[m.group(1).index("o")]
-    return 2.0 * ins.shape.element_count * (rhs.element_count / max(out_features, 1))
+    m = re.match(r"^([^_]+)_([^-]+)->(.+)$", ins.attributes.get("dim_labels", ""))
+    if not m or not all(len(lbl) == len(shape.dims) for lbl, shape in zip(m.groups(), (lhs, rhs, out))):
+        return 0.0
+    lhs_l, rhs_l, out_l = m.groups()
+    try:
+        batch, in_features = lhs.dims[lhs_l.index("b")], lhs.dims[lhs_l.index("f")]
+        out_features = out.dims[out_l.index("f")]
+    except ValueError:
+        return 0.0
+    window = _window(ins.attributes.get("window"))
+    spatial = sorted(c for c in lhs_l if c.isdigit())
+
+    def item(key: str, i: int, default: str) -> str:
+        values = window.get(key)
+        return values[i] if values and i < len(values) else default
+
+    valid = 1
+    for i, d in enumerate(spatial):
+        try:
+            kernel, output, inp = rhs.dims[rhs_l.index(d)], out.dims[out_l.index(d)], lhs.dims[lhs_l.index(d)]
+        except ValueError:
+            return 0.0
+        pad_low = int(item("pad", i, "0_0").split("_")[0])
+        valid *= _valid_positions(kernel, output, inp, int(item("stride", i, "1")), pad_low,
+                                  int(item("lhs_dilate", i, "1")), int(item("rhs_dilate", i, "1")))
+    groups = int(ins.attributes.get("feature_group_count", "1") or 1)
+    batch_groups = int(ins.attributes.get("batch_group_count", "1") or 1)
+    return 2.0 * (in_features // max(groups, 1)) * out_features * (batch // max(batch_groups, 1)) * valid
+
+
+def _gemm_custom_call_flops(comp: HloComputation, ins: HloInstruction) -> float:
+    """FLOPs of a cuBLAS GEMM custom call (``__cublas$gemm``, ``__cublas$lt$matmul``): 2 × the result's
+    elements × the contracted size, from the ``dot_dimension_numbers`` of its backend config, as
+    XLA:GPU's cost analysis counts the dot it replaces."""
+    from stagetool.hlo.parser import backend_config_json
+
+    config = backend_config_json(ins) or {}
+    gemm = config.get("gemm_backend_config", config)
+    dims = (gemm or {}).get("dot_dimension_numbers", {}) if isinstance(gemm, dict) else {}
+    lhs = _operand_shape(comp, ins.operands[0]) if ins.operands else None
+    result = array_leaves(ins.shape)
+    if not isinstance(lhs, ArrayShape) or not result:
+        return 0.0
+    k = 1
+    for d in dims.get("lhs_contracting_dimensions", []):
+        if int(d) < len(lhs.dims):
+            k *= lhs.dims[int(d)]
+    return 2.0 * result[0].element_count * k
 
 
 class _Counter:
@@ -188,6 +260,8 @@ class _Counter:
         if op == "conditional":
             branches = [self.computation(c, top=True) for c in ins.called_computations]
             return max(branches, key=lambda c: c.flops, default=Counted())
+        if op == "custom-call" and "cublas" in (ins.attributes.get("custom_call_target") or ""):
+            return Counted(_gemm_custom_call_flops(comp, ins), 0.0, moved)
         if op in _CALLS or op.endswith("-start") and ins.called_computations:
             inner = sum((self.computation(c, top=False) for c in ins.called_computations), Counted())
             return Counted(inner.flops, inner.transcendentals, moved if top else 0.0)

@@ -19,6 +19,7 @@ from stagetool.analysis.collectives import (
     while_loops,
 )
 from stagetool.analysis.cost import (
+    SCOPE_PER_DEVICE,
     CostRecord,
     Suspect,
     has_dot_or_convolution,
@@ -29,6 +30,7 @@ from stagetool.analysis.cost import (
 )
 from stagetool.analysis.loops import (
     LoopAwareCost,
+    counted_cost,
     dot_flops_lower_bound,
     loop_aware_cost,
 )
@@ -168,6 +170,12 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
     has_dot = has_dot_or_convolution(text) if text is not None else None
     per_device = per_device_cost(facts.per_device_cost, has_dot_or_conv=has_dot, program_text=facts.compiled_text)
     module = facts.module
+    derived_note: tuple[str, ...] = ()
+    if not per_device.reported and module is not None:
+        derived_note = (f"per device: {per_device.source} reported nothing ({per_device.reason}); FLOPs, "
+                        "transcendentals and bytes accessed are derived from the compiled module with XLA's "
+                        "HloCostAnalysis rules, every loop body once as XLA counts (derived figures, not XLA's)",)
+        per_device = derived_per_device_cost(module)
     loops = while_loops(module) if module is not None else ()
     aware = None
     if module is not None:
@@ -184,6 +192,7 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
         notes = (f"whole program: Lowered.cost_analysis() counts the shard_map parts (manual axes "
                  f"{', '.join(scope.axes)}) as one shard's work, not × {scope.shards or '?'} shards, and the rest "
                  "of the program whole: the figure mixes the two scopes",)
+    notes = (*derived_note, *notes)
     per_device, whole = _cross_checked(per_device, whole, module, device_count)
     estimate = None
     if chip is not None:
@@ -193,6 +202,26 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
 
         estimate = roofline(chip, flops_per_device=flops, bytes_accessed_per_device=moved, dtype=dtype)
     return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware, notes)
+
+
+DERIVED_COST_SOURCE = ("derived: the compiled module counted with XLA's HloCostAnalysis rules "
+                       "(stagetool.analysis.loops.counted_cost)")
+"""``CostRecord.source`` of per-device figures stagetool derived because the backend reported none."""
+
+
+def derived_per_device_cost(module: HloModule) -> CostRecord:
+    """Per-device FLOPs, transcendentals and bytes accessed derived from the compiled (partitioned)
+    module, for a backend whose ``Compiled.cost_analysis()`` is None (compile-only GPU targets).
+
+    Counted by :func:`stagetool.analysis.loops.counted_cost`: XLA's HloCostAnalysis rules (dot and
+    cuBLAS GEMM calls, convolution windows, element-wise, transcendental, reduce), every loop body
+    once as XLA counts. ``source`` is :data:`DERIVED_COST_SOURCE`; no operand slots.
+    """
+    c = counted_cost(module)
+    intensity = c.flops / c.bytes_accessed if c.bytes_accessed > 0 else None
+    return CostRecord(scope=SCOPE_PER_DEVICE, source=DERIVED_COST_SOURCE, flops=c.flops,
+                      transcendentals=c.transcendentals, bytes_accessed=c.bytes_accessed, output_bytes_accessed=None,
+                      arithmetic_intensity_flops_per_byte=intensity, operand_slots=(), extra=(), reason=None)
 
 
 def _cross_checked(per_device: CostRecord, whole: CostRecord, module: HloModule | None,
@@ -403,7 +432,8 @@ class CollectivesSection:
 
 
 def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafReport, ...] | None,
-                        user_files: list[str], explain: tuple[LeafPattern | str, ...] = ()) -> CollectivesSection:
+                        user_files: list[str], explain: tuple[LeafPattern | str, ...] = (), *,
+                        slices: int = 1) -> CollectivesSection:
     """Build :class:`CollectivesSection` from the parsed compiled module.
 
     Args:
@@ -412,6 +442,8 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
       inputs: per-leaf reports with entry parameter numbers (needed for ``explain``).
       user_files: the user's source files, preferred when picking the source frame.
       explain: the input leaves to explain (:class:`LeafPattern`, or text compiled as one).
+      slices: TPU slices of a multi-slice job: collectives get ``network`` ici/dcn (see
+        :func:`~stagetool.analysis.collectives.find_collectives`).
 
     Raises:
       UsageError: an ``explain`` pattern that names no input leaf.
@@ -420,7 +452,7 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
 
     from stagetool.lowering.target import library_dirs
 
-    found = find_collectives(module, mesh)
+    found = find_collectives(module, mesh, slices=slices)
     user = {str(Path(f).resolve()) for f in user_files}
     library = library_dirs()
     found = [_without_tool_frames(c) for c in found]

@@ -81,6 +81,13 @@ CHIPS: dict[str, Chip] = {
         Chip("h200", 989.5 * _T, 67 * _T, 4800 * _G, 141 * _GIB,
              ("https://www.nvidia.com/en-us/data-center/h200/",),
              "SXM; BF16 tensor core 1,979 TFLOPS with sparsity -> 989.5 dense; FP32 67 TFLOPS; 4.8 TB/s"),
+        Chip("h100-pcie", 756.5 * _T, 51 * _T, 2000 * _G, 80 * _GIB,
+             ("https://www.nvidia.com/en-us/data-center/h100/",),
+             "PCIe; BF16 tensor core 1,513 TFLOPS with sparsity -> 756.5 dense; FP32 51 TFLOPS; 2 TB/s"),
+        Chip("b200", 2250 * _T, 75 * _T, 8000 * _G, 180 * _GIB,
+             ("https://www.nvidia.com/en-us/data-center/dgx-b200/",),
+             "per GPU of DGX B200 (8 GPUs): FP16/BF16 72 PFLOPS with sparsity -> 2,250 TFLOPS dense; "
+             "FP32 600 TFLOPS -> 75; 64 TB/s -> 8 TB/s; 1,440 GB -> 180 GB"),
     )
 }
 """The built-in table, keyed by lower-case chip name."""
@@ -89,7 +96,8 @@ _DEVICE_KIND_HINTS = (
     ("tpu v4", "tpu-v4"), ("tpu v5 lite", "tpu-v5e"), ("tpu v5e", "tpu-v5e"), ("tpu v5p", "tpu-v5p"),
     ("tpu v5", "tpu-v5p"), ("tpu v6 lite", "tpu-v6e"), ("tpu v6e", "tpu-v6e"),
     ("a100-sxm4-40gb", "a100-40gb"), ("a100-sxm4-80gb", "a100-80gb"), ("a100 80gb", "a100-80gb"),
-    ("a100", "a100-40gb"), ("h100 80gb hbm3", "h100-sxm"), ("h100 sxm", "h100-sxm"), ("h200", "h200"),
+    ("a100", "a100-40gb"), ("h100 80gb hbm3", "h100-sxm"), ("h100 sxm", "h100-sxm"), ("h100 pcie", "h100-pcie"),
+    ("h200", "h200"), ("b200", "b200"),
 )
 
 _NUMERIC_FIELDS = ("peak_flops_per_second_bf16", "peak_flops_per_second_f32",

@@ -264,11 +264,11 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
         if (cb is None) != (ca is None):
             notices.append(f"{name}: collectives are in only one of the two snapshots; not compared")
     else:
-        rb = {(r["kind"], r["axes"]): r for r in cb}
-        ra = {(r["kind"], r["axes"]): r for r in ca}
+        rb = {(r["kind"], r["axes"], r.get("network") or ""): r for r in cb}
+        ra = {(r["kind"], r["axes"], r.get("network") or ""): r for r in ca}
         for key in sorted(set(rb) | set(ra)):
             x, y = rb.get(key), ra.get(key)
-            what = f"collective {key[0]} over {key[1]}"
+            what = f"collective {key[0]} over {key[1]}" + (f" ({key[2]})" if key[2] else "")
             if x is None:
                 changes.append(Change(name, what, "—", f"{y['count']}× {_fmt_number(y['bytes_per_device'], 'bytes')}",
                                       "regression", 0, y["bytes_per_device"], note="new collective"))
@@ -285,6 +285,11 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
                 for c in metrics:
                     if c:
                         changes.append(c)
+    db, da = before.get("dcn_bytes_per_step"), after.get("dcn_bytes_per_step")
+    if db is not None or da is not None:  # a multi-slice job: the bytes between slices, a figure of its own
+        c = _metric(name, "bytes over DCN per step", db or 0, da or 0, "bytes", tol["collective_bytes"])
+        if c:
+            changes.append(c)
     order = {"regression": 0, "changed": 1, "improvement": 2}
     changes.sort(key=lambda c: order[c.status])
     return changes, notices

@@ -98,17 +98,18 @@ def collective_rows(collectives: Any) -> list[dict] | None:
         return None
     items_of_section = getattr(collectives, "items", None)
     if items_of_section is not None and not callable(items_of_section):
-        per_step: dict[tuple[str, str], list[int]] = {}
+        per_step: dict[tuple[str, str, str], list[int]] = {}
         for item in items_of_section:
             c = item.collective
             axes = "?" if c.mesh_axes is None else ",".join(c.mesh_axes) or "-"
-            row = per_step.setdefault((c.kind, axes), [0, 0, 0])
+            row = per_step.setdefault((c.kind, axes, getattr(c, "network", None) or ""), [0, 0, 0])
             b = c.bytes_per_device or 0
             row[0] += 1
             row[1] += b
             row[2] += b * (c.executions if c.executions is not None else 1)
-        return [{"kind": k, "axes": a, "count": n, "bytes_per_device": b, "bytes_per_step": t}
-                for (k, a), (n, b, t) in sorted(per_step.items())]
+        # a multi-slice job's rows say their network (ici | dcn); one slice's rows have no such key
+        return [{"kind": k, "axes": a, **({"network": w} if w else {}), "count": n, "bytes_per_device": b,
+                 "bytes_per_step": t} for (k, a, w), (n, b, t) in sorted(per_step.items())]
     src = getattr(collectives, "summary", None) or collectives
     rows = getattr(src, "by_kind_and_mesh_axes", None)
     items = list(rows if rows is not None else (getattr(src, "collectives", None) or src))
@@ -148,14 +149,23 @@ def function_snapshot(fr: Any) -> dict:
         "target": fr.target,
         "mesh": {"axes": [[n, int(s)] for n, s in m.axes], "axis_types": m.axis_types, "platform": m.platform,
                  "device_kind": m.device_kind, "device_count": m.device_count, "process_count": m.process_count,
-                 "topology": m.topology},
+                 "topology": m.topology, **({"slices": m.slices} if getattr(m, "slices", 1) > 1 else {})},
         "inputs": None if fr.inputs is None else [_leaf(x) for x in fr.inputs],
         "outputs": None if fr.outputs is None else [_leaf(x, output=True) for x in fr.outputs],
         "memory": None if mem is None else {f: _num(getattr(mem, f, None)) for f in MEMORY_FIELDS},
         "cost": None if cost is None else {**{f: _num(getattr(cost, f, None)) for f in COST_FIELDS},
                                            "loop_aware_flops": _num(_loop_aware_flops(fr.cost, cost))},
         "collectives": collective_rows(fr.collectives),
+        **_dcn(fr.collectives),
     }
+
+
+def _dcn(collectives: Any) -> dict:
+    """``{"dcn_bytes_per_step": N}`` for a multi-slice job (bytes each device sends between slices
+    per step), else nothing: one slice's snapshots keep their keys."""
+    summary = getattr(collectives, "summary", None)
+    value = getattr(summary, "dcn_bytes_per_step", None)
+    return {} if value is None else {"dcn_bytes_per_step": int(value)}
 
 
 def snapshot_from_report(report: Any, *, spec: str | None = None) -> dict:
@@ -376,5 +386,7 @@ def _check_entry(problems: list[str], path: str, entry: dict) -> None:
             for k in ("count", "bytes_per_device"):
                 if not _is_number(row.get(k)):
                     problems.append(f"{where}.{k}: must be a number, not {_kind(row.get(k))}")
+            if row.get("network") is not None and row["network"] not in ("ici", "dcn"):
+                problems.append(f"{where}.network: must be 'ici' or 'dcn', not {row['network']!r}")
             if row.get("bytes_per_step") is not None and not _is_number(row["bytes_per_step"]):
                 problems.append(f"{where}.bytes_per_step: must be a number, not {_kind(row['bytes_per_step'])}")

@@ -12,7 +12,8 @@ The key (:func:`cache_key`) is a sha256 over:
   (from ``as_text(debug_info=True)``, without stagetool's own frames, :func:`source_locations`), which
   the compiled module's metadata — the source line of each collective — follows;
 - the compile options;
-- the platform, device kind, topology, the mesh's device ids in mesh order and its process layout;
+- the platform, device kind, topology, the mesh's device ids in mesh order and its process layout
+  (for a compile-only GPU target also the sha256 of its target config and the CUDA plugin's version);
 - what the spec says about each leaf that the facts echo (path, declared sharding, local shape,
   source, donation) and the declared output shardings;
 - ``XLA_FLAGS`` / ``LIBTPU_INIT_ARGS``, and the jax, jaxlib, libtpu and stagetool versions, and
@@ -146,6 +147,10 @@ def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = 
         "environment": {k: os.environ.get(k) for k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")},
         "versions": versions(),
     }
+    if getattr(setup, "target_config_sha256", None) is not None:  # a compile-only GPU target: what XLA compiled for
+        from stagetool.lowering.gpu_topology import cuda_plugin_version
+
+        description["gpu_target"] = {"config_sha256": setup.target_config_sha256, "plugin": cuda_plugin_version()}
     return hashlib.sha256(json.dumps(description, sort_keys=True).encode("utf-8")).hexdigest()
 
 

@@ -32,6 +32,11 @@ class DeviceSetup:
       capacity_bytes: memory of one device in bytes when known without asking the device (a
         topology's HBM from the chip table), else None.
       capacity_source: where ``capacity_bytes`` comes from.
+      target_config_sha256: for a compile-only GPU target, sha256 of its ``GpuTargetConfigProto``
+        text (what XLA compiled for; part of the facts-cache key), else None.
+      target_config_source: where that config comes from (stagetool's GPU table or a file), else None.
+      slices: TPU slices joined over DCN (``--slices N``), 1 otherwise; the mesh's first axis spans them.
+      slice_of_device: for each mesh device, in mesh order, its slice (all 0 for one slice).
     """
 
     platform: str
@@ -43,21 +48,32 @@ class DeviceSetup:
     process_of_device: tuple[int, ...]
     capacity_bytes: int | None = None
     capacity_source: str | None = None
+    target_config_sha256: str | None = None
+    target_config_source: str | None = None
+    slices: int = 1
+    slice_of_device: tuple[int, ...] = ()
 
 
 def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str | None = None,
-              processes: int | None = None, job_processes: int | None = None) -> DeviceSetup:
+              processes: int | None = None, job_processes: int | None = None,
+              gpu_target_config: str | None = None, slices: int | None = None) -> DeviceSetup:
     """Make the devices ready and lay the mesh over them.
 
     Args:
       mesh_spec: axis names and sizes; no axes means a single device.
       platform: ``cpu`` | ``gpu`` | ``tpu``; None takes JAX's default backend (an attached
         accelerator if there is one, else CPU).
-      topology: a compile-only TPU topology such as ``v5e:2x4``.
+      topology: a compile-only TPU topology such as ``v5e:2x4``, or GPU target such as ``h100:8``
+        (:mod:`stagetool.lowering.gpu_topology`).
       processes: simulate this many processes (hosts) laid over the devices in order, for local
         avals; None uses the real process layout.
       job_processes: in a multi-process job (``jax.distributed``), how many processes share the
         mesh: each asks for its share of host CPU devices.
+      gpu_target_config: a ``GpuTargetConfigProto`` text file for a GPU target (``--gpu-target-config``).
+      slices: stage this many slices of a TPU ``topology`` joined over DCN (``--slices``); the mesh's
+        first axis spans them (:func:`stagetool.lowering.topology.multislice_mesh`).
+
+    Only the backends the run uses are started (:func:`stagetool.lowering.backends.limit_platforms`).
 
     Raises:
       UsageError: an unknown platform, too few devices, or a process count that does not divide
@@ -67,21 +83,42 @@ def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str
         raise UsageError(f"--platform {platform!r} is not one of {', '.join(PLATFORMS)}")
     needed = max(mesh_spec.device_count, 1)
     capacity = (None, None)
+    from stagetool.lowering.backends import limit_platforms, start_backends
+
+    limit_platforms(platform, topology)
+    if topology is not None:
+        start_backends()  # the CPU backend beside the compile-only devices, quietly
+    from stagetool.lowering.compile_only import is_gpu_target
+
+    if is_gpu_target(topology, gpu_target_config):
+        from stagetool.lowering.gpu_topology import gpu_topology
+        from stagetool.lowering.topology import topology_mesh
+
+        gpu = gpu_topology(topology, gpu_target_config)
+        devices = list(gpu.devices)
+        _check_whole(mesh_spec, needed, topology, len(devices))
+        mesh = topology_mesh(devices, mesh_spec.sizes, mesh_spec.names, explicit=mesh_spec.axis_types == "explicit")
+        setup = _setup(mesh, devices, topology, processes, (gpu.memory_bytes_per_device, gpu.memory_source))
+        return dataclasses.replace(setup, target_config_sha256=gpu.config_sha256,
+                                   target_config_source=gpu.config_source)
     if topology is not None:
         from stagetool.lowering.topology import topology_mesh, tpu_topology
 
-        topo = tpu_topology(topology)
+        n = slices or 1
+        topo = tpu_topology(topology, num_slices=n)
         devices = list(topo.devices)
         capacity = (topo.hbm_bytes_per_device, topo.hbm_source)
-        if not mesh_spec.axes:
-            raise UsageError(f"--topology {topology} needs a mesh to lay over its {len(devices)} devices",
-                             hint=f"give --mesh, e.g. --mesh data={len(devices)}")
-        if needed != len(devices):
-            raise UsageError(f"the mesh {mesh_spec} has {needed} devices, but topology {topology} has {len(devices)}",
-                             hint="a compile-only topology is used whole: make the mesh's sizes multiply to its "
-                                  "device count")
-        mesh = topology_mesh(devices, mesh_spec.sizes, mesh_spec.names, explicit=mesh_spec.axis_types == "explicit")
-        return _setup(mesh, devices, topology, processes, capacity)
+        _check_whole(mesh_spec, needed, topology + (f" × {n} slices" if n > 1 else ""), len(devices))
+        explicit = mesh_spec.axis_types == "explicit"
+        if n > 1:
+            from stagetool.lowering.topology import multislice_mesh
+
+            mesh = multislice_mesh(devices, mesh_spec.sizes, mesh_spec.names, n, explicit=explicit)
+        else:
+            mesh = topology_mesh(devices, mesh_spec.sizes, mesh_spec.names, explicit=explicit)
+        setup = _setup(mesh, devices, topology, processes, capacity)
+        return dataclasses.replace(setup, slices=n, slice_of_device=tuple(
+            int(getattr(d, "slice_index", 0) or 0) for d in setup.devices))
     else:
         import jax
 
@@ -112,6 +149,17 @@ def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str
                          hint=hint)
     used = devices[:needed]
     return _setup(_make_mesh(mesh_spec, used), used, None, processes, capacity)
+
+
+def _check_whole(mesh_spec: MeshSpec, needed: int, topology: str, count: int) -> None:
+    """A compile-only topology is used whole: the mesh's sizes multiply to its device count."""
+    if not mesh_spec.axes:
+        raise UsageError(f"--topology {topology} needs a mesh to lay over its {count} devices",
+                         hint=f"give --mesh, e.g. --mesh data={count}")
+    if needed != count:
+        raise UsageError(f"the mesh {mesh_spec} has {needed} devices, but topology {topology} has {count}",
+                         hint="a compile-only topology is used whole: make the mesh's sizes multiply to its "
+                              "device count")
 
 
 def _setup(mesh: Any, used: list, topology: str | None, processes: int | None,

@@ -117,6 +117,41 @@ def parse_topology_name(name: str) -> tuple[str, tuple[int, ...]]:
     return m.group(1), tuple(int(d) for d in m.group(2).split("x"))
 
 
+#: TPU generations whose chips form a 2-D torus (names AxB), with Google's published slice shapes.
+TWO_D_SHAPES = {
+    "v2": ("2x2", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    "v3": ("2x2", "4x4", "4x8", "8x8", "8x16", "16x16", "16x32", "32x32"),
+    "v5e": ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    "v6e": ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+}
+DEVICES_PER_CHIP = {"v2": 2, "v3": 2, "v4": 2, "tpu7x": 2}
+"""Compile-only topologies with two devices per chip (see the module docstring); others one."""
+
+
+def generation_of(kind: str) -> str | None:
+    """The :data:`TPU_CHIPS` alias of a topology kind as written (``"v5e"``, ``"TPU v5 lite"``), or None."""
+    k = kind.strip()
+    if k.lower() in _ALIASES:
+        return _ALIASES[k.lower()].alias
+    chip = _BY_KIND.get(k)
+    return chip.alias if chip else None
+
+
+def check_tpu_shape(name: str) -> tuple[str, tuple[int, ...]]:
+    """:func:`parse_topology_name`, and refuse a shape the generation cannot have: a 2-D-torus chip
+    (v2, v3, v5e, v6e) named with three dimensions (``v5e:2x2x2``); a trailing ``x1`` is allowed.
+
+    Raises:
+      UsageError: naming the generation's published shapes.
+    """
+    kind, dims = parse_topology_name(name)
+    gen = generation_of(kind)
+    if gen in TWO_D_SHAPES and len(dims) == 3 and dims[2] != 1:
+        raise UsageError(f"TPU topology {name!r} does not exist: {gen} chips form a 2-D torus, so a {gen} topology "
+                         "is AxB", hint=f"valid {gen} shapes: " + ", ".join(f"{gen}:{s}" for s in TWO_D_SHAPES[gen]))
+    return kind, dims
+
+
 def libtpu_available() -> bool:
     """True when the ``libtpu`` package is importable or ``TPU_LIBRARY_PATH`` names a file."""
     path = os.environ.get("TPU_LIBRARY_PATH")
@@ -259,11 +294,15 @@ def host_override_note(name: str, num_processes: int) -> str | None:
     return None
 
 
-def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None = None) -> tuple[Any, ...]:
+def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None = None,
+                         num_slices: int = 1) -> tuple[Any, ...]:
     """Compile-only TPU devices of topology ``name`` (e.g. ``"v5e:2x4"`` → 8 devices).
 
     Order is libtpu's (device id order). The devices can form a ``Mesh`` and compile, never
     execute. libtpu's start-up chatter on stderr is swallowed.
+
+    ``num_slices`` > 1 stages that many slices of the topology joined over the data-centre network
+    (DCN; ``get_topology_desc(..., num_slices=N)``): N × the devices, ``device.slice_index`` 0..N-1.
 
     ``chips_per_host_bounds`` (e.g. ``(2, 4, 1)``) sets how many chips one host (process) has;
     libtpu's default is ``(2, 2, 1)``. An 8-chip v5e or v6e slice defaults to one host, as the
@@ -274,7 +313,7 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
       UsageError: libtpu is not installed (the hint gives the install line), or the name is
         malformed or unknown to libtpu (the hint lists accepted forms).
     """
-    kind, _dims = parse_topology_name(name)
+    kind, _dims = check_tpu_shape(name)
     if not libtpu_available():
         raise UsageError(f"TPU topology {name!r} needs libtpu, which is not installed",
                          hint=TPU_INSTALL_LINE)
@@ -291,8 +330,10 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
         # v5e-8 and v6e-8 are single-host VMs (all 8 chips on one host): so are their topologies.
         chips_per_host_bounds = (*_dims, 1)
     with captured_stderr_fd() as noise:
-        kwargs = {} if chips_per_host_bounds is None else {
+        kwargs: dict[str, Any] = {} if chips_per_host_bounds is None else {
             "chips_per_host_bounds": [int(b) for b in chips_per_host_bounds]}
+        if num_slices > 1:
+            kwargs["num_slices"] = int(num_slices)
         try:
             topo = topologies.get_topology_desc(platform="tpu", topology_name=canonical, **kwargs)
             error = None
@@ -304,7 +345,7 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
             one_host = [*_dims, 1, 1][:3]
             try:
                 topo = topologies.get_topology_desc(platform="tpu", topology_name=canonical,
-                                                    chips_per_host_bounds=one_host)
+                                                    **{**kwargs, "chips_per_host_bounds": one_host})
                 error = None
             except Exception:
                 pass
@@ -334,7 +375,7 @@ class TpuTopology:
       device_kind: ``device.device_kind``, e.g. ``"TPU v5 lite"``.
       generation: the alias from :data:`TPU_CHIPS` (``"v5e"``), or None for a kind not in it.
       devices: the compile-only devices, in libtpu's order (``len`` = device count).
-      num_chips: distinct chip coordinates.
+      num_chips: distinct chips (coordinates within a slice, times the slices).
       devices_per_chip: devices (TensorCores exposed as devices) per chip.
       num_processes: distinct ``device.process_index`` values, i.e. hosts the slice would have.
       device_coords: per device, ``(x, y, z, core_on_chip)`` from ``device.coords`` and
@@ -342,6 +383,8 @@ class TpuTopology:
       hbm_bytes_per_chip: from :data:`TPU_CHIPS`, None when the kind is unknown.
       hbm_bytes_per_device: ``hbm_bytes_per_chip / devices_per_chip``, or None.
       hbm_source: where the HBM figure comes from (a URL), or why there is none.
+      num_slices: slices joined over DCN (``--slices``); 1 for one slice.
+      slice_of_device: per device (in ``devices`` order), its ``slice_index``.
     """
 
     name: str
@@ -355,6 +398,8 @@ class TpuTopology:
     hbm_bytes_per_chip: int | None
     hbm_bytes_per_device: int | None
     hbm_source: str
+    num_slices: int = 1
+    slice_of_device: tuple[int, ...] = ()
 
     @property
     def num_devices(self) -> int:
@@ -362,16 +407,17 @@ class TpuTopology:
         return len(self.devices)
 
 
-def tpu_topology(name: str, chips_per_host_bounds: Sequence[int] | None = None) -> TpuTopology:
+def tpu_topology(name: str, chips_per_host_bounds: Sequence[int] | None = None, num_slices: int = 1) -> TpuTopology:
     """Devices and chip facts of compile-only TPU topology ``name``.
 
     Arguments and errors as :func:`tpu_topology_devices`.
     """
-    devices = tpu_topology_devices(name, chips_per_host_bounds)
+    devices = tpu_topology_devices(name, chips_per_host_bounds, num_slices)
     kind = devices[0].device_kind
     coords = tuple((*tuple(int(c) for c in getattr(d, "coords", ())), int(getattr(d, "core_on_chip", 0)))
                    for d in devices)
-    chips = {c[:-1] for c in coords}
+    slices = tuple(int(getattr(d, "slice_index", 0) or 0) for d in devices)
+    chips = {(s, *c[:-1]) for s, c in zip(slices, coords)}
     per_chip = len(devices) // max(len(chips), 1)
     chip = _BY_KIND.get(kind)
     if chip is None:
@@ -391,7 +437,49 @@ def tpu_topology(name: str, chips_per_host_bounds: Sequence[int] | None = None) 
         hbm_bytes_per_chip=hbm_chip,
         hbm_bytes_per_device=hbm_dev,
         hbm_source=source,
+        num_slices=num_slices,
+        slice_of_device=slices,
     )
+
+
+def multislice_mesh(devices: Sequence[Any], shape: Sequence[int], axis_names: Sequence[str], num_slices: int, *,
+                    explicit: bool = False):
+    """A ``jax.sharding.Mesh`` of ``shape`` over ``num_slices`` TPU slices, the first axis spanning them.
+
+    Laid out by ``jax.experimental.mesh_utils.create_hybrid_device_mesh`` with the per-slice (ICI)
+    shape ``(shape[0] / num_slices, *shape[1:])`` and the DCN shape ``(num_slices, 1, ...)``: mesh
+    rows ``k·shape[0]/N .. (k+1)·shape[0]/N − 1`` are slice ``k``, each laid along its torus.
+
+    Raises :class:`UsageError` when the first axis is not a multiple of ``num_slices`` or the sizes do
+    not multiply to the device count.
+    """
+    from jax.experimental import mesh_utils
+    from jax.sharding import AxisType, Mesh
+
+    shape, names = tuple(int(s) for s in shape), tuple(axis_names)
+    if len(shape) != len(names):
+        raise UsageError(f"mesh shape {shape} has {len(shape)} axes but {len(names)} names {names}")
+    if math.prod(shape) != len(devices):
+        raise UsageError(f"mesh {'x'.join(map(str, shape))} needs {math.prod(shape)} devices, "
+                         f"the {num_slices} slices have {len(devices)}")
+    if shape[0] % num_slices:
+        raise UsageError(f"--slices {num_slices}: the mesh's first axis {names[0]}={shape[0]} spans the slices, so "
+                         f"its size must be a multiple of {num_slices}")
+    ici = (shape[0] // num_slices, *shape[1:])
+    dcn = (num_slices,) + (1,) * (len(shape) - 1)
+    try:
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, list(devices))
+    except (ValueError, NotImplementedError, AssertionError):
+        # as topology_mesh: two devices per chip, or a slice shape off the torus: slice by slice in id order
+        import numpy as np
+
+        by_slice: dict[int, list] = {}
+        for d in devices:
+            by_slice.setdefault(int(getattr(d, "slice_index", 0) or 0), []).append(d)
+        grid = np.concatenate([np.array(sorted(v, key=lambda d: d.id), dtype=object).reshape(ici)
+                               for _, v in sorted(by_slice.items())], axis=0)
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    return Mesh(grid, names, axis_types=(kind,) * len(names))
 
 
 def topology_mesh(devices: Sequence[Any], shape: Sequence[int], axis_names: Sequence[str], *,

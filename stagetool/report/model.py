@@ -34,7 +34,8 @@ class MeshReport:
       device_kind: e.g. ``cpu``, ``NVIDIA H100 80GB HBM3``, ``TPU v5 lite``.
       device_count: devices in the mesh.
       process_count: processes (hosts) the mesh spans (simulated with ``--processes``).
-      topology: compile-only TPU topology name, or None.
+      topology: compile-only TPU topology or GPU target name, or None.
+      slices: TPU slices joined over DCN (``--slices``); 1 for one slice (and every other backend).
     """
 
     axes: tuple[tuple[str, int], ...]
@@ -44,6 +45,7 @@ class MeshReport:
     device_count: int
     process_count: int
     topology: str | None = None
+    slices: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

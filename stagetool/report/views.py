@@ -71,7 +71,10 @@ def config_line(config: Any) -> str:
 
 
 def cost_caption(c: Any) -> str:
-    return (f"per device: Compiled.cost_analysis() of one device's partitioned module; whole program: "
+    per_device = ("derived from one device's compiled module with XLA's HloCostAnalysis rules (the backend "
+                  "reports none)" if c.per_device.source.startswith("derived")
+                  else "Compiled.cost_analysis() of one device's partitioned module")
+    return (f"per device: {per_device}; whole program: "
             f"Lowered.cost_analysis() before partitioning ({c.device_count} devices)")
 
 
@@ -276,6 +279,7 @@ def _axes(axes: tuple[str, ...] | None) -> str:
 def collectives_rows(c: Any) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)``: one row per collective, in module order."""
     rows = []
+    network = any(getattr(item.collective, "network", None) for item in c.items)  # a multi-slice job
     for item in c.items:
         x = item.collective
         runs = "?" if x.executions is None else str(x.executions)
@@ -283,9 +287,11 @@ def collectives_rows(c: Any) -> tuple[list[str], list[list[str]]]:
             runs += " (loop)"
         types = x.result_types
         result = ", ".join(types) if len(types) <= 2 else f"{types[0]} +{len(types) - 1} more"
-        rows.append([x.kind + (" (async)" if x.is_async else ""), _axes(x.mesh_axes), result,
-                     format_bytes(x.bytes_per_device), runs, _source(item.source), _op(x.op_name)])
-    return ["kind", "mesh axes", "result per device", "bytes", "runs", "source", "op"], rows
+        rows.append([x.kind + (" (async)" if x.is_async else ""), _axes(x.mesh_axes)]
+                    + ([x.network or "—"] if network else [])
+                    + [result, format_bytes(x.bytes_per_device), runs, _source(item.source), _op(x.op_name)])
+    return (["kind", "mesh axes"] + (["network"] if network else [])
+            + ["result per device", "bytes", "runs", "source", "op"]), rows
 
 
 def _source(source: str | None) -> str:
@@ -311,11 +317,19 @@ def collectives_summary_rows(c: Any) -> tuple[list[str], list[list[str]]]:
         return format_bytes(t.executed_bytes_per_device) + (" + ?" if t.unknown_executions_count else "")
 
     rows = []
+    dcn = getattr(c.summary, "dcn_bytes_per_step", None)
+    network = dcn is not None  # a multi-slice job: a network column, and the bytes over DCN apart
     for t in c.summary.by_kind_and_mesh_axes:
-        rows.append([t.kind, _axes(t.mesh_axes), str(t.count), format_bytes(t.bytes_per_device), per_step(t)])
+        rows.append([t.kind, _axes(t.mesh_axes)] + ([t.network or "—"] if network else [])
+                    + [str(t.count), format_bytes(t.bytes_per_device), per_step(t)])
     t = c.summary.total
-    rows.append(["total", "", str(t.count), format_bytes(t.bytes_per_device), per_step(t)])
-    return ["kind", "mesh axes", "count", "bytes per device (each once)", "bytes per device per step"], rows
+    rows.append(["total", ""] + ([""] if network else []) + [str(t.count), format_bytes(t.bytes_per_device),
+                                                             per_step(t)])
+    if network:
+        rows.append(["over DCN", "", "dcn", str(sum(x.count for x in c.summary.by_kind_and_mesh_axes
+                                                    if x.network == "dcn")), "", format_bytes(dcn)])
+    return (["kind", "mesh axes"] + (["network"] if network else [])
+            + ["count", "bytes per device (each once)", "bytes per device per step"]), rows
 
 
 def explain_lines(c: Any) -> list[str]:

@@ -161,13 +161,14 @@ class Spec:
       path: the file, or None for a spec made from the command line only.
       mesh: the mesh (may have no axes: a single device).
       platform: ``cpu`` | ``gpu`` | ``tpu`` | None (JAX's default backend).
-      topology: a compile-only TPU topology name such as ``v5e:2x4``, or None.
+      topology: a compile-only TPU topology name such as ``v5e:2x4``, or GPU target ``h100:8``, or None.
+      slices: ``slices: N``: stage N slices of the TPU topology joined over DCN, or None (one).
       avals: ``global`` (shapes are whole arrays) or ``local`` (shapes as one process sees them).
       functions: by name, in file order.
       chips: user entries for the roofline chip table (``chips: {name: {peak_flops_per_second_bf16: ...}}``),
         as written; already validated with :func:`stagetool.core.chips.merge_chips` at load.
       check: the ``check:`` section (tolerances of ``stagetool check``), or None.
-      locs: where top-level keys are written (``platform``, ``topology``), for errors found later.
+      locs: where top-level keys are written (``platform``, ``topology``, ``slices``), for errors found later.
     """
 
     path: Path | None
@@ -179,6 +180,7 @@ class Spec:
     chips: dict = dataclasses.field(default_factory=dict)
     check: CheckSpec | None = None
     locs: dict[str, Loc] = dataclasses.field(default_factory=dict, compare=False)
+    slices: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -750,8 +750,8 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
     if not isinstance(root, yaml.MappingNode):
         raise SpecError([f"{issues.loc(root)}: the spec must be a mapping with 'version', 'mesh' and 'functions'"])
     _duplicate_keys(issues, root)
-    _check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "avals", "functions", "chips",
-                                   "check", "logical_axis_rules"})
+    _check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "slices", "avals", "functions",
+                                   "chips", "check", "logical_axis_rules"})
     if _get(root, "logical_axis_rules") is not None:
         parser.logical_axis_rules = parser.target_of(root, "logical_axis_rules", "")
     vnode = _get(root, "version")
@@ -768,6 +768,14 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
     tnode = _get(root, "topology")
     if tnode is not None:
         topology = str(_plain(tnode))
+    slices = None
+    snode = _get(root, "slices")
+    if snode is not None:
+        value = _plain(snode)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            issues.add(snode, "slices", f"slices must be a whole number of TPU slices ≥ 1, not {value!r}")
+        else:
+            slices = value
     avals = "global"
     anode = _get(root, "avals")
     if anode is not None:
@@ -796,8 +804,9 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
     _validate_axes(parser, mesh, functions)
     check = _check_section(issues, _get(root, "check"), functions)
     issues.raise_if_any()
-    locs = {key: issues.loc(node) for key, node in (("platform", pnode), ("topology", tnode)) if node is not None}
-    return Spec(path, mesh, platform, topology, avals, functions, chips, check, locs)
+    locs = {key: issues.loc(node) for key, node in (("platform", pnode), ("topology", tnode), ("slices", snode))
+            if node is not None}
+    return Spec(path, mesh, platform, topology, avals, functions, chips, check, locs, slices)
 
 
 def _check_chips(issues: _Issues, node: yaml.MappingNode) -> None:

@@ -82,20 +82,16 @@ def factorisations(n: int, k: int) -> tuple[tuple[int, ...], ...]:
     return tuple(out)
 
 
-_DEVICES_PER_CHIP = {"v2": 2, "v3": 2, "v4": 2, "tpu7x": 2}
-"""Compile-only topologies with two devices per chip (see stagetool.lowering.topology); others one."""
-
-
 def topology_device_count(name: str) -> int:
-    """Devices of a compile-only TPU topology from its name alone (``v5e:4x4`` → 16, ``v4:2x2x1`` → 8).
+    """Devices of a compile-only topology from its name alone (``v5e:4x4`` → 16, ``v4:2x2x1`` → 8,
+    ``h100:2x8`` → 16): :func:`stagetool.lowering.topology.topology_device_count`.
 
     Raises:
-      UsageError: a malformed name.
+      UsageError: a malformed name or a shape that does not exist.
     """
-    from stagetool.lowering.topology import parse_topology_name
+    from stagetool.lowering.compile_only import topology_device_count as count
 
-    kind, dims = parse_topology_name(name)
-    return math.prod(dims) * _DEVICES_PER_CHIP.get(kind.strip().lower(), 1)
+    return count(name)
 
 
 def _split(option: str, text: str) -> tuple[str, ...]:

@@ -172,7 +172,8 @@ def render_markdown(doc: dict, **_: Any) -> str:
 
 
 CSV_COLUMNS = ("index", "id", "best", "status", "peak_bytes_per_device", "capacity_bytes_per_device", "fits",
-               "collective_bytes_per_step", "flops_per_device_xla", "flops_per_device_loop_aware", "while_loops", "chip", "roofline_step_seconds",
+               "collective_bytes_per_step", "dcn_bytes_per_step", "flops_per_device_xla", "flops_per_device_loop_aware",
+               "while_loops", "chip", "roofline_step_seconds",
                "roofline_bound", "compile_s", "error")
 
 

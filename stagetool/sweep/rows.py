@@ -37,6 +37,8 @@ ROW_FIELDS = {
     "collective_bytes_per_step_by_mesh_axes": "{'data': bytes, 'data,model': bytes, '(no axes)': ..., "
                                               "'(unmatched)': ...} from the collectives summary",
     "collectives_unknown_runs": "collectives whose trip count is unknown (left out of the bytes per step)",
+    "dcn_bytes_per_step": "on a multi-slice TPU job (slices: N), bytes each device sends between slices per step "
+                          "(XLA's DCN transfers); null for one slice",
     "flops_per_device_xla": "Compiled.cost_analysis() FLOPs of one device: XLA counts a while body once",
     "flops_per_device_loop_aware": "a derived estimate: XLA's FLOPs plus (trip count - 1) x each loop body's "
                                    "(the cost section's loop_aware), the figure the roofline uses",

@@ -38,7 +38,7 @@ def _empty_row(config: dict) -> dict:
             "device_kind": None, "device_count": None, "peak_bytes_per_device": None,
             "capacity_bytes_per_device": None, "capacity_source": None, "fits": None,
             "collective_bytes_per_step": None, "collective_bytes_per_step_by_mesh_axes": None,
-            "collectives_unknown_runs": None, "flops_per_device_xla": None, "flops_per_device_loop_aware": None, "while_loops": None,
+            "collectives_unknown_runs": None, "dcn_bytes_per_step": None, "flops_per_device_xla": None, "flops_per_device_loop_aware": None, "while_loops": None,
             "chip": None, "roofline_step_seconds": None, "roofline_bound": None, "error": None,
             "timings": {"trace_s": None, "lower_s": None, "compile_s": None}}
 
@@ -64,7 +64,8 @@ def row_from_function(row: dict, fn: Any) -> dict:
         row.update(collective_bytes_per_step=s.total.executed_bytes_per_device,
                    collective_bytes_per_step_by_mesh_axes={_axes_key(t.mesh_axes): t.executed_bytes_per_device
                                                            for t in s.by_mesh_axes},
-                   collectives_unknown_runs=s.total.unknown_executions_count)
+                   collectives_unknown_runs=s.total.unknown_executions_count,
+                   dcn_bytes_per_step=getattr(s, "dcn_bytes_per_step", None))
     if fn.cost is not None:
         aware = fn.cost.loop_aware
         row.update(flops_per_device_xla=fn.cost.per_device.flops, while_loops=len(fn.cost.loop_trip_counts),

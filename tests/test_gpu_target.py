@@ -1,0 +1,298 @@
+"""Compile-only GPU targets (issue 20, item 1): ``--topology h100:8`` from a machine without a GPU.
+
+The tests that compile need JAX's CUDA plugin without NVIDIA libraries (``pip install -e
+'.[gpu-aot]'``; ``.ci/run`` installs it); they are skipped, with the reason, where it is absent.
+The others (names, the table's configs, errors, the figures derived from a compiled module) run
+everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import REPO, run_subprocess
+
+from stagetool.analysis.loops import counted_cost
+from stagetool.analysis.sections import derived_per_device_cost
+from stagetool.core.errors import UsageError
+from stagetool.hlo.parser import parse_hlo_module
+from stagetool.lowering import compile_only, gpu_capture, gpu_topology, topology
+
+needs_plugin = pytest.mark.skipif(not gpu_topology.cuda_plugin_available(),
+                                  reason="JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
+needs_libtpu = pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed: pip install -e '.[tpu]'")
+
+
+def _env(**more: str) -> dict:
+    """The subprocess environment, keeping this process's extra PYTHONPATH entries (a plugin folder)."""
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != str(REPO)]
+    return {"PYTHONPATH": os.pathsep.join([str(REPO), *extra]), **more}
+
+
+# ---- names and the table (no plugin needed)
+
+
+@pytest.mark.parametrize("name, expected, count", [
+    ("h100:8", ("h100", 1, 8), 8), ("h100:2x8", ("h100", 2, 8), 16), ("a100-80gb:4", ("a100-80gb", 1, 4), 4),
+    ("H200:1", ("h200", 1, 1), 1), ("b200:4x8", ("b200", 4, 8), 32), ("h100-sxm:8", ("h100", 1, 8), 8),
+])
+def test_gpu_names_parse_into_hosts_and_devices(name, expected, count):
+    assert gpu_topology.is_gpu_topology_name(name)
+    assert gpu_topology.parse_gpu_topology_name(name) == expected
+    assert compile_only.topology_device_count(name) == count
+
+
+@pytest.mark.parametrize("name", ["h100:0", "h100:2x0", "h100:8x8x8", "h100", "rtx9999:8"])
+def test_bad_gpu_names_say_what_is_accepted(name):
+    with pytest.raises(UsageError) as e:
+        gpu_topology.parse_gpu_topology_name(name)
+    assert "h100:8" in e.value.hint
+
+
+def test_tpu_names_are_not_gpu_names():
+    assert not gpu_topology.is_gpu_topology_name("v5e:2x4")
+    assert compile_only.topology_device_count("v5e:2x4") == 8 and compile_only.topology_device_count("v4:2x2x1") == 8
+
+
+@pytest.mark.parametrize("model", gpu_topology.GPU_MODELS, ids=lambda m: m.alias)
+def test_the_table_config_carries_the_published_figures(model):
+    text = gpu_topology.target_config_text(model)
+    assert f"core_count: {model.sm_count}\n" in text
+    assert f"device_memory_size: {model.memory_bytes}\n" in text
+    assert f"memory_bandwidth: {model.memory_bandwidth_bytes_per_second}\n" in text
+    assert f'device_description_str: "{model.device_kind}"' in text
+    assert f"major: {model.compute_capability[0]}" in text
+    assert gpu_topology.config_memory_bytes(text) == model.memory_bytes
+
+
+def test_the_aliases_of_the_issue_are_in_the_table():
+    assert {"a100-80gb", "h100", "h200", "b200"} <= {m.alias for m in gpu_topology.GPU_MODELS}
+    assert gpu_topology.gpu_model("h100").device_kind == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_capture_turns_driver_figures_into_a_config():
+    figures = {"name": "NVIDIA H200", "memory_bytes": 150_754_820_096, "threads_per_block_limit": 1024,
+               "block_dim_limit_x": 2147483647, "block_dim_limit_y": 65535, "block_dim_limit_z": 65535,
+               "shared_memory_per_block": 49152, "threads_per_warp": 32, "registers_per_block_limit": 65536,
+               "clock_khz": 1_980_000, "core_count": 132, "memory_clock_khz": 2_619_000, "bus_width_bits": 6144,
+               "l2_cache_size": 52_428_800, "threads_per_core_limit": 2048, "cc_major": 9, "cc_minor": 0,
+               "shared_memory_per_core": 233_472, "registers_per_core_limit": 65536,
+               "shared_memory_per_block_optin": 232_448}
+    text = gpu_capture.config_from_figures(figures)
+    assert "core_count: 132\n" in text and "device_memory_size: 150754820096\n" in text
+    assert f"memory_bandwidth: {2 * 2_619_000 * 1000 * 6144 // 8}\n" in text  # DDR: 2 × clock × bus bytes
+    assert "clock_rate_ghz: 1.98\n" in text and 'device_description_str: "NVIDIA H200"' in text
+
+
+# ---- errors, before JAX starts (no plugin needed)
+
+
+def test_v5e_has_no_three_dimensional_topology():
+    r = run_subprocess("report", "examples/mlp.py:train_step", "--topology", "v5e:2x2x2", env=_env())
+    assert r.code == 2, r.stderr
+    assert "v5e:2x2x2" in r.stderr and "2-D" in r.stderr and "v5e:2x4" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_without_the_plugin_a_gpu_topology_says_what_to_install():
+    env = {"PYTHONPATH": str(REPO)}  # this process's plugin folder (if any) left out
+    code = "import sys; from stagetool.lowering.gpu_topology import cuda_plugin_available as a; sys.exit(a())"
+    import subprocess
+    import sys
+
+    if subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}).returncode != 0:
+        pytest.skip("the CUDA plugin is installed in the environment itself")
+    r = run_subprocess("report", "examples/mlp.py:train_step", "--topology", "h100:8", env=env)
+    assert r.code == 2, r.stderr
+    assert "CUDA plugin" in r.stderr and "stagetool[gpu-aot]" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_target_config_that_is_not_one_is_exit_2(tmp_path):
+    bad = tmp_path / "bad.txtpb"
+    bad.write_text("hello: 1\n")
+    r = run_subprocess("report", "examples/mlp.py:train_step", "--topology", "gpu:8", "--gpu-target-config", bad,
+                       env=_env())
+    assert r.code == 2 and "not a GpuTargetConfigProto" in r.stderr, r.stderr
+    r = run_subprocess("report", "examples/mlp.py:train_step", "--gpu-target-config", bad, env=_env())
+    assert r.code == 2 and "needs a GPU topology" in r.stderr, r.stderr
+
+
+def test_capturing_a_target_config_without_a_gpu_is_exit_2(tmp_path):
+    out = tmp_path / "h.txtpb"
+    r = run_subprocess("devices", "--target-config", "-o", out, env=_env())
+    assert r.code == 2 and "GPU" in r.stderr and "--topology h100:8" in r.stderr, r.stderr
+    assert not out.exists()
+
+
+# ---- only the backends a run uses
+
+
+@pytest.mark.parametrize("platform, topo, expected", [
+    ("cpu", None, "cpu"), (None, "v5e:2x4", "cpu"), (None, "h100:8", "cpu"), ("gpu", None, None), ("tpu", None, None),
+])
+def test_platforms_for_a_run(monkeypatch, platform, topo, expected):
+    from stagetool.lowering import backends
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    assert backends.platforms_for(platform, topo) == expected
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu,tpu")
+    assert backends.platforms_for(platform, topo) is None  # the user's choice stands
+
+
+def test_a_simulated_mesh_starts_only_the_cpu_backend(tmp_path):
+    """No JAX_PLATFORMS: a topology run and a --platform cpu run start the CPU backend alone (no
+    libtpu probe, no CUDA plugin start-up), and say nothing about CUDA on stderr."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import sys\n"
+        "from stagetool.pipeline import Options, analyze\n"
+        "analyze(Options(spec='examples/mlp.stagetool.yaml', platform=sys.argv[1] or None,\n"
+        "                topology=sys.argv[2] or None, mesh=sys.argv[3] or None))\n"
+        "import jax.extend.backend as b\n"
+        "print(sorted(b.backends()))\n")
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | _env()
+    runs = [("cpu", "", "")]
+    if topology.libtpu_available():
+        runs.append(("", "v5e:2x4", "2x4"))
+    if gpu_topology.cuda_plugin_available():
+        runs.append(("", "h100:8", "2x4"))
+    for argv in runs:
+        proc = subprocess.run([sys.executable, str(script), *argv], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().splitlines()[-1] == "['cpu']", argv
+        assert "Unable to load CUDA" not in proc.stderr and "cudart_stub" not in proc.stderr, argv
+
+
+# ---- FLOPs and bytes derived from the compiled module agree with XLA's own where XLA reports them
+
+
+def _conv_program():
+    x = jax.ShapeDtypeStruct((4, 3, 33, 31), jnp.float32)
+    w = jax.ShapeDtypeStruct((8, 3, 5, 3), jnp.float32)
+
+    def f(x, w):
+        y = jax.lax.conv_general_dilated(x, w, window_strides=(2, 1), padding=((2, 1), (0, 3)),
+                                         lhs_dilation=(1, 2), rhs_dilation=(2, 1))
+        return jnp.tanh(y).sum(axis=(2, 3))
+
+    return jax.jit(f).trace(x, w).lower().compile()
+
+
+def _grouped_conv_program():
+    x = jax.ShapeDtypeStruct((2, 8, 16, 16), jnp.float32)
+    w = jax.ShapeDtypeStruct((8, 2, 3, 3), jnp.float32)
+    return jax.jit(lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", feature_group_count=4)
+                   ).trace(x, w).lower().compile()
+
+
+@pytest.mark.parametrize("program", [_conv_program, _grouped_conv_program])
+def test_convolution_flops_are_counted_as_xla_counts_them(program):
+    compiled = program()
+    counted = counted_cost(parse_hlo_module(compiled.as_text()))
+    xla = compiled.cost_analysis()
+    assert counted.flops == pytest.approx(xla["flops"], rel=1e-6)
+
+
+def _example_compiled(topo: str | None):
+    from stagetool.pipeline import Options, staged_functions
+
+    (staged,) = [s for _, _, s in staged_functions(Options(spec=REPO / "examples/transformer.stagetool.yaml",
+                                                                topology=topo))]
+    return staged.compiled
+
+
+@pytest.mark.slow
+def test_derived_figures_equal_xla_on_cpu():
+    compiled = _example_compiled(None)
+    derived = derived_per_device_cost(parse_hlo_module(compiled.as_text()))
+    xla = compiled.cost_analysis()
+    assert derived.flops == pytest.approx(xla["flops"], rel=2e-3)
+    assert derived.transcendentals == xla["transcendentals"]
+    assert derived.bytes_accessed == pytest.approx(xla["bytes accessed"], rel=5e-3)
+    assert derived.source.startswith("derived")
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_derived_flops_equal_xla_on_a_tpu_topology():
+    """TPU compiles the transformer's matmuls into convolutions with dilated windows: counted as XLA does."""
+    compiled = _example_compiled("v5e:2x4")
+    derived = derived_per_device_cost(parse_hlo_module(compiled.as_text()))
+    xla = compiled.cost_analysis()
+    assert derived.flops == pytest.approx(xla["flops"], rel=1e-3)
+    assert derived.transcendentals == xla["transcendentals"]
+
+
+# ---- the GPU target itself (needs the plugin)
+
+
+@pytest.mark.slow
+@needs_plugin
+def test_transformer_on_h100_matches_a_raw_compile(run_cli):
+    r = run_cli("memory", "examples/transformer.py:train_step", "--topology", "h100:8", "--no-peak",
+                "--format", "json", check=0)
+    f = r.json()["functions"][0]
+    assert f["mesh"]["platform"] == "gpu" and f["mesh"]["device_count"] == 8
+    assert f["mesh"]["device_kind"].startswith("NVIDIA H100") and f["mesh"]["topology"] == "h100:8"
+    assert any("without autotuning" in n for n in f["notes"])
+    m = f["memory"]["record"]
+
+    from jax.experimental import topologies
+    from jax.sharding import Mesh
+    from test_examples import transformer_stages
+
+    raw = topologies.get_topology_desc(platform="cuda", topology="1x1x8",
+                                       target_config=gpu_topology.target_config_text(gpu_topology.gpu_model("h100")))
+    assert len(raw.devices) == 8
+    mesh = Mesh(np.array(raw.devices).reshape(2, 4), ("data", "model"))
+    stats = transformer_stages(mesh)[3].memory_analysis()
+    assert m["argument_bytes"] == stats.argument_size_in_bytes
+    assert m["output_bytes"] == stats.output_size_in_bytes
+    assert m["alias_bytes"] == stats.alias_size_in_bytes
+    assert m["temp_bytes"] == stats.temp_size_in_bytes
+    assert m["peak_bytes_reported"] == stats.peak_memory_in_bytes
+    # the capacity is the table's HBM
+    assert f["memory"]["capacity_bytes"] == 80 * 2**30
+
+
+@pytest.mark.slow
+@needs_plugin
+def test_gpu_flops_are_derived_and_labelled(run_cli):
+    r = run_cli("cost", "examples/transformer.py:train_step", "--topology", "h100:8", "--format", "json", check=0)
+    cost = r.json()["functions"][0]["cost"]
+    pd = cost["per_device"]
+    assert pd["source"].startswith("derived") and pd["flops"] > 1e9 and pd["bytes_accessed"] > 0
+    assert any("derived" in n for n in cost.get("scope_notes", []))
+    text = run_cli("cost", "examples/transformer.py:train_step", "--topology", "h100:8", check=0).stdout
+    assert "derived from one device's compiled module" in text
+
+
+@needs_plugin
+def test_every_gpu_in_the_table_compiles(run_cli):
+    for model in gpu_topology.GPU_MODELS:
+        topo = gpu_topology.gpu_topology(f"{model.alias}:2")
+        assert [d.device_kind for d in topo.devices] == [model.device_kind] * 2
+        assert topo.memory_bytes_per_device == model.memory_bytes and topo.num_processes == 1
+    two_hosts = gpu_topology.gpu_topology("a100-80gb:2x4")
+    assert two_hosts.num_devices == 8 and two_hosts.num_processes == 2
+
+
+@needs_plugin
+def test_a_users_target_config_is_used_as_written(tmp_path, run_cli):
+    text = gpu_topology.target_config_text(gpu_topology.gpu_model("h200")).replace('"NVIDIA H200"', '"NVIDIA H200 NVL"')
+    cfg = tmp_path / "h200nvl.txtpb"
+    cfg.write_text(text)
+    r = run_cli("devices", "--topology", "gpu:4", "--gpu-target-config", cfg, "--format", "json", check=0)
+    doc = r.json()
+    assert doc["device_kind"] == "NVIDIA H200 NVL" and doc["device_count"] == 4
+    broken = tmp_path / "broken.txtpb"
+    broken.write_text("gpu_device_info { core_count: many }\n")
+    r = run_cli("devices", "--topology", "gpu:4", "--gpu-target-config", broken)
+    assert r.code == 2 and "cannot read the GPU target config" in r.stderr
