@@ -3,6 +3,8 @@ topology joined over DCN. Skipped, with the reason, where libtpu is not installe
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +41,7 @@ def _raw_two_slices():
     from jax.experimental import mesh_utils, topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu's lock file
     devices = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2", num_slices=2).devices
     mesh = Mesh(mesh_utils.create_hybrid_device_mesh((2, 2), (2, 1), devices), ("data", "model"))
     w = jax.ShapeDtypeStruct((1024, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))
