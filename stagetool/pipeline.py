@@ -640,6 +640,11 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
                               memory=memory, notes=notes)
     except StagingError as e:
         return _failed(plan, fspec, setup, e)
+    if Section.COLLECTIVES in wanted:  # why each collective is there (issue 22): Shardy's origins
+        from stagetool.lowering.shardy import propagate_lowered
+
+        propagation, why_not = propagate_lowered(staged.lowered)
+        facts = dataclasses.replace(facts, propagation=propagation, propagation_error=why_not)
     return _report_of(facts, plan, fspec, setup, wanted, user_files, inputs, cached=cached)
 
 
@@ -723,7 +728,9 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
         from stagetool.analysis.sections import collectives_section
 
         fields["collectives"] = collectives_section(facts.module, MeshAxes(plan.mesh.names, plan.mesh.sizes),
-                                                    leaves[0], user_files, plan.explain, slices=setup.slices)
+                                                    leaves[0], user_files, plan.explain, slices=setup.slices,
+                                                    outputs=leaves[1], propagation=facts.propagation,
+                                                    propagation_error=facts.propagation_error)
     notes = [f"warning while staging: {w}" for w in facts.warnings]
     notes += list(getattr(facts, "uneven_constraints", ()))
     narrow = sorted({x.dtype for x in inputs.leaves if x.dtype in ("bfloat16", "float16")})

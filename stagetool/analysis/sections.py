@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from stagetool.analysis.causes import CollectiveCause
 from stagetool.analysis.collectives import (
     Collective,
     CollectiveSummary,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # imported where used: only --chip and the peak buffers need 
     from stagetool.analysis.peak import PeakReport
     from stagetool.analysis.timeline import TimelinePeak, TimelinePoint
     from stagetool.analysis.roofline import RooflineEstimate
+    from stagetool.lowering.shardy import Propagation
     from stagetool.core.chips import Chip
 
 
@@ -390,10 +392,14 @@ class CollectiveItem:
       collective: the record from :func:`stagetool.analysis.collectives.find_collectives`.
       source: ``file:line`` of the innermost frame in the user's code (the target's file when it is
         in the chain, else the first frame outside JAX and the standard library), or None.
+      cause: why it is there (:class:`stagetool.analysis.causes.CollectiveCause`: the op, its
+        operands' shardings and their origins, the reason); None when not explained (see
+        :attr:`CollectivesSection.causes_unavailable`) or when its metadata names no op.
     """
 
     collective: Collective
     source: str | None
+    cause: CollectiveCause | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,16 +430,21 @@ class CollectivesSection:
         the user's source line.
       summary: count and bytes per device by kind, by mesh axes, and by both.
       explained: the ``--explain`` answers, or () when none was asked.
+      causes_unavailable: why no collective has a cause (the propagation rerun for explanation is not
+        the compiled program's, or could not run), or None.
     """
 
     items: tuple[CollectiveItem, ...]
     summary: CollectiveSummary
     explained: tuple[Explanation, ...] = ()
+    causes_unavailable: str | None = None
 
 
 def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafReport, ...] | None,
                         user_files: list[str], explain: tuple[LeafPattern | str, ...] = (), *,
-                        slices: int = 1) -> CollectivesSection:
+                        slices: int = 1, outputs: tuple[LeafReport, ...] | None = None,
+                        propagation: Propagation | None = None,
+                        propagation_error: str | None = None) -> CollectivesSection:
     """Build :class:`CollectivesSection` from the parsed compiled module.
 
     Args:
@@ -444,6 +455,10 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
       explain: the input leaves to explain (:class:`LeafPattern`, or text compiled as one).
       slices: TPU slices of a multi-slice job: collectives get ``network`` ici/dcn (see
         :func:`~stagetool.analysis.collectives.find_collectives`).
+      outputs: per-leaf reports of the outputs (for causes that come from an output's sharding).
+      propagation / propagation_error: Shardy's propagation rerun with origins, or why there is none;
+        each collective gets a cause (:func:`stagetool.analysis.causes.cause_of`) when the
+        propagation agrees with the compiled shardings (:func:`~stagetool.analysis.causes.unfaithful_reason`).
 
     Raises:
       UsageError: an ``explain`` pattern that names no input leaf.
@@ -456,7 +471,22 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
     user = {str(Path(f).resolve()) for f in user_files}
     library = library_dirs()
     found = [_without_tool_frames(c) for c in found]
-    items = tuple(CollectiveItem(c, _user_source(c, user, library)) for c in found)
+    unavailable = None
+    if found and propagation is None:
+        unavailable = (f"explanation unavailable: {propagation_error}" if propagation_error
+                       else "explanation unavailable: Shardy's propagation was not rerun")
+    elif found:
+        from stagetool.analysis.causes import unfaithful_reason
+
+        unavailable = unfaithful_reason(propagation, inputs or (), outputs or ())
+    if found and unavailable is None:
+        from stagetool.analysis.causes import cause_of
+
+        items = tuple(CollectiveItem(c, _user_source(c, user, library), cause_of(c, propagation, inputs or (),
+                                                                                 outputs or ()))
+                      for c in found)
+    else:
+        items = tuple(CollectiveItem(c, _user_source(c, user, library)) for c in found)
     explained = []
     for leaf in match_leaves(explain, inputs or ()):
         if leaf.parameter is None:
@@ -466,7 +496,7 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
         after = collectives_from_parameter(module, found, leaf.parameter, through_compute=True)
         explained.append(Explanation(leaf.path, leaf.parameter, moved,
                                      tuple(c.name for c in after if c.name not in moved)))
-    return CollectivesSection(items, summarize(found), tuple(explained))
+    return CollectivesSection(items, summarize(found), tuple(explained), unavailable)
 
 
 def match_leaves(patterns: tuple[LeafPattern | str, ...], leaves: tuple[LeafReport, ...]) -> list[LeafReport]:

@@ -96,6 +96,9 @@ class StagedFunction:
       memory: ``Compiled.memory_analysis()``.
       inputs / outputs: per-leaf facts, in JAX's flattening order; None before compile.
       peak: the live-range dump, when the peak was asked for.
+      propagation: Shardy's propagation rerun with sharding origins
+        (:func:`stagetool.lowering.shardy.propagate_lowered`), when collectives are explained.
+      propagation_error: why there is no ``propagation`` (GSPMD lowering, a pass that failed).
     """
 
     name: str
@@ -113,6 +116,8 @@ class StagedFunction:
     inputs: tuple[LeafFacts, ...] | None = None
     outputs: tuple[LeafFacts, ...] | None = None
     peak: PeakDump | None = None
+    propagation: Any = None
+    propagation_error: str | None = None
 
     @functools.cached_property
     def module(self) -> HloModule | None:

@@ -1,0 +1,448 @@
+"""Why each collective is there: the op it belongs to, its operands' shardings, and where each
+mesh axis of those shardings came from.
+
+Input: the collectives of the compiled module (:mod:`stagetool.analysis.collectives`), Shardy's
+propagation rerun with sharding origins (:class:`stagetool.lowering.shardy.Propagation`) and the
+input/output leaves (:class:`~stagetool.analysis.shardings.LeafReport`: path, spec line, where the
+declared sharding came from). Output: one :class:`CollectiveCause` per collective, or one sentence
+saying why there is none for the whole function.
+
+How a collective is tied to the program before partitioning: XLA keeps each op's metadata
+(``op_name``, source line) on the instructions the partitioner makes for it, so a collective is
+matched to the propagated ops of the same innermost source line whose JAX op name ends the same way
+(``.../dot_general``). Within that op, Shardy's factor rule (``([i, k], [k, j])->([i, j])
+reduction={k}``) says which dimensions of which operands are the same loop: a mesh axis that shards a
+reduction factor makes partial results (an all-reduce or reduce-scatter); one that shards a factor in
+one tensor and not in another makes a gather (or, moved to another factor, an all-to-all). The op's
+users and its operands' producers are looked at too, since a resharding between two ops carries the
+metadata of either.
+
+Faithful or silent: :func:`unfaithful_reason` compares the propagation's final entry shardings with
+the compiled program's (``Compiled.input_shardings`` / ``output_shardings``, as the leaves carry
+them); where they differ no cause is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stagetool.analysis.collectives import Collective
+    from stagetool.analysis.shardings import LeafReport
+    from stagetool.lowering.shardy import Operand, Propagation, PropagatedOp, ValueSharding
+
+__all__ = ["AxisOrigin", "CollectiveCause", "TensorAt", "cause_of", "unfaithful_reason"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisOrigin:
+    """Where one mesh axis of a value's sharding came from.
+
+    Attributes:
+      axis: the mesh axis.
+      kind: ``input`` (an input leaf's declared sharding), ``output`` (an output's declared
+        sharding), ``constraint`` (a sharding constraint in the user's code) or ``unknown``.
+      leaf: the input or output leaf's key path (``params/layers/wo``), else None.
+      source: for an input or output, the spec line that set its sharding (``file:line:col``); for a
+        constraint, the user's source line (``file:line``); None when not known.
+      how: for an input, where its declared sharding came from (``spec``, ``rule``, ``model``,
+        ``compiler``), else None.
+    """
+
+    axis: str
+    kind: str
+    leaf: str | None = None
+    source: str | None = None
+    how: str | None = None
+
+    def describe(self) -> str:
+        """``params/layers/wo (rule at spec.yaml:14)``, ``the constraint at model.py:6``."""
+        if self.kind == "constraint":
+            return f"the sharding constraint at {_short(self.source)}" if self.source else "a sharding constraint"
+        if self.kind in ("input", "output"):
+            what = {"rule": "rule", "spec": "spec", "model": "model annotation", "compiler": "auto"}.get(self.how or "")
+            where = f"{what} at {_short(self.source)}" if what and self.source else (what or _short(self.source) or "")
+            out = "output " if self.kind == "output" else ""
+            return f"{out}{self.leaf}" + (f" ({where})" if where else "")
+        return "an origin Shardy did not name"
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """``(kind, leaf or source, axis)``: what two origins have in common when they are the same cause."""
+        return (self.kind, self.leaf or self.source or "", self.axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorAt:
+    """One operand or result of the op a collective belongs to.
+
+    Attributes:
+      name: the input leaf it is (``params/layers/wo``), or the op that made it and its line
+        (``tanh at model.py:5``), or ``result``.
+      sharding: its sharding at the op as JAX prints a PartitionSpec (``P('data', None)``).
+      origins: where each mesh axis of that sharding came from (the collective's axes first).
+    """
+
+    name: str
+    sharding: str
+    origins: tuple[AxisOrigin, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveCause:
+    """Why one collective is in the compiled program.
+
+    Attributes:
+      op: the op it belongs to (``dot_general``, ``sharding_constraint``).
+      line: the user's source line of that op (``file:line``), or None.
+      operands / result: the op's operands and result at that op, with their shardings' origins.
+      reason: one sentence: which factor the collective's mesh axes shard where, and what that forces
+        (``contraction over `model`: params/layers/wo is sharded on it ..., h is not → partial sums
+        all-reduced``).
+      origins: the distinct origins of the collective's mesh axes on the tensors the reason names:
+        the edits that would remove it.
+    """
+
+    op: str
+    line: str | None
+    operands: tuple[TensorAt, ...]
+    result: TensorAt | None
+    reason: str
+    origins: tuple[AxisOrigin, ...] = ()
+
+
+# ---- faithfulness
+
+
+def unfaithful_reason(prop: Propagation, inputs: Sequence[LeafReport], outputs: Sequence[LeafReport]) -> str | None:
+    """Why the rerun propagation is not the compiled program's, or None when every entry argument's
+    and result's final sharding equals the compiled one (``Compiled.input_shardings`` /
+    ``output_shardings`` as the leaves carry them; unused inputs are not entry arguments)."""
+    used = sorted((x for x in inputs if x.parameter is not None), key=lambda x: x.parameter)
+    if len(used) != len(prop.inputs):
+        return (f"the lowered module has {len(prop.inputs)} arguments but the compiled program {len(used)}; "
+                "the explanation is unavailable for this function")
+    for leaf in used:
+        got = _dims(prop.inputs[leaf.parameter], len(leaf.shape))
+        want = _compiled_dims(leaf.compiled, len(leaf.shape))
+        if want is None or got != want:
+            return (f"Shardy's propagation rerun here gives input {leaf.path} {_fmt(got)}, the compiled program "
+                    f"{leaf.compiled}: the explanation is unavailable for this function (the compile used another "
+                    "propagation: GSPMD, or other partitioner options)")
+    if len(outputs) == len(prop.outputs):
+        for leaf, got_s in zip(outputs, prop.outputs):
+            got = _dims(got_s, len(leaf.shape))
+            want = _compiled_dims(leaf.compiled, len(leaf.shape))
+            if want is None or got != want:
+                return (f"Shardy's propagation rerun here gives output {leaf.path} {_fmt(got)}, the compiled "
+                        f"program {leaf.compiled}: the explanation is unavailable for this function")
+    else:
+        return (f"the lowered module has {len(prop.outputs)} results but the report {len(outputs)} output leaves; "
+                "the explanation is unavailable for this function")
+    return None
+
+
+def _dims(s: ValueSharding | None, rank: int) -> tuple[tuple[str, ...], ...]:
+    if s is None:
+        return ((),) * rank
+    dims = tuple(tuple(a for a in d) for d in s.dims)
+    return dims + ((),) * (rank - len(dims))
+
+
+def _compiled_dims(s, rank: int) -> tuple[tuple[str, ...], ...] | None:
+    if s is None or s.kind != "spec":
+        return None
+    out = []
+    for d in s.padded(rank).dims:
+        out.append(() if d is None else (d,) if isinstance(d, str) else tuple(d))
+    return tuple(out)
+
+
+def _fmt(dims: tuple[tuple[str, ...], ...]) -> str:
+    from stagetool.core.sharding import format_dims
+
+    return format_dims(tuple(None if not d else d[0] if len(d) == 1 else d for d in dims))
+
+
+# ---- matching a collective to the ops it belongs to
+
+
+def _base_axis(axis: str) -> str:
+    """``model[minor 2 of 4]`` (analysis.collectives' sub-axis name) → ``model``."""
+    return axis.split("[")[0]
+
+
+def _op_tail(op_name: str | None) -> str | None:
+    """The last segment of JAX's op name (``jvp()/while/body/closed_call/dot_general`` → ``dot_general``)."""
+    if not op_name:
+        return None
+    return op_name.rstrip(")").rsplit("/", 1)[-1]
+
+
+def candidates(c: Collective, prop: Propagation) -> list[PropagatedOp]:
+    """The propagated ops a collective's metadata names: the same innermost source line (file and line)
+    and the same op name ending; by line alone when no op name matches."""
+    if c.source is None:
+        return []
+    file, line = str(Path(c.source.file)), c.source.line
+    tail = _op_tail(c.op_name)
+    same_line = [op for op in prop.ops if op.frames and op.frames[0].line == line
+                 and str(Path(op.frames[0].file)) == file and op.name != "func.return"]
+    named = [op for op in same_line if tail and _op_tail(op.op_name) == tail]
+    return named or same_line
+
+
+# ---- the reason
+
+
+def _factor_axes(op: PropagatedOp, axis: str) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
+    """``(operand hits, result hits)``: ``(factor, tensor index, dim)`` for every dimension of the
+    op's operands / results sharded over ``axis``."""
+    rule = op.rule
+    ops_hits, res_hits = [], []
+    for which, tensors, shardings in (("o", rule.operands, [o.sharding for o in op.operands]),
+                                      ("r", rule.results, list(op.results))):
+        for t, factors in enumerate(tensors):
+            s = shardings[t] if t < len(shardings) else None
+            if s is None:
+                continue
+            for d, f in enumerate(factors):
+                if d < len(s.dims) and any(_base_axis(a.split(":")[0]) == axis for a in s.dims[d]):
+                    (ops_hits if which == "o" else res_hits).append((f, t, d))
+    return ops_hits, res_hits
+
+
+def _tensor_has_factor(tensors: tuple[tuple[str, ...], ...], t: int, f: str) -> int | None:
+    if t >= len(tensors):
+        return None
+    for d, g in enumerate(tensors[t]):
+        if g == f:
+            return d
+    return None
+
+
+@dataclasses.dataclass
+class _Ctx:
+    prop: Propagation
+    inputs: dict[int, LeafReport]
+    outputs: Sequence[LeafReport]
+
+
+def _origin(ctx: _Ctx, axis: str, origin: str | None, own_input: int | None, own_constraint: PropagatedOp | None) -> AxisOrigin:
+    """An origin string (``input: 3``, ``constraint_0``, ``self``) as an :class:`AxisOrigin`."""
+    if origin == "self":
+        if own_input is not None:
+            origin = f"input: {own_input}"
+        elif own_constraint is not None:
+            return AxisOrigin(axis, "constraint", source=_line(own_constraint))
+    if origin is None:
+        return AxisOrigin(axis, "unknown")
+    m = re.fullmatch(r"(input|output): (\d+)", origin)
+    if m:
+        n = int(m.group(2))
+        if m.group(1) == "input":
+            leaf = ctx.inputs.get(n)
+            if leaf is None:
+                return AxisOrigin(axis, "input", leaf=f"argument {n}")
+            return AxisOrigin(axis, "input", leaf.path, leaf.source, leaf.sharding_source)
+        leaf = ctx.outputs[n] if n < len(ctx.outputs) else None
+        if leaf is None:
+            return AxisOrigin(axis, "output", leaf=f"result {n}")
+        return AxisOrigin(axis, "output", leaf.path, leaf.source, leaf.sharding_source)
+    constraint = ctx.prop.constraint(origin)
+    if constraint is not None:
+        return AxisOrigin(axis, "constraint", source=_line(constraint))
+    return AxisOrigin(axis, "unknown", source=origin)
+
+
+def _line(op: PropagatedOp) -> str | None:
+    return f"{op.frames[0].file}:{op.frames[0].line}" if op.frames else None
+
+
+def _short(source: str | None) -> str | None:
+    """``/abs/path/model.py:6`` → ``model.py:6`` (the file name and what follows)."""
+    if not source:
+        return source
+    return Path(source).name
+
+
+_VIEWS = frozenset({"stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert", "stablehlo.dynamic_slice",
+                    "stablehlo.slice", "stablehlo.broadcast_in_dim", "stablehlo.copy", "sdy.data_flow_edge",
+                    "sdy.sharding_constraint", "sdy.reshard", "stablehlo.optimization_barrier"})
+
+
+def _source_input(ctx: _Ctx, o: Operand, depth: int = 0) -> int | None:
+    """The entry argument an operand is a view of (sliced, reshaped, transposed, converted), or None."""
+    if o.input is not None:
+        return o.input
+    if o.producer is None or depth > 32:
+        return None
+    p = ctx.prop.ops[o.producer]
+    sliced = p.name == "sdy.named_computation" and any(k in (_op_tail(p.op_name) or "")
+                                                        for k in ("index_in_dim", "slice", "reshape"))
+    if (p.name in _VIEWS or sliced) and p.operands:  # a nested jit of lax.dynamic_index_in_dim is a slice
+        return _source_input(ctx, p.operands[0], depth + 1)
+    return None
+
+
+def _name_operand(ctx: _Ctx, o: Operand) -> str:
+    if o.input is not None and o.input in ctx.inputs:
+        return ctx.inputs[o.input].path
+    viewed = _source_input(ctx, o)
+    if viewed is not None and viewed in ctx.inputs:
+        return ctx.inputs[viewed].path
+    if o.producer is not None:
+        p = ctx.prop.ops[o.producer]
+        for _ in range(32):  # a data-flow edge is Shardy's bookkeeping: name what it carries
+            if p.name != "sdy.data_flow_edge" or not p.operands or p.operands[0].producer is None:
+                break
+            p = ctx.prop.ops[p.operands[0].producer]
+        short = p.name.split(".", 1)[-1]
+        if short == "sharding_constraint":
+            return f"the constrained value at {_short(_line(p))}"
+        return f"{short} at {_short(_line(p))}" if p.frames else short
+    return "a value"
+
+
+def _tensor(ctx: _Ctx, name: str, s: ValueSharding | None, axes: Sequence[str], own_input: int | None,
+            own_constraint: PropagatedOp | None) -> TensorAt:
+    dims = s.dims if s is not None else ()
+    text = _fmt(tuple(tuple(_base_axis(a.split(":")[0]) for a in d) for d in dims)) if s is not None else "replicated"
+    seen = []
+    if s is not None:
+        present = sorted(s.axes(), key=lambda a: (a not in axes, a))
+        for a in present:
+            seen.append(_origin(ctx, a, s.origin(a), own_input, own_constraint))
+    return TensorAt(name, text, tuple(seen))
+
+
+def cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
+             outputs: Sequence[LeafReport]) -> CollectiveCause | None:
+    """The cause of one collective (see the module docstring), or None when its metadata names no op
+    of the propagated module (a collective without a source line, or one XLA made for an op that
+    lowering did not emit)."""
+    ctx = _Ctx(prop, {x.parameter: x for x in inputs if x.parameter is not None}, outputs)
+    found = candidates(c, prop)
+    if not found:
+        return None
+    axes = [_base_axis(a) for a in (c.mesh_axes or ())]
+    best: tuple[int, PropagatedOp, str, list[tuple[int, str]]] | None = None
+    for op in _neighbourhood(found, prop):
+        scored = _reason(ctx, c, op, axes)
+        if scored is not None and (best is None or scored[0] > best[0]):
+            best = (scored[0], op, scored[1], scored[2])
+    if best is None:
+        op = found[0]
+        reason = (f"no factor of this op is sharded over {_axes_text(axes)} in one tensor and not another: the "
+                  "partitioner's choice of how to lay out the op (Shardy records no conflict here)")
+        involved: list[tuple[int, str]] = []
+    else:
+        _, op, reason, involved = best
+    return _record(ctx, op, axes, reason, involved)
+
+
+def _neighbourhood(found: list[PropagatedOp], prop: Propagation) -> list[PropagatedOp]:
+    """The matched ops, then their users, then their operands' producers (each once, in that order)."""
+    out, seen = [], set()
+    for group in (found, [prop.ops[u] for op in found for u in op.users],
+                  [prop.ops[o.producer] for op in found for o in op.operands if o.producer is not None]):
+        for op in group:
+            if op.index not in seen and op.rule is not None:
+                seen.add(op.index)
+                out.append(op)
+    return out
+
+
+def _axes_text(axes: Sequence[str]) -> str:
+    return " × ".join(f"`{a}`" for a in axes) if axes else "no mesh axis"
+
+
+def _reason(ctx: _Ctx, c: Collective, op: PropagatedOp, axes: Sequence[str]) -> tuple[int, str, list[tuple[int, str]]] | None:
+    """``(score, sentence, [(operand index or -1 for the result, axis)])`` for the first mesh axis of
+    the collective whose factors conflict at this op, or None. Higher scores fit the collective's kind."""
+    rule = op.rule
+    if rule is None or not axes:
+        return None
+    short = op.name.split(".", 1)[-1]
+    names = [_name_operand(ctx, o) for o in op.operands]
+    for axis in axes:
+        o_hits, r_hits = _factor_axes(op, axis)
+        if not o_hits and not r_hits:
+            continue
+        red = [(f, t, d) for f, t, d in o_hits if f in rule.reductions]
+        if red:
+            sharded = sorted({t for _, t, _ in red})
+            f = red[0][0]
+            others = [t for t in range(len(rule.operands)) if t not in sharded
+                      and _tensor_has_factor(rule.operands, t, f) is not None]
+            what = "contraction" if short == "dot_general" else "reduction"
+            size = dict(rule.sizes).get(f)
+            parts = [f"{what} over a dimension{f' of {size}' if size else ''} split over `{axis}`: "
+                     + " and ".join(names[t] for t in sharded) + (" is" if len(sharded) == 1 else " are")
+                     + " sharded on it"]
+            if others:
+                parts.append(", ".join(names[t] for t in others) + " is not (sliced locally)")
+            result_sharded = any(f2 not in rule.reductions for f2, _, _ in r_hits)
+            tail = ("each device sums a part; the partial results are reduce-scattered" if result_sharded
+                    else "each device sums a part; the partial results are all-reduced")
+            score = 3 if c.kind in ("all-reduce", "reduce-scatter") else 1
+            return score, ", ".join(parts) + f" → {tail}", [(t, axis) for t in sharded]
+        # a factor sharded over `axis` in some tensors and not in others that have it
+        hits = [(f, ("o", t), d) for f, t, d in o_hits] + [(f, ("r", t), d) for f, t, d in r_hits]
+        factors = {f for f, _, _ in hits}
+        if len(factors) > 1:
+            (f1, w1, _), (f2, w2, _) = sorted(hits)[0], next(h for h in sorted(hits) if h[0] != sorted(hits)[0][0])
+            score = 3 if c.kind == "all-to-all" else 1
+            return (score, f"`{axis}` shards one dimension of {_who(names, w1)} and another of {_who(names, w2)} "
+                           f"→ data moves between the two layouts ({c.kind})", _inv([w1, w2], axis))
+        f = next(iter(factors))
+        tensors = [("o", t) for t in range(len(rule.operands))] + [("r", t) for t in range(len(rule.results))]
+        having = [w for w in tensors if _tensor_has_factor(rule.operands if w[0] == "o" else rule.results,
+                                                           w[1], f) is not None]
+        sharded = [w for _, w, _ in hits]
+        missing = [w for w in having if w not in sharded]
+        if not missing:
+            continue
+        gathered = [w for w in sharded if w[0] == "o"] or sharded
+        score = 3 if c.kind == "all-gather" else 2 if c.kind in ("all-to-all", "collective-permute") else 1
+        via = "at the sharding constraint" if short == "sharding_constraint" else f"at {short}"
+        return (score, f"{via}: {', '.join(_who(names, w) for w in sharded)} "
+                       f"{'is' if len(sharded) == 1 else 'are'} sharded on `{axis}` along a dimension that "
+                       f"{', '.join(_who(names, w) for w in missing)} {'is' if len(missing) == 1 else 'are'} not "
+                       f"→ {c.kind} of {', '.join(_who(names, w) for w in gathered)} over `{axis}`",
+                _inv(sharded + missing, axis))
+    return None
+
+
+def _who(names: list[str], w: tuple[str, int]) -> str:
+    return names[w[1]] if w[0] == "o" and w[1] < len(names) else "the result"
+
+
+def _inv(ws: list[tuple[str, int]], axis: str) -> list[tuple[int, str]]:
+    return [(w[1] if w[0] == "o" else -1, axis) for w in ws]
+
+
+def _record(ctx: _Ctx, op: PropagatedOp, axes: Sequence[str], reason: str,
+            involved: list[tuple[int, str]]) -> CollectiveCause:
+    operands = []
+    for o in op.operands:
+        own_constraint = ctx.prop.ops[o.producer] if o.producer is not None and \
+            ctx.prop.ops[o.producer].origin_name else None
+        operands.append(_tensor(ctx, _name_operand(ctx, o), o.sharding, axes, o.input, own_constraint))
+    res = op.results[0] if op.results else None
+    result = _tensor(ctx, "result", res, axes, None, op if op.origin_name else None) if op.results else None
+    origins: list[AxisOrigin] = []
+    if op.origin_name:  # the conflict is at a sharding constraint: the constraint is a cause itself
+        origins += [AxisOrigin(axis, "constraint", source=_line(op)) for axis in dict.fromkeys(a for _, a in involved)]
+    for t, axis in involved:
+        tensor = result if t < 0 else operands[t] if t < len(operands) else None
+        if tensor is None:
+            continue
+        for o in tensor.origins:
+            if o.axis == axis and o.key not in {x.key for x in origins}:
+                origins.append(o)
+    return CollectiveCause(op.name.split(".", 1)[-1], _line(op), tuple(operands), result, reason, tuple(origins))
