@@ -65,7 +65,8 @@ class AxisOrigin:
             return f"the sharding constraint at {_short(self.source)}" if self.source else "a sharding constraint"
         if self.kind in ("input", "output"):
             what = {"rule": "rule", "spec": "spec", "model": "model annotation", "compiler": "auto"}.get(self.how or "")
-            where = f"{what} at {_short(self.source)}" if what and self.source else (what or _short(self.source) or "")
+            line = _short(_no_column(self.source))
+            where = f"{what} at {line}" if what and line else (what or line or "")
             out = "output " if self.kind == "output" else ""
             return f"{out}{self.leaf}" + (f" ({where})" if where else "")
         return "an origin Shardy did not name"
@@ -177,10 +178,19 @@ def _base_axis(axis: str) -> str:
 
 
 def _op_tail(op_name: str | None) -> str | None:
-    """The last segment of JAX's op name (``jvp()/while/body/closed_call/dot_general`` → ``dot_general``)."""
+    """The op of JAX's op name: its last segment, wrappers unwrapped
+    (``jvp()/while/body/closed_call/dot_general`` → ``dot_general``; ``jvp(jit(relu))`` → ``relu``)."""
     if not op_name:
         return None
-    return op_name.rstrip(")").rsplit("/", 1)[-1]
+    seg = op_name.rsplit("/", 1)[-1]
+    while seg.count(")") > seg.count("("):
+        seg = seg[:-1]
+    for _ in range(16):
+        m = re.fullmatch(r"[\w\-]+\((.+)\)", seg)
+        if m is None:
+            break
+        seg = m.group(1)
+    return seg.removesuffix("()") or None
 
 
 def candidates(c: Collective, prop: Propagation) -> list[PropagatedOp]:
@@ -189,10 +199,11 @@ def candidates(c: Collective, prop: Propagation) -> list[PropagatedOp]:
     if c.source is None:
         return []
     file, line = str(Path(c.source.file)), c.source.line
-    tail = _op_tail(c.op_name)
+    # XLA merges the metadata of fused ops as "(a/gather:b/reduce_sum)": any of them may be the op
+    tails = {_op_tail(part) for part in (c.op_name or "").split(":")} - {None}
     same_line = [op for op in prop.ops if op.frames and op.frames[0].line == line
                  and str(Path(op.frames[0].file)) == file and op.name != "func.return"]
-    named = [op for op in same_line if tail and _op_tail(op.op_name) == tail]
+    named = [op for op in same_line if _op_tail(op.op_name) in tails]
     return named or same_line
 
 
@@ -263,6 +274,13 @@ def _line(op: PropagatedOp) -> str | None:
     return f"{op.frames[0].file}:{op.frames[0].line}" if op.frames else None
 
 
+def _no_column(source: str | None) -> str | None:
+    """``spec.yaml:14:9`` → ``spec.yaml:14``."""
+    if source and re.search(r":\d+:\d+$", source):
+        return source.rsplit(":", 1)[0]
+    return source
+
+
 def _short(source: str | None) -> str | None:
     """``/abs/path/model.py:6`` → ``model.py:6`` (the file name and what follows)."""
     if not source:
@@ -302,6 +320,8 @@ def _name_operand(ctx: _Ctx, o: Operand) -> str:
                 break
             p = ctx.prop.ops[p.operands[0].producer]
         short = p.name.split(".", 1)[-1]
+        if short == "named_computation":  # a nested jax.jit: its name (relu, log_softmax)
+            short = _op_tail(p.op_name) or "a nested jit"
         if short == "sharding_constraint":
             return f"the constrained value at {_short(_line(p))}"
         return f"{short} at {_short(_line(p))}" if p.frames else short
@@ -362,13 +382,19 @@ def _axes_text(axes: Sequence[str]) -> str:
 
 
 def _reason(ctx: _Ctx, c: Collective, op: PropagatedOp, axes: Sequence[str]) -> tuple[int, str, list[tuple[int, str]]] | None:
-    """``(score, sentence, [(operand index or -1 for the result, axis)])`` for the first mesh axis of
-    the collective whose factors conflict at this op, or None. Higher scores fit the collective's kind."""
+    """``(score, sentence, [(operand index or -1 for the result, axis)])``: the conflict at this op over
+    one of the collective's mesh axes that best fits the collective's kind, or None when there is none.
+
+    Three conflicts are read from the op's factor rule: a reduction factor sharded over the axis
+    (partial results: all-reduce, reduce-scatter), the axis sharding different factors in different
+    tensors (one side is gathered, or moved: all-gather, all-to-all), a factor sharded over the axis in
+    some tensors and not in others that have it (all-gather, or a local slice)."""
     rule = op.rule
     if rule is None or not axes:
         return None
     short = op.name.split(".", 1)[-1]
     names = [_name_operand(ctx, o) for o in op.operands]
+    found: list[tuple[int, str, list[tuple[int, str]]]] = []
     for axis in axes:
         o_hits, r_hits = _factor_axes(op, axis)
         if not o_hits and not r_hits:
@@ -381,41 +407,53 @@ def _reason(ctx: _Ctx, c: Collective, op: PropagatedOp, axes: Sequence[str]) -> 
                       and _tensor_has_factor(rule.operands, t, f) is not None]
             what = "contraction" if short == "dot_general" else "reduction"
             size = dict(rule.sizes).get(f)
-            parts = [f"{what} over a dimension{f' of {size}' if size else ''} split over `{axis}`: "
-                     + " and ".join(names[t] for t in sharded) + (" is" if len(sharded) == 1 else " are")
-                     + " sharded on it"]
+            text = (f"{what} over a dimension{f' of {size}' if size else ''} split over `{axis}`: "
+                    + " and ".join(names[t] for t in sharded) + (" is" if len(sharded) == 1 else " are")
+                    + " sharded on it")
             if others:
-                parts.append(", ".join(names[t] for t in others) + " is not (sliced locally)")
+                text += ", " + ", ".join(names[t] for t in others) + " is not (sliced locally)"
             result_sharded = any(f2 not in rule.reductions for f2, _, _ in r_hits)
-            tail = ("each device sums a part; the partial results are reduce-scattered" if result_sharded
-                    else "each device sums a part; the partial results are all-reduced")
+            tail = "reduce-scattered" if result_sharded else "all-reduced"
             score = 3 if c.kind in ("all-reduce", "reduce-scatter") else 1
-            return score, ", ".join(parts) + f" → {tail}", [(t, axis) for t in sharded]
-        # a factor sharded over `axis` in some tensors and not in others that have it
+            found.append((score, text + f" → each device sums a part; the partial results are {tail}",
+                          [(t, axis) for t in sharded]))
         hits = [(f, ("o", t), d) for f, t, d in o_hits] + [(f, ("r", t), d) for f, t, d in r_hits]
-        factors = {f for f, _, _ in hits}
+        factors = sorted({f for f, _, _ in hits})
         if len(factors) > 1:
-            (f1, w1, _), (f2, w2, _) = sorted(hits)[0], next(h for h in sorted(hits) if h[0] != sorted(hits)[0][0])
-            score = 3 if c.kind == "all-to-all" else 1
-            return (score, f"`{axis}` shards one dimension of {_who(names, w1)} and another of {_who(names, w2)} "
-                           f"→ data moves between the two layouts ({c.kind})", _inv([w1, w2], axis))
-        f = next(iter(factors))
-        tensors = [("o", t) for t in range(len(rule.operands))] + [("r", t) for t in range(len(rule.results))]
-        having = [w for w in tensors if _tensor_has_factor(rule.operands if w[0] == "o" else rule.results,
-                                                           w[1], f) is not None]
-        sharded = [w for _, w, _ in hits]
-        missing = [w for w in having if w not in sharded]
-        if not missing:
-            continue
-        gathered = [w for w in sharded if w[0] == "o"] or sharded
-        score = 3 if c.kind == "all-gather" else 2 if c.kind in ("all-to-all", "collective-permute") else 1
-        via = "at the sharding constraint" if short == "sharding_constraint" else f"at {short}"
-        return (score, f"{via}: {', '.join(_who(names, w) for w in sharded)} "
-                       f"{'is' if len(sharded) == 1 else 'are'} sharded on `{axis}` along a dimension that "
-                       f"{', '.join(_who(names, w) for w in missing)} {'is' if len(missing) == 1 else 'are'} not "
-                       f"→ {c.kind} of {', '.join(_who(names, w) for w in gathered)} over `{axis}`",
-                _inv(sharded + missing, axis))
-    return None
+            result_factors = {f for f, w, _ in hits if w[0] == "r"}
+            moved = [w for f, w, _ in hits if w[0] == "o" and result_factors and f not in result_factors] or \
+                [w for f, w, _ in hits if w[0] == "o" and f != factors[0]]
+            kept = [w for f, w, _ in hits if w not in moved]
+            if moved and kept:
+                verb = "all-gather" if c.kind == "all-gather" else c.kind
+                text = (f"`{axis}` shards one dimension of {', '.join(dict.fromkeys(_who(names, w) for w in kept))} "
+                        f"and another of {', '.join(dict.fromkeys(_who(names, w) for w in moved))}; an op cannot split "
+                        f"two dimensions over one axis → {verb} of "
+                        f"{', '.join(dict.fromkeys(_who(names, w) for w in moved))} over `{axis}`")
+                score = 3 if c.kind in ("all-gather", "all-to-all") else 2 if c.kind == "collective-permute" else 1
+                found.append((score, text, _inv(list(dict.fromkeys(moved + kept)), axis)))
+        for f in factors:
+            if f in rule.reductions:
+                continue
+            tensors = [("o", t) for t in range(len(rule.operands))] + [("r", t) for t in range(len(rule.results))]
+            having = [w for w in tensors if _tensor_has_factor(rule.operands if w[0] == "o" else rule.results,
+                                                               w[1], f) is not None]
+            sharded = [w for g, w, _ in hits if g == f]
+            missing = [w for w in having if w not in sharded]
+            if not missing:
+                continue
+            gathered = [w for w in sharded if w[0] == "o"] or sharded
+            score = 3 if c.kind == "all-gather" else 2 if c.kind in ("all-to-all", "collective-permute") else 1
+            via = "at the sharding constraint" if short == "sharding_constraint" else f"at {short}"
+            found.append((score, f"{via}: {', '.join(_who(names, w) for w in sharded)} "
+                                 f"{'is' if len(sharded) == 1 else 'are'} sharded on `{axis}` along a dimension that "
+                                 f"{', '.join(_who(names, w) for w in missing)} "
+                                 f"{'is' if len(missing) == 1 else 'are'} not → {c.kind} of "
+                                 f"{', '.join(_who(names, w) for w in gathered)} over `{axis}`",
+                          _inv(sharded + missing, axis)))
+    if not found:
+        return None
+    return max(found, key=lambda x: x[0])
 
 
 def _who(names: list[str], w: tuple[str, int]) -> str:

@@ -199,7 +199,7 @@ def collectives_view(c: Any) -> dict[str, Any]:
                       "result": ", ".join(x.result_types[:2]) + (f" +{len(x.result_types) - 2} more"
                                                                   if len(x.result_types) > 2 else "")})
     return {"chart": charts.bar_chart(rows), "items": items, "summary": views.collectives_summary_rows(c)[1],
-            "explain": views.explain_lines(c)}
+            "explain": views.explain_lines(c), "causes": views.cause_lines(c)}
 
 
 def cost_view(c: Any) -> dict[str, Any]:

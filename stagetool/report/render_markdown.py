@@ -111,6 +111,12 @@ def _collectives(c) -> list[str]:
     else:
         out = [f"### Collectives ({len(c.items)})", ""] + table(*views.collectives_rows(c), "lllrlll") + [""]
         out += ["#### By kind and mesh axes", ""] + table(*views.collectives_summary_rows(c), "llrrr") + [""]
+    causes = views.cause_lines(c)
+    if causes:
+        out += ["#### Why each collective is there", ""]
+        for head, reason, origins in causes:
+            out.append(f"- **{head}**: {reason}" + (f" — from {'; '.join(origins)}" if origins else ""))
+        out.append("")
     out += [f"- {line}" for line in views.explain_lines(c)] + ([""] if c.explained else [])
     return out
 

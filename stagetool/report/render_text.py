@@ -271,6 +271,13 @@ def _collectives(c: Any) -> list[RenderableType]:
                                **{i: {"no_wrap": True, "min_width": len(header[i])} for i in range(1, 6)},
                                6: {"overflow": "ellipsis", "min_width": 10, "max_width": 40}})
         out = [table, _table("collectives by kind and mesh axes", *views.collectives_summary_rows(c), {2, 3, 4})]
+    causes = views.cause_lines(c)
+    if causes:
+        out.append(Text("why each collective is there (Shardy's propagation, rerun with sharding origins)", style="bold"))
+    for head, reason, origins in causes:
+        out.append(Text(f"{head}: {reason}"))
+        if origins:
+            out.append(Text("    from " + "; ".join(origins), style="dim"))
     for line in views.explain_lines(c):
         out.append(Text("explain " + line))
     return out

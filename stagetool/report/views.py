@@ -332,6 +332,25 @@ def collectives_summary_rows(c: Any) -> tuple[list[str], list[list[str]]]:
             + ["count", "bytes per device (each once)", "bytes per device per step"]), rows
 
 
+def cause_lines(c: Any) -> list[tuple[str, str, list[str]]]:
+    """Why each collective is there (issue 22): ``(head, reason, origins)`` per collective with a cause,
+    in module order — ``("1 all-reduce over model at model.py:9 (dot_general)", "contraction over ...",
+    ["w2 (spec at f.stagetool.yaml:10:9)"])``; one ``("why", <the reason there are none>, [])`` when the
+    explanation is unavailable."""
+    if getattr(c, "causes_unavailable", None) and c.items:
+        return [("why", c.causes_unavailable, [])]
+    out = []
+    for i, item in enumerate(c.items, start=1):
+        cause = getattr(item, "cause", None)
+        if cause is None:
+            continue
+        x = item.collective
+        at = f" at {_source(item.source)}" if item.source else ""
+        head = f"{i} {x.kind} over {_axes(x.mesh_axes)}{at} ({cause.op})"
+        out.append((head, cause.reason, [o.describe() for o in cause.origins]))
+    return out
+
+
 def explain_lines(c: Any) -> list[str]:
     """One line per ``--explain`` leaf: the collectives that move it, then those its values flow into."""
     by_name = {item.collective.name: item for item in c.items}
