@@ -379,7 +379,9 @@ def test_summary_counts_functions_and_changes_unambiguously():
     assert render_changes.summary_line(cmp) == ("3 functions: 1 removed (in the baseline, no longer staged), 1 ok, "
                                                 "1 new (not in the baseline); 1 improvement, 1 change shown, not failing")
     assert render_changes.summary_line(_compare(_entry(), _entry())) == "1 function: 1 ok"
-    assert render_changes.render_markdown(cmp).startswith("### ❌ stagetool check: 3 functions: 1 removed")
+    # synthetic snapshots record no origins: the failing change has no identifiable cause, and says so
+    assert render_changes.render_markdown(cmp).startswith("### ❌ 0 causes → 1 failing change · stagetool check: "
+                                                          "3 functions: 1 removed")
     assert ET.fromstring(render_changes.junit_xml(two)).find("testsuite/testcase/failure").get("message") == \
         "3 regressions"
 
@@ -412,7 +414,8 @@ def test_snapshot_figures_match_jax_and_arithmetic(mlp_copy):
     # w1 is f32[512,1024] over model=4 on its columns: 512*1024*4/4 bytes per device
     assert leaves["params/w1"] == {"path": "params/w1", "shape": [512, 1024], "dtype": "float32",
                                    "sharding": "P(None, 'model')", "bytes_per_device": 512 * 1024 * 4 // 4,
-                                   "unused": False}
+                                   "unused": False, "declared": "P(None, 'model')", "declared_by": "rule",
+                                   "declared_at": "mlp.stagetool.yaml:12"}
     assert leaves["batch/x"]["bytes_per_device"] == 128 * 512 * 4 // 2
     (_, _, staged), = staged_functions(opts)
     mem = staged.compiled.memory_analysis()

@@ -88,12 +88,16 @@ def test_snapshot_check_regression_restore_update(project, capsys, monkeypatch):
     assert "input params/w1: sharding: P(None, 'model') -> P('model', None)" in case.find("failure").text
     # GitHub step summary: appended, Markdown
     text = summary.read_text()
-    assert text.startswith("earlier step\n### ❌ stagetool check: 1 function: 1 with regressions (")
-    assert "| `train_step` | `input params/w1: sharding` | `P(None, 'model')` | `P('model', None)` |" in text
+    # it leads with the cause: the spec line of params/w1, which changed its declared sharding
+    assert text.startswith(f"earlier step\n### ❌ 1 cause → {len(failing)} failing changes · stagetool check: "
+                           "1 function: 1 with regressions (")
+    assert "#### cause 1 · train_step: the rule at mlp.stagetool.yaml:" in text
+    assert "| `input params/w1: sharding` | `P(None, 'model')` | `P('model', None)` |" in text
     monkeypatch.delenv("GITHUB_STEP_SUMMARY")
 
     code, out, _ = run(capsys, "check", "--spec", "mlp.stagetool.yaml", "--format", "markdown")
-    assert code == 1 and out.startswith("### ❌ stagetool check") and "**regression**" in out
+    assert code == 1 and out.startswith("### ❌ 1 cause → ") and "stagetool check" in out.splitlines()[0]
+    assert "**regression**" in out
 
     set_w1(project, W1_BEFORE)
     assert run(capsys, "check", "--spec", "mlp.stagetool.yaml")[0] == 0

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from stagetool.analysis.shardings import LeafReport
     from stagetool.lowering.shardy import Operand, Propagation, PropagatedOp, ValueSharding
 
-__all__ = ["AxisOrigin", "CollectiveCause", "TensorAt", "cause_of", "unfaithful_reason"]
+__all__ = ["AxisOrigin", "CollectiveCause", "ConstraintFact", "ShardingOrigins", "TensorAt", "cause_of",
+           "sharding_origins", "unfaithful_reason"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,14 @@ class AxisOrigin:
     def key(self) -> tuple[str, str, str]:
         """``(kind, leaf or source, axis)``: what two origins have in common when they are the same cause."""
         return (self.kind, self.leaf or self.source or "", self.axis)
+
+    @property
+    def label(self) -> str:
+        """What the CI gate records and matches edits against: ``input params/layers/wo``,
+        ``constraint model.py:8`` (the file name and line), ``output out/loss``."""
+        if self.kind == "constraint":
+            return f"constraint {_short(self.source)}"
+        return f"{self.kind} {self.leaf or _short(self.source) or '?'}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,11 +207,12 @@ def candidates(c: Collective, prop: Propagation) -> list[PropagatedOp]:
     and the same op name ending; by line alone when no op name matches."""
     if c.source is None:
         return []
-    file, line = str(Path(c.source.file)), c.source.line
+    # by file name and line: a compile answered from the facts cache may carry another folder's path
+    file, line = Path(c.source.file).name, c.source.line
     # XLA merges the metadata of fused ops as "(a/gather:b/reduce_sum)": any of them may be the op
     tails = {_op_tail(part) for part in (c.op_name or "").split(":")} - {None}
     same_line = [op for op in prop.ops if op.frames and op.frames[0].line == line
-                 and str(Path(op.frames[0].file)) == file and op.name != "func.return"]
+                 and Path(op.frames[0].file).name == file and op.name != "func.return"]
     named = [op for op in same_line if _op_tail(op.op_name) in tails]
     return named or same_line
 
@@ -484,3 +494,59 @@ def _record(ctx: _Ctx, op: PropagatedOp, axes: Sequence[str], reason: str,
             if o.axis == axis and o.key not in {x.key for x in origins}:
                 origins.append(o)
     return CollectiveCause(op.name.split(".", 1)[-1], _line(op), tuple(operands), result, reason, tuple(origins))
+
+
+# ---- where every entry sharding and constraint came from (for the gate and `stagetool why`)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstraintFact:
+    """One sharding constraint of the program.
+
+    Attributes:
+      line: the user's source line (``file:line``), or None.
+      sharding: what it asks for, as JAX prints a PartitionSpec.
+      name: Shardy's name for it (``constraint_0``), which origins refer to.
+    """
+
+    line: str | None
+    sharding: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingOrigins:
+    """Where each mesh axis of every entry argument and result came from, and the constraints.
+
+    Attributes:
+      inputs: per input leaf (in leaf order), the origins of its final sharding's axes; () for an
+        unused leaf. A declared sharding's origin is the leaf itself; an ``auto`` leaf's names what
+        the partitioner propagated to it.
+      outputs: per output leaf, likewise.
+      constraints: every sharding constraint, in program order.
+    """
+
+    inputs: tuple[tuple[AxisOrigin, ...], ...]
+    outputs: tuple[tuple[AxisOrigin, ...], ...]
+    constraints: tuple[ConstraintFact, ...]
+
+
+def sharding_origins(prop: Propagation, inputs: Sequence[LeafReport], outputs: Sequence[LeafReport]) -> ShardingOrigins:
+    """The :class:`ShardingOrigins` of a propagation whose entry shardings are the compiled ones
+    (:func:`unfaithful_reason` is None)."""
+    ctx = _Ctx(prop, {x.parameter: x for x in inputs if x.parameter is not None}, outputs)
+
+    def of(s: ValueSharding | None, own_input: int | None) -> tuple[AxisOrigin, ...]:
+        if s is None:
+            return ()
+        return tuple(_origin(ctx, a, s.origin(a), own_input, None) for a in sorted(s.axes()))
+
+    ins = tuple(of(prop.inputs[x.parameter], x.parameter) if x.parameter is not None and x.parameter < len(prop.inputs)
+                else () for x in inputs)
+    outs = tuple(of(s, None) for s in prop.outputs)
+    constraints = []
+    for op in prop.ops:
+        if op.origin_name and op.results:
+            constraints.append(ConstraintFact(_line(op), _tensor(ctx, "", op.results[0], (), None, op).sharding,
+                                              op.origin_name))
+    return ShardingOrigins(ins, outs, tuple(constraints))

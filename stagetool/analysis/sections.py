@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from stagetool.analysis.causes import CollectiveCause
+from stagetool.analysis.causes import CollectiveCause, ShardingOrigins
 from stagetool.analysis.collectives import (
     Collective,
     CollectiveSummary,
@@ -432,12 +432,16 @@ class CollectivesSection:
       explained: the ``--explain`` answers, or () when none was asked.
       causes_unavailable: why no collective has a cause (the propagation rerun for explanation is not
         the compiled program's, or could not run), or None.
+      origins: where every entry argument's and result's sharding came from, and the program's
+        sharding constraints (:class:`stagetool.analysis.causes.ShardingOrigins`); None when the
+        explanation is unavailable.
     """
 
     items: tuple[CollectiveItem, ...]
     summary: CollectiveSummary
     explained: tuple[Explanation, ...] = ()
     causes_unavailable: str | None = None
+    origins: ShardingOrigins | None = None
 
 
 def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafReport, ...] | None,
@@ -472,13 +476,16 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
     library = library_dirs()
     found = [_without_tool_frames(c) for c in found]
     unavailable = None
-    if found and propagation is None:
+    origins = None
+    if propagation is None:
         unavailable = (f"explanation unavailable: {propagation_error}" if propagation_error
                        else "explanation unavailable: Shardy's propagation was not rerun")
-    elif found:
-        from stagetool.analysis.causes import unfaithful_reason
+    else:
+        from stagetool.analysis.causes import sharding_origins, unfaithful_reason
 
         unavailable = unfaithful_reason(propagation, inputs or (), outputs or ())
+        if unavailable is None:
+            origins = sharding_origins(propagation, inputs or (), outputs or ())
     if found and unavailable is None:
         from stagetool.analysis.causes import cause_of
 
@@ -496,7 +503,7 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
         after = collectives_from_parameter(module, found, leaf.parameter, through_compute=True)
         explained.append(Explanation(leaf.path, leaf.parameter, moved,
                                      tuple(c.name for c in after if c.name not in moved)))
-    return CollectivesSection(items, summarize(found), tuple(explained), unavailable)
+    return CollectivesSection(items, summarize(found), tuple(explained), unavailable, origins)
 
 
 def match_leaves(patterns: tuple[LeafPattern | str, ...], leaves: tuple[LeafReport, ...]) -> list[LeafReport]:

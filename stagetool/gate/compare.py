@@ -45,6 +45,9 @@ class Change:
       status: ``regression`` (fails the check), ``improvement`` (shown, never fails), or
         ``changed`` (shown, within tolerance or not failing for a stated reason).
       note: why, e.g. ``tolerance 1%``.
+      subject: what the change is about, for grouping it under its cause: ``("input", path)``,
+        ``("output", path)``, ``("collective", kind, axes, network or "")``, ``("dcn",)``, ``("memory", field)``, ``("cost", field)``,
+        ``("mesh",)``, ``("function",)``.
     """
 
     function: str
@@ -56,6 +59,35 @@ class Change:
     after_value: float | None = None
     change: float | None = None
     note: str | None = None
+    subject: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """An edit that the two snapshots show, with the changes that follow from it (issue 22).
+
+    Attributes:
+      function: the spec's function name.
+      kind: ``declared`` (inputs whose declared sharding changed: a spec line, a rule, a model
+        annotation), ``constraint`` (a sharding constraint in the user's code), ``mesh`` or
+        ``environment`` (jax/jaxlib, device, configuration).
+      what: one sentence: ``rule at transformer.stagetool.yaml:14 changed the declared sharding of 6 inputs``.
+      where: the spec or source line of the edit (``transformer.stagetool.yaml:14``), or None.
+      edits: one line per edited thing: ``params/layers/wo: P(None, 'model', None) → P(None, None, 'model')``.
+      consequences: the changes it leads to: those recorded as coming from it (a leaf it declares, a
+        collective or output whose sharding origins name it), and, when it is the function's only
+        edit, every other change of the function (``linked`` says which).
+      linked: for each consequence, True when the snapshots record the link (origins), False when it is
+        attributed because no other edit was found.
+    """
+
+    function: str
+    kind: str
+    what: str
+    where: str | None
+    edits: tuple[str, ...]
+    consequences: tuple[Change, ...] = ()
+    linked: tuple[bool, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +101,16 @@ class FunctionResult:
         now; fails: its one change is :func:`removed_change`, a regression).
       changes: what changed, regressions first.
       error: for ``failed``, the error message.
+      causes: the edits found between the two snapshots, each with its consequences (:class:`Cause`).
+      unexplained: changes no recorded edit leads to (listed apart).
     """
 
     name: str
     status: str
     changes: tuple[Change, ...] = ()
     error: str | None = None
+    causes: tuple[Cause, ...] = ()
+    unexplained: tuple[Change, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +134,24 @@ class Comparison:
     def regressions(self) -> list[Change]:
         """Every regression, in function order."""
         return [c for f in self.functions for c in f.changes if c.status == "regression"]
+
+    @property
+    def causes(self) -> list[Cause]:
+        """Every cause, in function order; the same edit in several functions (a rule shared by them,
+        the environment) once, with the first function's consequences."""
+        out, seen = [], set()
+        for f in self.functions:
+            for c in f.causes:
+                key = (c.kind, c.what, c.where)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(c)
+        return out
+
+    def headline(self) -> str:
+        """``2 causes → 19 failing changes``: the first words of the Markdown, JUnit and step summary."""
+        n, m = len(self.causes), len(self.regressions)
+        return f"{n} {'cause' if n == 1 else 'causes'} → {m} failing {'change' if m == 1 else 'changes'}"
 
     @property
     def failed(self) -> list[FunctionResult]:
@@ -137,13 +191,16 @@ def _compare_leaves(name: str, side: str, before: list | None, after: list | Non
     for path in list(b) + [p for p in a if p not in b]:
         x, y = b.get(path), a.get(path)
         what = f"{side} {path}"
+        subject = (side, path)
         if x is None:
-            out.append(Change(name, what, "—", f"{_shape(y)} {_fmt_leaf(y)}", "regression", note="leaf added"))
+            out.append(Change(name, what, "—", f"{_shape(y)} {_fmt_leaf(y)}", "regression", note="leaf added",
+                              subject=subject))
         elif y is None:
-            out.append(Change(name, what, f"{_shape(x)} {_fmt_leaf(x)}", "—", "regression", note="leaf removed"))
+            out.append(Change(name, what, f"{_shape(x)} {_fmt_leaf(x)}", "—", "regression", note="leaf removed",
+                              subject=subject))
         else:
             if (x.get("shape"), x.get("dtype")) != (y.get("shape"), y.get("dtype")):
-                out.append(Change(name, f"{what}: shape", _shape(x), _shape(y), "regression"))
+                out.append(Change(name, f"{what}: shape", _shape(x), _shape(y), "regression", subject=subject))
             if (x.get("sharding"), bool(x.get("unused"))) != (y.get("sharding"), bool(y.get("unused"))):
                 note = None
                 if x.get("bytes_per_device") != y.get("bytes_per_device"):
@@ -158,7 +215,7 @@ def _compare_leaves(name: str, side: str, before: list | None, after: list | Non
                     if bx is not None and by is not None and by < bx:
                         status = "changed"
                 out.append(Change(name, label, _fmt_leaf(x), _fmt_leaf(y), status,
-                                  x.get("bytes_per_device"), y.get("bytes_per_device"), note=note))
+                                  x.get("bytes_per_device"), y.get("bytes_per_device"), note=note, subject=subject))
     return out
 
 
@@ -240,7 +297,7 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
 
     if axes_text(mb) != axes_text(ma):
         changes.append(Change(name, "mesh", axes_text(mb), axes_text(ma),
-                              "regression" if same_mesh_expected else "changed"))
+                              "regression" if same_mesh_expected else "changed", subject=("mesh",)))
     for side, key in (("input", "inputs"), ("output", "outputs")):
         changes += _compare_leaves(name, side, before.get(key), after.get(key))
     for section, fields, unit_of, key_of in (
@@ -258,7 +315,7 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
                         lower_is_worse=(f == "alias_bytes"),
                         non_failing=_donation_moved_temps(b, a) if (section, f) == ("memory", "temp_bytes") else None)
             if c:
-                changes.append(c)
+                changes.append(dataclasses.replace(c, subject=(section, f)))
     cb, ca = before.get("collectives"), after.get("collectives")
     if cb is None or ca is None:
         if (cb is None) != (ca is None):
@@ -269,12 +326,15 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
         for key in sorted(set(rb) | set(ra)):
             x, y = rb.get(key), ra.get(key)
             what = f"collective {key[0]} over {key[1]}" + (f" ({key[2]})" if key[2] else "")
+            subject = ("collective", *key)
             if x is None:
                 changes.append(Change(name, what, "—", f"{y['count']}× {_fmt_number(y['bytes_per_device'], 'bytes')}",
-                                      "regression", 0, y["bytes_per_device"], note="new collective"))
+                                      "regression", 0, y["bytes_per_device"], note=_at_lines("new collective", y),
+                                      subject=subject))
             elif y is None:
                 changes.append(Change(name, what, f"{x['count']}× {_fmt_number(x['bytes_per_device'], 'bytes')}", "—",
-                                      "improvement", x["bytes_per_device"], 0, note="collective gone"))
+                                      "improvement", x["bytes_per_device"], 0, note=_at_lines("collective gone", x),
+                                      subject=subject))
             else:
                 metrics = [_metric(name, f"{what}: count", x["count"], y["count"], "", tol["collective_count"]),
                            _metric(name, f"{what}: bytes", x["bytes_per_device"], y["bytes_per_device"], "bytes",
@@ -284,15 +344,132 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
                                            "bytes", tol["collective_bytes"]))
                 for c in metrics:
                     if c:
-                        changes.append(c)
+                        changes.append(dataclasses.replace(c, subject=subject))
     db, da = before.get("dcn_bytes_per_step"), after.get("dcn_bytes_per_step")
     if db is not None or da is not None:  # a multi-slice job: the bytes between slices, a figure of its own
         c = _metric(name, "bytes over DCN per step", db or 0, da or 0, "bytes", tol["collective_bytes"])
         if c:
-            changes.append(c)
+            changes.append(dataclasses.replace(c, subject=("dcn",)))
     order = {"regression": 0, "changed": 1, "improvement": 2}
     changes.sort(key=lambda c: order[c.status])
     return changes, notices
+
+
+def _at_lines(note: str, row: Mapping) -> str:
+    """``new collective at transformer.py:87, transformer.py:93`` when the row records its lines."""
+    lines = row.get("lines") or []
+    if not lines:
+        return note
+    shown = ", ".join(lines[:6]) + (f" and {len(lines) - 6} more" if len(lines) > 6 else "")
+    return f"{note} at {shown}"
+
+
+_HOW = {"rule": "the rule at {at}", "spec": "the spec at {at}", "model": "the model's annotation (init at {at})",
+        "compiler": "auto at {at}", None: "the default (replicated) for the leaf at {at}"}
+
+
+def find_causes(name: str, before: Mapping, after: Mapping, changes: list[Change],
+                environment: list[str] | None = None) -> tuple[list[Cause], list[Change]]:
+    """The edits between two snapshot entries of one function, each with its consequences, and the
+    changes no edit leads to (issue 22).
+
+    Edits: inputs whose *declared* sharding changed, grouped by the spec line that declares them (one
+    rule edited changes every leaf it matches: one cause); a sharding constraint whose sharding changed,
+    appeared or went (by its source line); the mesh; the environment (``environment``: the sentences of
+    :func:`environment_notices`). A change is linked to an edit when the snapshots record it: a leaf the
+    edit declares, an output or a collective whose recorded origins (``origins``, ``causes``) name a
+    leaf or constraint of the edit (on either side). What no edit is linked to goes to the mesh when it
+    changed, else to the one edit when there is exactly one, else apart (unexplained). Baselines
+    without these records give no declared or constraint edits: their changes are unexplained.
+    """
+    edits: list[tuple[Cause, set[str]]] = []
+    mb, ma = before.get("mesh") or {}, after.get("mesh") or {}
+    mesh_text = lambda m: format_mesh(m.get("axes") or [], empty="1 device")  # noqa: E731
+    if mesh_text(mb) != mesh_text(ma):
+        edits.append((Cause(name, "mesh", f"the mesh changed: {mesh_text(mb)} → {mesh_text(ma)}", None,
+                            (f"mesh: {mesh_text(mb)} → {mesh_text(ma)}",)), set()))
+    groups: dict[tuple, list[tuple[str, str, str]]] = {}
+    b_in = {x["path"]: x for x in before.get("inputs") or []}
+    for y in after.get("inputs") or []:
+        x = b_in.get(y["path"])
+        if x is None or x.get("declared") is None or y.get("declared") is None or x["declared"] == y["declared"]:
+            continue
+        key = (y.get("declared_by"), y.get("declared_at") or x.get("declared_at"))
+        groups.setdefault(key, []).append((y["path"], x["declared"], y["declared"]))
+    for (how, at), leaves in groups.items():
+        who = _HOW.get(how, "{at}").format(at=at or "?")
+        what = f"{who} changed the declared sharding of {len(leaves)} input{'s' if len(leaves) != 1 else ''}"
+        edits.append((Cause(name, "declared", what, at, tuple(f"{p}: {b} → {a}" for p, b, a in leaves)),
+                      {f"input {p}" for p, _, _ in leaves}))
+    cb, ca = before.get("constraints"), after.get("constraints")
+    if isinstance(cb, list) and isinstance(ca, list):
+        by_line_b: dict[str, list[str]] = {}
+        by_line_a: dict[str, list[str]] = {}
+        for c in cb:
+            by_line_b.setdefault(c["line"], []).append(c["sharding"])
+        for c in ca:
+            by_line_a.setdefault(c["line"], []).append(c["sharding"])
+        for line in sorted(set(by_line_b) | set(by_line_a), key=_line_key):
+            sb, sa = sorted(by_line_b.get(line, [])), sorted(by_line_a.get(line, []))
+            if sb == sa:
+                continue
+            old, new = " ".join(sb) or "none", " ".join(sa) or "none"
+            verb = "added" if not sb else "removed" if not sa else "changed"
+            edits.append((Cause(name, "constraint", f"the sharding constraint at {line} {verb}", line,
+                                (f"{line}: {old} → {new}",)), {f"constraint {line}"}))
+    if environment:
+        edits.append((Cause(name, "environment", "the environment changed: " + "; ".join(environment), None,
+                            tuple(environment)), set()))
+    consequences: list[list[tuple[Change, bool]]] = [[] for _ in edits]
+    unlinked: list[Change] = []
+    for change in changes:
+        labels = _labels(change, before, after)
+        hit = [i for i, (_, lab) in enumerate(edits) if lab & labels]
+        if change.subject == ("mesh",):
+            hit = [i for i, (c, _) in enumerate(edits) if c.kind == "mesh"]
+        for i in hit:
+            consequences[i].append((change, True))
+        if not hit:
+            unlinked.append(change)
+    mesh = [i for i, (c, _) in enumerate(edits) if c.kind == "mesh"]
+    unexplained: list[Change] = []
+    for change in unlinked:
+        if mesh:
+            consequences[mesh[0]].append((change, False))
+        elif len(edits) == 1:
+            consequences[0].append((change, False))
+        else:
+            unexplained.append(change)
+    causes = [dataclasses.replace(c, consequences=tuple(x for x, _ in cons), linked=tuple(k for _, k in cons))
+              for (c, _), cons in zip(edits, consequences)]
+    return causes, unexplained
+
+
+def _line_key(line: str) -> tuple:
+    file, _, n = line.rpartition(":")
+    return (file, int(n) if n.isdigit() else 0, line)
+
+
+def _labels(change: Change, before: Mapping, after: Mapping) -> set[str]:
+    """The origin labels the snapshots record for what a change is about, on either side."""
+    s = change.subject
+    if not s:
+        return set()
+    if s[0] in ("input", "output"):
+        out = {f"{s[0]} {s[1]}"}
+        for side in (before, after):
+            for leaf in side.get("inputs" if s[0] == "input" else "outputs") or []:
+                if leaf.get("path") == s[1]:
+                    out.update(leaf.get("origins") or ())
+        return out
+    if s[0] == "collective":
+        out = set()
+        for side in (before, after):
+            for row in side.get("collectives") or []:
+                if (row.get("kind"), row.get("axes"), row.get("network") or "") == tuple(s[1:4]):
+                    out.update(row.get("causes") or ())
+        return out
+    return set()
 
 
 def removed_change(name: str) -> Change:
@@ -366,7 +543,9 @@ def compare(before: Mapping, after: Mapping, *, tolerances_for=None, failed: Map
                                              same_mesh_expected=same_mesh_expected)
             notices += more
             status = "regression" if any(c.status == "regression" for c in changes) else "ok"
-            results.append(FunctionResult(name, status, tuple(changes)))
+            causes, unexplained = find_causes(name, fb[name], fa[name], changes, env) if changes else ([], [])
+            results.append(FunctionResult(name, status, tuple(changes), causes=tuple(causes),
+                                          unexplained=tuple(unexplained)))
     wanted = set(fb) if only is None else set(only)
     for name in fb:
         if name not in fa and name not in failed and name in wanted:

@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 
 from stagetool.core.units import format_percent
-from stagetool.gate.compare import Change, Comparison
+from stagetool.gate.compare import Cause, Change, Comparison
 from stagetool.report import Format
 
 _STATUS_WORD = {"ok": "ok", "regression": "REGRESSION", "failed": "FAILED", "new": "new (not in the baseline)",
@@ -66,8 +66,35 @@ def summary_line(cmp: Comparison) -> str:
     return text + ("; " + ", ".join(extra) if extra else "")
 
 
+def _has_changes(cmp: Comparison) -> bool:
+    """Whether there is anything to lead with ``N causes → M failing changes``."""
+    return any(f.changes for f in cmp.functions)
+
+
+def _groups(cmp: Comparison) -> list[tuple[str | None, Cause | None, list[tuple[Change, bool]]]]:
+    """The changes by cause, causes first (in function order), then each function's unexplained
+    changes: ``(heading, cause or None, [(change, linked)])``. A function with no causes and no
+    unexplained changes (a comparison made without them) has its changes in an unexplained group."""
+    out: list[tuple[str | None, Cause | None, list[tuple[Change, bool]]]] = []
+    n = 0
+    for f in cmp.functions:
+        for c in f.causes:
+            n += 1
+            out.append((f"cause {n} · {f.name}: {c.what}", c, list(zip(c.consequences, c.linked))))
+    for f in cmp.functions:
+        if f.status == "removed":  # its one change is listed with the functions that failed or are new
+            continue
+        rest = list(f.unexplained) if (f.causes or f.unexplained) else list(f.changes)
+        if rest:
+            head = (f"unexplained · {f.name}: no recorded edit leads to these" if cmp.causes else None)
+            out.append((head, None, [(c, True) for c in rest]))
+    return out
+
+
 def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
-    """A Rich table of every change (function, what, before, after, change, status), then a summary."""
+    """The causes first (``N causes → M failing changes``), each with its edits and a Rich table of
+    its consequences (what, before, after, change, status); changes no edit leads to apart; then the
+    functions that failed, are new or were removed, and a summary."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -79,28 +106,52 @@ def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> st
     for n in cmp.notices:
         console.print(Text(f"notice: {n}", style="yellow"))
     styles = {"regression": "bold red", "improvement": "green", "changed": "", "failed": "bold red"}
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for col, just in (("function", "left"), ("what", "left"), ("before", "right"), ("after", "right"),
-                      ("change", "right"), ("status", "left")):
-        table.add_column(col, justify=just, overflow="fold")
+    bad = bool(cmp.regressions or cmp.failed)
+    if _has_changes(cmp):
+        console.print(Text(cmp.headline(), style="bold red" if bad else "bold"))
+
+    def table(with_function: bool) -> Table:
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        cols = ((("function", "left"),) if with_function else ()) + (
+            ("what", "left"), ("before", "right"), ("after", "right"), ("change", "right"), ("status", "left"))
+        for col, just in cols:
+            t.add_column(col, justify=just, overflow="fold")
+        return t
+
     rows = 0
+    for head, cause, changes in _groups(cmp):
+        if head:
+            console.print(Text(head, style="bold"))
+        if cause is not None:
+            for e in cause.edits:
+                console.print(Text(f"    {e}"))
+        t = table(with_function=head is None)
+        for c, linked in changes:
+            status = c.status + (f" ({c.note})" if c.note else "") + ("" if linked else " [no other edit found]")
+            cells = ([Text(c.function)] if head is None else []) + [Text(c.what), Text(c.before), Text(c.after),
+                                                                     _pct(c), Text(status, style=styles[c.status])]
+            t.add_row(*cells)
+            rows += 1
+        console.print(t)
+    t = table(with_function=True)
+    extra = 0
     for f in cmp.functions:
         if f.status == "failed":
-            table.add_row(Text(f.name), "staging", "", "", "", Text(f"FAILED: {f.error}", style="bold red"))
-            rows += 1
+            t.add_row(Text(f.name), "staging", "", "", "", Text(f"FAILED: {f.error}", style="bold red"))
+            extra += 1
         elif f.status == "new":  # a removed function's row is its change (a regression)
-            table.add_row(Text(f.name), "function", "—", "present", "", _STATUS_WORD[f.status])
-            rows += 1
-        for c in f.changes:
-            status = c.status + (f" ({c.note})" if c.note else "")
-            table.add_row(Text(c.function), Text(c.what), Text(c.before), Text(c.after), _pct(c),
-                          Text(status, style=styles[c.status]))
-            rows += 1
-    if rows:
-        console.print(table)
-    else:
+            t.add_row(Text(f.name), "function", "—", "present", "", _STATUS_WORD[f.status])
+            extra += 1
+        elif f.status == "removed":
+            for c in f.changes:
+                t.add_row(Text(c.function), Text(c.what), Text(c.before), Text(c.after), _pct(c),
+                          Text(c.status + (f" ({c.note})" if c.note else ""), style=styles[c.status]))
+                extra += 1
+    if extra:
+        console.print(t)
+    if not rows and not extra:
         console.print("no changes")
-    console.print(Text(summary_line(cmp), style="bold red" if cmp.regressions or cmp.failed else "bold green"))
+    console.print(Text(summary_line(cmp), style="bold red" if bad else "bold green"))
     return console.file.getvalue()
 
 
@@ -109,25 +160,52 @@ def _md_escape(text: str) -> str:
 
 
 def render_markdown(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
-    """GitHub-flavoured Markdown: a heading with the verdict, notices, and the change table."""
+    """GitHub-flavoured Markdown: a heading that begins with ``N causes → M failing changes`` when the
+    comparison found edits, the verdict, notices, then one section per cause (its edits, and the table
+    of its consequences), the unexplained changes apart, and the functions that failed, are new or were
+    removed."""
     del color, width
     bad = bool(cmp.regressions or cmp.failed)
     icon = "❌" if bad else "✅"
-    out = [f"### {icon} {cmp.title}: {summary_line(cmp)}", "", f"`{cmp.before}` → `{cmp.after}`", ""]
+    lead = f"{cmp.headline()} · " if _has_changes(cmp) else ""
+    out = [f"### {icon} {lead}{cmp.title}: {summary_line(cmp)}", "", f"`{cmp.before}` → `{cmp.after}`", ""]
     out += [f"> **Notice:** {_md_escape(n)}" for n in cmp.notices] + ([""] if cmp.notices else [])
+
+    def rows_of(changes: list[tuple[Change, bool]], with_function: bool) -> list[str]:
+        head = ("| function " if with_function else "| ") + "| what | before | after | change | status |"
+        sep = ("|:---" if with_function else "") + "|:---|---:|---:|---:|:---|"
+        lines = [head.replace("| |", "|", 1) if not with_function else head, sep]
+        for c, linked in changes:
+            status = ("**regression**" if c.status == "regression" else c.status) + (f" ({c.note})" if c.note else "")
+            if not linked:
+                status += " _(no other edit found)_"
+            cells = ([f"`{c.function}`"] if with_function else []) + [
+                f"`{c.what}`", f"`{c.before}`", f"`{c.after}`", _pct(c), status]
+            lines.append("| " + " | ".join(_md_escape(x) for x in cells) + " |")
+        return lines
+
+    any_rows = False
+    for head, cause, changes in _groups(cmp):
+        if head:
+            out += [f"#### {_md_escape(head)}", ""]
+        if cause is not None and cause.edits:
+            out += [f"- `{_md_escape(e)}`" for e in cause.edits] + [""]
+        out += rows_of(changes, with_function=head is None) + [""]
+        any_rows = True
     rows = []
     for f in cmp.functions:
         if f.status == "failed":
             rows.append([f"`{f.name}`", "`staging`", "", "", "", f"**FAILED**: {f.error}"])
         elif f.status == "new":  # a removed function's row is its change (a regression)
             rows.append([f"`{f.name}`", "`function`", "`—`", "`present`", "", _STATUS_WORD[f.status]])
-        for c in f.changes:
-            status = ("**regression**" if c.status == "regression" else c.status) + (f" ({c.note})" if c.note else "")
-            rows.append([f"`{c.function}`", f"`{c.what}`", f"`{c.before}`", f"`{c.after}`", _pct(c), status])
+        elif f.status == "removed":
+            for c in f.changes:
+                status = ("**regression**" if c.status == "regression" else c.status) + (f" ({c.note})" if c.note else "")
+                rows.append([f"`{c.function}`", f"`{c.what}`", f"`{c.before}`", f"`{c.after}`", _pct(c), status])
     if rows:
         out += ["| function | what | before | after | change | status |", "|:---|:---|---:|---:|---:|:---|"]
         out += ["| " + " | ".join(_md_escape(x) for x in r) + " |" for r in rows]
-    else:
+    elif not any_rows:
         out.append("No changes.")
     return "\n".join(out).rstrip() + "\n"
 
@@ -186,6 +264,9 @@ def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:
     import xml.etree.ElementTree as ET
 
     root = ET.Element("testsuites", name=suite)
+    if _has_changes(cmp):  # what a CI page shows first: the causes, then what they broke
+        ET.SubElement(root, "properties")
+        ET.SubElement(root.find("properties"), "property", name="summary", value=cmp.headline())
     failures = sum(1 for f in cmp.functions if f.status in ("regression", "removed"))
     errors = len(cmp.failed)
     skipped = sum(1 for f in cmp.functions if f.status == "new")
@@ -200,8 +281,23 @@ def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:
             el.text = "\n".join(_change_line(c) for c in f.changes)
         elif f.status == "regression":
             regs = [c for c in f.changes if c.status == "regression"]
-            el = ET.SubElement(tc, "failure", message=_n(len(regs), "regression"))
-            el.text = "\n".join(_change_line(c) for c in regs)
+            if f.causes:
+                n = len(f.causes)
+                el = ET.SubElement(tc, "failure", message=f"{n} {'cause' if n == 1 else 'causes'} → "
+                                                          f"{_n(len(regs), 'failing change')}")
+                lines = []
+                for cause in f.causes:
+                    lines.append(f"cause: {cause.what}")
+                    lines += [f"  edit: {e}" for e in cause.edits]
+                    lines += [f"  - {_change_line(c)}" for c in cause.consequences if c.status == "regression"]
+                unexplained = [c for c in f.unexplained if c.status == "regression"]
+                if unexplained:
+                    lines.append("unexplained (no recorded edit leads to these):")
+                    lines += [f"  - {_change_line(c)}" for c in unexplained]
+                el.text = "\n".join(lines)
+            else:
+                el = ET.SubElement(tc, "failure", message=_n(len(regs), "regression"))
+                el.text = "\n".join(_change_line(c) for c in regs)
         elif f.status == "new":
             ET.SubElement(tc, "skipped", message=_STATUS_WORD[f.status])
         others = [c for c in f.changes if c.status != "regression"]

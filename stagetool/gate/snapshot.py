@@ -14,7 +14,15 @@ not move silently:
 * collectives: count and bytes per device by kind × mesh axes (None when not computed);
 * the mesh, platform and device kind; jax and jaxlib versions and the configuration that changes
   the compiled program (``config``: ``jax_threefry_partitionable``, the default matmul precision,
-  ``XLA_FLAGS`` ...) at the top.
+  ``XLA_FLAGS`` ...) at the top;
+* what ``check`` and ``diff`` need to name the *cause* of a change (issue 22), each optional (a
+  baseline without them still loads; its changes are then listed as unexplained): per input leaf its
+  declared sharding, where that came from (``declared_by``: ``spec``, ``rule``, ``model``,
+  ``compiler``) and the spec line that set it (``declared_at``: ``file.yaml:14``); per output leaf the
+  ``origins`` of its compiled sharding's axes (``input params/layers/wo``, ``constraint model.py:8``);
+  the program's sharding ``constraints`` (``{line, sharding}``); per collective row the ``causes``
+  (the same labels, from each collective's cause) and the user ``lines`` of its collectives. File
+  names are kept without their folder, so a baseline moves between machines.
 
 The file is deterministic: no timings, keys sorted, integral floats written as integers and other
 floats rounded to 12 significant digits, so two runs on the same machine give the same bytes.
@@ -61,12 +69,58 @@ def _num(v: Any) -> int | float | None:
     return float(f"{f:.12g}")
 
 
-def _leaf(leaf: Any, output: bool = False) -> dict:
+def _leaf(leaf: Any, output: bool = False, origins: Any = None) -> dict:
     out = {"path": leaf.path, "shape": list(leaf.shape), "dtype": leaf.dtype,
            "sharding": None if leaf.compiled is None else str(leaf.compiled),
            "bytes_per_device": leaf.bytes_per_device, "unused": bool(leaf.unused)}
     if output and leaf.chosen_by_partitioner:
         out["chosen"] = True  # no out_shardings: the compiler's choice, compared apart (gate.compare)
+    if not output:
+        out["declared"] = str(leaf.declared)
+        out["declared_by"] = getattr(leaf, "sharding_source", None)
+        out["declared_at"] = short_location(getattr(leaf, "source", None))
+    if origins is not None:
+        out["origins"] = sorted({o.label for o in origins})
+    return out
+
+
+def short_location(source: str | None) -> str | None:
+    """``/abs/spec.stagetool.yaml:14:9`` → ``spec.stagetool.yaml:14``: the file name and line, as the
+    snapshot records places (a baseline moves between machines and folders)."""
+    if not source:
+        return None
+    parts = str(source).rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        return f"{Path(parts[0]).name}:{parts[1]}"
+    if len(parts) >= 2 and parts[-1].isdigit():
+        return f"{Path(':'.join(parts[:-1])).name}:{parts[-1]}"
+    return Path(str(source)).name
+
+
+def _cause_fields(collectives: Any, rows: list[dict] | None) -> list[dict] | None:
+    """``rows`` with each row's ``causes`` (labels of its collectives' origins) and ``lines`` (their
+    user source lines), from a section whose items carry causes."""
+    items = getattr(collectives, "items", None)
+    if rows is None or items is None or callable(items):
+        return rows
+    causes: dict[tuple[str, str, str], set[str]] = {}
+    lines: dict[tuple[str, str, str], set[str]] = {}
+    explained = getattr(collectives, "causes_unavailable", None) is None
+    for item in items:
+        c = item.collective
+        key = (c.kind, "?" if c.mesh_axes is None else ",".join(c.mesh_axes) or "-", getattr(c, "network", None) or "")
+        cause = getattr(item, "cause", None)
+        if cause is not None:
+            causes.setdefault(key, set()).update(o.label for o in cause.origins)
+        if item.source:
+            lines.setdefault(key, set()).add(short_location(item.source))
+    out = []
+    for row in rows:
+        key = (row["kind"], row["axes"], row.get("network") or "")
+        extra = {"lines": sorted(lines.get(key, ()))}
+        if explained:
+            extra["causes"] = sorted(causes.get(key, ()))
+        out.append({**row, **extra})
     return out
 
 
@@ -145,19 +199,32 @@ def function_snapshot(fr: Any) -> dict:
     m = fr.mesh
     mem = _unwrap(fr.memory, "per_device", "record") if fr.memory is not None else None
     cost = _unwrap(fr.cost, "per_device") if fr.cost is not None else None
-    return {
+    origins = getattr(fr.collectives, "origins", None) if fr.collectives is not None else None
+    out_origins = list(origins.outputs) if origins is not None and fr.outputs is not None \
+        and len(origins.outputs) == len(fr.outputs) else None
+    in_origins = list(origins.inputs) if origins is not None and fr.inputs is not None \
+        and len(origins.inputs) == len(fr.inputs) else None  # an auto leaf's: what the partitioner followed
+    entry = {
         "target": fr.target,
         "mesh": {"axes": [[n, int(s)] for n, s in m.axes], "axis_types": m.axis_types, "platform": m.platform,
                  "device_kind": m.device_kind, "device_count": m.device_count, "process_count": m.process_count,
                  "topology": m.topology, **({"slices": m.slices} if getattr(m, "slices", 1) > 1 else {})},
-        "inputs": None if fr.inputs is None else [_leaf(x) for x in fr.inputs],
-        "outputs": None if fr.outputs is None else [_leaf(x, output=True) for x in fr.outputs],
+        "inputs": None if fr.inputs is None else [
+            _leaf(x, origins=in_origins[i] if in_origins and getattr(x, "sharding_source", None) == "compiler" else None)
+            for i, x in enumerate(fr.inputs)],
+        "outputs": None if fr.outputs is None else [_leaf(x, output=True, origins=out_origins[i] if out_origins else None)
+                                                    for i, x in enumerate(fr.outputs)],
         "memory": None if mem is None else {f: _num(getattr(mem, f, None)) for f in MEMORY_FIELDS},
         "cost": None if cost is None else {**{f: _num(getattr(cost, f, None)) for f in COST_FIELDS},
                                            "loop_aware_flops": _num(_loop_aware_flops(fr.cost, cost))},
-        "collectives": collective_rows(fr.collectives),
+        "collectives": _cause_fields(fr.collectives, collective_rows(fr.collectives)),
         **_dcn(fr.collectives),
     }
+    if origins is not None:
+        # a constraint traced twice (forward and backward of a grad) is one line of the user's code
+        entry["constraints"] = [{"line": line, "sharding": sharding} for line, sharding in
+                                sorted({(short_location(c.line) or "?", c.sharding) for c in origins.constraints})]
+    return entry
 
 
 def _dcn(collectives: Any) -> dict:
@@ -360,6 +427,16 @@ def _check_entry(problems: list[str], path: str, entry: dict) -> None:
                 problems.append(f"{where}.bytes_per_device: must be a number, not {_kind(leaf['bytes_per_device'])}")
             if leaf.get("unused") is not None and not isinstance(leaf["unused"], bool):
                 problems.append(f"{where}.unused: must be true or false, not {_kind(leaf['unused'])}")
+            for k in ("declared", "declared_by", "declared_at"):
+                if leaf.get(k) is not None and not isinstance(leaf[k], str):
+                    problems.append(f"{where}.{k}: must be a string, not {_kind(leaf[k])}")
+            if leaf.get("origins") is not None and not _strings(leaf["origins"]):
+                problems.append(f"{where}.origins: must be a list of strings")
+    constraints = entry.get("constraints")
+    if constraints is not None and not (isinstance(constraints, list) and all(
+            isinstance(c, dict) and isinstance(c.get("line"), str) and isinstance(c.get("sharding"), str)
+            for c in constraints)):
+        problems.append(f"{path}.constraints: must be a list of {{line, sharding}} strings")
     for section, fields in (("memory", MEMORY_FIELDS), ("cost", COST_FIELDS)):
         value = entry.get(section)
         if value is None:
@@ -390,3 +467,10 @@ def _check_entry(problems: list[str], path: str, entry: dict) -> None:
                 problems.append(f"{where}.network: must be 'ici' or 'dcn', not {row['network']!r}")
             if row.get("bytes_per_step") is not None and not _is_number(row["bytes_per_step"]):
                 problems.append(f"{where}.bytes_per_step: must be a number, not {_kind(row['bytes_per_step'])}")
+            for k in ("causes", "lines"):
+                if row.get(k) is not None and not _strings(row[k]):
+                    problems.append(f"{where}.{k}: must be a list of strings")
+
+
+def _strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
