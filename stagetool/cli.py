@@ -663,13 +663,17 @@ def _functions_dropped(path: Path, snapshot: dict) -> list[str]:
 @staging_command
 def snapshot(staging: Staging, output: Annotated[Path, typer.Option("--output", "-o", help="The snapshot file (written atomically).")]
              = Path("stagetool.lock.json"),
+             peak: Annotated[bool, typer.Option(
+                 "--peak/--no-peak", help="Also record each function's memory over time (XLA's dump with the one "
+                                          "compile), which 'check --format html' draws against the current one.")]
+             = False,
              isolate: IsolateOpt = False, timeout: TimeoutOpt = None, jobs: JobsOpt = 1, debug: DebugOpt = False) -> None:
     """Record shardings, memory, cost and collectives of every function: the baseline for 'check'."""
     from stagetool.gate.snapshot import write_snapshot
     from stagetool.pipeline import take_snapshot
 
     with _errors(debug):
-        opts = _joined(staging.options(jobs=jobs, isolate=isolate, timeout_s=timeout,
+        opts = _joined(staging.options(jobs=jobs, isolate=isolate, timeout_s=timeout, peak=peak,
                                        outputs=_outputs(output=output)))
         with _status() as on_stage, _user_stdout_to_stderr():
             run = take_snapshot(opts, on_stage=on_stage)
@@ -698,6 +702,10 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
           update: Annotated[bool, typer.Option("--update", help="Rewrite the baseline with what is found now "
                                                                  "and exit 0 (unless a function fails).")] = False,
           format: FormatOpt = Format.text, output: OutputOpt = None, junit_xml: JunitOpt = None,
+          peak: Annotated[Optional[bool], typer.Option(
+              "--peak/--no-peak", help="Record each function's memory over time (XLA's dump with the one compile); "
+                                       "default: with --format html, which draws it beside the baseline's.",
+              show_default=False)] = None,
           isolate: IsolateOpt = False, timeout: TimeoutOpt = None, jobs: JobsOpt = 1, debug: DebugOpt = False) -> None:
     """CI gate: recompute and compare with the baseline. Exit 0 clean, 1 regression, 2 bad input, 3 JAX failure."""
     from stagetool.core.tolerances import effective_tolerances, parse_tolerance_options
@@ -714,6 +722,7 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
         # also catches baseline functions that are no longer in the spec (a regression)
         restricted = staging.target is not None or staging.function is not None
         opts = _joined(staging.options(jobs=jobs, isolate=isolate, timeout_s=timeout,
+                                       peak=format == Format.html if peak is None else peak,
                                        outputs=_outputs(output=output, junit_xml=junit_xml,
                                                         baseline=baseline if update else None)))
         with _status() as on_stage, _user_stdout_to_stderr():

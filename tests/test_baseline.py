@@ -299,6 +299,19 @@ def test_write_then_load_round_trip(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["lock.json"]     # no temporary left behind
 
 
+def test_a_memory_timeline_is_kept_checked_and_never_compared(tmp_path):
+    timeline = {"bytes": [10, 30, 20], "steps": 3, "peak_bytes": 30, "peak_position": 1, "peak_instruction": "f",
+                "gated_peak_bytes": 32}
+    doc = _snap({"f": {**_entry(), "memory_timeline": timeline}})
+    snapshot.write_snapshot(tmp_path / "lock.json", doc)
+    assert snapshot.load_snapshot(tmp_path / "lock.json")["functions"]["f"]["memory_timeline"] == timeline
+    other = _snap({"f": {**_entry(), "memory_timeline": {**timeline, "bytes": [10, 90, 20], "peak_bytes": 90}}})
+    assert gate_compare.compare(doc, other).functions[0].changes == ()  # a picture, not a gated figure
+    (tmp_path / "bad.json").write_text(json.dumps(_snap({"f": {**_entry(), "memory_timeline": {"bytes": "x"}}})))
+    with pytest.raises(BaselineError, match="functions.f.memory_timeline: must be an object with 'bytes'"):
+        snapshot.load_snapshot(tmp_path / "bad.json")
+
+
 # ------------------------------------------------------------------------------- spec check:
 
 _SPEC = """\

@@ -406,3 +406,36 @@ def test_transformer_page_in_headless_chromium(chromium_path, transformer_html):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(f"screenshot: {shot}")
     shutil.copy(transformer_html, ARTIFACTS / "html-report.html")
+
+
+def test_check_html_draws_both_memory_timelines(run_cli, mlp_copy):
+    """A baseline taken with ``snapshot --peak`` holds the memory timeline; ``check --format html``
+    records the current one and draws both, each peak at its step, on one bytes scale."""
+    run_cli("snapshot", "--peak", "-o", "lock.json", check=0)
+    import json
+
+    lock = json.loads((mlp_copy / "lock.json").read_text())
+    before = lock["functions"]["train_step"]["memory_timeline"]
+    direct = run_cli("memory", "mlp.py:train_step", "--format", "json", check=0).json()["functions"][0]["memory"]
+    assert before["peak_bytes"] == direct["timeline_peak"]["bytes"] == max(before["bytes"])
+    assert before["steps"] == len(direct["timeline"]) == len(before["bytes"])  # under 400 steps: every one kept
+    assert before["bytes"] == [p["bytes"] for p in direct["timeline"]]
+    spec = mlp_copy / "mlp.stagetool.yaml"
+    spec.write_text(spec.read_text().replace("['params/w1$', [null, model]]", "['params/w1$', [model, null]]"))
+    run_cli("check", "--baseline", "lock.json", "--format", "html", "-o", "check.html", check=1)
+    text = (mlp_copy / "check.html").read_text()
+    sides = re.findall(r'<div data-side="(before|after)" class="timeline">(.*?)</div>', text, re.S)
+    assert [s for s, _ in sides] == ["before", "after"]
+    for side, body in sides:
+        t = Timeline()
+        t.feed(body)
+        assert t.peak is not None and t.peak[1] == min(y for _, y in t.area)
+    # one scale: the y axis' tick labels are the same on both sides
+    ticks = [re.findall(r'<text class="axis" x="[\d.]+" y="[\d.]+" text-anchor="end">([^<]+)</text>', body)
+             for _, body in sides]
+    assert len(ticks[0]) == 5 and ticks[0] == ticks[1]
+    assert f"peak {charts.format_bytes(before['peak_bytes'])} at step {before['peak_position']} of {before['steps']}" in text
+    # a baseline without the timeline says how to record one
+    run_cli("snapshot", "-o", "plain.json", check=0)
+    run_cli("check", "--baseline", "plain.json", "--format", "html", "-o", "plain.html", check=0)
+    assert "no memory timeline in this snapshot" in (mlp_copy / "plain.html").read_text()

@@ -219,6 +219,7 @@ def function_snapshot(fr: Any) -> dict:
                                            "loop_aware_flops": _num(_loop_aware_flops(fr.cost, cost))},
         "collectives": _cause_fields(fr.collectives, collective_rows(fr.collectives)),
         **_dcn(fr.collectives),
+        **_timeline_entry(fr.memory),
     }
     if origins is not None:
         # a constraint traced twice (forward and backward of a grad) is one line of the user's code
@@ -233,6 +234,29 @@ def _dcn(collectives: Any) -> dict:
     summary = getattr(collectives, "summary", None)
     value = getattr(summary, "dcn_bytes_per_step", None)
     return {} if value is None else {"dcn_bytes_per_step": int(value)}
+
+
+TIMELINE_POINTS = 400
+"""At most this many points of a memory timeline in a snapshot (the highest of each group of steps)."""
+
+
+def _timeline_entry(memory: Any) -> dict:
+    """``{"memory_timeline": {...}}`` when the report has a memory timeline (the run took the peak
+    dump), else ``{}``, so snapshots taken without it are as before. Bytes per device per step, at
+    most :data:`TIMELINE_POINTS` of them (each the highest of the steps it stands for), the peak's
+    bytes and step, the step count and the gated peak: what ``check --format html`` draws. Never
+    compared by the gate."""
+    tp = getattr(memory, "timeline_peak", None)
+    points = getattr(memory, "timeline", None)
+    if tp is None or not points or tp.bytes is None:
+        return {}
+    values = [int(p.bytes) for p in points]
+    n = len(values)
+    cols = min(n, TIMELINE_POINTS)
+    drawn = [max(values[c * n // cols:(c + 1) * n // cols]) for c in range(cols)]
+    return {"memory_timeline": {"bytes": drawn, "steps": n, "peak_bytes": int(tp.bytes),
+                                "peak_position": int(tp.position), "peak_instruction": tp.instruction,
+                                "gated_peak_bytes": _num(tp.gated_peak_bytes)}}
 
 
 def snapshot_from_report(report: Any, *, spec: str | None = None) -> dict:
@@ -437,6 +461,13 @@ def _check_entry(problems: list[str], path: str, entry: dict) -> None:
             isinstance(c, dict) and isinstance(c.get("line"), str) and isinstance(c.get("sharding"), str)
             for c in constraints)):
         problems.append(f"{path}.constraints: must be a list of {{line, sharding}} strings")
+    timeline = entry.get("memory_timeline")
+    if timeline is not None and not (
+            isinstance(timeline, dict) and isinstance(timeline.get("bytes"), list)
+            and all(_is_int(b) for b in timeline["bytes"])
+            and all(_is_int(timeline.get(k)) for k in ("steps", "peak_bytes", "peak_position"))):
+        problems.append(f"{path}.memory_timeline: must be an object with 'bytes' (a list of integers), 'steps', "
+                        "'peak_bytes' and 'peak_position'")
     for section, fields in (("memory", MEMORY_FIELDS), ("cost", COST_FIELDS)):
         value = entry.get(section)
         if value is None:

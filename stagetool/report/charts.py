@@ -390,7 +390,8 @@ CHAR_W = 6.7
 def timeline_chart(values: Sequence[int], *, peak_index: int, peak_label: str, capacity: int | None,
                    gated: int | None, buffers: Sequence[tuple[str, int, str, str]] = (),
                    buffer_total: int | None = None, width: float = 860.0, height: float = 240.0,
-                   max_columns: int = 1200) -> TimelineChart | None:
+                   max_columns: int = 1200, scale_to: int | None = None, steps: int | None = None,
+                   stack_w: float = 290.0) -> TimelineChart | None:
     """Geometry of a memory timeline.
 
     Args:
@@ -402,16 +403,21 @@ def timeline_chart(values: Sequence[int], *, peak_index: int, peak_label: str, c
         largest first; those under 1/40 of the peak are merged into one segment per css class, and
         the stack reaches ``buffer_total`` (every byte live there) when given.
       max_columns: more steps than this are drawn as the highest of each group (the peak is kept).
+      scale_to: at least this many bytes on the y axis (two timelines side by side share a scale).
+      steps: the schedule's steps when ``values`` are already grouped (a snapshot keeps at most 400
+        points; ``peak_index`` then counts steps, and ticks and the caption name steps).
+      stack_w: the room right of the plot for the stacked buffers (0 without them).
 
     Returns None for no values.
     """
     if not values:
         return None
     n = len(values)
+    total_steps = steps or n
     top = max(values)
-    on_scale = [top, gated or 0] + ([capacity] if capacity and capacity <= 4 * max(top, 1) else [])
+    on_scale = [top, gated or 0, scale_to or 0] + ([capacity] if capacity and capacity <= 4 * max(top, 1) else [])
     y_max = _nice_bytes(max(on_scale) * 1.06)
-    px, py, pw, ph = 74.0, 20.0, width - 74.0 - 290.0, height - 20.0 - 36.0
+    px, py, pw, ph = 74.0, 20.0, width - 74.0 - stack_w, height - 20.0 - 36.0
 
     def y_of(v: float) -> float:
         return py + ph - ph * v / y_max
@@ -425,13 +431,13 @@ def timeline_chart(values: Sequence[int], *, peak_index: int, peak_label: str, c
         y = y_of(v)
         path.append(f"L{xs[c]:.2f} {y:.2f}L{xs[c + 1]:.2f} {y:.2f}")
     path.append(f"L{xs[-1]:.2f} {py + ph:.2f}Z")
-    peak_col = peak_index * cols // n
+    peak_col = min(peak_index * n // total_steps, n - 1) * cols // n
     peak_x, peak_y = (xs[peak_col] + xs[peak_col + 1]) / 2, y_of(top)
     peak_anchor = "end" if peak_x > px + 0.6 * pw else "start"
     peak_w = CHAR_W * len(peak_label)
     peak_span = (peak_x - peak_w, peak_x) if peak_anchor == "end" else (peak_x, peak_x + peak_w)
     peak_label_y = peak_y - 7 if peak_y - 7 > py + 4 else peak_y + 14
-    caption = f"0 … {format_bytes(y_max)} per device over {n} steps of the entry computation's schedule"
+    caption = f"0 … {format_bytes(y_max)} per device over {total_steps} steps of the entry computation's schedule"
     wanted = []
     if capacity:
         if capacity <= 4 * max(top, 1):
@@ -447,8 +453,9 @@ def timeline_chart(values: Sequence[int], *, peak_index: int, peak_label: str, c
         clash = abs((y - 4) - peak_label_y) < 12 and peak_span[1] > px + pw - w - 4
         levels.append(Level(y, label, cls, px + 4 if clash else px + pw - 2, "start" if clash else "end"))
     y_ticks = tuple(Tick(y_of(y_max * k / 4), format_bytes(y_max * k / 4)) for k in range(5))
-    step = _nice(n / 6)
-    x_ticks = tuple(Tick(px + pw * i / n, str(int(i))) for i in (k * step for k in range(int(n / step) + 1)) if i < n)
+    step = _nice(total_steps / 6)
+    x_ticks = tuple(Tick(px + pw * i / total_steps, str(int(i)))
+                    for i in (k * step for k in range(int(total_steps / step) + 1)) if i < total_steps)
     stack_x, stack_w = px + pw + 22.0, 34.0
     segs = []
     y_base = py + ph

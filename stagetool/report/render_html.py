@@ -322,13 +322,35 @@ def comparison_view(cmp: Any, before: Mapping | None, after: Mapping | None) -> 
             find = lambda snap, p=m.group(2), s=side: next((x for x in snap.get(s) or () if x.get("path") == p), None)
             pairs.append({"what": c.what, "before": _snapshot_leaf_figure(find(b), axes_b, f"c{i}-{j}-b"),
                           "after": _snapshot_leaf_figure(find(a), axes_a, f"c{i}-{j}-a")})
+        timelines = _snapshot_timelines(b.get("memory_timeline"), a.get("memory_timeline"))
         memory = None
         if any(c.what == "memory.peak_bytes" for c in f.changes):
             scale = max(_drawn_bytes(b.get("memory")), _drawn_bytes(a.get("memory")))
             memory = {"before": _snapshot_memory_bar(b.get("memory"), scale),
                       "after": _snapshot_memory_bar(a.get("memory"), scale)}
-        out.append({"f": f, "pairs": pairs, "memory": memory})
+        out.append({"f": f, "pairs": pairs, "memory": memory, "timelines": timelines})
     return out
+
+
+def _snapshot_timelines(before: Mapping | None, after: Mapping | None) -> dict[str, Any] | None:
+    """Both sides' memory timelines (a snapshot's ``memory_timeline``) on one bytes scale, or None
+    when neither side has one; a side without one says how to record it."""
+    if not before and not after:
+        return None
+    scale = max((t.get("peak_bytes") or 0) for t in (before, after) if t)
+
+    def chart(t: Mapping | None) -> dict[str, Any] | None:
+        if not t or not t.get("bytes"):
+            return None
+        return {"chart": charts.timeline_chart(
+                    t["bytes"], peak_index=int(t.get("peak_position") or 0), steps=int(t.get("steps") or 0) or None,
+                    peak_label=f"peak {format_bytes(t.get('peak_bytes'))} at step {t.get('peak_position')}",
+                    capacity=None, gated=t.get("gated_peak_bytes"), scale_to=scale, width=600.0, height=200.0,
+                    stack_w=10.0),
+                "peak": t.get("peak_bytes"), "steps": t.get("steps"), "position": t.get("peak_position"),
+                "instruction": t.get("peak_instruction")}
+
+    return {"before": chart(before), "after": chart(after)}
 
 
 def render_comparison(cmp: Any, *, before: Mapping | None = None, after: Mapping | None = None,
