@@ -8,11 +8,13 @@ the same report gives (``memory.record.peak_bytes``), to the byte.
 
 from __future__ import annotations
 
+import os
+
 import pytest
-from helpers import REPO
+from helpers import REPO, run_subprocess
 
 from stagetool.core.units import format_bytes
-from stagetool.lowering import topology
+from stagetool.lowering import gpu_topology, topology
 
 DECODER = REPO / "tests" / "data" / "remat_decoder.stagetool.yaml"
 
@@ -77,3 +79,19 @@ def test_scanned_decoder_with_remat(run_cli):
     assert plain["bytes"] - remat["bytes"] >= (L - 1) * B * S * F * 4
     for tp in (remat, plain):
         assert tp["op"].endswith("transpose(jvp())/while") and tp["source_line"].endswith("remat_decoder.py:27")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not gpu_topology.cuda_plugin_available(),
+                    reason="JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
+def test_transformer_timeline_on_h100():
+    """A compile-only H100 target (in a fresh process: a GPU target's backend starts alone). XLA:GPU's
+    peak_memory_in_bytes is its heap simulation's high-water mark: the timeline agrees within 0.1%."""
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != str(REPO)]
+    r = run_subprocess("memory", "examples/transformer.py:train_step", "--topology", "h100:8", "--format", "json",
+                       env={"PYTHONPATH": os.pathsep.join([str(REPO), *extra])}, timeout=900)
+    assert r.code == 0, r.stderr
+    m = r.json()["functions"][0]["memory"]
+    tp = check_timeline(m)
+    reported = m["record"]["peak_bytes_reported"]
+    assert abs(tp["bytes"] - reported) <= 0.001 * reported

@@ -18,9 +18,10 @@ stack frame resolves through the ``FileNames`` / ``FunctionNames`` / ``FileLocat
 
 Callers can pass their own ``resolve`` callable to :func:`peak_report`.
 
-``memory_analysis().serialized_buffer_assignment_proto`` is an ``xla.BufferAssignmentProto``
-in bytes; decoding it needs XLA's ``.proto`` schema, which JAX does not ship as a public
-Python module, so it is not used here.
+The dump files' syntax (this live-range text, and the ``HloProto`` with the buffer assignment that
+the memory timeline reads) is read by :mod:`stagetool.hlo.buffers` alone; its records are
+re-exported here. ``memory_analysis().serialized_buffer_assignment_proto`` is not used: it is
+empty on compile-only TPU and GPU targets, while the dump's ``HloProto`` is written everywhere.
 """
 
 from __future__ import annotations
