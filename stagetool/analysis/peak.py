@@ -122,6 +122,7 @@ class ModuleIndex:
 
         self._module = parse_hlo_module(module_text)
         self._by_name = {i.name: i for c in self._module.computations for i in c.instructions}
+        self._library_files: dict[str, bool] = {}
 
     def shape(self, instruction_name: str, shape_index: tuple[int, ...] = ()) -> str | None:
         """HLO shape of an instruction's result (or of one tuple element), layouts dropped."""
@@ -174,7 +175,13 @@ class ModuleIndex:
         from stagetool.lowering.target import is_library_file
 
         # The innermost frame in the user's code (any file outside the libraries), else the innermost.
-        frame = next((f for f in frames if not is_library_file(f.file)), frames[0])
+        # A module names few files, each asked about for many instructions: remember the answer.
+        def in_library(file: str) -> bool:
+            if file not in self._library_files:
+                self._library_files[file] = is_library_file(file)
+            return self._library_files[file]
+
+        frame = next((f for f in frames if not in_library(f.file)), frames[0])
         return SourceLocation(op_name, frame.file, frame.line, frame.function)
 
 
