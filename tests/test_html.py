@@ -302,6 +302,13 @@ def test_markdown_report_links_its_pictures_as_svg_files(run_cli, mlp_copy):
     assert cells == jax_assignment(MESH_2x4, P("model"), (1024,))
     # stdout carries no picture links (nowhere to put the files)
     assert "![" not in run_cli("report", "mlp.py:train_step", "--format", "markdown", check=0).stdout
+    # with the peak dump, memory over time is a picture of its own, under the memory section
+    run_cli("report", "mlp.py:train_step", "--peak", "--format", "markdown", "-o", out, check=0)
+    md = out.read_text()
+    assert md.index("### Memory per device") < md.index("(report-files/train_step-memory.svg)") \
+        < md.index("(report-files/train_step-timeline.svg)")
+    timeline = ET.fromstring((out.parent / "report-files" / "train_step-timeline.svg").read_text())
+    assert any(e.get("class") == "timeline-area" for e in timeline.iter("{http://www.w3.org/2000/svg}path"))
 
 
 def test_check_html_draws_a_changed_sharding_before_and_after(run_cli, mlp_copy):

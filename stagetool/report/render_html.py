@@ -243,7 +243,8 @@ def render(doc: Report | DevicesReport, *, color: bool = False, width: int = 120
 
 def figures(doc: Report) -> dict[str, str]:
     """Standalone SVG files of the key pictures, by file name: per function its input layouts,
-    memory and collectives (those it has). For the Markdown report (GitHub shows SVG files)."""
+    memory, memory over time and collectives (those it has). For the Markdown report (GitHub shows
+    SVG files)."""
     env = environment()
     template = env.get_template("figure.svg.j2")
     out: dict[str, str] = {}
@@ -256,6 +257,9 @@ def figures(doc: Report) -> dict[str, str]:
         mem = v["memory"]
         if mem is not None and mem["bar"] is not None:
             out[f"{base}-memory.svg"] = template.render(kind="memory", memory=mem)
+        tl = mem["timeline"] if mem is not None else None
+        if tl is not None and tl["chart"] is not None:
+            out[f"{base}-timeline.svg"] = template.render(kind="timeline", timeline=tl)
         col = v["collectives"]
         if col is not None and col["chart"] is not None:
             out[f"{base}-collectives.svg"] = template.render(kind="collectives", chart=col["chart"])

@@ -29,7 +29,7 @@ def render(doc: Report | DevicesReport, *, color: bool = False, width: int = 120
            figures: dict[str, dict[str, str]] | None = None) -> str:
     """The document as Markdown text ending in a newline.
 
-    ``figures``: per function name, picture kind (``layouts``, ``memory``, ``collectives``) → the
+    ``figures``: per function name, picture kind (``layouts``, ``memory``, ``timeline``, ``collectives``) → the
     relative path of its SVG file; each is linked as an image under its section.
     """
     del color, width
@@ -52,7 +52,7 @@ def render_with_figures(doc: Report, folder: str) -> tuple[str, dict[str, str]]:
     svgs = figures(doc)
     links: dict[str, dict[str, str]] = {}
     for f in doc.functions:
-        for kind in ("layouts", "memory", "collectives"):
+        for kind in ("layouts", "memory", "timeline", "collectives"):
             name = f"{_slug(f.name)}-{kind}.svg"
             if name in svgs:
                 links.setdefault(f.name, {})[kind] = f"{folder}/{name}"
@@ -96,7 +96,8 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
     if f.cost is not None:
         out += _cost(f.cost)
     if f.memory is not None:
-        out += _memory(f.memory) + _image(figures, "memory", f"memory per device of {f.name}")
+        out += (_memory(f.memory) + _image(figures, "memory", f"memory per device of {f.name}")
+                + _image(figures, "timeline", f"memory over time of {f.name}"))
     return out
 
 
