@@ -836,7 +836,9 @@ def sweep(target: Target = None,
               "--set", help="NAME=V1,V2,...: values for the spec's ${NAME} placeholders (repeatable); the grid is "
                             "the product of all axes.", show_default=False)] = None,
           topology: Annotated[Optional[str], typer.Option(
-              "--topology", help="Compile-only TPU topologies to try: v5e:2x4,v5e:4x4.", show_default=False)] = None,
+              "--topology", help="Compile-only topologies to try: v5e:2x4,v5e:4x4 or h100:8,h100:2x8.",
+              show_default=False)] = None,
+          slices: SlicesOpt = None, gpu_target_config: GpuTargetConfigOpt = None,
           devices: Annotated[Optional[int], typer.Option(
               "--devices", help="The device count --mesh all factorises (default: the topology's, else the "
                                 "spec mesh's).", show_default=False, min=1)] = None,
@@ -881,7 +883,8 @@ def sweep(target: Target = None,
 
             options = SweepOptions(target=target, spec=spec, function=tuple(function) if function else None,
                                    platform=platform, chip=chip, device_memory=device_memory, mesh=mesh,
-                                   set=tuple(set_ or ()), topology=topology, devices=devices, rank_by=rank,
+                                   set=tuple(set_ or ()), topology=topology, slices=slices,
+                                   gpu_target_config=gpu_target_config, devices=devices, rank_by=rank,
                                    executor=how.value, jobs=jobs, shard=shard, output_dir=output_dir, resume=resume,
                                    outputs=_outputs(output=output))
             err = _stderr()

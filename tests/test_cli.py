@@ -94,7 +94,8 @@ def test_shardings_json_document(run_cli, project):
     (f,) = doc["functions"]                   # the TARGET picks one function of the spec
     assert f["name"] == "step" and f["target"] == "model.py:step"
     assert f["mesh"] == {"axes": [["data", 2], ["model", 4]], "axis_types": "auto", "platform": "cpu",
-                         "device_kind": "cpu", "device_count": 8, "process_count": 1, "topology": None}
+                         "device_kind": "cpu", "device_count": 8, "process_count": 1, "topology": None,
+                         "slices": 1}
     assert all(f["timings"][k] > 0 for k in ("trace_s", "lower_s", "compile_s"))
     leaf_fields = {"path", "shape", "dtype", "declared", "compiled", "chosen_by_partitioner", "shard_shape",
                    "bytes_global", "bytes_per_device", "unused", "donated", "local_shape", "source", "parameter",

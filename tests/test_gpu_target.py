@@ -142,6 +142,20 @@ def test_platforms_for_a_run(monkeypatch, platform, topo, expected):
     assert backends.platforms_for(platform, topo) is None  # the user's choice stands
 
 
+def test_no_platform_is_cpu_only_where_no_accelerator_can_be(monkeypatch):
+    from stagetool.lowering import backends
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(backends, "accelerator_attached", lambda: False)
+    monkeypatch.setattr(backends, "other_plugins", lambda: ())
+    assert backends.platforms_for(None, None) == "cpu"
+    monkeypatch.setattr(backends, "accelerator_attached", lambda: True)  # /dev/nvidia0, /dev/accel0 ...
+    assert backends.platforms_for(None, None) is None
+    monkeypatch.setattr(backends, "accelerator_attached", lambda: False)
+    monkeypatch.setattr(backends, "other_plugins", lambda: ("xla_metal",))  # makes no device file
+    assert backends.platforms_for(None, None) is None
+
+
 def test_a_simulated_mesh_starts_only_the_cpu_backend(tmp_path):
     """No JAX_PLATFORMS: a topology run and a --platform cpu run start the CPU backend alone (no
     libtpu probe, no CUDA plugin start-up), and say nothing about CUDA on stderr."""

@@ -113,3 +113,17 @@ def test_slices_in_the_spec_are_validated(tmp_path):
     spec = write(tmp_path, "sgd.stagetool.yaml", SPEC.replace("slices: 2", "slices: two"))
     r = run_subprocess("collectives", "--spec", spec, cwd=tmp_path)
     assert r.code == 2 and "slices" in r.stderr and "sgd.stagetool.yaml:4" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_a_sweep_row_carries_the_bytes_over_dcn(tmp_path):
+    write(tmp_path, "sgd.py", SGD)
+    write(tmp_path, "sgd.stagetool.yaml", SPEC.replace("topology: v5e:2x2\nslices: 2\n", ""))
+    r = run_subprocess("sweep", "sgd.py:step", "--topology", "v5e:2x2", "--slices", "2", "--mesh", "4x2,8x1",
+                       "--format", "json", cwd=tmp_path, timeout=600)
+    assert r.code == 0, r.stderr
+    rows = {row["values"]["mesh"]: row for row in r.json()["rows"]}
+    # the reduce-scattered gradient crosses DCN: f32[1024,1024] over the in-slice part of data (2, then 4)
+    assert rows["4x2"]["dcn_bytes_per_step"] == 1024 * 1024 * 4 // 2
+    assert rows["8x1"]["dcn_bytes_per_step"] == 1024 * 1024 * 4 // 4

@@ -9,7 +9,8 @@ before any backend starts (JAX's public config, the same as ``JAX_PLATFORMS=cpu`
 
 With platform left to JAX (no ``--platform``), whether an accelerator is attached is read from the
 device files its driver creates (``/dev/accel*``, ``/dev/vfio/<n>`` for TPUs, ``/dev/nvidia<n>``
-for NVIDIA GPUs, ``/dev/kfd`` for AMD GPUs): none → CPU only; any → every backend, as JAX would.
+for NVIDIA GPUs, ``/dev/kfd`` for AMD GPUs): none → CPU only; any, or a JAX plugin other than
+NVIDIA's installed (Metal and others make no such file) → every backend, as JAX would.
 A ``JAX_PLATFORMS`` the user set is never overridden.
 
 Importing jax with the CUDA plugin installed loads its CUDA stubs, which print
@@ -26,7 +27,8 @@ import re
 import sys
 from typing import Any
 
-__all__ = ["accelerator_attached", "import_jax", "limit_platforms", "platforms_for", "start_backends"]
+__all__ = ["accelerator_attached", "import_jax", "limit_platforms", "other_plugins", "platforms_for",
+           "start_backends"]
 
 _NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
                     r"|I\d{4} [^\]]*cudart_stub\.cc:\d+\] Could not find cuda drivers.*)$")
@@ -37,6 +39,25 @@ def accelerator_attached() -> bool:
     ``/dev/nvidia<n>``, ``/dev/kfd``). A cheap look, no backend started."""
     patterns = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*", "/dev/kfd")
     return any(glob.glob(p) for p in patterns)
+
+
+_KNOWN_PLUGINS = frozenset({"xla_cuda12", "xla_cuda13"})
+"""JAX plugins whose devices show as device files (NVIDIA); any other plugin (Metal, ...) may not."""
+
+
+def other_plugins() -> tuple[str, ...]:
+    """JAX PJRT plugins installed besides NVIDIA's (``jax_plugins.*``), found without importing them."""
+    import importlib.util
+    import pkgutil
+
+    try:
+        spec = importlib.util.find_spec("jax_plugins")
+    except (ImportError, ValueError):
+        return ()
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(list(spec.submodule_search_locations))
+                        if m.name not in _KNOWN_PLUGINS))
 
 
 def platforms_for(platform: str | None, topology: str | None) -> str | None:
@@ -50,7 +71,7 @@ def platforms_for(platform: str | None, topology: str | None) -> str | None:
         return None
     if topology is not None or platform == "cpu":
         return "cpu"
-    if platform is None and not accelerator_attached():
+    if platform is None and not accelerator_attached() and not other_plugins():
         return "cpu"
     return None
 

@@ -48,6 +48,8 @@ class SweepOptions:
     mesh: str | None = None
     set: tuple[str, ...] = ()
     topology: str | None = None
+    slices: int | None = None
+    gpu_target_config: str | None = None
     devices: int | None = None
     rank_by: RankBy = RankBy.step
     executor: str = "local"
@@ -119,6 +121,7 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     # and -o, checked once, all at once
     plan = make_plan(Options(target=options.target, spec=spec_path, function=options.function, variables=first,
                              topology=topologies[0] if topologies else None, platform=options.platform,
+                             slices=options.slices, gpu_target_config=options.gpu_target_config,
                              chip=options.chip, device_memory=options.device_memory, outputs=options.outputs))
     if len(plan.functions) != 1:
         raise UsageError(f"a sweep compares configurations of one function, and {spec_path} selects "
@@ -127,7 +130,8 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     fspec = plan.functions[0]
     device_count = options.devices
     if device_count is None and options.mesh is not None and options.mesh.strip().lower() == "all":
-        counts = {topology_device_count(t) for t in (topologies or ([plan.topology] if plan.topology else []))}
+        counts = {topology_device_count(t) * plan.slices
+                  for t in (topologies or ([plan.topology] if plan.topology else []))}
         if len(counts) > 1:
             raise UsageError(f"--mesh all with topologies of different sizes ({options.topology})",
                              hint="run one sweep per topology size, or list the meshes: --mesh 2x8,4x4")
@@ -140,7 +144,10 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
             raise UsageError(str(e)) from None
     grid = build_grid(meshes=meshes, topologies=topologies, variables=variables)
     common = {"target": options.target, "spec": str(Path(spec_path).resolve()), "function": fspec.name,
-              "platform": options.platform, "chip": options.chip, "device_memory": options.device_memory}
+              "platform": options.platform, "chip": options.chip, "device_memory": options.device_memory,
+              **({"slices": options.slices} if options.slices else {}),
+              **({"gpu_target_config": str(Path(options.gpu_target_config).resolve())}
+                 if options.gpu_target_config else {})}
     header = {
         "schema_version": SWEEP_SCHEMA_VERSION, "kind": "sweep",
         "stagetool_version": _stagetool_version(), "jax_version": _dist_version("jax"),

@@ -69,7 +69,9 @@ def _collectives(row: dict) -> str:
     if not by_axes:
         return "none"
     text = " · ".join(f"{axes} {format_bytes(b)}" for axes, b in by_axes.items())
-    return text + (" +?" if row.get("collectives_unknown_runs") else "")
+    dcn = row.get("dcn_bytes_per_step")
+    return (text + (" +?" if row.get("collectives_unknown_runs") else "")
+            + (f" (over DCN {format_bytes(dcn)})" if dcn is not None else ""))
 
 
 def _failure(row: dict) -> str:

@@ -88,7 +88,8 @@ def run_config(payload: dict) -> dict:
     options = Options(target=common["target"], spec=Path(common["spec"]), mesh=config["mesh"],
                       platform=common.get("platform"), topology=config["topology"] or common.get("topology"),
                       function=common.get("function"), chip=common.get("chip"),
-                      device_memory=common.get("device_memory"),
+                      device_memory=common.get("device_memory"), slices=common.get("slices"),
+                      gpu_target_config=common.get("gpu_target_config"),
                       variables=tuple(tuple(v) for v in config["variables"]))
     try:
         report = analyze(options, [Section.COST, Section.MEMORY, Section.COLLECTIVES], command="sweep")
