@@ -25,6 +25,7 @@ them); where they differ no cause is given.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -281,7 +282,21 @@ def _origin(ctx: _Ctx, axis: str, origin: str | None, own_input: int | None, own
 
 
 def _line(op: PropagatedOp) -> str | None:
-    return f"{op.frames[0].file}:{op.frames[0].line}" if op.frames else None
+    """The op's line in the user's code: its innermost frame outside the libraries (JAX, Flax, optax,
+    Equinox, the standard library, site-packages, stagetool), else its innermost frame."""
+    if not op.frames:
+        return None
+    for f in op.frames:
+        if not _is_library(f.file):
+            return f"{f.file}:{f.line}"
+    return f"{op.frames[0].file}:{op.frames[0].line}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_library(file: str) -> bool:
+    from stagetool.lowering.target import is_library_file
+
+    return is_library_file(file)
 
 
 def _no_column(source: str | None) -> str | None:

@@ -389,15 +389,25 @@ def find_causes(name: str, before: Mapping, after: Mapping, changes: list[Change
         edits.append((Cause(name, "mesh", f"the mesh changed: {mesh_text(mb)} → {mesh_text(ma)}", None,
                             (f"mesh: {mesh_text(mb)} → {mesh_text(ma)}",)), set()))
     groups: dict[tuple, list[tuple[str, str, str]]] = {}
+    model_inits: dict[str, None] = {}
     b_in = {x["path"]: x for x in before.get("inputs") or []}
     for y in after.get("inputs") or []:
         x = b_in.get(y["path"])
         if x is None or x.get("declared") is None or y.get("declared") is None or x["declared"] == y["declared"]:
             continue
-        key = (y.get("declared_by"), y.get("declared_at") or x.get("declared_at"))
+        at = y.get("declared_at") or x.get("declared_at")
+        # the model's own annotations are one place in its code whichever init builds the leaf (a model
+        # and its optimizer state): one cause, naming the inits
+        key = ("model", None) if y.get("declared_by") == "model" else (y.get("declared_by"), at)
         groups.setdefault(key, []).append((y["path"], x["declared"], y["declared"]))
+        if key == ("model", None) and at:
+            model_inits.setdefault(at, None)
     for (how, at), leaves in groups.items():
+        if key_is_model := (how == "model" and at is None):
+            at = ", ".join(model_inits) or None
         who = _HOW.get(how, "{at}").format(at=at or "?")
+        if key_is_model:
+            who = "the model's sharding annotations" + (f" (init at {at})" if at else "")
         what = f"{who} changed the declared sharding of {len(leaves)} input{'s' if len(leaves) != 1 else ''}"
         edits.append((Cause(name, "declared", what, at, tuple(f"{p}: {b} → {a}" for p, b, a in leaves)),
                       {f"input {p}" for p, _, _ in leaves}))
