@@ -45,8 +45,10 @@ class LeafReport:
         ``T(8,128)`` tiles pad the minor dimensions), from ``compiled.input_formats`` /
         ``output_formats``; None where the layout has no tiling (CPU) or is unknown.
       sharding_source: where the sharding comes from: ``"spec"`` (written in the spec, or an
-        output's ``out_shardings``), ``"rule"`` (an ``init``'s rules), ``"model"`` (the model's own
-        annotations, or a sharding the ``init`` returns), ``"compiler"`` (the partitioner chose it:
+        output's ``out_shardings``), ``"rule"`` (an ``init``'s rules), ``"init"`` (what the ``init``
+        gives the leaf when run: a nested jit's out_shardings, a device_put, a sharding constraint),
+        ``"model"`` (the model's own annotations), ``"unknown"`` (nothing says: staged replicated),
+        ``"compiler"`` (the partitioner chose it:
         ``auto``, or an output without out_shardings), or None (an input replicated by default).
     """
 

@@ -39,8 +39,11 @@ class InputLeaf:
       source: where the leaf's shape or sharding was written (``file:line:col``), or None.
       donated: whether the leaf belongs to a donated argument.
       sharding_source: where ``declared`` comes from: ``"spec"`` (written on the leaf), ``"rule"`` (an
-        ``init``'s rules), ``"model"`` (the model's own annotations or the ``init``'s result),
-        ``"compiler"`` (``auto``: the partitioner chooses), or None (replicated by default).
+        ``init``'s rules), ``"init"`` (what the ``init`` gives the leaf when run: a nested jit's
+        ``out_shardings``, a ``device_put``/sharding constraint, JAX's sharding types), ``"model"``
+        (the model's own annotations: Flax metadata), ``"unknown"`` (an ``init``/``ref`` leaf nothing
+        gives a sharding: staged replicated, and reported so), ``"compiler"`` (``auto``: the
+        partitioner chooses), or None (a spec leaf written without ``@``: replicated).
       arg: the top-level argument the leaf belongs to (a position or a keyword name).
     """
 
@@ -175,8 +178,9 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         return tree
 
     def init_tree(init: InitSpec, path: str, donated: bool) -> Any:
-        shapes = eval_init(init, fspec, setup.mesh, rules_object())
-        return abstract_tree(shapes, path, donated, init.loc, init.rules, init.has_rules, f"{init.loc}: {init.path}")
+        shapes, produced = eval_init(init, fspec, setup.mesh, rules_object(), with_dims=True)
+        return abstract_tree(shapes, path, donated, init.loc, init.rules, init.has_rules, f"{init.loc}: {init.path}",
+                             produced)
 
     def ref_tree(ref: RefSpec, path: str, donated: bool) -> Any:
         obj = load_target(ref.target, base_dir=fspec.base_dir, need_callable=False).fn
@@ -184,18 +188,20 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None),
                                            weak_type=getattr(x, "weak_type", False))
             if isinstance(x, jax.Array) else x, obj)
-        return abstract_tree(shapes, path, donated, ref.loc, (), False, f"{ref.loc}: {path}")
+        return abstract_tree(shapes, path, donated, ref.loc, (), False, f"{ref.loc}: {path}", None)
 
     def abstract_tree(shapes: Any, path: str, donated: bool, loc: Loc, rules: tuple[Rule, ...], has_rules: bool,
-                      where: str) -> Any:
-        """Array leaves of an ``init`` result (or a ``ref``) as structs sharded by the rules, else by the
-        model; every other leaf as it is (static)."""
+                      where: str, produced: list | None) -> Any:
+        """Array leaves of an ``init`` result (or a ``ref``) as structs sharded by the rules, else as the
+        init produces them (``produced``: per leaf, the dims its run gives, or None), else by the
+        model's annotations, else replicated and said to be unknown; every other leaf as it is (static)."""
         from stagetool.lowering.frameworks import model_shardings, struct_dims
 
         flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
         from_model = model_shardings(shapes, rules_object()) if not has_rules else [None] * len(flat)
+        produced = produced if produced is not None else [None] * len(flat)
         out = []
-        for (kp, value), model_dims in zip(flat, from_model, strict=True):
+        for (kp, value), model_dims, run_dims in zip(flat, from_model, produced, strict=True):
             leaf_path = path + keypath_str(kp)
             if not isinstance(value, jax.ShapeDtypeStruct):
                 out.append(value)
@@ -212,19 +218,27 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                 sharding, source = found
                 origin = "rule"
             else:
-                dims = struct_dims(value)
+                # What the init's run gives (its jaxpr; JAX's sharding types), else the model's
+                # annotations, else unknown: staged replicated, and the leaf says so.
+                dims, origin_if_found = run_dims, "init"
+                if dims is not None and isinstance(model_dims, tuple) and _same_dims(dims, model_dims):
+                    origin_if_found = "model"  # the model's annotation is what the init applied (Flax eager sharding)
                 if dims is None:
-                    dims = model_dims
+                    dims = struct_dims(value)
+                if dims is None:
+                    dims, origin_if_found = model_dims, "model"
+                if dims is None:
+                    origin = "unknown"
                 if isinstance(dims, str):  # the model's annotation cannot be resolved: say why
                     issues.append(f"{where}: leaf {leaf_path!r}: {dims}")
                     hints.append("name the rules at the top of the spec: logical_axis_rules: model.py:RULES")
                     out.append(jax.ShapeDtypeStruct(value.shape, value.dtype, weak_type=value.weak_type))
                     continue
                 if dims is not None:
-                    sharding, origin = Sharding("spec", dims), "model"
+                    sharding, origin = Sharding("spec", dims), origin_if_found
                     unknown = [a for a in sharding.axes if a not in axis_size]
                     if unknown:
-                        issues.append(f"{where}: the model shards leaf {leaf_path!r} over {', '.join(map(repr, unknown))}, "
+                        issues.append(f"{where}: the {'init' if origin == 'init' else 'model'} shards leaf {leaf_path!r} over {', '.join(map(repr, unknown))}, "
                                       f"which the mesh does not have ({', '.join(axis_size) or 'no axes'})")
                         hints.append("name the logical axis rules (logical_axis_rules: model.py:RULES) or give "
                                      "rules for this argument")
@@ -578,8 +592,13 @@ def _global_shape(local: tuple[int, ...], sharding: Sharding, axis_size: dict[st
     return tuple(out)
 
 
-def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any = None) -> Any:
+def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any = None, *,
+              with_dims: bool = False) -> Any:
     """``jax.eval_shape`` of an ``init`` function: a pytree of ``ShapeDtypeStruct`` (no FLOPs run).
+
+    With ``with_dims``, ``(tree, dims)``: per leaf of the tree, the PartitionSpec dims the init
+    gives it when run (a nested ``jax.jit``'s ``out_shardings``, a ``device_put``, a sharding
+    constraint), or None (:func:`stagetool.lowering.frameworks.trace_any`).
 
     Leaf and key arguments are traced; plain values are bound as Python constants. The ``init``
     runs under the mesh (``jax.set_mesh``) and the logical axis ``rules``, as tracing does, so
@@ -595,7 +614,7 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
 
     import jax
 
-    from stagetool.lowering.frameworks import call_init, eval_shape_any, logical_rules
+    from stagetool.lowering.frameworks import call_init, logical_rules, trace_any
 
     target = _load_at(init.target, fspec, init.loc, f"{init.path}.init")
     problems = signature_problems(_init_signature_of(target.fn), len(init.args), list(init.kwargs))
@@ -625,10 +644,22 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     dyn = [args[i] for i in traced_pos] + [kwargs[k] for k in traced_kw]
     try:
         with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()), logical_rules(rules):
-            return eval_shape_any(call, *dyn)
+            tree, dims = trace_any(call, *dyn)
     except USER_CODE_ERRORS as e:  # the user's init failed under tracing (sys.exit() included)
         raise StagingError(describe_exception(e), stage="init", function=fspec.name,
                            user_frame=user_frame(e, [target.module_file or ""])) from None
+    return (tree, dims) if with_dims else tree
+
+
+def _same_dims(a: tuple, b: tuple) -> bool:
+    """Whether two PartitionSpec dims say the same (trailing ``None``s do not count)."""
+    def trim(d: tuple) -> tuple:
+        d = tuple(d)
+        while d and d[-1] is None:
+            d = d[:-1]
+        return d
+
+    return trim(a) == trim(b)
 
 
 def _is_abstract(v: Any) -> bool:

@@ -44,8 +44,10 @@ class LeafFacts:
       parameter: the entry computation parameter number of an input (None for outputs and pruned inputs).
       padded_bytes_per_device: bytes of one shard in its tiled device layout (TPU), from
         ``Compiled.input_formats`` / ``output_formats``; None without tiling.
-      sharding_source: where the declared sharding comes from: ``spec``, ``rule``, ``model``,
-        ``compiler`` (the partitioner chooses), or None (an input replicated by default).
+      sharding_source: where the declared sharding comes from: ``spec``, ``rule``, ``init`` (what
+        the init gives the leaf when run), ``model`` (Flax metadata), ``unknown`` (nothing says:
+        replicated assumed), ``compiler`` (the partitioner chooses), or None (an input replicated
+        by default).
     """
 
     path: str

@@ -74,7 +74,22 @@ def eval_shape_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = T
 
     With ``python_scalars`` false, Python numbers are static too (``eqx.filter_eval_shape``).
     """
+    return trace_any(call, *dyn, python_scalars=python_scalars)[0]
+
+
+def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True) -> tuple[Any, list[tuple | None]]:
+    """:func:`eval_shape_any` through ``jax.jit(call).trace(*dyn)`` (one trace, nothing computed),
+    and per leaf of the result (``jax.tree_util.tree_leaves`` order) the PartitionSpec dims the
+    program gives it when it runs — a nested ``jax.jit``'s ``out_shardings``, a ``device_put`` or
+    sharding constraint on it (:func:`stagetool.lowering.init_shardings.produced_dims`) — or None
+    (not an array, or the program does not say).
+
+    Raises:
+      whatever the user's ``call`` raises while traced.
+    """
     import jax
+
+    from stagetool.lowering.init_shardings import produced_dims
 
     static: list[Any] = []
 
@@ -86,10 +101,13 @@ def eval_shape_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = T
         static.append((treedef, keep, [None if k else x for k, x in zip(keep, flat)]))
         return [x for k, x in zip(keep, flat) if k]
 
-    shapes = jax.eval_shape(arrays_only, *dyn)
+    traced = jax.jit(arrays_only).trace(*dyn)
+    shapes = traced.out_info
+    dims = produced_dims(traced.jaxpr)
     treedef, keep, rest = static[0]
-    it = iter(shapes)
-    return jax.tree_util.tree_unflatten(treedef, [next(it) if k else x for k, x in zip(keep, rest)])
+    it, dit = iter(shapes), iter(dims)
+    tree = jax.tree_util.tree_unflatten(treedef, [next(it) if k else x for k, x in zip(keep, rest)])
+    return tree, [next(dit) if k else None for k in keep]
 
 
 def call_init(fn: Callable[..., Any], args: list, kwargs: dict) -> Any:

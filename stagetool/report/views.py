@@ -253,12 +253,15 @@ def timeline_buffer_rows(tp: Any) -> tuple[list[str], list[list[str]]]:
 
 def leaf_notes(leaf: Any) -> list[str]:
     """Short notes on a shardings-table row: where an input's sharding comes from (``rule``:
-    an init's rules, ``model``: the model's own annotations), unused, chosen by the partitioner,
+    an init's rules, ``init``: what the init gives it when run, ``model``: the model's own
+    annotations, ``unknown``: nothing says, staged replicated), unused, chosen by the partitioner,
     donated, local shape."""
     notes = []
     source = getattr(leaf, "sharding_source", None)
-    if source in ("rule", "model"):
+    if source in ("rule", "model", "init"):
         notes.append(f"from {source}")
+    elif source == "unknown":
+        notes.append("sharding unknown: the init gives none, replicated assumed")
     if leaf.unused:
         notes.append("unused (pruned)")
     elif leaf.declared.kind == "auto":
