@@ -69,8 +69,8 @@ class Cause:
     Attributes:
       function: the spec's function name.
       kind: ``declared`` (inputs whose declared sharding changed: a spec line, a rule, a model
-        annotation), ``constraint`` (a sharding constraint in the user's code), ``mesh`` or
-        ``environment`` (jax/jaxlib, device, configuration).
+        annotation), ``constraint`` (a sharding constraint in the user's code), ``mesh``,
+        ``compiler_options`` (the target's own jit's) or ``environment`` (jax/jaxlib, device, configuration).
       what: one sentence: ``rule at transformer.stagetool.yaml:14 changed the declared sharding of 6 inputs``.
       where: the spec or source line of the edit (``transformer.stagetool.yaml:14``), or None.
       edits: one line per edited thing: ``params/layers/wo: P(None, 'model', None) → P(None, None, 'model')``.
@@ -298,6 +298,14 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
     if axes_text(mb) != axes_text(ma):
         changes.append(Change(name, "mesh", axes_text(mb), axes_text(ma),
                               "regression" if same_mesh_expected else "changed", subject=("mesh",)))
+    ob, oa = before.get("compiler_options") or {}, after.get("compiler_options") or {}
+    if ob != oa:  # the target's own jit(compiler_options=...): shown; the figures it moves are compared below
+        def options_text(o: Mapping) -> str:
+            return ", ".join(f"{k}={v}" for k, v in sorted(o.items())) or "none"
+
+        changes.append(Change(name, "compiler_options", options_text(ob), options_text(oa), "changed",
+                              note="the target's own jit options; they change the compiled program",
+                              subject=("compiler_options",)))
     for side, key in (("input", "inputs"), ("output", "outputs")):
         changes += _compare_leaves(name, side, before.get(key), after.get(key))
     for section, fields, unit_of, key_of in (
@@ -365,6 +373,8 @@ def _at_lines(note: str, row: Mapping) -> str:
 
 
 _HOW = {"rule": "the rule at {at}", "spec": "the spec at {at}", "model": "the model's annotation (init at {at})",
+        "init": "the init's own sharding (init at {at})", "target": "the target's in_shardings",
+        "unknown": "the init at {at} (no sharding known)",
         "compiler": "auto at {at}", None: "the default (replicated) for the leaf at {at}"}
 
 
@@ -388,6 +398,11 @@ def find_causes(name: str, before: Mapping, after: Mapping, changes: list[Change
     if mesh_text(mb) != mesh_text(ma):
         edits.append((Cause(name, "mesh", f"the mesh changed: {mesh_text(mb)} → {mesh_text(ma)}", None,
                             (f"mesh: {mesh_text(mb)} → {mesh_text(ma)}",)), set()))
+    ob, oa = before.get("compiler_options") or {}, after.get("compiler_options") or {}
+    if ob != oa:
+        text = lambda o: ", ".join(f"{k}={v}" for k, v in sorted(o.items())) or "none"  # noqa: E731
+        edits.append((Cause(name, "compiler_options", f"the target's own compiler_options changed: {text(ob)} → "
+                            f"{text(oa)}", None, (f"compiler_options: {text(ob)} → {text(oa)}",)), set()))
     groups: dict[tuple, list[tuple[str, str, str]]] = {}
     model_inits: dict[str, None] = {}
     b_in = {x["path"]: x for x in before.get("inputs") or []}
@@ -437,6 +452,8 @@ def find_causes(name: str, before: Mapping, after: Mapping, changes: list[Change
         hit = [i for i, (_, lab) in enumerate(edits) if lab & labels]
         if change.subject == ("mesh",):
             hit = [i for i, (c, _) in enumerate(edits) if c.kind == "mesh"]
+        if change.subject == ("compiler_options",):
+            hit = [i for i, (c, _) in enumerate(edits) if c.kind == "compiler_options"]
         for i in hit:
             consequences[i].append((change, True))
         if not hit:

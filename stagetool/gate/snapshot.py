@@ -220,6 +220,7 @@ def function_snapshot(fr: Any) -> dict:
         "collectives": _cause_fields(fr.collectives, collective_rows(fr.collectives)),
         **_dcn(fr.collectives),
         **_timeline_entry(fr.memory),
+        **({"compiler_options": dict(fr.compiler_options)} if getattr(fr, "compiler_options", ()) else {}),
     }
     if origins is not None:
         # a constraint traced twice (forward and backward of a grad) is one line of the user's code

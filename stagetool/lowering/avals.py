@@ -74,6 +74,9 @@ class AbstractInputs:
         updates, logical axis rules); None means the target itself.
       state_outputs: arguments whose updated state ``fn`` returns beside the target's output
         (``{"out": ..., name: ...}``); () when ``fn`` returns the target's output as it is.
+      jit: the target's own jit settings (:class:`stagetool.lowering.jit_wrapper.JitSettings`).
+      wrapped: whether ``fn`` is stagetool's pure wrapper (static leaves closed over) rather than
+        the target (or the function under its ``jax.jit``) itself.
     """
 
     args: tuple
@@ -84,6 +87,8 @@ class AbstractInputs:
     donate_argnames: tuple[str, ...]
     fn: Callable[..., Any] | None = None
     state_outputs: tuple[str, ...] = ()
+    jit: Any = None
+    wrapped: bool = False
 
 
 def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup, mesh_spec: MeshSpec, *,
@@ -108,14 +113,17 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
+    from stagetool.lowering.jit_wrapper import jit_settings
+
     check_signature(fspec, fn)
+    own = jit_settings(fn, len(fspec.args) + len(fspec.kwargs))
+    fspec = _bind_for_in_shardings(fspec, fn, own)
     names = _arg_names(fn, len(fspec.args))
     issues: list[str] = []
     hints: list[str] = []  # one per kind of problem found, each fitting its kind
     by_id: dict[int, InputLeaf] = {}
     local_sizes = local_mesh_sizes(mesh_spec, setup.process_of_device) if avals == "local" else None
-    donated_nums = {d for d in fspec.donate if isinstance(d, int)}
-    donated_names = {d for d in fspec.donate if isinstance(d, str)}
+    donated_nums, donated_names = merged_donation(fspec, fn, own)
     axis_size = dict(mesh_spec.axes)
 
     def to_struct(leaf: LeafSpec, sharding: Sharding, path: str, source: Loc | str | None, donated: bool,
@@ -262,13 +270,23 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     kwargs = {k: convert(v, k, k in donated_names) for k, v in fspec.kwargs.items()}
     static = {k: build_value(v, fspec) for k, v in fspec.static.items()}
     check_static_hashable(fspec, static)
+    if own.in_shardings is not None and not issues:
+        args = _take_in_shardings(args, own, by_id, setup.mesh, fspec, issues)
+    if own.out_shardings is not None and fspec.out_shardings is not None:
+        issues.append(f"{fspec.where('out_shardings')}: functions.{fspec.name}.out_shardings: the spec gives "
+                      f"out_shardings, and {fspec.target} is already {own.kind}(out_shardings=...); "
+                      "its own out_shardings are the ones that run: drop the spec's")
     if issues:
         raise SpecError(issues, hint="; ".join(dict.fromkeys(hints)) or None)
     from stagetool.lowering.frameworks import prepare_call
 
-    prepared = prepare_call(fn, args, kwargs, static, names=names, donate_argnums=tuple(sorted(donated_nums)),
+    # A jax.jit target is staged as the function underneath, jitted once with its own settings
+    # merged with the spec's (stages.jit_function): no nested jit, so its donation and options hold.
+    call = own.fun if (own.kind == "jax.jit" and own.fun is not None) else fn
+    prepared = prepare_call(call, args, kwargs, static, names=names, donate_argnums=tuple(sorted(donated_nums)),
                             donate_argnames=tuple(sorted(donated_names)), rules=rules_object(),
-                            where=f"{fspec.where('args')}: functions.{fspec.name}: ")
+                            where=f"{fspec.where('args')}: functions.{fspec.name}: ",
+                            in_place=own.kind != "jax.jit")
     # The order JAX flattens (args, kwargs) in (dict keys sorted), as in compiled.input_shardings.
     structs = [x for x in jax.tree_util.tree_leaves((prepared.args, {k: v for k, v in prepared.kwargs.items()
                                                                      if k not in static}))]
@@ -276,7 +294,102 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
               if id(x) in by_id]
     return AbstractInputs(prepared.args, prepared.kwargs, leaves, tuple(static), prepared.donate_argnums,
                           prepared.donate_argnames, prepared.fn if prepared.fn is not fn else None,
-                          prepared.state_outputs)
+                          prepared.state_outputs, own, prepared.fn is not call)
+
+
+def merged_donation(fspec: FunctionSpec, fn: Callable[..., Any], own: Any) -> tuple[set, set]:
+    """The donated positions and names: the spec's ``donate`` and the target's own jit's donation
+    (``jax.jit(donate_argnums=...)``, ``nnx.jit(donate_argnames=...)``, ``eqx.filter_jit(donate="all")``).
+
+    One side alone is taken as it is; both the same is fine.
+
+    Raises:
+      SpecError: both donate, and not the same arguments (naming both).
+    """
+    spec_nums = {d for d in fspec.donate if isinstance(d, int)}
+    spec_names = {d for d in fspec.donate if isinstance(d, str)}
+    own_nums, own_names = set(own.donate_argnums), set(own.donate_argnames)
+    if not (own_nums or own_names):
+        return spec_nums, spec_names
+    if not fspec.donate:
+        return own_nums, own_names
+
+    def positions(nums: set, names_: set) -> set:
+        params = _arg_names(fn, 64)
+        return nums | {params.index(n) if n in params else n for n in names_}
+
+    if positions(spec_nums, spec_names) != positions(own_nums, own_names):
+        wrapper = ", ".join(f"{k}={sorted(v)}" for k, v in (("donate_argnums", own_nums), ("donate_argnames", own_names)) if v)
+        raise SpecError([f"{fspec.where('donate')}: functions.{fspec.name}.donate: the spec donates "
+                         f"{list(fspec.donate)}, but {fspec.target} is already {own.kind}({wrapper}), which donates "
+                         "other arguments"], hint="make the spec's donate the same as the target's own, or drop it")
+    return spec_nums | own_nums, spec_names | own_names
+
+
+def _bind_for_in_shardings(fspec: FunctionSpec, fn: Callable[..., Any], own: Any) -> FunctionSpec:
+    """For a target jitted with ``in_shardings`` (which ``jax.jit`` takes only with positional
+    arguments), the spec's ``kwargs`` that name positional parameters moved to their positions.
+
+    Raises:
+      SpecError: a keyword that cannot become positional (a position before it is not given, or
+        a keyword-only parameter).
+    """
+    if own.in_shardings is None or not fspec.kwargs:
+        return fspec
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return fspec
+    args, kwargs = list(fspec.args), dict(fspec.kwargs)
+    locs = dict(fspec.locs)
+    donate = list(fspec.donate)
+    for p in params[len(args):]:
+        if p.name not in kwargs:
+            break
+        args.append(kwargs.pop(p.name))
+        i = len(args) - 1
+        if f"kwargs.{p.name}" in locs:
+            locs[f"args[{i}]"] = locs[f"kwargs.{p.name}"]
+        donate = [i if d == p.name else d for d in donate]
+    if kwargs:
+        name = next(iter(kwargs))
+        raise SpecError([f"{fspec.locs.get('kwargs.' + name) or fspec.where('kwargs')}: functions.{fspec.name}.kwargs: "
+                         f"{fspec.target} is jitted with in_shardings, and jax.jit then takes positional arguments "
+                         f"only; {name!r} cannot be given by position (every parameter before it must be given)"],
+                        hint="give the arguments under 'args', in order")
+    return dataclasses.replace(fspec, args=tuple(args), kwargs={}, donate=tuple(donate), locs=locs)
+
+
+def _take_in_shardings(args: tuple, own: Any, by_id: dict, mesh: Any, fspec: FunctionSpec, issues: list[str]) -> tuple:
+    """The positional ``args`` with each array leaf sharded as the target's own ``in_shardings``
+    say: a leaf the spec writes without ``@`` takes it (``sharding_source: "target"``); one whose
+    ``@`` differs is an issue naming both."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from stagetool.lowering.jit_wrapper import in_sharding_dims
+
+    dims = iter(in_sharding_dims(own, args))
+
+    def one(x: Any) -> Any:
+        d = next(dims)
+        leaf = by_id.get(id(x))
+        if d is None or leaf is None:
+            return x
+        wanted = Sharding("spec", d)
+        if leaf.sharding_source in (None, "unknown"):
+            struct = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, PartitionSpec(*d)),
+                                          weak_type=getattr(x, "weak_type", False))
+            by_id[id(struct)] = dataclasses.replace(leaf, declared=wanted, sharding_source="target")
+            return struct
+        if leaf.declared.kind == "spec" and not _same_dims(leaf.declared.dims, d):
+            issues.append(f"{leaf.source or fspec.where('args')}: {leaf.path}: the spec shards it {leaf.declared}, but "
+                          f"{fspec.target}'s own jit(in_shardings=...) gives {wanted}; drop the spec's '@ ...' "
+                          "(the target's in_shardings apply) or make them agree")
+        return x
+
+    return jax.tree_util.tree_map(one, args)
 
 
 def signature_problems(fn: Callable[..., Any], n_args: int, kwnames: list[str]) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ The key (:func:`cache_key`) is a sha256 over:
   donation (``mhlo.sharding``, ``tf.aliasing_output``); and the source locations of its ops
   (from ``as_text(debug_info=True)``, without stagetool's own frames, :func:`source_locations`), which
   the compiled module's metadata — the source line of each collective — follows;
-- the compile options;
+- the compile options, and the target's own jit's ``compiler_options`` (:func:`target_compiler_options`);
 - the platform, device kind, topology, the mesh's device ids in mesh order and its process layout
   (for a compile-only GPU target also the sha256 of its target config and the CUDA plugin's version);
 - what the spec says about each leaf that the facts echo (path, declared sharding, local shape,
@@ -146,12 +146,22 @@ def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = 
         "declared_outputs": _key_part(declared_outputs),
         "environment": {k: os.environ.get(k) for k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")},
         "versions": versions(),
+        "target_compiler_options": target_compiler_options(inputs),
     }
     if getattr(setup, "target_config_sha256", None) is not None:  # a compile-only GPU target: what XLA compiled for
         from stagetool.lowering.gpu_topology import cuda_plugin_version
 
         description["gpu_target"] = {"config_sha256": setup.target_config_sha256, "plugin": cuda_plugin_version()}
     return hashlib.sha256(json.dumps(description, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def target_compiler_options(inputs: Any) -> list[list[str]]:
+    """The target's own ``jax.jit(compiler_options=...)`` (``inputs.jit``), as sorted ``[name, value]``
+    pairs: part of the key, since ``Lowered.compile`` applies them and the lowered text does not
+    show them (a pass-disabling option changes the program, not the module text)."""
+    from stagetool.lowering.jit_wrapper import options_text
+
+    return [list(pair) for pair in options_text(getattr(inputs, "jit", None))]
 
 
 _FILE_LOCATION = re.compile(r'loc\("((?:[^"\\]|\\.)*)":(\d+):(\d+)(?: to (\d*):?(\d+))?\)')

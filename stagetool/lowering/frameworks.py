@@ -214,7 +214,7 @@ def leaf_arguments(args: tuple, kwargs: dict) -> list[Any]:
 
 def prepare_call(fn: Callable[..., Any], args: tuple, kwargs: dict, static_kwargs: dict, *,
                  names: list[str], donate_argnums: tuple[int, ...], donate_argnames: tuple[str, ...],
-                 rules: Any = None, where: str = "") -> PreparedCall:
+                 rules: Any = None, where: str = "", in_place: bool = True) -> PreparedCall:
     """The function and arguments to hand to ``jax.jit`` (see the module docstring).
 
     Args:
@@ -225,6 +225,9 @@ def prepare_call(fn: Callable[..., Any], args: tuple, kwargs: dict, static_kwarg
       donate_argnums / donate_argnames: donated arguments, in the target's terms.
       rules: the logical axis rules object to hold active while tracing, or None.
       where: the spec location, for messages.
+      in_place: whether the target has NNX's in-place semantics (a plain function or ``nnx.jit``:
+        the updated graph nodes become outputs); False for a ``jax.jit`` target, which returns
+        only what it returns (its in-place updates are lost when run, so they are not staged).
 
     Raises:
       SpecError: an input that ``jax.jit`` cannot take (a ``jax.Ref``), naming it and how to pass it.
@@ -237,7 +240,7 @@ def prepare_call(fn: Callable[..., Any], args: tuple, kwargs: dict, static_kwarg
     tops = leaf_arguments(tuple(args), kwargs)
     _refuse_refs(flat, tops, where)
     stateful: list[Any] = []
-    if any(library_of(x) == "flax" for x in _tree_objects((tuple(args), kwargs))):
+    if in_place and any(library_of(x) == "flax" for x in _tree_objects((tuple(args), kwargs))):
         from stagetool.lowering import flax_support
 
         stateful = [i for i, a in enumerate(args) if flax_support.has_graph_nodes(a)]

@@ -83,11 +83,15 @@ class Staged:
 
 
 def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, mesh: Any) -> Any:
-    """``jax.jit`` the target with the spec's static, donated and out-sharding options.
+    """``jax.jit`` the target with the spec's static, donated and out-sharding options, merged with
+    the target's own jit's (``inputs.jit``, :mod:`stagetool.lowering.jit_wrapper`).
 
-    A target that is already ``jax.jit``-wrapped keeps its own options and is used as it is,
-    unless the spec adds donation or out shardings, in which case it is wrapped once more (the
-    inner jit then becomes a nested call of the outer one).
+    - A ``jax.jit`` target the spec adds nothing to is used as it is. Otherwise the function under
+      it is jitted once with its own settings (static arguments, donation, out_shardings,
+      ``compiler_options``, ``keep_unused``) plus the spec's — never nested, so its donation and
+      options hold. Its ``in_shardings`` are on the abstract arguments already (:func:`build_inputs`).
+    - ``nnx.jit`` / ``eqx.filter_jit`` targets run nested inside stagetool's jit (so NNX's in-place
+      semantics and Equinox's filtering are theirs); their donation was merged into the inputs'.
 
     Raises:
       SpecError: ``jax.jit`` rejects the options (static or donated names the function does not
@@ -96,21 +100,41 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
     import jax
 
     fn = target.fn
-    already = isinstance(fn, jax.stages.Wrapped)
+    own = inputs.jit
     out_shardings = _out_shardings(fspec.out_shardings, mesh)
-    if already and not fspec.donate and fspec.out_shardings is None:
+    if own is not None and own.kind == "jax.jit" and own.fun is None:  # unreadable: as before, nested
+        own = None
+    if isinstance(fn, jax.stages.Wrapped) and inputs.fn is None and not fspec.donate \
+            and fspec.out_shardings is None:
         return fn
+    if own is not None and own.kind == "jax.jit" and not inputs.wrapped and fspec.out_shardings is None \
+            and set(inputs.donate_argnums) == set(own.donate_argnums) \
+            and set(inputs.donate_argnames) == set(own.donate_argnames) \
+            and set(inputs.static_argnames) <= set(own.static_argnames):
+        return own.wrapper  # the spec adds nothing: the target's own jit stages itself
     options: dict[str, Any] = {}
+    if own is not None and own.kind == "jax.jit":
+        if not inputs.wrapped:  # the function itself, called as the target is
+            options.update(static_argnums=tuple(i for i in own.static_argnums if i < len(inputs.args)),
+                           static_argnames=own.static_argnames)
+        if own.out_shardings is not None:
+            options["out_shardings"] = own.out_shardings
+        if own.compiler_options:
+            options["compiler_options"] = own.compiler_options
+        if own.keep_unused:
+            options["keep_unused"] = True
     if inputs.static_argnames:
-        options["static_argnames"] = inputs.static_argnames
+        options["static_argnames"] = tuple(dict.fromkeys((*options.get("static_argnames", ()),
+                                                          *inputs.static_argnames)))
     if inputs.donate_argnums:
         options["donate_argnums"] = inputs.donate_argnums
     if inputs.donate_argnames:
         options["donate_argnames"] = inputs.donate_argnames
     if fspec.out_shardings is not None:
         options["out_shardings"] = out_shardings
+    base = inputs.fn or fn
     try:
-        return jax.jit(fn, **options)
+        return jax.jit(base, **options)
     except Exception as e:  # jax.jit checks its options against the signature: a spec mistake
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         key = next((k for k, words in (("static", ("static_arg",)), ("donate", ("donate_arg",)),

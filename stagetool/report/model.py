@@ -86,6 +86,8 @@ class FunctionReport:
       error_traceback: the Python traceback of that failure, for ``--debug`` (not in the JSON).
       cached: the compiled facts came from stagetool's facts cache (the function was traced and
         lowered, not compiled; ``timings.compile_s`` is None).
+      compiler_options: ``(name, value text)`` of the target's own jit's ``compiler_options``
+        (``jax.jit(f, compiler_options=...)``), sorted by name; () when it has none.
     """
 
     name: str
@@ -102,6 +104,7 @@ class FunctionReport:
     error: str | None = None
     error_traceback: str | None = dataclasses.field(default=None, compare=False, metadata={"json_skip": True})
     cached: bool = False
+    compiler_options: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

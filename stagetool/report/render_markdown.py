@@ -78,6 +78,8 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
            + (f", topology `{f.mesh.topology}`" if f.mesh.topology else "") + (f"; {stages}" if stages else "") + ".", ""]
     if config:
         out += [f"<sub>{escape(views.config_line(config))}</sub>", ""]
+    if f.compiler_options:
+        out += [f"<sub>{escape(views.compiler_options_line(f.compiler_options))}</sub>", ""]
     out += [f"> {n}" for n in f.notes] + ([""] if f.notes else [])
     if f.error is not None:
         return out + [f"**Failed:** {escape(f.error)}", ""]

@@ -125,6 +125,8 @@ def _header(f: FunctionReport, config: tuple[tuple[str, str], ...] = ()) -> list
     out: list[RenderableType] = [Rule(title, align="left"), sub]
     if config:
         out.append(Text(views.config_line(config), style="dim"))
+    if f.compiler_options:
+        out.append(Text(views.compiler_options_line(f.compiler_options), style="dim"))
     for note in f.notes:
         out.append(Text(f"note: {note}", style="dim"))
     return out

@@ -70,6 +70,11 @@ def config_line(config: Any) -> str:
     return "config: " + " · ".join(f"{name}={value}" for name, value in config)
 
 
+def compiler_options_line(options: Any) -> str:
+    """The target's own jit's ``compiler_options`` on one line (report header)."""
+    return "compiler_options (the target's jit): " + " · ".join(f"{name}={value}" for name, value in options)
+
+
 def cost_caption(c: Any) -> str:
     per_device = ("derived from one device's compiled module with XLA's HloCostAnalysis rules (the backend "
                   "reports none)" if c.per_device.source.startswith("derived")
@@ -258,7 +263,7 @@ def leaf_notes(leaf: Any) -> list[str]:
     donated, local shape."""
     notes = []
     source = getattr(leaf, "sharding_source", None)
-    if source in ("rule", "model", "init"):
+    if source in ("rule", "model", "init", "target"):
         notes.append(f"from {source}")
     elif source == "unknown":
         notes.append("sharding unknown: the init gives none, replicated assumed")
