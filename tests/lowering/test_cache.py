@@ -194,6 +194,9 @@ def test_the_peak_comes_from_an_entry_that_holds_it(project, tmp_path):
     assert not first.cached and first.memory.peak is not None and first.memory.peak.buffers
     second = _run(cache, sections=[Section.MEMORY], peak=True)
     assert second.cached and second.memory.peak == first.memory.peak
+    # the buffer assignment travels with the entry: the memory timeline of a hit is the compile's
+    assert first.memory.timeline and first.memory.timeline_peak.reason is None
+    assert (second.memory.timeline, second.memory.timeline_peak) == (first.memory.timeline, first.memory.timeline_peak)
     assert _run(cache, sections=[Section.MEMORY]).cached  # the peak entry answers a run without it
 
 
