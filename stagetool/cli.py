@@ -493,6 +493,12 @@ def _emit_with_verdict(command: str, options: Any, sections: list, fmt: Format, 
     """Analyse and emit; with ``--fail-if-over``, exit 1 when any function's peak is over the device memory."""
     report = _analyze(command, options, sections)
     emit(report, fmt, output)
+    suspect = [f"{f.name}: {f.memory.verdict.reason}" for f in report.functions
+               if f.memory is not None and f.memory.verdict.fits is None and f.memory.record.peak_suspects]
+    if fail_if_over and suspect:
+        raise UsageError("--fail-if-over: verdict unknown: " + "; ".join(suspect),
+                         hint="the backend's memory figures cannot decide; compile for the target itself "
+                              "(--topology NAME) or check the figures with stagetool memory --format json")
     unknown = [f.name for f in report.functions if f.memory is not None and f.memory.verdict.fits is None]
     if fail_if_over and unknown:
         raise UsageError(f"--fail-if-over needs the device memory, which is unknown for {', '.join(unknown)}",

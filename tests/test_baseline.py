@@ -87,7 +87,7 @@ def _entry(**over):
 
 
 def _snap(entries, **over):
-    doc = {"snapshot_schema": 2, "kind": "stagetool-snapshot", "stagetool_version": "0.1.0", "jax_version": "0.10.2",
+    doc = {"snapshot_schema": snapshot.SNAPSHOT_SCHEMA, "kind": "stagetool-snapshot", "stagetool_version": "0.1.0", "jax_version": "0.10.2",
            "jaxlib_version": "0.10.2", "spec": "m.stagetool.yaml", "functions": entries}
     doc.update(over)
     return doc
@@ -278,9 +278,12 @@ def test_dumps_is_deterministic_and_numbers_are_stable():
     (None, "not found"),
     ("{not json", r":1:2: the baseline is not valid JSON"),
     ('{"kind": "report", "schema_version": 1}', "not a stagetool snapshot"),
-    ('{"kind": "stagetool-snapshot", "snapshot_schema": 3}', "snapshot_schema 3 is not supported"),
+    ('{"kind": "stagetool-snapshot", "snapshot_schema": 4}', "snapshot_schema 4 is not supported"),
+    ('{"kind": "stagetool-snapshot", "snapshot_schema": 2}',
+     "schema 2: its memory.peak_bytes is arguments \\+ outputs - aliased \\+ temporaries alone, which misses the "
+     "temporaries XLA:TPU leaves out"),
     ('{"kind": "stagetool-snapshot", "snapshot_schema": 1}', "schema 1: its memory.peak_bytes is XLA's peak_memory_in_bytes or"),
-    (('{"kind": "stagetool-snapshot", "snapshot_schema": 2, "jax_version": "x", "jaxlib_version": "x", '
+    (('{"kind": "stagetool-snapshot", "snapshot_schema": 3, "jax_version": "x", "jaxlib_version": "x", '
       '"functions": {"f": {"mesh": {}}}}'), "functions.f: missing 'inputs'"),
 ])
 def test_load_snapshot_errors(tmp_path, content, match):
@@ -464,3 +467,16 @@ def test_function_snapshot_takes_collectives_from_the_report(mlp_copy):
     after = snapshot.snapshot_from_report(dataclasses.replace(report, functions=(fr2,)))
     (c,) = gate_compare.compare(before, after).regressions
     assert (c.what, c.after, c.note) == ("collective all-gather over model", "1× 256 KiB", "new collective")
+
+
+def test_the_gate_compares_device_and_host_memory_apart():
+    """Offloading to pinned_host moves bytes from the device peak to the host peak: undoing it is a
+    device-peak regression (it no longer passes as an improvement), and host growth is one too."""
+    offloaded = _entry(memory={**_entry()["memory"], "peak_bytes": 11100, "host_peak_bytes": 4096})
+    undone = _entry(memory={**_entry()["memory"], "peak_bytes": 15196, "host_peak_bytes": 0})
+    changes = {c.what: c for f in _compare(offloaded, undone).functions for c in f.changes}
+    assert changes["memory.peak_bytes"].status == "regression"
+    assert changes["memory.host_peak_bytes"].status == "improvement"
+    more_host = _entry(memory={**_entry()["memory"], "peak_bytes": 11100, "host_peak_bytes": 8192})
+    changes = {c.what: c for f in _compare(offloaded, more_host).functions for c in f.changes}
+    assert changes["memory.host_peak_bytes"].status == "regression" and "memory.peak_bytes" not in changes

@@ -61,7 +61,7 @@ def test_snapshot_check_regression_restore_update(project, capsys, monkeypatch):
     assert run(capsys, "snapshot", "--spec", "mlp.stagetool.yaml", "-o", "again.json")[0] == 0
     assert (project / "again.json").read_bytes() == first
     doc = json.loads(first)
-    assert doc["snapshot_schema"] == 2 and list(doc["functions"]) == ["train_step"]
+    assert doc["snapshot_schema"] == 3 and list(doc["functions"]) == ["train_step"]
     assert "timings" not in first.decode() and "_s\"" not in first.decode()
 
     code, out, _ = run(capsys, "check", "--spec", "mlp.stagetool.yaml")     # default --baseline

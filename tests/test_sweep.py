@@ -334,7 +334,7 @@ def test_text_markdown_and_csv_render_every_row(tmp_path):
     lines = render(doc, SweepFormat.csv).splitlines()
     assert lines[0].startswith("mesh,index,id,best,status,peak_bytes_per_device")
     assert lines[0].endswith("collective_bytes_per_step[data],collective_bytes_per_step[model[minor 2 of 4]]")
-    assert lines[1].startswith("2x4,0,mesh=2x4,true,ok,2048,4096,true,3072,,1500000000.0,,1,")
+    assert lines[1].startswith("2x4,0,mesh=2x4,true,ok,2048,,4096,true,3072,,1500000000.0,,1,")
     assert lines[1].endswith(",1024,2048") and lines[2].endswith("setup: not divisible,,")
     assert json.loads(render(doc, SweepFormat.json)) == doc
 

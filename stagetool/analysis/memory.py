@@ -7,16 +7,24 @@ Sources (verified on jax/jaxlib 0.10.2, CPU):
   ``alias_size_in_bytes``, ``temp_size_in_bytes``, ``generated_code_size_in_bytes``, the
   same five as ``host_*`` (host memory space), ``peak_memory_in_bytes`` and
   ``serialized_buffer_assignment_proto``.
-* **One definition of peak** (what is shown, snapshotted and gated): ``peak_bytes`` is always
-  ``argument + output - alias + temp``, the device memory XLA's buffer assignment allocates for
-  one execution (the parameters, the outputs that do not reuse a donated parameter, and the one
-  temp block). It is derived from XLA's figures, defined on every backend, and does not change
-  meaning with donation. XLA's own ``peak_memory_in_bytes`` is kept beside it
-  (``peak_bytes_reported``) but never gated: its meaning differs by backend and by donation. On
-  CPU (jaxlib 0.10.2) it leaves out the temp block: for the SGD step of the tests it reads
-  12.0 MiB without donation and 8.0 MiB with it, while the allocation is 20.0 MiB both ways (the
-  donated output buffer moves into the temp block). On TPU it is the high-water mark of a
-  schedule that frees buffers early, so it can be below the sum.
+* **One definition of peak** (what is shown, snapshotted, compared with capacity and gated, the
+  same number in every command): ``peak_bytes`` is the larger of
+
+  - ``argument + output - alias + temp``: the device memory XLA's buffer assignment allocates for
+    one execution (the parameters, the outputs that do not reuse a donated parameter, and the one
+    temp block); derived from XLA's figures; and
+  - XLA's own ``peak_memory_in_bytes`` where the backend reports one (> 0).
+
+  Why both: their meaning differs by backend. On CPU (jaxlib 0.10.2) ``peak_memory_in_bytes``
+  leaves out the temp block (the SGD step of the tests: 12.0 MiB without donation, 8.0 MiB with
+  it, while the allocation is 20.0 MiB both ways), so the sum is the larger. On a compile-only TPU
+  topology (libtpu 0.10.2) XLA:TPU reports ``temp_size_in_bytes`` 0 for most programs, so the
+  sum misses the temporaries and ``peak_memory_in_bytes`` is the larger (the transformer example on
+  ``v5e:2x4``: sum 5,923,328 B, XLA 47,579,136 B). ``peak_source`` says which one gave the number.
+  The figure never depends on XLA's live-range dump (``memory --peak``): that dump only lists
+  what is live at the peak (:mod:`stagetool.analysis.peak`), so every command gates the same number.
+  Host memory (``pinned_host``, layout ``S(5)``) is never part of it: ``host_peak_bytes`` is
+  ``host_argument + host_output - host_alias + host_temp``, apart.
 * Donation: the compiled HLO module header ``input_output_alias={ {0}: (1, {}, may-alias) }``
   maps output shape index ``{0}`` to entry parameter 1 (shape index ``{}``).
 * Capacity: ``jax.Device.memory_stats()["bytes_limit"]`` (None on CPU).
@@ -36,8 +44,14 @@ from stagetool.analysis.cost import Suspect
 
 _SOURCE = "jax.stages.Compiled.memory_analysis()"
 
+#: ``peak_source`` when the sum of XLA's figures gives the gated peak.
+SUM_SOURCE = "arguments + outputs - aliased + temporaries"
+#: ``peak_source`` when XLA's own ``peak_memory_in_bytes`` is the larger and gives the gated peak.
+XLA_PEAK_SOURCE = "XLA's peak_memory_in_bytes"
 #: What ``MemoryRecord.peak_bytes`` means, on every backend (see the module docstring).
-PEAK_DEFINITION = "arguments + outputs - aliased + temporaries"
+PEAK_DEFINITION = f"the larger of {SUM_SOURCE} and {XLA_PEAK_SOURCE}"
+#: Fields whose suspects make the gated peak (and so a capacity verdict built on it) suspect.
+_PEAK_INPUTS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes")
 
 _FIELDS = (
     ("argument_bytes", "argument_size_in_bytes"),
@@ -66,14 +80,17 @@ class MemoryRecord:
         device-memory figures.
       host_argument_bytes, host_output_bytes, host_alias_bytes, host_temp_bytes,
         host_generated_code_bytes: host-memory-space figures.
-      peak_bytes_reported: ``peak_memory_in_bytes`` as XLA reports it (XLA's figure, shown beside
-        the peak, never gated), or None.
+      peak_bytes_reported: ``peak_memory_in_bytes`` as XLA reports it (XLA's figure), or None.
       peak_bytes_estimate: ``argument + output - alias + temp`` (derived from XLA's figures; None
         if one of them is missing).
-      peak_bytes: the peak that is shown, snapshotted, compared with capacity and gated: always
-        ``peak_bytes_estimate`` (the memory allocated for one execution), raised to the bytes live
-        at the peak when XLA's live-range dump shows more (never seen; then a suspect says so).
-      peak_source: :data:`PEAK_DEFINITION`, ``"live at the peak"`` when raised, or None.
+      peak_bytes: the peak that is shown, snapshotted, compared with capacity and gated, the same in
+        every command: the larger of ``peak_bytes_estimate`` and ``peak_bytes_reported`` (the
+        module docstring says why); None when neither is known.
+      peak_source: which of the two gave ``peak_bytes`` (:data:`SUM_SOURCE` or
+        :data:`XLA_PEAK_SOURCE`; the sum on a tie), or None.
+      host_peak_bytes: host memory (``pinned_host``, ``S(5)``) for one execution:
+        ``host_argument + host_output - host_alias + host_temp`` (derived; None when one is
+        missing); never part of ``peak_bytes``.
       reason: why nothing was reported (None when memory_analysis() gave an object).
       suspects: figures that look wrong, as :class:`stagetool.analysis.cost.Suspect` records.
     """
@@ -95,6 +112,15 @@ class MemoryRecord:
     reason: str | None
     suspects: tuple[Suspect, ...] = ()
     source: str = _SOURCE
+    host_peak_bytes: int | None = None
+
+    @property
+    def peak_suspects(self) -> tuple[Suspect, ...]:
+        """The suspects on a figure the gated peak is built from (the sum's four parts, and XLA's
+        ``peak_memory_in_bytes`` when it is the one that gives the peak): a verdict on such a peak
+        is unknown (:func:`fit_verdict`)."""
+        fields = set(_PEAK_INPUTS) | ({"peak_bytes_reported"} if self.peak_source == XLA_PEAK_SOURCE else set())
+        return tuple(s for s in self.suspects if s.field in fields)
 
 
 def _int_or_none(obj: Any, name: str) -> int | None:
@@ -110,11 +136,12 @@ def _int_or_none(obj: Any, name: str) -> int | None:
 def normalise_memory(stats: Any) -> MemoryRecord:
     """Turn a ``CompiledMemoryStats`` (or any object with those attributes, or None) into a record.
 
-    ``peak_bytes`` is ``argument + output - alias + temp`` whatever the backend or donation
-    (:data:`PEAK_DEFINITION`; None when one of those is missing); XLA's ``peak_memory_in_bytes``
-    is kept as ``peak_bytes_reported``, never used in its place. Suspects: a negative figure,
-    aliased bytes beyond the outputs, XLA's peak below its own temp allocation (CPU leaves the
-    temporaries out of it). Never raises.
+    ``peak_bytes`` is the larger of ``argument + output - alias + temp`` and XLA's
+    ``peak_memory_in_bytes`` (:data:`PEAK_DEFINITION`; the module docstring says why), whatever the
+    backend or donation; ``host_peak_bytes`` is the host-memory sum, apart. Suspects: a negative
+    figure, aliased bytes beyond the outputs. XLA's peak below its own temp allocation (CPU leaves
+    the temporaries out of it) is no suspect: the sum is then the larger and gives the peak. Never
+    raises.
     """
     if stats is None:
         empty = {f: None for f, _ in _FIELDS}
@@ -133,31 +160,22 @@ def normalise_memory(stats: Any) -> MemoryRecord:
         estimate = a + o - al + t
         if al > o:
             suspects.append(Suspect("alias_bytes", f"aliased bytes {al} exceed output bytes {o}"))
-    if reported is not None and t is not None and reported < t:
-        suspects.append(Suspect("peak_bytes_reported",
-                                f"XLA's peak_memory_in_bytes {reported} is smaller than its own temp allocation {t}: "
-                                "this backend's figure leaves out temporaries (seen on CPU); not used"))
+    ha, ho, hal, ht = (vals["host_argument_bytes"], vals["host_output_bytes"], vals["host_alias_bytes"],
+                       vals["host_temp_bytes"])
+    host = ha + ho - hal + ht if None not in (ha, ho, hal, ht) else None
     if not any(v is not None for v in vals.values()) and reported is None:
         return MemoryRecord(**vals, peak_bytes_reported=None, peak_bytes_estimate=None, peak_bytes=None,
                             peak_source=None, reason=f"{_SOURCE} returned a "
                             f"{type(stats).__name__} without any known size attribute")
+    peak, source = estimate, SUM_SOURCE if estimate is not None else None
+    if reported is not None and reported > 0 and (estimate is None or reported > estimate):
+        peak, source = reported, XLA_PEAK_SOURCE
     return MemoryRecord(**vals, peak_bytes_reported=reported, peak_bytes_estimate=estimate,
-                        peak_bytes=estimate, peak_source=PEAK_DEFINITION if estimate is not None else None,
-                        reason=None if estimate is not None else
-                        f"{_SOURCE} lacks one of argument, output, alias and temp sizes: no peak",
-                        suspects=tuple(suspects))
-
-
-def at_least_live(record: MemoryRecord, live_bytes: int | None) -> MemoryRecord:
-    """The record with ``peak_bytes`` raised to the bytes live at the peak (XLA's live-range
-    dump) when those are more, with a suspect saying so: the peak is never smaller than what the
-    "live at the peak" table shows."""
-    if live_bytes is None or (record.peak_bytes is not None and record.peak_bytes >= live_bytes):
-        return record
-    why = Suspect("peak_bytes", f"{PEAK_DEFINITION} ({record.peak_bytes}) is below the {live_bytes} bytes XLA's "
-                  "live-range dump shows live at the peak; the peak is raised to those")
-    return dataclasses.replace(record, peak_bytes=live_bytes, peak_source="live at the peak",
-                               suspects=(*record.suspects, why))
+                        peak_bytes=peak, peak_source=source,
+                        reason=None if peak is not None else
+                        f"{_SOURCE} lacks one of argument, output, alias and temp sizes, and reports no "
+                        "peak_memory_in_bytes: no peak",
+                        suspects=tuple(suspects), host_peak_bytes=host)
 
 
 def memory_of(result: BackendResult | None) -> MemoryRecord:
@@ -299,8 +317,16 @@ class FitVerdict:
     reason: str | None = None
 
 
-def fit_verdict(peak_bytes: int | None, capacity_bytes: int | None) -> FitVerdict:
-    """Compare a per-device peak with a per-device capacity (both bytes). Never raises."""
+def fit_verdict(peak_bytes: int | None, capacity_bytes: int | None,
+                suspects: Sequence[Suspect] = ()) -> FitVerdict:
+    """Compare a per-device peak with a per-device capacity (both bytes). Never raises.
+
+    A peak built on a suspect figure (``suspects``: :attr:`MemoryRecord.peak_suspects`) gives no
+    verdict: ``fits`` is None and ``reason`` names the suspect, so that a gate cannot pass on it.
+    """
+    if suspects and peak_bytes is not None:
+        why = "; ".join(f"{s.field}: {s.reason}" for s in suspects)
+        return FitVerdict(peak_bytes, capacity_bytes, None, None, None, f"the peak is built on a suspect figure ({why})")
     if peak_bytes is None:
         return FitVerdict(None, capacity_bytes, None, None, None, "peak memory not reported")
     if capacity_bytes is None:

@@ -16,6 +16,28 @@ Buffers are named ``<instruction>{<shape index>}``; the instruction's shape and 
 stack frame resolves through the ``FileNames`` / ``FunctionNames`` / ``FileLocations`` /
 ``StackFrames`` tables at the top of that text to the user's file and line.
 
+**What the live-range dump counts, and what this module counts.** XLA's "Live ranges at N (peak)"
+lists every HLO *value* live at the peak, in every memory space: a donated parameter and the output
+that reuses its buffer are two values of one buffer (the donated ``x*2+1`` on ``f32[1024,1024]``:
+8,388,608 B listed, 4,194,304 B allocated), a loop's carry is listed as the ``while`` operand and
+again as the body's parameter, and on TPU the on-chip VMEM buffers, XLA's async copies
+(``copy-start``/``copy-done``: prefetches into on-chip memory, offloads to host) and host buffers
+(``pinned_host``, layout ``S(5)``) are listed beside the device's (HBM) buffers. The compile's
+buffer assignment (:attr:`PeakDump.buffers`, read by :mod:`stagetool.hlo.buffers`) names each
+value's allocation, memory space (color) and offset, so :func:`peak_report` counts every buffer
+once (values at the same allocation and offset are one buffer) and splits the bytes by memory
+space: ``peak_bytes`` (memory space 0, async copies left out) is the device memory live at the
+peak; host memory (``S(5)``) and the rest (on-chip spaces, async copies) are apart.
+
+**This is not the gated peak.** The gated peak (:attr:`stagetool.analysis.memory.MemoryRecord.peak_bytes`)
+is the larger of ``arguments + outputs - aliased + temporaries`` and XLA's ``peak_memory_in_bytes``,
+both from ``Compiled.memory_analysis()``, so that every command gates the same number whether or not
+it takes this dump. The device bytes live at the peak have been at most the gated peak on every
+program measured (CPU: equal for the donated ``x*2+1``; TPU ``v5e:2x4`` transformer: 4,214,232 B
+device + 28,521,472 B VMEM live against a gated 47,579,136 B); when they are more,
+:attr:`PeakReport.note` says so. :mod:`stagetool.analysis.timeline` sets its own maximum against the
+gated peak and names the difference.
+
 Callers can pass their own ``resolve`` callable to :func:`peak_report`.
 
 The dump files' syntax (this live-range text, and the ``HloProto`` with the buffer assignment that
@@ -27,7 +49,9 @@ empty on compile-only TPU and GPU targets, while the dump's ``HloProto`` is writ
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
+from typing import Any
 
 from stagetool.hlo.buffers import (  # the one reader of the dump's files; re-exported here
     LiveBuffer,
@@ -37,8 +61,8 @@ from stagetool.hlo.buffers import (  # the one reader of the dump's files; re-ex
 )
 from stagetool.lowering.stages import PeakDump
 
-__all__ = ["LiveBuffer", "ModuleIndex", "PeakBuffer", "PeakLiveRange", "PeakOpShare", "PeakReport",
-           "SourceLocation", "parse_live_range_peak", "peak_report"]
+__all__ = ["BufferSlot", "HOST_MEMORY_SPACE", "LiveBuffer", "ModuleIndex", "PeakBuffer", "PeakLiveRange",
+           "PeakOpShare", "PeakReport", "SourceLocation", "buffer_slots", "parse_live_range_peak", "peak_report"]
 
 
 
@@ -72,6 +96,11 @@ class PeakBuffer:
       shape: HLO shape of that value, e.g. ``"f32[2048,2048]"`` (layout dropped), or None.
       op_name: JAX op name, or None.
       file, line, function: the user's source location, or None.
+      memory_space: ``"device"`` (memory space 0), ``"host"`` (``S(5)``: ``pinned_host``), ``"async
+        copy"`` (a ``copy-start``/``copy-done`` buffer in memory space 0) or the on-chip space
+        (``"VMEM"``, ``"SMEM"``, ``"memory space N"``).
+      shared_with: the other HLO values live at the peak in this same buffer (a donated parameter's
+        output, a loop carry's body parameter), counted once.
     """
 
     value_name: str
@@ -82,6 +111,8 @@ class PeakBuffer:
     file: str | None
     line: int | None
     function: str | None
+    memory_space: str = "device"
+    shared_with: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,13 +120,22 @@ class PeakReport:
     """What is live at the per-device memory peak.
 
     Attributes:
-      peak_bytes: bytes live at the peak on one device (from XLA's live-range dump), or None.
+      peak_bytes: device memory (memory space 0, async copies left out) live at the peak on one
+        device, each buffer once (bytes, from XLA's live-range dump and buffer assignment), or
+        None. Not the gated peak (see the module docstring).
       position: the peak's index in the scheduled instruction sequence, or None.
-      buffers: the largest live buffers (at most ``top``), largest first.
-      buffer_count: how many buffers are live at the peak in total.
+      buffers: the largest live buffers (at most ``top``), largest first, each buffer once.
+      buffer_count: how many buffers are live at the peak in total (each once, every memory space).
       breakdown: XLA's peak breakdown by op name (see :class:`PeakOpShare`).
       dump_compile_seconds: wall time of the compile that wrote the dump (seconds).
       reason: why nothing was found (None on success).
+      host_bytes: host memory (``S(5)``) live at the peak, bytes per device (0 when none).
+      other_bytes: ``(memory space, bytes)`` of what else is live at the peak: on-chip spaces
+        (``VMEM``) and ``"async copy"``; () when nothing.
+      xla_listed_bytes: the sum XLA's live-range dump prints for its peak (every value, every
+        memory space, shared buffers once per value), or None.
+      note: a sentence when something about the figures needs saying (no buffer assignment to
+        count shared buffers once; device bytes above the gated peak), else None.
     """
 
     peak_bytes: int | None
@@ -105,6 +145,62 @@ class PeakReport:
     breakdown: tuple[PeakOpShare, ...]
     dump_compile_seconds: float | None
     reason: str | None = None
+    host_bytes: int = 0
+    other_bytes: tuple[tuple[str, int], ...] = ()
+    xla_listed_bytes: int | None = None
+    note: str | None = None
+
+
+# --------------------------------------------------------------------------- memory spaces
+
+
+#: XLA's host memory space (``S(5)`` in a layout; ``pinned_host`` in JAX).
+HOST_MEMORY_SPACE = 5
+#: On-chip memory spaces as XLA:TPU's memory-usage report names them.
+_SPACE_NAMES = {1: "VMEM", 2: "SMEM"}
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferSlot:
+    """Where one HLO value lives in the compile's buffer assignment.
+
+    Attributes:
+      allocation: the allocation's index.
+      color: its memory space (0 device memory, 5 host memory ``S(5)``, others on-chip spaces).
+      offset: the value's offset in the allocation, bytes.
+      size_bytes: the value's size, bytes.
+    """
+
+    allocation: int
+    color: int
+    offset: int
+    size_bytes: int
+
+
+def buffer_slots(assignment: Any) -> dict[str, BufferSlot]:
+    """HLO value name (``"fusion.3{}"``, as the live-range dump writes it) → its :class:`BufferSlot`,
+    from a :class:`stagetool.hlo.buffers.BufferAssignment` (None gives ``{}``). Values with the same
+    ``(allocation, offset)`` share one buffer."""
+    if assignment is None:
+        return {}
+    by_id = {b.id: b for b in assignment.buffers}
+    out: dict[str, BufferSlot] = {}
+    for a in assignment.allocations:
+        for x in a.assigned:
+            b = by_id.get(x.buffer_id)
+            if b is not None and b.instruction:
+                out.setdefault(b.value_name, BufferSlot(a.index, a.color, x.offset, x.size))
+    return out
+
+
+def _space(color: int | None, instruction: str, opcode: str | None) -> str:
+    if color == HOST_MEMORY_SPACE:
+        return "host"
+    if color not in (None, 0):
+        return _SPACE_NAMES.get(color, f"memory space {color}")
+    if opcode in ("copy-start", "copy-done") or (opcode is None and re.match(r"copy-(start|done)\b", instruction)):
+        return "async copy"
+    return "device"
 
 
 # --------------------------------------------------------------------------- module text
@@ -158,6 +254,11 @@ class ModuleIndex:
             out.setdefault(name, i)
         return out
 
+    def opcode(self, instruction_name: str) -> str | None:
+        """The instruction's opcode (``"copy-start"``), or None when the module has no such instruction."""
+        ins = self._by_name.get(instruction_name)
+        return ins.opcode if ins is not None else None
+
     def op_and_source(self, instruction_name: str) -> tuple[str | None, str | None]:
         """``(op name, "file:line")`` of an instruction, Nones where unknown (see :meth:`resolve`)."""
         loc = self.resolve(instruction_name)
@@ -188,16 +289,19 @@ class ModuleIndex:
 # --------------------------------------------------------------------------- the report
 
 
-def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = None) -> PeakReport:
-    """Largest buffers live at the per-device memory peak, from the live-range dump lowering took
-    with the compile (:class:`stagetool.lowering.facts.PeakDump`), each attributed to its shape,
-    op name and source line.
+def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = None,
+                gated_peak_bytes: int | None = None) -> PeakReport:
+    """Largest buffers live at the per-device memory peak, from the dump lowering took with the
+    compile (:class:`stagetool.lowering.facts.PeakDump`), each buffer once and in its memory space,
+    attributed to its shape, op name and source line.
 
     Args:
-      dump: the dump's live-range text and the compiled module text it describes.
+      dump: the dump's live-range text, buffer assignment and the compiled module text.
       top: how many buffers to return (largest first).
       resolve: ``instruction_name -> SourceLocation``; default: the compiled module's own text
         (:class:`ModuleIndex`).
+      gated_peak_bytes: the gated peak (``MemoryRecord.peak_bytes``); when the device bytes live at
+        the peak are more, ``note`` says so.
 
     Returns:
       A :class:`PeakReport`; with ``reason`` set and no buffers when XLA wrote no live-range file
@@ -211,10 +315,42 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
         return PeakReport(None, None, (), 0, (), seconds, "no 'Live ranges at N (peak)' section in the dump")
     index = ModuleIndex(dump.module_text)
     res = resolve or index.resolve
+    slots = buffer_slots(getattr(dump, "buffers", None))
+    groups: dict[object, list[LiveBuffer]] = {}
+    for b in live.buffers:  # largest first: the first value of a buffer names it
+        slot = slots.get(b.value_name)
+        key = (slot.allocation, slot.offset) if slot is not None else b.value_name
+        groups.setdefault(key, []).append(b)
+    device, host = 0, 0
+    other: dict[str, int] = {}
+    counted: list[tuple[LiveBuffer, str, tuple[str, ...]]] = []
+    for members in groups.values():
+        first = members[0]
+        slot = slots.get(first.value_name)
+        space = _space(slot.color if slot is not None else None, first.instruction_name,
+                       index.opcode(first.instruction_name))
+        size = max(m.size_bytes for m in members)
+        if space == "device":
+            device += size
+        elif space == "host":
+            host += size
+        else:
+            other[space] = other.get(space, 0) + size
+        counted.append((first, space, tuple(m.value_name for m in members[1:])))
+    counted.sort(key=lambda t: (-t[0].size_bytes, t[0].value_name))
     out = []
-    for b in live.buffers[:max(top, 0)]:
+    for b, space, shared in counted[:max(top, 0)]:
         loc = res(b.instruction_name)
         out.append(PeakBuffer(b.value_name, b.instruction_name, b.size_bytes,
                               index.shape(b.instruction_name, b.shape_index),
-                              loc.op_name, loc.file, loc.line, loc.function))
-    return PeakReport(live.peak_bytes, live.position, tuple(out), len(live.buffers), live.breakdown, seconds)
+                              loc.op_name, loc.file, loc.line, loc.function, space, shared))
+    notes = []
+    if not slots:
+        notes.append("no buffer assignment in the dump (" + (getattr(dump, "buffers_reason", None) or "not read")
+                     + "): values that share a buffer may be counted twice")
+    if gated_peak_bytes is not None and device > gated_peak_bytes:
+        notes.append(f"the device buffers live at the peak ({device} B) are more than the gated peak "
+                     f"({gated_peak_bytes} B): memory_analysis() and the live-range dump disagree")
+    return PeakReport(device, live.position, tuple(out), len(counted), live.breakdown, seconds,
+                      host_bytes=host, other_bytes=tuple(sorted(other.items())), xla_listed_bytes=live.peak_bytes,
+                      note="; ".join(notes) or None)

@@ -40,7 +40,6 @@ from stagetool.analysis.memory import (
     FitVerdict,
     MemoryRecord,
     OutOfMemory,
-    at_least_live,
     declared_argument_bytes,
     donation_status,
     fit_verdict,
@@ -278,14 +277,13 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
       capacity_bytes / capacity_source: the device's memory, if known.
       top: how many largest inputs and peak buffers to keep.
     """
+    record = _memory_suspects(memory_of(facts.memory), inputs)
     peak = None
-    if facts.peak is not None:
+    if facts.peak is not None:  # what is live at the peak: shown, never a part of the gated figure
         from stagetool.analysis.peak import peak_report
 
-        peak = peak_report(facts.peak, top=top)
-    record = at_least_live(memory_of(facts.memory), peak.peak_bytes if peak is not None else None)
-    record = _memory_suspects(record, inputs)
-    verdict = fit_verdict(record.peak_bytes, capacity_bytes)
+        peak = peak_report(facts.peak, top=top, gated_peak_bytes=record.peak_bytes)
+    verdict = fit_verdict(record.peak_bytes, capacity_bytes, suspects=record.peak_suspects)
     used = [x for x in inputs if x.bytes_per_device is not None]
     largest = sorted(used, key=lambda x: (-(x.bytes_per_device or 0), x.path))[:top]
     largest_inputs = tuple(InputBytes(x.path, _shape(x), int(x.bytes_per_device or 0)) for x in largest)

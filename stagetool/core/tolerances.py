@@ -43,7 +43,7 @@ class Tolerance:
 
 #: Tolerance names and what they govern.
 TOLERANCE_KEYS = {
-    "memory": "memory per device: argument, output, temp, peak bytes (alias bytes: shrinking)",
+    "memory": "memory per device: argument, output, temp, peak and host peak bytes (alias bytes: shrinking)",
     "flops": "FLOPs and transcendentals per device",
     "bytes_accessed": "bytes accessed per device",
     "collective_bytes": "bytes per device moved by the collectives of one kind × mesh axes",

@@ -145,7 +145,10 @@ def _memory(m) -> list[str]:
         if m.peak.reason:
             out += [f"- buffers at the peak: n/a: {m.peak.reason}", ""]
         else:
-            out += [f"#### {views.peak_title(m.peak).capitalize()}", ""] + table(*views.peak_rows(m.peak), "rllll") + [""]
+            header, rows = views.peak_rows(m.peak)
+            out += [f"#### {views.peak_title(m.peak).capitalize()}", ""] + table(header, rows, "r" + "l" * (len(header) - 1)) + [""]
+            if m.peak.note:
+                out += [f"- note: {m.peak.note}", ""]
     lines = views.timeline_lines(m)
     if lines:
         out += ["```text", *lines, "```", ""]

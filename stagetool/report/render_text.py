@@ -307,5 +307,7 @@ def _memory(m: Any) -> list[RenderableType]:
         else:
             out.append(_table(views.peak_title(m.peak), *views.peak_rows(m.peak), {0},
                               styles={3: {"max_width": 48, "overflow": "ellipsis", "no_wrap": True}}))
+            if m.peak.note:
+                out.append(Text(f"note: {m.peak.note}", style="warn"))
     out += [Text(line) for line in views.timeline_lines(m)]
     return out

@@ -136,12 +136,38 @@ def memory_rows(m: Any) -> tuple[list[str], list[list[str]]]:
         v = getattr(rec, attr)
         if v:
             rows.append([label, str(v), format_bytes(v)])
-    peak_label = "peak (" + {"live at the peak": "live at the peak"}.get(
-        rec.peak_source or "", "args + outputs − aliased + temps") + "; gated)"
+    from stagetool.analysis.memory import XLA_PEAK_SOURCE
+
+    by_xla = rec.peak_source == XLA_PEAK_SOURCE
+    if by_xla and rec.peak_bytes_estimate is not None:
+        rows.append(["args + outputs − aliased + temps", str(rec.peak_bytes_estimate),
+                     format_bytes(rec.peak_bytes_estimate)])
+    peak_label = "peak (gated: " + ("XLA peak_memory_in_bytes" if by_xla else "args + outputs − aliased + temps") + ")"
     rows.append([peak_label, "n/a" if rec.peak_bytes is None else str(rec.peak_bytes), format_bytes(rec.peak_bytes)])
-    if rec.peak_bytes_reported is not None and rec.peak_bytes_reported != rec.peak_bytes:
+    if not by_xla and rec.peak_bytes_reported is not None and rec.peak_bytes_reported != rec.peak_bytes:
         rows.append(["XLA peak_memory_in_bytes", str(rec.peak_bytes_reported), format_bytes(rec.peak_bytes_reported)])
+    host = getattr(rec, "host_peak_bytes", None)
+    if host:
+        rows.append(["host peak (pinned_host; gated apart)", str(host), format_bytes(host)])
     return ["", "bytes", ""], rows
+
+
+def peak_note(rec: Any) -> str | None:
+    """One sentence on what the gated peak is made of, when XLA's two figures differ (None when they
+    agree or one is missing)."""
+    from stagetool.analysis.memory import XLA_PEAK_SOURCE
+
+    est, rep = rec.peak_bytes_estimate, rec.peak_bytes_reported
+    if est is None or rep is None or rec.peak_bytes is None or est == rep:
+        return None
+    if rec.peak_source == XLA_PEAK_SOURCE:
+        return ("peak: the gate and the capacity verdict use XLA's peak_memory_in_bytes (the high-water mark of "
+                "XLA's schedule), the larger: arguments + outputs − aliased + temporaries is below it because the "
+                f"backend's temp_size_in_bytes ({format_bytes(rec.temp_bytes)}) leaves temporaries out (XLA:TPU "
+                "reports 0 for most programs); every command gates the same figure")
+    return ("peak: the gate and the capacity verdict use arguments + outputs − aliased + temporaries (what XLA "
+            "allocates for one execution), the larger: XLA's peak_memory_in_bytes leaves out temporaries on CPU; "
+            "every command gates the same figure")
 
 
 def _int_text(v: int | None) -> str:
@@ -156,11 +182,9 @@ def memory_notes(m: Any) -> list[tuple[str, str]]:
         out.append(("warn", f"not reported: {rec.reason}"))
     for s in rec.suspects:
         out.append(("info", f"suspect {s.field}: {s.reason}"))
-    if rec.peak_bytes_reported is not None and rec.peak_bytes is not None and rec.peak_bytes_reported != rec.peak_bytes:
-        out.append(("info", "peak: the gate and the capacity verdict use arguments + outputs − aliased + temporaries "
-                    "(what XLA allocates for one execution; the same meaning on every backend and with or without "
-                    "donation); XLA's peak_memory_in_bytes is shown beside it, not gated: it leaves out temporaries "
-                    "on CPU and changes with donation"))
+    note = peak_note(rec)
+    if note:
+        out.append(("info", note))
     oom = getattr(m, "out_of_memory", None)
     if oom is not None:
         out = [("over", f"DOES NOT FIT: the compile ran out of memory: XLA needs {format_bytes(oom.needed_bytes)} "
@@ -170,7 +194,9 @@ def memory_notes(m: Any) -> list[tuple[str, str]]:
                                 + ", ".join(oom.auto_leaves[:5]) + (" ..." if len(oom.auto_leaves) > 5 else "")))
         return out
     v = m.verdict
-    if v.fits is None:
+    if v.fits is None and rec.peak_suspects:
+        out.append(("warn", f"verdict unknown: {v.reason}"))
+    elif v.fits is None:
         out.append(("info", "capacity: unknown (the device reports none; give --device-memory 16GiB or --chip NAME)"))
     else:
         out.append(("fits" if v.fits else "over",
@@ -208,13 +234,28 @@ def donation_rows(m: Any) -> tuple[list[str], list[list[str]]]:
 
 
 def peak_title(p: Any) -> str:
-    return f"live at the peak ({format_bytes(p.peak_bytes)} in {p.buffer_count} buffers; largest {len(p.buffers)})"
+    """``live at the peak (4.00 MiB device in 2 buffers[; host …][; vmem …]; largest 2)``: each buffer
+    once, the device (memory space 0) figure first and the other memory spaces apart."""
+    parts = [f"{format_bytes(p.peak_bytes)} device"]
+    if getattr(p, "host_bytes", 0):
+        parts.append(f"host {format_bytes(p.host_bytes)}")
+    parts += [f"{space} {format_bytes(n)}" for space, n in getattr(p, "other_bytes", ())]
+    return f"live at the peak ({'; '.join(parts)} in {p.buffer_count} buffer{'s' if p.buffer_count != 1 else ''}; largest {len(p.buffers)})"
 
 
 def peak_rows(p: Any) -> tuple[list[str], list[list[str]]]:
-    rows = [[format_bytes(b.size_bytes), b.shape or "—", b.value_name, b.op_name or "—",
-             f"{short_path(b.file)}:{b.line}" if b.file else "—"] for b in p.buffers]
-    return ["size", "shape", "HLO value", "op", "source"], rows
+    """``(header, rows)`` of the largest buffers live at the peak; a last ``memory`` column when any is
+    not in device memory; a buffer several values share is one row naming them all."""
+    spaces = any(getattr(b, "memory_space", "device") != "device" for b in p.buffers)
+    rows = []
+    for b in p.buffers:
+        name = b.value_name + "".join(f" = {v}" for v in getattr(b, "shared_with", ()))
+        row = [format_bytes(b.size_bytes), b.shape or "—", name, b.op_name or "—",
+               f"{short_path(b.file)}:{b.line}" if b.file else "—"]
+        if spaces:
+            row.append(b.memory_space)
+        rows.append(row)
+    return ["size", "shape", "HLO value", "op", "source"] + (["memory"] if spaces else []), rows
 
 
 def short_source(source_line: str | None) -> str:

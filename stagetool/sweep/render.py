@@ -59,7 +59,9 @@ def _peak(row: dict) -> str:
     if peak is None:
         return "—" if row["status"] != OK else "n/a"
     cap = row.get("capacity_bytes_per_device")
-    return format_bytes(peak) + (f" ({100 * peak / cap:.0f}%)" if cap else "")
+    host = row.get("host_peak_bytes_per_device")
+    return (format_bytes(peak) + (f" ({100 * peak / cap:.0f}%)" if cap else "")
+            + (f" + host {format_bytes(host)}" if host else ""))
 
 
 def _collectives(row: dict) -> str:
@@ -173,7 +175,8 @@ def render_markdown(doc: dict, **_: Any) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-CSV_COLUMNS = ("index", "id", "best", "status", "peak_bytes_per_device", "capacity_bytes_per_device", "fits",
+CSV_COLUMNS = ("index", "id", "best", "status", "peak_bytes_per_device", "host_peak_bytes_per_device",
+               "capacity_bytes_per_device", "fits",
                "collective_bytes_per_step", "dcn_bytes_per_step", "flops_per_device_xla", "flops_per_device_loop_aware",
                "while_loops", "chip", "roofline_step_seconds",
                "roofline_bound", "compile_s", "error")

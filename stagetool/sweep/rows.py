@@ -29,7 +29,10 @@ ROW_FIELDS = {
     "mesh": "[[axis, size], ...] staged, or null when it did not get that far",
     "platform": "cpu | gpu | tpu, or null", "device_kind": "e.g. cpu, TPU v5 lite, or null",
     "device_count": "devices in the mesh, or null",
-    "peak_bytes_per_device": "the memory section's peak (bytes, one device)",
+    "peak_bytes_per_device": "the memory section's gated peak (bytes, one device): the larger of arguments + "
+                             "outputs - aliased + temporaries and XLA's peak_memory_in_bytes, as every command gates it",
+    "host_peak_bytes_per_device": "host memory (pinned_host, S(5)) for one execution, apart from the device peak "
+                                  "(bytes, one device)",
     "capacity_bytes_per_device": "memory of one device: --device-memory, the device, the topology or the chip",
     "capacity_source": "where the capacity comes from",
     "fits": "peak <= capacity; null when either is unknown",

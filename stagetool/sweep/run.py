@@ -36,6 +36,7 @@ def _empty_row(config: dict) -> dict:
                tuple(tuple(v) for v in config["variables"]))
     return {"index": c.index, "id": c.id, "values": c.values(), "status": ERROR, "mesh": None, "platform": None,
             "device_kind": None, "device_count": None, "peak_bytes_per_device": None,
+            "host_peak_bytes_per_device": None,
             "capacity_bytes_per_device": None, "capacity_source": None, "fits": None,
             "collective_bytes_per_step": None, "collective_bytes_per_step_by_mesh_axes": None,
             "collectives_unknown_runs": None, "dcn_bytes_per_step": None, "flops_per_device_xla": None, "flops_per_device_loop_aware": None, "while_loops": None,
@@ -57,7 +58,8 @@ def row_from_function(row: dict, fn: Any) -> dict:
                         "compile_s": fn.timings.compile_s})
     if fn.memory is not None:
         v = fn.memory.verdict
-        row.update(peak_bytes_per_device=fn.memory.record.peak_bytes, capacity_bytes_per_device=fn.memory.capacity_bytes,
+        row.update(peak_bytes_per_device=fn.memory.record.peak_bytes,
+                   host_peak_bytes_per_device=fn.memory.record.host_peak_bytes, capacity_bytes_per_device=fn.memory.capacity_bytes,
                    capacity_source=fn.memory.capacity_source, fits=v.fits)
     if fn.collectives is not None:
         s = fn.collectives.summary

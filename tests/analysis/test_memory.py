@@ -54,8 +54,49 @@ def test_peak_includes_temp_even_when_reported_peak_does_not():
     assert rec.peak_bytes >= n * n * F32
     if jax.default_backend() == "cpu":  # jaxlib 0.10.2 CPU: peak_memory_in_bytes leaves out temp
         assert rec.peak_bytes_reported < rec.temp_bytes
-        assert rec.peak_source == memory.PEAK_DEFINITION
-        assert [s.field for s in rec.suspects] == ["peak_bytes_reported"]
+        assert rec.peak_source == memory.SUM_SOURCE and rec.peak_bytes == rec.peak_bytes_estimate
+        assert rec.suspects == ()  # the sum is the larger: XLA's figure does not feed the peak
+
+
+def test_the_peak_is_the_larger_of_the_sum_and_xlas_peak():
+    """One definition: the larger of arguments + outputs - aliased + temporaries and XLA's
+    peak_memory_in_bytes (XLA:TPU reports temp 0 and the temporaries only in its peak)."""
+    stats = {"argument_size_in_bytes": 100_000, "output_size_in_bytes": 100_000, "alias_size_in_bytes": 0,
+             "temp_size_in_bytes": 50_000, "generated_code_size_in_bytes": 0}
+    for reported, peak, source in ((180_000, 250_000, memory.SUM_SOURCE), (400_000, 400_000, memory.XLA_PEAK_SOURCE),
+                                   (250_000, 250_000, memory.SUM_SOURCE), (0, 250_000, memory.SUM_SOURCE),
+                                   (None, 250_000, memory.SUM_SOURCE)):
+        rec = memory.normalise_memory({**stats, "peak_memory_in_bytes": reported})
+        assert (rec.peak_bytes_reported, rec.peak_bytes_estimate, rec.peak_bytes, rec.peak_source) == (
+            reported, 250_000, peak, source)
+        assert rec.peak_bytes >= rec.peak_bytes_estimate and rec.peak_bytes >= (reported or 0)
+        assert rec.suspects == ()
+    only_xla = memory.normalise_memory({"peak_memory_in_bytes": 7})
+    assert (only_xla.peak_bytes, only_xla.peak_source, only_xla.reason) == (7, memory.XLA_PEAK_SOURCE, None)
+
+
+def test_a_suspect_part_of_the_peak_gives_no_verdict():
+    """A peak built on a suspect figure cannot fit or not fit: the verdict is unknown, with the reason."""
+    rec = memory.normalise_memory({"argument_size_in_bytes": 10, "output_size_in_bytes": 6, "alias_size_in_bytes": 8,
+                                   "temp_size_in_bytes": 0, "peak_memory_in_bytes": 5})
+    assert [s.field for s in rec.peak_suspects] == ["alias_bytes"]
+    v = memory.fit_verdict(rec.peak_bytes, 1000, suspects=rec.peak_suspects)
+    assert v.fits is None and "suspect" in v.reason and "aliased bytes 8 exceed output bytes 6" in v.reason
+    assert memory.fit_verdict(rec.peak_bytes, 1000).fits is True
+    # a suspect XLA peak only matters when it is the figure that gives the peak
+    low = memory.normalise_memory({"argument_size_in_bytes": 10, "output_size_in_bytes": 0, "alias_size_in_bytes": 0,
+                                   "temp_size_in_bytes": 0, "peak_memory_in_bytes": -1})
+    assert [s.field for s in low.suspects] == ["peak_bytes_reported"] and low.peak_suspects == ()
+    assert low.peak_source == memory.SUM_SOURCE
+
+
+def test_host_memory_is_apart_from_the_device_peak():
+    """pinned_host (S(5)) bytes never enter the device peak; host_peak_bytes is their own sum."""
+    rec = memory.normalise_memory({"argument_size_in_bytes": 100, "output_size_in_bytes": 50, "alias_size_in_bytes": 0,
+                                   "temp_size_in_bytes": 10, "host_argument_size_in_bytes": 0,
+                                   "host_output_size_in_bytes": 0, "host_alias_size_in_bytes": 0,
+                                   "host_temp_size_in_bytes": 4096, "peak_memory_in_bytes": 0})
+    assert (rec.peak_bytes, rec.host_peak_bytes) == (160, 4096)
 
 
 def test_no_memory_analysis_is_data():
@@ -64,30 +105,6 @@ def test_no_memory_analysis_is_data():
     broken = types.SimpleNamespace(memory_analysis=lambda: (_ for _ in ()).throw(RuntimeError("x")))
     assert "RuntimeError" in memory.memory_of(memory_result(broken)).reason
     assert memory.normalise_memory(object()).reason
-
-
-def test_the_peak_is_the_sum_whatever_xla_reports():
-    """One definition: XLA's peak below the sum (TPU reuses buffers) or above it is shown, not used."""
-    for reported in (180_000, 400_000):
-        stats = types.SimpleNamespace(argument_size_in_bytes=100_000, output_size_in_bytes=100_000,
-                                      alias_size_in_bytes=0, temp_size_in_bytes=50_000,
-                                      generated_code_size_in_bytes=0, peak_memory_in_bytes=reported)
-        rec = memory.normalise_memory(stats)
-        assert (rec.peak_bytes_reported, rec.peak_bytes, rec.peak_source) == (
-            reported, 250_000, memory.PEAK_DEFINITION)
-        assert rec.suspects == ()
-
-
-def test_peak_never_below_what_is_live_at_the_peak():
-    stats = types.SimpleNamespace(argument_size_in_bytes=10, output_size_in_bytes=6, alias_size_in_bytes=4,
-                                  temp_size_in_bytes=3, generated_code_size_in_bytes=0, peak_memory_in_bytes=100)
-    rec = memory.normalise_memory(stats)
-    assert (rec.peak_bytes_estimate, rec.peak_bytes) == (15, 15)
-    assert rec.host_temp_bytes is None and rec.suspects == ()
-    assert memory.at_least_live(rec, 12) is rec
-    raised = memory.at_least_live(rec, 40)
-    assert (raised.peak_bytes, raised.peak_source) == (40, "live at the peak")
-    assert [s.field for s in raised.suspects] == ["peak_bytes"]
 
 
 def test_donation_does_not_change_the_peak_sgd_step():

@@ -192,3 +192,81 @@ def test_peak_is_per_device_on_a_sharded_mesh():
     assert top.size_bytes == N // 8 * N * F32
     assert top.shape == f"f32[{N // 8},{N}]"
     assert top.line == _line_of(outer_then_reduce, "big = jnp.sin")
+
+
+def test_a_donated_buffer_and_its_output_count_once():
+    """Donated x*2+1 on f32[1024,1024]: XLA's live-range dump lists the parameter and the output that
+    reuses its buffer (8,388,608 B); they are one buffer, counted once: 4,194,304 B, equal to
+    memory_analysis()'s arguments + outputs - aliased + temporaries and to XLA's peak_memory_in_bytes."""
+    from stagetool.analysis import memory
+
+    x = jax.ShapeDtypeStruct((N, N), jnp.float32)
+    compiled, dump = stages.compile_with_dump(jax.jit(lambda x: x * 2 + 1, donate_argnums=0).trace(x).lower())
+    report = peak.peak_report(dump)
+    assert report.xla_listed_bytes == 2 * N * N * F32
+    assert report.peak_bytes == N * N * F32 and report.buffer_count == 1
+    (only,) = report.buffers
+    assert only.memory_space == "device" and len(only.shared_with) == 1
+    stats = compiled.memory_analysis()
+    rec = memory.normalise_memory(stats)
+    assert rec.peak_bytes == N * N * F32 == stats.peak_memory_in_bytes
+    assert report.note is None
+
+
+def _assignment():
+    """A buffer assignment like XLA:TPU's: a parameter shared with a loop carry (one buffer), a host
+    (S(5)) offload buffer, a VMEM buffer, and a temp block holding a fusion and a copy-done."""
+    from stagetool.hlo.buffers import Allocation, AssignedBuffer, BufferAssignment, LogicalBuffer
+
+    values = [LogicalBuffer(1, 4096, "p.1", ()), LogicalBuffer(9, 4096, "loop", (1,)),
+              LogicalBuffer(2, 4096, "copy-start", (0,), 5), LogicalBuffer(3, 2048, "fusion.1", (), 1),
+              LogicalBuffer(4, 4096, "fusion.2", ()), LogicalBuffer(5, 4096, "copy-done", ())]
+
+    def alloc(i, size, color, *placed, parameter=None):
+        return Allocation(i, size, color, False, False, False, parameter, False,
+                          tuple(AssignedBuffer(b, o, n) for b, o, n in placed))
+
+    return BufferAssignment("m", "main", tuple(values), (
+        alloc(0, 4096, 0, (1, 0, 4096), (9, 0, 4096), parameter=0), alloc(1, 8192, 5, (2, 0, 4096)),
+        alloc(2, 4096, 1, (3, 0, 2048)), alloc(3, 8192, 0, (4, 0, 4096), (5, 4096, 4096))))
+
+
+_LIVE = """HloLiveRange (max 5):
+  Live ranges at 3 (peak):
+    copy-done{}: 4096 bytes (cumulative: 4096 bytes)
+    copy-start{0}: 4096 bytes (cumulative: 8192 bytes)
+    fusion.2{}: 4096 bytes (cumulative: 12288 bytes)
+    loop{1}: 4096 bytes (cumulative: 16384 bytes)
+    p.1{}: 4096 bytes (cumulative: 20480 bytes)
+    fusion.1{}: 2048 bytes (cumulative: 22528 bytes)
+"""
+
+
+def test_buffer_slots_name_allocation_memory_space_and_offset():
+    slots = peak.buffer_slots(_assignment())
+    assert slots["p.1{}"] == slots["loop{1}"] == peak.BufferSlot(0, 0, 0, 4096)
+    assert slots["copy-start{0}"] == peak.BufferSlot(1, 5, 0, 4096)
+    assert slots["fusion.1{}"].color == 1 and slots["copy-done{}"] == peak.BufferSlot(3, 0, 4096, 4096)
+    assert peak.buffer_slots(None) == {}
+
+
+def test_live_buffers_split_by_memory_space_each_once():
+    """A loop carry and its parameter share a buffer (once); host (S(5)) and async copies are never
+    device memory; an on-chip space is named."""
+    dump = stages.PeakDump(_LIVE, "HloModule m\n", 0.1, None, _assignment())
+    nowhere = lambda name: peak.SourceLocation(None, None, None)  # noqa: E731
+    report = peak.peak_report(dump, resolve=nowhere)
+    assert report.xla_listed_bytes == 22528
+    assert report.peak_bytes == 4096 + 4096  # p.1 (= loop{1}) and fusion.2
+    assert report.host_bytes == 4096
+    assert report.other_bytes == (("VMEM", 2048), ("async copy", 4096))
+    assert report.buffer_count == 5
+    spaces = {b.value_name: (b.memory_space, b.shared_with) for b in report.buffers}
+    assert spaces["loop{1}"] == ("device", ("p.1{}",))
+    assert spaces["copy-start{0}"][0] == "host" and spaces["copy-done{}"][0] == "async copy"
+    assert spaces["fusion.1{}"][0] == "VMEM"
+    assert report.note is None
+    over = peak.peak_report(dump, resolve=nowhere, gated_peak_bytes=4096)
+    assert "more than the gated peak" in over.note
+    blind = peak.peak_report(stages.PeakDump(_LIVE, "HloModule m\n", 0.1, buffers_reason="no .hlo.pb"), resolve=nowhere)
+    assert "no buffer assignment in the dump (no .hlo.pb)" in blind.note and blind.host_bytes == 0
