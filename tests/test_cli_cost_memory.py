@@ -114,3 +114,19 @@ def test_report_markdown_renders_as_tables(run_cli, spec):
 def test_function_repeats_to_run_several(run_cli, spec):
     doc = run_cli("cost", "--spec", str(spec), "-f", "outer", "-f", "matmul", "--format", "json", check=0).json()
     assert [f["name"] for f in doc["functions"]] == ["matmul", "outer"]  # in spec order
+
+
+def test_a_suspect_flop_count_does_not_feed_the_roofline(run_cli, spec, monkeypatch):
+    """Compiled.cost_analysis() giving 1 FLOP for the sharded matmul (below its own dot's 2·M·N·K/8) is
+    flagged suspect; the roofline then has no compute term and says why, rather than a step time."""
+    monkeypatch.setattr(jax.stages.Compiled, "cost_analysis", lambda self: {"flops": 1.0, "bytes accessed": 4096.0})
+    doc = run_cli("cost", "--spec", str(spec), "-f", "matmul", "--chip", "tpu-v5e", "--format", "json",
+                  check=0).json()
+    c = doc["functions"][0]["cost"]
+    assert [s["field"] for s in c["per_device"]["suspects"]] == ["flops"]
+    r = c["roofline"]
+    assert r["flops_per_device"] is None and r["compute_seconds"] is None and r["lower_bound_seconds"] is None
+    assert r["memory_seconds"] == pytest.approx(4096.0 / r["hbm_bandwidth_bytes_per_second"])
+    assert "FLOPs left out, flagged as suspect" in r["reason"] and f"{2 * M * N * K // 8:.6g}" in r["reason"]
+    text = run_cli("cost", "--spec", str(spec), "-f", "matmul", "--chip", "tpu-v5e", check=0).stdout
+    assert "roofline (tpu-v5e): n/a: FLOPs left out, flagged as suspect" in text

@@ -126,7 +126,8 @@ class CostRecord:
       extra: every further key with its unit, sorted by key.
       reason: why nothing was reported (None when the backend reported a dict).
       absent_reasons: ``(field, reason)`` for each of flops / transcendentals /
-        bytes_accessed that is None although the backend reported other keys.
+        bytes_accessed that is None although the backend reported other keys, and for each
+        seconds key XLA reported as negative (its "unknown": not a figure).
       suspects: figures that look wrong (see :func:`normalise_cost`).
     """
 
@@ -213,9 +214,12 @@ def normalise_cost(raw: Any, *, scope: str, source: str | None = None,
         "0 FLOPs" sanity check); derived from ``program_text`` when that is given.
       program_text: HLO or StableHLO text of the program (optional).
 
-    Sanity flags (``suspects``): a negative FLOP / transcendental / byte / seconds figure
-    (XLA uses -1 for "unknown"; seen: ``optimal_seconds: -1.0`` and a 1-byte-short operand
-    slot in ``Lowered.cost_analysis()`` on CPU when ``out_shardings`` is given); NaN or infinite values; 0 or absent FLOPs in a program with dots or
+    A negative *seconds* figure is XLA's "unknown" (``optimal_seconds: -1.0`` in
+    ``Lowered.cost_analysis()`` on CPU when ``out_shardings`` is given): it is left out of ``extra``
+    and named in ``absent_reasons``, neither data nor a suspect.
+
+    Sanity flags (``suspects``): a negative FLOP / transcendental / byte figure (seen: a
+    1-byte-short operand slot in ``Lowered.cost_analysis()`` on CPU when ``out_shardings`` is given); NaN or infinite values; 0 or absent FLOPs in a program with dots or
     convolutions; ``bytes accessed`` absent while other keys are reported; total bytes
     accessed smaller than the bytes written to outputs or than any single operand slot
     (the total is the sum of those parts). Bytes accessed smaller than the argument bytes
@@ -296,8 +300,13 @@ def normalise_cost(raw: Any, *, scope: str, source: str | None = None,
                 suspects.append(Suspect(key, f"negative byte count {v:g}"))
         else:
             unit = _unit_for(key)
+            if unit == "seconds" and v < 0:
+                # XLA's -1 means "unknown" (CPU's optimal_seconds; a whole program of several parts
+                # sums them: -2): not a figure, and nothing wrong with the others
+                absent.append((key, f"XLA reports {v:g} seconds, its 'unknown'"))
+                continue
             extra.append(ExtraMetric(key=key, value=v, unit=unit))
-            if v < 0 and unit in ("seconds", "bytes", "FLOPs"):
+            if v < 0 and unit in ("bytes", "FLOPs"):
                 suspects.append(Suspect(key, f"negative {unit} figure {v:g} (XLA uses -1 for 'unknown')"))
     slots.sort(key=lambda s: (s.slot is None, s.slot if s.slot is not None else 0, s.shape_index))
 

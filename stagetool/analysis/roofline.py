@@ -47,7 +47,8 @@ class RooflineEstimate:
 
 
 def roofline(chip: Chip, *, flops_per_device: float | None, bytes_accessed_per_device: float | None,
-             dtype: str = "bf16") -> RooflineEstimate:
+             dtype: str = "bf16", flops_suspect: str | None = None,
+             bytes_suspect: str | None = None) -> RooflineEstimate:
     """Roofline lower bound of one device's run time on ``chip``.
 
     Args:
@@ -55,6 +56,8 @@ def roofline(chip: Chip, *, flops_per_device: float | None, bytes_accessed_per_d
       flops_per_device: FLOPs of the per-device program (``Compiled.cost_analysis()['flops']``).
       bytes_accessed_per_device: its ``'bytes accessed'``.
       dtype: ``"bf16"`` or ``"f32"``: which peak FLOP/s applies.
+      flops_suspect / bytes_suspect: why the cost analysis' FLOPs / bytes were flagged as suspect;
+        such a figure is no input (pass None for it) and ``reason`` says why its term is missing.
 
     Returns:
       A :class:`RooflineEstimate`; terms whose inputs are missing (or negative) are None and
@@ -69,13 +72,17 @@ def roofline(chip: Chip, *, flops_per_device: float | None, bytes_accessed_per_d
     bw = chip.hbm_bandwidth_bytes_per_second
     reasons = []
     compute = memory = None
-    if flops_per_device is None or flops_per_device < 0:
+    if flops_suspect:
+        reasons.append(f"FLOPs left out, flagged as suspect: {flops_suspect}")
+    elif flops_per_device is None or flops_per_device < 0:
         reasons.append("FLOPs not reported" if flops_per_device is None else "FLOPs negative")
     elif not peak:
         reasons.append(f"no published {dtype} peak FLOP/s for {chip.name}")
     else:
         compute = flops_per_device / peak
-    if bytes_accessed_per_device is None or bytes_accessed_per_device < 0:
+    if bytes_suspect:
+        reasons.append(f"bytes accessed left out, flagged as suspect: {bytes_suspect}")
+    elif bytes_accessed_per_device is None or bytes_accessed_per_device < 0:
         reasons.append("bytes accessed not reported" if bytes_accessed_per_device is None
                        else "bytes accessed negative")
     elif not bw:

@@ -201,7 +201,12 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
             per_device.flops, per_device.bytes_accessed)
         from stagetool.analysis.roofline import roofline
 
-        estimate = roofline(chip, flops_per_device=flops, bytes_accessed_per_device=moved, dtype=dtype)
+        # a suspect figure is not an input: the roofline says why its term is missing
+        flops_suspect = "; ".join(s.reason for s in per_device.suspects if s.field == "flops") or None
+        bytes_suspect = "; ".join(s.reason for s in per_device.suspects if s.field == "bytes_accessed") or None
+        estimate = roofline(chip, flops_per_device=None if flops_suspect else flops,
+                            bytes_accessed_per_device=None if bytes_suspect else moved, dtype=dtype,
+                            flops_suspect=flops_suspect, bytes_suspect=bytes_suspect)
     return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware, notes)
 
 

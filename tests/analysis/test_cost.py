@@ -48,7 +48,7 @@ def test_compiled_output_is_fully_sharded(matmul):
     assert matmul[1].output_shardings.spec == P("data", "model")
 
 
-def test_negative_extra_metrics_from_real_backend_are_suspects():
+def test_xlas_unknown_seconds_are_neither_data_nor_suspects():
     # With out_shardings, CPU's whole-program analysis reports optimal_seconds = -1 ("unknown").
     mesh = _mesh()
     a = jax.ShapeDtypeStruct((M, K), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
@@ -57,9 +57,15 @@ def test_negative_extra_metrics_from_real_backend_are_suspects():
     raw = lowered.cost_analysis()
     rec = cost.whole_program_cost(cost_result(lowered))
     assert rec.flops == 2 * M * N * K
-    negative = sorted(k for k, v in raw.items() if v < 0 and not k.startswith("utilization"))
-    assert negative  # this jax version reports at least one "unknown" (-1) figure here
-    assert sorted(s.field for s in rec.suspects if s.field in negative) == negative
+    unknown = sorted(k for k, v in raw.items() if v < 0 and "seconds" in k)
+    assert unknown  # this jax version reports at least one "unknown" (-1) seconds figure here
+    assert not any(s.field in unknown for s in rec.suspects)
+    assert not any(m.key in unknown for m in rec.extra)
+    assert [k for k, _ in rec.absent_reasons if k in unknown] == unknown
+    # a negative byte or FLOP figure is still suspect
+    odd = cost.normalise_cost({"flops": 10.0, "bytes accessed": 8.0, "bytes accessedout{}": -1.0, "weird bytes": -4.0},
+                              scope=cost.SCOPE_PER_DEVICE)
+    assert sorted(s.field for s in odd.suspects) == ["bytes accessedout{}", "weird bytes"]
 
 
 def test_normalised_values_equal_raw_api(matmul):
