@@ -23,7 +23,7 @@ from stagetool.core.mesh import MeshSpec
 from stagetool.core.sharding import REPLICATED, Sharding
 from stagetool.lowering.devices import DeviceSetup, local_mesh_sizes
 from stagetool.lowering.target import load_target, user_frame
-from stagetool.spec.model import CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule
+from stagetool.spec.model import ArgSpec, CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +186,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         return tree
 
     def init_tree(init: InitSpec, path: str, donated: bool) -> Any:
-        shapes, produced = eval_init(init, fspec, setup.mesh, rules_object(), with_dims=True)
+        shapes, produced = eval_init(init, fspec, setup.mesh, rules_object(), with_dims=True, built=built)
         return abstract_tree(shapes, path, donated, init.loc, init.rules, init.has_rules, f"{init.loc}: {init.path}",
                              produced)
 
@@ -260,14 +260,20 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
 
     def rules_object() -> Any:
         if not rules_cache:
-            rules_cache.append(load_target(fspec.logical_axis_rules, base_dir=fspec.base_dir, need_callable=False).fn
-                               if fspec.logical_axis_rules else None)
+            rules_cache.append(resolve_logical_rules(fspec))
         return rules_cache[0]
 
     prejitted = isinstance(fn, jax.stages.Wrapped)
 
-    args = tuple(convert(a, names[i], i in donated_nums, top=True) for i, a in enumerate(fspec.args))
-    kwargs = {k: convert(v, k, k in donated_names) for k, v in fspec.kwargs.items()}
+    built: dict[int | str, Any] = {}  # for {arg: ...} in a later init: by position and by name
+    args_list = []
+    for i, a in enumerate(fspec.args):
+        args_list.append(convert(a, names[i], i in donated_nums, top=True))
+        built[i] = built[names[i]] = args_list[-1]
+    args = tuple(args_list)
+    kwargs = {}
+    for k, v in fspec.kwargs.items():
+        kwargs[k] = built[k] = convert(v, k, k in donated_names)
     static = {k: build_value(v, fspec) for k, v in fspec.static.items()}
     check_static_hashable(fspec, static)
     if own.in_shardings is not None and not issues:
@@ -295,6 +301,57 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     return AbstractInputs(prepared.args, prepared.kwargs, leaves, tuple(static), prepared.donate_argnums,
                           prepared.donate_argnames, prepared.fn if prepared.fn is not fn else None,
                           prepared.state_outputs, own, prepared.fn is not call)
+
+
+def resolve_logical_rules(fspec: FunctionSpec) -> tuple | None:
+    """The function's Flax logical axis rules as a tuple of ``(logical name, mesh axes)`` pairs, or None.
+
+    ``fspec.logical_axis_rules`` may name (``model.py:NAME``) or build (``{call: ...}``) a list of
+    rules, a callable returning them (called with no arguments), or an object with a
+    ``logical_axis_rules`` attribute (lm1b's ``get_config()``); an inline list is taken as it is.
+
+    Raises:
+      SpecError: what it gives is not a list of ``(str, axis | None | axes)`` pairs, or calling it
+        fails, at the spec's ``logical_axis_rules`` line.
+      TargetError: the object cannot be loaded.
+    """
+    value = fspec.logical_axis_rules
+    if value is None:
+        return None
+    where = f"{fspec.where('logical_axis_rules')}: logical_axis_rules"
+    if isinstance(value, str):
+        obj = _load_at(value, fspec, fspec.where("logical_axis_rules"), "logical_axis_rules", need_callable=False).fn
+        what = value
+    elif isinstance(value, CallSpec):
+        obj, what = build_call(value, fspec), f"{{call: {value.target}}}"
+    else:
+        obj, what = value, "the inline list"
+    for _ in range(4):  # an object's attribute, a callable's result (a get_config() returning a config)
+        if isinstance(obj, (list, tuple)):
+            break
+        if hasattr(obj, "logical_axis_rules"):
+            obj = obj.logical_axis_rules
+        elif callable(obj):
+            try:
+                obj = obj()
+            except USER_CODE_ERRORS as e:
+                raise SpecError([f"{where}: calling {what} failed: {describe_exception(e)}"],
+                                hint="name a function that takes no arguments, or the rules themselves") from None
+        else:
+            break
+    pairs = list(obj) if isinstance(obj, (list, tuple)) else None
+
+    def is_axis(a: Any) -> bool:
+        return a is None or isinstance(a, str) or (isinstance(a, (list, tuple)) and all(isinstance(x, str) for x in a))
+
+    if pairs is None or not all(isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str)
+                                and is_axis(p[1]) for p in pairs):
+        shown = f"{obj!r:.80}"
+        raise SpecError([f"{where}: {what} gives a {type(obj).__name__} ({shown}), not a list of "
+                         "(logical name, mesh axis) pairs"],
+                        hint="name the rules themselves, a function returning them, or an object with a "
+                             "logical_axis_rules attribute; or write them inline: [[embed, model], [batch, data]]")
+    return tuple((p[0], tuple(p[1]) if isinstance(p[1], list) else p[1]) for p in pairs)
 
 
 def merged_donation(fspec: FunctionSpec, fn: Callable[..., Any], own: Any) -> tuple[set, set]:
@@ -706,12 +763,13 @@ def _global_shape(local: tuple[int, ...], sharding: Sharding, axis_size: dict[st
 
 
 def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any = None, *,
-              with_dims: bool = False) -> Any:
+              with_dims: bool = False, built: dict | None = None) -> Any:
     """``jax.eval_shape`` of an ``init`` function: a pytree of ``ShapeDtypeStruct`` (no FLOPs run).
 
     With ``with_dims``, ``(tree, dims)``: per leaf of the tree, the PartitionSpec dims the init
     gives it when run (a nested ``jax.jit``'s ``out_shardings``, a ``device_put``, a sharding
-    constraint), or None (:func:`stagetool.lowering.frameworks.trace_any`).
+    constraint), or None (:func:`stagetool.lowering.frameworks.trace_any`). ``built``: the abstract
+    values of the function's arguments built so far, by position and by name (for ``{arg: ...}``).
 
     Leaf and key arguments are traced; plain values are bound as Python constants. The ``init``
     runs under the mesh (``jax.set_mesh``) and the logical axis ``rules``, as tracing does, so
@@ -736,25 +794,23 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
         raise SpecError([f"{init.loc}: {init.path}"
                          + {"args": ".init_args", "": ""}.get(w, ".init_kwargs") + f": {described} {m}"
                          for w, m in problems], hint="make init_args/init_kwargs match the init function's parameters")
-    traced_pos: list[int] = []
-    args: list[Any] = []
-    for i, a in enumerate(init.args):
-        v = _init_value(a, fspec)
-        if _is_abstract(a):
-            traced_pos.append(i)
-        args.append(v)
-    kwargs = {k: _init_value(v, fspec) for k, v in init.kwargs.items()}
-    traced_kw = [k for k, v in init.kwargs.items() if _is_abstract(v)]
+    # Leaves and keys are traced; {arg: N} is the abstract value built for another argument (its
+    # arrays traced too); {call: ...} is built inside the trace, under the mesh and the rules, as
+    # the init's own code would build it; every other value is a Python constant.
+    args = [_init_value(a, fspec, built, init) for a in init.args]
+    kwargs = {k: _init_value(v, fspec, built, init) for k, v in init.kwargs.items()}
+    flat, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=lambda x: isinstance(x, CallSpec))
+    mask = [isinstance(x, jax.ShapeDtypeStruct) for x in flat]
+    constants = [None if m else x for m, x in zip(mask, flat)]
 
     def call(*dyn: Any) -> Any:
-        full = list(args)
-        for pos, value in zip(traced_pos, dyn[: len(traced_pos)]):
-            full[pos] = value
-        kw = dict(kwargs)
-        kw.update(zip(traced_kw, dyn[len(traced_pos):]))
-        return call_init(target.fn, full, kw)
+        it = iter(dyn)
+        leaves = [next(it) if m else (build_call(c, fspec) if isinstance(c, CallSpec) else c)
+                  for m, c in zip(mask, constants)]
+        full, kw = jax.tree_util.tree_unflatten(treedef, leaves)
+        return call_init(target.fn, list(full), kw)
 
-    dyn = [args[i] for i in traced_pos] + [kwargs[k] for k in traced_kw]
+    dyn = [x for m, x in zip(mask, flat) if m]
     try:
         with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()), logical_rules(rules):
             tree, dims = trace_any(call, *dyn)
@@ -775,14 +831,13 @@ def _same_dims(a: tuple, b: tuple) -> bool:
     return trim(a) == trim(b)
 
 
-def _is_abstract(v: Any) -> bool:
-    import jax
+def _init_value(v: Any, fspec: FunctionSpec, built: dict | None = None, init: InitSpec | None = None) -> Any:
+    """An ``init_args`` value: leaves and keys as abstract values, ``{arg: ...}`` as the value built
+    for that argument, ``{ref: ...}`` loaded; ``{call: ...}`` is kept (built inside the init's trace).
 
-    return any(isinstance(x, (LeafSpec, KeySpec)) for x in jax.tree_util.tree_leaves(
-        v, is_leaf=lambda x: isinstance(x, (LeafSpec, KeySpec, CallSpec))))
-
-
-def _init_value(v: Any, fspec: FunctionSpec) -> Any:
+    Raises:
+      SpecError: ``{arg: ...}`` names an argument not built before this one.
+    """
     import jax
 
     def one(x: Any) -> Any:
@@ -792,13 +847,29 @@ def _init_value(v: Any, fspec: FunctionSpec) -> Any:
             # Abstract, not jax.random.key(seed): eval_shape only needs the key's aval, and a
             # concrete key would run (and compile) a seeding op.
             return jax.ShapeDtypeStruct((), _jax_dtype("key<fry>"))
-        if isinstance(x, CallSpec):
-            return build_call(x, fspec)
+        if isinstance(x, ArgSpec):
+            if built is None or x.arg not in built:
+                have = ", ".join(repr(k) for k in (built or {})) or "none yet"
+                raise SpecError([f"{x.loc}: {init.path if init else 'init'}: {{arg: {x.arg!r}}} names an argument that "
+                                 f"is not built before this one (built so far: {have})"],
+                                hint="an init can use the arguments before it: {arg: 0} for the first positional one, "
+                                     "or its parameter name")
+            return _strip_leaf_shardings(built[x.arg])
         if isinstance(x, RefSpec):
             return load_target(x.target, base_dir=fspec.base_dir, need_callable=False).fn
         return x
 
-    return jax.tree_util.tree_map(one, v, is_leaf=lambda x: isinstance(x, (LeafSpec, KeySpec, CallSpec, RefSpec)))
+    return jax.tree_util.tree_map(one, v, is_leaf=lambda x: isinstance(x, (LeafSpec, KeySpec, CallSpec, RefSpec, ArgSpec)))
+
+
+def _strip_leaf_shardings(tree: Any) -> Any:
+    """A built argument as an init's input: its array leaves as fresh ``ShapeDtypeStruct``s (the
+    argument's own structs stay the function's inputs alone; shardings kept)."""
+    import jax
+
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type)
+        if isinstance(x, jax.ShapeDtypeStruct) else x, tree)
 
 
 def build_value(value: Any, fspec: FunctionSpec) -> Any:
@@ -835,12 +906,12 @@ def build_call(call: CallSpec, fspec: FunctionSpec) -> Any:
                           + (f"\n  at {frame}" if (frame := user_frame(e, [target.module_file or ""])) else "")) from None
 
 
-def _load_at(text: str, fspec: FunctionSpec, loc: Any, what: str) -> Any:
+def _load_at(text: str, fspec: FunctionSpec, loc: Any, what: str, *, need_callable: bool = True) -> Any:
     """:func:`load_target` with the spec's file:line of the key that names it in the error."""
     from stagetool.core.errors import TargetError
 
     try:
-        return load_target(text, base_dir=fspec.base_dir)
+        return load_target(text, base_dir=fspec.base_dir, need_callable=need_callable)
     except TargetError as e:
         raise TargetError(f"{loc}: {what}: {e.message}", hint=e.hint) from None
 
@@ -854,7 +925,8 @@ def _init_signature_of(fn: Any) -> Any:
         except (TypeError, ValueError):
             return fn
         params = list(sig.parameters.values())[1:]
-        params = [p.replace(default=None) if p.name == "rngs" and p.default is p.empty else p for p in params]
+        params = [p.replace(default=None) if p.name == "rngs" and p.default is p.empty
+                  and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) else p for p in params]
 
         def init(*a: Any, **k: Any) -> None: ...
 

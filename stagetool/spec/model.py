@@ -55,6 +55,17 @@ class CallSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class ArgSpec:
+    """``{arg: N}`` / ``{arg: name}`` in ``init_args``/``init_kwargs``: the (abstract) value built for
+    another argument of the function — positional ``N`` or the parameter/keyword ``name`` — so an
+    ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` is built over the model argument. It must name an
+    argument built before this one (an earlier position, or a positional one from a keyword)."""
+
+    arg: Union[int, str]
+    loc: Loc
+
+
+@dataclasses.dataclass(frozen=True)
 class RefSpec:
     """``{ref: model.py:OPTIMIZER}``: a module-level object passed as it is (not called)."""
 
@@ -115,8 +126,10 @@ class FunctionSpec:
       locs: where each part is written, by key: ``"target"``, ``"args"``, ``"args[1]"``,
         ``"kwargs"``, ``"kwargs.<name>"``, ``"static"``, ``"static.<name>"``, ``"donate"``,
         ``"out_shardings"`` (only the keys the entry has).
-      logical_axis_rules: ``model.py:LOGICAL_AXIS_RULES``, the object naming Flax logical axis rules
-        (the function's own, else the spec's top-level one), active during ``init`` and tracing.
+      logical_axis_rules: the Flax logical axis rules (the function's own, else the spec's top-level
+        one), active during ``init`` and tracing: ``model.py:NAME`` (text: rules, a callable returning
+        them, or an object with a ``logical_axis_rules`` attribute), a :class:`CallSpec`, or an inline
+        tuple of ``(logical name, mesh axis | None | tuple of axes)`` pairs; None when not given.
     """
 
     name: str
@@ -129,7 +142,7 @@ class FunctionSpec:
     loc: Loc | None
     base_dir: Path
     locs: dict = dataclasses.field(default_factory=dict, compare=False)
-    logical_axis_rules: str | None = None
+    logical_axis_rules: Any = None
 
     def where(self, key: str) -> Loc | None:
         """The location of ``key`` (see ``locs``), else of the function's entry."""

@@ -39,6 +39,7 @@ from stagetool.core.errors import SpecError
 from stagetool.core.mesh import MeshSpec, axis_name_problem, device_count_problem
 from stagetool.core.sharding import AUTO, REPLICATED, UNSPECIFIED, Sharding
 from stagetool.spec.model import (
+    ArgSpec,
     CallSpec,
     CheckSpec,
     FunctionSpec,
@@ -210,6 +211,52 @@ def _hashable(key: Any) -> Any:
         return str(key)
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _merge_keys(issues: _Issues, root: yaml.Node) -> None:
+    """Apply YAML merge keys (``<<: *base``, ``<<: [*a, *b]``) in place, as YAML 1.1 defines them:
+    the merged mappings' pairs come first, a key written in the mapping itself overrides them, and
+    of several merged mappings the first that has a key wins. Merged pairs keep their own file
+    positions, so a problem in them is reported where it is written.
+    """
+    seen: set[int] = set()
+    stack = [root]
+    order: list[yaml.MappingNode] = []
+    while stack:  # children first, so that a merged mapping is itself already merged
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            order.append(node)
+            stack.extend(v for _, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    for node in reversed(order):
+        merges = [(k, v) for k, v in node.value if k.tag == _MERGE_TAG or (isinstance(k, yaml.ScalarNode)
+                                                                            and k.value == "<<" and k.style is None)]
+        if not merges:
+            continue
+        own = [(k, v) for k, v in node.value if (k, v) not in merges]
+        own_keys = {_hashable(_plain(k)) for k, _ in own}
+        merged: list = []
+        merged_keys: set = set()
+        for k, v in merges:
+            sources = v.value if isinstance(v, yaml.SequenceNode) else [v]
+            for src in sources:
+                if not isinstance(src, yaml.MappingNode):
+                    issues.add(src, "", "a merge key '<<' takes a mapping (an alias such as *base) or a list of them")
+                    continue
+                for sk, sv in src.value:
+                    key = _hashable(_plain(sk))
+                    if key in own_keys or key in merged_keys:
+                        continue
+                    merged_keys.add(key)
+                    merged.append((sk, sv))
+        node.value = merged + own
+
+
 def _duplicate_keys(issues: _Issues, node: yaml.Node, path: str = "") -> None:
     """Record every mapping key written twice, anywhere in the spec.
 
@@ -245,6 +292,12 @@ def _get(node: yaml.MappingNode, key: str) -> yaml.Node | None:
 
 def _keys(node: yaml.MappingNode) -> list[tuple[yaml.Node, str]]:
     return [(k, str(k.value)) for k, _ in node.value]
+
+
+def _anchor_keys(root: yaml.MappingNode) -> set[str]:
+    """Top-level keys beginning with ``x-``: places for YAML anchors (``x-base: &base {...}``, merged
+    with ``<<: *base``), ignored otherwise (as docker-compose's extension fields)."""
+    return {key for _, key in _keys(root) if isinstance(key, str) and key.startswith("x-")}
 
 
 def _check_keys(issues: _Issues, node: yaml.MappingNode, path: str, allowed: set[str]) -> None:
@@ -364,7 +417,8 @@ class _Parser:
         self.issues = _Issues(file)
         self.base_dir = base_dir
         self.out_locs: dict[str, Loc] = {}  # out_shardings key path -> where that sharding is written
-        self.logical_axis_rules: str | None = None  # the top-level logical_axis_rules target
+        self.logical_axis_rules: Any = None  # the top-level logical_axis_rules (see logical_rules)
+        self.logical_axis_rules_loc: Loc | None = None
 
     # A pytree of leaves ------------------------------------------------------------------------
     def tree(self, node: yaml.Node, path: str, *, plain_strings: bool = False) -> Any:
@@ -399,6 +453,8 @@ class _Parser:
             return self.call(node, path)
         if "ref" in keys:
             return self.ref(node, path)
+        if "arg" in keys and plain_strings:
+            return self.arg_ref(node, path)
         if {"shape", "dtype"} <= keys:
             return self.expanded_leaf(node, path)
         out = {}
@@ -477,6 +533,16 @@ class _Parser:
                 kwargs = {str(k.value): self.plain_value(v, f"{path}.kwargs.{k.value}") for k, v in knode.value}
         return CallSpec(target, tuple(args), kwargs, self.issues.loc(node))
 
+    def arg_ref(self, node: yaml.MappingNode, path: str) -> ArgSpec | None:
+        """``{arg: N}`` / ``{arg: name}`` in init_args/init_kwargs: another argument's built value."""
+        _check_keys(self.issues, node, path, {"arg"})
+        arg = _plain(_get(node, "arg"))
+        if isinstance(arg, bool) or not isinstance(arg, (int, str)) or (isinstance(arg, int) and arg < 0):
+            self.issues.add(_get(node, "arg"), path, f"arg names another argument of the function by position "
+                            f"(0, 1, ...) or by name, not {arg!r}")
+            return None
+        return ArgSpec(arg, self.issues.loc(node))
+
     def ref(self, node: yaml.MappingNode, path: str) -> RefSpec | None:
         _check_keys(self.issues, node, path, {"ref"})
         target = self.target_of(node, "ref", path)
@@ -494,12 +560,50 @@ class _Parser:
         return InitSpec(target, tuple(args), kwargs, tuple(rules), self.issues.loc(node), path,
                         has_rules=rules_node is not None)
 
+    def logical_rules(self, node: yaml.Node, path: str) -> Any:
+        """``logical_axis_rules``: ``model.py:NAME`` (a list of rules, a callable returning one, or an
+        object with a ``logical_axis_rules`` attribute, e.g. a ``get_config()`` result), a
+        ``{call: ...}`` mapping, or an inline list of ``[logical name, mesh axis | null | [axes]]``
+        pairs (a tuple of pairs). None after recording the problem."""
+        key = f"{path}.logical_axis_rules" if path else "logical_axis_rules"
+        if isinstance(node, yaml.MappingNode):
+            return self.call(node, key) if _get(node, "call") is not None else self._bad_rules(node, key)
+        if isinstance(node, yaml.SequenceNode):
+            pairs = []
+            for i, item in enumerate(node.value):
+                value = _plain(item)
+                if not (isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], str)
+                        and (value[1] is None or isinstance(value[1], str)
+                             or (isinstance(value[1], (list, tuple)) and all(isinstance(a, str) for a in value[1])))):
+                    self.issues.add(item, f"{key}[{i}]", f"a logical axis rule is [logical name, mesh axis], e.g. "
+                                    f"[embed, model] or [batch, [data, fsdp]] or [heads, null], not {value!r}")
+                    continue
+                axis = tuple(value[1]) if isinstance(value[1], (list, tuple)) else value[1]
+                pairs.append((value[0], axis))
+            return tuple(pairs)
+        value = _plain(node)
+        if isinstance(value, str) and ":" in value:
+            return value
+        return self._bad_rules(node, key)
+
+    def _bad_rules(self, node: yaml.Node, key: str) -> None:
+        self.issues.add(node, key, "logical_axis_rules is 'model.py:NAME' (rules, a function returning them, or an "
+                        "object with a logical_axis_rules attribute), {call: model.py:fn, args: [...]}, or a list "
+                        f"of [logical name, mesh axis] pairs, not {_plain(node)!r}")
+        return None
+
     def rules(self, rules_node: yaml.Node | None, path: str) -> list[Rule]:
         """``[regex, sharding]`` pairs and ``{call: file.py:fn}`` callables, in order."""
         rules: list[Rule] = []
+        if isinstance(rules_node, yaml.MappingNode) and _get(rules_node, "call") is not None:
+            # rules: {call: model.py:fsdp_spec}: one callable deciding every leaf
+            _check_keys(self.issues, rules_node, f"{path}.rules", {"call"})
+            target = self.target_of(rules_node, "call", f"{path}.rules")
+            return [Rule(None, None, self.issues.loc(rules_node), call=target)] if target is not None else []
         if rules_node is not None:
             if not isinstance(rules_node, yaml.SequenceNode):
-                self.issues.add(rules_node, f"{path}.rules", "rules must be a list of [regex, sharding] pairs")
+                self.issues.add(rules_node, f"{path}.rules", "rules must be a list of [regex, sharding] pairs, "
+                                "or a callable {call: model.py:spec_of} (path, ShapeDtypeStruct) -> PartitionSpec | None")
             else:
                 for i, rn in enumerate(rules_node.value):
                     rpath = f"{path}.rules[{i}]"
@@ -651,7 +755,11 @@ class _Parser:
                 for i, n in enumerate(v.value):
                     locs[f"args[{i}]"] = self.issues.loc(n)
         lnode = _get(node, "logical_axis_rules")
-        logical = self.target_of(node, "logical_axis_rules", path) if lnode is not None else self.logical_axis_rules
+        logical = self.logical_rules(lnode, path) if lnode is not None else self.logical_axis_rules
+        if lnode is None and self.logical_axis_rules_loc is not None:
+            locs.setdefault("logical_axis_rules", self.logical_axis_rules_loc)
+        elif lnode is not None:
+            locs["logical_axis_rules"] = self.issues.loc(lnode)
         return FunctionSpec(name, target, tuple(args), kwargs, static, tuple(donate), out_shardings,
                             self.issues.loc(key_node), self.base_dir, locs, logical)
 
@@ -750,10 +858,12 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
     if not isinstance(root, yaml.MappingNode):
         raise SpecError([f"{issues.loc(root)}: the spec must be a mapping with 'version', 'mesh' and 'functions'"])
     _duplicate_keys(issues, root)
+    _merge_keys(issues, root)
     _check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "slices", "avals", "functions",
-                                   "chips", "check", "logical_axis_rules"})
+                                   "chips", "check", "logical_axis_rules"} | _anchor_keys(root))
     if _get(root, "logical_axis_rules") is not None:
-        parser.logical_axis_rules = parser.target_of(root, "logical_axis_rules", "")
+        parser.logical_axis_rules = parser.logical_rules(_get(root, "logical_axis_rules"), "")
+        parser.logical_axis_rules_loc = issues.loc(_get(root, "logical_axis_rules"))
     vnode = _get(root, "version")
     if vnode is not None and _plain(vnode) != SPEC_VERSION:
         issues.add(vnode, "version", f"unsupported spec version {_plain(vnode)!r}; this stagetool reads version {SPEC_VERSION}")
