@@ -157,8 +157,9 @@ def test_no_platform_is_cpu_only_where_no_accelerator_can_be(monkeypatch):
 
 
 def test_a_simulated_mesh_starts_only_the_cpu_backend(tmp_path):
-    """No JAX_PLATFORMS: a topology run and a --platform cpu run start the CPU backend alone (no
-    libtpu probe, no CUDA plugin start-up), and say nothing about CUDA on stderr."""
+    """No JAX_PLATFORMS: --platform cpu, no platform (no accelerator here), a TPU topology and a GPU
+    target start the CPU backend alone: libtpu is not even loaded (its probe) except for the TPU
+    topology, which needs it, and nothing about CUDA reaches stderr."""
     script = tmp_path / "probe.py"
     script.write_text(
         "import sys\n"
@@ -166,12 +167,17 @@ def test_a_simulated_mesh_starts_only_the_cpu_backend(tmp_path):
         "analyze(Options(spec='examples/mlp.stagetool.yaml', platform=sys.argv[1] or None,\n"
         "                topology=sys.argv[2] or None, mesh=sys.argv[3] or None))\n"
         "import jax.extend.backend as b\n"
+        "print('libtpu.so' in open('/proc/self/maps').read())\n"  # libtpu's probe loads it
         "print(sorted(b.backends()))\n")
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | _env()
+    from stagetool.lowering import backends
+
     runs = [("cpu", "", "")]
+    if not backends.accelerator_attached() and not backends.other_plugins():
+        runs.append(("", "", ""))  # no platform and nothing attached: a simulated mesh too
     if topology.libtpu_available():
         runs.append(("", "v5e:2x4", "2x4"))
     if gpu_topology.cuda_plugin_available():
@@ -180,7 +186,9 @@ def test_a_simulated_mesh_starts_only_the_cpu_backend(tmp_path):
         proc = subprocess.run([sys.executable, str(script), *argv], cwd=REPO, env=env, capture_output=True,
                               text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.strip().splitlines()[-1] == "['cpu']", argv
+        *_, libtpu_loaded, started = proc.stdout.strip().splitlines()
+        assert started == "['cpu']", argv
+        assert libtpu_loaded == str(argv[1].startswith("v5e")), argv  # only a TPU topology loads libtpu
         assert "Unable to load CUDA" not in proc.stderr and "cudart_stub" not in proc.stderr, argv
 
 
