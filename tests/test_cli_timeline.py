@@ -46,6 +46,8 @@ def test_transformer_timeline_on_cpu(run_cli, monkeypatch):
     assert tp["baseline_bytes"] == rec["argument_bytes"] + rec["output_bytes"] - rec["alias_bytes"]
     # The peak is in the backward scan (the while of transpose(jvp())), at the scan's line.
     assert tp["op"].endswith("transpose(jvp())/while") and tp["source_line"].endswith("transformer.py:106")
+    # inside the loop's body: the gradient of the MLP's down-projection, `x + h @ layer["w_down"]`
+    assert "transpose(jvp())/while/body" in tp["inside_op"] and tp["inside_source_line"].endswith("transformer.py:93")
     by_leaf = {b["leaf"]: b for b in m["timeline_peak"]["buffers"] if b["leaf"]}
     assert all(b["kind"].startswith("parameter") for b in by_leaf.values())
     text = run_cli("memory", "examples/transformer.py:train_step", check=0).stdout

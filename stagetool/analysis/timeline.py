@@ -142,6 +142,9 @@ class TimelinePeak:
       steps: steps in the entry computation's schedule (points of the timeline).
       source: where the figures come from.
       reason: why there is no timeline (None when there is).
+      inside, inside_op, inside_source_line: when the peak step runs a called computation (a loop's
+        body), the instruction in it at which the bytes peak, its op name and the user's
+        ``file:line``; None otherwise.
     """
 
     bytes: int | None
@@ -160,6 +163,9 @@ class TimelinePeak:
     steps: int = 0
     source: str = SOURCE
     reason: str | None = None
+    inside: str | None = None
+    inside_op: str | None = None
+    inside_source_line: str | None = None
 
 
 def _unavailable(reason: str, gated: int | None) -> TimelinePeak:
@@ -276,9 +282,12 @@ def memory_timeline(dump: Any, *, gated_peak: int | None, record: Any = None, in
     t_peak = flat.index(max(flat))
     buffers = _buffers_at(t_peak, ranges, buffer_by_value, buffer_by_id, place, whole, index, inputs, outputs)
     differences = _differences(peak_point.bytes, gated_peak, allocated, record, temps)
+    inner = ranges.sequence[t_peak]
+    inside = (inner, *index.op_and_source(inner)) if inner not in entry else (None, None, None)
     peak = TimelinePeak(peak_point.bytes, peak_point.position, peak_point.instruction, peak_point.op,
                         peak_point.source_line, gated_peak, differences, baseline, allocated, host,
-                        tuple(buffers[:max(top, 0)]), len(buffers), _groups(buffers), len(points))
+                        tuple(buffers[:max(top, 0)]), len(buffers), _groups(buffers), len(points),
+                        inside=inside[0], inside_op=inside[1], inside_source_line=inside[2])
     return tuple(points), peak
 
 

@@ -178,7 +178,11 @@ def timeline_view(m: Any) -> dict[str, Any] | None:
                                   peak_label=f"peak {format_bytes(tp.bytes)} at step {tp.position}",
                                   capacity=m.capacity_bytes, gated=tp.gated_peak_bytes, buffers=stack,
                                   buffer_total=tp.bytes)
-    return {"reason": None, "chart": chart, "tp": tp, "where": where, "rows": views.timeline_buffer_rows(tp)[1]}
+    inside_where = ", ".join(x for x in (views._op(tp.inside_op) if tp.inside_op else None,
+                                         views.short_source(tp.inside_source_line) if tp.inside_source_line else None)
+                             if x)
+    return {"reason": None, "chart": chart, "tp": tp, "where": where, "inside_where": inside_where,
+            "rows": views.timeline_buffer_rows(tp)[1]}
 
 
 def collectives_view(c: Any) -> dict[str, Any]:

@@ -282,6 +282,10 @@ def timeline_lines(m: Any) -> list[str]:
     where = ", ".join(x for x in (op, short_source(tp.source_line) if tp.source_line else None) if x)
     lines = [f"memory over time ({tp.steps} steps, per device): {sparkline(m.timeline)} "
              f"peak {format_bytes(tp.bytes)} at step {tp.position} ({tp.instruction}{', ' + where if where else ''})"]
+    if getattr(tp, "inside", None):
+        inner = ", ".join(x for x in (_op(tp.inside_op) if tp.inside_op else None,
+                                      short_source(tp.inside_source_line) if tp.inside_source_line else None) if x)
+        lines.append(f"  inside it, the bytes peak at {tp.inside}{' (' + inner + ')' if inner else ''}")
     if tp.gated_peak_bytes is not None and not tp.differences:
         lines.append(f"  the timeline's peak is the gated peak ({tp.gated_peak_bytes:,} B)")
     elif tp.differences:

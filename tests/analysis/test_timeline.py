@@ -101,6 +101,8 @@ def test_a_loop_body_is_folded_into_its_while():
     points, peak, record = _timeline(scanned, jax.ShapeDtypeStruct((256, 256), jnp.float32))
     assert peak.bytes == 4 * 256 * 256 * F32 + 4
     assert peak.instruction.startswith("while") and peak.op.endswith("/while")
+    # inside the loop, the bytes peak at one of the body's instructions (the dots of the step)
+    assert peak.inside is not None and "/while/body/" in peak.inside_op and peak.inside_op.endswith("dot_general")
     assert peak.steps == len(points) < len(buffers.parse_live_ranges(
         stages.compile_with_dump(jax.jit(scanned).lower(jax.ShapeDtypeStruct((256, 256), jnp.float32)))[1]
         .live_range_text).sequence)
