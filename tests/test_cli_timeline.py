@@ -77,16 +77,24 @@ def test_transformer_timeline_on_v5e(run_cli, monkeypatch):
 
 
 @pytest.mark.slow
-def test_scanned_decoder_with_remat(run_cli):
+@pytest.mark.parametrize("topology_name", [
+    None,
+    pytest.param("v5e:1x1", marks=pytest.mark.skipif(not topology.libtpu_available(),
+                                                    reason="libtpu not installed: pip install -e '.[tpu]'")),
+])
+def test_scanned_decoder_with_remat(run_cli, topology_name):
     """Remat keeps one [B, S, D] input per layer instead of each layer's [B, S, F] activations: the
-    timeline's peak drops by at least (L - 1) · B · S · F · 4 bytes, and each peak is in the backward scan."""
-    r = run_cli("memory", "--spec", DECODER, "--format", "json", check=0)
+    timeline's peak drops by at least (L - 1) · B · S · F · 4 bytes, and each peak is in the backward
+    scan, the remat one while it recomputes the layer (its op is under ``checkpoint``)."""
+    where = ("--topology", topology_name) if topology_name else ()
+    r = run_cli("memory", "--spec", DECODER, *where, "--format", "json", check=0)
     fs = {f["name"]: f["memory"] for f in r.json()["functions"]}
     remat, plain = check_timeline(fs["step_remat"]), check_timeline(fs["step_plain"])
     L, B, S, F = 6, 8, 64, 512
     assert plain["bytes"] - remat["bytes"] >= (L - 1) * B * S * F * 4
     for tp in (remat, plain):
         assert tp["op"].endswith("transpose(jvp())/while") and tp["source_line"].endswith("remat_decoder.py:27")
+    assert "/checkpoint/" in remat["inside_op"] and "/checkpoint/" not in plain["inside_op"]
 
 
 @pytest.mark.slow
