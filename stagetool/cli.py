@@ -573,7 +573,7 @@ def report(staging: Staging, chip: ChipOpt = None, device_memory: DeviceMemoryOp
 def devices(mesh: Annotated[Optional[str], typer.Option(
                 "--mesh", "-m", help="Lay a mesh over the devices, e.g. data=2,model=4.", show_default=False)] = None,
             platform: PlatformOpt = None, topology: TopologyOpt = None,
-            gpu_target_config: GpuTargetConfigOpt = None,
+            gpu_target_config: GpuTargetConfigOpt = None, slices: SlicesOpt = None,
             target_config: Annotated[bool, typer.Option(
                 "--target-config", help="Print (or -o FILE) the attached GPU's GpuTargetConfigProto, for "
                                         "--gpu-target-config on a machine without it.")] = False,
@@ -587,8 +587,8 @@ def devices(mesh: Annotated[Optional[str], typer.Option(
             return
         from stagetool.pipeline import devices_report
 
-        emit(devices_report(mesh=mesh, platform=platform, topology=topology, gpu_target_config=gpu_target_config),
-             format, output)
+        emit(devices_report(mesh=mesh, platform=platform, topology=topology, gpu_target_config=gpu_target_config,
+                            slices=slices), format, output)
 
 
 # ---- CI gate: snapshot, check, diff (README: "The CI gate") ------------------------------------

@@ -825,7 +825,7 @@ def _jax_versions() -> tuple[str, str]:
 
 
 def devices_report(*, mesh: str | None = None, platform: str | None = None, topology: str | None = None,
-                   gpu_target_config: str | None = None):
+                   gpu_target_config: str | None = None, slices: int | None = None):
     """What ``stagetool devices`` shows: a :class:`stagetool.report.model.DevicesReport`.
 
     With ``mesh`` (``data=2,model=4``), CPU devices are provisioned for it and the mesh's device
@@ -847,8 +847,12 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
     if topology is not None and not mesh_spec.axes:
         from stagetool.lowering.compile_only import topology_device_count
 
-        layout = MeshSpec((("devices", topology_device_count(topology, gpu_target_config)),))  # all, in one axis
-    setup = provision(layout, platform=platform, topology=topology, gpu_target_config=gpu_target_config)
+        count = topology_device_count(topology, gpu_target_config) * (slices or 1)
+        layout = MeshSpec((("devices", count),))  # all, in one axis
+    if slices is not None and slices < 1:
+        raise UsageError(f"--slices {slices}: the number of TPU slices must be at least 1")
+    setup = provision(layout, platform=platform, topology=topology, gpu_target_config=gpu_target_config,
+                      slices=slices)
     if topology is None:
         import jax
 

@@ -127,3 +127,13 @@ def test_a_sweep_row_carries_the_bytes_over_dcn(tmp_path):
     # the reduce-scattered gradient crosses DCN: f32[1024,1024] over the in-slice part of data (2, then 4)
     assert rows["4x2"]["dcn_bytes_per_step"] == 1024 * 1024 * 4 // 2
     assert rows["8x1"]["dcn_bytes_per_step"] == 1024 * 1024 * 4 // 4
+
+
+@needs_libtpu
+def test_devices_lists_every_slice():
+    r = run_subprocess("devices", "--topology", "v5e:2x2", "--slices", "2", "--format", "json")
+    assert r.code == 0, r.stderr
+    doc = r.json()
+    assert doc["device_count"] == 8 and doc["process_count"] == 2
+    r = run_subprocess("devices", "--slices", "2")
+    assert r.code == 2 and "TPU topology" in r.stderr

@@ -90,6 +90,9 @@ def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str
         start_backends()  # the CPU backend beside the compile-only devices, quietly
     from stagetool.lowering.compile_only import is_gpu_target
 
+    if (slices or 1) > 1 and (topology is None or is_gpu_target(topology, gpu_target_config)):
+        raise UsageError(f"--slices {slices}: slices are TPU slices joined over DCN, and need a TPU topology",
+                         hint=f"add --topology, e.g. --topology v5e:2x4 --slices {slices}")
     if is_gpu_target(topology, gpu_target_config):
         from stagetool.lowering.gpu_topology import gpu_topology
         from stagetool.lowering.topology import topology_mesh
