@@ -318,3 +318,36 @@ def test_a_users_target_config_is_used_as_written(tmp_path, run_cli):
     broken.write_text("gpu_device_info { core_count: many }\n")
     r = run_cli("devices", "--topology", "gpu:4", "--gpu-target-config", broken)
     assert r.code == 2 and "cannot read the GPU target config" in r.stderr
+
+
+SPEC_TOPOLOGY = """
+version: 1
+mesh: {axes: {data: 2, model: 4}}
+topology: TOPO
+functions:
+  f:
+    target: m.py:f
+    args: ['f32[64,128] @ [data, null]', 'f32[128,32] @ [null, model]']
+"""
+
+
+def test_a_spec_topology_that_cannot_exist_names_its_line(tmp_path):
+    from helpers import write
+
+    write(tmp_path, "m.py", "def f(a, b):\n    return a @ b\n")
+    spec = write(tmp_path, "m.stagetool.yaml", SPEC_TOPOLOGY.replace("TOPO", "v5e:2x2x2"))
+    r = run_subprocess("shardings", "--spec", spec, cwd=tmp_path, env=_env())
+    assert r.code == 2 and "m.stagetool.yaml:3" in r.stderr and "2-D" in r.stderr, r.stderr
+
+
+@needs_plugin
+def test_a_spec_can_name_a_gpu_target(tmp_path, run_cli, monkeypatch):
+    from helpers import write
+
+    write(tmp_path, "m.py", "def f(a, b):\n    return a @ b\n")
+    spec = write(tmp_path, "m.stagetool.yaml", SPEC_TOPOLOGY.replace("TOPO", "a100-80gb:8"))
+    monkeypatch.chdir(tmp_path)
+    f = run_cli("cost", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
+    assert f["mesh"]["device_kind"] == "NVIDIA A100-SXM4-80GB" and f["mesh"]["topology"] == "a100-80gb:8"
+    # each device: a [32,128] @ [128,8] block
+    assert f["cost"]["per_device"]["flops"] == 2 * 32 * 8 * 128
