@@ -525,6 +525,23 @@ def collectives(staging: Staging, explain: Annotated[Optional[list[str]], typer.
 
 @app.command()
 @staging_command
+def why(staging: Staging,
+        leaf: Annotated[Optional[str], typer.Option("--leaf", help="An input or output leaf (its path, its last "
+                                                   "part: wq, or a regular expression over them).")] = None,
+        line: Annotated[Optional[str], typer.Option("--line", help="A source line, FILE:LINE (model.py:8).")] = None,
+        collective: Annotated[Optional[int], typer.Option("--collective", help="A collective, by its number in "
+                                                          "'stagetool collectives' (1, 2, ...).")] = None,
+        format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
+    """Where a leaf's, a line's or a collective's sharding came from, and what it causes downstream."""
+    from stagetool.pipeline import Section
+
+    with _errors(debug):
+        opts = staging.options(why=(leaf, line, collective), outputs=_outputs(output=output))
+        emit(_analyze("why", opts, [Section.WHY]), format, output)
+
+
+@app.command()
+@staging_command
 def cost(staging: Staging, chip: ChipOpt = None, format: FormatOpt = Format.text,
          output: OutputOpt = None, debug: DebugOpt = False) -> None:
     """FLOPs, transcendentals and bytes accessed: per device (compiled) and whole program (lowered)."""

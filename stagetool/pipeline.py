@@ -25,6 +25,7 @@ from stagetool.spec.model import FunctionSpec, Spec
 from stagetool.spec.variables import load_spec_with
 
 if TYPE_CHECKING:
+    from stagetool.analysis.causes import WhyQuery
     from stagetool.core.errors import StagingError
     from stagetool.gate.run import SnapshotRun
     from stagetool.lowering.avals import AbstractInputs
@@ -45,6 +46,9 @@ class Section(str, enum.Enum):
     COST = "cost"
     MEMORY = "memory"
     COLLECTIVES = "collectives"
+    WHY = "why"
+    """``stagetool why``'s answer (needs the plan's question): the collectives and their causes are
+    computed for it, and only the answer is reported."""
 
 
 REPORT_SECTIONS = (Section.SHARDINGS, Section.COLLECTIVES, Section.COST, Section.MEMORY)
@@ -87,6 +91,7 @@ class Options:
       isolate: stage each function in a worker process of its own (``--isolate``).
       outputs: ``(option, path)`` of each file the command will write (``--output``, ``--junit-xml``,
         ``--baseline`` with ``--update``), checked by :func:`make_plan` before anything is staged.
+      why: ``stagetool why``'s question as ``(--leaf, --line, --collective)``, one of them given.
     """
 
     target: str | None = None
@@ -113,6 +118,7 @@ class Options:
     timeout_s: float | None = None
     isolate: bool = False
     outputs: tuple[tuple[str, Path], ...] = ()
+    why: tuple[str | None, str | None, int | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +142,7 @@ class Plan:
         None; isolate: each function in a worker of its own.
       gpu_target_config: the ``--gpu-target-config`` file of a GPU target, or None.
       slices: TPU slices joined over DCN (``--slices``, the spec's ``slices``), 1 for one.
+      why: ``stagetool why``'s question, checked (:class:`stagetool.analysis.causes.WhyQuery`), or None.
     """
 
     spec: Spec
@@ -160,6 +167,7 @@ class Plan:
     isolate: bool = False
     gpu_target_config: str | None = None
     slices: int = 1
+    why: WhyQuery | None = None
 
 
 class _Problems:
@@ -214,6 +222,12 @@ def make_plan(options: Options) -> Plan:
                                  "than 0 bytes", hint="write e.g. 16GiB")
     with problems.check():
         explain = leaf_patterns(tuple(options.explain))
+    question = None
+    if options.why is not None:
+        from stagetool.analysis.causes import why_query
+
+        with problems.check():
+            question = why_query(*options.why)
     with problems.check():
         if options.dialect not in ("stablehlo", "hlo"):
             raise UsageError(f"--dialect {options.dialect!r} must be 'stablehlo' or 'hlo'")
@@ -294,7 +308,7 @@ def make_plan(options: Options) -> Plan:
                 chips=chips, chip=chip, device_memory_bytes=device_memory, peak=options.peak, top=options.top,
                 explain=explain, cache_dir=options.cache_dir, jax_cache=options.jax_cache, jobs=options.jobs,
                 timeout_s=options.timeout_s, isolate=options.isolate, gpu_target_config=options.gpu_target_config,
-                slices=slices)
+                slices=slices, why=question)
 
 
 def _check_topology(spec: Spec, options: Options, topology: str | None) -> None:
@@ -477,6 +491,11 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup) -> dict[str, Prepared]:
             continue
         unmatched += [f"{m} of {fspec.name}" if ";" not in m else m.replace(";", f" of {fspec.name};", 1)
                       for m in unmatched_leaf_patterns(plan.explain, [x.path for x in inputs.leaves])]
+        if plan.why is not None and plan.why.kind == "leaf" and not plan.why.text.startswith("out"):
+            # an input leaf is known before lowering (output leaves, out/..., only after)
+            unmatched += [m.replace("--explain", "--leaf", 1).replace(" names no input leaf",
+                                                                       f" names no input leaf of {fspec.name}", 1)
+                          for m in unmatched_leaf_patterns((plan.why.leaf,), [x.path for x in inputs.leaves])]
         out[fspec.name] = Prepared(fitted, target, inputs)
     problems = _Problems()
     if issues:
@@ -640,7 +659,7 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
                               memory=memory, notes=notes)
     except StagingError as e:
         return _failed(plan, fspec, setup, e)
-    if Section.COLLECTIVES in wanted:  # why each collective is there (issue 22): Shardy's origins
+    if wanted & {Section.COLLECTIVES, Section.WHY}:  # why each collective is there (issue 22): Shardy's origins
         from stagetool.lowering.shardy import propagate_lowered
 
         propagation, why_not = propagate_lowered(staged.lowered)
@@ -706,7 +725,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
     if Section.COMPILED_TEXT in wanted:
         fields["module"] = ModuleText("compiled", "hlo", facts.compiled_text)
     leaves = None
-    if wanted & {Section.SHARDINGS, Section.MEMORY, Section.COLLECTIVES}:
+    if wanted & {Section.SHARDINGS, Section.MEMORY, Section.COLLECTIVES, Section.WHY}:
         from stagetool.analysis.shardings import input_leaves, output_leaves
 
         explicit = plan.mesh.axis_types == "explicit"
@@ -723,14 +742,19 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
         capacity, source = _capacity(plan, setup)
         fields["memory"] = memory_section(facts, *leaves, capacity_bytes=capacity, capacity_source=source,
                                           top=plan.top)
-    if Section.COLLECTIVES in wanted:
+    if wanted & {Section.COLLECTIVES, Section.WHY}:
         from stagetool.analysis.collectives import MeshAxes
         from stagetool.analysis.sections import collectives_section
 
-        fields["collectives"] = collectives_section(facts.module, MeshAxes(plan.mesh.names, plan.mesh.sizes),
-                                                    leaves[0], user_files, plan.explain, slices=setup.slices,
-                                                    outputs=leaves[1], propagation=facts.propagation,
-                                                    propagation_error=facts.propagation_error)
+        section = collectives_section(facts.module, MeshAxes(plan.mesh.names, plan.mesh.sizes), leaves[0], user_files,
+                                      plan.explain, slices=setup.slices, outputs=leaves[1],
+                                      propagation=facts.propagation, propagation_error=facts.propagation_error)
+        if Section.COLLECTIVES in wanted:
+            fields["collectives"] = section
+        if Section.WHY in wanted and plan.why is not None:
+            from stagetool.analysis.causes import answer_why
+
+            fields["why"] = answer_why(plan.why, leaves[0], leaves[1], section)
     notes = [f"warning while staging: {w}" for w in facts.warnings]
     notes += list(getattr(facts, "uneven_constraints", ()))
     narrow = sorted({x.dtype for x in inputs.leaves if x.dtype in ("bfloat16", "float16")})

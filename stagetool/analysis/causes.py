@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from stagetool.analysis.shardings import LeafReport
     from stagetool.lowering.shardy import Operand, Propagation, PropagatedOp, ValueSharding
 
-__all__ = ["AxisOrigin", "CollectiveCause", "ConstraintFact", "ShardingOrigins", "TensorAt", "cause_of",
-           "sharding_origins", "unfaithful_reason"]
+__all__ = ["AxisOrigin", "CollectiveCause", "ConstraintFact", "ShardingOrigins", "TensorAt", "WhyAnswer", "WhyQuery",
+           "answer_why", "cause_of", "sharding_origins", "unfaithful_reason", "why_query"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -565,3 +565,180 @@ def sharding_origins(prop: Propagation, inputs: Sequence[LeafReport], outputs: S
             constraints.append(ConstraintFact(_line(op), _tensor(ctx, "", op.results[0], (), None, op).sharding,
                                               op.origin_name))
     return ShardingOrigins(ins, outs, tuple(constraints))
+
+
+# ---- `stagetool why`: one leaf, one source line or one collective
+
+
+@dataclasses.dataclass(frozen=True)
+class WhyQuery:
+    """What ``stagetool why`` is asked about, checked before anything is staged.
+
+    Attributes:
+      kind: ``leaf``, ``line`` or ``collective``.
+      text: the question as given (``w2``, ``model.py:8``, ``2``).
+      leaf: for a leaf, the pattern naming it (:class:`stagetool.analysis.leaves.LeafPattern`).
+      file / line: for a line, the file name (matched without its folder) and the 1-based line.
+      number: for a collective, its number in module order (1-based, as the "why" list numbers it).
+    """
+
+    kind: str
+    text: str
+    leaf: object = None
+    file: str | None = None
+    line: int | None = None
+    number: int | None = None
+
+
+def why_query(leaf: str | None = None, line: str | None = None, collective: int | None = None) -> WhyQuery:
+    """The one question of ``stagetool why`` (``--leaf``, ``--line`` or ``--collective``).
+
+    Raises:
+      UsageError: none or several given, a bad leaf pattern, a line that is not ``FILE:LINE``, a
+        collective number below 1.
+    """
+    from stagetool.core.errors import UsageError
+
+    given = [(k, v) for k, v in (("--leaf", leaf), ("--line", line), ("--collective", collective)) if v is not None]
+    if len(given) != 1:
+        raise UsageError("stagetool why answers one question: give exactly one of --leaf, --line, --collective"
+                         + (f" (got {', '.join(k for k, _ in given)})" if given else ""),
+                         hint="e.g. stagetool why --leaf wq, --line model.py:8, or --collective 2")
+    if leaf is not None:
+        from stagetool.analysis.leaves import leaf_patterns
+
+        try:
+            (pattern,) = leaf_patterns((leaf,))
+        except UsageError as e:
+            raise UsageError(e.message.replace("--explain", "--leaf"), hint=e.hint) from None
+        return WhyQuery("leaf", leaf, leaf=pattern)
+    if line is not None:
+        m = re.fullmatch(r"(.+):(\d+)", line.strip())
+        if m is None or int(m.group(2)) < 1:
+            raise UsageError(f"--line {line!r}: give a source line as FILE:LINE, e.g. model.py:8",
+                             hint="the file name is enough; its folder is not compared")
+        return WhyQuery("line", line, file=Path(m.group(1)).name, line=int(m.group(2)))
+    if collective < 1:
+        raise UsageError(f"--collective {collective}: collectives are numbered from 1, as 'stagetool collectives' "
+                         "lists them under 'why each collective is there'")
+    return WhyQuery("collective", str(collective), number=collective)
+
+
+@dataclasses.dataclass(frozen=True)
+class WhyAnswer:
+    """``stagetool why``'s answer for one function.
+
+    Attributes:
+      question: ``leaf params/layers/wo``, ``line model.py:8``, ``collective 2``.
+      found: what the question names, one line each (a leaf with its declared and compiled sharding;
+        a constraint at the line; the collective).
+      origins: where the sharding of what it names came from (for a collective: its operands' origins).
+      reason: for a collective, why it is there (its cause's reason), else None.
+      collectives: the collectives it leads to or belongs to, as ``(number, "kind over axes at line",
+        reason)``.
+      outputs: output leaves whose compiled sharding follows it.
+      unavailable: why there is no answer (the explanation is unavailable for this function, or the
+        question names nothing in it), else None.
+    """
+
+    question: str
+    found: tuple[str, ...] = ()
+    origins: tuple[AxisOrigin, ...] = ()
+    reason: str | None = None
+    collectives: tuple[tuple[int, str, str], ...] = ()
+    outputs: tuple[str, ...] = ()
+    unavailable: str | None = None
+
+
+def _collective_line(i: int, item) -> tuple[int, str, str]:
+    c = item.collective
+    axes = " × ".join(c.mesh_axes) if c.mesh_axes else "no mesh axis" if c.mesh_axes is None else "one device"
+    at = f" at {_short(item.source)}" if item.source else ""
+    return (i, f"{c.kind} over {axes}{at}", item.cause.reason if item.cause else "")
+
+
+def answer_why(query: WhyQuery, inputs: Sequence[LeafReport], outputs: Sequence[LeafReport], section) -> WhyAnswer:
+    """Answer ``stagetool why`` from one function's leaves and collectives section (its items' causes
+    and :class:`ShardingOrigins`); pure, no JAX.
+
+    * a leaf: its declared sharding and where it came from (the spec line, rule or model annotation),
+      its compiled sharding (for an ``auto`` leaf, what the partitioner followed), and downstream: the
+      collectives whose causes name it and the outputs whose sharding follows it;
+    * a line: the sharding constraints written there (and what they cause), and the collectives that
+      belong to ops of that line;
+    * a collective (by number): its op, line, reason and the origins of its operands' shardings.
+    """
+    question = f"{query.kind} {query.text}"
+    if section is None:
+        return WhyAnswer(question, unavailable="no collectives section")
+    if section.causes_unavailable:
+        return WhyAnswer(question, unavailable=section.causes_unavailable)
+    items = list(section.items)
+    origins = section.origins
+    numbered = list(enumerate(items, start=1))
+    if query.kind == "collective":
+        if query.number > len(items):
+            return WhyAnswer(question, unavailable=f"the program has {len(items)} collective(s); there is no "
+                                                   f"collective {query.number}")
+        item = items[query.number - 1]
+        cause = item.cause
+        found = [_collective_line(query.number, item)[1]]
+        if cause is None:
+            return WhyAnswer(question, tuple(found), unavailable="its metadata names no op of the program")
+        found.append(f"op {cause.op} at {_short(cause.line)}" if cause.line else f"op {cause.op}")
+        found += [f"operand {t.name}: {t.sharding}" for t in cause.operands]
+        if cause.result is not None:
+            found.append(f"result: {cause.result.sharding}")
+        seen, all_origins = set(), []
+        for t in (*cause.operands, *((cause.result,) if cause.result else ())):
+            for o in t.origins:
+                if (o.key, o.label) not in seen:
+                    seen.add((o.key, o.label))
+                    all_origins.append(o)
+        return WhyAnswer(question, tuple(found), tuple(all_origins), cause.reason)
+    if query.kind == "leaf":
+        chosen = [(i, x) for i, x in enumerate(inputs) if query.leaf.names(x.path)]
+        outs = [(i, x) for i, x in enumerate(outputs) if query.leaf.names(x.path)]
+        if not chosen and not outs:
+            return WhyAnswer(question, unavailable=f"no input or output leaf is named {query.text!r}")
+        found, leaf_origins, labels = [], [], set()
+        for i, x in chosen:
+            how = {"rule": "a rule", "spec": "the spec", "model": "the model's annotation", "compiler": "auto: the "
+                   "partitioner chooses"}.get(x.sharding_source or "", "not given: replicated")
+            where = f" at {_short(_no_column(x.source))}" if x.source and x.sharding_source != "compiler" else ""
+            found.append(f"input {x.path}: declared {x.declared} ({how}{where}); compiled "
+                         f"{x.compiled if x.compiled is not None else 'unused (pruned)'}")
+            labels.add(f"input {x.path}")
+            if origins is not None and i < len(origins.inputs) and x.sharding_source == "compiler":
+                leaf_origins += [o for o in origins.inputs[i] if o.label != f"input {x.path}"]
+        for i, x in outs:
+            found.append(f"output {x.path}: compiled {x.compiled}")
+            if origins is not None and i < len(origins.outputs):
+                leaf_origins += list(origins.outputs[i])
+        caused = tuple(_collective_line(n, it) for n, it in numbered
+                       if it.cause is not None and labels & {o.label for o in it.cause.origins})
+        follow = tuple(outputs[i].path for i in range(len(outputs))
+                       if origins is not None and i < len(origins.outputs)
+                       and labels & {o.label for o in origins.outputs[i]})
+        return WhyAnswer(question, tuple(found), tuple(leaf_origins), None, caused, follow)
+    # a source line
+    here = lambda line: line is not None and Path(line.rsplit(":", 1)[0]).name == query.file \
+        and line.rsplit(":", 1)[1] == str(query.line)  # noqa: E731
+    found, labels = [], set()
+    for c in (origins.constraints if origins is not None else ()):
+        if here(c.line):
+            text = f"sharding constraint {c.sharding} at {_short(c.line)}"
+            if text not in found:
+                found.append(text)
+            labels.add(f"constraint {_short(c.line)}")
+    belong = [(n, it) for n, it in numbered
+              if here(it.source) or (it.cause is not None and here(it.cause.line))]
+    caused = [(n, it) for n, it in numbered if it.cause is not None and labels & {o.label for o in it.cause.origins}]
+    listed = {n for n, _ in belong}
+    rows = tuple(_collective_line(n, it) for n, it in belong + [x for x in caused if x[0] not in listed])
+    follow = tuple(outputs[i].path for i in range(len(outputs))
+                   if origins is not None and i < len(origins.outputs) and labels & {o.label for o in origins.outputs[i]})
+    if not found and not rows:
+        return WhyAnswer(question, unavailable=f"nothing at {query.file}:{query.line}: no sharding constraint is "
+                                               "written there and no collective belongs to it")
+    return WhyAnswer(question, tuple(found), (), None, rows, follow)

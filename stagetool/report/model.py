@@ -16,6 +16,7 @@ import json
 import math
 from typing import Any
 
+from stagetool.analysis.causes import WhyAnswer
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.analysis.shardings import LeafReport
 from stagetool.core.sharding import Sharding
@@ -80,6 +81,7 @@ class FunctionReport:
       cost: cost analysis (per device and whole program), see ``stagetool.analysis.cost``.
       memory: memory analysis (per device), see ``stagetool.analysis.memory``.
       collectives: collectives, see ``stagetool.analysis.collectives``.
+      why: ``stagetool why``'s answer (:class:`stagetool.analysis.causes.WhyAnswer`), or None.
       notes: short remarks for the reader (e.g. what was simulated).
       error: why the function could not be staged (JAX's message and the user's frame), or None;
         when set, every section is None and the command exits 3 after reporting the others.
@@ -100,6 +102,7 @@ class FunctionReport:
     cost: CostSection | None = None
     memory: MemorySection | None = None
     collectives: CollectivesSection | None = None
+    why: WhyAnswer | None = None
     notes: tuple[str, ...] = ()
     error: str | None = None
     error_traceback: str | None = dataclasses.field(default=None, compare=False, metadata={"json_skip": True})

@@ -229,6 +229,7 @@ def function_view(f: FunctionReport, index: int) -> dict[str, Any]:
         "memory": memory_view(f.memory) if f.memory is not None else None,
         "collectives": collectives_view(f.collectives) if f.collectives is not None else None,
         "cost": cost_view(f.cost) if f.cost is not None else None,
+        "why": views.why_lines(f.why) if getattr(f, "why", None) is not None else None,
     }
 
 

@@ -95,6 +95,10 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
                 out += [f"### {title}", ""] + _leaves(leaves) + [""]
     if f.collectives is not None:
         out += _collectives(f.collectives) + _image(figures, "collectives", f"collective bytes of {f.name} by kind and mesh axes")
+    if getattr(f, "why", None) is not None:
+        lines = views.why_lines(f.why)
+        out += [f"### {lines[0][1][0].upper()}{lines[0][1][1:]}", ""]
+        out += [f"- **{line}**" if style == "bold" else f"- {line}" for style, line in lines[1:]] + [""]
     if f.cost is not None:
         out += _cost(f.cost)
     if f.memory is not None:

@@ -404,6 +404,27 @@ def cause_lines(c: Any) -> list[tuple[str, str, list[str]]]:
     return out
 
 
+def why_lines(w: Any) -> list[tuple[str, str]]:
+    """``stagetool why``'s answer as ``(style, line)`` pairs: the question, what it names, where its
+    sharding came from, the reason (a collective), and downstream: collectives and outputs."""
+    out = [("bold", f"why: {w.question}")]
+    if w.unavailable:
+        return out + [("warn", f"no answer: {w.unavailable}")]
+    out += [("", x) for x in w.found]
+    if w.origins:
+        out.append(("", "sharding from: " + "; ".join(f"`{o.axis}` ← {o.describe()}" for o in w.origins)))
+    if w.reason:
+        out.append(("", f"because: {w.reason}"))
+    if w.collectives:
+        out.append(("bold", f"collectives ({len(w.collectives)})"))
+        out += [("", f"{n} {head}" + (f": {reason}" if reason else "")) for n, head, reason in w.collectives]
+    elif w.reason is None:
+        out.append(("", "collectives: none follow from it"))
+    if w.outputs:
+        out.append(("", "outputs whose sharding follows it: " + ", ".join(w.outputs)))
+    return out
+
+
 def explain_lines(c: Any) -> list[str]:
     """One line per ``--explain`` leaf: the collectives that move it, then those its values flow into."""
     by_name = {item.collective.name: item for item in c.items}

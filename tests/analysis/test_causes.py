@@ -167,3 +167,59 @@ def test_unfaithful_propagation_is_silent():
     why = unfaithful_reason(prop, [other], [out])
     assert "input x P('data', None)" in why and "unavailable" in why
     assert "unavailable" in unfaithful_reason(prop, [same], [leaf("out", Sharding("spec", ()), None)])
+
+
+def _why(run_cli, *args: str) -> dict:
+    return run_cli("why", *args, "--format", "json", check=0).json()["functions"][0]["why"]
+
+
+def test_why_on_the_three_line_program(tmp_path, monkeypatch, run_cli):
+    """Worked by hand (module docstring): w1's `model` axis reaches the constraint (all-gather 1), w2's
+    contracted `model` axis makes the partial sums (all-reduce 2), the constraint's line is model.py:8."""
+    write(tmp_path, "model.py", MODEL)
+    write(tmp_path, "model.stagetool.yaml", SPEC)
+    monkeypatch.chdir(tmp_path)
+    w1 = _why(run_cli, "--leaf", "w1")
+    assert w1["found"] == ["input w1: declared P(None, 'model') (the spec at model.stagetool.yaml:9); "
+                           "compiled P(None, 'model')"]
+    assert [(n, head) for n, head, _ in w1["collectives"]] == [(1, "all-gather over model at model.py:7")]
+    w2 = _why(run_cli, "--leaf", "w2")
+    assert [(n, head) for n, head, _ in w2["collectives"]] == [(2, "all-reduce over model at model.py:9")]
+    line = _why(run_cli, "--line", "model.py:8")
+    assert line["found"] == ["sharding constraint P('data', None) at model.py:8"]
+    assert [n for n, _, _ in line["collectives"]] == [1]
+    assert line["outputs"] == ["out"]  # the result's `data` axis comes from the constraint
+    c1 = _why(run_cli, "--collective", "1")
+    assert c1["found"][:3] == ["all-gather over model at model.py:7", "op sharding_constraint at model.py:8",
+                               "operand tanh at model.py:7: P('data', 'model')"]
+    assert {(o["axis"], o["kind"], o["leaf"]) for o in c1["origins"]} == {("model", "input", "w1"),
+                                                                           ("data", "constraint", None)}
+    assert c1["reason"].endswith("all-gather of tanh at model.py:7 over `model`")
+    text = run_cli("why", "--collective", "2", check=0).stdout
+    assert "because: contraction over a dimension of 64 split over `model`" in text
+    md = run_cli("why", "--collective", "2", "--format", "markdown", check=0).stdout
+    assert "### Why: collective 2" in md and "- because: contraction over" in md
+    run_cli("why", "--collective", "2", "--format", "html", "-o", "why.html", check=0)
+    assert '<ul class="why"><li class="">all-reduce over model at model.py:9</li>' in (tmp_path / "why.html").read_text()
+
+
+def test_why_on_an_fsdp_layer(tmp_path, monkeypatch, run_cli):
+    write(tmp_path, "model.py", MODEL)
+    write(tmp_path, "model.stagetool.yaml", FSDP_SPEC)
+    monkeypatch.chdir(tmp_path)
+    w = _why(run_cli, "--leaf", "w")
+    ((n, head, reason),) = w["collectives"]
+    assert (n, head) == (1, "all-gather over data at model.py:13") and reason.endswith("all-gather of w over `data`")
+    c = _why(run_cli, "--collective", "1")
+    assert c["found"][2:4] == ["operand x: P('data', None)", "operand w: P('data', None)"]
+
+
+def test_why_bad_questions_exit_2_before_staging(tmp_path, monkeypatch, run_cli):
+    write(tmp_path, "model.py", MODEL)
+    write(tmp_path, "model.stagetool.yaml", SPEC)
+    monkeypatch.chdir(tmp_path)
+    assert "exactly one of --leaf, --line, --collective" in run_cli("why", check=2).stderr
+    assert "exactly one" in run_cli("why", "--leaf", "w1", "--collective", "1", check=2).stderr
+    assert "FILE:LINE" in run_cli("why", "--line", "model.py", check=2).stderr
+    assert "numbered from 1" in run_cli("why", "--collective", "0", check=2).stderr
+    assert "--leaf 'w9' names no input leaf of three" in run_cli("why", "--leaf", "w9", check=2).stderr
