@@ -732,10 +732,17 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
         leaves = (input_leaves(facts.inputs, explicit=explicit), output_leaves(facts.outputs, explicit=explicit))
     if Section.SHARDINGS in wanted:
         fields["inputs"], fields["outputs"] = leaves
+    cpu = setup.platform == "cpu" and needs_compile
+    narrow: frozenset[str] = frozenset()
+    if cpu:
+        from stagetool.analysis.cpu_artefacts import narrow_dot_types
+
+        narrow = narrow_dot_types(facts.stablehlo_text)
     if Section.COST in wanted:
         from stagetool.analysis.sections import cost_section
 
-        fields["cost"] = cost_section(facts, len(setup.devices), plan.chip, _roofline_dtype(inputs, plan.chip))
+        fields["cost"] = cost_section(facts, len(setup.devices), plan.chip, _roofline_dtype(inputs, plan.chip),
+                                      cpu=cpu)
     if Section.MEMORY in wanted:
         from stagetool.analysis.sections import memory_section
 
@@ -748,7 +755,8 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
 
         section = collectives_section(facts.module, MeshAxes(plan.mesh.names, plan.mesh.sizes), leaves[0], user_files,
                                       plan.explain, slices=setup.slices, outputs=leaves[1],
-                                      propagation=facts.propagation, propagation_error=facts.propagation_error)
+                                      propagation=facts.propagation, propagation_error=facts.propagation_error,
+                                      cpu_upcast=narrow)
         if Section.COLLECTIVES in wanted:
             fields["collectives"] = section
         if Section.WHY in wanted and plan.why is not None:
@@ -757,11 +765,13 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
             fields["why"] = answer_why(plan.why, leaves[0], leaves[1], section)
     notes = [f"warning while staging: {w}" for w in facts.warnings]
     notes += list(getattr(facts, "uneven_constraints", ()))
-    narrow = sorted({x.dtype for x in inputs.leaves if x.dtype in ("bfloat16", "float16")})
-    if setup.platform == "cpu" and narrow and needs_compile and _has_dots(facts):
-        notes.append(f"XLA:CPU computes {'/'.join(narrow)} dot products in f32: collectives, temporaries and bytes "
-                     "accessed can be up to 2x what a GPU or TPU compile gives; use --topology (compile-only TPU) "
-                     "or an attached accelerator for those figures")
+    if cpu:  # XLA:CPU's artefacts, each note ending with the command that gives the accelerator's answer
+        from stagetool.analysis.cpu_artefacts import accelerator_command, command_for, cpu_notes
+
+        command = accelerator_command(command_for(wanted), fspec.target, len(setup.devices),
+                                      mesh_axes=len(plan.mesh.names))
+        notes += cpu_notes(command=command, host=facts.host_transfers, narrow=narrow,
+                           collectives=fields.get("collectives"), cost=fields.get("cost"))
     if getattr(setup, "target_config_sha256", None) is not None:
         notes.append(f"compile-only GPU target {setup.topology} ({setup.device_kind}, config from "
                      f"{setup.target_config_source}): no GPU was there to time kernels, so XLA chose GEMM and fusion "
@@ -783,14 +793,6 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
 
     return FunctionReport(fspec.name, fspec.target, mesh, StageTimes(t.trace_s, t.lower_s, t.compile_s),
                           notes=tuple(notes), cached=cached, compiler_options=options_text(inputs.jit), **fields)
-
-
-def _has_dots(facts: Any) -> bool:
-    """Whether the program has a dot product or convolution (the CPU bf16 note is only about those)."""
-    from stagetool.analysis.cost import has_dot_or_convolution
-
-    text = facts.stablehlo_text or facts.compiled_text
-    return text is None or has_dot_or_convolution(text)
 
 
 def _roofline_dtype(inputs: Any, chip: Any) -> str:

@@ -55,7 +55,7 @@ def test_loops_and_16_bit_inputs_on_cpu_are_flagged(run_cli, tmp_path):
     f = doc["functions"][0]
     assert f["cost"]["loop_trip_counts"] == [4]
     assert f["cost"]["roofline"]["dtype"] == "bf16"
-    assert any(n.startswith("XLA:CPU computes bfloat16 dot products in f32") for n in f["notes"])
+    assert any(n.startswith("XLA:CPU computes bf16 dot products in f32") for n in f["notes"])
     text = run_cli("cost", "--spec", str(spec), check=0).stdout
     assert "1 while loop (trip count 4): XLA's cost analysis counts a loop body once" in text
 

@@ -424,7 +424,7 @@ def test_the_cpu_bf16_note_only_with_dot_products(run_cli, tmp_path, monkeypatch
         """)
     r = run_cli("shardings", "--spec", "m.stagetool.yaml", "--format", "json", check=0)
     notes = {f["name"]: " ".join(f["notes"]) for f in r.json()["functions"]}
-    assert "XLA:CPU computes bfloat16 dot products in f32" in notes["mm"]
+    assert "XLA:CPU computes bf16 dot products in f32" in notes["mm"]
     assert "dot products" not in notes["add"]
 
 

@@ -81,6 +81,9 @@ class LoopAwareCost:
       method: how it is computed.
       source: ``"derived estimate"``.
       reason: what makes it less than exact (unknown trip counts), or None.
+      apart: loops kept out of the estimate (counted once, as XLA does), same form as ``loops``:
+        XLA:CPU's rolled random-number loops (:func:`stagetool.analysis.cpu_artefacts.rng_loops`).
+      apart_extra_flops: what those loops' further iterations would add (FLOPs), shown apart.
     """
 
     flops: float | None
@@ -91,6 +94,8 @@ class LoopAwareCost:
     method: str = METHOD
     source: str = "derived estimate"
     reason: str | None = None
+    apart: tuple[tuple[str, int | None, float], ...] = ()
+    apart_extra_flops: float = 0.0
 
 
 def _elements(shape) -> int:

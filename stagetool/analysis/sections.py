@@ -159,12 +159,14 @@ class MemorySection:
 
 
 def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = None,
-                 dtype: str = "bf16") -> CostSection:
+                 dtype: str = "bf16", *, cpu: bool = False) -> CostSection:
     """Build :class:`CostSection` from a staged function's facts (never raises on missing data).
 
     Whole program: ``Lowered.cost_analysis()``; per device: ``Compiled.cost_analysis()``, both as
     lowering read them. ``dtype`` picks the chip's peak FLOP/s for the roofline (``bf16`` or
-    ``f32``); the compiled module's loops give the trip counts.
+    ``f32``); the compiled module's loops give the trip counts. With ``cpu``, XLA:CPU's rolled
+    random-number loops (:func:`stagetool.analysis.cpu_artefacts.rng_loops`) are kept out of the
+    loop-aware estimate (counted once) and shown apart (``loop_aware.apart``).
     """
     text = facts.stablehlo_text
     whole = whole_program_cost(facts.whole_program_cost, program_text=text)
@@ -182,6 +184,19 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
     if module is not None:
         aware = loop_aware_cost(module, dict(loops), flops=per_device.flops,
                                 transcendentals=per_device.transcendentals, bytes_accessed=per_device.bytes_accessed)
+        rng = ()
+        if cpu:
+            from stagetool.analysis.cpu_artefacts import rng_loops
+
+            rng = rng_loops(module)
+        if rng:  # XLA:CPU's rolled threefry: once, as XLA counts it; what more iterations add, apart
+            once = loop_aware_cost(module, {**dict(loops), **{n: 1 for n in rng}}, flops=per_device.flops,
+                                   transcendentals=per_device.transcendentals,
+                                   bytes_accessed=per_device.bytes_accessed)
+            aware = dataclasses.replace(
+                once, loops=tuple(x for x in aware.loops if x[0] not in rng),
+                apart=tuple(x for x in aware.loops if x[0] in rng),
+                apart_extra_flops=max((aware.flops or 0.0) - (once.flops or 0.0), 0.0))
     scope = manual_scope(text)
     notes: tuple[str, ...] = ()
     if scope.kind == "entire" and scope.shards and scope.shards > 1:
@@ -398,11 +413,15 @@ class CollectiveItem:
       cause: why it is there (:class:`stagetool.analysis.causes.CollectiveCause`: the op, its
         operands' shardings and their origins, the reason); None when not explained (see
         :attr:`CollectivesSection.causes_unavailable`) or when its metadata names no op.
+      widened_from: on CPU, the program's own 16-bit type (``bf16``) when this f32 collective is f32
+        only because XLA:CPU computes 16-bit dot products in f32
+        (:func:`stagetool.analysis.cpu_artefacts.widened_collectives`); None otherwise.
     """
 
     collective: Collective
     source: str | None
     cause: CollectiveCause | None = None
+    widened_from: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -451,7 +470,8 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
                         user_files: list[str], explain: tuple[LeafPattern | str, ...] = (), *,
                         slices: int = 1, outputs: tuple[LeafReport, ...] | None = None,
                         propagation: Propagation | None = None,
-                        propagation_error: str | None = None) -> CollectivesSection:
+                        propagation_error: str | None = None,
+                        cpu_upcast: frozenset[str] = frozenset()) -> CollectivesSection:
     """Build :class:`CollectivesSection` from the parsed compiled module.
 
     Args:
@@ -466,6 +486,9 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
       propagation / propagation_error: Shardy's propagation rerun with origins, or why there is none;
         each collective gets a cause (:func:`stagetool.analysis.causes.cause_of`) when the
         propagation agrees with the compiled shardings (:func:`~stagetool.analysis.causes.unfaithful_reason`).
+      cpu_upcast: on CPU, the program's own 16-bit dot types
+        (:func:`stagetool.analysis.cpu_artefacts.narrow_dot_types`): an f32 collective of such a dot's
+        result gets ``widened_from``. Empty on other backends.
 
     Raises:
       UsageError: an ``explain`` pattern that names no input leaf.
@@ -497,6 +520,12 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
                       for c in found)
     else:
         items = tuple(CollectiveItem(c, _user_source(c, user, library)) for c in found)
+    if cpu_upcast and items:
+        from stagetool.analysis.cpu_artefacts import widened_collectives
+
+        widened = widened_collectives(module, [(c.name, c.computation, _reducer(module, c)) for c in found])
+        items = tuple(dataclasses.replace(i, widened_from=widened[i.collective.name])
+                      if widened.get(i.collective.name) in cpu_upcast else i for i in items)
     explained = []
     for leaf in match_leaves(explain, inputs or ()):
         if leaf.parameter is None:
@@ -507,6 +536,13 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
         explained.append(Explanation(leaf.path, leaf.parameter, moved,
                                      tuple(c.name for c in after if c.name not in moved)))
     return CollectivesSection(items, summarize(found), tuple(explained), unavailable, origins)
+
+
+def _reducer(module: HloModule, c: Collective) -> str | None:
+    comp = module.computation(c.computation)
+    ins = comp.instruction(c.name) if comp is not None else None
+    reducer = ins.attributes.get("to_apply") if ins is not None else None
+    return reducer.lstrip("%") if reducer else None
 
 
 def match_leaves(patterns: tuple[LeafPattern | str, ...], leaves: tuple[LeafReport, ...]) -> list[LeafReport]:

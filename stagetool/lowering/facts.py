@@ -86,6 +86,9 @@ class StagedFunction:
       name / target: the spec's function name and target.
       timings: seconds per stage.
       warnings: what JAX (or the user's code) warned while staging, deduplicated.
+      host_transfers: ``file:line`` of each place the traced program moves a value to host memory
+        (``device_put`` to ``pinned_host``/``unpinned_host``, a ``jax.checkpoint`` offload policy),
+        in program order, each line once: what XLA:CPU ignores (:func:`host_transfers`).
       uneven_constraints: sharding constraints on a dimension the mesh axes do not divide (XLA pads
         it and may gather), each as one sentence naming the user's line.
       lowered_text: the lowered module in ``lowered_dialect`` (``Lowered.as_text``), when asked for.
@@ -108,6 +111,7 @@ class StagedFunction:
     timings: StageTimings
     warnings: tuple[str, ...] = ()
     uneven_constraints: tuple[str, ...] = ()
+    host_transfers: tuple[str, ...] = ()
     lowered_text: str | None = None
     lowered_dialect: str = "stablehlo"
     stablehlo_text: str | None = None
@@ -197,6 +201,7 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
         fields["inputs"] = input_facts(inputs, compiled, mesh)
         fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh, inputs.state_outputs)
     fields["uneven_constraints"] = uneven_constraints(staged.traced, user_files or [])
+    fields["host_transfers"] = host_transfers(staged.traced, user_files or [])
     return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)
 
 
@@ -241,6 +246,54 @@ def uneven_constraints(traced: Any, user_files: list[str]) -> tuple[str, ...]:
                         found.append(f"sharding constraint at {where(eqn)}: dimension {i} of size {shape[i]} is "
                                      f"not divisible by {k} ({' × '.join(axes)}): XLA pads it to "
                                      f"{-(-shape[i] // k) * k} and may gather it")
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (list, tuple)) else (value,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner, depth + 1)
+
+    walk(root)
+    return tuple(dict.fromkeys(found))
+
+
+def host_transfers(traced: Any, user_files: list[str]) -> tuple[str, ...]:
+    """Where the traced program (``Traced.jaxpr``, any nested jaxpr) moves values to host memory: a
+    ``device_put`` whose result's ``aval.memory_space`` is the host (``float32<host>[...]``: what a
+    ``jax.checkpoint`` offload policy to ``pinned_host`` inserts) or whose target sharding's
+    ``memory_kind`` is ``pinned_host``/``unpinned_host``. Each as ``file:line`` of the user's frame
+    (the innermost in ``user_files``, else outside JAX), once, in program order. On CPU the lowered
+    module carries none of this (XLA:CPU has one memory), so it is read here, before lowering."""
+    from pathlib import Path
+
+    from stagetool.lowering.target import library_dirs
+
+    try:
+        root = traced.jaxpr.jaxpr
+    except Exception:  # noqa: BLE001 - a fact we may lack
+        return ()
+    user = {str(Path(f).resolve()) for f in user_files}
+    library = library_dirs()
+    found: list[str] = []
+
+    def to_host(eqn: Any) -> bool:
+        spaces = [str(getattr(v.aval, "memory_space", "")) for v in eqn.outvars]
+        kinds = [getattr(d, "memory_kind", None) for d in eqn.params.get("devices", ()) or ()]
+        return any(x.rsplit(".", 1)[-1].lower() == "host" for x in spaces) or any(
+            k in ("pinned_host", "unpinned_host") for k in kinds)
+
+    def where(eqn: Any) -> str:
+        tb = getattr(eqn.source_info, "traceback", None)
+        frames = list(getattr(tb, "frames", None) or ())
+        pick = next((f for f in frames if str(Path(f.file_name).resolve()) in user), None) or next(
+            (f for f in frames if not any(str(Path(f.file_name).resolve()).startswith(d) for d in library)), None)
+        return f"{pick.file_name}:{pick.line_num}" if pick else "an unknown line"
+
+    def walk(jaxpr: Any, depth: int = 0) -> None:
+        if depth > 32:
+            return
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "device_put" and to_host(eqn):
+                found.append(where(eqn))
             for value in eqn.params.values():
                 for sub in value if isinstance(value, (list, tuple)) else (value,):
                     inner = getattr(sub, "jaxpr", sub)

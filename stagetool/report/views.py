@@ -96,9 +96,13 @@ def cost_notes(c: Any) -> list[tuple[str, str]]:
             out.append(("warn", f"{scope}: suspect {s.field}: {s.reason}"))
     for note in getattr(c, "scope_notes", ()):
         out.append(("warn", note))
-    if c.loop_trip_counts:
-        trips = ", ".join("?" if n is None else str(n) for n in c.loop_trip_counts)
-        n = len(c.loop_trip_counts)
+    counts = list(c.loop_trip_counts)
+    for _, trip, _ in getattr(getattr(c, "loop_aware", None), "apart", ()):  # XLA:CPU's rng loops: a note of their own
+        if trip in counts:
+            counts.remove(trip)
+    if counts:
+        trips = ", ".join("?" if n is None else str(n) for n in counts)
+        n = len(counts)
         out.append(("warn", f"{n} while loop{'s' if n != 1 else ''} (trip count{'s' if n != 1 else ''} {trips}): "
                             "XLA's cost analysis counts a loop body once, so its FLOPs and bytes are a lower bound; "
                             "the loop-aware rows are a derived estimate (XLA's figure + (trip count − 1) × each "
@@ -340,6 +344,8 @@ def collectives_rows(c: Any) -> tuple[list[str], list[list[str]]]:
             runs += " (loop)"
         types = x.result_types
         result = ", ".join(types) if len(types) <= 2 else f"{types[0]} +{len(types) - 1} more"
+        if getattr(item, "widened_from", None):  # XLA:CPU's 16-bit dot upcast, said on the row
+            result += f" (f32 on CPU: {item.widened_from} in the program)"
         rows.append([x.kind + (" (async)" if x.is_async else ""), _axes(x.mesh_axes)]
                     + ([x.network or "—"] if network else [])
                     + [result, format_bytes(x.bytes_per_device), runs, _source(item.source), _op(x.op_name)])

@@ -1,0 +1,257 @@
+"""What the simulated CPU mesh shows that an accelerator would not: XLA:CPU's own artefacts, named
+where they occur, each with the command that gives the accelerator's answer.
+
+Found on jax/jaxlib 0.10.2 (XLA:CPU), from the compiled (per-device) module
+(:class:`stagetool.hlo.parser.HloModule`) and, for host offload, the traced program:
+
+* **16-bit dots computed in f32.** XLA:CPU rewrites a ``bf16``/``f16`` dot product as an f32 dot of
+  converted operands, so a collective of its result (a gradient's all-reduce) moves f32 where a TPU
+  or GPU compile moves the program's 16-bit type: the issue's ``w - 0.1 * grad(...)(w)`` with
+  ``x bf16[256,1024] @ [data]`` all-reduces ``f32[1024,1024]`` (4 MiB) on CPU and ``bf16[1024,1024]``
+  (2 MiB) on ``--topology v5e:2x4``. Such a collective is recognised in the compiled module by its
+  operand's chain (through converts, bitcasts, copies, reshapes, transposes and fusions) reaching
+  a ``dot``/``convolution`` one of whose operands is converted from a 16-bit value; XLA:CPU's
+  all-reduce promotion, which leaves a reducer named ``*_promoted``, counts too.
+* **Random numbers as rolled loops.** ``jax.random`` (threefry2x32) is lowered on CPU as a ``while``
+  loop of 5 iterations over ``u32`` words (JAX rolls it there; TPU and GPU compiles unroll it), so
+  the loop-aware FLOPs would multiply integer mixing rounds that do not run as a loop on an
+  accelerator. Such a loop is recognised by its state (only integer arrays and scalars) and its
+  body (``shift-left``, ``shift-right-logical`` and ``xor`` of ``u32``).
+* **Host offload ignored.** ``jax.device_put(..., memory_kind="pinned_host")`` and
+  ``jax.checkpoint`` offload policies put values in host memory on TPU and GPU; XLA:CPU has one
+  memory, so the program's memory figures on CPU hold them as device memory (and its lowered module
+  carries no placement). Lowering reads them from the traced program
+  (:attr:`stagetool.lowering.facts.StagedFunction.host_transfers`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from stagetool.hlo.parser import HloComputation, HloInstruction, HloModule, array_leaves
+
+NARROW = frozenset({"bf16", "f16"})
+_PASS_THROUGH = frozenset({"convert", "bitcast", "copy", "reshape", "transpose", "get-tuple-element",
+                           "bitcast-convert", "broadcast", "slice", "dynamic-slice", "all-reduce", "all-gather",
+                           "reduce-scatter", "all-to-all", "collective-permute"})
+_FUSIONS = frozenset({"fusion", "call", "custom-call", "async-start"})
+#: v5e slice shapes by chip count: the compile-only TPU target suggested for a mesh of that many devices.
+_V5E = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+
+
+_NARROW_DOT = re.compile(r"stablehlo\.(?:dot_general|dot|convolution)\b[^\n]*?:\s*\(([^)]*)\)")
+
+
+def narrow_dot_types(stablehlo_text: str | None) -> frozenset[str]:
+    """The 16-bit types (``bf16``, ``f16``) of the lowered program's own dot products and
+    convolutions: the operand types of ``stablehlo.dot_general``/``convolution`` (the program as the
+    user wrote it, before XLA:CPU upcasts them). Empty when there are none or no text."""
+    found: set[str] = set()
+    for m in _NARROW_DOT.finditer(stablehlo_text or ""):
+        found |= {t for t in re.findall(r"x(bf16|f16)>", m.group(1))}
+    return frozenset(found)
+
+
+def command_for(sections: Iterable[Any]) -> str:
+    """The stagetool command whose answer a note points to, from the sections a run computes:
+    ``collectives``, ``cost`` or ``memory`` when only that one, else ``report``."""
+    names = {getattr(s, "value", str(s)) for s in sections} - {"shardings", "lowered_text", "compiled_text"}
+    return next(iter(names)) if len(names) == 1 and next(iter(names)) in ("collectives", "cost", "memory") else "report"
+
+
+def accelerator_command(command: str, target: str, device_count: int, *, mesh_axes: int) -> str:
+    """The command that gives the accelerator's answer for the same function and mesh: the same
+    ``stagetool`` command on a compile-only TPU topology with as many chips as the mesh has devices
+    (``stagetool collectives up.py:step --topology v5e:2x4``). A mesh without axes gets
+    ``--mesh data=1`` (a topology needs a mesh to lay over it); a device count no v5e slice has gets
+    ``v5e:AxB`` with A·B = that count to fill in."""
+    shape = _V5E.get(device_count)
+    topo = f"v5e:{shape}" if shape else f"v5e:AxB (A·B = {device_count})"
+    extra = " --mesh data=1" if mesh_axes == 0 and device_count == 1 else ""
+    return f"stagetool {command} {target} --topology {topo}{extra}"
+
+
+def _dtype(shape) -> str | None:
+    leaves = array_leaves(shape)
+    return leaves[0].dtype if len(leaves) == 1 else None
+
+
+class _Walker:
+    def __init__(self, module: HloModule):
+        self.module = module
+        self.owner = {i.name: c for c in module.computations for i in c.instructions}
+
+    def ins(self, comp: HloComputation, name: str) -> HloInstruction | None:
+        return comp.instruction(name)
+
+    def narrow_source(self, comp: HloComputation, ins: HloInstruction, depth: int = 0) -> str | None:
+        """The 16-bit type a value was converted from, if it was (through pass-through ops and fusions)."""
+        if depth > 8 or ins is None:
+            return None
+        t = _dtype(ins.shape)
+        if t in NARROW:
+            return t
+        if ins.opcode == "parameter" and comp is not self.module.entry:
+            return None
+        if ins.opcode in _PASS_THROUGH or (ins.opcode in _FUSIONS and not self._has_dot(ins)):
+            for o in ins.operands:
+                found = self.narrow_source(comp, self.ins(comp, o), depth + 1)
+                if found:
+                    return found
+        return None
+
+    def _has_dot(self, ins: HloInstruction) -> bool:
+        return any(i.opcode in ("dot", "convolution") for c in ins.called_computations
+                   for i in (self.module.computation(c.lstrip("%")) or HloComputation("", ())).instructions)
+
+    def widened_dot(self, comp: HloComputation, ins: HloInstruction | None, depth: int = 0) -> str | None:
+        """The 16-bit type of a dot (or convolution) behind ``ins`` whose operands XLA:CPU converted to f32."""
+        if depth > 8 or ins is None:
+            return None
+        if ins.opcode in ("dot", "convolution"):
+            for o in ins.operands:
+                found = self.narrow_source(comp, self.ins(comp, o))
+                if found:
+                    return found
+            return None
+        if ins.opcode in _FUSIONS and ins.called_computations:
+            inner = self.module.computation(ins.called_computations[0].lstrip("%"))
+            if inner is not None and inner.root is not None and self._has_dot(ins):
+                found = self.widened_dot(inner, inner.root, depth + 1)
+                if found:
+                    return found
+                # a dot on the fusion's parameters: the fusion's operands hold the converted inputs
+                if any(i.opcode in ("dot", "convolution") for i in inner.instructions):
+                    for o in ins.operands:
+                        found = self.narrow_source(comp, self.ins(comp, o))
+                        if found:
+                            return found
+            return None
+        if ins.opcode in _PASS_THROUGH or ins.opcode in _FUSIONS:
+            for o in ins.operands:
+                found = self.widened_dot(comp, self.ins(comp, o), depth + 1)
+                if found:
+                    return found
+        return None
+
+
+def widened_collectives(module: HloModule, names: Iterable[tuple[str, str, str | None]]) -> dict[str, str]:
+    """``{collective name: the program's 16-bit type}`` for the f32 collectives XLA:CPU widened.
+
+    Args:
+      module: the compiled (per-device) module.
+      names: ``(instruction name, computation name, reducer name or None)`` of each collective.
+    """
+    walker = _Walker(module)
+    out: dict[str, str] = {}
+    for name, comp_name, reducer in names:
+        comp = module.computation(comp_name)
+        ins = comp.instruction(name) if comp is not None else None
+        if ins is None or any(a.dtype != "f32" for a in array_leaves(ins.shape)):
+            continue
+        found = None
+        for o in ins.operands:
+            found = walker.widened_dot(comp, comp.instruction(o))
+            if found:
+                break
+        if found is None and reducer and reducer.endswith("_promoted"):
+            found = "bf16"
+        if found:
+            out[name] = found
+    return out
+
+
+def rng_loops(module: HloModule) -> tuple[str, ...]:
+    """Names of the ``while`` loops that are XLA:CPU's rolled random-number expansion (threefry2x32):
+    a state of integer arrays and scalars only, a body that shifts and xors ``u32`` words."""
+    out = []
+    for comp in module.computations:
+        for ins in comp.instructions:
+            if ins.opcode != "while":
+                continue
+            leaves = array_leaves(ins.shape)
+            if not leaves or any(a.dtype not in ("s32", "u32", "s64", "u64") for a in leaves):
+                continue
+            if not any(a.dtype == "u32" for a in leaves):
+                continue
+            body = ins.attributes.get("body", "").lstrip("%")
+            ops = _ops_under(module, body)
+            if {"shift-left", "shift-right-logical", "xor"} <= ops:
+                out.append(ins.name)
+    return tuple(out)
+
+
+def _ops_under(module: HloModule, name: str, seen: set[str] | None = None) -> set[str]:
+    seen = set() if seen is None else seen
+    if name in seen:
+        return set()
+    seen.add(name)
+    comp = module.computation(name)
+    if comp is None:
+        return set()
+    ops = {i.opcode for i in comp.instructions}
+    for i in comp.instructions:
+        for c in i.called_computations:
+            ops |= _ops_under(module, c.lstrip("%"), seen)
+    return ops
+
+
+def host_offload_note(transfers: tuple[str, ...], command: str) -> str:
+    """The note for a CPU program that asks for host memory (``transfers``: where, ``file:line``)."""
+    where = ", ".join(transfers[:3]) + (f" and {len(transfers) - 3} more" if len(transfers) > 3 else "")
+    return (f"host offload ignored: the program moves values to pinned_host ({where}), and XLA:CPU has one "
+            "memory, so it keeps them in device memory: the device peak here holds them and the host peak "
+            f"is 0; the accelerator's answer: {command}")
+
+
+def widened_note(widened: Mapping[str, str], bytes_here: int, command: str) -> str:
+    """The note for the collectives whose dtype XLA:CPU's 16-bit dot upcast widened."""
+    kinds = "/".join(sorted(set(widened.values())))
+    n = len(widened)
+    return (f"{n} collective{'s' if n != 1 else ''} marked 'f32 on CPU' move{'' if n != 1 else 's'} f32 only because "
+            f"XLA:CPU computes {kinds} dot products in f32; the program's own dtype is {kinds}, half the bytes "
+            f"({bytes_here:,} B here per device); the accelerator's answer: {command}")
+
+
+def dots_note(narrow: Iterable[str], command: str) -> str:
+    """The note for a program with 16-bit dots on CPU and no collective of their results."""
+    kinds = "/".join(sorted(narrow))
+    return (f"XLA:CPU computes {kinds} dot products in f32: their results, temporaries and bytes accessed are "
+            f"f32-sized here; the accelerator's answer: {command}")
+
+
+def rng_note(loops: tuple[tuple[str, int | None, float], ...], extra_flops: float, command: str) -> str:
+    """The note for XLA:CPU's rolled random-number loops, kept out of the loop-aware FLOPs."""
+    names = ", ".join(f"{n} ({'?' if t is None else t} trips)" for n, t, _ in loops)
+    return (f"random numbers: XLA:CPU expands jax.random's threefry2x32 into rolled while loops ({names}); they "
+            f"are kept out of the loop-aware FLOPs (counted once, as XLA does: {extra_flops:,.0f} more FLOPs if "
+            f"each iteration counted), since TPU and GPU compiles unroll them; the accelerator's answer: {command}")
+
+
+def cpu_notes(*, command: str, host: tuple[str, ...], narrow: frozenset[str], collectives: Any = None,
+              cost: Any = None) -> list[str]:
+    """The notes a CPU run adds about XLA:CPU's artefacts, each ending with ``command`` (the
+    accelerator's answer, :func:`accelerator_command`).
+
+    Args:
+      command: the command to end each note with.
+      host: where the program moves values to host memory (``StagedFunction.host_transfers``).
+      narrow: the program's 16-bit dot types (:func:`narrow_dot_types`).
+      collectives: the run's :class:`stagetool.analysis.sections.CollectivesSection`, or None.
+      cost: the run's :class:`stagetool.analysis.sections.CostSection`, or None.
+    """
+    out = []
+    widened = {i.collective.name: i.widened_from for i in getattr(collectives, "items", ()) if i.widened_from}
+    if widened:
+        moved = sum(i.collective.bytes_per_device or 0 for i in collectives.items if i.widened_from)
+        out.append(widened_note(widened, moved, command))
+    elif narrow:
+        out.append(dots_note(narrow, command))
+    la = getattr(cost, "loop_aware", None)
+    if la is not None and la.apart:
+        out.append(rng_note(la.apart, la.apart_extra_flops, command))
+    if host:
+        out.append(host_offload_note(host, command))
+    return out

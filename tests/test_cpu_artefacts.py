@@ -1,0 +1,201 @@
+"""XLA:CPU's artefacts named where they occur (issue 20 item 5, and item 3's CPU note): a collective
+widened by the 16-bit dot upcast says so on its row, XLA:CPU's rolled threefry loops are kept out of
+the loop-aware FLOPs, host offload ignored on CPU is said; each note ends with the command that gives
+the accelerator's answer."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import write
+
+from stagetool.analysis import cpu_artefacts
+
+MODEL = """\
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+
+def sgd_bf16(w, x):
+    def loss(w):
+        return jnp.mean((x @ w.astype(jnp.bfloat16)).astype(jnp.float32) ** 2)
+    return w - 0.1 * jax.grad(loss)(w)
+
+
+def sgd_f32(w, x):
+    def loss(w):
+        return jnp.mean((x.astype(jnp.float32) @ w) ** 2)
+    return w - 0.1 * jax.grad(loss)(w)
+
+
+def dropout(w, x, key):
+    def loss(w):
+        h = jnp.tanh(x @ w)
+        keep = jax.random.bernoulli(key, 0.9, h.shape)
+        return jnp.mean(jnp.where(keep, h / 0.9, 0) ** 2)
+    return w - 0.1 * jax.grad(loss)(w)
+
+
+def layer(w, x):
+    h = checkpoint_name(jnp.tanh(x @ w), "h")
+    return jnp.tanh(h @ w)
+
+
+OFFLOAD = jax.checkpoint_policies.save_and_offload_only_these_names(
+    names_which_can_be_saved=[], names_which_can_be_offloaded=["h"], offload_src="device",
+    offload_dst="pinned_host")
+
+
+def offloaded(w, x):
+    def loss(w):
+        return jnp.sum(jax.checkpoint(layer, policy=OFFLOAD)(w, x) ** 2)
+    return w - 0.1 * jax.grad(loss)(w)
+
+
+def kept(w, x):
+    def loss(w):
+        return jnp.sum(layer(w, x) ** 2)
+    return w - 0.1 * jax.grad(loss)(w)
+"""
+
+SPEC = """\
+version: 1
+mesh: {axes: {data: 2, model: 4}}
+functions:
+  sgd_bf16:
+    target: m.py:sgd_bf16
+    args: ['f32[1024,1024]', 'bf16[256,1024] @ [data]']
+  sgd_f32:
+    target: m.py:sgd_f32
+    args: ['f32[1024,1024]', 'bf16[256,1024] @ [data]']
+  dropout:
+    target: m.py:dropout
+    args: ['f32[256,256]', 'f32[128,256] @ [data]', 'key<fry>[]']
+  offloaded:
+    target: m.py:offloaded
+    args: ['f32[128,128]', 'f32[128,128]']
+  kept:
+    target: m.py:kept
+    args: ['f32[128,128]', 'f32[128,128]']
+"""
+
+
+@pytest.fixture
+def spec(tmp_path, monkeypatch):
+    write(tmp_path, "m.py", MODEL)
+    monkeypatch.chdir(tmp_path)
+    return write(tmp_path, "m.stagetool.yaml", SPEC)
+
+
+def _fn(doc, name):
+    (fn,) = [f for f in doc["functions"] if f["name"] == name]
+    return fn
+
+
+def test_the_all_reduce_says_it_is_f32_only_because_of_the_cpu_upcast(run_cli, spec):
+    """Weights f32[1024,1024] replicated, x bf16[256,1024] @ [data], w - 0.1*grad(mean((x @ w.astype(bf16))
+    .astype(f32)**2))(w) on 2x4 CPU: the gradient's all-reduce is f32[1024,1024] (4 MiB) on CPU only
+    because XLA:CPU computes the bf16 dots in f32; the row says so and names the program's bf16."""
+    doc = run_cli("collectives", "--spec", str(spec), "-f", "sgd_bf16", "--format", "json", check=0).json()
+    fn = _fn(doc, "sgd_bf16")
+    (item,) = fn["collectives"]["items"]
+    assert item["collective"]["kind"] == "all-reduce" and item["collective"]["result_types"] == ["f32[1024,1024]"]
+    assert item["collective"]["bytes_per_device"] == 1024 * 1024 * 4 and item["widened_from"] == "bf16"
+    (note,) = [n for n in fn["notes"] if "XLA:CPU computes bf16 dot products in f32" in n]
+    assert note.endswith("the accelerator's answer: stagetool collectives m.py:sgd_bf16 --topology v5e:2x4")
+    assert not any("up to 2x" in n for n in fn["notes"])
+    text = run_cli("collectives", "--spec", str(spec), "-f", "sgd_bf16", check=0).stdout
+    assert "f32[1024,1024] (f32 on CPU: bf16 in the program)" in text
+
+
+def test_a_dot_the_program_writes_in_f32_is_not_marked(run_cli, spec):
+    """x.astype(f32) @ w is the program's own f32 dot: its all-reduce is f32 on every backend."""
+    fn = _fn(run_cli("collectives", "--spec", str(spec), "-f", "sgd_f32", "--format", "json", check=0).json(), "sgd_f32")
+    assert [i["widened_from"] for i in fn["collectives"]["items"]] == [None]
+    assert not any("XLA:CPU" in n for n in fn["notes"])
+
+
+def _libtpu() -> bool:
+    from stagetool.lowering import topology
+
+    return topology.libtpu_available()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _libtpu(), reason="libtpu not installed: pip install -e '.[tpu]'")
+def test_on_v5e_the_all_reduce_is_bf16(run_cli, spec):
+    """The accelerator's answer the note points to: on v5e:2x4 the same all-reduce moves bf16, 2 MiB."""
+    fn = _fn(run_cli("collectives", "--spec", str(spec), "-f", "sgd_bf16", "--topology", "v5e:2x4", "--format",
+                     "json", check=0).json(), "sgd_bf16")
+    reduces = [i for i in fn["collectives"]["items"] if i["collective"]["kind"] in ("all-reduce", "reduce-scatter")]
+    assert reduces and all(i["widened_from"] is None for i in reduces)
+    assert [i["collective"]["result_types"] for i in reduces] == [["bf16[1024,1024]"]]
+    assert reduces[0]["collective"]["bytes_per_device"] == 1024 * 1024 * 2
+    assert not any("XLA:CPU" in n for n in fn["notes"])
+
+
+def test_threefry_loops_are_named_and_kept_out_of_the_loop_aware_flops(run_cli, spec):
+    """jax.random.bernoulli on CPU is XLA:CPU's rolled threefry loop (5 iterations); the loop-aware
+    FLOPs count it once, as XLA's own cost analysis does, and its further iterations are shown apart."""
+    doc = run_cli("cost", "--spec", str(spec), "-f", "dropout", "--format", "json", check=0).json()
+    fn = _fn(doc, "dropout")
+    la = fn["cost"]["loop_aware"]
+    (apart,) = la["apart"]
+    name, trips, body = apart
+    assert trips == 5 and body > 0
+    assert la["loops"] == [] and la["flops"] == fn["cost"]["per_device"]["flops"]
+    # each further iteration: the body's FLOPs and the condition's one compare
+    assert la["apart_extra_flops"] == (trips - 1) * (body + 1)
+    (note,) = [n for n in fn["notes"] if n.startswith("random numbers:")]
+    assert name in note and note.endswith("stagetool cost m.py:dropout --topology v5e:2x4")
+    text = run_cli("cost", "--spec", str(spec), "-f", "dropout", check=0).stdout
+    assert "while loop (trip count" not in text  # the generic loop note is not about this loop
+
+
+def test_host_offload_on_cpu_is_said_to_be_ignored(run_cli, spec):
+    """jax.checkpoint offloading to pinned_host: XLA:CPU has one memory; the note says where the
+    program asks for host memory and gives the TPU command (one device: a mesh for the topology)."""
+    fn = _fn(run_cli("memory", "--spec", str(spec), "-f", "offloaded", "--no-peak", "--format", "json",
+                     check=0).json(), "offloaded")
+    (note,) = [n for n in fn["notes"] if n.startswith("host offload ignored")]
+    assert "m.py:" in note and fn["memory"]["record"]["host_peak_bytes"] == 0
+    assert note.endswith("stagetool memory m.py:offloaded --topology v5e:2x4")
+    kept = _fn(run_cli("memory", "--spec", str(spec), "-f", "kept", "--no-peak", "--format", "json", check=0).json(),
+               "kept")
+    assert not any("host offload" in n for n in kept["notes"])
+
+
+def test_host_transfers_are_read_from_the_traced_program():
+    from stagetool.lowering.facts import host_transfers
+
+    x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["h"], offload_src="device",
+        offload_dst="pinned_host")
+
+    def f(w):
+        from jax.ad_checkpoint import checkpoint_name
+
+        return jnp.sum(jax.checkpoint(lambda w: jnp.sin(checkpoint_name(jnp.cos(w), "h")), policy=policy)(w))
+
+    assert host_transfers(jax.jit(jax.grad(f)).trace(x), [__file__])
+    assert host_transfers(jax.jit(jax.grad(lambda w: jnp.sum(jnp.sin(jnp.cos(w))))).trace(x), [__file__]) == ()
+
+
+@pytest.mark.parametrize("devices, axes, expected", [
+    (8, 2, "stagetool memory m.py:f --topology v5e:2x4"),
+    (1, 0, "stagetool memory m.py:f --topology v5e:1x1 --mesh data=1"),
+    (4, 1, "stagetool memory m.py:f --topology v5e:2x2"),
+    (6, 2, "stagetool memory m.py:f --topology v5e:AxB (A·B = 6)"),
+])
+def test_accelerator_command(devices, axes, expected):
+    assert cpu_artefacts.accelerator_command("memory", "m.py:f", devices, mesh_axes=axes) == expected
+
+
+def test_narrow_dot_types_read_the_lowered_program():
+    x = jax.ShapeDtypeStruct((8, 8), jnp.bfloat16)
+    assert cpu_artefacts.narrow_dot_types(jax.jit(lambda a: a @ a).trace(x).lower().as_text()) == {"bf16"}
+    f = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    assert cpu_artefacts.narrow_dot_types(jax.jit(lambda a: a @ a).trace(f).lower().as_text()) == frozenset()
