@@ -222,3 +222,41 @@ def test_offloading_to_host_does_not_raise_the_device_peak(run_cli, tmp_path):
     text = run_cli("memory", "--spec", str(spec), "-f", "offloaded", "--topology", "v5e:1x1", "--no-peak",
                    check=0).stdout
     assert "host peak (pinned_host; gated apart)" in text
+
+
+def _cuda_plugin() -> bool:
+    from stagetool.lowering import gpu_topology
+
+    return gpu_topology.cuda_plugin_available()
+
+
+GPU_SPEC = """\
+version: 1
+mesh: {axes: {data: 8}}
+functions:
+  step:
+    target: m.py:step
+    args: ['f32[1024,1024] @ [data]']
+    donate: [0]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _cuda_plugin(), reason="JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
+def test_gpu_target_gates_one_peak_in_every_command(run_cli, tmp_path):
+    """A compile-only h100:8 target: the gated peak is the larger of XLA's two figures, the same with
+    and without the peak buffers and in report and snapshot; a donated buffer counts once."""
+    write(tmp_path, "m.py", MODEL)
+    spec = write(tmp_path, "g.stagetool.yaml", GPU_SPEC)
+    args = ("--spec", str(spec), "-f", "step", "--topology", "h100:8", "--format", "json")
+    mem = run_cli("memory", *args, check=0).json()["functions"][0]["memory"]
+    rec = mem["record"]
+    assert rec["peak_bytes"] == max(rec["peak_bytes_estimate"], rec["peak_bytes_reported"] or 0)
+    assert rec["peak_bytes"] >= 1024 * 1024 * 4 // 8
+    assert mem["peak"]["peak_bytes"] <= rec["peak_bytes"]
+    for command, extra in (("memory", ("--no-peak",)), ("report", ())):
+        assert run_cli(command, *args, *extra, check=0).json()["functions"][0]["memory"]["record"][
+            "peak_bytes"] == rec["peak_bytes"]
+    run_cli("snapshot", "--spec", str(spec), "-f", "step", "--topology", "h100:8", "-o", str(tmp_path / "l.json"),
+            check=0)
+    assert json.loads((tmp_path / "l.json").read_text())["functions"]["step"]["memory"]["peak_bytes"] == rec["peak_bytes"]
