@@ -824,9 +824,10 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
                 from stagetool.lowering.cache import resolve_cache_dir
                 from stagetool.pipeline import Options
 
+                # the HTML page draws both meshes' memory over time: take the peak dump for it
                 opts = Options(spec=spec, mesh=m, platform=platform, function=tuple(function) if function else None,
                                cache_dir=resolve_cache_dir(), jax_cache=True, isolate=isolate, timeout_s=timeout,
-                               outputs=_outputs(output=output, junit_xml=junit_xml))
+                               peak=format == Format.html, outputs=_outputs(output=output, junit_xml=junit_xml))
                 with _status() as on_stage, _user_stdout_to_stderr():
                     runs.append(take_snapshot(opts, on_stage=on_stage))
             _report_failures({**runs[0].failed, **runs[1].failed})

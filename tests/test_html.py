@@ -446,3 +446,16 @@ def test_check_html_draws_both_memory_timelines(run_cli, mlp_copy):
     run_cli("snapshot", "-o", "plain.json", check=0)
     run_cli("check", "--baseline", "plain.json", "--format", "html", "-o", "plain.html", check=0)
     assert "no memory timeline in this snapshot" in (mlp_copy / "plain.html").read_text()
+
+
+def test_live_diff_html_draws_both_meshes_memory_over_time(run_cli, mlp_copy):
+    """``diff --mesh-a --mesh-b --format html`` stages the spec on both meshes with the peak dump:
+    each side's timeline is drawn, each peak as ``memory --mesh M`` gives it."""
+    run_cli("diff", "--spec", "mlp.stagetool.yaml", "--mesh-a", "2x4", "--mesh-b", "8x1", "--format", "html",
+            "-o", "diff.html", check=0)
+    text = (mlp_copy / "diff.html").read_text()
+    for side, mesh in (("before", "2x4"), ("after", "8x1")):
+        body = re.search(rf'<div data-side="{side}" class="timeline">(.*?)</div>', text, re.S).group(1)
+        tp = run_cli("memory", "mlp.py:train_step", "--mesh", mesh, "--format", "json",
+                     check=0).json()["functions"][0]["memory"]["timeline_peak"]
+        assert f"peak {charts.format_bytes(tp['bytes'])} at step {tp['position']} of {tp['steps']}" in body
