@@ -367,6 +367,36 @@ def test_the_detectors_see_console_errors_and_requests(chromium_path, tmp_path):
         assert "http://stagetool.invalid/x.png" in p.requests()
 
 
+def test_sweep_page_in_headless_chromium(chromium_path, tmp_path):
+    """``sweep --format html`` in a real browser: no error, no request, a bar per figure, the best row set apart."""
+    from chromium import Page
+
+    from stagetool.sweep.render import SweepFormat, render
+
+    def row(i, mesh, peak, fits):
+        return {"index": i, "id": f"mesh={mesh}", "values": {"mesh": mesh}, "status": "ok" if fits else "does not fit",
+                "peak_bytes_per_device": peak, "capacity_bytes_per_device": 4096, "fits": fits,
+                "collective_bytes_per_step": peak // 2, "collective_bytes_per_step_by_mesh_axes": {"data": peak // 2},
+                "collectives_unknown_runs": 0, "flops_per_device_xla": 1e9, "while_loops": 0,
+                "roofline_step_seconds": peak * 1e-6, "timings": {"compile_s": 1.0}, "error": None}
+
+    doc = {"kind": "sweep", "function": "f", "target": "m.py:f", "axes": [["mesh", ["2x4", "4x2"]]],
+           "options": {"chip": "tpu-v5e"}, "grid_size": 2, "shard": None, "best": "mesh=2x4", "ranked_by": "step",
+           "ranking_note": None, "rows": [row(0, "2x4", 2048, True), row(1, "4x2", 8192, False)]}
+    page = write(tmp_path, "sweep.html", render(doc, SweepFormat.html))
+    with Page(chromium_path) as p:
+        p.load(page)
+        assert p.console_errors() == [] and p.requests() == [page.resolve().as_uri()]
+        bars = p.evaluate("[...document.querySelectorAll('tr[data-config] svg.cell-bar')].map(s => "
+                          "[s.closest('tr').dataset.config, s.getBoundingClientRect().width])")
+        assert len(bars) == 6 and all(w > 100 for _, w in bars)
+        best, other = p.evaluate("['mesh=2x4', 'mesh=4x2'].map(id => getComputedStyle("
+                                 "document.getElementById(id)).backgroundColor)")
+        assert best != other
+        over = p.evaluate("getComputedStyle(document.querySelector('tr[data-config=\"mesh=4x2\"] rect.over')).fill")
+        assert over == "rgb(207, 34, 46)"  # the light scheme's --bad: over its capacity
+
+
 READ_GRID = """
 [...document.querySelectorAll('figure.layout')]
   .filter(f => f.dataset.leaves.split(' ').includes(%r))
