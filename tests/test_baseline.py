@@ -480,3 +480,56 @@ def test_the_gate_compares_device_and_host_memory_apart():
     more_host = _entry(memory={**_entry()["memory"], "peak_bytes": 11100, "host_peak_bytes": 8192})
     changes = {c.what: c for f in _compare(offloaded, more_host).functions for c in f.changes}
     assert changes["memory.host_peak_bytes"].status == "regression" and "memory.peak_bytes" not in changes
+
+
+# ---- causes (issue 22): grouping changes under the edit that caused them
+
+
+def _declared(entry, declared, at="m.stagetool.yaml:12", by="rule", sharding=None, causes=("input params/w",)):
+    e = dict(entry)
+    e["inputs"] = [dict(entry["inputs"][0], declared=declared, declared_by=by, declared_at=at,
+                        sharding=sharding or declared)]
+    e["collectives"] = [dict(r, causes=list(causes), lines=["m.py:5"]) for r in entry["collectives"]]
+    e["constraints"] = []
+    return e
+
+
+def test_a_baseline_without_origins_gives_unexplained_changes():
+    """Schema-2 baselines written before issue 22 record no declared shardings: nothing is guessed."""
+    grown = _entry(memory=dict(_entry()["memory"], peak_bytes=22_200, temp_bytes=20_000))
+    grown["inputs"] = [dict(grown["inputs"][0], sharding="P('model', None)")]
+    (f,) = _compare(_entry(), grown).functions
+    assert f.causes == () and [c.what for c in f.unexplained] == [c.what for c in f.changes]
+    assert render_changes.render_markdown(_compare(_entry(), grown)).startswith("### ❌ 0 causes → 3 failing changes")
+
+
+def test_environment_is_a_cause_and_only_edit_takes_the_rest():
+    after = _entry(cost=dict(_entry()["cost"], flops=1_200_000))
+    cmp = gate_compare.compare(_snap({"f": _entry()}), _snap({"f": after}, jax_version="0.10.3"))
+    (f,) = cmp.functions
+    (cause,) = f.causes
+    assert cause.kind == "environment" and cause.what == "the environment changed: jax 0.10.2 in the baseline, 0.10.3 now"
+    assert [c.what for c in cause.consequences] == ["cost.flops"] and cause.linked == (False,)
+    assert f.unexplained == () and cmp.headline() == "1 cause → 1 failing change"
+
+
+def test_declared_edit_links_its_leaf_and_collectives_and_leaves_the_rest_apart_with_two_edits():
+    before = _declared(_entry(), "P(None, 'model')")
+    after = _declared(_entry(), "P('model', None)")
+    after["collectives"] = [{"kind": "all-gather", "axes": "model", "count": 1, "bytes_per_device": 8192,
+                             "causes": ["input params/w"], "lines": ["m.py:7"]}] + after["collectives"]
+    after["memory"] = dict(after["memory"], peak_bytes=99_999)
+    after["constraints"] = [{"line": "m.py:9", "sharding": "P('data', None)"}]
+    (f,) = _compare(before, after).functions
+    kinds = [(c.kind, c.where) for c in f.causes]
+    assert kinds == [("declared", "m.stagetool.yaml:12"), ("constraint", "m.py:9")]
+    declared = f.causes[0]
+    assert declared.what == "the rule at m.stagetool.yaml:12 changed the declared sharding of 1 input"
+    assert declared.edits == ("params/w: P(None, 'model') → P('model', None)",)
+    linked = {c.what: k for c, k in zip(declared.consequences, declared.linked)}
+    assert linked == {"input params/w: sharding": True, "collective all-gather over model": True}
+    new = next(c for c in declared.consequences if c.what == "collective all-gather over model")
+    assert new.note == "new collective at m.py:7"
+    # two edits: the peak growth is linked to neither, so it is listed apart rather than guessed
+    assert [c.what for c in f.unexplained] == ["memory.peak_bytes"]
+    assert f.causes[1].edits == ("m.py:9: none → P('data', None)",) and f.causes[1].what.endswith("added")

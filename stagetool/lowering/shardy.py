@@ -417,11 +417,19 @@ def _read(module) -> Propagation:
             return Operand(sharding, outer.producer, outer.input)
         return Operand(None)
 
+    through: dict[tuple[int, int], int | None] = {}
+
     def _input_through(producer, number, depth=0) -> int | None:
         """The entry argument a value is, unchanged: through data-flow edges, a loop's carried value and
-        a named computation's returned argument."""
+        a named computation's returned argument (memoised: loops and named computations nest)."""
         if producer is None or depth > 64:
             return None
+        key = (producer, number)
+        if key not in through:
+            through[key] = _input_through_once(producer, number, depth)
+        return through[key]
+
+    def _input_through_once(producer, number, depth) -> int | None:
         op = all_ops[producer]
         if op.name == "sdy.data_flow_edge" and op.operands:
             return _value_input(op.operands[0], depth + 1)
@@ -452,18 +460,21 @@ def _read(module) -> Propagation:
             return _value_input(all_ops[parent].operands[value.arg_number], depth + 1)
         return None
 
-    records = []
+    operands = []
     for i, op in enumerate(all_ops):
         ops = tuple(operand(v) for v in op.operands)
         for o in ops:
             if o.producer is not None:
                 users.setdefault(o.producer, []).append(i)
+        operands.append(ops)
+    records = []
+    for i, op in enumerate(all_ops):
         name, frames = parse_location(str(op.location))
         origin = _get(op.attributes, "sdy.sharding_origin_name")
-        records.append(PropagatedOp(i, op.name, name, frames, ops, results_of[i],
+        records.append(PropagatedOp(i, op.name, name, frames, operands[i], results_of[i],
                                     _rule(_get(op.attributes, "sdy.sharding_rule")),
-                                    ir.StringAttr(origin).value if origin is not None else None))
-    records = [dataclasses.replace(r, users=tuple(sorted(set(users.get(r.index, ()))))) for r in records]
+                                    ir.StringAttr(origin).value if origin is not None else None,
+                                    tuple(sorted(set(users.get(i, ()))))))
     return Propagation(tuple(inputs), tuple(names), tuple(outputs), tuple(records), mesh_axes)
 
 
