@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from helpers import write
+from helpers import run_subprocess, write
 
 MODEL = """\
 import jax
@@ -223,3 +223,20 @@ def test_why_bad_questions_exit_2_before_staging(tmp_path, monkeypatch, run_cli)
     assert "FILE:LINE" in run_cli("why", "--line", "model.py", check=2).stderr
     assert "numbered from 1" in run_cli("why", "--collective", "0", check=2).stderr
     assert "--leaf 'w9' names no input leaf of three" in run_cli("why", "--leaf", "w9", check=2).stderr
+
+
+def test_gspmd_compile_is_explained_by_nobody(tmp_path):
+    """Faithful or silent: with the GSPMD partitioner (JAX_USE_SHARDY_PARTITIONER=0) the lowered module
+    has no Shardy shardings, so no collective gets a cause and the section says why."""
+    write(tmp_path, "model.py", MODEL)
+    write(tmp_path, "model.stagetool.yaml", SPEC)
+    r = run_subprocess("collectives", "--format", "json", "--no-cache", cwd=tmp_path,
+                       env={"JAX_USE_SHARDY_PARTITIONER": "0"})
+    assert r.code == 0, r.stderr
+    doc = r.json()
+    assert dict(doc["config"])["jax_use_shardy_partitioner"] == "False"
+    c = doc["functions"][0]["collectives"]
+    assert c["items"] and all(item["cause"] is None for item in c["items"])
+    assert c["causes_unavailable"] == ("explanation unavailable: the lowered module has no Shardy mesh "
+                                       "(GSPMD partitioner, or no mesh)")
+    assert c["origins"] is None
