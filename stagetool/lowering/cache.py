@@ -15,7 +15,8 @@ The key (:func:`cache_key`) is a sha256 over:
 - the platform, device kind, topology, the mesh's device ids in mesh order and its process layout
   (for a compile-only GPU target also the sha256 of its target config and the CUDA plugin's version);
 - what the spec says about each leaf that the facts echo (path, declared sharding, local shape,
-  source, donation) and the declared output shardings;
+  source, donation) and the declared output shardings (a pytree as its leaves' key paths and
+  shardings, never a ``repr`` with memory addresses: :func:`_key_part`);
 - ``XLA_FLAGS`` / ``LIBTPU_INIT_ARGS``, and the jax, jaxlib, libtpu and stagetool versions, and
   :data:`CACHE_SCHEMA`.
 
@@ -197,11 +198,33 @@ def source_locations(debug_text: str) -> list[str]:
     return sorted(found)
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 def _key_part(value: Any) -> Any:
+    """``value`` (a spec value: a sharding, a shape, a fitted ``out_shardings`` tree) as JSON that is
+    the same in every process for the same value.
+
+    Plain values and records are encoded as in an entry. Anything else is a pytree (a Flax
+    ``TrainState`` fitted by ``out_shardings: {like: 0}``, whose static fields hold bound methods and
+    optax closures): it is described by its leaves' key paths and their shardings, never by its
+    ``repr``, which holds memory addresses that change every run (the key would never match again).
+    """
     try:
         return _encode(value)
     except TypeError:
-        return repr(value)
+        pass
+    import jax
+
+    flat, _ = jax.tree_util.tree_flatten_with_path(value, is_leaf=lambda x: x is None or isinstance(x, Sharding))
+    return {"$leaves": [[jax.tree_util.keystr(path), _leaf_part(leaf)] for path, leaf in flat]}
+
+
+def _leaf_part(leaf: Any) -> Any:
+    try:
+        return _encode(leaf)
+    except TypeError:
+        return _ADDRESS.sub("", repr(leaf))  # an unknown leaf: its text, without the addresses
 
 
 # ---- the store -------------------------------------------------------------------------------------

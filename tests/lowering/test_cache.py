@@ -267,3 +267,43 @@ def test_a_compile_only_topology_spanning_hosts_is_cached(project, tmp_path):
     assert cold.mesh.process_count == 2 and not cold.cached and cold.error is None
     (warm,) = analyze(options, REPORT_SECTIONS).functions
     assert warm.cached and _without_timings(warm) == _without_timings(cold)
+
+
+@pytest.mark.slow
+def test_a_linen_train_state_pinned_like_its_input_hits_the_cache_in_a_second_process(tmp_path):
+    """The README's Linen step (``out_shardings: [{like: 0}, replicated]`` over a ``TrainState``):
+    the fitted out_shardings tree holds ``apply_fn`` (a bound method) and optax closures, whose
+    ``repr`` has memory addresses; the key describes the tree by its leaf paths and shardings, so a
+    second process finds the first one's entry (before: a miss and a new entry every run)."""
+    from helpers import EXAMPLES
+
+    cache = tmp_path / "cache"
+    runs = [run_subprocess("shardings", f"{EXAMPLES / 'linen_lm.py'}:train_step", "--cache-dir", cache,
+                           cwd=tmp_path) for _ in range(2)]
+    assert all(r.code == 0 for r in runs), [r.stderr for r in runs]
+    assert "compile (cached)" not in runs[0].stdout.splitlines()[1], runs[0].stdout
+    assert "compile (cached)" in runs[1].stdout.splitlines()[1], runs[1].stdout
+    assert len(_entries(cache)) == 1
+
+
+def test_the_key_of_a_tree_with_functions_in_its_static_fields_holds_no_address():
+    """A pytree whose aux data holds a closure: described by leaf paths and shardings, the same for
+    two closures made at two addresses (as in two processes)."""
+    import flax.struct
+
+    from stagetool.core.sharding import Sharding
+    from stagetool.lowering.cache import _key_part
+
+    @flax.struct.dataclass
+    class State:
+        params: dict
+        apply_fn: object = flax.struct.field(pytree_node=False)
+
+    def make():
+        return lambda x: x  # a new function object (another address) each call
+
+    s = Sharding("spec", ("data", None))
+    a, b = State({"w": s, "b": None}, make()), State({"w": s, "b": None}, make())
+    assert "0x" not in json.dumps(_key_part(a))
+    assert _key_part(a) == _key_part(b)
+    assert _key_part(a) != _key_part(State({"w": None, "b": None}, make()))
