@@ -1,12 +1,15 @@
 """What is live at the memory peak, found without running the program.
 
-How (verified on jax/jaxlib 0.10.2, CPU): ``stagetool.lowering.stages`` compiles with
-``compiler_options={"xla_dump_to": DIR, "xla_dump_hlo_as_text": True}`` (the one compile of the
-run) and hands the dump's text over in :class:`~stagetool.lowering.facts.PeakDump`. XLA writes,
-per module, ``module_NNNN.<name>.<backend>_after_optimizations-live-range.txt`` (its
-"Live ranges at N (peak)" section lists every buffer live at the peak with its bytes,
-followed by a "Stack trace breakdown for peak usage" tree by op name) and
-``...-memory-usage-report.txt``. ``xla_dump_to`` alone is enough (text is XLA's default
+How (verified on jax/jaxlib 0.7.2, 0.10.2 and 0.12.0.1, CPU): ``stagetool.lowering.stages``
+compiles with ``compiler_options={"xla_dump_to": DIR, "xla_dump_hlo_as_text": True}`` (the one
+compile of the run) and hands the dump's text over in
+:class:`~stagetool.lowering.facts.PeakDump`. XLA writes, per module,
+``module_NNNN.<name>.<backend>_after_optimizations-live-range.txt`` (its "Live ranges at N
+(peak)" section lists every buffer live at the peak with its bytes, followed by a "Stack trace
+breakdown for peak usage" tree by op name) and ``...-memory-usage-report.txt``; jaxlib ≤ 0.9.2
+writes the same section at the end of ``...-buffer-assignment.txt``
+(:func:`stagetool.lowering.compat.read_live_range` finds either). Op names are read in one
+spelling whatever the release (:func:`stagetool.lowering.compat.normalise_op_name`). ``xla_dump_to`` alone is enough (text is XLA's default
 dump format; ``xla_dump_hlo_as_text`` only makes that explicit); no ``xla_dump_hlo_pass_re``
 is needed, and per-pass dumps stay off. The dump also holds the pre-optimisation HLO and,
 on CPU, a few small LLVM IR / object files; the directory is always removed afterwards.
@@ -59,6 +62,7 @@ from stagetool.hlo.buffers import (  # the one reader of the dump's files; re-ex
     PeakOpShare,
     parse_live_range_peak,
 )
+from stagetool.lowering.compat import normalise_op_name
 from stagetool.lowering.stages import PeakDump
 
 __all__ = ["BufferSlot", "HOST_MEMORY_SPACE", "LiveBuffer", "ModuleIndex", "PeakBuffer", "PeakLiveRange",
@@ -71,7 +75,8 @@ class SourceLocation:
     """Where an HLO instruction came from.
 
     Attributes:
-      op_name: the JAX op name from the instruction metadata (``"jit(f)/sin"``), or None.
+      op_name: the JAX op name from the instruction metadata (``"jit(f)/sin"``), one spelling
+        whatever the release (:func:`stagetool.lowering.compat.normalise_op_name`), or None.
       file: the user's source file (innermost recorded frame), or None.
       line: 1-based line number in ``file``, or None.
       function: the function name of that frame, or None.
@@ -269,7 +274,7 @@ class ModuleIndex:
         ins = self._by_name.get(instruction_name)
         if ins is None:
             return SourceLocation(None, None, None, None)
-        op_name = ins.metadata.op_name if ins.metadata is not None else None
+        op_name = normalise_op_name(ins.metadata.op_name) if ins.metadata is not None else None
         frames = self._module.source_stack(ins)
         if not frames:
             return SourceLocation(op_name, None, None, None)
@@ -351,6 +356,7 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
     if gated_peak_bytes is not None and device > gated_peak_bytes:
         notes.append(f"the device buffers live at the peak ({device} B) are more than the gated peak "
                      f"({gated_peak_bytes} B): memory_analysis() and the live-range dump disagree")
-    return PeakReport(device, live.position, tuple(out), len(counted), live.breakdown, seconds,
+    breakdown = tuple(dataclasses.replace(b, name=normalise_op_name(b.name)) for b in live.breakdown)
+    return PeakReport(device, live.position, tuple(out), len(counted), breakdown, seconds,
                       host_bytes=host, other_bytes=tuple(sorted(other.items())), xla_listed_bytes=live.peak_bytes,
                       note="; ".join(notes) or None)

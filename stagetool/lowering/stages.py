@@ -257,8 +257,9 @@ DUMP_OPTIONS = {"xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": True}
 With ``xla_dump_to`` XLA writes, per module, ``module_NNNN.<name>.<backend>_after_optimizations-
 live-range.txt`` (its "Live ranges at N (peak)" section lists every buffer live at the peak);
 ``xla_dump_hlo_as_proto`` adds ``...after_optimizations.hlo.pb``, the ``HloProto`` with the buffer
-assignment (the memory timeline's source); verified on jax/jaxlib 0.10.2 (CPU, compile-only TPU).
-Per-pass dumps stay off."""
+assignment (the memory timeline's source); verified on jax/jaxlib 0.10.2 (CPU, compile-only TPU)
+and on 0.7.2 and 0.12.0.1 (CPU); jaxlib ≤ 0.9.2 writes the live ranges at the end of
+``...-buffer-assignment.txt`` instead (:mod:`stagetool.lowering.compat`). Per-pass dumps stay off."""
 
 
 def compile_with_dump(lowered: Any, compiler_options: dict | None = None) -> tuple[Any, PeakDump]:
@@ -288,26 +289,17 @@ def compile_with_dump(lowered: Any, compiler_options: dict | None = None) -> tup
         cleanup.forget(token)
 
 
-def _dump_files(folder: str, module_text: str, suffix: str) -> list[str]:
-    """The dump's files ending in ``suffix``, those of the compiled module's name first chosen."""
-    import os
-
-    m = re.match(r"HloModule\s+([^\s,]+)", module_text)
-    files = sorted(f for f in os.listdir(folder) if f.endswith(suffix))
-    if m:
-        files = [f for f in files if f".{m.group(1)}." in f] or files
-    return files
-
-
 def read_buffer_assignment(folder: str, module_text: str) -> tuple[BufferAssignment | None, str | None]:
     """``(buffer assignment of the compiled module, None)`` from the ``HloProto`` beside its
-    live-range dump (``<prefix>-live-range.txt`` → ``<prefix>.hlo.pb``), or ``(None, why not)``."""
+    live-range dump (``<prefix>-live-range.txt`` → ``<prefix>.hlo.pb``; ``<prefix>-buffer-assignment.txt``
+    on jaxlib ≤ 0.9.2, :func:`stagetool.lowering.compat.live_range_file`), or ``(None, why not)``."""
     import os
 
     from stagetool.hlo.buffers import ProtoError, read_hlo_proto
+    from stagetool.lowering import compat
 
-    files = _dump_files(folder, module_text, "-live-range.txt")
-    proto = files[-1][: -len("-live-range.txt")] + ".hlo.pb" if files else None
+    found = compat.live_range_file(folder, module_text)
+    proto = found[1] + ".hlo.pb" if found else None
     if proto is None or not os.path.exists(os.path.join(folder, proto)):
         return None, "XLA wrote no HloProto after optimisations (xla_dump_hlo_as_proto) beside the live-range dump"
     with open(os.path.join(folder, proto), "rb") as fh:
@@ -319,15 +311,11 @@ def read_buffer_assignment(folder: str, module_text: str) -> tuple[BufferAssignm
 
 
 def read_live_range(folder: str, module_text: str) -> tuple[str | None, str | None]:
-    """``(text of the compiled module's live-range dump, None)``, or ``(None, why there is none)``."""
-    import os
+    """``(text of the compiled module's live-range dump, None)``, or ``(None, why there is none)``;
+    where jaxlib writes it depends on the release (:func:`stagetool.lowering.compat.read_live_range`)."""
+    from stagetool.lowering import compat
 
-    files = _dump_files(folder, module_text, "-live-range.txt")
-    if not files:
-        return None, ("XLA wrote no live-range dump (the executable may have come from the persistent "
-                      "compilation cache, or this backend does not dump it)")
-    with open(os.path.join(folder, files[-1]), encoding="utf-8", errors="replace") as fh:
-        return fh.read(), None
+    return compat.read_live_range(folder, module_text)
 
 
 def _definition(fn: Any) -> str | None:
