@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from collections.abc import Mapping
 from typing import Any
 
+from stagetool.lowering.compat import MEMORY_FIELDS_SINCE_0_11
 from stagetool.lowering.facts import BackendResult
 
 from stagetool.analysis.cost import Suspect
@@ -93,6 +94,10 @@ class MemoryRecord:
         missing); never part of ``peak_bytes``.
       reason: why nothing was reported (None when memory_analysis() gave an object).
       suspects: figures that look wrong, as :class:`stagetool.analysis.cost.Suspect` records.
+      peak_unpadded_heap_bytes, total_allocation_bytes, indefinite_allocations: XLA's figures of
+        the same names (bytes per device), which ``memory_analysis()`` has from jax/jaxlib 0.11
+        on (:data:`stagetool.lowering.compat.MEMORY_FIELDS_SINCE_0_11`); None on older releases.
+        Shown and snapshotted where present, never gated.
     """
 
     argument_bytes: int | None
@@ -113,6 +118,9 @@ class MemoryRecord:
     suspects: tuple[Suspect, ...] = ()
     source: str = _SOURCE
     host_peak_bytes: int | None = None
+    peak_unpadded_heap_bytes: int | None = None
+    total_allocation_bytes: int | None = None
+    indefinite_allocations: int | None = None
 
     @property
     def peak_suspects(self) -> tuple[Suspect, ...]:
@@ -175,7 +183,8 @@ def normalise_memory(stats: Any) -> MemoryRecord:
                         reason=None if peak is not None else
                         f"{_SOURCE} lacks one of argument, output, alias and temp sizes, and reports no "
                         "peak_memory_in_bytes: no peak",
-                        suspects=tuple(suspects), host_peak_bytes=host)
+                        suspects=tuple(suspects), host_peak_bytes=host,
+                        **{f: _int_or_none(stats, f) for f in MEMORY_FIELDS_SINCE_0_11})
 
 
 def memory_of(result: BackendResult | None) -> MemoryRecord:

@@ -9,7 +9,9 @@ not move silently:
   :func:`stagetool.analysis.memory.memory_of`): argument, output, alias, temp, the gated peak (the
   larger of ``argument + output - alias + temp`` and XLA's ``peak_memory_in_bytes``: one definition
   on every backend, whatever donation, the same in every command) and, apart, the host-memory peak
-  ``host_peak_bytes`` (``pinned_host``, ``S(5)``);
+  ``host_peak_bytes`` (``pinned_host``, ``S(5)``); with jax/jaxlib 0.11+ also XLA's
+  ``peak_unpadded_heap_bytes``, ``total_allocation_bytes`` and ``indefinite_allocations`` (recorded,
+  not compared; absent with older releases);
 * cost per device (``Compiled.cost_analysis()`` through
   :func:`stagetool.analysis.cost.per_device_cost`): FLOPs, transcendentals, bytes accessed, and
   the loop-aware FLOPs estimate (``loop_aware_flops``: each loop body × its trip count);
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from stagetool.core.errors import BaselineError, UsageError
+from stagetool.lowering.compat import MEMORY_FIELDS_SINCE_0_11
 
 SNAPSHOT_SCHEMA = 3
 """3: ``memory.peak_bytes`` is the larger of ``argument + output - alias + temp`` and XLA's
@@ -55,6 +58,15 @@ COST_FIELDS = ("flops", "transcendentals", "bytes_accessed")
 #: Derived cost fields: ``loop_aware_flops``, the estimate with each loop body × its trip count
 #: (:class:`stagetool.analysis.loops.LoopAwareCost`), so that a deeper ``scan`` is a change.
 DERIVED_COST_FIELDS = ("loop_aware_flops",)
+
+
+#: Memory fields only jax/jaxlib 0.11+ report: recorded where present (absent, not null, on older
+#: releases), never compared.
+REPORTED_ONLY_MEMORY_FIELDS = MEMORY_FIELDS_SINCE_0_11
+
+
+def _reported_only(mem: Any) -> dict:
+    return {f: _num(getattr(mem, f)) for f in REPORTED_ONLY_MEMORY_FIELDS if getattr(mem, f, None) is not None}
 
 
 def _loop_aware_flops(section: Any, per_device: Any) -> Any:
@@ -219,7 +231,8 @@ def function_snapshot(fr: Any) -> dict:
             for i, x in enumerate(fr.inputs)],
         "outputs": None if fr.outputs is None else [_leaf(x, output=True, origins=out_origins[i] if out_origins else None)
                                                     for i, x in enumerate(fr.outputs)],
-        "memory": None if mem is None else {f: _num(getattr(mem, f, None)) for f in MEMORY_FIELDS},
+        "memory": None if mem is None else {**{f: _num(getattr(mem, f, None)) for f in MEMORY_FIELDS},
+                                            **_reported_only(mem)},
         "cost": None if cost is None else {**{f: _num(getattr(cost, f, None)) for f in COST_FIELDS},
                                            "loop_aware_flops": _num(_loop_aware_flops(fr.cost, cost))},
         "collectives": _cause_fields(fr.collectives, collective_rows(fr.collectives)),
@@ -480,7 +493,7 @@ def _check_entry(problems: list[str], path: str, entry: dict) -> None:
             and all(_is_int(timeline.get(k)) for k in ("steps", "peak_bytes", "peak_position"))):
         problems.append(f"{path}.memory_timeline: must be an object with 'bytes' (a list of integers), 'steps', "
                         "'peak_bytes' and 'peak_position'")
-    for section, fields in (("memory", MEMORY_FIELDS), ("cost", COST_FIELDS)):
+    for section, fields in (("memory", MEMORY_FIELDS + REPORTED_ONLY_MEMORY_FIELDS), ("cost", COST_FIELDS)):
         value = entry.get(section)
         if value is None:
             continue

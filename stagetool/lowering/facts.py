@@ -140,6 +140,8 @@ _MEMORY_ATTRIBUTES = (
     "generated_code_size_in_bytes", "host_argument_size_in_bytes", "host_output_size_in_bytes",
     "host_alias_size_in_bytes", "host_temp_size_in_bytes", "host_generated_code_size_in_bytes",
     "peak_memory_in_bytes",
+    # jax/jaxlib >= 0.11 only (stagetool.lowering.compat.MEMORY_FIELDS_SINCE_0_11); absent before
+    "peak_unpadded_heap_bytes", "total_allocation_bytes", "indefinite_allocations",
 )
 
 

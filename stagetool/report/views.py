@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagetool.core.sharding import Sharding
+from stagetool.lowering.compat import MEMORY_FIELDS_SINCE_0_11
 from stagetool.core.units import (
     dims_str,
     format_bytes,
@@ -36,6 +37,8 @@ _HOST_ROWS = (
     ("host aliased", "host_alias_bytes"), ("host temporaries", "host_temp_bytes"),
     ("host generated code", "host_generated_code_bytes"),
 )
+#: ``memory_analysis()`` figures only jax/jaxlib 0.11+ report, shown by XLA's names and not gated.
+_XLA_ONLY_ROWS = MEMORY_FIELDS_SINCE_0_11
 
 
 def _extra_value(metric: Any) -> str:
@@ -153,6 +156,10 @@ def memory_rows(m: Any) -> tuple[list[str], list[list[str]]]:
     host = getattr(rec, "host_peak_bytes", None)
     if host:
         rows.append(["host peak (pinned_host; gated apart)", str(host), format_bytes(host)])
+    for attr in _XLA_ONLY_ROWS:  # jax/jaxlib >= 0.11 only: shown where the release reports them
+        v = getattr(rec, attr, None)
+        if v is not None:
+            rows.append([f"XLA {attr}", str(v), format_bytes(v)])
     return ["", "bytes", ""], rows
 
 
