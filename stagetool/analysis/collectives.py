@@ -57,6 +57,7 @@ from stagetool.hlo.parser import (
     paused_gc,
     shape_bytes,
 )
+from stagetool.lowering.compat import normalise_op_name
 
 __all__ = [
     "COLLECTIVE_KINDS",
@@ -436,7 +437,8 @@ class Collective:
       in_loop: True when inside a ``while`` body (at any depth).
       in_conditional: True when inside a ``conditional`` branch (at any depth).
       op_name: JAX's op name path from the metadata (the calling fusion's or wrapper's when the
-        collective has none), or None.
+        collective has none), one spelling whatever the release
+        (:func:`stagetool.lowering.compat.normalise_op_name`), or None.
       source: innermost source frame (the user's op line), or None when not recorded.
       source_chain: the frames of the traced code, innermost first (callers follow), up to the
         first frame in stagetool's own package: how stagetool was called (a command, a worker
@@ -913,7 +915,7 @@ def _record(
         executions=ctx.executions if ctx else None,
         in_loop=bool(ctx and ctx.in_loop),
         in_conditional=bool(ctx and ctx.in_conditional),
-        op_name=described.metadata.op_name if described.metadata else None,
+        op_name=normalise_op_name(described.metadata.op_name) if described.metadata else None,
         source=chain[0] if chain else None,
         source_chain=chain,
     )
