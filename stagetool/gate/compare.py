@@ -14,7 +14,9 @@ Shrinking metrics and collectives that disappear are improvements, and new funct
 neither ever fails. When the two snapshots come from different jax/jaxlib versions, platforms
 or device kinds, the comparison still runs, a notice says so, and memory and cost tolerances
 are raised to at least :data:`ENV_MISMATCH_FLOOR` (10%): compiler versions move these figures a
-little; sharding and collective changes still fail.
+little; sharding and collective changes still fail. Across JAX releases each change of a figure the
+compiler decides is marked "may come from jax A → B" (:func:`from_the_compiler`), and configuration
+a release removed is not a difference (:func:`environment_notices`).
 """
 
 
@@ -507,23 +509,63 @@ def removed_change(name: str) -> Change:
 
 def environment_notices(before: Mapping, after: Mapping) -> list[str]:
     """Sentences naming jax/jaxlib versions, platforms, device kinds or configuration (``config``:
-    ``jax_threefry_partitionable``, matmul precision, ``XLA_FLAGS`` ...) that differ (empty if none)."""
+    ``jax_threefry_partitionable``, matmul precision, ``XLA_FLAGS`` ...) that differ (empty if none).
+
+    A ``config`` option present on one side only because a JAX release removed it
+    (:data:`stagetool.lowering.compat.REMOVED_CONFIG`: 0.11 removed the two optimisation efforts) is
+    no difference: it is named in the version sentence, not as a change of configuration."""
+    from stagetool.lowering.compat import absent_by_version
+
     out = []
+    cb, ca = before.get("config"), after.get("config")
+    gone: list[str] = []  # options one side's JAX does not have
+    config_out = []
+    if isinstance(cb, Mapping) and isinstance(ca, Mapping):
+        for key in sorted(set(cb) | set(ca)):
+            if cb.get(key) != ca.get(key):
+                why = absent_by_version(key, cb.get(key), ca.get(key))
+                if why:
+                    gone.append(f"{key} ({why})")
+                    continue
+                config_out.append(f"config {key} {cb.get(key, 'unset')} in the baseline, {ca.get(key, 'unset')} now "
+                                  "(it changes the compiled program)")
     for key in ("jax_version", "jaxlib_version"):
         if before.get(key) != after.get(key):
             out.append(f"{key.replace('_version', '')} {before.get(key)} in the baseline, {after.get(key)} now")
+    if gone and out:
+        out[0] += f" (configuration only one of them has, not compared: {', '.join(gone)})"
+    elif gone:
+        out.append(f"configuration only one side has, not compared: {', '.join(gone)}")
     kinds = lambda d: sorted({(e.get("mesh") or {}).get("platform", "?") + ":" +
                               str((e.get("mesh") or {}).get("device_kind", "?"))
                               for e in (d.get("functions") or {}).values()})
     if kinds(before) != kinds(after):
         out.append(f"device {', '.join(kinds(before)) or '?'} in the baseline, {', '.join(kinds(after)) or '?'} now")
-    cb, ca = before.get("config"), after.get("config")
-    if isinstance(cb, Mapping) and isinstance(ca, Mapping):
-        for key in sorted(set(cb) | set(ca)):
-            if cb.get(key) != ca.get(key):
-                out.append(f"config {key} {cb.get(key, 'unset')} in the baseline, {ca.get(key, 'unset')} now "
-                           "(it changes the compiled program)")
-    return out
+    return out + config_out
+
+
+def version_change(before: Mapping, after: Mapping) -> str | None:
+    """``"jax 0.10.2 → 0.12.0.1"`` (and/or jaxlib) when the two snapshots come from different JAX
+    releases, else None."""
+    parts = [f"{key.replace('_version', '')} {before.get(key)} → {after.get(key)}"
+             for key in ("jax_version", "jaxlib_version") if before.get(key) != after.get(key)]
+    if len(parts) == 2 and before.get("jax_version") == before.get("jaxlib_version") \
+            and after.get("jax_version") == after.get("jaxlib_version"):
+        parts = [f"jax/jaxlib {before.get('jax_version')} → {after.get('jax_version')}"]
+    return ", ".join(parts) or None
+
+
+def from_the_compiler(change: Change) -> bool:
+    """Whether a change is of a figure the compiler decides (memory, cost, collectives, a sharding
+    the compiler chose), which a new JAX release can move by itself; leaves, shapes, the mesh,
+    declared shardings and functions come from the spec and the code, never from the release."""
+    return (change.what.startswith(("memory.", "cost.", "collective "))
+            or change.what.endswith("(the compiler's choice)"))
+
+
+def _mark_version(change: Change, upgrade: str) -> Change:
+    mark = f"may come from {upgrade}"
+    return dataclasses.replace(change, note=f"{change.note}; {mark}" if change.note else mark)
 
 
 def compare(before: Mapping, after: Mapping, *, tolerances_for=None, failed: Mapping[str, str] | None = None,
@@ -548,6 +590,7 @@ def compare(before: Mapping, after: Mapping, *, tolerances_for=None, failed: Map
     """
     failed = dict(failed or {})
     env = environment_notices(before, after)
+    upgrade = version_change(before, after)
     notices = []
     if env:
         notices.append("the baseline comes from another environment (" + "; ".join(env) + "): compared "
@@ -568,6 +611,8 @@ def compare(before: Mapping, after: Mapping, *, tolerances_for=None, failed: Map
             tols = tolerances_for(name) if tolerances_for else DEFAULT_TOLERANCES
             changes, more = compare_function(name, fb[name], fa[name], tols, env_differs=bool(env),
                                              same_mesh_expected=same_mesh_expected)
+            if upgrade:
+                changes = [_mark_version(c, upgrade) if from_the_compiler(c) else c for c in changes]
             notices += more
             status = "regression" if any(c.status == "regression" for c in changes) else "ok"
             causes, unexplained = find_causes(name, fb[name], fa[name], changes, env) if changes else ([], [])
@@ -577,4 +622,11 @@ def compare(before: Mapping, after: Mapping, *, tolerances_for=None, failed: Map
     for name in fb:
         if name not in fa and name not in failed and name in wanted:
             results.append(FunctionResult(name, "removed", (removed_change(name),)))
+    changed = [c for r in results for c in r.changes]
+    if upgrade and changed:
+        moved = sum(1 for c in changed if from_the_compiler(c))
+        notices.append(f"{upgrade}: {moved} of the {len(changed)} differences are figures the compiler decides "
+                       "(memory, cost, collectives, shardings it chose) and may come from the version change "
+                       "(marked so); the others come from the spec or the code. After an upgrade, review them "
+                       "and re-baseline: stagetool check --update (README, 'Supported JAX versions')")
     return Comparison(title, before_label, after_label, tuple(results), tuple(notices))
