@@ -402,9 +402,28 @@ def _exit_if_failed(doc: Any) -> None:
         raise typer.Exit(int(ExitCode.JAX))
 
 
+_UNTESTED_NOTED = [False]
+"""Whether this command has said that the installed JAX is outside the tested range."""
+
+
+def _note_untested_jax() -> None:
+    """One line on stderr, once per command, when the installed jax/jaxlib is outside the tested range
+    (:func:`stagetool.lowering.compat.untested_notice`; read from the distributions, JAX not imported)."""
+    if _UNTESTED_NOTED[0]:
+        return
+    _UNTESTED_NOTED[0] = True
+    from stagetool.lowering import compat
+
+    versions = compat.installed_versions()
+    line = compat.untested_notice(*versions) if versions else None
+    if line:
+        _stderr().print(f"[yellow]{_escape(line)}[/]")
+
+
 @contextlib.contextmanager
 def _status() -> Iterator[Any]:
     """A status line on stderr naming the stage in progress (only when stderr is a terminal)."""
+    _note_untested_jax()
     if not sys.stderr.isatty():
         yield None
         return
@@ -603,6 +622,8 @@ def devices(mesh: Annotated[Optional[str], typer.Option(
             _write_text(capture_target_config(), output)
             return
         from stagetool.pipeline import devices_report
+
+        _note_untested_jax()
 
         emit(devices_report(mesh=mesh, platform=platform, topology=topology, gpu_target_config=gpu_target_config,
                             slices=slices), format, output)
@@ -912,6 +933,7 @@ def sweep(target: Target = None,
                                    executor=how.value, jobs=jobs, shard=shard, output_dir=output_dir, resume=resume,
                                    outputs=_outputs(output=output))
             err = _stderr()
+            _note_untested_jax()
 
             def progress(row: dict, done: int, total: int) -> None:
                 failure = f" ({row['status']})" if row["status"] != "ok" else ""
@@ -1013,6 +1035,7 @@ def _run_app(argv: list[str] | None) -> int:
     its errors through :func:`_errors`, so a ``SystemExit`` that is not an integer code stagetool
     chose cannot reach this point as a success.
     """
+    _UNTESTED_NOTED[0] = False
     try:
         _click_command(sys.argv[1:] if argv is None else argv)(args=argv, prog_name="stagetool",
                                                                standalone_mode=True)
