@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -19,3 +20,40 @@ import tempfile  # noqa: E402
 
 os.environ["STAGETOOL_NO_CACHE"] = "1"
 os.environ.setdefault("STAGETOOL_CACHE_DIR", tempfile.mkdtemp(prefix="stagetool-test-cache-"))
+
+
+# ---- tests that hold on some JAX releases only -----------------------------------------------------
+
+import operator  # noqa: E402
+
+import pytest  # noqa: E402
+
+_COMPARE = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
+            "!=": operator.ne}
+
+
+def jax_matches(spec: str, version: str | None = None) -> bool:
+    """Whether the installed jax (or ``version``) satisfies ``spec``: comparisons joined by commas,
+    ``'>=0.10'``, ``'>=0.8,<0.11'``, compared as numeric tuples (``0.12.0.1`` >= ``0.12``)."""
+    from stagetool.lowering.compat import version_tuple
+
+    have = version_tuple(version if version is not None else jax.__version__)
+    for clause in spec.split(","):
+        m = re.fullmatch(r"\s*(>=|<=|==|!=|>|<)\s*([0-9][0-9.]*)\s*", clause)
+        if not m:
+            raise ValueError(f"jax_version marker: {clause!r} is not a comparison like '>=0.10'")
+        want = version_tuple(m.group(2))
+        if not _COMPARE[m.group(1)](have[:len(want)], want):
+            return False
+    return True
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.jax_version('>=0.10', reason=...)``: skipped, saying why, on other releases."""
+    for item in items:
+        for mark in item.iter_markers("jax_version"):
+            spec = mark.args[0]
+            if not jax_matches(spec):
+                why = mark.kwargs.get("reason", "")
+                item.add_marker(pytest.mark.skip(reason=f"jax {jax.__version__}: needs jax {spec}" +
+                                                 (f" ({why})" if why else "")))

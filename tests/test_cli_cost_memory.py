@@ -19,7 +19,9 @@ def matmul(a, b):
 
 
 def outer_then_sum(x, y):
-    big = jnp.sin(x[:, None] * y[None, :])  # BIG
+    # sorted, so that every release keeps the product in memory (XLA:CPU of jaxlib 0.12 fuses
+    # sin(outer) into a sum and never materialises it; 0.7 reduces it in windows)
+    big = jnp.sort(jnp.sin(x[:, None] * y[None, :]), axis=1)  # BIG
     return jnp.sum(big, axis=1)
 """
 

@@ -517,6 +517,34 @@ def test_on_explicit_axes_auto_is_decided_by_sharding_types_not_the_partitioner(
     assert a["chosen_by_partitioner"] is True and a["chosen_by"] == "the SPMD partitioner"
 
 
+_UNEVEN_MODEL = """
+        import jax
+        from jax.sharding import PartitionSpec as P
+
+        def scale(x):
+            return jax.lax.with_sharding_constraint(x * 2, P("data", "model"))
+        """
+
+
+@pytest.mark.jax_version("<0.10", reason="from 0.10 JAX pads an uneven sharding constraint (the test below)")
+def test_a_constraint_the_mesh_does_not_divide_fails_to_stage_before_jax_0_10(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "c.py", _UNEVEN_MODEL)
+    write(tmp_path, "c.stagetool.yaml", """
+        version: 1
+        mesh:
+          axes: {data: 2, model: 4}
+        functions:
+          scale:
+            target: c.py:scale
+            args: ['f32[64,30] @ auto']
+        """)
+    r = run_cli("shardings", "--spec", "c.stagetool.yaml", check=3)
+    assert "scale: " in r.stderr and "is not divisible by axis_size=4" in r.stderr
+    assert f"{tmp_path / 'c.py'}:" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.jax_version(">=0.10", reason="JAX 0.9 and older refuse the uneven constraint (the test above)")
 def test_a_constraint_the_mesh_does_not_divide_is_a_note_with_the_users_line(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "c.py", """

@@ -26,6 +26,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from stagetool.lowering import distributed  # noqa: E402
+from stagetool.lowering.compat import partition_spec_text  # noqa: E402  (P(...) on every jax; repr differs before 0.9)
 
 port, nproc, pid, ndev = (int(a) for a in sys.argv[1:5])
 jax.config.update("jax_num_cpu_devices", ndev)
@@ -56,7 +57,7 @@ avals = [jax.ShapeDtypeStruct(ours[k], jnp.float32, sharding=NamedSharding(mesh,
 t1 = time.perf_counter()
 compiled = jax.jit(f).trace(*avals).lower().compile()
 t_compile = time.perf_counter() - t1
-in_sh = [(str(s.spec), list(s.shard_shape(a.shape))) for s, a in zip(compiled.input_shardings[0], avals, strict=True)]
+in_sh = [(partition_spec_text(s.spec), list(s.shard_shape(a.shape))) for s, a in zip(compiled.input_shardings[0], avals, strict=True)]
 out = compiled.output_shardings
 result = {
     "process_index": jax.process_index(),
@@ -67,7 +68,7 @@ result = {
     "global_shapes": {k: list(v) for k, v in ours.items()},
     "jax_global_shapes": {k: list(v) for k, v in jaxs.items()},
     "input_shardings": in_sh,
-    "output_sharding": [str(out.spec), list(out.shard_shape(compiled.out_info.shape))],
+    "output_sharding": [partition_spec_text(out.spec), list(out.shard_shape(compiled.out_info.shape))],
     "flops_per_device": (compiled.cost_analysis() or {}).get("flops"),
     "init_s": round(t_init, 3),
     "compile_s": round(t_compile, 3),
