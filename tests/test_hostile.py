@@ -92,7 +92,7 @@ def test_a_call_that_exits_is_a_target_error_at_its_spec_line(run_cli, tmp_path)
 
 @pytest.fixture(scope="module")
 def mlp_snapshot(tmp_path_factory):
-    doc = json.loads((REPO / "tests/golden/mlp.snapshot.json").read_text())
+    doc = json.loads((REPO / "tests/golden/jax-0.10.2/mlp.snapshot.json").read_text())
     return {"jax_version": "0.0", "jaxlib_version": "0.0", **doc}
 
 

@@ -4,9 +4,14 @@ They pin what stagetool prints for the examples so that a change of the code's l
 refactoring) that changes a figure, a label or the order of rows is seen. Timings and versions are
 stripped (:func:`normalise`); everything else must match byte for byte.
 
-Regenerate after an intended change, and review the diff::
+XLA's figures (FLOPs, bytes accessed, temporaries, the op names it merges into a fused collective)
+differ between JAX releases, so there is one set per release of the test matrix
+(``tests/matrix.py``): ``tests/golden/jax-<version>/``. Regenerate after an intended change, and
+review the diff::
 
-    .venv/bin/python tests/golden/regenerate.py
+    .venv/bin/python tests/golden/regenerate.py          # the set of the JAX installed here
+    .venv/bin/python tests/golden/regenerate.py --all    # and of every other release of the matrix
+                                                         # (in its .venv-<leg>, made when missing)
 """
 
 from __future__ import annotations
@@ -21,6 +26,20 @@ from pathlib import Path
 
 GOLDEN = Path(__file__).resolve().parent
 REPO = GOLDEN.parents[1]
+
+
+def release() -> str:
+    """The JAX release whose figures this interpreter produces: ``jax-0.10.2`` (``jax-A-jaxlib-B``
+    when the two differ), from the installed distributions."""
+    from importlib import metadata
+
+    jax, jaxlib = metadata.version("jax"), metadata.version("jaxlib")
+    return f"jax-{jax}" if jax == jaxlib else f"jax-{jax}-jaxlib-{jaxlib}"
+
+
+def golden_dir() -> Path:
+    """The golden set of the JAX installed here (it may not exist: a release outside the matrix)."""
+    return GOLDEN / release()
 
 #: (golden file name, CLI arguments); ``{out}`` is a temporary output file.
 CASES: dict[str, tuple[str, ...]] = {
@@ -85,11 +104,24 @@ def produce(name: str) -> str:
     return normalise(name, text)
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
+    if argv not in ([], ["--all"]):
+        sys.exit("usage: regenerate.py [--all]")
+    folder = golden_dir()
+    folder.mkdir(exist_ok=True)
     for name in CASES:
-        (GOLDEN / name).write_text(produce(name), encoding="utf-8")
-        print(f"wrote tests/golden/{name}")
+        (folder / name).write_text(produce(name), encoding="utf-8")
+        print(f"wrote {(folder / name).relative_to(REPO)}")
+    if argv == ["--all"]:
+        sys.path.insert(0, str(GOLDEN.parent))
+        import matrix
+
+        for leg in matrix.LEGS:
+            if f"jax-{leg.jax}" == folder.name:
+                continue
+            python = matrix.prepare(leg)
+            subprocess.run([python, str(GOLDEN / "regenerate.py")], check=True, cwd=REPO)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
