@@ -36,3 +36,13 @@ def test_the_quick_start_commands_run(run_cli, tmp_path, monkeypatch):
             out_file.write_text(r.stdout)
     assert (tmp_path / "stagetool.lock.json").exists()
     assert (tmp_path / "report.md").read_text().startswith("## `train_step`")
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"Install and run the tests.*?```sh\n(.*?)\n```", text, re.S)
+    assert block and "\n" not in block.group(1), "the README's test command is one line"
+    command = block.group(1)
+    assert command.endswith(".venv/bin/python tests/matrix.py")
+    ci = [ln for ln in (REPO / ".ci/run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert command in ci

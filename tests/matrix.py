@@ -1,0 +1,215 @@
+"""The test command: the whole suite with the JAX installed here, then the version-sensitive part of
+it on the other supported JAX releases, each in a virtual environment of its own.
+
+This is what the README's test command and ``.ci/run`` run::
+
+    .venv/bin/python tests/matrix.py [PYTEST ARGS...]
+
+1. ``python -m pytest`` with this interpreter: the whole suite, on whatever jax pip installed here
+   (0.10.2 on Python 3.11, the newest JAX that supports 3.11).
+2. For every release of :data:`LEGS` other than the one installed here: a virtual environment
+   ``.venv-<leg>`` in the checkout (git-ignored; made on first use, pip run again only when
+   ``pyproject.toml`` or the pins changed), with stagetool installed editable, that JAX pinned, the ``test`` extra without Ray
+   and the ``flax``/``equinox`` extras (no ``tpu`` extra: libtpu is ~700 MB per release, so the
+   compile-only TPU tests run in step 1 only); then pytest on :data:`LEG_TESTS` there: the CLI,
+   framework, golden and JAX-compatibility tests.
+
+PYTEST ARGS go to every run (``-x``, ``-k golden``). ``STAGETOOL_MATRIX`` picks the runs: ``all``
+(default), ``here`` (step 1 only), or leg names, comma-separated (``jax07,jax012``: those legs
+only). A leg whose Python is not on the machine fails the matrix (say so with ``STAGETOOL_MATRIX``
+rather than have it pass silently). pytest's exit code 5 (nothing collected) fails a run unless
+PYTEST ARGS chose the tests (``-k``, ``-m`` or paths), where it means "none of these here".
+
+Ends with one line per run (release, Python, passed/failed/skipped, seconds) and exits 0 only
+when every run passed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Leg:
+    """One JAX release of the matrix.
+
+    Attributes:
+      name: ``jax07``: the virtual environment is ``.venv-<name>``.
+      python: the Python ``major.minor`` it runs on.
+      pins: pip requirements that fix the release (``jax==0.7.2``, ``jaxlib==0.7.2``).
+    """
+
+    name: str
+    python: str
+    pins: tuple[str, ...]
+
+    @property
+    def jax(self) -> str:
+        return next(p.split("==", 1)[1] for p in self.pins if p.startswith("jax=="))
+
+    @property
+    def venv(self) -> Path:
+        return REPO / f".venv-{self.name}"
+
+
+#: The supported range's oldest and newest releases, and the one the full suite runs on in CI.
+LEGS = (
+    Leg("jax07", "3.11", ("jax==0.7.2", "jaxlib==0.7.2")),
+    Leg("jax010", "3.11", ("jax==0.10.2", "jaxlib==0.10.2")),
+    Leg("jax012", "3.12", ("jax==0.12.0.1", "jaxlib==0.12.0.1")),
+)
+
+#: What runs on the releases other than the one installed here (paths relative to the checkout).
+LEG_TESTS = ("tests/test_cli.py", "tests/test_cli_collectives.py", "tests/test_cli_cost_memory.py",
+             "tests/test_cli_gate.py", "tests/test_cli_plain_console.py", "tests/test_cli_robustness.py",
+             "tests/test_frameworks.py", "tests/test_golden.py", "tests/lowering/test_compat.py",
+             "tests/analysis/test_peak.py")
+
+#: pytest's "no tests were collected".
+NO_TESTS = 5
+
+
+def find_python(version: str) -> str | None:
+    """An interpreter of ``version`` (``3.12``): ``python3.12`` on PATH if it runs (a pyenv shim of a
+    version that is not active does not), else pyenv's own copy; None when there is none."""
+    candidates = [shutil.which(f"python{version}")]
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates += sorted(glob.glob(os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}")),
+                         reverse=True)
+    for c in candidates:
+        if not c:
+            continue
+        try:
+            out = subprocess.run([c, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, timeout=60)
+        except OSError:
+            continue
+        if out.returncode == 0 and out.stdout.strip() == version:
+            return c
+    return None
+
+
+def leg_requirements() -> list[str]:
+    """The ``test`` extra's requirements without Ray (only the sweep's Ray test uses it, and it is not
+    in :data:`LEG_TESTS`)."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return [r for r in extras["test"] if not r.startswith("ray")]
+
+
+def prepare(leg: Leg) -> str:
+    """The leg's virtual environment, made if missing and brought to its pins; its ``python``."""
+    py = leg.venv / "bin" / "python"
+    if not py.exists():
+        base = find_python(leg.python)
+        if base is None:
+            raise RuntimeError(f"no Python {leg.python} on this machine for jax {leg.jax} (pyenv install "
+                               f"{leg.python}, or leave the leg out: STAGETOOL_MATRIX=here)")
+        print(f"matrix: making {leg.venv.name} (Python {leg.python}, jax {leg.jax})", flush=True)
+        subprocess.run([base, "-m", "venv", str(leg.venv)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
+    requirements = ["-e", ".[flax,equinox]", *leg.pins, *leg_requirements()]
+    stamp = leg.venv / "stagetool-matrix.stamp"  # what was installed: skip pip when nothing changed
+    want = hashlib.sha256("\n".join([*requirements, (REPO / "pyproject.toml").read_text()]).encode()).hexdigest()
+    if not stamp.exists() or stamp.read_text() != want:
+        print(f"matrix: installing stagetool into {leg.venv.name} ({', '.join(leg.pins)})", flush=True)
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", *requirements], check=True, cwd=REPO)
+        stamp.write_text(want)
+    return str(py)
+
+
+@dataclasses.dataclass
+class Outcome:
+    label: str
+    code: int | None
+    counts: str
+    seconds: float
+    note: str = ""
+
+
+def run_pytest(label: str, python: str, args: list[str], user_args: list[str]) -> Outcome:
+    """pytest in a fresh process, its output passed through; the summary line kept."""
+    print(f"\nmatrix: {label}: pytest {' '.join(args + user_args)}", flush=True)
+    start = time.perf_counter()
+    proc = subprocess.Popen([python, "-m", "pytest", *args, *user_args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    last = ""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        if re.search(r"\d+ (passed|failed|error|skipped|deselected)|no tests ran", line):
+            last = line
+    code = proc.wait()
+    seconds = time.perf_counter() - start
+    counts = ", ".join(re.findall(r"\d+ \w+", last.split(" in ")[0])) if last else ""
+    note = ""
+    if code == NO_TESTS and _selects(user_args):
+        code, note = 0, "none of the selected tests are in this run"
+    return Outcome(label, code, counts or "nothing collected", seconds, note)
+
+
+def _selects(user_args: list[str]) -> bool:
+    """Whether the caller's pytest arguments chose tests (so that a run may legitimately find none)."""
+    return any(a in ("-k", "-m") or a.startswith(("-k", "-m")) or os.path.exists(REPO / a.split("::")[0])
+               for a in user_args)
+
+
+def installed_jax(python: str) -> str:
+    out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('jax'))"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else "?"
+
+
+def main(argv: list[str]) -> int:
+    choice = os.environ.get("STAGETOOL_MATRIX", "all").strip() or "all"
+    names = {leg.name for leg in LEGS}
+    wanted = set(choice.split(",")) if choice not in ("all", "here") else set()
+    if wanted - names:
+        print(f"matrix: STAGETOOL_MATRIX={choice}: unknown leg {', '.join(sorted(wanted - names))}; "
+              f"use all, here, or some of {', '.join(sorted(names))}", file=sys.stderr)
+        return 2
+    here = installed_jax(sys.executable)
+    py_here = "%d.%d" % sys.version_info[:2]
+    outcomes: list[Outcome] = []
+    if not wanted:
+        outcomes.append(run_pytest(f"jax {here} (here), Python {py_here}: the whole suite", sys.executable, [], argv))
+    if choice != "here":
+        for leg in LEGS:
+            if (wanted and leg.name not in wanted) or (not wanted and leg.jax == here):
+                continue
+            label = f"jax {leg.jax}, Python {leg.python}: CLI, framework, golden, compat tests"
+            start = time.perf_counter()
+            try:
+                python = prepare(leg)
+            except (RuntimeError, subprocess.CalledProcessError) as e:
+                outcomes.append(Outcome(label, None, "not run", time.perf_counter() - start, str(e)))
+                continue
+            got = installed_jax(python)
+            if got != leg.jax:
+                outcomes.append(Outcome(label, None, "not run", time.perf_counter() - start,
+                                        f"{leg.venv.name} has jax {got}, not {leg.jax}"))
+                continue
+            setup = time.perf_counter() - start
+            o = run_pytest(label, python, list(LEG_TESTS), argv)
+            o.note = "; ".join(x for x in (o.note, f"setup {setup:.0f} s") if x)
+            outcomes.append(o)
+    print("\nmatrix summary:")
+    for o in outcomes:
+        status = "ok" if o.code == 0 else ("NOT RUN" if o.code is None else f"FAILED (pytest exit {o.code})")
+        print(f"  {status:<24} {o.label}: {o.counts}, {o.seconds:.0f} s" + (f" ({o.note})" if o.note else ""))
+    return 0 if outcomes and all(o.code == 0 for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
