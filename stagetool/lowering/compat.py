@@ -17,6 +17,9 @@ constant or a function here, each with a test in ``tests/lowering/test_compat.py
   shown where present;
 * **op names**: the scope of a ``scan``/remat body reads ``eval_jaxpr`` in 0.12 where 0.7–0.11
   write ``closed_call`` (:func:`normalise_op_name`: one spelling for display and matching);
+* **MLIR bindings**: jaxlib 0.7 and 0.8's ``Value.maybe_downcast()`` returns a plain ``Value``
+  where later ones return ``OpResult`` / ``BlockArgument`` (:func:`mlir_value`, for
+  :mod:`stagetool.lowering.shardy`);
 * **PartitionSpec printing**: JAX < 0.9 prints ``PartitionSpec('data', None)``, later ones
   ``P('data', None)``; stagetool prints its own ``P(...)`` form from the spec's entries
   (:func:`partition_spec_text`) and never JAX's ``repr``.
@@ -180,6 +183,26 @@ def normalise_op_name(op_name: str | None) -> str | None:
     return "/".join(OP_NAME_SPELLINGS.get(p, p) for p in parts)
 
 
+# -- jaxlib's MLIR bindings -----------------------------------------------------------------------
+
+
+def mlir_value(value: Any) -> Any:
+    """An MLIR ``Value`` as its concrete class, ``ir.OpResult`` or ``ir.BlockArgument``, whatever the
+    bindings: jaxlib ≥ 0.9's ``maybe_downcast()`` returns it; 0.7 and 0.8 return a plain ``Value``,
+    which is cast after ``OpResult.isinstance`` / ``BlockArgument.isinstance`` (static methods those
+    releases have). Anything else is returned as ``maybe_downcast()`` gives it."""
+    from jaxlib.mlir import ir
+
+    value = value.maybe_downcast()
+    if isinstance(value, (ir.OpResult, ir.BlockArgument)):
+        return value
+    for cls in (ir.OpResult, ir.BlockArgument):
+        check = getattr(cls, "isinstance", None)
+        if check is not None and check(value):
+            return cls(value)
+    return value
+
+
 # -- PartitionSpec -----------------------------------------------------------------------------
 
 
@@ -203,6 +226,6 @@ def partition_spec_text(spec: Any) -> str:
 __all__ = [
     "BUFFER_ASSIGNMENT_SUFFIX", "LIVE_RANGE_SUFFIX", "MEMORY_FIELDS_SINCE_0_11", "OP_NAME_SPELLINGS",
     "REMOVED_CONFIG", "TESTED_NEWEST_MINOR", "TESTED_OLDEST", "absent_by_version", "in_tested_range",
-    "installed_versions", "live_range_file", "normalise_op_name", "partition_spec_text", "read_live_range",
+    "installed_versions", "live_range_file", "mlir_value", "normalise_op_name", "partition_spec_text", "read_live_range",
     "untested_notice", "version_tuple",
 ]

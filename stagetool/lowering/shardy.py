@@ -30,6 +30,7 @@ import dataclasses
 import re
 
 from stagetool.hlo.parser import SourceFrame
+from stagetool.lowering.compat import mlir_value
 
 __all__ = ["Operand", "Propagation", "PropagatedOp", "ShardingRule", "ShardyUnavailable", "ValueSharding",
            "propagate", "propagate_lowered"]
@@ -398,7 +399,7 @@ def _read(module) -> Propagation:
     results_of = [_result_shardings(op) for op in all_ops]
 
     def operand(value) -> Operand:
-        value = value.maybe_downcast()
+        value = mlir_value(value)
         owner = value.owner
         if isinstance(value, ir.OpResult):
             r = value
@@ -441,7 +442,7 @@ def _read(module) -> Propagation:
             ret = list(block.operations)[-1]
             if number >= len(ret.operands):
                 return None
-            value = ret.operands[number].maybe_downcast()
+            value = mlir_value(ret.operands[number])
             if isinstance(value, ir.BlockArgument) and value.owner == block and value.arg_number < len(op.operands):
                 return _value_input(op.operands[value.arg_number], depth + 1)
             if op.name == "sdy.named_computation":
@@ -449,7 +450,7 @@ def _read(module) -> Propagation:
         return None
 
     def _value_input(value, depth, inner=False) -> int | None:
-        value = value.maybe_downcast()
+        value = mlir_value(value)
         if isinstance(value, ir.OpResult):
             return _input_through(index.get(value.owner), value.result_number, depth)
         owner = value.owner.owner.operation if value.owner.owner is not None else None
