@@ -81,6 +81,9 @@ def test_live_ranges_from_either_file(tmp_path):
     (new / "module_0000.jit_f.cpu_after_optimizations-live-range.txt").write_text(_SECTION)
     assert compat.read_live_range(str(old), "HloModule jit_f, entry_computation_layout={}") == (_SECTION, None)
     assert compat.read_live_range(str(new), "HloModule jit_f, entry_computation_layout={}") == (_SECTION, None)
+    # the prefix names the module's other dump files (its HloProto, for the memory timeline)
+    assert compat.live_range_file(str(old), "HloModule jit_f")[1] == "module_0001.jit_f.cpu_after_optimizations"
+    assert compat.live_range_file(str(new), "HloModule jit_f")[1] == "module_0000.jit_f.cpu_after_optimizations"
     (old / "module_0001.jit_f.cpu_after_optimizations-buffer-assignment.txt").write_text("BufferAssignment:\n")
     text, reason = compat.read_live_range(str(old), "HloModule jit_f")
     assert text is None and "no live-range dump" in reason
@@ -117,6 +120,17 @@ def test_the_peak_buffers_are_found_on_this_release(tmp_path):
     sizes = [int(m) for m in re.findall(r": (\d+) bytes \(cumulative", peak)]
     # x, sin(x), cos(x) and the product: four f32[64,64] buffers, whatever XLA names them
     assert sizes == [64 * 64 * 4] * 4
+
+
+def test_the_buffer_assignment_is_found_beside_either_file():
+    """The memory timeline's HloProto is named after the live-range file's prefix, whichever file
+    holds the live ranges on this release."""
+    def f(x):
+        return jnp.sin(x) @ jnp.cos(x).T
+
+    x = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    _, dump = stages.compile_with_dump(jax.jit(f).trace(x).lower())
+    assert dump.reason is None and dump.buffers_reason is None and dump.buffers is not None
 
 
 # ---- configuration ----------------------------------------------------------------------------------
@@ -285,6 +299,23 @@ def test_a_scan_bodys_collective_reads_closed_call_on_every_release(run_cli, tmp
     raw = {n for n in re.findall(r'op_name="([^"]*)"', text) if "/while/body/" in n}
     new_spelling = compat.version_tuple(jax.__version__) >= (0, 12)
     assert any(("/eval_jaxpr/" if new_spelling else "/closed_call/") in n for n in raw)
+
+
+# ---- jaxlib's MLIR bindings ------------------------------------------------------------------------
+
+
+def test_mlir_values_come_back_as_their_concrete_class():
+    from jax.interpreters.mlir import make_ir_context
+    from jaxlib.mlir import ir
+
+    with make_ir_context():
+        module = ir.Module.parse("func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n"
+                                 "  %0 = stablehlo.add %a, %a : tensor<2xf32>\n  return %0 : tensor<2xf32>\n}")
+        (main,) = module.body.operations
+        add, ret = main.regions[0].blocks[0].operations
+        arg, result = compat.mlir_value(add.operands[0]), compat.mlir_value(ret.operands[0])
+        assert isinstance(arg, ir.BlockArgument) and arg.arg_number == 0
+        assert isinstance(result, ir.OpResult) and result.result_number == 0 and result.owner == add.operation
 
 
 # ---- PartitionSpec -----------------------------------------------------------------------------------
