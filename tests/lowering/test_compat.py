@@ -157,7 +157,9 @@ def test_new_jax_has_no_optimisation_efforts():
 def _snapshot(jax_version, config, memory=None, sharding="P('data', None)"):
     memory = memory or {"argument_bytes": 100, "output_bytes": 10, "alias_bytes": 0, "temp_bytes": 50,
                         "peak_bytes": 160}
-    return {"snapshot_schema": 2, "kind": "stagetool-snapshot", "jax_version": jax_version,
+    from stagetool.gate.snapshot import SNAPSHOT_SCHEMA
+
+    return {"snapshot_schema": SNAPSHOT_SCHEMA, "kind": "stagetool-snapshot", "jax_version": jax_version,
             "jaxlib_version": jax_version, "config": config,
             "functions": {"f": {"target": "m.py:f", "mesh": {"axes": [["data", 2]], "platform": "cpu",
                                                              "device_kind": "cpu"},
