@@ -206,18 +206,73 @@ def compile_staged(staged: Staged, mesh: Any, *, name: str, user_files: list[str
     """
     timings: dict[str, float] = {}
     warned: list[str] = []
+    logged: list[str] = []
     lowered = staged.lowered
     if dump:
-        compiled, dumped = _run("compile", lambda: compile_with_dump(lowered, compiler_options), mesh, name,
-                                user_files, staged.jitted, timings, warned, on_stage)
+        compiled, dumped = _run("compile", lambda: with_xla_log(lambda: compile_with_dump(lowered, compiler_options),
+                                                                logged),
+                                mesh, name, user_files, staged.jitted, timings, warned, on_stage)
     else:
         dumped = None
-        compiled = _run("compile", lambda: lowered.compile(compiler_options) if compiler_options
-                        else lowered.compile(), mesh, name, user_files, staged.jitted, timings, warned, on_stage)
+        compiled = _run("compile", lambda: with_xla_log(lambda: lowered.compile(compiler_options) if compiler_options
+                                                        else lowered.compile(), logged),
+                        mesh, name, user_files, staged.jitted, timings, warned, on_stage)
+    warned = list(merge_warnings(tuple(warned), logged))
     return dataclasses.replace(staged, compiled=compiled, dump=dumped,
                                timings=dataclasses.replace(staged.timings, compile_s=timings.get("compile")),
                                warnings=merge_warnings(staged.warnings, warned),
                                compile_warnings=tuple(warned))
+
+
+_XLA_LOG_LINE = re.compile(r"^(?P<level>[WE])\d{4} [\d:.]+\s+\d+ (?P<where>[\w./-]+:\d+)\] (?P<message>.*)$")
+
+
+def with_xla_log(fn: Callable[[], Any], logged: list[str]) -> Any:
+    """``fn()`` (a compile) with XLA's own log lines on file descriptor 2 (absl: ``W1201 15:01:34.7
+    26628 file.cc:3132] message``: warnings and errors, e.g. "Involuntary full rematerialization")
+    collected into ``logged`` as ``XLA warning (file.cc:3132): message`` (no time or thread id, so
+    runs compare equal); every other byte written to fd 2 meanwhile is written back to stderr.
+
+    They are compile facts: the facts cache stores them with the entry and a hit shows them as a
+    miss does (:attr:`Staged.compile_warnings`).
+    """
+    import sys
+
+    from stagetool.lowering.topology import captured_stderr_fd
+
+    text: list[str] = []
+    failed = True
+    try:
+        with captured_stderr_fd() as text:
+            out = fn()
+        failed = False
+        return out
+    finally:
+        found, rest = _split_xla_log("".join(text))
+        logged.extend(found)
+        back = "".join(text) if failed else rest  # a failed compile: XLA's log as it was written
+        if back:
+            try:
+                sys.stderr.write(back)
+                sys.stderr.flush()
+            except (AttributeError, ValueError):  # pragma: no cover - closed stderr
+                pass
+
+
+def _split_xla_log(text: str) -> tuple[list[str], str]:
+    """``(warnings, the rest)`` of text XLA wrote to fd 2 (see :func:`with_xla_log`)."""
+    found: list[str] = []
+    rest: list[str] = []
+    for line in text.splitlines(keepends=True):
+        m = _XLA_LOG_LINE.match(line.rstrip("\n"))
+        if m:
+            kind = "warning" if m.group("level") == "W" else "error"
+            item = f"XLA {kind} ({m.group('where').rsplit('/', 1)[-1]}): {m.group('message').strip()}"
+            if item not in found:
+                found.append(item)
+        else:
+            rest.append(line)
+    return found, "".join(rest)
 
 
 def merge_warnings(first: tuple[str, ...], more: Any) -> tuple[str, ...]:
