@@ -132,3 +132,17 @@ def test_rules_call_mapping_and_yaml_merge_keys(run_cli, tmp_path, isolated_impo
     spec.write_text(spec.read_text().replace("target: m.py:step", "target: m.py:stepp"))
     r = run_cli("shardings", "--spec", spec)
     assert r.code == 2 and "s.yaml:5:3" in r.stderr, r.stderr
+
+
+def test_explain_takes_a_path_suffix_with_or_without_value():
+    """``--explain up/kernel`` names a Flax leaf (``.../up/kernel/value``) as ``up/kernel/value`` does."""
+    from stagetool.analysis.leaves import leaf_patterns, unmatched_leaf_patterns
+
+    paths = ["model/mlp/up/kernel/value", "model/mlp/down/kernel/value", "params/w1", "opt/up/kernel/value"]
+    for text, named in (("kernel", {"model/mlp/up/kernel/value", "model/mlp/down/kernel/value", "opt/up/kernel/value"}),
+                        ("mlp/up/kernel", {"model/mlp/up/kernel/value"}),
+                        ("mlp/up/kernel/value", {"model/mlp/up/kernel/value"}),
+                        ("w1", {"params/w1"})):
+        (p,) = leaf_patterns((text,))
+        assert {x for x in paths if p.names(x)} == named, text
+    assert unmatched_leaf_patterns(leaf_patterns(("p/kernel",)), paths)  # not a whole '/'-part: no match

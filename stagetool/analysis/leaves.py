@@ -12,11 +12,12 @@ import re
 class LeafPattern:
     """One ``--explain`` pattern, compiled: a regular expression that names an input leaf when it
     matches the whole key path or a ``/``-suffix of it (``wq`` names ``params/layers/wq``,
-    ``w[12]`` names ``params/w1`` and ``params/w2``).
+    ``w[12]`` names ``params/w1`` and ``params/w2``), with or without the ``/value`` that ends every
+    Flax NNX and Linen variable's path (``up/kernel`` names ``model/mlp/up/kernel/value``).
 
     Attributes:
       text: the pattern as given (for messages).
-      regex: ``(?:.*/)?(?:TEXT)``, matched with ``fullmatch`` against a key path.
+      regex: ``(?:.*/)?(?:TEXT)(?:/value)?``, matched with ``fullmatch`` against a key path.
     """
 
     text: str
@@ -41,7 +42,7 @@ def leaf_patterns(texts: tuple[str, ...]) -> tuple[LeafPattern, ...]:
         except re.error as e:
             bad.append(f"--explain {text!r} is a bad regular expression: {e}")
             continue
-        out.append(LeafPattern(text, re.compile(f"(?:.*/)?(?:{text.lstrip('/')})")))
+        out.append(LeafPattern(text, re.compile(f"(?:.*/)?(?:{text.lstrip('/')})(?:/value)?")))
     if bad:
         raise UsageError("; ".join(bad), hint="give a leaf path as 'stagetool shardings' lists it, its last part "
                                               "(wq), or a regular expression over them (w[12], layers/.*/wq)")

@@ -416,12 +416,17 @@ class CollectiveItem:
       widened_from: on CPU, the program's own 16-bit type (``bf16``) when this f32 collective is f32
         only because XLA:CPU computes 16-bit dot products in f32
         (:func:`stagetool.analysis.cpu_artefacts.widened_collectives`); None otherwise.
+      via: when ``source`` is a thin helper — a user line that the function's collectives reach from
+        two or more different user lines (a one-line ``einsum`` wrapper) — the user frames it was
+        called from, outward, up to the first that is not itself a helper (``layers.py:88 ←
+        attention.py:41``: the model line); () otherwise.
     """
 
     collective: Collective
     source: str | None
     cause: CollectiveCause | None = None
     widened_from: str | None = None
+    via: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -526,6 +531,7 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
         widened = widened_collectives(module, [(c.name, c.computation, _reducer(module, c)) for c in found])
         items = tuple(dataclasses.replace(i, widened_from=widened[i.collective.name])
                       if widened.get(i.collective.name) in cpu_upcast else i for i in items)
+    items = _with_helper_callers(items, user, library)
     explained = []
     for leaf in match_leaves(explain, inputs or ()):
         if leaf.parameter is None:
@@ -561,6 +567,44 @@ def match_leaves(patterns: tuple[LeafPattern | str, ...], leaves: tuple[LeafRepo
         raise UsageError("; ".join(problems),
                          hint="give a leaf path as 'stagetool shardings' lists it, or its last part")
     return [x for x in leaves if any(p.names(x.path) for p in compiled)]
+
+
+def _user_frames(c: Collective, library: tuple[str, ...]) -> list[str]:
+    """``file:line`` of every frame of ``c``'s chain in the user's code (outside ``library``), innermost first."""
+    from pathlib import Path
+
+    out = []
+    for frame in c.source_chain or ():
+        resolved = str(Path(frame.file).resolve())
+        if not frame.file.startswith("<") and not any(resolved.startswith(d) for d in library) \
+                and "/site-packages/" not in resolved and "/dist-packages/" not in resolved:
+            out.append(f"{frame.file}:{frame.line}")
+    return out
+
+
+def _with_helper_callers(items: tuple, user: set[str], library: tuple[str, ...]) -> tuple:
+    """Each item with :attr:`CollectiveItem.via` set where its source is a thin helper: a user line
+    that the function's collectives reach from two or more different user lines."""
+    import dataclasses
+
+    frames = [_user_frames(item.collective, library) for item in items]
+    callers: dict[str, set[str]] = {}
+    for chain in frames:
+        for inner, outer in zip(chain, chain[1:]):
+            callers.setdefault(inner, set()).add(outer)
+    helpers = {line for line, outs in callers.items() if len(outs) >= 2}
+    out = []
+    for item, chain in zip(items, frames):
+        if not chain or item.source != chain[0] or chain[0] not in helpers:
+            out.append(item)
+            continue
+        via = []
+        for line in chain[1:]:
+            via.append(line)
+            if line not in helpers:
+                break
+        out.append(dataclasses.replace(item, via=tuple(via)))
+    return tuple(out)
 
 
 def _user_source(c: Collective, user: set[str], library: tuple[str, ...]) -> str | None:

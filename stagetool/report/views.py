@@ -355,7 +355,9 @@ def collectives_rows(c: Any) -> tuple[list[str], list[list[str]]]:
             result += f" (f32 on CPU: {item.widened_from} in the program)"
         rows.append([x.kind + (" (async)" if x.is_async else ""), _axes(x.mesh_axes)]
                     + ([x.network or "—"] if network else [])
-                    + [result, format_bytes(x.bytes_per_device), runs, _source(item.source), _op(x.op_name)])
+                    + [result, format_bytes(x.bytes_per_device), runs,
+                       " ← ".join([_source(item.source), *(_source(v) for v in getattr(item, "via", ()))]),
+                       _op(x.op_name)])
     return (["kind", "mesh axes"] + (["network"] if network else [])
             + ["result per device", "bytes", "runs", "source", "op"]), rows
 

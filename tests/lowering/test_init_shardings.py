@@ -208,3 +208,13 @@ def test_maxtext_example_is_the_real_program(run_cli, isolated_imports):
         assert leaves[path]["sharding_source"] == "init"
         assert leaves[path]["donated"]
     assert leaves["params/layers/wq"]["declared"] == "P(None, 'data', 'model', None)"
+    # sources: the one-line einsum helper every matmul goes through is a thin helper, so each of its
+    # collectives shows the model line that called it (issue 21, item 6)
+    import inspect
+
+    helper_line = inspect.getsourcelines(maxtext_lm.einsum)[1] + 2  # the `return jnp.einsum(...)` line
+    model_lines = {inspect.getsourcelines(f)[1] + i for f in (maxtext_lm.attention, maxtext_lm.mlp, maxtext_lm.forward)
+                   for i in range(len(inspect.getsourcelines(f)[0]))}
+    through = [x for x in fn["collectives"]["items"] if x["source"].endswith(f"maxtext_lm.py:{helper_line}")]
+    assert through and all(x["via"] and int(x["via"][0].rsplit(":", 1)[1]) in model_lines for x in through)
+    assert len({x["via"][0] for x in through}) >= 3  # several model lines, not one helper line for all
