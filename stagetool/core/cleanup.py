@@ -18,6 +18,7 @@ from typing import Any, Iterator
 _LOCK = threading.Lock()
 _PATHS: dict[int, str] = {}
 _CHILDREN: dict[int, Any] = {}
+_CALLBACKS: dict[int, Any] = {}
 _NEXT = [0]
 
 
@@ -38,11 +39,21 @@ def register_child(proc: Any) -> int:
         return _NEXT[0]
 
 
+def register_callback(fn: Any) -> int:
+    """Remember something to undo first if the run is cut short (e.g. put back file descriptor 2
+    that a compile's log capture redirected, so the signal's message is seen); returns a token."""
+    with _LOCK:
+        _NEXT[0] += 1
+        _CALLBACKS[_NEXT[0]] = fn
+        return _NEXT[0]
+
+
 def forget(token: int) -> None:
     """The path is gone or the child has ended: nothing to do for it any more."""
     with _LOCK:
         _PATHS.pop(token, None)
         _CHILDREN.pop(token, None)
+        _CALLBACKS.pop(token, None)
 
 
 @contextlib.contextmanager
@@ -86,12 +97,18 @@ def _remove(path: str) -> None:
 
 
 def run_all() -> None:
-    """Kill every registered child and remove every registered path (a signal ends the run)."""
+    """Run every registered callback, kill every registered child and remove every registered path
+    (a signal ends the run)."""
     with _LOCK:
+        callbacks = list(_CALLBACKS.values())
         children = list(_CHILDREN.values())
         paths = list(_PATHS.values())
+        _CALLBACKS.clear()
         _CHILDREN.clear()
         _PATHS.clear()
+    for fn in callbacks:
+        with contextlib.suppress(Exception):
+            fn()
     for proc in children:
         kill_child(proc)
     for path in reversed(paths):

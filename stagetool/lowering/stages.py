@@ -236,21 +236,48 @@ def with_xla_log(fn: Callable[[], Any], logged: list[str]) -> Any:
     They are compile facts: the facts cache stores them with the entry and a hit shows them as a
     miss does (:attr:`Staged.compile_warnings`).
     """
+    import os
     import sys
+    import tempfile
 
-    from stagetool.lowering.topology import captured_stderr_fd
+    from stagetool.core import cleanup
 
-    text: list[str] = []
+    try:
+        sys.stderr.flush()
+    except (AttributeError, ValueError):  # pragma: no cover - closed or replaced stderr
+        pass
+    saved = os.dup(2)
+    tmp = tempfile.TemporaryFile(mode="w+b")
+    os.dup2(tmp.fileno(), 2)
+    restored = [False]
+
+    def restore() -> str:
+        """fd 2 back as it was; the text captured so far."""
+        if not restored[0]:
+            restored[0] = True
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        return tmp.read().decode("utf-8", "replace")
+
+    def on_signal() -> None:  # a signal ends the run mid-compile: its message and XLA's log are seen
+        text = restore()
+        if text:
+            os.write(2, text.encode("utf-8", "replace"))
+
+    token = cleanup.register_callback(on_signal)
     failed = True
     try:
-        with captured_stderr_fd() as text:
-            out = fn()
+        out = fn()
         failed = False
         return out
     finally:
-        found, rest = _split_xla_log("".join(text))
+        cleanup.forget(token)
+        text = restore()
+        tmp.close()
+        found, rest = _split_xla_log(text)
         logged.extend(found)
-        back = "".join(text) if failed else rest  # a failed compile: XLA's log as it was written
+        back = text if failed else rest  # a failed compile: XLA's log as it was written
         if back:
             try:
                 sys.stderr.write(back)
