@@ -399,7 +399,7 @@ def test_summary_counts_functions_and_changes_unambiguously():
     assert render_changes.render_markdown(cmp).startswith("### ❌ 0 causes → 1 failing change · stagetool check: "
                                                           "3 functions: 1 removed")
     assert ET.fromstring(render_changes.junit_xml(two)).find("testsuite/testcase/failure").get("message") == \
-        "3 regressions"
+        "0 causes → 3 failing changes"
 
 
 def test_junit_xml_one_testcase_per_function():
@@ -409,7 +409,8 @@ def test_junit_xml_one_testcase_per_function():
     cases = {c.get("name"): c for c in suite.findall("testcase")}
     assert set(cases) == {"f", "g", "h"}
     failure = cases["f"].find("failure")
-    assert failure.get("message") == "1 regression"
+    assert failure.get("message") == "0 causes → 1 failing change"
+    assert "unexplained (no recorded edit leads to these):" in failure.text
     assert "input params/w: sharding: P(None, 'model') -> P('model', None)" in failure.text
     assert "cost.flops" in cases["f"].find("system-out").text
     assert cases["g"].find("failure") is None and cases["g"].find("error") is None

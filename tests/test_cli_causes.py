@@ -147,8 +147,11 @@ def test_two_independent_edits_are_two_causes(tmp_path, monkeypatch, run_cli):
     assert all(causes[k]["linked"] and all(causes[k]["linked"]) for k in causes)
     junit = run_subprocess("check", "--baseline", "base.json", "--junit-xml", "j.xml", cwd=tmp_path)
     assert junit.code == 1
-    failure = ET.parse(tmp_path / "j.xml").getroot().find("testsuite/testcase/failure")
+    suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
+    failure = suite.find("testcase/failure")
     assert failure.get("message").startswith("2 causes → ")
+    assert suite.find("properties/property[@name='summary']").get("value") == failure.get("message")
+    assert failure.text.startswith("cause: ")
 
 
 def _example(tmp_path, monkeypatch, run_cli, name: str):

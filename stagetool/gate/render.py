@@ -258,20 +258,21 @@ def render(cmp: Comparison, fmt: Format, *, color: bool = False, width: int = 12
 
 
 def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:
-    """JUnit XML: one ``<testcase>`` per function; ``<failure>`` lists its regressions, ``<error>``
+    """JUnit XML: one ``<testcase>`` per function; ``<failure>`` (message ``N causes → M failing
+    changes``) lists its regressions under the edits that caused them, then the unexplained ones; ``<error>``
     a function that failed to compile; a function in the baseline but no longer staged is a
     ``<failure>`` too; a new one is ``<skipped>``."""
     import xml.etree.ElementTree as ET
 
     root = ET.Element("testsuites", name=suite)
-    if _has_changes(cmp):  # what a CI page shows first: the causes, then what they broke
-        ET.SubElement(root, "properties")
-        ET.SubElement(root.find("properties"), "property", name="summary", value=cmp.headline())
     failures = sum(1 for f in cmp.functions if f.status in ("regression", "removed"))
     errors = len(cmp.failed)
     skipped = sum(1 for f in cmp.functions if f.status == "new")
     ts = ET.SubElement(root, "testsuite", name=cmp.title, tests=str(len(cmp.functions)), failures=str(failures),
                        errors=str(errors), skipped=str(skipped))
+    if _has_changes(cmp):  # what a CI page shows first: the causes, then what they broke
+        props = ET.SubElement(ts, "properties")
+        ET.SubElement(props, "property", name="summary", value=cmp.headline())
     for f in cmp.functions:
         tc = ET.SubElement(ts, "testcase", classname=suite, name=f.name)
         if f.status == "failed":
@@ -281,23 +282,20 @@ def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:
             el.text = "\n".join(_change_line(c) for c in f.changes)
         elif f.status == "regression":
             regs = [c for c in f.changes if c.status == "regression"]
-            if f.causes:
-                n = len(f.causes)
-                el = ET.SubElement(tc, "failure", message=f"{n} {'cause' if n == 1 else 'causes'} → "
-                                                          f"{_n(len(regs), 'failing change')}")
-                lines = []
-                for cause in f.causes:
-                    lines.append(f"cause: {cause.what}")
-                    lines += [f"  edit: {e}" for e in cause.edits]
-                    lines += [f"  - {_change_line(c)}" for c in cause.consequences if c.status == "regression"]
-                unexplained = [c for c in f.unexplained if c.status == "regression"]
-                if unexplained:
-                    lines.append("unexplained (no recorded edit leads to these):")
-                    lines += [f"  - {_change_line(c)}" for c in unexplained]
-                el.text = "\n".join(lines)
-            else:
-                el = ET.SubElement(tc, "failure", message=_n(len(regs), "regression"))
-                el.text = "\n".join(_change_line(c) for c in regs)
+            n = len(f.causes)
+            el = ET.SubElement(tc, "failure", message=f"{n} {'cause' if n == 1 else 'causes'} → "
+                                                      f"{_n(len(regs), 'failing change')}")
+            lines = []
+            for cause in f.causes:
+                lines.append(f"cause: {cause.what}")
+                lines += [f"  edit: {e}" for e in cause.edits]
+                lines += [f"  - {_change_line(c)}" for c in cause.consequences if c.status == "regression"]
+            unexplained = [c for c in (f.unexplained if f.causes or f.unexplained else f.changes)
+                           if c.status == "regression"]
+            if unexplained:
+                lines.append("unexplained (no recorded edit leads to these):")
+                lines += [f"  - {_change_line(c)}" for c in unexplained]
+            el.text = "\n".join(lines)
         elif f.status == "new":
             ET.SubElement(tc, "skipped", message=_STATUS_WORD[f.status])
         others = [c for c in f.changes if c.status != "regression"]
