@@ -375,6 +375,12 @@ def cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
     if not found:
         return None
     axes = [_base_axis(a) for a in (c.mesh_axes or ())]
+    written = [op for op in found if op.name in _WRITTEN]
+    if written:  # the program's own collective (lax.psum in a shard_map, ...): not the partitioner's choice
+        op = written[0]
+        how = "inside a manual computation (shard_map)" if op.name.startswith("stablehlo.") else "an explicit reshard"
+        return _record(ctx, op, axes, f"written in the program: {op.name.split('.', 1)[-1]} at {_short(_line(op))}, "
+                                      f"{how}; the partitioner did not choose it", [])
     best: tuple[int, PropagatedOp, str, list[tuple[int, str]]] | None = None
     for op in _neighbourhood(found, prop):
         scored = _reason(ctx, c, op, axes)
@@ -388,6 +394,13 @@ def cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
     else:
         _, op, reason, involved = best
     return _record(ctx, op, axes, reason, involved)
+
+
+_WRITTEN = frozenset({"stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all",
+                      "stablehlo.collective_permute", "stablehlo.collective_broadcast", "sdy.all_gather",
+                      "sdy.all_reduce", "sdy.reduce_scatter", "sdy.all_to_all", "sdy.collective_permute"})
+"""Collective ops the program itself holds before partitioning (a ``lax.psum`` inside ``shard_map``
+lowers to ``stablehlo.all_reduce``; JAX's explicit sharding emits ``sdy`` collectives)."""
 
 
 def _neighbourhood(found: list[PropagatedOp], prop: Propagation) -> list[PropagatedOp]:

@@ -240,3 +240,29 @@ def test_gspmd_compile_is_explained_by_nobody(tmp_path):
     assert c["causes_unavailable"] == ("explanation unavailable: the lowered module has no Shardy mesh "
                                        "(GSPMD partitioner, or no mesh)")
     assert c["origins"] is None
+
+
+SHARD_MAP = """\
+import jax
+from jax.sharding import PartitionSpec as P
+
+
+def f(x, w):
+    def local(xb, wb):
+        return jax.lax.psum(xb @ wb, "model")
+    return jax.shard_map(local, in_specs=(P("data", "model"), P("model", None)), out_specs=P("data", None))(x, w)
+"""
+
+
+def test_a_collective_written_in_shard_map_is_the_programs_own(tmp_path, monkeypatch, run_cli):
+    write(tmp_path, "sm.py", SHARD_MAP)
+    write(tmp_path, "sm.stagetool.yaml", SPEC.replace("three:", "f:").replace("model.py:three", "sm.py:f")
+          .replace("      - 'f32[16,32] @ [data, null]'\n      - 'f32[32,64] @ [null, model]'\n"
+                   "      - 'f32[64,32] @ [model, null]'\n",
+                   "      - 'f32[16,64] @ [data, model]'\n      - 'f32[64,32] @ [model, null]'\n"))
+    monkeypatch.chdir(tmp_path)
+    (item,) = run_cli("collectives", "--format", "json", check=0).json()["functions"][0]["collectives"]["items"]
+    assert item["collective"]["kind"] == "all-reduce" and item["collective"]["mesh_axes"] == ["model"]
+    assert item["cause"]["op"] == "all_reduce" and item["cause"]["line"].endswith("sm.py:7")
+    assert item["cause"]["reason"] == ("written in the program: all_reduce at sm.py:7, inside a manual computation "
+                                       "(shard_map); the partitioner did not choose it")
