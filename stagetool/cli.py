@@ -321,6 +321,11 @@ def _color(output: Optional[Path]) -> bool:
     return output is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
 
 
+def _to_file_or_pipe(output: Optional[Path]) -> bool:
+    """The text goes to a file (``-o``) or a pipe, not a terminal: its tables keep every cell whole."""
+    return output is not None or not sys.stdout.isatty()
+
+
 def _width() -> int:
     if sys.stdout.isatty():
         import shutil
@@ -352,7 +357,7 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
 
         text, svgs = render_with_figures(doc, f"{output.stem}-files")
     else:
-        text = render(doc, fmt, color=color, width=_width())
+        text = render(doc, fmt, color=color, width=_width(), fit=_to_file_or_pipe(output))
     if output is not None:
         from stagetool.core.fileio import write_atomic
 

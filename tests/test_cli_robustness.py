@@ -118,6 +118,45 @@ def test_a_narrow_terminal_never_cuts_a_cell(run_cli, monkeypatch):
     assert all(line == line.rstrip() for line in out.splitlines())
 
 
+_LONG = "decoder/encoderdecoderblock_1/MultiHeadDotProductAttention_0/query_projection_with_a_long_name"
+
+
+def test_piped_and_file_text_keep_every_cell_of_a_wide_table(run_cli, tmp_path, monkeypatch):
+    """Text that goes to a pipe or a file (not a terminal) is as wide as its table's cells need:
+    a ~100-character leaf path, a compiled sharding over two axes and the notes column are whole,
+    past the 200 columns a terminal's table may ask for (before: the compiled sharding ended in
+    "…" and the notes column was dropped)."""
+    monkeypatch.setenv("COLUMNS", "160")
+    write(tmp_path, "wide.py", f"""
+        import jax.numpy as jnp
+
+
+        def f(params, x):
+            w = params["{_LONG}"]
+            return {{"{_LONG}": w * 2.0}}, (x @ w).sum()
+    """)
+    spec = write(tmp_path, "wide.stagetool.yaml", f"""
+        mesh: {{axes: {{data: 2, fsdp: 2, model: 2}}}}
+        functions:
+          f:
+            target: wide.py:f
+            args:
+              - {{"{_LONG}": 'f32[64,32] @ [[data, fsdp], null]'}}
+              - 'f32[16,64] @ [[data, fsdp], null]'
+            donate: [0]
+    """)
+    piped = run_cli("shardings", "--spec", str(spec), check=0).stdout
+    run_cli("shardings", "--spec", str(spec), "-o", str(tmp_path / "sh.txt"), check=0)
+    for out in (piped, (tmp_path / "sh.txt").read_text()):
+        assert "…" not in out
+        row = next(line for line in out.splitlines() if line.startswith(f" params/{_LONG} "))
+        assert len(row) > 200, row
+        assert row.count("P(('data', 'fsdp'), None)") == 2 and "[16,32]" in row and "2.00 KiB" in row, row
+        assert row.rstrip().endswith("donated"), row  # the notes column is there
+        header = next(line for line in out.splitlines() if line.lstrip().startswith("leaf "))
+        assert "per device" in header
+
+
 def test_zero_device_memory_is_a_usage_error(run_cli):
     r = run_cli("memory", str(REPO / "examples" / "mlp.py") + ":train_step", "--no-peak", "--device-memory", "0")
     assert r.code == 2 and "more than 0 bytes" in r.stderr

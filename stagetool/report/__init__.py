@@ -27,6 +27,9 @@ def renderer(fmt: Format) -> Callable[..., str]:
     return module.render
 
 
-def render(doc: Any, fmt: Format, *, color: bool = False, width: int = 120) -> str:
-    """Render a :class:`~stagetool.report.model.Report` or ``DevicesReport`` in ``fmt``."""
+def render(doc: Any, fmt: Format, *, color: bool = False, width: int = 120, fit: bool = False) -> str:
+    """Render a :class:`~stagetool.report.model.Report` or ``DevicesReport`` in ``fmt``; ``fit``: text
+    for a pipe or a file, every table cell whole (see ``render_text.render``)."""
+    if Format(fmt) == Format.text:
+        return renderer(fmt)(doc, color=color, width=width, fit=fit)
     return renderer(fmt)(doc, color=color, width=width)

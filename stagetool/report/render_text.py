@@ -45,8 +45,13 @@ THEME = Theme({
     "leaf": "bold", "chosen": "green", "unused": "dim", "warn": "yellow", "bad": "bold red",
 })
 
-def render(doc: Report | DevicesReport, *, color: bool, width: int = 120) -> str:
+def render(doc: Report | DevicesReport, *, color: bool, width: int = 120, fit: bool = False) -> str:
     """The document as terminal text: ANSI-coloured when ``color``, else plain.
+
+    ``width`` is the least width (columns). With ``fit`` (the text goes to a pipe or a file, not a
+    terminal) every cell is whole: a table is as wide as its cells need, however wide that is, and
+    the columns a terminal cuts at a width (op names, source lines) fold onto more lines instead;
+    without it a table may ask for up to 200 columns, beyond which its cells are folded or cut.
 
     A report that holds only module text (``lower``, ``compile``) renders without colour as the
     bare module text, so that ``stagetool lower f.py:f > f.mlir`` writes a valid module.
@@ -62,10 +67,15 @@ def render(doc: Report | DevicesReport, *, color: bool, width: int = 120) -> str
 
     # Tables are never squeezed below the width their cells need (a cut-off shape or byte count is
     # worse than a long line): on a narrow terminal the lines wrap instead.
-    probe = console(_MAX_WIDTH)
+    if fit:
+        for t in items:
+            if isinstance(t, Table):
+                _fold_cut_columns(t)
+    limit = _FIT_WIDTH if fit else _MAX_WIDTH
+    probe = console(limit)
     needed = max((Measurement.get(probe, probe.options, t).maximum for t in items if isinstance(t, Table)),
                  default=0)
-    out = console(max(width, min(needed, _MAX_WIDTH)))
+    out = console(max(width, min(needed, limit)))
     for r in items:
         out.print(r)
     text = out.file.getvalue()
@@ -74,8 +84,19 @@ def render(doc: Report | DevicesReport, *, color: bool, width: int = 120) -> str
     return text
 
 
-#: The widest a table may ask for before its flexible columns (op names, notes) are folded.
+#: The widest a table may ask for on a terminal before its flexible columns (op names, notes) are folded.
 _MAX_WIDTH = 200
+
+#: The widest a table may ask for in text that goes to a pipe or a file (``fit``): in effect unlimited.
+_FIT_WIDTH = 100_000
+
+
+def _fold_cut_columns(table: Table) -> None:
+    """Columns that a terminal cuts with "…" at their ``max_width`` fold onto more lines instead."""
+    for column in table.columns:
+        if column.overflow == "ellipsis":
+            column.overflow = "fold"
+            column.no_wrap = False
 
 
 def renderables(doc: Report | DevicesReport) -> list[RenderableType]:
