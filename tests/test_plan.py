@@ -56,6 +56,11 @@ def _unwritable_folder(tmp_path: Path) -> Path:
     (["memory", MLP, "--no-peak", "--device-memory", "12XB"], "--device-memory 12XB: invalid size '12XB'"),
     (["memory", MLP, "--no-peak", "--device-memory", "0"], "--device-memory 0: the memory of a device must be more"),
     (["cost", MLP, "--chip", "tpu-v99"], "--chip tpu-v99: unknown chip 'tpu-v99'"),
+    (["cost", MLP, "--chip", "h100"], "unknown chip 'h100': did you mean h100-pcie or h100-sxm?"),
+    # a GPU typo is answered as one, before libtpu (no TPU kinds only, no libtpu message)
+    (["memory", MLP, "--no-peak", "--topology", "h10:8"], "unknown topology kind 'h10' in 'h10:8': did you mean h100:8?"),
+    # an A100's memory is never assumed: 40 GB and 80 GB parts exist, only a100-80gb is a target
+    (["memory", MLP, "--no-peak", "--topology", "a100:8"], "GPU 'a100' in topology 'a100:8' is ambiguous"),
     (["collectives", MLP, "--explain", "(["], "--explain '([' is a bad regular expression"),
     (["shardings", MLP, "-o", "{tmp}/missing/x.txt"], "--output {tmp}/missing/x.txt: cannot write: the folder"),
     (["report", MLP, "-o", "{tmp}"], "--output {tmp}: cannot write: {tmp} is a folder"),
@@ -80,6 +85,15 @@ def test_a_bad_option_is_exit_2_before_anything_is_staged(run_cli, ran, tmp_path
     assert message.format(**where) in r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
     assert ran == []  # no devices provisioned, no trace, no compile
+
+
+def test_a_gpu_topology_typo_names_the_gpu_targets_and_a100_names_its_only_target(run_cli, ran):
+    r = run_cli("memory", MLP, "--no-peak", "--topology", "h10:8")
+    assert r.code == 2 and "libtpu" not in r.stderr and "Invalid TPU" not in r.stderr
+    assert "GPU targets" in r.stderr and "a100-80gb, h100, h100-pcie, h200, b200" in r.stderr and "v5e" in r.stderr
+    r = run_cli("memory", MLP, "--no-peak", "--topology", "a100:8")
+    assert r.code == 2 and "40 GB and 80 GB" in r.stderr and "a100-80gb:N" in r.stderr
+    assert ran == []
 
 
 def test_a_sweep_reports_its_bad_options_at_once_before_any_worker_starts(run_cli, ran):

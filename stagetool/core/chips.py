@@ -126,7 +126,11 @@ def get_chip(name: str, table: Mapping[str, Chip] | None = None) -> Chip:
     t = CHIPS if table is None else table
     key = name.strip().lower()
     if key not in t:
-        raise UsageError(f"unknown chip {name!r}", hint=f"known chips: {', '.join(sorted(t))}")
+        import difflib
+
+        close = [n for n in sorted(t) if n.startswith(key + "-")] or difflib.get_close_matches(key, list(t), n=2)
+        guess = f": did you mean {' or '.join(close)}?" if close else ""
+        raise UsageError(f"unknown chip {name!r}{guess}", hint=f"known chips: {', '.join(sorted(t))}")
     return t[key]
 
 

@@ -15,6 +15,7 @@ from stagetool.lowering.gpu_topology import (
     GPU_INSTALL_LINE,
     cuda_plugin_available,
     gpu_device_count,
+    gpu_kinds,
     is_gpu_topology_name,
     parse_gpu_topology_name,
     read_target_config,
@@ -23,6 +24,7 @@ from stagetool.lowering.topology import (
     DEVICES_PER_CHIP,
     TPU_INSTALL_LINE,
     check_tpu_shape,
+    TPU_CHIPS,
     generation_of,
     libtpu_available,
 )
@@ -70,6 +72,27 @@ def check_topology(name: str | None, gpu_target_config: str | None = None) -> No
             raise UsageError(f"GPU topology {name!r} needs JAX's CUDA plugin, which is not installed",
                              hint=GPU_INSTALL_LINE)
         return
+    _refuse_unknown_kind(name)
     check_tpu_shape(name)
     if not libtpu_available():
         raise UsageError(f"TPU topology {name!r} needs libtpu, which is not installed", hint=TPU_INSTALL_LINE)
+
+
+def _refuse_unknown_kind(name: str) -> None:
+    """A kind that is no TPU generation but close to a GPU's (``h10:8``, ``a10080gb:8``) is a GPU typo:
+    refused here, before libtpu is loaded, with "did you mean" and both lists. Other unknown kinds
+    are left to libtpu, which knows spellings of its own; its refusal names the GPU targets too."""
+    import difflib
+
+    kind = name.split(":", 1)[0].strip() if ":" in name else ""
+    if not kind or generation_of(kind) is not None:
+        return
+    gpus = gpu_kinds()
+    close = difflib.get_close_matches(kind.lower(), gpus, n=2, cutoff=0.6)
+    tpus = difflib.get_close_matches(kind.lower(), [c.alias for c in TPU_CHIPS], n=2, cutoff=0.6)
+    if close and not tpus:
+        raise UsageError(f"unknown topology kind {kind!r} in {name!r}: did you mean "
+                         + " or ".join(f"{c}:{name.split(':', 1)[1].strip()}" for c in close) + "?",
+                         hint="TPU topologies: <kind>:<AxB> with kind one of " + ", ".join(c.alias for c in TPU_CHIPS)
+                         + " (e.g. v5e:2x4); GPU targets: <gpu>:<devices per host> with gpu one of "
+                         + ", ".join(gpus) + " (e.g. h100:8)")

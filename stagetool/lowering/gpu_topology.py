@@ -121,7 +121,11 @@ GPU_MODELS: tuple[GpuModel, ...] = (
 )
 """GPUs ``--topology <alias>:N`` knows, oldest first. ``h100`` is the SXM part."""
 
-_BY_ALIAS = {m.alias: m for m in GPU_MODELS} | {"h100-sxm": GPU_MODELS[1], "a100": GPU_MODELS[0]}
+_BY_ALIAS = {m.alias: m for m in GPU_MODELS} | {"h100-sxm": GPU_MODELS[1]}
+_AMBIGUOUS = {"a100": ("the A100 comes with 40 GB and 80 GB of memory, and only the 80 GB part is a target here",
+                       "write a100-80gb:N for the A100-SXM4-80GB (80 GiB per device); for an A100-40GB give its "
+                       "target config: --topology gpu:N --gpu-target-config FILE")}
+"""Names a GPU user may write that stand for more than one part: refused (a size is never assumed)."""
 GENERIC_KIND = "gpu"
 """The topology kind for ``--gpu-target-config FILE`` alone (``gpu:8``): the file says which GPU."""
 _NAME_RE = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*:\s*(\d+)(?:x(\d+))?\s*$")
@@ -135,7 +139,12 @@ def is_gpu_topology_name(name: str | None) -> bool:
     if not name or ":" not in name:
         return False
     kind = name.split(":", 1)[0].strip().lower()
-    return kind in _BY_ALIAS or kind == GENERIC_KIND
+    return kind in _BY_ALIAS or kind == GENERIC_KIND or kind in _AMBIGUOUS
+
+
+def gpu_kinds() -> tuple[str, ...]:
+    """Every GPU kind ``--topology KIND:N`` accepts (the aliases of :data:`GPU_MODELS` and ``h100-sxm``)."""
+    return tuple(_BY_ALIAS)
 
 
 def parse_gpu_topology_name(name: str) -> tuple[str, int, int]:
@@ -148,6 +157,9 @@ def parse_gpu_topology_name(name: str) -> tuple[str, int, int]:
     if not m:
         raise UsageError(f"bad GPU topology name {name!r}", hint=ACCEPTED)
     kind = m.group(1).lower()
+    if kind in _AMBIGUOUS:
+        why, fix = _AMBIGUOUS[kind]
+        raise UsageError(f"GPU {m.group(1)!r} in topology {name!r} is ambiguous: {why}", hint=fix)
     if kind not in _BY_ALIAS and kind != GENERIC_KIND:
         raise UsageError(f"unknown GPU {m.group(1)!r} in topology {name!r}", hint=ACCEPTED)
     hosts, per_host = (int(m.group(2)), int(m.group(3))) if m.group(3) else (1, int(m.group(2)))
