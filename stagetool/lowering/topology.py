@@ -355,11 +355,9 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
             raise UsageError(f"TPU topology {name!r} needs libtpu: {text}", hint=TPU_INSTALL_LINE) from None
         detail = text.splitlines()[0] if text else type(error).__name__
         if "INVALID_ARGUMENT" in detail:
-            from stagetool.lowering.gpu_topology import ACCEPTED as gpu_accepted
-
             raise UsageError(f"libtpu rejected TPU topology {name!r}: {detail}",
-                             hint=f"{_ACCEPTED} · GPU targets (compile-only): {gpu_accepted.removeprefix('accepted: ')}"
-                             ) from None
+                             hint=f"{_ACCEPTED}; a compile-only GPU target is <gpu>:<devices per host>, "
+                                  "e.g. h100:8, a100-80gb:8, b200:8") from None
         extra = "".join(noise).strip()
         msg = f"libtpu failed to build TPU topology {name!r}: {detail}" + (f"\n{extra}" if extra else "")
         raise UsageError(msg) from None
