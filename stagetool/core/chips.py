@@ -86,8 +86,8 @@ CHIPS: dict[str, Chip] = {
              "PCIe; BF16 tensor core 1,513 TFLOPS with sparsity -> 756.5 dense; FP32 51 TFLOPS; 2 TB/s"),
         Chip("b200", 2250 * _T, 75 * _T, 8000 * _G, 180 * _GIB,
              ("https://www.nvidia.com/en-us/data-center/dgx-b200/",),
-             "per GPU of DGX B200 (8 GPUs): FP16/BF16 72 PFLOPS with sparsity -> 2,250 TFLOPS dense; "
-             "FP32 600 TFLOPS -> 75; 64 TB/s -> 8 TB/s; 1,440 GB -> 180 GB"),
+             "per GPU of DGX B200 (8 GPUs): FP16/BF16 tensor core 36 PFLOPS with sparsity -> 2,250 TFLOPS "
+             "dense; FP32 600 TFLOPS -> 75; 64 TB/s -> 8 TB/s; 1,440 GB -> 180 GB"),
     )
 }
 """The built-in table, keyed by lower-case chip name."""

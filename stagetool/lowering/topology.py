@@ -317,8 +317,6 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
     if not libtpu_available():
         raise UsageError(f"TPU topology {name!r} needs libtpu, which is not installed",
                          hint=TPU_INSTALL_LINE)
-    from jax.experimental import topologies
-
     # libtpu takes /tmp/libtpu_lockfile on start-up, even for compile-only use; without this a
     # second concurrent process (parallel CI jobs, two stagetool runs) fails with "ABORTED:
     # Internal error when accessing libtpu multi-process lockfile".
@@ -330,6 +328,9 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
         # v5e-8 and v6e-8 are single-host VMs (all 8 chips on one host): so are their topologies.
         chips_per_host_bounds = (*_dims, 1)
     with captured_stderr_fd() as noise:
+        # Imported here: with JAX's CUDA plugin installed, importing jax prints its cudart notice on fd 2.
+        from jax.experimental import topologies
+
         kwargs: dict[str, Any] = {} if chips_per_host_bounds is None else {
             "chips_per_host_bounds": [int(b) for b in chips_per_host_bounds]}
         if num_slices > 1:

@@ -15,7 +15,7 @@ from stagetool.core.errors import SpecError, UsageError
 
 def test_table_has_the_promised_chips_with_sources():
     assert set(chips.CHIPS) == {"tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "a100-40gb", "a100-80gb",
-                                "h100-sxm", "h200"}
+                                "h100-sxm", "h100-pcie", "h200", "b200"}
     for name, c in chips.CHIPS.items():
         assert c.name == name
         assert c.sources and all(s.startswith("https://") for s in c.sources)
