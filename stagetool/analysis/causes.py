@@ -132,29 +132,55 @@ class CollectiveCause:
 def unfaithful_reason(prop: Propagation, inputs: Sequence[LeafReport], outputs: Sequence[LeafReport]) -> str | None:
     """Why the rerun propagation is not the compiled program's, or None when every entry argument's
     and result's final sharding equals the compiled one (``Compiled.input_shardings`` /
-    ``output_shardings`` as the leaves carry them; unused inputs are not entry arguments)."""
+    ``output_shardings`` as the leaves carry them; unused inputs are not entry arguments).
+
+    Shardings are compared as JAX's ``Sharding.is_equivalent_to`` does: a dimension that no mesh axis
+    splits is the same whether it is written or not, so trailing unsplit dimensions are dropped on
+    both sides (a typed PRNG key ``key<fry>[]`` is a ``u32[2]`` in the lowered module: Shardy's
+    ``P(None)`` there and the compiled ``P()`` of the key are the same sharding). The message names the
+    leaf and both shardings; it does not guess why they differ."""
     used = sorted((x for x in inputs if x.parameter is not None), key=lambda x: x.parameter)
     if len(used) != len(prop.inputs):
         return (f"the lowered module has {len(prop.inputs)} arguments but the compiled program {len(used)}; "
                 "the explanation is unavailable for this function")
     for leaf in used:
-        got = _dims(prop.inputs[leaf.parameter], len(leaf.shape))
-        want = _compiled_dims(leaf.compiled, len(leaf.shape))
-        if want is None or got != want:
-            return (f"Shardy's propagation rerun here gives input {leaf.path} {_fmt(got)}, the compiled program "
-                    f"{leaf.compiled}: the explanation is unavailable for this function (the compile used another "
-                    "propagation: GSPMD, or other partitioner options)")
-    if len(outputs) == len(prop.outputs):
-        for leaf, got_s in zip(outputs, prop.outputs):
-            got = _dims(got_s, len(leaf.shape))
-            want = _compiled_dims(leaf.compiled, len(leaf.shape))
-            if want is None or got != want:
-                return (f"Shardy's propagation rerun here gives output {leaf.path} {_fmt(got)}, the compiled "
-                        f"program {leaf.compiled}: the explanation is unavailable for this function")
-    else:
+        differs = _differs("input", leaf, prop.inputs[leaf.parameter])
+        if differs:
+            return differs
+    if len(outputs) != len(prop.outputs):
         return (f"the lowered module has {len(prop.outputs)} results but the report {len(outputs)} output leaves; "
                 "the explanation is unavailable for this function")
+    for leaf, got_s in zip(outputs, prop.outputs):
+        differs = _differs("output", leaf, got_s)
+        if differs:
+            return differs
     return None
+
+
+def _differs(which: str, leaf: LeafReport, got_s: ValueSharding | None) -> str | None:
+    """None when the propagation's final sharding of one entry argument or result is the compiled one,
+    else the sentence saying what differs."""
+    got = _dims(got_s, len(leaf.shape))
+    if leaf.compiled is None or leaf.compiled.kind != "spec":
+        return (f"the compiled program's sharding of {which} {leaf.path} is "
+                f"{leaf.compiled if leaf.compiled is not None else 'not known'}, not a PartitionSpec "
+                f"over the mesh, so it cannot be matched with Shardy's propagation rerun here ({_fmt(got)}): "
+                "the explanation is unavailable for this function")
+    want = _compiled_dims(leaf.compiled, len(leaf.shape))
+    if _trim(got) == _trim(want):
+        return None
+    return (f"Shardy's propagation rerun here gives {which} {leaf.path} {_fmt(got)}, the compiled program "
+            f"{leaf.compiled}: the rerun is not the propagation the compile used, so the explanation is "
+            "unavailable for this function")
+
+
+def _trim(dims: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], ...]:
+    """Trailing dimensions no mesh axis splits dropped (``P('data', None)`` and ``P('data')`` are one
+    sharding, as ``Sharding.is_equivalent_to`` says)."""
+    out = list(dims)
+    while out and not out[-1]:
+        out.pop()
+    return tuple(out)
 
 
 def _dims(s: ValueSharding | None, rank: int) -> tuple[tuple[str, ...], ...]:
@@ -164,9 +190,7 @@ def _dims(s: ValueSharding | None, rank: int) -> tuple[tuple[str, ...], ...]:
     return dims + ((),) * (rank - len(dims))
 
 
-def _compiled_dims(s, rank: int) -> tuple[tuple[str, ...], ...] | None:
-    if s is None or s.kind != "spec":
-        return None
+def _compiled_dims(s, rank: int) -> tuple[tuple[str, ...], ...]:
     out = []
     for d in s.padded(rank).dims:
         out.append(() if d is None else (d,) if isinstance(d, str) else tuple(d))

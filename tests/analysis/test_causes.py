@@ -169,6 +169,62 @@ def test_unfaithful_propagation_is_silent():
     assert "unavailable" in unfaithful_reason(prop, [same], [leaf("out", Sharding("spec", ()), None)])
 
 
+KEYED = """\
+import jax
+
+
+def dropout(w, x, key):
+    h = x @ w
+    h = h * jax.random.bernoulli(key, 0.9, h.shape)
+    return h.sum()
+"""
+
+
+def test_a_typed_prng_key_input_keeps_the_causes(tmp_path, monkeypatch, run_cli):
+    """A typed key ``key<fry>[]`` is a ``u32[2]`` in the lowered module: Shardy's rerun says ``P(None)``
+    for it, the compiled program ``P()`` for the key — the same sharding (``Sharding.is_equivalent_to``
+    over the key's rank), so the causes are given. Worked by hand: ``h.sum()`` reduces the `model`
+    dimension (w's columns) and the `data` one (x's rows) → one all-reduce per axis, each from its
+    leaf's spec line."""
+    write(tmp_path, "keyed.py", KEYED)
+    write(tmp_path, "keyed.stagetool.yaml", SPEC.replace("three:", "dropout:").replace("model.py:three", "keyed.py:dropout")
+          .replace("      - 'f32[16,32] @ [data, null]'\n      - 'f32[32,64] @ [null, model]'\n"
+                   "      - 'f32[64,32] @ [model, null]'\n",
+                   "      - 'f32[64,128] @ [null, model]'\n      - 'f32[32,64] @ [data, null]'\n"
+                   "      - 'key<fry>[]'\n"))
+    monkeypatch.chdir(tmp_path)
+    c = run_cli("collectives", "--format", "json", check=0).json()["functions"][0]["collectives"]
+    assert c["causes_unavailable"] is None
+    got = {(tuple(x["collective"]["mesh_axes"]), x["collective"]["kind"]):
+           {(o["leaf"], o["how"]) for o in x["cause"]["origins"]} for x in c["items"]}
+    assert got == {(("model",), "all-reduce"): {("w", "spec")}, (("data",), "all-reduce"): {("x", "spec")}}
+
+
+def test_equivalent_shardings_are_the_same_and_a_difference_is_named_not_guessed():
+    """``P('data', None)`` and ``P('data')`` are one sharding; a leaf whose lowered rank is larger (a
+    typed key's implementation dimension) compares over its unsplit trailing dimensions too; where the
+    shardings do differ, the message names the leaf and both shardings and blames no partitioner."""
+    from stagetool.analysis.causes import unfaithful_reason
+    from stagetool.analysis.shardings import LeafReport
+    from stagetool.core.sharding import Sharding
+    from stagetool.lowering.shardy import Propagation, ValueSharding
+
+    def leaf(path, shape, compiled, parameter):
+        return LeafReport(path, shape, "float32", Sharding("spec", (None,) * len(shape)), compiled, False, shape,
+                          128, 128, parameter=parameter)
+
+    key = leaf("key", (), Sharding("spec", ()), 0)
+    x = leaf("x", (8, 4), Sharding("spec", ("data",)), 1)
+    out = leaf("out", (), Sharding("spec", ()), None)
+    prop = Propagation((ValueSharding(((),)), ValueSharding((("data",), ()))), ("key", "x"), (ValueSharding(()),), ())
+    assert unfaithful_reason(prop, [key, x], [out]) is None
+    split_key = Propagation((ValueSharding((("data",),)), ValueSharding((("data",), ()))), ("key", "x"),
+                            (ValueSharding(()),), ())
+    why = unfaithful_reason(split_key, [key, x], [out])
+    assert why == ("Shardy's propagation rerun here gives input key P('data'), the compiled program P(): the rerun is "
+                   "not the propagation the compile used, so the explanation is unavailable for this function")
+
+
 def _why(run_cli, *args: str) -> dict:
     return run_cli("why", *args, "--format", "json", check=0).json()["functions"][0]["why"]
 
