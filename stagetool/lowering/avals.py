@@ -20,7 +20,7 @@ from stagetool.core.dtypes import hlo_name
 from stagetool.core.errors import USER_CODE_ERRORS, SpecError, StagingError, describe_exception
 from stagetool.core.location import Loc
 from stagetool.core.mesh import MeshSpec
-from stagetool.core.sharding import REPLICATED, Sharding
+from stagetool.core.sharding import AUTO, REPLICATED, Sharding
 from stagetool.lowering.devices import DeviceSetup, local_mesh_sizes
 from stagetool.lowering.target import load_target, user_frame
 from stagetool.spec.model import ArgSpec, CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule
@@ -186,20 +186,30 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         return tree
 
     def init_tree(init: InitSpec, path: str, donated: bool) -> Any:
-        shapes, produced = eval_init(init, fspec, setup.mesh, rules_object(), with_dims=True, built=built)
+        shapes, produced, refs = eval_init(init, fspec, setup.mesh, rules_object(), with_dims=True, built=built)
         return abstract_tree(shapes, path, donated, init.loc, init.rules, init.has_rules, f"{init.loc}: {init.path}",
-                             produced)
+                             produced, refs)
 
     def ref_tree(ref: RefSpec, path: str, donated: bool) -> Any:
+        from stagetool.lowering.frameworks import is_ref
+
         obj = load_target(ref.target, base_dir=fspec.base_dir, need_callable=False).fn
-        shapes = jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None),
-                                           weak_type=getattr(x, "weak_type", False))
-            if isinstance(x, jax.Array) else x, obj)
-        return abstract_tree(shapes, path, donated, ref.loc, (), False, f"{ref.loc}: {path}", None)
+        flat_obj = jax.tree_util.tree_leaves(obj)
+        refs = [is_ref(x) for x in flat_obj]
+
+        def struct_of(x: Any) -> Any:
+            if is_ref(x):  # a jax.Ref: its value's struct (staged as an abstract ref below)
+                x = x[...]
+            if isinstance(x, jax.Array):
+                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None),
+                                            weak_type=getattr(x, "weak_type", False))
+            return x
+
+        shapes = jax.tree_util.tree_map(struct_of, obj)
+        return abstract_tree(shapes, path, donated, ref.loc, (), False, f"{ref.loc}: {path}", None, refs)
 
     def abstract_tree(shapes: Any, path: str, donated: bool, loc: Loc, rules: tuple[Rule, ...], has_rules: bool,
-                      where: str, produced: list | None) -> Any:
+                      where: str, produced: list | None, refs: list | None = None) -> Any:
         """Array leaves of an ``init`` result (or a ``ref``) as structs sharded by the rules, else as the
         init produces them (``produced``: per leaf, the dims its run gives, or None), else by the
         model's annotations, else replicated and said to be unknown; every other leaf as it is (static)."""
@@ -208,8 +218,9 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
         from_model = model_shardings(shapes, rules_object()) if not has_rules else [None] * len(flat)
         produced = produced if produced is not None else [None] * len(flat)
+        refs = refs if refs is not None else [False] * len(flat)
         out = []
-        for (kp, value), model_dims, run_dims in zip(flat, from_model, produced, strict=True):
+        for (kp, value), model_dims, run_dims, ref in zip(flat, from_model, produced, refs, strict=True):
             leaf_path = path + keypath_str(kp)
             if not isinstance(value, jax.ShapeDtypeStruct):
                 out.append(value)
@@ -253,7 +264,10 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                         out.append(jax.ShapeDtypeStruct(value.shape, value.dtype, weak_type=value.weak_type))
                         continue
             leaf = LeafSpec(tuple(value.shape), _dtype_name(value.dtype), sharding, loc)
-            out.append(to_struct(leaf, sharding, leaf_path, source, donated, origin, weak_type=value.weak_type))
+            struct = to_struct(leaf, sharding, leaf_path, source, donated, origin, weak_type=value.weak_type)
+            if ref:
+                struct = as_abstract_ref(struct, by_id, mesh_spec.axis_types == "explicit")
+            out.append(struct)
         return jax.tree_util.tree_unflatten(treedef, out)
 
     rules_cache: list[Any] = []
@@ -301,6 +315,27 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     return AbstractInputs(prepared.args, prepared.kwargs, leaves, tuple(static), prepared.donate_argnums,
                           prepared.donate_argnames, prepared.fn if prepared.fn is not fn else None,
                           prepared.state_outputs, own, prepared.fn is not call)
+
+
+def as_abstract_ref(struct: Any, by_id: dict, explicit: bool) -> Any:
+    """A ``jax.Ref`` leaf as the abstract ref raw JAX traces a Ref argument as:
+    ``jax.ref.AbstractRef(ShapedArray(shape, dtype))``. Under an explicit-axes mesh the sharding is
+    part of the type (its spec over the abstract mesh); under auto axes a Ref's type carries none,
+    so the sharding is the compiler's and the leaf says so (``sharding_source: "compiler"``)."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    sharding = getattr(struct, "sharding", None)
+    if explicit and isinstance(sharding, NamedSharding):
+        aval = jax.core.ShapedArray(struct.shape, struct.dtype, weak_type=struct.weak_type,
+                                    sharding=NamedSharding(sharding.mesh.abstract_mesh, sharding.spec))
+    else:
+        aval = jax.core.ShapedArray(struct.shape, struct.dtype, weak_type=struct.weak_type)
+    ref = jax.ref.AbstractRef(aval)
+    leaf = by_id.pop(id(struct), None)  # the struct is dropped: its id may be reused
+    if leaf is not None:
+        by_id[id(ref)] = leaf if explicit else dataclasses.replace(leaf, declared=AUTO, sharding_source="compiler")
+    return ref
 
 
 def resolve_logical_rules(fspec: FunctionSpec) -> tuple | None:
@@ -813,11 +848,11 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     dyn = [x for m, x in zip(mask, flat) if m]
     try:
         with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()), logical_rules(rules):
-            tree, dims = trace_any(call, *dyn)
+            tree, dims, refs = trace_any(call, *dyn)
     except USER_CODE_ERRORS as e:  # the user's init failed under tracing (sys.exit() included)
         raise StagingError(describe_exception(e), stage="init", function=fspec.name,
                            user_frame=user_frame(e, [target.module_file or ""])) from None
-    return (tree, dims) if with_dims else tree
+    return (tree, dims, refs) if with_dims else tree
 
 
 def _same_dims(a: tuple, b: tuple) -> bool:

@@ -457,12 +457,23 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
     from stagetool.lowering.avals import keypath_str
 
     with_paths, treedef = jax.tree_util.tree_flatten_with_path(traced.out_info)
-    try:  # by the outputs' own structure: a function returning None has no output leaf
-        shardings = treedef.flatten_up_to(compiled.output_shardings)
-    except (ValueError, TypeError):
-        shardings = jax.tree_util.tree_leaves(compiled.output_shardings, is_leaf=lambda x: x is None)
+    try:
+        compiled_shardings = compiled.output_shardings
+    except ValueError:
+        # A program that writes jax.Refs has extra executable outputs (the refs' new values), and
+        # jax 0.10.2's Compiled.output_shardings/output_formats fail to unflatten them: the
+        # outputs' compiled shardings are unknown (shown as "—"); memory and cost are unaffected.
+        compiled_shardings = None
+    if compiled_shardings is None:
+        shardings = [None] * len(with_paths)
+        formats = [None] * len(with_paths)
+    else:
+        try:  # by the outputs' own structure: a function returning None has no output leaf
+            shardings = treedef.flatten_up_to(compiled_shardings)
+        except (ValueError, TypeError):
+            shardings = jax.tree_util.tree_leaves(compiled_shardings, is_leaf=lambda x: x is None)
+        formats = _formats(compiled.output_formats, len(shardings))
     declared = _declared_outputs(declared_tree, len(with_paths), traced.out_info)
-    formats = _formats(compiled.output_formats, len(shardings))
     out = []
     for (kp, info), sharding, decl, fmt in zip(with_paths, shardings, declared, formats, strict=True):
         shape = tuple(info.shape)

@@ -77,12 +77,24 @@ def eval_shape_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = T
     return trace_any(call, *dyn, python_scalars=python_scalars)[0]
 
 
-def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True) -> tuple[Any, list[tuple | None]]:
+def is_ref(x: Any) -> bool:
+    """A ``jax.Ref`` (or a traced one): its type is a ``jax.ref.AbstractRef``."""
+    import jax
+
+    try:
+        return isinstance(jax.typeof(x), jax.ref.AbstractRef)
+    except (TypeError, AttributeError):
+        return False
+
+
+def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True
+              ) -> tuple[Any, list[tuple | None], list[bool]]:
     """:func:`eval_shape_any` through ``jax.jit(call).trace(*dyn)`` (one trace, nothing computed),
     and per leaf of the result (``jax.tree_util.tree_leaves`` order) the PartitionSpec dims the
     program gives it when it runs — a nested ``jax.jit``'s ``out_shardings``, a ``device_put`` or
     sharding constraint on it (:func:`stagetool.lowering.init_shardings.produced_dims`) — or None
-    (not an array, or the program does not say).
+    (not an array, or the program does not say), and per leaf whether it is a ``jax.Ref`` (its
+    value's struct stands for it: a jitted function takes the Ref as an abstract ref).
 
     Raises:
       whatever the user's ``call`` raises while traced.
@@ -97,17 +109,18 @@ def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True) 
         out = call(*a)
         flat, treedef = jax.tree_util.tree_flatten(out)
         scalars = python_scalars and not uses(out, "equinox")  # Equinox keeps Python numbers static
-        keep = [is_array_like(x, python_scalars=scalars) for x in flat]
-        static.append((treedef, keep, [None if k else x for k, x in zip(keep, flat)]))
-        return [x for k, x in zip(keep, flat) if k]
+        refs = [is_ref(x) for x in flat]
+        keep = [r or is_array_like(x, python_scalars=scalars) for r, x in zip(refs, flat)]
+        static.append((treedef, keep, [None if k else x for k, x in zip(keep, flat)], refs))
+        return [x[...] if r else x for k, r, x in zip(keep, refs, flat) if k]  # a Ref: its value
 
     traced = jax.jit(arrays_only).trace(*dyn)
     shapes = traced.out_info
     dims = produced_dims(traced.jaxpr)
-    treedef, keep, rest = static[0]
+    treedef, keep, rest, refs = static[0]
     it, dit = iter(shapes), iter(dims)
     tree = jax.tree_util.tree_unflatten(treedef, [next(it) if k else x for k, x in zip(keep, rest)])
-    return tree, [next(dit) if k else None for k in keep]
+    return tree, [next(dit) if k else None for k in keep], refs
 
 
 def call_init(fn: Callable[..., Any], args: list, kwargs: dict) -> Any:
@@ -229,16 +242,15 @@ def prepare_call(fn: Callable[..., Any], args: tuple, kwargs: dict, static_kwarg
         the updated graph nodes become outputs); False for a ``jax.jit`` target, which returns
         only what it returns (its in-place updates are lost when run, so they are not staged).
 
-    Raises:
-      SpecError: an input that ``jax.jit`` cannot take (a ``jax.Ref``), naming it and how to pass it.
+    A ``jax.ref.AbstractRef`` leaf (a ``jax.Ref`` an ``init`` returned) is an input like an array's
+    ``ShapeDtypeStruct``: ``jax.jit`` traces it as the abstract ref raw JAX lowers a Ref argument as.
     """
     import jax
 
     kwargs = dict(kwargs)
     flat, treedef = jax.tree_util.tree_flatten((tuple(args), kwargs))
-    mask = [isinstance(x, jax.ShapeDtypeStruct) for x in flat]
+    mask = [isinstance(x, (jax.ShapeDtypeStruct, jax.ref.AbstractRef)) for x in flat]
     tops = leaf_arguments(tuple(args), kwargs)
-    _refuse_refs(flat, tops, where)
     stateful: list[Any] = []
     if in_place and any(library_of(x) == "flax" for x in _tree_objects((tuple(args), kwargs))):
         from stagetool.lowering import flax_support
@@ -284,17 +296,3 @@ def _arrays_only(out: Any) -> Any:
     import jax
 
     return jax.tree_util.tree_map(lambda x: x if is_array_like(x) else None, out)
-
-
-def _refuse_refs(flat: list[Any], tops: list[Any], where: str) -> None:
-    import jax
-
-    ref_type = getattr(jax, "Ref", None)
-    issues = []
-    for x, top in zip(flat, tops):
-        if (ref_type is not None and isinstance(x, ref_type)) or type(x).__name__ in ("Ref", "ArrayRef"):
-            issues.append(f"{where}argument {top!r} holds a {type(x).__name__} ({x!r:.60}), which jax.jit cannot "
-                          "take as an input; pass the array itself (ref[...]), or build the Ref inside the function")
-    if issues:
-        raise SpecError(issues, hint="pass the array itself (ref[...]), or build the Ref inside the function; "
-                                     "for Flax NNX, build the model with its Variables' default (non-Ref) values")
