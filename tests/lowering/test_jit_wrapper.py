@@ -255,3 +255,21 @@ def test_equinox_filter_jit_donation_is_kept(run_cli, tmp_path, isolated_imports
     # Equinox's bookkeeping, 12 bytes, which stagetool's staging of the step inlines away)
     assert record["output_bytes"] == mem.output_size_in_bytes - 12
     assert sum(x["bytes_per_device"] for x in fn["outputs"]) == 4 * (128 * 64 + 128 + 128 * 128 + 128 + 64 * 128 + 64)
+
+
+def test_the_targets_compiler_options_are_part_of_the_cache_key(run_cli, tmp_path, isolated_imports):
+    """The same function jitted with and without a pass-disabling option lowers to the same text;
+    the facts cache must still miss (and the figures differ), then hit for each."""
+    write(tmp_path, "steps.py", STEPS)
+    body = f"    args: ['{W} @ [null, model]', '{X} @ [data, null]']"
+    spec = tmp_path / "s.yaml"
+    cache = tmp_path / "cache"
+    seen = {}
+    for target in ("plain", "no_fusion", "plain", "no_fusion"):
+        spec.write_text(SPEC.format(target=target, body=body))
+        fn = run_cli("memory", "--spec", spec, "--cache-dir", cache, "--format", "json", check=0).json()["functions"][0]
+        cached = fn["cached"]
+        assert cached == (target in seen), target
+        temp = fn["memory"]["record"]["temp_bytes"]
+        assert seen.setdefault(target, temp) == temp
+    assert seen["plain"] != seen["no_fusion"]
