@@ -147,6 +147,19 @@ def test_metric_growth_against_tolerance_and_improvements():
     assert [c.what for c in cmp.regressions] == []
 
 
+def test_fewer_aliased_bytes_fail_only_when_outputs_lose_their_donated_buffer():
+    # a finer mesh: arguments, outputs and aliased bytes halve; outputs needing their own buffer 100 -> 50
+    finer = _entry(memory={"argument_bytes": 500, "output_bytes": 250, "alias_bytes": 200, "temp_bytes": 5000,
+                           "peak_bytes": 5550})
+    by = {c.what: c for c in _compare(_entry(), finer).functions[0].changes}
+    assert by["memory.alias_bytes"].status == "changed" and "100 → 50 B" in by["memory.alias_bytes"].note
+    # on the same finer mesh a donated output no longer aliased: outputs needing their own buffer 100 -> 150
+    lost = _entry(memory={"argument_bytes": 500, "output_bytes": 250, "alias_bytes": 100, "temp_bytes": 5000,
+                          "peak_bytes": 5650})
+    by = {c.what: c for c in _compare(_entry(), lost).functions[0].changes}
+    assert by["memory.alias_bytes"].status == "regression"
+
+
 def test_collectives_new_gone_and_growth():
     after = _entry(collectives=[{"kind": "all-gather", "axes": "data", "count": 1, "bytes_per_device": 2048},
                                 {"kind": "all-reduce", "axes": "model", "count": 3, "bytes_per_device": 4100}])

@@ -176,6 +176,32 @@ def test_live_diff_across_meshes(project, capsys):
     assert "memory.argument_bytes" in out
 
 
+def test_fewer_aliased_bytes_on_a_finer_mesh_do_not_fail_but_lost_donation_does(project, capsys):
+    """``diff --mesh-a 2x4 --mesh-b 1x8``: the donated params are split over 8 devices instead of 4,
+    so the aliased bytes per device fall with the outputs they alias (788,480 → 394,752 B, the
+    MLP's params per device) while the outputs needing their own buffer stay 44 B: not a regression
+    (before: "memory.alias_bytes -49.9% regression", exit 1). Dropping ``donate: [0]`` leaves
+    the same outputs unaliased: that still fails ``check``."""
+    code, out, _ = run(capsys, "diff", "-s", "mlp.stagetool.yaml", "--mesh-a", "2x4", "--mesh-b", "1x8",
+                       "--format", "json")
+    changes = {c["what"]: c for c in json.loads(out)["functions"][0]["changes"]}
+    alias, output = changes["memory.alias_bytes"], changes["memory.output_bytes"]
+    # w1 f32[512,1024], w2 f32[1024,256], b1 f32[1024] over model (4, then 8 devices); b2 f32[256] replicated
+    sharded = (512 * 1024 + 1024 * 256 + 1024) * 4
+    assert (alias["before_value"], alias["after_value"]) == (sharded // 4 + 1024, sharded // 8 + 1024)
+    assert alias["status"] == "changed", alias
+    assert output["before_value"] - alias["before_value"] == output["after_value"] - alias["after_value"] == 44
+    assert code == 0 and not [w for w, c in changes.items() if w.startswith("memory.") and c["status"] == "regression"]
+
+    assert run(capsys, "snapshot", "-s", "mlp.stagetool.yaml", "-o", "lock.json")[0] == 0
+    spec = project / "mlp.stagetool.yaml"
+    spec.write_text(spec.read_text().replace("    donate: [0]", "    donate: []"))
+    code, out, _ = run(capsys, "check", "-s", "mlp.stagetool.yaml", "--baseline", "lock.json", "--format", "json")
+    changes = {c["what"]: c for c in json.loads(out)["functions"][0]["changes"]}
+    assert changes["memory.alias_bytes"]["status"] == "regression" and changes["memory.alias_bytes"]["after_value"] == 0
+    assert code == 1
+
+
 _TWO = """\
 import jax.numpy as jnp
 
