@@ -218,3 +218,50 @@ def test_maxtext_example_is_the_real_program(run_cli, isolated_imports):
     through = [x for x in fn["collectives"]["items"] if x["source"].endswith(f"maxtext_lm.py:{helper_line}")]
     assert through and all(x["via"] and int(x["via"][0].rsplit(":", 1)[1]) in model_lines for x in through)
     assert len({x["via"][0] for x in through}) >= 3  # several model lines, not one helper line for all
+
+
+def test_equinox_init_that_filter_shards(run_cli, tmp_path, isolated_imports):
+    """An Equinox init that shards its model with ``eqx.filter_shard``: staged as the real init leaves it."""
+    pytest.importorskip("equinox")
+    import equinox as eqx
+
+    write(tmp_path, "eqxm.py", '''
+        import equinox as eqx, jax, jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        MESH = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+        def init(key):
+            model = eqx.nn.MLP(64, 64, 128, 1, key=key)
+            specs = jax.tree.map(lambda x: NamedSharding(MESH, P(*([None] * (x.ndim - 1)), "model")),
+                                 eqx.filter(model, eqx.is_array))
+            return eqx.filter_shard(model, specs)
+
+        def step(model, x):
+            return jnp.sum(jax.vmap(model)(x))
+    ''')
+    spec = write(tmp_path, "s.yaml", '''
+        version: 1
+        mesh:
+          axes: {data: 2, model: 4}
+        functions:
+          step:
+            target: eqxm.py:step
+            args:
+              - init: eqxm.py:init
+                init_args: [key(0)]
+              - 'f32[16,64] @ [data, null]'
+    ''')
+    doc = run_cli("shardings", "--spec", spec, "--format", "json", check=0).json()
+    sys.path.insert(0, str(tmp_path))
+    import eqxm
+
+    with jax.set_mesh(mesh_2x4()):
+        model = eqxm.init(jax.random.key(0))
+    real = {"model" + "".join(f"/{getattr(k, 'name', getattr(k, 'idx', k))}" for k in kp): trimmed(x.sharding.spec)
+            for kp, x in jax.tree_util.tree_flatten_with_path(eqx.filter(model, eqx.is_array))[0]}
+    leaves = leaves_by_path(doc)
+    assert real["model/layers/0/weight"] == (None, "model")
+    for path, dims in real.items():
+        assert trimmed(eval_spec(leaves[path]["declared"])) == dims, path
+        assert leaves[path]["sharding_source"] == "init", path
