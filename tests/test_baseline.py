@@ -160,6 +160,16 @@ def test_fewer_aliased_bytes_fail_only_when_outputs_lose_their_donated_buffer():
     assert by["memory.alias_bytes"].status == "regression"
 
 
+def test_collective_axes_in_changes_are_written_as_the_collectives_table_writes_them():
+    """``check`` and ``diff`` name a collective over two axes ``data × fsdp``, as ``collectives`` does
+    (the snapshot keeps ``data,fsdp``)."""
+    after = _entry(collectives=[{"kind": "all-reduce", "axes": "model", "count": 2, "bytes_per_device": 4096},
+                                {"kind": "all-reduce", "axes": "data,fsdp", "count": 1, "bytes_per_device": 64},
+                                {"kind": "all-gather", "axes": "-", "count": 1, "bytes_per_device": 64}])
+    whats = [c.what for c in _compare(_entry(), after).regressions]
+    assert whats == ["collective all-gather over (within a device)", "collective all-reduce over data × fsdp"]
+
+
 def test_collectives_new_gone_and_growth():
     after = _entry(collectives=[{"kind": "all-gather", "axes": "data", "count": 1, "bytes_per_device": 2048},
                                 {"kind": "all-reduce", "axes": "model", "count": 3, "bytes_per_device": 4100}])

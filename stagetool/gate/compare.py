@@ -288,6 +288,14 @@ def _aliasing_kept(before: Mapping, after: Mapping, tol: Tolerance) -> str | Non
     return None
 
 
+def _axes_display(axes: str) -> str:
+    """A snapshot's collective axes (``"data,fsdp"``; ``"-"`` none, ``"?"`` unknown) written as the
+    ``collectives`` table writes them: ``data × fsdp``, ``(within a device)``."""
+    if axes == "-":
+        return "(within a device)"
+    return " × ".join(axes.split(",")) if axes != "?" else axes
+
+
 def _floored(tol: Tolerance, floor: float) -> Tolerance:
     if (tol.fraction or 0.0) >= floor:
         return tol
@@ -356,7 +364,7 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
         ra = {(r["kind"], r["axes"], r.get("network") or ""): r for r in ca}
         for key in sorted(set(rb) | set(ra)):
             x, y = rb.get(key), ra.get(key)
-            what = f"collective {key[0]} over {key[1]}" + (f" ({key[2]})" if key[2] else "")
+            what = f"collective {key[0]} over {_axes_display(key[1])}" + (f" ({key[2]})" if key[2] else "")
             subject = ("collective", *key)
             if x is None:
                 changes.append(Change(name, what, "—", f"{y['count']}× {_fmt_number(y['bytes_per_device'], 'bytes')}",
