@@ -14,6 +14,7 @@ from stagetool.core.sharding import AUTO, REPLICATED, Sharding, UNSPECIFIED
 from stagetool.spec.discovery import find_spec, spec_candidates
 from stagetool.spec.model import CallSpec, InitSpec, KeySpec, LeafSpec
 from stagetool.spec.parse import load_spec, parse_leaf, parse_sharding, parse_spec
+from helpers import isolated_imports, run_cli  # noqa: F401 - fixtures
 
 
 def parse(text: str, **kw):
@@ -442,3 +443,44 @@ def test_chips_are_validated_at_load_with_locations():
         f"s.yaml:6:3: chips.gpu: {needs}",
         "s.yaml:7:3: chips.tpu: expected a mapping of figures, got int",
     ]
+
+
+_ALIASED = """\
+version: 1
+{mesh_key}:
+  axes: {{data: 4, model: 2}}
+functions:
+  step:
+    target: m.py:step
+    args:
+      - init: m.py:make
+        rules: &rules
+          - ['w$', [modle, null]]
+          - ['.*', replicated]
+      - 'f32[8,4] @ [data, null]'
+      - init: m.py:make
+        rules: *rules
+"""
+
+
+def test_a_problem_in_an_aliased_rule_is_reported_once_naming_both_uses(run_cli, tmp_path):
+    (tmp_path / "m.py").write_text("def make():\n    return {}\n\ndef step(a, x, b):\n    return x\n")
+    spec = tmp_path / "a.stagetool.yaml"
+    spec.write_text(_ALIASED.format(mesh_key="mesh"))
+    r = run_cli("shardings", "--spec", str(spec))
+    lines = [line for line in r.stderr.splitlines() if "names mesh axis 'modle'" in line]
+    assert r.code == 2 and len(lines) == 1, r.stderr
+    assert "a.stagetool.yaml:10:13: functions.step.args[0].rules[0] (also functions.step.args[2].rules[0]" in lines[0]
+
+
+def test_a_misspelt_mesh_key_is_the_only_error_not_one_per_sharding(run_cli, tmp_path):
+    (tmp_path / "m.py").write_text("def make():\n    return {}\n\ndef step(a, x, b):\n    return x\n")
+    spec = tmp_path / "a.stagetool.yaml"
+    spec.write_text(_ALIASED.format(mesh_key="mseh"))
+    r = run_cli("shardings", "--spec", str(spec))
+    assert r.code == 2 and "unknown key 'mseh'" in r.stderr and "(did you mean 'mesh'?)" in r.stderr
+    assert "the mesh has no axes" not in r.stderr, r.stderr
+    # without a mesh and no misspelt key, a named axis is still an error
+    spec.write_text(_ALIASED.format(mesh_key="x-unused"))
+    r = run_cli("shardings", "--spec", str(spec))
+    assert r.code == 2 and "names mesh axis 'data', but the mesh has no axes" in r.stderr, r.stderr

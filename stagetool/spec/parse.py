@@ -181,7 +181,38 @@ class _Issues:
                 m = re.match(r"^.*?:(\d+):(\d+): ", item)
                 return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
-            raise SpecError(sorted(self.items, key=position), hint=hint)
+            raise SpecError(sorted(_merge_aliased(self.items), key=position), hint=hint)
+
+
+_ITEM = re.compile(r"^(?P<loc>.*?:\d+:\d+): (?P<path>[^\s:]+): (?P<message>.*)$", re.S)
+
+
+def _merge_aliased(items: list[str]) -> list[str]:
+    """One problem per YAML node: a node reached through an alias (``rules: *rules``) under several
+    paths gives the same message at the same file:line:col; it is kept once, naming the other paths."""
+    out: list[str] = []
+    first: dict[tuple[str, str], int] = {}
+    also: dict[int, list[str]] = {}
+    for item in items:
+        m = _ITEM.match(item)
+        if m is None:
+            if item not in out:
+                out.append(item)
+            continue
+        key = (m["loc"], m["message"])
+        if key in first:
+            if m["path"] not in also[first[key]]:
+                also[first[key]].append(m["path"])
+            continue
+        first[key] = len(out)
+        also[len(out)] = [m["path"]]
+        out.append(item)
+    for i, paths in also.items():
+        if len(paths) > 1:
+            m = _ITEM.match(out[i])
+            out[i] = (f"{m['loc']}: {paths[0]} (also {', '.join(paths[1:])}, the same node through a YAML alias): "
+                      f"{m['message']}")
+    return out
 
 
 _CONSTRUCTOR = yaml.SafeLoader("")
@@ -867,7 +898,15 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
     vnode = _get(root, "version")
     if vnode is not None and _plain(vnode) != SPEC_VERSION:
         issues.add(vnode, "version", f"unsupported spec version {_plain(vnode)!r}; this stagetool reads version {SPEC_VERSION}")
+    before_mesh = len(issues.items)
     mesh = parser.mesh(_get(root, "mesh"))
+    # No axes because the mesh has a problem of its own, or is missing while a top-level key is a
+    # misspelt 'mesh' ('mseh:'): the shardings are not checked against axes nobody wrote down (each
+    # would be one more "the mesh has no axes" after the one error that matters).
+    mesh_unknown = not mesh.names and (
+        len(issues.items) > before_mesh
+        or (_get(root, "mesh") is None and any(isinstance(k, str) and k != "mesh" and _close(k, {"mesh"})
+                                               for _, k in _keys(root))))
     platform = None
     pnode = _get(root, "platform")
     if pnode is not None:
@@ -911,7 +950,8 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
         else:
             chips = _plain(cnode)
             _check_chips(issues, cnode)
-    _validate_axes(parser, mesh, functions)
+    if not mesh_unknown:
+        _validate_axes(parser, mesh, functions)
     check = _check_section(issues, _get(root, "check"), functions)
     issues.raise_if_any()
     locs = {key: issues.loc(node) for key, node in (("platform", pnode), ("topology", tnode), ("slices", snode))
