@@ -193,6 +193,19 @@ class _Problems:
             raise UsageError(f"{len(self.errors)} problems, nothing was staged:\n" + "\n".join(lines))
 
 
+def _cache_dir_problem(folder: Path) -> str | None:
+    """Why the facts cache could not write under ``folder`` (made on first use), or None: a file is
+    created and removed in the folder, or in its nearest existing parent when it does not exist yet."""
+    from stagetool.core.fileio import write_problem
+
+    probe = Path(folder)
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a folder"
+    return write_problem(probe / "probe")
+
+
 def make_plan(options: Options) -> Plan:
     """Resolve every option and spec value into a :class:`Plan`, before any JAX work.
 
@@ -241,6 +254,11 @@ def make_plan(options: Options) -> Plan:
         if options.cache_dir is not None and options.cache_dir.exists() and not options.cache_dir.is_dir():
             raise UsageError(f"--cache-dir {options.cache_dir}: not a folder",
                              hint="give a folder, or --no-cache to compile without the cache")
+        if options.cache_dir is not None:
+            why = _cache_dir_problem(options.cache_dir)
+            if why:
+                raise UsageError(f"--cache-dir {options.cache_dir}: cannot write: {why}",
+                                 hint="give a folder you can write, or --no-cache to compile without the cache")
     for option, path in options.outputs:
         with problems.check():
             why = write_problem(path)

@@ -71,6 +71,8 @@ def _unwritable_folder(tmp_path: Path) -> Path:
     (["check", MLP, "--update", "-b", "{tmp}/lock.json", "--junit-xml", "{ro}/j.xml"],
      "--junit-xml {ro}/j.xml: cannot write: cannot create a file in {ro}"),
     (["shardings", MLP, "--cache-dir", "{file}"], "--cache-dir {file}: not a folder"),
+    # an unwritable cache folder the user named is not silently ignored (it was: exit 0, no cache)
+    (["shardings", MLP, "--cache-dir", "{ro}/cache"], "--cache-dir {ro}/cache: cannot write: cannot create a file in {ro}"),
     (["sweep", MLP, "--mesh", "2x4", "--chip", "tpu-v99"], "--chip tpu-v99: unknown chip"),
     (["sweep", MLP, "--mesh", "2x4", "-o", "{tmp}/missing/s.txt"], "--output {tmp}/missing/s.txt: cannot write"),
 ])
