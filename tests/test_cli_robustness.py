@@ -157,6 +157,15 @@ def test_piped_and_file_text_keep_every_cell_of_a_wide_table(run_cli, tmp_path, 
         assert "per device" in header
 
 
+def test_piped_text_folds_the_op_column_a_terminal_cuts(run_cli, tmp_path):
+    """The collectives' op column is cut at 40 columns with "…" on a terminal; piped, the long op
+    name folds onto a continuation line and is whole."""
+    out = run_cli("collectives", str(REPO / "examples" / "linen_lm.py") + ":train_step", "--cache-dir",
+                  str(tmp_path / "cache"), check=0).stdout
+    assert "…" not in out
+    assert "transpose(jvp(LM))/Embed_0.attend/dot_general" in "".join(line.strip() for line in out.splitlines())
+
+
 def test_zero_device_memory_is_a_usage_error(run_cli):
     r = run_cli("memory", str(REPO / "examples" / "mlp.py") + ":train_step", "--no-peak", "--device-memory", "0")
     assert r.code == 2 and "more than 0 bytes" in r.stderr
