@@ -189,6 +189,11 @@ def test_linen_logical_rule_edit(tmp_path, monkeypatch, run_cli):
     assert len(declared) == 1 and declared[0]["what"].startswith("the model's sharding annotations (init at "
                                                                   "linen_lm.stagetool.yaml:")
     assert any("MLP_0/Dense_0/kernel/value: P(None, 'model') → P(None, None)" in e for e in declared[0]["edits"])
-    # the rule also resolves the model's with_logical_constraint: those lines are edits of their own
-    assert {c["where"] for c in f["causes"] if c["kind"] == "constraint"} >= {"linen_lm.py:29"}
+    # the rule also resolves the model's with_logical_constraint: those lines are edits of their own; the
+    # constraints Flax applies when it unboxes the parameters (at the nn.Dense lines 28 and 30) are the
+    # parameters' own annotations, already under the declared cause, not edits of their own
+    assert {c["where"] for c in f["causes"] if c["kind"] == "constraint"} == {"linen_lm.py:29"}
+    # the collectives the edit changes are linked to the parameters, not to the Dense lines
+    assert not any(c["kind"] == "constraint" and c["where"] in ("linen_lm.py:28", "linen_lm.py:30")
+                   for c in f["causes"])
     _all_under_causes(f)

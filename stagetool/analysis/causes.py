@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -277,6 +278,67 @@ class _Ctx:
     inputs: dict[int, LeafReport]
     outputs: Sequence[LeafReport]
 
+    @functools.cached_property
+    def unboxed(self) -> dict[int, LeafReport]:
+        """:func:`unboxed_constraints` of this propagation."""
+        return unboxed_constraints(self)
+
+
+def _is_flax_unbox(op: PropagatedOp) -> bool:
+    """Whether a sharding constraint is the one Flax Linen applies when it unboxes a partitioned
+    parameter (``LogicallyPartitioned.unbox`` / ``Partitioned.unbox``, from ``nn.with_partitioning`` or
+    ``nn.with_logical_partitioning``): a frame of that method in a Flax file."""
+    return op.name == "sdy.sharding_constraint" and any(
+        (f.function or "").endswith("Partitioned.unbox") and "flax" in Path(f.file).parts for f in op.frames)
+
+
+def unboxed_constraints(ctx: _Ctx) -> dict[int, LeafReport]:
+    """``{constraint op index: input leaf}`` for the sharding constraints that re-apply an input
+    parameter's own model annotation: Flax's unboxing constraint (:func:`_is_flax_unbox`) on a value
+    that is that input (or a view of it), asking for exactly the leaf's declared sharding, the leaf's
+    declared sharding coming from the model's annotations (``sharding_source == "model"``). The same
+    constraint transposed in the backward pass of a grad (same frames, same op name after the
+    transforms, same sharding) is the same annotation. Any other constraint is not in the map: it is
+    reported as a constraint at its line."""
+    cached = _UNBOXED.get(id(ctx.prop))
+    if cached is not None and cached[0]() is ctx.prop and cached[1] == ctx.inputs:
+        return cached[2]
+
+    def key(op: PropagatedOp) -> tuple:
+        frames = tuple((f.file, f.line, f.column) for f in op.frames)
+        return frames, _untransposed(op.op_name or ""), _trim(_dims(op.results[0], 0))
+
+    flax = [op for op in ctx.prop.ops if op.origin_name and op.results and _is_flax_unbox(op)]
+    forward: dict[tuple, LeafReport | None] = {}
+    for op in flax:
+        n = _source_input(ctx, op.operands[0]) if op.operands else None
+        leaf = ctx.inputs.get(n) if n is not None else None
+        if leaf is None or leaf.sharding_source != "model" or leaf.declared is None or leaf.declared.kind != "spec":
+            continue
+        rank = len(leaf.shape)
+        same = _trim(_dims(op.results[0], rank)) == _trim(_compiled_dims(leaf.declared, rank))
+        k = key(op)
+        # two parameters behind one key (the same line and module path) would be a guess: neither
+        forward[k] = leaf if same and (k not in forward or forward[k] is leaf) else None
+    found = {op.index: forward[key(op)] for op in flax if forward.get(key(op)) is not None}
+    _UNBOXED.clear()  # one propagation at a time: every collective of a function asks about the same one
+    _UNBOXED[id(ctx.prop)] = (weakref.ref(ctx.prop), ctx.inputs, found)
+    return found
+
+
+_UNBOXED: dict[int, tuple] = {}
+
+
+def _untransposed(op_name: str) -> str:
+    """JAX's op name without ``transpose(...)`` wrappers: the backward pass of a grad names an op as
+    ``jit(f)/transpose(jvp(M))/dense/sharding_constraint``, its forward ``jit(f)/jvp(M)/dense/...``."""
+    segs = []
+    for seg in op_name.replace("transpose(", "").split("/"):
+        while seg.count(")") > seg.count("("):
+            seg = seg[:-1]
+        segs.append(seg)
+    return "/".join(segs)
+
 
 def _origin(ctx: _Ctx, axis: str, origin: str | None, own_input: int | None, own_constraint: PropagatedOp | None) -> AxisOrigin:
     """An origin string (``input: 3``, ``constraint_0``, ``self``) as an :class:`AxisOrigin`."""
@@ -284,7 +346,7 @@ def _origin(ctx: _Ctx, axis: str, origin: str | None, own_input: int | None, own
         if own_input is not None:
             origin = f"input: {own_input}"
         elif own_constraint is not None:
-            return AxisOrigin(axis, "constraint", source=_line(own_constraint))
+            return _constraint_origin(ctx, axis, own_constraint)
     if origin is None:
         return AxisOrigin(axis, "unknown")
     m = re.fullmatch(r"(input|output): (\d+)", origin)
@@ -301,8 +363,17 @@ def _origin(ctx: _Ctx, axis: str, origin: str | None, own_input: int | None, own
         return AxisOrigin(axis, "output", leaf.path, leaf.source, leaf.sharding_source)
     constraint = ctx.prop.constraint(origin)
     if constraint is not None:
-        return AxisOrigin(axis, "constraint", source=_line(constraint))
+        return _constraint_origin(ctx, axis, constraint)
     return AxisOrigin(axis, "unknown", source=origin)
+
+
+def _constraint_origin(ctx: _Ctx, axis: str, constraint: PropagatedOp) -> AxisOrigin:
+    """A constraint's axis: the input parameter's own annotation when the constraint is Flax re-applying
+    it (:func:`unboxed_constraints`), else the constraint at its line."""
+    leaf = ctx.unboxed.get(constraint.index)
+    if leaf is not None:
+        return AxisOrigin(axis, "input", leaf.path, leaf.source, leaf.sharding_source)
+    return AxisOrigin(axis, "constraint", source=_line(constraint))
 
 
 def _line(op: PropagatedOp) -> str | None:
@@ -559,11 +630,14 @@ class ConstraintFact:
       line: the user's source line (``file:line``), or None.
       sharding: what it asks for, as JAX prints a PartitionSpec.
       name: Shardy's name for it (``constraint_0``), which origins refer to.
+      leaf: for the constraint Flax applies when it unboxes a parameter (:func:`unboxed_constraints`),
+        the input leaf whose model annotation it re-applies: not an edit of its own; else None.
     """
 
     line: str | None
     sharding: str
     name: str
+    leaf: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -599,8 +673,9 @@ def sharding_origins(prop: Propagation, inputs: Sequence[LeafReport], outputs: S
     constraints = []
     for op in prop.ops:
         if op.origin_name and op.results:
+            leaf = ctx.unboxed.get(op.index)
             constraints.append(ConstraintFact(_line(op), _tensor(ctx, "", op.results[0], (), None, op).sharding,
-                                              op.origin_name))
+                                              op.origin_name, leaf.path if leaf is not None else None))
     return ShardingOrigins(ins, outs, tuple(constraints))
 
 

@@ -225,6 +225,72 @@ def test_equivalent_shardings_are_the_same_and_a_difference_is_named_not_guessed
                    "not the propagation the compile used, so the explanation is unavailable for this function")
 
 
+LINEN = """\
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+RULES = (("batch", "data"), ("embed", None), ("mlp", "model"))
+
+
+class Up(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        init = nn.initializers.lecun_normal()
+        return nn.Dense(64, use_bias=False, kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")))(x)
+
+
+def init(key):
+    return Up().init(key, jnp.zeros((16, 32)))["params"]
+
+
+def grad(params, x):
+    return jax.grad(lambda p: (Up().apply({"params": p}, x) ** 2).sum())(params)
+"""
+
+LINEN_SPEC = """\
+version: 1
+mesh:
+  axes: {data: 2, model: 4}
+logical_axis_rules: linen.py:RULES
+functions:
+  grad:
+    target: linen.py:grad
+    args:
+      - init: linen.py:init
+        init_args: [key(0)]
+      - 'f32[16,32] @ [data, null]'
+"""
+
+
+def test_flax_unboxing_constraint_is_the_parameters_annotation(tmp_path, monkeypatch, run_cli):
+    """Flax Linen applies a sharding constraint when it unboxes a ``with_logical_partitioning``
+    parameter (``LogicallyPartitioned.unbox``, at the ``nn.Dense(...)`` call, forward and again
+    transposed in the grad). It asks for the parameter's own declared sharding (``P(None, 'model')``:
+    ``embed`` → None, ``mlp`` → model), so the axes it carries are the parameter's model annotation:
+    no origin names a constraint at linen.py:13, and the snapshot records no constraint there (a rule
+    edit is then one cause, not one per ``nn.Dense`` line)."""
+    write(tmp_path, "linen.py", LINEN)
+    write(tmp_path, "linen.stagetool.yaml", LINEN_SPEC)
+    monkeypatch.chdir(tmp_path)
+    c = run_cli("collectives", "--format", "json", check=0).json()["functions"][0]["collectives"]
+    assert c["causes_unavailable"] is None and c["items"]
+    # the kernel's gradient: x^T @ dy contracts the batch (`data`) → one all-reduce; dy and the result
+    # carry `model`, which only the kernel's annotation (through Flax's unboxing constraint) gives them
+    (item,) = c["items"]
+    cause = item["cause"]
+    assert item["collective"]["kind"] == "all-reduce" and item["collective"]["mesh_axes"] == ["data"]
+    tensors = [*cause["operands"], cause["result"]]
+    origins = {(o["axis"], o["kind"], o["leaf"], o["how"]) for t in tensors for o in t["origins"]}
+    assert origins == {("data", "input", "x", "spec"), ("model", "input", "params/Dense_0/kernel/value", "model")}
+    assert cause["result"]["sharding"] == "P('model', None)"
+    run_cli("snapshot", "-o", "base.json", check=0)
+    import json
+
+    (entry,) = json.loads((tmp_path / "base.json").read_text())["functions"].values()
+    assert entry["constraints"] == []
+
+
 def _why(run_cli, *args: str) -> dict:
     return run_cli("why", *args, "--format", "json", check=0).json()["functions"][0]["why"]
 
