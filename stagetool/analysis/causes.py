@@ -630,14 +630,11 @@ class ConstraintFact:
       line: the user's source line (``file:line``), or None.
       sharding: what it asks for, as JAX prints a PartitionSpec.
       name: Shardy's name for it (``constraint_0``), which origins refer to.
-      leaf: for the constraint Flax applies when it unboxes a parameter (:func:`unboxed_constraints`),
-        the input leaf whose model annotation it re-applies: not an edit of its own; else None.
     """
 
     line: str | None
     sharding: str
     name: str
-    leaf: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -649,7 +646,8 @@ class ShardingOrigins:
         unused leaf. A declared sharding's origin is the leaf itself; an ``auto`` leaf's names what
         the partitioner propagated to it.
       outputs: per output leaf, likewise.
-      constraints: every sharding constraint, in program order.
+      constraints: every sharding constraint, in program order, except those Flax applies when it
+        unboxes a parameter (:func:`unboxed_constraints`: the parameter's own annotation).
     """
 
     inputs: tuple[tuple[AxisOrigin, ...], ...]
@@ -673,9 +671,10 @@ def sharding_origins(prop: Propagation, inputs: Sequence[LeafReport], outputs: S
     constraints = []
     for op in prop.ops:
         if op.origin_name and op.results:
-            leaf = ctx.unboxed.get(op.index)
+            if op.index in ctx.unboxed:  # a parameter's own annotation, re-applied by Flax: not a constraint of its own
+                continue
             constraints.append(ConstraintFact(_line(op), _tensor(ctx, "", op.results[0], (), None, op).sharding,
-                                              op.origin_name, leaf.path if leaf is not None else None))
+                                              op.origin_name))
     return ShardingOrigins(ins, outs, tuple(constraints))
 
 

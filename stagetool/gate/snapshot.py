@@ -241,11 +241,9 @@ def function_snapshot(fr: Any) -> dict:
         **({"compiler_options": dict(fr.compiler_options)} if getattr(fr, "compiler_options", ()) else {}),
     }
     if origins is not None:
-        # a constraint traced twice (forward and backward of a grad) is one line of the user's code; Flax
-        # re-applying a parameter's own annotation when it unboxes it is that input's declared sharding
+        # a constraint traced twice (forward and backward of a grad) is one line of the user's code
         entry["constraints"] = [{"line": line, "sharding": sharding} for line, sharding in
-                                sorted({(short_location(c.line) or "?", c.sharding) for c in origins.constraints
-                                        if c.leaf is None})]
+                                sorted({(short_location(c.line) or "?", c.sharding) for c in origins.constraints})]
     return entry
 
 
