@@ -163,3 +163,15 @@ def test_explain_separates_moving_a_leaf_from_what_its_values_flow_into(run_cli,
     (explained,) = section["explained"]
     # `a` stays sharded on model columns; the partial products it feeds are all-reduced over model.
     assert explained["collectives"] == [] and explained["downstream"] == [reduce]
+
+
+def test_the_memory_peak_op_column_drops_the_shared_jit_prefix_as_collectives_do(run_cli, tmp_path):
+    """Every op of a function starts with ``jit(train_step)/``; the collectives table leaves it out,
+    and so does the table of buffers live at the memory peak (it showed it, once or twice)."""
+    from helpers import REPO
+
+    out = run_cli("memory", str(REPO / "examples" / "mlp.py") + ":train_step", "--cache-dir",
+                  str(tmp_path / "cache"), check=0).stdout
+    table = out[out.index("live at the peak"):]
+    assert "jit(train_step)" not in table
+    assert " transpose(jvp())/dot_general " in table

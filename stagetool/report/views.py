@@ -261,7 +261,7 @@ def peak_rows(p: Any) -> tuple[list[str], list[list[str]]]:
     rows = []
     for b in p.buffers:
         name = b.value_name + "".join(f" = {v}" for v in getattr(b, "shared_with", ()))
-        row = [format_bytes(b.size_bytes), b.shape or "—", name, b.op_name or "—",
+        row = [format_bytes(b.size_bytes), b.shape or "—", name, _op(b.op_name),
                f"{short_path(b.file)}:{b.line}" if b.file else "—"]
         if spaces:
             row.append(b.memory_space)
