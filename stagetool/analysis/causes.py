@@ -476,7 +476,7 @@ def cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
         how = "inside a manual computation (shard_map)" if op.name.startswith("stablehlo.") else "an explicit reshard"
         return _record(ctx, op, axes, f"written in the program: {op.name.split('.', 1)[-1]} at {_short(_line(op))}, "
                                       f"{how}; the partitioner did not choose it", [])
-    best: tuple[int, PropagatedOp, str, list[tuple[int, str]]] | None = None
+    best: tuple[tuple[int, int], PropagatedOp, str, list[tuple[int, str]]] | None = None
     for op in _neighbourhood(found, prop):
         scored = _reason(ctx, c, op, axes)
         if scored is not None and (best is None or scored[0] > best[0]):
@@ -514,9 +514,12 @@ def _axes_text(axes: Sequence[str]) -> str:
     return " × ".join(f"`{a}`" for a in axes) if axes else "no mesh axis"
 
 
-def _reason(ctx: _Ctx, c: Collective, op: PropagatedOp, axes: Sequence[str]) -> tuple[int, str, list[tuple[int, str]]] | None:
-    """``(score, sentence, [(operand index or -1 for the result, axis)])``: the conflict at this op over
-    one of the collective's mesh axes that best fits the collective's kind, or None when there is none.
+def _reason(ctx: _Ctx, c: Collective, op: PropagatedOp,
+            axes: Sequence[str]) -> tuple[tuple[int, int], str, list[tuple[int, str]]] | None:
+    """``((score, axes explained), sentence, [(operand index or -1 for the result, axis)])``: for each of
+    the collective's mesh axes, the conflict at this op that best fits the collective's kind, one
+    sentence per conflict naming every axis it holds for (``split over `data` × `fsdp```), then the
+    axes with no conflict here; None when no axis has one.
 
     Three conflicts are read from the op's factor rule: a reduction factor sharded over the axis
     (partial results: all-reduce, reduce-scatter), the axis sharding different factors in different
@@ -527,66 +530,92 @@ def _reason(ctx: _Ctx, c: Collective, op: PropagatedOp, axes: Sequence[str]) -> 
         return None
     short = op.name.split(".", 1)[-1]
     names = [_name_operand(ctx, o) for o in op.operands]
-    found: list[tuple[int, str, list[tuple[int, str]]]] = []
+    per_axis: list[tuple[str, int, str, list[tuple[int, str]]]] = []
     for axis in axes:
-        o_hits, r_hits = _factor_axes(op, axis)
-        if not o_hits and not r_hits:
-            continue
-        red = [(f, t, d) for f, t, d in o_hits if f in rule.reductions]
-        if red:
-            sharded = sorted({t for _, t, _ in red})
-            f = red[0][0]
-            others = [t for t in range(len(rule.operands)) if t not in sharded
-                      and _tensor_has_factor(rule.operands, t, f) is not None]
-            what = "contraction" if short == "dot_general" else "reduction"
-            size = dict(rule.sizes).get(f)
-            text = (f"{what} over a dimension{f' of {size}' if size else ''} split over `{axis}`: "
-                    + " and ".join(names[t] for t in sharded) + (" is" if len(sharded) == 1 else " are")
-                    + " sharded on it")
-            if others:
-                text += ", " + ", ".join(names[t] for t in others) + " is not (sliced locally)"
-            result_sharded = any(f2 not in rule.reductions for f2, _, _ in r_hits)
-            tail = "reduce-scattered" if result_sharded else "all-reduced"
-            score = 3 if c.kind in ("all-reduce", "reduce-scatter") else 1
-            found.append((score, text + f" → each device sums a part; the partial results are {tail}",
-                          [(t, axis) for t in sharded]))
-        hits = [(f, ("o", t), d) for f, t, d in o_hits] + [(f, ("r", t), d) for f, t, d in r_hits]
-        factors = sorted({f for f, _, _ in hits})
-        if len(factors) > 1:
-            result_factors = {f for f, w, _ in hits if w[0] == "r"}
-            moved = [w for f, w, _ in hits if w[0] == "o" and result_factors and f not in result_factors] or \
-                [w for f, w, _ in hits if w[0] == "o" and f != factors[0]]
-            kept = [w for f, w, _ in hits if w not in moved]
-            if moved and kept:
-                verb = "all-gather" if c.kind == "all-gather" else c.kind
-                text = (f"`{axis}` shards one dimension of {', '.join(dict.fromkeys(_who(names, w) for w in kept))} "
-                        f"and another of {', '.join(dict.fromkeys(_who(names, w) for w in moved))}; an op cannot split "
-                        f"two dimensions over one axis → {verb} of "
-                        f"{', '.join(dict.fromkeys(_who(names, w) for w in moved))} over `{axis}`")
-                score = 3 if c.kind in ("all-gather", "all-to-all") else 2 if c.kind == "collective-permute" else 1
-                found.append((score, text, _inv(list(dict.fromkeys(moved + kept)), axis)))
-        for f in factors:
-            if f in rule.reductions:
-                continue
-            tensors = [("o", t) for t in range(len(rule.operands))] + [("r", t) for t in range(len(rule.results))]
-            having = [w for w in tensors if _tensor_has_factor(rule.operands if w[0] == "o" else rule.results,
-                                                               w[1], f) is not None]
-            sharded = [w for g, w, _ in hits if g == f]
-            missing = [w for w in having if w not in sharded]
-            if not missing:
-                continue
-            gathered = [w for w in sharded if w[0] == "o"] or sharded
-            score = 3 if c.kind == "all-gather" else 2 if c.kind in ("all-to-all", "collective-permute") else 1
-            via = "at the sharding constraint" if short == "sharding_constraint" else f"at {short}"
-            found.append((score, f"{via}: {', '.join(_who(names, w) for w in sharded)} "
-                                 f"{'is' if len(sharded) == 1 else 'are'} sharded on `{axis}` along a dimension that "
-                                 f"{', '.join(_who(names, w) for w in missing)} "
-                                 f"{'is' if len(missing) == 1 else 'are'} not → {c.kind} of "
-                                 f"{', '.join(_who(names, w) for w in gathered)} over `{axis}`",
-                          _inv(sharded + missing, axis)))
-    if not found:
+        found = _axis_reasons(c, op, axis, short, names)
+        if found:
+            score, text, involved = max(found, key=lambda x: x[0])
+            per_axis.append((axis, score, text, involved))
+    if not per_axis:
         return None
-    return max(found, key=lambda x: x[0])
+    # one sentence per conflict, naming every axis it holds for; then the axes with none here
+    groups: dict[str, list[tuple[str, int, list[tuple[int, str]]]]] = {}
+    for axis, score, text, involved in per_axis:
+        groups.setdefault(text.replace(f"`{axis}`", "`<axis>`"), []).append((axis, score, involved))
+    parts = [template.replace("`<axis>`", _axes_text([a for a, _, _ in members])) for template, members in groups.items()]
+    covered = {a for a, _, _, _ in per_axis}
+    rest = [a for a in axes if a not in covered]
+    if rest:
+        parts.append(f"no factor of this op is sharded over {_axes_text(rest)} in one tensor and not another "
+                     "(the partitioner's choice)")
+    involved = [x for _, _, _, inv in per_axis for x in inv]
+    return (max(score for _, score, _, _ in per_axis), len(covered)), "; ".join(parts), involved
+
+
+def _axis_reasons(c: Collective, op: PropagatedOp, axis: str, short: str,
+                  names: list[str]) -> list[tuple[int, str, list[tuple[int, str]]]]:
+    """Every conflict at ``op`` over one mesh axis, scored by how well it fits the collective's kind."""
+    rule = op.rule
+    found: list[tuple[int, str, list[tuple[int, str]]]] = []
+    o_hits, r_hits = _factor_axes(op, axis)
+    if not o_hits and not r_hits:
+        return found
+    red = [(f, t, d) for f, t, d in o_hits if f in rule.reductions]
+    if red:
+        sharded = sorted({t for _, t, _ in red})
+        f = red[0][0]
+        others = [t for t in range(len(rule.operands)) if t not in sharded
+                  and _tensor_has_factor(rule.operands, t, f) is not None]
+        what = "contraction" if short == "dot_general" else "reduction"
+        size = dict(rule.sizes).get(f)
+        text = (f"{what} over a dimension{f' of {size}' if size else ''} split over `{axis}`: "
+                + " and ".join(names[t] for t in sharded) + (" is" if len(sharded) == 1 else " are")
+                + " sharded on it")
+        if others:
+            text += ", " + ", ".join(names[t] for t in others) + " is not (sliced locally)"
+        if c.kind in ("all-reduce", "reduce-scatter"):
+            tail = "reduce-scattered" if c.kind == "reduce-scatter" else "all-reduced"
+            found.append((3, text + f" → each device sums a part; the partial results are {tail}",
+                          [(t, axis) for t in sharded]))
+        else:  # the partitioner did not sum partial results: it moved the sharded operand instead
+            of = f" of {' and '.join(names[t] for t in sharded)}" if c.kind == "all-gather" else ""
+            found.append((1, text + f" → {c.kind}{of} over `{axis}` instead of summing a part on each device",
+                          [(t, axis) for t in sharded]))
+    hits = [(f, ("o", t), d) for f, t, d in o_hits] + [(f, ("r", t), d) for f, t, d in r_hits]
+    factors = sorted({f for f, _, _ in hits})
+    if len(factors) > 1:
+        result_factors = {f for f, w, _ in hits if w[0] == "r"}
+        moved = [w for f, w, _ in hits if w[0] == "o" and result_factors and f not in result_factors] or \
+            [w for f, w, _ in hits if w[0] == "o" and f != factors[0]]
+        kept = [w for f, w, _ in hits if w not in moved]
+        if moved and kept:
+            verb = "all-gather" if c.kind == "all-gather" else c.kind
+            text = (f"`{axis}` shards one dimension of {', '.join(dict.fromkeys(_who(names, w) for w in kept))} "
+                    f"and another of {', '.join(dict.fromkeys(_who(names, w) for w in moved))}; an op cannot split "
+                    f"two dimensions over one axis → {verb} of "
+                    f"{', '.join(dict.fromkeys(_who(names, w) for w in moved))} over `{axis}`")
+            score = 3 if c.kind in ("all-gather", "all-to-all") else 2 if c.kind == "collective-permute" else 1
+            found.append((score, text, _inv(list(dict.fromkeys(moved + kept)), axis)))
+    for f in factors:
+        if f in rule.reductions:
+            continue
+        tensors = [("o", t) for t in range(len(rule.operands))] + [("r", t) for t in range(len(rule.results))]
+        having = [w for w in tensors if _tensor_has_factor(rule.operands if w[0] == "o" else rule.results,
+                                                           w[1], f) is not None]
+        sharded = [w for g, w, _ in hits if g == f]
+        missing = [w for w in having if w not in sharded]
+        if not missing:
+            continue
+        gathered = [w for w in sharded if w[0] == "o"] or sharded
+        score = 3 if c.kind == "all-gather" else 2 if c.kind in ("all-to-all", "collective-permute") else 1
+        via = "at the sharding constraint" if short == "sharding_constraint" else f"at {short}"
+        found.append((score, f"{via}: {', '.join(_who(names, w) for w in sharded)} "
+                             f"{'is' if len(sharded) == 1 else 'are'} sharded on `{axis}` along a dimension that "
+                             f"{', '.join(_who(names, w) for w in missing)} "
+                             f"{'is' if len(missing) == 1 else 'are'} not → {c.kind} of "
+                             f"{', '.join(_who(names, w) for w in gathered)} over `{axis}`",
+                      _inv(sharded + missing, axis)))
+    return found
 
 
 def _who(names: list[str], w: tuple[str, int]) -> str:

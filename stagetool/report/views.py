@@ -415,7 +415,8 @@ def cause_lines(c: Any) -> list[tuple[str, str, list[str]]]:
         x = item.collective
         at = f" at {_source(item.source)}" if item.source else ""
         head = f"{i} {x.kind} over {_axes(x.mesh_axes)}{at} ({cause.op})"
-        out.append((head, cause.reason, [o.describe() for o in cause.origins]))
+        # one leaf's spec line is one origin however many of the collective's axes it gives
+        out.append((head, cause.reason, list(dict.fromkeys(o.describe() for o in cause.origins))))
     return out
 
 

@@ -291,6 +291,68 @@ def test_flax_unboxing_constraint_is_the_parameters_annotation(tmp_path, monkeyp
     assert entry["constraints"] == []
 
 
+def test_the_reason_says_the_collectives_kind_and_every_axis():
+    """A gather whose table is split over `model` along the gathered (reduction) dimension: XLA may sum
+    masked partial lookups (an all-reduce) or gather the table (an all-gather); the reason says which
+    happened, not "partial results are all-reduced" for an all-gather. A sum over a dimension split
+    over `data` × `model` is all-reduced over both, and the reason names both."""
+    from types import SimpleNamespace
+
+    from stagetool.analysis.causes import cause_of
+    from stagetool.analysis.shardings import LeafReport
+    from stagetool.core.sharding import Sharding
+    from stagetool.hlo.parser import SourceFrame
+    from stagetool.lowering.shardy import Operand, Propagation, PropagatedOp, ShardingRule, ValueSharding
+
+    def leaf(path, shape, dims, parameter):
+        s = Sharding("spec", dims)
+        return LeafReport(path, shape, "float32", s, s, False, shape, 4, 4, parameter=parameter)
+
+    at = (SourceFrame("/w/m.py", 5, "f", 12),)
+    table = ValueSharding((("model",), ()), (("model", "input: 0"),))
+    gather = PropagatedOp(0, "stablehlo.gather", "jit(f)/gather", at, (Operand(table, input=0), Operand(None, input=1)),
+                          (None,), ShardingRule((("v", "e"), ("b",)), (("b", "e"),), ("v",), (("v", 1024),)))
+    prop = Propagation((table, None), ("table", "ids"), (None,), (gather,))
+    inputs = [leaf("table", (1024, 64), ("model", None), 0), leaf("ids", (16,), (None,), 1)]
+    outputs = [leaf("out", (16, 64), (None, None), None)]
+
+    def collective(kind, axes, op_name):
+        return SimpleNamespace(kind=kind, mesh_axes=axes, source=at[0], op_name=op_name)
+
+    gathered = cause_of(collective("all-gather", ("model",), "jit(f)/gather"), prop, inputs, outputs)
+    assert gathered.reason == ("reduction over a dimension of 1024 split over `model`: table is sharded on it → "
+                               "all-gather of table over `model` instead of summing a part on each device")
+    summed = cause_of(collective("all-reduce", ("model",), "jit(f)/gather"), prop, inputs, outputs)
+    assert summed.reason.endswith("→ each device sums a part; the partial results are all-reduced")
+
+    x = ValueSharding((("data", "model"), ()), (("data", "input: 0"), ("model", "input: 0")))
+    reduce = PropagatedOp(0, "stablehlo.reduce", "jit(f)/reduce_sum", at, (Operand(x, input=0),), (None,),
+                          ShardingRule((("i", "j"),), ((),), ("i", "j"), (("i", 64), ("j", 32))))
+    prop = Propagation((x,), ("x",), (None,), (reduce,))
+    both = cause_of(collective("all-reduce", ("data", "model"), "jit(f)/reduce_sum"), prop,
+                    [leaf("x", (64, 32), (("data", "model"), None), 0)], [leaf("out", (), (), None)])
+    assert both.reason == ("reduction over a dimension of 64 split over `data` × `model`: x is sharded on it → each "
+                           "device sums a part; the partial results are all-reduced")
+    assert {(o.axis, o.leaf) for o in both.origins} == {("data", "x"), ("model", "x")}
+
+
+def test_an_all_reduce_over_two_axes_is_explained_over_both(tmp_path, monkeypatch, run_cli):
+    """``x.sum()`` with x's rows split over `data` × `model`: one all-reduce over both axes (as JAX
+    compiles it); the reason names both, the text gives x's spec line once."""
+    write(tmp_path, "t.py", "def total(x):\n    return x.sum()\n")
+    write(tmp_path, "t.stagetool.yaml", "version: 1\nmesh:\n  axes: {data: 2, model: 4}\nfunctions:\n  total:\n"
+                                         "    target: t.py:total\n    args:\n      - 'f32[64,32] @ [[data, model], null]'\n")
+    monkeypatch.chdir(tmp_path)
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    assert _compiled_kinds(lambda x: x.sum(), mesh, ((64, 32), P(("data", "model"), None))) == ["all-reduce"]
+    (item,) = run_cli("collectives", "--format", "json", check=0).json()["functions"][0]["collectives"]["items"]
+    assert item["collective"]["mesh_axes"] == ["data", "model"]
+    assert item["cause"]["reason"] == ("reduction over a dimension of 64 split over `data` × `model`: x is sharded on "
+                                       "it → each device sums a part; the partial results are all-reduced")
+    text = run_cli("collectives", check=0).stdout
+    assert text.count("from x (spec at t.stagetool.yaml:8)") == 1 and "); x (spec" not in text
+
+
 def _why(run_cli, *args: str) -> dict:
     return run_cli("why", *args, "--format", "json", check=0).json()["functions"][0]["why"]
 
