@@ -908,6 +908,9 @@ def sweep(target: Target = None,
               show_default=False)] = None,
           resume: Annotated[bool, typer.Option(
               "--resume", help="Skip configurations already finished in --output-dir.")] = False,
+          timeout: Annotated[Optional[float], typer.Option(
+              "--timeout", help="Seconds each configuration may run; one still running then is killed and is a "
+                                "failed row ('inf': no limit).", show_default=False)] = None,
           format: Annotated[str, typer.Option(
               "--format", help="text, json (the input of 'sweep merge'), markdown, csv or html.")] = "text",
           output: OutputOpt = None, debug: DebugOpt = False) -> None:
@@ -936,7 +939,7 @@ def sweep(target: Target = None,
                                    set=tuple(set_ or ()), topology=topology, slices=slices,
                                    gpu_target_config=gpu_target_config, devices=devices, rank_by=rank,
                                    executor=how.value, jobs=jobs, shard=shard, output_dir=output_dir, resume=resume,
-                                   outputs=_outputs(output=output))
+                                   outputs=_outputs(output=output), timeout=timeout)
             err = _stderr()
             _note_untested_jax()
 
@@ -961,7 +964,7 @@ def sweep(target: Target = None,
         else:
             sys.stdout.write(text)
             sys.stdout.flush()
-        if any(r["status"] == "error" for r in doc["rows"]):
+        if any(r["status"] == "error" for r in doc["rows"]):  # a failed configuration is never a success
             raise typer.Exit(int(ExitCode.JAX))
 
 
@@ -972,13 +975,23 @@ def _sweep_merge(files: list[Path]) -> dict:
 
     if not files:
         raise UsageError("sweep merge needs the JSON documents to join", hint="stagetool sweep merge a.json b.json")
+    from stagetool.core.fileio import FileProblem, read_regular_text
+
     docs = []
     for f in files:
         try:
-            docs.append(json.loads(Path(f).read_text()))
+            docs.append(json.loads(read_regular_text(f, max_bytes=MAX_SWEEP_DOCUMENT_BYTES)))
+        except FileProblem as e:
+            raise UsageError(f"sweep merge: {f} {e}") from None
+        except RecursionError:
+            raise UsageError(f"sweep merge: {f} is nested too deeply to be a sweep document") from None
         except (OSError, ValueError) as e:
             raise UsageError(f"sweep merge: cannot read {f}: {getattr(e, 'strerror', None) or e}") from None
-    return merge(docs)
+    return merge(docs, [str(f) for f in files])
+
+
+MAX_SWEEP_DOCUMENT_BYTES = 256 * 2**20
+"""A sweep document larger than this is not one (10,000 rows of a few KiB each)."""
 
 
 #: the root command's options that take a value (``--coordinator HOST:PORT``)

@@ -70,18 +70,51 @@ def temporary_path(path: str | os.PathLike) -> Iterator[str]:
 def kill_child(proc: Any) -> None:
     """Kill a child's whole process group (it was started in its own session), then reap it.
 
-    ``proc`` is a ``subprocess.Popen`` or a ``multiprocessing.Process``.
+    ``proc`` is a ``subprocess.Popen`` or a ``multiprocessing.Process``. The group is killed even
+    when the child itself has already ended: what it started (a compiler subprocess, a grandchild
+    that ignored its parent's end) is still in that group. (A group id is not reused while the
+    group has a member, so this never reaches another process.)
     """
-    popen = hasattr(proc, "poll")
-    if (proc.poll() if popen else proc.exitcode) is not None or proc.pid is None:
+    if proc.pid is None:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError, OSError):
-        with contextlib.suppress(OSError):
-            proc.kill()
+    popen = hasattr(proc, "poll")
+    if (proc.poll() if popen else proc.exitcode) is not None:
+        return
+    with contextlib.suppress(OSError):
+        proc.kill()
     with contextlib.suppress(Exception):
         proc.wait(timeout=5) if popen else proc.join(5)
+
+
+PARENT_PID_ENV = "STAGETOOL_PARENT_PID"
+"""The environment variable through which a child started with :func:`child_environment` learns its
+parent's pid (to check that the parent is still alive once the parent-death signal is set)."""
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """Have the kernel kill this process (SIGKILL) when its parent ends — on Linux, through
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing. Called first thing in a child process: a worker
+    whose parent was killed with SIGKILL (no handler runs) must not go on compiling for half an hour.
+
+    ``parent_pid`` is the pid the parent had when it started this process: if the parent is already
+    gone (this process was reparented before the signal was set), this process exits at once.
+    """
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)  # the parent ended before the signal was in place
 
 
 def _remove(path: str) -> None:

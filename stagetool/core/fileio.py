@@ -10,6 +10,13 @@ file, and nothing but the path asked for is touched.
   ``/dev/stdout`` — is opened and written in place: never renamed over, never read first.
 * A **read-modify-write** (``check --update`` of a shared baseline) holds an exclusive lock
   (:func:`locked`) so that concurrent updates of different functions all land.
+* The temporary file is named ``.<name>.<pid>.<random>.tmp``: one left by a run that was killed
+  (``kill -9``, a power cut) is removed by the next write of the same file, once no process of
+  that pid is alive (:func:`_remove_stray`).
+
+Reading a file the user names (a spec, a baseline, a sweep document) goes through
+:func:`read_regular_bytes`: a FIFO, a device (``/dev/zero``), a socket or a folder is refused
+without reading from it (no hang, no endless read), and so is a file over a size limit.
 """
 
 from __future__ import annotations
@@ -23,6 +30,73 @@ from pathlib import Path
 from typing import Iterator
 
 from stagetool.core import cleanup
+
+
+class FileProblem(Exception):
+    """A path that is not a readable regular file of a sensible size (see :func:`read_regular_bytes`);
+    the message says what it is (``is a FIFO``, ``is larger than 64 MiB``)."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_regular_bytes(path: str | Path, *, max_bytes: int, follow_symlinks: bool = True) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``max_bytes`` bytes.
+
+    The file is opened with ``O_NONBLOCK`` (a FIFO's open does not wait for a writer) and checked
+    with ``fstat`` on the open descriptor before one byte is read; with ``follow_symlinks=False`` it
+    is opened with ``O_NOFOLLOW`` (a symbolic link is refused). At most ``max_bytes + 1`` bytes are
+    read, so a file that grows while it is read is refused too.
+
+    Raises:
+      FileNotFoundError / PermissionError / OSError: it cannot be opened.
+      FileProblem: it is a FIFO, device, socket, folder or link (not followed), or larger than
+        ``max_bytes``.
+    """
+    flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+    if not follow_symlinks:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(os.fspath(path), flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow_symlinks:
+            raise FileProblem("is a symbolic link") from None
+        if e.errno == errno.ENXIO:  # a socket, or a FIFO opened for writing only
+            raise FileProblem("is not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileProblem(f"is {_kind(st.st_mode)}")
+        if st.st_size > max_bytes:
+            raise FileProblem(f"is larger than {_size(max_bytes)} ({st.st_size} bytes)")
+        chunks, total = [], 0
+        while total <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > max_bytes:
+            raise FileProblem(f"is larger than {_size(max_bytes)}")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_regular_text(path: str | Path, *, max_bytes: int, follow_symlinks: bool = True) -> str:
+    """:func:`read_regular_bytes` decoded as UTF-8 (``UnicodeDecodeError``, a ``ValueError``, if it is not)."""
+    return read_regular_bytes(path, max_bytes=max_bytes, follow_symlinks=follow_symlinks).decode("utf-8")
+
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n} bytes"
 
 
 def is_special(path: str | Path) -> bool:
@@ -108,7 +182,8 @@ def _write_in_place(p: str, data: bytes, *, truncate: bool) -> None:
 
 def _replace(real: str, data: bytes, st: os.stat_result | None) -> None:
     folder = os.path.dirname(real) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.", suffix=".tmp", dir=folder)
+    _remove_stray(folder, os.path.basename(real))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.{os.getpid()}.", suffix=".tmp", dir=folder)
     token = cleanup.register_path(tmp)
     try:
         try:
@@ -138,6 +213,37 @@ def _replace(real: str, data: bytes, st: os.stat_result | None) -> None:
         raise
     finally:
         cleanup.forget(token)
+
+
+def _remove_stray(folder: str, name: str) -> None:
+    """Remove ``.<name>.<pid>.*.tmp`` files in ``folder`` that this user owns and whose writer (the
+    process ``pid``) is no longer alive: what a killed run left. Nothing else is touched."""
+    import re
+
+    pattern = re.compile(r"\." + re.escape(name) + r"\.(\d+)\.[A-Za-z0-9_]+\.tmp\Z")
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return
+    for entry in entries:
+        m = pattern.match(entry)
+        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        path = os.path.join(folder, entry)
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                os.unlink(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # another user's process (or not ours to judge): leave its file
+    return True
 
 
 def _fsync_folder(folder: str) -> None:

@@ -34,6 +34,21 @@ def printable(text: object, *, newlines: bool = True) -> str:
     return s
 
 
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~<>&#@])")
+_MARKDOWN_ENTITY = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+
+
+def markdown_safe(text: object) -> str:
+    """Text from a name or a message for GitHub-flavoured Markdown, shown as written and never read
+    as Markdown or HTML: :func:`printable` on one line, ``<``, ``>`` and ``&`` as entities (no tag, no
+    comment, no entity of the writer's), Markdown's punctuation backslash-escaped (no link, image,
+    emphasis, code span or table cell break; no ``@mention`` or ``#123`` reference), and ``://`` / ``www.`` broken with a word joiner
+    (U+2060) so that GitHub does not turn a URL into a link."""
+    s = printable(text, newlines=False)
+    s = _MARKDOWN_SPECIAL.sub(lambda m: _MARKDOWN_ENTITY.get(m.group(1), "\\" + m.group(1)), s)
+    return s.replace("://", ":\u2060//").replace("www.", "www\u2060.")
+
+
 def markup_safe(text: object) -> str:
     """:func:`printable` and Rich's markup escape: for text interpolated into a Rich markup string."""
     from rich.markup import escape

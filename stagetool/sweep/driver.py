@@ -37,6 +37,8 @@ class SweepOptions:
       output_dir: write each finished row there (``<id>.json``, atomically).
       resume: skip configurations whose row is already in ``output_dir``.
       outputs: ``(option, path)`` of the files the command writes (``-o``), checked before anything runs.
+      timeout: seconds each configuration's process may run (None: no limit); one still running
+        then is killed and is an error row.
     """
 
     target: str | None = None
@@ -58,6 +60,7 @@ class SweepOptions:
     output_dir: Path | None = None
     resume: bool = False
     outputs: tuple[tuple[str, Path], ...] = ()
+    timeout: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +103,7 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
 
     if options.jobs < 1:
         raise UsageError(f"--jobs {options.jobs}: give at least 1")
+    timeout_s(options.timeout)
     if options.resume and options.output_dir is None:
         raise UsageError("--resume reads the rows of an earlier run from --output-dir; give --output-dir DIR")
     if options.executor == "ray" and options.jobs != 1:
@@ -153,6 +157,7 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
         "stagetool_version": _stagetool_version(), "jax_version": _dist_version("jax"),
         "jaxlib_version": _dist_version("jaxlib"),
         "target": options.target or fspec.target, "function": fspec.name, "spec": str(spec_path),
+        "spec_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "axes": [[name, list(values)] for name, values in grid.axes],
         "options": {"platform": options.platform, "chip": options.chip, "device_memory": options.device_memory},
         "grid_size": len(grid.configs), "shard": f"{shard[0]}/{shard[1]}" if shard else None,
@@ -160,6 +165,21 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     base = json.dumps({"common": common, "spec_text": hashlib.sha256(text.encode()).hexdigest(),
                        "stagetool": _stagetool_version()}, sort_keys=True)
     return SweepPlan(header, grid, shard_of(grid.configs, shard), common, base)
+
+
+def timeout_s(value: float | None) -> float | None:
+    """``--timeout`` in seconds: None for none or ``inf``.
+
+    Raises:
+      UsageError: not a positive number of seconds (0, negative, NaN).
+    """
+    import math
+
+    if value is None or value == math.inf:
+        return None
+    if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+        raise UsageError(f"--timeout {value}: give a positive number of seconds (or inf for none)")
+    return float(value)
 
 
 def _stagetool_version() -> str:
@@ -170,7 +190,8 @@ def _stagetool_version() -> str:
 
 def fingerprint(plan: SweepPlan, config: Config) -> str:
     """What a row in ``--output-dir`` must match to be reused by ``--resume``: the options, the spec's
-    text, the stagetool version and the configuration's values."""
+    text, the stagetool version and the configuration's values (not its index: a row found again
+    in a larger grid is the same configuration, and takes its index there)."""
     data = plan.fingerprint_base + json.dumps([config.mesh, config.topology, list(config.variables)])
     return hashlib.sha256(data.encode()).hexdigest()
 
@@ -185,17 +206,28 @@ def payload(plan: SweepPlan, config: Config) -> dict:
 def read_finished(plan: SweepPlan, output_dir: Path) -> dict[str, dict]:
     """Rows of this sweep already in ``output_dir`` (a file whose fingerprint does not match, or that
     does not parse, is not a finished row and is run again)."""
+    from stagetool.core.fileio import FileProblem, read_regular_text
+    from stagetool.sweep.rows import row_problem
+
     done = {}
     for c in plan.configs:
         path = output_dir / f"{c.id}.json"
         try:
-            saved = json.loads(path.read_text())
-        except (OSError, ValueError):
+            saved = json.loads(read_regular_text(path, max_bytes=MAX_ROW_FILE_BYTES))
+        except (OSError, ValueError, RecursionError, FileProblem):
             continue
-        if isinstance(saved, dict) and saved.get("fingerprint") == fingerprint(plan, c) and \
-                isinstance(saved.get("row"), dict) and saved["row"].get("id") == c.id:
-            done[c.id] = saved["row"]
+        if not (isinstance(saved, dict) and set(saved) == {"fingerprint", "row"}
+                and saved["fingerprint"] == fingerprint(plan, c)):
+            continue
+        row = saved["row"]
+        if row_problem(row) is not None or row["id"] != c.id or row["values"] != c.values():
+            continue  # a row of another configuration, or mistyped: run it again
+        done[c.id] = {**row, "index": c.index}
     return done
+
+
+MAX_ROW_FILE_BYTES = 16 * 2**20
+"""A row file larger than this is not one stagetool wrote (a row is a few KiB): it is run again."""
 
 
 def run_sweep(options: SweepOptions, *, on_row: Callable[[dict, int, int], None] | None = None,
@@ -237,7 +269,7 @@ def run_sweep(options: SweepOptions, *, on_row: Callable[[dict, int, int], None]
     payloads = [payload(plan, c) for c in todo]
     if options.executor == executors.Executor.ray.value:
         if payloads:
-            executors.run_ray(payloads, on_row=finished)
+            executors.run_ray(payloads, on_row=finished, timeout_s=timeout_s(options.timeout))
     else:
-        executors.run_local(payloads, jobs=options.jobs, on_row=finished)
+        executors.run_local(payloads, jobs=options.jobs, on_row=finished, timeout_s=timeout_s(options.timeout))
     return document(plan.header, rows.values(), options.rank_by)

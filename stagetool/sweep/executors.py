@@ -32,17 +32,18 @@ class Executor(str, enum.Enum):
     """Ray tasks on a running cluster (``pip install 'stagetool[ray]'``)."""
 
 
-def run_local(payloads: Iterable[dict], *, jobs: int, on_row: OnRow) -> None:
-    """Run every payload in its own process, ``jobs`` at a time; ``on_row`` gets each row as it finishes."""
+def run_local(payloads: Iterable[dict], *, jobs: int, on_row: OnRow, timeout_s: float | None = None) -> None:
+    """Run every payload in its own process, ``jobs`` at a time; ``on_row`` gets each row as it finishes.
+    ``timeout_s``: seconds each process may run before it is killed (an error row)."""
     from stagetool.sweep.run import run_isolated
 
     payloads = list(payloads)
     if jobs <= 1:
         for p in payloads:
-            on_row(run_isolated(p))
+            on_row(run_isolated(p, timeout_s))
         return
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="stagetool-sweep") as pool:
-        futures = [pool.submit(run_isolated, p) for p in payloads]
+        futures = [pool.submit(run_isolated, p, timeout_s) for p in payloads]
         try:
             for f in concurrent.futures.as_completed(futures):
                 on_row(f.result())
@@ -80,8 +81,9 @@ def _connect_ray(pythonpath: str | None):
     return ray, True
 
 
-def run_ray(payloads: Iterable[dict], *, on_row: OnRow) -> None:
-    """Run every payload as a Ray task (one CPU each); ``on_row`` gets each row as it finishes."""
+def run_ray(payloads: Iterable[dict], *, on_row: OnRow, timeout_s: float | None = None) -> None:
+    """Run every payload as a Ray task (one CPU each); ``on_row`` gets each row as it finishes.
+    ``timeout_s`` bounds each task's process as for :func:`run_local`."""
     from stagetool.sweep.run import run_isolated
 
     payloads = list(payloads)
@@ -89,7 +91,7 @@ def run_ray(payloads: Iterable[dict], *, on_row: OnRow) -> None:
     ray, connected = _connect_ray(pythonpath)
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(run_isolated)
-        pending = {task.remote(p): p for p in payloads}
+        pending = {task.remote(p, timeout_s): p for p in payloads}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
@@ -97,11 +99,9 @@ def run_ray(payloads: Iterable[dict], *, on_row: OnRow) -> None:
                 try:
                     row = ray.get(ref)
                 except Exception as e:  # noqa: BLE001 - a lost node or worker is one error row
-                    from stagetool.sweep.run import _empty_row, _first_lines
+                    from stagetool.sweep.run import _error_row
 
-                    row = _empty_row(payload["config"])
-                    row["error"] = {"stage": "ray", "exit_code": 3,
-                                    "message": _first_lines(f"the Ray task failed: {type(e).__name__}: {e}")}
+                    row = _error_row(payload, "ray", f"the Ray task failed: {type(e).__name__}: {e}")
                 on_row(row)
     finally:
         if connected:

@@ -68,17 +68,35 @@ class Grid:
     configs: tuple[Config, ...]
 
 
+MAX_GRID_SIZE = 10_000
+"""Configurations one sweep may have: each is a process and a compile (seconds to minutes), so a
+larger grid is a typo (``--mesh all --devices 1000000``) rather than a plan; exit 2 names the axes."""
+
+
+def _divisors(n: int) -> list[int]:
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
 def factorisations(n: int, k: int) -> tuple[tuple[int, ...], ...]:
     """Every way to write ``n`` as an ordered product of ``k`` positive factors, in lexicographic
-    order of the factors: ``factorisations(8, 2) == ((1, 8), (2, 4), (4, 2), (8, 1))``."""
+    order of the factors: ``factorisations(8, 2) == ((1, 8), (2, 4), (4, 2), (8, 1))``.
+    (Divisors are found up to the square root: ``n`` is at most :data:`stagetool.core.mesh.MAX_DEVICES`
+    where a sweep calls it, but this stays fast for any ``n``.)"""
     if n < 1 or k < 1:
         return ()
     if k == 1:
         return ((n,),)
     out = []
-    for d in range(1, n + 1):
-        if n % d == 0:
-            out.extend((d, *rest) for rest in factorisations(n // d, k - 1))
+    for d in _divisors(n):
+        out.extend((d, *rest) for rest in factorisations(n // d, k - 1))
     return tuple(out)
 
 
@@ -118,6 +136,11 @@ def mesh_values(text: str | None, axis_names: tuple[str, ...], device_count: int
                              hint="add 'mesh: {axes: {data: 2, model: 4}}' to the spec")
         if not device_count:
             raise UsageError("--mesh all needs a device count", hint="pass --devices N")
+        from stagetool.core.mesh import MAX_DEVICES
+
+        if device_count > MAX_DEVICES:
+            raise UsageError(f"--mesh all over {device_count} devices: a mesh has at most {MAX_DEVICES} devices",
+                             hint="pass a smaller --devices N")
         return tuple("x".join(map(str, f)) for f in factorisations(device_count, len(axis_names)))
     return _split("--mesh", text)
 
@@ -154,6 +177,16 @@ def build_grid(*, meshes: tuple[str, ...] | None, topologies: tuple[str, ...] | 
     if meshes:
         axes.append(("mesh", meshes))
     axes.extend(variables.items())
+    for reserved in ("mesh", "topology"):
+        if reserved in variables:
+            raise UsageError(f"--set {reserved}=...: '{reserved}' is the name of the --{reserved} axis",
+                             hint=f"rename the spec's ${{{reserved}}} placeholder, or use --{reserved}")
+    size = math.prod(len(values) for _, values in axes)
+    if size > MAX_GRID_SIZE:
+        raise UsageError(f"the sweep's grid has {size} configurations ("
+                         + " x ".join(f"{len(v)} {name}" for name, v in axes) + f"), more than {MAX_GRID_SIZE}",
+                         hint="sweep fewer values (each configuration is a process and a compile), or split the "
+                              "sweep into several commands")
     configs = []
     for i, combo in enumerate(itertools.product(*(values for _, values in axes))):
         chosen = dict(zip((name for name, _ in axes), combo))
@@ -168,6 +201,29 @@ def build_grid(*, meshes: tuple[str, ...] | None, topologies: tuple[str, ...] | 
                                                                                 unique=True))
                for c in configs]
     return Grid(tuple((n, tuple(v)) for n, v in axes), tuple(configs))
+
+
+def grid_of_axes(axes: list) -> Grid:
+    """The grid a sweep document's ``axes`` (``[[name, [value, ...]], ...]``, as :func:`build_grid`
+    made them) describe: what ``sweep merge`` checks shards' rows against.
+
+    Raises:
+      UsageError: axes out of order, repeated, or with repeated values; a grid over the size cap.
+    """
+    names = [name for name, _ in axes]
+    if len(set(names)) != len(names):
+        raise UsageError(f"an axis is repeated ({', '.join(names)})")
+    topologies = meshes = None
+    rest = list(axes)
+    if rest and rest[0][0] == "topology":
+        topologies = tuple(rest.pop(0)[1])
+    if rest and rest[0][0] == "mesh":
+        meshes = tuple(rest.pop(0)[1])
+    variables = {name: tuple(values) for name, values in rest}
+    for name, values in [("topology", topologies or ()), ("mesh", meshes or ()), *variables.items()]:
+        if len(set(values)) != len(values):
+            raise UsageError(f"axis {name} repeats a value")
+    return build_grid(meshes=meshes, topologies=topologies, variables=variables)
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:

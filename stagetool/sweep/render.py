@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from stagetool.core.units import format_bytes, format_count, format_seconds
-from stagetool.sweep.rows import DOES_NOT_FIT, OK
+from stagetool.sweep.rows import DOES_NOT_FIT, OK, counts
 from stagetool.sweep.rows import ERROR as ERROR_STATUS
 
 
@@ -110,11 +110,18 @@ def table_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 def _footer(doc: dict) -> list[str]:
     lines = []
     n, total = len(doc["rows"]), doc.get("grid_size")
-    fit = sum(1 for r in doc["rows"] if r["status"] == OK and r.get("fits") is not False)
+    c = counts(doc["rows"])
     scope = f"{n} configuration{'s' if n != 1 else ''}" + (f" of {total}" if total != n else "")
     if doc.get("shard"):
         scope += f" (shard {doc['shard']})"
-    lines.append(f"{scope}; {fit} stage{'s' if fit == 1 else ''} and fit{'s' if fit == 1 else ''}")
+    fit = c["fit"] + c["unknown fit"]
+    parts = [f"{fit} stage{'s' if fit == 1 else ''} and fit{'s' if fit == 1 else ''}"
+             + (f" ({c['unknown fit']} with no capacity to compare with)" if c["unknown fit"] else "")]
+    if c["do not fit"]:
+        parts.append(f"{c['do not fit']} do{'es' if c['do not fit'] == 1 else ''} not fit")
+    if c["failed"]:
+        parts.append(f"{c['failed']} failed")
+    lines.append(f"{scope}; " + ", ".join(parts))
     if doc.get("best"):
         lines.append(f"★ best by {doc.get('ranked_by')}: {doc['best']}")
     if doc.get("ranking_note"):
@@ -162,16 +169,18 @@ def render_text(doc: dict, *, color: bool = False, width: int = 160) -> str:
 def render_markdown(doc: dict, **_: Any) -> str:
     head, cells = table_rows(doc)
 
-    def esc(s: str) -> str:
-        return s.replace("|", "\\|").replace("\n", " ")
+    from stagetool.core.text import markdown_safe
 
-    out = [f"### sweep `{doc.get('function')}` ({doc.get('target')})", "",
+    def esc(s: str) -> str:
+        return markdown_safe(s)
+
+    out = [f"### sweep {esc(str(doc.get('function')))} ({esc(str(doc.get('target')))})", "",
            "| " + " | ".join(esc(h) for h in head) + " |",
            "|" + "|".join(":---" if not h.startswith(("peak", "FLOPs", "step", "compile")) else "---:"
                           for h in head) + "|"]
     out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in cells]
     out.append("")
-    out += [line + "  " for line in _footer(doc)]
+    out += [esc(line) + "  " for line in _footer(doc)]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -240,8 +249,15 @@ def render_html(doc: dict, **_: Any) -> str:
 
 
 def render(doc: dict, fmt: SweepFormat, *, color: bool = False, width: int = 160) -> str:
-    """The sweep document in ``fmt``."""
+    """The sweep document in ``fmt``. Text, Markdown and CSV show every string of the document with
+    control characters escaped (names, values and messages come from the spec and the user's code);
+    Markdown also escapes HTML and Markdown syntax, HTML is escaped by its templates; JSON keeps the
+    strings as they are."""
     fmt = SweepFormat(fmt)
+    if fmt != SweepFormat.json:
+        from stagetool.core.text import sanitized
+
+        doc = sanitized(doc)
     if fmt == SweepFormat.text:
         return render_text(doc, color=color, width=width)
     return {SweepFormat.json: render_json, SweepFormat.markdown: render_markdown,

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import copy
 import enum
-from typing import Iterable
+import math
+from typing import Any, Iterable
 
 from stagetool.core.errors import UsageError
 
-SWEEP_SCHEMA_VERSION = 1
+SWEEP_SCHEMA_VERSION = 2
+"""2: rows of failed configurations are ``error`` rows (1 could say ``ok`` with no figures), the
+header carries the spec text's sha256, and a shard's document names no best row."""
 
 OK = "ok"
 DOES_NOT_FIT = "does not fit"
@@ -113,19 +116,113 @@ def best(rows: Iterable[dict], rank_by: RankBy) -> tuple[str | None, RankBy | No
     return top["id"], used, note
 
 
+def counts(rows: Iterable[dict]) -> dict[str, int]:
+    """``{"fit": ..., "do not fit": ..., "unknown fit": ..., "failed": ...}``: configurations that staged
+    and fit, that do not fit (peak over capacity, or XLA ran out of memory compiling), that staged
+    with no capacity to compare with, and that failed (``error``)."""
+    out = {"fit": 0, "do not fit": 0, "unknown fit": 0, "failed": 0}
+    for r in rows:
+        if r.get("status") == ERROR:
+            out["failed"] += 1
+        elif r.get("status") == DOES_NOT_FIT or r.get("fits") is False:
+            out["do not fit"] += 1
+        elif r.get("fits") is None:
+            out["unknown fit"] += 1
+        else:
+            out["fit"] += 1
+    return out
+
+
 def document(header: dict, rows: Iterable[dict], rank_by: RankBy) -> dict:
     """The sweep document: ``header`` (kind, target, axes, options, grid size, shard), the rows in grid
-    order, and the best one."""
+    order, and the best one.
+
+    The best is named only for the whole grid: a shard's document, or one missing rows, has
+    ``best: null`` and a ``ranking_note`` saying why (``sweep merge`` of every shard names it).
+    """
     ordered = sorted(rows, key=lambda r: r["index"])
-    top, used, note = best(ordered, rank_by)
+    missing = header.get("grid_size") is not None and len(ordered) < header["grid_size"]
+    if header.get("shard") or missing:
+        top, used = None, None
+        note = (f"shard {header['shard']} of the grid: 'stagetool sweep merge' of every shard names the best"
+                if header.get("shard") else f"{header['grid_size'] - len(ordered)} configuration(s) of the grid "
+                                            "have no row: no best is named")
+    else:
+        top, used, note = best(ordered, rank_by)
     doc = dict(header)
     doc.update(rank_by=rank_by.value, ranked_by=used.value if used else None, best=top, ranking_note=note,
-               rows=ordered)
+               counts=counts(ordered), rows=ordered)
     return doc
 
 
 HEADER_KEYS = ("schema_version", "kind", "stagetool_version", "jax_version", "jaxlib_version", "target",
-               "function", "spec", "axes", "options", "grid_size", "shard")
+               "function", "spec", "spec_sha256", "axes", "options", "grid_size", "shard")
+
+
+# ---- validation of rows read back (--resume, sweep merge, a worker's row file) ---------------------
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _opt(check, v: Any) -> bool:
+    return v is None or check(v)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+_ROW_CHECKS = {
+    "index": _count,
+    "id": lambda v: isinstance(v, str) and 0 < len(v) <= 4096,
+    "values": lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+    "status": lambda v: v in (OK, DOES_NOT_FIT, ERROR),
+    "mesh": lambda v: v is None or (isinstance(v, list) and all(
+        isinstance(a, list) and len(a) == 2 and _str(a[0]) and _count(a[1]) for a in v)),
+    "platform": lambda v: _opt(_str, v), "device_kind": lambda v: _opt(_str, v),
+    "device_count": lambda v: _opt(_count, v),
+    "peak_bytes_per_device": lambda v: _opt(_number, v), "capacity_bytes_per_device": lambda v: _opt(_number, v),
+    "capacity_source": lambda v: _opt(_str, v), "fits": lambda v: v is None or isinstance(v, bool),
+    "collective_bytes_per_step": lambda v: _opt(_number, v),
+    "collective_bytes_per_step_by_mesh_axes": lambda v: v is None or (
+        isinstance(v, dict) and all(_str(k) and _number(n) for k, n in v.items())),
+    "collectives_unknown_runs": lambda v: _opt(_count, v),
+    "flops_per_device_xla": lambda v: _opt(_number, v), "flops_per_device_loop_aware": lambda v: _opt(_number, v),
+    "while_loops": lambda v: _opt(_count, v), "chip": lambda v: _opt(_str, v),
+    "roofline_step_seconds": lambda v: _opt(_number, v), "roofline_bound": lambda v: _opt(_str, v),
+    "error": lambda v: v is None or (isinstance(v, dict) and set(v) == {"stage", "exit_code", "message"}
+                                     and _str(v["stage"]) and _count(v["exit_code"]) and _str(v["message"])),
+    "timings": lambda v: isinstance(v, dict) and all(_str(k) and _opt(_number, n) for k, n in v.items()),
+}
+
+
+def row_problem(row: Any) -> str | None:
+    """Why ``row`` is not a well-formed row (:data:`ROW_FIELDS`, each of its type, ``status`` agreeing
+    with ``error``); None when it is. Rows come back from files (``--output-dir``, a worker's row,
+    ``sweep merge``'s inputs), so nothing in them is used before this passes."""
+    if not isinstance(row, dict):
+        return f"a row is a JSON object, not {type(row).__name__}"
+    if set(row) != set(ROW_FIELDS):
+        extra, absent = sorted(set(row) - set(ROW_FIELDS)), sorted(set(ROW_FIELDS) - set(row))
+        return "fields " + "; ".join(p for p in (f"unknown: {', '.join(map(repr, extra))}" if extra else "",
+                                               f"missing: {', '.join(absent)}" if absent else "") if p)
+    for name, ok in _ROW_CHECKS.items():
+        if not ok(row[name]):
+            return f"{name}: {_shown(row[name])} is not {ROW_FIELDS[name]}"
+    if (row["status"] == ERROR and row["error"] is None) or (row["status"] == OK and row["error"] is not None):
+        return f"status {row['status']!r} with error {_shown(row['error'])}"
+    return None
+
+
+def _shown(v: Any, n: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= n else text[:n] + "…"
 
 
 def without_timings(doc: dict) -> dict:
@@ -139,35 +236,90 @@ def without_timings(doc: dict) -> dict:
     return out
 
 
-def merge(docs: list[dict]) -> dict:
+def _header_problem(d: dict) -> str | None:
+    checks = {"target": _str, "function": _str, "spec": _str,
+              "spec_sha256": lambda v: isinstance(v, str) and len(v) == 64,
+              "axes": lambda v: isinstance(v, list) and all(
+                  isinstance(a, list) and len(a) == 2 and _str(a[0]) and isinstance(a[1], list)
+                  and a[1] and all(_str(x) for x in a[1]) for a in v),
+              "options": lambda v: isinstance(v, dict), "grid_size": lambda v: _count(v) and v >= 1,
+              "shard": lambda v: v is None or _str(v), "rank_by": lambda v: v in {r.value for r in RankBy},
+              "rows": lambda v: isinstance(v, list)}
+    for k, ok in checks.items():
+        if k not in d:
+            return f"it has no {k!r}"
+        if not ok(d[k]):
+            return f"{k}: {_shown(d[k])} is not valid"
+    return None
+
+
+def merge(docs: list[dict], names: list[str] | None = None) -> dict:
     """Join the documents of one sweep's shards (``--shard I/N``) into one.
 
-    Rows are taken by id; a row in two documents must be the same (timings aside).
+    Every input is checked before anything is used: a sweep document of this schema, its header's
+    fields typed, every row well formed (:func:`row_problem`) and a configuration of the document's
+    own grid (rebuilt from its axes: the id and index must be the grid's). Rows are taken by id; a
+    row in two documents must be the same (timings aside). The result is the whole grid: a
+    configuration no document has is an error naming it, so a partial merge never names a best.
+
+    Args:
+      docs: the parsed JSON documents.
+      names: what to call each in messages (file names); default ``document 1``, ``2``, ...
 
     Raises:
-      UsageError: not sweep documents, documents of different sweeps (target, axes, options), or
-        one id with two different rows.
+      UsageError: not sweep documents of this schema, malformed headers or rows, documents of
+        different sweeps (target, spec text, axes, options, grid), one id with two different rows,
+        or configurations of the grid without a row.
     """
+    from stagetool.sweep.grid import grid_of_axes
+
     if not docs:
         raise UsageError("sweep merge needs at least one JSON document")
-    for d in docs:
-        if not isinstance(d, dict) or d.get("kind") != "sweep" or d.get("schema_version") != SWEEP_SCHEMA_VERSION:
-            raise UsageError("sweep merge reads sweep JSON documents (stagetool sweep --format json); "
-                             f"one is not (kind {d.get('kind') if isinstance(d, dict) else None!r})")
+    names = list(names) if names is not None else [f"document {i + 1}" for i in range(len(docs))]
+    for name, d in zip(names, docs):
+        if not isinstance(d, dict) or d.get("kind") != "sweep":
+            raise UsageError(f"sweep merge: {name} is not a sweep JSON document (stagetool sweep --format json)")
+        if d.get("schema_version") != SWEEP_SCHEMA_VERSION:
+            raise UsageError(f"sweep merge: {name} has sweep schema {_shown(d.get('schema_version'))}, this "
+                             f"stagetool reads {SWEEP_SCHEMA_VERSION}", hint="rerun the shards with this stagetool")
+        problem = _header_problem(d)
+        if problem:
+            raise UsageError(f"sweep merge: {name} is not a valid sweep document: {problem}")
     same = [k for k in HEADER_KEYS if k != "shard"] + ["rank_by"]
     first = docs[0]
-    for d in docs[1:]:
+    for name, d in zip(names[1:], docs[1:]):
         differs = [k for k in same if d.get(k) != first.get(k)]
         if differs:
-            raise UsageError("sweep merge: the documents are of different sweeps; they differ in "
-                             + ", ".join(differs), hint="merge the shards of one command line only")
+            raise UsageError(f"sweep merge: {names[0]} and {name} are of different sweeps; they differ in "
+                             + ", ".join("the spec's text" if k == "spec_sha256" else k for k in differs),
+                             hint="merge the shards of one command line on one spec only")
+    try:
+        grid = grid_of_axes(first["axes"])
+    except UsageError as e:
+        raise UsageError(f"sweep merge: {names[0]}: axes: {e.message}") from None
+    if len(grid.configs) != first["grid_size"]:
+        raise UsageError(f"sweep merge: {names[0]}: grid_size {first['grid_size']} is not the product of its axes "
+                         f"({len(grid.configs)})")
+    by_index = {c.index: c for c in grid.configs}
     by_id: dict[str, dict] = {}
-    for d in docs:
-        for r in d["rows"]:
+    for name, d in zip(names, docs):
+        for i, r in enumerate(d["rows"]):
+            problem = row_problem(r)
+            if problem is None:
+                c = by_index.get(r["index"])
+                if c is None or c.id != r["id"]:
+                    problem = f"configuration {_shown(r['id'])} at index {r['index']} is not in the grid of its axes"
+            if problem:
+                raise UsageError(f"sweep merge: {name}: rows[{i}]: {problem}")
             seen = by_id.get(r["id"])
             if seen is not None and without_timings({"rows": [seen]}) != without_timings({"rows": [r]}):
                 raise UsageError(f"sweep merge: configuration {r['id']} has two different rows")
             by_id.setdefault(r["id"], r)
+    missing = [c.id for c in grid.configs if c.id not in by_id]
+    if missing:
+        shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        raise UsageError(f"sweep merge: {len(missing)} of the grid's {len(grid.configs)} configurations have no "
+                         f"row: {shown}", hint="merge every shard (--shard 1/N ... N/N); a partial grid has no best")
     header = {k: first.get(k) for k in HEADER_KEYS}
     header["shard"] = None
     return document(header, by_id.values(), RankBy(first["rank_by"]))

@@ -75,6 +75,14 @@ def row_from_function(row: dict, fn: Any) -> dict:
         if fn.cost.roofline is not None:
             r = fn.cost.roofline
             row.update(chip=r.chip, roofline_step_seconds=r.lower_bound_seconds, roofline_bound=r.bound)
+    if fn.error is not None:  # the pipeline reports a failed function as data: here it is a failed row
+        row.update(status=ERROR, error={"stage": "staging", "exit_code": 3, "message": str(fn.error)})
+        return row
+    if fn.memory is None and fn.cost is None and fn.collectives is None:
+        row.update(status=ERROR, error={"stage": "staging", "exit_code": 3,
+                                        "message": "the function staged with no figures (no cost, memory or "
+                                                   "collectives section)"})
+        return row
     row["status"] = DOES_NOT_FIT if row["fits"] is False else OK
     return row
 
@@ -98,61 +106,119 @@ def run_config(payload: dict) -> dict:
     except StagingError as e:
         oom = _OUT_OF_MEMORY.search(e.message) is not None
         row.update(status=DOES_NOT_FIT if oom else ERROR, fits=False if oom else None,
-                   error={"stage": e.stage, "exit_code": int(e.exit_code), "message": _first_lines(e.message)})
+                   error={"stage": str(e.stage), "exit_code": int(e.exit_code), "message": e.message})
         return row
     except StagetoolError as e:
-        row["error"] = {"stage": "setup", "exit_code": int(e.exit_code), "message": _first_lines(e.message)}
+        row["error"] = {"stage": "setup", "exit_code": int(e.exit_code), "message": e.message}
         return row
-    except Exception as e:  # noqa: BLE001 - one configuration's failure must not end the sweep
-        row["error"] = {"stage": "unknown", "exit_code": 3, "message": _first_lines(f"{type(e).__name__}: {e}")}
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - one configuration's failure (SystemExit included) must not end the sweep
+        from stagetool.core.errors import describe_exception
+
+        row["error"] = {"stage": "unknown", "exit_code": 3, "message": describe_exception(e)}
         return row
     return row_from_function(row, report.functions[0])
 
 
-def _first_lines(text: str, n: int = 6) -> str:
-    lines = [line.rstrip() for line in str(text).strip().splitlines()]
-    return "\n".join(lines[:n]) + (f"\n… ({len(lines) - n} more lines)" if len(lines) > n else "")
-
-
-def run_isolated(payload: dict) -> dict:
-    """Run :func:`run_config` in a fresh ``python -m stagetool.sweep.run`` process and return its row.
-
-    The process starts in ``payload["cwd"]`` with ``payload["pythonpath"]`` first on ``PYTHONPATH``
-    (the stagetool that planned the sweep). A process that dies without a row gives an error row
-    with its exit status and the end of its stderr.
-    """
-    env = dict(os.environ)
-    if payload.get("pythonpath"):
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (payload["pythonpath"], env.get("PYTHONPATH")) if p)
-    cwd = payload.get("cwd")
-    if cwd and not os.path.isdir(cwd):
-        row = _empty_row(payload["config"])
-        row["error"] = {"stage": "setup", "exit_code": 2,
-                        "message": f"the working directory {cwd} does not exist on this host; a sweep's "
-                                   "workers need the spec and the code at the same paths (a shared file system)"}
-        return row
-    with tempfile.TemporaryDirectory(prefix="stagetool-sweep-") as tmp:
-        src, dst = Path(tmp) / "payload.json", Path(tmp) / "row.json"
-        src.write_text(json.dumps(payload))
-        proc = subprocess.run([sys.executable, "-m", "stagetool.sweep.run", str(src), str(dst)], cwd=cwd or None,
-                              env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True, errors="replace")
-        if dst.exists():
-            return json.loads(dst.read_text())
+def _error_row(payload: dict, stage: str, message: str, exit_code: int = 3) -> dict:
     row = _empty_row(payload["config"])
-    tail = "\n".join(proc.stderr.strip().splitlines()[-6:])
-    row["error"] = {"stage": "process", "exit_code": 3,
-                    "message": f"the worker process exited with status {proc.returncode} without a row"
-                               + (f":\n{tail}" if tail else "")}
+    row["error"] = {"stage": stage, "exit_code": exit_code, "message": message}
     return row
 
 
+MAX_ROW_BYTES = 16 * 2**20
+"""A worker's row file larger than this is not a row (a row is a few KiB)."""
+
+
+def run_isolated(payload: dict, timeout_s: float | None = None) -> dict:
+    """Run :func:`run_config` in a fresh ``python -m stagetool.sweep.run`` process and return its row.
+
+    The process starts in ``payload["cwd"]`` with ``payload["pythonpath"]`` first on ``PYTHONPATH``
+    (the stagetool that planned the sweep), in a session of its own, registered with
+    :mod:`stagetool.core.cleanup` (a signal that ends the sweep kills it and what it started) and
+    with the kernel's parent-death signal set (it dies if this process is killed). Its temporary
+    folder is registered too. A process that dies without a row, writes a malformed one, or runs
+    past ``timeout_s`` seconds (then its process group is killed) gives an error row saying so.
+    """
+    from stagetool.core import cleanup
+    from stagetool.core.fileio import FileProblem, read_regular_text
+    from stagetool.sweep.rows import row_problem
+
+    env = dict(os.environ)
+    if payload.get("pythonpath"):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (payload["pythonpath"], env.get("PYTHONPATH")) if p)
+    env[cleanup.PARENT_PID_ENV] = str(os.getpid())
+    cwd = payload.get("cwd")
+    if cwd and not os.path.isdir(cwd):
+        return _error_row(payload, "setup", f"the working directory {cwd} does not exist on this host; a sweep's "
+                                            "workers need the spec and the code at the same paths (a shared file "
+                                            "system)", 2)
+    tmp = tempfile.mkdtemp(prefix="stagetool-sweep-")
+    with cleanup.temporary_path(tmp):
+        src, dst, err = Path(tmp) / "payload.json", Path(tmp) / "row.json", Path(tmp) / "stderr"
+        src.write_text(json.dumps(payload))
+        with open(err, "wb") as err_file:
+            proc = subprocess.Popen([sys.executable, "-m", "stagetool.sweep.run", str(src), str(dst)],
+                                    cwd=cwd or None, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=err_file, start_new_session=True)
+        token = cleanup.register_child(proc)
+        try:
+            try:
+                proc.wait(timeout=timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        finally:
+            cleanup.kill_child(proc)  # its group: whatever it started ends with it
+            cleanup.forget(token)
+        if timed_out:
+            return _error_row(payload, "timeout", f"timed out after {timeout_s:g} s; the process was killed")
+        if proc.returncode == 0 and os.path.lexists(dst):
+            try:
+                row = json.loads(read_regular_text(dst, max_bytes=MAX_ROW_BYTES, follow_symlinks=False))
+            except (OSError, ValueError, RecursionError, FileProblem) as e:
+                return _error_row(payload, "process", f"the worker process wrote no readable row: {e}")
+            problem = row_problem(row)
+            if problem is None and (row["id"], row["index"]) != (payload["config"]["id"], payload["config"]["index"]):
+                problem = f"it is the row of {row['id']!r}"
+            if problem is not None:
+                return _error_row(payload, "process", f"the worker process wrote a malformed row: {problem}")
+            return row
+        tail = _stderr_tail(err)
+    from stagetool.core.workers import _death
+
+    how = _death(proc.returncode) if proc.returncode < 0 else f"the process exited with code {proc.returncode}"
+    hint = " (the code called os._exit, or the process was ended from outside)" if proc.returncode == 0 else ""
+    return _error_row(payload, "process", f"{how} without a row{hint}" + (f":\n{tail}" if tail else ""))
+
+
+def _stderr_tail(path: Path, lines: int = 6) -> str:
+    from stagetool.core.text import printable
+
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    kept = [printable(ln.rstrip(), newlines=False) for ln in text.splitlines() if ln.strip()]
+    return "\n".join(kept[-lines:])
+
+
 def main(argv: list[str]) -> int:
-    """``python -m stagetool.sweep.run PAYLOAD.json ROW.json``: stage one configuration, write its row."""
+    """``python -m stagetool.sweep.run PAYLOAD.json ROW.json``: stage one configuration, write its row.
+
+    The row is written only when the configuration ran to its end (a ``SystemExit`` or
+    ``os._exit`` in the user's code leaves no row, and the parent reports the process's end)."""
     import contextlib
 
+    from stagetool.core import cleanup
     from stagetool.core.fileio import write_atomic
 
+    parent = os.environ.get(cleanup.PARENT_PID_ENV)
+    cleanup.die_with_parent(int(parent) if parent and parent.isdigit() else None)
     payload = json.loads(Path(argv[0]).read_text())
     with contextlib.redirect_stdout(sys.stderr):  # the user's prints are not the row
         row = run_config(payload)
