@@ -70,7 +70,7 @@ FormatOpt = Annotated[Format, typer.Option(
 OutputOpt = Annotated[Optional[Path], typer.Option(
     "--output", "-o", help="Write to FILE (atomically) instead of stdout.", show_default=False)]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
-CacheDirOpt = Annotated[Optional[Path], typer.Option(
+CacheDirOpt = Annotated[Optional[str], typer.Option(  # str: Path('') would be '.', and '' is an error
     "--cache-dir", help="The facts cache: a function whose lowered module, compile options, devices and versions "
                         "match an entry is not compiled again. Default: $STAGETOOL_CACHE_DIR, else the user cache "
                         "folder.", show_default=False)]
@@ -91,7 +91,7 @@ class Staging:
     function: Optional[list[str]]
     local_avals: bool
     processes: Optional[int]
-    cache_dir: Optional[Path] = None
+    cache_dir: Optional[str] = None
     no_cache: bool = False
     gpu_target_config: Optional[str] = None
     slices: Optional[int] = None
@@ -105,7 +105,7 @@ class Staging:
                        topology=self.topology, function=tuple(self.function) if self.function else None,
                        local_avals=self.local_avals, processes=self.processes,
                        gpu_target_config=self.gpu_target_config, slices=self.slices,
-                       cache_dir=resolve_cache_dir(self.cache_dir, no_cache=self.no_cache), jax_cache=True, **more)
+                       cache_dir=resolve_cache_dir(self.cache_dir, no_cache=self.no_cache), **more)
 
 
 #: (name, annotation, default) of the shared staging options, in the order ``--help`` lists them.
@@ -852,8 +852,9 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
 
                 # the HTML page draws both meshes' memory over time: take the peak dump for it
                 opts = Options(spec=spec, mesh=m, platform=platform, function=tuple(function) if function else None,
-                               cache_dir=resolve_cache_dir(), jax_cache=True, isolate=isolate, timeout_s=timeout,
-                               peak=format == Format.html, outputs=_outputs(output=output, junit_xml=junit_xml))
+                               cache_dir=resolve_cache_dir(), isolate=isolate, timeout_s=timeout,
+                               peak=format == Format.html,
+                               outputs=_outputs(output=output, junit_xml=junit_xml))
                 with _status() as on_stage, _user_stdout_to_stderr():
                     runs.append(take_snapshot(opts, on_stage=on_stage))
             _report_failures({**runs[0].failed, **runs[1].failed})

@@ -81,8 +81,6 @@ class Options:
         of; each provisions its share of CPU devices. None for a single process.
       cache_dir: the facts cache folder (:mod:`stagetool.lowering.cache`): a function whose key
         matches an entry is not compiled. None (the API's default): no cache.
-      jax_cache: also turn on JAX's persistent compilation cache in ``cache_dir/jax`` (the CLI does),
-        unless this run takes the peak dump, which must come from a real compile.
       jobs: stage this many functions at once, each worker a process of its own that starts JAX
         once (:mod:`stagetool.core.workers`); the report is the same as a serial run's, in spec order.
       variables: ``(name, value text)`` pairs filling the spec's ``${name}`` placeholders
@@ -112,7 +110,6 @@ class Options:
     explain: tuple[str, ...] = ()
     job_processes: int | None = None
     cache_dir: Path | None = None
-    jax_cache: bool = False
     jobs: int = 1
     variables: tuple[tuple[str, str], ...] = ()
     timeout_s: float | None = None
@@ -137,7 +134,7 @@ class Plan:
         topology or the chip table says; see :func:`_capacity`).
       peak, top: the peak dump and how many rows to list.
       explain: the ``--explain`` patterns, compiled (checked against the leaves in :func:`build_inputs`).
-      cache_dir: the facts cache folder, or None; jax_cache: also JAX's compilation cache there.
+      cache_dir: the facts cache folder, or None.
       jobs: worker processes at a time (>= 1); timeout_s: seconds per function in a worker, or
         None; isolate: each function in a worker of its own.
       gpu_target_config: the ``--gpu-target-config`` file of a GPU target, or None.
@@ -161,7 +158,6 @@ class Plan:
     top: int = 10
     explain: tuple[LeafPattern, ...] = ()
     cache_dir: Path | None = None
-    jax_cache: bool = False
     jobs: int = 1
     timeout_s: float | None = None
     isolate: bool = False
@@ -324,7 +320,7 @@ def make_plan(options: Options) -> Plan:
     return Plan(spec, tuple(functions), mesh, options.platform or spec.platform, topology,
                 avals, processes=options.processes, job_processes=options.job_processes, dialect=options.dialect,
                 chips=chips, chip=chip, device_memory_bytes=device_memory, peak=options.peak, top=options.top,
-                explain=explain, cache_dir=options.cache_dir, jax_cache=options.jax_cache, jobs=options.jobs,
+                explain=explain, cache_dir=options.cache_dir, jobs=options.jobs,
                 timeout_s=options.timeout_s, isolate=options.isolate, gpu_target_config=options.gpu_target_config,
                 slices=slices, why=question)
 
@@ -547,7 +543,6 @@ def stage_and_analyse(plan: Plan, setup: DeviceSetup, prepared: dict[str, Prepar
             name, how = died[0]
             raise StagingError(f"{name}: {how}", stage="compile", function=name)
         return tuple(o.value for o in outcomes)
-    _use_jax_cache(plan, wanted)
     return tuple(_function_report(plan, setup, prepared[f.name], wanted, on_stage) for f in plan.functions)
 
 
@@ -597,14 +592,6 @@ def staged_functions(options: Options, *, until: str = "compile", on_stage: Call
         yield fitted, inputs, staged
 
 
-def _use_jax_cache(plan: Plan, wanted: frozenset[Section]) -> None:
-    """Turn on JAX's persistent compilation cache when asked to and no peak dump is taken in this process."""
-    if plan.jax_cache and plan.cache_dir is not None and not (plan.peak and Section.MEMORY in wanted):
-        from stagetool.lowering.cache import enable_jax_cache
-
-        enable_jax_cache(plan.cache_dir)
-
-
 def _stage(prep: Prepared, setup: DeviceSetup, until: str,
            on_stage: Callable[[str, str], None] | None, *,
            dump: bool = False) -> tuple[FunctionSpec, AbstractInputs, Staged, list[str]]:
@@ -649,7 +636,7 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
     if needs_compile and plan.cache_dir is not None and real_processes == 1:
         from stagetool.lowering.cache import FactsCache
 
-        cache = FactsCache(plan.cache_dir)
+        cache = FactsCache.open(plan.cache_dir)  # None (and one warning) for a folder others can write
     dialect = plan.dialect if Section.LOWERED_TEXT in wanted else None
     try:
         fspec, inputs, staged, user_files = _stage(prep, setup, "compile" if needs_compile and cache is None

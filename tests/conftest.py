@@ -57,3 +57,6 @@ def pytest_collection_modifyitems(config, items):
                 why = mark.kwargs.get("reason", "")
                 item.add_marker(pytest.mark.skip(reason=f"jax {jax.__version__}: needs jax {spec}" +
                                                  (f" ({why})" if why else "")))
+# nor to the user's config folder: the cache's secret (lowering/cache.py) is a session temporary file
+os.environ.setdefault("STAGETOOL_CACHE_KEY_FILE", os.path.join(tempfile.mkdtemp(prefix="stagetool-test-key-"),
+                                                               "facts-cache.key"))

@@ -17,27 +17,46 @@ The key (:func:`cache_key`) is a sha256 over:
 - what the spec says about each leaf that the facts echo (path, declared sharding, local shape,
   source, donation) and the declared output shardings (a pytree as its leaves' key paths and
   shardings, never a ``repr`` with memory addresses: :func:`_key_part`);
-- ``XLA_FLAGS`` / ``LIBTPU_INIT_ARGS``, and the jax, jaxlib, libtpu and stagetool versions, and
-  :data:`CACHE_SCHEMA`.
+- the settings JAX turns into compile options and the environment XLA reads
+  (:func:`compile_settings`: ``JAX_OPTIMIZATION_LEVEL``/``jax_optimization_level``, the
+  optimisation and memory-fitting efforts and levels, ``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``, every
+  ``XLA_*``/``LIBTPU_*`` variable ...);
+- the jax, jaxlib, libtpu and stagetool versions, and :data:`CACHE_SCHEMA`.
 
-An entry is a self-describing JSON document (no pickle), written atomically
-(:func:`stagetool.core.fileio.write_atomic`: concurrent writers of the same key each replace the
-file whole). On read it is checked — schema, the key echoed, a sha256 of the payload, the type of
-every field — and anything off (truncated, corrupt, foreign, older schema) is a miss: the function
-is compiled and the entry rewritten. Nothing in an entry is trusted before it passes.
+What the cache trusts, and why (README "Limits"): nothing in the folder before it is checked.
+
+- **The folder** (:meth:`FactsCache.open`) must be a folder owned by this user and writable by no one
+  else (it is created ``0700``); otherwise the cache is not used, with one warning: another user
+  who can write there could plant entries or links.
+- **Entries are authenticated.** Each entry is ``<header line>\n<payload>``; the header carries an
+  HMAC-SHA256 of the key and the payload under a per-user secret (:func:`secret`) kept *outside*
+  the cache folder, mode ``0600``. A copied, edited or planted entry (even one whose plain sha256
+  was recomputed) fails the HMAC and is a miss; the payload is parsed only after it passes.
+- **Entries are opened as regular files**, without following links (``O_NOFOLLOW``, ``O_NONBLOCK``:
+  a FIFO or ``/dev/zero`` in place of an entry is refused without reading), and at most
+  :data:`MAX_ENTRY_BYTES` are read. Entries are written through a temporary file created
+  ``O_EXCL`` in the folder and renamed over the entry (a link there is replaced, never followed).
+- **Then every field is checked** (schema, the key echoed, each field's type); anything off is a
+  miss, and the compile rewrites the entry.
+- **JAX's own persistent compilation cache is not used**: its key leaves out the ops' source
+  locations, so after a line moves it would hand back an executable whose metadata (a collective's
+  source line, op names) is the old one — and it stores serialized executables nobody checks.
 
 Where it lives: :func:`resolve_cache_dir` (``--cache-dir``, ``STAGETOOL_CACHE_DIR``, else the user
-cache folder from ``platformdirs``; ``--no-cache`` or ``STAGETOOL_NO_CACHE=1`` turn it off). JAX's
-own persistent compilation cache goes in its ``jax`` sub-folder (:func:`enable_jax_cache`).
+cache folder from ``platformdirs``; ``--no-cache`` or ``STAGETOOL_NO_CACHE=1`` turn it off).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
+import hmac
 import json
 import os
 import re
+import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +65,12 @@ from stagetool.lowering.facts import BackendResult, LeafFacts, StagedFunction
 from stagetool.hlo.buffers import Allocation, AssignedBuffer, BufferAssignment, LogicalBuffer
 from stagetool.lowering.stages import PeakDump
 
-CACHE_SCHEMA = 2
-"""Version of the entry format and of the key's contents; bump it when either changes."""
+CACHE_SCHEMA = 3
+"""Version of the entry format and of the key's contents; bump it when either changes.
+3: authenticated entries (HMAC header line), compile settings in the key."""
+
+MAX_ENTRY_BYTES = 1 << 30
+"""An entry larger than this (1 GiB) is not read: a miss. (A 48-layer transformer's entry is ~60 MB.)"""
 
 ENTRY_KIND = "stagetool-facts"
 
@@ -61,10 +84,17 @@ def resolve_cache_dir(cache_dir: str | Path | None = None, *, no_cache: bool = F
     In order: ``no_cache`` (``--no-cache``) → off; ``cache_dir`` (``--cache-dir``); the environment:
     ``STAGETOOL_NO_CACHE`` set to anything but ``""``/``0`` → off, ``STAGETOOL_CACHE_DIR``; else the user
     cache folder (``platformdirs.user_cache_dir("stagetool")``).
+
+    Raises:
+      UsageError: ``cache_dir`` is empty (``--cache-dir ''`` would be the working directory).
     """
     if no_cache:
         return None
     if cache_dir is not None:
+        if not str(cache_dir).strip():
+            from stagetool.core.errors import UsageError
+
+            raise UsageError("--cache-dir '': give a folder for the facts cache", hint="or --no-cache to turn it off")
         return Path(cache_dir)
     if os.environ.get("STAGETOOL_NO_CACHE", "") not in ("", "0"):
         return None
@@ -73,25 +103,6 @@ def resolve_cache_dir(cache_dir: str | Path | None = None, *, no_cache: bool = F
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("stagetool"))
-
-
-def enable_jax_cache(folder: Path) -> None:
-    """Turn on JAX's persistent compilation cache in ``folder/jax`` for this process (every compile kept).
-
-    Call it before the process's first compile: JAX decides once per process whether the cache is
-    used. A compile with XLA's dump must not come from this cache (XLA writes no dump for an
-    executable it did not compile), so processes that take the peak dump leave it off.
-    """
-    import jax
-
-    path = Path(folder) / "jax"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return  # an unwritable cache is no cache, not an error
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 # ---- the key ---------------------------------------------------------------------------------------
@@ -145,7 +156,7 @@ def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = 
         "leaves": [[x.path, list(x.shape), x.dtype, _key_part(x.declared), _key_part(x.local_shape), x.source,
                     bool(x.donated)] for x in inputs.leaves],
         "declared_outputs": _key_part(declared_outputs),
-        "environment": {k: os.environ.get(k) for k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")},
+        "settings": compile_settings(),
         "versions": versions(),
         "target_compiler_options": target_compiler_options(inputs),
     }
@@ -163,6 +174,46 @@ def target_compiler_options(inputs: Any) -> list[list[str]]:
     from stagetool.lowering.jit_wrapper import options_text
 
     return [list(pair) for pair in options_text(getattr(inputs, "jit", None))]
+
+
+#: ``jax.config`` options that JAX turns into the compile options (``get_compile_options``: the efforts
+#: and levels, the partitioner, the remat pass, "disable most optimizations", the AutoFDO profile) or
+#: that change the lowered program; with the environment below they are part of every key. An
+#: option this JAX does not have is left out.
+KEY_CONFIG_NAMES = (
+    "jax_optimization_level", "jax_memory_fitting_level", "jax_exec_time_optimization_effort",
+    "jax_memory_fitting_effort", "jax_disable_most_optimizations", "jax_compiler_enable_remat_pass",
+    "jax_xla_profile_version", "jax_use_shardy_partitioner", "jax_threefry_partitionable",
+    "jax_default_matmul_precision", "jax_enable_x64", "jax_default_prng_impl", "jax_numpy_dtype_promotion",
+)
+
+#: environment variables that XLA, libtpu or a PJRT plugin read while compiling: these names, and
+#: every variable whose name starts with one of :data:`KEY_ENV_PREFIXES`.
+KEY_ENV_NAMES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "TF_XLA_FLAGS", "NVIDIA_TF32_OVERRIDE")
+KEY_ENV_PREFIXES = ("XLA_", "LIBTPU_", "JAX_")
+#: ... except these, which change where logs and caches go, not what is compiled
+_KEY_ENV_IGNORED = ("JAX_COMPILATION_CACHE_DIR", "JAX_LOGGING_LEVEL", "JAX_LOG_COMPILES", "JAX_PLATFORMS",
+                    "JAX_NUM_CPU_DEVICES")
+
+
+def compile_settings() -> dict[str, Any]:
+    """The settings, outside the lowered module, that change what XLA compiles: the ``jax.config``
+    options of :data:`KEY_CONFIG_NAMES` (as ``repr``; ``JAX_OPTIMIZATION_LEVEL=O0`` is
+    ``jax_optimization_level``) and the environment variables of :data:`KEY_ENV_NAMES` /
+    :data:`KEY_ENV_PREFIXES` that are set. (The platform and device count, which ``JAX_PLATFORMS`` /
+    ``JAX_NUM_CPU_DEVICES`` choose, are in the key as the devices themselves.)"""
+    import jax
+
+    values = getattr(jax.config, "values", {})  # every option, flags included (not all are attributes)
+    config = {}
+    for name in KEY_CONFIG_NAMES:
+        if name in values:
+            config[name] = repr(values[name])
+        elif hasattr(jax.config, name):
+            config[name] = repr(getattr(jax.config, name))
+    env = {k: v for k, v in os.environ.items()
+           if (k in KEY_ENV_NAMES or k.startswith(KEY_ENV_PREFIXES)) and k not in _KEY_ENV_IGNORED}
+    return {"jax_config": config, "environment": dict(sorted(env.items()))}
 
 
 _FILE_LOCATION = re.compile(r'loc\("((?:[^"\\]|\\.)*)":(\d+):(\d+)(?: to (\d*):?(\d+))?\)')
@@ -239,52 +290,248 @@ class CachedFacts:
 
 
 class FactsCache:
-    """The entries under one folder: ``<folder>/facts/<key[:2]>/<key>.json``."""
+    """The entries under one folder: ``<folder>/facts/<key[:2]>/<key>.json``.
 
-    def __init__(self, folder: str | Path):
+    Build it with :meth:`open`, which checks the folder and finds the secret; an entry is
+    ``<header JSON line>\n<payload JSON>``, the header holding kind, schema, key and the payload's
+    HMAC (see the module docstring).
+    """
+
+    def __init__(self, folder: str | Path, secret: bytes):
         self.folder = Path(folder)
+        self._secret = secret
+
+    @classmethod
+    def open(cls, folder: str | Path) -> FactsCache | None:
+        """The cache in ``folder``, or None — with one line on stderr saying why — when the folder
+        cannot be trusted (not a folder, not this user's, writable by others) or the secret cannot be
+        had (:func:`secret`). ``folder`` is created (mode 0700) when missing; a folder that cannot be
+        created is no cache, silently (a read-only home)."""
+        folder = Path(folder)
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            return None
+        problem = _untrusted(folder)
+        if problem is None:
+            try:
+                key = secret()
+            except _Untrusted as e:
+                problem = str(e)
+        if problem is not None:
+            _warn_once(f"the facts cache is not used: {problem}")
+            return None
+        return cls(folder, key)
 
     def path(self, key: str) -> Path:
         return self.folder / "facts" / key[:2] / f"{key}.json"
 
+    def _mac(self, key: str, body: bytes) -> str:
+        return hmac.new(self._secret, key.encode("ascii") + b"\n" + body, hashlib.sha256).hexdigest()
+
     def load(self, key: str, *, peak: bool = False) -> CachedFacts | None:
-        """The entry of ``key`` if it is present and valid (and holds the peak dump when ``peak``); else None."""
+        """The entry of ``key`` if it is present and valid (and holds the peak dump when ``peak``); else None.
+
+        The file is read only if it is a regular file (no link followed, no FIFO or device opened
+        for long) of at most :data:`MAX_ENTRY_BYTES`; its payload is parsed only once its HMAC
+        matches."""
+        from stagetool.core.fileio import FileProblem, read_regular_bytes
+
+        if not re.fullmatch(r"[0-9a-f]{64}", key):
+            return None
         try:
-            raw = self.path(key).read_text(encoding="utf-8")
-            return _decode_entry(json.loads(raw), key, peak=peak)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            raw = read_regular_bytes(self.path(key), max_bytes=MAX_ENTRY_BYTES, follow_symlinks=False)
+        except (OSError, FileProblem):
+            return None
+        head, newline, body = raw.partition(b"\n")
+        try:
+            header = json.loads(head[:4096]) if newline and len(head) <= 4096 else None
+        except ValueError:
+            return None
+        if not (isinstance(header, dict) and header.get("kind") == ENTRY_KIND and header.get("schema") == CACHE_SCHEMA
+                and header.get("key") == key and isinstance(header.get("hmac"), str)):
+            return None  # another format, or a foreign entry (copied or renamed): never trusted
+        if not hmac.compare_digest(header["hmac"], self._mac(key, body)):
+            return None  # not written by this user's stagetool: forged, planted or damaged
+        try:
+            return _decode_entry(json.loads(body), peak=peak)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             return None
 
     def store(self, key: str, facts: StagedFunction, compile_warnings: tuple[str, ...] = ()) -> bool:
         """Write the entry of ``key`` atomically; False (and nothing written) when the folder is not
         writable or a fact is of a kind the entry format does not hold."""
-        from stagetool.core.fileio import write_atomic
-
         try:
             payload = {"fields": {name: _encode(getattr(facts, name)) for name in _CACHED_FIELDS},
                        "compile_warnings": list(compile_warnings)}
-            body = json.dumps(payload, sort_keys=True)
+            body = json.dumps(payload, sort_keys=True).encode("utf-8")
         except (TypeError, ValueError):
             return False  # facts this format cannot hold exactly are not cached
-        entry = {"kind": ENTRY_KIND, "schema": CACHE_SCHEMA, "key": key,
-                 "payload_sha256": hashlib.sha256(body.encode("utf-8")).hexdigest(), "payload": payload}
+        header = {"kind": ENTRY_KIND, "schema": CACHE_SCHEMA, "key": key, "hmac": self._mac(key, body)}
+        data = json.dumps(header, sort_keys=True).encode("utf-8") + b"\n" + body
         path = self.path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, json.dumps(entry, sort_keys=True) + "\n")
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _write_entry(path, data)
         except OSError:
             return False
         return True
 
 
-def _decode_entry(entry: Any, key: str, *, peak: bool) -> CachedFacts | None:
-    if not isinstance(entry, dict) or entry.get("kind") != ENTRY_KIND or entry.get("schema") != CACHE_SCHEMA:
-        return None
-    if entry.get("key") != key:
-        return None  # a foreign entry (copied or renamed): never trusted
-    payload = entry.get("payload")
-    body = json.dumps(payload, sort_keys=True)
-    if hashlib.sha256(body.encode("utf-8")).hexdigest() != entry.get("payload_sha256"):
+def _write_entry(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` through a new file (``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600) in the
+    same folder, renamed over ``path``: whatever is at ``path`` (a link included) is replaced, never
+    written through. The temporary file is removed on every path (signals: :mod:`stagetool.core.cleanup`)."""
+    import secrets as _secrets
+
+    from stagetool.core import cleanup
+
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{_secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    token = cleanup.register_path(tmp)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    finally:
+        cleanup.forget(token)
+
+
+# ---- trust: the folder and the secret ---------------------------------------------------------------
+
+
+class _Untrusted(Exception):
+    """Why the cache cannot be used (one line)."""
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message in _WARNED:
+        return
+    _WARNED.add(message)
+    try:
+        sys.stderr.write(f"stagetool: warning: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _untrusted(folder: Path) -> str | None:
+    """Why ``folder`` is not a cache folder to trust, or None: it must be a folder (a link to one is
+    followed), owned by this user, and not writable by group or others."""
+    try:
+        st = os.stat(folder)
+    except OSError as e:
+        return f"{folder}: {e.strerror or e}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{folder} is not a folder"
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"{folder} belongs to another user (uid {st.st_uid}); use a folder of your own (--cache-dir DIR)"
+    if st.st_mode & 0o022:
+        return (f"{folder} is writable by {'others' if st.st_mode & 0o002 else 'its group'} "
+                f"(mode {stat.S_IMODE(st.st_mode):04o}), who could plant entries; chmod go-w {folder}")
+    return None
+
+
+SECRET_ENV = "STAGETOOL_CACHE_KEY_FILE"
+"""Where the facts cache's secret is kept, if not in the user config folder (CI: next to the cache)."""
+
+
+def secret_path() -> Path:
+    """The file holding the per-user secret that authenticates entries: ``$STAGETOOL_CACHE_KEY_FILE``,
+    else ``facts-cache.key`` in the user config folder (``platformdirs.user_config_dir("stagetool")``,
+    ``~/.config/stagetool`` on Linux): outside the cache folder, so that whoever can write entries
+    cannot read or replace the key with them."""
+    if os.environ.get(SECRET_ENV):
+        return Path(os.environ[SECRET_ENV])
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("stagetool")) / "facts-cache.key"
+
+
+_SECRETS: dict[str, bytes] = {}
+
+
+def secret() -> bytes:
+    """The per-user secret (32 random bytes, stored as 64 hex digits in :func:`secret_path`, mode 0600),
+    created on first use: a new file is written whole and linked into place (``os.link`` fails if
+    another process made it first, whose secret is then read).
+
+    Raises:
+      _Untrusted: the file is not a regular file of this user's, is readable or writable by others,
+        is malformed, or cannot be read or created.
+    """
+    import secrets as _secrets
+
+    path = secret_path()
+    cached = _SECRETS.get(str(path))
+    if cached is not None:
+        return cached
+    try:
+        return _SECRETS.setdefault(str(path), _read_secret(path))
+    except FileNotFoundError:
+        pass
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{_secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            os.write(fd, _secrets.token_hex(32).encode("ascii") + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another run made it first: use its secret
+        finally:
+            os.unlink(tmp)
+        return _SECRETS.setdefault(str(path), _read_secret(path))
+    except OSError as e:
+        raise _Untrusted(f"cannot create its key {path}: {e.strerror or e}") from None
+
+
+def _read_secret(path: Path) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _Untrusted(f"its key {path} is a symbolic link") from None
+        raise _Untrusted(f"cannot read its key {path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Untrusted(f"its key {path} is not a regular file")
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            raise _Untrusted(f"its key {path} belongs to another user (uid {st.st_uid})")
+        if st.st_mode & 0o077:
+            raise _Untrusted(f"its key {path} can be read or written by others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                             f"chmod 600 {path}")
+        text = os.read(fd, 4096).strip()
+    finally:
+        os.close(fd)
+    if not re.fullmatch(rb"[0-9a-f]{64}", text):
+        raise _Untrusted(f"its key {path} is not 64 hexadecimal digits; delete it to make a new one")
+    return bytes.fromhex(text.decode("ascii"))
+
+
+def _decode_entry(payload: Any, *, peak: bool) -> CachedFacts | None:
+    """The facts of an authenticated payload, each field's type checked; None when one is off."""
+    if not isinstance(payload, dict) or set(payload) != {"fields", "compile_warnings"}:
         return None
     raw = payload["fields"]
     if not isinstance(raw, dict) or set(raw) != set(_CACHED_FIELDS):

@@ -132,29 +132,31 @@ def test_a_compile_option_is_part_of_the_key(project, tmp_path):
 
 
 def _corrupt(entry: Path, how: str) -> None:
-    text = entry.read_text()
+    raw = entry.read_bytes()
+    head, _, body = raw.partition(b"\n")
+    header = json.loads(head)
     if how == "truncated":
-        entry.write_text(text[: len(text) // 2])
+        entry.write_bytes(raw[: len(raw) // 2])
     elif how == "empty":
         entry.write_text("")
-    elif how == "tampered":  # valid JSON, a figure changed without the payload digest
-        doc = json.loads(text)
-        doc["payload"]["fields"]["compiled_text"] = "HloModule forged"
-        entry.write_text(json.dumps(doc))
-    elif how == "wrong_type":  # digest recomputed, but a field of the wrong type
+    elif how == "tampered":  # valid JSON, a figure changed, the header kept
+        doc = json.loads(body)
+        doc["fields"]["compiled_text"] = "HloModule forged"
+        entry.write_bytes(head + b"\n" + json.dumps(doc, sort_keys=True).encode())
+    elif how == "forged":  # a figure changed and the digest recomputed by whoever can compute a sha256
         import hashlib
 
-        doc = json.loads(text)
-        doc["payload"]["fields"]["memory"]["values"] = "lots"
-        doc["payload_sha256"] = hashlib.sha256(json.dumps(doc["payload"], sort_keys=True).encode()).hexdigest()
-        entry.write_text(json.dumps(doc))
+        doc = json.loads(body)
+        doc["fields"]["memory"]["values"]["temp_size_in_bytes"] = 1
+        new = json.dumps(doc, sort_keys=True).encode()
+        header["hmac"] = hashlib.sha256(new).hexdigest()
+        entry.write_bytes(json.dumps(header).encode() + b"\n" + new)
     elif how == "schema":
-        doc = json.loads(text)
-        doc["schema"] = 999
-        entry.write_text(json.dumps(doc))
+        header["schema"] = 999
+        entry.write_bytes(json.dumps(header).encode() + b"\n" + body)
 
 
-@pytest.mark.parametrize("how", ["truncated", "empty", "tampered", "wrong_type", "schema"])
+@pytest.mark.parametrize("how", ["truncated", "empty", "tampered", "forged", "schema"])
 def test_a_bad_entry_is_ignored_and_rewritten(project, tmp_path, how):
     cache = tmp_path / "cache"
     cold = _run(cache)
@@ -163,25 +165,34 @@ def test_a_bad_entry_is_ignored_and_rewritten(project, tmp_path, how):
     again = _run(cache)
     assert not again.cached  # never trusted
     assert _without_timings(again) == _without_timings(cold)
-    assert json.loads(entry.read_text())["payload"]  # rewritten whole
+    assert json.loads(entry.read_bytes().partition(b"\n")[2])["fields"]  # rewritten whole
     assert _run(cache).cached
 
 
-def test_a_foreign_entry_is_ignored(project, tmp_path):
-    """An entry copied under another key (another function's facts) is not used for this one."""
-    cache = tmp_path / "cache"
-    _run(cache)
-    (entry,) = _entries(cache)
-    project(w="bf16")
+def _key_of_current_spec():
     options = Options(spec=Path("m.stagetool.yaml"))
     from stagetool.pipeline import make_plan, provision_devices, staged_functions
 
     ((fspec, inputs, staged),) = list(staged_functions(options, until="lower"))
-    key = cache_key(staged.lowered, provision_devices(make_plan(options)), inputs)
-    target = FactsCache(cache).path(key)
+    return cache_key(staged.lowered, provision_devices(make_plan(options)), inputs)
+
+
+def test_a_foreign_entry_is_ignored(project, tmp_path):
+    """An entry copied under another key (another function's facts, or a regressed program's key
+    given the old program's figures) is not used for it: the HMAC covers the key."""
+    cache = tmp_path / "cache"
+    _run(cache)
+    (entry,) = _entries(cache)
+    project(w="bf16")
+    key = _key_of_current_spec()
+    target = FactsCache.open(cache).path(key)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(entry.read_text())
-    assert FactsCache(cache).load(key) is None
+    raw = entry.read_bytes()
+    head, _, body = raw.partition(b"\n")
+    header = json.loads(head)
+    header["key"] = key  # the key echoed too: only the HMAC tells
+    target.write_bytes(json.dumps(header).encode() + b"\n" + body)
+    assert FactsCache.open(cache).load(key) is None
     assert not _run(cache).cached
 
 
@@ -216,10 +227,10 @@ def test_resolve_cache_dir(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_warm_snapshot_is_identical_and_memory_keeps_the_peak_after_a_jax_cache_hit(tmp_path):
+def test_cli_warm_snapshot_is_identical_and_memory_keeps_the_peak_after_compile(tmp_path):
     """Whole processes, as a user runs them: the warm snapshot's bytes equal the cold one's; the
-    text report says "(cached)"; ``memory`` after ``compile`` (which filled JAX's persistent cache
-    with the same executable) still lists the buffers live at the peak."""
+    text report says "(cached)"; ``memory`` after ``compile`` still lists the buffers live at the
+    peak; JAX's own persistent cache is not used (issue 25: it ignores source lines)."""
     write(tmp_path, "m.py", MODULE)
     write(tmp_path, "m.stagetool.yaml", SPEC.format(w="f32", x="f32", xdim="data"))
     cache = tmp_path / "cache"
@@ -234,7 +245,7 @@ def test_cli_warm_snapshot_is_identical_and_memory_keeps_the_peak_after_a_jax_ca
     other = tmp_path / "cache2"
     r = run_subprocess("compile", "--spec", tmp_path / "m.stagetool.yaml", "--cache-dir", other, cwd=tmp_path)
     assert r.code == 0, r.stderr
-    assert list((other / "jax").iterdir())  # JAX's persistent cache holds the executable
+    assert not (other / "jax").exists()
     r = run_subprocess("memory", "--spec", tmp_path / "m.stagetool.yaml", "--cache-dir", other, "--format", "json",
                        cwd=tmp_path)
     assert r.code == 0, r.stderr
@@ -307,3 +318,118 @@ def test_the_key_of_a_tree_with_functions_in_its_static_fields_holds_no_address(
     assert "0x" not in json.dumps(_key_part(a))
     assert _key_part(a) == _key_part(b)
     assert _key_part(a) != _key_part(State({"w": None, "b": None}, make()))
+
+
+# ---- issue 25: a cache that cannot be made to lie ------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting", [("jax_exec_time_optimization_effort", -1.0), ("jax_memory_fitting_effort", 1.0),
+                                     ("jax_optimization_level", "O0"), ("jax_disable_most_optimizations", True)])
+def test_a_compile_setting_of_jax_is_part_of_the_key(project, tmp_path, setting):
+    """JAX_OPTIMIZATION_LEVEL=O0 / JAX_EXEC_TIME_OPTIMIZATION_EFFORT=-1 become these jax.config values,
+    which JAX turns into compile options (a TPU topology's peak changed 2.5x under them)."""
+    name, value = setting
+    before = _key_of_current_spec()
+    old = jax.config.values[name]
+    jax.config.update(name, value)
+    try:
+        assert _key_of_current_spec() != before
+    finally:
+        jax.config.update(name, old)
+    assert _key_of_current_spec() == before
+
+
+@pytest.mark.parametrize("var", ["XLA_FLAGS", "LIBTPU_INIT_ARGS", "XLA_PYTHON_CLIENT_MEM_FRACTION"])
+def test_the_environment_xla_reads_is_part_of_the_key(project, tmp_path, monkeypatch, var):
+    before = _key_of_current_spec()
+    monkeypatch.setenv(var, "--xla_dump_hlo_pass_re=none" if var != "XLA_PYTHON_CLIENT_MEM_FRACTION" else ".5")
+    assert _key_of_current_spec() != before
+
+
+def test_a_world_writable_folder_is_not_used_with_one_warning(project, tmp_path, capsys):
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    cache.chmod(0o777)
+    assert _run(cache).cached is False and _run(cache).cached is False
+    assert not (cache / "facts").exists()
+    err = capsys.readouterr().err
+    assert err.count("warning: the facts cache is not used") == 1 and "writable by others (mode 0777)" in err
+
+
+def test_a_folder_of_another_user_is_not_used(tmp_path):
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a folder away")
+    cache = tmp_path / "theirs"
+    cache.mkdir(mode=0o755)
+    os.chown(cache, 65534, 65534)
+    assert FactsCache.open(cache) is None
+
+
+def test_a_key_file_others_can_read_stops_the_cache(project, tmp_path, monkeypatch, capsys):
+    from stagetool.lowering import cache as cache_module
+
+    key = tmp_path / "cfg" / "k"
+    monkeypatch.setenv("STAGETOOL_CACHE_KEY_FILE", str(key))
+    monkeypatch.setattr(cache_module, "_SECRETS", {})
+    assert FactsCache.open(tmp_path / "c1") is not None and key.stat().st_mode & 0o777 == 0o600
+    key.chmod(0o644)
+    monkeypatch.setattr(cache_module, "_SECRETS", {})
+    assert FactsCache.open(tmp_path / "c1") is None
+    assert "chmod 600" in capsys.readouterr().err
+
+
+def test_entries_that_are_links_fifos_devices_or_deep_are_misses_without_reading(project, tmp_path):
+    import os
+
+    cache = tmp_path / "cache"
+    _run(cache)
+    (entry,) = _entries(cache)
+    key = entry.stem
+    good = entry.read_bytes()
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    facts = FactsCache.open(cache)
+    for plant in ("link", "fifo", "dev_zero", "deep"):
+        entry.unlink()
+        if plant == "link":
+            copy = tmp_path / "copy.json"
+            copy.write_bytes(good)
+            entry.symlink_to(copy)  # even a link to a valid entry is not followed
+        elif plant == "fifo":
+            os.mkfifo(entry)
+        elif plant == "dev_zero":
+            entry.symlink_to("/dev/zero")
+        else:
+            entry.write_text("[" * 1_000_000)
+        assert facts.load(key) is None, plant
+    entry.unlink()
+    entry.symlink_to(victim)
+    again = _run(cache)  # a miss: compiled, and the entry written over the link, not through it
+    assert not again.cached and victim.read_text() == "precious\n" and not entry.is_symlink()
+    assert _run(cache).cached
+
+
+def test_empty_cache_dir_is_exit_2(run_cli, project):
+    r = run_cli("cost", "--cache-dir", "", check=2)
+    assert "--cache-dir ''" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_moved_line_is_a_miss_and_reports_the_new_line(tmp_path):
+    """The op's source line follows the edit (JAX's persistent cache, keyed without locations, is not used)."""
+    write(tmp_path, "m.py", MODULE)
+    write(tmp_path, "m.stagetool.yaml", SPEC.format(w="f32", x="f32", xdim="data"))
+    common = ("collectives", "--spec", tmp_path / "m.stagetool.yaml", "--cache-dir", tmp_path / "cache",
+              "--format", "json")
+    lines = []
+    for shift in (0, 3):
+        import textwrap
+
+        (tmp_path / "m.py").write_text("\n" * shift + textwrap.dedent(MODULE).lstrip("\n"))
+        r = run_subprocess(*common, cwd=tmp_path)
+        assert r.code == 0, r.stderr
+        text = json.dumps(r.json())
+        lines.append(sorted(set(__import__("re").findall(r"m\.py:(\d+)", text))))
+    assert lines[0] and lines[1] == [str(int(n) + 3) for n in lines[0]]
