@@ -285,6 +285,19 @@ def _errors(debug: bool) -> Iterator[None]:
         if not debug:
             err.print("  [dim]hint:[/] rerun with --debug for the traceback, and report it if it is not your code's")
         raise typer.Exit(int(ExitCode.JAX)) from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a BaseException subclass from user code: never exit 1 ("regression")
+        err = _stderr()
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0]
+        err.print(f"[bold red]error:[/] user code raised {_escape(type(e).__name__)} (a BaseException"
+                  f"{': ' + _escape(first) if first else ''}) while it was imported, called or traced; the run did "
+                  "not finish")
+        raise typer.Exit(int(ExitCode.JAX)) from None
 
 
 @contextlib.contextmanager
@@ -315,6 +328,27 @@ def _stdout_closed() -> None:
         _stderr().print("[bold red]error:[/] stdout was closed before the output was written (broken pipe)")
     except OSError:
         pass
+
+
+def _write_stdout(text: str) -> None:
+    """The payload to stdout. A stdout that cannot take it (``> /dev/full``: ENOSPC, EIO) is one
+    message and exit 2; stdout is then pointed at ``/dev/null`` so that the interpreter's own flush
+    at exit does not fail again ("Exception ignored ...", exit 120). A closed pipe is
+    :func:`_stdout_closed`'s (raised on as ``BrokenPipeError``)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+        raise UsageError(f"cannot write to stdout: {e.strerror or e}",
+                         hint="write to a file with -o FILE, or free space where stdout goes") from None
 
 
 def _color(output: Optional[Path]) -> bool:
@@ -375,8 +409,7 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
 
         pydoc.pager(text)
     else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        _write_stdout(text)
     _exit_if_failed(doc)
 
 
@@ -670,8 +703,7 @@ def _gate_output(cmp: Any, format: Format, output: Optional[Path], junit_xml: Op
         except OSError as e:
             raise UsageError(f"--output {output}: cannot write: {e.strerror or e}") from None
     else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        _write_stdout(text)
     if junit_xml is not None:
         try:
             write_atomic(junit_xml, render_changes.junit_xml(cmp))
@@ -963,8 +995,7 @@ def sweep(target: Target = None,
                 raise UsageError(f"--output {output}: cannot write: {e.strerror or e}") from None
             _stderr().print(f"[dim]wrote {_escape(str(output))}[/]")
         else:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            _write_stdout(text)
         if any(r["status"] == "error" for r in doc["rows"]):  # a failed configuration is never a success
             raise typer.Exit(int(ExitCode.JAX))
 
@@ -1087,8 +1118,13 @@ def _end_on_signal(signum: int) -> None:
     """
     import signal
 
-    from stagetool.core import cleanup
+    from stagetool.core import cleanup, supervise
 
+    for sig in (signal.SIGINT, signal.SIGTERM):  # ending already: a second signal (the terminal's and the
+        try:                                     # supervisor's copy) must not cut the cleanup short
+            signal.signal(sig, signal.SIG_IGN)
+        except (ValueError, OSError):
+            pass
     cleanup.run_all()
     code, name = ((ExitCode.INTERRUPTED, "interrupted (SIGINT)") if signum == signal.SIGINT
                   else (ExitCode.TERMINATED, "terminated (SIGTERM)"))
@@ -1101,6 +1137,7 @@ def _end_on_signal(signum: int) -> None:
         os.write(2, f"stagetool: {name}\n".encode())
     except OSError:
         pass
+    supervise.report(int(code))
     os._exit(int(code))
 
 
@@ -1155,7 +1192,15 @@ def main(argv: list[str] | None = None) -> int:
         for sig, h in previous.items():
             signal.signal(sig, h)
     if "error" in result:
-        raise result["error"]
+        e = result["error"]
+        if isinstance(e, KeyboardInterrupt) or not isinstance(e, BaseException):
+            raise e
+        # escaped every handler (raised outside a command's error mapping): exit 3, never 1
+        try:
+            sys.stderr.write(f"error: unexpected {type(e).__name__}; the run did not finish\n")
+        except (OSError, ValueError):
+            pass
+        return int(ExitCode.JAX)
     return result["code"]
 
 

@@ -429,14 +429,25 @@ def _children_of(pid: int) -> list[int]:
     return pids
 
 
+def _descendants_of(pid: int) -> list[int]:
+    """Children, grandchildren ...: the console script's supervisor forks the command
+    (stagetool.core.supervise), whose --isolate worker is the supervisor's grandchild."""
+    out, todo = [], [pid]
+    while todo:
+        kids = _children_of(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
 def test_sigint_during_isolate_kills_the_child_and_removes_its_files(tmp_path):
     """The --isolate worker runs in a session of its own (Ctrl-C at a terminal does not reach it):
     the parent kills it, and removes the file its stderr went to."""
     proc = _start(tmp_path, "snapshot", "--isolate", "-o", "lock.json")
     tmp = tmp_path / "tmp"
-    _wait_for(proc, lambda: list(tmp.glob("stagetool-worker-*.stderr")) and _children_of(proc.pid))
+    _wait_for(proc, lambda: list(tmp.glob("stagetool-worker-*.stderr")) and len(_descendants_of(proc.pid)) >= 2)
     time.sleep(1.0)
-    children = _children_of(proc.pid)
+    children = _descendants_of(proc.pid)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

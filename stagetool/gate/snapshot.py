@@ -323,6 +323,10 @@ def write_snapshot(path: str | Path, snapshot: Mapping) -> None:
         raise UsageError(f"{path}: cannot write the snapshot: {e.strerror or e}") from None
 
 
+MAX_SNAPSHOT_BYTES = 256 * 2**20
+"""A baseline larger than this (256 MiB) is refused unread."""
+
+
 def load_snapshot(path: str | Path) -> dict:
     """Read and validate a snapshot file.
 
@@ -332,12 +336,16 @@ def load_snapshot(path: str | Path) -> dict:
     """
     p = Path(path)
     hint = f"create it with: stagetool snapshot --spec SPEC -o {p}  (or stagetool check --update)"
+    from stagetool.core.fileio import FileProblem, read_regular_bytes
+
     try:
         if p.is_dir():
             raise BaselineError(f"baseline {p} is a folder, not a snapshot file", hint=hint)
-        data = p.read_bytes()
+        data = read_regular_bytes(p, max_bytes=MAX_SNAPSHOT_BYTES)  # a FIFO or /dev/zero: refused unread
     except FileNotFoundError:
         raise BaselineError(f"baseline {p} not found", hint=hint) from None
+    except FileProblem as e:
+        raise BaselineError(f"baseline {p} {e}; a baseline is a regular JSON file", hint=hint) from None
     except OSError as e:
         raise BaselineError(f"baseline {p}: cannot read: {e.strerror or e}") from None
     return parse_snapshot(data, str(p), hint=hint)

@@ -831,19 +831,29 @@ class _Parser:
         return None
 
 
+MAX_SPEC_BYTES = 64 * 2**20
+"""A spec larger than this (64 MiB) is refused unread."""
+
+
 def read_spec_text(path: str | Path) -> str:
     """The spec file's text.
 
     Raises:
-      SpecError: the file does not exist or cannot be read or is not UTF-8 (naming the line, column and byte).
+      SpecError: the file does not exist, cannot be read, is not a regular file (a FIFO, a device:
+        refused without reading), is larger than :data:`MAX_SPEC_BYTES`, or is not UTF-8 (naming
+        the line, column and byte).
     """
+    from stagetool.core.fileio import FileProblem, read_regular_bytes
+
     p = Path(path)
     try:
         if p.is_dir():
             raise SpecError([f"{p}: is a folder, not a spec file"])
-        data = p.read_bytes()
+        data = read_regular_bytes(p, max_bytes=MAX_SPEC_BYTES)  # a FIFO or /dev/zero: refused unread
     except FileNotFoundError:
         raise SpecError([f"{p}: spec file not found"]) from None
+    except FileProblem as e:
+        raise SpecError([f"{p}: {e}; a spec is a regular YAML file"]) from None
     except OSError as e:
         raise SpecError([f"{p}: cannot read spec: {e.strerror or e}"]) from None
     try:

@@ -1,0 +1,135 @@
+"""Issue 25: every way out of user code fails closed, and odd inputs are exit 2 without being read."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from helpers import CLI_ENV, REPO, run_subprocess, write
+
+MODEL = """
+import os
+
+if os.environ.get("WHERE") == "import":
+    os._exit(0)
+
+
+class Boom(BaseException):
+    pass
+
+
+def init():
+    if os.environ.get("WHERE") == "init":
+        os._exit(0)
+    import jax.numpy as jnp
+    return jnp.zeros((8,))
+
+
+def f(x):
+    if os.environ.get("WHERE") == "trace":
+        os._exit(0)
+    if os.environ.get("WHERE") == "kill":
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("WHERE") == "boom":
+        raise Boom("kaboom")
+    return x * 2
+
+
+def g(x):
+    return x + 1
+"""
+
+SPEC = """
+version: 1
+functions:
+  f:
+    target: m.py:f
+    args:
+      - init: m.py:init
+  g:
+    target: m.py:g
+    args: ['f32[8]']
+"""
+
+
+@pytest.fixture
+def project(tmp_path):
+    write(tmp_path, "m.py", MODEL)
+    write(tmp_path, "m.stagetool.yaml", SPEC)
+    r = run_subprocess("snapshot", "-o", "lock.json", cwd=tmp_path)
+    assert r.code == 0, r.stderr
+    return tmp_path
+
+
+@pytest.mark.parametrize("where,command", [
+    ("import", ("check", "-b", "lock.json")),
+    ("init", ("check", "-b", "lock.json")),
+    ("trace", ("snapshot", "-o", "new.json")),
+    ("import", ("check", "-b", "lock.json", "--jobs", "2", "--junit-xml", "j.xml")),
+])
+def test_os_exit_in_user_code_is_exit_3_never_a_pass(project, where, command):
+    r = run_subprocess(*command, cwd=project, env={"WHERE": where, "STAGETOOL_NO_CACHE": "1"})
+    assert r.code == 3, (r.code, r.stderr)
+    assert "called os._exit()" in r.stderr and "Traceback" not in r.stderr
+    assert not (project / "new.json").exists()
+
+
+def test_a_run_killed_by_a_signal_reports_it(project):
+    r = run_subprocess("check", "-b", "lock.json", cwd=project, env={"WHERE": "kill", "STAGETOOL_NO_CACHE": "1"})
+    assert r.code == 128 + signal.SIGKILL and "died with SIGKILL" in r.stderr
+
+
+def test_a_base_exception_from_user_code_is_exit_3_not_1(run_cli, project, monkeypatch):
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("WHERE", "boom")
+    r = run_cli("check", "-b", "lock.json")
+    assert r.code == 3, r.stderr
+    assert "Traceback" not in r.stderr and "kaboom" in r.stderr
+
+
+def test_unsupervised_the_exit_code_passes_through(project):
+    """The supervisor changes nothing for a run that finishes: a regression is still exit 1."""
+    lock = json.loads((project / "lock.json").read_text())
+    lock["functions"]["g"]["cost"]["flops"] = 0  # the baseline had fewer FLOPs: today's run regressed
+    (project / "old.json").write_text(json.dumps(lock))
+    r = run_subprocess("check", "-b", "old.json", cwd=project)
+    assert r.code == 1, r.stderr
+
+
+# ---- special files are exit 2 without being read -------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "folder"])
+@pytest.mark.parametrize("role", ["spec", "baseline"])
+def test_special_files_as_spec_or_baseline_are_exit_2(run_cli, project, monkeypatch, kind, role):
+    monkeypatch.chdir(project)
+    path = project / "special"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path = "/dev/zero"
+    args = ("snapshot", "--spec", path, "-o", "x.json") if role == "spec" else ("check", "-b", path)
+    r = run_cli(*args, check=2)
+    assert "Traceback" not in r.stderr and "unexpected" not in r.stderr, r.stderr
+    assert "not a regular file" in r.stderr or "is a FIFO" in r.stderr or "character device" in r.stderr \
+        or "folder" in r.stderr or "directory" in r.stderr.lower(), r.stderr
+
+
+def test_a_full_stdout_is_a_clean_exit_with_a_message(project):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "stagetool", "lower", "m.py:g"], cwd=project, env=env,
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot write to stdout" in proc.stderr and "No space left" in proc.stderr
+    assert "Traceback" not in proc.stderr and "unexpected" not in proc.stderr and "Exception ignored" not in proc.stderr
