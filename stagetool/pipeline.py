@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
@@ -321,7 +322,8 @@ def make_plan(options: Options) -> Plan:
                 avals, processes=options.processes, job_processes=options.job_processes, dialect=options.dialect,
                 chips=chips, chip=chip, device_memory_bytes=device_memory, peak=options.peak, top=options.top,
                 explain=explain, cache_dir=options.cache_dir, jobs=options.jobs,
-                timeout_s=options.timeout_s, isolate=options.isolate, gpu_target_config=options.gpu_target_config,
+                timeout_s=None if options.timeout_s == math.inf else options.timeout_s,  # inf: no limit
+                isolate=options.isolate, gpu_target_config=options.gpu_target_config,
                 slices=slices, why=question)
 
 

@@ -133,3 +133,26 @@ def test_a_full_stdout_is_a_clean_exit_with_a_message(project):
     assert proc.returncode == 2, proc.stderr
     assert "cannot write to stdout" in proc.stderr and "No space left" in proc.stderr
     assert "Traceback" not in proc.stderr and "unexpected" not in proc.stderr and "Exception ignored" not in proc.stderr
+
+
+def test_timeout_inf_is_no_limit_for_check(run_cli, project, monkeypatch):
+    monkeypatch.chdir(project)
+    r = run_cli("check", "-b", "lock.json", "--function", "g", "--timeout", "inf")
+    assert r.code == 0, r.stderr
+
+
+def test_write_atomic_removes_temporaries_of_dead_writers(tmp_path):
+    """A snapshot killed mid-write leaves .<name>.<pid>.<random>.tmp; the next write of the file
+    removes those whose writer is gone (and nothing else)."""
+    from stagetool.core.fileio import write_atomic
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stray = tmp_path / f".lock.json.{dead}.abc123.tmp"
+    stray.write_text("half")
+    alive = tmp_path / f".lock.json.{os.getppid()}.abc123.tmp"  # a live writer's: kept
+    alive.write_text("half")
+    other = tmp_path / f".other.json.{dead}.abc123.tmp"  # another file's: kept
+    other.write_text("half")
+    write_atomic(tmp_path / "lock.json", "{}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["lock.json", alive.name, other.name])
