@@ -59,7 +59,8 @@ def test_the_cli_process_collects_again_once_the_devices_are_up(tmp_path):
             f"{str(tmp_path / 'r.json')!r}])\n"
             "print(json.dumps([code, 'jax' in sys.modules, state['after_provision']]))\n")
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    # the command in this process, not in the supervised child (stagetool.core.supervise), to look at it
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", STAGETOOL_UNSUPERVISED="1")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
