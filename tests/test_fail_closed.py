@@ -156,3 +156,13 @@ def test_write_atomic_removes_temporaries_of_dead_writers(tmp_path):
     other.write_text("half")
     write_atomic(tmp_path / "lock.json", "{}\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["lock.json", alive.name, other.name])
+
+
+def test_junit_holds_only_characters_xml_allows():
+    import xml.etree.ElementTree as ET
+
+    from stagetool.gate.render import _xml_legal
+
+    text = _xml_legal('<a n="x\ufffey\ud800z\x01">ok\u00e9\x1b</a>')
+    root = ET.fromstring(text.encode("utf-8"))  # parses: U+FFFE, a lone surrogate, controls are escaped
+    assert root.get("n") == "x\\ufffey\\ud800z\\u0001" and root.text == "ok\u00e9\\u001b"

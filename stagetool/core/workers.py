@@ -37,6 +37,10 @@ class Outcome:
     error: BaseException | None = None
 
 
+START_S = 60.0
+"""The least time a worker is given to start (import JAX, say "ready") when there is a timeout."""
+
+
 @dataclasses.dataclass
 class _Worker:
     process: Any
@@ -56,7 +60,9 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
     lines go into the message of an item whose process died). A worker that dies, or that is
     still on an item ``timeout_s`` seconds after it was handed over (then it is killed), is
     replaced, and the item is recorded with how it ended (``the process died with SIGABRT: ...``,
-    ``timed out after 8 s; the process was killed``).
+    ``timed out after 8 s; the process was killed``). ``timeout_s`` also bounds a worker's start
+    (at least :data:`START_S`: importing JAX on a busy machine): one that has not said "ready" by
+    then is killed and the next item is charged with it.
     """
     import multiprocessing
     import tempfile
@@ -80,7 +86,8 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
         process = ctx.Process(target=_worker, args=(fn, common, child, stderr), daemon=True)
         process.start()
         child.close()
-        active[parent] = _Worker(process, cleanup.register_child(process), stderr, stderr_token)
+        active[parent] = _Worker(process, cleanup.register_child(process), stderr, stderr_token,
+                                 deadline=None if timeout_s is None else time.monotonic() + max(timeout_s, START_S))
 
     def end(conn: Any, *, ask: bool) -> _Worker:
         """Stop a worker: ask it to leave (it is idle), else kill it; reap it and drop its files."""
@@ -117,7 +124,11 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
             for conn in [c for c, w in active.items() if c not in ready and w.deadline is not None
                          and w.deadline <= now]:  # an item that ran past its deadline
                 worker = end(conn, ask=False)
-                outcomes[worker.index] = Outcome(died=f"timed out after {timeout_s:g} s; the process was killed")
+                if worker.index is not None:
+                    outcomes[worker.index] = Outcome(died=f"timed out after {timeout_s:g} s; the process was killed")
+                elif pending:  # stuck starting (before "ready"): charged to the next item, as a death is
+                    outcomes[pending.popleft()] = Outcome(
+                        died=f"the worker did not start within {max(timeout_s, START_S):g} s; the process was killed")
                 drop_files(worker)
                 if pending and len(active) < jobs:
                     spawn()
@@ -197,7 +208,10 @@ def _worker(fn: Callable[[Any, Any], Any], common: Any, conn: Any, stderr: str |
     """A worker's loop: say ready, then run each item sent until ``None``."""
     from stagetool.core import gc_pause
 
+    from stagetool.core.cleanup import die_with_parent
+
     gc_pause.pause()  # start-up: as the command line's own process (stagetool.core.gc_pause)
+    die_with_parent(None)  # a parent killed with SIGKILL (no handler runs) takes its workers with it
     os.setsid()  # a session of its own: killing its process group kills whatever it started
     if stderr is not None:
         fd = os.open(stderr, os.O_WRONLY | os.O_APPEND)

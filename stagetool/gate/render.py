@@ -302,7 +302,17 @@ def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:
         if others:
             ET.SubElement(tc, "system-out").text = "\n".join(_change_line(c) for c in others)
     ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + _xml_legal(ET.tostring(root, encoding="unicode")) + "\n"
+
+
+def _xml_legal(text: str) -> str:
+    """``text`` with every character XML 1.0 does not allow (C0 controls but tab and newlines, lone
+    surrogates, U+FFFE, U+FFFF) written as ``\\uXXXX``: a name or message from user code must not
+    make the JUnit file unreadable to the CI that parses it."""
+    import re
+
+    return re.sub("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]",
+                  lambda m: f"\\u{ord(m.group(0)):04x}", text)
 
 
 def _change_line(c: Change) -> str:
