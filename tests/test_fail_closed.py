@@ -166,3 +166,80 @@ def test_junit_holds_only_characters_xml_allows():
     text = _xml_legal('<a n="x\ufffey\ud800z\x01">ok\u00e9\x1b</a>')
     root = ET.fromstring(text.encode("utf-8"))  # parses: U+FFFE, a lone surrogate, controls are escaped
     assert root.get("n") == "x\\ufffey\\ud800z\\u0001" and root.text == "ok\u00e9\\u001b"
+
+
+# ---- odd inputs: deep regexes, an unreachable coordinator -----------------------------------------------
+
+DEEP = "(" * 1000 + "a" + ")" * 1000
+
+
+def test_a_rule_regex_with_1000_nested_groups_is_exit_2(run_cli, tmp_path, monkeypatch):
+    write(tmp_path, "d.py", "import jax.numpy as jnp\n\ndef init():\n    return {'w': jnp.zeros((8,))}\n\n"
+                            "def g(p):\n    return p['w'] * 2\n")
+    (tmp_path / "d.stagetool.yaml").write_text(
+        "version: 1\nfunctions:\n  g:\n    target: d.py:g\n    args:\n      - init: d.py:init\n"
+        f"        rules:\n          - ['{DEEP}', [null]]\n")
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("shardings", "--spec", "d.stagetool.yaml", check=2)
+    assert "d.stagetool.yaml:8:14" in r.stderr and "nested too deeply" in r.stderr and "Recursion" not in r.stderr
+    r = run_cli("collectives", "--spec", "d.stagetool.yaml", "--explain", DEEP, check=2)
+    assert "--explain" in r.stderr and "nested too deeply" in r.stderr
+
+
+def test_an_unreachable_coordinator_is_a_bounded_exit_2(run_cli, project, monkeypatch):
+    import socket
+
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("STAGETOOL_COORDINATOR_WAIT_S", "1")
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        r = run_cli("--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "1",
+                    "shardings", "m.py:g", check=2)
+    assert "nothing accepted a connection there within 1 s" in r.stderr
+    r = run_cli("--coordinator", "no-such-host.invalid:1234", "--num-processes", "2", "--process-id", "1",
+                "shardings", "m.py:g", check=2)
+    assert "cannot resolve 'no-such-host.invalid'" in r.stderr
+
+
+# ---- outputs safe for their readers ---------------------------------------------------------------------
+
+HOSTILE = "<img src=http://evil.example/x.png>`](http://evil.example) @team #1 | *x*"
+
+
+def _no_live_markdown(md: str) -> None:
+    """Nothing a reader's Markdown engine would turn into HTML, a link, an image or a mention: outside
+    code spans (shown literally; a span ends only at a fence of its own length) no raw ``<``, no
+    ``](``, no bare URL, no unescaped ``@``."""
+    import re
+
+    outside = re.sub(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", "", md)
+    assert not re.search(r"<[A-Za-z/!?]", outside.replace("<sub>", "").replace("</sub>", "")), outside
+    assert not re.search(r"(?<!\\)\]\(", outside), outside
+    assert "http://" not in outside and "www." not in outside, outside
+    assert not re.search(r"(?<!\\)@", outside), outside
+
+
+def test_the_gate_markdown_shows_hostile_names_and_messages_as_text():
+    from stagetool.gate import compare as gate_compare
+    from stagetool.gate import render as render_changes
+    from stagetool.core.text import markdown_code
+
+    snap = {"snapshot_schema": 2, "kind": "stagetool-snapshot", "stagetool_version": "0", "jax_version": "0",
+            "jaxlib_version": "0", "spec": "s.yaml", "functions": {}}
+    cmp = gate_compare.compare(snap, snap, failed={HOSTILE: f"trace failed: {HOSTILE}"})
+    md = render_changes.render_markdown(cmp)
+    _no_live_markdown(md)
+    assert markdown_code(HOSTILE) in md  # the name, whole, in a code span its backtick cannot close
+    assert "&lt;img src=http:\u2060//evil.example/x.png>" in md  # the message as text
+
+
+def test_the_report_markdown_shows_hostile_names_and_notes_as_text():
+    from stagetool.report.model import FunctionReport, MeshReport, Report, StageTimes
+    from stagetool.report.render_markdown import render
+
+    fn = FunctionReport(HOSTILE, "m.py:f", MeshReport((("data", 2),), None, "cpu", "cpu", 2, 1, None),
+                        StageTimes(None, None, None), notes=(HOSTILE,), error=f"trace failed: {HOSTILE}")
+    md = render(Report("report", "0", "0", "0", (fn,)))
+    _no_live_markdown(md)
+    assert md.count("&lt;img") == 2 and "\\@team" in md

@@ -266,3 +266,104 @@ def test_fuzz_specs_options_and_baselines(monkeypatch):
     assert not UNEXPECTED
     assert total >= budget and OUTCOMES[2] > 0 and OUTCOMES[0] + OUTCOMES[1] + OUTCOMES[3] > 0
     assert REPO.is_dir()
+
+
+# ---- issue 25: files stagetool reads back (facts-cache entries, sweep rows, sweep merge inputs) -----------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+                    max_leaves=20)
+
+
+def _good_row(index: int, value: str) -> dict:
+    from stagetool.sweep.rows import ROW_FIELDS
+
+    row = {k: None for k in ROW_FIELDS}
+    row.update(index=index, id=f"mode={value}", values={"mode": value}, status="ok", timings={"compile_s": 1.0},
+               peak_bytes_per_device=100 + index, fits=True)
+    return row
+
+
+def _good_doc() -> dict:
+    from stagetool.sweep.rows import SWEEP_SCHEMA_VERSION, RankBy, document
+
+    header = {"schema_version": SWEEP_SCHEMA_VERSION, "kind": "sweep", "stagetool_version": "x", "jax_version": "x",
+              "jaxlib_version": "x", "target": "m.py:f", "function": "f", "spec": "s.yaml", "spec_sha256": "a" * 64,
+              "axes": [["mode", ["a", "b"]]], "options": {}, "grid_size": 2, "shard": None}
+    return document(header, [_good_row(0, "a"), _good_row(1, "b")], RankBy.peak)
+
+
+@st.composite
+def mutated(draw, base_factory):
+    """A valid document with a few values (at any depth) replaced by arbitrary JSON, or arbitrary JSON."""
+    if draw(st.integers(0, 5)) == 0:
+        return draw(JSON)
+    doc = base_factory()
+    for _ in range(draw(st.integers(1, 3))):
+        node, path = doc, []
+        while isinstance(node, (dict, list)) and node and draw(st.booleans()):
+            key = draw(st.sampled_from(sorted(node) if isinstance(node, dict) else list(range(len(node)))))
+            path.append((node, key))
+            node = node[key]
+        if path:
+            parent, key = path[-1]
+            if draw(st.integers(0, 4)) == 0 and isinstance(parent, dict):
+                del parent[key]
+            else:
+                parent[key] = draw(JSON)
+    return doc
+
+
+def test_fuzz_sweep_rows_and_merge_inputs():
+    """``sweep merge`` and the row check take anything JSON can hold: a merge is a document or one
+    UsageError (exit 2), ``row_problem`` a reason or None, never an exception of another kind."""
+    from stagetool.core.errors import UsageError
+    from stagetool.sweep.rows import merge, row_problem
+
+    budget = int(os.environ.get("STAGETOOL_FUZZ_EXAMPLES", "60")) * 5
+
+    @settings(max_examples=budget, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(docs=st.lists(mutated(_good_doc), min_size=1, max_size=3), row=mutated(lambda: _good_row(0, "a")))
+    def one(docs, row):
+        assert row_problem(row) is None or isinstance(row_problem(row), str)
+        try:
+            merged = merge(docs)
+        except UsageError:
+            return
+        assert merged["best"] is None or merged["best"] in {r["id"] for r in merged["rows"]}
+        assert len(merged["rows"]) == merged["grid_size"]  # a merge is the whole grid, never part of it
+
+    one()
+
+
+def test_fuzz_facts_cache_entries(tmp_path, monkeypatch):
+    """An entry file with any bytes — unsigned, or signed with the user's own secret over arbitrary
+    JSON (as if stagetool had written something odd) — is a miss or a valid answer, never an error."""
+    from stagetool.lowering import cache as cache_module
+
+    monkeypatch.setenv("STAGETOOL_CACHE_KEY_FILE", str(tmp_path / "key" / "k"))
+    monkeypatch.setattr(cache_module, "_SECRETS", {})
+    facts = cache_module.FactsCache.open(tmp_path / "cache")
+    key = "ab" * 32
+    path = facts.path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    budget = int(os.environ.get("STAGETOOL_FUZZ_EXAMPLES", "60")) * 5
+
+    @settings(max_examples=budget, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(raw=st.binary(max_size=200), payload=JSON, signed=st.booleans(), peak=st.booleans())
+    def one(raw, payload, signed, peak):
+        if signed:
+            body = json.dumps(payload).encode()
+            header = {"kind": cache_module.ENTRY_KIND, "schema": cache_module.CACHE_SCHEMA, "key": key,
+                      "hmac": facts._mac(key, body)}
+            path.write_bytes(json.dumps(header).encode() + b"\n" + body)
+        else:
+            path.write_bytes(raw)
+        got = facts.load(key, peak=peak)
+        assert got is None or isinstance(got, cache_module.CachedFacts)
+        if not signed:
+            assert got is None  # nothing unsigned is ever an answer
+
+    one()

@@ -39,10 +39,11 @@ def leaf_patterns(texts: tuple[str, ...]) -> tuple[LeafPattern, ...]:
     for text in texts:
         try:
             re.compile(text)  # the error's position in the text as given
+            out.append(LeafPattern(text, re.compile(f"(?:.*/)?(?:{text.lstrip('/')})(?:/value)?")))
         except re.error as e:
             bad.append(f"--explain {text!r} is a bad regular expression: {e}")
-            continue
-        out.append(LeafPattern(text, re.compile(f"(?:.*/)?(?:{text.lstrip('/')})(?:/value)?")))
+        except (RecursionError, OverflowError, MemoryError):  # Python's regex compiler recurses per group
+            bad.append(f"--explain {text[:40]!r}…: the regular expression is nested too deeply or too large to compile")
     if bad:
         raise UsageError("; ".join(bad), hint="give a leaf path as 'stagetool shardings' lists it, its last part "
                                               "(wq), or a regular expression over them (w[12], layers/.*/wq)")

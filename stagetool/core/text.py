@@ -34,19 +34,47 @@ def printable(text: object, *, newlines: bool = True) -> str:
     return s
 
 
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~<>&#@])")
-_MARKDOWN_ENTITY = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+# What Markdown (GitHub's) would read as syntax in text from names and messages: a backslash, code
+# spans, emphasis (``_`` only where it is not inside a word: GFM ignores intraword underscores),
+# links and images, table cells, strikethrough, mentions, issue references; an HTML tag or comment
+# (``<`` before a letter, ``/``, ``!`` or ``?``) and an entity (``&name;``, ``&#1;``).
+_MARKDOWN_SPECIAL = re.compile(r"[\\`*\[\]|~@#]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|<(?=[A-Za-z/!?])|&(?=#?\w+;)")
+_MARKDOWN_ENTITY = {"<": "&lt;", "&": "&amp;"}
 
 
 def markdown_safe(text: object) -> str:
     """Text from a name or a message for GitHub-flavoured Markdown, shown as written and never read
-    as Markdown or HTML: :func:`printable` on one line, ``<``, ``>`` and ``&`` as entities (no tag, no
-    comment, no entity of the writer's), Markdown's punctuation backslash-escaped (no link, image,
-    emphasis, code span or table cell break; no ``@mention`` or ``#123`` reference), and ``://`` / ``www.`` broken with a word joiner
-    (U+2060) so that GitHub does not turn a URL into a link."""
+    as Markdown or HTML: :func:`printable` on one line; ``<`` that could open a tag and ``&`` that
+    could start an entity as entities; Markdown's punctuation backslash-escaped (no link, image,
+    emphasis, code span or table cell break; no ``@mention`` or ``#123`` reference); and ``://`` /
+    ``www.`` broken with a word joiner (U+2060) so that GitHub does not turn a URL into a link.
+    Ordinary text (``train_step``, ``+<0.1%``, ``a -> b``) is left as it is."""
     s = printable(text, newlines=False)
-    s = _MARKDOWN_SPECIAL.sub(lambda m: _MARKDOWN_ENTITY.get(m.group(1), "\\" + m.group(1)), s)
+    s = _MARKDOWN_SPECIAL.sub(lambda m: _MARKDOWN_ENTITY.get(m.group(0), "\\" + m.group(0)), s)
     return s.replace("://", ":\u2060//").replace("www.", "www\u2060.")
+
+
+class MarkdownText(str):
+    """Text that is already Markdown (made by :func:`markdown_code`, or by a renderer): a table cell
+    holding it is not escaped again."""
+
+
+def markdown_code(text: object) -> MarkdownText:
+    """``text`` as one code span (shown as written, never HTML or a link): its fence one backtick
+    longer than any run of backticks inside, so that a name cannot close it early; ``|`` escaped
+    (GFM reads it as a cell break even in a code span); on one line, control characters escaped."""
+    t = printable(text, newlines=False)
+    fence = "`" * (max((len(r) for r in re.findall("`+", t)), default=0) + 1)
+    pad = " " if t.startswith("`") or t.endswith("`") else ""
+    return MarkdownText(f"{fence}{pad}{t}{pad}{fence}".replace("|", "\\|"))
+
+
+def markdown_text(text: object) -> str:
+    """:func:`markdown_safe`, except that `` `spans` `` (stagetool's views mark names that way: "split
+    over `model`") stay code spans, rebuilt with :func:`markdown_code` so that nothing inside can
+    break out. A lone backtick is escaped like any other."""
+    parts = re.split(r"`([^`\n]+)`", printable(text, newlines=False))
+    return "".join(markdown_code(p) if i % 2 else markdown_safe(p) for i, p in enumerate(parts))
 
 
 def markup_safe(text: object) -> str:

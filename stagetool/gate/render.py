@@ -156,7 +156,18 @@ def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> st
 
 
 def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Plain text from names and messages for the Markdown comment: shown as written, never read as
+    HTML, a link, an image or a mention (:func:`stagetool.core.text.markdown_text`)."""
+    from stagetool.core.text import markdown_text
+
+    return markdown_text(text)
+
+
+def _code(text: str) -> str:
+    """``text`` as a code span (:func:`stagetool.core.text.markdown_code`)."""
+    from stagetool.core.text import markdown_code
+
+    return markdown_code(text)
 
 
 def render_markdown(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
@@ -168,7 +179,8 @@ def render_markdown(cmp: Comparison, *, color: bool = False, width: int = 120) -
     bad = bool(cmp.regressions or cmp.failed)
     icon = "❌" if bad else "✅"
     lead = f"{cmp.headline()} · " if _has_changes(cmp) else ""
-    out = [f"### {icon} {lead}{cmp.title}: {summary_line(cmp)}", "", f"`{cmp.before}` → `{cmp.after}`", ""]
+    out = [f"### {icon} {_md_escape(lead + cmp.title + ': ' + summary_line(cmp))}", "",
+           f"{_code(cmp.before)} → {_code(cmp.after)}", ""]
     out += [f"> **Notice:** {_md_escape(n)}" for n in cmp.notices] + ([""] if cmp.notices else [])
 
     def rows_of(changes: list[tuple[Change, bool]], with_function: bool) -> list[str]:
@@ -176,12 +188,13 @@ def render_markdown(cmp: Comparison, *, color: bool = False, width: int = 120) -
         sep = ("|:---" if with_function else "") + "|:---|---:|---:|---:|:---|"
         lines = [head.replace("| |", "|", 1) if not with_function else head, sep]
         for c, linked in changes:
-            status = ("**regression**" if c.status == "regression" else c.status) + (f" ({c.note})" if c.note else "")
+            status = ("**regression**" if c.status == "regression" else _md_escape(c.status)) + (
+                f" ({_md_escape(c.note)})" if c.note else "")
             if not linked:
                 status += " _(no other edit found)_"
-            cells = ([f"`{c.function}`"] if with_function else []) + [
-                f"`{c.what}`", f"`{c.before}`", f"`{c.after}`", _pct(c), status]
-            lines.append("| " + " | ".join(_md_escape(x) for x in cells) + " |")
+            cells = ([_code(c.function)] if with_function else []) + [
+                _code(c.what), _code(c.before), _code(c.after), _md_escape(_pct(c)), status]
+            lines.append("| " + " | ".join(cells) + " |")
         return lines
 
     any_rows = False
@@ -189,22 +202,24 @@ def render_markdown(cmp: Comparison, *, color: bool = False, width: int = 120) -
         if head:
             out += [f"#### {_md_escape(head)}", ""]
         if cause is not None and cause.edits:
-            out += [f"- `{_md_escape(e)}`" for e in cause.edits] + [""]
+            out += [f"- {_code(e)}" for e in cause.edits] + [""]
         out += rows_of(changes, with_function=head is None) + [""]
         any_rows = True
     rows = []
     for f in cmp.functions:
         if f.status == "failed":
-            rows.append([f"`{f.name}`", "`staging`", "", "", "", f"**FAILED**: {f.error}"])
+            rows.append([_code(f.name), "`staging`", "", "", "", f"**FAILED**: {_md_escape(f.error or '')}"])
         elif f.status == "new":  # a removed function's row is its change (a regression)
-            rows.append([f"`{f.name}`", "`function`", "`—`", "`present`", "", _STATUS_WORD[f.status]])
+            rows.append([_code(f.name), "`function`", "`—`", "`present`", "", _md_escape(_STATUS_WORD[f.status])])
         elif f.status == "removed":
             for c in f.changes:
-                status = ("**regression**" if c.status == "regression" else c.status) + (f" ({c.note})" if c.note else "")
-                rows.append([f"`{c.function}`", f"`{c.what}`", f"`{c.before}`", f"`{c.after}`", _pct(c), status])
+                status = ("**regression**" if c.status == "regression" else _md_escape(c.status)) + (
+                    f" ({_md_escape(c.note)})" if c.note else "")
+                rows.append([_code(c.function), _code(c.what), _code(c.before), _code(c.after), _md_escape(_pct(c)),
+                             status])
     if rows:
         out += ["| function | what | before | after | change | status |", "|:---|:---|---:|---:|---:|:---|"]
-        out += ["| " + " | ".join(_md_escape(x) for x in r) + " |" for r in rows]
+        out += ["| " + " | ".join(r) + " |" for r in rows]
     elif not any_rows:
         out.append("No changes.")
     return "\n".join(out).rstrip() + "\n"

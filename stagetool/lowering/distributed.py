@@ -94,7 +94,7 @@ def _check_options(coordinator: str | None, num_processes: int | None, process_i
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, timeout_s: int = 300,
-               env: Mapping[str, str] | None = None) -> bool:
+               env: Mapping[str, str] | None = None, reach_s: float | None = None) -> bool:
     """Join (or form) a multi-process JAX job; returns True when ``jax.distributed`` is now up.
 
     - All three options given: ``jax.distributed.initialize(coordinator, num_processes,
@@ -109,11 +109,15 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     processes (``initialization_timeout``, seconds). Caution: when they do not all arrive in
     time, JAX 0.10.2 does not raise; its coordination client *aborts the process* (SIGABRT,
     exit 134, "DEADLINE_EXCEEDED ... RegisterTask") about ``timeout_s`` + 5 s later, so a caller
-    should say on stderr what it waits for before calling this.
+    should say on stderr what it waits for before calling this. A process other than 0 first waits
+    at most ``reach_s`` seconds (default ``$STAGETOOL_COORDINATOR_WAIT_S``, else 60) for the
+    coordinator's port to accept a TCP connection (:func:`_wait_for_coordinator`), so that an
+    unreachable or mistyped ``--coordinator`` is a clear error, not minutes of silence and an abort.
 
     Raises:
       UsageError: some but not all options given; a malformed address, count or id; a JAX
-        backend already started; or JAX failed to connect (the message says which).
+        backend already started; the coordinator unreachable within ``reach_s``; or JAX failed to
+        connect (the message says which).
     """
     _check_options(coordinator, num_processes, process_id)
     import jax
@@ -122,6 +126,8 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         return True
     if coordinator is None and detect_cluster(env) is None:
         return False
+    if coordinator is not None and process_id != 0:
+        _wait_for_coordinator(coordinator, reach_s if reach_s is not None else _reach_seconds())
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     try:
         if coordinator is None:
@@ -136,6 +142,49 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
             hint = "start multi-process mode before any JAX device is used (first thing in the process)"
         raise UsageError(f"jax.distributed.initialize failed: {text}", hint=hint) from None
     return True
+
+
+def _reach_seconds() -> float:
+    try:
+        value = float(os.environ.get("STAGETOOL_COORDINATOR_WAIT_S", "60"))
+    except ValueError:
+        return 60.0
+    return value if 0 < value < 1e6 else 60.0
+
+
+def _wait_for_coordinator(coordinator: str, limit_s: float) -> None:
+    """Return once ``HOST:PORT`` accepts a TCP connection (process 0 may start a little later: retried
+    every half second); raise after ``limit_s`` seconds, or at once for a host name that does not
+    resolve.
+
+    Raises:
+      UsageError: the coordinator cannot be reached.
+    """
+    import socket
+    import time
+
+    host, _, port = coordinator.rpartition(":")
+    host = host.strip("[]")
+    try:
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise UsageError(f"--coordinator {coordinator}: cannot resolve {host!r}: {e}",
+                         hint="give the address of process 0, HOST:PORT") from None
+    deadline = time.monotonic() + limit_s
+    last = None
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(5.0, max(0.1, limit_s))):
+                return
+        except OSError as e:
+            last = e
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    raise UsageError(f"--coordinator {coordinator}: nothing accepted a connection there within {limit_s:g} s "
+                     f"({getattr(last, 'strerror', None) or last})",
+                     hint="start process 0 (--process-id 0) first, and check the host, the port and any firewall; "
+                          "STAGETOOL_COORDINATOR_WAIT_S sets how long to wait")
 
 
 def is_primary() -> bool:

@@ -5,14 +5,26 @@ from __future__ import annotations
 from typing import Iterable
 
 from stagetool.core.mesh import format_mesh
+from stagetool.core.text import MarkdownText, markdown_code, markdown_text
 from stagetool.core.units import dims_str, format_bytes, format_seconds, shape_str
 from stagetool.report import views
 from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
 
 
 def escape(text: str) -> str:
-    """Escape a table cell: pipes and backticks would break the row."""
-    return text.replace("|", "\\|").replace("\n", " ")
+    """A table cell or a line of text from the report: names, sources and messages come from specs and
+    user code, so plain text is shown as written (:func:`~stagetool.core.text.markdown_text`: no
+    HTML, link, image, mention or cell break; `` `name` `` spans of the views kept); text already made Markdown
+    (:class:`~stagetool.core.text.MarkdownText`, e.g. a :func:`~stagetool.core.text.markdown_code`
+    span) is kept."""
+    if isinstance(text, MarkdownText):
+        return text.replace("\n", " ")
+    return markdown_text(text)
+
+
+def code(text: object) -> MarkdownText:
+    """A code span that nothing in ``text`` can break out of."""
+    return markdown_code(text)
 
 
 def table(header: list[str], rows: Iterable[list[str]], align: str | None = None) -> list[str]:
@@ -60,7 +72,7 @@ def render_with_figures(doc: Report, folder: str) -> tuple[str, dict[str, str]]:
 
 
 def _image(figures: dict[str, str], kind: str, alt: str) -> list[str]:
-    return [f"![{alt}]({figures[kind]})", ""] if kind in figures else []
+    return [f"![{escape(alt)}]({figures[kind]})", ""] if kind in figures else []
 
 
 def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, str] | None = None,
@@ -72,22 +84,22 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
                        (("trace", t.trace_s), ("lower", t.lower_s), ("compile", t.compile_s)) if v is not None)
     if f.cached:
         stages += ", compile (cached)"
-    out = [f"## `{f.name}` — `{f.target}`", "",
+    out = [f"## {code(f.name)} — {code(f.target)}", "",
            f"Mesh **{mesh}** on {f.mesh.device_count} {f.mesh.platform} device{'s' if f.mesh.device_count != 1 else ''}"
            + (f" ({f.mesh.device_kind})" if f.mesh.device_kind not in (f.mesh.platform, "") else "")
-           + (f", topology `{f.mesh.topology}`" if f.mesh.topology else "") + (f"; {stages}" if stages else "") + ".", ""]
+           + (f", topology {code(f.mesh.topology)}" if f.mesh.topology else "") + (f"; {stages}" if stages else "") + ".", ""]
     if config:
         out += [f"<sub>{escape(views.config_line(config))}</sub>", ""]
     if f.compiler_options:
         out += [f"<sub>{escape(views.compiler_options_line(f.compiler_options))}</sub>", ""]
-    out += [f"> {n}" for n in f.notes] + ([""] if f.notes else [])
+    out += [f"> {escape(n)}" for n in f.notes] + ([""] if f.notes else [])
     if f.error is not None:
         return out + [f"**Failed:** {escape(f.error)}", ""]
     if f.module is not None:
         out += [f"### {f.module.stage.capitalize()} module ({f.module.dialect})", "", "```", f.module.text.rstrip(), "```", ""]
     if summary and f.inputs is not None:
         out += ["### Shardings", ""] + table(*views.shardings_summary_rows(f.inputs, f.outputs), "lrrrr") + [""]
-        out += [f"- {line}" for line in views.shardings_summary_notes(f.inputs)] + [""]
+        out += [f"- {escape(line)}" for line in views.shardings_summary_notes(f.inputs)] + [""]
         out += _image(figures, "layouts", f"device grids of {f.name}'s input layouts")
     else:
         for title, leaves in (("Inputs", f.inputs), ("Outputs", f.outputs)):
@@ -97,8 +109,8 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
         out += _collectives(f.collectives) + _image(figures, "collectives", f"collective bytes of {f.name} by kind and mesh axes")
     if getattr(f, "why", None) is not None:
         lines = views.why_lines(f.why)
-        out += [f"### {lines[0][1][0].upper()}{lines[0][1][1:]}", ""]
-        out += [f"- **{line}**" if style == "bold" else f"- {line}" for style, line in lines[1:]] + [""]
+        out += [f"### {escape(lines[0][1][0].upper() + lines[0][1][1:])}", ""]
+        out += [f"- **{escape(line)}**" if style == "bold" else f"- {escape(line)}" for style, line in lines[1:]] + [""]
     if f.cost is not None:
         out += _cost(f.cost)
     if f.memory is not None:
@@ -109,7 +121,7 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
 
 def _notes(notes: list[tuple[str, str]]) -> list[str]:
     marks = {"warn": "⚠️ ", "over": "❌ ", "fits": "✅ "}
-    return [f"- {marks.get(kind, '')}{text}" for kind, text in notes]
+    return [f"- {marks.get(kind, '')}{escape(text)}" for kind, text in notes]
 
 
 def _collectives(c) -> list[str]:
@@ -122,15 +134,16 @@ def _collectives(c) -> list[str]:
     if causes:
         out += ["#### Why each collective is there", ""]
         for head, reason, origins in causes:
-            out.append(f"- **{head}**: {reason}" + (f" — from {'; '.join(origins)}" if origins else ""))
+            out.append(f"- **{escape(head)}**: {escape(reason)}"
+                       + (f" — from {'; '.join(escape(o) for o in origins)}" if origins else ""))
         out.append("")
-    out += [f"- {line}" for line in views.explain_lines(c)] + ([""] if c.explained else [])
+    out += [f"- {escape(line)}" for line in views.explain_lines(c)] + ([""] if c.explained else [])
     return out
 
 
 def _cost(c) -> list[str]:
     header, rows = views.cost_rows(c)
-    return ["### Cost", ""] + table(header, rows, "lrr") + ["", f"_{views.cost_caption(c)}_", ""] \
+    return ["### Cost", ""] + table(header, rows, "lrr") + ["", f"_{escape(views.cost_caption(c))}_", ""] \
         + _notes(views.cost_notes(c)) + [""]
 
 
@@ -141,18 +154,18 @@ def _memory(m) -> list[str]:
         out += ["#### Largest inputs", ""] + table(*views.largest_inputs_rows(m), "llrr") + [""]
     summary = views.donation_summary(m)
     if summary:
-        out += [f"- {summary}", ""]
+        out += [f"- {escape(summary)}", ""]
         header, rows = views.donation_rows(m)
         if rows:
             out += ["#### Donation that did not take", ""] + table(header, rows) + [""]
     if m.peak is not None:
         if m.peak.reason:
-            out += [f"- buffers at the peak: n/a: {m.peak.reason}", ""]
+            out += [f"- buffers at the peak: n/a: {escape(m.peak.reason)}", ""]
         else:
             header, rows = views.peak_rows(m.peak)
-            out += [f"#### {views.peak_title(m.peak).capitalize()}", ""] + table(header, rows, "r" + "l" * (len(header) - 1)) + [""]
+            out += [f"#### {escape(views.peak_title(m.peak).capitalize())}", ""] + table(header, rows, "r" + "l" * (len(header) - 1)) + [""]
             if m.peak.note:
-                out += [f"- note: {m.peak.note}", ""]
+                out += [f"- note: {escape(m.peak.note)}", ""]
     lines = views.timeline_lines(m)
     if lines:
         out += ["```text", *lines, "```", ""]
@@ -162,15 +175,15 @@ def _memory(m) -> list[str]:
 def _leaves(leaves: tuple[LeafReport, ...]) -> list[str]:
     rows = []
     for x in leaves:
-        rows.append([f"`{x.path}`", f"`{shape_str(x.dtype, x.shape)}`",
-                     "—" if x.declared.kind == "unspecified" else f"`{x.declared}`",
-                     f"`{x.compiled}`" if x.compiled is not None else "—", dims_str(x.shard_shape),
+        rows.append([code(x.path), code(shape_str(x.dtype, x.shape)),
+                     "—" if x.declared.kind == "unspecified" else code(x.declared),
+                     code(x.compiled) if x.compiled is not None else "—", dims_str(x.shard_shape),
                      format_bytes(x.bytes_per_device), ", ".join(views.leaf_notes(x))])
     return table(["leaf", "shape", "declared", "compiled", "shard", "per device", ""], rows, "lllllrl")
 
 
 def _devices(d: DevicesReport) -> list[str]:
-    rows = [["platform", d.platform + (f" (topology `{d.topology}`)" if d.topology else "")],
+    rows = [["platform", MarkdownText(escape(d.platform) + (f" (topology {code(d.topology)})" if d.topology else ""))],
             ["device kind", d.device_kind], ["devices", str(d.device_count)], ["processes", str(d.process_count)],
             ["memory per device", format_bytes(d.memory_bytes_per_device) if d.memory_bytes_per_device else "not reported"],
             ["jax / jaxlib", f"{d.jax_version} / {d.jaxlib_version}"], ["stagetool", d.stagetool_version]]

@@ -654,6 +654,10 @@ class _Parser:
                     except re.error as e:
                         self.issues.add(rn.value[0], rpath, f"bad regular expression {pat_text!r}: {e}")
                         continue
+                    except (RecursionError, OverflowError, MemoryError):  # 1,000 nested groups: Python's compiler recurses
+                        self.issues.add(rn.value[0], rpath, f"regular expression {_short(str(pat_text))} is nested too "
+                                        "deeply or is too large to compile; write a flatter pattern")
+                        continue
                     try:
                         sharding = parse_sharding(_plain(rn.value[1]))
                     except ValueError as e:
@@ -833,6 +837,12 @@ class _Parser:
 
 MAX_SPEC_BYTES = 64 * 2**20
 """A spec larger than this (64 MiB) is refused unread."""
+
+
+def _short(text: str, n: int = 60) -> str:
+    """``repr(text)``, cut to ``n`` characters with an ellipsis (a hostile pattern can be megabytes)."""
+    r = repr(text)
+    return r if len(r) <= n else r[:n] + "…"
 
 
 def read_spec_text(path: str | Path) -> str:
