@@ -64,6 +64,12 @@ def _row(index: int, id_: str, **more) -> dict:
     return row
 
 
+def test_every_row_field_is_checked_when_read_back():
+    from stagetool.sweep.rows import _ROW_CHECKS
+
+    assert set(_ROW_CHECKS) == set(ROW_FIELDS)
+
+
 def test_a_function_report_with_an_error_is_an_error_row_not_ok():
     from stagetool.report.model import FunctionReport, MeshReport, StageTimes
     from stagetool.sweep.run import _empty_row, row_from_function

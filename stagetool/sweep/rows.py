@@ -193,6 +193,7 @@ _ROW_CHECKS = {
     "collective_bytes_per_step_by_mesh_axes": lambda v: v is None or (
         isinstance(v, dict) and all(_str(k) and _number(n) for k, n in v.items())),
     "collectives_unknown_runs": lambda v: _opt(_count, v),
+    "dcn_bytes_per_step": lambda v: _opt(_number, v),
     "flops_per_device_xla": lambda v: _opt(_number, v), "flops_per_device_loop_aware": lambda v: _opt(_number, v),
     "while_loops": lambda v: _opt(_count, v), "chip": lambda v: _opt(_str, v),
     "roofline_step_seconds": lambda v: _opt(_number, v), "roofline_bound": lambda v: _opt(_str, v),
@@ -243,7 +244,7 @@ def _header_problem(d: dict) -> str | None:
                   isinstance(a, list) and len(a) == 2 and _str(a[0]) and isinstance(a[1], list)
                   and a[1] and all(_str(x) for x in a[1]) for a in v),
               "options": lambda v: isinstance(v, dict), "grid_size": lambda v: _count(v) and v >= 1,
-              "shard": lambda v: v is None or _str(v), "rank_by": lambda v: v in {r.value for r in RankBy},
+              "shard": lambda v: v is None or _str(v), "rank_by": lambda v: isinstance(v, str) and v in {r.value for r in RankBy},
               "rows": lambda v: isinstance(v, list)}
     for k, ok in checks.items():
         if k not in d:
