@@ -187,7 +187,8 @@ _ROW_CHECKS = {
         isinstance(a, list) and len(a) == 2 and _str(a[0]) and _count(a[1]) for a in v)),
     "platform": lambda v: _opt(_str, v), "device_kind": lambda v: _opt(_str, v),
     "device_count": lambda v: _opt(_count, v),
-    "peak_bytes_per_device": lambda v: _opt(_number, v), "capacity_bytes_per_device": lambda v: _opt(_number, v),
+    "peak_bytes_per_device": lambda v: _opt(_number, v), "host_peak_bytes_per_device": lambda v: _opt(_number, v),
+    "capacity_bytes_per_device": lambda v: _opt(_number, v),
     "capacity_source": lambda v: _opt(_str, v), "fits": lambda v: v is None or isinstance(v, bool),
     "collective_bytes_per_step": lambda v: _opt(_number, v),
     "collective_bytes_per_step_by_mesh_axes": lambda v: v is None or (
