@@ -408,3 +408,31 @@ def test_a_partial_snapshot_over_a_fuller_one_says_what_it_drops(project, capsys
     (project / "full.json").write_text(json.dumps(doc))
     code, _, err = run(capsys, "snapshot", "--spec", "mlp.stagetool.yaml", "-f", "train_step", "-o", "full.json")
     assert code == 0 and "held other_step, which this snapshot does not" in err and "check --update -f" in err
+
+
+def test_text_and_html_write_each_change_the_same_way():
+    """One formatter for a change's percentage (``core.units.format_change``): the text table and the
+    HTML page of ``check`` show ``+0.5%``, ``+<0.001%``, ``-12.5%``, ``0.0%`` and ``new`` alike (the page
+    wrote ``0.5%`` and ``0.0%`` for the first two)."""
+    import html as html_lib
+    import re
+
+    from stagetool.gate.compare import Change, Comparison, FunctionResult
+    from stagetool.gate.render import render_html, render_text
+
+    def metric(what, before, after, status="regression"):
+        change = None if before == 0 else after / before - 1
+        return Change("f", what, str(before), str(after), status, before_value=before, after_value=after, change=change)
+
+    changes = (metric("memory.peak_bytes", 2000, 2010), metric("cost.flops", 1_000_000_000, 1_000_000_001),
+               metric("memory.temp_bytes", 800, 700, "improvement"), metric("memory.alias_bytes", 10, 10, "changed"),
+               metric("cost.transcendentals", 0, 64))
+    cmp = Comparison("stagetool check", "base.json", "now", (FunctionResult("f", "regression", changes),))
+    want = ["+0.5%", "+<0.001%", "-12.5%", "0.0%", "new"]
+    text = render_text(cmp, width=200)
+    for c, pct in zip(changes, want):
+        (row,) = [line for line in text.splitlines() if c.what in line]
+        assert f" {pct} " in f" {row} ", (c.what, row)
+    page = render_html(cmp)
+    cells = [html_lib.unescape(m) for m in re.findall(r'</code></td>\s*<td class="r">([^<]*)</td>', page)]
+    assert cells == want

@@ -76,6 +76,21 @@ def format_percent(fraction: float | None) -> str:
     return "n/a" if fraction is None else f"{fraction * 100:.1f}%"
 
 
+def format_change(change: float | None, before: float | None = None, after: float | None = None) -> str:
+    """A relative change as ``check`` / ``diff`` print it in every format: signed (``+0.5%``, ``-12.5%``,
+    ``0.0%``), two significant digits below 0.05% (``+0.012%``), ``+<0.001%`` below that; ``new`` for a
+    figure that was 0 and is not (no ratio), else ``""`` when there is none. ``change`` is
+    ``after / before - 1``."""
+    if change is None:
+        return "new" if before == 0 and after else ""
+    pct = change * 100
+    if pct != 0 and abs(pct) < 0.001:
+        return ("+" if pct > 0 else "-") + "<0.001%"
+    if pct != 0 and abs(pct) < 0.05:
+        return f"{pct:+.2g}%"
+    return ("+" if change > 0 else "") + format_percent(change)
+
+
 def _sig3(v: float) -> str:
     if v >= 100:
         return f"{v:.0f}"

@@ -8,7 +8,7 @@ import io
 import json
 from collections.abc import Callable
 
-from stagetool.core.units import format_percent
+from stagetool.core.units import format_change
 from stagetool.gate.compare import Cause, Change, Comparison
 from stagetool.report import Format
 
@@ -17,14 +17,7 @@ _STATUS_WORD = {"ok": "ok", "regression": "REGRESSION", "failed": "FAILED", "new
 
 
 def _pct(c: Change) -> str:
-    if c.change is None:
-        return "new" if c.before_value == 0 and c.after_value else ""
-    pct = c.change * 100
-    if pct != 0 and abs(pct) < 0.001:
-        return ("+" if pct > 0 else "-") + "<0.001%"
-    if pct != 0 and abs(pct) < 0.05:
-        return f"{pct:+.2g}%"
-    return ("+" if c.change > 0 else "") + format_percent(c.change)
+    return format_change(c.change, c.before_value, c.after_value)
 
 
 def _n(count: int, noun: str, plural: str | None = None) -> str:

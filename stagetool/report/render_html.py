@@ -19,7 +19,8 @@ from typing import Any, Mapping, Sequence
 from stagetool.report import charts, views
 from stagetool.report.layout import leaf_layout, parse_partition_spec
 from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
-from stagetool.core.units import dims_str, format_bytes, format_percent, format_seconds, shape_str, short_path
+from stagetool.core.units import (dims_str, format_bytes, format_change, format_percent, format_seconds, shape_str,
+                                  short_path)
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,7 +32,8 @@ def environment() -> Any:
                              autoescape=jinja2.select_autoescape(["html", "svg", "j2"], default=True),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
-    env.filters.update(bytes=format_bytes, seconds=format_seconds, percent=format_percent, num=_num,
+    env.filters.update(bytes=format_bytes, seconds=format_seconds, percent=format_percent, change=format_change,
+                       num=_num,
                        first_upper=lambda t: t[:1].upper() + t[1:])
     return env
 
