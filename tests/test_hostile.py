@@ -475,3 +475,48 @@ def test_null_inside_an_argument_stages_and_a_null_argument_is_exit_2(run_cli, t
     bad = write(tmp_path, "b.stagetool.yaml", "functions:\n  f: {target: tn.py:f, args: ['f32[4]'], kwargs: {k: null}}\n")
     r = run_cli("shardings", "--spec", bad, check=2)
     assert f"{bad}:2:54: functions.f.kwargs.k: null is not an input" in r.stderr
+
+
+def test_an_isolate_worker_dies_with_a_parent_killed_by_sigkill(tmp_path):
+    """No handler runs on SIGKILL: the kernel's parent-death signal ends the command process (the
+    console script's child) and its --isolate worker stuck in the user's code, which once outlived
+    its parent for 35 minutes."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hang.py").write_text("import sys, time\n\ndef f(x):\n    print('started', file=sys.stderr, flush=True)\n"
+                                  "    time.sleep(600)\n    return x\n")
+    (work / "hang.stagetool.yaml").write_text("functions:\n  f: {target: hang.py:f, args: ['f32[4]']}\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", TMPDIR=str(tmp))
+    proc = subprocess.Popen([sys.executable, "-m", "stagetool", "snapshot", "--isolate", "--spec", "hang.stagetool.yaml",
+                             "-o", "lock.json"], cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def started() -> bool:
+        return any("started" in p.read_text(errors="replace") for p in tmp.glob("stagetool-worker-*.stderr"))
+
+    _wait_for(proc, started)
+    family = _descendants_of(proc.pid)
+    proc.kill()
+    proc.communicate(timeout=60)
+
+    def alive() -> list[int]:
+        out = []
+        for pid in family:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                out.append(pid)
+        return out
+
+    try:
+        deadline = time.monotonic() + 60
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(family) >= 2 and not alive(), f"outlived the parent: {alive()} of {family}"
+    finally:
+        for pid in alive():
+            os.kill(pid, signal.SIGKILL)

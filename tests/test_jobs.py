@@ -102,3 +102,27 @@ def test_workers_that_die_starting_end_the_run_with_every_item_failed():
     assert [o.value for o in outcomes] == [None, None, None]
     assert all(o.died and o.died.startswith("the worker died before it started: the process exited with code 1")
                for o in outcomes), outcomes
+
+
+class _HangsInTheWorker:
+    """Pickles, but a spawned worker that unpickles it sleeps for ever: it never says "ready"."""
+
+    def __reduce__(self):
+        return (_sleep_for_ever, ())
+
+
+def _sleep_for_ever():
+    import time
+
+    time.sleep(3600)
+
+
+def test_a_worker_that_never_starts_is_bounded_by_the_timeout(monkeypatch):
+    """--timeout covers a worker stuck before it reports ready (issue 25): it is killed once the
+    start allowance (max(timeout, START_S)) is over, and the next item is charged with it."""
+    from stagetool.core import workers
+
+    monkeypatch.setattr(workers, "START_S", 1.0)
+    outcomes = workers.run_in_workers(_never_called, ["a"], jobs=1, common=_HangsInTheWorker(), timeout_s=2)
+    assert outcomes[0].value is None
+    assert outcomes[0].died == "the worker did not start within 2 s; the process was killed", outcomes
