@@ -444,7 +444,10 @@ def _name_operand(ctx: _Ctx, o: Operand) -> str:
             short = _op_tail(p.op_name) or "a nested jit"
         if short == "sharding_constraint":
             return f"the constrained value at {_short(_line(p))}"
-        return f"{short} at {_short(_line(p))}" if p.frames else short
+        # an op made wholly inside a library (a constant of stagetool's or JAX's own wrapper) has no line of the
+        # user's to name
+        user = any(not _is_library(f.file) for f in p.frames)
+        return f"{short} at {_short(_line(p))}" if user else short
     return "a value"
 
 

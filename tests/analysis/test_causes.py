@@ -20,6 +20,7 @@ function; the causes against the hand-worked answers.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -324,6 +325,15 @@ def test_the_reason_says_the_collectives_kind_and_every_axis():
                                "all-gather of table over `model` instead of summing a part on each device")
     summed = cause_of(collective("all-reduce", ("model",), "jit(f)/gather"), prop, inputs, outputs)
     assert summed.reason.endswith("→ each device sums a part; the partial results are all-reduced")
+
+    # an operand made wholly inside a library (here JAX's own file) is named without a line
+    lib = (SourceFrame(jax.numpy.__file__, 1, "f", 1),)
+    const = PropagatedOp(0, "stablehlo.constant", "jit(f)/constant", lib, (), (None,), users=(1,))
+    gather2 = dataclasses.replace(gather, index=1, operands=(Operand(table, input=0), Operand(None, producer=0)))
+    named = cause_of(collective("all-gather", ("model",), "jit(f)/gather"), Propagation((table,), ("table",), (None,),
+                                                                                         (const, gather2)),
+                     inputs[:1], outputs)
+    assert [t.name for t in named.operands] == ["table", "constant"]
 
     x = ValueSharding((("data", "model"), ()), (("data", "input: 0"), ("model", "input: 0")))
     reduce = PropagatedOp(0, "stablehlo.reduce", "jit(f)/reduce_sum", at, (Operand(x, input=0),), (None,),
