@@ -692,14 +692,16 @@ def sharding_origins(prop: Propagation, inputs: Sequence[LeafReport], outputs: S
     (:func:`unfaithful_reason` is None)."""
     ctx = _Ctx(prop, {x.parameter: x for x in inputs if x.parameter is not None}, outputs)
 
-    def of(s: ValueSharding | None, own_input: int | None) -> tuple[AxisOrigin, ...]:
+    def of(s: ValueSharding | None, own_input: int | None, own_output: int | None = None) -> tuple[AxisOrigin, ...]:
         if s is None:
             return ()
-        return tuple(_origin(ctx, a, s.origin(a), own_input, None) for a in sorted(s.axes()))
+        # a result's own sharding (``self``) is the one out_shardings declares for it
+        return tuple(_origin(ctx, a, f"output: {own_output}" if own_output is not None and s.origin(a) == "self"
+                             else s.origin(a), own_input, None) for a in sorted(s.axes()))
 
     ins = tuple(of(prop.inputs[x.parameter], x.parameter) if x.parameter is not None and x.parameter < len(prop.inputs)
                 else () for x in inputs)
-    outs = tuple(of(s, None) for s in prop.outputs)
+    outs = tuple(of(s, None, i) for i, s in enumerate(prop.outputs))
     constraints = []
     for op in prop.ops:
         if op.origin_name and op.results:

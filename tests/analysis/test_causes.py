@@ -363,6 +363,20 @@ def test_an_all_reduce_over_two_axes_is_explained_over_both(tmp_path, monkeypatc
     assert text.count("from x (spec at t.stagetool.yaml:8)") == 1 and "); x (spec" not in text
 
 
+def test_an_output_pinned_by_out_shardings_is_its_own_origin(tmp_path, monkeypatch, run_cli):
+    """``out_shardings: [null, data]``: the result's `data` axis is the one the spec declares for it
+    (Shardy: ``self`` on the result), recorded as ``output out``, not as an origin nobody named."""
+    write(tmp_path, "model.py", MODEL)
+    write(tmp_path, "model.stagetool.yaml", FSDP_SPEC + "    out_shardings: [null, data]\n")
+    monkeypatch.chdir(tmp_path)
+    run_cli("snapshot", "-o", "base.json", check=0)
+    import json
+
+    (entry,) = json.loads((tmp_path / "base.json").read_text())["functions"].values()
+    ((out),) = entry["outputs"]
+    assert out["sharding"] == "P(None, 'data')" and out["origins"] == ["output out"]
+
+
 def _why(run_cli, *args: str) -> dict:
     return run_cli("why", *args, "--format", "json", check=0).json()["functions"][0]["why"]
 
