@@ -650,7 +650,7 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
                            user_files=user_files)
         else:
             facts, cached = _facts_through_cache(cache, staged, inputs, fspec, setup, user_files, dialect, dump,
-                                                 on_stage)
+                                                 on_stage, explain=bool(wanted & _EXPLAINED))
     except OutOfMemoryError as e:
         if Section.MEMORY not in wanted:
             return _failed(plan, fspec, setup, e)
@@ -666,19 +666,31 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
                               memory=memory, notes=notes)
     except StagingError as e:
         return _failed(plan, fspec, setup, e)
-    if wanted & {Section.COLLECTIVES, Section.WHY}:  # why each collective is there (issue 22): Shardy's origins
-        from stagetool.lowering.shardy import propagate_lowered
-
-        propagation, why_not = propagate_lowered(staged.lowered)
-        facts = dataclasses.replace(facts, propagation=propagation, propagation_error=why_not)
+    if cache is None and wanted & _EXPLAINED:
+        facts = _with_propagation(facts, staged)
     return _report_of(facts, plan, fspec, setup, wanted, user_files, inputs, cached=cached)
+
+
+_EXPLAINED = frozenset({Section.COLLECTIVES, Section.WHY})
+"""The sections that say why each collective is there (issue 22), from Shardy's origins."""
+
+
+def _with_propagation(facts: Any, staged: Any) -> Any:
+    """``facts`` with Shardy's propagation rerun with sharding origins (or why there is none)."""
+    from stagetool.lowering.shardy import propagate_lowered
+
+    propagation, why_not = propagate_lowered(staged.lowered)
+    return dataclasses.replace(facts, propagation=propagation, propagation_error=why_not)
 
 
 def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSpec, setup: Any,
                          user_files: list[str], dialect: str | None, dump: bool,
-                         on_stage: Callable[[str, str], None] | None) -> tuple[Any, bool]:
+                         on_stage: Callable[[str, str], None] | None, *, explain: bool) -> tuple[Any, bool]:
     """The facts of a function staged up to ``lower``: from the facts cache when its key has a valid
-    entry (no compile), else compiled, gathered and stored. Returns ``(StagedFunction, cached)``."""
+    entry (no compile), else compiled, gathered and stored. Returns ``(StagedFunction, cached)``.
+
+    With ``explain``, the facts hold Shardy's propagation too: from the entry, or computed here and
+    stored with it (an entry written without it is rewritten once, its peak dump kept)."""
     from stagetool.lowering.cache import cache_key
     from stagetool.lowering.facts import StagedFunction, gather
     from stagetool.lowering.stages import compile_staged, merge_warnings
@@ -691,12 +703,19 @@ def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSp
         stablehlo = base.lowered_text if dialect == "stablehlo" else staged.lowered.as_text()
         facts = dataclasses.replace(base, stablehlo_text=stablehlo, **hit.fields,
                                     warnings=merge_warnings(staged.warnings, hit.compile_warnings))
+        if explain and facts.propagation is None and facts.propagation_error is None:
+            facts = _with_propagation(facts, staged)
+            whole = hit if dump else cache.load(key, peak=True)  # keep the entry's peak dump, if it has one
+            peak = whole.fields["peak"] if whole is not None else None
+            cache.store(key, dataclasses.replace(facts, peak=peak), hit.compile_warnings)
         return facts, True
     staged = compile_staged(staged, setup.mesh, name=fspec.name, user_files=user_files, dump=dump,
                             on_stage=(lambda s: on_stage(fspec.name, s)) if on_stage else None)
     facts: StagedFunction = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
                                    declared_outputs=fspec.out_shardings, lowered_dialect=dialect, peak=staged.dump,
                                    user_files=user_files)
+    if explain:
+        facts = _with_propagation(facts, staged)
     cache.store(key, facts, staged.compile_warnings)
     return facts, False
 

@@ -4,6 +4,10 @@ Compiling is almost the whole cost of a run, and most runs of the CI gate stage 
 not change. What analysis reads about a compiled function (the compiled text, shardings, cost,
 memory, the peak dump: the compile-derived fields of :class:`~stagetool.lowering.facts.StagedFunction`)
 is plain data, so it is stored here as one JSON entry per function and reused when the key matches.
+So is Shardy's propagation rerun with sharding origins (:mod:`stagetool.lowering.shardy`, about
+half of a warm run's own time on the transformer example): it depends on the lowered module and its
+source locations only, both in the key. An entry written by a run that did not explain collectives
+holds none; the first run that does computes it and rewrites the entry.
 
 The key (:func:`cache_key`) is a sha256 over:
 
@@ -63,9 +67,11 @@ from typing import Any
 from stagetool.core.sharding import Sharding
 from stagetool.lowering.facts import BackendResult, LeafFacts, StagedFunction
 from stagetool.hlo.buffers import Allocation, AssignedBuffer, BufferAssignment, LogicalBuffer
+from stagetool.hlo.parser import SourceFrame
+from stagetool.lowering.shardy import Operand, PropagatedOp, Propagation, ShardingRule, ValueSharding
 from stagetool.lowering.stages import PeakDump
 
-CACHE_SCHEMA = 3
+CACHE_SCHEMA = 4
 """Version of the entry format and of the key's contents; bump it when either changes.
 3: authenticated entries (HMAC header line), compile settings in the key."""
 
@@ -75,7 +81,8 @@ MAX_ENTRY_BYTES = 1 << 30
 ENTRY_KIND = "stagetool-facts"
 
 #: the StagedFunction fields an entry holds: everything the compile determines
-_CACHED_FIELDS = ("compiled_text", "whole_program_cost", "per_device_cost", "memory", "inputs", "outputs", "peak")
+_CACHED_FIELDS = ("compiled_text", "whole_program_cost", "per_device_cost", "memory", "inputs", "outputs", "peak",
+                  "propagation", "propagation_error")
 
 
 def resolve_cache_dir(cache_dir: str | Path | None = None, *, no_cache: bool = False) -> Path | None:
@@ -553,7 +560,8 @@ def _decode_entry(payload: Any, *, peak: bool) -> CachedFacts | None:
 
 _RECORDS: dict[str, type] = {cls.__name__: cls for cls in (LeafFacts, BackendResult, PeakDump, Sharding,
                                                             BufferAssignment, LogicalBuffer, Allocation,
-                                                            AssignedBuffer)}
+                                                            AssignedBuffer, Propagation, PropagatedOp, Operand,
+                                                            ValueSharding, ShardingRule, SourceFrame)}
 
 
 def _encode(value: Any) -> Any:
@@ -639,12 +647,23 @@ def _valid(f: dict[str, Any]) -> bool:
             and _valid_result(f["memory"], memory=True)
             and isinstance(f["inputs"], tuple) and all(_valid_leaf(x, output=False) for x in f["inputs"])
             and isinstance(f["outputs"], tuple) and all(_valid_leaf(x, output=True) for x in f["outputs"])
+            and _valid_propagation(f["propagation"], f["propagation_error"])
             and (peak is None or (isinstance(peak, PeakDump) and isinstance(peak.module_text, str)
                                   and (peak.live_range_text is None or isinstance(peak.live_range_text, str))
                                   and (peak.compile_seconds is None or _is(peak.compile_seconds, int, float))
                                   and (peak.reason is None or isinstance(peak.reason, str))
                                   and (peak.buffers_reason is None or isinstance(peak.buffers_reason, str))
                                   and (peak.buffers is None or _valid_buffers(peak.buffers)))))
+
+
+def _valid_propagation(p: Any, error: Any) -> bool:
+    """Shardy's rerun propagation (issue 22's causes), or why there is none, or neither (not computed
+    by the run that wrote the entry). Its records were rebuilt by :func:`_decode` with their own fields."""
+    if error is not None:
+        return p is None and isinstance(error, str)
+    return p is None or (isinstance(p, Propagation) and isinstance(p.ops, tuple)
+                         and all(isinstance(op, PropagatedOp) for op in p.ops)
+                         and all(x is None or isinstance(x, ValueSharding) for x in (*p.inputs, *p.outputs)))
 
 
 def _valid_buffers(b: Any) -> bool:

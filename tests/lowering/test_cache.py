@@ -211,6 +211,30 @@ def test_the_peak_comes_from_an_entry_that_holds_it(project, tmp_path):
     assert _run(cache, sections=[Section.MEMORY]).cached  # the peak entry answers a run without it
 
 
+def test_the_propagation_behind_the_causes_is_cached_with_the_entry(project, tmp_path, monkeypatch):
+    """Shardy's rerun propagation (issue 22's causes) depends on the lowered module only: a warm run
+    takes it from the entry; an entry written without it (a memory run with the peak dump) gets it from
+    the first collectives run, which keeps the entry's peak dump."""
+    import stagetool.lowering.shardy as shardy
+
+    cache = tmp_path / "cache"
+    calls = []
+    real = shardy.propagate_lowered
+    monkeypatch.setattr(shardy, "propagate_lowered", lambda lowered: calls.append(1) or real(lowered))
+    peak = _run(cache, sections=[Section.MEMORY], peak=True)
+    assert not calls and peak.memory.peak.buffers
+    cold = _run(cache, sections=[Section.COLLECTIVES])
+    assert cold.cached and len(calls) == 1  # computed once, and the entry rewritten with it
+    causes = [c.cause for c in cold.collectives.items]
+    assert causes and all(c is not None for c in causes)
+    warm = _run(cache, sections=[Section.COLLECTIVES])
+    assert warm.cached and len(calls) == 1  # from the entry
+    assert _without_timings(warm) == _without_timings(cold)
+    again = _run(cache, sections=[Section.MEMORY], peak=True)
+    assert again.cached and again.memory.peak == peak.memory.peak  # the dump survived the rewrite
+    assert len(_entries(cache)) == 1
+
+
 def test_resolve_cache_dir(monkeypatch, tmp_path):
     monkeypatch.delenv("STAGETOOL_NO_CACHE", raising=False)
     monkeypatch.setenv("STAGETOOL_CACHE_DIR", str(tmp_path / "env"))
