@@ -33,8 +33,11 @@ _COMPARE = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operato
 
 
 def jax_matches(spec: str, version: str | None = None) -> bool:
-    """Whether the installed jax (or ``version``) satisfies ``spec``: comparisons joined by commas,
-    ``'>=0.10'``, ``'>=0.8,<0.11'``, compared as numeric tuples (``0.12.0.1`` >= ``0.12``)."""
+    """Whether the installed jax (or ``version``) satisfies ``spec``: comparisons joined by commas
+    (and) and ``|`` (or), ``'>=0.10'``, ``'>=0.8,<0.11'``, ``'<0.10|>=0.12'``, compared as numeric
+    tuples (``0.12.0.1`` >= ``0.12``)."""
+    if "|" in spec:
+        return any(jax_matches(alternative, version) for alternative in spec.split("|"))
     from stagetool.lowering.compat import version_tuple
 
     have = version_tuple(version if version is not None else jax.__version__)

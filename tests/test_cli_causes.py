@@ -9,10 +9,15 @@ reports, each asserted to be under that cause (or, where the snapshots record no
 
 from __future__ import annotations
 
+import pytest
 import shutil
 import xml.etree.ElementTree as ET
 
 from helpers import EXAMPLES, run_subprocess, write
+
+#: Why some causes tests hold before jax 0.12 only (a gap, not a choice).
+_JAXLIB_0_12_METADATA = ("jaxlib 0.12's partitioner gives a collective it inserts the parameter's metadata, not "
+                         "the op's: the causes cannot be read back")
 
 MODEL = """\
 import jax
@@ -63,6 +68,7 @@ def _all_under_causes(f: dict) -> None:
     assert sorted(set(listed)) == sorted(c["what"] for c in f["changes"])
 
 
+@pytest.mark.jax_version("<0.12", reason=_JAXLIB_0_12_METADATA)
 def test_transformer_rule_edit_is_one_cause(tmp_path, monkeypatch, run_cli):
     """The issue's edit: rule '/layers/(wo|w_down)$' from [null, model, null] to [null, null, model]."""
     for name in ("transformer.py", "transformer.stagetool.yaml"):
@@ -101,6 +107,7 @@ def test_transformer_rule_edit_is_one_cause(tmp_path, monkeypatch, run_cli):
     assert page.count('class="cause" data-cause=') == 1
 
 
+@pytest.mark.jax_version("<0.12", reason=_JAXLIB_0_12_METADATA)
 def test_constraint_edit_is_its_line(tmp_path, monkeypatch, run_cli):
     _small(tmp_path, monkeypatch, run_cli)
     _edit(tmp_path / "model.py", "P('data', None))", "P(None, 'model'))")

@@ -526,8 +526,9 @@ _UNEVEN_MODEL = """
         """
 
 
-@pytest.mark.jax_version("<0.10", reason="from 0.10 JAX pads an uneven sharding constraint (the test below)")
-def test_a_constraint_the_mesh_does_not_divide_fails_to_stage_before_jax_0_10(run_cli, tmp_path, monkeypatch):
+@pytest.mark.jax_version("<0.10|>=0.12", reason="JAX 0.10 (0.11 not checked) pads an uneven sharding constraint "
+                                                "(the test below)")
+def test_a_constraint_the_mesh_does_not_divide_fails_to_stage_outside_jax_0_10(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "c.py", _UNEVEN_MODEL)
     write(tmp_path, "c.stagetool.yaml", """
@@ -544,7 +545,8 @@ def test_a_constraint_the_mesh_does_not_divide_fails_to_stage_before_jax_0_10(ru
     assert f"{tmp_path / 'c.py'}:" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.jax_version(">=0.10", reason="JAX 0.9 and older refuse the uneven constraint (the test above)")
+@pytest.mark.jax_version(">=0.10,<0.12", reason="JAX 0.9 and older, and 0.12, refuse the uneven constraint "
+                                               "(the test above)")
 def test_a_constraint_the_mesh_does_not_divide_is_a_note_with_the_users_line(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "c.py", """

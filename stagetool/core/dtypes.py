@@ -1,7 +1,7 @@
 """The dtypes stagetool knows: spec spellings, numpy names, HLO names and storage bits.
 
 One table (:data:`TABLE`) for the spec parser, byte counts, tiled layouts and the renderers. It
-lists every array dtype of JAX 0.10 (``jax.dtypes`` / ``ml_dtypes``), sub-byte ones included;
+lists every array dtype of JAX 0.7 to 0.12 (``jax.dtypes`` / ``ml_dtypes``), sub-byte ones included;
 ``tests/test_dtypes.py`` holds it against JAX's own ``jnp.dtype(name)`` and ``jnp.iinfo``/
 ``finfo`` bit widths. Importing this module imports nothing else (no JAX, no numpy).
 
@@ -50,6 +50,9 @@ TABLE: tuple[DType, ...] = (
     DType("int64", "s64", 64, ("i64",)),
     DType("uint64", "u64", 64),
     DType("float4_e2m1fn", "f4e2m1fn", 4),
+    # jax 0.12+ (ml_dtypes): not packed, one byte per element (memory_analysis: f6e2m3fn[1024,1024] is 1 MiB)
+    DType("float6_e2m3fn", "f6e2m3fn", 8),
+    DType("float6_e3m2fn", "f6e3m2fn", 8),
     DType("float8_e3m4", "f8e3m4", 8),
     DType("float8_e4m3", "f8e4m3", 8),
     DType("float8_e4m3fn", "f8e4m3fn", 8),

@@ -25,10 +25,15 @@ import re
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from helpers import run_subprocess, write
+
+#: Why some causes tests hold before jax 0.12 only (a gap, not a choice).
+_JAXLIB_0_12_METADATA = ("jaxlib 0.12's partitioner gives a collective it inserts the parameter's metadata, not "
+                         "the op's: the causes cannot be read back")
 
 MODEL = """\
 import jax
@@ -87,6 +92,7 @@ def _origins(cause: dict) -> set[tuple]:
             for o in cause["origins"]}
 
 
+@pytest.mark.jax_version("<0.12", reason=_JAXLIB_0_12_METADATA)
 def test_three_line_program(tmp_path, monkeypatch, run_cli):
     write(tmp_path, "model.py", MODEL)
     write(tmp_path, "model.stagetool.yaml", SPEC)
@@ -130,6 +136,7 @@ def test_three_line_program(tmp_path, monkeypatch, run_cli):
     assert "#### Why each collective is there" in md and "— from the sharding constraint at model.py:8" in md
 
 
+@pytest.mark.jax_version("<0.12", reason=_JAXLIB_0_12_METADATA)
 def test_fsdp_all_gather_comes_from_the_parameter(tmp_path, monkeypatch, run_cli):
     write(tmp_path, "model.py", MODEL)
     write(tmp_path, "model.stagetool.yaml", FSDP_SPEC)
@@ -381,6 +388,7 @@ def _why(run_cli, *args: str) -> dict:
     return run_cli("why", *args, "--format", "json", check=0).json()["functions"][0]["why"]
 
 
+@pytest.mark.jax_version("<0.12", reason=_JAXLIB_0_12_METADATA)
 def test_why_on_the_three_line_program(tmp_path, monkeypatch, run_cli):
     """Worked by hand (module docstring): w1's `model` axis reaches the constraint (all-gather 1), w2's
     contracted `model` axis makes the partial sums (all-reduce 2), the constraint's line is model.py:8."""
@@ -411,6 +419,7 @@ def test_why_on_the_three_line_program(tmp_path, monkeypatch, run_cli):
     assert '<ul class="why"><li class="">all-reduce over model at model.py:9</li>' in (tmp_path / "why.html").read_text()
 
 
+@pytest.mark.jax_version("<0.12", reason=_JAXLIB_0_12_METADATA)
 def test_why_on_an_fsdp_layer(tmp_path, monkeypatch, run_cli):
     write(tmp_path, "model.py", MODEL)
     write(tmp_path, "model.stagetool.yaml", FSDP_SPEC)

@@ -299,6 +299,8 @@ def _fsdp_forward(mesh):
     return forward
 
 
+@pytest.mark.jax_version("<0.12", reason="jaxlib 0.12 gives the inserted all-gather the parameter's "
+                                          "metadata (op_name 'w', no source line)")
 def test_fsdp_all_gathers_full_parameters(mesh, axes):
     shapes = {"w1": (64, 128), "w2": (128, 32)}
     params = {k: _abstract(mesh, s, P("data")) for k, s in shapes.items()}

@@ -72,7 +72,13 @@ def test_checkpointed_scan_estimate_is_one_body_times_the_trip_count(layers):
         x, w, x).lower().compile().cost_analysis()["flops"]
     xla, est = estimate(compiled_step(layers, unroll=False, remat=True))
     assert est.flops == pytest.approx(xla["flops"] + (layers - 1) * (fwd + vjp), rel=1e-4)
-    _, unrolled = estimate(compiled_step(layers, unroll=True, remat=True))
+
+
+@pytest.mark.jax_version("<0.12", reason="XLA of jaxlib 0.12 keeps the recomputation in the unrolled program "
+                                          "too: both count 371,998,720 FLOPs at 4 layers")
+def test_the_unrolled_checkpointed_program_drops_the_recomputation():
+    _, est = estimate(compiled_step(4, unroll=False, remat=True))
+    _, unrolled = estimate(compiled_step(4, unroll=True, remat=True))
     assert est.flops > 1.2 * unrolled.flops  # the loop recomputes; the unrolled program does not
 
 
