@@ -121,6 +121,11 @@ def main(argv: list[str]) -> None:
                 continue
             python = matrix.prepare(leg)
             subprocess.run([python, str(GOLDEN / "regenerate.py")], check=True, cwd=REPO)
+    else:
+        others = sorted(p.name for p in GOLDEN.glob("jax-*") if p.is_dir() and p != folder)
+        if others:
+            print(f"not regenerated: {', '.join(others)} (the matrix's other releases compare with them; "
+                  "run 'regenerate.py --all')", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -259,6 +259,7 @@ def test_equinox_filter_jit_donation_is_kept(run_cli, tmp_path, isolated_imports
     assert sum(x["bytes_per_device"] for x in fn["outputs"]) == 4 * (128 * 64 + 128 + 128 * 128 + 128 + 64 * 128 + 64)
 
 
+@pytest.mark.jax_version("<0.12", reason="XLA:CPU of jaxlib 0.12 gives the same temporaries with xla_disable_hlo_passes=fusion (256 B both ways), so the option moves no figure")
 def test_the_targets_compiler_options_are_part_of_the_cache_key(run_cli, tmp_path, isolated_imports):
     """The same function jitted with and without a pass-disabling option lowers to the same text;
     the facts cache must still miss (and the figures differ), then hit for each."""
