@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from stagetool.core.sharding import Sharding
 from stagetool.lowering.stages import PeakDump, StageTimings
@@ -207,10 +207,11 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
     return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)
 
 
-def uneven_constraints(traced: Any, user_files: list[str]) -> tuple[str, ...]:
-    """Sharding constraints (``with_sharding_constraint``, in any nested jaxpr) on a dimension whose
-    size the constraint's mesh axes do not divide: XLA pads the dimension and may gather. One
-    sentence each, with the user's line (the innermost frame in ``user_files``, else outside JAX)."""
+def _equations(traced: Any, user_files: list[str]) -> Iterator[tuple[Any, Callable[[Any], str]]]:
+    """Every equation of the traced program (``Traced.jaxpr``, nested jaxprs included, 32 levels at
+    most) in program order, each with ``where(eqn)``: the ``file:line`` of its user frame (the
+    innermost in ``user_files``, else the innermost outside the libraries), or "an unknown line".
+    Nothing when the traced program has no jaxpr."""
     from pathlib import Path
 
     from stagetool.lowering.target import library_dirs
@@ -218,10 +219,9 @@ def uneven_constraints(traced: Any, user_files: list[str]) -> tuple[str, ...]:
     try:
         root = traced.jaxpr.jaxpr
     except Exception:  # noqa: BLE001 - a fact we may lack
-        return ()
+        return
     user = {str(Path(f).resolve()) for f in user_files}
     library = library_dirs()
-    found: list[str] = []
 
     def where(eqn: Any) -> str:
         tb = getattr(eqn.source_info, "traceback", None)
@@ -230,31 +230,41 @@ def uneven_constraints(traced: Any, user_files: list[str]) -> tuple[str, ...]:
             (f for f in frames if not any(str(Path(f.file_name).resolve()).startswith(d) for d in library)), None)
         return f"{pick.file_name}:{pick.line_num}" if pick else "an unknown line"
 
-    def walk(jaxpr: Any, depth: int = 0) -> None:
+    def walk(jaxpr: Any, depth: int) -> Iterator[tuple[Any, Callable[[Any], str]]]:
         if depth > 32:
             return
         for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "sharding_constraint":
-                sharding = eqn.params.get("sharding")
-                spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
-                shape = getattr(eqn.invars[0].aval, "shape", ())
-                sizes = dict(getattr(mesh, "shape", {}) or {})
-                for i, entry in enumerate(tuple(spec or ())[: len(shape)]):
-                    axes = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
-                    k = 1
-                    for a in axes:
-                        k *= int(sizes.get(a, 1))
-                    if k > 1 and shape[i] % k:
-                        found.append(f"sharding constraint at {where(eqn)}: dimension {i} of size {shape[i]} is "
-                                     f"not divisible by {k} ({' × '.join(axes)}): XLA pads it to "
-                                     f"{-(-shape[i] // k) * k} and may gather it")
+            yield eqn, where
             for value in eqn.params.values():
                 for sub in value if isinstance(value, (list, tuple)) else (value,):
                     inner = getattr(sub, "jaxpr", sub)
                     if hasattr(inner, "eqns"):
-                        walk(inner, depth + 1)
+                        yield from walk(inner, depth + 1)
 
-    walk(root)
+    yield from walk(root, 0)
+
+
+def uneven_constraints(traced: Any, user_files: list[str]) -> tuple[str, ...]:
+    """Sharding constraints (``with_sharding_constraint``, in any nested jaxpr) on a dimension whose
+    size the constraint's mesh axes do not divide: XLA pads the dimension and may gather. One
+    sentence each, with the user's line (the innermost frame in ``user_files``, else outside JAX)."""
+    found: list[str] = []
+    for eqn, where in _equations(traced, user_files):
+        if eqn.primitive.name != "sharding_constraint":
+            continue
+        sharding = eqn.params.get("sharding")
+        spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+        shape = getattr(eqn.invars[0].aval, "shape", ())
+        sizes = dict(getattr(mesh, "shape", {}) or {})
+        for i, entry in enumerate(tuple(spec or ())[: len(shape)]):
+            axes = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+            k = 1
+            for a in axes:
+                k *= int(sizes.get(a, 1))
+            if k > 1 and shape[i] % k:
+                found.append(f"sharding constraint at {where(eqn)}: dimension {i} of size {shape[i]} is "
+                             f"not divisible by {k} ({' × '.join(axes)}): XLA pads it to "
+                             f"{-(-shape[i] // k) * k} and may gather it")
     return tuple(dict.fromkeys(found))
 
 
@@ -265,17 +275,6 @@ def host_transfers(traced: Any, user_files: list[str]) -> tuple[str, ...]:
     ``memory_kind`` is ``pinned_host``/``unpinned_host``. Each as ``file:line`` of the user's frame
     (the innermost in ``user_files``, else outside JAX), once, in program order. On CPU the lowered
     module carries none of this (XLA:CPU has one memory), so it is read here, before lowering."""
-    from pathlib import Path
-
-    from stagetool.lowering.target import library_dirs
-
-    try:
-        root = traced.jaxpr.jaxpr
-    except Exception:  # noqa: BLE001 - a fact we may lack
-        return ()
-    user = {str(Path(f).resolve()) for f in user_files}
-    library = library_dirs()
-    found: list[str] = []
 
     def to_host(eqn: Any) -> bool:
         spaces = [str(getattr(v.aval, "memory_space", "")) for v in eqn.outvars]
@@ -283,26 +282,8 @@ def host_transfers(traced: Any, user_files: list[str]) -> tuple[str, ...]:
         return any(x.rsplit(".", 1)[-1].lower() == "host" for x in spaces) or any(
             k in ("pinned_host", "unpinned_host") for k in kinds)
 
-    def where(eqn: Any) -> str:
-        tb = getattr(eqn.source_info, "traceback", None)
-        frames = list(getattr(tb, "frames", None) or ())
-        pick = next((f for f in frames if str(Path(f.file_name).resolve()) in user), None) or next(
-            (f for f in frames if not any(str(Path(f.file_name).resolve()).startswith(d) for d in library)), None)
-        return f"{pick.file_name}:{pick.line_num}" if pick else "an unknown line"
-
-    def walk(jaxpr: Any, depth: int = 0) -> None:
-        if depth > 32:
-            return
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "device_put" and to_host(eqn):
-                found.append(where(eqn))
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (list, tuple)) else (value,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        walk(inner, depth + 1)
-
-    walk(root)
+    found = [where(eqn) for eqn, where in _equations(traced, user_files)
+             if eqn.primitive.name == "device_put" and to_host(eqn)]
     return tuple(dict.fromkeys(found))
 
 
