@@ -71,9 +71,10 @@ from stagetool.hlo.parser import SourceFrame
 from stagetool.lowering.shardy import Operand, PropagatedOp, Propagation, ShardingRule, ValueSharding
 from stagetool.lowering.stages import PeakDump
 
-CACHE_SCHEMA = 4
+CACHE_SCHEMA = 5
 """Version of the entry format and of the key's contents; bump it when either changes.
-3: authenticated entries (HMAC header line), compile settings in the key."""
+3: authenticated entries (HMAC header line), compile settings in the key. 5: the payload as a table of
+distinct values (:func:`_pack`)."""
 
 MAX_ENTRY_BYTES = 1 << 30
 """An entry larger than this (1 GiB) is not read: a miss. (A 48-layer transformer's entry is ~60 MB.)"""
@@ -362,14 +363,14 @@ class FactsCache:
             return None  # not written by this user's stagetool: forged, planted or damaged
         try:
             return _decode_entry(json.loads(body), peak=peak)
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
             return None
 
     def store(self, key: str, facts: StagedFunction, compile_warnings: tuple[str, ...] = ()) -> bool:
         """Write the entry of ``key`` atomically; False (and nothing written) when the folder is not
         writable or a fact is of a kind the entry format does not hold."""
         try:
-            payload = {"fields": {name: _encode(getattr(facts, name)) for name in _CACHED_FIELDS},
+            payload = {**_pack({name: getattr(facts, name) for name in _CACHED_FIELDS}),
                        "compile_warnings": list(compile_warnings)}
             body = json.dumps(payload, sort_keys=True).encode("utf-8")
         except (TypeError, ValueError):
@@ -538,12 +539,11 @@ def _read_secret(path: Path) -> bytes:
 
 def _decode_entry(payload: Any, *, peak: bool) -> CachedFacts | None:
     """The facts of an authenticated payload, each field's type checked; None when one is off."""
-    if not isinstance(payload, dict) or set(payload) != {"fields", "compile_warnings"}:
+    if not isinstance(payload, dict) or set(payload) != {"fields", "records", "table", "compile_warnings"}:
         return None
-    raw = payload["fields"]
-    if not isinstance(raw, dict) or set(raw) != set(_CACHED_FIELDS):
+    fields = _unpack(payload)
+    if fields is None:
         return None
-    fields = {name: _decode(raw[name]) for name in _CACHED_FIELDS}
     warnings = payload["compile_warnings"]
     if not (isinstance(warnings, list) and all(isinstance(w, str) for w in warnings)):
         return None
@@ -556,7 +556,7 @@ def _decode_entry(payload: Any, *, peak: bool) -> CachedFacts | None:
     return CachedFacts(fields, tuple(warnings))
 
 
-# ---- encoding: plain JSON, tuples and the known records tagged ----------------------------------
+# ---- the key parts: plain JSON, tuples and the known records tagged --------------------------------
 
 _RECORDS: dict[str, type] = {cls.__name__: cls for cls in (LeafFacts, BackendResult, PeakDump, Sharding,
                                                             BufferAssignment, LogicalBuffer, Allocation,
@@ -584,23 +584,98 @@ def _encode(value: Any) -> Any:
     raise TypeError(f"cannot cache a {type(value).__name__}")
 
 
-def _decode(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    if isinstance(value, dict):
-        if "$tuple" in value:
-            if set(value) != {"$tuple"} or not isinstance(value["$tuple"], list):
-                raise ValueError("bad tuple")
-            return tuple(_decode(v) for v in value["$tuple"])
-        if "$record" in value:
-            cls = _RECORDS[value["$record"]]  # KeyError: an unknown record is a bad entry
-            names = {f.name for f in dataclasses.fields(cls)}
-            given = {k: v for k, v in value.items() if k != "$record"}
-            if set(given) != names:
-                raise ValueError(f"bad {cls.__name__} fields")
-            return cls(**{k: _decode(v) for k, v in given.items()})
-        return {k: _decode(v) for k, v in value.items()}
-    return value
+# ---- the entry's payload: a table of distinct values ---------------------------------------------
+#
+# The facts repeat themselves: Shardy's propagation of a transformer step holds tens of thousands of
+# operands whose shardings, source frames and rules are a few hundred distinct records. Written as a
+# tree (as :func:`_encode` writes a key part) its entry is ~6 MB and rebuilding it is most of a warm
+# run's own time; so the payload is a table in which each distinct immutable value (a scalar, a
+# tuple, a record) is written once and referred to by its index. Lists and dicts are mutable and are
+# written once per occurrence, so no two places of the decoded facts share one.
+#
+# ``table``: nodes in post-order (children before parents), each ``[tag, ...]``:
+#   ``["v", scalar]``; ``["t", i...]`` a tuple; ``["l", i...]`` a list; ``["d", key, i, key, i...]``
+#   a dict with string keys; ``["r", name, i...]`` a record's fields in declaration order.
+# ``records``: each record name used, with its field names (a class whose fields changed since the
+# entry was written is a miss, not a misread); ``fields``: each cached field's index in the table.
+
+
+def _pack(values: dict[str, Any]) -> dict[str, Any]:
+    """The payload of ``values`` (the cached fields); TypeError for a value the format does not hold."""
+    table: list[list] = []
+    memo: dict[tuple, int] = {}
+    records: dict[str, list[str]] = {}
+
+    def add(node: list, key: tuple | None) -> int:
+        if key is not None:
+            found = memo.get(key)
+            if found is not None:
+                return found
+            memo[key] = len(table)
+        table.append(node)
+        return len(table) - 1
+
+    def enc(value: Any) -> int:
+        if value is None or isinstance(value, (bool, int, str)):
+            return add(["v", value], ("v", type(value), value))
+        if isinstance(value, float):
+            return add(["v", value], ("v", float, repr(value)))  # -0.0 is not 0.0; nan is itself
+        if isinstance(value, tuple):
+            node = ["t", *(enc(v) for v in value)]
+            return add(node, tuple(node))
+        if isinstance(value, list):
+            return add(["l", *(enc(v) for v in value)], None)
+        if isinstance(value, dict):
+            if not all(isinstance(k, str) for k in value):
+                raise TypeError("cannot cache a mapping with non-string keys")
+            return add(["d", *(x for k, v in value.items() for x in (k, enc(v)))], None)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            name = type(value).__name__
+            if _RECORDS.get(name) is not type(value):
+                raise TypeError(f"cannot cache a {name}")
+            names = [f.name for f in dataclasses.fields(value)]
+            records.setdefault(name, names)
+            node = ["r", name, *(enc(getattr(value, n)) for n in names)]
+            return add(node, tuple(node))
+        raise TypeError(f"cannot cache a {type(value).__name__}")
+
+    fields = {name: enc(v) for name, v in values.items()}
+    return {"fields": fields, "records": records, "table": table}
+
+
+def _unpack(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The cached fields of a payload written by :func:`_pack`; None when it is not one (a field
+    missing, a record whose fields are not the class's, a reference that does not point back)."""
+    table, records, refs = payload["table"], payload["records"], payload["fields"]
+    if not (isinstance(table, list) and isinstance(records, dict) and isinstance(refs, dict)
+            and set(refs) == set(_CACHED_FIELDS)):
+        return None
+    for name, names in records.items():
+        cls = _RECORDS.get(name)
+        if cls is None or names != [f.name for f in dataclasses.fields(cls)]:
+            return None
+    out: list[Any] = []
+
+    def get(i: Any) -> Any:
+        if type(i) is not int or not 0 <= i < len(out):
+            raise ValueError("a reference that does not point back")
+        return out[i]
+
+    for node in table:
+        tag = node[0] if isinstance(node, list) and node else None
+        if tag == "v" and len(node) == 2 and not isinstance(node[1], (list, dict)):
+            out.append(node[1])
+        elif tag == "t":
+            out.append(tuple(get(i) for i in node[1:]))
+        elif tag == "l":
+            out.append([get(i) for i in node[1:]])
+        elif tag == "d" and len(node) % 2 == 1 and all(isinstance(k, str) for k in node[1::2]):
+            out.append({k: get(i) for k, i in zip(node[1::2], node[2::2])})
+        elif tag == "r" and len(node) >= 2 and node[1] in records and len(node) - 2 == len(records[node[1]]):
+            out.append(_RECORDS[node[1]](*(get(i) for i in node[2:])))
+        else:
+            raise ValueError("a node of no known form")
+    return {name: get(refs[name]) for name in _CACHED_FIELDS}
 
 
 def _is(value: Any, *types: type) -> bool:
@@ -658,7 +733,7 @@ def _valid(f: dict[str, Any]) -> bool:
 
 def _valid_propagation(p: Any, error: Any) -> bool:
     """Shardy's rerun propagation (issue 22's causes), or why there is none, or neither (not computed
-    by the run that wrote the entry). Its records were rebuilt by :func:`_decode` with their own fields."""
+    by the run that wrote the entry). Its records were rebuilt by :func:`_unpack` with their own fields."""
     if error is not None:
         return p is None and isinstance(error, str)
     return p is None or (isinstance(p, Propagation) and isinstance(p.ops, tuple)

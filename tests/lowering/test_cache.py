@@ -131,6 +131,14 @@ def test_a_compile_option_is_part_of_the_key(project, tmp_path):
     assert plain != cache_key(staged.lowered, setup, inputs, compiler_options={"xla_cpu_enable_fast_math": False})
 
 
+def _temp_bytes_node(doc: dict) -> int:
+    """The table index of the value of ``temp_size_in_bytes`` in an entry's memory figures."""
+    table = doc["table"]
+    result = table[doc["fields"]["memory"]]  # ["r", "BackendResult", values, error]
+    values = table[result[2]]  # ["d", key, index, key, index, ...]
+    return dict(zip(values[1::2], values[2::2]))["temp_size_in_bytes"]
+
+
 def _corrupt(entry: Path, how: str) -> None:
     raw = entry.read_bytes()
     head, _, body = raw.partition(b"\n")
@@ -141,13 +149,13 @@ def _corrupt(entry: Path, how: str) -> None:
         entry.write_text("")
     elif how == "tampered":  # valid JSON, a figure changed, the header kept
         doc = json.loads(body)
-        doc["fields"]["compiled_text"] = "HloModule forged"
+        doc["table"][doc["fields"]["compiled_text"]] = ["v", "HloModule forged"]
         entry.write_bytes(head + b"\n" + json.dumps(doc, sort_keys=True).encode())
     elif how == "forged":  # a figure changed and the digest recomputed by whoever can compute a sha256
         import hashlib
 
         doc = json.loads(body)
-        doc["fields"]["memory"]["values"]["temp_size_in_bytes"] = 1
+        doc["table"][_temp_bytes_node(doc)] = ["v", 1]
         new = json.dumps(doc, sort_keys=True).encode()
         header["hmac"] = hashlib.sha256(new).hexdigest()
         entry.write_bytes(json.dumps(header).encode() + b"\n" + new)
@@ -233,6 +241,56 @@ def test_the_propagation_behind_the_causes_is_cached_with_the_entry(project, tmp
     again = _run(cache, sections=[Section.MEMORY], peak=True)
     assert again.cached and again.memory.peak == peak.memory.peak  # the dump survived the rewrite
     assert len(_entries(cache)) == 1
+
+
+def test_an_entry_holds_each_distinct_value_once_and_reads_back_equal(project, tmp_path, monkeypatch):
+    """The payload is a table of distinct values (``cache._pack``): the facts read back are equal to the
+    ones the compile gave, field by field; a source frame repeated on many ops is one table node; the
+    mutable values (cost dicts) come back as objects of their own, never shared."""
+    from stagetool.lowering import cache as cache_module
+    from stagetool.lowering.facts import StagedFunction
+
+    stored = {}
+    real_store = FactsCache.store
+    monkeypatch.setattr(FactsCache, "store",
+                        lambda self, key, facts, *a, **k: stored.setdefault(key, facts) and real_store(self, key, facts, *a, **k))
+    _run(tmp_path / "cache", sections=[Section.COLLECTIVES])
+    ((key, facts),) = stored.items()
+    assert isinstance(facts, StagedFunction) and facts.propagation is not None
+    got = FactsCache.open(tmp_path / "cache").load(key)
+    for name in cache_module._CACHED_FIELDS:
+        assert got.fields[name] == (None if name == "peak" else getattr(facts, name)), name
+
+    payload = json.loads(cache_module.FactsCache.open(tmp_path / "cache").path(key).read_bytes().partition(b"\n")[2])
+    frames = [n for n in payload["table"] if n[:2] == ["r", "SourceFrame"]]
+    distinct = {f for op in facts.propagation.ops for f in op.frames}
+    assert len(frames) == len(distinct) and sum(len(op.frames) for op in facts.propagation.ops) > len(distinct)
+    assert payload["records"]["SourceFrame"] == [f.name for f in dataclasses.fields(type(next(iter(distinct))))]
+    whole, per_device = got.fields["whole_program_cost"].values, got.fields["per_device_cost"].values
+    assert whole is not None and per_device is not None and whole is not per_device
+
+
+@pytest.mark.parametrize("damage", ["forward reference", "record fields changed", "unknown tag"])
+def test_a_signed_payload_of_the_wrong_shape_is_a_miss(project, tmp_path, damage):
+    """A payload that passes the HMAC (as if an older stagetool had written it) but is not a table
+    :func:`cache._pack` writes is a miss, never an error or a misread record."""
+    cache = tmp_path / "cache"
+    _run(cache)
+    (entry,) = _entries(cache)
+    facts = FactsCache.open(cache)
+    key = entry.stem
+    doc = json.loads(entry.read_bytes().partition(b"\n")[2])
+    if damage == "forward reference":
+        doc["table"][0] = ["t", len(doc["table"]) - 1]
+    elif damage == "record fields changed":
+        doc["records"]["LeafFacts"] = list(reversed(doc["records"]["LeafFacts"]))
+    else:
+        doc["table"][0] = ["x", 1]
+    body = json.dumps(doc).encode()
+    header = {"kind": "stagetool-facts", "schema": json.loads(entry.read_bytes().partition(b"\n")[0])["schema"],
+              "key": key, "hmac": facts._mac(key, body)}
+    entry.write_bytes(json.dumps(header).encode() + b"\n" + body)
+    assert facts.load(key) is None
 
 
 def test_resolve_cache_dir(monkeypatch, tmp_path):
