@@ -8,7 +8,7 @@ is the steadier figure) and their ratio are printed. stagetool runs with ``--no-
 goal is a ratio ≤ 1.10, stagetool's own work (spec, rendering, HLO parsing) small next to JAX's.
 
 ``--all`` prints every figure of issue 11 in one run: the start-up time of ``--help`` and
-``--version``; ``report`` on the MLP and the transformer and ``memory`` (with the peak buffers: one
+``--version``, and of ``import jax`` alone (the floor under every staging command); ``report`` on the MLP and the transformer and ``memory`` (with the peak buffers: one
 compile) on the transformer against the bare script; and a warm against a cold facts cache for
 ``snapshot`` on the transformer and on a compile-heavy 8B-parameter scanned decoder compiled for TPU
 v5p:2x2x2 (bench/decoder.stagetool.yaml), checking that the snapshots are identical.
@@ -185,6 +185,20 @@ def startup(runs: int = 15) -> None:
     sys.stdout.flush()
 
 
+def jax_import(runs: int = 7) -> None:
+    """``import jax`` alone, as a whole process: the floor under every command that stages anything.
+
+    On Python 3.11 (where numpy stops at 2.4) ml_dtypes 0.7.0 spends ~0.6 s registering its ufunc
+    loops at import (measured here: 0.6-0.7 s, against 4 ms for ml_dtypes 0.6.0, and 28 ms for 0.7.0
+    with numpy 2.5 on Python 3.12), which every warm run pays in full."""
+    import importlib.metadata as md
+
+    times = [timed([sys.executable, "-c", "import jax"]).wall for _ in range(runs)]
+    print(f"import jax alone  ({runs} runs, median; numpy {md.version('numpy')}, ml_dtypes {md.version('ml_dtypes')})")
+    print(f"  wall {statistics.median(times):7.3f} s")
+    sys.stdout.flush()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=None, help="runs of each command (default 7; 5 with --all)")
@@ -199,6 +213,7 @@ def main() -> None:
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}; python "
               f"{platform.python_version()}")
         startup()
+        jax_import()
         compare("report, mlp (no cache)", "bare script", [sys.executable, "-c", BARE["mlp"]], "stagetool report",
                 STAGETOOL["mlp"], runs, "≤ 1.10")
         # stagetool's command line pauses Python's cyclic collector through start-up (core/gc_pause);
