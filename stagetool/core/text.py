@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import re
 from typing import Any
 
@@ -122,3 +123,17 @@ def sanitized(obj: Any, _depth: int = 0) -> Any:
         same = len(out_d) == len(obj) and all(k in obj and out_d[k] is obj[k] for k in out_d)
         return obj if same else out_d
     return obj
+
+
+def file_tail(path: str | os.PathLike, lines: int, *, window: int = 16384) -> list[str]:
+    """The last ``lines`` non-empty lines of the file at ``path`` (a child process's stderr), each
+    :func:`printable` on one line and stripped on the right; only the last ``window`` bytes are read.
+    ``[]`` when the file cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - window))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return [printable(ln.rstrip(), newlines=False) for ln in text.splitlines() if ln.strip()][-lines:]

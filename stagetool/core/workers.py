@@ -105,7 +105,7 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
 
     def how_it_died(worker: _Worker) -> str:
         tail = _tail(worker.stderr) if worker.stderr else ""
-        return _death(worker.process.exitcode) + (f": {tail}" if tail else "")
+        return process_death(worker.process.exitcode) + (f": {tail}" if tail else "")
 
     def drop_files(worker: _Worker) -> None:
         if worker.stderr:
@@ -173,17 +173,9 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
 
 def _tail(path: str, lines: int = 3) -> str:
     """The last non-empty lines a worker wrote to its stderr file, joined with `` | ``."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    from stagetool.core.text import printable
+    from stagetool.core.text import file_tail
 
-    kept = [printable(ln.strip(), newlines=False) for ln in text.splitlines() if ln.strip()]
-    return " | ".join(kept[-lines:])
+    return " | ".join(ln.strip() for ln in file_tail(path, lines, window=8192))
 
 
 def raise_first_error(outcomes: Sequence[Outcome]) -> None:
@@ -193,7 +185,8 @@ def raise_first_error(outcomes: Sequence[Outcome]) -> None:
             raise o.error
 
 
-def _death(exitcode: int | None) -> str:
+def process_death(exitcode: int | None) -> str:
+    """How a child process ended without answering: the signal that killed it, or its exit code."""
     import signal
 
     if exitcode is not None and exitcode < 0:

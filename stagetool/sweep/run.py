@@ -185,26 +185,14 @@ def run_isolated(payload: dict, timeout_s: float | None = None) -> dict:
             if problem is not None:
                 return _error_row(payload, "process", f"the worker process wrote a malformed row: {problem}")
             return row
-        tail = _stderr_tail(err)
-    from stagetool.core.workers import _death
+        from stagetool.core.text import file_tail
 
-    how = _death(proc.returncode) if proc.returncode < 0 else f"the process exited with code {proc.returncode}"
+        tail = "\n".join(file_tail(err, 6))
+    from stagetool.core.workers import process_death
+
+    how = process_death(proc.returncode) if proc.returncode < 0 else f"the process exited with code {proc.returncode}"
     hint = " (the code called os._exit, or the process was ended from outside)" if proc.returncode == 0 else ""
     return _error_row(payload, "process", f"{how} without a row{hint}" + (f":\n{tail}" if tail else ""))
-
-
-def _stderr_tail(path: Path, lines: int = 6) -> str:
-    from stagetool.core.text import printable
-
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    kept = [printable(ln.rstrip(), newlines=False) for ln in text.splitlines() if ln.strip()]
-    return "\n".join(kept[-lines:])
 
 
 def main(argv: list[str]) -> int:
