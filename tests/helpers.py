@@ -115,3 +115,41 @@ def write(folder: Path, name: str, text: str) -> Path:
 def leaves_by_path(doc: dict, key: str = "inputs", function: int = 0) -> dict[str, dict]:
     """``{path: leaf}`` of a JSON report's inputs or outputs."""
     return {leaf["path"]: leaf for leaf in doc["functions"][function][key]}
+
+
+# ---- the program of issue 22's causes, shared by tests/analysis/test_causes.py and test_cli_causes.py ----
+
+#: Why some causes tests hold before jax 0.12 only (a gap, not a choice).
+JAXLIB_0_12_METADATA = ("jaxlib 0.12's partitioner gives a collective it inserts the parameter's metadata, not "
+                        "the op's: the causes cannot be read back")
+
+#: ``three``: ``h = tanh(x @ w1); h = wsc(h, P('data', None)); h @ w2``; ``fsdp``: ``tanh(x @ w)``.
+CAUSES_MODEL = """\
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+
+def three(x, w1, w2):
+    h = jnp.tanh(x @ w1)
+    h = jax.lax.with_sharding_constraint(h, P('data', None))
+    return h @ w2
+
+
+def fsdp(x, w):
+    return jnp.tanh(x @ w)
+"""
+
+#: ``three`` on a 2×4 ``data × model`` mesh: x ``P('data', None)``, w1 ``P(None, 'model')``, w2 ``P('model', None)``.
+CAUSES_SPEC = """\
+version: 1
+mesh:
+  axes: {data: 2, model: 4}
+functions:
+  three:
+    target: model.py:three
+    args:
+      - 'f32[16,32] @ [data, null]'
+      - 'f32[32,64] @ [null, model]'
+      - 'f32[64,32] @ [model, null]'
+"""

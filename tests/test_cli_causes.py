@@ -13,36 +13,7 @@ import pytest
 import shutil
 import xml.etree.ElementTree as ET
 
-from helpers import EXAMPLES, run_subprocess, write
-
-#: Why some causes tests hold before jax 0.12 only (a gap, not a choice).
-_JAXLIB_0_12_METADATA = ("jaxlib 0.12's partitioner gives a collective it inserts the parameter's metadata, not "
-                         "the op's: the causes cannot be read back")
-
-MODEL = """\
-import jax
-import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
-
-
-def three(x, w1, w2):
-    h = jnp.tanh(x @ w1)
-    h = jax.lax.with_sharding_constraint(h, P('data', None))
-    return h @ w2
-"""
-
-SPEC = """\
-version: 1
-mesh:
-  axes: {data: 2, model: 4}
-functions:
-  three:
-    target: model.py:three
-    args:
-      - 'f32[16,32] @ [data, null]'
-      - 'f32[32,64] @ [null, model]'
-      - 'f32[64,32] @ [model, null]'
-"""
+from helpers import CAUSES_MODEL, CAUSES_SPEC, EXAMPLES, JAXLIB_0_12_METADATA, run_subprocess, write
 
 
 def _check(run_cli, *args: str) -> dict:
@@ -50,8 +21,8 @@ def _check(run_cli, *args: str) -> dict:
 
 
 def _small(tmp_path, monkeypatch, run_cli):
-    write(tmp_path, "model.py", MODEL)
-    write(tmp_path, "model.stagetool.yaml", SPEC)
+    write(tmp_path, "model.py", CAUSES_MODEL)
+    write(tmp_path, "model.stagetool.yaml", CAUSES_SPEC)
     monkeypatch.chdir(tmp_path)
     run_cli("snapshot", "-o", "base.json", check=0)
 
@@ -68,7 +39,7 @@ def _all_under_causes(f: dict) -> None:
     assert sorted(set(listed)) == sorted(c["what"] for c in f["changes"])
 
 
-@pytest.mark.jax_version("<0.12", reason=_JAXLIB_0_12_METADATA)
+@pytest.mark.jax_version("<0.12", reason=JAXLIB_0_12_METADATA)
 def test_transformer_rule_edit_is_one_cause(tmp_path, monkeypatch, run_cli):
     """The issue's edit: rule '/layers/(wo|w_down)$' from [null, model, null] to [null, null, model]."""
     for name in ("transformer.py", "transformer.stagetool.yaml"):
@@ -107,7 +78,7 @@ def test_transformer_rule_edit_is_one_cause(tmp_path, monkeypatch, run_cli):
     assert page.count('class="cause" data-cause=') == 1
 
 
-@pytest.mark.jax_version("<0.12", reason=_JAXLIB_0_12_METADATA)
+@pytest.mark.jax_version("<0.12", reason=JAXLIB_0_12_METADATA)
 def test_constraint_edit_is_its_line(tmp_path, monkeypatch, run_cli):
     _small(tmp_path, monkeypatch, run_cli)
     _edit(tmp_path / "model.py", "P('data', None))", "P(None, 'model'))")

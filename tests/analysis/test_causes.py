@@ -29,40 +29,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from helpers import run_subprocess, write
-
-#: Why some causes tests hold before jax 0.12 only (a gap, not a choice).
-_JAXLIB_0_12_METADATA = ("jaxlib 0.12's partitioner gives a collective it inserts the parameter's metadata, not "
-                         "the op's: the causes cannot be read back")
-
-MODEL = """\
-import jax
-import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
-
-
-def three(x, w1, w2):
-    h = jnp.tanh(x @ w1)
-    h = jax.lax.with_sharding_constraint(h, P('data', None))
-    return h @ w2
-
-
-def fsdp(x, w):
-    return jnp.tanh(x @ w)
-"""
-
-SPEC = """\
-version: 1
-mesh:
-  axes: {data: 2, model: 4}
-functions:
-  three:
-    target: model.py:three
-    args:
-      - 'f32[16,32] @ [data, null]'
-      - 'f32[32,64] @ [null, model]'
-      - 'f32[64,32] @ [model, null]'
-"""
+from helpers import CAUSES_MODEL, CAUSES_SPEC, JAXLIB_0_12_METADATA, run_subprocess, write
 
 FSDP_SPEC = """\
 version: 1
@@ -92,10 +59,10 @@ def _origins(cause: dict) -> set[tuple]:
             for o in cause["origins"]}
 
 
-@pytest.mark.jax_version("<0.12", reason=_JAXLIB_0_12_METADATA)
+@pytest.mark.jax_version("<0.12", reason=JAXLIB_0_12_METADATA)
 def test_three_line_program(tmp_path, monkeypatch, run_cli):
-    write(tmp_path, "model.py", MODEL)
-    write(tmp_path, "model.stagetool.yaml", SPEC)
+    write(tmp_path, "model.py", CAUSES_MODEL)
+    write(tmp_path, "model.stagetool.yaml", CAUSES_SPEC)
     monkeypatch.chdir(tmp_path)
     doc = run_cli("collectives", "--format", "json", check=0).json()
     c = doc["functions"][0]["collectives"]
@@ -136,9 +103,9 @@ def test_three_line_program(tmp_path, monkeypatch, run_cli):
     assert "#### Why each collective is there" in md and "— from the sharding constraint at model.py:8" in md
 
 
-@pytest.mark.jax_version("<0.12", reason=_JAXLIB_0_12_METADATA)
+@pytest.mark.jax_version("<0.12", reason=JAXLIB_0_12_METADATA)
 def test_fsdp_all_gather_comes_from_the_parameter(tmp_path, monkeypatch, run_cli):
-    write(tmp_path, "model.py", MODEL)
+    write(tmp_path, "model.py", CAUSES_MODEL)
     write(tmp_path, "model.stagetool.yaml", FSDP_SPEC)
     monkeypatch.chdir(tmp_path)
     doc = run_cli("collectives", "--format", "json", check=0).json()
@@ -195,7 +162,7 @@ def test_a_typed_prng_key_input_keeps_the_causes(tmp_path, monkeypatch, run_cli)
     dimension (w's columns) and the `data` one (x's rows) → one all-reduce per axis, each from its
     leaf's spec line."""
     write(tmp_path, "keyed.py", KEYED)
-    write(tmp_path, "keyed.stagetool.yaml", SPEC.replace("three:", "dropout:").replace("model.py:three", "keyed.py:dropout")
+    write(tmp_path, "keyed.stagetool.yaml", CAUSES_SPEC.replace("three:", "dropout:").replace("model.py:three", "keyed.py:dropout")
           .replace("      - 'f32[16,32] @ [data, null]'\n      - 'f32[32,64] @ [null, model]'\n"
                    "      - 'f32[64,32] @ [model, null]'\n",
                    "      - 'f32[64,128] @ [null, model]'\n      - 'f32[32,64] @ [data, null]'\n"
@@ -373,7 +340,7 @@ def test_an_all_reduce_over_two_axes_is_explained_over_both(tmp_path, monkeypatc
 def test_an_output_pinned_by_out_shardings_is_its_own_origin(tmp_path, monkeypatch, run_cli):
     """``out_shardings: [null, data]``: the result's `data` axis is the one the spec declares for it
     (Shardy: ``self`` on the result), recorded as ``output out``, not as an origin nobody named."""
-    write(tmp_path, "model.py", MODEL)
+    write(tmp_path, "model.py", CAUSES_MODEL)
     write(tmp_path, "model.stagetool.yaml", FSDP_SPEC + "    out_shardings: [null, data]\n")
     monkeypatch.chdir(tmp_path)
     run_cli("snapshot", "-o", "base.json", check=0)
@@ -388,12 +355,12 @@ def _why(run_cli, *args: str) -> dict:
     return run_cli("why", *args, "--format", "json", check=0).json()["functions"][0]["why"]
 
 
-@pytest.mark.jax_version("<0.12", reason=_JAXLIB_0_12_METADATA)
+@pytest.mark.jax_version("<0.12", reason=JAXLIB_0_12_METADATA)
 def test_why_on_the_three_line_program(tmp_path, monkeypatch, run_cli):
     """Worked by hand (module docstring): w1's `model` axis reaches the constraint (all-gather 1), w2's
     contracted `model` axis makes the partial sums (all-reduce 2), the constraint's line is model.py:8."""
-    write(tmp_path, "model.py", MODEL)
-    write(tmp_path, "model.stagetool.yaml", SPEC)
+    write(tmp_path, "model.py", CAUSES_MODEL)
+    write(tmp_path, "model.stagetool.yaml", CAUSES_SPEC)
     monkeypatch.chdir(tmp_path)
     w1 = _why(run_cli, "--leaf", "w1")
     assert w1["found"] == ["input w1: declared P(None, 'model') (the spec at model.stagetool.yaml:9); "
@@ -419,9 +386,9 @@ def test_why_on_the_three_line_program(tmp_path, monkeypatch, run_cli):
     assert '<ul class="why"><li class="">all-reduce over model at model.py:9</li>' in (tmp_path / "why.html").read_text()
 
 
-@pytest.mark.jax_version("<0.12", reason=_JAXLIB_0_12_METADATA)
+@pytest.mark.jax_version("<0.12", reason=JAXLIB_0_12_METADATA)
 def test_why_on_an_fsdp_layer(tmp_path, monkeypatch, run_cli):
-    write(tmp_path, "model.py", MODEL)
+    write(tmp_path, "model.py", CAUSES_MODEL)
     write(tmp_path, "model.stagetool.yaml", FSDP_SPEC)
     monkeypatch.chdir(tmp_path)
     w = _why(run_cli, "--leaf", "w")
@@ -432,8 +399,8 @@ def test_why_on_an_fsdp_layer(tmp_path, monkeypatch, run_cli):
 
 
 def test_why_bad_questions_exit_2_before_staging(tmp_path, monkeypatch, run_cli):
-    write(tmp_path, "model.py", MODEL)
-    write(tmp_path, "model.stagetool.yaml", SPEC)
+    write(tmp_path, "model.py", CAUSES_MODEL)
+    write(tmp_path, "model.stagetool.yaml", CAUSES_SPEC)
     monkeypatch.chdir(tmp_path)
     assert "exactly one of --leaf, --line, --collective" in run_cli("why", check=2).stderr
     assert "exactly one" in run_cli("why", "--leaf", "w1", "--collective", "1", check=2).stderr
@@ -445,8 +412,8 @@ def test_why_bad_questions_exit_2_before_staging(tmp_path, monkeypatch, run_cli)
 def test_gspmd_compile_is_explained_by_nobody(tmp_path):
     """Faithful or silent: with the GSPMD partitioner (JAX_USE_SHARDY_PARTITIONER=0) the lowered module
     has no Shardy shardings, so no collective gets a cause and the section says why."""
-    write(tmp_path, "model.py", MODEL)
-    write(tmp_path, "model.stagetool.yaml", SPEC)
+    write(tmp_path, "model.py", CAUSES_MODEL)
+    write(tmp_path, "model.stagetool.yaml", CAUSES_SPEC)
     r = run_subprocess("collectives", "--format", "json", "--no-cache", cwd=tmp_path,
                        env={"JAX_USE_SHARDY_PARTITIONER": "0"})
     assert r.code == 0, r.stderr
@@ -473,7 +440,7 @@ def f(x, w):
 
 def test_a_collective_written_in_shard_map_is_the_programs_own(tmp_path, monkeypatch, run_cli):
     write(tmp_path, "sm.py", SHARD_MAP)
-    write(tmp_path, "sm.stagetool.yaml", SPEC.replace("three:", "f:").replace("model.py:three", "sm.py:f")
+    write(tmp_path, "sm.stagetool.yaml", CAUSES_SPEC.replace("three:", "f:").replace("model.py:three", "sm.py:f")
           .replace("      - 'f32[16,32] @ [data, null]'\n      - 'f32[32,64] @ [null, model]'\n"
                    "      - 'f32[64,32] @ [model, null]'\n",
                    "      - 'f32[16,64] @ [data, model]'\n      - 'f32[64,32] @ [model, null]'\n"))
