@@ -77,6 +77,13 @@ class AbstractInputs:
       jit: the target's own jit settings (:class:`stagetool.lowering.jit_wrapper.JitSettings`).
       wrapped: whether ``fn`` is stagetool's pure wrapper (static leaves closed over) rather than
         the target (or the function under its ``jax.jit``) itself.
+      out_shardings: for an ``nnx.jit`` target with in/out_shardings, the ``out_shardings`` of the
+        staged ``fn`` that the wrapper gives when run: its ``out_shardings`` for the output and its
+        ``in_shardings`` entry for each updated argument's state (``nnx.jit``'s inner jit returns the
+        arguments' state with those); None otherwise (see :func:`nnx_out_shardings`).
+      program: an ``nnx.jit`` target staged as its own program
+        (:class:`stagetool.lowering.jit_wrapper.NnxProgram`: ``args``/``kwargs`` are then the
+        arguments as ``nnx.jit`` splits them, ``leaves`` in that order), or None.
     """
 
     args: tuple
@@ -89,6 +96,8 @@ class AbstractInputs:
     state_outputs: tuple[str, ...] = ()
     jit: Any = None
     wrapped: bool = False
+    out_shardings: Any = None
+    program: Any = None
 
 
 def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup, mesh_spec: MeshSpec, *,
@@ -277,7 +286,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
             rules_cache.append(resolve_logical_rules(fspec))
         return rules_cache[0]
 
-    prejitted = isinstance(fn, jax.stages.Wrapped)
+    prejitted = isinstance(fn, jax.stages.Wrapped) or own.kind is not None
 
     built: dict[int | str, Any] = {}  # for {arg: ...} in a later init: by position and by name
     args_list = []
@@ -298,6 +307,22 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                       "its own out_shardings are the ones that run: drop the spec's")
     if issues:
         raise SpecError(issues, hint="; ".join(dict.fromkeys(hints)) or None)
+    program = _own_nnx_program(fspec, own, args, kwargs, static, names, rules_object(), (donated_nums, donated_names))
+    if program is not None:
+        # nnx.jit's own program: its inner jit on the arguments split as nnx.jit splits them.
+        from stagetool.lowering.frameworks import leaf_arguments
+
+        tops = {id(x): t for x, t in zip(jax.tree_util.tree_leaves((args, kwargs)), leaf_arguments(args, kwargs))}
+        structs = jax.tree_util.tree_leaves((program.args, {k: v for k, v in program.kwargs.items() if k not in static}))
+        leaves = [dataclasses.replace(by_id[id(x)], arg=tops.get(id(x))) for x in structs if id(x) in by_id]
+
+        def paths_of(tree: Any) -> list[str]:
+            return [by_id[id(x)].path for x in jax.tree_util.tree_leaves(tree) if id(x) in by_id]
+
+        program.input_paths = ([paths_of(a) for a in program.args],
+                               {k: paths_of(v) for k, v in program.kwargs.items() if k not in static})
+        return AbstractInputs(program.args, program.kwargs, leaves, tuple(static), tuple(sorted(donated_nums)),
+                              tuple(sorted(donated_names)), None, (), own, False, None, program)
     from stagetool.lowering.frameworks import prepare_call
 
     # A jax.jit target is staged as the function underneath, jitted once with its own settings
@@ -314,7 +339,65 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
               if id(x) in by_id]
     return AbstractInputs(prepared.args, prepared.kwargs, leaves, tuple(static), prepared.donate_argnums,
                           prepared.donate_argnames, prepared.fn if prepared.fn is not fn else None,
-                          prepared.state_outputs, own, prepared.fn is not call)
+                          prepared.state_outputs, own, prepared.fn is not call,
+                          nnx_out_shardings(own, args, names, prepared.state_outputs))
+
+
+def _own_nnx_program(fspec: FunctionSpec, own: Any, args: tuple, kwargs: dict, static: dict, names: list[str],
+                     rules: Any, donated: tuple[set, set]) -> Any:
+    """The ``nnx.jit`` target's own program (:func:`stagetool.lowering.jit_wrapper.nnx_program`) when
+    the spec adds nothing the wrapper cannot take: no ``out_shardings``, ``static`` values only for
+    the wrapper's ``static_argnames``, every argument leaf an array (a graph node's Variables
+    included), and a ``donate`` of the spec's own (``donated``: the merged positions and names) only
+    where the step can be jitted once with it (:func:`stagetool.lowering.jit_wrapper.nnx_with_donation`);
+    else None (staged nested, merged with the spec)."""
+    import jax
+
+    if own.kind != "nnx.jit" or fspec.out_shardings is not None:
+        return None
+    if not set(static) <= set(own.static_argnames):
+        return None
+    if fspec.donate and not own.donates:  # the spec's donation: the step jitted once with it (never nested)
+        from stagetool.lowering.jit_wrapper import nnx_with_donation
+
+        own = nnx_with_donation(own, tuple(sorted(donated[0])), tuple(sorted(donated[1])))
+        if own is None:
+            return None
+    if not all(isinstance(x, (jax.ShapeDtypeStruct, jax.ref.AbstractRef)) for x in jax.tree_util.tree_leaves((args, kwargs))):
+        return None
+    from stagetool.lowering.frameworks import logical_rules
+    from stagetool.lowering.jit_wrapper import nnx_program
+
+    return nnx_program(own, args, {**kwargs, **static}, names,
+                       (lambda: logical_rules(rules)) if rules is not None else None)
+
+
+def nnx_out_shardings(own: Any, args: tuple, names: list[str], state_outputs: tuple[str, ...]) -> Any:
+    """The ``out_shardings`` an ``nnx.jit`` target's own in/out_shardings give the staged function
+    (None when it is not ``nnx.jit`` or gives neither).
+
+    ``nnx.jit`` runs an inner ``jax.jit`` whose ``out_shardings`` are ``(in_shardings,
+    out_shardings)``: the arguments' updated state comes back sharded as their ``in_shardings`` say.
+    The staged function returns ``{"out": output, name: updated state, ...}`` when the step updates
+    arguments in place (``state_outputs``), else the output itself; its out_shardings mirror that.
+    An ``nnx.StateSharding`` entry is resolved per Variable of the argument
+    (:func:`stagetool.lowering.flax_support.updated_state_shardings`).
+    """
+    if own is None or own.kind != "nnx.jit" or (own.in_shardings is None and own.out_shardings is None):
+        return None
+    if not state_outputs:
+        return own.out_shardings
+    from stagetool.lowering import flax_support
+
+    entries = own.in_shardings
+    out: dict[str, Any] = {"out": own.out_shardings}
+    for name in state_outputs:
+        i = names.index(name) if name in names[:len(args)] else None
+        entry = None
+        if i is not None and entries is not None:
+            entry = (entries[i] if i < len(entries) else None) if isinstance(entries, (tuple, list)) else entries
+        out[name] = None if entry is None else flax_support.updated_state_shardings(entry, args[i])
+    return out
 
 
 def as_abstract_ref(struct: Any, by_id: dict, explicit: bool) -> Any:
@@ -453,6 +536,17 @@ def _bind_for_in_shardings(fspec: FunctionSpec, fn: Callable[..., Any], own: Any
     return dataclasses.replace(fspec, args=tuple(args), kwargs={}, donate=tuple(donate), locs=locs)
 
 
+#: Who gave a leaf the sharding that a target's in_shardings contradict, and how to drop it.
+_WHO_SHARDS = {
+    "spec": ("the spec shards it", "drop the spec's '@ ...' (the target's in_shardings apply)"),
+    "rule": ("the spec's rules shard it", "drop the rule (the target's in_shardings apply)"),
+    "init": ("the init gives it", "build it as the target's in_shardings say (a jit that runs it with "
+             "other shardings fails)"),
+    "model": ("the model's annotations shard it", "annotate the model as the target's in_shardings say "
+              "(a jit that runs it with other shardings fails)"),
+}
+
+
 def _take_in_shardings(args: tuple, own: Any, by_id: dict, mesh: Any, fspec: FunctionSpec, issues: list[str]) -> tuple:
     """The positional ``args`` with each array leaf sharded as the target's own ``in_shardings``
     say: a leaf the spec writes without ``@`` takes it (``sharding_source: "target"``); one whose
@@ -476,9 +570,10 @@ def _take_in_shardings(args: tuple, own: Any, by_id: dict, mesh: Any, fspec: Fun
             by_id[id(struct)] = dataclasses.replace(leaf, declared=wanted, sharding_source="target")
             return struct
         if leaf.declared.kind == "spec" and not _same_dims(leaf.declared.dims, d):
-            issues.append(f"{leaf.source or fspec.where('args')}: {leaf.path}: the spec shards it {leaf.declared}, but "
-                          f"{fspec.target}'s own jit(in_shardings=...) gives {wanted}; drop the spec's '@ ...' "
-                          "(the target's in_shardings apply) or make them agree")
+            who, fix = _WHO_SHARDS.get(leaf.sharding_source, _WHO_SHARDS["spec"])
+            issues.append(f"{leaf.source or fspec.where('args')}: {leaf.path}: {who} {leaf.declared}, but "
+                          f"{fspec.target}'s own {own.kind}(in_shardings=...) gives {wanted}; {fix} "
+                          "or make them agree")
         return x
 
     return jax.tree_util.tree_map(one, args)

@@ -201,7 +201,11 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
         fields["per_device_cost"] = cost_result(compiled)
         fields["memory"] = memory_result(compiled)
         fields["inputs"] = input_facts(inputs, compiled, mesh)
-        fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh, inputs.state_outputs)
+        from stagetool.lowering.avals import keypath_str
+
+        program = getattr(inputs, "program", None)  # an nnx.jit target's own program names its outputs
+        paths = program.output_paths(staged.traced.out_info, keypath_str) if program is not None else None
+        fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh, inputs.state_outputs, paths)
     fields["uneven_constraints"] = uneven_constraints(staged.traced, user_files or [])
     fields["host_transfers"] = host_transfers(staged.traced, user_files or [])
     return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)
@@ -425,13 +429,15 @@ def _as_tuple(tree: Any) -> Any:
 
 
 def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
-                 state_outputs: tuple[str, ...] = ()) -> tuple[LeafFacts, ...]:
+                 state_outputs: tuple[str, ...] = (), paths: list[str] | None = None) -> tuple[LeafFacts, ...]:
     """One :class:`LeafFacts` per output leaf (paths start with ``out``).
 
     ``declared_tree`` is the spec's ``out_shardings`` (None: every output is the compiler's choice,
     declared ``unspecified``). With ``state_outputs`` (a Flax NNX step that updates its arguments in
     place), the staged function returns ``{"out": output, name: updated state, ...}``: the output's
     leaves are named ``out/...`` and each argument's updated state ``name/...``, as its inputs are.
+    ``paths``, when given, names each output leaf instead (an ``nnx.jit`` target's own program:
+    :meth:`stagetool.lowering.jit_wrapper.NnxProgram.output_paths`).
     """
     import jax
 
@@ -456,11 +462,13 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
         formats = _formats(compiled.output_formats, len(shardings))
     declared = _declared_outputs(declared_tree, len(with_paths), traced.out_info)
     out = []
-    for (kp, info), sharding, decl, fmt in zip(with_paths, shardings, declared, formats, strict=True):
+    names = paths if paths is not None and len(paths) == len(with_paths) else [
+        keypath_str(kp)[1:] if state_outputs else "out" + keypath_str(kp) for kp, _ in with_paths]
+    for (kp, info), name, sharding, decl, fmt in zip(with_paths, names, shardings, declared, formats, strict=True):
         shape = tuple(info.shape)
         shard = tuple(sharding.shard_shape(shape)) if sharding is not None else None
         chosen = decl is None or decl.kind in ("auto", "unspecified")
-        out.append(LeafFacts(keypath_str(kp)[1:] if state_outputs else "out" + keypath_str(kp), shape, str(info.dtype),
+        out.append(LeafFacts(name, shape, str(info.dtype),
                              decl if decl is not None else Sharding("unspecified"),
                              sharding_of(sharding, len(shape), mesh) if sharding is not None else None,
                              shard, padded_bytes_per_device=_padded(shard, info.dtype, fmt),

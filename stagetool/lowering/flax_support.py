@@ -78,6 +78,62 @@ def has_graph_nodes(tree: Any) -> bool:
     return bool(found)
 
 
+def _is_graph_node(x: Any) -> bool:
+    return isinstance(x, (nnx.Module, nnx.Variable)) or (hasattr(nnx, "Pytree") and isinstance(x, nnx.Pytree))
+
+
+def _nnx_path(keypath: tuple) -> tuple:
+    """A JAX key path inside a graph node as NNX writes a Variable's path (``('up', 'kernel')``)."""
+    out = []
+    for k in keypath:
+        for attr in ("name", "key", "idx"):
+            if hasattr(k, attr):
+                out.append(getattr(k, attr))
+                break
+        else:
+            out.append(str(k))
+    return tuple(out)
+
+
+def state_sharding_leaves(prefix: Any, tree: Any) -> list:
+    """Per array leaf of ``tree`` (``jax.tree_util.tree_leaves`` order), the sharding an
+    ``nnx.StateSharding`` gives it as ``nnx.jit`` splits its argument: each graph node's Variables
+    matched by their path inside that node (``prefix.map_prefix(path, variable)``: the first filter
+    that matches); None for a leaf that is in no Variable."""
+    import jax
+
+    out: list = []
+    for node in jax.tree_util.tree_leaves(tree, is_leaf=_is_graph_node):
+        if not _is_graph_node(node):
+            out.append(None)
+            continue
+        for kp, v in jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]:
+            if isinstance(v, nnx.Variable):
+                out.extend([prefix.map_prefix(_nnx_path(kp), v)] * len(jax.tree_util.tree_leaves(v)))
+            else:
+                out.append(None)
+    return out
+
+
+def updated_state_shardings(prefix: Any, obj: Any) -> Any:
+    """The out_shardings of :func:`updated_state` ``(obj)`` that ``nnx.jit`` gives an updated argument:
+    its ``in_shardings`` entry again (``nnx.jit``'s inner jit has ``out_shardings`` = its
+    ``in_shardings`` for the arguments' state). A sharding or None stands for the whole state; an
+    ``nnx.StateSharding`` is resolved per Variable (a tree of shardings shaped as the state)."""
+    import jax
+
+    if not (hasattr(prefix, "map_prefix") and (type(prefix).__module__ or "").startswith("flax")):
+        return prefix
+
+    def per_node(x: Any) -> Any:
+        if not _is_graph_node(x):
+            return None
+        return jax.tree_util.tree_map_with_path(lambda kp, v: prefix.map_prefix(_nnx_path(kp), v), nnx.state(x),
+                                                is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+    return jax.tree_util.tree_map(per_node, obj, is_leaf=_is_graph_node)
+
+
 def updated_state(obj: Any) -> Any:
     """The state of an argument after the step ran: ``nnx.state`` of every graph node in it."""
     import jax

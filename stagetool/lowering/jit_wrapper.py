@@ -12,9 +12,19 @@ as it is, nested, as before.
 - ``jax.jit``: every setting, from ``_jit_info``; ``__wrapped__`` (set by ``functools.wraps``) is
   the function underneath.
 - ``nnx.jit`` (``flax.nnx``'s ``JitWrapped``): donation and static arguments of its inner
-  ``jax.jit`` (``.jitted_fn``, whose positions are the step's own); the step keeps NNX's in-place
-  semantics, so it is called as it is.
+  ``jax.jit`` (``.jitted_fn``, whose positions are the step's own); ``in_shardings`` /
+  ``out_shardings`` as the wrapper keeps them (its public attributes of those names; an
+  ``nnx.StateSharding`` is resolved per Variable by :mod:`stagetool.lowering.flax_support`). The
+  step keeps NNX's in-place semantics, so it is called as it is.
 - ``eqx.filter_jit``: ``donate_first`` / ``donate_rest`` (``donate="all"``, ``"all-except-first"``).
+
+An ``nnx.jit`` target that the spec adds nothing to is staged as its own program
+(:class:`NnxProgram`): the wrapper's inner ``jax.jit`` (``.jitted_fn``) on the arguments split as
+``nnx.jit`` splits them, traced under the wrapper's ``nnx.update_context`` — exactly what
+``nnx.jit(...).trace`` does, so the parameters' order (one group per ``nnx.StateSharding`` filter),
+the in/out shardings and the updated state it returns are NNX's. The split is Flax's private
+``JitWrapped._get_pure_args_kwargs`` (there is no public one that keeps the leaves, which stagetool
+needs to name them); it is read here only, and ``tests/lowering/test_jit_wrapper.py`` pins it.
 """
 
 from __future__ import annotations
@@ -112,7 +122,10 @@ def jit_settings(fn: Any, n_args: int = 0) -> JitSettings:
     module = type(fn).__module__ or ""
     if module.startswith("flax") and hasattr(fn, "jitted_fn"):
         inner = _pjit_settings(fn.jitted_fn, "nnx.jit")
-        return dataclasses.replace(inner, fun=None, in_shardings=None, out_shardings=None, wrapper=fn)
+        # The inner jit's shardings are over NNX's split graph state; the wrapper keeps the user's
+        # (in_shardings with a None put in at each static position, so they line up with the args).
+        return dataclasses.replace(inner, fun=None, in_shardings=getattr(fn, "in_shardings", None),
+                                   out_shardings=getattr(fn, "out_shardings", None), wrapper=fn)
     if module.startswith("equinox") and hasattr(fn, "donate_first") and hasattr(fn, "donate_rest"):
         nums = tuple(i for i in range(n_args) if (fn.donate_first if i == 0 else fn.donate_rest))
         return JitSettings("eqx.filter_jit", None, True, donate_argnums=nums, wrapper=fn)
@@ -144,17 +157,138 @@ def in_sharding_dims(settings: JitSettings, args: tuple) -> list[tuple | None]:
     for i, arg in enumerate(args):
         count = len(jax.tree_util.tree_leaves(arg))
         prefix = shardings[i] if i < len(shardings) else None
-        is_leaf = lambda x: x is None or isinstance(x, (NamedSharding, PartitionSpec))  # noqa: E731
-        if prefix is None or isinstance(prefix, (NamedSharding, PartitionSpec)):
-            per = [prefix] * count
+        is_leaf = lambda x: x is None or isinstance(x, (NamedSharding, PartitionSpec)) or _is_flax_prefix(x)  # noqa: E731
+        if prefix is None or isinstance(prefix, (NamedSharding, PartitionSpec)) or _is_flax_prefix(prefix):
+            per = _broadcast(prefix, arg)
         else:
             per = []
             try:
-                jax.tree_util.tree_map(lambda s, sub: per.extend([s] * len(jax.tree_util.tree_leaves(sub))),
-                                       prefix, arg, is_leaf=is_leaf)
+                jax.tree_util.tree_map(lambda s, sub: per.extend(_broadcast(s, sub)), prefix, arg, is_leaf=is_leaf)
             except (ValueError, TypeError):
                 per = [None] * count
         for s in per:
             spec = s.spec if isinstance(s, NamedSharding) else s
             out.append(spec_dims(spec) if isinstance(spec, PartitionSpec) else None)
     return out
+
+
+def _is_flax_prefix(x: Any) -> bool:
+    """An ``nnx.StateSharding`` (a sharding per Variable filter; recognised by module and method)."""
+    return (type(x).__module__ or "").startswith("flax") and hasattr(x, "map_prefix")
+
+
+def _broadcast(prefix: Any, sub: Any) -> list:
+    """One sharding per array leaf of ``sub`` from one prefix entry: a sharding (or None) stands for
+    the whole subtree; an ``nnx.StateSharding`` gives each Variable of each graph node its own."""
+    import jax
+
+    if _is_flax_prefix(prefix):
+        from stagetool.lowering import flax_support
+
+        return flax_support.state_sharding_leaves(prefix, sub)
+    return [prefix] * len(jax.tree_util.tree_leaves(sub))
+
+
+class NnxProgram:
+    """What an ``nnx.jit`` target compiles when run: its inner ``jax.jit`` on the split arguments.
+
+    Attributes:
+      wrapper: the ``nnx.jit`` object (flax's ``JitWrapped``).
+      args / kwargs: the arguments as ``nnx.jit`` hands them to its inner jit (graph nodes split into
+        ``NodeStates`` of the same abstract leaves, grouped by ``nnx.StateSharding`` filter; static
+        keyword values kept).
+      names: the positional arguments' names (for the output leaves' paths).
+      rules: logical axis rules held active while tracing (a context manager factory), or None.
+      input_paths: the input leaves' paths, ``([per positional argument], {keyword: [...]})``, set by
+        :func:`stagetool.lowering.avals.build_inputs` (they name the updated state's outputs).
+    """
+
+    def __init__(self, wrapper: Any, args: tuple, kwargs: dict, names: list[str], rules: Any = None):
+        self.wrapper = wrapper
+        self.args = args
+        self.kwargs = kwargs
+        self.names = list(names)
+        self.rules = rules
+        self.input_paths: tuple[list[list[str]], dict[str, list[str]]] = ([], {})
+        self._stagetool_wraps = getattr(wrapper, "fun", wrapper)  # errors point at the user's step
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """``jitted_fn.trace`` under the wrapper's update context (as ``nnx.jit(...).trace`` runs it);
+        returns the ``jax.stages.Traced``."""
+        import contextlib
+
+        from flax import nnx
+
+        with nnx.update_context(self.wrapper), (self.rules() if self.rules else contextlib.nullcontext()):
+            return self.wrapper.jitted_fn.trace(*args, **kwargs)
+
+    def output_paths(self, out_info: Any, keypath: Callable[[tuple], str]) -> list[str]:
+        """Per output leaf (``jax.tree_util`` order), its path as stagetool names it. The jit returns
+        ``(arguments' state, keyword arguments' state, output)``; an argument's state is split as its
+        input was (same graph, same filters, same order), so its leaves take their inputs' paths
+        (:attr:`input_paths`: ``(per positional argument a list, per keyword a list)``); where the step
+        changed a graph's structure (other counts), and for the output, ``name/...`` and ``out/...``
+        by key path (``keypath``: a key path as ``/a/b`` text)."""
+        import jax
+
+        by_arg, by_key = self.input_paths
+        paths: list[str] = []
+        for i, sub in enumerate(out_info[0]):
+            paths += _named(sub, by_arg[i] if i < len(by_arg) else None,
+                            self.names[i] if i < len(self.names) else str(i), keypath)
+        for k in sorted(out_info[1] or {}):
+            paths += _named(out_info[1][k], by_key.get(k), str(k), keypath)
+        paths += ["out" + keypath(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(out_info[2])[0]]
+        return paths
+
+
+def _named(sub: Any, inputs: list[str] | None, name: str, keypath: Callable[[tuple], str]) -> list[str]:
+    import jax
+
+    flat = jax.tree_util.tree_flatten_with_path(sub)[0]
+    if inputs is not None and len(inputs) == len(flat):
+        return list(inputs)
+    return [name + keypath(kp) for kp, _ in flat]
+
+
+def nnx_program(settings: JitSettings, args: tuple, kwargs: dict, names: list[str], rules: Any = None
+                ) -> NnxProgram | None:
+    """The :class:`NnxProgram` of an ``nnx.jit`` target called with ``(args, kwargs)`` (abstract
+    graph nodes and ``ShapeDtypeStruct`` leaves), or None when the wrapper is not one whose split
+    stagetool can read (flax's graph-mode ``JitWrapped``; ``nnx.jit(graph=False)`` is staged nested).
+
+    Raises:
+      whatever Flax raises splitting the arguments (e.g. a Variable shared by two arguments with
+      ``in_shardings``), as running the step would.
+    """
+    wrapper = settings.wrapper
+    if settings.kind != "nnx.jit" or not (hasattr(wrapper, "_get_pure_args_kwargs") and hasattr(wrapper, "jitted_fn")):
+        return None
+    from flax import nnx
+
+    with nnx.update_context(wrapper):
+        pure_args, pure_kwargs = wrapper._get_pure_args_kwargs(tuple(args), dict(kwargs))
+    return NnxProgram(wrapper, tuple(pure_args), dict(pure_kwargs), names, rules)
+
+
+def nnx_with_donation(settings: JitSettings, donate_argnums: tuple[int, ...], donate_argnames: tuple[str, ...]
+                      ) -> JitSettings | None:
+    """An ``nnx.jit`` target's settings with the spec's donation merged in: the step underneath
+    (``.fun``) jitted once more by ``nnx.jit`` with its own shardings and ``keep_unused`` and the
+    merged donation (never a jit around the wrapper). None where that cannot be done faithfully: the
+    wrapper has static arguments (its ``in_shardings`` attribute then holds Nones put in for them),
+    or its inner jit pins a device or backend or inlines (read from ``_jit_info``, as above)."""
+    wrapper = settings.wrapper
+    info = getattr(getattr(wrapper, "jitted_fn", None), "_jit_info", None)
+    if settings.kind != "nnx.jit" or info is None or settings.static_argnums or settings.static_argnames:
+        return None
+    if getattr(info, "device", None) is not None or getattr(info, "backend", None) is not None \
+            or getattr(info, "inline", False) or not hasattr(wrapper, "fun"):
+        return None
+    from flax import nnx
+
+    again = nnx.jit(wrapper.fun, in_shardings=settings.in_shardings, out_shardings=settings.out_shardings,
+                    donate_argnums=tuple(donate_argnums) or None, donate_argnames=tuple(donate_argnames) or None,
+                    keep_unused=settings.keep_unused)
+    return dataclasses.replace(settings, donate_argnums=tuple(donate_argnums), donate_argnames=tuple(donate_argnames),
+                               wrapper=again)

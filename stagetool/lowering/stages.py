@@ -90,8 +90,14 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
       it is jitted once with its own settings (static arguments, donation, out_shardings,
       ``compiler_options``, ``keep_unused``) plus the spec's — never nested, so its donation and
       options hold. Its ``in_shardings`` are on the abstract arguments already (:func:`build_inputs`).
-    - ``nnx.jit`` / ``eqx.filter_jit`` targets run nested inside stagetool's jit (so NNX's in-place
+    - An ``nnx.jit`` target the spec adds nothing to is its own program (``inputs.program``): the
+      wrapper's inner jit on the arguments as ``nnx.jit`` splits them, so its in/out shardings,
+      donation, static arguments and parameter order are the ones that run.
+    - Other ``nnx.jit`` / ``eqx.filter_jit`` targets run nested inside stagetool's jit (so NNX's in-place
       semantics and Equinox's filtering are theirs); their donation was merged into the inputs'.
+      An ``nnx.jit``'s ``in_shardings`` are on the abstract arguments already, and the outer jit
+      gets the ``out_shardings`` its inner jit has (``inputs.out_shardings``), so the program's
+      boundary is the one ``nnx.jit`` compiles.
 
     Raises:
       SpecError: ``jax.jit`` rejects the options (static or donated names the function does not
@@ -101,6 +107,8 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
 
     fn = target.fn
     own = inputs.jit
+    if inputs.program is not None:  # an nnx.jit target as its own program (jit_wrapper.NnxProgram)
+        return inputs.program
     out_shardings = _out_shardings(fspec.out_shardings, mesh)
     if own is not None and own.kind == "jax.jit" and own.fun is None:  # unreadable: as before, nested
         own = None
@@ -123,6 +131,8 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
             options["compiler_options"] = own.compiler_options
         if own.keep_unused:
             options["keep_unused"] = True
+    if own is not None and own.kind == "nnx.jit" and inputs.out_shardings is not None:
+        options["out_shardings"] = inputs.out_shardings  # as nnx.jit's inner jit returns them
     if inputs.static_argnames:
         options["static_argnames"] = tuple(dict.fromkeys((*options.get("static_argnames", ()),
                                                           *inputs.static_argnames)))
@@ -131,7 +141,7 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
     if inputs.donate_argnames:
         options["donate_argnames"] = inputs.donate_argnames
     if fspec.out_shardings is not None:
-        options["out_shardings"] = out_shardings
+        options["out_shardings"] = _fill(out_shardings, options.get("out_shardings"))
     base = inputs.fn or fn
     try:
         return jax.jit(base, **options)
@@ -143,6 +153,14 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
         raise SpecError([f"{loc}: functions.{fspec.name}" + (f".{key}" if key else "")
                          + f": jax.jit does not accept the spec's options for {fspec.target}: {text}"],
                         hint="name only parameters the function takes in static and donate") from None
+
+
+def _fill(spec: Any, own: Any) -> Any:
+    """The spec's out_shardings, with the updated-state entries it leaves to the compiler (None)
+    taken from the target's own (``nnx.jit``: an updated argument's ``in_shardings``)."""
+    if isinstance(spec, dict) and isinstance(own, dict):
+        return {k: own.get(k) if v is None else v for k, v in spec.items()}
+    return spec
 
 
 def _out_shardings(tree: Any, mesh: Any) -> Any:

@@ -276,3 +276,132 @@ def test_the_targets_compiler_options_are_part_of_the_cache_key(run_cli, tmp_pat
         temp = fn["memory"]["record"]["temp_bytes"]
         assert seen.setdefault(target, temp) == temp
     assert seen["plain"] != seen["no_fusion"]
+
+
+NNX_SHARDED = '''
+import jax, jax.numpy as jnp, optax
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+class MLP(nnx.Module):
+    def __init__(self, rngs):
+        self.up = nnx.Linear(64, 128, rngs=rngs)
+        self.down = nnx.Linear(128, 64, rngs=rngs)
+
+    def __call__(self, x):
+        return self.down(jax.nn.relu(self.up(x)))
+
+def make_opt(model):
+    return nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+def _step(model, optimizer, x):
+    def loss_fn(m):
+        y = m(x)
+        return jnp.mean(y ** 2), y
+    (loss, y), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    optimizer.update(model, grads)
+    return loss, y
+
+KERNELS = nnx.StateSharding({nnx.PathContains("kernel"): P(None, "model"), ...: P()})
+IN = (KERNELS, KERNELS, P("data", None))
+OUT = (P(), P("data", "model"))
+step = nnx.jit(_step, in_shardings=IN, out_shardings=OUT)
+'''
+
+
+def nnx_sharded_spec(tmp_path, extra: str = "", x: str = "f32[16,64]"):
+    write(tmp_path, "nnxsharded.py", NNX_SHARDED)
+    return write(tmp_path, "s.yaml", f'''
+        version: 1
+        mesh:
+          axes: {{data: 2, model: 4}}
+        functions:
+          step:
+            target: nnxsharded.py:step
+            args:
+              - init: nnxsharded.py:MLP
+              - init: nnxsharded.py:make_opt
+                init_args: [{{arg: 0}}]
+              - '{x}'
+{extra}    ''')
+
+
+def nnx_sharded_compiled(tmp_path, **jit_options):
+    """``nnx.jit`` itself lowering and compiling the step on abstract model/optimizer/batch."""
+    from flax import nnx
+
+    sys.path.insert(0, str(tmp_path))
+    import nnxsharded
+
+    step = nnx.jit(nnxsharded._step, in_shardings=nnxsharded.IN, out_shardings=nnxsharded.OUT, **jit_options) \
+        if jit_options else nnxsharded.step
+    with jax.set_mesh(mesh_2x4()):
+        model, opt = nnx.eval_shape(lambda: (lambda m: (m, nnxsharded.make_opt(m)))(nnxsharded.MLP(nnx.Rngs(0))))
+        return step.lower(model, opt, jax.ShapeDtypeStruct((16, 64), jnp.float32)).compile()
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_nnx_jit_in_and_out_shardings_decide_the_program(run_cli, tmp_path, isolated_imports, donate):
+    """``nnx.jit(step, in_shardings=(StateSharding, StateSharding, P), out_shardings=...)``: FLOPs,
+    the four memory figures, collectives by kind and every input/output sharding equal ``nnx.jit``'s
+    own lowering; the leaves say the shardings come from the target. With the spec's ``donate``
+    the step is jitted once with it (equal to ``nnx.jit(..., donate_argnums=(0, 1))``)."""
+    pytest.importorskip("flax")
+    from test_frameworks import assert_same_program
+
+    spec = nnx_sharded_spec(tmp_path, "            donate: [0, 1]\n" if donate else "")
+    fn = run_cli("report", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
+    compiled = nnx_sharded_compiled(tmp_path, **({"donate_argnums": (0, 1)} if donate else {}))
+    assert_same_program(fn, compiled)
+    leaves = leaves_by_path({"functions": [fn]})
+    assert leaves["model/up/kernel/value"]["compiled"] == "P(None, 'model')"
+    assert leaves["model/up/kernel/value"]["sharding_source"] == "target"
+    assert leaves["optimizer/opt_state/0/mu/down/kernel/value"]["compiled"] == "P(None, 'model')"
+    assert leaves["x"]["compiled"] == "P('data', None)" and leaves["x"]["sharding_source"] == "target"
+    outputs = {x["path"]: x for x in fn["outputs"]}
+    assert outputs["out/1"]["compiled"] == "P('data', 'model')"
+    assert outputs["model/down/kernel/value"]["compiled"] == "P(None, 'model')"  # as the in_shardings say
+    assert len(outputs) == len(jax.tree_util.tree_leaves(compiled.output_shardings))
+    if donate:
+        assert fn["memory"]["record"]["alias_bytes"] > 0 and all(x["donated"] for x in fn["inputs"][:-1])
+
+
+def test_nnx_jit_shardings_that_disagree_with_the_spec_exit_2(run_cli, tmp_path, isolated_imports):
+    pytest.importorskip("flax")
+    spec = nnx_sharded_spec(tmp_path, x="f32[16,64] @ [null, model]")
+    r = run_cli("shardings", "--spec", spec, check=2)
+    assert "P(None, 'model')" in r.stderr and "gives P('data')" in r.stderr and "nnx.jit(in_shardings" in r.stderr, r.stderr
+    spec = nnx_sharded_spec(tmp_path, "            out_shardings: [replicated, replicated]\n")
+    r = run_cli("shardings", "--spec", spec, check=2)
+    assert "out_shardings" in r.stderr and "nnx.jit(out_shardings=...)" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_nnx_split_is_read_from_the_wrapper(tmp_path, isolated_imports):
+    """Pins what jit_wrapper reads from flax's nnx.jit object: ``in_shardings``/``out_shardings``,
+    ``jitted_fn`` and the private ``_get_pure_args_kwargs`` (the same leaves, grouped by filter)."""
+    pytest.importorskip("flax")
+    from flax import nnx
+
+    from stagetool.lowering.avals import keypath_str
+    from stagetool.lowering.jit_wrapper import nnx_program
+
+    write(tmp_path, "nnxsharded.py", NNX_SHARDED)
+    sys.path.insert(0, str(tmp_path))
+    import nnxsharded
+
+    s = jit_settings(nnxsharded.step)
+    assert (s.kind, s.in_shardings, s.out_shardings) == ("nnx.jit", nnxsharded.IN, nnxsharded.OUT)
+    with jax.set_mesh(mesh_2x4()):
+        model, opt = nnx.eval_shape(lambda: (lambda m: (m, nnxsharded.make_opt(m)))(nnxsharded.MLP(nnx.Rngs(0))))
+        args = (model, opt, jax.ShapeDtypeStruct((16, 64), jnp.float32))
+        program = nnx_program(s, args, {}, ["model", "optimizer", "x"])
+        assert program is not None
+        ours = jax.tree_util.tree_leaves(args)
+        split = jax.tree_util.tree_leaves(program.args)
+        assert sorted(map(id, split)) == sorted(map(id, ours)) and split != ours  # kernels first: regrouped
+        assert [x.shape for x in split[:2]] == [(128, 64), (64, 128)]
+        program.input_paths = ([["m/" + str(i) for i in range(4)], ["o/" + str(i) for i in range(10)], []], {})
+        paths = program.output_paths(program.trace(*program.args).out_info, keypath_str)
+    assert paths == [*program.input_paths[0][0], *program.input_paths[0][1], "out/0", "out/1"]
+    assert nnx_program(jit_settings(nnx.jit(nnxsharded._step, graph=False)), args, {}, []) is None  # staged nested
