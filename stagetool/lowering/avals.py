@@ -81,9 +81,9 @@ class AbstractInputs:
         staged ``fn`` that the wrapper gives when run: its ``out_shardings`` for the output and its
         ``in_shardings`` entry for each updated argument's state (``nnx.jit``'s inner jit returns the
         arguments' state with those); None otherwise (see :func:`nnx_out_shardings`).
-      program: an ``nnx.jit`` target staged as its own program
-        (:class:`stagetool.lowering.jit_wrapper.NnxProgram`: ``args``/``kwargs`` are then the
-        arguments as ``nnx.jit`` splits them, ``leaves`` in that order), or None.
+      program: an ``nnx.jit`` / ``eqx.filter_jit`` target staged as its own program
+        (:class:`stagetool.lowering.jit_wrapper.NnxProgram`, ``EqxProgram``: ``args``/``kwargs`` are
+        then the arguments as the wrapper splits them, ``leaves`` in that order), or None.
     """
 
     args: tuple
@@ -307,9 +307,9 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                       "its own out_shardings are the ones that run: drop the spec's")
     if issues:
         raise SpecError(issues, hint="; ".join(dict.fromkeys(hints)) or None)
-    program = _own_nnx_program(fspec, own, args, kwargs, static, names, rules_object(), (donated_nums, donated_names))
+    program = _own_program(fspec, own, args, kwargs, static, names, rules_object(), (donated_nums, donated_names))
     if program is not None:
-        # nnx.jit's own program: its inner jit on the arguments split as nnx.jit splits them.
+        # nnx.jit's / eqx.filter_jit's own program: its inner jit on the arguments split as it splits them.
         from stagetool.lowering.frameworks import leaf_arguments
 
         tops = {id(x): t for x, t in zip(jax.tree_util.tree_leaves((args, kwargs)), leaf_arguments(args, kwargs))}
@@ -343,18 +343,30 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                           nnx_out_shardings(own, args, names, prepared.state_outputs))
 
 
-def _own_nnx_program(fspec: FunctionSpec, own: Any, args: tuple, kwargs: dict, static: dict, names: list[str],
-                     rules: Any, donated: tuple[set, set]) -> Any:
-    """The ``nnx.jit`` target's own program (:func:`stagetool.lowering.jit_wrapper.nnx_program`) when
-    the spec adds nothing the wrapper cannot take: no ``out_shardings``, ``static`` values only for
-    the wrapper's ``static_argnames``, every argument leaf an array (a graph node's Variables
-    included), and a ``donate`` of the spec's own (``donated``: the merged positions and names) only
-    where the step can be jitted once with it (:func:`stagetool.lowering.jit_wrapper.nnx_with_donation`);
-    else None (staged nested, merged with the spec)."""
+def _own_program(fspec: FunctionSpec, own: Any, args: tuple, kwargs: dict, static: dict, names: list[str],
+                 rules: Any, donated: tuple[set, set]) -> Any:
+    """The target's own program when the spec adds nothing its wrapper cannot take, else None
+    (staged nested, merged with the spec).
+
+    - ``eqx.filter_jit`` (:func:`stagetool.lowering.jit_wrapper.eqx_program`): no ``out_shardings``,
+      no ``donate`` beyond Equinox's own.
+    - ``nnx.jit`` (:func:`stagetool.lowering.jit_wrapper.nnx_program`): no ``out_shardings``,
+      ``static`` values only for the wrapper's ``static_argnames``, every argument leaf an array (a
+      graph node's Variables included), and a ``donate`` of the spec's own (``donated``: the merged
+      positions and names) only where the step can be jitted once with it
+      (:func:`stagetool.lowering.jit_wrapper.nnx_with_donation`).
+    """
     import jax
 
-    if own.kind != "nnx.jit" or fspec.out_shardings is not None:
+    if own.kind not in ("nnx.jit", "eqx.filter_jit") or fspec.out_shardings is not None:
         return None
+    context = (lambda: _rules_context(rules)) if rules is not None else None
+    if own.kind == "eqx.filter_jit":
+        if fspec.donate and not own.donates:
+            return None
+        from stagetool.lowering.jit_wrapper import eqx_program
+
+        return eqx_program(own, args, {**kwargs, **static}, context)
     if not set(static) <= set(own.static_argnames):
         return None
     if fspec.donate and not own.donates:  # the spec's donation: the step jitted once with it (never nested)
@@ -365,11 +377,15 @@ def _own_nnx_program(fspec: FunctionSpec, own: Any, args: tuple, kwargs: dict, s
             return None
     if not all(isinstance(x, (jax.ShapeDtypeStruct, jax.ref.AbstractRef)) for x in jax.tree_util.tree_leaves((args, kwargs))):
         return None
-    from stagetool.lowering.frameworks import logical_rules
     from stagetool.lowering.jit_wrapper import nnx_program
 
-    return nnx_program(own, args, {**kwargs, **static}, names,
-                       (lambda: logical_rules(rules)) if rules is not None else None)
+    return nnx_program(own, args, {**kwargs, **static}, names, context)
+
+
+def _rules_context(rules: Any) -> Any:
+    from stagetool.lowering.frameworks import logical_rules
+
+    return logical_rules(rules)
 
 
 def nnx_out_shardings(own: Any, args: tuple, names: list[str], state_outputs: tuple[str, ...]) -> Any:

@@ -90,9 +90,10 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
       it is jitted once with its own settings (static arguments, donation, out_shardings,
       ``compiler_options``, ``keep_unused``) plus the spec's — never nested, so its donation and
       options hold. Its ``in_shardings`` are on the abstract arguments already (:func:`build_inputs`).
-    - An ``nnx.jit`` target the spec adds nothing to is its own program (``inputs.program``): the
-      wrapper's inner jit on the arguments as ``nnx.jit`` splits them, so its in/out shardings,
-      donation, static arguments and parameter order are the ones that run.
+    - An ``nnx.jit`` / ``eqx.filter_jit`` target the spec adds nothing to is its own program
+      (``inputs.program``): the wrapper's inner jit on the arguments as the wrapper splits them, so
+      its in/out shardings, donation, static arguments, parameter order (and Equinox's marker
+      output) are the ones that run.
     - Other ``nnx.jit`` / ``eqx.filter_jit`` targets run nested inside stagetool's jit (so NNX's in-place
       semantics and Equinox's filtering are theirs); their donation was merged into the inputs'.
       An ``nnx.jit``'s ``in_shardings`` are on the abstract arguments already, and the outer jit
