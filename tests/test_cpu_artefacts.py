@@ -199,3 +199,109 @@ def test_narrow_dot_types_read_the_lowered_program():
     assert cpu_artefacts.narrow_dot_types(jax.jit(lambda a: a @ a).trace(x).lower().as_text()) == {"bf16"}
     f = jax.ShapeDtypeStruct((8, 8), jnp.float32)
     assert cpu_artefacts.narrow_dot_types(jax.jit(lambda a: a @ a).trace(f).lower().as_text()) == frozenset()
+
+
+FSDP = """\
+import jax
+import jax.numpy as jnp
+
+bf16 = jnp.bfloat16
+
+
+def fsdp_bf16(w1, w2, x):
+    def loss(ws):
+        h = jnp.tanh(x @ ws[0])
+        return jnp.mean((h @ ws[1]).astype(jnp.float32) ** 2)
+    l, g = jax.value_and_grad(loss)((w1, w2))
+    return l, w1 - (0.1 * g[0]).astype(bf16), w2 - (0.1 * g[1]).astype(bf16)
+
+
+def fsdp_f32(w1, w2, x):
+    def loss(ws):
+        h = jnp.tanh(x.astype(jnp.float32) @ ws[0].astype(jnp.float32))
+        return jnp.mean((h @ ws[1].astype(jnp.float32)) ** 2)
+    l, g = jax.value_and_grad(loss)((w1, w2))
+    return l, w1 - (0.1 * g[0]).astype(bf16), w2 - (0.1 * g[1]).astype(bf16)
+"""
+
+FSDP_ARGS = ["bf16[256,512] @ [fsdp]", "bf16[512,256] @ [fsdp]", "bf16[64,256] @ [fsdp]"]
+FSDP_SPEC = "version: 1\nmesh: {axes: {fsdp: 8}}\nfunctions:\n" + "".join(
+    f"  {name}:\n    target: f.py:{name}\n    args: {FSDP_ARGS!r}\n" for name in ("fsdp_bf16", "fsdp_f32"))
+
+
+@pytest.fixture
+def fsdp_spec(tmp_path, monkeypatch):
+    write(tmp_path, "f.py", FSDP)
+    monkeypatch.chdir(tmp_path)
+    return write(tmp_path, "f.stagetool.yaml", FSDP_SPEC)
+
+
+def _raw_collectives(name: str) -> list[tuple[str, list[str]]]:
+    """``(kind, result types)`` of each all-gather/all-reduce of the same function compiled by JAX
+    itself on the same 8 CPU devices (the conftest's ``jax_num_cpu_devices``)."""
+    import re
+
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    ns: dict = {}
+    exec(FSDP, ns)  # noqa: S102 - the test's own model text
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("fsdp",))
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec("fsdp")))
+            for s in ((256, 512), (512, 256), (64, 256))]
+    text = jax.jit(ns[name]).lower(*args).compile().as_text()
+    out = []
+    for m in re.finditer(r"= (\([^)]*\)|\S+) (all-gather|all-reduce)\(", text):
+        out.append((m.group(2), re.findall(r"(\w+\[[\d,]*\])", m.group(1))))
+    return out
+
+
+def test_fsdp_gathers_of_bf16_parameters_and_the_tuple_gradient_all_reduce_are_marked(run_cli, fsdp_spec):
+    """The JAX training cookbook's shape (trial 2, finding 2): bf16 parameters sharded over fsdp are
+    converted to f32 by XLA:CPU *before* their all-gather, and the gradient all-reduce is one tuple
+    with the f32 loss. Every all-gather says f32 on CPU, bf16 in the program; the tuple all-reduce is
+    marked by its gradient's bytes only (the loss is f32 in the program). Raw JAX's own compile on the
+    same 8 CPU devices shows the same f32 collectives (XLA:CPU's figures, what the marks annotate)."""
+    raw = _raw_collectives("fsdp_bf16")
+    fn = _fn(run_cli("collectives", "--spec", str(fsdp_spec), "-f", "fsdp_bf16", "--format", "json", check=0).json(),
+             "fsdp_bf16")
+    items = fn["collectives"]["items"]
+    assert sorted((i["collective"]["kind"], i["collective"]["result_types"]) for i in items
+                  if i["collective"]["kind"] in ("all-gather", "all-reduce")) == sorted(raw)
+    gathers = [i for i in items if i["collective"]["kind"] == "all-gather"]
+    assert len(gathers) == 4 and all(t.startswith("f32[") for g in gathers for t in g["collective"]["result_types"])
+    for g in gathers:
+        assert g["widened_from"] == "bf16" and g["widened_bytes"] == g["collective"]["bytes_per_device"]
+    (reduce,) = [i for i in items if i["collective"]["kind"] == "all-reduce"]
+    assert reduce["collective"]["result_types"] == ["f32[]", "f32[256,512]"]
+    assert reduce["widened_from"] == "bf16" and reduce["widened_bytes"] == 256 * 512 * 4  # the loss's 4 B left out
+    moved = sum(i["widened_bytes"] for i in items)
+    (note,) = [n for n in fn["notes"] if "XLA:CPU computes bf16 dot products in f32" in n]
+    assert f"({moved:,} B here per device)" in note
+    text = run_cli("collectives", "--spec", str(fsdp_spec), "-f", "fsdp_bf16", check=0).stdout
+    assert "f32[256,512] (f32 on CPU: bf16 in the program)" in text
+    assert "f32[], f32[256,512] (f32 on CPU: 512 KiB of it bf16 in the program)" in text
+
+
+def test_a_program_that_converts_its_parameters_to_f32_itself_is_not_marked(run_cli, fsdp_spec):
+    """``w.astype(f32)`` before an f32 dot is the program's own f32: nothing is marked (the same f32
+    all-gathers as raw JAX's compile)."""
+    raw = _raw_collectives("fsdp_f32")
+    fn = _fn(run_cli("collectives", "--spec", str(fsdp_spec), "-f", "fsdp_f32", "--format", "json", check=0).json(),
+             "fsdp_f32")
+    items = fn["collectives"]["items"]
+    assert sorted((i["collective"]["kind"], i["collective"]["result_types"]) for i in items
+                  if i["collective"]["kind"] in ("all-gather", "all-reduce")) == sorted(raw)
+    assert [i["widened_from"] for i in items] == [None] * len(items) and items
+    assert not any("XLA:CPU" in n for n in fn["notes"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _libtpu(), reason="libtpu not installed: pip install -e '.[tpu]'")
+def test_on_v5e_the_fsdp_gathers_are_bf16(run_cli, fsdp_spec):
+    """The accelerator's answer the marks point to: on v5e:2x4 every all-gather of the bf16 program is bf16."""
+    fn = _fn(run_cli("collectives", "--spec", str(fsdp_spec), "-f", "fsdp_bf16", "--topology", "v5e:2x4",
+                     "--format", "json", check=0).json(), "fsdp_bf16")
+    gathers = [i for i in fn["collectives"]["items"] if i["collective"]["kind"] == "all-gather"]
+    assert gathers and all(t.startswith("bf16[") for g in gathers for t in g["collective"]["result_types"])
+    assert all(i["widened_from"] is None for i in fn["collectives"]["items"])

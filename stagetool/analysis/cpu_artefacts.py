@@ -11,7 +11,16 @@ Found on jax/jaxlib 0.10.2 (XLA:CPU), from the compiled (per-device) module
   (2 MiB) on ``--topology v5e:2x4``. Such a collective is recognised in the compiled module by its
   operand's chain (through converts, bitcasts, copies, reshapes, transposes and fusions) reaching
   a ``dot``/``convolution`` one of whose operands is converted from a 16-bit value; XLA:CPU's
-  all-reduce promotion, which leaves a reducer named ``*_promoted``, counts too.
+  all-reduce promotion, which leaves a reducer named ``*_promoted``, counts too. Two more shapes of
+  it, found on the JAX training cookbook (all bf16, FSDP over 8 devices): XLA:CPU converts a bf16
+  *parameter* to f32 before the all-gather that feeds the dot (``all-gather(fusion(convert(bf16
+  param)))``, f32 on CPU, bf16 on ``v5e:2x4``), and it rounds a gradient to bf16 and widens it
+  back before the all-reduce (``all-reduce(fusion(convert(convert(dot, bf16), f32)))``, one tuple
+  all-reduce of all gradients). Both are an f32 value that is a 16-bit value widened by
+  value-preserving ops only (converts, bitcasts, copies, reshapes, transposes, broadcasts and slices,
+  inside fusions too): such an operand makes its result element widened. A tuple collective is
+  marked by the bytes of its widened elements (``widened_bytes``); an element that is f32 in the
+  program (a loss) is not counted.
 * **Random numbers as rolled loops.** ``jax.random`` (threefry2x32) is lowered on CPU as a ``while``
   loop of 5 iterations over ``u32`` words (JAX rolls it there; TPU and GPU compiles unroll it), so
   the loop-aware FLOPs would multiply integer mixing rounds that do not run as a loop on an
@@ -37,6 +46,10 @@ _PASS_THROUGH = frozenset({"convert", "bitcast", "copy", "reshape", "transpose",
                            "bitcast-convert", "broadcast", "slice", "dynamic-slice", "all-reduce", "all-gather",
                            "reduce-scatter", "all-to-all", "collective-permute"})
 _FUSIONS = frozenset({"fusion", "call", "custom-call", "async-start"})
+#: Ops that move or widen values without computing new ones: a 16-bit value reaching a collective
+#: through these alone is still the program's 16-bit value (``dynamic-slice``: its first operand).
+_VALUE_PRESERVING = frozenset({"convert", "bitcast", "copy", "reshape", "transpose", "broadcast", "slice",
+                               "dynamic-slice"})
 #: v5e slice shapes by chip count: the compile-only TPU target suggested for a mesh of that many devices.
 _V5E = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
 
@@ -137,29 +150,95 @@ class _Walker:
         return None
 
 
-def widened_collectives(module: HloModule, names: Iterable[tuple[str, str, str | None]]) -> dict[str, str]:
-    """``{collective name: the program's 16-bit type}`` for the f32 collectives XLA:CPU widened.
+def widened_value(module: HloModule, comp: HloComputation, ins: HloInstruction | None,
+                  depth: int = 0) -> str | None:
+    """The 16-bit type (``bf16``/``f16``) of the value ``ins`` holds when ``ins`` is that value
+    widened to f32 by value-preserving ops only (:data:`_VALUE_PRESERVING`, looking into fusions:
+    a fused parameter continues at the fusion's operand); None otherwise (an f32 value the program
+    computes, or an op that computes)."""
+    if ins is None or depth > 24:
+        return None
+    t = _dtype(ins.shape)
+    if t in NARROW:
+        return t
+    if t != "f32":
+        return None
+    if ins.opcode in _VALUE_PRESERVING and ins.operands:
+        return widened_value(module, comp, comp.instruction(ins.operands[0]), depth + 1)
+    if ins.opcode == "fusion" and ins.called_computations:
+        inner = module.computation(ins.called_computations[0].lstrip("%"))
+        if inner is None or inner.root is None:
+            return None
+        return _widened_in_fusion(module, comp, ins, inner, inner.root, depth + 1)
+    return None
+
+
+def _widened_in_fusion(module: HloModule, outer: HloComputation, fusion: HloInstruction, inner: HloComputation,
+                       ins: HloInstruction | None, depth: int) -> str | None:
+    if ins is None or depth > 24:
+        return None
+    t = _dtype(ins.shape)
+    if t in NARROW:
+        return t
+    if ins.opcode == "parameter":
+        try:
+            k = int(ins.operand_text.strip())
+        except ValueError:
+            return None
+        if t != "f32" or k >= len(fusion.operands):
+            return None
+        return widened_value(module, outer, outer.instruction(fusion.operands[k]), depth + 1)
+    if t == "f32" and ins.opcode in _VALUE_PRESERVING and ins.operands:
+        return _widened_in_fusion(module, outer, fusion, inner, inner.instruction(ins.operands[0]), depth + 1)
+    return None
+
+
+def widened_collectives(module: HloModule,
+                        names: Iterable[tuple[str, str, str | None]]) -> dict[str, tuple[str, int | None]]:
+    """``{collective name: (the program's 16-bit type, widened bytes per device)}`` for the f32
+    collectives XLA:CPU widened.
+
+    An f32 result element is widened when its operand is a 16-bit value widened by value-preserving
+    ops only (:func:`widened_value`: an all-gather of a bf16 parameter converted first, a gradient
+    rounded to bf16 and widened back) or a dot whose operands XLA:CPU converted from 16 bits; for
+    one array, also when its operand's chain reaches such a dot through fusions (or the reducer is
+    XLA:CPU's ``*_promoted``).
+    The bytes are the widened elements' f32 result bytes per device (all of a one-array
+    collective's; a tuple all-reduce's loss, f32 in the program, is left out); None when a size is
+    unknown.
 
     Args:
       module: the compiled (per-device) module.
       names: ``(instruction name, computation name, reducer name or None)`` of each collective.
     """
     walker = _Walker(module)
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, int | None]] = {}
     for name, comp_name, reducer in names:
         comp = module.computation(comp_name)
         ins = comp.instruction(name) if comp is not None else None
-        if ins is None or any(a.dtype != "f32" for a in array_leaves(ins.shape)):
+        if ins is None:
             continue
-        found = None
-        for o in ins.operands:
-            found = walker.widened_dot(comp, comp.instruction(o))
-            if found:
-                break
-        if found is None and reducer and reducer.endswith("_promoted"):
-            found = "bf16"
-        if found:
-            out[name] = found
+        leaves = array_leaves(ins.shape)
+        if not leaves or any(a.dtype != "f32" for a in leaves):
+            continue
+        operands = [comp.instruction(o) for o in ins.operands]
+        if len(leaves) > 1 and len(operands) == len(leaves):  # a tuple collective: element i is operand i's
+            found = [widened_value(module, comp, o)
+                     or (walker.widened_dot(comp, o) if o is not None and o.opcode in ("dot", "convolution") else None)
+                     for o in operands]
+            kinds = sorted({f for f in found if f})
+            if kinds:
+                sizes = [a.byte_size for a, f in zip(leaves, found, strict=True) if f]
+                out[name] = (kinds[0], None if any(b is None for b in sizes) else sum(sizes))
+            continue
+        kind = next((f for f in (widened_value(module, comp, o) for o in operands) if f), None)
+        if kind is None:
+            kind = next((f for f in (walker.widened_dot(comp, o) for o in operands) if f), None)
+        if kind is None and reducer and reducer.endswith("_promoted"):
+            kind = "bf16"
+        if kind:
+            sizes = [a.byte_size for a in leaves]
+            out[name] = (kind, None if any(b is None for b in sizes) else sum(sizes))
     return out
 
 
@@ -245,7 +324,7 @@ def cpu_notes(*, command: str, host: tuple[str, ...], narrow: frozenset[str], co
     out = []
     widened = {i.collective.name: i.widened_from for i in getattr(collectives, "items", ()) if i.widened_from}
     if widened:
-        moved = sum(i.collective.bytes_per_device or 0 for i in collectives.items if i.widened_from)
+        moved = sum(i.widened_bytes or 0 for i in collectives.items if i.widened_from)
         out.append(widened_note(widened, moved, command))
     elif narrow:
         out.append(dots_note(narrow, command))

@@ -414,8 +414,12 @@ class CollectiveItem:
         operands' shardings and their origins, the reason); None when not explained (see
         :attr:`CollectivesSection.causes_unavailable`) or when its metadata names no op.
       widened_from: on CPU, the program's own 16-bit type (``bf16``) when this f32 collective is f32
-        only because XLA:CPU computes 16-bit dot products in f32
-        (:func:`stagetool.analysis.cpu_artefacts.widened_collectives`); None otherwise.
+        only because XLA:CPU computes 16-bit dot products in f32 (a dot's result, a parameter
+        converted before its all-gather, a gradient widened back before its all-reduce:
+        :func:`stagetool.analysis.cpu_artefacts.widened_collectives`); None otherwise.
+      widened_bytes: with ``widened_from``, the bytes per device of its result that are f32 only by
+        that upcast: all of ``bytes_per_device`` for one array, the widened elements' for a tuple
+        all-reduce (its f32 loss left out); None otherwise or when a size is unknown.
       via: when ``source`` is a thin helper — a user line that the function's collectives reach from
         two or more different user lines (a one-line ``einsum`` wrapper) — the user frames it was
         called from, outward, up to the first that is not itself a helper (``layers.py:88 ←
@@ -426,6 +430,7 @@ class CollectiveItem:
     source: str | None
     cause: CollectiveCause | None = None
     widened_from: str | None = None
+    widened_bytes: int | None = None
     via: tuple[str, ...] = ()
 
 
@@ -529,8 +534,9 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
         from stagetool.analysis.cpu_artefacts import widened_collectives
 
         widened = widened_collectives(module, [(c.name, c.computation, _reducer(module, c)) for c in found])
-        items = tuple(dataclasses.replace(i, widened_from=widened[i.collective.name])
-                      if widened.get(i.collective.name) in cpu_upcast else i for i in items)
+        items = tuple(dataclasses.replace(i, widened_from=widened[i.collective.name][0],
+                                          widened_bytes=widened[i.collective.name][1])
+                      if widened.get(i.collective.name, ("",))[0] in cpu_upcast else i for i in items)
     items = _with_helper_callers(items, user, library)
     explained = []
     for leaf in match_leaves(explain, inputs or ()):

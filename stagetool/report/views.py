@@ -352,7 +352,11 @@ def collectives_rows(c: Any) -> tuple[list[str], list[list[str]]]:
         types = x.result_types
         result = ", ".join(types) if len(types) <= 2 else f"{types[0]} +{len(types) - 1} more"
         if getattr(item, "widened_from", None):  # XLA:CPU's 16-bit dot upcast, said on the row
-            result += f" (f32 on CPU: {item.widened_from} in the program)"
+            part = getattr(item, "widened_bytes", None)
+            if len(types) > 1 and part is not None and x.bytes_per_device is not None and part < x.bytes_per_device:
+                result += f" (f32 on CPU: {format_bytes(part)} of it {item.widened_from} in the program)"
+            else:
+                result += f" (f32 on CPU: {item.widened_from} in the program)"
         rows.append([x.kind + (" (async)" if x.is_async else ""), _axes(x.mesh_axes)]
                     + ([x.network or "—"] if network else [])
                     + [result, format_bytes(x.bytes_per_device), runs,
