@@ -6,11 +6,13 @@ installs it).
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import jax
 import pytest
-from helpers import leaves_by_path
+from helpers import REPO, leaves_by_path
 from test_examples import _in_repo, transformer_stages  # noqa: F401 - the fixture runs in the repo
 
 from stagetool.lowering import topology
@@ -70,3 +72,44 @@ def test_devices_lists_a_topology(run_cli):
 def test_a_mesh_that_does_not_cover_the_topology_is_a_usage_error(run_cli):
     r = run_cli("shardings", "examples/mlp.py:train_step", "--topology", "v5e:2x4", "--mesh", "2x2")
     assert r.code == 2 and "topology v5e:2x4 has 8" in r.stderr
+
+
+MESH_AT_IMPORT = """\
+import sys
+
+import jax
+import jax.numpy as jnp
+
+MESH = jax.make_mesh((8,), ("fsdp",))  # as launchers do: the job's mesh from jax.devices(), at import
+print(f"devices at import: {len(jax.devices())} {jax.devices()[0].platform}", file=sys.stderr)
+
+
+def step(w, x):
+    return jnp.tanh(x @ w)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["v5e:2x4", "h100:8"])
+def test_model_code_that_builds_its_mesh_at_import_works_on_a_compile_only_target(tmp_path, target):
+    """Trial 2, finding 5: under ``--topology`` the host CPU backend has as many devices as the mesh
+    (as on the simulated CPU path), so a module calling ``jax.make_mesh`` on ``jax.devices()`` at
+    import finds its 8 devices; before, it had 1 and the import failed ("Number of devices 1 must be
+    >= the product of mesh_shape"). Fresh processes: JAX starts as a user's would."""
+    from helpers import run_subprocess, write
+
+    from stagetool.lowering import gpu_topology
+
+    if target.startswith("h100") and not gpu_topology.cuda_plugin_available():
+        pytest.skip("JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
+    write(tmp_path, "m.py", MESH_AT_IMPORT)
+    write(tmp_path, "m.stagetool.yaml", "version: 1\nmesh: {axes: {fsdp: 8}}\nfunctions:\n  step:\n"
+          "    target: m.py:step\n    args: ['f32[256,256]', 'f32[64,256] @ [fsdp]']\n")
+    r = run_subprocess("memory", "--spec", "m.stagetool.yaml", "--topology", target, "--no-peak", "--format", "json",
+                       cwd=tmp_path,
+                       env={"PYTHONPATH": os.pathsep.join([str(REPO), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])})
+    assert r.code == 0, r.stderr
+    assert "devices at import: 8 cpu" in r.stderr
+    f = json.loads(r.stdout)["functions"][0]
+    assert f["mesh"]["topology"] == target and f["mesh"]["device_count"] == 8
+    assert f["mesh"]["platform"] == ("tpu" if target.startswith("v5e") else "gpu")

@@ -87,6 +87,12 @@ def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str
 
     limit_platforms(platform, topology)
     if topology is not None:
+        # The host CPU backend beside the compile-only devices gets as many devices as the mesh, as a
+        # simulated mesh does: model code that builds its own mesh from jax.devices() at import
+        # (jax.make_mesh, as launchers do) then finds enough of them.
+        from stagetool.lowering.backends import import_jax
+
+        _request_cpu_devices(import_jax(), -(-needed // (job_processes or 1)))
         start_backends()  # the CPU backend beside the compile-only devices, quietly
     from stagetool.lowering.compile_only import is_gpu_target
 
