@@ -129,7 +129,7 @@ def _memory_parts(rec: Any) -> list[tuple[str, str, int | None]]:
             ("temporaries", "temps", rec.temp_bytes), ("generated code", "code", rec.generated_code_bytes)]
 
 
-def memory_view(m: Any) -> dict[str, Any]:
+def memory_view(m: Any, platform: str | None = None) -> dict[str, Any]:
     rec = m.record
     bar = charts.memory_bar(_memory_parts(rec), peak=rec.peak_bytes, capacity=m.capacity_bytes)
     peak_chart = None
@@ -143,7 +143,7 @@ def memory_view(m: Any) -> dict[str, Any]:
                          f"{b.value_name} {b.shape or ''} {b.op_name or ''} at {src}: {b.size_bytes} B"))
         peak_chart = charts.bar_chart(rows)
     header, rows = views.memory_rows(m)
-    return {"bar": bar, "rows": rows, "notes": views.memory_notes(m), "aliased": rec.alias_bytes,
+    return {"bar": bar, "rows": rows, "notes": views.memory_notes(m, platform), "aliased": rec.alias_bytes,
             "timeline": timeline_view(m),
             "peak": p, "peak_title": views.peak_title(p) if p is not None and not p.reason else None,
             "peak_chart": peak_chart, "peak_rows": views.peak_rows(p)[1] if p is not None and not p.reason else [],
@@ -228,7 +228,7 @@ def function_view(f: FunctionReport, index: int) -> dict[str, Any]:
         "id": prefix, "f": f, "mesh": " × ".join(f"{n}={s}" for n, s in f.mesh.axes) or "no mesh (one device)",
         "stages": stages, "inputs": inputs, "outputs": outputs, "unused": unused_in + unused_out,
         "shardings": f.inputs is not None or f.outputs is not None,
-        "memory": memory_view(f.memory) if f.memory is not None else None,
+        "memory": memory_view(f.memory, f.mesh.platform) if f.memory is not None else None,
         "collectives": collectives_view(f.collectives) if f.collectives is not None else None,
         "cost": cost_view(f.cost) if f.cost is not None else None,
         "why": views.why_lines(f.why) if getattr(f, "why", None) is not None else None,

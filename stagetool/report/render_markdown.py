@@ -114,7 +114,7 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
     if f.cost is not None:
         out += _cost(f.cost)
     if f.memory is not None:
-        out += (_memory(f.memory) + _image(figures, "memory", f"memory per device of {f.name}")
+        out += (_memory(f.memory, f.mesh.platform) + _image(figures, "memory", f"memory per device of {f.name}")
                 + _image(figures, "timeline", f"memory over time of {f.name}"))
     return out
 
@@ -147,9 +147,10 @@ def _cost(c) -> list[str]:
         + _notes(views.cost_notes(c)) + [""]
 
 
-def _memory(m) -> list[str]:
+def _memory(m, platform: str | None = None) -> list[str]:
     header, rows = views.memory_rows(m)
-    out = ["### Memory per device", ""] + table(header, rows, "lrr") + [""] + _notes(views.memory_notes(m)) + [""]
+    out = (["### Memory per device", ""] + table(header, rows, "lrr") + [""]
+           + _notes(views.memory_notes(m, platform)) + [""])
     if m.largest_inputs:
         out += ["#### Largest inputs", ""] + table(*views.largest_inputs_rows(m), "llrr") + [""]
     summary = views.donation_summary(m)

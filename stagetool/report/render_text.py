@@ -180,7 +180,7 @@ def _function(f: FunctionReport, *, summary: bool = False,
     if f.cost is not None:
         out.extend(_cost(f.cost))
     if f.memory is not None:
-        out.extend(_memory(f.memory))
+        out.extend(_memory(f.memory, f.mesh.platform))
     return out
 
 
@@ -313,9 +313,10 @@ def _cost(c: Any) -> list[RenderableType]:
     return [_table("cost", header, rows, {1, 2}), Text(views.cost_caption(c), style="dim"), *_notes(views.cost_notes(c))]
 
 
-def _memory(m: Any) -> list[RenderableType]:
+def _memory(m: Any, platform: str | None = None) -> list[RenderableType]:
     header, rows = views.memory_rows(m)
-    out: list[RenderableType] = [_table("memory per device", header, rows, {1, 2}), *_notes(views.memory_notes(m))]
+    out: list[RenderableType] = [_table("memory per device", header, rows, {1, 2}),
+                                 *_notes(views.memory_notes(m, platform))]
     if m.largest_inputs:
         out.append(_table("largest inputs", *views.largest_inputs_rows(m), {2, 3}))
     summary = views.donation_summary(m)

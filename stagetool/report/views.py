@@ -163,37 +163,50 @@ def memory_rows(m: Any) -> tuple[list[str], list[list[str]]]:
     return ["", "bytes", ""], rows
 
 
-def peak_note(rec: Any) -> str | None:
+def peak_note(rec: Any, platform: str | None = None) -> str | None:
     """One sentence on what the gated peak is made of, when XLA's two figures differ (None when they
-    agree or one is missing)."""
+    agree or one is missing), in the terms of the backend that compiled it (``platform``: ``cpu``,
+    ``gpu``, ``tpu``; None says it without naming one)."""
     from stagetool.analysis.memory import XLA_PEAK_SOURCE
 
     est, rep = rec.peak_bytes_estimate, rec.peak_bytes_reported
     if est is None or rep is None or rec.peak_bytes is None or est == rep:
         return None
     if rec.peak_source == XLA_PEAK_SOURCE:
+        if platform in ("tpu", None):
+            below = (f"because the backend's temp_size_in_bytes ({format_bytes(rec.temp_bytes)}) leaves temporaries "
+                     "out (XLA:TPU reports 0 for most programs)")
+        else:
+            below = f"(temporaries {format_bytes(rec.temp_bytes)}, as XLA:{platform.upper()} reports them)"
         return ("peak: the gate and the capacity verdict use XLA's peak_memory_in_bytes (the high-water mark of "
-                "XLA's schedule), the larger: arguments + outputs − aliased + temporaries is below it because the "
-                f"backend's temp_size_in_bytes ({format_bytes(rec.temp_bytes)}) leaves temporaries out (XLA:TPU "
-                "reports 0 for most programs); every command gates the same figure")
+                "XLA's schedule), the larger: arguments + outputs − aliased + temporaries is below it "
+                f"{below}; every command gates the same figure")
+    why = {
+        "cpu": "XLA's peak_memory_in_bytes leaves out temporaries on CPU",
+        "gpu": (f"XLA:GPU's peak_memory_in_bytes ({format_bytes(rep)}) is below what its buffer assignment "
+                f"allocates for one execution (temporaries {format_bytes(rec.temp_bytes)})"),
+        "tpu": (f"XLA:TPU's peak_memory_in_bytes ({format_bytes(rep)}) is below what its buffer assignment "
+                f"allocates for one execution (temporaries {format_bytes(rec.temp_bytes)})"),
+    }.get(platform or "", f"XLA's peak_memory_in_bytes ({format_bytes(rep)}) is below what its buffer assignment "
+                          "allocates")
     return ("peak: the gate and the capacity verdict use arguments + outputs − aliased + temporaries (what XLA "
-            "allocates for one execution), the larger: XLA's peak_memory_in_bytes leaves out temporaries on CPU; "
-            "every command gates the same figure")
+            f"allocates for one execution), the larger: {why}; every command gates the same figure")
 
 
 def _int_text(v: int | None) -> str:
     return "n/a" if v is None else str(v)
 
 
-def memory_notes(m: Any) -> list[tuple[str, str]]:
-    """``(severity, text)``: ``fits``/``over`` verdict, missing data, suspects."""
+def memory_notes(m: Any, platform: str | None = None) -> list[tuple[str, str]]:
+    """``(severity, text)``: ``fits``/``over`` verdict, missing data, suspects; ``platform`` (the
+    mesh's ``cpu``/``gpu``/``tpu``) words the note on what the peak is made of (:func:`peak_note`)."""
     rec = m.record
     out = []
     if rec.reason:
         out.append(("warn", f"not reported: {rec.reason}"))
     for s in rec.suspects:
         out.append(("info", f"suspect {s.field}: {s.reason}"))
-    note = peak_note(rec)
+    note = peak_note(rec, platform)
     if note:
         out.append(("info", note))
     oom = getattr(m, "out_of_memory", None)
