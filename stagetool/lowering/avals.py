@@ -84,6 +84,8 @@ class AbstractInputs:
       program: an ``nnx.jit`` / ``eqx.filter_jit`` target staged as its own program
         (:class:`stagetool.lowering.jit_wrapper.NnxProgram`, ``EqxProgram``: ``args``/``kwargs`` are
         then the arguments as the wrapper splits them, ``leaves`` in that order), or None.
+      in_shardings: ``in_shardings`` for the jit over ``args`` (flat leaves then) when a ``jax.Ref``
+        leaf under auto axes has a sharding its type cannot carry (:func:`as_abstract_ref`), else None.
     """
 
     args: tuple
@@ -98,6 +100,7 @@ class AbstractInputs:
     wrapped: bool = False
     out_shardings: Any = None
     program: Any = None
+    in_shardings: Any = None
 
 
 def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup, mesh_spec: MeshSpec, *,
@@ -131,6 +134,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     issues: list[str] = []
     hints: list[str] = []  # one per kind of problem found, each fitting its kind
     by_id: dict[int, InputLeaf] = {}
+    ref_shardings: dict[int, Any] = {}  # a Ref leaf under auto axes: its sharding (as_abstract_ref)
     local_sizes = local_mesh_sizes(mesh_spec, setup.process_of_device) if avals == "local" else None
     donated_nums, donated_names = merged_donation(fspec, fn, own)
     axis_size = dict(mesh_spec.axes)
@@ -275,7 +279,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
             leaf = LeafSpec(tuple(value.shape), _dtype_name(value.dtype), sharding, loc)
             struct = to_struct(leaf, sharding, leaf_path, source, donated, origin, weak_type=value.weak_type)
             if ref:
-                struct = as_abstract_ref(struct, by_id, mesh_spec.axis_types == "explicit")
+                struct = as_abstract_ref(struct, by_id, mesh_spec.axis_types == "explicit", ref_shardings)
             out.append(struct)
         return jax.tree_util.tree_unflatten(treedef, out)
 
@@ -307,7 +311,9 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                       "its own out_shardings are the ones that run: drop the spec's")
     if issues:
         raise SpecError(issues, hint="; ".join(dict.fromkeys(hints)) or None)
-    program = _own_program(fspec, own, args, kwargs, static, names, rules_object(), (donated_nums, donated_names))
+    program = None
+    if not any(v is not None for v in ref_shardings.values()):  # else the Refs' shardings go in the jit's in_shardings
+        program = _own_program(fspec, own, args, kwargs, static, names, rules_object(), (donated_nums, donated_names))
     if program is not None:
         # nnx.jit's / eqx.filter_jit's own program: its inner jit on the arguments split as it splits them.
         from stagetool.lowering.frameworks import leaf_arguments
@@ -328,10 +334,13 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     # A jax.jit target is staged as the function underneath, jitted once with its own settings
     # merged with the spec's (stages.jit_function): no nested jit, so its donation and options hold.
     call = own.fun if (own.kind == "jax.jit" and own.fun is not None) else fn
+    # A Ref under auto axes with a sharding: the target is called from a pure function of the flat
+    # leaves, jitted with in_shardings that give each Ref its sharding (as a concrete Ref's would).
+    ref_sharded = any(v is not None for v in ref_shardings.values())
     prepared = prepare_call(call, args, kwargs, static, names=names, donate_argnums=tuple(sorted(donated_nums)),
                             donate_argnames=tuple(sorted(donated_names)), rules=rules_object(),
                             where=f"{fspec.where('args')}: functions.{fspec.name}: ",
-                            in_place=own.kind != "jax.jit")
+                            in_place=own.kind != "jax.jit", by_leaf=ref_sharded)
     # The order JAX flattens (args, kwargs) in (dict keys sorted), as in compiled.input_shardings.
     structs = [x for x in jax.tree_util.tree_leaves((prepared.args, {k: v for k, v in prepared.kwargs.items()
                                                                      if k not in static}))]
@@ -340,7 +349,8 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     return AbstractInputs(prepared.args, prepared.kwargs, leaves, tuple(static), prepared.donate_argnums,
                           prepared.donate_argnames, prepared.fn if prepared.fn is not fn else None,
                           prepared.state_outputs, own, prepared.fn is not call,
-                          nnx_out_shardings(own, args, names, prepared.state_outputs))
+                          nnx_out_shardings(own, args, names, prepared.state_outputs), None,
+                          _ref_in_shardings(prepared.args, ref_shardings) if ref_sharded else None)
 
 
 def _own_program(fspec: FunctionSpec, own: Any, args: tuple, kwargs: dict, static: dict, names: list[str],
@@ -416,11 +426,13 @@ def nnx_out_shardings(own: Any, args: tuple, names: list[str], state_outputs: tu
     return out
 
 
-def as_abstract_ref(struct: Any, by_id: dict, explicit: bool) -> Any:
+def as_abstract_ref(struct: Any, by_id: dict, explicit: bool, ref_shardings: dict | None = None) -> Any:
     """A ``jax.Ref`` leaf as the abstract ref raw JAX traces a Ref argument as:
     ``jax.ref.AbstractRef(ShapedArray(shape, dtype))``. Under an explicit-axes mesh the sharding is
-    part of the type (its spec over the abstract mesh); under auto axes a Ref's type carries none,
-    so the sharding is the compiler's and the leaf says so (``sharding_source: "compiler"``)."""
+    part of the type (its spec over the abstract mesh). Under auto axes a Ref's type carries none:
+    ``jax.jit`` takes a concrete Ref's sharding from its value's placement, so the leaf keeps its
+    sharding (spec, init, model) and it is recorded in ``ref_shardings`` (``id(ref)`` →
+    ``NamedSharding`` or None) for the jit's ``in_shardings`` (:func:`build_inputs`)."""
     import jax
     from jax.sharding import NamedSharding
 
@@ -433,8 +445,19 @@ def as_abstract_ref(struct: Any, by_id: dict, explicit: bool) -> Any:
     ref = jax.ref.AbstractRef(aval)
     leaf = by_id.pop(id(struct), None)  # the struct is dropped: its id may be reused
     if leaf is not None:
-        by_id[id(ref)] = leaf if explicit else dataclasses.replace(leaf, declared=AUTO, sharding_source="compiler")
+        by_id[id(ref)] = leaf
+    if not explicit and ref_shardings is not None:
+        ref_shardings[id(ref)] = sharding if isinstance(sharding, NamedSharding) else None
     return ref
+
+
+def _ref_in_shardings(args: tuple, ref_shardings: dict) -> tuple | None:
+    """``in_shardings`` for ``jax.jit`` over the flat dynamic ``args`` when a Ref leaf under auto
+    axes has a sharding (its type cannot carry it): per leaf its sharding (a struct's own, a Ref's
+    recorded one; None: the compiler's, as for an unsharded struct); None when no Ref needs one."""
+    if not any(ref_shardings.get(id(x)) is not None for x in args):
+        return None
+    return tuple(ref_shardings[id(x)] if id(x) in ref_shardings else getattr(x, "sharding", None) for x in args)
 
 
 def resolve_logical_rules(fspec: FunctionSpec) -> tuple | None:
@@ -577,7 +600,7 @@ def _take_in_shardings(args: tuple, own: Any, by_id: dict, mesh: Any, fspec: Fun
     def one(x: Any) -> Any:
         d = next(dims)
         leaf = by_id.get(id(x))
-        if d is None or leaf is None:
+        if d is None or leaf is None or isinstance(x, jax.ref.AbstractRef):  # a Ref keeps its own (not made an array)
             return x
         wanted = Sharding("spec", d)
         if leaf.sharding_source in (None, "unknown"):

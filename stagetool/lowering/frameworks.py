@@ -227,7 +227,7 @@ def leaf_arguments(args: tuple, kwargs: dict) -> list[Any]:
 
 def prepare_call(fn: Callable[..., Any], args: tuple, kwargs: dict, static_kwargs: dict, *,
                  names: list[str], donate_argnums: tuple[int, ...], donate_argnames: tuple[str, ...],
-                 rules: Any = None, where: str = "", in_place: bool = True) -> PreparedCall:
+                 rules: Any = None, where: str = "", in_place: bool = True, by_leaf: bool = False) -> PreparedCall:
     """The function and arguments to hand to ``jax.jit`` (see the module docstring).
 
     Args:
@@ -241,6 +241,8 @@ def prepare_call(fn: Callable[..., Any], args: tuple, kwargs: dict, static_kwarg
       in_place: whether the target has NNX's in-place semantics (a plain function or ``nnx.jit``:
         the updated graph nodes become outputs); False for a ``jax.jit`` target, which returns
         only what it returns (its in-place updates are lost when run, so they are not staged).
+      by_leaf: always wrap, so that the jit's arguments are the flat array leaves (for
+        ``in_shardings`` given per leaf).
 
     A ``jax.ref.AbstractRef`` leaf (a ``jax.Ref`` an ``init`` returned) is an input like an array's
     ``ShapeDtypeStruct``: ``jax.jit`` traces it as the abstract ref raw JAX lowers a Ref argument as.
@@ -260,7 +262,7 @@ def prepare_call(fn: Callable[..., Any], args: tuple, kwargs: dict, static_kwarg
     # The target itself is called, nnx.jit / eqx.filter_jit wrappers included (a nested jit that
     # JAX inlines): their own shardings apply, and nnx.jit updates the objects in place as it runs.
     inner = fn
-    if all(mask) and not stateful and rules is None:
+    if all(mask) and not stateful and rules is None and not by_leaf:
         return PreparedCall(fn, tuple(args), {**kwargs, **static_kwargs}, donate_argnums, donate_argnames,
                             leaf_args=tuple(tops))
     statics = [None if m else x for m, x in zip(mask, flat)]

@@ -20,6 +20,8 @@ jax/jaxlib 0.10.2 against running the init for real on simulated CPU devices,
 - call-like wrappers (``closed_call``, ``remat``/``checkpoint``, ``custom_jvp_call``,
   ``custom_vjp_call``): the matching output of the inner jaxpr;
 - ``convert_element_type`` and ``copy``: their operand (a dtype cast keeps the layout when run);
+- a whole-Ref read (``get`` with no index, ``ref[...]``) of a ``new_ref`` (``jax.new_ref(x)``): ``x``'s
+  (writes to the Ref in between are not followed);
 - anything else (an op on unsharded values, an input passed through, a constant): unknown (None).
 """
 
@@ -32,6 +34,7 @@ from stagetool.core.sharding import spec_dims
 _CALLS = ("closed_call", "core_call", "remat", "checkpoint", "remat2", "custom_jvp_call", "custom_vjp_call",
           "custom_vjp_call_jaxpr", "custom_lin")
 _SAME_LAYOUT = ("convert_element_type", "copy", "copy_p")
+_NEW_REF = ("new_ref", "mutable_array")  # jax.new_ref's primitive (named mutable_array before JAX 0.8)
 _MAX_DEPTH = 64
 
 
@@ -117,5 +120,9 @@ def _origin(jaxpr: Any, var: Any, cache: dict[int, dict], depth: int, outer: tup
             return _origin(inner, inner.outvars[i], cache, depth + 1, (jaxpr, eqn, outer))
         return None
     if name in _SAME_LAYOUT and len(eqn.invars) == 1:
+        return _origin(jaxpr, eqn.invars[0], cache, depth + 1, outer)
+    if name == "get" and len(eqn.invars) == 1:  # `ref[...]`, the whole Ref read: what the Ref was made from
+        return _origin(jaxpr, eqn.invars[0], cache, depth + 1, outer)
+    if name in _NEW_REF and len(eqn.invars) == 1:  # jax.new_ref(x): the Ref holds x's buffer, as laid out
         return _origin(jaxpr, eqn.invars[0], cache, depth + 1, outer)
     return None

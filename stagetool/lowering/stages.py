@@ -114,9 +114,10 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
     if own is not None and own.kind == "jax.jit" and own.fun is None:  # unreadable: as before, nested
         own = None
     if isinstance(fn, jax.stages.Wrapped) and inputs.fn is None and not fspec.donate \
-            and fspec.out_shardings is None:
+            and fspec.out_shardings is None and inputs.in_shardings is None:
         return fn
     if own is not None and own.kind == "jax.jit" and not inputs.wrapped and fspec.out_shardings is None \
+            and inputs.in_shardings is None \
             and set(inputs.donate_argnums) == set(own.donate_argnums) \
             and set(inputs.donate_argnames) == set(own.donate_argnames) \
             and set(inputs.static_argnames) <= set(own.static_argnames):
@@ -143,6 +144,8 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
         options["donate_argnames"] = inputs.donate_argnames
     if fspec.out_shardings is not None:
         options["out_shardings"] = _fill(out_shardings, options.get("out_shardings"))
+    if inputs.in_shardings is not None:  # Refs under auto axes: their shardings (avals.as_abstract_ref)
+        options["in_shardings"] = inputs.in_shardings
     base = inputs.fn or fn
     try:
         return jax.jit(base, **options)

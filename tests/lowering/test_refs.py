@@ -70,3 +70,48 @@ def test_ref_train_step_is_the_real_program(run_cli, tmp_path, isolated_imports)
     assert leaves["params/w"]["compiled"] == "P(None, 'model')"
     real_in = jax.tree_util.tree_leaves(real.input_shardings)
     assert [tuple(s.spec) for s in real_in][:2] == [(None,), (None, "model")]
+
+
+AUTO_STEP = STEP.replace('jax.sharding.reshard(params["w"], P(None, "model"))',
+                         'jax.lax.with_sharding_constraint(params["w"], P(None, "model"))')
+
+
+def test_refs_under_auto_axes_keep_the_sharding_their_value_has(run_cli, tmp_path, isolated_imports):
+    """Under auto axes a Ref's type carries no sharding, but ``jax.jit`` on a real Ref takes its
+    value's placement as the input sharding; stagetool gives the abstract Ref the sharding the init
+    gives it (through the jit's in_shardings) and stages the same program: memory four figures,
+    FLOPs and input shardings equal ``train_step.lower(init(key), x).compile()``."""
+    assert AUTO_STEP != STEP
+    write(tmp_path, "cook.py", AUTO_STEP)
+    spec = write(tmp_path, "s.yaml", '''
+        version: 1
+        mesh:
+          axes: {data: 2, model: 4}
+        functions:
+          train_step:
+            target: cook.py:train_step
+            args:
+              - init: cook.py:init
+                init_args: [key(0)]
+              - 'f32[16,64] @ [data, null]'
+    ''')
+    fn = run_cli("report", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
+    sys.path.insert(0, str(tmp_path))
+    import cook
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+    with jax.set_mesh(mesh):
+        refs = cook.init(jax.random.key(0))
+        assert refs["w"][...].sharding.spec == P(None, "model")  # the real Ref's value is sharded
+        x = jax.device_put(jnp.zeros((16, 64)), NamedSharding(mesh, P("data", None)))
+        real = cook.train_step.lower(refs, x).compile()
+    mem = real.memory_analysis()
+    record = fn["memory"]["record"]
+    assert (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"]) == \
+        (mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes, mem.temp_size_in_bytes)
+    assert record["argument_bytes"] == 4 * (64 * 64 // 4 + 64 + 16 * 64 // 2)  # w split over model, x over data
+    assert fn["cost"]["per_device"]["flops"] == real.cost_analysis()["flops"]
+    leaves = leaves_by_path({"functions": [fn]})
+    assert leaves["params/w"]["compiled"] == "P(None, 'model')" and leaves["params/w"]["sharding_source"] == "init"
+    real_in = [tuple(s.spec) for s in jax.tree_util.tree_leaves(real.input_shardings)]
+    assert real_in[1] == (None, "model")
