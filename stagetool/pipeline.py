@@ -21,6 +21,7 @@ from stagetool.analysis.leaves import LeafPattern
 from stagetool.core.chips import CHIPS, Chip, get_chip, merge_chips
 from stagetool.core.errors import ExitCode, StagetoolError, UsageError
 from stagetool.core.mesh import MeshSpec, parse_mesh_option
+from stagetool.core.paths import ReportRoot, report_root
 from stagetool.spec.discovery import resolve_spec
 from stagetool.spec.model import FunctionSpec, Spec
 from stagetool.spec.variables import load_spec_with
@@ -141,6 +142,9 @@ class Plan:
       gpu_target_config: the ``--gpu-target-config`` file of a GPU target, or None.
       slices: TPU slices joined over DCN (``--slices``, the spec's ``slices``), 1 for one.
       why: ``stagetool why``'s question, checked (:class:`stagetool.analysis.causes.WhyQuery`), or None.
+      report_root: the folder every user path in the report is written relative to — the spec
+        file's folder (:func:`stagetool.core.paths.report_root`); None (a plan built by hand):
+        paths as JAX gives them.
     """
 
     spec: Spec
@@ -165,6 +169,7 @@ class Plan:
     gpu_target_config: str | None = None
     slices: int = 1
     why: WhyQuery | None = None
+    report_root: ReportRoot | None = None
 
 
 class _Problems:
@@ -324,7 +329,8 @@ def make_plan(options: Options) -> Plan:
                 explain=explain, cache_dir=options.cache_dir, jobs=options.jobs,
                 timeout_s=None if options.timeout_s == math.inf else options.timeout_s,  # inf: no limit
                 isolate=options.isolate, gpu_target_config=options.gpu_target_config,
-                slices=slices, why=question)
+                slices=slices, why=question,
+                report_root=report_root(spec.path, [f.target for f in spec.functions.values()]))
 
 
 def _check_topology(spec: Spec, options: Options, topology: str | None) -> None:
@@ -544,8 +550,23 @@ def stage_and_analyse(plan: Plan, setup: DeviceSetup, prepared: dict[str, Prepar
 
             name, how = died[0]
             raise StagingError(f"{name}: {how}", stage="compile", function=name)
-        return tuple(o.value for o in outcomes)
-    return tuple(_function_report(plan, setup, prepared[f.name], wanted, on_stage) for f in plan.functions)
+        return tuple(o.value for o in outcomes)  # each made relative to the root in its worker
+    return tuple(relative_report(plan.report_root, _function_report(plan, setup, prepared[f.name], wanted, on_stage))
+                 for f in plan.functions)
+
+
+def relative_report(root: ReportRoot | None, report: FunctionReport) -> FunctionReport:
+    """``report`` with every user path in it relative to the report root
+    (:meth:`~stagetool.core.paths.ReportRoot.relative`): source lines, ``via`` chains, frames, spec
+    locations, notes, causes, the error's user frame. Left as they are: the module text of
+    ``lower``/``compile`` (JAX's and XLA's own text) and the ``--debug`` traceback. Every renderer,
+    snapshot and sweep row is made from this, so they all read the same from any working directory
+    or checkout."""
+    if root is None:
+        return report
+    from stagetool.core.paths import rewrite_strings
+
+    return rewrite_strings(report, root.relative, skip=frozenset({"module", "error_traceback"}))
 
 
 def assemble_report(command: str, functions: tuple[FunctionReport, ...]) -> Report:

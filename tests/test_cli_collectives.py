@@ -95,7 +95,8 @@ def test_data_parallel_gradient_all_reduce_over_data(run_cli, tmp_path, isolated
     assert c["mesh_axes"] == ["data"]
     assert c["bytes_per_device"] == 64 * 32 * 4           # the whole replicated gradient, f32
     assert {frozenset(g) for g in c["replica_groups"]} == groups_of("data")
-    assert grad["source"] == f"{tmp_path / 'm.py'}:{line_of(tmp_path / 'm.py', 'DP-GRAD')}"
+    # relative to the spec's folder (the report root), as every path in a report
+    assert grad["source"] == f"m.py:{line_of(tmp_path / 'm.py', 'DP-GRAD')}"
     summary = doc["functions"][0]["collectives"]["summary"]["by_kind_and_mesh_axes"]
     assert [(r["kind"], r["mesh_axes"], r["count"], r["bytes_per_device"]) for r in summary] == [
         ("all-reduce", ["data"], 1, 64 * 32 * 4)]

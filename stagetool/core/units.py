@@ -100,16 +100,10 @@ def _sig3(v: float) -> str:
 
 
 def short_path(path: str | None) -> str:
-    """``path`` relative to the working directory when it lies below it, else as given (display only)."""
-    if not path:
-        return "—"
-    import os
-
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
+    """``path`` for display, ``—`` for none. Report paths are already relative to the report root
+    (the spec's folder; :mod:`stagetool.core.paths`), so this no longer depends on the working
+    directory: the same report prints the same paths wherever it is run from."""
+    return path if path else "—"
 
 
 _UNITS = {

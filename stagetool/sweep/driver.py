@@ -156,7 +156,9 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
         "schema_version": SWEEP_SCHEMA_VERSION, "kind": "sweep",
         "stagetool_version": _stagetool_version(), "jax_version": _dist_version("jax"),
         "jaxlib_version": _dist_version("jaxlib"),
-        "target": options.target or fspec.target, "function": fspec.name, "spec": str(spec_path),
+        # as the spec writes them (relative to its folder, the report root): the same document from any
+        # working directory or checkout, so shards run in different places merge
+        "target": fspec.target, "function": fspec.name, "spec": Path(spec_path).name,
         "spec_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "axes": [[name, list(values)] for name, values in grid.axes],
         "options": {"platform": options.platform, "chip": options.chip, "device_memory": options.device_memory},
