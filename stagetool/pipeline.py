@@ -143,8 +143,8 @@ class Plan:
       slices: TPU slices joined over DCN (``--slices``, the spec's ``slices``), 1 for one.
       why: ``stagetool why``'s question, checked (:class:`stagetool.analysis.causes.WhyQuery`), or None.
       report_root: the folder every user path in the report is written relative to — the spec
-        file's folder (:func:`stagetool.core.paths.report_root`); None (a plan built by hand):
-        paths as JAX gives them.
+        file's folder (:func:`stagetool.core.paths.report_root`) — and that the facts cache keys
+        source locations from; None (a plan built by hand): paths as JAX gives them.
     """
 
     spec: Spec
@@ -671,7 +671,7 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
                            user_files=user_files)
         else:
             facts, cached = _facts_through_cache(cache, staged, inputs, fspec, setup, user_files, dialect, dump,
-                                                 on_stage, explain=bool(wanted & _EXPLAINED))
+                                                 on_stage, explain=bool(wanted & _EXPLAINED), root=plan.report_root)
     except OutOfMemoryError as e:
         if Section.MEMORY not in wanted:
             return _failed(plan, fspec, setup, e)
@@ -706,18 +706,21 @@ def _with_propagation(facts: Any, staged: Any) -> Any:
 
 def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSpec, setup: Any,
                          user_files: list[str], dialect: str | None, dump: bool,
-                         on_stage: Callable[[str, str], None] | None, *, explain: bool) -> tuple[Any, bool]:
+                         on_stage: Callable[[str, str], None] | None, *, explain: bool,
+                         root: ReportRoot | None = None) -> tuple[Any, bool]:
     """The facts of a function staged up to ``lower``: from the facts cache when its key has a valid
     entry (no compile), else compiled, gathered and stored. Returns ``(StagedFunction, cached)``.
 
     With ``explain``, the facts hold Shardy's propagation too: from the entry, or computed here and
-    stored with it (an entry written without it is rewritten once, its peak dump kept)."""
+    stored with it (an entry written without it is rewritten once, its peak dump kept). Paths below
+    the report ``root`` enter the key and the entry relative to it and come back as this run's
+    (:mod:`stagetool.core.paths`): an entry another checkout of the project wrote is a hit here."""
     from stagetool.lowering.cache import cache_key
     from stagetool.lowering.facts import StagedFunction, gather
     from stagetool.lowering.stages import compile_staged, merge_warnings
 
-    key = cache_key(staged.lowered, setup, inputs, declared_outputs=fspec.out_shardings)
-    hit = cache.load(key, peak=dump)
+    key = cache_key(staged.lowered, setup, inputs, declared_outputs=fspec.out_shardings, root=root)
+    hit = cache.load(key, peak=dump, root=root)
     if hit is not None:
         base = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
                       declared_outputs=fspec.out_shardings, lowered_dialect=dialect, user_files=user_files)
@@ -726,9 +729,9 @@ def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSp
                                     warnings=merge_warnings(staged.warnings, hit.compile_warnings))
         if explain and facts.propagation is None and facts.propagation_error is None:
             facts = _with_propagation(facts, staged)
-            whole = hit if dump else cache.load(key, peak=True)  # keep the entry's peak dump, if it has one
+            whole = hit if dump else cache.load(key, peak=True, root=root)  # keep the entry's peak dump, if any
             peak = whole.fields["peak"] if whole is not None else None
-            cache.store(key, dataclasses.replace(facts, peak=peak), hit.compile_warnings)
+            cache.store(key, dataclasses.replace(facts, peak=peak), hit.compile_warnings, root=root)
         return facts, True
     staged = compile_staged(staged, setup.mesh, name=fspec.name, user_files=user_files, dump=dump,
                             on_stage=(lambda s: on_stage(fspec.name, s)) if on_stage else None)
@@ -737,7 +740,7 @@ def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSp
                                    user_files=user_files)
     if explain:
         facts = _with_propagation(facts, staged)
-    cache.store(key, facts, staged.compile_warnings)
+    cache.store(key, facts, staged.compile_warnings, root=root)
     return facts, False
 
 

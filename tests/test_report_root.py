@@ -132,3 +132,49 @@ def test_the_same_report_from_another_working_directory(tmp_path):
     assert w1["source"] == f"mlp.stagetool.yaml:{_line(spec, 'params/w1$')}:13"
     buffers = fn["memory"]["peak"]["buffers"]
     assert any(b["file"] == "mlp.py" for b in buffers), buffers
+
+
+@pytest.mark.slow
+def test_a_cache_entry_from_another_checkout_is_a_hit_and_reads_as_this_checkout(tmp_path):
+    """Checkout A writes the entry; checkout B (same cache folder) hits it: "cached" in its report,
+    which equals B's report without the cache and A's; B's compiled text names B's files, not A's;
+    an edit of B's model misses."""
+    a, b = _project(tmp_path / "a" / "proj"), _project(tmp_path / "b" / "proj")
+    cache = tmp_path / "cache"
+    target = "models/mlp.py:train_step"
+    report = ("report", target, "--peak", "--format", "json")
+
+    cold_a = run_subprocess(*report, "--cache-dir", cache, cwd=a)
+    assert json.loads(cold_a.stdout)["functions"][0]["cached"] is False
+    entries = sorted((cache / "facts").glob("*/*.json"))
+    assert len(entries) == 1
+    assert str(a) not in entries[0].read_text() and ROOT_TOKEN in entries[0].read_text()
+
+    warm_b = run_subprocess(*report, "--cache-dir", cache, cwd=b)
+    assert json.loads(warm_b.stdout)["functions"][0]["cached"] is True  # a hit: nothing compiled
+    plain_b = run_subprocess(*report, "--no-cache", cwd=b)
+    assert _doc(warm_b) == _doc(plain_b) == _doc(cold_a)
+
+    snaps = {}
+    for name, cwd, cache_args in (("a", a, ("--cache-dir", cache)), ("b", b, ("--cache-dir", cache)),
+                                  ("b-cold", b, ("--no-cache",))):
+        r = run_subprocess("snapshot", target, *cache_args, "-o", tmp_path / f"{name}.json", cwd=cwd)
+        assert r.code == 0, r.stderr
+        snaps[name] = (tmp_path / f"{name}.json").read_bytes()
+    assert snaps["a"] == snaps["b"] == snaps["b-cold"]
+
+    compiled = run_subprocess("compile", target, "--cache-dir", cache, "--format", "json", cwd=b)
+    assert compiled.code == 0, compiled.stderr
+    (fn,) = compiled.json()["functions"]
+    assert fn["cached"] is True
+    text = fn["module"]["text"]  # XLA's compiled text as XLA writes it: absolute paths, B's own
+    files = set(re.findall(r'source_file="([^"]+)"', text)) | set(re.findall(r'"(/[^"]*mlp\.py)"', text))
+    assert str((b / "models" / "mlp.py").resolve()) in files and not any(str(a) in f for f in files), files
+
+    model = b / "models" / "mlp.py"
+    model.write_text("\n" + model.read_text())  # every line moves down one
+    moved = run_subprocess(*report, "--cache-dir", cache, cwd=b)
+    doc = json.loads(moved.stdout)["functions"][0]
+    assert doc["cached"] is False
+    layer2 = _line(model, 'h @ params["w2"]')
+    assert f"mlp.py:{layer2}" in {item["source"] for item in doc["collectives"]["items"]}

@@ -4,6 +4,8 @@ Compiling is almost the whole cost of a run, and most runs of the CI gate stage 
 not change. What analysis reads about a compiled function (the compiled text, shardings, cost,
 memory, the peak dump: the compile-derived fields of :class:`~stagetool.lowering.facts.StagedFunction`)
 is plain data, so it is stored here as one JSON entry per function and reused when the key matches.
+Paths below the report root are stored from ``<stagetool-root>`` too and read back as the current
+run's root, so an entry written in one checkout reads in another as that checkout's compile would.
 So is Shardy's propagation rerun with sharding origins (:mod:`stagetool.lowering.shardy`, about
 half of a warm run's own time on the transformer example): it depends on the lowered module and its
 source locations only, both in the key. An entry written by a run that did not explain collectives
@@ -14,7 +16,9 @@ The key (:func:`cache_key`) is a sha256 over:
 - the lowered module's text (``Lowered.as_text()``): the program, its input/output shardings and
   donation (``mhlo.sharding``, ``tf.aliasing_output``); and the source locations of its ops
   (from ``as_text(debug_info=True)``, without stagetool's own frames, :func:`source_locations`), which
-  the compiled module's metadata — the source line of each collective — follows;
+  the compiled module's metadata — the source line of each collective — follows; paths below the
+  report root (the spec's folder, :mod:`stagetool.core.paths`) are written from ``<stagetool-root>``,
+  so the same project in another folder has the same key;
 - the compile options, and the target's own jit's ``compiler_options`` (:func:`target_compiler_options`);
 - the platform, device kind, topology, the mesh's device ids in mesh order and its process layout
   (for a compile-only GPU target also the sha256 of its target config and the CUDA plugin's version);
@@ -64,6 +68,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stagetool.core.paths import ReportRoot
 from stagetool.core.sharding import Sharding
 from stagetool.lowering.facts import BackendResult, LeafFacts, StagedFunction
 from stagetool.hlo.buffers import Allocation, AssignedBuffer, BufferAssignment, LogicalBuffer
@@ -71,10 +76,11 @@ from stagetool.hlo.parser import SourceFrame
 from stagetool.lowering.shardy import Operand, PropagatedOp, Propagation, ShardingRule, ValueSharding
 from stagetool.lowering.stages import PeakDump
 
-CACHE_SCHEMA = 5
+CACHE_SCHEMA = 6
 """Version of the entry format and of the key's contents; bump it when either changes.
 3: authenticated entries (HMAC header line), compile settings in the key. 5: the payload as a table of
-distinct values (:func:`_pack`)."""
+distinct values (:func:`_pack`). 6: paths below the report root written from ``<stagetool-root>`` in
+the key and the entries."""
 
 MAX_ENTRY_BYTES = 1 << 30
 """An entry larger than this (1 GiB) is not read: a miss. (A 48-layer transformer's entry is ~60 MB.)"""
@@ -136,7 +142,7 @@ def versions() -> dict[str, str | None]:
 
 
 def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = None,
-              compiler_options: dict | None = None) -> str:
+              compiler_options: dict | None = None, root: ReportRoot | None = None) -> str:
     """The sha256 hex digest naming one function's entry (see the module docstring for what goes in).
 
     Args:
@@ -145,34 +151,63 @@ def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = 
       inputs: the :class:`~stagetool.lowering.avals.AbstractInputs`.
       declared_outputs: the spec's ``out_shardings`` tree.
       compiler_options: the options passed to ``Lowered.compile``.
+      root: the report root (the spec's folder, :mod:`stagetool.core.paths`): source locations and
+        spec locations below it enter the key relative to it (:meth:`ReportRoot.portable`), so the
+        same project in another folder has the same key. None, or a root whose spelling XLA would
+        escape (:attr:`ReportRoot.plain`): the locations as they are, and the root itself is a key part.
 
     Whether the entry holds the live-range dump is not part of the key: an entry without it does
     not answer a request for the peak (:meth:`FactsCache.load`), and that request's compile rewrites
     the entry with the dump.
     """
     text = lowered.as_text()
+    portable = _portable(root)
     description = {
         "schema": CACHE_SCHEMA,
         "module_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
-        "source_locations": source_locations(lowered.as_text(debug_info=True)),
+        "source_locations": sorted({portable(x) for x in source_locations(lowered.as_text(debug_info=True))}),
         "compiler_options": sorted((str(k), repr(v)) for k, v in (compiler_options or {}).items()),
         "platform": setup.platform,
         "device_kind": setup.device_kind,
         "topology": setup.topology,
         "device_ids": [int(d.id) for d in setup.devices],
         "process_of_device": list(setup.process_of_device),
-        "leaves": [[x.path, list(x.shape), x.dtype, _key_part(x.declared), _key_part(x.local_shape), x.source,
-                    bool(x.donated)] for x in inputs.leaves],
+        "leaves": [[x.path, list(x.shape), x.dtype, _key_part(x.declared), _key_part(x.local_shape),
+                    portable(x.source) if x.source else x.source, bool(x.donated)] for x in inputs.leaves],
         "declared_outputs": _key_part(declared_outputs),
         "settings": compile_settings(),
         "versions": versions(),
         "target_compiler_options": target_compiler_options(inputs),
     }
+    if root is not None and not root.plain:
+        description["root"] = root.folder  # its paths stay absolute: entries stay with this checkout
     if getattr(setup, "target_config_sha256", None) is not None:  # a compile-only GPU target: what XLA compiled for
         from stagetool.lowering.gpu_topology import cuda_plugin_version
 
         description["gpu_target"] = {"config_sha256": setup.target_config_sha256, "plugin": cuda_plugin_version()}
     return hashlib.sha256(json.dumps(description, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _portable(root: ReportRoot | None):
+    """The rewrite of key parts and entry strings for ``root``: :meth:`ReportRoot.portable`, or none."""
+    return root.portable if root is not None and root.plain else (lambda s: s)
+
+
+def _local(root: ReportRoot | None):
+    """The inverse of :func:`_portable` for this run's ``root``."""
+    return root.local if root is not None and root.plain else (lambda s: s)
+
+
+def _strings(value: Any, fn) -> Any:
+    """A payload (JSON values; the packed table of :func:`_pack`) with ``fn`` applied to every string in
+    it but the keys of JSON objects (the field, record and mapping names, which hold no path)."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, list):
+        return [_strings(v, fn) for v in value]
+    if isinstance(value, dict):
+        return {k: _strings(v, fn) for k, v in value.items()}
+    return value
 
 
 def target_compiler_options(inputs: Any) -> list[list[str]]:
@@ -337,8 +372,11 @@ class FactsCache:
     def _mac(self, key: str, body: bytes) -> str:
         return hmac.new(self._secret, key.encode("ascii") + b"\n" + body, hashlib.sha256).hexdigest()
 
-    def load(self, key: str, *, peak: bool = False) -> CachedFacts | None:
+    def load(self, key: str, *, peak: bool = False, root: ReportRoot | None = None) -> CachedFacts | None:
         """The entry of ``key`` if it is present and valid (and holds the peak dump when ``peak``); else None.
+
+        Paths the entry wrote from the report root (:meth:`store`) are written back as ``root``'s, so
+        an entry another checkout of the project wrote reads as this checkout's compile would.
 
         The file is read only if it is a regular file (no link followed, no FIFO or device opened
         for long) of at most :data:`MAX_ENTRY_BYTES`; its payload is parsed only once its HMAC
@@ -362,16 +400,19 @@ class FactsCache:
         if not hmac.compare_digest(header["hmac"], self._mac(key, body)):
             return None  # not written by this user's stagetool: forged, planted or damaged
         try:
-            return _decode_entry(json.loads(body), peak=peak)
+            return _decode_entry(_strings(json.loads(body), _local(root)), peak=peak)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
             return None
 
-    def store(self, key: str, facts: StagedFunction, compile_warnings: tuple[str, ...] = ()) -> bool:
+    def store(self, key: str, facts: StagedFunction, compile_warnings: tuple[str, ...] = (),
+              root: ReportRoot | None = None) -> bool:
         """Write the entry of ``key`` atomically; False (and nothing written) when the folder is not
-        writable or a fact is of a kind the entry format does not hold."""
+        writable or a fact is of a kind the entry format does not hold. Paths below ``root`` (in the
+        compiled text's metadata, Shardy's frames, spec locations) are written from
+        :data:`~stagetool.core.paths.ROOT_TOKEN` (:meth:`ReportRoot.portable`)."""
         try:
-            payload = {**_pack({name: getattr(facts, name) for name in _CACHED_FIELDS}),
-                       "compile_warnings": list(compile_warnings)}
+            payload = _strings({**_pack({name: getattr(facts, name) for name in _CACHED_FIELDS}),
+                                "compile_warnings": list(compile_warnings)}, _portable(root))
             body = json.dumps(payload, sort_keys=True).encode("utf-8")
         except (TypeError, ValueError):
             return False  # facts this format cannot hold exactly are not cached
