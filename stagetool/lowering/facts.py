@@ -411,14 +411,30 @@ def input_facts(inputs: AbstractInputs, compiled: Any, mesh: Any) -> tuple[LeafF
         rank = len(leaf.shape)
         if sharding is None:
             out.append(LeafFacts(leaf.path, leaf.shape, leaf.dtype, leaf.declared, None, None, donated,
-                                 leaf.local_shape, leaf.source, sharding_source=leaf.sharding_source))
+                                 leaf.local_shape, absolute_location(leaf.source),
+                                 sharding_source=leaf.sharding_source))
             continue
         shard = tuple(sharding.shard_shape(leaf.shape))
         out.append(LeafFacts(leaf.path, leaf.shape, leaf.dtype, leaf.declared, sharding_of(sharding, rank, mesh),
-                             shard, donated, leaf.local_shape, leaf.source, parameter,
+                             shard, donated, leaf.local_shape, absolute_location(leaf.source), parameter,
                              _padded(shard, struct.dtype, fmt), leaf.sharding_source))
         parameter += 1
     return tuple(out)
+
+
+def absolute_location(source: str | None) -> str | None:
+    """A spec location ``file:line:col`` with its file absolute (relative to the working directory,
+    as the spec was named): facts name files absolutely, as JAX's frames do, so a fact read from the
+    cache equals the compile's however the spec was named (the report makes every path relative to
+    the spec's folder, :mod:`stagetool.core.paths`). None, and ``<spec>:1:1`` (no file), unchanged."""
+    import os
+
+    if not source or source.startswith("<"):
+        return source
+    parts = source.rsplit(":", 2)
+    if len(parts) != 3 or os.path.isabs(parts[0]):
+        return source
+    return f"{os.path.abspath(parts[0])}:{parts[1]}:{parts[2]}"
 
 
 def _as_tuple(tree: Any) -> Any:
