@@ -978,7 +978,9 @@ def sweep(target: Target = None,
 
             def progress(row: dict, done: int, total: int) -> None:
                 failure = f" ({row['status']})" if row["status"] != "ok" else ""
-                err.print(f"[dim]{done}/{total} {_escape(row['id'])}{_escape(failure)}[/]")
+                from stagetool.sweep.rows import row_label
+
+                err.print(f"[dim]{done}/{total} {_escape(row_label(row))}{_escape(failure)}[/]")
 
             def resumed(ids: list[str]) -> None:
                 err.print(f"[dim]resumed {len(ids)} finished configuration{'s' if len(ids) != 1 else ''} "

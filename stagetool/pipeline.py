@@ -322,6 +322,13 @@ def make_plan(options: Options) -> Plan:
                 chip = get_chip(options.chip, chips)
             except UsageError as e:
                 raise UsageError(f"--chip {options.chip}: {e.message}", hint=e.hint) from None
+    with problems.check():
+        if options.chip and topology is not None and chip is not None:
+            from stagetool.lowering.compile_only import check_chip_for_target
+
+            # a chip the spec's chips: defines is the user's own figures; the built-in ones are checked
+            if chip == CHIPS.get(chip.name):
+                check_chip_for_target(options.chip, topology, options.gpu_target_config)
     problems.raise_all()
     return Plan(spec, tuple(functions), mesh, options.platform or spec.platform, topology,
                 avals, processes=options.processes, job_processes=options.job_processes, dialect=options.dialect,

@@ -407,3 +407,57 @@ def test_html_is_the_table_with_bars_and_the_best_marked():
     assert got["mesh=2x4"]["bars"]["collectives"] == ("collectives", 120.0)
     assert got["mesh=1x8"]["bars"]["step"] == ("step", 120.0) and got["mesh=4x2"]["bars"]["step"] == ("step", 30.0)
     assert got["mesh=8x1"]["bars"] == {}  # the failed configuration has no figures to draw
+
+
+# ---- --chip and compile-only targets (trial 2, finding 3) -----------------------------------------
+
+TARGETS_MODEL = "import jax.numpy as jnp\n\n\ndef step(w, x):\n    return jnp.tanh(x @ w)\n"
+TARGETS_SPEC = ("version: 1\nmesh: {axes: {data: 8}}\nfunctions:\n  step:\n    target: s.py:step\n"
+                "    args: ['f32[256,256]', 'f32[64,256] @ [data]']\n")
+
+
+@pytest.fixture
+def targets_spec(tmp_path, monkeypatch):
+    write(tmp_path, "s.py", TARGETS_MODEL)
+    monkeypatch.chdir(tmp_path)
+    return write(tmp_path, "s.stagetool.yaml", TARGETS_SPEC)
+
+
+def test_one_chip_over_a_target_of_another_chip_is_refused_before_anything_runs(run_cli, targets_spec):
+    """``--topology v5e:2x4,h100:8 --chip tpu-v5e`` ranked the H100 compile by v5e's roofline and named
+    a best; now it is exit 2 at plan time, naming the target, its chip and the fix."""
+    r = run_cli("sweep", "s.py:step", "--topology", "v5e:2x4,h100:8", "--chip", "tpu-v5e", check=2)
+    assert "--chip tpu-v5e does not match --topology h100:8, which compiles for the h100-sxm chip" in r.stderr
+    assert "give --chip h100-sxm, or leave --chip out" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("cost", "s.py:step", "--topology", "v5e:2x4", "--chip", "h100-sxm", check=2)
+    assert "--chip h100-sxm does not match --topology v5e:2x4, which compiles for the tpu-v5e chip" in r.stderr
+
+
+def test_the_target_chip_comes_from_the_name():
+    from stagetool.lowering.compile_only import target_chip
+
+    assert [target_chip(t) for t in ("v5e:2x4", "v6e:2x2", "v5p:2x2x2", "h100:8", "a100-80gb:2x8", "v2:2x2")] == \
+        ["tpu-v5e", "tpu-v6e", "tpu-v5p", "h100-sxm", "a100-80gb", None]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("stagetool.lowering.topology", fromlist=["x"]).libtpu_available(),
+                    reason="libtpu not installed: pip install -e '.[tpu]'")
+def test_a_sweep_over_targets_without_chip_gives_each_row_its_own_chip(run_cli, targets_spec):
+    """Each row's roofline is on its own target's chip, equal to a single run with that ``--chip``; the
+    best and progress lines name the configuration as the table does (``v5e:2x4``, not ``v5e_2x4``)."""
+    r = run_cli("sweep", "s.py:step", "--topology", "v5e:2x4,v6e:2x4", "--format", "json", check=0)
+    assert r.code == 0, r.stderr
+    rows = {row["values"]["topology"]: row for row in r.json()["rows"]}
+    for topo, chip in (("v5e:2x4", "tpu-v5e"), ("v6e:2x4", "tpu-v6e")):
+        assert rows[topo]["chip"] == chip
+        one = run_cli("cost", "s.py:step", "--topology", topo, "--chip", chip, "--format", "json",
+                      check=0).json()["functions"][0]
+        assert rows[topo]["roofline_step_seconds"] == one["cost"]["roofline"]["lower_bound_seconds"] > 0
+    fastest = min(rows.values(), key=lambda x: x["roofline_step_seconds"])
+    assert r.json()["best"] == fastest["id"] and r.json()["ranked_by"] == "step"
+    text = run_cli("sweep", "s.py:step", "--topology", "v5e:2x4,v6e:2x4", check=0)
+    label = f"topology={fastest['values']['topology']}"
+    assert f"★ best by step: {label}" in text.stdout and "_2x4" not in text.stdout
+    assert "1/2 topology=v5e:2x4" in text.stderr and "_2x4" not in text.stderr
+    assert "(tpu-v5e)" in text.stdout and "(tpu-v6e)" in text.stdout

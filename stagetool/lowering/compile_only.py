@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 
+from stagetool.core.chips import CHIPS
 from stagetool.core.errors import UsageError
 from stagetool.lowering.gpu_topology import (
     GPU_INSTALL_LINE,
     cuda_plugin_available,
     gpu_device_count,
     gpu_kinds,
+    gpu_model,
     is_gpu_topology_name,
     parse_gpu_topology_name,
     read_target_config,
@@ -27,9 +29,10 @@ from stagetool.lowering.topology import (
     TPU_CHIPS,
     generation_of,
     libtpu_available,
+    parse_topology_name,
 )
 
-__all__ = ["check_topology", "is_gpu_target", "topology_device_count"]
+__all__ = ["check_chip_for_target", "check_topology", "is_gpu_target", "target_chip", "topology_device_count"]
 
 
 def is_gpu_target(name: str | None, gpu_target_config: str | None = None) -> bool:
@@ -96,3 +99,54 @@ def _refuse_unknown_kind(name: str) -> None:
                          hint="TPU topologies: <kind>:<AxB> with kind one of " + ", ".join(c.alias for c in TPU_CHIPS)
                          + " (e.g. v5e:2x4); GPU targets: <gpu>:<devices per host> with gpu one of "
                          + ", ".join(gpus) + " (e.g. h100:8)")
+
+
+def target_chip(name: str, gpu_target_config: str | None = None) -> str | None:
+    """The roofline table's chip (:data:`stagetool.core.chips.CHIPS`) a compile-only target compiles
+    for: ``v5e:2x4`` → ``tpu-v5e``, ``h100:8`` → ``h100-sxm``; None when the table has none (``v2``,
+    ``tpu7x``, a ``--gpu-target-config`` of the user's). From the name alone, no backend started.
+
+    Raises:
+      UsageError: a malformed name.
+    """
+    if is_gpu_target(name, gpu_target_config):
+        if gpu_target_config is not None:
+            return None
+        kind, _hosts, _per_host = parse_gpu_topology_name(name)
+        try:
+            return gpu_model(kind).chip
+        except KeyError:
+            return None
+    kind, _dims = parse_topology_name(name)
+    generation = generation_of(kind)
+    return f"tpu-{generation}" if generation and f"tpu-{generation}" in CHIPS else None
+
+
+def check_chip_for_target(chip: str, name: str, gpu_target_config: str | None = None, *,
+                          sweep: bool = False) -> None:
+    """Refuse a ``--chip`` that is not the chip a compile-only target compiles for: its roofline
+    would divide one chip's program by another chip's peak figures, which is no step time of
+    either. A chip of the built-in table is checked against the target's own chip
+    (:func:`target_chip`), or, where that is unknown, against its platform (``tpu-*`` chips are
+    TPUs, the others GPUs); a chip only the spec's ``chips:`` names is taken as written.
+
+    Raises:
+      UsageError: the chip and the target differ (exit 2, before anything starts).
+    """
+    key = chip.strip().lower()
+    if key not in CHIPS:
+        return
+    gpu = is_gpu_target(name, gpu_target_config)
+    own = target_chip(name, gpu_target_config)
+    chip_is_tpu = key.startswith("tpu-")
+    if own is not None and own == key:
+        return
+    if own is None and chip_is_tpu != gpu:
+        return
+    what = f"the {own} chip" if own else ("a GPU" if gpu else "a TPU")
+    fix = (f"give --chip {own}, or leave --chip out: a sweep over topologies then gives each row its own target's "
+           "chip" if sweep else f"give --chip {own}" if own else "give a chip of the target's kind, or no --chip")
+    if sweep and own is None:
+        fix = "leave --chip out (each row then uses its own target's chip where the table knows it)"
+    raise UsageError(f"--chip {chip} does not match --topology {name}, which compiles for {what}: a roofline of "
+                     f"one chip over another's compile is no step time of either", hint=fix)

@@ -120,6 +120,11 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
         topologies = _split("--topology", options.topology)
         for t in topologies:
             topology_device_count(t)  # a malformed name is one error now, not one per row
+        if options.chip:  # one --chip over several targets: each must be that chip's (else exit 2 now)
+            from stagetool.lowering.compile_only import check_chip_for_target
+
+            for t in topologies:
+                check_chip_for_target(options.chip, t, options.gpu_target_config, sweep=True)
     first = tuple((name, values[0]) for name, values in variables.items())
     # the spec, the TARGET, --function, the placeholders (with the first values), --chip, --device-memory
     # and -o, checked once, all at once

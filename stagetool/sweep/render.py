@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from stagetool.core.units import format_bytes, format_count, format_seconds
-from stagetool.sweep.rows import DOES_NOT_FIT, OK, counts
+from stagetool.sweep.rows import DOES_NOT_FIT, OK, best_label, counts
 from stagetool.sweep.rows import ERROR as ERROR_STATUS
 
 
@@ -102,9 +102,19 @@ def table_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
         t = (r.get("timings") or {}).get("compile_s")
         cells.append(["★" if r["id"] == doc.get("best") else "",
                       *(_value(r["values"].get(v, "")) for v in values), _peak(r), _fits(r), _collectives(r), flops,
-                      format_seconds(r["roofline_step_seconds"]) if r.get("roofline_step_seconds") is not None else "—",
+                      _step(r, chip),
                       format_seconds(t) if t is not None else "—", _failure(r)])
     return head, cells
+
+
+def _step(row: dict, chip: str | None) -> str:
+    """The roofline step cell: the row's chip beside it when the rows have their own (a sweep over
+    targets without ``--chip``: each on its own target's chip)."""
+    t = row.get("roofline_step_seconds")
+    if t is None:
+        return "—"
+    own = row.get("chip")
+    return format_seconds(t) + (f" ({own})" if own and not chip else "")
 
 
 def _footer(doc: dict) -> list[str]:
@@ -123,7 +133,7 @@ def _footer(doc: dict) -> list[str]:
         parts.append(f"{c['failed']} failed")
     lines.append(f"{scope}; " + ", ".join(parts))
     if doc.get("best"):
-        lines.append(f"★ best by {doc.get('ranked_by')}: {doc['best']}")
+        lines.append(f"★ best by {doc.get('ranked_by')}: {best_label(doc)}")
     if doc.get("ranking_note"):
         lines.append(f"note: {doc['ranking_note']}")
     if any(r.get("while_loops") for r in doc["rows"]):
@@ -244,7 +254,7 @@ def render_html(doc: dict, **_: Any) -> str:
     head, _ = table_rows(doc)
     values = _value_columns(doc)
     return environment().get_template("sweep.html.j2").render(
-        doc=doc, values=values, head=head, rows=html_rows(doc), footer=_footer(doc),
+        doc=doc, values=values, head=head, rows=html_rows(doc), footer=_footer(doc), best_label=best_label(doc),
         chip=doc.get("options", {}).get("chip"))
 
 

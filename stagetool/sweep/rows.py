@@ -116,6 +116,21 @@ def best(rows: Iterable[dict], rank_by: RankBy) -> tuple[str | None, RankBy | No
     return top["id"], used, note
 
 
+def row_label(row: dict) -> str:
+    """A row's configuration as the table shows it, values as written (``topology=v5e:2x4,mesh=2x4``);
+    its ``id`` (the file-name-safe ``topology=v5e_2x4``) when it has no values."""
+    values = row.get("values") or {}
+    return ",".join(f"{k}={v}" for k, v in values.items()) or row.get("id", "")
+
+
+def best_label(doc: dict) -> str | None:
+    """:func:`row_label` of the document's best row (``doc["best"]`` is its id), or None."""
+    best = doc.get("best")
+    if not best:
+        return None
+    return next((row_label(r) for r in doc.get("rows", ()) if r.get("id") == best), best)
+
+
 def counts(rows: Iterable[dict]) -> dict[str, int]:
     """``{"fit": ..., "do not fit": ..., "unknown fit": ..., "failed": ...}``: configurations that staged
     and fit, that do not fit (peak over capacity, or XLA ran out of memory compiling), that staged

@@ -95,9 +95,19 @@ def run_config(payload: dict) -> dict:
 
     config, common = payload["config"], payload["common"]
     row = _empty_row(config)
+    topology = config["topology"] or common.get("topology")
+    chip = common.get("chip")
+    if chip is None and config["topology"]:  # a sweep over targets: each row's roofline on its own target's chip
+        from stagetool.core.errors import UsageError
+        from stagetool.lowering.compile_only import target_chip
+
+        try:
+            chip = target_chip(config["topology"], common.get("gpu_target_config"))
+        except UsageError:
+            chip = None  # a malformed name is the row's error below
     options = Options(target=common["target"], spec=Path(common["spec"]), mesh=config["mesh"],
-                      platform=common.get("platform"), topology=config["topology"] or common.get("topology"),
-                      function=common.get("function"), chip=common.get("chip"),
+                      platform=common.get("platform"), topology=topology,
+                      function=common.get("function"), chip=chip,
                       device_memory=common.get("device_memory"), slices=common.get("slices"),
                       gpu_target_config=common.get("gpu_target_config"),
                       variables=tuple(tuple(v) for v in config["variables"]))
