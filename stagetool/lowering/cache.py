@@ -193,9 +193,15 @@ def _portable(root: ReportRoot | None):
     return root.portable if root is not None and root.plain else (lambda s: s)
 
 
-def _local(root: ReportRoot | None):
-    """The inverse of :func:`_portable` for this run's ``root``."""
-    return root.local if root is not None and root.plain else (lambda s: s)
+def _local_body(body: bytes, root: ReportRoot | None) -> bytes:
+    """An authenticated payload's JSON text with :func:`_portable`'s token written back as this run's
+    ``root`` (:meth:`ReportRoot.local` on the whole text at once: a plain root is the same in JSON,
+    and the token stands nowhere but where a path was)."""
+    if root is None or not root.plain:
+        return body
+    from stagetool.core.paths import ROOT_TOKEN
+
+    return body.replace(f"{ROOT_TOKEN}/".encode("ascii"), f"{root.folder}/".encode("utf-8"))
 
 
 def _strings(value: Any, fn) -> Any:
@@ -400,7 +406,7 @@ class FactsCache:
         if not hmac.compare_digest(header["hmac"], self._mac(key, body)):
             return None  # not written by this user's stagetool: forged, planted or damaged
         try:
-            return _decode_entry(_strings(json.loads(body), _local(root)), peak=peak)
+            return _decode_entry(json.loads(_local_body(body, root)), peak=peak)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
             return None
 
