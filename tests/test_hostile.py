@@ -287,6 +287,46 @@ def test_a_bad_xla_flag_is_shown_not_a_silent_exit_1(tmp_path, flags, expect):
     assert r.code == 2 and expect in r.stderr, r.stderr
 
 
+FLAGS_AT_IMPORT = """\
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax
+import jax.numpy as jnp
+
+MESH = jax.make_mesh((2, 4), ("data", "model"))  # starts JAX's backend at import
+
+
+def step(x):
+    return jnp.tanh(x) * 2
+"""
+
+
+def test_xla_flags_set_by_the_target_bring_no_fork_warning(tmp_path):
+    """Trial 2, finding 13: a target that sets XLA_FLAGS and starts a backend at import (Flax's FSDP
+    toy example) made stagetool fork its multithreaded process to check the flags, and JAX warned of
+    a deadlock ("os.fork() was called ..."). Once a backend runs, XLA has read XLA_FLAGS and never
+    reads it again: nothing is forked, and the diff of two meshes runs as before."""
+    from helpers import write
+
+    write(tmp_path, "m.py", FLAGS_AT_IMPORT)
+    write(tmp_path, "m.stagetool.yaml", "version: 1\nmesh: {axes: {data: 2, model: 4}}\nfunctions:\n  step:\n"
+          "    target: m.py:step\n    args: ['f32[64,64] @ [data, model]']\n")
+    r = run_subprocess("diff", "--spec", "m.stagetool.yaml", "--mesh-a", "2x4", "--mesh-b", "4x2", cwd=tmp_path)
+    assert r.code in (0, 1), r.stderr
+    assert "os.fork()" not in r.stderr and "deadlock" not in r.stderr
+    assert "data=2 × model=4 → data=4 × model=2" in r.stdout
+
+
+def test_backends_running_is_read_from_jax_without_changing_anything():
+    import jax
+
+    from stagetool.lowering.topology import backends_running
+
+    jax.devices()  # the test session's backend runs
+    before = jax.config.jax_num_cpu_devices
+    assert backends_running() is True and jax.config.jax_num_cpu_devices == before
+
+
 def test_libtpu_writes_no_log_files_on_a_cpu_run(tmp_path):
     start = time.time()
     env = {"TMPDIR": str(tmp_path), "JAX_PLATFORMS": ""}
