@@ -107,7 +107,20 @@ def test_without_the_plugin_a_gpu_topology_says_what_to_install():
         pytest.skip("the CUDA plugin is installed in the environment itself")
     r = run_subprocess("report", "examples/mlp.py:train_step", "--topology", "h100:8", env=env)
     assert r.code == 2, r.stderr
-    assert "CUDA plugin" in r.stderr and "stagetool[gpu-aot]" in r.stderr and "Traceback" not in r.stderr
+    assert "CUDA plugin" in r.stderr and "pip install -e '.[gpu-aot]'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_install_hint_is_the_readmes(monkeypatch):
+    """Trial 2, 14a: the hint named ``pip install "stagetool[gpu-aot]"`` where the README says
+    ``pip install -e '.[gpu-aot]'``; both now say the README's form (checked against its text)."""
+    monkeypatch.setattr(compile_only, "cuda_plugin_available", lambda: False)
+    monkeypatch.setattr(compile_only, "libtpu_available", lambda: False)
+    readme = (REPO / "README.md").read_text()
+    for name, extra in (("h100:8", "gpu-aot"), ("v5e:2x4", "tpu")):
+        with pytest.raises(UsageError) as e:
+            compile_only.check_topology(name)
+        form = f"pip install -e '.[{extra}]'"
+        assert form in e.value.hint and form in readme and f"stagetool[{extra}]" not in e.value.hint
 
 
 def test_a_target_config_that_is_not_one_is_exit_2(tmp_path):

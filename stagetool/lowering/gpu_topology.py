@@ -3,7 +3,7 @@
 Uses the public ``jax.experimental.topologies.get_topology_desc(platform="cuda",
 target_config=TEXT, topology="1xHxD")``, which needs the CUDA PJRT plugin of the same version as
 jax (``jax-cuda12-plugin`` + ``jax-cuda12-pjrt``, no NVIDIA libraries, no driver:
-``pip install "stagetool[gpu-aot]"``). ``TEXT`` is an XLA ``stream_executor.GpuTargetConfigProto``
+``pip install -e '.[gpu-aot]'`` in stagetool's checkout). ``TEXT`` is an XLA ``stream_executor.GpuTargetConfigProto``
 in protobuf text form: what XLA:GPU would otherwise ask the attached GPU (SM count, memory,
 bandwidth, clock, compute capability, ...). stagetool writes it from :data:`GPU_MODELS`, a table of
 NVIDIA's published figures, or takes the user's (``--gpu-target-config FILE``, for instance one
@@ -52,8 +52,8 @@ __all__ = [
     "target_config_text",
 ]
 
-GPU_INSTALL_LINE = ('pip install "stagetool[gpu-aot]"   (or: pip install "jax[cuda12-local]==<your jax version>": '
-                    "the CUDA plugin without NVIDIA libraries)")
+GPU_INSTALL_LINE = ("pip install -e '.[gpu-aot]' in stagetool's checkout, as the README says   (or: pip install "
+                    '"jax[cuda12-local]==<your jax version>": the CUDA plugin without NVIDIA libraries)')
 """What to install for compile-only GPU targets (shown in errors)."""
 
 _GIB = 1024**3

@@ -1,7 +1,7 @@
 """Compile-only TPU devices for a named topology (``v5e:2x4``) on a machine without a TPU.
 
 Uses the public ``jax.experimental.topologies.get_topology_desc(platform="tpu",
-topology_name=...)``, which needs the ``libtpu`` package (``pip install "stagetool[tpu]"``).
+topology_name=...)``, which needs the ``libtpu`` package (``pip install -e '.[tpu]'`` in stagetool's checkout).
 The devices it returns can build a ``jax.sharding.Mesh`` and take
 ``jax.jit(f).trace(...).lower().compile()`` all the way, with TPU memory and cost analysis;
 they cannot run anything.
@@ -61,7 +61,8 @@ __all__ = [
     "tpu_topology_devices",
 ]
 
-TPU_INSTALL_LINE = 'pip install "stagetool[tpu]"   (or: pip install "jax[tpu]==<your jax version>")'
+TPU_INSTALL_LINE = ("pip install -e '.[tpu]' in stagetool's checkout, as the README says   "
+                    '(or: pip install "jax[tpu]==<your jax version>")')
 """What to install for compile-only TPU topologies (shown in errors)."""
 
 _GIB = 1024**3

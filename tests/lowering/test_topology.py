@@ -114,7 +114,7 @@ def test_missing_libtpu_gives_install_line(monkeypatch):
     monkeypatch.setattr(topology, "libtpu_available", lambda: False)
     with pytest.raises(UsageError) as e:
         topology.tpu_topology_devices("v5e:2x4")
-    assert "libtpu" in e.value.message and "stagetool[tpu]" in e.value.hint
+    assert "libtpu" in e.value.message and "pip install -e '.[tpu]'" in e.value.hint
 
 
 @pytest.mark.skipif(topology.libtpu_available(), reason="needs a venv without libtpu")
@@ -123,7 +123,7 @@ def test_jax_without_libtpu_maps_to_usage_error(monkeypatch):
     monkeypatch.setattr(topology, "libtpu_available", lambda: True)
     with pytest.raises(UsageError) as e:
         topology.tpu_topology_devices("v5e:2x4")
-    assert "not installed" in e.value.message and "stagetool[tpu]" in e.value.hint
+    assert "not installed" in e.value.message and "pip install -e '.[tpu]'" in e.value.hint
     assert topology.libtpu_version() is None
 
 
