@@ -346,11 +346,16 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                                                                      if k not in static}))]
     leaves = [dataclasses.replace(by_id[id(x)], arg=top) for x, top in zip(structs, prepared.leaf_args)
               if id(x) in by_id]
+    in_shardings = _ref_in_shardings(prepared.args, ref_shardings) if ref_sharded else None
+    if in_shardings is not None and prepared.kwargs:
+        # jax.jit takes no keyword arguments with in_shardings, static ones included: closed over
+        prepared = dataclasses.replace(prepared, fn=functools.wraps(prepared.fn)(
+            functools.partial(prepared.fn, **prepared.kwargs)), kwargs={})
+        static = {}
     return AbstractInputs(prepared.args, prepared.kwargs, leaves, tuple(static), prepared.donate_argnums,
                           prepared.donate_argnames, prepared.fn if prepared.fn is not fn else None,
                           prepared.state_outputs, own, prepared.fn is not call,
-                          nnx_out_shardings(own, args, names, prepared.state_outputs), None,
-                          _ref_in_shardings(prepared.args, ref_shardings) if ref_sharded else None)
+                          nnx_out_shardings(own, args, names, prepared.state_outputs), None, in_shardings)
 
 
 def _own_program(fspec: FunctionSpec, own: Any, args: tuple, kwargs: dict, static: dict, names: list[str],
@@ -411,12 +416,20 @@ def nnx_out_shardings(own: Any, args: tuple, names: list[str], state_outputs: tu
     """
     if own is None or own.kind != "nnx.jit" or (own.in_shardings is None and own.out_shardings is None):
         return None
+    import jax
+
+    from stagetool.lowering.jit_wrapper import is_flax_prefix
+
+    # An nnx.StateSharding for a returned graph node is not resolved here (the output's structure is
+    # known only after tracing): that part is left to the nested nnx.jit's own out_shardings.
+    returned = jax.tree_util.tree_map(lambda s: None if is_flax_prefix(s) else s, own.out_shardings,
+                                      is_leaf=is_flax_prefix)
     if not state_outputs:
-        return own.out_shardings
+        return returned
     from stagetool.lowering import flax_support
 
     entries = own.in_shardings
-    out: dict[str, Any] = {"out": own.out_shardings}
+    out: dict[str, Any] = {"out": returned}
     for name in state_outputs:
         i = names.index(name) if name in names[:len(args)] else None
         entry = None

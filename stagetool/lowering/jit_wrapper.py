@@ -159,8 +159,8 @@ def in_sharding_dims(settings: JitSettings, args: tuple) -> list[tuple | None]:
     for i, arg in enumerate(args):
         count = len(jax.tree_util.tree_leaves(arg))
         prefix = shardings[i] if i < len(shardings) else None
-        is_leaf = lambda x: x is None or isinstance(x, (NamedSharding, PartitionSpec)) or _is_flax_prefix(x)  # noqa: E731
-        if prefix is None or isinstance(prefix, (NamedSharding, PartitionSpec)) or _is_flax_prefix(prefix):
+        is_leaf = lambda x: x is None or isinstance(x, (NamedSharding, PartitionSpec)) or is_flax_prefix(x)  # noqa: E731
+        if prefix is None or isinstance(prefix, (NamedSharding, PartitionSpec)) or is_flax_prefix(prefix):
             per = _broadcast(prefix, arg)
         else:
             per = []
@@ -174,7 +174,7 @@ def in_sharding_dims(settings: JitSettings, args: tuple) -> list[tuple | None]:
     return out
 
 
-def _is_flax_prefix(x: Any) -> bool:
+def is_flax_prefix(x: Any) -> bool:
     """An ``nnx.StateSharding`` (a sharding per Variable filter; recognised by module and method)."""
     return (type(x).__module__ or "").startswith("flax") and hasattr(x, "map_prefix")
 
@@ -184,7 +184,7 @@ def _broadcast(prefix: Any, sub: Any) -> list:
     the whole subtree; an ``nnx.StateSharding`` gives each Variable of each graph node its own."""
     import jax
 
-    if _is_flax_prefix(prefix):
+    if is_flax_prefix(prefix):
         from stagetool.lowering import flax_support
 
         return flax_support.state_sharding_leaves(prefix, sub)

@@ -318,10 +318,11 @@ KERNELS = nnx.StateSharding({nnx.PathContains("kernel"): P(None, "model"), ...: 
 IN = (KERNELS, KERNELS, P("data", None))
 OUT = (P(), P("data", "model"))
 step = nnx.jit(_step, in_shardings=IN, out_shardings=OUT)
+step_in_only = nnx.jit(_step, in_shardings=IN)
 '''
 
 
-def nnx_sharded_spec(tmp_path, extra: str = "", x: str = "f32[16,64]"):
+def nnx_sharded_spec(tmp_path, extra: str = "", x: str = "f32[16,64]", target: str = "step"):
     write(tmp_path, "nnxsharded.py", NNX_SHARDED)
     return write(tmp_path, "s.yaml", f'''
         version: 1
@@ -329,7 +330,7 @@ def nnx_sharded_spec(tmp_path, extra: str = "", x: str = "f32[16,64]"):
           axes: {{data: 2, model: 4}}
         functions:
           step:
-            target: nnxsharded.py:step
+            target: nnxsharded.py:{target}
             args:
               - init: nnxsharded.py:MLP
               - init: nnxsharded.py:make_opt
@@ -345,8 +346,8 @@ def nnx_sharded_compiled(tmp_path, **jit_options):
     sys.path.insert(0, str(tmp_path))
     import nnxsharded
 
-    step = nnx.jit(nnxsharded._step, in_shardings=nnxsharded.IN, out_shardings=nnxsharded.OUT, **jit_options) \
-        if jit_options else nnxsharded.step
+    step = nnx.jit(nnxsharded._step, **{"in_shardings": nnxsharded.IN, "out_shardings": nnxsharded.OUT,
+                                         **jit_options}) if jit_options else nnxsharded.step
     with jax.set_mesh(mesh_2x4()):
         model, opt = nnx.eval_shape(lambda: (lambda m: (m, nnxsharded.make_opt(m)))(nnxsharded.MLP(nnx.Rngs(0))))
         return step.lower(model, opt, jax.ShapeDtypeStruct((16, 64), jnp.float32)).compile()
@@ -443,3 +444,25 @@ def test_equinox_split_is_read_from_the_wrapper():
     assert [x.shape for x in jax.tree_util.tree_leaves(traced.out_info)] == [(), (8,)]  # the marker, the output
     closes_over = eqx.filter_jit(eqx.Partial(lambda w, x: w * x, jnp.ones(8)))
     assert eqx_program(jit_settings(closes_over, 1), (a,), {}) is None  # its array is an input the spec does not name
+
+
+def test_nnx_jit_nested_keeps_its_shardings_at_the_boundary(run_cli, tmp_path, isolated_imports):
+    """A spec ``out_shardings`` on an ``nnx.jit(in_shardings=...)`` step stages it nested (nnx.jit
+    takes no out_shardings for the updated state): the arguments still take its in_shardings and
+    the updated model/optimizer come back as they say, the output as the spec says; the boundary
+    (input and output shardings, argument and output bytes) equals ``nnx.jit(..., out_shardings=...)``."""
+    pytest.importorskip("flax")
+    spec = nnx_sharded_spec(tmp_path, "            out_shardings: [replicated, [data, model]]\n", target="step_in_only")
+    fn = run_cli("report", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
+    compiled = nnx_sharded_compiled(tmp_path, out_shardings=(P(), P("data", "model")))  # as the spec's
+    record, mem = fn["memory"]["record"], compiled.memory_analysis()
+    assert (record["argument_bytes"], record["output_bytes"]) == (mem.argument_size_in_bytes, mem.output_size_in_bytes)
+    from collections import Counter
+
+    from test_frameworks import eval_spec, trimmed
+
+    for ours, theirs in (("inputs", compiled.input_shardings), ("outputs", compiled.output_shardings)):
+        assert Counter(trimmed(eval_spec(x["compiled"])) for x in fn[ours]) == \
+            Counter(trimmed(tuple(s.spec)) for s in jax.tree_util.tree_leaves(theirs)), ours
+    outputs = {x["path"]: x["compiled"] for x in fn["outputs"]}
+    assert outputs["model/up/kernel/value"] == "P(None, 'model')" and outputs["out/1"] == "P('data', 'model')"

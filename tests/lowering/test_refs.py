@@ -10,6 +10,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -76,13 +77,18 @@ AUTO_STEP = STEP.replace('jax.sharding.reshard(params["w"], P(None, "model"))',
                          'jax.lax.with_sharding_constraint(params["w"], P(None, "model"))')
 
 
-def test_refs_under_auto_axes_keep_the_sharding_their_value_has(run_cli, tmp_path, isolated_imports):
+@pytest.mark.parametrize("static", [False, True])
+def test_refs_under_auto_axes_keep_the_sharding_their_value_has(run_cli, tmp_path, isolated_imports, static):
     """Under auto axes a Ref's type carries no sharding, but ``jax.jit`` on a real Ref takes its
     value's placement as the input sharding; stagetool gives the abstract Ref the sharding the init
     gives it (through the jit's in_shardings) and stages the same program: memory four figures,
-    FLOPs and input shardings equal ``train_step.lower(init(key), x).compile()``."""
+    FLOPs and input shardings equal ``train_step.lower(init(key), x).compile()``. A spec ``static``
+    value is closed over (jax.jit takes no keywords with in_shardings)."""
     assert AUTO_STEP != STEP
-    write(tmp_path, "cook.py", AUTO_STEP)
+    step = AUTO_STEP.replace("def train_step(params, x):", "def train_step(params, x, lr=0.1):") \
+        .replace("- 0.1 * g[k]", "- lr * g[k]")
+    assert step != AUTO_STEP
+    write(tmp_path, "cook.py", step if static else AUTO_STEP)
     spec = write(tmp_path, "s.yaml", '''
         version: 1
         mesh:
@@ -94,7 +100,7 @@ def test_refs_under_auto_axes_keep_the_sharding_their_value_has(run_cli, tmp_pat
               - init: cook.py:init
                 init_args: [key(0)]
               - 'f32[16,64] @ [data, null]'
-    ''')
+    ''' + ("        static: {lr: 0.2}\n" if static else ""))
     fn = run_cli("report", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
     sys.path.insert(0, str(tmp_path))
     import cook
@@ -104,7 +110,10 @@ def test_refs_under_auto_axes_keep_the_sharding_their_value_has(run_cli, tmp_pat
         refs = cook.init(jax.random.key(0))
         assert refs["w"][...].sharding.spec == P(None, "model")  # the real Ref's value is sharded
         x = jax.device_put(jnp.zeros((16, 64)), NamedSharding(mesh, P("data", None)))
-        real = cook.train_step.lower(refs, x).compile()
+        if static:
+            real = jax.jit(cook.train_step.__wrapped__, static_argnames=("lr",)).lower(refs, x, lr=0.2).compile()
+        else:
+            real = cook.train_step.lower(refs, x).compile()
     mem = real.memory_analysis()
     record = fn["memory"]["record"]
     assert (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"]) == \
