@@ -148,6 +148,12 @@ def unfaithful_reason(prop: Propagation, inputs: Sequence[LeafReport], outputs: 
         differs = _differs("input", leaf, prop.inputs[leaf.parameter])
         if differs:
             return differs
+    if len(outputs) < len(prop.outputs) and not any(x.ref_write_back for x in outputs):
+        # a function given jax.Refs returns each Ref's new value too (stagetool.lowering.ref_outputs)
+        return (f"the lowered module has {len(prop.outputs) - len(outputs)} results more than the function's "
+                f"{len(outputs)} output leaves: a function given jax.Ref arguments also returns each Ref's new "
+                "value (a Ref write-back), and this JAX did not give their compiled shardings, so why each "
+                "collective is there is unavailable for this function")
     if len(outputs) != len(prop.outputs):
         return (f"the lowered module has {len(prop.outputs)} results but the report {len(outputs)} output leaves; "
                 "the explanation is unavailable for this function")

@@ -26,18 +26,19 @@ Sources (verified on jax/jaxlib 0.10.2, CPU):
   Host memory (``pinned_host``, layout ``S(5)``) is never part of it: ``host_peak_bytes`` is
   ``host_argument + host_output - host_alias + host_temp``, apart.
 * Donation: the compiled HLO module header ``input_output_alias={ {0}: (1, {}, may-alias) }``
-  maps output shape index ``{0}`` to entry parameter 1 (shape index ``{}``).
+  maps output shape index ``{0}`` to entry parameter 1 (shape index ``{}``); read by
+  :func:`stagetool.hlo.parser.parse_input_output_alias`.
 * Capacity: ``jax.Device.memory_stats()["bytes_limit"]`` (None on CPU).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterable, Sequence
 from collections.abc import Mapping
 from typing import Any
 
+from stagetool.hlo.parser import AliasEntry, parse_input_output_alias
 from stagetool.lowering.compat import MEMORY_FIELDS_SINCE_0_11
 from stagetool.lowering.facts import BackendResult
 
@@ -197,61 +198,6 @@ def memory_of(result: BackendResult | None) -> MemoryRecord:
 
 
 # --------------------------------------------------------------------------- donation
-
-
-@dataclasses.dataclass(frozen=True)
-class AliasEntry:
-    """One entry of the HLO module's ``input_output_alias``.
-
-    Attributes:
-      output_index: shape index of the output (``(0,)`` is the first element of the result tuple;
-        ``()`` the whole, non-tuple result).
-      parameter_number: entry computation parameter number (jit prunes unused arguments, so
-        this is not always the flat input-leaf index).
-      parameter_index: shape index within that parameter (``()`` for a non-tuple parameter).
-      kind: ``"may-alias"`` or ``"must-alias"``.
-    """
-
-    output_index: tuple[int, ...]
-    parameter_number: int
-    parameter_index: tuple[int, ...]
-    kind: str
-
-
-_ALIAS_ENTRY = re.compile(
-    r"\{\s*([\d,\s]*)\}\s*:\s*\(\s*(\d+)\s*,\s*\{\s*([\d,\s]*)\}\s*(?:,\s*([\w-]+)\s*)?\)")
-
-
-def _index(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.replace(" ", "").split(",") if p)
-
-
-def parse_input_output_alias(hlo_text: str) -> tuple[AliasEntry, ...]:
-    """Parse ``input_output_alias={ ... }`` from the ``HloModule`` header of compiled HLO text.
-
-    Args:
-      hlo_text: ``Compiled.as_text()`` (only the first ``HloModule`` line is read).
-
-    Returns:
-      The entries sorted by output index; ``()`` when the header has no alias clause
-      (nothing donated, or no donation usable).
-    """
-    header = next((ln for ln in hlo_text.splitlines() if ln.startswith("HloModule")), "")
-    start = header.find("input_output_alias={")
-    if start < 0:
-        return ()
-    i = start + len("input_output_alias=")
-    depth = 0
-    for j in range(i, len(header)):
-        depth += {"{": 1, "}": -1}.get(header[j], 0)
-        if depth == 0:
-            body = header[i + 1:j]
-            break
-    else:
-        body = header[i + 1:]
-    entries = [AliasEntry(_index(m.group(1)), int(m.group(2)), _index(m.group(3)), m.group(4) or "may-alias")
-               for m in _ALIAS_ENTRY.finditer(body)]
-    return tuple(sorted(entries, key=lambda e: (e.output_index, e.parameter_number)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -109,8 +109,9 @@ class LeafDonation:
       path: the input leaf.
       requested: donation was asked for (``donate`` in the spec, or the jit's ``donate_argnums``).
       status: ``aliased`` (its buffer is reused for an output), ``not usable`` (requested, but no
-        output can reuse it: XLA found no output of the same shape and layout), or
-        ``aliased without request``.
+        output can reuse it: XLA found no output of the same shape and layout),
+        ``Ref write-back`` (a ``jax.Ref`` argument: JAX writes its new value into its own buffer,
+        no donation involved), or ``aliased without request``.
       aliased_to: the output leaf paths that reuse its buffer (the module's ``input_output_alias``).
       reason: for ``not usable``, why: no output has the leaf's shape and dtype, or the outputs that
         have them already reuse other donated buffers, or they differ in sharding (bytes per device).
@@ -360,8 +361,19 @@ def _donation(compiled_text: str, inputs: tuple[LeafReport, ...], outputs: tuple
             continue
         names = tuple(_output_name(idx, outputs) for idx in s.aliased_output_indices)
         reason = _not_usable_reason(x, inputs, outputs, statuses) if s.status == "not usable" else None
-        out.append(LeafDonation(x.path, s.requested, s.status, names, reason))
+        status = s.status
+        if status == "aliased without request" and all(_writes_back(idx, x, outputs) for idx in s.aliased_output_indices):
+            status = "Ref write-back"  # the Ref's new value written in place: JAX aliases it, no donation
+        out.append(LeafDonation(x.path, s.requested, status, names, reason))
     return tuple(out)
+
+
+def _writes_back(index: tuple[int, ...], x: LeafReport, outputs: tuple[LeafReport, ...]) -> bool:
+    """The output at an HLO result index is the Ref write-back of input ``x``."""
+    if len(index) != 1 or not 0 <= index[0] < len(outputs):
+        return False
+    o = outputs[index[0]]
+    return o.ref_write_back and o.path == x.path
 
 
 def _not_usable_reason(x: LeafReport, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...],

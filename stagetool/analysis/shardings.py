@@ -50,6 +50,8 @@ class LeafReport:
         ``"model"`` (the model's own annotations), ``"unknown"`` (nothing says: staged replicated),
         ``"compiler"`` (the partitioner chose it:
         ``auto``, or an output without out_shardings), or None (an input replicated by default).
+      ref_write_back: an output that is the new value of a ``jax.Ref`` argument the function writes
+        in place (named by the Ref's input path; its buffer is the Ref's, aliased).
     """
 
     path: str
@@ -69,6 +71,7 @@ class LeafReport:
     padded_bytes_per_device: int | None = None
     chosen_by: str | None = None
     sharding_source: str | None = None
+    ref_write_back: bool = False
 
 
 def _bytes(shape: tuple[int, ...], dtype: str) -> int:
@@ -95,7 +98,7 @@ def leaf_report(facts: LeafFacts, *, output: bool = False, explicit: bool = Fals
                       local_shape=facts.local_shape, source=facts.source, parameter=facts.parameter,
                       padded_bytes_per_device=facts.padded_bytes_per_device,
                       chosen_by=("JAX's sharding types" if explicit else "the SPMD partitioner") if undeclared else None,
-                      sharding_source=facts.sharding_source)
+                      sharding_source=facts.sharding_source, ref_write_back=facts.ref_write_back)
 
 
 def input_leaves(facts: tuple[LeafFacts, ...], *, explicit: bool = False) -> tuple[LeafReport, ...]:

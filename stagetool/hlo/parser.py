@@ -45,6 +45,7 @@ from stagetool.core.dtypes import BY_HLO
 
 __all__ = [
     "CALL_ATTRIBUTES",
+    "AliasEntry",
     "ArrayShape",
     "HloComputation",
     "HloInstruction",
@@ -56,6 +57,7 @@ __all__ = [
     "array_leaves",
     "backend_config_json",
     "dtype_bits",
+    "parse_input_output_alias",
     "parse_hlo_module",
     "parse_int_list",
     "parse_shape",
@@ -820,6 +822,65 @@ def _frame_table(raw: Mapping[int, str]) -> dict[int, tuple[int, int]]:
 # over) is not syntax: :mod:`stagetool.analysis.collectives` reads it.
 
 _INT_RE = re.compile(r"-?\d+")
+
+
+# --------------------------------------------------------------------------------------------
+# The header's input_output_alias
+
+
+@dataclasses.dataclass(frozen=True)
+class AliasEntry:
+    """One entry of the HLO module's ``input_output_alias``.
+
+    Attributes:
+      output_index: shape index of the output (``(0,)`` is the first element of the result tuple;
+        ``()`` the whole, non-tuple result).
+      parameter_number: entry computation parameter number (jit prunes unused arguments, so
+        this is not always the flat input-leaf index).
+      parameter_index: shape index within that parameter (``()`` for a non-tuple parameter).
+      kind: ``"may-alias"`` or ``"must-alias"``.
+    """
+
+    output_index: tuple[int, ...]
+    parameter_number: int
+    parameter_index: tuple[int, ...]
+    kind: str
+
+
+_ALIAS_ENTRY = re.compile(
+    r"\{\s*([\d,\s]*)\}\s*:\s*\(\s*(\d+)\s*,\s*\{\s*([\d,\s]*)\}\s*(?:,\s*([\w-]+)\s*)?\)")
+
+
+def _index(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.replace(" ", "").split(",") if p)
+
+
+def parse_input_output_alias(hlo_text: str) -> tuple[AliasEntry, ...]:
+    """Parse ``input_output_alias={ ... }`` from the ``HloModule`` header of compiled HLO text.
+
+    Args:
+      hlo_text: ``Compiled.as_text()`` (only the first ``HloModule`` line is read).
+
+    Returns:
+      The entries sorted by output index; ``()`` when the header has no alias clause
+      (nothing donated, or no donation usable).
+    """
+    header = next((ln for ln in hlo_text.splitlines() if ln.startswith("HloModule")), "")
+    start = header.find("input_output_alias={")
+    if start < 0:
+        return ()
+    i = start + len("input_output_alias=")
+    depth = 0
+    for j in range(i, len(header)):
+        depth += {"{": 1, "}": -1}.get(header[j], 0)
+        if depth == 0:
+            body = header[i + 1:j]
+            break
+    else:
+        body = header[i + 1:]
+    entries = [AliasEntry(_index(m.group(1)), int(m.group(2)), _index(m.group(3)), m.group(4) or "may-alias")
+               for m in _ALIAS_ENTRY.finditer(body)]
+    return tuple(sorted(entries, key=lambda e: (e.output_index, e.parameter_number)))
 
 
 def parse_int_list(raw: str | None) -> tuple[int, ...] | None:

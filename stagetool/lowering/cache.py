@@ -747,6 +747,7 @@ def _valid_leaf(x: Any, *, output: bool) -> bool:
             and (x.local_shape is None or _ints(x.local_shape)) and (x.source is None or isinstance(x.source, str))
             and (x.parameter is None or _is(x.parameter, int))
             and (x.padded_bytes_per_device is None or _is(x.padded_bytes_per_device, int))
+            and isinstance(x.ref_write_back, bool) and (output or not x.ref_write_back)
             and (not output or x.parameter is None))
 
 

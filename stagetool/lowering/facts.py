@@ -48,6 +48,9 @@ class LeafFacts:
         the init gives the leaf when run), ``model`` (Flax metadata), ``unknown`` (nothing says:
         replicated assumed), ``compiler`` (the partitioner chooses), or None (an input replicated
         by default).
+      ref_write_back: an output that is the new value of a ``jax.Ref`` argument (JAX's extra
+        executable output, one per Ref argument kept, aliased to the Ref's buffer): its path, shape and
+        declared sharding are the Ref input's (:mod:`stagetool.lowering.ref_outputs`).
     """
 
     path: str
@@ -62,6 +65,7 @@ class LeafFacts:
     parameter: int | None = None
     padded_bytes_per_device: int | None = None
     sharding_source: str | None = None
+    ref_write_back: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +209,8 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
 
         program = getattr(inputs, "program", None)  # an nnx.jit target's own program names its outputs
         paths = program.output_paths(staged.traced.out_info, keypath_str) if program is not None else None
-        fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh, inputs.state_outputs, paths)
+        fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh, inputs.state_outputs, paths,
+                                         ref_inputs=(fields["inputs"], ref_flags(inputs)))
     fields["uneven_constraints"] = uneven_constraints(staged.traced, user_files or [])
     fields["host_transfers"] = host_transfers(staged.traced, user_files or [])
     return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)
@@ -444,8 +449,19 @@ def _as_tuple(tree: Any) -> Any:
     return tree
 
 
+def ref_flags(inputs: AbstractInputs) -> tuple[bool, ...]:
+    """Per input leaf (JAX's flattening order), whether it is a ``jax.Ref`` (staged as a
+    ``jax.ref.AbstractRef``)."""
+    import jax
+
+    dynamic = (tuple(inputs.args), {k: v for k, v in inputs.kwargs.items() if k not in inputs.static_argnames})
+    abstract_ref = getattr(getattr(jax, "ref", None), "AbstractRef", None)
+    return tuple(abstract_ref is not None and isinstance(x, abstract_ref) for x in jax.tree_util.tree_leaves(dynamic))
+
+
 def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
-                 state_outputs: tuple[str, ...] = (), paths: list[str] | None = None) -> tuple[LeafFacts, ...]:
+                 state_outputs: tuple[str, ...] = (), paths: list[str] | None = None,
+                 ref_inputs: tuple[tuple[LeafFacts, ...], tuple[bool, ...]] | None = None) -> tuple[LeafFacts, ...]:
     """One :class:`LeafFacts` per output leaf (paths start with ``out``).
 
     ``declared_tree`` is the spec's ``out_shardings`` (None: every output is the compiler's choice,
@@ -454,22 +470,32 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
     leaves are named ``out/...`` and each argument's updated state ``name/...``, as its inputs are.
     ``paths``, when given, names each output leaf instead (an ``nnx.jit`` target's own program:
     :meth:`stagetool.lowering.jit_wrapper.NnxProgram.output_paths`).
+
+    ``ref_inputs`` (the input leaves' facts and which of them are Refs): a function that takes
+    ``jax.Ref`` arguments has one more executable output per Ref argument it keeps; those follow the
+    function's outputs, named by their Ref's input path and marked ``ref_write_back``
+    (:mod:`stagetool.lowering.ref_outputs`).
     """
     import jax
 
     from stagetool.lowering.avals import keypath_str
 
     with_paths, treedef = jax.tree_util.tree_flatten_with_path(traced.out_info)
+    write_backs: list[tuple[LeafFacts, Any, Any]] = []
     try:
         compiled_shardings = compiled.output_shardings
     except ValueError:
-        # A program that writes jax.Refs has extra executable outputs (the refs' new values), and
-        # jax 0.10.2's Compiled.output_shardings/output_formats fail to unflatten them: the
-        # outputs' compiled shardings are unknown (shown as "—"); memory and cost are unaffected.
+        # A program that writes jax.Refs: jax 0.10.2's Compiled.output_shardings/output_formats
+        # fail to unflatten the Refs' extra outputs; ref_outputs reads them all. Where even that
+        # fails the outputs' compiled shardings are unknown ("—"); memory and cost are unaffected.
         compiled_shardings = None
+        found = _ref_program_outputs(compiled, len(with_paths), ref_inputs)
+        if found is not None:
+            shardings, formats, write_backs = found
     if compiled_shardings is None:
-        shardings = [None] * len(with_paths)
-        formats = [None] * len(with_paths)
+        if not write_backs:
+            shardings = [None] * len(with_paths)
+            formats = [None] * len(with_paths)
     else:
         try:  # by the outputs' own structure: a function returning None has no output leaf
             shardings = treedef.flatten_up_to(compiled_shardings)
@@ -489,7 +515,39 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
                              sharding_of(sharding, len(shape), mesh) if sharding is not None else None,
                              shard, padded_bytes_per_device=_padded(shard, info.dtype, fmt),
                              sharding_source="compiler" if chosen else "spec"))
+    for ref, sharding, fmt in write_backs:
+        shard = tuple(sharding.shard_shape(ref.shape))
+        out.append(LeafFacts(ref.path, ref.shape, ref.dtype, ref.declared,
+                             sharding_of(sharding, len(ref.shape), mesh), shard, source=ref.source,
+                             padded_bytes_per_device=_padded(shard, ref.dtype, fmt),
+                             sharding_source=ref.sharding_source, ref_write_back=True))
     return tuple(out)
+
+
+def _ref_program_outputs(compiled: Any, n_outputs: int, ref_inputs: Any) -> tuple[list, list, list] | None:
+    """``(shardings, formats, write_backs)`` of a program whose ``Compiled.output_shardings`` raised:
+    the function's outputs' shardings and formats, and per Ref write-back ``(ref input facts,
+    sharding, format)``; None when that is not a Ref program or its outputs cannot be read."""
+    from stagetool.lowering import ref_outputs
+
+    if ref_inputs is None or not any(ref_inputs[1]):
+        return None
+    leaves, refs = ref_inputs
+    try:
+        text = compiled.as_text()
+    except Exception:  # noqa: BLE001 - no text, no write-backs to name
+        return None
+    n_results = ref_outputs.result_count(text or "")
+    if n_results is None or n_results <= n_outputs:
+        return None
+    read = ref_outputs.all_outputs(compiled, n_results)
+    sources = ref_outputs.write_back_sources(text, n_outputs, n_results, [x.parameter for x in leaves], refs)
+    if read is None or sources is None:
+        return None
+    shardings, formats = read
+    write_backs = [(leaves[i], s, f) for i, s, f in zip(sources, shardings[n_outputs:], formats[n_outputs:],
+                                                        strict=True)]
+    return shardings[:n_outputs], formats[:n_outputs], write_backs
 
 
 def _declared_outputs(tree: Any, n: int, out_info: Any) -> list[Sharding | None]:

@@ -144,6 +144,7 @@ def memory_view(m: Any, platform: str | None = None) -> dict[str, Any]:
         peak_chart = charts.bar_chart(rows)
     header, rows = views.memory_rows(m)
     return {"bar": bar, "rows": rows, "notes": views.memory_notes(m, platform), "aliased": rec.alias_bytes,
+            "aliased_label": views.aliased_label(m),
             "timeline": timeline_view(m),
             "peak": p, "peak_title": views.peak_title(p) if p is not None and not p.reason else None,
             "peak_chart": peak_chart, "peak_rows": views.peak_rows(p)[1] if p is not None and not p.reason else [],

@@ -125,6 +125,18 @@ def cost_notes(c: Any) -> list[tuple[str, str]]:
     return out
 
 
+def aliased_label(m: Any) -> str:
+    """What the aliased bytes are: ``aliased (donated)``, ``aliased (Ref write-backs)`` for a step
+    whose jax.Ref arguments are written in place, or both."""
+    kinds = []
+    donation = getattr(m, "donation", None) or ()
+    if any(d.status != "Ref write-back" for d in donation) or not donation:
+        kinds.append("donated")
+    if any(d.status == "Ref write-back" for d in donation):
+        kinds.append("Ref write-backs")
+    return f"aliased ({', '.join(kinds)})"
+
+
 def memory_rows(m: Any) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)`` of per-device memory in bytes and human units; host rows only where non-zero."""
     rec = m.record
@@ -138,7 +150,8 @@ def memory_rows(m: Any) -> tuple[list[str], list[list[str]]]:
     rows = []
     for label, attr in _MEMORY_ROWS:
         v = getattr(rec, attr)
-        rows.append([label, "n/a" if v is None else str(v), format_bytes(v)])
+        rows.append([aliased_label(m) if attr == "alias_bytes" else label, "n/a" if v is None else str(v),
+                     format_bytes(v)])
     for label, attr in _HOST_ROWS:
         v = getattr(rec, attr)
         if v:
@@ -242,18 +255,26 @@ def donation_summary(m: Any) -> str | None:
     requested = [d for d in m.donation if d.requested]
     if not m.donation:
         return None
+    refs = sum(1 for d in m.donation if d.status == "Ref write-back")
+    ref_text = (f"Ref write-backs: {refs} jax.Ref argument{'s are' if refs != 1 else ' is'} written in place (the "
+                "new value reuses the Ref's buffer; no donation involved)")
+    if refs and not requested:
+        others = len(m.donation) - refs
+        return ref_text + ("; the other aliased leaves are listed below" if others else "")
     aliased = sum(1 for d in requested if d.status == "aliased")
     text = f"donation: {aliased} of {len(requested)} donated leaves reuse their buffer for an output"
-    if len(requested) > aliased:
+    if len(requested) > aliased or len(m.donation) - refs > len(requested):
         text += "; the others are listed below"
-    return text
+    return text + (f"; {ref_text}" if refs else "")
 
 
 def donation_rows(m: Any) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)`` of the leaves whose donation did not simply work (not usable, unused,
-    aliased without being asked); the aliased ones are counted by :func:`donation_summary`."""
+    aliased without being asked); the aliased ones and the Ref write-backs are counted by
+    :func:`donation_summary`."""
     rows = [[d.path, "yes" if d.requested else "no", d.status, ", ".join(d.aliased_to) or "—",
-             getattr(d, "reason", None) or ""] for d in m.donation if not (d.requested and d.status == "aliased")]
+             getattr(d, "reason", None) or ""] for d in m.donation
+            if not (d.requested and d.status == "aliased") and d.status != "Ref write-back"]
     return ["leaf", "requested", "status", "reused by", "why"], rows
 
 
@@ -329,7 +350,9 @@ def leaf_notes(leaf: Any) -> list[str]:
     """Short notes on a shardings-table row: where an input's sharding comes from (``rule``:
     an init's rules, ``init``: what the init gives it when run, ``model``: the model's own
     annotations, ``unknown``: nothing says, staged replicated), unused, chosen by the partitioner,
-    donated, local shape."""
+    donated, local shape; an output that is a ``jax.Ref``'s new value says ``Ref write-back``."""
+    if getattr(leaf, "ref_write_back", False):
+        return ["Ref write-back (in place)"]
     notes = []
     source = getattr(leaf, "sharding_source", None)
     if source in ("rule", "model", "init", "target"):

@@ -142,6 +142,12 @@ def test_unfaithful_propagation_is_silent():
     why = unfaithful_reason(prop, [other], [out])
     assert "input x P('data', None)" in why and "unavailable" in why
     assert "unavailable" in unfaithful_reason(prop, [same], [leaf("out", Sharding("spec", ()), None)])
+    # more results than outputs, none of them a Ref write-back: the user is told what they are
+    two = Propagation(prop.inputs, prop.input_names, prop.outputs * 2, ())
+    why = unfaithful_reason(two, [same], [out])
+    assert why.startswith("the lowered module has 1 results more than the function's 1 output leaves: a function "
+                          "given jax.Ref arguments also returns each Ref's new value (a Ref write-back)")
+    assert unfaithful_reason(two, [same], [out, dataclasses.replace(out, path="x", ref_write_back=True)]) is None
 
 
 KEYED = """\
