@@ -47,6 +47,10 @@ _SOURCE = {
     SCOPE_PER_DEVICE: "jax.stages.Compiled.cost_analysis()",
 }
 
+UNKNOWN_SECONDS_REASON = "XLA's 'unknown' (a negative value, not a figure)"
+"""The ``absent_reasons`` entry of a seconds key XLA reported as negative (its -1, summed over a
+whole program's parts): kept in the record, never shown as a figure or a note."""
+
 _ABSENT_REASON = ("key absent from cost_analysis(); XLA omits counters whose value is 0, "
                   "so this usually means 0")
 
@@ -303,7 +307,7 @@ def normalise_cost(raw: Any, *, scope: str, source: str | None = None,
             if unit == "seconds" and v < 0:
                 # XLA's -1 means "unknown" (CPU's optimal_seconds; a whole program of several parts
                 # sums them: -2): not a figure, and nothing wrong with the others
-                absent.append((key, f"XLA reports {v:g} seconds, its 'unknown'"))
+                absent.append((key, UNKNOWN_SECONDS_REASON))
                 continue
             extra.append(ExtraMetric(key=key, value=v, unit=unit))
             if v < 0 and unit in ("bytes", "FLOPs"):

@@ -87,13 +87,18 @@ def cost_caption(c: Any) -> str:
 
 
 def cost_notes(c: Any) -> list[tuple[str, str]]:
-    """``(severity, text)`` notes: ``warn`` for missing or suspect figures, ``info`` otherwise."""
+    """``(severity, text)`` notes: ``warn`` for missing or suspect figures, ``info`` otherwise. XLA's
+    negative "unknown" seconds (CPU's ``optimal_seconds``) are not data and get no note."""
+    from stagetool.analysis.cost import UNKNOWN_SECONDS_REASON
+
     out = []
     for rec in (c.per_device, c.whole_program):
         scope = rec.scope.replace("_", " ")
         if rec.reason:
             out.append(("warn", f"{scope}: not reported: {rec.reason}"))
         for field, why in rec.absent_reasons:
+            if why == UNKNOWN_SECONDS_REASON:  # XLA's -1 'unknown' of a key nobody asked for: not data, no note
+                continue
             out.append(("info", f"{scope}: {field} n/a: {why}"))
         for s in rec.suspects:
             out.append(("warn", f"{scope}: suspect {s.field}: {s.reason}"))

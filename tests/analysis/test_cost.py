@@ -62,6 +62,16 @@ def test_xlas_unknown_seconds_are_neither_data_nor_suspects():
     assert not any(s.field in unknown for s in rec.suspects)
     assert not any(m.key in unknown for m in rec.extra)
     assert [k for k, _ in rec.absent_reasons if k in unknown] == unknown
+    # trial 2, 14b: the -1 is not shown as a figure, nor as a note of the cost section
+    assert all(why == cost.UNKNOWN_SECONDS_REASON and f"{raw[k]:g}" not in why
+               for k, why in rec.absent_reasons if k in unknown)
+    from types import SimpleNamespace
+
+    from stagetool.report.views import cost_notes
+
+    section = SimpleNamespace(per_device=rec, whole_program=rec, scope_notes=(), loop_trip_counts=(), loop_aware=None,
+                              roofline=None)
+    assert not any(k in text for _, text in cost_notes(section) for k in unknown)
     # a negative byte or FLOP figure is still suspect
     odd = cost.normalise_cost({"flops": 10.0, "bytes accessed": 8.0, "bytes accessedout{}": -1.0, "weird bytes": -4.0},
                               scope=cost.SCOPE_PER_DEVICE)
