@@ -461,3 +461,15 @@ def test_a_sweep_over_targets_without_chip_gives_each_row_its_own_chip(run_cli, 
     assert f"★ best by step: {label}" in text.stdout and "_2x4" not in text.stdout
     assert "1/2 topology=v5e:2x4" in text.stderr and "_2x4" not in text.stderr
     assert "(tpu-v5e)" in text.stdout and "(tpu-v6e)" in text.stdout
+
+
+def test_a_quoted_placeholder_as_a_mesh_size_says_to_unquote_it(run_cli, targets_spec, tmp_path):
+    """Trial 2, finding 12: ``{fsdp: '${n}'}`` with ``--set n=8,4`` read as the string '8' and said only
+    "not '8'"; the message now says it is quoted and how to write it (exit 2, before anything runs)."""
+    spec = write(tmp_path, "q.stagetool.yaml", TARGETS_SPEC.replace("{data: 8}", "{data: '${n}'}"))
+    r = run_cli("sweep", "--spec", str(spec), "--set", "n=8,4", check=2)
+    assert "mesh.axes.data: axis size must be a positive integer, not the string '8': it is quoted" in r.stderr
+    assert "{data: ${NAME}}, not {data: '${NAME}'}" in r.stderr
+    r = run_cli("sweep", "--spec", str(write(tmp_path, "u.stagetool.yaml", TARGETS_SPEC.replace("{data: 8}", "{data: ${n}}"))),
+                "--set", "n=8", "--format", "json", check=0)
+    assert r.code == 0 and r.json()["rows"][0]["device_count"] == 8

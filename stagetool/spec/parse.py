@@ -715,6 +715,13 @@ class _Parser:
                 if problem:
                     self.issues.add(k, f"mesh.axes", problem)
                     continue
+                if isinstance(size, str) and size.strip().isdigit() and int(size) > 0:
+                    # a quoted number is a YAML string: '${n}' filled by --set n=8 reads '8'
+                    self.issues.add(v, f"mesh.axes.{k.value}",
+                                    f"axis size must be a positive integer, not the string {size!r}: it is quoted; "
+                                    f"write it unquoted ({k.value}: {size.strip()}; a placeholder too: "
+                                    f"{{{k.value}: ${{NAME}}}}, not {{{k.value}: '${{NAME}}'}})")
+                    continue
                 if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                     self.issues.add(v, f"mesh.axes.{k.value}", f"axis size must be a positive integer, not {size!r}")
                     continue
