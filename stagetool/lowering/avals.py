@@ -304,7 +304,8 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     static = {k: build_value(v, fspec) for k, v in fspec.static.items()}
     check_static_hashable(fspec, static)
     if own.in_shardings is not None and not issues:
-        args = _take_in_shardings(args, own, by_id, setup.mesh, fspec, issues)
+        args = _take_in_shardings(args, own, by_id, setup.mesh, fspec, issues, ref_shardings,
+                                  mesh_spec.axis_types == "explicit")
     if own.out_shardings is not None and fspec.out_shardings is not None:
         issues.append(f"{fspec.where('out_shardings')}: functions.{fspec.name}.out_shardings: the spec gives "
                       f"out_shardings, and {fspec.target} is already {own.kind}(out_shardings=...); "
@@ -599,10 +600,12 @@ _WHO_SHARDS = {
 }
 
 
-def _take_in_shardings(args: tuple, own: Any, by_id: dict, mesh: Any, fspec: FunctionSpec, issues: list[str]) -> tuple:
+def _take_in_shardings(args: tuple, own: Any, by_id: dict, mesh: Any, fspec: FunctionSpec, issues: list[str],
+                       ref_shardings: dict | None = None, explicit: bool = False) -> tuple:
     """The positional ``args`` with each array leaf sharded as the target's own ``in_shardings``
     say: a leaf the spec writes without ``@`` takes it (``sharding_source: "target"``); one whose
-    ``@`` differs is an issue naming both."""
+    ``@`` differs is an issue naming both. A ``jax.Ref`` leaf stays a Ref: under explicit axes the
+    sharding goes in its type, under auto axes in ``ref_shardings`` (see :func:`as_abstract_ref`)."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -613,9 +616,21 @@ def _take_in_shardings(args: tuple, own: Any, by_id: dict, mesh: Any, fspec: Fun
     def one(x: Any) -> Any:
         d = next(dims)
         leaf = by_id.get(id(x))
-        if d is None or leaf is None or isinstance(x, jax.ref.AbstractRef):  # a Ref keeps its own (not made an array)
+        if d is None or leaf is None:
             return x
         wanted = Sharding("spec", d)
+        if isinstance(x, jax.ref.AbstractRef) and leaf.sharding_source in (None, "unknown"):
+            inner = x.inner_aval
+            typed = NamedSharding(mesh.abstract_mesh, PartitionSpec(*d)) if explicit else None
+            ref = jax.ref.AbstractRef(jax.core.ShapedArray(inner.shape, inner.dtype, weak_type=inner.weak_type,
+                                                           sharding=typed))
+            by_id.pop(id(x), None)
+            by_id[id(ref)] = dataclasses.replace(leaf, declared=wanted, sharding_source="target")
+            if ref_shardings is not None:
+                ref_shardings.pop(id(x), None)
+                if not explicit:
+                    ref_shardings[id(ref)] = NamedSharding(mesh, PartitionSpec(*d))
+            return ref
         if leaf.sharding_source in (None, "unknown"):
             struct = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, PartitionSpec(*d)),
                                           weak_type=getattr(x, "weak_type", False))
