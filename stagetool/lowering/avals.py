@@ -230,6 +230,9 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
 
         flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
         from_model = model_shardings(shapes, rules_object()) if not has_rules else [None] * len(flat)
+        # an init traced under explicit axes: every value's type carries its sharding, and one whose
+        # type names no mesh (a constant such as an Adam count's jnp.array(0)) is replicated when run
+        typed_init = produced is not None and mesh_spec.axis_types == "explicit"
         produced = produced if produced is not None else [None] * len(flat)
         refs = refs if refs is not None else [False] * len(flat)
         out = []
@@ -257,6 +260,8 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                     origin_if_found = "model"  # the model's annotation is what the init applied (Flax eager sharding)
                 if dims is None:
                     dims = struct_dims(value)
+                if dims is None and typed_init and model_dims is None:
+                    dims = (None,) * len(value.shape)  # NamedSharding(mesh, P()) when the init runs
                 if dims is None:
                     dims, origin_if_found = model_dims, "model"
                 if dims is None:
