@@ -17,7 +17,7 @@ import inspect
 from typing import Any, Callable
 
 from stagetool.core.dtypes import hlo_name
-from stagetool.core.errors import USER_CODE_ERRORS, SpecError, StagingError, describe_exception
+from stagetool.core.errors import USER_CODE_ERRORS, SpecError, StagingError, TargetError, describe_exception
 from stagetool.core.location import Loc
 from stagetool.core.mesh import MeshSpec
 from stagetool.core.sharding import AUTO, REPLICATED, Sharding
@@ -1007,7 +1007,7 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
 
     def call(*dyn: Any) -> Any:
         it = iter(dyn)
-        leaves = [next(it) if m else (build_call(c, fspec) if isinstance(c, CallSpec) else c)
+        leaves = [next(it) if m else (_build_in_trace(c, fspec) if isinstance(c, CallSpec) else c)
                   for m, c in zip(mask, constants)]
         full, kw = jax.tree_util.tree_unflatten(treedef, leaves)
         return call_init(target.fn, list(full), kw)
@@ -1016,10 +1016,40 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     try:
         with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()), logical_rules(rules):
             tree, dims, refs = trace_any(call, *dyn)
+    except TargetError:  # a {call: ...} of init_args that failed: the spec's, said at its line (exit 2)
+        raise
     except USER_CODE_ERRORS as e:  # the user's init failed under tracing (sys.exit() included)
         raise StagingError(describe_exception(e), stage="init", function=fspec.name,
                            user_frame=user_frame(e, [target.module_file or ""])) from None
     return (tree, dims, refs) if with_dims else tree
+
+
+#: Words of an error that a value built inside ``jax.jit`` raises and the same call outside would not.
+_TRACE_BOUND = ("jit", "trac", "concret", "abstract")
+
+
+def _build_in_trace(call: CallSpec, fspec: FunctionSpec) -> Any:
+    """:func:`build_call` for a ``{call: ...}`` of ``init_args``, which runs inside the init's trace.
+
+    Raises:
+      TargetError: the call failed; when its error is one of code that cannot run inside
+        ``jax.jit`` (``set_mesh`` in a config's constructor, a concrete value needed), the hint says
+        to build it at an argument position and pass ``{arg: N}``.
+    """
+    from stagetool.core.errors import TargetError
+
+    try:
+        return build_call(call, fspec)
+    except TargetError as e:
+        if not any(w in e.message.lower() for w in _TRACE_BOUND):
+            raise
+        same = [i for i, a in enumerate(fspec.args) if isinstance(a, CallSpec) and a.target == call.target]
+        fix = (f"argument {same[0]} builds the same {{call: {call.target}}} outside the trace: pass that one, "
+               f"{{arg: {same[0]}}}" if same else
+               f"build it at an argument position (args: [{{call: {call.target}}}, ...]) and pass it here as "
+               "{arg: N}, N that argument's position or parameter name")
+        raise TargetError(e.message, hint="a {call: ...} in init_args is built inside the init's trace (jax.jit) "
+                                          f"and this one cannot run there; {fix}") from None
 
 
 def _same_dims(a: tuple, b: tuple) -> bool:

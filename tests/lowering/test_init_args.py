@@ -105,3 +105,61 @@ def test_arg_reference_to_a_later_argument_exits_2(run_cli, tmp_path, isolated_i
     spec = write(tmp_path, "s.yaml", SPEC.replace("[{arg: 0}, {call", "[{arg: 2}, {call"))
     r = run_cli("shardings", "--spec", spec)
     assert r.code == 2 and "s.yaml:11:21" in r.stderr and "{arg: 2}" in r.stderr, r.stderr
+
+
+CONFIG_STEP = '''
+import dataclasses
+import jax, jax.numpy as jnp
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class Config:  # as the JAX training cookbook's: its constructor sets the global mesh
+    width: int = 64
+
+    def __post_init__(self):
+        mesh = jax.make_mesh((8,), ("fsdp",), (jax.sharding.AxisType.Explicit,))
+        jax.sharding.set_mesh(mesh)
+
+def init(config):
+    return {"w": jnp.zeros((config.width, config.width))}
+
+@jax.jit
+def step(config, params, x):
+    return x @ params["w"]
+'''
+
+
+@pytest.mark.parametrize("first, fix", [
+    ("{call: model.py:Config}", "argument 0 builds the same {call: model.py:Config} outside the trace: "
+                                "pass that one, {arg: 0}"),
+    ("3", "build it at an argument position (args: [{call: model.py:Config}, ...]) and pass it here as {arg: N}"),
+])
+def test_call_that_cannot_run_in_the_init_trace_says_to_pass_an_arg(run_cli, tmp_path, isolated_imports, first, fix):
+    """Trial 2, finding 9: a ``{call: ...}`` in init_args runs inside the init's trace; one that cannot
+    (``set_mesh`` in a config's constructor) is exit 2 at its spec line, saying to build it at an
+    argument position and pass ``{arg: N}``; doing so stages."""
+    write(tmp_path, "model.py", CONFIG_STEP)
+    text = f'''
+        version: 1
+        mesh:
+          axes: {{fsdp: 8}}
+          axis_types: explicit
+        functions:
+          step:
+            target: model.py:step
+            args:
+              - {first}
+              - init: model.py:init
+                init_args: [{{call: model.py:Config}}]
+              - 'f32[16,64] @ [fsdp, null]'
+    '''
+    spec = write(tmp_path, "s.yaml", text)
+    r = run_cli("shardings", "--spec", spec)
+    assert r.code == 2, r.stderr
+    assert "s.yaml:11:21: calling model.py:Config failed: ValueError: `set_mesh` can only be used outside of" \
+        in r.stderr
+    assert "a {call: ...} in init_args is built inside the init's trace (jax.jit)" in r.stderr and fix in r.stderr
+    if first != "3":  # the fix as the message gives it
+        spec.write_text(spec.read_text().replace("init_args: [{call: model.py:Config}]", "init_args: [{arg: 0}]"))
+        doc = run_cli("shardings", "--spec", spec, "--format", "json", check=0).json()
+        assert [leaf["path"] for leaf in doc["functions"][0]["inputs"]][:1] == ["params/w"]
