@@ -216,6 +216,13 @@ def fsdp_bf16(w1, w2, x):
     return l, w1 - (0.1 * g[0]).astype(bf16), w2 - (0.1 * g[1]).astype(bf16)
 
 
+def embed_bf16(e, w, ids):
+    def loss(e):
+        return jnp.mean((e[ids] @ w).astype(jnp.float32) ** 2)
+    l, g = jax.value_and_grad(loss)(e)
+    return l, e - (0.1 * g).astype(bf16)
+
+
 def fsdp_f32(w1, w2, x):
     def loss(ws):
         h = jnp.tanh(x.astype(jnp.float32) @ ws[0].astype(jnp.float32))
@@ -226,7 +233,8 @@ def fsdp_f32(w1, w2, x):
 
 FSDP_ARGS = ["bf16[256,512] @ [fsdp]", "bf16[512,256] @ [fsdp]", "bf16[64,256] @ [fsdp]"]
 FSDP_SPEC = "version: 1\nmesh: {axes: {fsdp: 8}}\nfunctions:\n" + "".join(
-    f"  {name}:\n    target: f.py:{name}\n    args: {FSDP_ARGS!r}\n" for name in ("fsdp_bf16", "fsdp_f32"))
+    f"  {name}:\n    target: f.py:{name}\n    args: {args!r}\n"
+    for name, args in (("fsdp_bf16", FSDP_ARGS), ("fsdp_f32", FSDP_ARGS), ("embed_bf16", ["bf16[256,128]", "bf16[128,128]", "i32[64] @ [fsdp]"])))
 
 
 @pytest.fixture
@@ -305,3 +313,15 @@ def test_on_v5e_the_fsdp_gathers_are_bf16(run_cli, fsdp_spec):
     gathers = [i for i in fn["collectives"]["items"] if i["collective"]["kind"] == "all-gather"]
     assert gathers and all(t.startswith("bf16[") for g in gathers for t in g["collective"]["result_types"])
     assert all(i["widened_from"] is None for i in fn["collectives"]["items"])
+
+
+def test_a_bf16_embeddings_scatter_add_gradient_in_the_tuple_all_reduce_is_marked(run_cli, fsdp_spec):
+    """The cookbook's embedding gradient (trial 2): ``e[ids] @ w`` of a bf16 table gives a scatter-add
+    gradient that XLA:CPU computes in f32 (into an f32 buffer converted from bf16) and all-reduces with
+    the f32 loss in one tuple; the gradient's bytes are marked, the loss's 4 B not. (Marks need the
+    program's own 16-bit dots, hence ``@ w``.)"""
+    fn = _fn(run_cli("collectives", "--spec", str(fsdp_spec), "-f", "embed_bf16", "--format", "json", check=0).json(),
+             "embed_bf16")
+    (item,) = [i for i in fn["collectives"]["items"] if i["collective"]["kind"] == "all-reduce"]
+    assert item["collective"]["result_types"] == ["f32[]", "f32[256,128]"]
+    assert item["widened_from"] == "bf16" and item["widened_bytes"] == 256 * 128 * 4

@@ -18,7 +18,9 @@ Found on jax/jaxlib 0.10.2 (XLA:CPU), from the compiled (per-device) module
   back before the all-reduce (``all-reduce(fusion(convert(convert(dot, bf16), f32)))``, one tuple
   all-reduce of all gradients). Both are an f32 value that is a 16-bit value widened by
   value-preserving ops only (converts, bitcasts, copies, reshapes, transposes, broadcasts and slices,
-  inside fusions too): such an operand makes its result element widened. A tuple collective is
+  inside fusions too; a scatter or dynamic-update-slice through the buffer it writes into, whose type
+  its result has: a bf16 embedding's scatter-add gradient): such an operand makes its result element
+  widened. A tuple collective is
   marked by the bytes of its widened elements (``widened_bytes``); an element that is f32 in the
   program (a loss) is not counted.
 * **Random numbers as rolled loops.** ``jax.random`` (threefry2x32) is lowered on CPU as a ``while``
@@ -48,8 +50,12 @@ _PASS_THROUGH = frozenset({"convert", "bitcast", "copy", "reshape", "transpose",
 _FUSIONS = frozenset({"fusion", "call", "custom-call", "async-start"})
 #: Ops that move or widen values without computing new ones: a 16-bit value reaching a collective
 #: through these alone is still the program's 16-bit value (``dynamic-slice``: its first operand).
+#: ``scatter`` and ``dynamic-update-slice`` are followed through their first operand, the buffer they
+#: write into: HLO gives their result that operand's type and requires it of the updates, so a
+#: buffer that was 16-bit in the program makes the result 16-bit there (a bf16 embedding's
+#: scatter-add gradient, computed in f32 by XLA:CPU).
 _VALUE_PRESERVING = frozenset({"convert", "bitcast", "copy", "reshape", "transpose", "broadcast", "slice",
-                               "dynamic-slice"})
+                               "dynamic-slice", "scatter", "dynamic-update-slice"})
 #: v5e slice shapes by chip count: the compile-only TPU target suggested for a mesh of that many devices.
 _V5E = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
 
