@@ -416,7 +416,8 @@ def find_causes(name: str, before: Mapping, after: Mapping, changes: list[Change
 
     Edits: inputs whose *declared* sharding changed, grouped by the spec line that declares them (one
     rule edited changes every leaf it matches: one cause); a sharding constraint whose sharding changed,
-    appeared or went (by its source line); the mesh; the environment (``environment``: the sentences of
+    appeared or went (by its source line; under explicit axes a line whose new shardings all came in at
+    one earlier edited line is listed under that edit, as its values' sharding types); the mesh; the environment (``environment``: the sentences of
     :func:`environment_notices`). A change is linked to an edit when the snapshots record it: a leaf the
     edit declares, an output or a collective whose recorded origins (``origins``, ``causes``) name a
     leaf or constraint of the edit (on either side). What no edit is linked to goes to the mesh when it
@@ -465,14 +466,30 @@ def find_causes(name: str, before: Mapping, after: Mapping, changes: list[Change
             by_line_b.setdefault(c["line"], []).append(c["sharding"])
         for c in ca:
             by_line_a.setdefault(c["line"], []).append(c["sharding"])
+        # Under explicit axes every op's result type is a constraint of its line, so one edited
+        # out_sharding= changes the lines after it that take the value: a line whose new shardings all
+        # came in at one earlier edited line follows that edit (its values' types), not an edit itself.
+        typed = mb.get("axis_types") == "explicit" and ma.get("axis_types") == "explicit"
+        introduced: dict[str, int] = {}  # a sharding -> the edit (index in edits) at whose line it came in
         for line in sorted(set(by_line_b) | set(by_line_a), key=_line_key):
             sb, sa = sorted(by_line_b.get(line, [])), sorted(by_line_a.get(line, []))
             if sb == sa:
                 continue
             old, new = " ".join(sb) or "none", " ".join(sa) or "none"
+            added = set(sa) - set(sb)
+            origin = {introduced.get(x) for x in added}
+            if typed and added and len(origin) == 1 and None not in origin:
+                i = origin.pop()
+                cause, labels = edits[i]
+                edits[i] = (dataclasses.replace(cause, edits=(*cause.edits, f"{line}: {old} → {new} (follows "
+                                                              f"{cause.where}: the sharding types of its values)")),
+                            labels | {f"constraint {line}"})
+                continue
             verb = "added" if not sb else "removed" if not sa else "changed"
             edits.append((Cause(name, "constraint", f"the sharding constraint at {line} {verb}", line,
                                 (f"{line}: {old} → {new}",)), {f"constraint {line}"}))
+            for x in added:
+                introduced.setdefault(x, len(edits) - 1)
     if environment:
         edits.append((Cause(name, "environment", "the environment changed: " + "; ".join(environment), None,
                             tuple(environment)), set()))
