@@ -315,3 +315,43 @@ def test_ref_step_collectives_have_causes_and_check_names_the_constraint(run_cli
     r = run_subprocess("check", "--baseline", "base.json", "--format", "json", cwd=tmp_path)
     assert r.code == 1, r.stderr
     assert [c["where"] for c in r.json()["functions"][0]["causes"]] == [f"cook3.py:{line}", f"cook3.py:{line + 1}"]
+
+
+def test_refs_take_the_targets_in_shardings(run_cli, tmp_path, isolated_imports):
+    """A Ref step jitted with ``in_shardings`` (auto axes, an init that shards nothing): the Refs take
+    the target's shardings (``from target``) and stay Refs; the program equals raw ``jax.jit`` lowering
+    the same jitted step on abstract refs (``jax.ref.AbstractRef``)."""
+    write(tmp_path, "cook.py", AUTO_STEP.replace(
+        'params = {"w": jax.lax.with_sharding_constraint(params["w"], P(None, "model")), "b": params["b"]}', "")
+        + '\nsharded_step = jax.jit(train_step.__wrapped__, in_shardings=({"b": P(), "w": P(None, "model")}, '
+          'P("data", None)))\n')
+    spec = write(tmp_path, "s.yaml", '''
+        version: 1
+        mesh:
+          axes: {data: 2, model: 4}
+        functions:
+          train_step:
+            target: cook.py:sharded_step
+            args:
+              - init: cook.py:init
+                init_args: [key(0)]
+              - 'f32[16,64]'
+    ''')
+    fn = run_cli("report", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
+    sys.path.insert(0, str(tmp_path))
+    import cook
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+    with jax.set_mesh(mesh):
+        ref = lambda *shape: jax.ref.AbstractRef(jax.core.ShapedArray(shape, jnp.float32))  # noqa: E731
+        real = cook.sharded_step.lower({"b": ref(64), "w": ref(64, 64)},
+                                       jax.ShapeDtypeStruct((16, 64), jnp.float32)).compile()
+    mem = real.memory_analysis()
+    record = fn["memory"]["record"]
+    assert (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"]) == \
+        (mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes, mem.temp_size_in_bytes)
+    assert record["alias_bytes"] > 0  # still Refs, written in place
+    assert fn["cost"]["per_device"]["flops"] == real.cost_analysis()["flops"]
+    leaves = leaves_by_path({"functions": [fn]})
+    assert leaves["params/w"]["compiled"] == "P(None, 'model')" and leaves["params/w"]["sharding_source"] == "target"
+    assert leaves["x"]["compiled"] == "P('data', None)"
