@@ -533,6 +533,8 @@ def _ref_program_outputs(compiled: Any, n_outputs: int, ref_inputs: Any) -> tupl
     if ref_inputs is None or not any(ref_inputs[1]):
         return None
     leaves, refs = ref_inputs
+    if len(leaves) != len(refs):  # a program whose inputs are not the arguments' leaves one to one
+        return None
     try:
         text = compiled.as_text()
     except Exception:  # noqa: BLE001 - no text, no write-backs to name
