@@ -2,7 +2,8 @@
 
 The same command run from another working directory, or in another checkout of the same project,
 prints the same paths; the facts cache keys source locations relative to the spec's folder, so an
-entry made in one checkout is a hit in another, and reads there as that checkout's own compile.
+entry made in one checkout is a hit in another, and reads there as that checkout's own compile. Files
+elsewhere in the spec's project (a spec in `configs/`, the model in `src/`) read `../src/m.py`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES, run_subprocess
+from helpers import EXAMPLES, REPO, run_subprocess
 from stagetool.core.paths import ROOT_TOKEN, ReportRoot, report_root
 
 
@@ -178,3 +179,199 @@ def test_a_cache_entry_from_another_checkout_is_a_hit_and_reads_as_this_checkout
     assert doc["cached"] is False
     layer2 = _line(model, 'h @ params["w2"]')
     assert f"mlp.py:{layer2}" in {item["source"] for item in doc["collectives"]["items"]}
+
+
+# ---- the project around the spec's folder: paths outside that folder, in the same project ---------------
+
+
+def test_the_project_is_the_nearest_folder_with_a_marker_and_never_home_or_the_filesystem_root(tmp_path,
+                                                                                              monkeypatch):
+    from stagetool.core.paths import find_project
+
+    (tmp_path / "home" / "me" / "repo" / "pkg" / "configs").mkdir(parents=True)
+    home, repo = tmp_path / "home" / "me", tmp_path / "home" / "me" / "repo"
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: home))
+    configs = (repo / "pkg" / "configs").resolve()
+    assert find_project(configs) is None                       # no marker up to the home folder
+    (home / ".git").mkdir()                                    # a dotfiles repository in the home folder
+    assert find_project(configs) is None
+    (repo / ".git").write_text("gitdir: /elsewhere/.git/worktrees/repo\n")  # a worktree's .git is a file
+    assert find_project(configs) == repo.resolve()
+    for marker in ("pyproject.toml", "setup.py", "setup.cfg"):
+        (repo / "pkg" / marker).write_text("")
+        assert find_project(configs) == (repo / "pkg").resolve()  # the nearest wins
+        (repo / "pkg" / marker).unlink()
+    (configs / "setup.cfg").write_text("")
+    assert find_project(configs) == configs                    # the spec's own folder can be the project
+    # outside the home folder the search goes up to, but never to, the filesystem root
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: tmp_path / "nobody"))
+    (configs / "setup.cfg").unlink(), (repo / ".git").unlink()
+    assert find_project(configs) == home.resolve()
+
+
+def test_paths_in_the_project_outside_the_spec_folder_go_up_with_dotdot():
+    root = ReportRoot("/home/me/proj/a/configs", (), "a/configs/m.stagetool.yaml", "/home/me/proj",
+                      ("/mnt/link/proj",), ("/home/me/proj/.venv",), ("/home/me/proj/stagetool",))
+    cases = {  # text: (relative, portable)
+        "/home/me/proj/a/configs/m.py:3": ("m.py:3", f"{ROOT_TOKEN}/a/configs/m.py:3"),
+        "/home/me/proj/a/src/m.py:27": ("../src/m.py:27", f"{ROOT_TOKEN}/a/src/m.py:27"),   # the shortest ../
+        "/home/me/proj/src/m.py:27 ← /home/me/proj/a/configs2/x.py:1":
+            ("../../src/m.py:27 ← ../configs2/x.py:1", f"{ROOT_TOKEN}/src/m.py:27 ← {ROOT_TOKEN}/a/configs2/x.py:1"),
+        "/mnt/link/proj/src/m.py:4": ("../../src/m.py:4", f"{ROOT_TOKEN}/src/m.py:4"),     # through a link
+        "a/configs/m.stagetool.yaml:14:13": ("m.stagetool.yaml:14:13", f"{ROOT_TOKEN}/a/configs/m.stagetool.yaml:14:13"),
+        'loc("/home/me/proj/src/m.py":27:13)': ('loc("../../src/m.py":27:13)', f'loc("{ROOT_TOKEN}/src/m.py":27:13)'),
+        # a Python environment in the project: absolute in reports, from the token in the cache
+        "/home/me/proj/.venv/lib/python3.12/site-packages/flax/linen/linear.py:88":
+            ("/home/me/proj/.venv/lib/python3.12/site-packages/flax/linen/linear.py:88",
+             f"{ROOT_TOKEN}/.venv/lib/python3.12/site-packages/flax/linen/linear.py:88"),
+        "/home/me/proj/a/configs/env/lib/python3.12/site-packages/optax/x.py:1":   # any site-packages
+            ("/home/me/proj/a/configs/env/lib/python3.12/site-packages/optax/x.py:1",
+             f"{ROOT_TOKEN}/a/configs/env/lib/python3.12/site-packages/optax/x.py:1"),
+        "/home/me/proj/src/site_packages_notes.py:2": ("../../src/site_packages_notes.py:2",
+                                                       f"{ROOT_TOKEN}/src/site_packages_notes.py:2"),
+        # stagetool's own code in a checkout of stagetool: never rewritten
+        "/home/me/proj/stagetool/pipeline.py:9": ("/home/me/proj/stagetool/pipeline.py:9",
+                                                  "/home/me/proj/stagetool/pipeline.py:9"),
+        # outside the project, or not a path start: unchanged
+        "/home/me/proj2/m.py:1": ("/home/me/proj2/m.py:1", "/home/me/proj2/m.py:1"),
+        "/x/home/me/proj/src/m.py:1": ("/x/home/me/proj/src/m.py:1", "/x/home/me/proj/src/m.py:1"),
+        "/usr/lib/python3/x.py:1": ("/usr/lib/python3/x.py:1", "/usr/lib/python3/x.py:1"),
+    }
+    assert {k: (root.relative(k), root.portable(k)) for k in cases} == cases
+    assert root.position == "a/configs" and root.base == "/home/me/proj"
+    assert root.local(root.portable("/home/me/proj/src/m.py:27")) == "/home/me/proj/src/m.py:27"
+    assert ReportRoot("/p", (), None, "/p").position == "." == ReportRoot("/p").position
+    with pytest.raises(ValueError, match="does not hold"):
+        ReportRoot("/p/configs", (), None, "/q")
+
+    assert not ReportRoot('/p"x/configs', (), None, '/p"x').plain
+
+
+def test_report_root_finds_the_project_its_links_and_the_environment_inside_it(tmp_path, monkeypatch):
+    proj = tmp_path / "proj"
+    (proj / "configs").mkdir(parents=True)
+    (proj / "pyproject.toml").write_text("")
+    (tmp_path / "link").symlink_to(proj)
+    venv = proj / ".venv"
+    monkeypatch.setattr("sys.prefix", str(venv))
+    monkeypatch.setattr("sys.exec_prefix", str(venv))
+    root = report_root(tmp_path / "link" / "configs" / "m.stagetool.yaml")
+    real = proj.resolve()
+    assert (root.folder, root.project) == (str(real / "configs"), str(real))
+    assert root.aliases == (str(tmp_path / "link" / "configs"),) and root.project_aliases == (str(tmp_path / "link"),)
+    assert str(real / ".venv") in root.environments
+    assert root.relative(f"{tmp_path}/link/src/m.py:3") == "../src/m.py:3" == root.relative(f"{real}/src/m.py:3")
+    assert root.relative(f"{real}/.venv/lib/python3.12/x.py:3") == f"{real}/.venv/lib/python3.12/x.py:3"
+    # stagetool's own code, in a checkout of stagetool, is never rewritten (the cache key leaves it out)
+    import stagetool
+
+    own = Path(stagetool.__file__).resolve().parent
+    here = report_root(EXAMPLES / "mlp.stagetool.yaml")
+    assert here.project == str(REPO) and here.relative(f"{REPO}/examples/mlp.py:1") == "mlp.py:1"
+    if REPO in own.parents:  # stagetool imported from this checkout (not an installed copy)
+        assert str(own) in here.foreign
+        assert here.relative(f"{own}/pipeline.py:9") == f"{own}/pipeline.py:9" == here.portable(f"{own}/pipeline.py:9")
+    # no marker above the spec's folder: as before, only the folder itself
+    (proj / "pyproject.toml").unlink()
+    alone = report_root(proj / "configs" / "m.stagetool.yaml")
+    assert alone.project is None and alone.relative(f"{real}/src/m.py:3") == f"{real}/src/m.py:3"
+
+
+def _configs_project(folder: Path, *, marker: bool = True) -> Path:
+    """A project laid out as many are: ``pyproject.toml``, ``configs/m.stagetool.yaml`` with
+    ``target: ../src/m.py:train_step``, ``src/m.py`` (examples/mlp.py whose second layer calls a
+    library in the project's own virtualenv, ``.venv/lib/python3.12/site-packages/mlplib.py``)."""
+    (folder / "configs").mkdir(parents=True)
+    (folder / "src").mkdir()
+    site = folder / ".venv" / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    if marker:
+        (folder / "pyproject.toml").write_text("[project]\nname = 'm'\n")
+    (site / "mlplib.py").write_text("def dense(h, w, b):\n    return h @ w + b\n")
+    model = (EXAMPLES / "mlp.py").read_text()
+    model = model.replace("import jax\nimport jax.numpy as jnp\n", (
+        "import pathlib\nimport sys\n\nimport jax\nimport jax.numpy as jnp\n\n"
+        "sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / '.venv/lib/python3.12/site-packages'))\n"
+        "from mlplib import dense  # noqa: E402\n"), 1)
+    model = model.replace('logits = h @ params["w2"] + params["b2"]', 'logits = dense(h, params["w2"], params["b2"])')
+    assert "dense(h" in model and "mlplib" in model
+    (folder / "src" / "m.py").write_text(model)
+    spec = (EXAMPLES / "mlp.stagetool.yaml").read_text().replace("mlp.py:", "../src/m.py:")
+    (folder / "configs" / "m.stagetool.yaml").write_text(spec)
+    return folder
+
+
+@pytest.mark.slow
+def test_a_spec_in_configs_beside_src_reads_the_same_in_two_checkouts_and_hits_the_cache(tmp_path):
+    """Two copies of a project (configs/ + src/ + .venv/): JSON reports equal, every project path
+    relative to configs/ (``../src/m.py:N``), the virtualenv's library absolute (each copy's own);
+    the second copy's report is a cache hit equal to its own --no-cache run, its compiled text names
+    only its own files; snapshots byte-identical."""
+    a, b = _configs_project(tmp_path / "a" / "proj"), _configs_project(tmp_path / "b" / "proj")
+    cache = tmp_path / "cache"
+    report = ("report", "--spec", "configs/m.stagetool.yaml", "--peak", "--format", "json")
+
+    cold_a = run_subprocess(*report, "--cache-dir", cache, cwd=a)
+    assert cold_a.code == 0, cold_a.stderr
+    assert cold_a.json()["functions"][0]["cached"] is False
+    (entry,) = (cache / "facts").glob("*/*.json")
+    assert str(a) not in entry.read_text() and f"{ROOT_TOKEN}/src/m.py" in entry.read_text()
+    warm_b = run_subprocess("report", "--spec", "m.stagetool.yaml", "--peak", "--format", "json",  # another cwd
+                            "--cache-dir", cache, cwd=b / "configs")
+    assert warm_b.code == 0, warm_b.stderr
+    assert warm_b.json()["functions"][0]["cached"] is True
+    plain_b = run_subprocess(*report, "--no-cache", cwd=b)
+    doc_a, doc_b, doc_b_plain = _doc(cold_a), _doc(warm_b), _doc(plain_b)
+    # the virtualenv's library is each copy's own absolute path: the one place the reports differ
+    lib_a, lib_b = (str(p.resolve() / ".venv/lib/python3.12/site-packages/mlplib.py") for p in (a, b))
+    assert lib_b in json.dumps(doc_b) and lib_a in json.dumps(doc_a) and lib_a not in json.dumps(doc_b)
+    assert json.loads(json.dumps(doc_a).replace(lib_a, lib_b)) == doc_b == doc_b_plain
+
+    fn = doc_b["functions"][0]
+    model = b / "src" / "m.py"
+    layer2 = _line(model, 'logits = dense(h, params["w2"]')
+    assert f"../src/m.py:{layer2}" in {item["source"] for item in fn["collectives"]["items"]}
+    chain = [f["file"] for item in fn["collectives"]["items"] for f in item["collective"]["source_chain"]]
+    assert "../src/m.py" in chain and lib_b in chain, chain
+    spec = b / "configs" / "m.stagetool.yaml"
+    w1 = next(x for x in fn["inputs"] if x["path"] == "params/w1")
+    assert w1["source"] == f"m.stagetool.yaml:{_line(spec, 'params/w1$')}:13"
+    text = json.dumps(doc_b).replace(lib_b, "")
+    assert str(tmp_path) not in text and str(tmp_path.resolve()) not in text
+
+    snaps = []
+    for i, (cwd, cache_args) in enumerate(((a, ("--cache-dir", cache)), (b, ("--cache-dir", cache)),
+                                           (b, ("--no-cache",)))):
+        r = run_subprocess("snapshot", "--spec", "configs/m.stagetool.yaml", *cache_args, "-o",
+                           tmp_path / f"s{i}.json", cwd=cwd)
+        assert r.code == 0, r.stderr
+        snaps.append((tmp_path / f"s{i}.json").read_bytes())
+    assert snaps[0] == snaps[1] == snaps[2]
+
+    compiled = run_subprocess("compile", "--spec", "configs/m.stagetool.yaml", "--cache-dir", cache,
+                              "--format", "json", cwd=b)
+    assert compiled.code == 0, compiled.stderr
+    (cfn,) = compiled.json()["functions"]
+    assert cfn["cached"] is True
+    text = cfn["module"]["text"]  # XLA's compiled text as XLA writes it: absolute paths, B's own
+    files = set(re.findall(r'source_file="([^"]+)"', text)) | set(re.findall(r'"(/[^"]*\.py)"', text))
+    assert {str(model.resolve()), lib_b} <= files, files
+    assert not any(str(a) in f or str(a.resolve()) in f for f in files), files
+
+
+@pytest.mark.slow
+def test_without_a_project_marker_files_outside_the_spec_folder_stay_absolute(tmp_path):
+    """No pyproject.toml, setup.py, setup.cfg or .git above the spec: only the spec's folder is the
+    root, as before — ``../src/m.py`` is written absolute, and another copy misses the cache."""
+    a, b = (_configs_project(tmp_path / x / "proj", marker=False) for x in "ab")
+    cache = tmp_path / "cache"
+    report = ("report", "--spec", "configs/m.stagetool.yaml", "--format", "json", "--cache-dir", cache)
+    first = run_subprocess(*report, cwd=a)
+    assert first.code == 0, first.stderr
+    model = (a / "src" / "m.py").resolve()
+    layer2 = _line(model, 'logits = dense(h, params["w2"]')
+    fn = first.json()["functions"][0]
+    assert f"{model}:{layer2}" in {item["source"] for item in fn["collectives"]["items"]}
+    assert next(x for x in fn["inputs"] if x["path"] == "params/w1")["source"].startswith("m.stagetool.yaml:")
+    other = run_subprocess(*report, cwd=b)
+    assert other.code == 0 and other.json()["functions"][0]["cached"] is False

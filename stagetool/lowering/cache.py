@@ -76,11 +76,12 @@ from stagetool.hlo.parser import SourceFrame
 from stagetool.lowering.shardy import Operand, PropagatedOp, Propagation, ShardingRule, ValueSharding
 from stagetool.lowering.stages import PeakDump
 
-CACHE_SCHEMA = 6
+CACHE_SCHEMA = 7
 """Version of the entry format and of the key's contents; bump it when either changes.
 3: authenticated entries (HMAC header line), compile settings in the key. 5: the payload as a table of
 distinct values (:func:`_pack`). 6: paths below the report root written from ``<stagetool-root>`` in
-the key and the entries."""
+the key and the entries. 7: ``<stagetool-root>`` stands for the project around the spec's folder,
+whose place in it is a key part."""
 
 MAX_ENTRY_BYTES = 1 << 30
 """An entry larger than this (1 GiB) is not read: a miss. (A 48-layer transformer's entry is ~60 MB.)"""
@@ -151,10 +152,12 @@ def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = 
       inputs: the :class:`~stagetool.lowering.avals.AbstractInputs`.
       declared_outputs: the spec's ``out_shardings`` tree.
       compiler_options: the options passed to ``Lowered.compile``.
-      root: the report root (the spec's folder, :mod:`stagetool.core.paths`): source locations and
-        spec locations below it enter the key relative to it (:meth:`ReportRoot.portable`), so the
-        same project in another folder has the same key. None, or a root whose spelling XLA would
-        escape (:attr:`ReportRoot.plain`): the locations as they are, and the root itself is a key part.
+      root: the report root (the spec's folder in its project, :mod:`stagetool.core.paths`): source
+        locations and spec locations in the project enter the key relative to the project's folder
+        (:meth:`ReportRoot.portable`), and the spec folder's place in the project
+        (:attr:`ReportRoot.position`) is a key part, so the same project in another folder has the
+        same key. None, or a root whose spelling XLA would escape (:attr:`ReportRoot.plain`): the
+        locations as they are, and the root itself is a key part.
 
     Whether the entry holds the live-range dump is not part of the key: an entry without it does
     not answer a request for the peak (:meth:`FactsCache.load`), and that request's compile rewrites
@@ -181,6 +184,8 @@ def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = 
     }
     if root is not None and not root.plain:
         description["root"] = root.folder  # its paths stay absolute: entries stay with this checkout
+    elif root is not None:
+        description["spec_folder"] = root.position  # where the token's paths are, seen from the spec
     if getattr(setup, "target_config_sha256", None) is not None:  # a compile-only GPU target: what XLA compiled for
         from stagetool.lowering.gpu_topology import cuda_plugin_version
 
@@ -201,7 +206,7 @@ def _local_body(body: bytes, root: ReportRoot | None) -> bytes:
         return body
     from stagetool.core.paths import ROOT_TOKEN
 
-    return body.replace(f"{ROOT_TOKEN}/".encode("ascii"), f"{root.folder}/".encode("utf-8"))
+    return body.replace(f"{ROOT_TOKEN}/".encode("ascii"), f"{root.base}/".encode("utf-8"))
 
 
 def _strings(value: Any, fn) -> Any:
@@ -269,18 +274,11 @@ _FILE_LOCATION = re.compile(r'loc\("((?:[^"\\]|\\.)*)":(\d+):(\d+)(?: to (\d*):?
 
 
 def _callers_dirs() -> tuple[str, ...]:
-    """Folders of the code that calls the user's function: stagetool, and its CLI's typer (and click)."""
-    import importlib.util
+    """Folders of the code that calls the user's function: stagetool, and its CLI's typer (and click)
+    (:func:`stagetool.core.paths.caller_folders`, which the report root never rewrites either)."""
+    from stagetool.core.paths import caller_folders
 
-    dirs = [str(Path(__file__).resolve().parents[1])]
-    for name in ("typer", "click"):
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is not None and spec.origin:
-            dirs.append(str(Path(spec.origin).resolve().parent))
-    return tuple(dirs)
+    return caller_folders()
 
 
 def source_locations(debug_text: str) -> list[str]:
