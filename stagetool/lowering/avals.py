@@ -187,8 +187,10 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
             return tuple(convert(t, f"{path}/{i}", donated) for i, t in enumerate(tree))
         if isinstance(tree, dict):
             return {k: convert(v, f"{path}/{k}", donated) for k, v in tree.items()}
-        if top and prejitted and isinstance(tree, (bool, int, float, str)):
-            return tree  # a value at a static_argnums position of a jitted target is passed as the value
+        if top and isinstance(tree, (bool, int, float, str)):
+            # passed as the value: at a jax.jit target's top level (as before), to eqx.filter_jit (a
+            # Python number is static to Equinox), at an nnx.jit's static_argnums position
+            return tree
         if isinstance(tree, (bool, int, float)):
             # A Python number is traced as a weakly typed scalar, as jax.jit does with a literal.
             dtype = "bool" if isinstance(tree, bool) else "int32" if isinstance(tree, int) else "float32"
@@ -295,12 +297,16 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
             rules_cache.append(resolve_logical_rules(fspec))
         return rules_cache[0]
 
-    prejitted = isinstance(fn, jax.stages.Wrapped) or own.kind is not None
+    def as_value(i: int) -> bool:
+        """Whether a Python value at position ``i`` is handed over as it is (see convert)."""
+        from stagetool.lowering.jit_wrapper import is_jax_jit  # (an nnx.jit object is a jax.stages.Wrapped too)
+
+        return is_jax_jit(fn) or own.kind == "eqx.filter_jit" or (own.kind == "nnx.jit" and i in own.static_argnums)
 
     built: dict[int | str, Any] = {}  # for {arg: ...} in a later init: by position and by name
     args_list = []
     for i, a in enumerate(fspec.args):
-        args_list.append(convert(a, names[i], i in donated_nums, top=True))
+        args_list.append(convert(a, names[i], i in donated_nums, top=as_value(i)))
         built[i] = built[names[i]] = args_list[-1]
     args = tuple(args_list)
     kwargs = {}

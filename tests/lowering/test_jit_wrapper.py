@@ -466,3 +466,40 @@ def test_nnx_jit_nested_keeps_its_shardings_at_the_boundary(run_cli, tmp_path, i
             Counter(trimmed(tuple(s.spec)) for s in jax.tree_util.tree_leaves(theirs)), ours
     outputs = {x["path"]: x["compiled"] for x in fn["outputs"]}
     assert outputs["model/up/kernel/value"] == "P(None, 'model')" and outputs["out/1"] == "P('data', 'model')"
+
+
+def test_nnx_jit_traces_a_python_number_as_nnx_jit_does(run_cli, tmp_path, isolated_imports):
+    """A Python number for a non-static parameter of an ``nnx.jit`` step is a traced scalar input (as
+    jax.jit, which nnx.jit is, traces it), not a constant: arguments 4 bytes more than the arrays."""
+    pytest.importorskip("flax")
+    from flax import nnx
+
+    write(tmp_path, "nnxnum.py", '''
+        import jax.numpy as jnp
+        from flax import nnx
+
+        @nnx.jit
+        def step(model, x, scale):
+            return jnp.sum(model(x)) * scale
+    ''')
+    spec = write(tmp_path, "s.yaml", '''
+        version: 1
+        mesh:
+          axes: {data: 2, model: 4}
+        functions:
+          step:
+            target: nnxnum.py:step
+            args:
+              - {init: flax.nnx:Linear, init_args: [64, 128]}
+              - 'f32[16,64]'
+              - 2.0
+    ''')
+    fn = run_cli("report", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
+    sys.path.insert(0, str(tmp_path))
+    import nnxnum
+
+    with jax.set_mesh(mesh_2x4()):
+        model = nnx.eval_shape(lambda: nnx.Linear(64, 128, rngs=nnx.Rngs(0)))
+        mem = nnxnum.step.lower(model, jax.ShapeDtypeStruct((16, 64), jnp.float32), 2.0).compile().memory_analysis()
+    assert fn["memory"]["record"]["argument_bytes"] == mem.argument_size_in_bytes == 4 * (64 * 128 + 128 + 16 * 64 + 1)
+    assert leaves_by_path({"functions": [fn]})["scale"]["shape"] == []
