@@ -149,14 +149,19 @@ class ReportRoot:
         if not text or self._pattern is None or not any(n in text for n in self._needles):
             return text  # the common case, and a compiled module of tens of MB: one substring search each
 
+        table, spec_forms, foreign = self._table, self._spec_forms, self._foreign
+        foreign = tuple(f for f in foreign if f in text)
+        # paths in an environment are kept in reports: looked at only when the text can hold one
+        installed = not portable and ("-packages/" in text or any(e in text for e in self._environments))
+
         def replace(m: re.Match) -> str:
             found = m.group(0)
-            forms = self._table[found] if found.endswith("/") else self._spec_forms
-            if any(text.startswith(e, m.start()) for e in self._foreign):
+            forms = table.get(found) or spec_forms
+            if foreign and any(text.startswith(f, m.start()) for f in foreign):
                 return found
             if portable:
                 return forms[1]
-            return found if self._installed(text, m.start(), m.end()) else forms[0]
+            return found if installed and self._installed(text, m.start(), m.end()) else forms[0]
 
         return self._pattern.sub(replace, text)
 
