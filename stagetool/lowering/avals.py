@@ -200,10 +200,29 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
             return struct
         return tree
 
+    # Flax NNX Variables reached from two places (an optimizer holding the model's own Params): per
+    # struct, a key that is the same for every place of one Variable (see share_arguments)
+    leaf_key: dict[int, Any] = {}
+    alive: list[Any] = []  # the objects whose ids are keys
+
+    def note_keys(tree: Any, keys: list) -> None:
+        leaves = jax.tree_util.tree_leaves(tree)
+        if len(leaves) == len(keys):
+            leaf_key.update((id(x), k) for x, k in zip(leaves, keys) if k is not None)
+
     def init_tree(init: InitSpec, path: str, donated: bool) -> Any:
-        shapes, produced, refs = eval_init(init, fspec, setup.mesh, rules_object(), with_dims=True, built=built)
-        return abstract_tree(shapes, path, donated, init.loc, init.rules, init.has_rules, f"{init.loc}: {init.path}",
+        shared: list = []
+        shapes, produced, refs = eval_init(init, fspec, setup.mesh, rules_object(), with_dims=True, built=built,
+                                           shared=shared)
+        tree = abstract_tree(shapes, path, donated, init.loc, init.rules, init.has_rules, f"{init.loc}: {init.path}",
                              produced, refs)
+        if any(k is not None for k in shared):
+            # a Variable of an {arg: N} argument keeps that argument's key; one found twice in the
+            # result gets a key of its own
+            alive.append(init)
+            note_keys(tree, [None if k is None else leaf_key.setdefault(id(k[1]), ("struct", id(k[1])))
+                             if k[0] == "built" else ("init", id(init), k[1]) for k in shared])
+        return tree
 
     def ref_tree(ref: RefSpec, path: str, donated: bool) -> Any:
         from stagetool.lowering.frameworks import is_ref
@@ -221,7 +240,15 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
             return x
 
         shapes = jax.tree_util.tree_map(struct_of, obj)
-        return abstract_tree(shapes, path, donated, ref.loc, (), False, f"{ref.loc}: {path}", None, refs)
+        tree = abstract_tree(shapes, path, donated, ref.loc, (), False, f"{ref.loc}: {path}", None, refs)
+        from stagetool.lowering.frameworks import uses
+
+        if uses(obj, "flax"):  # the concrete objects' Variables, by identity (shared between two refs)
+            from stagetool.lowering import flax_support
+
+            alive.append(obj)
+            note_keys(tree, [None if k is None else ("var", k) for k in flax_support.variable_keys(obj)])
+        return tree
 
     def abstract_tree(shapes: Any, path: str, donated: bool, loc: Loc, rules: tuple[Rule, ...], has_rules: bool,
                       where: str, produced: list | None, refs: list | None = None) -> Any:
@@ -314,6 +341,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         kwargs[k] = built[k] = convert(v, k, k in donated_names)
     static = {k: build_value(v, fspec) for k, v in fspec.static.items()}
     check_static_hashable(fspec, static)
+    share_keys = [leaf_key.get(id(x)) for x in jax.tree_util.tree_leaves((args, kwargs))] if leaf_key else []
     if own.in_shardings is not None and not issues:
         args = _take_in_shardings(args, own, by_id, setup.mesh, fspec, issues, ref_shardings,
                                   mesh_spec.axis_types == "explicit")
@@ -325,12 +353,20 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         raise SpecError(issues, hint="; ".join(dict.fromkeys(hints)) or None)
     program = None
     if not any(v is not None for v in ref_shardings.values()):  # else the Refs' shardings go in the jit's in_shardings
-        program = _own_program(fspec, own, args, kwargs, static, names, rules_object(), (donated_nums, donated_names))
+        own_args, own_kwargs, dropped = share_arguments(own, args, kwargs, share_keys)
+        program = _own_program(fspec, own, own_args, own_kwargs, static, names, rules_object(),
+                               (donated_nums, donated_names))
+        if program is not None:
+            args, kwargs = own_args, own_kwargs
+            for x in dropped:  # a place replaced by the shared Variable's first: not an input
+                by_id.pop(id(x), None)
     if program is not None:
         # nnx.jit's / eqx.filter_jit's own program: its inner jit on the arguments split as it splits them.
         from stagetool.lowering.frameworks import leaf_arguments
 
-        tops = {id(x): t for x, t in zip(jax.tree_util.tree_leaves((args, kwargs)), leaf_arguments(args, kwargs))}
+        tops: dict[int, Any] = {}  # a shared Variable's leaf belongs to the first argument it is found in
+        for x, t in zip(jax.tree_util.tree_leaves((args, kwargs)), leaf_arguments(args, kwargs)):
+            tops.setdefault(id(x), t)
         structs = jax.tree_util.tree_leaves((program.args, {k: v for k, v in program.kwargs.items() if k not in static}))
         leaves = [dataclasses.replace(by_id[id(x)], arg=tops.get(id(x))) for x in structs if id(x) in by_id]
 
@@ -368,6 +404,33 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                           prepared.donate_argnames, prepared.fn if prepared.fn is not fn else None,
                           prepared.state_outputs, own, prepared.fn is not call,
                           nnx_out_shardings(own, args, names, prepared.state_outputs), None, in_shardings)
+
+
+def share_arguments(own: Any, args: tuple, kwargs: dict, keys: list) -> tuple[tuple, dict, list]:
+    """The arguments of an ``nnx.jit`` target with each Flax NNX Variable that the real objects reach
+    from two places made one object again (``keys``: per leaf of ``(args, kwargs)``, the same key for
+    every place of one Variable, see :func:`build_inputs`).
+
+    ``nnx.jit`` splits all its arguments as one graph, so a Variable shared between arguments (Flax's
+    FSDP example: an optimizer holding the model's own Params) is one input and one output, and the
+    step's update lands on the model. The abstract arguments are built per argument with
+    ``jax.tree_util``, which makes one Variable per place; this puts the sharing back (the first place
+    keeps its leaf and name: ``model/w1/value``). ``jax.jit`` flattens each argument as a pytree (an
+    input per place), so any other target gets the arguments as they are. Returns ``(args, kwargs,
+    dropped)``: ``dropped`` the leaves of the places that were replaced (no longer in the arguments).
+    """
+    named = [k for k in keys if k is not None]
+    if own.kind != "nnx.jit" or len(set(named)) == len(named):
+        return args, kwargs, []
+    import jax
+
+    from stagetool.lowering import flax_support
+
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    if len(leaves) != len(keys):
+        return args, kwargs, []
+    (shared_args, shared_kwargs), dropped = flax_support.share_variables((tuple(args), dict(kwargs)), keys)
+    return tuple(shared_args), dict(shared_kwargs), [leaves[p] for p in dropped]
 
 
 def _own_program(fspec: FunctionSpec, own: Any, args: tuple, kwargs: dict, static: dict, names: list[str],
@@ -971,7 +1034,7 @@ def _global_shape(local: tuple[int, ...], sharding: Sharding, axis_size: dict[st
 
 
 def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any = None, *,
-              with_dims: bool = False, built: dict | None = None) -> Any:
+              with_dims: bool = False, built: dict | None = None, shared: list | None = None) -> Any:
     """``jax.eval_shape`` of an ``init`` function: a pytree of ``ShapeDtypeStruct`` (no FLOPs run).
 
     With ``with_dims``, ``(tree, dims)``: per leaf of the tree, the PartitionSpec dims the init
@@ -984,6 +1047,11 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     Flax's eager sharding and ``get_abstract_mesh()`` work there. Array leaves keep what
     ``jax.eval_shape`` gives (dtype, ``weak_type``, sharding); non-array leaves (an Equinox
     module's functions) are returned as they are (see :func:`stagetool.lowering.frameworks.eval_shape_any`).
+
+    ``shared``, a list, is filled (Flax NNX only) with one entry per leaf of the tree: ``("built", s)``
+    for a leaf in a Variable of an ``{arg: ...}`` argument that the init's result holds (``s``: that
+    argument's own struct; ``nnx.ModelAndOptimizer(model, tx)`` holds the model), ``("local", i)`` for a
+    Variable the result holds in two places (``i``: its first leaf), else None.
 
     Raises:
       SpecError: ``init_args``/``init_kwargs`` do not bind to the init function's signature.
@@ -1005,8 +1073,9 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     # Leaves and keys are traced; {arg: N} is the abstract value built for another argument (its
     # arrays traced too); {call: ...} is built inside the trace, under the mesh and the rules, as
     # the init's own code would build it; every other value is a Python constant.
-    args = [_init_value(a, fspec, built, init) for a in init.args]
-    kwargs = {k: _init_value(v, fspec, built, init) for k, v in init.kwargs.items()}
+    sources: dict[int, Any] = {}  # an {arg: ...} leaf handed to the init -> the argument's own struct
+    args = [_init_value(a, fspec, built, init, sources) for a in init.args]
+    kwargs = {k: _init_value(v, fspec, built, init, sources) for k, v in init.kwargs.items()}
     flat, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=lambda x: isinstance(x, CallSpec))
     mask = [isinstance(x, jax.ShapeDtypeStruct) for x in flat]
     constants = [None if m else x for m, x in zip(mask, flat)]
@@ -1016,7 +1085,16 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
         leaves = [next(it) if m else (_build_in_trace(c, fspec) if isinstance(c, CallSpec) else c)
                   for m, c in zip(mask, constants)]
         full, kw = jax.tree_util.tree_unflatten(treedef, leaves)
-        return call_init(target.fn, list(full), kw)
+        out = call_init(target.fn, list(full), kw)
+        if shared is not None and sources:
+            from stagetool.lowering.frameworks import uses
+
+            if uses(out, "flax"):
+                from stagetool.lowering import flax_support
+
+                at = [p for p, m in enumerate(mask) if m]
+                shared[:] = flax_support.shared_with_inputs((full, kw), out, {id(x): p for p, x in zip(at, dyn)})
+        return out
 
     dyn = [x for m, x in zip(mask, flat) if m]
     try:
@@ -1027,6 +1105,9 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     except USER_CODE_ERRORS as e:  # the user's init failed under tracing (sys.exit() included)
         raise StagingError(describe_exception(e), stage="init", function=fspec.name,
                            user_frame=user_frame(e, [target.module_file or ""])) from None
+    if shared:
+        shared[:] = [("built", sources[id(flat[k[1]])]) if k is not None and k[0] == "arg" and id(flat[k[1]]) in sources
+                     else k if k is not None and k[0] == "local" else None for k in shared]
     return (tree, dims, refs) if with_dims else tree
 
 
@@ -1069,7 +1150,8 @@ def _same_dims(a: tuple, b: tuple) -> bool:
     return trim(a) == trim(b)
 
 
-def _init_value(v: Any, fspec: FunctionSpec, built: dict | None = None, init: InitSpec | None = None) -> Any:
+def _init_value(v: Any, fspec: FunctionSpec, built: dict | None = None, init: InitSpec | None = None,
+                sources: dict | None = None) -> Any:
     """An ``init_args`` value: leaves and keys as abstract values, ``{arg: ...}`` as the value built
     for that argument, ``{ref: ...}`` loaded; ``{call: ...}`` is kept (built inside the init's trace).
 
@@ -1092,7 +1174,7 @@ def _init_value(v: Any, fspec: FunctionSpec, built: dict | None = None, init: In
                                  f"is not built before this one (built so far: {have})"],
                                 hint="an init can use the arguments before it: {arg: 0} for the first positional one, "
                                      "or its parameter name")
-            return _strip_leaf_shardings(built[x.arg])
+            return _strip_leaf_shardings(built[x.arg], sources)
         if isinstance(x, RefSpec):
             return load_target(x.target, base_dir=fspec.base_dir, need_callable=False).fn
         return x
@@ -1100,14 +1182,21 @@ def _init_value(v: Any, fspec: FunctionSpec, built: dict | None = None, init: In
     return jax.tree_util.tree_map(one, v, is_leaf=lambda x: isinstance(x, (LeafSpec, KeySpec, CallSpec, RefSpec, ArgSpec)))
 
 
-def _strip_leaf_shardings(tree: Any) -> Any:
+def _strip_leaf_shardings(tree: Any, sources: dict | None = None) -> Any:
     """A built argument as an init's input: its array leaves as fresh ``ShapeDtypeStruct``s (the
-    argument's own structs stay the function's inputs alone; shardings kept)."""
+    argument's own structs stay the function's inputs alone; shardings kept). ``sources``, if given,
+    gets ``id(fresh)`` → the argument's own struct."""
     import jax
 
-    return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type)
-        if isinstance(x, jax.ShapeDtypeStruct) else x, tree)
+    def fresh(x: Any) -> Any:
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        new = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type)
+        if sources is not None:
+            sources[id(new)] = x
+        return new
+
+    return jax.tree_util.tree_map(fresh, tree)
 
 
 def build_value(value: Any, fspec: FunctionSpec) -> Any:

@@ -159,3 +159,83 @@ def with_rngs(cls: type, args: list, kwargs: dict) -> dict:
     if "rngs" in params and params.index("rngs") - 1 >= len(args):
         return {**kwargs, "rngs": nnx.Rngs(0)}
     return kwargs
+
+
+# ---- Variables shared between arguments (nnx.jit splits all its arguments as one graph)
+
+
+def variable_keys(tree: Any) -> list:
+    """Per leaf of ``tree`` (``jax.tree_util.tree_leaves`` order), ``id`` of the ``nnx.Variable`` that
+    holds it, or None (a leaf in no Variable, or in one with more than one leaf). Two leaves with the
+    same key are one Variable reached from two places (an optimizer holding the model's own Params);
+    ``jax.tree_util`` flattens it once per place, ``nnx.jit`` once in all (the caller keeps ``tree``
+    alive while the keys are used)."""
+    import jax
+
+    keys: list = []
+    for item in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+        if isinstance(item, nnx.Variable):
+            n = len(jax.tree_util.tree_leaves(item))
+            keys += [id(item) if n == 1 else None] * n
+        else:
+            keys.append(None)
+    return keys
+
+
+def shared_with_inputs(inputs: Any, output: Any, position: dict[int, int]) -> list:
+    """Per leaf of ``output`` (an ``init``'s result traced with ``inputs``), which Variable it is in
+    terms the caller can match after the trace: ``("arg", p)`` for an input Variable whose leaf is the
+    traced input at flat position ``p`` (``position``: ``id(tracer)`` → p), ``("local", i)`` for a
+    Variable found more than once in ``output`` (``i``: its first leaf's index), else None."""
+    import jax
+
+    origin: dict[int, int] = {}
+    for item in jax.tree_util.tree_leaves(inputs, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+        if isinstance(item, nnx.Variable):
+            leaves = jax.tree_util.tree_leaves(item)
+            if len(leaves) == 1 and id(leaves[0]) in position:
+                origin.setdefault(id(item), position[id(leaves[0])])
+    keys = variable_keys(output)
+    first: dict[int, int] = {}
+    for i, k in enumerate(keys):
+        if k is not None:
+            first.setdefault(k, i)
+    counts: dict[int, int] = {}
+    for k in keys:
+        if k is not None:
+            counts[k] = counts.get(k, 0) + 1
+    return [None if k is None else ("arg", origin[k]) if k in origin
+            else ("local", first[k]) if counts[k] > 1 else None for k in keys]
+
+
+def share_variables(tree: Any, keys: list) -> tuple[Any, list[int]]:
+    """``tree`` rebuilt with the Variables whose leaves have the same key (``keys``: one per leaf of
+    ``tree``, ``jax.tree_util.tree_leaves`` order; None for none) made one object, the first found, as
+    the real objects are; and the leaf positions whose Variable was replaced (their leaves are no
+    longer in the tree). A Variable is replaced only by one of the same type, shape and dtype.
+
+    The tree is rebuilt with ``jax.tree_util`` (Modules and ``nnx.Pytree``s unflatten with the Variable
+    objects they are given), so graph nodes other than Variables are not shared: ``nnx.jit`` splits
+    the state of the Variables, which is what it compiles."""
+    import jax
+
+    items, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    first: dict[Any, Any] = {}
+    out: list = []
+    dropped: list[int] = []
+    pos = 0
+    for item in items:
+        leaves = jax.tree_util.tree_leaves(item) if isinstance(item, nnx.Variable) else [item]
+        key = keys[pos] if len(leaves) == 1 else None
+        if isinstance(item, nnx.Variable) and key is not None:
+            kept = first.setdefault(key, item)
+            if kept is not item and type(kept) is type(item) and _same_aval(jax.tree_util.tree_leaves(kept)[0], leaves[0]):
+                dropped.append(pos)
+                item = kept
+        out.append(item)
+        pos += len(leaves)
+    return jax.tree_util.tree_unflatten(treedef, out), dropped
+
+
+def _same_aval(a: Any, b: Any) -> bool:
+    return getattr(a, "shape", None) == getattr(b, "shape", None) and getattr(a, "dtype", None) == getattr(b, "dtype", None)
