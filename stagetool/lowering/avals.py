@@ -353,8 +353,16 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         raise SpecError(issues, hint="; ".join(dict.fromkeys(hints)) or None)
     program = None
     if not any(v is not None for v in ref_shardings.values()):  # else the Refs' shardings go in the jit's in_shardings
-        own_args, own_kwargs, dropped = share_arguments(own, args, kwargs, share_keys)
-        program = _own_program(fspec, own, own_args, own_kwargs, static, names, rules_object(),
+        # A plain step over NNX objects that share Variables is staged as nnx.jit runs it (stagetool
+        # stages a plain step's NNX updates in place, as nnx.jit does; a pytree per argument would
+        # stage a shared Variable twice and update a copy)
+        as_jit = own
+        if own.kind is None and _has_shared(share_keys):
+            from stagetool.lowering.jit_wrapper import nnx_jit_settings
+
+            as_jit = nnx_jit_settings(fn, tuple(static))
+        own_args, own_kwargs, dropped = share_arguments(as_jit, args, kwargs, share_keys)
+        program = _own_program(fspec, as_jit, own_args, own_kwargs, static, names, rules_object(),
                                (donated_nums, donated_names))
         if program is not None:
             args, kwargs = own_args, own_kwargs
@@ -406,6 +414,12 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                           nnx_out_shardings(own, args, names, prepared.state_outputs), None, in_shardings)
 
 
+def _has_shared(keys: list) -> bool:
+    """Whether two leaves have the same key (one Variable reached from two places)."""
+    named = [k for k in keys if k is not None]
+    return len(set(named)) != len(named)
+
+
 def share_arguments(own: Any, args: tuple, kwargs: dict, keys: list) -> tuple[tuple, dict, list]:
     """The arguments of an ``nnx.jit`` target with each Flax NNX Variable that the real objects reach
     from two places made one object again (``keys``: per leaf of ``(args, kwargs)``, the same key for
@@ -416,11 +430,11 @@ def share_arguments(own: Any, args: tuple, kwargs: dict, keys: list) -> tuple[tu
     step's update lands on the model. The abstract arguments are built per argument with
     ``jax.tree_util``, which makes one Variable per place; this puts the sharing back (the first place
     keeps its leaf and name: ``model/w1/value``). ``jax.jit`` flattens each argument as a pytree (an
-    input per place), so any other target gets the arguments as they are. Returns ``(args, kwargs,
+    input per place), so any other target gets the arguments as they are (a plain step is handed here
+    as ``nnx.jit`` of it, :func:`stagetool.lowering.jit_wrapper.nnx_jit_settings`). Returns ``(args, kwargs,
     dropped)``: ``dropped`` the leaves of the places that were replaced (no longer in the arguments).
     """
-    named = [k for k in keys if k is not None]
-    if own.kind != "nnx.jit" or len(set(named)) == len(named):
+    if own.kind != "nnx.jit" or not _has_shared(keys):
         return args, kwargs, []
     import jax
 

@@ -363,6 +363,16 @@ def nnx_program(settings: JitSettings, args: tuple, kwargs: dict, names: list[st
     return NnxProgram(wrapper, tuple(pure_args), dict(pure_kwargs), names, rules)
 
 
+def nnx_jit_settings(fn: Callable[..., Any], static_argnames: tuple[str, ...] = ()) -> JitSettings:
+    """The settings of ``nnx.jit(fn, static_argnames=...)``: a plain step over Flax NNX objects staged
+    as ``nnx.jit`` runs it (used where its arguments share Variables, which only ``nnx.jit``'s one-graph
+    split keeps as one; see :func:`stagetool.lowering.avals.share_arguments`). No donation: a spec
+    ``donate`` is merged as for any ``nnx.jit`` target."""
+    from flax import nnx
+
+    return jit_settings(nnx.jit(fn, static_argnames=tuple(static_argnames) or None))
+
+
 def nnx_with_donation(settings: JitSettings, donate_argnums: tuple[int, ...], donate_argnames: tuple[str, ...]
                       ) -> JitSettings | None:
     """An ``nnx.jit`` target's settings with the spec's donation merged in: the step underneath
