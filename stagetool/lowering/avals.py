@@ -1065,7 +1065,7 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     ``shared``, a list, is filled (Flax NNX only) with one entry per leaf of the tree: ``("built", s)``
     for a leaf in a Variable of an ``{arg: ...}`` argument that the init's result holds (``s``: that
     argument's own struct; ``nnx.ModelAndOptimizer(model, tx)`` holds the model), ``("local", i)`` for a
-    Variable the result holds in two places (``i``: its first leaf), else None.
+    Variable the result holds in two places (``i``: its first leaf; tied weights), else None.
 
     Raises:
       SpecError: ``init_args``/``init_kwargs`` do not bind to the init function's signature.
@@ -1100,7 +1100,7 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
                   for m, c in zip(mask, constants)]
         full, kw = jax.tree_util.tree_unflatten(treedef, leaves)
         out = call_init(target.fn, list(full), kw)
-        if shared is not None and sources:
+        if shared is not None:
             from stagetool.lowering.frameworks import uses
 
             if uses(out, "flax"):

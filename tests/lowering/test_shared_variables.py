@@ -93,6 +93,26 @@ train_step = nnx.jit(plain_train_step)
 jax_train_step = jax.jit(plain_train_step)
 
 
+class Tied(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.embed = nnx.Embed(64, 32, rngs=rngs)
+        self.mid = nnx.Linear(32, 32, rngs=rngs)
+        self.head = self.embed.embedding  # tied weights: the same Param in two places
+
+    def __call__(self, tokens):
+        return nnx.relu(self.mid(self.embed(tokens))) @ self.head[...].T
+
+
+tied = Tied(nnx.Rngs(0))
+
+
+@nnx.jit
+def tied_step(model, tokens):
+    loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(tokens) ** 2))(model)
+    nnx.update(model, jax.tree.map(lambda p, g: p - 0.1 * g, nnx.state(model, nnx.Param), grads))
+    return loss
+
+
 @nnx.jit
 def step_with(model, both, x, y):
     loss, grads = nnx.value_and_grad(lambda m: jnp.mean((y - m(x)) ** 2))(model)
@@ -204,3 +224,31 @@ def test_init_from_arg_shares_the_models_variables(run_cli, tmp_path, isolated_i
         compiled = getattr(toy, target).lower(model, other, x, y).compile()
     _assert_same(fn, compiled)
     assert not any("/params/" in leaf["path"] or "/model/" in leaf["path"] for leaf in fn["inputs"])
+
+
+@pytest.mark.parametrize("given", ["init", "ref"])
+def test_tied_weights_in_one_argument_are_one_input(run_cli, tmp_path, isolated_imports, given):
+    """A Module whose two attributes are one Param (tied embedding and output weights), built by an
+    ``init:`` or named by ``{ref:}``: one input and one output, as ``nnx.jit`` splits it."""
+    from flax import nnx
+
+    write(tmp_path, "toy.py", TOY)
+    arg = "{init: toy.py:Tied}" if given == "init" else "{ref: toy.py:tied}"
+    spec = write(tmp_path, "s.yaml", f"""
+        version: 1
+        mesh:
+          axes: {{data: 2, model: 4}}
+        functions:
+          step:
+            target: toy.py:tied_step
+            args: [{arg}, 'i32[16,8] @ [data, null]']
+    """)
+    fn = run_cli("report", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
+    sys.path.insert(0, str(tmp_path))
+    import toy
+
+    tokens = jax.device_put(jnp.zeros((16, 8), jnp.int32), NamedSharding(toy.mesh, P("data", None)))
+    model = toy.tied if given == "ref" else toy.Tied(nnx.Rngs(0))
+    _assert_same(fn, toy.tied_step.lower(model, tokens).compile())
+    assert [leaf["path"] for leaf in fn["inputs"] if "embed" in leaf["path"] or "head" in leaf["path"]] == \
+        ["model/embed/embedding/value"]
