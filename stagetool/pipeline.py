@@ -822,6 +822,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
             fields["why"] = answer_why(plan.why, leaves[0], leaves[1], section)
     notes = [f"warning while staging: {w}" for w in facts.warnings]
     notes += list(getattr(facts, "uneven_constraints", ()))
+    notes += list(inputs.notes)
     if cpu:  # XLA:CPU's artefacts, each note ending with the command that gives the accelerator's answer
         from stagetool.analysis.cpu_artefacts import accelerator_command, command_for, cpu_notes
 

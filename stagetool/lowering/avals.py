@@ -86,6 +86,8 @@ class AbstractInputs:
         then the arguments as the wrapper splits them, ``leaves`` in that order), or None.
       in_shardings: ``in_shardings`` for the jit over ``args`` (flat leaves then) when a ``jax.Ref``
         leaf under auto axes has a sharding its type cannot carry (:func:`as_abstract_ref`), else None.
+      notes: sentences for the report about how the inputs were staged (Flax NNX Variables shared
+        between arguments that a nested staging gives an input per place).
     """
 
     args: tuple
@@ -101,6 +103,7 @@ class AbstractInputs:
     out_shardings: Any = None
     program: Any = None
     in_shardings: Any = None
+    notes: tuple[str, ...] = ()
 
 
 def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup, mesh_spec: MeshSpec, *,
@@ -408,10 +411,36 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         prepared = dataclasses.replace(prepared, fn=functools.wraps(prepared.fn)(
             functools.partial(prepared.fn, **prepared.kwargs)), kwargs={})
         static = {}
+    notes = ()
+    if own.kind != "jax.jit" and prepared.state_outputs and _has_shared(share_keys):
+        notes = (_shared_note(args, kwargs, share_keys, by_id),)
     return AbstractInputs(prepared.args, prepared.kwargs, leaves, tuple(static), prepared.donate_argnums,
                           prepared.donate_argnames, prepared.fn if prepared.fn is not fn else None,
                           prepared.state_outputs, own, prepared.fn is not call,
-                          nnx_out_shardings(own, args, names, prepared.state_outputs), None, in_shardings)
+                          nnx_out_shardings(own, args, names, prepared.state_outputs), None, in_shardings, notes)
+
+
+def _shared_note(args: tuple, kwargs: dict, keys: list, by_id: dict) -> str:
+    """What a nested staging does with Variables the arguments share (see :func:`share_arguments`)."""
+    import jax
+
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    first: dict[Any, str] = {}
+    pairs: list[tuple[str, str]] = []
+    for x, k in zip(leaves, keys):
+        path = by_id[id(x)].path if id(x) in by_id else "?"
+        if k is None:
+            continue
+        if k in first:
+            pairs.append((first[k], path))
+        else:
+            first[k] = path
+    example = f"{pairs[0][1]} is {pairs[0][0]}" if pairs else ""
+    return (f"the arguments share Flax NNX Variables ({example}; {len(pairs)} in all): nnx.jit splits them as one "
+            "input and one output each, but this step is staged nested (the spec gives what nnx.jit's own program "
+            "cannot take: out_shardings, static values it does not declare, or arguments that are not arrays), "
+            "where each place is an input and an output of its own: argument and output bytes count them once per "
+            "place, and the update of one place does not reach the other")
 
 
 def _has_shared(keys: list) -> bool:

@@ -252,3 +252,18 @@ def test_tied_weights_in_one_argument_are_one_input(run_cli, tmp_path, isolated_
     _assert_same(fn, toy.tied_step.lower(model, tokens).compile())
     assert [leaf["path"] for leaf in fn["inputs"] if "embed" in leaf["path"] or "head" in leaf["path"]] == \
         ["model/embed/embedding/value"]
+
+
+def test_nested_staging_says_the_shared_variables_are_staged_per_place(run_cli, tmp_path, isolated_imports):
+    """Where the spec gives what ``nnx.jit``'s own program cannot take (here ``out_shardings``), the
+    step runs nested and each place of a shared Variable is its own input: the report says so."""
+    write(tmp_path, "toy.py", TOY)
+    spec = write(tmp_path, "s.yaml", _spec("train_step", REFS).replace(
+        "functions:\n  step:\n", "functions:\n  step:\n    out_shardings: {out: replicated, model: {like: 0}, "
+        "optimizer: {like: 1}}\n"))
+    fn = run_cli("report", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
+    assert len(fn["inputs"]) == 11  # 3 params twice, 3 momenta, x, y
+    shared = [n for n in fn["notes"] if "share Flax NNX Variables" in n]
+    assert shared and "optimizer/params/b1/value is model/b1/value; 3 in all" in shared[0], fn["notes"]
+    own = _staged(run_cli, tmp_path, "train_step", REFS)
+    assert not any("share Flax NNX Variables" in n for n in own["notes"])
