@@ -100,7 +100,7 @@ def test_shardings_json_document(run_cli, project):
     leaf_fields = {"path", "shape", "dtype", "declared", "compiled", "chosen_by_partitioner", "shard_shape",
                    "bytes_global", "bytes_per_device", "unused", "donated", "local_shape", "source", "parameter",
                    "padded_bytes_per_device", "chosen_by",
-                   "sharding_source"}
+                   "sharding_source", "ref_write_back"}
     assert all(set(leaf) == leaf_fields for leaf in f["inputs"] + f["outputs"])
     ins = leaves_by_path(doc)
     assert list(ins) == ["params/b", "params/w1", "params/w2", "x", "unused"]   # JAX's flattening order
