@@ -259,6 +259,94 @@ def test_ref_objects_and_callable_rules(tmp_path, run_cli):
     assert leaves["s/w"]["bytes_per_device"] == 8 * 4 * 4
 
 
+def test_ref_leaves_say_the_object_gives_their_sharding_and_why_agrees(tmp_path, run_cli):
+    """A ``{ref:}`` object has no init: its leaves take the sharding its arrays carry (``object``), the
+    model's annotation when that is what put it there (``model``), else ``unknown``; ``why --leaf``
+    names the same source as the shardings table (it said "not given" while the table said "from init")."""
+    pytest.importorskip("flax")
+    write(tmp_path, "m.py", """
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        mesh = jax.make_mesh((8,), ("x",))
+        STATE = {"w": jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("x"))), "b": jnp.ones((4,))}
+        with jax.set_mesh(mesh):
+            MODEL = nnx.Linear(4, 16, rngs=nnx.Rngs(0),
+                               kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), (None, "x")))
+
+        def f(s, model):
+            return model(s["w"] + s["b"])
+    """)
+    write(tmp_path, "m.stagetool.yaml", """
+        version: 1
+        mesh: {axes: {x: 8}}
+        functions:
+          f:
+            target: m.py:f
+            args:
+              - {ref: m.py:STATE}
+              - {ref: m.py:MODEL}
+    """)
+    leaves = leaves_by_path(run_cli("shardings", tmp_path / "m.py:f", "--format", "json", check=0).json())
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    import m
+
+    carried = {"s/w": m.STATE["w"].sharding.spec, "model/bias/value": m.MODEL.bias[...].sharding.spec,
+               "model/kernel/value": m.MODEL.kernel[...].sharding.spec}
+    assert (carried["s/w"], carried["model/bias/value"], carried["model/kernel/value"]) == (P("x"), P(None), P(None, "x"))
+    assert not hasattr(m.STATE["b"].sharding, "spec")  # one device: nothing says how to shard it
+    assert {p: (x["declared"], x["sharding_source"]) for p, x in leaves.items()} == {
+        "s/w": ("P('x', None)", "object"), "s/b": ("P(None)", "unknown"),
+        "model/bias/value": ("P(None)", "object"), "model/kernel/value": ("P(None, 'x')", "model")}
+    assert leaves["s/w"]["bytes_per_device"] == 8 * 4 * 4 // 8
+    inputs = run_cli("shardings", tmp_path / "m.py:f", check=0).stdout.split("\noutputs")[0]
+    notes = {line.split()[0]: line for line in inputs.splitlines() if line.strip().startswith(("s/", "model/"))}
+    assert notes["s/w"].rstrip().endswith("from the object") and notes["model/bias/value"].rstrip().endswith(
+        "from the object")
+    assert notes["model/kernel/value"].rstrip().endswith("from model") and "sharding unknown" in notes["s/b"]
+    said = {"s/w": "from the object", "s/b": "nothing gives one: replicated",
+            "model/bias/value": "from the object", "model/kernel/value": "the model's annotation"}
+    for path, words in said.items():
+        why = run_cli("why", tmp_path / "m.py:f", "--leaf", path, check=0).stdout
+        assert f"input {path}: declared {leaves[path]['declared']} ({words} at m.stagetool.yaml:" in why, why
+
+
+def test_a_cache_hit_says_this_runs_sharding_source(tmp_path, run_cli):
+    """The same program, leaves and spec lines, but the object's array now carries a sharding: the
+    facts cache must not answer with the entry's "unknown" (``sharding_source`` is in the key)."""
+    program = """
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        mesh = jax.make_mesh((8,), ("x",))
+        STATE = {{"w": {w}}}
+
+        def f(s):
+            return s["w"] * 2
+    """
+    write(tmp_path, "m.stagetool.yaml", """
+        version: 1
+        mesh: {axes: {x: 8}}
+        functions:
+          f: {target: m.py:f, args: [{ref: m.py:STATE}]}
+    """)
+    cache = tmp_path / "cache"
+    sources = []
+    import sys
+
+    for w in ("jnp.ones((8, 4))", "jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P()))"):
+        write(tmp_path, "m.py", program.format(w=w))
+        sys.modules.pop("m", None)  # the edited file is imported again, as in a new process
+        out = run_cli("shardings", tmp_path / "m.py:f", "--format", "json", "--cache-dir", cache, check=0).json()
+        sources.append([(x["declared"], x["sharding_source"]) for x in out["functions"][0]["inputs"]])
+    assert sources == [[("P(None, None)", "unknown")], [("P(None, None)", "object")]]
+
+
 def test_a_spec_ref_stages_and_unresolvable_annotations_exit_2(tmp_path, run_cli):
     pytest.importorskip("flax")
     write(tmp_path, "m.py", """

@@ -52,7 +52,8 @@ class AxisOrigin:
       leaf: the input or output leaf's key path (``params/layers/wo``), else None.
       source: for an input or output, the spec line that set its sharding (``file:line:col``); for a
         constraint, the user's source line (``file:line``); None when not known.
-      how: for an input, where its declared sharding came from (``spec``, ``rule``, ``model``,
+      how: for an input, where its declared sharding came from (``spec``, ``rule``, ``model``, ``init``,
+        ``object``, ``target``, ``unknown``,
         ``compiler``), else None.
     """
 
@@ -67,7 +68,8 @@ class AxisOrigin:
         if self.kind == "constraint":
             return f"the sharding constraint at {_short(self.source)}" if self.source else "a sharding constraint"
         if self.kind in ("input", "output"):
-            what = {"rule": "rule", "spec": "spec", "model": "model annotation", "compiler": "auto"}.get(self.how or "")
+            what = {"rule": "rule", "spec": "spec", "model": "model annotation", "init": "init", "object": "ref",
+                    "target": "target's in_shardings", "compiler": "auto"}.get(self.how or "")
             line = _short(_no_column(self.source))
             where = f"{what} at {line}" if what and line else (what or line or "")
             out = "output " if self.kind == "output" else ""
@@ -405,6 +407,13 @@ def _no_column(source: str | None) -> str | None:
     if source and re.search(r":\d+:\d+$", source):
         return source.rsplit(":", 1)[0]
     return source
+
+
+#: ``why --leaf``: where an input's declared sharding comes from, by its ``sharding_source`` (the words
+#: the shardings table notes: ``from rule``, ``from init``, ``from the object``, ``sharding unknown``).
+_DECLARED_BY = {"rule": "a rule", "spec": "the spec", "model": "the model's annotation", "init": "from the init",
+                "object": "from the object", "target": "the target's in_shardings",
+                "unknown": "nothing gives one: replicated", "compiler": "auto: the partitioner chooses"}
 
 
 def _short(source: str | None) -> str | None:
@@ -854,8 +863,7 @@ def answer_why(query: WhyQuery, inputs: Sequence[LeafReport], outputs: Sequence[
             return WhyAnswer(question, unavailable=f"no input or output leaf is named {query.text!r}")
         found, leaf_origins, labels = [], [], set()
         for i, x in chosen:
-            how = {"rule": "a rule", "spec": "the spec", "model": "the model's annotation", "compiler": "auto: the "
-                   "partitioner chooses"}.get(x.sharding_source or "", "not given: replicated")
+            how = _DECLARED_BY.get(x.sharding_source or "", "not given: replicated")
             where = f" at {_short(_no_column(x.source))}" if x.source and x.sharding_source != "compiler" else ""
             found.append(f"input {x.path}: declared {x.declared} ({how}{where}); compiled "
                          f"{x.compiled if x.compiled is not None else 'unused (pruned)'}")

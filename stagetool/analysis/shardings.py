@@ -47,7 +47,8 @@ class LeafReport:
       sharding_source: where the sharding comes from: ``"spec"`` (written in the spec, or an
         output's ``out_shardings``), ``"rule"`` (an ``init``'s rules), ``"init"`` (what the ``init``
         gives the leaf when run: a nested jit's out_shardings, a device_put, a sharding constraint),
-        ``"model"`` (the model's own annotations), ``"unknown"`` (nothing says: staged replicated),
+        ``"model"`` (the model's own annotations), ``"object"`` (a ``{ref:}`` leaf: the sharding
+        the object's array carries), ``"unknown"`` (nothing says: staged replicated),
         ``"compiler"`` (the partitioner chose it:
         ``auto``, or an output without out_shardings), or None (an input replicated by default).
       ref_write_back: an output that is the new value of a ``jax.Ref`` argument the function writes

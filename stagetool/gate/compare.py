@@ -405,7 +405,7 @@ def _at_lines(note: str, row: Mapping) -> str:
 
 _HOW = {"rule": "the rule at {at}", "spec": "the spec at {at}", "model": "the model's annotation (init at {at})",
         "init": "the init's own sharding (init at {at})", "target": "the target's in_shardings",
-        "unknown": "the init at {at} (no sharding known)",
+        "object": "the object's own sharding (ref at {at})", "unknown": "the init or ref at {at} (no sharding known)",
         "compiler": "auto at {at}", None: "the default (replicated) for the leaf at {at}"}
 
 

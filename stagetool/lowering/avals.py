@@ -41,7 +41,8 @@ class InputLeaf:
       sharding_source: where ``declared`` comes from: ``"spec"`` (written on the leaf), ``"rule"`` (an
         ``init``'s rules), ``"init"`` (what the ``init`` gives the leaf when run: a nested jit's
         ``out_shardings``, a ``device_put``/sharding constraint, JAX's sharding types), ``"model"``
-        (the model's own annotations: Flax metadata), ``"unknown"`` (an ``init``/``ref`` leaf nothing
+        (the model's own annotations: Flax metadata), ``"object"`` (a ``{ref:}`` leaf: the sharding the
+        named object's array carries), ``"unknown"`` (an ``init``/``ref`` leaf nothing
         gives a sharding: staged replicated, and reported so), ``"compiler"`` (``auto``: the
         partitioner chooses), or None (a spec leaf written without ``@``: replicated).
       arg: the top-level argument the leaf belongs to (a position or a keyword name).
@@ -243,7 +244,8 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
             return x
 
         shapes = jax.tree_util.tree_map(struct_of, obj)
-        tree = abstract_tree(shapes, path, donated, ref.loc, (), False, f"{ref.loc}: {path}", None, refs)
+        tree = abstract_tree(shapes, path, donated, ref.loc, (), False, f"{ref.loc}: {path}", None, refs,
+                             carried="object")
         from stagetool.lowering.frameworks import uses
 
         if uses(obj, "flax"):  # the concrete objects' Variables, by identity (shared between two refs)
@@ -254,10 +256,13 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         return tree
 
     def abstract_tree(shapes: Any, path: str, donated: bool, loc: Loc, rules: tuple[Rule, ...], has_rules: bool,
-                      where: str, produced: list | None, refs: list | None = None) -> Any:
+                      where: str, produced: list | None, refs: list | None = None, carried: str = "init") -> Any:
         """Array leaves of an ``init`` result (or a ``ref``) as structs sharded by the rules, else as the
         init produces them (``produced``: per leaf, the dims its run gives, or None), else by the
-        model's annotations, else replicated and said to be unknown; every other leaf as it is (static)."""
+        model's annotations, else replicated and said to be unknown; every other leaf as it is (static).
+        ``carried`` names where a struct's own sharding comes from: ``"init"`` (what the init's
+        ``eval_shape`` gives) or ``"object"`` (a ``{ref:}``: the sharding the object's arrays carry;
+        said ``"model"`` when it is the model's own annotation)."""
         from stagetool.lowering.frameworks import model_shardings, struct_dims
 
         flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
@@ -292,6 +297,11 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                     origin_if_found = "model"  # the model's annotation is what the init applied (Flax eager sharding)
                 if dims is None:
                     dims = struct_dims(value)
+                    if carried == "object" and dims is not None:
+                        # the object's arrays carry it: the model's annotation when the two agree
+                        # (Flax eager sharding put it there), else the object's own placement
+                        same = isinstance(model_dims, tuple) and _same_dims(dims, model_dims)
+                        origin_if_found = "model" if same else "object"
                 if dims is None and typed_init and model_dims is None:
                     dims = (None,) * len(value.shape)  # NamedSharding(mesh, P()) when the init runs
                 if dims is None:
@@ -307,7 +317,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                     sharding, origin = Sharding("spec", dims), origin_if_found
                     unknown = [a for a in sharding.axes if a not in axis_size]
                     if unknown:
-                        issues.append(f"{where}: the {'init' if origin == 'init' else 'model'} shards leaf {leaf_path!r} over {', '.join(map(repr, unknown))}, "
+                        issues.append(f"{where}: the {origin if origin in ('init', 'object') else 'model'} shards leaf {leaf_path!r} over {', '.join(map(repr, unknown))}, "
                                       f"which the mesh does not have ({', '.join(axis_size) or 'no axes'})")
                         hints.append("name the logical axis rules (logical_axis_rules: model.py:RULES) or give "
                                      "rules for this argument")

@@ -23,7 +23,7 @@ The key (:func:`cache_key`) is a sha256 over:
 - the platform, device kind, topology, the mesh's device ids in mesh order and its process layout
   (for a compile-only GPU target also the sha256 of its target config and the CUDA plugin's version);
 - what the spec says about each leaf that the facts echo (path, declared sharding, local shape,
-  source, donation) and the declared output shardings (a pytree as its leaves' key paths and
+  source, donation, where the declared sharding comes from: ``sharding_source``) and the declared output shardings (a pytree as its leaves' key paths and
   shardings, never a ``repr`` with memory addresses: :func:`_key_part`);
 - the settings JAX turns into compile options and the environment XLA reads
   (:func:`compile_settings`: ``JAX_OPTIMIZATION_LEVEL``/``jax_optimization_level``, the
@@ -76,12 +76,13 @@ from stagetool.hlo.parser import SourceFrame
 from stagetool.lowering.shardy import Operand, PropagatedOp, Propagation, ShardingRule, ValueSharding
 from stagetool.lowering.stages import PeakDump
 
-CACHE_SCHEMA = 7
+CACHE_SCHEMA = 8
 """Version of the entry format and of the key's contents; bump it when either changes.
 3: authenticated entries (HMAC header line), compile settings in the key. 5: the payload as a table of
 distinct values (:func:`_pack`). 6: paths below the report root written from ``<stagetool-root>`` in
 the key and the entries. 7: ``<stagetool-root>`` stands for the project around the spec's folder,
-whose place in it is a key part."""
+whose place in it is a key part. 8: each input leaf's ``sharding_source`` in the key (an entry
+echoes it: a hit must not say another run's source)."""
 
 MAX_ENTRY_BYTES = 1 << 30
 """An entry larger than this (1 GiB) is not read: a miss. (A 48-layer transformer's entry is ~60 MB.)"""
@@ -176,7 +177,8 @@ def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = 
         "device_ids": [int(d.id) for d in setup.devices],
         "process_of_device": list(setup.process_of_device),
         "leaves": [[x.path, list(x.shape), x.dtype, _key_part(x.declared), _key_part(x.local_shape),
-                    portable(x.source) if x.source else x.source, bool(x.donated)] for x in inputs.leaves],
+                    portable(x.source) if x.source else x.source, bool(x.donated), x.sharding_source]
+                   for x in inputs.leaves],
         "declared_outputs": _key_part(declared_outputs),
         "settings": compile_settings(),
         "versions": versions(),

@@ -45,7 +45,8 @@ class LeafFacts:
       padded_bytes_per_device: bytes of one shard in its tiled device layout (TPU), from
         ``Compiled.input_formats`` / ``output_formats``; None without tiling.
       sharding_source: where the declared sharding comes from: ``spec``, ``rule``, ``init`` (what
-        the init gives the leaf when run), ``model`` (Flax metadata), ``unknown`` (nothing says:
+        the init gives the leaf when run), ``model`` (Flax metadata), ``object`` (a ``{ref:}``
+        leaf: the sharding the object's array carries), ``unknown`` (nothing says:
         replicated assumed), ``compiler`` (the partitioner chooses), or None (an input replicated
         by default).
       ref_write_back: an output that is the new value of a ``jax.Ref`` argument (JAX's extra

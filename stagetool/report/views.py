@@ -354,7 +354,8 @@ def timeline_buffer_rows(tp: Any) -> tuple[list[str], list[list[str]]]:
 def leaf_notes(leaf: Any) -> list[str]:
     """Short notes on a shardings-table row: where an input's sharding comes from (``rule``:
     an init's rules, ``init``: what the init gives it when run, ``model``: the model's own
-    annotations, ``unknown``: nothing says, staged replicated), unused, chosen by the partitioner,
+    annotations, ``object``: a ``{ref:}``'s array carries it, ``unknown``: nothing says, staged
+    replicated), unused, chosen by the partitioner,
     donated, local shape; an output that is a ``jax.Ref``'s new value says ``Ref write-back``."""
     if getattr(leaf, "ref_write_back", False):
         return ["Ref write-back (in place)"]
@@ -362,8 +363,10 @@ def leaf_notes(leaf: Any) -> list[str]:
     source = getattr(leaf, "sharding_source", None)
     if source in ("rule", "model", "init", "target"):
         notes.append(f"from {source}")
+    elif source == "object":
+        notes.append("from the object")
     elif source == "unknown":
-        notes.append("sharding unknown: the init gives none, replicated assumed")
+        notes.append("sharding unknown: the init or object gives none, replicated assumed")
     if leaf.unused:
         notes.append("unused (pruned)")
     elif leaf.declared.kind == "auto":
