@@ -111,3 +111,26 @@ def test_transformer_timeline_on_h100():
     tp = check_timeline(m)
     reported = m["record"]["peak_bytes_reported"]
     assert abs(tp["bytes"] - reported) <= 0.001 * reported
+
+
+@pytest.mark.slow
+def test_buffers_live_at_the_peak_are_the_timelines_peak(run_cli, monkeypatch):
+    """One peak (trial 2, finding 10): the "live at the peak" table is taken at the timeline's peak,
+    and its buffers, summed, are the bytes the timeline has at that step. On the transformer XLA's
+    live-range dump names another position (205: it sums HLO values in another way); the note says so."""
+    monkeypatch.chdir(REPO)
+    r = run_cli("memory", "examples/transformer.py:train_step", "--top", "1000", "--format", "json", check=0)
+    m = r.json()["functions"][0]["memory"]
+    tp, peak = check_timeline(m), m["peak"]
+    assert peak["step"] == tp["position"] and peak["position"] == tp["schedule_position"]
+    assert len(peak["buffers"]) == peak["buffer_count"] == tp["buffer_count"]
+    assert all(b["memory_space"] == "device" for b in peak["buffers"])
+    summed = sum(b["size_bytes"] for b in peak["buffers"])
+    assert summed == peak["peak_bytes"] == tp["bytes"] == m["timeline"][tp["position"]]["bytes"]
+    # XLA's own moment is elsewhere, and fewer bytes are live there than at the timeline's peak.
+    assert peak["xla_position"] != peak["position"]
+    assert peak["xla_listed_bytes"] < tp["bytes"]
+    assert f"XLA's live-range dump calls schedule position {peak['xla_position']} its peak" in peak["note"]
+    text = run_cli("memory", "examples/transformer.py:train_step", check=0).stdout
+    assert f"live at the peak (step {tp['position']}: {format_bytes(tp['bytes'])} device" in text
+    assert f"peak {format_bytes(tp['bytes'])} at step {tp['position']}" in text

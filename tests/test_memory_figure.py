@@ -80,7 +80,7 @@ def test_donated_step_has_one_peak_in_every_command(run_cli, spec, tmp_path):
 def test_text_says_what_the_peak_is_made_of(run_cli, spec):
     out = run_cli("memory", "--spec", str(spec), "-f", "step", check=0).stdout
     assert "peak (gated: args + outputs − aliased + temps)   4194304" in out
-    assert "live at the peak (4.00 MiB device in 1 buffer; largest 1)" in out
+    assert "live at the peak (step 0: 4.00 MiB device in 1 buffer; largest 1)" in out
     assert " = x" in out  # the donated parameter named beside the output that reuses its buffer
 
 

@@ -35,7 +35,11 @@ peak; host memory (``S(5)``) and the rest (on-chip spaces, async copies) are apa
 **This is not the gated peak.** The gated peak (:attr:`stagetool.analysis.memory.MemoryRecord.peak_bytes`)
 is the larger of ``arguments + outputs - aliased + temporaries`` and XLA's ``peak_memory_in_bytes``,
 both from ``Compiled.memory_analysis()``, so that every command gates the same number whether or not
-it takes this dump. The device bytes live at the peak have been at most the gated peak on every
+it takes this dump. With a buffer assignment the buffers are listed at the memory timeline's
+peak (:mod:`stagetool.analysis.timeline`, the step where the assignment holds the most bytes), not
+at XLA's "Live ranges at N (peak)" position, which XLA picks by another sum (see
+:func:`peak_report`'s ``at``); then the device bytes (plus the other spaces but host) are the
+timeline's peak to the byte. The device bytes live at the peak have been at most the gated peak on every
 program measured (CPU: equal for the donated ``x*2+1``; TPU ``v5e:2x4`` transformer: 4,214,232 B
 device + 28,521,472 B VMEM live against a gated 47,579,136 B); when they are more,
 :attr:`PeakReport.note` says so. :mod:`stagetool.analysis.timeline` sets its own maximum against the
@@ -66,7 +70,8 @@ from stagetool.lowering.compat import normalise_op_name
 from stagetool.lowering.stages import PeakDump
 
 __all__ = ["BufferSlot", "HOST_MEMORY_SPACE", "LiveBuffer", "ModuleIndex", "PeakBuffer", "PeakLiveRange",
-           "PeakOpShare", "PeakReport", "SourceLocation", "buffer_slots", "parse_live_range_peak", "peak_report"]
+           "PeakOpShare", "PeakReport", "SourceLocation", "buffer_slots", "live_at", "parse_live_range_peak",
+           "peak_report"]
 
 
 
@@ -140,7 +145,12 @@ class PeakReport:
       xla_listed_bytes: the sum XLA's live-range dump prints for its peak (every value, every
         memory space, shared buffers once per value), or None.
       note: a sentence when something about the figures needs saying (no buffer assignment to
-        count shared buffers once; device bytes above the gated peak), else None.
+        count shared buffers once; device bytes above the gated peak; XLA's own peak moment is
+        another step), else None.
+      step: the entry-computation step of the memory timeline these buffers are taken at (the
+        timeline's peak, :attr:`stagetool.analysis.timeline.TimelinePeak.position`), or None when
+        they are XLA's "Live ranges at N (peak)" list (no timeline).
+      xla_position: the schedule position XLA's live-range dump calls its peak (``N``), or None.
     """
 
     peak_bytes: int | None
@@ -154,6 +164,8 @@ class PeakReport:
     other_bytes: tuple[tuple[str, int], ...] = ()
     xla_listed_bytes: int | None = None
     note: str | None = None
+    step: int | None = None
+    xla_position: int | None = None
 
 
 # --------------------------------------------------------------------------- memory spaces
@@ -295,7 +307,8 @@ class ModuleIndex:
 
 
 def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = None,
-                gated_peak_bytes: int | None = None) -> PeakReport:
+                gated_peak_bytes: int | None = None, at: int | None = None, step: int | None = None
+                ) -> PeakReport:
     """Largest buffers live at the per-device memory peak, from the dump lowering took with the
     compile (:class:`stagetool.lowering.facts.PeakDump`), each buffer once and in its memory space,
     attributed to its shape, op name and source line.
@@ -307,6 +320,17 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
         (:class:`ModuleIndex`).
       gated_peak_bytes: the gated peak (``MemoryRecord.peak_bytes``); when the device bytes live at
         the peak are more, ``note`` says so.
+      at: a position of the flattened schedule (the memory timeline's peak,
+        :attr:`stagetool.analysis.timeline.TimelinePeak.schedule_position`): list the buffers live
+        there, counted as the timeline counts them (:func:`live_at`), instead of at the position
+        XLA's dump calls its peak. XLA (``HloLiveRange::ComputePeakMemoryMoment``) picks that
+        position by adding up HLO values in event order, each at its *instruction's* size (a
+        tuple's elements at the tuple's pointer table) and a step's new values before the ones that
+        die at that step, so it can be a step where fewer bytes are live than at the maximum (the
+        JAX training cookbook on 8 CPU devices: XLA's 253, 12,317,328 B listed, while step 233 holds
+        12,458,996 B; the transformer example: 205 against the timeline's 346). Ignored without a
+        buffer assignment.
+      step: the timeline's step of ``at`` (entry-computation steps), for the title.
 
     Returns:
       A :class:`PeakReport`; with ``reason`` set and no buffers when XLA wrote no live-range file
@@ -320,28 +344,15 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
         return PeakReport(None, None, (), 0, (), seconds, "no 'Live ranges at N (peak)' section in the dump")
     index = ModuleIndex(dump.module_text)
     res = resolve or index.resolve
-    slots = buffer_slots(getattr(dump, "buffers", None))
-    groups: dict[object, list[LiveBuffer]] = {}
-    for b in live.buffers:  # largest first: the first value of a buffer names it
-        slot = slots.get(b.value_name)
-        key = (slot.allocation, slot.offset) if slot is not None else b.value_name
-        groups.setdefault(key, []).append(b)
-    device, host = 0, 0
-    other: dict[str, int] = {}
-    counted: list[tuple[LiveBuffer, str, tuple[str, ...]]] = []
-    for members in groups.values():
-        first = members[0]
-        slot = slots.get(first.value_name)
-        space = _space(slot.color if slot is not None else None, first.instruction_name,
-                       index.opcode(first.instruction_name))
-        size = max(m.size_bytes for m in members)
-        if space == "device":
-            device += size
-        elif space == "host":
-            host += size
-        else:
-            other[space] = other.get(space, 0) + size
-        counted.append((first, space, tuple(m.value_name for m in members[1:])))
+    assignment = getattr(dump, "buffers", None)
+    slots = buffer_slots(assignment)
+    listed = live.buffers
+    whole: dict[int, int] = {}  # parameter and output allocations: counted whole (XLA allocates them for the call)
+    if at is not None and slots:
+        listed, whole = live_at(dump.live_range_text, at, assignment)
+    else:
+        at, step = live.position, None
+    device, host, other, counted = _count(listed, slots, whole, index)
     counted.sort(key=lambda t: (-t[0].size_bytes, t[0].value_name))
     out = []
     for b, space, shared in counted[:max(top, 0)]:
@@ -356,7 +367,97 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
     if gated_peak_bytes is not None and device > gated_peak_bytes:
         notes.append(f"the device buffers live at the peak ({device} B) are more than the gated peak "
                      f"({gated_peak_bytes} B): memory_analysis() and the live-range dump disagree")
+    if step is not None and live.position is not None and live.position != at and \
+            _totals(live_at(dump.live_range_text, live.position, assignment), slots, index) \
+            != (device, host, tuple(sorted(other.items()))):  # a tie is no news
+        notes.append(f"XLA's live-range dump calls schedule position {live.position} its peak "
+                     f"({live.peak_bytes:,} B of HLO values listed there): it picks that moment by adding up HLO "
+                     "values, a tuple's elements at the tuple's size and a step's new values before the ones that "
+                     "die there, not the bytes its buffer assignment holds; this table is at the memory timeline's "
+                     "peak, the step holding the most")
     breakdown = tuple(dataclasses.replace(b, name=normalise_op_name(b.name)) for b in live.breakdown)
-    return PeakReport(device, live.position, tuple(out), len(counted), breakdown, seconds,
+    return PeakReport(device, at, tuple(out), len(counted), breakdown, seconds,
                       host_bytes=host, other_bytes=tuple(sorted(other.items())), xla_listed_bytes=live.peak_bytes,
-                      note="; ".join(notes) or None)
+                      note="; ".join(notes) or None, step=step, xla_position=live.position)
+
+
+def _count(listed: Any, slots: dict[str, BufferSlot], whole: dict[int, int], index: ModuleIndex
+           ) -> tuple[int, int, dict[str, int], list[tuple[LiveBuffer, str, tuple[str, ...]]]]:
+    """``(device, host, other spaces, buffers)``: the listed values as buffers, each once (values at
+    one allocation and offset, or in one parameter/output allocation of ``whole``, are one buffer)."""
+    groups: dict[object, list[LiveBuffer]] = {}
+    for b in listed:  # largest first: the first value of a buffer names it
+        slot = slots.get(b.value_name)
+        key = ((slot.allocation,) if slot.allocation in whole else (slot.allocation, slot.offset)) \
+            if slot is not None else b.value_name
+        groups.setdefault(key, []).append(b)
+    device, host = 0, 0
+    other: dict[str, int] = {}
+    counted: list[tuple[LiveBuffer, str, tuple[str, ...]]] = []
+    for members in groups.values():
+        first = members[0]
+        slot = slots.get(first.value_name)
+        space = _space(slot.color if slot is not None else None, first.instruction_name,
+                       index.opcode(first.instruction_name))
+        size = max(m.size_bytes for m in members)
+        if slot is not None and slot.allocation in whole:
+            size = whole[slot.allocation]
+        if space == "device":
+            device += size
+        elif space == "host":
+            host += size
+        else:
+            other[space] = other.get(space, 0) + size
+        counted.append((first, space, tuple(m.value_name for m in members[1:])))
+    return device, host, other, counted
+
+
+def _totals(found: tuple[tuple[LiveBuffer, ...], dict[int, int]], slots: dict[str, BufferSlot],
+            index: ModuleIndex) -> tuple[int, int, tuple[tuple[str, int], ...]]:
+    device, host, other, _ = _count(found[0], slots, found[1], index)
+    return device, host, tuple(sorted(other.items()))
+
+
+def live_at(live_range_text: str, at: int, assignment: Any) -> tuple[tuple[LiveBuffer, ...], dict[int, int]]:
+    """The HLO values live at position ``at`` of the flattened schedule (the dump's
+    ``BufferLiveRange`` section: ``start <= at <= end``), counted as
+    :mod:`stagetool.analysis.timeline` counts them, and the parameter and output allocations.
+
+    Values in constant or thread-local allocations are left out; every parameter and output
+    allocation (every memory space but host) is live for the whole call, so it is listed with every
+    value it holds, live at ``at`` or not (a donated parameter after its last use and the output
+    written into its buffer are one buffer).
+
+    Returns:
+      ``(values, whole)``: the values, largest first, each with its size in bytes from the buffer
+      assignment; ``whole`` maps each parameter or output allocation's index to its size (bytes).
+    """
+    from stagetool.hlo.buffers import parse_live_ranges
+
+    ranges = parse_live_ranges(live_range_text)
+    by_id = {b.id: b for b in assignment.buffers}
+    by_value = {b.value_name: b for b in assignment.buffers}
+    place: dict[int, tuple[Any, int]] = {}
+    for a in assignment.allocations:
+        for x in a.assigned:
+            place[x.buffer_id] = (a, x.size)
+    whole = {a.index: a.size for a in assignment.allocations
+             if (a.parameter_number is not None or a.maybe_live_out) and a.color != HOST_MEMORY_SPACE
+             and not a.is_constant and not a.is_thread_local}
+    out: list[LiveBuffer] = []
+    for value, (start, end) in ranges.ranges.items():
+        if not start <= at <= end:
+            continue
+        b = by_value.get(value)
+        placed = place.get(b.id) if b is not None else None
+        if placed is None or placed[0].is_constant or placed[0].is_thread_local or placed[0].index in whole:
+            continue
+        out.append(LiveBuffer(value, b.instruction, b.shape_index, placed[1]))
+    for a in assignment.allocations:  # every value a parameter or output allocation holds names it
+        if a.index in whole:
+            for x in a.assigned:
+                b = by_id.get(x.buffer_id)
+                if b is not None and b.instruction:
+                    out.append(LiveBuffer(b.value_name, b.instruction, b.shape_index, x.size))
+    out.sort(key=lambda b: (-b.size_bytes, b.value_name))
+    return tuple(out), whole

@@ -299,11 +299,6 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
       top: how many largest inputs and peak buffers to keep.
     """
     record = _memory_suspects(memory_of(facts.memory), inputs)
-    peak = None
-    if facts.peak is not None:  # what is live at the peak: shown, never a part of the gated figure
-        from stagetool.analysis.peak import peak_report
-
-        peak = peak_report(facts.peak, top=top, gated_peak_bytes=record.peak_bytes)
     verdict = fit_verdict(record.peak_bytes, capacity_bytes, suspects=record.peak_suspects)
     used = [x for x in inputs if x.bytes_per_device is not None]
     largest = sorted(used, key=lambda x: (-(x.bytes_per_device or 0), x.path))[:top]
@@ -315,6 +310,15 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
 
         timeline, timeline_peak = memory_timeline(facts.peak, gated_peak=record.peak_bytes, record=record,
                                                   inputs=inputs, outputs=outputs, top=top)
+    peak = None
+    if facts.peak is not None:  # what is live at the peak: shown, never a part of the gated figure
+        from stagetool.analysis.peak import peak_report
+
+        # At the timeline's peak (the step XLA's buffer assignment holds the most bytes), so that the
+        # table and the timeline name one peak; XLA's own peak position is said in the note when apart.
+        at = timeline_peak.schedule_position if timeline_peak is not None else None
+        peak = peak_report(facts.peak, top=top, gated_peak_bytes=record.peak_bytes, at=at,
+                           step=timeline_peak.position if at is not None else None)
     return MemorySection(record, capacity_bytes, capacity_source, verdict, largest_inputs, donation, peak,
                          timeline=timeline, timeline_peak=timeline_peak)
 

@@ -145,6 +145,9 @@ class TimelinePeak:
       inside, inside_op, inside_source_line: when the peak step runs a called computation (a loop's
         body), the instruction in it at which the bytes peak, its op name and the user's
         ``file:line``; None otherwise.
+      schedule_position: the peak's position in the flattened schedule (the live-range dump's
+        numbering, a loop's body included), where :func:`stagetool.analysis.peak.peak_report` lists
+        the buffers live at the peak; None when there is no timeline.
     """
 
     bytes: int | None
@@ -166,6 +169,7 @@ class TimelinePeak:
     inside: str | None = None
     inside_op: str | None = None
     inside_source_line: str | None = None
+    schedule_position: int | None = None
 
 
 def _unavailable(reason: str, gated: int | None) -> TimelinePeak:
@@ -287,7 +291,8 @@ def memory_timeline(dump: Any, *, gated_peak: int | None, record: Any = None, in
     peak = TimelinePeak(peak_point.bytes, peak_point.position, peak_point.instruction, peak_point.op,
                         peak_point.source_line, gated_peak, differences, baseline, allocated, host,
                         tuple(buffers[:max(top, 0)]), len(buffers), _groups(buffers), len(points),
-                        inside=inside[0], inside_op=inside[1], inside_source_line=inside[2])
+                        inside=inside[0], inside_op=inside[1], inside_source_line=inside[2],
+                        schedule_position=t_peak)
     return tuple(points), peak
 
 

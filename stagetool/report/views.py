@@ -284,13 +284,16 @@ def donation_rows(m: Any) -> tuple[list[str], list[list[str]]]:
 
 
 def peak_title(p: Any) -> str:
-    """``live at the peak (4.00 MiB device in 2 buffers[; host …][; vmem …]; largest 2)``: each buffer
-    once, the device (memory space 0) figure first and the other memory spaces apart."""
+    """``live at the peak (step 7: 4.00 MiB device in 2 buffers[; host …][; vmem …]; largest 2)``: each
+    buffer once, the device (memory space 0) figure first and the other memory spaces apart; the step
+    is the memory timeline's peak (the same step and bytes as its ``peak … at step 7`` line)."""
     parts = [f"{format_bytes(p.peak_bytes)} device"]
     if getattr(p, "host_bytes", 0):
         parts.append(f"host {format_bytes(p.host_bytes)}")
     parts += [f"{space} {format_bytes(n)}" for space, n in getattr(p, "other_bytes", ())]
-    return f"live at the peak ({'; '.join(parts)} in {p.buffer_count} buffer{'s' if p.buffer_count != 1 else ''}; largest {len(p.buffers)})"
+    at = f"step {p.step}: " if getattr(p, "step", None) is not None else ""  # the timeline's peak step
+    return (f"live at the peak ({at}{'; '.join(parts)} in {p.buffer_count} buffer{'s' if p.buffer_count != 1 else ''}; "
+            f"largest {len(p.buffers)})")
 
 
 def peak_rows(p: Any) -> tuple[list[str], list[list[str]]]:
