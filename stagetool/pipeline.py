@@ -520,11 +520,8 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup) -> dict[str, Prepared]:
             continue
         unmatched += [f"{m} of {fspec.name}" if ";" not in m else m.replace(";", f" of {fspec.name};", 1)
                       for m in unmatched_leaf_patterns(plan.explain, [x.path for x in inputs.leaves])]
-        if plan.why is not None and plan.why.kind == "leaf" and not plan.why.text.startswith("out"):
-            # an input leaf is known before lowering (output leaves, out/..., only after)
-            unmatched += [m.replace("--explain", "--leaf", 1).replace(" names no input leaf",
-                                                                       f" names no input leaf of {fspec.name}", 1)
-                          for m in unmatched_leaf_patterns((plan.why.leaf,), [x.path for x in inputs.leaves])]
+        if plan.why is not None and plan.why.kind == "leaf":
+            unmatched += _why_leaf_unmatched(plan.why.leaf, fitted, target, inputs, setup)
         out[fspec.name] = Prepared(fitted, target, inputs)
     problems = _Problems()
     if issues:
@@ -534,6 +531,30 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup) -> dict[str, Prepared]:
                                                                      "lists it, its last part, or a regular expression"))
     problems.raise_all()
     return out
+
+
+def _why_leaf_unmatched(pattern: LeafPattern, fspec: FunctionSpec, target: Target, inputs: AbstractInputs,
+                        setup: DeviceSetup) -> list[str]:
+    """``why --leaf``'s problem with one function, before any compile: the pattern names none of its
+    input leaves and none of its output leaves (``out/...``, an NNX argument's state, Equinox's
+    ``marker``: known from a trace, done only when no input matches). [] when it names one, or when the
+    trace fails (staging then reports that failure)."""
+    from stagetool.analysis.leaves import unmatched_leaf_patterns
+    from stagetool.core.errors import StagingError
+    from stagetool.lowering.facts import output_names
+    from stagetool.lowering.stages import jit_function, trace_only
+
+    paths = [x.path for x in inputs.leaves]
+    if any(pattern.names(p) for p in paths):
+        return []
+    try:
+        traced = trace_only(jit_function(target, fspec, inputs, setup.mesh), inputs, setup.mesh, name=fspec.name,
+                            user_files=[target.module_file] if target.module_file else [])
+    except StagingError:
+        return []
+    return [m.replace("--explain", "--leaf", 1).replace(" names no input leaf",
+                                                        f" names no input or output leaf of {fspec.name}", 1)
+            for m in unmatched_leaf_patterns((pattern,), paths + output_names(traced, inputs))]
 
 
 def stage_and_analyse(plan: Plan, setup: DeviceSetup, prepared: dict[str, Prepared], wanted: frozenset[Section],

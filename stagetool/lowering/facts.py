@@ -206,11 +206,8 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
         fields["per_device_cost"] = cost_result(compiled)
         fields["memory"] = memory_result(compiled)
         fields["inputs"] = input_facts(inputs, compiled, mesh)
-        from stagetool.lowering.avals import keypath_str
-
-        program = getattr(inputs, "program", None)  # an nnx.jit target's own program names its outputs
-        paths = program.output_paths(staged.traced.out_info, keypath_str) if program is not None else None
-        fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh, inputs.state_outputs, paths,
+        fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh, inputs.state_outputs,
+                                         program_output_paths(staged.traced, inputs),
                                          ref_inputs=(fields["inputs"], ref_flags(inputs)))
     fields["uneven_constraints"] = uneven_constraints(staged.traced, user_files or [])
     fields["host_transfers"] = host_transfers(staged.traced, user_files or [])
@@ -460,6 +457,33 @@ def ref_flags(inputs: AbstractInputs) -> tuple[bool, ...]:
     return tuple(abstract_ref is not None and isinstance(x, abstract_ref) for x in jax.tree_util.tree_leaves(dynamic))
 
 
+def program_output_paths(traced: Any, inputs: Any) -> list[str] | None:
+    """The output paths a target's own program gives (an ``nnx.jit``/``eqx.filter_jit`` target staged
+    as its own executable, ``inputs.program``: ``marker``, ``out/...``, the arguments' state), else None."""
+    from stagetool.lowering.avals import keypath_str
+
+    program = getattr(inputs, "program", None)
+    return program.output_paths(traced.out_info, keypath_str) if program is not None else None
+
+
+def output_names(traced: Any, inputs: Any) -> list[str]:
+    """The path of each output leaf of a traced function (``Traced.out_info``, ``jax.tree_util`` order)
+    as :func:`output_facts` names it: ``out/...``, an NNX argument's updated state by its input path,
+    Equinox's ``marker``. A Ref's write-back output, which follows these, takes its Ref input's path."""
+    import jax
+
+    with_paths = jax.tree_util.tree_flatten_with_path(traced.out_info)[0]
+    return _output_names(with_paths, inputs.state_outputs, program_output_paths(traced, inputs))
+
+
+def _output_names(with_paths: list, state_outputs: tuple[str, ...], paths: list[str] | None) -> list[str]:
+    from stagetool.lowering.avals import keypath_str
+
+    if paths is not None and len(paths) == len(with_paths):
+        return list(paths)
+    return [keypath_str(kp)[1:] if state_outputs else "out" + keypath_str(kp) for kp, _ in with_paths]
+
+
 def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
                  state_outputs: tuple[str, ...] = (), paths: list[str] | None = None,
                  ref_inputs: tuple[tuple[LeafFacts, ...], tuple[bool, ...]] | None = None) -> tuple[LeafFacts, ...]:
@@ -478,8 +502,6 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
     (:mod:`stagetool.lowering.ref_outputs`).
     """
     import jax
-
-    from stagetool.lowering.avals import keypath_str
 
     with_paths, treedef = jax.tree_util.tree_flatten_with_path(traced.out_info)
     write_backs: list[tuple[LeafFacts, Any, Any]] = []
@@ -505,8 +527,7 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
         formats = _formats(compiled.output_formats, len(shardings))
     declared = _declared_outputs(declared_tree, len(with_paths), traced.out_info)
     out = []
-    names = paths if paths is not None and len(paths) == len(with_paths) else [
-        keypath_str(kp)[1:] if state_outputs else "out" + keypath_str(kp) for kp, _ in with_paths]
+    names = _output_names(with_paths, state_outputs, paths)
     for (kp, info), name, sharding, decl, fmt in zip(with_paths, names, shardings, declared, formats, strict=True):
         shape = tuple(info.shape)
         shard = tuple(sharding.shard_shape(shape)) if sharding is not None else None

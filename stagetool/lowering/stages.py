@@ -216,6 +216,17 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
     return staged
 
 
+def trace_only(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_files: list[str]) -> Any:
+    """The ``jax.stages.Traced`` of ``jitted`` on the abstract inputs (mesh ambient), as :func:`stage`
+    traces it, without lowering: for what is known only after a trace (the output tree).
+
+    Raises:
+      StagingError: JAX failed to trace (exit code 3).
+    """
+    return _run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs), mesh, name, user_files, jitted,
+                {}, [], None)
+
+
 def compile_staged(staged: Staged, mesh: Any, *, name: str, user_files: list[str],
                    compiler_options: dict | None = None, dump: bool = False,
                    on_stage: Callable[[str], None] | None = None) -> Staged:

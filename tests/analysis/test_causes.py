@@ -412,7 +412,43 @@ def test_why_bad_questions_exit_2_before_staging(tmp_path, monkeypatch, run_cli)
     assert "exactly one" in run_cli("why", "--leaf", "w1", "--collective", "1", check=2).stderr
     assert "FILE:LINE" in run_cli("why", "--line", "model.py", check=2).stderr
     assert "numbered from 1" in run_cli("why", "--collective", "0", check=2).stderr
-    assert "--leaf 'w9' names no input leaf of three" in run_cli("why", "--leaf", "w9", check=2).stderr
+    assert "--leaf 'w9' names no input or output leaf of three" in run_cli("why", "--leaf", "w9", check=2).stderr
+    # an output name is checked against the traced outputs too (it used to pass on its "out" prefix and
+    # compile, to answer "no answer")
+    assert "--leaf 'outx' names no input or output leaf of three; close matches: out" in \
+        run_cli("why", "--leaf", "outx", check=2).stderr
+
+
+def test_why_answers_for_every_output_leaf_name_equinox_marker_too(tmp_path, monkeypatch, run_cli, isolated_imports):
+    """An ``eqx.filter_jit`` step's outputs are Equinox's ``marker`` and ``out/...``: ``why --leaf marker``
+    answers with the marker's compiled sharding (it was refused: only names starting with ``out``
+    passed the input-leaf check)."""
+    pytest.importorskip("equinox")
+    write(tmp_path, "e.py", """
+        import equinox as eqx
+
+        @eqx.filter_jit
+        def double(x):
+            return x * 2
+    """)
+    write(tmp_path, "e.stagetool.yaml", """
+        version: 1
+        mesh: {axes: {data: 2, model: 4}}
+        functions:
+          double: {target: e.py:double, args: ['f32[16,8] @ [data, null]']}
+    """)
+    monkeypatch.chdir(tmp_path)
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    import e
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    x = jax.device_put(jnp.zeros((16, 8)), NamedSharding(mesh, P("data", None)))
+    marker, out = e.double.lower(x).compile().compiled.output_shardings[:2]
+    assert (marker.spec, out.spec) == (P(), P("data", None))
+    assert _why(run_cli, "--leaf", "marker")["found"] == ["output marker: compiled P()"]
+    assert _why(run_cli, "--leaf", "out")["found"] == ["output out: compiled P('data', None)"]
 
 
 def test_gspmd_compile_is_explained_by_nobody(tmp_path):
