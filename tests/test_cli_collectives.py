@@ -176,3 +176,27 @@ def test_the_memory_peak_op_column_drops_the_shared_jit_prefix_as_collectives_do
     table = out[out.index("live at the peak"):]
     assert "jit(train_step)" not in table
     assert " transpose(jvp())/dot_general " in table
+
+
+def test_a_combined_collective_shows_its_first_op_and_how_many_more(run_cli, tmp_path):
+    """Trial 2, finding 14c: XLA names a combined all-reduce by every op it merged (``(op1:op2:…)``,
+    600 characters on the training cookbook). Text and Markdown show the first op and how many more
+    (one per operand of the combined op: its result types); JSON keeps XLA's whole name."""
+    from helpers import REPO
+
+    target = str(REPO / "examples" / "mlp.py") + ":train_step"
+    cache = ("--cache-dir", str(tmp_path / "cache"))
+    items = run_cli("collectives", target, *cache, "--format", "json", check=0).json()["functions"][0][
+        "collectives"]["items"]
+    combined = [x["collective"] for x in items if ":" in (x["collective"]["op_name"] or "")]
+    assert combined, "the MLP's data-parallel gradient all-reduce is one combined op"
+    c = combined[0]
+    merged = c["op_name"].split("/", 1)[1].strip("()").split(":")  # jit(train_step)/(a:b:…)
+    assert len(merged) == len(c["result_types"]) >= 2
+    short = f"{merged[0]} +{len(merged) - 1} more"
+    text = run_cli("collectives", target, *cache, check=0).stdout
+    md = run_cli("collectives", target, *cache, "--format", "markdown", check=0).stdout
+    for out in (text, md):
+        assert short in out and c["op_name"].split("/", 1)[1] not in out
+    row = next(ln for ln in text.splitlines() if short in ln)
+    assert len(row) < 200

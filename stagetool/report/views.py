@@ -421,11 +421,57 @@ def _source(source: str | None) -> str:
 
 
 def _op(op_name: str | None) -> str:
-    """The op name without the leading ``jit(fn)/`` that every op of the function shares."""
+    """The op name without the leading ``jit(fn)/`` that every op of the function shares; a combined
+    op's name (:func:`combined_op_name`) as its first op and how many more."""
     if not op_name:
         return "—"
     head, sep, rest = op_name.partition("/")
-    return rest if sep and head.startswith("jit(") and rest else op_name
+    return combined_op_name(rest if sep and head.startswith("jit(") and rest else op_name)
+
+
+def combined_op_name(name: str) -> str:
+    """``prefix/first +N more`` for the name XLA gives an op it made of several (a combined
+    all-reduce or all-gather: ``prefix/(op1:op2:…)``, every merged op's name after their shared
+    prefix, joined by ``:``; 600 characters for the training cookbook's gradient all-reduce), else
+    ``name`` unchanged. Text, Markdown and HTML show this; JSON keeps XLA's full name."""
+    depth, colons, opens = 0, [], []
+    for i, ch in enumerate(name):
+        if ch == "(":
+            opens.append(i)
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if opens:
+                opens.pop()
+        elif ch == ":":
+            colons.append((depth, i, opens[-1] if opens else -1))
+    if not colons:
+        return name
+    level = min(d for d, _, _ in colons)
+    cuts = [(i, o) for d, i, o in colons if d == level]
+    start = cuts[0][1]
+    if any(o != start for _, o in cuts):  # colons in different groups: not one combined name
+        return name
+    if start < 0:
+        prefix, body, suffix = "", name, ""
+    else:
+        close = _closing(name, start)
+        if close is None:
+            return name
+        prefix, body, suffix = name[:start], name[start + 1:close], name[close + 1:]
+    offset = start + 1
+    first = body[:cuts[0][0] - offset]
+    return f"{prefix}{first}{suffix} +{len(cuts)} more"
+
+
+def _closing(text: str, start: int) -> int | None:
+    """Index of the ``)`` that closes the ``(`` at ``start``, or None."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return None
 
 
 def collectives_summary_rows(c: Any) -> tuple[list[str], list[list[str]]]:
