@@ -699,7 +699,8 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
                            user_files=user_files)
         else:
             facts, cached = _facts_through_cache(cache, staged, inputs, fspec, setup, user_files, dialect, dump,
-                                                 on_stage, explain=bool(wanted & _EXPLAINED), root=plan.report_root)
+                                                 on_stage, explain=bool(wanted & _EXPLAINED), root=plan.report_root,
+                                                 raw_text=Section.COMPILED_TEXT in wanted)
     except OutOfMemoryError as e:
         if Section.MEMORY not in wanted:
             return _failed(plan, fspec, setup, e)
@@ -735,19 +736,21 @@ def _with_propagation(facts: Any, staged: Any) -> Any:
 def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSpec, setup: Any,
                          user_files: list[str], dialect: str | None, dump: bool,
                          on_stage: Callable[[str, str], None] | None, *, explain: bool,
-                         root: ReportRoot | None = None) -> tuple[Any, bool]:
+                         root: ReportRoot | None = None, raw_text: bool = False) -> tuple[Any, bool]:
     """The facts of a function staged up to ``lower``: from the facts cache when its key has a valid
     entry (no compile), else compiled, gathered and stored. Returns ``(StagedFunction, cached)``.
 
     With ``explain``, the facts hold Shardy's propagation too: from the entry, or computed here and
     stored with it (an entry written without it is rewritten once, its peak dump kept). Paths below
     the report ``root`` enter the key and the entry relative to it and come back as this run's
-    (:mod:`stagetool.core.paths`): an entry another checkout of the project wrote is a hit here."""
+    (:mod:`stagetool.core.paths`): an entry another checkout of the project wrote is a hit here.
+    ``raw_text`` (the compiled text is shown as it is): the frames above stagetool's call are in the
+    key too (:func:`stagetool.lowering.cache.cache_key`)."""
     from stagetool.lowering.cache import cache_key
     from stagetool.lowering.facts import StagedFunction, gather
     from stagetool.lowering.stages import compile_staged, merge_warnings
 
-    key = cache_key(staged.lowered, setup, inputs, declared_outputs=fspec.out_shardings, root=root)
+    key = cache_key(staged.lowered, setup, inputs, declared_outputs=fspec.out_shardings, root=root, raw_text=raw_text)
     hit = cache.load(key, peak=dump, root=root)
     if hit is not None:
         base = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,

@@ -287,7 +287,12 @@ class ModuleIndex:
         if ins is None:
             return SourceLocation(None, None, None, None)
         op_name = normalise_op_name(ins.metadata.op_name) if ins.metadata is not None else None
-        frames = self._module.source_stack(ins)
+        from stagetool.analysis.collectives import program_frames
+
+        # cut at stagetool's first frame: the frames above it are how stagetool was called (the facts
+        # cache does not key on them), never the program's
+        stack = self._module.source_stack(ins)
+        frames = program_frames(stack) or stack[:1]
         if not frames:
             return SourceLocation(op_name, None, None, None)
         from stagetool.lowering.target import is_library_file

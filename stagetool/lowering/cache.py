@@ -15,7 +15,9 @@ The key (:func:`cache_key`) is a sha256 over:
 
 - the lowered module's text (``Lowered.as_text()``): the program, its input/output shardings and
   donation (``mhlo.sharding``, ``tf.aliasing_output``); and the source locations of its ops
-  (from ``as_text(debug_info=True)``, without stagetool's own frames, :func:`source_locations`), which
+  (from ``as_text(debug_info=True)``, each op's call chain from the user's function inward: cut at
+  its first frame of stagetool or its CLI, so how stagetool was called — the CLI, a worker, a script
+  calling the Python API, and where in it — is not in it, :func:`source_locations`), which
   the compiled module's metadata — the source line of each collective — follows; paths below the
   report root (the spec's folder, :mod:`stagetool.core.paths`) are written from ``<stagetool-root>``,
   so the same project in another folder has the same key;
@@ -76,13 +78,14 @@ from stagetool.hlo.parser import SourceFrame
 from stagetool.lowering.shardy import Operand, PropagatedOp, Propagation, ShardingRule, ValueSharding
 from stagetool.lowering.stages import PeakDump
 
-CACHE_SCHEMA = 8
+CACHE_SCHEMA = 9
 """Version of the entry format and of the key's contents; bump it when either changes.
 3: authenticated entries (HMAC header line), compile settings in the key. 5: the payload as a table of
 distinct values (:func:`_pack`). 6: paths below the report root written from ``<stagetool-root>`` in
 the key and the entries. 7: ``<stagetool-root>`` stands for the project around the spec's folder,
 whose place in it is a key part. 8: each input leaf's ``sharding_source`` in the key (an entry
-echoes it: a hit must not say another run's source)."""
+echoes it: a hit must not say another run's source). 9: source locations cut at the first frame of
+stagetool (the frames above its call, a Python-API caller's script, left out), ``raw_text``."""
 
 MAX_ENTRY_BYTES = 1 << 30
 """An entry larger than this (1 GiB) is not read: a miss. (A 48-layer transformer's entry is ~60 MB.)"""
@@ -144,7 +147,7 @@ def versions() -> dict[str, str | None]:
 
 
 def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = None,
-              compiler_options: dict | None = None, root: ReportRoot | None = None) -> str:
+              compiler_options: dict | None = None, root: ReportRoot | None = None, raw_text: bool = False) -> str:
     """The sha256 hex digest naming one function's entry (see the module docstring for what goes in).
 
     Args:
@@ -159,6 +162,9 @@ def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = 
         (:attr:`ReportRoot.position`) is a key part, so the same project in another folder has the
         same key. None, or a root whose spelling XLA would escape (:attr:`ReportRoot.plain`): the
         locations as they are, and the root itself is a key part.
+      raw_text: the run shows the compiled text as it is (``stagetool compile``), whose source tables
+        name every frame of each op, those above stagetool's call too: they are then in the key
+        (:func:`source_locations` ``callers``), so such an entry is only ever this caller's.
 
     Whether the entry holds the live-range dump is not part of the key: an entry without it does
     not answer a request for the peak (:meth:`FactsCache.load`), and that request's compile rewrites
@@ -169,7 +175,9 @@ def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = 
     description = {
         "schema": CACHE_SCHEMA,
         "module_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
-        "source_locations": sorted({portable(x) for x in source_locations(lowered.as_text(debug_info=True))}),
+        "source_locations": sorted({portable(x) for x in source_locations(lowered.as_text(debug_info=True),
+                                                                           callers=raw_text)}),
+        "raw_text": raw_text,
         "compiler_options": sorted((str(k), repr(v)) for k, v in (compiler_options or {}).items()),
         "platform": setup.platform,
         "device_kind": setup.device_kind,
@@ -283,19 +291,99 @@ def _callers_dirs() -> tuple[str, ...]:
     return caller_folders()
 
 
-def source_locations(debug_text: str) -> list[str]:
-    """The source locations (``file:line:col``) a lowered module's ops carry, without the frames of
-    stagetool and its CLI: the compiled module's metadata (the source line of each collective)
-    follows them, but how stagetool was called (``report`` or ``snapshot``, a worker process) does not
-    change the program."""
+def source_locations(debug_text: str, *, callers: bool = False) -> list[str]:
+    """The source locations (``loc("file":line:col ...)``) a lowered module's ops carry, from the user's
+    function inward: each op's call chain (innermost first) is cut at its first frame of stagetool or
+    its CLI, so neither those frames nor the ones above them — how stagetool was called: ``report`` or
+    ``snapshot``, a worker process, a script or notebook calling the Python API — are in it. The
+    compiled module's metadata (the source line of each collective) follows the frames kept.
+
+    With ``callers``, every location the module names but stagetool's and its CLI's own (the frames
+    above stagetool's call kept): for a run that shows the compiled text as it is, whose tables name
+    every frame (:func:`cache_key` ``raw_text``).
+    """
     skip = _callers_dirs()
-    found = set()
-    for m in _FILE_LOCATION.finditer(debug_text):
-        path = m.group(1)
-        if path.startswith("<frozen") or any(path.startswith(d) for d in skip):
+    if callers:
+        return sorted({m.group(0) for m in _FILE_LOCATION.finditer(debug_text)
+                       if not m.group(1).startswith("<frozen") and not any(m.group(1).startswith(d) for d in skip)})
+    aliases = dict(_ALIAS_LINE.findall(debug_text))
+    memo: dict[str, tuple[tuple[str, ...], bool]] = {}
+    found: set[str] = set()
+    for line in debug_text.splitlines():
+        if line.startswith("#loc"):
             continue
-        found.add(m.group(0))
+        for m in _OP_LOCATION.finditer(line):
+            found.update(_chain(m.group(1), aliases, memo, skip)[0])
     return sorted(found)
+
+
+_ALIAS_LINE = re.compile(r"^(#loc\d*) = loc\((.*)\)\s*$", re.M)
+_OP_LOCATION = re.compile(r"loc\((#loc\d*|\".*)\)\s*$")  # an op's (or argument's) location, at its line's end
+_FILE_ONLY = re.compile(r'^"((?:[^"\\]|\\.)*)":(\d+):(\d+)(?: to (\d*):?(\d+))?$')
+_NAMED = re.compile(r'^"(?:[^"\\]|\\.)*"\((.*)\)$', re.S)
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """``text`` split at ``sep`` outside brackets and strings."""
+    parts, depth, quoted, start, i = [], 0, False, 0, 0
+    while i < len(text):
+        c = text[i]
+        if quoted:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                quoted = False
+        elif c == '"':
+            quoted = True
+        elif c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif depth == 0 and text.startswith(sep, i):
+            parts.append(text[start:i])
+            start = i = i + len(sep)
+            continue
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+def _chain(text: str, aliases: dict[str, str], memo: dict, skip: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
+    """The file locations of one MLIR location (its text inside ``loc(...)``, or an alias), innermost
+    first, up to its first frame in ``skip`` (stagetool, its CLI); and whether that frame was reached
+    (then a call site's callers are not followed)."""
+    text = text.strip()
+    if text.startswith("#loc"):
+        if text not in memo:
+            memo[text] = (), False  # a cycle (never printed by MLIR) ends here
+            memo[text] = _chain(aliases.get(text, "unknown"), aliases, memo, skip)
+        return memo[text]
+    if text.startswith("callsite(") and text.endswith(")"):
+        parts = _split_top(text[len("callsite("):-1], " at ")
+        frames: tuple[str, ...] = ()
+        for part in parts:
+            inner, stopped = _chain(part, aliases, memo, skip)
+            frames += inner
+            if stopped:
+                return frames, True
+        return frames, False
+    if text.startswith("fused"):
+        body = text[text.find("[") + 1:text.rfind("]")] if "[" in text else ""
+        out, stopped = (), False
+        for part in _split_top(body, ","):
+            inner, s = _chain(part, aliases, memo, skip)
+            out, stopped = out + inner, stopped or s
+        return out, stopped
+    m = _FILE_ONLY.match(text)
+    if m is not None:
+        path = m.group(1)
+        if any(path.startswith(d) for d in skip):
+            return (), True
+        return ((f"loc({text})",) if not path.startswith("<frozen") else ()), False
+    m = _NAMED.match(text)
+    if m is not None:
+        return _chain(m.group(1), aliases, memo, skip)
+    return (), False
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

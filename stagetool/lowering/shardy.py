@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 from stagetool.hlo.parser import SourceFrame
 from stagetool.lowering.compat import mlir_value
@@ -334,13 +335,20 @@ _LOC_NAME_RE = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"\(')
 _FRAME_RE = re.compile(r'"((?:[^"\\]|\\.)*)"\("((?:[^"\\]|\\.)*)":(\d+):(\d+)')
 
 
+_STAGETOOL_DIR = str(Path(__file__).resolve().parents[1]) + "/"
+
+
 def parse_location(text: str) -> tuple[str | None, tuple[SourceFrame, ...]]:
     """``loc("jit(f)/dot_general"(callsite("f"("m.py":8:17 to :23) at ...)))`` → the op name and the
-    frames, innermost first (MLIR prints a call site's callee before its caller)."""
+    frames, innermost first (MLIR prints a call site's callee before its caller), up to the first
+    frame of stagetool: the ones from there on are how stagetool was called (the CLI, a script calling
+    the Python API), not the program, and the facts cache does not key on them (an op stagetool's own
+    wrapper made keeps its innermost frame)."""
     m = _LOC_NAME_RE.match(text)
     name = m.group(1) if m else None
-    frames = tuple(SourceFrame(f, int(line), fn, int(col)) for fn, f, line, col in _FRAME_RE.findall(text))
-    return name, frames
+    every = [SourceFrame(f, int(line), fn, int(col)) for fn, f, line, col in _FRAME_RE.findall(text)]
+    cut = next((i for i, f in enumerate(every) if f.file.startswith(_STAGETOOL_DIR)), len(every))
+    return name, tuple(every[:cut] or every[:1])  # an op of stagetool's own wrapper: its innermost frame
 
 
 _FACTOR_RE = re.compile(r"\[([^\]]*)\]")

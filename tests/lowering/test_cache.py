@@ -518,3 +518,70 @@ def test_a_moved_line_is_a_miss_and_reports_the_new_line(tmp_path):
         text = json.dumps(r.json())
         lines.append(sorted(set(__import__("re").findall(r"m\.py:(\d+)", text))))
     assert lines[0] and lines[1] == [str(int(n) + 3) for n in lines[0]]
+
+
+
+#: a script calling the Python API (run in a fresh process: its frames are the few above stagetool's)
+API_SCRIPT = """
+import json
+import sys
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+from stagetool.pipeline import Options, Section, analyze, take_snapshot
+from stagetool.report.model import to_jsonable
+{padding}
+def {caller}():
+    cache = Path(sys.argv[1]) if sys.argv[1] != "-" else None
+    options = Options(spec=Path("model.stagetool.yaml"), cache_dir=cache, why=(None, None, 1))
+    (f,) = analyze(options, (Section.SHARDINGS, Section.COLLECTIVES, Section.MEMORY, Section.COST,
+                             Section.WHY)).functions
+    doc = to_jsonable(f)
+    doc.pop("timings")
+    print(json.dumps({{"cached": doc.pop("cached"), "report": doc, "snapshot": take_snapshot(options).snapshot}}))
+
+{caller}()
+"""
+
+
+def _api_script(tmp_path: Path, name: str, cache: Path | None) -> dict:
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "STAGETOOL_NO_CACHE")}
+    env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, name, str(cache) if cache else "-"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_python_api_callers_share_entries_and_show_none_of_their_frames(tmp_path):
+    """The key keeps each op's frames from the user's function inward only: two scripts calling the
+    Python API on one spec (other names, a line added above the call) share one entry, and the hit's
+    report and snapshot equal the second script's own uncached run: no first script's frame comes back."""
+    from helpers import CAUSES_MODEL, CAUSES_SPEC
+
+    write(tmp_path, "model.py", CAUSES_MODEL)
+    write(tmp_path, "model.stagetool.yaml", CAUSES_SPEC)
+    (tmp_path / "one.py").write_text(API_SCRIPT.format(padding="", caller="first"))
+    (tmp_path / "two.py").write_text(API_SCRIPT.format(padding="\nX = 1  # a line added above the call\n",
+                                                       caller="second_script"))
+    cache = tmp_path / "cache"
+    first = _api_script(tmp_path, "one.py", cache)
+    assert not first["cached"] and len(_entries(cache)) == 1
+    hit = _api_script(tmp_path, "two.py", cache)
+    assert hit["cached"] and len(_entries(cache)) == 1
+    own = _api_script(tmp_path, "two.py", None)
+    assert not own["cached"]
+    assert hit["report"] == own["report"] and hit["snapshot"] == own["snapshot"]
+    # the collectives are there and explained, so the frames had somewhere to show
+    items = own["report"]["collectives"]["items"]
+    assert [x["collective"]["kind"] for x in items] == ["all-gather", "all-reduce"]
+    assert all(x["cause"] is not None for x in items)
+    assert "one.py" not in json.dumps(hit) and "two.py" not in json.dumps(own)
