@@ -134,3 +134,23 @@ def test_buffers_live_at_the_peak_are_the_timelines_peak(run_cli, monkeypatch):
     text = run_cli("memory", "examples/transformer.py:train_step", check=0).stdout
     assert f"live at the peak (step {tp['position']}: {format_bytes(tp['bytes'])} device" in text
     assert f"peak {format_bytes(tp['bytes'])} at step {tp['position']}" in text
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed: pip install -e '.[tpu]'")
+def test_xla_tpu_memory_spaces_are_named_as_xla_names_them(run_cli, monkeypatch):
+    """Trial 2, finding 14d: the transformer on v5e:2x4 holds scalars in XLA:TPU's memory space 6,
+    which XLA's memory-usage report calls ``color_6``: the title says "XLA memory space 6 (unnamed)"
+    with the bytes of its buffers, and the note says what is known once."""
+    monkeypatch.chdir(REPO)
+    r = run_cli("memory", "examples/transformer.py:train_step", "--topology", "v5e:2x4", "--top", "1000",
+                "--format", "json", check=0)
+    m = r.json()["functions"][0]["memory"]
+    peak, tp = m["peak"], check_timeline(m)
+    other = dict(peak["other_bytes"])
+    assert other["XLA memory space 6 (unnamed)"] == sum(
+        b["size_bytes"] for b in peak["buffers"] if b["memory_space"] == "XLA memory space 6 (unnamed)") > 0
+    assert not any(k.startswith("memory space") for k in other)
+    assert peak["note"].count("XLA's public sources name only 0 (device), 1 (fast, VMEM on TPU) and 5") == 1
+    # every space the table counts, host memory aside, is in the timeline's bytes at that step
+    assert peak["peak_bytes"] + sum(other.values()) == tp["bytes"]

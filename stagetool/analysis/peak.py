@@ -69,7 +69,7 @@ from stagetool.hlo.buffers import (  # the one reader of the dump's files; re-ex
 from stagetool.lowering.compat import normalise_op_name
 from stagetool.lowering.stages import PeakDump
 
-__all__ = ["BufferSlot", "HOST_MEMORY_SPACE", "LiveBuffer", "ModuleIndex", "PeakBuffer", "PeakLiveRange",
+__all__ = ["BufferSlot", "HOST_MEMORY_SPACE", "space_label", "LiveBuffer", "ModuleIndex", "PeakBuffer", "PeakLiveRange",
            "PeakOpShare", "PeakReport", "SourceLocation", "buffer_slots", "live_at", "parse_live_range_peak",
            "peak_report"]
 
@@ -108,7 +108,8 @@ class PeakBuffer:
       file, line, function: the user's source location, or None.
       memory_space: ``"device"`` (memory space 0), ``"host"`` (``S(5)``: ``pinned_host``), ``"async
         copy"`` (a ``copy-start``/``copy-done`` buffer in memory space 0) or the on-chip space
-        (``"VMEM"``, ``"SMEM"``, ``"memory space N"``).
+        (``"VMEM"``, ``"SMEM"``, ``XLA memory space N ("name" to XLA)`` or ``XLA memory space N
+        (unnamed)``: :func:`space_label`).
       shared_with: the other HLO values live at the peak in this same buffer (a donated parameter's
         output, a loop carry's body parameter), counted once.
     """
@@ -210,11 +211,26 @@ def buffer_slots(assignment: Any) -> dict[str, BufferSlot]:
     return out
 
 
-def _space(color: int | None, instruction: str, opcode: str | None) -> str:
+def space_label(color: int, xla_names: Any = ()) -> str:
+    """A memory space other than device memory (0) and host memory (5) as the report names it:
+    ``VMEM``/``SMEM`` (1, 2 on TPU), else ``XLA memory space N`` with the name XLA's
+    memory-usage report gives it (``("host" to XLA)`` for XLA:TPU's space 4, which is not the
+    ``pinned_host`` memory, ``S(5)``) or ``(unnamed)`` where it gives none (XLA:TPU's ``color_6``).
+    XLA:TPU's numbering of its other spaces is not documented in XLA's public sources (libtpu's
+    compiler is closed); ``xla_names`` is ``PeakDump.space_names``."""
+    if color in _SPACE_NAMES:
+        return _SPACE_NAMES[color]
+    name = dict(xla_names).get(color)
+    if name and not re.fullmatch(r"color_?\d+", name):
+        return f'XLA memory space {color} ("{name}" to XLA)'
+    return f"XLA memory space {color} (unnamed)"
+
+
+def _space(color: int | None, instruction: str, opcode: str | None, xla_names: Any = ()) -> str:
     if color == HOST_MEMORY_SPACE:
         return "host"
     if color not in (None, 0):
-        return _SPACE_NAMES.get(color, f"memory space {color}")
+        return space_label(color, xla_names)
     if opcode in ("copy-start", "copy-done") or (opcode is None and re.match(r"copy-(start|done)\b", instruction)):
         return "async copy"
     return "device"
@@ -357,7 +373,8 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
         listed, whole = live_at(dump.live_range_text, at, assignment)
     else:
         at, step = live.position, None
-    device, host, other, counted = _count(listed, slots, whole, index)
+    names = getattr(dump, "space_names", ())
+    device, host, other, counted = _count(listed, slots, whole, index, names)
     counted.sort(key=lambda t: (-t[0].size_bytes, t[0].value_name))
     out = []
     for b, space, shared in counted[:max(top, 0)]:
@@ -373,21 +390,25 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
         notes.append(f"the device buffers live at the peak ({device} B) are more than the gated peak "
                      f"({gated_peak_bytes} B): memory_analysis() and the live-range dump disagree")
     if step is not None and live.position is not None and live.position != at and \
-            _totals(live_at(dump.live_range_text, live.position, assignment), slots, index) \
+            _totals(live_at(dump.live_range_text, live.position, assignment), slots, index, names) \
             != (device, host, tuple(sorted(other.items()))):  # a tie is no news
         notes.append(f"XLA's live-range dump calls schedule position {live.position} its peak "
                      f"({live.peak_bytes:,} B of HLO values listed there): it picks that moment by adding up HLO "
                      "values, a tuple's elements at the tuple's size and a step's new values before the ones that "
                      "die there, not the bytes its buffer assignment holds; this table is at the memory timeline's "
                      "peak, the step holding the most")
+    unnamed = sorted(k for k in other if k.startswith("XLA memory space"))
+    if unnamed:
+        notes.append(f"{', '.join(unnamed)}: the compiler's own numbering; XLA's public sources name only 0 "
+                     "(device), 1 (fast, VMEM on TPU) and 5 (host: pinned_host); counted apart from device memory")
     breakdown = tuple(dataclasses.replace(b, name=normalise_op_name(b.name)) for b in live.breakdown)
     return PeakReport(device, at, tuple(out), len(counted), breakdown, seconds,
                       host_bytes=host, other_bytes=tuple(sorted(other.items())), xla_listed_bytes=live.peak_bytes,
                       note="; ".join(notes) or None, step=step, xla_position=live.position)
 
 
-def _count(listed: Any, slots: dict[str, BufferSlot], whole: dict[int, int], index: ModuleIndex
-           ) -> tuple[int, int, dict[str, int], list[tuple[LiveBuffer, str, tuple[str, ...]]]]:
+def _count(listed: Any, slots: dict[str, BufferSlot], whole: dict[int, int], index: ModuleIndex,
+           xla_names: Any = ()) -> tuple[int, int, dict[str, int], list[tuple[LiveBuffer, str, tuple[str, ...]]]]:
     """``(device, host, other spaces, buffers)``: the listed values as buffers, each once (values at
     one allocation and offset, or in one parameter/output allocation of ``whole``, are one buffer)."""
     groups: dict[object, list[LiveBuffer]] = {}
@@ -403,7 +424,7 @@ def _count(listed: Any, slots: dict[str, BufferSlot], whole: dict[int, int], ind
         first = members[0]
         slot = slots.get(first.value_name)
         space = _space(slot.color if slot is not None else None, first.instruction_name,
-                       index.opcode(first.instruction_name))
+                       index.opcode(first.instruction_name), xla_names)
         size = max(m.size_bytes for m in members)
         if slot is not None and slot.allocation in whole:
             size = whole[slot.allocation]
@@ -418,8 +439,8 @@ def _count(listed: Any, slots: dict[str, BufferSlot], whole: dict[int, int], ind
 
 
 def _totals(found: tuple[tuple[LiveBuffer, ...], dict[int, int]], slots: dict[str, BufferSlot],
-            index: ModuleIndex) -> tuple[int, int, tuple[tuple[str, int], ...]]:
-    device, host, other, _ = _count(found[0], slots, found[1], index)
+            index: ModuleIndex, xla_names: Any = ()) -> tuple[int, int, tuple[tuple[str, int], ...]]:
+    device, host, other, _ = _count(found[0], slots, found[1], index, xla_names)
     return device, host, tuple(sorted(other.items()))
 
 

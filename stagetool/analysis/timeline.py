@@ -285,7 +285,8 @@ def memory_timeline(dump: Any, *, gated_peak: int | None, record: Any = None, in
     peak_point = max(points, key=lambda p: (p.bytes, -p.position))
     t_peak = flat.index(max(flat))
     buffers = _buffers_at(t_peak, ranges, buffer_by_value, buffer_by_id, place, whole, index, inputs, outputs)
-    differences = _differences(peak_point.bytes, gated_peak, allocated, record, temps)
+    differences = _differences(peak_point.bytes, gated_peak, allocated, record, temps,
+                               getattr(dump, "space_names", ()))
     inner = ranges.sequence[t_peak]
     inside = (inner, *index.op_and_source(inner)) if inner not in entry else (None, None, None)
     peak = TimelinePeak(peak_point.bytes, peak_point.position, peak_point.instruction, peak_point.op,
@@ -355,7 +356,7 @@ def _buffers_at(t: int, ranges: Any, by_value: dict, by_id: dict, place: dict, w
 
 
 def _differences(peak: int, gated: int | None, allocated: int, record: Any,
-                 temps: list[Allocation]) -> tuple[TimelineDifference, ...]:
+                 temps: list[Allocation], xla_names: Any = ()) -> tuple[TimelineDifference, ...]:
     """Named parts of ``gated − peak`` that sum to it exactly.
 
     ``allocated − peak`` is temp-block space not live at the timeline's peak; ``gated − allocated``
@@ -366,7 +367,10 @@ def _differences(peak: int, gated: int | None, allocated: int, record: Any,
     if gated is None or gated == peak:
         return ()
     source = getattr(record, "peak_source", None) or "the gated peak"
-    spaces = ", ".join(SPACE_NAMES.get(c, f"memory space {c}") for c in sorted({a.color for a in temps})) or "none"
+    from stagetool.analysis.peak import space_label
+
+    spaces = ", ".join(SPACE_NAMES.get(c) or space_label(c, xla_names)
+                       for c in sorted({a.color for a in temps})) or "none"
     unused, beyond = allocated - peak, gated - allocated
     if beyond >= 0:
         parts = []

@@ -573,3 +573,22 @@ def parse_live_range_peak(text: str) -> PeakLiveRange | None:
         peak = last_cumulative
     buffers.sort(key=lambda b: (-b.size_bytes, b.value_name))
     return PeakLiveRange(position, peak, tuple(buffers), tuple(breakdown))
+
+
+# --------------------------------------------------------------------------- memory-usage report
+
+
+_SPACE_LINE = re.compile(r"^Memory Space: (\S+) \(color=(\d+)\)\s*$")
+
+
+def parse_memory_space_names(text: str) -> tuple[tuple[int, str], ...]:
+    """``((color, name), ...)`` from the ``Memory Space: vmem (color=1)`` headings of XLA's
+    ``*-memory-usage-report.txt`` dump, in color order; XLA:TPU (libtpu 0.0.42.1) writes
+    ``default`` (0), ``vmem`` (1), ``smem`` (2), ``host`` (4) and ``color_6`` (6: no name of its own).
+    Lines this reader does not recognise are skipped."""
+    found: dict[int, str] = {}
+    for line in text.splitlines():
+        m = _SPACE_LINE.match(line)
+        if m:
+            found.setdefault(int(m.group(2)), m.group(1))
+    return tuple(sorted(found.items()))

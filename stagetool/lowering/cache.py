@@ -78,14 +78,15 @@ from stagetool.hlo.parser import SourceFrame
 from stagetool.lowering.shardy import Operand, PropagatedOp, Propagation, ShardingRule, ValueSharding
 from stagetool.lowering.stages import PeakDump
 
-CACHE_SCHEMA = 9
+CACHE_SCHEMA = 10
 """Version of the entry format and of the key's contents; bump it when either changes.
 3: authenticated entries (HMAC header line), compile settings in the key. 5: the payload as a table of
 distinct values (:func:`_pack`). 6: paths below the report root written from ``<stagetool-root>`` in
 the key and the entries. 7: ``<stagetool-root>`` stands for the project around the spec's folder,
 whose place in it is a key part. 8: each input leaf's ``sharding_source`` in the key (an entry
 echoes it: a hit must not say another run's source). 9: source locations cut at the first frame of
-stagetool (the frames above its call, a Python-API caller's script, left out), ``raw_text``."""
+stagetool (the frames above its call, a Python-API caller's script, left out), ``raw_text``. 10: the
+peak dump's ``space_names`` (XLA's names of its memory spaces)."""
 
 MAX_ENTRY_BYTES = 1 << 30
 """An entry larger than this (1 GiB) is not read: a miss. (A 48-layer transformer's entry is ~60 MB.)"""
@@ -864,7 +865,10 @@ def _valid(f: dict[str, Any]) -> bool:
                                   and (peak.compile_seconds is None or _is(peak.compile_seconds, int, float))
                                   and (peak.reason is None or isinstance(peak.reason, str))
                                   and (peak.buffers_reason is None or isinstance(peak.buffers_reason, str))
-                                  and (peak.buffers is None or _valid_buffers(peak.buffers)))))
+                                  and (peak.buffers is None or _valid_buffers(peak.buffers))
+                                  and isinstance(peak.space_names, tuple)
+                                  and all(isinstance(x, tuple) and len(x) == 2 and _is(x[0], int)
+                                          and isinstance(x[1], str) for x in peak.space_names))))
 
 
 def _valid_propagation(p: Any, error: Any) -> bool:

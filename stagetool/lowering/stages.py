@@ -46,6 +46,8 @@ class PeakDump:
         value occupies), read from the dump's ``*.hlo.pb`` by :func:`stagetool.hlo.buffers.read_hlo_proto`
         (heap-simulator events left out); None when XLA wrote none or it could not be read.
       buffers_reason: why ``buffers`` is None (None when it is set).
+      space_names: ``(color, name)`` of the memory spaces XLA's ``*-memory-usage-report.txt``
+        names (:func:`stagetool.hlo.buffers.parse_memory_space_names`); () when it wrote none.
     """
 
     live_range_text: str | None
@@ -54,6 +56,7 @@ class PeakDump:
     reason: str | None = None
     buffers: BufferAssignment | None = None
     buffers_reason: str | None = None
+    space_names: tuple[tuple[int, str], ...] = ()
 
 
 @dataclasses.dataclass
@@ -398,7 +401,8 @@ def compile_with_dump(lowered: Any, compiler_options: dict | None = None) -> tup
         module_text = compiled.as_text() or ""
         text, reason = read_live_range(folder, module_text)
         buffers, buffers_reason = read_buffer_assignment(folder, module_text)
-        return compiled, PeakDump(text, module_text, seconds, reason, buffers, buffers_reason)
+        return compiled, PeakDump(text, module_text, seconds, reason, buffers, buffers_reason,
+                                  read_space_names(folder, module_text))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         cleanup.forget(token)
@@ -423,6 +427,22 @@ def read_buffer_assignment(folder: str, module_text: str) -> tuple[BufferAssignm
         return read_hlo_proto(data, traces=False), None
     except ProtoError as e:
         return None, f"XLA's {proto} could not be read: {e}"
+
+
+def read_space_names(folder: str, module_text: str) -> tuple[tuple[int, str], ...]:
+    """The memory spaces XLA's ``<prefix>-memory-usage-report.txt`` (beside the live-range dump)
+    names, ``((color, name), ...)``; () when it wrote none."""
+    import os
+
+    from stagetool.hlo.buffers import parse_memory_space_names
+    from stagetool.lowering import compat
+
+    found = compat.live_range_file(folder, module_text)
+    path = os.path.join(folder, found[1] + "-memory-usage-report.txt") if found else None
+    if path is None or not os.path.exists(path):
+        return ()
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return parse_memory_space_names(fh.read())
 
 
 def read_live_range(folder: str, module_text: str) -> tuple[str | None, str | None]:

@@ -277,3 +277,20 @@ def test_live_buffers_split_by_memory_space_each_once():
     assert "more than the gated peak" in over.note
     blind = peak.peak_report(stages.PeakDump(_LIVE, "HloModule m\n", 0.1, buffers_reason="no .hlo.pb"), resolve=nowhere)
     assert "no buffer assignment in the dump (no .hlo.pb)" in blind.note and blind.host_bytes == 0
+
+
+def test_memory_space_names_come_from_xlas_memory_usage_report():
+    """Trial 2, finding 14d: XLA:TPU's ``*-memory-usage-report.txt`` (libtpu 0.0.42.1, the training
+    cookbook on v5e:2x4; headings copied from that dump) names its spaces ``default``, ``vmem``,
+    ``smem``, ``host`` (4: not pinned_host, which is 5) and ``color_6`` (no name); XLA's public
+    ``Layout`` names only 0, 1 and 5."""
+    from stagetool.hlo.buffers import parse_memory_space_names
+
+    report = ("Memory Space: default (color=0)\nTotal bytes: 3241984 (3.09MiB)\n  cumulative_size;\n"
+              "Memory Space: vmem (color=1)\nMemory Space: smem (color=2)\nMemory Space: host (color=4)\n"
+              "Memory Space: color_6 (color=6)\n")
+    names = parse_memory_space_names(report)
+    assert names == ((0, "default"), (1, "vmem"), (2, "smem"), (4, "host"), (6, "color_6"))
+    assert [peak.space_label(c, names) for c in (1, 2, 4, 6, 7)] == [
+        "VMEM", "SMEM", 'XLA memory space 4 ("host" to XLA)', "XLA memory space 6 (unnamed)",
+        "XLA memory space 7 (unnamed)"]
