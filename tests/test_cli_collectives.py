@@ -178,6 +178,8 @@ def test_the_memory_peak_op_column_drops_the_shared_jit_prefix_as_collectives_do
     assert " transpose(jvp())/dot_general " in table
 
 
+@pytest.mark.jax_version(">=0.10", reason="jaxlib 0.7.2's XLA names a combined all-reduce by its first op only: "
+                         "there is no long name to shorten (not checked between 0.7.2 and 0.10.2)")
 def test_a_combined_collective_shows_its_first_op_and_how_many_more(run_cli, tmp_path):
     """Trial 2, finding 14c: XLA names a combined all-reduce by every op it merged (``(op1:op2:…)``,
     600 characters on the training cookbook). Text and Markdown show the first op and how many more

@@ -164,6 +164,9 @@ def test_a_cache_entry_from_another_checkout_is_a_hit_and_reads_as_this_checkout
         snaps[name] = (tmp_path / f"{name}.json").read_bytes()
     assert snaps["a"] == snaps["b"] == snaps["b-cold"]
 
+    # `compile` prints XLA's text with its callers' frames, so it keys on them (f0da482): A's compile
+    # writes the entry B's compile reads
+    assert run_subprocess("compile", target, "--cache-dir", cache, "--format", "json", cwd=a).code == 0
     compiled = run_subprocess("compile", target, "--cache-dir", cache, "--format", "json", cwd=b)
     assert compiled.code == 0, compiled.stderr
     (fn,) = compiled.json()["functions"]
@@ -348,6 +351,9 @@ def test_a_spec_in_configs_beside_src_reads_the_same_in_two_checkouts_and_hits_t
         snaps.append((tmp_path / f"s{i}.json").read_bytes())
     assert snaps[0] == snaps[1] == snaps[2]
 
+    # `compile` keys on its callers' frames too (f0da482): A's compile writes the entry B's reads
+    assert run_subprocess("compile", "--spec", "configs/m.stagetool.yaml", "--cache-dir", cache,
+                          "--format", "json", cwd=a).code == 0
     compiled = run_subprocess("compile", "--spec", "configs/m.stagetool.yaml", "--cache-dir", cache,
                               "--format", "json", cwd=b)
     assert compiled.code == 0, compiled.stderr
