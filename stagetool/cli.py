@@ -315,15 +315,21 @@ def _escape(text: str) -> str:
     return markup_safe(text)
 
 
-def _stdout_closed() -> None:
-    """stdout's reader went away (``stagetool ... | head``): say so once, and keep the interpreter
-    from failing again when it flushes stdout at exit."""
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at ``/dev/null`` (best effort), so that the interpreter's own flush of
+    stdout at exit does not fail again after stdout failed once."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     except (OSError, ValueError, AttributeError):
         pass
+
+
+def _stdout_closed() -> None:
+    """stdout's reader went away (``stagetool ... | head``): say so once, and keep the interpreter
+    from failing again when it flushes stdout at exit."""
+    _stdout_to_devnull()
     try:
         _stderr().print("[bold red]error:[/] stdout was closed before the output was written (broken pipe)")
     except OSError:
@@ -341,12 +347,7 @@ def _write_stdout(text: str) -> None:
     except BrokenPipeError:
         raise
     except OSError as e:
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
-        except (OSError, ValueError, AttributeError):
-            pass
+        _stdout_to_devnull()
         raise UsageError(f"cannot write to stdout: {e.strerror or e}",
                          hint="write to a file with -o FILE, or free space where stdout goes") from None
 
