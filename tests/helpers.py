@@ -117,6 +117,14 @@ def leaves_by_path(doc: dict, key: str = "inputs", function: int = 0) -> dict[st
     return {leaf["path"]: leaf for leaf in doc["functions"][function][key]}
 
 
+
+def assert_memory_is_xlas(record: dict, compiled: Any) -> None:
+    """The four memory figures of a report's ``memory.record`` equal XLA's ``memory_analysis()`` of
+    ``compiled`` (a ``jax.stages.Compiled`` of the same step): argument, output, alias, temp bytes."""
+    mem = compiled.memory_analysis()
+    assert (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"]) == \
+        (mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes, mem.temp_size_in_bytes)
+
 # ---- the program of issue 22's causes, shared by tests/analysis/test_causes.py and test_cli_causes.py ----
 
 #: Why some causes tests hold before jax 0.12 only (a gap, not a choice).

@@ -6,6 +6,8 @@ step on the Refs the init really returns (explicit sharding mode: the Ref's type
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import sys
 
 import jax
@@ -14,9 +16,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import pytest
-
-from helpers import JAXLIB_0_12_METADATA, leaves_by_path, run_subprocess, write
+from helpers import JAXLIB_0_12_METADATA, assert_memory_is_xlas, leaves_by_path, run_subprocess, write
 
 STEP = '''
 import jax, jax.numpy as jnp
@@ -39,34 +39,44 @@ def train_step(params, x):
 '''
 
 
-def test_ref_train_step_is_the_real_program(run_cli, tmp_path, isolated_imports):
-    write(tmp_path, "cook.py", STEP)
-    spec = write(tmp_path, "s.yaml", '''
+def _spec(tmp_path, module: str, *, explicit: bool = True, target: str = "train_step",
+          x: str = "f32[16,64] @ [data, null]", extra: str = ""):
+    """The spec of these tests: ``module``'s ``target`` over its ``init(key(0))`` and ``x``, on a
+    data=2 × model=4 mesh with explicit (or auto) axes; ``extra``: more lines of the function."""
+    axis_types = "\n          axis_types: explicit" if explicit else ""
+    return write(tmp_path, "s.yaml", f"""
         version: 1
         mesh:
-          axes: {data: 2, model: 4}
-          axis_types: explicit
+          axes: {{data: 2, model: 4}}{axis_types}
         functions:
           train_step:
-            target: cook.py:train_step
+            target: {module}.py:{target}
             args:
-              - init: cook.py:init
+              - init: {module}.py:init
                 init_args: [key(0)]
-              - 'f32[16,64] @ [data, null]'
-    ''')
-    fn = run_cli("report", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
-    sys.path.insert(0, str(tmp_path))
-    import cook
+              - '{x}'
+    """ + extra)
 
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+
+@contextlib.contextmanager
+def _real(tmp_path, module: str, *, explicit: bool = True):
+    """``(module, refs, x)`` for running the step for real, inside the spec's mesh: the module imported
+    from ``tmp_path``, the Refs its ``init(key(0))`` returns, and ``x`` f32[16,64] over ``data``."""
+    sys.path.insert(0, str(tmp_path))
+    mod = importlib.import_module(module)
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(kind, kind))
     with jax.set_mesh(mesh):
-        refs = cook.init(jax.random.key(0))
-        x = jax.device_put(jnp.zeros((16, 64)), NamedSharding(mesh, P("data", None)))
+        yield mod, mod.init(jax.random.key(0)), jax.device_put(jnp.zeros((16, 64)), NamedSharding(mesh, P("data", None)))
+
+
+def test_ref_train_step_is_the_real_program(run_cli, tmp_path, isolated_imports):
+    write(tmp_path, "cook.py", STEP)
+    fn = run_cli("report", "--spec", _spec(tmp_path, "cook"), "--format", "json", check=0).json()["functions"][0]
+    with _real(tmp_path, "cook") as (cook, refs, x):
         real = cook.train_step.lower(refs, x).compile()
-    mem = real.memory_analysis()
     record = fn["memory"]["record"]
-    assert (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"]) == \
-        (mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes, mem.temp_size_in_bytes)
+    assert_memory_is_xlas(record, real)
     assert record["alias_bytes"] > 0  # the refs' new values are written in place
     assert fn["cost"]["per_device"]["flops"] == real.cost_analysis()["flops"]
     leaves = leaves_by_path({"functions": [fn]})
@@ -91,35 +101,16 @@ def test_refs_under_auto_axes_keep_the_sharding_their_value_has(run_cli, tmp_pat
         .replace("- 0.1 * g[k]", "- lr * g[k]")
     assert step != AUTO_STEP
     write(tmp_path, "cook.py", step if static else AUTO_STEP)
-    spec = write(tmp_path, "s.yaml", '''
-        version: 1
-        mesh:
-          axes: {data: 2, model: 4}
-        functions:
-          train_step:
-            target: cook.py:train_step
-            args:
-              - init: cook.py:init
-                init_args: [key(0)]
-              - 'f32[16,64] @ [data, null]'
-    ''' + ("        static: {lr: 0.2}\n" if static else ""))
+    spec = _spec(tmp_path, "cook", explicit=False, extra="        static: {lr: 0.2}\n" if static else "")
     fn = run_cli("report", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
-    sys.path.insert(0, str(tmp_path))
-    import cook
-
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
-    with jax.set_mesh(mesh):
-        refs = cook.init(jax.random.key(0))
+    with _real(tmp_path, "cook", explicit=False) as (cook, refs, x):
         assert refs["w"][...].sharding.spec == P(None, "model")  # the real Ref's value is sharded
-        x = jax.device_put(jnp.zeros((16, 64)), NamedSharding(mesh, P("data", None)))
         if static:
             real = jax.jit(cook.train_step.__wrapped__, static_argnames=("lr",)).lower(refs, x, lr=0.2).compile()
         else:
             real = cook.train_step.lower(refs, x).compile()
-    mem = real.memory_analysis()
     record = fn["memory"]["record"]
-    assert (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"]) == \
-        (mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes, mem.temp_size_in_bytes)
+    assert_memory_is_xlas(record, real)
     assert record["argument_bytes"] == 4 * (64 * 64 // 4 + 64 + 16 * 64 // 2)  # w split over model, x over data
     assert fn["cost"]["per_device"]["flops"] == real.cost_analysis()["flops"]
     leaves = leaves_by_path({"functions": [fn]})
@@ -157,28 +148,10 @@ def test_ref_write_backs_are_outputs_with_their_real_shardings(run_cli, tmp_path
     of its own, named by its input path (JAX writes back every Ref argument it keeps, a Ref it only
     reads too); compared with running the step for real."""
     write(tmp_path, "cook2.py", WRITES_TWO_OF_THREE)
-    spec = write(tmp_path, "s.yaml", '''
-        version: 1
-        mesh:
-          axes: {data: 2, model: 4}
-          axis_types: explicit
-        functions:
-          train_step:
-            target: cook2.py:train_step
-            args:
-              - init: cook2.py:init
-                init_args: [key(0)]
-              - 'f32[16,64] @ [data, null]'
-    ''')
+    spec = _spec(tmp_path, "cook2")
     doc = run_cli("report", "--spec", spec, "--format", "json", check=0).json()
     outputs = doc["functions"][0]["outputs"]
-    sys.path.insert(0, str(tmp_path))
-    import cook2
-
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
-    with jax.set_mesh(mesh):
-        refs = cook2.init(jax.random.key(0))
-        x = jax.device_put(jnp.zeros((16, 64)), NamedSharding(mesh, P("data", None)))
+    with _real(tmp_path, "cook2") as (cook2, refs, x):
         real_mem = cook2.train_step.lower(refs, x).compile().memory_analysis()
         real_out_bytes = real_mem.output_size_in_bytes
         result = cook2.train_step(refs, x)  # the step run for real: its outputs, and the Refs it wrote
@@ -206,27 +179,9 @@ def test_ref_write_backs_are_not_failed_donation(run_cli, tmp_path, isolated_imp
     """Trial 2, finding 7: a Ref's in-place write is named as such, not as donation that did not take;
     the aliased bytes are the write-backs' (XLA's alias figure from the real compile)."""
     write(tmp_path, "cook4.py", WRITES_TWO_OF_THREE)
-    spec = write(tmp_path, "s.yaml", '''
-        version: 1
-        mesh:
-          axes: {data: 2, model: 4}
-          axis_types: explicit
-        functions:
-          train_step:
-            target: cook4.py:train_step
-            args:
-              - init: cook4.py:init
-                init_args: [key(0)]
-              - 'f32[16,64] @ [data, null]'
-    ''')
+    spec = _spec(tmp_path, "cook4")
     fn = run_cli("report", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
-    sys.path.insert(0, str(tmp_path))
-    import cook4
-
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Explicit))
-    with jax.set_mesh(mesh):
-        refs = cook4.init(jax.random.key(0))
-        x = jax.device_put(jnp.zeros((16, 64)), NamedSharding(mesh, P("data", None)))
+    with _real(tmp_path, "cook4") as (cook4, refs, x):
         real_alias = cook4.train_step.lower(refs, x).compile().memory_analysis().alias_size_in_bytes
     donation = fn["memory"]["donation"]
     assert [(d["path"], d["status"], d["aliased_to"]) for d in donation] == [
@@ -325,18 +280,7 @@ def test_refs_take_the_targets_in_shardings(run_cli, tmp_path, isolated_imports)
         'params = {"w": jax.lax.with_sharding_constraint(params["w"], P(None, "model")), "b": params["b"]}', "")
         + '\nsharded_step = jax.jit(train_step.__wrapped__, in_shardings=({"b": P(), "w": P(None, "model")}, '
           'P("data", None)))\n')
-    spec = write(tmp_path, "s.yaml", '''
-        version: 1
-        mesh:
-          axes: {data: 2, model: 4}
-        functions:
-          train_step:
-            target: cook.py:sharded_step
-            args:
-              - init: cook.py:init
-                init_args: [key(0)]
-              - 'f32[16,64]'
-    ''')
+    spec = _spec(tmp_path, "cook", explicit=False, target="sharded_step", x="f32[16,64]")
     fn = run_cli("report", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
     sys.path.insert(0, str(tmp_path))
     import cook
@@ -346,10 +290,8 @@ def test_refs_take_the_targets_in_shardings(run_cli, tmp_path, isolated_imports)
         ref = lambda *shape: jax.ref.AbstractRef(jax.core.ShapedArray(shape, jnp.float32))  # noqa: E731
         real = cook.sharded_step.lower({"b": ref(64), "w": ref(64, 64)},
                                        jax.ShapeDtypeStruct((16, 64), jnp.float32)).compile()
-    mem = real.memory_analysis()
     record = fn["memory"]["record"]
-    assert (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"]) == \
-        (mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes, mem.temp_size_in_bytes)
+    assert_memory_is_xlas(record, real)
     assert record["alias_bytes"] > 0  # still Refs, written in place
     assert fn["cost"]["per_device"]["flops"] == real.cost_analysis()["flops"]
     leaves = leaves_by_path({"functions": [fn]})
