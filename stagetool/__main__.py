@@ -13,9 +13,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); the exit code.
 
     The command runs in a forked child whose exit code is believed only if it reports finishing
-    (:mod:`stagetool.core.supervise`: ``os._exit(0)`` in user code is exit 3, not a pass). The cyclic
+    (:mod:`stagetool.process.supervise`: ``os._exit(0)`` in user code is exit 3, not a pass). The cyclic
     garbage collector is paused through start-up and resumed once the devices are up
-    (:mod:`stagetool.core.gc_pause`).
+    (:mod:`stagetool.process.gc_pause`).
     """
     args = sys.argv[1:] if argv is None else argv
     if args == ["--version"]:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stdout.write(f"stagetool {__version__}\n")
         return 0
-    from stagetool.core import supervise
+    from stagetool.process import supervise
 
     if supervise.wanted(args):
         return supervise.run(lambda: _command(argv))
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(argv: list[str] | None) -> int:
-    from stagetool.core import gc_pause
+    from stagetool.process import gc_pause
 
     gc_pause.pause()
     try:

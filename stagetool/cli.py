@@ -98,7 +98,7 @@ class Staging:
 
     def options(self, **more: Any) -> Any:
         """The :class:`stagetool.pipeline.Options` these stand for, with ``more`` fields set."""
-        from stagetool.lowering.cache import resolve_cache_dir
+        from stagetool.staging.cache import resolve_cache_dir
         from stagetool.pipeline import Options
 
         return Options(target=self.target, spec=self.spec, mesh=self.mesh, platform=self.platform,
@@ -175,7 +175,7 @@ def _join_distributed() -> int | None:
 
     Returns the number of processes given on the command line, or None.
     """
-    from stagetool.lowering.distributed import detect_cluster, initialize
+    from stagetool.devices.distributed import detect_cluster, initialize
 
     c, n, i = (_DISTRIBUTED.get(k) for k in ("coordinator", "num_processes", "process_id"))
     if c is None and n is None and i is None and detect_cluster() is None:
@@ -394,7 +394,7 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
     else:
         text = render(doc, fmt, color=color, width=_width(), fit=_to_file_or_pipe(output))
     if output is not None:
-        from stagetool.core.fileio import write_atomic
+        from stagetool.process.fileio import write_atomic
 
         try:
             for name, svg in svgs.items():
@@ -420,7 +420,7 @@ def _write_text(text: str, output: Optional[Path]) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    from stagetool.core.fileio import write_atomic
+    from stagetool.process.fileio import write_atomic
 
     try:
         write_atomic(output, text)
@@ -447,11 +447,11 @@ _UNTESTED_NOTED = [False]
 
 def _note_untested_jax() -> None:
     """One line on stderr, once per command, when the installed jax/jaxlib is outside the tested range
-    (:func:`stagetool.lowering.compat.untested_notice`; read from the distributions, JAX not imported)."""
+    (:func:`stagetool.core.compat.untested_notice`; read from the distributions, JAX not imported)."""
     if _UNTESTED_NOTED[0]:
         return
     _UNTESTED_NOTED[0] = True
-    from stagetool.lowering import compat
+    from stagetool.core import compat
 
     versions = compat.installed_versions()
     line = compat.untested_notice(*versions) if versions else None
@@ -656,7 +656,7 @@ def devices(mesh: Annotated[Optional[str], typer.Option(
     """The platform, device kind and count, processes, and jax/jaxlib versions."""
     with _errors(debug):
         if target_config:
-            from stagetool.lowering.gpu_capture import capture_target_config
+            from stagetool.devices.gpu_capture import capture_target_config
 
             _write_text(capture_target_config(), output)
             return
@@ -691,7 +691,7 @@ def _gate_output(cmp: Any, format: Format, output: Optional[Path], junit_xml: Op
                  snapshots: tuple[dict, dict] | None = None) -> None:
     """Write the change table (stdout or -o), JUnit XML, and the GitHub step summary when set.
     ``snapshots`` (before, after) let the HTML page draw the layouts and memory that changed."""
-    from stagetool.core.fileio import write_atomic
+    from stagetool.process.fileio import write_atomic
     from stagetool.core.text import sanitized
     from stagetool.gate import render as render_changes
 
@@ -730,7 +730,7 @@ def _functions_dropped(path: Path, snapshot: dict) -> list[str]:
     """Functions an existing snapshot file holds that the new one does not (it replaces the file whole)."""
     import json
 
-    from stagetool.core.fileio import is_special
+    from stagetool.process.fileio import is_special
 
     if is_special(path):  # a device, FIFO or /dev/stdout: written in place, never read first
         return []
@@ -825,7 +825,7 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
             if run.failed:
                 _stderr().print(f"[red]not updating {_escape(str(baseline))}: a function failed[/]")
                 raise typer.Exit(int(ExitCode.JAX))
-            from stagetool.core.fileio import is_special, locked
+            from stagetool.process.fileio import is_special, locked
 
             with locked(baseline):
                 # read-modify-write under an exclusive lock: a concurrent 'check --update -f other' that
@@ -880,7 +880,7 @@ def diff(a: Annotated[Optional[Path], typer.Argument(help="Snapshot A (before)."
                 raise UsageError("live diff needs both --mesh-a and --mesh-b", hint="e.g. --mesh-a 2x4 --mesh-b 4x2")
             runs = []
             for m in (mesh_a, mesh_b):
-                from stagetool.lowering.cache import resolve_cache_dir
+                from stagetool.staging.cache import resolve_cache_dir
                 from stagetool.pipeline import Options
 
                 # the HTML page draws both meshes' memory over time: take the peak dump for it
@@ -990,7 +990,7 @@ def sweep(target: Target = None,
             doc = run_sweep(options, on_row=progress, on_resume=resumed)
         text = render_sweep(doc, fmt, color=_color(output) and fmt == SweepFormat.text, width=_width())
         if output is not None:
-            from stagetool.core.fileio import write_atomic
+            from stagetool.process.fileio import write_atomic
 
             try:
                 write_atomic(output, text)
@@ -1010,7 +1010,7 @@ def _sweep_merge(files: list[Path]) -> dict:
 
     if not files:
         raise UsageError("sweep merge needs the JSON documents to join", hint="stagetool sweep merge a.json b.json")
-    from stagetool.core.fileio import FileProblem, read_regular_text
+    from stagetool.process.fileio import FileProblem, read_regular_text
 
     docs = []
     for f in files:
@@ -1121,7 +1121,7 @@ def _end_on_signal(signum: int) -> None:
     """
     import signal
 
-    from stagetool.core import cleanup, supervise
+    from stagetool.process import cleanup, supervise
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # ending already: a second signal (the terminal's and the
         try:                                     # supervisor's copy) must not cut the cleanup short

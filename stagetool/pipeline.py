@@ -30,10 +30,10 @@ if TYPE_CHECKING:
     from stagetool.analysis.causes import WhyQuery
     from stagetool.core.errors import StagingError
     from stagetool.gate.run import SnapshotRun
-    from stagetool.lowering.avals import AbstractInputs
-    from stagetool.lowering.devices import DeviceSetup
-    from stagetool.lowering.stages import Staged
-    from stagetool.lowering.target import Target
+    from stagetool.inputs.avals import AbstractInputs
+    from stagetool.devices.provision import DeviceSetup
+    from stagetool.staging.stages import Staged
+    from stagetool.inputs.target import Target
     from stagetool.report.model import FunctionReport, Report
 
 
@@ -81,10 +81,10 @@ class Options:
       explain: input leaves (key paths, or their last parts) whose collectives to trace.
       job_processes: processes of the multi-process job (``jax.distributed``) this process is one
         of; each provisions its share of CPU devices. None for a single process.
-      cache_dir: the facts cache folder (:mod:`stagetool.lowering.cache`): a function whose key
+      cache_dir: the facts cache folder (:mod:`stagetool.staging.cache`): a function whose key
         matches an entry is not compiled. None (the API's default): no cache.
       jobs: stage this many functions at once, each worker a process of its own that starts JAX
-        once (:mod:`stagetool.core.workers`); the report is the same as a serial run's, in spec order.
+        once (:mod:`stagetool.process.workers`); the report is the same as a serial run's, in spec order.
       variables: ``(name, value text)`` pairs filling the spec's ``${name}`` placeholders
         (:mod:`stagetool.spec.variables`; ``stagetool sweep --set``).
       timeout_s: seconds each function may take in a worker (``--timeout``); None: no limit.
@@ -198,7 +198,7 @@ class _Problems:
 def _cache_dir_problem(folder: Path) -> str | None:
     """Why the facts cache could not write under ``folder`` (made on first use), or None: a file is
     created and removed in the folder, or in its nearest existing parent when it does not exist yet."""
-    from stagetool.core.fileio import write_problem
+    from stagetool.process.fileio import write_problem
 
     probe = Path(folder)
     while not probe.exists() and probe.parent != probe:
@@ -221,7 +221,7 @@ def make_plan(options: Options) -> Plan:
       SpecError: the spec is invalid (alone, or within the one UsageError with the option problems).
     """
     from stagetool.analysis.leaves import leaf_patterns
-    from stagetool.core.fileio import write_problem
+    from stagetool.process.fileio import write_problem
     from stagetool.core.units import parse_size
 
     problems = _Problems()
@@ -270,7 +270,7 @@ def make_plan(options: Options) -> Plan:
     with problems.check():
         spec_path = resolve_spec(options.spec, options.target)
         if options.target:
-            from stagetool.lowering.target import split_target
+            from stagetool.inputs.target import split_target
 
             split_target(options.target)  # a malformed TARGET is the first thing to say
         spec = load_spec_with(spec_path, dict(options.variables))
@@ -324,7 +324,7 @@ def make_plan(options: Options) -> Plan:
                 raise UsageError(f"--chip {options.chip}: {e.message}", hint=e.hint) from None
     with problems.check():
         if options.chip and topology is not None and chip is not None:
-            from stagetool.lowering.compile_only import check_chip_for_target
+            from stagetool.devices.compile_only import check_chip_for_target
 
             # a chip the spec's chips: defines is the user's own figures; the built-in ones are checked
             if chip == CHIPS.get(chip.name):
@@ -343,7 +343,7 @@ def make_plan(options: Options) -> Plan:
 def _check_topology(spec: Spec, options: Options, topology: str | None) -> None:
     """The topology's name, shape, config file and library, before JAX starts (exit 2); a topology the
     spec chose is named by its line."""
-    from stagetool.lowering.compile_only import check_topology
+    from stagetool.devices.compile_only import check_topology
 
     try:
         check_topology(topology, options.gpu_target_config)
@@ -369,7 +369,7 @@ def _check_slices(spec: Spec, options: Options, topology: str | None, mesh: Mesh
         raise UsageError(f"--slices {options.slices}: the number of TPU slices must be at least 1")
     if n == 1:
         return 1
-    from stagetool.lowering.compile_only import is_gpu_target, topology_device_count
+    from stagetool.devices.compile_only import is_gpu_target, topology_device_count
 
     if topology is None or is_gpu_target(topology, options.gpu_target_config):
         raise UsageError(f"{given} {n}: slices are TPU slices joined over DCN, and need a TPU topology",
@@ -389,7 +389,7 @@ def _check_slices(spec: Spec, options: Options, topology: str | None, mesh: Mesh
 
 def _same_target(target: str, fspec: FunctionSpec) -> bool:
     """Whether the command-line TARGET names the same callable as the spec's target."""
-    from stagetool.lowering.target import split_target
+    from stagetool.inputs.target import split_target
 
     try:
         a_mod, a_attr = split_target(target)
@@ -459,8 +459,8 @@ def provision_devices(plan: Plan) -> DeviceSetup:
       UsageError: a bad platform or topology (naming the spec's line when the spec chose it), or
         too few devices.
     """
-    from stagetool.core import gc_pause
-    from stagetool.lowering.devices import provision
+    from stagetool.process import gc_pause
+    from stagetool.devices.provision import provision
 
     key = (plan.mesh, plan.platform, plan.topology, plan.processes, plan.job_processes, plan.gpu_target_config,
            plan.slices)
@@ -495,8 +495,8 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup) -> dict[str, Prepared]:
     """
     from stagetool.analysis.leaves import unmatched_leaf_patterns
     from stagetool.core.errors import SpecError, StagingError, TargetError
-    from stagetool.lowering.avals import build_inputs, fit_out_shardings
-    from stagetool.lowering.target import load_target
+    from stagetool.inputs.avals import build_inputs, fit_out_shardings
+    from stagetool.inputs.target import load_target
 
     out: dict[str, Prepared] = {}
     issues: list[str] = []
@@ -541,8 +541,8 @@ def _why_leaf_unmatched(pattern: LeafPattern, fspec: FunctionSpec, target: Targe
     trace fails (staging then reports that failure)."""
     from stagetool.analysis.leaves import unmatched_leaf_patterns
     from stagetool.core.errors import StagingError
-    from stagetool.lowering.facts import output_names
-    from stagetool.lowering.stages import jit_function, trace_only
+    from stagetool.staging.gather import output_names
+    from stagetool.staging.stages import jit_function, trace_only
 
     paths = [x.path for x in inputs.leaves]
     if any(pattern.names(p) for p in paths):
@@ -561,13 +561,13 @@ def stage_and_analyse(plan: Plan, setup: DeviceSetup, prepared: dict[str, Prepar
                       on_stage: Callable[[str, str], None] | None = None) -> tuple[FunctionReport, ...]:
     """Stage and analyse every function of the plan: one
     :class:`~stagetool.report.model.FunctionReport` each, in spec order. With ``plan.jobs`` > 1,
-    in worker processes (:mod:`stagetool.core.workers`), each handed the plan.
+    in worker processes (:mod:`stagetool.process.workers`), each handed the plan.
 
     Raises:
       StagingError: a worker died (with ``--jobs``).
     """
     if plan.jobs > 1 and len(plan.functions) > 1:
-        from stagetool.core.workers import raise_first_error, run_in_workers
+        from stagetool.process.workers import raise_first_error, run_in_workers
 
         outcomes = run_in_workers(_report_task, [f.name for f in plan.functions], jobs=plan.jobs,
                                   common=(plan, wanted))
@@ -600,7 +600,7 @@ def relative_report(root: ReportRoot | None, report: FunctionReport) -> Function
 def assemble_report(command: str, functions: tuple[FunctionReport, ...]) -> Report:
     """The :class:`~stagetool.report.model.Report` of the function reports, with versions and the
     compile configuration."""
-    from stagetool.lowering.config import compile_config
+    from stagetool.staging.config import compile_config
     from stagetool.report.model import Report
 
     return Report(command, _version(), *_jax_versions(), functions, config=compile_config())
@@ -649,12 +649,12 @@ def _stage(prep: Prepared, setup: DeviceSetup, until: str,
     """Jit and stage one prepared function (see :func:`prepare_inputs`).
 
     Returns the function spec (its out_shardings fitted to the output tree), the abstract inputs,
-    the :class:`~stagetool.lowering.stages.Staged` stages and the user's source files.
+    the :class:`~stagetool.staging.stages.Staged` stages and the user's source files.
 
     Raises:
       StagingError: the function's ``init`` failed, or JAX failed to trace, lower or compile it.
     """
-    from stagetool.lowering.stages import jit_function, stage
+    from stagetool.staging.stages import jit_function, stage
 
     if prep.error is not None:
         raise prep.error
@@ -668,11 +668,11 @@ def _stage(prep: Prepared, setup: DeviceSetup, until: str,
 
 def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: frozenset[Section],
                      on_stage: Callable[[str, str], None] | None) -> FunctionReport:
-    """Stage one prepared function and build its report: lowering hands analysis one
-    :class:`~stagetool.lowering.facts.StagedFunction`; the analysis never sees a JAX object.
+    """Stage one prepared function and build its report: staging hands analysis one
+    :class:`~stagetool.facts.StagedFunction`; the analysis never sees a JAX object.
     A :class:`StagingError` becomes the report's ``error`` (its sections are None)."""
     from stagetool.core.errors import OutOfMemoryError, StagingError
-    from stagetool.lowering.facts import gather
+    from stagetool.staging.gather import gather
     from stagetool.report.model import FunctionReport, StageTimes
 
     fspec = prep.fspec
@@ -685,7 +685,7 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
     simulated = plan.processes is not None or setup.topology is not None
     real_processes = 1 if simulated else setup.process_count
     if needs_compile and plan.cache_dir is not None and real_processes == 1:
-        from stagetool.lowering.cache import FactsCache
+        from stagetool.staging.cache import FactsCache
 
         cache = FactsCache.open(plan.cache_dir)  # None (and one warning) for a folder others can write
     dialect = plan.dialect if Section.LOWERED_TEXT in wanted else None
@@ -727,7 +727,7 @@ _EXPLAINED = frozenset({Section.COLLECTIVES, Section.WHY})
 
 def _with_propagation(facts: Any, staged: Any) -> Any:
     """``facts`` with Shardy's propagation rerun with sharding origins (or why there is none)."""
-    from stagetool.lowering.shardy import propagate_lowered
+    from stagetool.staging.shardy import propagate_lowered
 
     propagation, why_not = propagate_lowered(staged.lowered)
     return dataclasses.replace(facts, propagation=propagation, propagation_error=why_not)
@@ -745,10 +745,11 @@ def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSp
     the report ``root`` enter the key and the entry relative to it and come back as this run's
     (:mod:`stagetool.core.paths`): an entry another checkout of the project wrote is a hit here.
     ``raw_text`` (the compiled text is shown as it is): the frames above stagetool's call are in the
-    key too (:func:`stagetool.lowering.cache.cache_key`)."""
-    from stagetool.lowering.cache import cache_key
-    from stagetool.lowering.facts import StagedFunction, gather
-    from stagetool.lowering.stages import compile_staged, merge_warnings
+    key too (:func:`stagetool.staging.cache.cache_key`)."""
+    from stagetool.staging.cache import cache_key
+    from stagetool.facts import StagedFunction
+    from stagetool.staging.gather import gather
+    from stagetool.staging.stages import compile_staged, merge_warnings
 
     key = cache_key(staged.lowered, setup, inputs, declared_outputs=fspec.out_shardings, root=root, raw_text=raw_text)
     hit = cache.load(key, peak=dump, root=root)
@@ -860,7 +861,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
                      "kernels by its heuristics, without autotuning; on the GPU autotuning may choose others "
                      "(temporaries and timings can differ)")
     if setup.topology:
-        from stagetool.lowering.topology import host_override_note
+        from stagetool.devices.tpu_topology import host_override_note
 
         try:
             hosts = host_override_note(setup.topology, setup.process_count)
@@ -871,7 +872,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
     if plan.avals == "local":
         notes.append(f"shapes in the spec are host-local; global shapes computed for {setup.process_count} "
                      f"process(es)" + (" (simulated with --processes)" if plan.processes else ""))
-    from stagetool.lowering.jit_wrapper import options_text
+    from stagetool.inputs.jit_wrapper import options_text
 
     return FunctionReport(fspec.name, fspec.target, mesh, StageTimes(t.trace_s, t.lower_s, t.compile_s),
                           notes=tuple(notes), cached=cached, compiler_options=options_text(inputs.jit), **fields)
@@ -895,7 +896,7 @@ def _capacity(plan: Plan, setup: DeviceSetup) -> tuple[int | None, str | None]:
     names in the plan's chip table; else unknown.
     """
     from stagetool.core.chips import chip_for_device_kind
-    from stagetool.lowering.devices import device_capacity
+    from stagetool.devices.provision import device_capacity
 
     if plan.device_memory_bytes is not None:
         return plan.device_memory_bytes, "--device-memory"
@@ -914,7 +915,7 @@ def _capacity(plan: Plan, setup: DeviceSetup) -> tuple[int | None, str | None]:
 
 
 def _config_dict() -> dict[str, str]:
-    from stagetool.lowering.config import compile_config
+    from stagetool.staging.config import compile_config
 
     return dict(compile_config())
 
@@ -942,7 +943,7 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
     Raises:
       UsageError: a bad ``--mesh``, platform or topology, or too few devices.
     """
-    from stagetool.lowering.devices import provision
+    from stagetool.devices.provision import provision
     from stagetool.report.model import DeviceInfo, DevicesReport
 
     mesh_spec = MeshSpec(())
@@ -953,7 +954,7 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
             raise UsageError(str(e)) from None
     layout = mesh_spec
     if topology is not None and not mesh_spec.axes:
-        from stagetool.lowering.compile_only import topology_device_count
+        from stagetool.devices.compile_only import topology_device_count
 
         count = topology_device_count(topology, gpu_target_config) * (slices or 1)
         layout = MeshSpec((("devices", count),))  # all, in one axis
@@ -972,7 +973,7 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
                   for d in all_devices)
     memory = setup.capacity_bytes
     if memory is None:
-        from stagetool.lowering.devices import device_capacity
+        from stagetool.devices.provision import device_capacity
 
         memory = device_capacity(all_devices[0]).bytes_limit
     jax_v, jaxlib_v = _jax_versions()
@@ -1014,7 +1015,7 @@ def snapshot_plan(plan: Plan, *, on_stage=None) -> SnapshotRun:
     Each function is staged on its own: one that fails to trace, lower or compile
     (:class:`stagetool.core.errors.StagingError`) is recorded in ``failed`` and the others still run.
     With ``plan.jobs`` > 1, functions are staged in that many worker processes
-    (:mod:`stagetool.core.workers`); the snapshot is the same as a serial run's. With ``isolate``,
+    (:mod:`stagetool.process.workers`); the snapshot is the same as a serial run's. With ``isolate``,
     the same workers take one function each, so that one that aborts its process (an XLA
     ``LLVM ERROR``, ``os.abort()``) is recorded too. ``plan.timeout_s`` (which also puts the functions in
     workers) bounds each function's time in its worker (with ``isolate``, default
@@ -1042,7 +1043,7 @@ def snapshot_plan(plan: Plan, *, on_stage=None) -> SnapshotRun:
         setup = provision_devices(plan)
         prepared = prepare_inputs(plan, setup)
     if isolate or timeout_s is not None or (plan.jobs > 1 and len(names) > 1):
-        from stagetool.core.workers import raise_first_error, run_in_workers
+        from stagetool.process.workers import raise_first_error, run_in_workers
 
         if isolate and timeout_s is None:
             timeout_s = DEFAULT_TIMEOUT_S

@@ -38,7 +38,7 @@ def jax_matches(spec: str, version: str | None = None) -> bool:
     tuples (``0.12.0.1`` >= ``0.12``)."""
     if "|" in spec:
         return any(jax_matches(alternative, version) for alternative in spec.split("|"))
-    from stagetool.lowering.compat import version_tuple
+    from stagetool.core.compat import version_tuple
 
     have = version_tuple(version if version is not None else jax.__version__)
     for clause in spec.split(","):
@@ -60,6 +60,6 @@ def pytest_collection_modifyitems(config, items):
                 why = mark.kwargs.get("reason", "")
                 item.add_marker(pytest.mark.skip(reason=f"jax {jax.__version__}: needs jax {spec}" +
                                                  (f" ({why})" if why else "")))
-# nor to the user's config folder: the cache's secret (lowering/cache.py) is a session temporary file
+# nor to the user's config folder: the cache's secret (staging/cache.py) is a session temporary file
 os.environ.setdefault("STAGETOOL_CACHE_KEY_FILE", os.path.join(tempfile.mkdtemp(prefix="stagetool-test-key-"),
                                                                "facts-cache.key"))

@@ -15,17 +15,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stagetool.analysis.shardings import input_leaves, output_leaves
-from stagetool.lowering.facts import input_facts, output_facts
+from stagetool.staging.gather import input_facts, output_facts
 from stagetool.core.errors import SpecError, StagingError
-from stagetool.lowering.avals import (
-    build_inputs,
-    check_fits,
-    check_out_shardings,
-    fit_out_shardings,
-)
-from stagetool.lowering.devices import local_mesh_sizes, provision
-from stagetool.lowering.stages import jit_function, stage
-from stagetool.lowering.target import load_target
+from stagetool.inputs.avals import build_inputs, check_fits, check_out_shardings, fit_out_shardings
+from stagetool.devices.provision import local_mesh_sizes, provision
+from stagetool.staging.stages import jit_function, stage
+from stagetool.inputs.target import load_target
 from stagetool.core.mesh import MeshSpec
 from stagetool.core.sharding import Sharding
 from stagetool.spec.parse import parse_spec

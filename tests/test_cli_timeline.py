@@ -14,7 +14,7 @@ import pytest
 from helpers import REPO, run_subprocess
 
 from stagetool.core.units import format_bytes
-from stagetool.lowering import gpu_topology, topology
+from stagetool.devices import gpu_topology, tpu_topology as topology
 
 DECODER = REPO / "tests" / "data" / "remat_decoder.stagetool.yaml"
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import REPO, leaves_by_path
 from test_examples import _in_repo, transformer_stages  # noqa: F401 - the fixture runs in the repo
 
-from stagetool.lowering import topology
+from stagetool.devices import tpu_topology as topology
 
 pytestmark = pytest.mark.skipif(not topology.libtpu_available(),
                                 reason="libtpu not installed: pip install -e '.[tpu]'")
@@ -98,7 +98,7 @@ def test_model_code_that_builds_its_mesh_at_import_works_on_a_compile_only_targe
     >= the product of mesh_shape"). Fresh processes: JAX starts as a user's would."""
     from helpers import run_subprocess, write
 
-    from stagetool.lowering import gpu_topology
+    from stagetool.devices import gpu_topology
 
     if target.startswith("h100") and not gpu_topology.cuda_plugin_available():
         pytest.skip("JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")

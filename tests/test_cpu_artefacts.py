@@ -118,7 +118,7 @@ def test_a_dot_the_program_writes_in_f32_is_not_marked(run_cli, spec):
 
 
 def _libtpu() -> bool:
-    from stagetool.lowering import topology
+    from stagetool.devices import tpu_topology as topology
 
     return topology.libtpu_available()
 
@@ -168,7 +168,7 @@ def test_host_offload_on_cpu_is_said_to_be_ignored(run_cli, spec):
 
 
 def test_host_transfers_are_read_from_the_traced_program():
-    from stagetool.lowering.facts import host_transfers
+    from stagetool.staging.gather import host_transfers
 
     x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
     policy = jax.checkpoint_policies.save_and_offload_only_these_names(

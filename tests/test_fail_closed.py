@@ -144,7 +144,7 @@ def test_timeout_inf_is_no_limit_for_check(run_cli, project, monkeypatch):
 def test_write_atomic_removes_temporaries_of_dead_writers(tmp_path):
     """A snapshot killed mid-write leaves .<name>.<pid>.<random>.tmp; the next write of the file
     removes those whose writer is gone (and nothing else)."""
-    from stagetool.core.fileio import write_atomic
+    from stagetool.process.fileio import write_atomic
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()

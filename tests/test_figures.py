@@ -134,8 +134,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from stagetool.lowering import topology  # noqa: E402
-from stagetool.lowering.stages import parse_out_of_memory  # noqa: E402
+from stagetool.devices import tpu_topology as topology  # noqa: E402
+from stagetool.staging.stages import parse_out_of_memory  # noqa: E402
 
 needs_libtpu = pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed: pip install -e '.[tpu]'")
 DATA = Path(__file__).resolve().parent / "data"
@@ -587,7 +587,7 @@ def test_a_constraint_the_mesh_does_not_divide_is_a_note_with_the_users_line(run
 
 
 def test_the_topology_host_count_override_is_shown(run_cli, tmp_path, monkeypatch):
-    from stagetool.lowering.topology import host_override_note
+    from stagetool.devices.tpu_topology import host_override_note
 
     assert "stagetool's override" in host_override_note("v5e:2x4", 1)
     assert host_override_note("v5e:4x4", 4) is None and host_override_note("v5p:2x2x2", 2) is None

@@ -340,7 +340,7 @@ def test_fuzz_sweep_rows_and_merge_inputs():
 def test_fuzz_facts_cache_entries(tmp_path, monkeypatch):
     """An entry file with any bytes — unsigned, or signed with the user's own secret over arbitrary
     JSON (as if stagetool had written something odd) — is a miss or a valid answer, never an error."""
-    from stagetool.lowering import cache as cache_module
+    from stagetool.staging import cache as cache_module
 
     monkeypatch.setenv("STAGETOOL_CACHE_KEY_FILE", str(tmp_path / "key" / "k"))
     monkeypatch.setattr(cache_module, "_SECRETS", {})

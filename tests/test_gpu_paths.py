@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from stagetool.core.errors import UsageError
-from stagetool.lowering import devices as devices_mod
+from stagetool.devices import provision as devices_mod
 from stagetool.pipeline import Plan, _capacity
 from stagetool.core.mesh import MeshSpec
 from stagetool.spec.model import Spec

@@ -20,7 +20,7 @@ from stagetool.analysis.loops import counted_cost
 from stagetool.analysis.sections import derived_per_device_cost
 from stagetool.core.errors import UsageError
 from stagetool.hlo.parser import parse_hlo_module
-from stagetool.lowering import compile_only, gpu_capture, gpu_topology, topology
+from stagetool.devices import compile_only, gpu_capture, gpu_topology, tpu_topology as topology
 
 needs_plugin = pytest.mark.skipif(not gpu_topology.cuda_plugin_available(),
                                   reason="JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
@@ -99,7 +99,7 @@ def test_v5e_has_no_three_dimensional_topology():
 
 def test_without_the_plugin_a_gpu_topology_says_what_to_install():
     env = {"PYTHONPATH": str(REPO)}  # this process's plugin folder (if any) left out
-    code = "import sys; from stagetool.lowering.gpu_topology import cuda_plugin_available as a; sys.exit(a())"
+    code = "import sys; from stagetool.devices.gpu_topology import cuda_plugin_available as a; sys.exit(a())"
     import subprocess
     import sys
 
@@ -147,7 +147,7 @@ def test_capturing_a_target_config_without_a_gpu_is_exit_2(tmp_path):
     ("cpu", None, "cpu"), (None, "v5e:2x4", "cpu"), (None, "h100:8", "cpu"), ("gpu", None, None), ("tpu", None, None),
 ])
 def test_platforms_for_a_run(monkeypatch, platform, topo, expected):
-    from stagetool.lowering import backends
+    from stagetool.devices import backends
 
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     assert backends.platforms_for(platform, topo) == expected
@@ -156,7 +156,7 @@ def test_platforms_for_a_run(monkeypatch, platform, topo, expected):
 
 
 def test_no_platform_is_cpu_only_where_no_accelerator_can_be(monkeypatch):
-    from stagetool.lowering import backends
+    from stagetool.devices import backends
 
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     monkeypatch.setattr(backends, "accelerator_attached", lambda: False)
@@ -186,7 +186,7 @@ def test_a_simulated_mesh_starts_only_the_cpu_backend(tmp_path):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | _env()
-    from stagetool.lowering import backends
+    from stagetool.devices import backends
 
     runs = [("cpu", "", "")]
     if not backends.accelerator_attached() and not backends.other_plugins():

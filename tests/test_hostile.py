@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import CLI_ENV, EXAMPLES, REPO, run_subprocess, write
 
-from stagetool.core import fileio
+from stagetool.process import fileio
 
 # ---- fail closed: user code that raises SystemExit ---------------------------------------------
 
@@ -320,7 +320,7 @@ def test_xla_flags_set_by_the_target_bring_no_fork_warning(tmp_path):
 def test_backends_running_is_read_from_jax_without_changing_anything():
     import jax
 
-    from stagetool.lowering.topology import backends_running
+    from stagetool.devices.tpu_topology import backends_running
 
     jax.devices()  # the test session's backend runs
     before = jax.config.jax_num_cpu_devices
@@ -471,7 +471,7 @@ def _children_of(pid: int) -> list[int]:
 
 def _descendants_of(pid: int) -> list[int]:
     """Children, grandchildren ...: the console script's supervisor forks the command
-    (stagetool.core.supervise), whose --isolate worker is the supervisor's grandchild."""
+    (stagetool.process.supervise), whose --isolate worker is the supervisor's grandchild."""
     out, todo = [], [pid]
     while todo:
         kids = _children_of(todo.pop())

@@ -96,7 +96,7 @@ def _never_called(common, item):  # pragma: no cover - the workers die first
 def test_workers_that_die_starting_end_the_run_with_every_item_failed():
     """A worker that cannot start is replaced, each one charged to an item, so the pool ends
     (before, it replaced such workers forever) and every item says why."""
-    from stagetool.core.workers import run_in_workers
+    from stagetool.process.workers import run_in_workers
 
     outcomes = run_in_workers(_never_called, ["a", "b", "c"], jobs=2, common=_BreaksInTheWorker())
     assert [o.value for o in outcomes] == [None, None, None]
@@ -120,7 +120,7 @@ def _sleep_for_ever():
 def test_a_worker_that_never_starts_is_bounded_by_the_timeout(monkeypatch):
     """--timeout covers a worker stuck before it reports ready (issue 25): it is killed once the
     start allowance (max(timeout, START_S)) is over, and the next item is charged with it."""
-    from stagetool.core import workers
+    from stagetool.process import workers
 
     monkeypatch.setattr(workers, "START_S", 1.0)
     outcomes = workers.run_in_workers(_never_called, ["a"], jobs=1, common=_HangsInTheWorker(), timeout_s=2)

@@ -1,5 +1,6 @@
 """The package layering (pyproject's import-linter contracts): imports go only down the data flow,
-and no sibling modules import each other in a cycle."""
+no sibling modules import each other in a cycle, and the records staging hands analysis (``facts``)
+and everything that reads them (analysis, report, gate) never import JAX."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def lint_imports(root) -> subprocess.CompletedProcess:
 def test_the_layers_contract_holds():
     r = lint_imports(REPO)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "2 kept, 0 broken" in r.stdout
+    assert "3 kept, 0 broken" in r.stdout
 
 
 def test_an_upward_import_breaks_the_contract(tmp_path):
@@ -33,3 +34,15 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
     r = lint_imports(tmp_path)
     assert r.returncode != 0
     assert "stagetool.analysis.cost -> stagetool.report.model" in r.stdout
+
+
+def test_a_jax_import_in_analysis_breaks_the_contract(tmp_path):
+    """The JAX-free contract is live: analysis importing jax, even inside a function, fails it."""
+    shutil.copytree(REPO / "stagetool", tmp_path / "stagetool", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    cost = tmp_path / "stagetool" / "analysis" / "cost.py"
+    cost.write_text(cost.read_text() + "\n\ndef _jax():\n    import jax  # noqa: F401\n")
+    r = lint_imports(tmp_path)
+    assert r.returncode != 0
+    assert "facts and analysis are JAX-free BROKEN" in r.stdout
+    assert "stagetool.analysis.cost -> jax" in r.stdout

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 from helpers import write
 
-from stagetool.lowering.facts import BackendResult
+from stagetool.facts import BackendResult
 
 MODEL = """\
 import jax
@@ -88,7 +88,7 @@ def test_all_zero_memory_analysis_gives_no_verdict(run_cli, spec, monkeypatch):
     """memory_analysis() all zeros for x*x on f32[1024,1024] (injected at the boundary where lowering
     reads it): the all-zero figures are suspect, so the verdict is unknown and --fail-if-over exits 2
     with the reason instead of "fits: peak 0 B"."""
-    from stagetool.lowering import facts
+    from stagetool.staging import gather as facts
 
     zeros = {a: 0 for a in facts._MEMORY_ATTRIBUTES}
     monkeypatch.setattr(facts, "memory_result", lambda compiled: BackendResult(dict(zeros)))
@@ -107,7 +107,7 @@ def test_all_zero_memory_analysis_gives_no_verdict(run_cli, spec, monkeypatch):
 # ---- compile-only TPU topologies (skipped without libtpu) -------------------------------------------
 
 def _libtpu() -> bool:
-    from stagetool.lowering import topology
+    from stagetool.devices import tpu_topology as topology
 
     return topology.libtpu_available()
 
@@ -124,7 +124,7 @@ def test_transformer_on_v5e_gates_xlas_peak_in_every_command(run_cli, tmp_path, 
     the peak buffers), report, snapshot and sweep."""
     from test_examples import transformer_stages
 
-    from stagetool.lowering import topology
+    from stagetool.devices import tpu_topology as topology
 
     monkeypatch.chdir(tmp_path)
     ex = str(__import__("helpers").EXAMPLES)
@@ -225,7 +225,7 @@ def test_offloading_to_host_does_not_raise_the_device_peak(run_cli, tmp_path):
 
 
 def _cuda_plugin() -> bool:
-    from stagetool.lowering import gpu_topology
+    from stagetool.devices import gpu_topology
 
     return gpu_topology.cuda_plugin_available()
 

@@ -13,7 +13,7 @@ from helpers import run_subprocess, write
 
 from stagetool.analysis.collectives import MeshAxes, find_collectives, summarize
 from stagetool.hlo.parser import parse_hlo_module
-from stagetool.lowering import topology
+from stagetool.devices import tpu_topology as topology
 
 needs_libtpu = pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed: pip install -e '.[tpu]'")
 

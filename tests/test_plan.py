@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import pytest
 
-import stagetool.lowering.stages as stages_mod
+import stagetool.staging.stages as stages_mod
 import stagetool.pipeline as pipeline
 from helpers import REPO, isolated_imports, run_cli  # noqa: F401 - fixtures
 

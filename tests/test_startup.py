@@ -1,5 +1,5 @@
 """Start-up of the command line: the cyclic collector paused through imports and resumed with the
-start-up heap frozen (stagetool.core.gc_pause); the Python API leaves the caller's collector alone."""
+start-up heap frozen (stagetool.process.gc_pause); the Python API leaves the caller's collector alone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 from helpers import CLI_ENV, REPO
 
-from stagetool.core import gc_pause
+from stagetool.process import gc_pause
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_the_cli_process_collects_again_once_the_devices_are_up(tmp_path):
             f"{str(tmp_path / 'r.json')!r}])\n"
             "print(json.dumps([code, 'jax' in sys.modules, state['after_provision']]))\n")
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    # the command in this process, not in the supervised child (stagetool.core.supervise), to look at it
+    # the command in this process, not in the supervised child (stagetool.process.supervise), to look at it
     env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", STAGETOOL_UNSUPERVISED="1")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
                           timeout=120)

@@ -310,7 +310,7 @@ def test_mesh_all_factorises_the_spec_mesh_or_devices(tmp_path, monkeypatch, iso
 
 @pytest.mark.slow
 def test_out_of_memory_compile_on_a_topology_is_does_not_fit(run_cli, tmp_path, monkeypatch, isolated_imports):
-    from stagetool.lowering.topology import libtpu_available
+    from stagetool.devices.tpu_topology import libtpu_available
 
     if not libtpu_available():
         pytest.skip("needs libtpu (the tpu extra)")
@@ -434,14 +434,14 @@ def test_one_chip_over_a_target_of_another_chip_is_refused_before_anything_runs(
 
 
 def test_the_target_chip_comes_from_the_name():
-    from stagetool.lowering.compile_only import target_chip
+    from stagetool.devices.compile_only import target_chip
 
     assert [target_chip(t) for t in ("v5e:2x4", "v6e:2x2", "v5p:2x2x2", "h100:8", "a100-80gb:2x8", "v2:2x2")] == \
         ["tpu-v5e", "tpu-v6e", "tpu-v5p", "h100-sxm", "a100-80gb", None]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not __import__("stagetool.lowering.topology", fromlist=["x"]).libtpu_available(),
+@pytest.mark.skipif(not __import__("stagetool.devices.tpu_topology", fromlist=["x"]).libtpu_available(),
                     reason="libtpu not installed: pip install -e '.[tpu]'")
 def test_a_sweep_over_targets_without_chip_gives_each_row_its_own_chip(run_cli, targets_spec):
     """Each row's roofline is on its own target's chip, equal to a single run with that ``--chip``; the

@@ -9,7 +9,7 @@ import pytest
 from helpers import write
 
 from stagetool.core.errors import TargetError
-from stagetool.lowering.target import load_target, split_target, user_frame
+from stagetool.inputs.target import load_target, split_target, user_frame
 
 pytestmark = pytest.mark.usefixtures("isolated_imports")
 
@@ -88,9 +88,9 @@ def test_missing_file_lists_close_matches(tmp_path):
 
 def test_missing_module_lists_close_matches():
     with pytest.raises(TargetError) as info:
-        load_target("stagetool.lowering.targte:load_target")
-    assert info.value.message == ("target 'stagetool.lowering.targte:load_target': no module named "
-                                  "'stagetool.lowering.targte'; close matches: target, stages")
+        load_target("stagetool.inputs.targte:load_target")
+    assert info.value.message == ("target 'stagetool.inputs.targte:load_target': no module named "
+                                  "'stagetool.inputs.targte'; close matches: target")
     with pytest.raises(TargetError, match="no module named 'no_such_module_xyz'"):
         load_target("no_such_module_xyz:f")
 
@@ -148,7 +148,7 @@ def test_user_frame_prefers_the_users_file(tmp_path):
 
 
 def test_user_frame_is_never_stagetools_own_code():
-    import stagetool.lowering.target as target_module
+    import stagetool.inputs.target as target_module
 
     try:
         split_target("no-colon")

@@ -2,7 +2,7 @@
 mesh axis of those shardings came from.
 
 Input: the collectives of the compiled module (:mod:`stagetool.analysis.collectives`), Shardy's
-propagation rerun with sharding origins (:class:`stagetool.lowering.shardy.Propagation`) and the
+propagation rerun with sharding origins (:class:`stagetool.facts.Propagation`) and the
 input/output leaves (:class:`~stagetool.analysis.shardings.LeafReport`: path, spec line, where the
 declared sharding came from). Output: one :class:`CollectiveCause` per collective, or one sentence
 saying why there is none for the whole function.
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from stagetool.analysis.collectives import Collective
     from stagetool.analysis.shardings import LeafReport
-    from stagetool.lowering.shardy import Operand, Propagation, PropagatedOp, ValueSharding
+    from stagetool.facts import Operand, Propagation, PropagatedOp, ValueSharding
 
 __all__ = ["AxisOrigin", "CollectiveCause", "ConstraintFact", "ShardingOrigins", "TensorAt", "WhyAnswer", "WhyQuery",
            "answer_why", "cause_of", "sharding_origins", "unfaithful_reason", "why_query"]
@@ -151,7 +151,7 @@ def unfaithful_reason(prop: Propagation, inputs: Sequence[LeafReport], outputs: 
         if differs:
             return differs
     if len(outputs) < len(prop.outputs) and not any(x.ref_write_back for x in outputs):
-        # a function given jax.Refs returns each Ref's new value too (stagetool.lowering.ref_outputs)
+        # a function given jax.Refs returns each Ref's new value too (stagetool.staging.ref_outputs)
         return (f"the lowered module has {len(prop.outputs) - len(outputs)} results more than the function's "
                 f"{len(outputs)} output leaves: a function given jax.Ref arguments also returns each Ref's new "
                 "value (a Ref write-back), and this JAX did not give their compiled shardings, so why each "
@@ -397,7 +397,7 @@ def _line(op: PropagatedOp) -> str | None:
 
 @functools.lru_cache(maxsize=4096)
 def _is_library(file: str) -> bool:
-    from stagetool.lowering.target import is_library_file
+    from stagetool.core.paths import is_library_file
 
     return is_library_file(file)
 

@@ -57,7 +57,7 @@ from stagetool.hlo.parser import (
     paused_gc,
     shape_bytes,
 )
-from stagetool.lowering.compat import normalise_op_name
+from stagetool.core.compat import normalise_op_name
 
 __all__ = [
     "COLLECTIVE_KINDS",
@@ -438,7 +438,7 @@ class Collective:
       in_conditional: True when inside a ``conditional`` branch (at any depth).
       op_name: JAX's op name path from the metadata (the calling fusion's or wrapper's when the
         collective has none), one spelling whatever the release
-        (:func:`stagetool.lowering.compat.normalise_op_name`), or None.
+        (:func:`stagetool.core.compat.normalise_op_name`), or None.
       source: innermost source frame (the user's op line), or None when not recorded.
       source_chain: the frames of the traced code, innermost first (callers follow), up to the
         first frame in stagetool's own package: how stagetool was called (a command, a worker

@@ -35,7 +35,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from stagetool.lowering.facts import BackendResult
+from stagetool.facts import BackendResult
 
 SCOPE_WHOLE_PROGRAM = "whole_program"
 """Scope of figures from ``Lowered.cost_analysis()``: the unpartitioned program, all devices together."""
@@ -348,7 +348,7 @@ def _result_cost(result: BackendResult | None, scope: str, *, program_text: str 
 
 
 def whole_program_cost(result: BackendResult | None, *, program_text: str | None = None) -> CostRecord:
-    """Whole-program cost from ``Lowered.cost_analysis()`` (as :mod:`stagetool.lowering.facts` read it).
+    """Whole-program cost from ``Lowered.cost_analysis()`` (as :mod:`stagetool.staging.gather` read it).
 
     Figures are for the unpartitioned program (all devices together). The 0-FLOPs check scans
     ``program_text`` (the lowered StableHLO) for dots/convolutions. An exception the backend's
@@ -359,7 +359,7 @@ def whole_program_cost(result: BackendResult | None, *, program_text: str | None
 
 def per_device_cost(result: BackendResult | None, *, has_dot_or_conv: bool | None = None,
                     program_text: str | None = None) -> CostRecord:
-    """Per-device cost from ``Compiled.cost_analysis()`` (as :mod:`stagetool.lowering.facts` read it).
+    """Per-device cost from ``Compiled.cost_analysis()`` (as :mod:`stagetool.staging.gather` read it).
 
     Figures are for one device's partitioned, optimised module. Pass ``has_dot_or_conv`` (from the
     lowered text: CPU may rewrite dots to custom calls) for the 0-FLOPs check; when None,

@@ -32,7 +32,7 @@ Found on jax/jaxlib 0.10.2 (XLA:CPU), from the compiled (per-device) module
   ``jax.checkpoint`` offload policies put values in host memory on TPU and GPU; XLA:CPU has one
   memory, so the program's memory figures on CPU hold them as device memory (and its lowered module
   carries no placement). Lowering reads them from the traced program
-  (:attr:`stagetool.lowering.facts.StagedFunction.host_transfers`).
+  (:attr:`stagetool.facts.StagedFunction.host_transfers`).
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from stagetool.hlo.parser import AliasEntry, parse_input_output_alias
-from stagetool.lowering.compat import MEMORY_FIELDS_SINCE_0_11
-from stagetool.lowering.facts import BackendResult
+from stagetool.core.compat import MEMORY_FIELDS_SINCE_0_11
+from stagetool.facts import BackendResult
 
 from stagetool.analysis.cost import Suspect
 
@@ -97,7 +97,7 @@ class MemoryRecord:
       suspects: figures that look wrong, as :class:`stagetool.analysis.cost.Suspect` records.
       peak_unpadded_heap_bytes, total_allocation_bytes, indefinite_allocations: XLA's figures of
         the same names (bytes per device), which ``memory_analysis()`` has from jax/jaxlib 0.11
-        on (:data:`stagetool.lowering.compat.MEMORY_FIELDS_SINCE_0_11`); None on older releases.
+        on (:data:`stagetool.core.compat.MEMORY_FIELDS_SINCE_0_11`); None on older releases.
         Shown and snapshotted where present, never gated.
     """
 
@@ -189,7 +189,7 @@ def normalise_memory(stats: Any) -> MemoryRecord:
 
 
 def memory_of(result: BackendResult | None) -> MemoryRecord:
-    """Per-device memory record from ``Compiled.memory_analysis()`` as lowering read it (an
+    """Per-device memory record from ``Compiled.memory_analysis()`` as staging read it (an
     exception the backend raised becomes the record's reason)."""
     if result is not None and result.error is not None:
         rec = normalise_memory(None)

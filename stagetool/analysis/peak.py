@@ -1,15 +1,15 @@
 """What is live at the memory peak, found without running the program.
 
-How (verified on jax/jaxlib 0.7.2, 0.10.2 and 0.12.0.1, CPU): ``stagetool.lowering.stages``
+How (verified on jax/jaxlib 0.7.2, 0.10.2 and 0.12.0.1, CPU): ``stagetool.staging.stages``
 compiles with ``compiler_options={"xla_dump_to": DIR, "xla_dump_hlo_as_text": True}`` (the one
 compile of the run) and hands the dump's text over in
-:class:`~stagetool.lowering.facts.PeakDump`. XLA writes, per module,
+:class:`~stagetool.staging.gather.PeakDump`. XLA writes, per module,
 ``module_NNNN.<name>.<backend>_after_optimizations-live-range.txt`` (its "Live ranges at N
 (peak)" section lists every buffer live at the peak with its bytes, followed by a "Stack trace
 breakdown for peak usage" tree by op name) and ``...-memory-usage-report.txt``; jaxlib ≤ 0.9.2
 writes the same section at the end of ``...-buffer-assignment.txt``
-(:func:`stagetool.lowering.compat.read_live_range` finds either). Op names are read in one
-spelling whatever the release (:func:`stagetool.lowering.compat.normalise_op_name`). ``xla_dump_to`` alone is enough (text is XLA's default
+(:func:`stagetool.core.compat.read_live_range` finds either). Op names are read in one
+spelling whatever the release (:func:`stagetool.core.compat.normalise_op_name`). ``xla_dump_to`` alone is enough (text is XLA's default
 dump format; ``xla_dump_hlo_as_text`` only makes that explicit); no ``xla_dump_hlo_pass_re``
 is needed, and per-pass dumps stay off. The dump also holds the pre-optimisation HLO and,
 on CPU, a few small LLVM IR / object files; the directory is always removed afterwards.
@@ -66,8 +66,8 @@ from stagetool.hlo.buffers import (  # the one reader of the dump's files; re-ex
     PeakOpShare,
     parse_live_range_peak,
 )
-from stagetool.lowering.compat import normalise_op_name
-from stagetool.lowering.stages import PeakDump
+from stagetool.core.compat import normalise_op_name
+from stagetool.facts import PeakDump
 
 __all__ = ["BufferSlot", "HOST_MEMORY_SPACE", "space_label", "LiveBuffer", "ModuleIndex", "PeakBuffer", "PeakLiveRange",
            "PeakOpShare", "PeakReport", "SourceLocation", "buffer_slots", "live_at", "parse_live_range_peak",
@@ -81,7 +81,7 @@ class SourceLocation:
 
     Attributes:
       op_name: the JAX op name from the instruction metadata (``"jit(f)/sin"``), one spelling
-        whatever the release (:func:`stagetool.lowering.compat.normalise_op_name`), or None.
+        whatever the release (:func:`stagetool.core.compat.normalise_op_name`), or None.
       file: the user's source file (innermost recorded frame), or None.
       line: 1-based line number in ``file``, or None.
       function: the function name of that frame, or None.
@@ -311,7 +311,7 @@ class ModuleIndex:
         frames = program_frames(stack) or stack[:1]
         if not frames:
             return SourceLocation(op_name, None, None, None)
-        from stagetool.lowering.target import is_library_file
+        from stagetool.core.paths import is_library_file
 
         # The innermost frame in the user's code (any file outside the libraries), else the innermost.
         # A module names few files, each asked about for many instructions: remember the answer.
@@ -330,8 +330,8 @@ class ModuleIndex:
 def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = None,
                 gated_peak_bytes: int | None = None, at: int | None = None, step: int | None = None
                 ) -> PeakReport:
-    """Largest buffers live at the per-device memory peak, from the dump lowering took with the
-    compile (:class:`stagetool.lowering.facts.PeakDump`), each buffer once and in its memory space,
+    """Largest buffers live at the per-device memory peak, from the dump staging took with the
+    compile (:class:`stagetool.staging.gather.PeakDump`), each buffer once and in its memory space,
     attributed to its shape, op name and source line.
 
     Args:

@@ -50,13 +50,13 @@ from stagetool.analysis.memory import (
 from stagetool.analysis.leaves import LeafPattern, leaf_patterns, unmatched_leaf_patterns
 from stagetool.analysis.shardings import LeafReport
 from stagetool.hlo.parser import HloModule
-from stagetool.lowering.facts import StagedFunction
+from stagetool.facts import StagedFunction
 
 if TYPE_CHECKING:  # imported where used: only --chip and the peak buffers need them
     from stagetool.analysis.peak import PeakReport
     from stagetool.analysis.timeline import TimelinePeak, TimelinePoint
     from stagetool.analysis.roofline import RooflineEstimate
-    from stagetool.lowering.shardy import Propagation
+    from stagetool.facts import Propagation
     from stagetool.core.chips import Chip
 
 
@@ -164,7 +164,7 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
     """Build :class:`CostSection` from a staged function's facts (never raises on missing data).
 
     Whole program: ``Lowered.cost_analysis()``; per device: ``Compiled.cost_analysis()``, both as
-    lowering read them. ``dtype`` picks the chip's peak FLOP/s for the roofline (``bf16`` or
+    staging read them. ``dtype`` picks the chip's peak FLOP/s for the roofline (``bf16`` or
     ``f32``); the compiled module's loops give the trip counts. With ``cpu``, XLA:CPU's rolled
     random-number loops (:func:`stagetool.analysis.cpu_artefacts.rng_loops`) are kept out of the
     loop-aware estimate (counted once) and shown apart (``loop_aware.apart``).
@@ -293,7 +293,7 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
 
     Args:
       facts: ``Compiled.memory_analysis()``, the compiled text (its ``input_output_alias``) and the
-        live-range dump when the peak was asked for, as lowering read them.
+        live-range dump when the peak was asked for, as staging read them.
       inputs / outputs: per-leaf reports (for names, bytes per device and parameter numbers).
       capacity_bytes / capacity_source: the device's memory, if known.
       top: how many largest inputs and peak buffers to keep.
@@ -521,7 +521,7 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
     """
     from pathlib import Path
 
-    from stagetool.lowering.target import library_dirs
+    from stagetool.core.paths import library_dirs
 
     found = find_collectives(module, mesh, slices=slices)
     user = {str(Path(f).resolve()) for f in user_files}

@@ -1,6 +1,6 @@
 """Per-leaf shardings: what the spec declared and what the compiled program uses.
 
-From the leaf facts lowering read (:class:`~stagetool.lowering.facts.LeafFacts`: compiled shardings
+From the leaf facts staging read (:class:`~stagetool.facts.LeafFacts`: compiled shardings
 from ``Compiled.input_shardings`` / ``output_shardings``, shard shapes from
 ``jax.sharding.Sharding.shard_shape``); bytes as XLA stores the dtype (:mod:`stagetool.core.dtypes`).
 """
@@ -11,7 +11,7 @@ import dataclasses
 
 from stagetool.core.dtypes import array_bytes
 from stagetool.core.sharding import Sharding
-from stagetool.lowering.facts import LeafFacts
+from stagetool.facts import LeafFacts
 
 
 @dataclasses.dataclass(frozen=True)

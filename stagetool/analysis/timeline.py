@@ -2,7 +2,7 @@
 without a profile).
 
 Sources (verified on jax/jaxlib 0.10.2, XLA:CPU and compile-only XLA:TPU): the compile that takes
-the peak dump (:class:`stagetool.lowering.stages.PeakDump`) gives
+the peak dump (:class:`stagetool.facts.PeakDump`) gives
 
 * the **buffer assignment** (``HloProto``, read by :mod:`stagetool.hlo.buffers`): every HLO value's
   allocation and ``[offset, offset + size)`` in it. Values that share memory (XLA's heap simulator
@@ -202,7 +202,7 @@ def memory_timeline(dump: Any, *, gated_peak: int | None, record: Any = None, in
     """Bytes live on one device at each step of the entry computation's schedule, and its peak.
 
     Args:
-      dump: the compile's :class:`~stagetool.lowering.stages.PeakDump` (live-range text, module text,
+      dump: the compile's :class:`~stagetool.facts.PeakDump` (live-range text, module text,
         buffer assignment).
       gated_peak: the function's gated peak in bytes (per device), to compare the maximum with.
       record: the :class:`~stagetool.analysis.memory.MemoryRecord` the gated peak comes from (its

@@ -1,7 +1,7 @@
 """The mesh as stagetool names it: ordered ``(axis name, size)`` pairs and the axis type.
 
 One value from the spec, ``--mesh`` and the report; rendered in one way (:meth:`MeshSpec.__str__`).
-Knows nothing of JAX: ``stagetool.lowering.devices`` turns it into a ``jax.sharding.Mesh``.
+Knows nothing of JAX: ``stagetool.devices.provision`` turns it into a ``jax.sharding.Mesh``.
 """
 
 from __future__ import annotations

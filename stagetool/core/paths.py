@@ -248,7 +248,7 @@ def python_environments(within: str | Path) -> tuple[str, ...]:
 def caller_folders() -> tuple[str, ...]:
     """Folders of the code that calls the user's function: stagetool's package, and its CLI's typer
     and click (resolved). Their frames are not the program's: the facts-cache key leaves them out
-    (``lowering.cache.source_locations``) and :class:`ReportRoot` never rewrites them."""
+    (``staging.cache.source_locations``) and :class:`ReportRoot` never rewrites them."""
     import importlib.util
 
     dirs = [str(Path(__file__).resolve().parents[1])]
@@ -331,3 +331,34 @@ def rewrite_strings(value: Any, fn, *, skip: frozenset[str] = frozenset()) -> An
         out = {k: rewrite_strings(v, fn, skip=skip) for k, v in value.items()}
         return value if all(out[k] is value[k] for k in value) else out
     return value
+
+
+_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "equinox", "chex", "orbax", "typer", "click", "rich")
+
+def library_dirs() -> tuple[str, ...]:
+    """Folders whose frames are never the user's: stagetool, JAX, Flax, optax, Equinox, Typer, the
+    standard library, site-packages (also where a library is installed elsewhere, e.g. editable)."""
+    import sysconfig
+
+    dirs = {str(Path(__file__).resolve().parents[1]) + "/"}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            dirs.add(str(Path(p).resolve()) + "/")
+    for name in _LIBRARIES:
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "__file__", None):
+            dirs.add(str(Path(mod.__file__).resolve().parent) + "/")
+    return tuple(sorted(dirs))
+
+def is_library_file(filename: str) -> bool:
+    """Whether a source file belongs to a library (see :func:`library_dirs`) rather than the user.
+
+    ``<frozen ...>``/``<string>`` pseudo-files count as library code; a relative path (as HLO
+    metadata may record it) is resolved against the working directory.
+    """
+    if not filename or filename.startswith("<"):
+        return True
+    resolved = str(Path(filename).resolve())
+    return any(resolved.startswith(d) for d in library_dirs()) or "/site-packages/" in resolved \
+        or "/dist-packages/" in resolved

@@ -558,9 +558,9 @@ def environment_notices(before: Mapping, after: Mapping) -> list[str]:
     ``jax_threefry_partitionable``, matmul precision, ``XLA_FLAGS`` ...) that differ (empty if none).
 
     A ``config`` option present on one side only because a JAX release removed it
-    (:data:`stagetool.lowering.compat.REMOVED_CONFIG`: 0.11 removed the two optimisation efforts) is
+    (:data:`stagetool.core.compat.REMOVED_CONFIG`: 0.11 removed the two optimisation efforts) is
     no difference: it is named in the version sentence, not as a change of configuration."""
-    from stagetool.lowering.compat import absent_by_version
+    from stagetool.core.compat import absent_by_version
 
     out = []
     cb, ca = before.get("config"), after.get("config")

@@ -1,7 +1,7 @@
 """Running the gate's functions: the record of a snapshot run.
 
 ``stagetool.pipeline.take_snapshot`` stages the functions (with ``--isolate``, each in a worker
-process of its own: :mod:`stagetool.core.workers`); here is what it returns.
+process of its own: :mod:`stagetool.process.workers`); here is what it returns.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from stagetool.core.errors import BaselineError, UsageError
-from stagetool.lowering.compat import MEMORY_FIELDS_SINCE_0_11
+from stagetool.core.compat import MEMORY_FIELDS_SINCE_0_11
 
 SNAPSHOT_SCHEMA = 3
 """3: ``memory.peak_bytes`` is the larger of ``argument + output - alias + temp`` and XLA's
@@ -310,12 +310,12 @@ def dumps(snapshot: Mapping) -> str:
 
 
 def write_snapshot(path: str | Path, snapshot: Mapping) -> None:
-    """Write a snapshot atomically (:func:`stagetool.core.fileio.write_atomic`).
+    """Write a snapshot atomically (:func:`stagetool.process.fileio.write_atomic`).
 
     Raises:
       UsageError: the file cannot be written.
     """
-    from stagetool.core.fileio import write_atomic
+    from stagetool.process.fileio import write_atomic
 
     try:
         write_atomic(path, dumps(snapshot))
@@ -336,7 +336,7 @@ def load_snapshot(path: str | Path) -> dict:
     """
     p = Path(path)
     hint = f"create it with: stagetool snapshot --spec SPEC -o {p}  (or stagetool check --update)"
-    from stagetool.core.fileio import FileProblem, read_regular_bytes
+    from stagetool.process.fileio import FileProblem, read_regular_bytes
 
     try:
         if p.is_dir():

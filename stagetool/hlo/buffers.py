@@ -1,6 +1,6 @@
 """The one reader of XLA's buffer-assignment dumps: the ``HloProto`` binary and the live-range text.
 
-Why a reader of our own: the compile that takes the peak dump (``stagetool.lowering.stages``, with
+Why a reader of our own: the compile that takes the peak dump (``stagetool.staging.stages``, with
 ``xla_dump_to``) also writes ``<module>.<backend>_after_optimizations.hlo.pb`` when
 ``xla_dump_hlo_as_proto`` is set: an ``xla.HloProto`` whose ``buffer_assignment`` says which
 allocation (and offset in it) every HLO value occupies and holds XLA's heap-simulator trace. jaxlib

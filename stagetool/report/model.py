@@ -120,7 +120,7 @@ class Report:
       functions: in spec order.
       config: ``(name, value)`` of the configuration that changes the compiled program
         (``jax_threefry_partitionable``, ``jax_default_matmul_precision``, ``XLA_FLAGS`` ...; see
-        :mod:`stagetool.lowering.config`).
+        :mod:`stagetool.staging.config`).
     """
 
     command: str

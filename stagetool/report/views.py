@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagetool.core.sharding import Sharding
-from stagetool.lowering.compat import MEMORY_FIELDS_SINCE_0_11
+from stagetool.core.compat import MEMORY_FIELDS_SINCE_0_11
 from stagetool.core.units import (
     dims_str,
     format_bytes,

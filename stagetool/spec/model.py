@@ -1,6 +1,6 @@
 """The spec's records: plain frozen values parsed from YAML (no JAX).
 
-See :mod:`stagetool.spec.parse` for the format; ``stagetool.lowering`` turns these records into
+See :mod:`stagetool.spec.parse` for the format; ``stagetool.inputs`` turns these records into
 ``jax.ShapeDtypeStruct``s on a mesh.
 """
 

@@ -5,7 +5,7 @@ and column. Validation collects *every* problem before raising one :class:`~stag
 whose lines read ``file:line:col: functions.train_step.args[1].tokens: what is wrong``.
 
 This module knows nothing of JAX: it turns text into plain frozen records (:class:`Spec`,
-:class:`FunctionSpec`, :class:`LeafSpec`, ...). ``stagetool.lowering`` turns those into
+:class:`FunctionSpec`, :class:`LeafSpec`, ...). ``stagetool.inputs`` turns those into
 ``jax.ShapeDtypeStruct``s on a mesh.
 
 The format is documented in README.md ("The spec"); a compact example::
@@ -860,7 +860,7 @@ def read_spec_text(path: str | Path) -> str:
         refused without reading), is larger than :data:`MAX_SPEC_BYTES`, or is not UTF-8 (naming
         the line, column and byte).
     """
-    from stagetool.core.fileio import FileProblem, read_regular_bytes
+    from stagetool.process.fileio import FileProblem, read_regular_bytes
 
     p = Path(path)
     try:

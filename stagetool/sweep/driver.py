@@ -121,7 +121,7 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
         for t in topologies:
             topology_device_count(t)  # a malformed name is one error now, not one per row
         if options.chip:  # one --chip over several targets: each must be that chip's (else exit 2 now)
-            from stagetool.lowering.compile_only import check_chip_for_target
+            from stagetool.devices.compile_only import check_chip_for_target
 
             for t in topologies:
                 check_chip_for_target(options.chip, t, options.gpu_target_config, sweep=True)
@@ -213,7 +213,7 @@ def payload(plan: SweepPlan, config: Config) -> dict:
 def read_finished(plan: SweepPlan, output_dir: Path) -> dict[str, dict]:
     """Rows of this sweep already in ``output_dir`` (a file whose fingerprint does not match, or that
     does not parse, is not a finished row and is run again)."""
-    from stagetool.core.fileio import FileProblem, read_regular_text
+    from stagetool.process.fileio import FileProblem, read_regular_text
     from stagetool.sweep.rows import row_problem
 
     done = {}
@@ -247,7 +247,7 @@ def run_sweep(options: SweepOptions, *, on_row: Callable[[dict, int, int], None]
     Raises:
       UsageError / SpecError / TargetError: a bad option, spec or target, before anything runs.
     """
-    from stagetool.core.fileio import write_atomic
+    from stagetool.process.fileio import write_atomic
     from stagetool.sweep import executors
 
     plan = plan_sweep(options)

@@ -102,12 +102,12 @@ def factorisations(n: int, k: int) -> tuple[tuple[int, ...], ...]:
 
 def topology_device_count(name: str) -> int:
     """Devices of a compile-only topology from its name alone (``v5e:4x4`` → 16, ``v4:2x2x1`` → 8,
-    ``h100:2x8`` → 16): :func:`stagetool.lowering.topology.topology_device_count`.
+    ``h100:2x8`` → 16): :func:`stagetool.devices.tpu_topology.topology_device_count`.
 
     Raises:
       UsageError: a malformed name or a shape that does not exist.
     """
-    from stagetool.lowering.compile_only import topology_device_count as count
+    from stagetool.devices.compile_only import topology_device_count as count
 
     return count(name)
 

@@ -99,7 +99,7 @@ def run_config(payload: dict) -> dict:
     chip = common.get("chip")
     if chip is None and config["topology"]:  # a sweep over targets: each row's roofline on its own target's chip
         from stagetool.core.errors import UsageError
-        from stagetool.lowering.compile_only import target_chip
+        from stagetool.devices.compile_only import target_chip
 
         try:
             chip = target_chip(config["topology"], common.get("gpu_target_config"))
@@ -146,13 +146,13 @@ def run_isolated(payload: dict, timeout_s: float | None = None) -> dict:
 
     The process starts in ``payload["cwd"]`` with ``payload["pythonpath"]`` first on ``PYTHONPATH``
     (the stagetool that planned the sweep), in a session of its own, registered with
-    :mod:`stagetool.core.cleanup` (a signal that ends the sweep kills it and what it started) and
+    :mod:`stagetool.process.cleanup` (a signal that ends the sweep kills it and what it started) and
     with the kernel's parent-death signal set (it dies if this process is killed). Its temporary
     folder is registered too. A process that dies without a row, writes a malformed one, or runs
     past ``timeout_s`` seconds (then its process group is killed) gives an error row saying so.
     """
-    from stagetool.core import cleanup
-    from stagetool.core.fileio import FileProblem, read_regular_text
+    from stagetool.process import cleanup
+    from stagetool.process.fileio import FileProblem, read_regular_text
     from stagetool.sweep.rows import row_problem
 
     env = dict(os.environ)
@@ -198,7 +198,7 @@ def run_isolated(payload: dict, timeout_s: float | None = None) -> dict:
         from stagetool.core.text import file_tail
 
         tail = "\n".join(file_tail(err, 6))
-    from stagetool.core.workers import process_death
+    from stagetool.process.workers import process_death
 
     how = process_death(proc.returncode) if proc.returncode < 0 else f"the process exited with code {proc.returncode}"
     hint = " (the code called os._exit, or the process was ended from outside)" if proc.returncode == 0 else ""
@@ -212,8 +212,8 @@ def main(argv: list[str]) -> int:
     ``os._exit`` in the user's code leaves no row, and the parent reports the process's end)."""
     import contextlib
 
-    from stagetool.core import cleanup
-    from stagetool.core.fileio import write_atomic
+    from stagetool.process import cleanup
+    from stagetool.process.fileio import write_atomic
 
     parent = os.environ.get(cleanup.PARENT_PID_ENV)
     cleanup.die_with_parent(int(parent) if parent and parent.isdigit() else None)

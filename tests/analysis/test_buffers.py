@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import pytest
 
 from stagetool.hlo import buffers
-from stagetool.lowering import stages
+from stagetool.staging import stages
 
 
 # --------------------------------------------------------------------------- a protobuf writer

@@ -128,7 +128,7 @@ def test_unfaithful_propagation_is_silent():
     from stagetool.analysis.causes import unfaithful_reason
     from stagetool.analysis.shardings import LeafReport
     from stagetool.core.sharding import Sharding
-    from stagetool.lowering.shardy import Propagation, ValueSharding
+    from stagetool.facts import Propagation, ValueSharding
 
     def leaf(path, compiled, parameter):
         return LeafReport(path, (8, 4), "float32", Sharding("spec", (None, None)), compiled, False, (4, 4), 128, 64,
@@ -188,7 +188,7 @@ def test_equivalent_shardings_are_the_same_and_a_difference_is_named_not_guessed
     from stagetool.analysis.causes import unfaithful_reason
     from stagetool.analysis.shardings import LeafReport
     from stagetool.core.sharding import Sharding
-    from stagetool.lowering.shardy import Propagation, ValueSharding
+    from stagetool.facts import Propagation, ValueSharding
 
     def leaf(path, shape, compiled, parameter):
         return LeafReport(path, shape, "float32", Sharding("spec", (None,) * len(shape)), compiled, False, shape,
@@ -283,7 +283,7 @@ def test_the_reason_says_the_collectives_kind_and_every_axis():
     from stagetool.analysis.shardings import LeafReport
     from stagetool.core.sharding import Sharding
     from stagetool.hlo.parser import SourceFrame
-    from stagetool.lowering.shardy import Operand, Propagation, PropagatedOp, ShardingRule, ValueSharding
+    from stagetool.facts import Operand, Propagation, PropagatedOp, ShardingRule, ValueSharding
 
     def leaf(path, shape, dims, parameter):
         s = Sharding("spec", dims)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from stagetool.lowering.facts import cost_result
+from stagetool.staging.gather import cost_result
 from stagetool.analysis import cost
 from stagetool.analysis import roofline
 from stagetool.core import chips
@@ -133,7 +133,7 @@ def test_roofline_from_a_real_per_device_cost():
 
 def test_hbm_capacities_agree_with_the_topology_table():
     """The roofline's chip table and the compile-only topology table give one capacity per chip."""
-    from stagetool.lowering.topology import TPU_CHIPS
+    from stagetool.devices.tpu_topology import TPU_CHIPS
 
     shared = [(chips.CHIPS[f"tpu-{t.alias}"], t) for t in TPU_CHIPS if f"tpu-{t.alias}" in chips.CHIPS]
     assert len(shared) == 4  # v4, v5e, v5p, v6e

@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stagetool.lowering.facts import cost_result
+from stagetool.staging.gather import cost_result
 from stagetool.analysis import cost
 
 M, K, N = 256, 128, 512

@@ -10,9 +10,9 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stagetool.lowering.facts import memory_result
+from stagetool.staging.gather import memory_result
 from stagetool.analysis import memory
-from stagetool.lowering import devices
+from stagetool.devices import provision as devices
 from stagetool.core import units
 from stagetool.core.errors import UsageError
 from stagetool.core.units import format_bytes

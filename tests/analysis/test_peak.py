@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from stagetool.analysis import peak
-from stagetool.lowering import stages
+from stagetool.staging import stages
 
 N = 1024
 F32 = 4

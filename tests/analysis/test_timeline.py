@@ -18,7 +18,8 @@ from tests.analysis.test_buffers import LIVE_RANGE, hand_built
 from stagetool.analysis import timeline
 from stagetool.analysis.memory import normalise_memory
 from stagetool.hlo import buffers
-from stagetool.lowering import stages, topology
+from stagetool.staging import stages
+from stagetool.devices import tpu_topology as topology
 
 F32 = 4
 

@@ -1,0 +1,7 @@
+"""Inputs: the user's function loaded and its arguments built as abstract values on the mesh.
+
+:mod:`.target` imports the user's function, :mod:`.jit_wrapper` reads its own jit's settings,
+:mod:`.avals` turns the spec (or an ``init``'s output) into ``jax.ShapeDtypeStruct`` pytrees with
+``NamedSharding``s (:class:`~.avals.AbstractInputs`), and :mod:`.frameworks` stages the programs
+Flax, Equinox and plain JAX users write as they run them.
+"""

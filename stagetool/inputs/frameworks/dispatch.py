@@ -1,0 +1,299 @@
+"""The programs people write with Flax NNX, Flax Linen, Equinox and plain JAX, staged as they run.
+
+Nothing here imports Flax or Equinox: :mod:`stagetool.inputs.frameworks.flax` is imported only
+when the user's own objects are Flax's (``type(x).__module__``), so stagetool runs without them.
+
+- :func:`eval_shape_any`: ``jax.eval_shape`` of an ``init`` whose output holds non-array leaves
+  too (an Equinox module's activation function, a string), split as ``eqx.filter_eval_shape``
+  does: arrays become ``ShapeDtypeStruct``s (dtype, ``weak_type`` and sharding as JAX gives them),
+  everything else is kept as it is.
+- :func:`model_shardings`: per leaf of an ``init``'s output, the sharding the model itself gives:
+  Flax NNX variable metadata, Linen ``Partitioned`` / ``LogicallyPartitioned`` boxes (through
+  logical axis rules).
+- :func:`prepare_call`: the function that is handed to ``jax.jit``. Where the arguments hold
+  non-array leaves (static under ``jax.jit``'s eyes), Flax NNX objects that the step updates in
+  place, or logical axis rules must be active while tracing, the target is wrapped in a pure
+  function of the array leaves whose outputs include the updated state, so that nothing the step
+  does is dropped from the staged program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterator
+
+from stagetool.core.errors import SpecError
+from stagetool.core.sharding import spec_dims
+
+
+def library_of(x: Any) -> str | None:
+    """``"flax"``, ``"equinox"`` or None: the library whose type ``x`` is (without importing it)."""
+    module = type(x).__module__ or ""
+    for name in ("flax", "equinox"):
+        if module == name or module.startswith(name + "."):
+            return name
+    return None
+
+
+def _tree_objects(tree: Any) -> Iterator[Any]:
+    """Every node of a pytree (containers and leaves), without importing any framework."""
+    import jax
+
+    seen: list[Any] = []
+
+    def visit(x: Any) -> bool:
+        seen.append(x)
+        return False
+
+    jax.tree_util.tree_leaves(tree, is_leaf=visit)
+    return iter(seen)
+
+
+def uses(tree: Any, library: str) -> bool:
+    """Whether some node of ``tree`` is an object of ``library`` (``"flax"``, ``"equinox"``)."""
+    return any(library_of(x) == library for x in _tree_objects(tree))
+
+
+def is_array_like(x: Any, *, python_scalars: bool = True) -> bool:
+    """A value ``jax.jit`` traces: a JAX or NumPy array (or a tracer), a ``ShapeDtypeStruct``, and
+    with ``python_scalars`` a Python number (JAX traces those weakly typed; Equinox keeps them static)."""
+    import jax
+    import numpy as np
+
+    if isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)):
+        return True
+    return python_scalars and isinstance(x, (bool, int, float, complex))
+
+
+def eval_shape_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True) -> Any:
+    """``jax.eval_shape(call, *dyn)`` for any output pytree: array leaves become
+    ``ShapeDtypeStruct``s (as ``jax.eval_shape`` gives them: dtype, ``weak_type``, sharding), other
+    leaves (functions, strings, an Equinox module's static parts) are returned as they are.
+
+    With ``python_scalars`` false, Python numbers are static too (``eqx.filter_eval_shape``).
+    """
+    return trace_any(call, *dyn, python_scalars=python_scalars)[0]
+
+
+def is_ref(x: Any) -> bool:
+    """A ``jax.Ref`` (or a traced one): its type is a ``jax.ref.AbstractRef``."""
+    import jax
+
+    try:
+        return isinstance(jax.typeof(x), jax.ref.AbstractRef)
+    except (TypeError, AttributeError):
+        return False
+
+
+def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True
+              ) -> tuple[Any, list[tuple | None], list[bool]]:
+    """:func:`eval_shape_any` through ``jax.jit(call).trace(*dyn)`` (one trace, nothing computed),
+    and per leaf of the result (``jax.tree_util.tree_leaves`` order) the PartitionSpec dims the
+    program gives it when it runs — a nested ``jax.jit``'s ``out_shardings``, a ``device_put`` or
+    sharding constraint on it (:func:`stagetool.inputs.init_shardings.produced_dims`) — or None
+    (not an array, or the program does not say), and per leaf whether it is a ``jax.Ref`` (its
+    value's struct stands for it: a jitted function takes the Ref as an abstract ref).
+
+    Raises:
+      whatever the user's ``call`` raises while traced.
+    """
+    import jax
+
+    from stagetool.inputs.init_shardings import produced_dims
+
+    static: list[Any] = []
+
+    def arrays_only(*a: Any) -> Any:
+        out = call(*a)
+        flat, treedef = jax.tree_util.tree_flatten(out)
+        scalars = python_scalars and not uses(out, "equinox")  # Equinox keeps Python numbers static
+        refs = [is_ref(x) for x in flat]
+        keep = [r or is_array_like(x, python_scalars=scalars) for r, x in zip(refs, flat)]
+        static.append((treedef, keep, [None if k else x for k, x in zip(keep, flat)], refs))
+        return [x[...] if r else x for k, r, x in zip(keep, refs, flat) if k]  # a Ref: its value
+
+    traced = jax.jit(arrays_only).trace(*dyn)
+    shapes = traced.out_info
+    dims = produced_dims(traced.jaxpr)
+    treedef, keep, rest, refs = static[0]
+    it, dit = iter(shapes), iter(dims)
+    tree = jax.tree_util.tree_unflatten(treedef, [next(it) if k else x for k, x in zip(keep, rest)])
+    return tree, [next(dit) if k else None for k in keep], refs
+
+
+def call_init(fn: Callable[..., Any], args: list, kwargs: dict) -> Any:
+    """Call an ``init`` target; a Flax NNX Module class without ``rngs`` gets ``nnx.Rngs(0)`` (built
+    inside the trace, so no key is computed)."""
+    if isinstance(fn, type) and library_of_class(fn) == "flax":
+        from stagetool.inputs.frameworks import flax as flax_support
+
+        kwargs = flax_support.with_rngs(fn, args, kwargs)
+    return fn(*args, **kwargs)
+
+
+def library_of_class(cls: type) -> str | None:
+    """``"flax"``/``"equinox"`` when a class derives from one of their classes (checked by module)."""
+    for base in getattr(cls, "__mro__", ()):
+        module = base.__module__ or ""
+        for name in ("flax", "equinox"):
+            if module == name or module.startswith(name + "."):
+                return name
+    return None
+
+
+@contextlib.contextmanager
+def logical_rules(rules: Any) -> Iterator[None]:
+    """Flax's logical axis rules active (``nn.logical_axis_rules``), or nothing when ``rules`` is None."""
+    if rules is None:
+        yield
+        return
+    from stagetool.inputs.frameworks import flax as flax_support
+
+    with flax_support.logical_axis_rules(rules):
+        yield
+
+
+def model_shardings(tree: Any, rules: Any) -> list[tuple | str | None]:
+    """Per leaf of ``tree`` (``jax.tree_util.tree_leaves`` order), the PartitionSpec dims the model's
+    own annotations give (Flax NNX variable metadata, Linen partitioning boxes), None where there
+    are none, or a sentence saying why an annotation cannot be resolved (logical names, no rules)."""
+    import jax
+
+    if not uses(tree, "flax"):
+        return [None] * len(jax.tree_util.tree_leaves(tree))
+    from stagetool.inputs.frameworks import flax as flax_support
+
+    out: list[tuple | None] = []
+    for x in jax.tree_util.tree_leaves(tree, is_leaf=flax_support.is_box):
+        if flax_support.is_box(x):
+            try:
+                dims = flax_support.box_dims(x, rules)
+            except ValueError as e:
+                dims = str(e)
+            out.extend([dims] * len(jax.tree_util.tree_leaves(x)))
+        else:
+            out.append(None)
+    return out
+
+
+def struct_dims(struct: Any) -> tuple | None:
+    """The PartitionSpec dims of a ``ShapeDtypeStruct``'s own sharding (an ``init`` that already
+    shards, Flax's eager sharding), or None when it has no named sharding."""
+    sharding = getattr(struct, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+        return None
+    return spec_dims(spec)
+
+
+# ---- the function handed to jax.jit
+
+
+@dataclasses.dataclass
+class PreparedCall:
+    """What ``jax.jit`` stages: ``fn(*args, **kwargs)``.
+
+    Attributes:
+      fn: the target, or a pure function of the array leaves wrapping it.
+      args / kwargs: abstract arguments for ``fn`` (kwargs hold the static keyword values too).
+      donate_argnums / donate_argnames: donation in ``fn``'s terms.
+      state_outputs: names of the arguments whose updated state ``fn`` returns beside the target's
+        own output (``{"out": ..., name: state, ...}``), in order; () when ``fn`` returns the
+        target's output as it is.
+      leaf_args: per array leaf, the top-level argument it belongs to (index or keyword name).
+    """
+
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    donate_argnums: tuple[int, ...]
+    donate_argnames: tuple[str, ...]
+    state_outputs: tuple[str, ...] = ()
+    leaf_args: tuple = ()
+
+
+def leaf_arguments(args: tuple, kwargs: dict) -> list[Any]:
+    """Per leaf of ``(args, kwargs)`` in JAX's flattening order, its top-level argument (index or name)."""
+    import jax
+
+    out = []
+    for kp, _ in jax.tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)))[0]:
+        top = kp[1]
+        out.append(top.idx if hasattr(top, "idx") else top.key)
+    return out
+
+
+def prepare_call(fn: Callable[..., Any], args: tuple, kwargs: dict, static_kwargs: dict, *,
+                 names: list[str], donate_argnums: tuple[int, ...], donate_argnames: tuple[str, ...],
+                 rules: Any = None, where: str = "", in_place: bool = True, by_leaf: bool = False) -> PreparedCall:
+    """The function and arguments to hand to ``jax.jit`` (see the module docstring).
+
+    Args:
+      fn: the loaded target (possibly ``jax.jit``-, ``nnx.jit``- or ``eqx.filter_jit``-wrapped).
+      args / kwargs: the abstract arguments (``ShapeDtypeStruct`` leaves and anything else).
+      static_kwargs: the spec's ``static`` values.
+      names: names of the positional arguments (for the updated-state outputs).
+      donate_argnums / donate_argnames: donated arguments, in the target's terms.
+      rules: the logical axis rules object to hold active while tracing, or None.
+      where: the spec location, for messages.
+      in_place: whether the target has NNX's in-place semantics (a plain function or ``nnx.jit``:
+        the updated graph nodes become outputs); False for a ``jax.jit`` target, which returns
+        only what it returns (its in-place updates are lost when run, so they are not staged).
+      by_leaf: always wrap, so that the jit's arguments are the flat array leaves (for
+        ``in_shardings`` given per leaf).
+
+    A ``jax.ref.AbstractRef`` leaf (a ``jax.Ref`` an ``init`` returned) is an input like an array's
+    ``ShapeDtypeStruct``: ``jax.jit`` traces it as the abstract ref raw JAX lowers a Ref argument as.
+    """
+    import jax
+
+    kwargs = dict(kwargs)
+    flat, treedef = jax.tree_util.tree_flatten((tuple(args), kwargs))
+    mask = [isinstance(x, (jax.ShapeDtypeStruct, jax.ref.AbstractRef)) for x in flat]
+    tops = leaf_arguments(tuple(args), kwargs)
+    stateful: list[Any] = []
+    if in_place and any(library_of(x) == "flax" for x in _tree_objects((tuple(args), kwargs))):
+        from stagetool.inputs.frameworks import flax as flax_support
+
+        stateful = [i for i, a in enumerate(args) if flax_support.has_graph_nodes(a)]
+        stateful += [k for k, v in kwargs.items() if flax_support.has_graph_nodes(v)]
+    # The target itself is called, nnx.jit / eqx.filter_jit wrappers included (a nested jit that
+    # JAX inlines): their own shardings apply, and nnx.jit updates the objects in place as it runs.
+    inner = fn
+    if all(mask) and not stateful and rules is None and not by_leaf:
+        return PreparedCall(fn, tuple(args), {**kwargs, **static_kwargs}, donate_argnums, donate_argnames,
+                            leaf_args=tuple(tops))
+    statics = [None if m else x for m, x in zip(mask, flat)]
+    state_names = tuple(names[s] if isinstance(s, int) else s for s in stateful)
+
+    def staged(*dynamic: Any, **static_kw: Any) -> Any:
+        it = iter(dynamic)
+        a, k = jax.tree_util.tree_unflatten(treedef, [next(it) if m else s for m, s in zip(mask, statics)])
+        with logical_rules(rules):
+            out = _arrays_only(inner(*a, **k, **static_kw))
+        if not stateful:
+            return out
+        from stagetool.inputs.frameworks import flax as flax_support
+
+        result = {"out": out}
+        for s, name in zip(stateful, state_names):
+            result[name] = flax_support.updated_state(a[s] if isinstance(s, int) else k[s])
+        return result
+
+    staged.__name__ = getattr(inner, "__name__", None) or getattr(fn, "__name__", "staged")
+    staged.__qualname__ = staged.__name__
+    staged._stagetool_wraps = inner  # type: ignore[attr-defined]  # where errors point (not here)
+    donated = set(donate_argnums) | set(donate_argnames)
+    dyn_tops = [t for m, t in zip(mask, tops) if m]
+    nums = tuple(i for i, t in enumerate(dyn_tops) if t in donated)
+    dynamic = tuple(x for m, x in zip(mask, flat) if m)
+    return PreparedCall(staged, dynamic, dict(static_kwargs), nums, (), state_names, tuple(dyn_tops))
+
+
+def _arrays_only(out: Any) -> Any:
+    """The output with leaves JAX cannot return (an Equinox module's functions) as None, as
+    ``eqx.filter_jit`` keeps them out of the compiled program."""
+    import jax
+
+    return jax.tree_util.tree_map(lambda x: x if is_array_like(x) else None, out)

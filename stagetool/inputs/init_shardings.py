@@ -1,0 +1,128 @@
+"""The shardings an ``init`` gives its results when it runs, read from the jaxpr of its trace.
+
+``jax.eval_shape`` (and ``Traced.out_info``) do not report the ``out_shardings`` of a nested
+``jax.jit`` — the standard MaxText-style init, ``jax.jit(init_fn, out_shardings=...)(key)`` — nor
+a ``jax.device_put`` or ``jax.lax.with_sharding_constraint`` on the results (in JAX's explicit
+sharding mode the result types even say ``P(None, ...)`` for a jit's sharded outputs). Public JAX has
+no call that answers "what sharding will this output have" short of compiling; the jaxpr of the
+trace (``jax.jit(init).trace(...).jaxpr``, public) does say it, in the parameters of the equation
+that produces each output. This module is the one place that reads those parameters.
+
+Followed from each output variable back to the equation that produced it (verified on
+jax/jaxlib 0.10.2 against running the init for real on simulated CPU devices,
+``tests/inputs/test_init_shardings.py``):
+
+- ``jit`` (``pjit`` before JAX 0.7): the equation's ``out_shardings[i]`` when it is a
+  ``NamedSharding``; otherwise (unspecified) the ``i``-th output of its inner jaxpr, recursively
+  (``nnx.jit`` and ``eqx.filter_jit`` are ``jax.jit`` underneath);
+- ``sharding_constraint``: ``sharding``; ``device_put``: ``devices[i]``; ``reshard``: ``dst_sharding``;
+- ``shard_map``: ``out_specs[i]`` (a PartitionSpec over the mesh);
+- call-like wrappers (``closed_call``, ``remat``/``checkpoint``, ``custom_jvp_call``,
+  ``custom_vjp_call``): the matching output of the inner jaxpr;
+- ``convert_element_type`` and ``copy``: their operand (a dtype cast keeps the layout when run);
+- a whole-Ref read (``get`` with no index, ``ref[...]``) of a ``new_ref`` (``jax.new_ref(x)``): ``x``'s
+  (writes to the Ref in between are not followed);
+- anything else (an op on unsharded values, an input passed through, a constant): unknown (None).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagetool.core.sharding import spec_dims
+
+_CALLS = ("closed_call", "core_call", "remat", "checkpoint", "remat2", "custom_jvp_call", "custom_vjp_call",
+          "custom_vjp_call_jaxpr", "custom_lin")
+_SAME_LAYOUT = ("convert_element_type", "copy", "copy_p")
+_NEW_REF = ("new_ref", "mutable_array")  # jax.new_ref's primitive (named mutable_array before JAX 0.8)
+_MAX_DEPTH = 64
+
+
+def produced_dims(closed_jaxpr: Any) -> list[tuple | None]:
+    """Per output of ``closed_jaxpr`` (a ``jax.stages.Traced.jaxpr``), the PartitionSpec dims the
+    program gives it when run (see the module docstring), or None where the jaxpr does not say.
+
+    Dims are :func:`stagetool.core.sharding.spec_dims` of the sharding's ``spec`` (mesh axis names,
+    one entry per array dimension, trailing ``None``s kept as JAX gives them).
+    """
+    jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+    producers: dict[int, dict] = {}
+    return [_origin(jaxpr, v, producers, 0, None) for v in jaxpr.outvars]
+
+
+def _producer_map(jaxpr: Any, cache: dict[int, dict]) -> dict:
+    found = cache.get(id(jaxpr))
+    if found is None:
+        found = {}
+        for eqn in jaxpr.eqns:
+            for i, out in enumerate(eqn.outvars):
+                found[id(out)] = (eqn, i)
+        cache[id(jaxpr)] = found
+    return found
+
+
+def _inner(params: dict) -> Any:
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        inner = params.get(key)
+        if inner is not None:
+            return getattr(inner, "jaxpr", inner)
+    return None
+
+
+def _dims_of(sharding: Any) -> tuple | None:
+    """Dims of a ``NamedSharding`` (or a bare ``PartitionSpec``); None for anything else."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if isinstance(sharding, NamedSharding):
+        return spec_dims(sharding.spec)
+    if isinstance(sharding, PartitionSpec):
+        return spec_dims(sharding)
+    return None
+
+
+def _origin(jaxpr: Any, var: Any, cache: dict[int, dict], depth: int, outer: tuple | None) -> tuple | None:
+    """``outer``: ``(jaxpr, eqn, outer)`` of the call equation whose inner jaxpr ``jaxpr`` is, so an
+    input passed through an inner jit is followed out to what the caller gave it."""
+    if depth > _MAX_DEPTH or type(var).__name__ == "Literal":
+        return None
+    found = _producer_map(jaxpr, cache).get(id(var))
+    if found is None:  # an input of this jaxpr (or a constant): whatever the caller gave it
+        if outer is not None:
+            outer_jaxpr, call, further = outer
+            invars = list(jaxpr.invars)
+            if var in invars and len(invars) == len(call.invars):
+                return _origin(outer_jaxpr, call.invars[invars.index(var)], cache, depth + 1, further)
+        return None
+    eqn, i = found
+    name = eqn.primitive.name
+    params = eqn.params
+    if name in ("jit", "pjit"):
+        shardings = params.get("out_shardings") or ()
+        dims = _dims_of(shardings[i]) if i < len(shardings) else None
+        if dims is not None:
+            return dims
+        inner = _inner(params)
+        return (_origin(inner, inner.outvars[i], cache, depth + 1, (jaxpr, eqn, outer))
+                if inner is not None else None)
+    if name == "sharding_constraint":
+        return _dims_of(params.get("sharding"))
+    if name == "device_put":
+        devices = params.get("devices") or ()
+        return _dims_of(devices[i]) if i < len(devices) else None
+    if name == "reshard":
+        return _dims_of(params.get("dst_sharding"))
+    if name == "shard_map":
+        specs = params.get("out_specs") or ()
+        return _dims_of(specs[i]) if i < len(specs) else None
+    if name in _CALLS:
+        inner = _inner(params)
+        if inner is not None and len(inner.outvars) == len(eqn.outvars):
+            return _origin(inner, inner.outvars[i], cache, depth + 1, (jaxpr, eqn, outer))
+        return None
+    if name in _SAME_LAYOUT and len(eqn.invars) == 1:
+        return _origin(jaxpr, eqn.invars[0], cache, depth + 1, outer)
+    if name == "get" and len(eqn.invars) == 1:  # `ref[...]`, the whole Ref read: what the Ref was made from
+        return _origin(jaxpr, eqn.invars[0], cache, depth + 1, outer)
+    if name in _NEW_REF and len(eqn.invars) == 1:  # jax.new_ref(x): the Ref holds x's buffer, as laid out
+        return _origin(jaxpr, eqn.invars[0], cache, depth + 1, outer)
+    return None

@@ -1,0 +1,169 @@
+"""Load the user's function from ``path/to/file.py:func``, ``package.module:func`` or ``module:obj.attr``.
+
+A file target is imported the way pytest's default ("prepend") import mode imports a test file:
+the first folder above the file that is not a package goes to the front of ``sys.path``, and the
+file is imported under its dotted name from there, so that the file's sibling modules (and its
+package, if it is in one) import as they do in the user's own scripts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from stagetool.core.errors import USER_CODE_ERRORS, TargetError, describe_exception
+from stagetool.core.paths import is_library_file
+from stagetool.spec.discovery import split_target
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A loaded target.
+
+    Attributes:
+      text: the target as the user wrote it.
+      fn: the callable (possibly already ``jax.jit``-wrapped).
+      module_file: the file of the module that defines it, or None (used to find the user's frame
+        in tracebacks).
+      qualname: ``obj.attr`` part.
+    """
+
+    text: str
+    fn: Callable[..., Any]
+    module_file: str | None
+    qualname: str
+
+
+def load_target(text: str, *, base_dir: Path | None = None, need_callable: bool = True) -> Target:
+    """Import the module of ``text`` and return the named attribute.
+
+    Args:
+      text: ``path/to/file.py:func``, ``package.module:func`` or ``module:obj.attr``.
+      base_dir: the folder a relative file path resolves against (the spec's folder); the working
+        directory when None.
+      need_callable: refuse an attribute that is not callable (a ``{ref: ...}`` or a rules object
+        may be any value).
+
+    Raises:
+      TargetError: the file, module or attribute does not exist (with close matches), the module
+        fails to import (with the exception and the user's frame), or the attribute is not callable.
+    """
+    module_part, attr = split_target(text)
+    if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
+        module = _import_file(text, module_part, base_dir)
+    else:
+        module = _import_module(text, module_part)
+    obj: Any = module
+    walked: list[str] = []
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=3, cutoff=0.5)
+            where = ".".join([module.__name__, *walked])
+            raise TargetError(
+                f"target {text!r}: {where} has no attribute {part!r}"
+                + (f"; close matches: {', '.join(close)}" if close else ""),
+                hint=None if close else f"callables there: {', '.join(sorted(n for n in names if callable(getattr(obj, n, None)))[:12])}")
+        obj = getattr(obj, part)
+        walked.append(part)
+    if need_callable and not callable(obj):
+        raise TargetError(f"target {text!r} is a {type(obj).__name__}, not a callable")
+    return Target(text, obj, getattr(module, "__file__", None), attr)
+
+
+def _import_file(text: str, module_part: str, base_dir: Path | None) -> Any:
+    path = Path(module_part)
+    if not path.is_absolute():
+        path = (base_dir or Path.cwd()) / path
+    path = path.resolve()
+    if not path.is_file():
+        folder = path.parent
+        candidates = sorted(p.name for p in folder.glob("*.py")) if folder.is_dir() else []
+        close = difflib.get_close_matches(path.name, candidates, n=3, cutoff=0.5)
+        raise TargetError(
+            f"target {text!r}: file {path} not found"
+            + (f"; close matches in {folder}: {', '.join(close)}" if close else ""),
+            hint=None if folder.is_dir() else f"the folder {folder} does not exist either")
+    # Like pytest's prepend import mode: the first ancestor that is not a package is the root.
+    root = path.parent
+    parts = [path.stem]
+    while (root / "__init__.py").is_file():
+        parts.insert(0, root.name)
+        root = root.parent
+    name = ".".join(parts)
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() != path:
+        # A different module of the same name is already imported (e.g. two examples named model.py).
+        del sys.modules[name]
+    return _import(text, name, user_file=str(path))
+
+
+def _import_module(text: str, name: str) -> Any:
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)  # as `python -m` does
+    return _import(text, name, user_file=None)
+
+
+def _import(text: str, name: str, user_file: str | None) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and (name == e.name or name.startswith(e.name + ".")):
+            parent, _, leaf = e.name.rpartition(".")
+            import pkgutil
+
+            try:
+                paths = importlib.import_module(parent).__path__ if parent else None
+            except Exception:
+                paths = None
+            names = [m.name for m in pkgutil.iter_modules(paths)]
+            close = difflib.get_close_matches(leaf, names, n=3, cutoff=0.6)
+            raise TargetError(f"target {text!r}: no module named {e.name!r}"
+                              + (f"; close matches: {', '.join(close)}" if close else ""),
+                              hint="a file target needs its path and .py, e.g. examples/mlp.py:train_step") from None
+        raise TargetError(f"target {text!r}: importing {name} failed: {e}" + _frame_note(e, user_file)) from None
+    except USER_CODE_ERRORS as e:  # SystemExit too: a module that exits is a module that failed
+        raise TargetError(f"target {text!r}: importing {name} failed: {describe_exception(e)}"
+                          + _frame_note(e, user_file)) from None
+
+
+def _frame_note(exc: BaseException, user_file: str | None) -> str:
+    frame = user_frame(exc, [user_file] if user_file else [])
+    return f"\n  at {frame}" if frame else ""
+
+
+def user_frame(exc: BaseException, user_files: list[str]) -> str | None:
+    """The innermost traceback frame of ``exc`` in the user's code, as ``file:line in func``.
+
+    The user's code is any file outside the libraries (:func:`is_library_file`: JAX, Flax, optax,
+    Equinox, the standard library, site-packages, stagetool itself), wherever it lies: a helper in
+    another folder than the target's is the user's too. Where every frame is a library's,
+    the innermost frame in ``user_files`` (a target installed in site-packages) is taken.
+    """
+    tb = traceback.extract_tb(exc.__traceback__)
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    own = str(Path(__file__).resolve().parents[1]) + "/"
+    tb = [fr for fr in tb if fr.filename.startswith("<") or not str(Path(fr.filename).resolve()).startswith(own)]
+    chosen = None
+    for fr in tb:
+        if not fr.filename.startswith("<") and not is_library_file(fr.filename):
+            chosen = fr
+    if chosen is None:
+        resolved = {str(Path(f).resolve()) for f in user_files if f}
+        for fr in tb:
+            if str(Path(fr.filename).resolve()) in resolved:
+                chosen = fr
+    if chosen is None:
+        return None
+    return f"{chosen.filename}:{chosen.lineno} in {chosen.name}" + (f"\n    {chosen.line}" if chosen.line else "")
+
+

@@ -1,0 +1,489 @@
+"""Stage a function through ``jax.jit``: trace → lower → compile, each timed.
+
+Like ``jax.stages`` itself, each step returns the next and a caller may stop at any stage:
+``lower`` never compiles. The mesh is the ambient mesh (``jax.set_mesh``) while the function is
+traced and lowered, so user code that writes bare ``PartitionSpec``s in sharding constraints works
+as it does in the user's job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+import warnings
+from typing import Any, Callable
+
+from stagetool.core.errors import USER_CODE_ERRORS, OutOfMemoryError, SpecError, StagingError, describe_exception
+from stagetool.core.sharding import Sharding
+from stagetool.facts import PeakDump, StageTimings
+from stagetool.hlo.buffers import BufferAssignment
+from stagetool.inputs.avals import AbstractInputs
+from stagetool.inputs.target import Target, user_frame
+from stagetool.spec.model import FunctionSpec
+
+
+@dataclasses.dataclass
+class Staged:
+    """A function staged up to some point.
+
+    Attributes:
+      traced: ``jax.stages.Traced``.
+      lowered: ``jax.stages.Lowered``.
+      compiled: ``jax.stages.Compiled``, or None when staging stopped at ``lower``.
+      timings: seconds per stage.
+      jitted: the ``jax.jit``-wrapped function that was staged.
+      warnings: what JAX warned while staging (e.g. "Some donated buffers were not usable"),
+        deduplicated, in order: facts for the report rather than noise on stderr.
+      dump: with ``dump=True``, the live-range dump XLA wrote while compiling.
+      compile_warnings: the warnings of the compile stage alone (also in ``warnings``).
+    """
+
+    traced: Any
+    lowered: Any
+    compiled: Any | None
+    timings: StageTimings
+    jitted: Any
+    warnings: tuple[str, ...] = ()
+    dump: PeakDump | None = None
+    compile_warnings: tuple[str, ...] = ()
+
+
+def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, mesh: Any) -> Any:
+    """``jax.jit`` the target with the spec's static, donated and out-sharding options, merged with
+    the target's own jit's (``inputs.jit``, :mod:`stagetool.inputs.jit_wrapper`).
+
+    - A ``jax.jit`` target the spec adds nothing to is used as it is. Otherwise the function under
+      it is jitted once with its own settings (static arguments, donation, out_shardings,
+      ``compiler_options``, ``keep_unused``) plus the spec's — never nested, so its donation and
+      options hold. Its ``in_shardings`` are on the abstract arguments already (:func:`build_inputs`).
+    - An ``nnx.jit`` / ``eqx.filter_jit`` target the spec adds nothing to is its own program
+      (``inputs.program``): the wrapper's inner jit on the arguments as the wrapper splits them, so
+      its in/out shardings, donation, static arguments, parameter order (and Equinox's marker
+      output) are the ones that run.
+    - Other ``nnx.jit`` / ``eqx.filter_jit`` targets run nested inside stagetool's jit (so NNX's in-place
+      semantics and Equinox's filtering are theirs); their donation was merged into the inputs'.
+      An ``nnx.jit``'s ``in_shardings`` are on the abstract arguments already, and the outer jit
+      gets the ``out_shardings`` its inner jit has (``inputs.out_shardings``), so the program's
+      boundary is the one ``nnx.jit`` compiles.
+
+    Raises:
+      SpecError: ``jax.jit`` rejects the options (static or donated names the function does not
+        take), at the location of the spec key concerned; never a raw JAX exception.
+    """
+    import jax
+
+    fn = target.fn
+    own = inputs.jit
+    if inputs.program is not None:  # an nnx.jit target as its own program (jit_wrapper.NnxProgram)
+        return inputs.program
+    out_shardings = _out_shardings(fspec.out_shardings, mesh)
+    if own is not None and own.kind == "jax.jit" and own.fun is None:  # unreadable: as before, nested
+        own = None
+    if isinstance(fn, jax.stages.Wrapped) and inputs.fn is None and not fspec.donate \
+            and fspec.out_shardings is None and inputs.in_shardings is None:
+        return fn
+    if own is not None and own.kind == "jax.jit" and not inputs.wrapped and fspec.out_shardings is None \
+            and inputs.in_shardings is None \
+            and set(inputs.donate_argnums) == set(own.donate_argnums) \
+            and set(inputs.donate_argnames) == set(own.donate_argnames) \
+            and set(inputs.static_argnames) <= set(own.static_argnames):
+        return own.wrapper  # the spec adds nothing: the target's own jit stages itself
+    options: dict[str, Any] = {}
+    if own is not None and own.kind == "jax.jit":
+        if not inputs.wrapped:  # the function itself, called as the target is
+            options.update(static_argnums=tuple(i for i in own.static_argnums if i < len(inputs.args)),
+                           static_argnames=own.static_argnames)
+        if own.out_shardings is not None:
+            options["out_shardings"] = own.out_shardings
+        if own.compiler_options:
+            options["compiler_options"] = own.compiler_options
+        if own.keep_unused:
+            options["keep_unused"] = True
+    if own is not None and own.kind == "nnx.jit" and inputs.out_shardings is not None:
+        options["out_shardings"] = inputs.out_shardings  # as nnx.jit's inner jit returns them
+    if inputs.static_argnames:
+        options["static_argnames"] = tuple(dict.fromkeys((*options.get("static_argnames", ()),
+                                                          *inputs.static_argnames)))
+    if inputs.donate_argnums:
+        options["donate_argnums"] = inputs.donate_argnums
+    if inputs.donate_argnames:
+        options["donate_argnames"] = inputs.donate_argnames
+    if fspec.out_shardings is not None:
+        options["out_shardings"] = _fill(out_shardings, options.get("out_shardings"))
+    if inputs.in_shardings is not None:  # Refs under auto axes: their shardings (avals.as_abstract_ref)
+        options["in_shardings"] = inputs.in_shardings
+    base = inputs.fn or fn
+    try:
+        return jax.jit(base, **options)
+    except Exception as e:  # jax.jit checks its options against the signature: a spec mistake
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        key = next((k for k, words in (("static", ("static_arg",)), ("donate", ("donate_arg",)),
+                                        ("out_shardings", ("out_shardings",))) if any(w in text for w in words)), None)
+        loc = fspec.where(key) if key else fspec.loc
+        raise SpecError([f"{loc}: functions.{fspec.name}" + (f".{key}" if key else "")
+                         + f": jax.jit does not accept the spec's options for {fspec.target}: {text}"],
+                        hint="name only parameters the function takes in static and donate") from None
+
+
+def _fill(spec: Any, own: Any) -> Any:
+    """The spec's out_shardings, with the updated-state entries it leaves to the compiler (None)
+    taken from the target's own (``nnx.jit``: an updated argument's ``in_shardings``)."""
+    if isinstance(spec, dict) and isinstance(own, dict):
+        return {k: own.get(k) if v is None else v for k, v in spec.items()}
+    return spec
+
+
+def _out_shardings(tree: Any, mesh: Any) -> Any:
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def one(s: Any) -> Any:
+        if isinstance(s, Sharding):
+            if s.kind == "spec":
+                return NamedSharding(mesh, PartitionSpec(*s.dims))
+            return None  # auto / unspecified: the compiler chooses
+        return s
+
+    # Any pytree of shardings (a list, a dict, an nnx.State from `like:`), None for the compiler's choice.
+    return jax.tree_util.tree_map(one, tree, is_leaf=lambda x: isinstance(x, Sharding) or x is None)
+
+
+def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_files: list[str],
+          until: str = "compile", compiler_options: dict | None = None, dump: bool = False,
+          on_stage: Callable[[str], None] | None = None) -> Staged:
+    """Trace, lower and (unless ``until="lower"``) compile.
+
+    Args:
+      jitted: a ``jax.jit``-wrapped callable.
+      inputs: abstract inputs from :func:`stagetool.inputs.avals.build_inputs`.
+      mesh: the ``jax.sharding.Mesh``, made ambient while tracing and lowering.
+      name: the function's name, for error messages.
+      user_files: the user's source files, to find the user's frame in a traceback.
+      until: ``"lower"`` or ``"compile"``.
+      compiler_options: passed to ``Lowered.compile``.
+      dump: compile with XLA's dump into a temporary folder (``xla_dump_to``) and keep the
+        buffer live-range file's text (:attr:`Staged.dump`), so the peak buffers come from the
+        one compile; the folder is removed on every exit path.
+      on_stage: called with ``"trace"``, ``"lower"``, ``"compile"`` as each stage starts.
+
+    Raises:
+      StagingError: JAX/XLA failed in a stage (exit code 3), with JAX's message and the user's frame.
+    """
+    timings: dict[str, float] = {}
+    warned: list[str] = []
+    traced = _run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs), mesh, name, user_files, jitted,
+                  timings, warned, on_stage)
+    lowered = _run("lower", traced.lower, mesh, name, user_files, jitted, timings, warned, on_stage)
+    staged = Staged(traced, lowered, None, StageTimings(timings.get("trace"), timings.get("lower")), jitted,
+                    tuple(warned))
+    if until == "compile":
+        staged = compile_staged(staged, mesh, name=name, user_files=user_files, compiler_options=compiler_options,
+                                dump=dump, on_stage=on_stage)
+    return staged
+
+
+def trace_only(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_files: list[str]) -> Any:
+    """The ``jax.stages.Traced`` of ``jitted`` on the abstract inputs (mesh ambient), as :func:`stage`
+    traces it, without lowering: for what is known only after a trace (the output tree).
+
+    Raises:
+      StagingError: JAX failed to trace (exit code 3).
+    """
+    return _run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs), mesh, name, user_files, jitted,
+                {}, [], None)
+
+
+def compile_staged(staged: Staged, mesh: Any, *, name: str, user_files: list[str],
+                   compiler_options: dict | None = None, dump: bool = False,
+                   on_stage: Callable[[str], None] | None = None) -> Staged:
+    """Compile a function :func:`stage` stopped at ``lower``: the same :class:`Staged` with
+    ``compiled`` (and ``dump``) set, the compile timed and its warnings kept apart in
+    :attr:`Staged.compile_warnings` (a cached compile replays them).
+
+    Raises:
+      StagingError: XLA failed to compile (exit code 3).
+    """
+    timings: dict[str, float] = {}
+    warned: list[str] = []
+    logged: list[str] = []
+    lowered = staged.lowered
+    if dump:
+        compiled, dumped = _run("compile", lambda: with_xla_log(lambda: compile_with_dump(lowered, compiler_options),
+                                                                logged),
+                                mesh, name, user_files, staged.jitted, timings, warned, on_stage)
+    else:
+        dumped = None
+        compiled = _run("compile", lambda: with_xla_log(lambda: lowered.compile(compiler_options) if compiler_options
+                                                        else lowered.compile(), logged),
+                        mesh, name, user_files, staged.jitted, timings, warned, on_stage)
+    warned = list(merge_warnings(tuple(warned), logged))
+    return dataclasses.replace(staged, compiled=compiled, dump=dumped,
+                               timings=dataclasses.replace(staged.timings, compile_s=timings.get("compile")),
+                               warnings=merge_warnings(staged.warnings, warned),
+                               compile_warnings=tuple(warned))
+
+
+_XLA_LOG_LINE = re.compile(r"^(?P<level>[WE])\d{4} [\d:.]+\s+\d+ (?P<where>[\w./-]+:\d+)\] (?P<message>.*)$")
+
+
+def with_xla_log(fn: Callable[[], Any], logged: list[str]) -> Any:
+    """``fn()`` (a compile) with XLA's own log lines on file descriptor 2 (absl: ``W1201 15:01:34.7
+    26628 file.cc:3132] message``: warnings and errors, e.g. "Involuntary full rematerialization")
+    collected into ``logged`` as ``XLA warning (file.cc:3132): message`` (no time or thread id, so
+    runs compare equal); every other byte written to fd 2 meanwhile is written back to stderr.
+
+    They are compile facts: the facts cache stores them with the entry and a hit shows them as a
+    miss does (:attr:`Staged.compile_warnings`).
+    """
+    import os
+    import sys
+    import tempfile
+
+    from stagetool.process import cleanup
+
+    try:
+        sys.stderr.flush()
+    except (AttributeError, ValueError):  # pragma: no cover - closed or replaced stderr
+        pass
+    saved = os.dup(2)
+    tmp = tempfile.TemporaryFile(mode="w+b")
+    os.dup2(tmp.fileno(), 2)
+    restored = [False]
+
+    def restore() -> str:
+        """fd 2 back as it was; the text captured so far."""
+        if not restored[0]:
+            restored[0] = True
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        return tmp.read().decode("utf-8", "replace")
+
+    def on_signal() -> None:  # a signal ends the run mid-compile: its message and XLA's log are seen
+        text = restore()
+        if text:
+            os.write(2, text.encode("utf-8", "replace"))
+
+    token = cleanup.register_callback(on_signal)
+    failed = True
+    try:
+        out = fn()
+        failed = False
+        return out
+    finally:
+        cleanup.forget(token)
+        text = restore()
+        tmp.close()
+        found, rest = _split_xla_log(text)
+        logged.extend(found)
+        back = text if failed else rest  # a failed compile: XLA's log as it was written
+        if back:
+            try:
+                sys.stderr.write(back)
+                sys.stderr.flush()
+            except (AttributeError, ValueError):  # pragma: no cover - closed stderr
+                pass
+
+
+def _split_xla_log(text: str) -> tuple[list[str], str]:
+    """``(warnings, the rest)`` of text XLA wrote to fd 2 (see :func:`with_xla_log`)."""
+    found: list[str] = []
+    rest: list[str] = []
+    for line in text.splitlines(keepends=True):
+        m = _XLA_LOG_LINE.match(line.rstrip("\n"))
+        if m:
+            kind = "warning" if m.group("level") == "W" else "error"
+            item = f"XLA {kind} ({m.group('where').rsplit('/', 1)[-1]}): {m.group('message').strip()}"
+            if item not in found:
+                found.append(item)
+        else:
+            rest.append(line)
+    return found, "".join(rest)
+
+
+def merge_warnings(first: tuple[str, ...], more: Any) -> tuple[str, ...]:
+    """``first`` then the warnings of ``more`` not already in it, in order."""
+    out = list(first)
+    for w in more:
+        if w not in out:
+            out.append(w)
+    return tuple(out)
+
+
+def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_files: list[str], jitted: Any,
+         timings: dict[str, float], warned: list[str], on_stage: Callable[[str], None] | None) -> Any:
+    """Run one stage with the mesh ambient, timed, its warnings collected; JAX's errors → StagingError."""
+    import jax
+
+    if on_stage:
+        on_stage(stage_name)
+    start = time.perf_counter()
+    try:
+        with jax.set_mesh(mesh), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = fn()
+    except USER_CODE_ERRORS as e:  # SystemExit from the traced code is its failure too
+        raise _staging_error(e, stage_name, name, user_files, jitted) from None
+    timings[stage_name] = time.perf_counter() - start
+    for w in caught:
+        text = str(w.message).strip().splitlines()[0]
+        if text not in warned:
+            warned.append(text)
+    return out
+
+
+DUMP_OPTIONS = {"xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": True}
+"""Compiler options added next to ``xla_dump_to`` for the live-range dump.
+
+With ``xla_dump_to`` XLA writes, per module, ``module_NNNN.<name>.<backend>_after_optimizations-
+live-range.txt`` (its "Live ranges at N (peak)" section lists every buffer live at the peak);
+``xla_dump_hlo_as_proto`` adds ``...after_optimizations.hlo.pb``, the ``HloProto`` with the buffer
+assignment (the memory timeline's source); verified on jax/jaxlib 0.10.2 (CPU, compile-only TPU)
+and on 0.7.2 and 0.12.0.1 (CPU); jaxlib ≤ 0.9.2 writes the live ranges at the end of
+``...-buffer-assignment.txt`` instead (:mod:`stagetool.core.compat`). Per-pass dumps stay off."""
+
+
+def compile_with_dump(lowered: Any, compiler_options: dict | None = None) -> tuple[Any, PeakDump]:
+    """Compile ``lowered`` (a ``jax.stages.Lowered``) with XLA's dump into a temporary folder and
+    return the executable and its :class:`~stagetool.staging.gather.PeakDump`.
+
+    The folder is removed on every exit path; the compile's exceptions propagate.
+    """
+    import shutil
+    import tempfile
+
+    from stagetool.process import cleanup
+
+    folder = tempfile.mkdtemp(prefix="stagetool-dump-")
+    token = cleanup.register_path(folder)  # removed by the signal handling if the compile is cut short
+    try:
+        options = {**(compiler_options or {}), **DUMP_OPTIONS, "xla_dump_to": folder}
+        start = time.perf_counter()
+        compiled = lowered.compile(options)
+        seconds = time.perf_counter() - start
+        module_text = compiled.as_text() or ""
+        text, reason = read_live_range(folder, module_text)
+        buffers, buffers_reason = read_buffer_assignment(folder, module_text)
+        return compiled, PeakDump(text, module_text, seconds, reason, buffers, buffers_reason,
+                                  read_space_names(folder, module_text))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        cleanup.forget(token)
+
+
+def read_buffer_assignment(folder: str, module_text: str) -> tuple[BufferAssignment | None, str | None]:
+    """``(buffer assignment of the compiled module, None)`` from the ``HloProto`` beside its
+    live-range dump (``<prefix>-live-range.txt`` → ``<prefix>.hlo.pb``; ``<prefix>-buffer-assignment.txt``
+    on jaxlib ≤ 0.9.2, :func:`stagetool.core.compat.live_range_file`), or ``(None, why not)``."""
+    import os
+
+    from stagetool.hlo.buffers import ProtoError, read_hlo_proto
+    from stagetool.core import compat
+
+    found = compat.live_range_file(folder, module_text)
+    proto = found[1] + ".hlo.pb" if found else None
+    if proto is None or not os.path.exists(os.path.join(folder, proto)):
+        return None, "XLA wrote no HloProto after optimisations (xla_dump_hlo_as_proto) beside the live-range dump"
+    with open(os.path.join(folder, proto), "rb") as fh:
+        data = fh.read()
+    try:
+        return read_hlo_proto(data, traces=False), None
+    except ProtoError as e:
+        return None, f"XLA's {proto} could not be read: {e}"
+
+
+def read_space_names(folder: str, module_text: str) -> tuple[tuple[int, str], ...]:
+    """The memory spaces XLA's ``<prefix>-memory-usage-report.txt`` (beside the live-range dump)
+    names, ``((color, name), ...)``; () when it wrote none."""
+    import os
+
+    from stagetool.hlo.buffers import parse_memory_space_names
+    from stagetool.core import compat
+
+    found = compat.live_range_file(folder, module_text)
+    path = os.path.join(folder, found[1] + "-memory-usage-report.txt") if found else None
+    if path is None or not os.path.exists(path):
+        return ()
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return parse_memory_space_names(fh.read())
+
+
+def read_live_range(folder: str, module_text: str) -> tuple[str | None, str | None]:
+    """``(text of the compiled module's live-range dump, None)``, or ``(None, why there is none)``;
+    where jaxlib writes it depends on the release (:func:`stagetool.core.compat.read_live_range`)."""
+    from stagetool.core import compat
+
+    return compat.read_live_range(folder, module_text)
+
+
+def _definition(fn: Any) -> str | None:
+    """``file:line in name`` where the (unwrapped) function is defined, or None."""
+    import inspect
+
+    try:
+        target = inspect.unwrap(fn)
+        target = inspect.unwrap(getattr(target, "_stagetool_wraps", target))  # the user's function, not a wrapper
+        _, line = inspect.getsourcelines(target)
+        return f"{inspect.getsourcefile(target)}:{line} in {target.__name__} (the function being compiled)"
+    except (TypeError, OSError, AttributeError):
+        return None
+
+
+def _staging_error(e: BaseException, stage_name: str, name: str, user_files: list[str], jitted: Any = None) -> StagingError:
+    text = str(e).strip()
+    # JAX appends a long "The stack trace below excludes JAX-internal frames" note; keep the message.
+    for marker in ("\n--------------------", "\nThe stack trace below excludes JAX-internal frames"):
+        if marker in text:
+            text = text.split(marker, 1)[0].rstrip()
+    lines = text.splitlines()
+    if len(lines) > 25:
+        text = "\n".join(lines[:25] + [f"... ({len(lines) - 25} more lines; --debug shows everything)"])
+    frame = user_frame(e, user_files)
+    if frame is None and jitted is not None:
+        # XLA fails below any Python frame of the user's (a compile error): point at the function.
+        frame = _definition(jitted)
+    what = describe_exception(e) if isinstance(e, SystemExit) else f"{type(e).__name__}: {text}"
+    message = f"{name}: {stage_name} failed: {what}"
+    oom = parse_out_of_memory(text) if stage_name == "compile" else None
+    if oom is not None:
+        return OutOfMemoryError(message, stage=stage_name, function=name, user_frame=frame, **oom)
+    return StagingError(message, stage=stage_name, function=name, user_frame=frame)
+
+
+_XLA_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+_OOM_REQUIRED = re.compile(r"required for (?P<what>[^()]+?) \((?P<need>[\d.]+)(?P<nu>[KMGTP]?)i?B?\) exceeds "
+                           r"available (?P<space>\w+) \((?P<have>[\d.]+)(?P<hu>[KMGTP]?)i?B?\)")
+_OOM_USED = re.compile(r"Used (?P<need>[\d.]+)(?P<nu>[KMGTP]?)i?B? of (?P<have>[\d.]+)(?P<hu>[KMGTP]?)i?B? "
+                       r"(?P<space>\w+)")
+
+
+def parse_out_of_memory(text: str) -> dict | None:
+    """The figures of XLA's "ran out of memory" compile error, or None when ``text`` is not one.
+
+    Two forms are read (XLA prints sizes with binary prefixes, ``15.75G`` = 15.75 GiB, rounded to
+    two decimals, so the bytes are to within 0.005 of the unit):
+
+    * libtpu 0.10.2 (checked with ``--topology v5e:2x4``): ``RESOURCE_EXHAUSTED: Ran out of memory on
+      HBM, the total memory required for HLO temporaries (18.00G) exceeds available HBM (15.75G).``
+    * XLA:TPU's ``Ran out of memory in memory space hbm. Used 20.26G of 15.48G hbm.``
+
+    Returns:
+      ``{needed_bytes, available_bytes, memory_space, what, xla_message}`` (figures None when
+      the message has none).
+    """
+    if "RESOURCE_EXHAUSTED" not in text or "out of memory" not in text.lower():
+        return None
+    start = text.find("RESOURCE_EXHAUSTED")
+    xla = text[start:].split("\n", 1)[0].strip()
+    m = _OOM_REQUIRED.search(text) or _OOM_USED.search(text)
+    if m is None:
+        return {"needed_bytes": None, "available_bytes": None, "memory_space": None, "what": None, "xla_message": xla}
+
+    def size(number: str, unit: str) -> int:
+        return int(round(float(number) * _XLA_UNITS[unit]))
+
+    groups = m.groupdict()
+    return {"needed_bytes": size(groups["need"], groups["nu"]), "available_bytes": size(groups["have"], groups["hu"]),
+            "memory_space": groups["space"].upper(), "what": (groups.get("what") or "").strip() or None,
+            "xla_message": xla}
