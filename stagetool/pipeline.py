@@ -708,7 +708,7 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
 
         capacity, source = _capacity(plan, setup)
         memory = out_of_memory_section(e, prep.inputs.leaves, dict(plan.mesh.axes), capacity_bytes=capacity,
-                                       capacity_source=source)
+                                       capacity_source=source, top=plan.top)
         rest = sorted(s.value for s in wanted - {Section.MEMORY, Section.LOWERED_TEXT})
         notes = (f"the compile ran out of memory: {e.xla_message}"
                  + (f"; {', '.join(rest)} need a compiled program and are not shown" if rest else ""),)

@@ -323,11 +323,19 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
                          timeline=timeline, timeline_peak=timeline_peak)
 
 
+REFUSED_PEAK_NOTE = ("buffers of the program XLA refused, from the dump XLA wrote before refusing it (its buffer "
+                     "assignment and live ranges, per device): XLA's figures for a program that was not compiled")
+"""The note on the peak table of a refused compile: what those buffers are."""
+
+
 def out_of_memory_section(error: Any, leaves: Any, axis_size: dict[str, int], *, capacity_bytes: int | None,
-                          capacity_source: str | None) -> MemorySection:
+                          capacity_source: str | None, top: int = 10) -> MemorySection:
     """:class:`MemorySection` of a compile that ran out of memory (a
     :class:`stagetool.core.errors.OutOfMemoryError`): "does not fit", with XLA's needed and
-    available bytes and the argument bytes known from the inputs' declared shardings."""
+    available bytes and the argument bytes known from the inputs' declared shardings. Where the
+    compile was taken with XLA's dump (``error.refused_dump``, a :class:`~stagetool.facts.PeakDump`),
+    ``peak`` lists the ``top`` largest buffers live at the peak of the refused program (shape, bytes,
+    op, source line; XLA's buffer assignment, labelled by :data:`REFUSED_PEAK_NOTE`)."""
     args, auto = declared_argument_bytes(leaves, axis_size)
     oom = OutOfMemory(error.needed_bytes, error.available_bytes, error.memory_space, error.what, error.xla_message,
                       args, auto)
@@ -338,7 +346,14 @@ def out_of_memory_section(error: Any, leaves: Any, axis_size: dict[str, int], *,
     verdict = fit_verdict(error.needed_bytes, capacity_bytes)
     if verdict.fits is not False:  # XLA said it does not fit, whatever figures its message carried
         verdict = dataclasses.replace(verdict, fits=False, reason="XLA's compile ran out of memory")
-    return MemorySection(record, capacity_bytes, capacity_source, verdict, (), (), None, oom)
+    peak = None
+    if error.refused_dump is not None:
+        from stagetool.analysis.peak import peak_report
+
+        peak = peak_report(error.refused_dump, top=top)
+        if not peak.reason:
+            peak = dataclasses.replace(peak, note=REFUSED_PEAK_NOTE + (f"; {peak.note}" if peak.note else ""))
+    return MemorySection(record, capacity_bytes, capacity_source, verdict, (), (), peak, oom)
 
 
 def _shape(x: LeafReport) -> str:

@@ -115,14 +115,18 @@ class OutOfMemoryError(StagingError):
       memory_space: the memory XLA named (``HBM``), or None.
       what: what XLA said it was sizing (``HLO temporaries``), or None.
       xla_message: XLA's message, without JAX's exception prefix.
+      refused_dump: the :class:`~stagetool.facts.PeakDump` XLA wrote before refusing (a compile with
+        XLA's dump: what is live at the peak of the program it refused), or None.
     """
 
     def __init__(self, message: str, *, stage: str, function: str, user_frame: str | None = None,
                  needed_bytes: int | None = None, available_bytes: int | None = None,
-                 memory_space: str | None = None, what: str | None = None, xla_message: str = ""):
+                 memory_space: str | None = None, what: str | None = None, xla_message: str = "",
+                 refused_dump: object | None = None):
         super().__init__(message, stage=stage, function=function, user_frame=user_frame)
         self.needed_bytes = needed_bytes
         self.available_bytes = available_bytes
         self.memory_space = memory_space
         self.what = what
         self.xla_message = xla_message
+        self.refused_dump = refused_dump

@@ -229,8 +229,12 @@ def memory_notes(m: Any, platform: str | None = None) -> list[tuple[str, str]]:
         out.append(("info", note))
     oom = getattr(m, "out_of_memory", None)
     if oom is not None:
+        over = ""
+        if oom.needed_bytes is not None and oom.available_bytes:
+            excess = oom.needed_bytes - oom.available_bytes
+            over = f", over by {format_bytes(excess)} ({format_percent(excess / oom.available_bytes)} of what it has)"
         out = [("over", f"DOES NOT FIT: the compile ran out of memory: XLA needs {format_bytes(oom.needed_bytes)} "
-                        f"and has {format_bytes(oom.available_bytes)} per device ({oom.xla_message})")]
+                        f"and has {format_bytes(oom.available_bytes)} per device{over} ({oom.xla_message})")]
         if oom.auto_leaves:
             out.append(("info", f"arguments count {len(oom.auto_leaves)} 'auto' leaves whole: "
                                 + ", ".join(oom.auto_leaves[:5]) + (" ..." if len(oom.auto_leaves) > 5 else "")))

@@ -360,7 +360,13 @@ def compile_with_dump(lowered: Any, compiler_options: dict | None = None) -> tup
     try:
         options = {**(compiler_options or {}), **DUMP_OPTIONS, "xla_dump_to": folder}
         start = time.perf_counter()
-        compiled = lowered.compile(options)
+        try:
+            compiled = lowered.compile(options)
+        except Exception as e:  # XLA refused it (out of memory): keep what it dumped before refusing
+            refused = refused_dump(folder, time.perf_counter() - start)
+            if refused is not None:
+                setattr(e, REFUSED_DUMP_ATTRIBUTE, refused)
+            raise
         seconds = time.perf_counter() - start
         module_text = compiled.as_text() or ""
         text, reason = read_live_range(folder, module_text)
@@ -370,6 +376,39 @@ def compile_with_dump(lowered: Any, compiler_options: dict | None = None) -> tup
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         cleanup.forget(token)
+
+
+REFUSED_DUMP_ATTRIBUTE = "stagetool_refused_dump"
+"""The attribute :func:`compile_with_dump` sets on the exception of a refused compile: the
+:class:`~stagetool.facts.PeakDump` XLA wrote before refusing (read back by :func:`_staging_error`)."""
+
+
+def refused_dump(folder: str, seconds: float | None) -> PeakDump | None:
+    """The :class:`~stagetool.facts.PeakDump` of a compile XLA refused, from what it wrote into the
+    ``xla_dump_to`` folder before refusing, or None when it wrote no live ranges.
+
+    XLA:TPU (libtpu 0.10.2, checked with ``--topology v5e:2x4``) runs buffer assignment before it
+    compares the total with the HBM and writes ``...after_optimizations.txt``, its ``.hlo.pb``,
+    ``-live-range.txt`` and ``-memory-usage-report.txt`` for the program it then refuses: the
+    buffers live at the peak of the program that does not fit, as XLA assigned them. The module
+    text is the ``<prefix>.txt`` beside the live-range file."""
+    import os
+
+    from stagetool.core import compat
+
+    found = compat.live_range_file(folder, "")
+    if found is None:
+        return None
+    path = os.path.join(folder, found[1] + ".txt")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        module_text = fh.read()
+    text, reason = read_live_range(folder, module_text)
+    if text is None:
+        return None
+    buffers, buffers_reason = read_buffer_assignment(folder, module_text)
+    return PeakDump(text, module_text, seconds, reason, buffers, buffers_reason, read_space_names(folder, module_text))
 
 
 def read_buffer_assignment(folder: str, module_text: str) -> tuple[BufferAssignment | None, str | None]:
@@ -447,7 +486,10 @@ def _staging_error(e: BaseException, stage_name: str, name: str, user_files: lis
     message = f"{name}: {stage_name} failed: {what}"
     oom = parse_out_of_memory(text) if stage_name == "compile" else None
     if oom is not None:
-        return OutOfMemoryError(message, stage=stage_name, function=name, user_frame=frame, **oom)
+        # set by compile_with_dump only on an exception it saw: absent on every other
+        refused = getattr(e, REFUSED_DUMP_ATTRIBUTE, None)
+        return OutOfMemoryError(message, stage=stage_name, function=name, user_frame=frame, refused_dump=refused,
+                                **oom)
     return StagingError(message, stage=stage_name, function=name, user_frame=frame)
 
 
