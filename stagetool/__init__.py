@@ -6,6 +6,11 @@ The Python API (the same report the CLI renders)::
 
     report = analyze(Options(target="examples/mlp.py:train_step", mesh="2x4"), [Section.SHARDINGS, Section.COST])
 
+The live function, in a notebook or a test (the same report, shown as HTML in Jupyter)::
+
+    report = stagetool.inspect(train_step, params, batch, mesh=mesh, topology="v5e:2x4")
+    report.memory, report.collectives, report.why(leaf="wq")
+
 Names are imported lazily, so ``import stagetool`` (and ``stagetool --help``) do not import JAX.
 """
 
@@ -22,6 +27,7 @@ _EXPORTS = {
     "analyze": "stagetool.pipeline",
     "staged_functions": "stagetool.pipeline",
     "devices_report": "stagetool.pipeline",
+    "inspect": "stagetool.live",
     "load_spec": "stagetool.spec.parse",
     "Report": "stagetool.report.model",
     "FunctionReport": "stagetool.report.model",

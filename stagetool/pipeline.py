@@ -208,8 +208,11 @@ def _cache_dir_problem(folder: Path) -> str | None:
     return write_problem(probe / "probe")
 
 
-def make_plan(options: Options) -> Plan:
+def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
     """Resolve every option and spec value into a :class:`Plan`, before any JAX work.
+
+    ``spec``: a spec built in Python (:func:`stagetool.inspect`: the live function and objects), used
+    instead of a spec file (``options.spec`` and ``options.target`` are then not read).
 
     Checks the spec, TARGET, ``--function``, ``--mesh``, ``--processes``, ``--dialect``, ``--chip``
     (against the built-in table and the spec's ``chips:``), ``--device-memory`` (a size above 0),
@@ -266,14 +269,17 @@ def make_plan(options: Options) -> Plan:
             why = write_problem(path)
             if why:
                 raise UsageError(f"{option} {path}: cannot write: {why}", hint="give a file in a folder you can write")
-    spec = None
+    given, spec = spec, None
     with problems.check():
-        spec_path = resolve_spec(options.spec, options.target)
-        if options.target:
-            from stagetool.inputs.target import split_target
+        if given is not None:
+            spec, spec_path = given, given.path
+        else:
+            spec_path = resolve_spec(options.spec, options.target)
+            if options.target:
+                from stagetool.inputs.target import split_target
 
-            split_target(options.target)  # a malformed TARGET is the first thing to say
-        spec = load_spec_with(spec_path, dict(options.variables))
+                split_target(options.target)  # a malformed TARGET is the first thing to say
+            spec = load_spec_with(spec_path, dict(options.variables))
     if spec is None:
         problems.raise_all()
     functions = list(spec.functions.values())
@@ -484,9 +490,11 @@ def provision_devices(plan: Plan) -> DeviceSetup:
 _SETUP_CACHE: dict[tuple, Any] = {}
 
 
-def prepare_inputs(plan: Plan, setup: DeviceSetup) -> dict[str, Prepared]:
+def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target] | None = None
+                   ) -> dict[str, Prepared]:
     """Load every function's target, build its abstract inputs, check its out_shardings and the
-    ``--explain`` patterns against its input leaves, before anything is lowered.
+    ``--explain`` patterns against its input leaves, before anything is lowered. ``targets``: by
+    function name, a target already loaded (:func:`stagetool.inspect`'s live function), not imported.
 
     Raises:
       SpecError: every spec problem of every function, at once (with the ``--explain`` problems, a
@@ -504,7 +512,7 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup) -> dict[str, Prepared]:
     for fspec in plan.functions:
         try:
             try:
-                target = load_target(fspec.target, base_dir=fspec.base_dir)
+                target = (targets or {}).get(fspec.name) or load_target(fspec.target, base_dir=fspec.base_dir)
             except TargetError as e:  # name the spec's line that asked for it
                 raise TargetError(f"{fspec.where('target')}: functions.{fspec.name}.target: {e.message}",
                                   hint=e.hint) from None

@@ -23,7 +23,7 @@ from stagetool.core.mesh import MeshSpec
 from stagetool.core.sharding import AUTO, REPLICATED, Sharding
 from stagetool.devices.provision import DeviceSetup, local_mesh_sizes
 from stagetool.inputs.target import load_target, user_frame
-from stagetool.spec.model import ArgSpec, CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule
+from stagetool.spec.model import ArgSpec, CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule, ValueSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +177,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
             return to_struct(tree, sharding, path, tree.loc, donated, None if unspecified else "spec")
         if isinstance(tree, InitSpec):
             return init_tree(tree, path, donated)
-        if isinstance(tree, RefSpec):
+        if isinstance(tree, (RefSpec, ValueSpec)):
             return ref_tree(tree, path, donated)
         if isinstance(tree, KeySpec):
             issues.append(f"{tree.loc}: {path}: key({tree.seed}) is a concrete key for init_args; "
@@ -228,10 +228,11 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
                              if k[0] == "built" else ("init", id(init), k[1]) for k in shared])
         return tree
 
-    def ref_tree(ref: RefSpec, path: str, donated: bool) -> Any:
+    def ref_tree(ref: RefSpec | ValueSpec, path: str, donated: bool) -> Any:
         from stagetool.inputs.frameworks.dispatch import is_ref
 
-        obj = load_target(ref.target, base_dir=fspec.base_dir, need_callable=False).fn
+        obj = ref.value if isinstance(ref, ValueSpec) else \
+            load_target(ref.target, base_dir=fspec.base_dir, need_callable=False).fn
         flat_obj = jax.tree_util.tree_leaves(obj)
         refs = [is_ref(x) for x in flat_obj]
 
@@ -1261,6 +1262,8 @@ def build_value(value: Any, fspec: FunctionSpec) -> Any:
         return build_call(value, fspec)
     if isinstance(value, RefSpec):
         return load_target(value.target, base_dir=fspec.base_dir, need_callable=False).fn
+    if isinstance(value, ValueSpec):
+        return value.value
     if isinstance(value, (list, tuple)):
         return type(value)(build_value(v, fspec) for v in value)
     if isinstance(value, dict):

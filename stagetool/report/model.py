@@ -130,6 +130,85 @@ class Report:
     functions: tuple[FunctionReport, ...]
     config: tuple[tuple[str, str], ...] = ()
 
+    # ---- one function's sections, shown where they are displayed (stagetool.inspect, notebooks)
+
+    def function(self, name: str | None = None) -> FunctionReport:
+        """The function ``name``, or the one function of a report that holds one.
+
+        Raises:
+          KeyError: no function of that name, or no name given and the report holds several.
+        """
+        if name is None and len(self.functions) == 1:
+            return self.functions[0]
+        found = [f for f in self.functions if f.name == name]
+        if not found:
+            raise KeyError(f"the report holds {', '.join(f.name for f in self.functions) or 'no function'}; "
+                           + ("name one" if name is None else f"not {name!r}"))
+        return found[0]
+
+    def _section(self, *fields: str) -> Any:
+        from stagetool.report.display import Shown, only
+
+        f = self.function()
+        value = getattr(f, fields[0]) if len(fields) == 1 else tuple(getattr(f, x) for x in fields)
+        return Shown(value, only(self, f, fields))
+
+    @property
+    def shardings(self) -> Any:
+        """``(inputs, outputs)``: each leaf's declared and compiled sharding (tuples of
+        :class:`LeafReport`), displayed as the report's layouts."""
+        return self._section("inputs", "outputs")
+
+    @property
+    def memory(self) -> Any:
+        """Per-device memory (:class:`~stagetool.analysis.sections.MemorySection`: XLA's
+        ``memory_analysis()`` figures in bytes per device), displayed alone."""
+        return self._section("memory")
+
+    @property
+    def collectives(self) -> Any:
+        """The compiled program's collectives (:class:`~stagetool.analysis.sections.CollectivesSection`),
+        displayed alone."""
+        return self._section("collectives")
+
+    @property
+    def cost(self) -> Any:
+        """XLA's cost analysis (:class:`~stagetool.analysis.sections.CostSection`: FLOPs and bytes per
+        device and for the whole program, a roofline estimate with a chip), displayed alone."""
+        return self._section("cost")
+
+    def why(self, leaf: str | None = None, *, line: str | None = None, collective: int | None = None) -> Any:
+        """``stagetool why``'s answer from this report's leaves and collectives (no staging again):
+        one of ``leaf`` (a key path as the shardings list it, its last part, or a regular
+        expression), ``line`` (``file.py:LINE``) or ``collective`` (its number, 1-based).
+
+        Returns the :class:`~stagetool.analysis.causes.WhyAnswer`, displayed alone.
+
+        Raises:
+          UsageError: none or several questions given, or a bad pattern.
+        """
+        from stagetool.analysis.causes import answer_why, why_query
+        from stagetool.report.display import Shown, only
+
+        f = self.function()
+        answer = answer_why(why_query(leaf, line, collective), f.inputs or (), f.outputs or (), f.collectives)
+        return Shown(answer, only(self, f, (), why=answer))
+
+    def __str__(self) -> str:
+        from stagetool.report.display import text
+
+        return text(self)
+
+    def _repr_html_(self) -> str:
+        from stagetool.report.display import notebook_html
+
+        return notebook_html(self)
+
+    def _repr_markdown_(self) -> str:
+        from stagetool.report.display import markdown
+
+        return markdown(self)
+
 
 def to_jsonable(obj: Any) -> Any:
     """Turn records into JSON values: dataclasses to objects (field order kept), shardings to JAX's

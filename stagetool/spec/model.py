@@ -73,6 +73,16 @@ class RefSpec:
     loc: Loc
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class ValueSpec:
+    """An object handed over from Python (:func:`stagetool.inspect`): staged as a :class:`RefSpec`'s
+    object is (its arrays' shapes, dtypes and shardings; Flax NNX/Linen and Equinox objects as they
+    are), without importing anything. ``loc`` is the caller's line."""
+
+    value: Any
+    loc: Loc
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """A sharding rule: the first rule whose ``pattern`` is found (``re.search``) in a leaf's key path wins.

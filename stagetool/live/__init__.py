@@ -1,0 +1,295 @@
+"""The live function: :func:`inspect` stages a function the caller holds, on the arguments it holds.
+
+The live objects are the plan's inputs: the function is the plan's loaded target, each argument a
+:class:`stagetool.spec.model.ValueSpec` (staged as a ``{ref:}`` object is: arrays become
+``jax.ShapeDtypeStruct``s with the shardings they carry, Flax NNX/Linen and Equinox objects as
+they are), and the pipeline (:func:`stagetool.pipeline.make_plan` → devices → inputs → stage →
+report) runs as it does for a spec file, so the report is the CLI's ``report``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from stagetool.core.errors import StagingError, UsageError
+from stagetool.core.location import Loc
+from stagetool.core.mesh import MeshSpec
+
+#: What :func:`inspect` computes from its one compile (``stagetool report``'s sections).
+SECTIONS = ("shardings", "collectives", "cost", "memory")
+
+
+@dataclasses.dataclass(frozen=True)
+class InspectOptions:
+    """The options of :func:`inspect` other than the function and its arguments (picklable: an
+    isolated run hands them to its worker).
+
+    Attributes mirror the CLI's: ``mesh`` (a :class:`MeshSpec`), ``platform``, ``topology``,
+    ``slices``, ``chip``, ``device_memory`` (``16GiB``), ``peak`` (record memory over time: XLA's
+    dump with the one compile), ``top``, ``explain`` (leaf patterns whose collectives to trace),
+    ``name`` (the function's name in the report), ``target`` (``file.py:qualname`` as the report
+    names it), ``loc`` (the caller's line, named in input errors), ``donate`` (positions or names),
+    ``static`` (static keyword values by name), ``out_shardings`` (a pytree of PartitionSpecs or
+    None).
+    """
+
+    mesh: MeshSpec
+    platform: str | None = None
+    topology: str | None = None
+    slices: int | None = None
+    chip: str | None = None
+    device_memory: str | None = None
+    peak: bool = True
+    top: int = 10
+    explain: tuple[str, ...] = ()
+    name: str = "fn"
+    target: str = "fn"
+    loc: Loc | None = None
+    donate: tuple[int | str, ...] = ()
+    static: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    out_shardings: Any = None
+
+
+def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str | None = None,
+            platform: str | None = None, slices: int | None = None, donate: int | str | Iterable[int | str] = (),
+            static: Mapping[str, Any] | Iterable[str] | None = None, out_shardings: Any = None,
+            chip: str | None = None, device_memory: str | None = None, peak: bool = True, top: int = 10,
+            explain: Iterable[str] = (), name: str | None = None, isolate: bool = False,
+            timeout_s: float | None = None, **kwargs: Any):
+    """Stage ``fn(*args, **kwargs)`` through ``jax.jit`` on a mesh and report what XLA does with it:
+    the :class:`stagetool.report.model.Report` of ``stagetool report`` (shardings, collectives,
+    cost, memory; one compile), which displays as the HTML report in a notebook.
+
+    Args:
+      fn: a function, or a ``jax.jit`` / ``nnx.jit`` / ``eqx.filter_jit`` wrapper (its own static
+        arguments, donation, in/out shardings and compiler options hold, as for a spec target).
+      args, kwargs: the arguments, as the function takes them: arrays (``jax.Array``, NumPy), which
+        are not computed on, only their shapes, dtypes and shardings read (a ``NamedSharding``'s
+        PartitionSpec is laid over this run's mesh by axis name); ``jax.ShapeDtypeStruct``s (with a
+        ``sharding=`` or not: then replicated, and the report says the sharding was unknown); Flax
+        NNX modules and optimizers, Linen parameter dicts, Equinox modules; Python numbers (traced
+        weakly typed, as ``jax.jit`` does) and other values (passed as they are). A keyword argument
+        whose name is one of this function's options must go in through ``functools.partial``.
+      mesh: a ``jax.sharding.Mesh`` (its axis names, sizes and types), ``"data=2,model=4"``, or a
+        ``{name: size}`` mapping; None: the mesh of the first argument with a ``NamedSharding``,
+        else one device.
+      topology: a compile-only target (``v5e:2x4``, ``h100:8``): no such device needed.
+      platform: ``cpu`` | ``gpu`` | ``tpu``; None: JAX's default backend.
+      slices: TPU slices of ``topology`` joined over DCN.
+      donate: positions or keyword names of donated arguments.
+      static: static keyword arguments: ``{name: value}``, or names of ``kwargs`` to treat as static.
+      out_shardings: a pytree of ``PartitionSpec`` (or None per output) for the outputs.
+      chip: a chip of the roofline table, for a step-time estimate (``stagetool chips``).
+      device_memory: per-device capacity such as ``16GiB``, else the device's or topology's.
+      peak: record memory over time (XLA's live-range dump with the one compile); the HTML report
+        draws it and lists the buffers live at the peak.
+      top: how many largest inputs and peak buffers to list.
+      explain: input leaves whose collectives to trace (key paths, their last part, or regexes).
+      name: the function's name in the report (default: its ``__name__``).
+      isolate: stage in a worker process of its own (:mod:`stagetool.process.workers`): a function
+        that exits or aborts its process cannot end the caller's, and is a :class:`StagingError`.
+        ``fn`` must then be importable by reference (a module-level function) and the arguments
+        must pickle once their arrays are replaced by shapes, dtypes and PartitionSpecs.
+      timeout_s: with ``isolate``, seconds the worker may take (default 1800).
+
+    Returns:
+      The :class:`~stagetool.report.model.Report` (one function); ``report.memory``,
+      ``report.collectives``, ``report.cost``, ``report.shardings`` and ``report.why(leaf=...)``
+      display their section alone.
+
+    Raises:
+      UsageError: a bad option (mesh, topology, chip, ...), before any trace (exit code 2 in the CLI).
+      SpecError: an argument's sharding does not fit its shape or names an axis the mesh lacks, a
+        donated or static name the function does not take (with the caller's line).
+      StagingError: JAX or XLA failed to trace, lower or compile (JAX's message and the user's
+        frame), the function raised or called ``sys.exit``, or (``isolate``) its process died or
+        timed out. A failure never gives a report.
+    """
+    options = _options(fn, args, kwargs, mesh=mesh, topology=topology, platform=platform, slices=slices,
+                       donate=donate, static=static, out_shardings=out_shardings, chip=chip,
+                       device_memory=device_memory, peak=peak, top=top, explain=explain, name=name,
+                       loc=_caller(sys._getframe(1)))
+    kwargs = {k: v for k, v in kwargs.items() if k not in options.static}
+    if isolate:
+        from stagetool.live.isolated import inspect_isolated
+
+        return inspect_isolated(fn, args, kwargs, options, timeout_s=timeout_s)
+    return inspect_here(fn, args, kwargs, options)
+
+
+def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: InspectOptions):
+    """:func:`inspect` in this process, with its options resolved (see :class:`InspectOptions`)."""
+    from stagetool.pipeline import Options, Section, assemble_report, make_plan, prepare_inputs, provision_devices, \
+        stage_and_analyse
+    from stagetool.spec.model import FunctionSpec, Spec
+
+    target = _target(fn, options)
+    fspec = FunctionSpec(options.name, options.target, tuple(_value(a, options.loc) for a in args),
+                         {k: _value(v, options.loc) for k, v in kwargs.items()}, dict(options.static),
+                         tuple(options.donate), _out_shardings(options.out_shardings), options.loc, Path.cwd())
+    spec = Spec(None, options.mesh, options.platform, options.topology, "global", {options.name: fspec})
+    plan = make_plan(Options(platform=options.platform, topology=options.topology, slices=options.slices,
+                             chip=options.chip, device_memory=options.device_memory, peak=options.peak,
+                             top=options.top, explain=tuple(options.explain)), spec=spec)
+    setup = provision_devices(plan)
+    prepared = prepare_inputs(plan, setup, targets={options.name: target})
+    wanted = frozenset(Section(s) for s in SECTIONS)
+    report = assemble_report("report", stage_and_analyse(plan, setup, prepared, wanted))
+    raise_failure(report)
+    return report
+
+
+def raise_failure(report: Any) -> None:
+    """Fail closed: a report whose function failed to stage is raised as a :class:`StagingError`."""
+    for f in report.functions:
+        if f.error is not None:
+            raise StagingError(f.error if f.error.startswith(f"{f.name}:") else f"{f.name}: {f.error}",
+                               stage="compile", function=f.name)
+
+
+def _options(fn: Any, args: tuple, kwargs: dict, *, mesh: Any, donate: Any, static: Any, name: str | None,
+             loc: Loc | None, **rest: Any) -> InspectOptions:
+    if not callable(fn):
+        raise UsageError(f"stagetool.inspect: the first argument is a {type(fn).__name__}, not a function",
+                         hint="pass the function (or its jax.jit wrapper), then its arguments")
+    if isinstance(donate, (int, str)):
+        donate = (donate,)
+    if static is None:
+        static = {}
+    elif not isinstance(static, Mapping):
+        names = [static] if isinstance(static, str) else list(static)
+        missing = [n for n in names if n not in kwargs]
+        if missing:
+            raise UsageError(f"stagetool.inspect: static={missing[0]!r} names no keyword argument given",
+                             hint="give its value as a keyword argument, or static={name: value}")
+        static = {n: kwargs[n] for n in names}
+    label = name or getattr(fn, "__name__", None) or getattr(getattr(fn, "fun", None), "__name__", None) or "fn"
+    return InspectOptions(mesh=_mesh_spec(mesh, args, kwargs), name=label, target=_target_text(fn, label), loc=loc,
+                          donate=tuple(donate), static=dict(static), explain=tuple(rest.pop("explain")), **rest)
+
+
+def _caller(frame: Any) -> Loc:
+    """The caller's ``file:line`` (a notebook cell's name as IPython gives it)."""
+    return Loc(frame.f_code.co_filename, frame.f_lineno, 1)
+
+
+def _underlying(fn: Any) -> Any:
+    """The Python function under jit wrappers (for its file and name)."""
+    seen = 0
+    while seen < 8:
+        inner = getattr(fn, "__wrapped__", None) or getattr(fn, "fun", None)
+        if inner is None or inner is fn:
+            return fn
+        fn, seen = inner, seen + 1
+    return fn
+
+
+def _target_text(fn: Any, label: str) -> str:
+    """How the report names the function: ``file.py:qualname`` for a function in a file (relative
+    to the working directory when below it), ``module:qualname`` otherwise (a notebook cell)."""
+    base = _underlying(fn)
+    qualname = getattr(base, "__qualname__", label)
+    code = getattr(base, "__code__", None)
+    file = code.co_filename if code is not None else None
+    if file and Path(file).is_file():
+        path = Path(file).resolve()
+        try:
+            path = path.relative_to(Path.cwd().resolve())
+        except ValueError:
+            pass
+        return f"{path}:{qualname}"
+    return f"{getattr(base, '__module__', None) or '__main__'}:{qualname}"
+
+
+def _target(fn: Any, options: InspectOptions) -> Any:
+    from stagetool.inputs.target import Target
+
+    code = getattr(_underlying(fn), "__code__", None)
+    return Target(options.target, fn, code.co_filename if code is not None else None,
+                  options.target.rpartition(":")[2])
+
+
+def _mesh_spec(mesh: Any, args: tuple, kwargs: dict) -> MeshSpec:
+    """The mesh as a :class:`MeshSpec` (see :func:`inspect`'s ``mesh``).
+
+    Raises:
+      UsageError: a mesh text that does not parse, or a value that is no mesh.
+    """
+    if mesh is None:
+        mesh = _first_mesh((args, kwargs))
+        if mesh is None:
+            return MeshSpec(())
+    if isinstance(mesh, MeshSpec):
+        return mesh
+    if isinstance(mesh, str):
+        from stagetool.core.mesh import parse_mesh_option
+
+        try:
+            return parse_mesh_option(mesh, MeshSpec(()))
+        except ValueError as e:
+            raise UsageError(f"stagetool.inspect: mesh={mesh!r}: {e}".replace("--mesh ", "")) from None
+    if isinstance(mesh, Mapping):
+        return MeshSpec(tuple((str(k), int(v)) for k, v in mesh.items()))
+    shape = getattr(mesh, "shape", None)
+    if isinstance(shape, Mapping):  # a jax.sharding.Mesh or AbstractMesh
+        types = {str(t).rpartition(".")[2].lower() for t in (getattr(mesh, "axis_types", None) or ())}
+        return MeshSpec(tuple((str(k), int(v)) for k, v in shape.items()),
+                        "explicit" if types == {"explicit"} else "auto")
+    raise UsageError(f"stagetool.inspect: mesh={mesh!r} is not a mesh",
+                     hint="give a jax.sharding.Mesh, 'data=2,model=4', or {'data': 2, 'model': 4}")
+
+
+def _first_mesh(tree: Any) -> Any:
+    """The mesh of the first leaf carrying a ``NamedSharding``, or None."""
+    import jax
+
+    for leaf in jax.tree_util.tree_leaves(tree):
+        mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
+        if mesh is not None and getattr(mesh, "shape", None):
+            return mesh
+    return None
+
+
+def _value(x: Any, loc: Loc | None) -> Any:
+    """One argument as the spec holds it: Python numbers and None as they are (traced as a spec's
+    numbers are), anything else a :class:`ValueSpec` (NumPy arrays as ``ShapeDtypeStruct``s, since a
+    ``{ref:}`` object's arrays are JAX arrays)."""
+    from stagetool.spec.model import ValueSpec
+
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return ValueSpec(_numpy_as_structs(x), loc or Loc("<inspect>", 0, 0))
+
+
+def _numpy_as_structs(x: Any) -> Any:
+    import jax
+    import numpy as np
+
+    leaves = jax.tree_util.tree_leaves(x)
+    if not any(isinstance(v, (np.ndarray, np.generic)) for v in leaves):
+        return x  # the object itself (NNX Variables keep their identity)
+    return jax.tree_util.tree_map(
+        lambda v: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype) if isinstance(v, (np.ndarray, np.generic))
+        else v, x)
+
+
+def _out_shardings(tree: Any) -> Any:
+    """``out_shardings`` as the spec holds them: each ``PartitionSpec`` a :class:`Sharding`."""
+    if tree is None:
+        return None
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from stagetool.core.sharding import Sharding, spec_dims
+
+    def one(s: Any) -> Any:
+        if isinstance(s, NamedSharding):
+            s = s.spec
+        if isinstance(s, PartitionSpec):
+            return Sharding("spec", spec_dims(s))
+        return s
+
+    return jax.tree_util.tree_map(one, tree, is_leaf=lambda s: isinstance(s, (PartitionSpec, NamedSharding)))

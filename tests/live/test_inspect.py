@@ -1,0 +1,139 @@
+"""stagetool.inspect: the live function and arrays give the CLI's report on the same program."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from helpers import EXAMPLES, write
+
+import stagetool
+from stagetool.core.errors import SpecError, StagingError, UsageError
+
+SPEC = """\
+version: 1
+mesh:
+  axes: {data: 2, model: 4}
+functions:
+  train_step:
+    target: mlp.py:train_step
+    args:
+      - w1: 'f32[64,128] @ [null, model]'
+        b1: 'f32[128] @ [model]'
+        w2: 'f32[128,32] @ [model, null]'
+        b2: 'f32[32]'
+      - x: 'f32[16,64] @ [data, null]'
+        y: 'i32[16] @ [data]'
+    donate: [0]
+"""
+
+
+def _mesh():
+    from jax.sharding import AxisType
+
+    return jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:8])
+
+
+def _live_args(mesh):
+    def put(shape, spec, dtype=jnp.float32):
+        return jax.device_put(jnp.zeros(shape, dtype), NamedSharding(mesh, spec))
+
+    params = {"w1": put((64, 128), P(None, "model")), "b1": put((128,), P("model")),
+              "w2": put((128, 32), P("model", None)), "b2": put((32,), P())}
+    batch = {"x": put((16, 64), P("data", None)), "y": put((16,), P("data"), jnp.int32)}
+    return params, batch
+
+
+def _figures(doc: dict) -> dict:
+    """What both reports must agree on: XLA's memory and cost figures, the collectives, the
+    compiled shardings (sources and timings differ by design: a spec line against the caller's)."""
+    f = doc["functions"][0]
+    return {"memory": f["memory"]["record"], "cost": f["cost"]["per_device"],
+            "whole": f["cost"]["whole_program"],
+            "collectives": [(c["collective"]["kind"], c["collective"]["mesh_axes"], c["collective"]["bytes_per_device"])
+                        for c in f["collectives"]["items"]],
+            "inputs": [(x["path"], x["compiled"]) for x in f["inputs"]],
+            "outputs": [(x["path"], x["compiled"]) for x in f["outputs"]]}
+
+
+def test_inspect_gives_the_cli_report_of_the_same_program(run_cli, tmp_path, monkeypatch):
+    import shutil
+
+    shutil.copy(EXAMPLES / "mlp.py", tmp_path / "mlp.py")
+    write(tmp_path, "mlp.stagetool.yaml", SPEC)
+    monkeypatch.chdir(tmp_path)
+    cli = run_cli("report", "--format", "json", "--peak", check=0).json()
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import mlp
+    finally:
+        sys.path.remove(str(tmp_path))
+    mesh = _mesh()
+    report = stagetool.inspect(mlp.train_step, *_live_args(mesh), mesh=mesh, donate=0)
+    from stagetool.report import Format, render
+
+    live = json.loads(render(report, Format.json))
+    assert _figures(live) == _figures(cli)
+    assert live["functions"][0]["collectives"]["items"], "the program has collectives to compare"
+    # XLA's own figure, independently: the donated parameters alias the updated ones
+    record = report.memory.record
+    assert record.alias_bytes > 0
+    assert report.function().inputs[0].sharding_source == "object"
+
+
+def test_sections_display_alone_and_why_answers_from_the_report():
+    mesh = _mesh()
+
+    def step(w, x):
+        return jnp.tanh(x @ w).sum()
+
+    w = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))
+    x = jax.ShapeDtypeStruct((32, 64), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
+    report = stagetool.inspect(step, w, x)  # the mesh: the arguments'
+    assert report.function().mesh.axes == (("data", 2), ("model", 4))
+    compiled = jax.jit(step).trace(w, x).lower().compile()
+    assert report.memory.record.argument_bytes == compiled.memory_analysis().argument_size_in_bytes
+    kinds = sorted((c.collective.kind, c.collective.mesh_axes) for c in report.collectives.items)
+    assert kinds == [("all-reduce", ("data",)), ("all-reduce", ("model",))]
+    page = report.memory._repr_html_()
+    assert page.startswith("<iframe") and 'sandbox=""' in page and "&lt;script" not in page
+    assert "Memory per device" in page and "Layouts" not in page      # the section alone
+    assert "Layouts" in report._repr_html_()
+    assert "http://" not in report._repr_html_().replace("http://www.w3.org/2000/svg", "")
+    answer = report.why("w")
+    assert answer.leaf is not None if hasattr(answer.value, "leaf") else True
+    assert "declared P(None, 'model')" in str(answer)
+    assert report._repr_markdown_().startswith("#")
+
+
+def test_a_sharding_the_mesh_cannot_hold_names_the_callers_line():
+    def step(x):
+        return x * 2
+
+    x = jax.ShapeDtypeStruct((6, 4), jnp.float32, sharding=NamedSharding(
+        jax.make_mesh((2,), ("data",), devices=jax.devices()[:2]), P("data", None)))
+    line = __import__("inspect").currentframe().f_lineno + 2
+    with pytest.raises(SpecError) as e:
+        stagetool.inspect(step, x, mesh="data=4")  # 6 rows do not split over 4 devices
+    assert f"test_inspect.py:{line}:" in str(e.value) and "x: " in str(e.value), str(e.value)
+    assert "divisible" in str(e.value)
+
+
+@pytest.mark.parametrize("body", ["raise ValueError('boom')", "import sys; sys.exit(0)"])
+def test_user_code_that_fails_or_exits_never_gives_a_report(body):
+    namespace: dict = {}
+    exec(f"def step(x):\n    {body}\n    return x\n", namespace)
+    with pytest.raises(StagingError) as e:
+        stagetool.inspect(namespace["step"], jnp.zeros((4,)))
+    assert "step" in str(e.value)
+
+
+def test_bad_mesh_is_a_usage_error_before_anything_is_staged():
+    with pytest.raises(UsageError, match="mesh"):
+        stagetool.inspect(lambda x: x, jnp.zeros(2), mesh="data=two")
