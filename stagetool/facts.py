@@ -243,6 +243,31 @@ class BackendResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class Interconnect:
+    """Where each device of the mesh sits, for timing its collectives (no JAX object inside).
+
+    Attributes:
+      platform: ``tpu``, ``gpu`` or ``cpu`` (the devices staged on; ``cpu`` for the CPU mesh).
+      mesh_names / mesh_sizes: the user's mesh axes, in mesh order.
+      device_coords: per mesh position (HLO partition id), the chip's torus coordinates
+        (``jax.Device.coords`` of a TPU device); None where the devices have none (GPU, CPU).
+      torus_shape: the TPU slice's chip grid (``(2, 4)`` for ``v5e:2x4``), or None.
+      process_of_device: per mesh position, its host (process) index.
+      slices: TPU slices joined over DCN (``--slices``); 1 otherwise.
+      cores_per_chip: devices per chip (TPU v2/v3 expose two), 1 elsewhere.
+    """
+
+    platform: str
+    mesh_names: tuple[str, ...]
+    mesh_sizes: tuple[int, ...]
+    device_coords: tuple[tuple[int, ...], ...] | None = None
+    torus_shape: tuple[int, ...] | None = None
+    process_of_device: tuple[int, ...] = ()
+    slices: int = 1
+    cores_per_chip: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
 class StagedFunction:
     """Everything analysis reads about one staged function (see the module docstring).
 

@@ -366,3 +366,31 @@ def dot_flops_lower_bound(module: HloModule) -> float:
             stack.extend(c.lstrip("%") for c in ins.called_computations)
     del counter
     return total
+
+
+def instruction_cost(module: HloModule, comp: HloComputation, ins: HloInstruction) -> Counted:
+    """FLOPs, transcendentals and bytes accessed of one top-level instruction of a scheduled
+    computation (a fusion counts what it computes inside and what it reads and writes), with XLA's
+    HloCostAnalysis rules as above; a ``while``/``conditional``/``call`` counts its callees (every
+    loop body once). Per device, per execution."""
+    return _Counter(module, {}, False).instruction(comp, ins, top=True)
+
+
+def matmul_dtype(module: HloModule, comp: HloComputation, ins: HloInstruction) -> str | None:
+    """The element type of the left operand of the first ``dot``/``convolution`` an instruction
+    runs (itself, or inside the fusion it calls), e.g. ``bf16``; None when it runs none."""
+    stack = [(comp, ins)]
+    seen: set[str] = set()
+    while stack:
+        c, i = stack.pop()
+        if i.opcode in ("dot", "convolution") or (i.opcode == "custom-call" and "cublas" in
+                                                   (i.attributes.get("custom_call_target") or "")):
+            lhs = _operand_shape(c, i.operands[0]) if i.operands else None
+            return lhs.dtype if isinstance(lhs, ArrayShape) else None
+        for name in i.called_computations:
+            name = name.lstrip("%")
+            callee = module.computation(name)
+            if callee is not None and name not in seen:
+                seen.add(name)
+                stack.extend((callee, x) for x in reversed(callee.instructions))
+    return None

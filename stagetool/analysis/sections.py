@@ -56,7 +56,8 @@ if TYPE_CHECKING:  # imported where used: only --chip and the peak buffers need 
     from stagetool.analysis.peak import PeakReport
     from stagetool.analysis.timeline import TimelinePeak, TimelinePoint
     from stagetool.analysis.roofline import RooflineEstimate
-    from stagetool.facts import Propagation
+    from stagetool.analysis.step_time import StepTimeEstimate
+    from stagetool.facts import Interconnect, Propagation
     from stagetool.core.chips import Chip
 
 
@@ -81,6 +82,10 @@ class CostSection:
         ``shard_map`` over all devices has its whole-program figures scaled from one shard's
         (``Lowered.cost_analysis()`` costs one shard); a partly manual one says which part is
         counted per shard.
+      step_time: the step-time estimate (:mod:`stagetool.analysis.step_time`: a range from
+        overlapped to serial, what bounds it, the top instructions) on ``step_chip``, or None
+        when there is no chip or no compiled module.
+      step_time_reason: why there is no step-time estimate, or None.
     """
 
     per_device: CostRecord
@@ -90,6 +95,8 @@ class CostSection:
     loop_trip_counts: tuple[int | None, ...] = ()
     loop_aware: LoopAwareCost | None = None
     scope_notes: tuple[str, ...] = ()
+    step_time: StepTimeEstimate | None = None
+    step_time_reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,14 +167,17 @@ class MemorySection:
 
 
 def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = None,
-                 dtype: str = "bf16", *, cpu: bool = False) -> CostSection:
+                 dtype: str = "bf16", *, cpu: bool = False, interconnect: Interconnect | None = None,
+                 step_chip: Chip | None = None) -> CostSection:
     """Build :class:`CostSection` from a staged function's facts (never raises on missing data).
 
     Whole program: ``Lowered.cost_analysis()``; per device: ``Compiled.cost_analysis()``, both as
     staging read them. ``dtype`` picks the chip's peak FLOP/s for the roofline (``bf16`` or
     ``f32``); the compiled module's loops give the trip counts. With ``cpu``, XLA:CPU's rolled
     random-number loops (:func:`stagetool.analysis.cpu_artefacts.rng_loops`) are kept out of the
-    loop-aware estimate (counted once) and shown apart (``loop_aware.apart``).
+    loop-aware estimate (counted once) and shown apart (``loop_aware.apart``). With ``interconnect``
+    and a chip (``step_chip``, else ``chip``), the step-time estimate
+    (:func:`stagetool.analysis.step_time.step_time`) is added.
     """
     text = facts.stablehlo_text
     whole = whole_program_cost(facts.whole_program_cost, program_text=text)
@@ -223,7 +233,29 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
         estimate = roofline(chip, flops_per_device=None if flops_suspect else flops,
                             bytes_accessed_per_device=None if bytes_suspect else moved, dtype=dtype,
                             flops_suspect=flops_suspect, bytes_suspect=bytes_suspect)
-    return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware, notes)
+    step, step_reason = _step_time(facts, per_device, step_chip or chip, interconnect, dict(loops))
+    return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware, notes,
+                       step, step_reason)
+
+
+def _step_time(facts: StagedFunction, per_device: CostRecord, chip: Chip | None, net: Interconnect | None,
+               trips: dict) -> tuple[StepTimeEstimate | None, str | None]:
+    """The step-time estimate of one function, or why there is none."""
+    module = facts.module
+    if net is None:
+        return None, None
+    if chip is None:
+        return None, ("no chip to time the step on: give --chip NAME (the CPU mesh, or a device the chip table "
+                      "does not know)")
+    if module is None:
+        return None, "no compiled module"
+    from stagetool.analysis.step_time import step_time
+
+    mesh = MeshAxes(net.mesh_names, net.mesh_sizes) if net.mesh_names else None
+    collectives = find_collectives(module, mesh, slices=net.slices)
+    optimal = per_device.extra_by_key().get("optimal_seconds")
+    xla = optimal.value if optimal is not None and optimal.value >= 0 else None
+    return step_time(module, chip, net, collectives, trips, xla_optimal_seconds=xla), None
 
 
 DERIVED_COST_SOURCE = ("derived: the compiled module counted with XLA's HloCostAnalysis rules "

@@ -47,6 +47,27 @@ class Chip:
       hbm_capacity_bytes: HBM capacity of one chip (bytes), or None.
       sources: the public pages the figures come from (``("user",)`` for user entries).
       note: how the figures were read (dense vs sparse, units).
+      peak_flops_per_second_fp8 / peak_flops_per_second_int8: dense FP8 / INT8 matrix FLOP/s (OP/s)
+        of one chip, or None where the chip has no such unit published.
+      ici_bandwidth_bytes_per_second_per_link: TPU ICI, bytes/s one link carries in ONE direction.
+      ici_links_per_chip: TPU ICI links of one chip (2 per torus dimension).
+      ici_torus_dims: 2 (v5e, v6e) or 3 (v4, v5p).
+      ici_wraparound_multiple: a slice axis whose size is a multiple of this wraps around (a ring);
+        shorter axes are lines (v4/v5p: 4, full cubes through the optical switches; v5e/v6e: 16,
+        only the full pod's axes).
+      nvlink_bandwidth_bytes_per_second: GPU NVLink, bytes/s one GPU sends in ONE direction over
+        all its links (half NVIDIA's bidirectional figure).
+      gpus_per_host: GPUs that share one NVLink domain (an HGX/DGX board: 8).
+      dcn_bandwidth_bytes_per_second: bytes/s one chip sends in one direction between slices (TPU
+        DCN) or between hosts (the GPU host network: one NIC per GPU).
+      collective_latency_seconds: fixed cost of one collective on ICI / NVLink (seconds).
+      dcn_latency_seconds: fixed cost of one collective over DCN / the host network (seconds).
+      kernel_launch_seconds: GPU cost per kernel launched (seconds); None (0) on TPU, whose program
+        runs as one executable.
+      provenance: ``(field, kind, source)`` per figure of a built-in chip: kind ``published`` (the
+        vendor's number as printed), ``derived`` (arithmetic on published numbers, said in the
+        source text) or ``assumption`` (no vendor figure: a typical value, said why); ``user`` for
+        a figure a ``chips:`` entry gave. A figure with no entry is the user's on a user chip.
     """
 
     name: str
@@ -56,12 +77,59 @@ class Chip:
     hbm_capacity_bytes: int | None
     sources: tuple[str, ...]
     note: str = ""
+    peak_flops_per_second_fp8: float | None = None
+    peak_flops_per_second_int8: float | None = None
+    ici_bandwidth_bytes_per_second_per_link: float | None = None
+    ici_links_per_chip: int | None = None
+    ici_torus_dims: int | None = None
+    ici_wraparound_multiple: int | None = None
+    nvlink_bandwidth_bytes_per_second: float | None = None
+    gpus_per_host: int | None = None
+    dcn_bandwidth_bytes_per_second: float | None = None
+    collective_latency_seconds: float | None = None
+    dcn_latency_seconds: float | None = None
+    kernel_launch_seconds: float | None = None
+    provenance: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def is_tpu(self) -> bool:
+        """True for a TPU (ICI torus figures), False for a GPU or an unknown user chip."""
+        return self.ici_links_per_chip is not None or self.name.startswith("tpu")
+
+    def peak_for(self, dtype: str) -> float | None:
+        """Peak matrix FLOP/s of one chip for an HLO element type of a dot's operands.
+
+        ``bf16``/``f16`` → the bf16 peak; ``f8e4m3fn``-style types → the fp8 peak (else bf16);
+        ``s8``/``u8`` → int8 (else bf16); ``f32``/``f64`` → the f32 peak where published, else the
+        bf16 one (a TPU runs an f32 matmul at default precision as bf16 passes on the MXU).
+        """
+        if dtype.startswith("f8"):
+            return self.peak_flops_per_second_fp8 or self.peak_flops_per_second_bf16
+        if dtype in ("s8", "u8", "s4", "u4"):
+            return self.peak_flops_per_second_int8 or self.peak_flops_per_second_bf16
+        if dtype in ("f32", "f64", "c64", "c128"):
+            return self.peak_flops_per_second_f32 or self.peak_flops_per_second_bf16
+        return self.peak_flops_per_second_bf16
+
+    def figure_kind(self, field: str) -> str:
+        """``published``, ``derived``, ``assumption`` or ``user`` for one figure (see ``provenance``)."""
+        for f, kind, _ in self.provenance:
+            if f == field:
+                return kind
+        return "user" if self.sources == ("user",) or getattr(self, field) is not None else "unknown"
+
+    def figure_source(self, field: str) -> str | None:
+        """Where one figure comes from (the provenance text), or None."""
+        for f, _, src in self.provenance:
+            if f == field:
+                return src
+        return None
 
 
 _A100_PDF = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
              "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
 
-CHIPS: dict[str, Chip] = {
+_BASE: dict[str, Chip] = {
     c.name: c for c in (
         Chip("tpu-v4", 275 * _T, None, 1200 * _G, 32 * _GIB, ("https://cloud.google.com/tpu/docs/v4",),
              "bf16 275 TFLOPs; HBM2 32 GiB, 1200 GBps per chip"),
@@ -90,6 +158,105 @@ CHIPS: dict[str, Chip] = {
              "dense; FP32 600 TFLOPS -> 75; 64 TB/s -> 8 TB/s; 1,440 GB -> 180 GB"),
     )
 }
+
+_SCALING_BOOK = "https://jax-ml.github.io/scaling-book/tpus/"
+_TPU_LATENCY = ("collective_latency_seconds", "assumption",
+                "no published figure; ~1 µs per ICI hop (" + _SCALING_BOOK + ") and a few hops of setup: 5 µs")
+_DCN_LATENCY = ("dcn_latency_seconds", "assumption", "no published figure; a data-center network round trip: 25 µs")
+_NCCL_LATENCY = ("collective_latency_seconds", "assumption",
+                 "no published figure; NCCL's small-message all-reduce inside one NVLink host: ~10 µs")
+_IB_LATENCY = ("dcn_latency_seconds", "assumption", "no published figure; InfiniBand between hosts: ~20 µs")
+_LAUNCH = ("kernel_launch_seconds", "assumption",
+           "no published figure; a CUDA kernel launch (stream or graph) costs a few µs: 4 µs")
+_HOST8 = ("gpus_per_host", "assumption", "an HGX/DGX board: 8 GPUs on one NVLink switch domain")
+
+
+def _tpu(name, *, link, links, dims, wrap, dcn, int8=None, fp8=None, prov=()):
+    base = _BASE[name]
+    kinds = ((("ici_links_per_chip", "published" if links else "assumption", f"{links} ICI ports per chip"),
+              ("ici_torus_dims", "published", f"{dims}-D torus"), _TPU_LATENCY, _DCN_LATENCY) + tuple(prov))
+    return dataclasses.replace(
+        base, peak_flops_per_second_int8=int8, peak_flops_per_second_fp8=fp8,
+        ici_bandwidth_bytes_per_second_per_link=link, ici_links_per_chip=links, ici_torus_dims=dims,
+        ici_wraparound_multiple=wrap, dcn_bandwidth_bytes_per_second=dcn, collective_latency_seconds=5e-6,
+        dcn_latency_seconds=25e-6, provenance=_peaks(base) + kinds)
+
+
+def _gpu(name, *, nvlink, host_net, fp8, int8, prov):
+    base = _BASE[name]
+    return dataclasses.replace(
+        base, peak_flops_per_second_fp8=fp8, peak_flops_per_second_int8=int8,
+        nvlink_bandwidth_bytes_per_second=nvlink, gpus_per_host=8, dcn_bandwidth_bytes_per_second=host_net,
+        collective_latency_seconds=10e-6, dcn_latency_seconds=20e-6, kernel_launch_seconds=4e-6,
+        provenance=_peaks(base) + (_HOST8, _NCCL_LATENCY, _IB_LATENCY, _LAUNCH) + tuple(prov))
+
+
+def _peaks(base: Chip) -> tuple[tuple[str, str, str], ...]:
+    src = base.sources[0]
+    out = [(f, "published", f"{src}: {base.note}") for f in
+           ("peak_flops_per_second_bf16", "hbm_bandwidth_bytes_per_second", "hbm_capacity_bytes")]
+    if base.peak_flops_per_second_f32 is not None:
+        out.append(("peak_flops_per_second_f32", "published", f"{src}: {base.note}"))
+    return tuple(out)
+
+
+_V5E, _V5P, _V6E, _V4 = (f"https://cloud.google.com/tpu/docs/{v}" for v in ("v5e", "v5p", "v6e", "v4"))
+_H100_NET = ("https://www.nvidia.com/en-us/data-center/dgx-h100/: 8x ConnectX-7 400 Gb/s, one per GPU "
+             "-> 50 GB/s per GPU each way")
+CHIPS: dict[str, Chip] = {c.name: c for c in (
+    _tpu("tpu-v4", link=45 * _G, links=6, dims=3, wrap=4, dcn=6.25 * _G, int8=275 * _T, prov=(
+        ("ici_bandwidth_bytes_per_second_per_link", "assumption", _SCALING_BOOK + ": ~4.5e10 B/s one way per link"),
+        ("ici_wraparound_multiple", "assumption", _SCALING_BOOK + ": axes of full 4-chip cubes wrap around (OCS)"),
+        ("dcn_bandwidth_bytes_per_second", "assumption", "v5p's published 50 Gbps per chip taken for v4"),
+        ("peak_flops_per_second_int8", "published", _V4 + ": 275 TOPS int8"))),
+    _tpu("tpu-v5e", link=50 * _G, links=4, dims=2, wrap=16, dcn=3.125 * _G, int8=393 * _T, prov=(
+        ("ici_bandwidth_bytes_per_second_per_link", "derived",
+         _V5E + ": bidirectional ICI 400 GBps per chip over 4 ports -> 50 GB/s per link each way"),
+        ("ici_wraparound_multiple", "assumption", _SCALING_BOOK + ": only the full 16x16 pod's axes wrap around"),
+        ("dcn_bandwidth_bytes_per_second", "derived", _V5E + ": 6.4 Tbps DCN per 256-chip pod -> 25 Gbps per chip"),
+        ("peak_flops_per_second_int8", "published", _V5E + ": 393 TOPS int8"))),
+    _tpu("tpu-v5p", link=100 * _G, links=6, dims=3, wrap=4, dcn=6.25 * _G, int8=918 * _T, fp8=459 * _T, prov=(
+        ("ici_bandwidth_bytes_per_second_per_link", "derived",
+         _V5P + ": bidirectional ICI 1200 GBps per chip over 6 links -> 100 GB/s per link each way"),
+        ("ici_wraparound_multiple", "assumption", _SCALING_BOOK + ": axes of full 4-chip cubes wrap around (OCS)"),
+        ("dcn_bandwidth_bytes_per_second", "published", _V5P + ": DCN 50 Gbps per chip"),
+        ("peak_flops_per_second_int8", "assumption", "2x the bf16 peak, as on v5e/v6e"),
+        ("peak_flops_per_second_fp8", "published", _V5P + ": FP8 459 TFLOPs (the bf16 rate)"))),
+    _tpu("tpu-v6e", link=100 * _G, links=4, dims=2, wrap=16, dcn=12.5 * _G, int8=1836 * _T, prov=(
+        ("ici_bandwidth_bytes_per_second_per_link", "derived",
+         _V6E + ": bidirectional ICI 800 GBps per chip over 4 ports -> 100 GB/s per link each way"),
+        ("ici_wraparound_multiple", "assumption", _SCALING_BOOK + ": only the full 16x16 pod's axes wrap around"),
+        ("dcn_bandwidth_bytes_per_second", "derived", _V6E + ": 25.6 Tbps DCN per 256-chip pod -> 100 Gbps per chip"),
+        ("peak_flops_per_second_int8", "published", _V6E + ": 1836 TOPS int8"))),
+    *(_gpu(n, nvlink=300 * _G, host_net=25 * _G, fp8=None, int8=624 * _T, prov=(
+        ("nvlink_bandwidth_bytes_per_second", "derived", _A100_PDF + ": NVLink 600 GB/s (bidirectional) -> 300 each way"),
+        ("dcn_bandwidth_bytes_per_second", "published",
+         "https://www.nvidia.com/en-us/data-center/dgx-a100/: 8x 200 Gb/s HDR InfiniBand, one per GPU -> 25 GB/s"),
+        ("peak_flops_per_second_int8", "derived", _A100_PDF + ": INT8 1248 TOPS with sparsity -> 624 dense")))
+      for n in ("a100-40gb", "a100-80gb")),
+    *(_gpu(n, nvlink=450 * _G, host_net=50 * _G, fp8=1979 * _T, int8=1979 * _T, prov=(
+        ("nvlink_bandwidth_bytes_per_second", "derived",
+         f"https://www.nvidia.com/en-us/data-center/{'h200' if n == 'h200' else 'h100'}/: NVLink 900 GB/s "
+         "(bidirectional) -> 450 each way"),
+        ("dcn_bandwidth_bytes_per_second", "published", _H100_NET),
+        ("peak_flops_per_second_fp8", "derived", "FP8 tensor core 3,958 TFLOPS with sparsity -> 1,979 dense"),
+        ("peak_flops_per_second_int8", "derived", "INT8 tensor core 3,958 TOPS with sparsity -> 1,979 dense")))
+      for n in ("h100-sxm", "h200")),
+    _gpu("h100-pcie", nvlink=300 * _G, host_net=50 * _G, fp8=1513 * _T, int8=1513 * _T, prov=(
+        ("nvlink_bandwidth_bytes_per_second", "derived",
+         "https://www.nvidia.com/en-us/data-center/h100/: PCIe NVLink bridge 600 GB/s -> 300 each way"),
+        ("dcn_bandwidth_bytes_per_second", "assumption", "one 400 Gb/s NIC per GPU, as in a DGX H100"),
+        ("peak_flops_per_second_fp8", "derived", "FP8 3,026 TFLOPS with sparsity -> 1,513 dense"),
+        ("peak_flops_per_second_int8", "derived", "INT8 3,026 TOPS with sparsity -> 1,513 dense"))),
+    _gpu("b200", nvlink=900 * _G, host_net=50 * _G, fp8=4500 * _T, int8=4500 * _T, prov=(
+        ("nvlink_bandwidth_bytes_per_second", "derived",
+         "https://www.nvidia.com/en-us/data-center/dgx-b200/: NVLink 14.4 TB/s per 8 GPUs -> 1.8 TB/s per GPU, "
+         "900 GB/s each way"),
+        ("dcn_bandwidth_bytes_per_second", "published",
+         "https://www.nvidia.com/en-us/data-center/dgx-b200/: 8x ConnectX-7 400 Gb/s -> 50 GB/s per GPU"),
+        ("peak_flops_per_second_fp8", "derived", "DGX B200 FP8 72 PFLOPS with sparsity -> 4.5 PFLOPS dense per GPU"),
+        ("peak_flops_per_second_int8", "assumption", "the FP8 rate"))),
+)}
 """The built-in table, keyed by lower-case chip name."""
 
 _DEVICE_KIND_HINTS = (
@@ -101,7 +268,14 @@ _DEVICE_KIND_HINTS = (
 )
 
 _NUMERIC_FIELDS = ("peak_flops_per_second_bf16", "peak_flops_per_second_f32",
-                   "hbm_bandwidth_bytes_per_second", "hbm_capacity_bytes")
+                   "hbm_bandwidth_bytes_per_second", "hbm_capacity_bytes",
+                   "peak_flops_per_second_fp8", "peak_flops_per_second_int8",
+                   "ici_bandwidth_bytes_per_second_per_link", "ici_links_per_chip", "ici_torus_dims",
+                   "ici_wraparound_multiple", "nvlink_bandwidth_bytes_per_second", "gpus_per_host",
+                   "dcn_bandwidth_bytes_per_second", "collective_latency_seconds", "dcn_latency_seconds",
+                   "kernel_launch_seconds")
+_INT_FIELDS = frozenset({"hbm_capacity_bytes", "ici_links_per_chip", "ici_torus_dims", "ici_wraparound_multiple",
+                         "gpus_per_host"})
 CHIP_FIELDS = (*_NUMERIC_FIELDS, "sources", "note")
 
 
@@ -162,7 +336,7 @@ def _number(value: Any, field: str, where: str, issues: list[str]) -> float | in
     if not math.isfinite(value) or value <= 0:
         issues.append(f"{where}.{field}: must be a positive finite number, got {value!r}")
         return None
-    return int(value) if field == "hbm_capacity_bytes" else float(value)
+    return int(value) if field in _INT_FIELDS else float(value)
 
 
 def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None) -> dict[str, Chip]:
@@ -170,7 +344,8 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
 
     Args:
       user: ``{name: {field: value, ...}}``. Fields: ``peak_flops_per_second_bf16``,
-        ``peak_flops_per_second_f32``, ``hbm_bandwidth_bytes_per_second`` (positive numbers),
+        ``peak_flops_per_second_f32``, ``hbm_bandwidth_bytes_per_second`` and every other figure
+        of :class:`Chip` (ICI/NVLink/DCN bandwidths, links, latencies: positive numbers),
         ``hbm_capacity_bytes`` (a positive number or a size string like ``"16GiB"``),
         ``sources`` (a string or list of strings), ``note`` (a string). An entry for a known
         chip overrides only the fields it gives; a new chip needs at least one figure.
@@ -216,6 +391,9 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
             else:
                 issues.append(f"{where}.note: expected a string")
         if name in table:
+            given = {f for f in values if f in _NUMERIC_FIELDS}
+            kept = tuple(p for p in table[name].provenance if p[0] not in given)
+            values["provenance"] = kept + tuple((f, "user", f"{where}.{f}") for f in sorted(given))
             table[name] = dataclasses.replace(table[name], **values)
         else:
             if not any(values.get(f) is not None for f in _NUMERIC_FIELDS):

@@ -12,6 +12,7 @@ from typing import Any
 
 from stagetool.core.errors import UsageError
 from stagetool.core.mesh import MeshSpec
+from stagetool.facts import Interconnect
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 
@@ -287,3 +288,23 @@ def device_capacity(device: Any) -> Capacity:
     if limit is None:
         return Capacity(None, None, "memory_stats() has no 'bytes_limit'")
     return Capacity(int(limit), "jax.Device.memory_stats()['bytes_limit']")
+
+
+def interconnect_of(setup: DeviceSetup) -> Interconnect:
+    """Where each mesh device sits, as the JAX-free record the step-time estimate reads.
+
+    On TPU, each device's chip coordinates (``jax.Device.coords``) in mesh order (= HLO partition
+    ids) and the slice's chip grid (the coordinates' extent over the first slice's devices); on GPU
+    and CPU no coordinates, the host (process) of each device.
+    """
+    names = tuple(str(n) for n in setup.mesh.axis_names)
+    sizes = tuple(int(s) for s in setup.mesh.devices.shape)
+    coords = torus = None
+    if setup.platform == "tpu" and setup.devices and all(hasattr(d, "coords") for d in setup.devices):
+        coords = tuple(tuple(int(c) for c in d.coords) for d in setup.devices)
+        first = [c for c, s in zip(coords, setup.slice_of_device or (0,) * len(coords)) if s == 0] or list(coords)
+        torus = tuple(max(c[i] for c in first) - min(c[i] for c in first) + 1 for i in range(len(first[0])))
+    chips = {(s, c) for s, c in zip(setup.slice_of_device or (0,) * len(coords), coords)} if coords else set()
+    per_chip = max(1, len(setup.devices) // len(chips)) if chips else 1
+    return Interconnect(setup.platform, names, sizes, coords, torus, tuple(setup.process_of_device), setup.slices,
+                        per_chip)

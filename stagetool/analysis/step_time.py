@@ -1,0 +1,528 @@
+"""How long one step takes on one device: an ESTIMATE with its range, from the compiled module.
+
+Input: the parsed compiled (partitioned, scheduled) module of one device, the chip's figures
+(:class:`stagetool.core.chips.Chip`), where the devices sit (:class:`stagetool.facts.Interconnect`)
+and the module's collectives (:func:`stagetool.analysis.collectives.find_collectives`). No JAX.
+
+The model, per instruction of the schedule (the order XLA printed, which is its schedule):
+
+* **compute**: an instruction that computes (fusion, dot, convolution, custom call, element-wise,
+  reduce...) takes ``max(FLOPs / peak, bytes / HBM bandwidth)``: FLOPs and bytes accessed counted
+  with XLA's HloCostAnalysis rules (:func:`stagetool.analysis.loops.instruction_cost`), the peak
+  of the element type of the matrix unit's operands (:meth:`Chip.peak_for`; element-wise work at
+  the same peak, which is optimistic but such work is bound by bytes), plus the chip's
+  ``kernel_launch_seconds`` per kernel on a GPU. A ``while`` body counts × its trip count, a
+  ``conditional`` its costliest branch.
+* **collectives**: ``latency + bytes × algorithm factor / bandwidth``, with the factor of a ring
+  (n devices in the group; ``bytes`` the per-device result): all-reduce ``2(n−1)/n``, all-gather
+  and all-to-all ``(n−1)/n``, reduce-scatter ``n−1`` (its result is the shard), permute and
+  broadcast ``1``. The bandwidth is the link class the replica groups span: on TPU, the ICI links
+  of each torus dimension the group's devices differ in (one link each way per dimension, both
+  directions used when the dimension wraps around — the whole axis of a full pod/cube — and one
+  when it is a line; the dimensions' bandwidths add); between slices, the chip's DCN; on GPU,
+  NVLink when the group sits in one host (``gpus_per_host``), else the host network (one NIC per
+  GPU). A DCN transfer (XLA's megascale ``send``) moves its bytes once.
+* **overlap**: an asynchronous collective (``-start``/``-done``, an ``async-start`` wrapper, or
+  XLA:TPU's start/continuation/done fusions) runs on a communication queue while the instructions
+  scheduled between its start and its done compute; the done waits for it. Collectives share one
+  queue, in issue order. This gives three figures: **overlapped** (every asynchronous collective
+  hidden behind compute: ``max(compute + synchronous collectives, all collectives)``), **schedule**
+  (the wait the schedule itself implies), and **serial** (nothing overlaps: compute + all
+  collectives).
+
+What bounds the step is the part of the schedule figure that is largest: compute (FLOP-bound
+instructions), memory bandwidth (byte-bound instructions), kernel launches, the exposed time of
+one link class (``ICI (data)``: the ICI of the collectives over mesh axis ``data``; ``DCN``;
+``NVLink``; ``host network``) or exposed latency (many small collectives).
+
+It assumes a program alone on its devices, every figure at its peak, no host work, no
+contention between collectives on shared links, and XLA's printed schedule: real steps take
+longer (``bench/bench_step_time.py`` measures how much).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from stagetool.analysis.collectives import Collective, program_frames
+from stagetool.analysis.loops import instruction_cost, matmul_dtype
+from stagetool.core.chips import Chip
+from stagetool.facts import Interconnect
+from stagetool.hlo.parser import HloComputation, HloInstruction, HloModule
+
+__all__ = ["CollectiveTime", "InstructionTime", "StepTimeEstimate", "algorithm_factor", "collective_time",
+           "step_time"]
+
+_FREE = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "opt-barrier",
+                   "partition-id", "replica-id", "iota", "add-dependency", "domain", "copy-start", "copy-done",
+                   "async-update", "send-done", "recv-done", "recv"})
+_CONTROL = frozenset({"while", "conditional", "call"})
+_NO_KERNEL = frozenset({"copy-start", "send"})
+_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute",
+          "collective-broadcast")
+
+COMPUTE, MEMORY, LAUNCH, LATENCY = "compute", "memory bandwidth", "kernel launch", "latency"
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveTime:
+    """The estimated time of one collective, per execution (an estimate).
+
+    Attributes:
+      name / kind: the collective's HLO instruction and kind (:class:`Collective`).
+      link: ``ICI``, ``DCN``, ``NVLink`` or ``host network``.
+      mesh_axes: the mesh axes its groups span (None: not matched).
+      group_size: devices per group (n).
+      bytes_per_device: the per-device result buffer (bytes).
+      factor: the algorithm's bytes moved per device ÷ ``bytes_per_device``.
+      bandwidth_bytes_per_second: the bandwidth one device drives for it (bytes/s), or None.
+      latency_seconds: the fixed cost (seconds).
+      seconds: ``latency + bytes × factor / bandwidth``.
+      executions: times it runs per step (loop trip counts multiplied; 1 when unknown).
+      is_async: overlaps with the compute scheduled between its start and done.
+      torus: on TPU, ``(dimension, chips along it, ring|line)`` per torus dimension it spans.
+    """
+
+    name: str
+    kind: str
+    link: str
+    mesh_axes: tuple[str, ...] | None
+    group_size: int
+    bytes_per_device: int
+    factor: float
+    bandwidth_bytes_per_second: float | None
+    latency_seconds: float
+    seconds: float
+    executions: int
+    is_async: bool
+    torus: tuple[tuple[int, int, str], ...] = ()
+
+    @property
+    def category(self) -> str:
+        """The link class with its mesh axes (``ICI (data)``), the stacked bar's label."""
+        return f"{self.link} ({', '.join(self.mesh_axes)})" if self.mesh_axes else self.link
+
+
+@dataclasses.dataclass(frozen=True)
+class InstructionTime:
+    """One instruction's estimated time over the step (an estimate).
+
+    Attributes:
+      name / opcode / computation: the HLO instruction and where it sits.
+      seconds: per execution (seconds); ``total_seconds`` = × ``executions`` (loop trip counts).
+      flops / bytes_accessed: per execution (FLOPs, bytes), 0 for a collective.
+      bound: ``compute``, ``memory bandwidth`` or the collective's link class.
+      op_name: JAX's op name path, or None.
+      source: ``file:line`` of the user's code, or None.
+    """
+
+    name: str
+    opcode: str
+    computation: str
+    seconds: float
+    executions: int
+    total_seconds: float
+    flops: float
+    bytes_accessed: float
+    bound: str
+    op_name: str | None
+    source: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimeEstimate:
+    """One device's step time on ``chip``: an ESTIMATE, as a range (see the module docstring).
+
+    Attributes:
+      chip: the chip table's name.
+      overlapped_seconds / schedule_seconds / serial_seconds: the range, low to high, with the
+        schedule's figure between (seconds per step).
+      compute_seconds: Σ over computing instructions of ``max(FLOPs/peak, bytes/bandwidth)`` (+ launch).
+      collective_seconds: Σ of every collective's time (hidden or not).
+      parts: ``(category, seconds)`` of the schedule figure, largest first: ``compute``, ``memory
+        bandwidth``, ``kernel launch``, each link class's exposed transfer time, exposed ``latency``;
+        they add up to ``schedule_seconds``.
+      bound: the largest part's category.
+      top: the instructions that take longest over the step, longest first.
+      collectives: every collective's time, in schedule order (each once).
+      flops: FLOPs of one step on one device, loop bodies × trip counts (counted from the module).
+      mfu: ``flops / (schedule_seconds × the chip's bf16 peak)``, or None.
+      xla_optimal_seconds: XLA:TPU's own ``optimal_seconds`` from ``Compiled.cost_analysis()``
+        (XLA's figure), or None where the backend gives none.
+      assumptions: what the figures assume, one sentence each.
+      reason: why a part is missing (unknown trip counts, no bandwidth for a link), or None.
+      label: always ``"estimate"``.
+    """
+
+    chip: str
+    overlapped_seconds: float
+    schedule_seconds: float
+    serial_seconds: float
+    compute_seconds: float
+    collective_seconds: float
+    parts: tuple[tuple[str, float], ...]
+    bound: str
+    top: tuple[InstructionTime, ...]
+    collectives: tuple[CollectiveTime, ...]
+    flops: float
+    mfu: float | None
+    xla_optimal_seconds: float | None
+    assumptions: tuple[str, ...]
+    reason: str | None = None
+    label: str = "estimate"
+
+
+def algorithm_factor(kind: str, n: int) -> float:
+    """Bytes one device moves over its links for a collective ÷ its per-device result bytes, for a
+    ring of ``n`` devices: all-reduce ``2(n−1)/n``, all-gather / all-to-all ``(n−1)/n``,
+    reduce-scatter ``n−1`` (the result is one shard), permute / broadcast / a DCN transfer ``1``;
+    0 for a group of one."""
+    if n <= 1:
+        return 0.0
+    if kind == "all-reduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("all-gather", "all-to-all", "ragged-all-to-all"):
+        return (n - 1) / n
+    if kind == "reduce-scatter":
+        return float(n - 1)
+    return 1.0
+
+
+def _synthetic_coords(net: Interconnect) -> tuple[tuple[int, ...], ...]:
+    """Row-major mesh positions as coordinates: each mesh axis one torus dimension (no coords known)."""
+    out = []
+    for p in range(max(1, _prod(net.mesh_sizes))):
+        c, rest = [], p
+        for s in reversed(net.mesh_sizes):
+            c.append(rest % s)
+            rest //= s
+        out.append(tuple(reversed(c)))
+    return tuple(out)
+
+
+def _prod(xs: Sequence[int]) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def _ici(chip: Chip, net: Interconnect, groups) -> tuple[float | None, tuple[tuple[int, int, str], ...]]:
+    """Bandwidth one device drives over ICI for groups of devices, and the torus dimensions spanned."""
+    coords = net.device_coords or _synthetic_coords(net)
+    shape = net.torus_shape or (tuple(net.mesh_sizes) if not net.device_coords else None)
+    link = chip.ici_bandwidth_bytes_per_second_per_link
+    if link is None or not groups:
+        return None, ()
+    group = groups[0]
+    if any(d >= len(coords) for d in group):
+        return None, ()
+    members = [coords[d] for d in group]
+    spans = []
+    for dim in range(len(members[0])):
+        values = {m[dim] for m in members}
+        if len(values) > 1:
+            full = shape[dim] if shape is not None and dim < len(shape) else None
+            wrap = chip.ici_wraparound_multiple
+            ring = full is not None and len(values) == full and wrap is not None and full % wrap == 0
+            spans.append((dim, len(values), "ring" if ring else "line"))
+    if not spans:
+        return None, ()
+    return sum(link * (2 if kind == "ring" else 1) for _, _, kind in spans), tuple(spans)
+
+
+def collective_time(c: Collective, chip: Chip, net: Interconnect) -> CollectiveTime:
+    """The estimated seconds of one execution of collective ``c`` on ``chip`` (see the module docstring)."""
+    n = c.group_size or (len(c.replica_groups[0]) if c.replica_groups else 1)
+    size = c.bytes_per_device or 0
+    torus: tuple = ()
+    if c.network == "dcn":
+        link, bw, lat, factor = "DCN", chip.dcn_bandwidth_bytes_per_second, chip.dcn_latency_seconds, 1.0
+    elif net.platform == "gpu" or (net.platform == "cpu" and chip.nvlink_bandwidth_bytes_per_second):
+        per_host = chip.gpus_per_host or 8
+        groups = c.replica_groups or ((tuple(d for pair in c.source_target_pairs for d in pair),)
+                                      if c.source_target_pairs else ())
+        hosts = net.process_of_device
+        one_host = all(len({(hosts[d] if d < len(hosts) and net.platform == "gpu" else d // per_host)
+                            for d in g}) <= 1 for g in groups)
+        if one_host:
+            link, bw, lat = "NVLink", chip.nvlink_bandwidth_bytes_per_second, chip.collective_latency_seconds
+        else:
+            link, bw, lat = "host network", chip.dcn_bandwidth_bytes_per_second, chip.dcn_latency_seconds
+        factor = algorithm_factor(c.kind, n)
+    else:
+        groups = c.replica_groups
+        if groups is None and c.source_target_pairs:
+            groups = tuple((s, t) for s, t in c.source_target_pairs if s != t)[:1]
+        bw, torus = _ici(chip, net, groups)
+        link, lat, factor = "ICI", chip.collective_latency_seconds, algorithm_factor(c.kind, n)
+        if c.kind == "collective-permute":
+            factor = 1.0
+    lat = lat or 0.0
+    moved = size * factor
+    seconds = 0.0 if moved == 0 and n <= 1 else lat + (moved / bw if bw else 0.0)
+    return CollectiveTime(c.name, c.kind, link, c.mesh_axes, n, size, factor, bw, lat, seconds, 1, c.is_async, torus)
+
+
+# ---------------------------------------------------------------------------------------- the walk
+
+
+@dataclasses.dataclass
+class _Walk:
+    """Totals of one computation's schedule (per execution of it)."""
+
+    schedule: float = 0.0
+    compute: float = 0.0
+    comm: float = 0.0
+    sync_comm: float = 0.0
+    flops: float = 0.0
+    parts: dict = dataclasses.field(default_factory=dict)
+
+    def add_part(self, key: str, seconds: float) -> None:
+        if seconds > 0:
+            self.parts[key] = self.parts.get(key, 0.0) + seconds
+
+    def absorb(self, other: _Walk, k: float) -> None:
+        self.schedule += other.schedule * k
+        self.compute += other.compute * k
+        self.comm += other.comm * k
+        self.sync_comm += other.sync_comm * k
+        self.flops += other.flops * k
+        for key, v in other.parts.items():
+            self.add_part(key, v * k)
+
+
+class _Timer:
+    def __init__(self, module: HloModule, chip: Chip, net: Interconnect, collectives: Sequence[Collective],
+                 trips: dict[str, int | None]):
+        self.module, self.chip, self.net, self.trips = module, chip, net, trips
+        self.gpu = net.platform == "gpu" or (net.platform == "cpu" and not chip.is_tpu)
+        self.items: dict[tuple[str, str], InstructionTime] = {}
+        self.times: dict[str, CollectiveTime] = {}
+        self.starts: dict[tuple[str, str], str] = {}  # (computation, instruction) -> collective key
+        self.dones: dict[tuple[str, str], str] = {}
+        self.sync: dict[tuple[str, str], str] = {}
+        self.unknown_trips: list[str] = []
+        self._index(collectives)
+
+    def _callers(self) -> dict[str, tuple[str, HloInstruction]]:
+        out: dict[str, tuple[str, HloInstruction]] = {}
+        for comp in self.module.computations:
+            for ins in comp.instructions:
+                for callee in ins.called_computations:
+                    out.setdefault(callee.lstrip("%"), (comp.name, ins))
+        return out
+
+    def _index(self, collectives: Sequence[Collective]) -> None:
+        """Where each collective starts and ends in a scheduled computation: its own ``-start`` and
+        ``-done``; the ``async-start``/``async-done`` around its wrapper; the first and last of the
+        fusions XLA:TPU splits it over; or one place (synchronous)."""
+        callers = self._callers()
+        for c in collectives:
+            key = f"{c.computation}/{c.name}"
+            self.times[key] = collective_time(c, self.chip, self.net)
+            wrapper = callers.get(c.computation)
+            if wrapper is not None and wrapper[1].opcode in ("fusion", "async-start"):
+                site = (wrapper[0], wrapper[1].name)
+                ends = [callers.get(comp) for comp, _ in c.merged]
+                ends = [(e[0], e[1].name) for e in ends if e is not None]
+                done = self._async_done(site) if wrapper[1].opcode == "async-start" else None
+                if ends:
+                    self.starts[site], self.dones[ends[-1]] = key, key
+                elif done is not None:
+                    self.starts[site], self.dones[done] = key, key
+                else:
+                    self.sync[site] = key
+            elif c.done_name is not None:
+                self.starts[(c.computation, c.name)], self.dones[(c.computation, c.done_name)] = key, key
+            elif c.network == "dcn":
+                self.starts[(c.computation, c.name)] = key  # a send: waited for where its done is
+                done = self._send_done(c.computation, c.name)
+                if done is not None:
+                    self.dones[done] = key
+            else:
+                self.sync[(c.computation, c.name)] = key
+
+    def _send_done(self, comp_name: str, name: str) -> tuple[str, str] | None:
+        comp = self.module.computation(comp_name)
+        for ins in comp.instructions if comp else ():
+            if ins.opcode == "send-done" and ins.operands and ins.operands[0] == name:
+                return (comp.name, ins.name)
+        return None
+
+    def _async_done(self, site: tuple[str, str]) -> tuple[str, str] | None:
+        comp = self.module.computation(site[0])
+        for ins in comp.instructions if comp else ():
+            if ins.opcode == "async-done" and ins.operands and ins.operands[0] == site[1]:
+                return (comp.name, ins.name)
+        return None
+
+    def _source(self, ins: HloInstruction) -> str | None:
+        chain = program_frames(self.module.source_stack(ins))
+        return f"{chain[0].file}:{chain[0].line}" if chain else None
+
+    def _note(self, comp: HloComputation, ins: HloInstruction, seconds: float, k: int, flops: float,
+              moved: float, bound: str) -> None:
+        key = (comp.name, ins.name)
+        prev = self.items.get(key)
+        execs = k + (prev.executions if prev else 0)
+        md = ins.metadata
+        self.items[key] = InstructionTime(ins.name, ins.opcode, comp.name, seconds, execs, seconds * execs, flops,
+                                          moved, bound, md.op_name if md else None, self._source(ins))
+
+    def compute_time(self, comp: HloComputation, ins: HloInstruction) -> tuple[float, float, float, str, float]:
+        """(seconds, launch seconds, FLOPs, bound, bytes accessed) of one computing instruction."""
+        cost = instruction_cost(self.module, comp, ins)
+        dtype = matmul_dtype(self.module, comp, ins) if cost.flops else None
+        peak = self.chip.peak_for(dtype or "bf16")
+        bw = self.chip.hbm_bandwidth_bytes_per_second
+        t_flops = cost.flops / peak if peak else 0.0
+        t_bytes = cost.bytes_accessed / bw if bw else 0.0
+        bound = COMPUTE if t_flops >= t_bytes else MEMORY
+        launch = (self.chip.kernel_launch_seconds or 0.0) if self.gpu and ins.opcode not in _NO_KERNEL else 0.0
+        return max(t_flops, t_bytes), launch, cost.flops, bound, cost.bytes_accessed
+
+    def walk(self, comp_name: str, k: int, depth: int = 0) -> _Walk:
+        """Simulate one execution of a computation's schedule; ``k`` executions per step (for the top list)."""
+        w = _Walk()
+        comp = self.module.computation(comp_name)
+        if comp is None or depth > 32:
+            return w
+        t = 0.0
+        queue_free = 0.0
+        pending: dict[str, float] = {}
+        for ins in comp.instructions:
+            site = (comp.name, ins.name)
+            if site in self.sync or site in self.starts:
+                key = self.sync.get(site) or self.starts[site]
+                ct = self.times[key]
+                begin = max(t, queue_free)
+                end = queue_free = begin + ct.seconds
+                w.comm += ct.seconds
+                self._note(comp, ins, ct.seconds, k, 0.0, 0.0, ct.category)
+                if site in self.sync:
+                    w.sync_comm += ct.seconds
+                    self._exposed(w, ct, end - t)
+                    t = end
+                else:
+                    pending[key] = end
+                continue
+            if site in self.dones:
+                key = self.dones[site]
+                end = pending.pop(key, t)
+                if end > t:
+                    self._exposed(w, self.times[key], end - t)
+                    t = end
+                continue
+            op = ins.opcode
+            if op in _FREE or op.endswith("-done"):
+                continue
+            if op in _CONTROL:
+                sub = self._control(comp, ins, k, depth)
+                w.absorb(sub, 1.0)
+                t += sub.schedule
+                continue
+            seconds, launch, flops, bound, moved = self.compute_time(comp, ins)
+            total = seconds + launch
+            w.compute += total
+            w.flops += flops
+            w.add_part(bound, seconds)
+            w.add_part(LAUNCH, launch)
+            t += total
+            self._note(comp, ins, total, k, flops, moved, bound)
+        for key, end in pending.items():  # a start whose done was not found: waited for at the end
+            if end > t:
+                self._exposed(w, self.times[key], end - t)
+                t = end
+        w.schedule = t
+        return w
+
+    def _control(self, comp: HloComputation, ins: HloInstruction, k: int, depth: int) -> _Walk:
+        out = _Walk()
+        if ins.opcode == "while":
+            n = self.trips.get(ins.name)
+            if n is None:
+                self.unknown_trips.append(ins.name)
+            n = 1 if n is None else n
+            body = self.walk(ins.attributes.get("body", "").lstrip("%"), k * n, depth + 1)
+            cond = self.walk(ins.attributes.get("condition", "").lstrip("%"), k * (n + 1), depth + 1)
+            out.absorb(body, n)
+            out.absorb(cond, n + 1)
+        elif ins.opcode == "conditional":
+            branches = [self.walk(c.lstrip("%"), k, depth + 1) for c in ins.called_computations]
+            if branches:
+                out.absorb(max(branches, key=lambda b: b.schedule), 1.0)
+        else:
+            for c in ins.called_computations:
+                out.absorb(self.walk(c.lstrip("%"), k, depth + 1), 1.0)
+        return out
+
+    @staticmethod
+    def _exposed(w: _Walk, ct: CollectiveTime, wait: float) -> None:
+        """Split an exposed wait into the link's transfer time and its latency, in proportion."""
+        if wait <= 0 or ct.seconds <= 0:
+            return
+        latency_share = min(wait, wait * ct.latency_seconds / ct.seconds)
+        w.add_part(LATENCY, latency_share)
+        w.add_part(ct.category, wait - latency_share)
+
+
+def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Sequence[Collective],
+              trips: dict[str, int | None], *, xla_optimal_seconds: float | None = None,
+              top: int = 10) -> StepTimeEstimate:
+    """Estimate one device's step time on ``chip`` (see the module docstring for the model).
+
+    Args:
+      module: the parsed compiled module of one device (``StagedFunction.module``).
+      chip: the chip's figures (:data:`stagetool.core.chips.CHIPS`, or the ``chips:`` entries).
+      net: where the mesh's devices sit (torus coordinates on TPU, hosts on GPU).
+      collectives: :func:`stagetool.analysis.collectives.find_collectives` of ``module`` over the
+        same mesh (their groups, mesh axes, async pairs, DCN transfers).
+      trips: trip count per ``while`` instruction (:func:`~stagetool.analysis.collectives.while_loops`).
+      xla_optimal_seconds: XLA:TPU's ``optimal_seconds``, shown beside (not used in the figures).
+      top: how many instructions to list.
+
+    Returns:
+      A :class:`StepTimeEstimate` (seconds per step, one device). Never raises on odd modules:
+      an unknown trip count counts once and is named in ``reason``.
+    """
+    timer = _Timer(module, chip, net, collectives, trips)
+    entry = module.entry_name or ""
+    w = timer.walk(entry, 1)
+    overlapped = max(w.compute + w.sync_comm, w.comm)
+    serial = w.compute + w.comm
+    schedule = min(max(w.schedule, overlapped), serial)
+    parts = tuple(sorted(((k, v) for k, v in w.parts.items()), key=lambda kv: (-kv[1], kv[0])))
+    bound = parts[0][0] if parts else COMPUTE
+    items = sorted(timer.items.values(), key=lambda i: (-i.total_seconds, i.computation, i.name))
+    peak = chip.peak_flops_per_second_bf16
+    mfu = w.flops / (schedule * peak) if schedule > 0 and peak else None
+    reasons = []
+    if timer.unknown_trips:
+        reasons.append("trip count unknown for " + ", ".join(sorted(set(timer.unknown_trips)))
+                       + ": counted once")
+    missing = sorted({ct.category for ct in timer.times.values() if ct.bandwidth_bytes_per_second is None
+                      and ct.bytes_per_device and ct.group_size > 1})
+    if missing:
+        reasons.append(f"no bandwidth for {', '.join(missing)} on {chip.name}: those collectives count their "
+                       "latency only")
+    return StepTimeEstimate(
+        chip.name, overlapped, schedule, serial, w.compute, w.comm, parts, bound, tuple(items[:top]),
+        tuple(timer.times.values()),
+        w.flops, mfu, xla_optimal_seconds, _assumptions(chip, net), "; ".join(reasons) or None)
+
+
+def _assumptions(chip: Chip, net: Interconnect) -> tuple[str, ...]:
+    out = ["every instruction at the chip's peak FLOP/s or HBM bandwidth, whichever binds (no efficiency loss)",
+           "collectives on ring algorithms at full link bandwidth, one at a time, with no contention"]
+    if net.platform == "cpu":
+        out.append(f"the CPU mesh's program (XLA:CPU's compile) timed as if on {chip.name}"
+                   + ("; each mesh axis taken as one torus dimension" if chip.is_tpu else
+                      f"; {chip.gpus_per_host or 8} devices per NVLink host"))
+    elif chip.is_tpu and not net.device_coords:
+        out.append("no device coordinates: each mesh axis taken as one torus dimension")
+    assumed = sorted({f for f, kind, _ in chip.provenance if kind == "assumption"})
+    if assumed:
+        out.append(f"{chip.name}: assumed (not published): {', '.join(assumed)}")
+    return tuple(out)
