@@ -22,6 +22,7 @@ from stagetool.core.location import Loc
 from stagetool.core.mesh import MeshSpec
 from stagetool.core.sharding import AUTO, REPLICATED, Sharding
 from stagetool.devices.provision import DeviceSetup, local_mesh_sizes
+from stagetool.inputs.frameworks.jit import JitSettings
 from stagetool.inputs.target import load_target, user_frame
 from stagetool.spec.model import ArgSpec, CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule, ValueSpec
 
@@ -75,7 +76,7 @@ class AbstractInputs:
         updates, logical axis rules); None means the target itself.
       state_outputs: arguments whose updated state ``fn`` returns beside the target's output
         (``{"out": ..., name: ...}``); () when ``fn`` returns the target's output as it is.
-      jit: the target's own jit settings (:class:`stagetool.inputs.jit_wrapper.JitSettings`).
+      jit: the target's own jit settings (:class:`stagetool.inputs.frameworks.jit.JitSettings`).
       wrapped: whether ``fn`` is stagetool's pure wrapper (static leaves closed over) rather than
         the target (or the function under its ``jax.jit``) itself.
       out_shardings: for an ``nnx.jit`` target with in/out_shardings, the ``out_shardings`` of the
@@ -83,7 +84,7 @@ class AbstractInputs:
         ``in_shardings`` entry for each updated argument's state (``nnx.jit``'s inner jit returns the
         arguments' state with those); None otherwise (see :func:`nnx_out_shardings`).
       program: an ``nnx.jit`` / ``eqx.filter_jit`` target staged as its own program
-        (:class:`stagetool.inputs.jit_wrapper.NnxProgram`, ``EqxProgram``: ``args``/``kwargs`` are
+        (:class:`stagetool.inputs.frameworks.nnx.NnxProgram`, ``equinox.EqxProgram``: ``args``/``kwargs`` are
         then the arguments as the wrapper splits them, ``leaves`` in that order), or None.
       in_shardings: ``in_shardings`` for the jit over ``args`` (flat leaves then) when a ``jax.Ref``
         leaf under auto axes has a sharding its type cannot carry (:func:`as_abstract_ref`), else None.
@@ -99,7 +100,7 @@ class AbstractInputs:
     donate_argnames: tuple[str, ...]
     fn: Callable[..., Any] | None = None
     state_outputs: tuple[str, ...] = ()
-    jit: Any = None
+    jit: JitSettings | None = None
     wrapped: bool = False
     out_shardings: Any = None
     program: Any = None
@@ -250,10 +251,10 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         from stagetool.inputs.frameworks.dispatch import uses
 
         if uses(obj, "flax"):  # the concrete objects' Variables, by identity (shared between two refs)
-            from stagetool.inputs.frameworks import flax as flax_support
+            from stagetool.inputs.frameworks import nnx
 
             alive.append(obj)
-            note_keys(tree, [None if k is None else ("var", k) for k in flax_support.variable_keys(obj)])
+            note_keys(tree, [None if k is None else ("var", k) for k in nnx.variable_keys(obj)])
         return tree
 
     def abstract_tree(shapes: Any, path: str, donated: bool, loc: Loc, rules: tuple[Rule, ...], has_rules: bool,
@@ -372,7 +373,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         # stage a shared Variable twice and update a copy)
         as_jit = own
         if own.kind is None and _has_shared(share_keys):
-            from stagetool.inputs.jit_wrapper import nnx_jit_settings
+            from stagetool.inputs.frameworks.nnx import nnx_jit_settings
 
             as_jit = nnx_jit_settings(fn, tuple(static))
         own_args, own_kwargs, dropped = share_arguments(as_jit, args, kwargs, share_keys)
@@ -460,45 +461,31 @@ def _has_shared(keys: list) -> bool:
     return len(set(named)) != len(named)
 
 
-def share_arguments(own: Any, args: tuple, kwargs: dict, keys: list) -> tuple[tuple, dict, list]:
-    """The arguments of an ``nnx.jit`` target with each Flax NNX Variable that the real objects reach
-    from two places made one object again (``keys``: per leaf of ``(args, kwargs)``, the same key for
-    every place of one Variable, see :func:`build_inputs`).
-
-    ``nnx.jit`` splits all its arguments as one graph, so a Variable shared between arguments (Flax's
-    FSDP example: an optimizer holding the model's own Params) is one input and one output, and the
-    step's update lands on the model. The abstract arguments are built per argument with
-    ``jax.tree_util``, which makes one Variable per place; this puts the sharing back (the first place
-    keeps its leaf and name: ``model/w1/value``). ``jax.jit`` flattens each argument as a pytree (an
-    input per place), so any other target gets the arguments as they are (a plain step is handed here
-    as ``nnx.jit`` of it, :func:`stagetool.inputs.jit_wrapper.nnx_jit_settings`). Returns ``(args, kwargs,
-    dropped)``: ``dropped`` the leaves of the places that were replaced (no longer in the arguments).
-    """
+def share_arguments(own: JitSettings, args: tuple, kwargs: dict, keys: list) -> tuple[tuple, dict, list]:
+    """The arguments of an ``nnx.jit`` target with the Flax NNX Variables the real objects share made
+    one object again (:func:`stagetool.inputs.frameworks.nnx.share_arguments`). ``jax.jit`` flattens
+    each argument as a pytree (an input per place), so any other target gets the arguments as they
+    are (a plain step is handed here as ``nnx.jit`` of it,
+    :func:`stagetool.inputs.frameworks.nnx.nnx_jit_settings`). Returns ``(args, kwargs, dropped)``."""
     if own.kind != "nnx.jit" or not _has_shared(keys):
         return args, kwargs, []
-    import jax
+    from stagetool.inputs.frameworks import nnx
 
-    from stagetool.inputs.frameworks import flax as flax_support
-
-    leaves = jax.tree_util.tree_leaves((args, kwargs))
-    if len(leaves) != len(keys):
-        return args, kwargs, []
-    (shared_args, shared_kwargs), dropped = flax_support.share_variables((tuple(args), dict(kwargs)), keys)
-    return tuple(shared_args), dict(shared_kwargs), [leaves[p] for p in dropped]
+    return nnx.share_arguments(args, kwargs, keys)
 
 
-def _own_program(fspec: FunctionSpec, own: Any, args: tuple, kwargs: dict, static: dict, names: list[str],
+def _own_program(fspec: FunctionSpec, own: JitSettings, args: tuple, kwargs: dict, static: dict, names: list[str],
                  rules: Any, donated: tuple[set, set]) -> Any:
     """The target's own program when the spec adds nothing its wrapper cannot take, else None
     (staged nested, merged with the spec).
 
-    - ``eqx.filter_jit`` (:func:`stagetool.inputs.jit_wrapper.eqx_program`): no ``out_shardings``,
+    - ``eqx.filter_jit`` (:func:`stagetool.inputs.frameworks.equinox.eqx_program`): no ``out_shardings``,
       no ``donate`` beyond Equinox's own.
-    - ``nnx.jit`` (:func:`stagetool.inputs.jit_wrapper.nnx_program`): no ``out_shardings``,
+    - ``nnx.jit`` (:func:`stagetool.inputs.frameworks.nnx.nnx_program`): no ``out_shardings``,
       ``static`` values only for the wrapper's ``static_argnames``, every argument leaf an array (a
       graph node's Variables included), and a ``donate`` of the spec's own (``donated``: the merged
       positions and names) only where the step can be jitted once with it
-      (:func:`stagetool.inputs.jit_wrapper.nnx_with_donation`).
+      (:func:`stagetool.inputs.frameworks.nnx.nnx_with_donation`).
     """
     import jax
 
@@ -508,20 +495,20 @@ def _own_program(fspec: FunctionSpec, own: Any, args: tuple, kwargs: dict, stati
     if own.kind == "eqx.filter_jit":
         if fspec.donate and not own.donates:
             return None
-        from stagetool.inputs.jit_wrapper import eqx_program
+        from stagetool.inputs.frameworks.equinox import eqx_program
 
         return eqx_program(own, args, {**kwargs, **static}, context)
     if not set(static) <= set(own.static_argnames):
         return None
     if fspec.donate and not own.donates:  # the spec's donation: the step jitted once with it (never nested)
-        from stagetool.inputs.jit_wrapper import nnx_with_donation
+        from stagetool.inputs.frameworks.nnx import nnx_with_donation
 
         own = nnx_with_donation(own, tuple(sorted(donated[0])), tuple(sorted(donated[1])))
         if own is None:
             return None
     if not all(isinstance(x, (jax.ShapeDtypeStruct, jax.ref.AbstractRef)) for x in jax.tree_util.tree_leaves((args, kwargs))):
         return None
-    from stagetool.inputs.jit_wrapper import nnx_program
+    from stagetool.inputs.frameworks.nnx import nnx_program
 
     return nnx_program(own, args, {**kwargs, **static}, names, context)
 
@@ -532,40 +519,14 @@ def _rules_context(rules: Any) -> Any:
     return logical_rules(rules)
 
 
-def nnx_out_shardings(own: Any, args: tuple, names: list[str], state_outputs: tuple[str, ...]) -> Any:
+def nnx_out_shardings(own: JitSettings, args: tuple, names: list[str], state_outputs: tuple[str, ...]) -> Any:
     """The ``out_shardings`` an ``nnx.jit`` target's own in/out_shardings give the staged function
-    (None when it is not ``nnx.jit`` or gives neither).
-
-    ``nnx.jit`` runs an inner ``jax.jit`` whose ``out_shardings`` are ``(in_shardings,
-    out_shardings)``: the arguments' updated state comes back sharded as their ``in_shardings`` say.
-    The staged function returns ``{"out": output, name: updated state, ...}`` when the step updates
-    arguments in place (``state_outputs``), else the output itself; its out_shardings mirror that.
-    An ``nnx.StateSharding`` entry is resolved per Variable of the argument
-    (:func:`stagetool.inputs.frameworks.flax.updated_state_shardings`).
-    """
-    if own is None or own.kind != "nnx.jit" or (own.in_shardings is None and own.out_shardings is None):
+    (:func:`stagetool.inputs.frameworks.nnx.out_shardings`); None when it is not ``nnx.jit`` or gives neither."""
+    if own.kind != "nnx.jit" or (own.in_shardings is None and own.out_shardings is None):
         return None
-    import jax
+    from stagetool.inputs.frameworks import nnx
 
-    from stagetool.inputs.jit_wrapper import is_flax_prefix
-
-    # An nnx.StateSharding for a returned graph node is not resolved here (the output's structure is
-    # known only after tracing): that part is left to the nested nnx.jit's own out_shardings.
-    returned = jax.tree_util.tree_map(lambda s: None if is_flax_prefix(s) else s, own.out_shardings,
-                                      is_leaf=is_flax_prefix)
-    if not state_outputs:
-        return returned
-    from stagetool.inputs.frameworks import flax as flax_support
-
-    entries = own.in_shardings
-    out: dict[str, Any] = {"out": returned}
-    for name in state_outputs:
-        i = names.index(name) if name in names[:len(args)] else None
-        entry = None
-        if i is not None and entries is not None:
-            entry = (entries[i] if i < len(entries) else None) if isinstance(entries, (tuple, list)) else entries
-        out[name] = None if entry is None else flax_support.updated_state_shardings(entry, args[i])
-    return out
+    return nnx.out_shardings(own, args, names, state_outputs)
 
 
 def as_abstract_ref(struct: Any, by_id: dict, explicit: bool, ref_shardings: dict | None = None) -> Any:
@@ -653,7 +614,7 @@ def resolve_logical_rules(fspec: FunctionSpec) -> tuple | None:
     return tuple((p[0], tuple(p[1]) if isinstance(p[1], list) else p[1]) for p in pairs)
 
 
-def merged_donation(fspec: FunctionSpec, fn: Callable[..., Any], own: Any) -> tuple[set, set]:
+def merged_donation(fspec: FunctionSpec, fn: Callable[..., Any], own: JitSettings) -> tuple[set, set]:
     """The donated positions and names: the spec's ``donate`` and the target's own jit's donation
     (``jax.jit(donate_argnums=...)``, ``nnx.jit(donate_argnames=...)``, ``eqx.filter_jit(donate="all")``).
 
@@ -682,7 +643,7 @@ def merged_donation(fspec: FunctionSpec, fn: Callable[..., Any], own: Any) -> tu
     return spec_nums | own_nums, spec_names | own_names
 
 
-def _bind_for_in_shardings(fspec: FunctionSpec, fn: Callable[..., Any], own: Any) -> FunctionSpec:
+def _bind_for_in_shardings(fspec: FunctionSpec, fn: Callable[..., Any], own: JitSettings) -> FunctionSpec:
     """For a target jitted with ``in_shardings`` (which ``jax.jit`` takes only with positional
     arguments), the spec's ``kwargs`` that name positional parameters moved to their positions.
 
@@ -728,7 +689,7 @@ _WHO_SHARDS = {
 }
 
 
-def _take_in_shardings(args: tuple, own: Any, by_id: dict, mesh: Any, fspec: FunctionSpec, issues: list[str],
+def _take_in_shardings(args: tuple, own: JitSettings, by_id: dict, mesh: Any, fspec: FunctionSpec, issues: list[str],
                        ref_shardings: dict | None = None, explicit: bool = False) -> tuple:
     """The positional ``args`` with each array leaf sharded as the target's own ``in_shardings``
     say: a leaf the spec writes without ``@`` takes it (``sharding_source: "target"``); one whose
@@ -1115,10 +1076,10 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
 
     import jax
 
-    from stagetool.inputs.frameworks.dispatch import call_init, logical_rules, trace_any
+    from stagetool.inputs.frameworks.dispatch import call_init, init_signature, logical_rules, trace_any
 
     target = _load_at(init.target, fspec, init.loc, f"{init.path}.init")
-    problems = signature_problems(_init_signature_of(target.fn), len(init.args), list(init.kwargs))
+    problems = signature_problems(init_signature(target.fn), len(init.args), list(init.kwargs))
     if problems:
         described = describe_callable(target.fn)
         raise SpecError([f"{init.loc}: {init.path}"
@@ -1144,10 +1105,10 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
             from stagetool.inputs.frameworks.dispatch import uses
 
             if uses(out, "flax"):
-                from stagetool.inputs.frameworks import flax as flax_support
+                from stagetool.inputs.frameworks import nnx
 
                 at = [p for p, m in enumerate(mask) if m]
-                shared[:] = flax_support.shared_with_inputs((full, kw), out, {id(x): p for p, x in zip(at, dyn)})
+                shared[:] = nnx.shared_with_inputs((full, kw), out, {id(x): p for p, x in zip(at, dyn)})
         return out
 
     dyn = [x for m, x in zip(mask, flat) if m]
@@ -1297,25 +1258,6 @@ def _load_at(text: str, fspec: FunctionSpec, loc: Any, what: str, *, need_callab
         return load_target(text, base_dir=fspec.base_dir, need_callable=need_callable)
     except TargetError as e:
         raise TargetError(f"{loc}: {what}: {e.message}", hint=e.hint) from None
-
-
-def _init_signature_of(fn: Any) -> Any:
-    """What to check ``init_args`` against: a Flax NNX Module class's ``__init__`` (its metaclass
-    hides the signature), with ``rngs`` optional (stagetool builds ``nnx.Rngs(0)`` in the trace)."""
-    if isinstance(fn, type) and (type(fn).__module__ or "").startswith("flax"):
-        try:
-            sig = inspect.signature(fn.__init__)
-        except (TypeError, ValueError):
-            return fn
-        params = list(sig.parameters.values())[1:]
-        params = [p.replace(default=None) if p.name == "rngs" and p.default is p.empty
-                  and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) else p for p in params]
-
-        def init(*a: Any, **k: Any) -> None: ...
-
-        init.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-        return init
-    return fn
 
 
 def _apply_rules(rules: tuple[Rule, ...], path: str, value: Any, fspec: FunctionSpec) -> tuple[Sharding, Any] | None:

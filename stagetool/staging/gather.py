@@ -375,7 +375,7 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
     place), the staged function returns ``{"out": output, name: updated state, ...}``: the output's
     leaves are named ``out/...`` and each argument's updated state ``name/...``, as its inputs are.
     ``paths``, when given, names each output leaf instead (an ``nnx.jit`` target's own program:
-    :meth:`stagetool.inputs.jit_wrapper.NnxProgram.output_paths`).
+    :meth:`stagetool.inputs.frameworks.nnx.NnxProgram.output_paths`).
 
     ``ref_inputs`` (the input leaves' facts and which of them are Refs): a function that takes
     ``jax.Ref`` arguments has one more executable output per Ref argument it keeps; those follow the

@@ -75,7 +75,7 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
 
     fn = target.fn
     own = inputs.jit
-    if inputs.program is not None:  # an nnx.jit target as its own program (jit_wrapper.NnxProgram)
+    if inputs.program is not None:  # an nnx.jit target as its own program (frameworks.nnx.NnxProgram)
         return inputs.program
     out_shardings = _out_shardings(fspec.out_shardings, mesh)
     if own is not None and own.kind == "jax.jit" and own.fun is None:  # unreadable: as before, nested

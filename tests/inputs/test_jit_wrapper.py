@@ -397,7 +397,7 @@ def test_nnx_split_is_read_from_the_wrapper(tmp_path, isolated_imports):
     from flax import nnx
 
     from stagetool.inputs.avals import keypath_str
-    from stagetool.inputs.jit_wrapper import nnx_program
+    from stagetool.inputs.frameworks.nnx import nnx_program
 
     write(tmp_path, "nnxsharded.py", NNX_SHARDED)
     sys.path.insert(0, str(tmp_path))
@@ -428,7 +428,7 @@ def test_equinox_split_is_read_from_the_wrapper():
     pytest.importorskip("equinox")
     import equinox as eqx
 
-    from stagetool.inputs.jit_wrapper import eqx_program
+    from stagetool.inputs.frameworks.equinox import eqx_program
 
     @eqx.filter_jit(donate="all-except-first")
     def f(a, b, act=jax.nn.relu, n=2):

@@ -1,39 +1,38 @@
-"""The programs people write with Flax NNX, Flax Linen, Equinox and plain JAX, staged as they run.
+"""Plain JAX programs staged as they run, and the one place that asks the frameworks (Flax NNX,
+Flax Linen, Equinox: :data:`stagetool.inputs.frameworks.FRAMEWORKS`) for what differs.
 
-Nothing here imports Flax or Equinox: :mod:`stagetool.inputs.frameworks.flax` is imported only
-when the user's own objects are Flax's (``type(x).__module__``), so stagetool runs without them.
+Nothing here imports a framework: its module is imported only when the user's own objects are of
+its types (``type(x).__module__``), so stagetool runs without them.
 
 - :func:`eval_shape_any`: ``jax.eval_shape`` of an ``init`` whose output holds non-array leaves
   too (an Equinox module's activation function, a string), split as ``eqx.filter_eval_shape``
   does: arrays become ``ShapeDtypeStruct``s (dtype, ``weak_type`` and sharding as JAX gives them),
   everything else is kept as it is.
-- :func:`model_shardings`: per leaf of an ``init``'s output, the sharding the model itself gives:
-  Flax NNX variable metadata, Linen ``Partitioned`` / ``LogicallyPartitioned`` boxes (through
-  logical axis rules).
+- :func:`model_shardings`: per leaf of an ``init``'s output, the sharding the model itself gives
+  (the frameworks' ``is_box`` / ``box_dims``: Flax NNX variable metadata, Linen ``Partitioned`` /
+  ``LogicallyPartitioned`` boxes through logical axis rules).
 - :func:`prepare_call`: the function that is handed to ``jax.jit``. Where the arguments hold
-  non-array leaves (static under ``jax.jit``'s eyes), Flax NNX objects that the step updates in
-  place, or logical axis rules must be active while tracing, the target is wrapped in a pure
-  function of the array leaves whose outputs include the updated state, so that nothing the step
-  does is dropped from the staged program.
+  non-array leaves (static under ``jax.jit``'s eyes), objects that the step updates in place (the
+  frameworks' ``has_state``: Flax NNX), or logical axis rules must be active while tracing, the
+  target is wrapped in a pure function of the array leaves whose outputs include the updated
+  state, so that nothing the step does is dropped from the staged program.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from types import ModuleType
 from typing import Any, Callable, Iterator
 
-from stagetool.core.errors import SpecError
 from stagetool.core.sharding import spec_dims
+from stagetool.inputs.frameworks import adapters, library_of, module_library
 
 
-def library_of(x: Any) -> str | None:
-    """``"flax"``, ``"equinox"`` or None: the library whose type ``x`` is (without importing it)."""
-    module = type(x).__module__ or ""
-    for name in ("flax", "equinox"):
-        if module == name or module.startswith(name + "."):
-            return name
-    return None
+def _hooks(tree: Any, hook: str) -> list[ModuleType]:
+    """The framework modules that provide ``hook``, for the frameworks whose objects are in ``tree``."""
+    libraries = dict.fromkeys(library_of(x) for x in _tree_objects(tree))
+    return [m for lib in libraries if lib for m in adapters(lib) if hasattr(m, hook)]
 
 
 def _tree_objects(tree: Any) -> Iterator[Any]:
@@ -107,7 +106,7 @@ def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True
     def arrays_only(*a: Any) -> Any:
         out = call(*a)
         flat, treedef = jax.tree_util.tree_flatten(out)
-        scalars = python_scalars and not uses(out, "equinox")  # Equinox keeps Python numbers static
+        scalars = python_scalars and not _hooks(out, "STATIC_SCALARS")  # Equinox keeps Python numbers static
         refs = [is_ref(x) for x in flat]
         keep = [r or is_array_like(x, python_scalars=scalars) for r, x in zip(refs, flat)]
         static.append((treedef, keep, [None if k else x for k, x in zip(keep, flat)], refs))
@@ -123,23 +122,26 @@ def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True
 
 
 def call_init(fn: Callable[..., Any], args: list, kwargs: dict) -> Any:
-    """Call an ``init`` target; a Flax NNX Module class without ``rngs`` gets ``nnx.Rngs(0)`` (built
-    inside the trace, so no key is computed)."""
-    if isinstance(fn, type) and library_of_class(fn) == "flax":
-        from stagetool.inputs.frameworks import flax as flax_support
-
-        kwargs = flax_support.with_rngs(fn, args, kwargs)
+    """Call an ``init`` target; a framework's class gets the arguments its constructor needs and the
+    spec does not give (the frameworks' ``init_kwargs``: a Flax NNX Module's ``rngs=nnx.Rngs(0)``,
+    built inside the trace, so no key is computed)."""
+    if isinstance(fn, type):
+        for m in adapters(library_of_class(fn)):
+            kwargs = m.init_kwargs(fn, args, kwargs) if hasattr(m, "init_kwargs") else kwargs
     return fn(*args, **kwargs)
 
 
+def init_signature(fn: Any) -> Any:
+    """What to check an ``init``'s arguments against: ``fn``, or for a framework's class what its
+    constructor takes (the frameworks' ``init_signature``: a Flax NNX Module's, ``rngs`` optional)."""
+    hooks = [m for m in adapters(module_library(type(fn).__module__)) if hasattr(m, "init_signature")]
+    return hooks[0].init_signature(fn) if isinstance(fn, type) and hooks else fn
+
+
 def library_of_class(cls: type) -> str | None:
-    """``"flax"``/``"equinox"`` when a class derives from one of their classes (checked by module)."""
-    for base in getattr(cls, "__mro__", ()):
-        module = base.__module__ or ""
-        for name in ("flax", "equinox"):
-            if module == name or module.startswith(name + "."):
-                return name
-    return None
+    """The framework a class derives from one of the classes of (checked by module), or None."""
+    return next((module_library(b.__module__) for b in getattr(cls, "__mro__", ())
+                 if module_library(b.__module__) is not None), None)
 
 
 @contextlib.contextmanager
@@ -148,33 +150,41 @@ def logical_rules(rules: Any) -> Iterator[None]:
     if rules is None:
         yield
         return
-    from stagetool.inputs.frameworks import flax as flax_support
+    from stagetool.inputs.frameworks import linen
 
-    with flax_support.logical_axis_rules(rules):
+    with linen.logical_axis_rules(rules):
         yield
 
 
 def model_shardings(tree: Any, rules: Any) -> list[tuple | str | None]:
     """Per leaf of ``tree`` (``jax.tree_util.tree_leaves`` order), the PartitionSpec dims the model's
-    own annotations give (Flax NNX variable metadata, Linen partitioning boxes), None where there
-    are none, or a sentence saying why an annotation cannot be resolved (logical names, no rules)."""
+    own annotations give (the frameworks' boxes: Flax NNX variable metadata, Linen partitioning
+    boxes), None where there are none, or a sentence saying why an annotation cannot be resolved
+    (logical names, no rules). ``rules``: ``(logical name, mesh axes)`` pairs, or None."""
     import jax
 
-    if not uses(tree, "flax"):
-        return [None] * len(jax.tree_util.tree_leaves(tree))
-    from stagetool.inputs.frameworks import flax as flax_support
+    boxes = _hooks(tree, "box_dims")
 
-    out: list[tuple | None] = []
-    for x in jax.tree_util.tree_leaves(tree, is_leaf=flax_support.is_box):
-        if flax_support.is_box(x):
-            try:
-                dims = flax_support.box_dims(x, rules)
-            except ValueError as e:
-                dims = str(e)
-            out.extend([dims] * len(jax.tree_util.tree_leaves(x)))
-        else:
+    def box_of(x: Any) -> ModuleType | None:
+        return next((m for m in boxes if m.is_box(x)), None)
+
+    out: list[tuple | str | None] = []
+    for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: box_of(x) is not None):
+        framework = box_of(x)
+        if framework is None:
             out.append(None)
+            continue
+        try:
+            dims: tuple | str | None = framework.box_dims(x, rules)
+        except ValueError as e:
+            dims = str(e)
+        out.extend([dims] * len(jax.tree_util.tree_leaves(x)))
     return out
+
+
+def is_state_sharding(x: Any) -> bool:
+    """A sharding per Variable filter (an ``nnx.StateSharding``: recognised by module and method)."""
+    return library_of(x) == "flax" and hasattr(x, "map_prefix")
 
 
 def struct_dims(struct: Any) -> tuple | None:
@@ -252,12 +262,13 @@ def prepare_call(fn: Callable[..., Any], args: tuple, kwargs: dict, static_kwarg
     flat, treedef = jax.tree_util.tree_flatten((tuple(args), kwargs))
     mask = [isinstance(x, (jax.ShapeDtypeStruct, jax.ref.AbstractRef)) for x in flat]
     tops = leaf_arguments(tuple(args), kwargs)
-    stateful: list[Any] = []
-    if in_place and any(library_of(x) == "flax" for x in _tree_objects((tuple(args), kwargs))):
-        from stagetool.inputs.frameworks import flax as flax_support
-
-        stateful = [i for i, a in enumerate(args) if flax_support.has_graph_nodes(a)]
-        stateful += [k for k, v in kwargs.items() if flax_support.has_graph_nodes(v)]
+    # arguments a step updates in place (Flax NNX graph nodes): each with the framework that says so
+    stateful: list[tuple[int | str, ModuleType]] = []
+    if in_place:
+        frameworks = _hooks((tuple(args), kwargs), "has_state")
+        for key, arg in [*enumerate(args), *kwargs.items()]:
+            claimed = next((m for m in frameworks if m.has_state(arg)), None)
+            stateful += [(key, claimed)] if claimed is not None else []
     # The target itself is called, nnx.jit / eqx.filter_jit wrappers included (a nested jit that
     # JAX inlines): their own shardings apply, and nnx.jit updates the objects in place as it runs.
     inner = fn
@@ -265,7 +276,7 @@ def prepare_call(fn: Callable[..., Any], args: tuple, kwargs: dict, static_kwarg
         return PreparedCall(fn, tuple(args), {**kwargs, **static_kwargs}, donate_argnums, donate_argnames,
                             leaf_args=tuple(tops))
     statics = [None if m else x for m, x in zip(mask, flat)]
-    state_names = tuple(names[s] if isinstance(s, int) else s for s in stateful)
+    state_names = tuple(names[s] if isinstance(s, int) else s for s, _ in stateful)
 
     def staged(*dynamic: Any, **static_kw: Any) -> Any:
         it = iter(dynamic)
@@ -274,11 +285,9 @@ def prepare_call(fn: Callable[..., Any], args: tuple, kwargs: dict, static_kwarg
             out = _arrays_only(inner(*a, **k, **static_kw))
         if not stateful:
             return out
-        from stagetool.inputs.frameworks import flax as flax_support
-
         result = {"out": out}
-        for s, name in zip(stateful, state_names):
-            result[name] = flax_support.updated_state(a[s] if isinstance(s, int) else k[s])
+        for (s, framework), name in zip(stateful, state_names):
+            result[name] = framework.updated_state(a[s] if isinstance(s, int) else k[s])
         return result
 
     staged.__name__ = getattr(inner, "__name__", None) or getattr(fn, "__name__", "staged")
