@@ -13,7 +13,8 @@ from stagetool.core.mesh import MeshSpec, parse_mesh_option
 from stagetool.core.sharding import AUTO, REPLICATED, Sharding, UNSPECIFIED
 from stagetool.spec.discovery import find_spec, spec_candidates
 from stagetool.spec.model import CallSpec, InitSpec, KeySpec, LeafSpec
-from stagetool.spec.parse import load_spec, parse_leaf, parse_sharding, parse_spec
+from stagetool.spec.leaves import parse_leaf, parse_sharding
+from stagetool.spec.parse import load_spec, parse_spec
 from helpers import isolated_imports, run_cli  # noqa: F401 - fixtures
 
 
