@@ -440,7 +440,11 @@ def test_chips_are_validated_at_load_with_locations():
         f"s.yaml:5:3: chips.npu: {needs}",
         "s.yaml:5:37: chips.npu.peak_flops_per_second_bf16: expected a number, got 'fast'",
         "s.yaml:5:43: chips.npu.bogus: unknown field; valid fields: peak_flops_per_second_bf16, "
-        "peak_flops_per_second_f32, hbm_bandwidth_bytes_per_second, hbm_capacity_bytes, sources, note",
+        "peak_flops_per_second_f32, hbm_bandwidth_bytes_per_second, hbm_capacity_bytes, "
+        "peak_flops_per_second_fp8, peak_flops_per_second_int8, ici_bandwidth_bytes_per_second_per_link, "
+        "ici_links_per_chip, ici_torus_dims, ici_wraparound_multiple, nvlink_bandwidth_bytes_per_second, "
+        "gpus_per_host, dcn_bandwidth_bytes_per_second, collective_latency_seconds, dcn_latency_seconds, "
+        "kernel_launch_seconds, sources, note",
         f"s.yaml:6:3: chips.gpu: {needs}",
         "s.yaml:7:3: chips.tpu: expected a mapping of figures, got int",
     ]

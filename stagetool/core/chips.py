@@ -268,15 +268,17 @@ _DEVICE_KIND_HINTS = (
 )
 
 _NUMERIC_FIELDS = ("peak_flops_per_second_bf16", "peak_flops_per_second_f32",
-                   "hbm_bandwidth_bytes_per_second", "hbm_capacity_bytes",
-                   "peak_flops_per_second_fp8", "peak_flops_per_second_int8",
+                   "hbm_bandwidth_bytes_per_second", "hbm_capacity_bytes")
+"""The figures a new chip needs at least one of."""
+_FABRIC_FIELDS = ("peak_flops_per_second_fp8", "peak_flops_per_second_int8",
                    "ici_bandwidth_bytes_per_second_per_link", "ici_links_per_chip", "ici_torus_dims",
                    "ici_wraparound_multiple", "nvlink_bandwidth_bytes_per_second", "gpus_per_host",
                    "dcn_bandwidth_bytes_per_second", "collective_latency_seconds", "dcn_latency_seconds",
                    "kernel_launch_seconds")
 _INT_FIELDS = frozenset({"hbm_capacity_bytes", "ici_links_per_chip", "ici_torus_dims", "ici_wraparound_multiple",
                          "gpus_per_host"})
-CHIP_FIELDS = (*_NUMERIC_FIELDS, "sources", "note")
+_FIGURES = (*_NUMERIC_FIELDS, *_FABRIC_FIELDS)
+CHIP_FIELDS = (*_FIGURES, "sources", "note")
 
 
 def chip_for_device_kind(device_kind: str) -> str | None:
@@ -374,7 +376,7 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
         for u in unknown:
             issues.append(f"{where}.{u}: unknown field; valid fields: {', '.join(CHIP_FIELDS)}")
         values: dict[str, Any] = {}
-        for f in _NUMERIC_FIELDS:
+        for f in _FIGURES:
             if f in entry:
                 values[f] = _number(entry[f], f, where, issues)
         if "sources" in entry:
@@ -391,7 +393,7 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
             else:
                 issues.append(f"{where}.note: expected a string")
         if name in table:
-            given = {f for f in values if f in _NUMERIC_FIELDS}
+            given = {f for f in values if f in _FIGURES}
             kept = tuple(p for p in table[name].provenance if p[0] not in given)
             values["provenance"] = kept + tuple((f, "user", f"{where}.{f}") for f in sorted(given))
             table[name] = dataclasses.replace(table[name], **values)
@@ -399,7 +401,7 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
             if not any(values.get(f) is not None for f in _NUMERIC_FIELDS):
                 issues.append(f"{where}: a new chip needs at least one of {', '.join(_NUMERIC_FIELDS)}")
                 continue
-            table[name] = Chip(name=name, **{f: values.get(f) for f in _NUMERIC_FIELDS},
+            table[name] = Chip(name=name, **{f: values.get(f) for f in _FIGURES},
                                sources=values.get("sources", ("user",)), note=values.get("note", ""))
     if issues:
         raise SpecError(issues, hint="see stagetool.core.chips.merge_chips for the fields")
