@@ -9,10 +9,12 @@ report) runs as it does for a spec file, so the report is the CLI's ``report``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from stagetool.core.errors import StagingError, UsageError
 from stagetool.core.location import Loc
@@ -108,20 +110,29 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
         frame), the function raised or called ``sys.exit``, or (``isolate``) its process died or
         timed out. A failure never gives a report.
     """
-    options = _options(fn, args, kwargs, mesh=mesh, topology=topology, platform=platform, slices=slices,
-                       donate=donate, static=static, out_shardings=out_shardings, chip=chip,
-                       device_memory=device_memory, peak=peak, top=top, explain=explain, name=name,
-                       loc=_caller(sys._getframe(1)))
-    kwargs = {k: v for k, v in kwargs.items() if k not in options.static}
+    return run_inspect(fn, args, kwargs, loc=_caller(sys._getframe(1)), isolate=isolate, timeout_s=timeout_s,
+                       mesh=mesh, topology=topology, platform=platform, slices=slices, donate=donate, static=static,
+                       out_shardings=out_shardings, chip=chip, device_memory=device_memory, peak=peak, top=top,
+                       explain=explain, name=name)
+
+
+def run_inspect(fn: Callable[..., Any], args: tuple, kwargs: dict, *, loc: Loc | None, isolate: bool = False,
+                timeout_s: float | None = None, **options: Any):
+    """:func:`inspect` with the caller's line given (``loc``: the line input errors name), for
+    callers that wrap it (the pytest fixture)."""
+    resolved = _options(fn, args, kwargs, loc=loc, **options)
+    kwargs = {k: v for k, v in kwargs.items() if k not in resolved.static}
     if isolate:
         from stagetool.live.isolated import inspect_isolated
 
-        return inspect_isolated(fn, args, kwargs, options, timeout_s=timeout_s)
-    return inspect_here(fn, args, kwargs, options)
+        return inspect_isolated(fn, args, kwargs, resolved, timeout_s=timeout_s)
+    return inspect_here(fn, args, kwargs, resolved)
 
 
 def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: InspectOptions):
-    """:func:`inspect` in this process, with its options resolved (see :class:`InspectOptions`)."""
+    """:func:`inspect` in this process, with its options resolved (see :class:`InspectOptions`).
+    While the function is staged, ``os._exit`` raises ``SystemExit`` instead of ending the process
+    (:func:`exit_refused`), so that a function calling it is a :class:`StagingError`."""
     from stagetool.pipeline import Options, Section, assemble_report, make_plan, prepare_inputs, provision_devices, \
         stage_and_analyse
     from stagetool.spec.model import FunctionSpec, Spec
@@ -135,11 +146,32 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
                              chip=options.chip, device_memory=options.device_memory, peak=options.peak,
                              top=options.top, explain=tuple(options.explain)), spec=spec)
     setup = provision_devices(plan)
-    prepared = prepare_inputs(plan, setup, targets={options.name: target})
     wanted = frozenset(Section(s) for s in SECTIONS)
-    report = assemble_report("report", stage_and_analyse(plan, setup, prepared, wanted))
+    with exit_refused():
+        prepared = prepare_inputs(plan, setup, targets={options.name: target})
+        report = assemble_report("report", stage_and_analyse(plan, setup, prepared, wanted))
     raise_failure(report)
     return report
+
+
+@contextlib.contextmanager
+def exit_refused() -> Iterator[None]:
+    """Within: ``os._exit(n)`` raises ``SystemExit`` (which staging reports as the function's
+    failure) instead of ending the process with ``n`` unseen — ``os._exit(0)`` in user code would
+    otherwise end a test session or a notebook kernel with success. Process-wide while it lasts
+    (another thread's ``os._exit`` is refused too); C code that exits is not covered (see README,
+    "How far the Python API protects the caller")."""
+    real = os._exit
+
+    def refused(code: int = 0) -> None:
+        raise SystemExit(f"os._exit({code}) was called while stagetool staged the function; "
+                         "stagetool refused to end the process")
+
+    os._exit = refused  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 def raise_failure(report: Any) -> None:
@@ -150,8 +182,8 @@ def raise_failure(report: Any) -> None:
                                stage="compile", function=f.name)
 
 
-def _options(fn: Any, args: tuple, kwargs: dict, *, mesh: Any, donate: Any, static: Any, name: str | None,
-             loc: Loc | None, **rest: Any) -> InspectOptions:
+def _options(fn: Any, args: tuple, kwargs: dict, *, loc: Loc | None, mesh: Any = None, donate: Any = (),
+             static: Any = None, name: str | None = None, explain: Iterable[str] = (), **rest: Any) -> InspectOptions:
     if not callable(fn):
         raise UsageError(f"stagetool.inspect: the first argument is a {type(fn).__name__}, not a function",
                          hint="pass the function (or its jax.jit wrapper), then its arguments")
@@ -168,7 +200,7 @@ def _options(fn: Any, args: tuple, kwargs: dict, *, mesh: Any, donate: Any, stat
         static = {n: kwargs[n] for n in names}
     label = name or getattr(fn, "__name__", None) or getattr(getattr(fn, "fun", None), "__name__", None) or "fn"
     return InspectOptions(mesh=_mesh_spec(mesh, args, kwargs), name=label, target=_target_text(fn, label), loc=loc,
-                          donate=tuple(donate), static=dict(static), explain=tuple(rest.pop("explain")), **rest)
+                          donate=tuple(donate), static=dict(static), explain=tuple(explain), **rest)
 
 
 def _caller(frame: Any) -> Loc:

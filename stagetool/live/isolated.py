@@ -1,0 +1,148 @@
+"""``stagetool.inspect(..., isolate=True)``: stage in a worker process of its own
+(:mod:`stagetool.process.workers`, as ``--isolate``), so that user code that exits or aborts its
+process, or a JAX/XLA crash, ends the worker and comes back as a :class:`StagingError`.
+
+The worker is spawned (a fresh interpreter): the function goes by reference (its module and
+qualified name, imported there) and the arguments are pickled with every array and
+``ShapeDtypeStruct`` replaced by an :class:`AbstractArray` (shape, dtype, PartitionSpec and its
+mesh's axes), which the worker turns back into a ``ShapeDtypeStruct`` on an ``AbstractMesh``: no
+array data crosses, and no device object (which does not pickle).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pickle
+from typing import Any, Callable
+
+from stagetool.core.errors import StagingError, UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class AbstractArray:
+    """An array argument as a worker rebuilds it: global ``shape``, ``dtype`` name, ``dims`` (the
+    PartitionSpec's entries, None when it carries no ``NamedSharding``) and ``mesh_axes`` (that
+    sharding's mesh, ``(name, size)`` pairs)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    dims: tuple | None = None
+    mesh_axes: tuple[tuple[str, int], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionRef:
+    """A function named by module and qualified name, imported in the worker."""
+
+    module: str
+    qualname: str
+
+
+def inspect_isolated(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Any, *,
+                     timeout_s: float | None = None):
+    """:func:`stagetool.live.inspect_here` in a spawned worker; its report, or its failure raised.
+
+    Raises:
+      UsageError: the function or the arguments cannot be handed to a worker (not importable by
+        name, or not picklable once arrays are abstract), before anything starts.
+      SpecError, StagingError: as :func:`stagetool.inspect` (re-raised from the worker);
+        StagingError too when the worker died (``os._exit``, a signal, an abort) or ran past
+        ``timeout_s`` (default :data:`stagetool.gate.run.DEFAULT_TIMEOUT_S`).
+    """
+    from stagetool.gate.run import DEFAULT_TIMEOUT_S
+    from stagetool.process.workers import raise_first_error, run_in_workers
+
+    payload = (_reference(fn), _abstract(args), _abstract(kwargs), options)
+    try:
+        pickle.dumps(payload)
+    except Exception as e:  # noqa: BLE001 - any pickling failure is the same answer
+        raise UsageError(f"stagetool.inspect(isolate=True): the arguments of {options.name} cannot be handed to a "
+                         f"worker process: {e}", hint="pass arrays, ShapeDtypeStructs and plain pytrees of them, "
+                                                      "or stage in this process (isolate=False)") from None
+    outcomes = run_in_workers(_task, [options.name], jobs=1, common=payload, isolate=True,
+                              timeout_s=timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S)
+    raise_first_error(outcomes)
+    (outcome,) = outcomes
+    if outcome.died is not None:
+        raise StagingError(f"{options.name}: {outcome.died}", stage="compile", function=options.name)
+    return outcome.value
+
+
+def _reference(fn: Any) -> Any:
+    """``fn`` as the worker gets it: a :class:`FunctionRef` when importing its module finds this
+    very object under its qualified name, else ``fn`` itself (if it pickles).
+
+    Raises:
+      UsageError: neither (a function defined in a notebook cell or inside another function).
+    """
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if module and qualname and module != "__main__" and "<locals>" not in qualname:
+        try:
+            found: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                found = getattr(found, part)
+            if found is fn:
+                return FunctionRef(module, qualname)
+        except Exception:  # noqa: BLE001 - not importable: try pickling it below
+            pass
+    try:
+        pickle.dumps(fn)
+    except Exception:  # noqa: BLE001
+        raise UsageError(f"stagetool.inspect(isolate=True): {qualname or fn!r} cannot be imported by a worker process "
+                         f"(module {module!r})", hint="define the function at the top level of a module the worker "
+                                                      "can import (not in a notebook cell or inside a function), "
+                                                      "or stage in this process (isolate=False)") from None
+    return fn
+
+
+def _abstract(tree: Any) -> Any:
+    """Every array or ``ShapeDtypeStruct`` leaf of ``tree`` as an :class:`AbstractArray`."""
+    import jax
+    import numpy as np
+
+    def one(x: Any) -> Any:
+        if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)):
+            return x
+        sharding = getattr(x, "sharding", None)
+        spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+        dims = axes = None
+        if spec is not None and mesh is not None:
+            from stagetool.core.sharding import spec_dims
+
+            dims, axes = spec_dims(spec), tuple((str(k), int(v)) for k, v in mesh.shape.items())
+        return AbstractArray(tuple(np.shape(x)), np.dtype(x.dtype).name, dims, axes or ())
+
+    return jax.tree_util.tree_map(one, tree)
+
+
+def _concrete(tree: Any) -> Any:
+    """The worker's side of :func:`_abstract`: ``ShapeDtypeStruct``s, each sharded over an
+    ``AbstractMesh`` of its own mesh's axes (laid over the run's mesh by axis name)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
+    def one(x: Any) -> Any:
+        if not isinstance(x, AbstractArray):
+            return x
+        sharding = None
+        if x.dims is not None:
+            mesh = AbstractMesh(tuple(s for _, s in x.mesh_axes), tuple(n for n, _ in x.mesh_axes))
+            sharding = NamedSharding(mesh, PartitionSpec(*x.dims))
+        return jax.ShapeDtypeStruct(x.shape, jnp.dtype(x.dtype), sharding=sharding)
+
+    return jax.tree_util.tree_map(one, tree, is_leaf=lambda x: isinstance(x, AbstractArray))
+
+
+def _task(common: tuple, name: str) -> Any:
+    """The worker's task: the function imported, the arguments rebuilt, staged in-process there."""
+    from stagetool.live import inspect_here
+
+    fn, args, kwargs, options = common
+    if isinstance(fn, FunctionRef):
+        found: Any = importlib.import_module(fn.module)
+        for part in fn.qualname.split("."):
+            found = getattr(found, part)
+        fn = found
+    return inspect_here(fn, _concrete(args), _concrete(kwargs), options)
