@@ -3,6 +3,7 @@ and what-if changes on an out-of-memory, each compiled."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -65,3 +66,142 @@ def test_a_refused_compile_names_its_largest_buffer_and_line(run_cli, attention_
     text = run_cli("memory", "--spec", "a.stagetool.yaml", "--topology", "v5e:2x4", "--no-cache", check=0).stdout
     assert "over by 8.25 GiB" in text and f"attention_scores.py:{_scores_line()}" in text
     assert "buffers of the program XLA refused" in text
+
+
+# -- the search, against a brute-force sweep of the same grid ------------------------------------
+
+CPU_SPEC = """
+version: 1
+mesh:
+  axes: {data: 8}
+functions:
+  attention:
+    target: attention_scores.py:attention
+    args:
+      - 'f32[${batch},4,256,64] @ [data, null, null, null]'
+      - 'f32[${batch},4,256,64] @ [data, null, null, null]'
+      - 'f32[${batch},4,256,64] @ [data, null, null, null]'
+    static: {remat: '${remat}'}
+"""
+
+
+def _in_process(payload: dict, timeout_s: float | None) -> dict:
+    """The sweep worker's row, staged in this process (the test's 8 CPU devices): the search's
+    compiles without a process each."""
+    from stagetool.sweep.run import run_config
+
+    return run_config(payload)
+
+
+def test_search_order_and_edges_on_a_known_threshold():
+    """A probe that fits up to 100: galloping 8, 16, 32, 64, 128, then bisecting in steps of 8."""
+    from stagetool.analysis.fit import (
+        DOES_NOT_FIT,
+        FITS,
+        CompileCap,
+        Probe,
+        search_largest,
+    )
+
+    asked = []
+
+    def probe(b):
+        asked.append(b)
+        return Probe(b, FITS if b <= 100 else DOES_NOT_FIT)
+
+    s = search_largest(probe, start=8, multiple=8, max_batch=4096)
+    assert (s.largest, s.smallest_refused, s.status) == (96, 104, "found")
+    assert asked == [8, 16, 32, 64, 128, 96, 112, 104]
+    # brute force on the grid 8..4096 is 512 compiles; the search made 8
+    assert max(b for b in range(8, 4097, 8) if b <= 100) == s.largest
+    assert search_largest(probe, start=512, multiple=8, max_batch=4096).largest == 96  # the first does not fit
+    assert search_largest(lambda b: Probe(b, DOES_NOT_FIT), start=64, multiple=8, max_batch=4096).status == "none fits"
+    top = search_largest(lambda b: Probe(b, FITS), start=8, multiple=8, max_batch=60)
+    assert (top.largest, top.status) == (56, "at the maximum")
+
+    def capped(b):
+        raise CompileCap("cap")
+
+    assert search_largest(capped, start=8, multiple=8, max_batch=64).status == "undecided"
+
+
+def test_fit_equals_a_brute_force_sweep_with_fewer_compiles(attention_dir):
+    """CPU mesh of 8, --device-memory 10MiB, remat none/chunked, batch multiples of 8 up to 128: the
+    largest batch per setting equals the largest that fits among every grid point compiled (the
+    brute force), with fewer compiles."""
+    from stagetool.sweep.driver import payload
+    from stagetool.sweep.fit import FitOptions, plan_fit, run_fit
+
+    write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
+    options = FitOptions(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="10MiB",
+                         set=("remat=none,chunked",), multiple=8, max_batch=128)
+    doc = run_fit(options, runner=_in_process)
+    assert doc["decided"] and doc["problems"] == []
+    grid = list(range(8, 129, 8))
+    plan = plan_fit(options, tuple(grid))
+    brute: dict[str, int | None] = {}
+    for config in plan.configs:  # every (remat, batch) of the grid, compiled
+        row = _in_process(payload(plan, config), None)
+        remat = config.values()["remat"]
+        if row["fits"]:
+            brute[remat] = max(brute.get(remat) or 0, config.values()["batch"])
+    by_remat = {st["values"]["remat"]: st for st in doc["settings"]}
+    assert {k: v["largest_batch"] for k, v in by_remat.items()} == brute
+    assert brute["chunked"] != brute["none"]  # the knob changes the program (on XLA:CPU chunking costs more)
+    winner = max(brute, key=lambda k: brute[k])
+    assert doc["compiles"] == sum(st["compiles"] for st in doc["settings"]) < len(plan.configs) == 2 * len(grid)
+    # the peak at the largest batch is that compile's, under the capacity, and the next batch is over
+    for st in doc["settings"]:
+        assert st["peak_bytes_per_device"] <= st["capacity_bytes_per_device"] == 10 * 2**20
+        assert st["smallest_refused_batch"] == st["largest_batch"] + 8
+    line = f"--set batch={brute[winner]} --set remat={winner}"
+    assert doc["best"]["values"]["remat"] == winner and doc["best"]["set_line"] == line
+    from stagetool.sweep.fit_render import FitFormat, render
+
+    text = render(doc, FitFormat.text)
+    assert f"★ best: {line}" in text
+    md = render(doc, FitFormat.markdown)
+    assert md.count("\n| ") == 3 and "| ★ |" in md  # the header and one row per setting
+    html = render(doc, FitFormat.html)
+    assert html.startswith("<!DOCTYPE html>") and 'class="best"' in html
+
+
+def test_fit_fails_closed(attention_dir):
+    """Undecided, said so: a knob whose values compile one program (attention_scores.py reads any
+    remat but 'chunked' as 'none'), every batch refused (512 KiB per device; batch 8 peaks at 1 MiB), and the compile cap."""
+    from stagetool.sweep.fit import FitOptions, run_fit
+
+    write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
+    base = FitOptions(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="20MiB", multiple=8,
+                      max_batch=64)
+    same = run_fit(dataclasses.replace(base, set=("remat=none,plain",)), runner=_in_process)
+    assert not same["decided"] and any("remat=none and remat=plain compile the same program" in p
+                                       for p in same["problems"])
+    refused = run_fit(dataclasses.replace(base, set=("remat=none",), device_memory="512KiB"), runner=_in_process)
+    assert not refused["decided"] and refused["settings"][0]["status"] == "none fits", refused["settings"][0]["probes"]
+    assert refused["best"] is None and refused["compiles"] == 1  # the smallest batch, 8, does not fit: no other
+    capped = run_fit(dataclasses.replace(base, set=("remat=none,chunked",), max_compiles=3), runner=_in_process)
+    assert not capped["decided"] and capped["compiles"] == 3
+    assert any("--max-compiles" in p for p in capped["problems"])
+
+
+def test_what_if_lists_only_compiled_changes_that_fit(attention_dir):
+    """Batch 128 with remat none does not fit 10 MiB; half the batch and remat=chunked are each
+    compiled, and the list of those that fit is exactly the ones whose compile fitted (half the
+    batch fits; chunking, on XLA:CPU, does not)."""
+    from stagetool.sweep.fit import FitOptions, what_if
+
+    write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
+    options = FitOptions(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="10MiB",
+                         set=("remat=none,chunked",), multiple=8, max_batch=256)
+    compiled = []
+    doc = what_if(options, 128, runner=_in_process, on_probe=lambda values, p: compiled.append((values["remat"], p.batch)))
+    assert doc["from"]["outcome"] == "does not fit" and doc["decided"]
+    assert sorted(compiled) == sorted([("none", 128), ("none", 64), ("chunked", 128)])
+    assert doc["compiles"] == 3
+    tried = {t["change"]: t for t in doc["tried"]}
+    assert set(tried) == {"half the batch: batch 128 → 64", "remat: none → chunked"}
+    assert doc["fits"] == [c for c, t in tried.items() if t["outcome"] == "fits"] == ["half the batch: batch 128 → 64"]
+    for t in tried.values():
+        if t["outcome"] == "fits":
+            assert t["peak_bytes_per_device"] <= 10 * 2**20 and t["headroom_bytes"] >= 0

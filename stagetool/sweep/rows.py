@@ -56,6 +56,10 @@ ROW_FIELDS = {
     "timings": "{trace_s, lower_s, compile_s}: wall-clock, the one part that differs between runs",
 }
 
+OPTIONAL_ROW_FIELDS = {
+    "program_sha256": "stagetool fit only: sha256 of the lowered StableHLO text, or null (not a sweep row's field)",
+}
+
 
 class RankBy(str, enum.Enum):
     """What ``--rank-by`` orders fitting configurations by (smallest first)."""
@@ -225,13 +229,16 @@ def row_problem(row: Any) -> str | None:
     ``sweep merge``'s inputs), so nothing in them is used before this passes."""
     if not isinstance(row, dict):
         return f"a row is a JSON object, not {type(row).__name__}"
-    if set(row) != set(ROW_FIELDS):
-        extra, absent = sorted(set(row) - set(ROW_FIELDS)), sorted(set(ROW_FIELDS) - set(row))
+    if set(row) - set(OPTIONAL_ROW_FIELDS) != set(ROW_FIELDS):
+        extra = sorted(set(row) - set(ROW_FIELDS) - set(OPTIONAL_ROW_FIELDS))
+        absent = sorted(set(ROW_FIELDS) - set(row))
         return "fields " + "; ".join(p for p in (f"unknown: {', '.join(map(repr, extra))}" if extra else "",
                                                f"missing: {', '.join(absent)}" if absent else "") if p)
     for name, ok in _ROW_CHECKS.items():
         if not ok(row[name]):
             return f"{name}: {_shown(row[name])} is not {ROW_FIELDS[name]}"
+    if not _opt(_str, row.get("program_sha256")):
+        return f"program_sha256: {_shown(row['program_sha256'])} is not {OPTIONAL_ROW_FIELDS['program_sha256']}"
     if (row["status"] == ERROR and row["error"] is None) or (row["status"] == OK and row["error"] is not None):
         return f"status {row['status']!r} with error {_shown(row['error'])}"
     return None

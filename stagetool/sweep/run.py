@@ -8,7 +8,10 @@ simulated CPU devices and the compile-only topology when its backend starts; it 
 configuration that aborts the process (an XLA ``LLVM ERROR``) is one error row, not a lost sweep.
 
 A payload is a JSON-able dict: ``{"config": {index, id, mesh, topology, variables},
-"common": {target, spec, function, platform, chip, device_memory}, "cwd": str, "pythonpath": str}``.
+"common": {target, spec, function, platform, chip, device_memory}, "cwd": str, "pythonpath": str}``;
+``stagetool fit`` adds ``cache_dir`` (the facts cache) and ``program_digest`` (the row then carries
+``program_sha256``, the lowered StableHLO's digest, :data:`stagetool.sweep.rows.OPTIONAL_ROW_FIELDS`)
+to ``common``.
 """
 
 from __future__ import annotations
@@ -110,9 +113,12 @@ def run_config(payload: dict) -> dict:
                       function=common.get("function"), chip=chip,
                       device_memory=common.get("device_memory"), slices=common.get("slices"),
                       gpu_target_config=common.get("gpu_target_config"),
-                      variables=tuple(tuple(v) for v in config["variables"]))
+                      variables=tuple(tuple(v) for v in config["variables"]),
+                      cache_dir=Path(common["cache_dir"]) if common.get("cache_dir") else None)
+    digest = bool(common.get("program_digest"))  # stagetool fit: which program this is (a knob that changes nothing)
+    sections = [Section.COST, Section.MEMORY, Section.COLLECTIVES] + ([Section.LOWERED_TEXT] if digest else [])
     try:
-        report = analyze(options, [Section.COST, Section.MEMORY, Section.COLLECTIVES], command="sweep")
+        report = analyze(options, sections, command="sweep")
     except StagingError as e:
         oom = _OUT_OF_MEMORY.search(e.message) is not None
         row.update(status=DOES_NOT_FIT if oom else ERROR, fits=False if oom else None,
@@ -128,7 +134,14 @@ def run_config(payload: dict) -> dict:
 
         row["error"] = {"stage": "unknown", "exit_code": 3, "message": describe_exception(e)}
         return row
-    return row_from_function(row, report.functions[0])
+    fn = report.functions[0]
+    row = row_from_function(row, fn)
+    if digest:
+        import hashlib
+
+        text = fn.module.text if fn.module is not None else None
+        row["program_sha256"] = hashlib.sha256(text.encode()).hexdigest() if text else None
+    return row
 
 
 def _error_row(payload: dict, stage: str, message: str, exit_code: int = 3) -> dict:
