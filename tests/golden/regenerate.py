@@ -1,4 +1,4 @@
-"""Golden files: the JSON and Markdown reports and the snapshot of the bundled examples.
+"""Golden files: the JSON and Markdown reports, the snapshot and a sweep's JSON of the bundled examples.
 
 They pin what stagetool prints for the examples so that a change of the code's layout (or any
 refactoring) that changes a figure, a label or the order of rows is seen. Timings and versions are
@@ -51,6 +51,9 @@ CASES: dict[str, tuple[str, ...]] = {
         ("snapshot.json", ("snapshot",), ("-o", "{out}")),
     )
 }
+#: a sweep's rows (the sweep-row format, with --chip's roofline and --device-memory's fit)
+CASES["transformer.sweep.json"] = ("sweep", "examples/transformer.py:train_step", "--mesh", "2x4,4x2",
+                                   "--chip", "tpu-v5e", "--device-memory", "16GiB", "--format", "json")
 
 _VERSION_KEYS = ("stagetool_version", "jax_version", "jaxlib_version")
 _TIMINGS_MD = re.compile(r"trace [0-9.]+ [a-zµ]+, lower [0-9.]+ [a-zµ]+, compile [0-9.]+ [a-zµ]+")
@@ -62,10 +65,14 @@ def normalise(name: str, text: str) -> str:
     (their line numbers move with any edit)."""
     if name.endswith(".md"):
         return _TIMINGS_MD.sub("trace …, lower …, compile …", text)
+    if name.endswith(".snapshot.json"):  # the file's own bytes: sorted keys, 2-space indent, UTF-8 as is
+        canonical = json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        if text != canonical:
+            raise AssertionError(f"{name}: the snapshot file is not in its canonical form (sorted keys, indent 2)")
     doc = _drop_own_frames(json.loads(text))
     for key in _VERSION_KEYS:
         doc.pop(key, None)
-    for fn in doc.get("functions", []) if isinstance(doc.get("functions"), list) else []:
+    for fn in (doc.get("functions", []) if isinstance(doc.get("functions"), list) else []) + doc.get("rows", []):
         if fn.get("timings") is not None:
             fn["timings"] = {k: None for k in fn["timings"]}
     return json.dumps(doc, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
