@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stagetool.core.sharding import Sharding
 from stagetool.hlo.buffers import BufferAssignment
@@ -238,7 +238,7 @@ class BackendResult:
       error: ``"<Exception>: message"`` when the API raised, else None.
     """
 
-    values: Any
+    values: dict[str, int | float] | list[dict[str, int | float]] | None
     error: str | None = None
 
 
@@ -311,7 +311,7 @@ class StagedFunction:
     inputs: tuple[LeafFacts, ...] | None = None
     outputs: tuple[LeafFacts, ...] | None = None
     peak: PeakDump | None = None
-    propagation: Any = None
+    propagation: Propagation | None = None
     propagation_error: str | None = None
 
     @functools.cached_property

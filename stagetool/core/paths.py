@@ -306,31 +306,11 @@ def report_root(spec_path: str | Path | None, targets: Iterable[str] = (), cwd: 
 
 
 def rewrite_strings(value: Any, fn, *, skip: frozenset[str] = frozenset()) -> Any:
-    """``value`` with ``fn`` applied to every string in it: in frozen dataclasses (rebuilt with
-    :func:`dataclasses.replace`; fields named in ``skip`` left as they are), tuples, lists and dict
-    values. Other values are returned as they are (the same object when nothing changed)."""
-    if isinstance(value, str):
-        new = fn(value)
-        return value if new == value else new
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {}
-        for f in dataclasses.fields(value):
-            if f.name in skip or not f.init:
-                continue
-            old = getattr(value, f.name)
-            new = rewrite_strings(old, fn, skip=skip)
-            if new is not old:
-                changes[f.name] = new
-        return dataclasses.replace(value, **changes) if changes else value
-    if isinstance(value, (tuple, list)):
-        items = [rewrite_strings(v, fn, skip=skip) for v in value]
-        if all(a is b for a, b in zip(items, value)):
-            return value
-        return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
-    if isinstance(value, dict):
-        out = {k: rewrite_strings(v, fn, skip=skip) for k, v in value.items()}
-        return value if all(out[k] is value[k] for k in value) else out
-    return value
+    """``value`` with ``fn`` applied to every string in it but the record fields named in ``skip``
+    (:func:`stagetool.core.codec.map_strings`; the same object where nothing changed)."""
+    from stagetool.core.codec import map_strings
+
+    return map_strings(value, fn, skip=skip)
 
 
 _LIBRARIES = ("jax", "jaxlib", "flax", "optax", "equinox", "chex", "orbax", "typer", "click", "rich")

@@ -7,8 +7,6 @@ rewrite the terminal; printed through Rich, ``[bold]`` in one of them would be t
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import os
 import re
 from typing import Any
@@ -85,44 +83,17 @@ def markup_safe(text: object) -> str:
     return escape(printable(text))
 
 
-def sanitized(obj: Any, _depth: int = 0) -> Any:
-    """``obj`` with every string in it made :func:`printable` (dataclasses, lists, tuples and dicts
-    are copied where something changed; other values are returned as they are).
+def sanitized(obj: Any) -> Any:
+    """``obj`` with every string in it, dict keys too, made :func:`printable`
+    (:func:`stagetool.core.codec.map_strings`: records, lists, tuples and dicts are copied where
+    something changed; other values are returned as they are).
 
     For a document about to be rendered for a terminal or a pull request (text, Markdown, JUnit):
     names from specs, baselines and user code reach every renderer already escaped.
     """
-    if _depth > 200:
-        return obj
-    t = type(obj)
-    if t is str:
-        return printable(obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {}
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name, None)
-            new = sanitized(value, _depth + 1)
-            if new is not value:
-                changes[f.name] = new
-        if not changes:
-            return obj
-        out = copy.copy(obj)
-        for name, value in changes.items():
-            object.__setattr__(out, name, value)
-        return out
-    if t is list:
-        items = [sanitized(x, _depth + 1) for x in obj]
-        return items if any(a is not b for a, b in zip(items, obj)) else obj
-    if isinstance(obj, tuple):
-        items = [sanitized(x, _depth + 1) for x in obj]
-        if not any(a is not b for a, b in zip(items, obj)):
-            return obj
-        return t(*items) if hasattr(obj, "_fields") else t(items)
-    if t is dict:
-        out_d = {sanitized(k, _depth + 1): sanitized(v, _depth + 1) for k, v in obj.items()}
-        same = len(out_d) == len(obj) and all(k in obj and out_d[k] is obj[k] for k in out_d)
-        return obj if same else out_d
-    return obj
+    from stagetool.core.codec import map_strings
+
+    return map_strings(obj, printable, keys=True)
 
 
 def file_tail(path: str | os.PathLike, lines: int, *, window: int = 16384) -> list[str]:

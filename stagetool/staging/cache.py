@@ -70,32 +70,33 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stagetool.core import codec
 from stagetool.core.paths import ReportRoot
 from stagetool.core.sharding import Sharding
-from stagetool.facts import BackendResult, LeafFacts, StagedFunction
-from stagetool.hlo.buffers import Allocation, AssignedBuffer, BufferAssignment, LogicalBuffer
-from stagetool.hlo.parser import SourceFrame
-from stagetool.facts import Operand, PropagatedOp, Propagation, ShardingRule, ValueSharding
-from stagetool.facts import PeakDump
+from stagetool.facts import BackendResult, LeafFacts, PeakDump, Propagation, StagedFunction
 
-CACHE_SCHEMA = 10
+CACHE_SCHEMA = 11
 """Version of the entry format and of the key's contents; bump it when either changes.
 3: authenticated entries (HMAC header line), compile settings in the key. 5: the payload as a table of
-distinct values (:func:`_pack`). 6: paths below the report root written from ``<stagetool-root>`` in
+distinct values (:func:`stagetool.core.codec.pack`). 6: paths below the report root written from ``<stagetool-root>`` in
 the key and the entries. 7: ``<stagetool-root>`` stands for the project around the spec's folder,
 whose place in it is a key part. 8: each input leaf's ``sharding_source`` in the key (an entry
 echoes it: a hit must not say another run's source). 9: source locations cut at the first frame of
 stagetool (the frames above its call, a Python-API caller's script, left out), ``raw_text``. 10: the
-peak dump's ``space_names`` (XLA's names of its memory spaces)."""
+peak dump's ``space_names`` (XLA's names of its memory spaces). 11: read and checked by the typed
+codec (:mod:`stagetool.core.codec`); key parts as its table."""
 
 MAX_ENTRY_BYTES = 1 << 30
 """An entry larger than this (1 GiB) is not read: a miss. (A 48-layer transformer's entry is ~60 MB.)"""
 
 ENTRY_KIND = "stagetool-facts"
 
-#: the StagedFunction fields an entry holds: everything the compile determines
-_CACHED_FIELDS = ("compiled_text", "whole_program_cost", "per_device_cost", "memory", "inputs", "outputs", "peak",
-                  "propagation", "propagation_error")
+#: the StagedFunction fields an entry holds (everything the compile determines), each with its type
+_CACHED: dict[str, Any] = {
+    "compiled_text": str, "whole_program_cost": BackendResult, "per_device_cost": BackendResult,
+    "memory": BackendResult, "inputs": tuple[LeafFacts, ...], "outputs": tuple[LeafFacts, ...],
+    "peak": PeakDump | None, "propagation": Propagation | None, "propagation_error": str | None}
+_CACHED_FIELDS = tuple(_CACHED)
 
 
 def resolve_cache_dir(cache_dir: str | Path | None = None, *, no_cache: bool = False) -> Path | None:
@@ -218,18 +219,6 @@ def _local_body(body: bytes, root: ReportRoot | None) -> bytes:
     from stagetool.core.paths import ROOT_TOKEN
 
     return body.replace(f"{ROOT_TOKEN}/".encode("ascii"), f"{root.base}/".encode("utf-8"))
-
-
-def _strings(value: Any, fn) -> Any:
-    """A payload (JSON values; the packed table of :func:`_pack`) with ``fn`` applied to every string in
-    it but the keys of JSON objects (the field, record and mapping names, which hold no path)."""
-    if isinstance(value, str):
-        return fn(value)
-    if isinstance(value, list):
-        return [_strings(v, fn) for v in value]
-    if isinstance(value, dict):
-        return {k: _strings(v, fn) for k, v in value.items()}
-    return value
 
 
 def target_compiler_options(inputs: Any) -> list[list[str]]:
@@ -394,13 +383,13 @@ def _key_part(value: Any) -> Any:
     """``value`` (a spec value: a sharding, a shape, a fitted ``out_shardings`` tree) as JSON that is
     the same in every process for the same value.
 
-    Plain values and records are encoded as in an entry. Anything else is a pytree (a Flax
+    Plain values and records are packed as in an entry (:func:`stagetool.core.codec.pack`). Anything else is a pytree (a Flax
     ``TrainState`` fitted by ``out_shardings: {like: 0}``, whose static fields hold bound methods and
     optax closures): it is described by its leaves' key paths and their shardings, never by its
     ``repr``, which holds memory addresses that change every run (the key would never match again).
     """
     try:
-        return _encode(value)
+        return codec.pack({"v": value})
     except TypeError:
         pass
     import jax
@@ -411,7 +400,7 @@ def _key_part(value: Any) -> Any:
 
 def _leaf_part(leaf: Any) -> Any:
     try:
-        return _encode(leaf)
+        return codec.pack({"v": leaf})
     except TypeError:
         return _ADDRESS.sub("", repr(leaf))  # an unknown leaf: its text, without the addresses
 
@@ -506,8 +495,8 @@ class FactsCache:
         compiled text's metadata, Shardy's frames, spec locations) are written from
         :data:`~stagetool.core.paths.ROOT_TOKEN` (:meth:`ReportRoot.portable`)."""
         try:
-            payload = _strings({**_pack({name: getattr(facts, name) for name in _CACHED_FIELDS}),
-                                "compile_warnings": list(compile_warnings)}, _portable(root))
+            payload = codec.map_strings({**codec.pack({name: getattr(facts, name) for name in _CACHED}),
+                                         "compile_warnings": list(compile_warnings)}, _portable(root))
             body = json.dumps(payload, sort_keys=True).encode("utf-8")
         except (TypeError, ValueError):
             return False  # facts this format cannot hold exactly are not cached
@@ -674,225 +663,17 @@ def _read_secret(path: Path) -> bytes:
 
 
 def _decode_entry(payload: Any, *, peak: bool) -> CachedFacts | None:
-    """The facts of an authenticated payload, each field's type checked; None when one is off."""
+    """The facts of an authenticated payload, each field checked against its type (:data:`_CACHED`);
+    None when one is off."""
     if not isinstance(payload, dict) or set(payload) != {"fields", "records", "table", "compile_warnings"}:
         return None
-    fields = _unpack(payload)
-    if fields is None:
-        return None
-    warnings = payload["compile_warnings"]
-    if not (isinstance(warnings, list) and all(isinstance(w, str) for w in warnings)):
-        return None
-    if not _valid(fields):
+    try:
+        fields = codec.unpack(payload, _CACHED)
+        warnings = codec.decode(tuple[str, ...], payload["compile_warnings"])
+    except codec.CodecError:
         return None
     if peak and fields["peak"] is None:
         return None  # the entry was written by a run that did not take the dump
     if not peak:
         fields["peak"] = None
-    return CachedFacts(fields, tuple(warnings))
-
-
-# ---- the key parts: plain JSON, tuples and the known records tagged --------------------------------
-
-_RECORDS: dict[str, type] = {cls.__name__: cls for cls in (LeafFacts, BackendResult, PeakDump, Sharding,
-                                                            BufferAssignment, LogicalBuffer, Allocation,
-                                                            AssignedBuffer, Propagation, PropagatedOp, Operand,
-                                                            ValueSharding, ShardingRule, SourceFrame)}
-
-
-def _encode(value: Any) -> Any:
-    """JSON values for the facts: records as ``{"$record": name, fields...}``, tuples as ``{"$tuple": [...]}``."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        name = type(value).__name__
-        if _RECORDS.get(name) is not type(value):
-            raise TypeError(f"cannot cache a {name}")
-        return {"$record": name, **{f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}}
-    if isinstance(value, tuple):
-        return {"$tuple": [_encode(v) for v in value]}
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
-    if isinstance(value, dict):
-        if not all(isinstance(k, str) for k in value) or "$record" in value or "$tuple" in value:
-            raise TypeError("cannot cache a mapping with non-string or reserved keys")
-        return {k: _encode(v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise TypeError(f"cannot cache a {type(value).__name__}")
-
-
-# ---- the entry's payload: a table of distinct values ---------------------------------------------
-#
-# The facts repeat themselves: Shardy's propagation of a transformer step holds tens of thousands of
-# operands whose shardings, source frames and rules are a few hundred distinct records. Written as a
-# tree (as :func:`_encode` writes a key part) its entry is ~6 MB and rebuilding it is most of a warm
-# run's own time; so the payload is a table in which each distinct immutable value (a scalar, a
-# tuple, a record) is written once and referred to by its index. Lists and dicts are mutable and are
-# written once per occurrence, so no two places of the decoded facts share one.
-#
-# ``table``: nodes in post-order (children before parents), each ``[tag, ...]``:
-#   ``["v", scalar]``; ``["t", i...]`` a tuple; ``["l", i...]`` a list; ``["d", key, i, key, i...]``
-#   a dict with string keys; ``["r", name, i...]`` a record's fields in declaration order.
-# ``records``: each record name used, with its field names (a class whose fields changed since the
-# entry was written is a miss, not a misread); ``fields``: each cached field's index in the table.
-
-
-def _pack(values: dict[str, Any]) -> dict[str, Any]:
-    """The payload of ``values`` (the cached fields); TypeError for a value the format does not hold."""
-    table: list[list] = []
-    memo: dict[tuple, int] = {}
-    records: dict[str, list[str]] = {}
-
-    def add(node: list, key: tuple | None) -> int:
-        if key is not None:
-            found = memo.get(key)
-            if found is not None:
-                return found
-            memo[key] = len(table)
-        table.append(node)
-        return len(table) - 1
-
-    def enc(value: Any) -> int:
-        if value is None or isinstance(value, (bool, int, str)):
-            return add(["v", value], ("v", type(value), value))
-        if isinstance(value, float):
-            return add(["v", value], ("v", float, repr(value)))  # -0.0 is not 0.0; nan is itself
-        if isinstance(value, tuple):
-            node = ["t", *(enc(v) for v in value)]
-            return add(node, tuple(node))
-        if isinstance(value, list):
-            return add(["l", *(enc(v) for v in value)], None)
-        if isinstance(value, dict):
-            if not all(isinstance(k, str) for k in value):
-                raise TypeError("cannot cache a mapping with non-string keys")
-            return add(["d", *(x for k, v in value.items() for x in (k, enc(v)))], None)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            name = type(value).__name__
-            if _RECORDS.get(name) is not type(value):
-                raise TypeError(f"cannot cache a {name}")
-            names = [f.name for f in dataclasses.fields(value)]
-            records.setdefault(name, names)
-            node = ["r", name, *(enc(getattr(value, n)) for n in names)]
-            return add(node, tuple(node))
-        raise TypeError(f"cannot cache a {type(value).__name__}")
-
-    fields = {name: enc(v) for name, v in values.items()}
-    return {"fields": fields, "records": records, "table": table}
-
-
-def _unpack(payload: dict[str, Any]) -> dict[str, Any] | None:
-    """The cached fields of a payload written by :func:`_pack`; None when it is not one (a field
-    missing, a record whose fields are not the class's, a reference that does not point back)."""
-    table, records, refs = payload["table"], payload["records"], payload["fields"]
-    if not (isinstance(table, list) and isinstance(records, dict) and isinstance(refs, dict)
-            and set(refs) == set(_CACHED_FIELDS)):
-        return None
-    for name, names in records.items():
-        cls = _RECORDS.get(name)
-        if cls is None or names != [f.name for f in dataclasses.fields(cls)]:
-            return None
-    out: list[Any] = []
-
-    def get(i: Any) -> Any:
-        if type(i) is not int or not 0 <= i < len(out):
-            raise ValueError("a reference that does not point back")
-        return out[i]
-
-    for node in table:
-        tag = node[0] if isinstance(node, list) and node else None
-        if tag == "v" and len(node) == 2 and not isinstance(node[1], (list, dict)):
-            out.append(node[1])
-        elif tag == "t":
-            out.append(tuple(get(i) for i in node[1:]))
-        elif tag == "l":
-            out.append([get(i) for i in node[1:]])
-        elif tag == "d" and len(node) % 2 == 1 and all(isinstance(k, str) for k in node[1::2]):
-            out.append({k: get(i) for k, i in zip(node[1::2], node[2::2])})
-        elif tag == "r" and len(node) >= 2 and node[1] in records and len(node) - 2 == len(records[node[1]]):
-            out.append(_RECORDS[node[1]](*(get(i) for i in node[2:])))
-        else:
-            raise ValueError("a node of no known form")
-    return {name: get(refs[name]) for name in _CACHED_FIELDS}
-
-
-def _is(value: Any, *types: type) -> bool:
-    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
-
-
-def _ints(value: Any) -> bool:
-    return isinstance(value, tuple) and all(_is(v, int) for v in value)
-
-
-def _valid_sharding(s: Any) -> bool:
-    return (isinstance(s, Sharding) and s.kind in ("spec", "auto", "unspecified", "other")
-            and isinstance(s.dims, tuple) and (s.text is None or isinstance(s.text, str))
-            and all(d is None or isinstance(d, str) or (isinstance(d, tuple) and all(isinstance(a, str) for a in d))
-                    for d in s.dims))
-
-
-def _valid_leaf(x: Any, *, output: bool) -> bool:
-    return (isinstance(x, LeafFacts) and isinstance(x.path, str) and _ints(x.shape) and isinstance(x.dtype, str)
-            and _valid_sharding(x.declared) and (x.compiled is None or _valid_sharding(x.compiled))
-            and (x.shard_shape is None or _ints(x.shard_shape)) and isinstance(x.donated, bool)
-            and (x.local_shape is None or _ints(x.local_shape)) and (x.source is None or isinstance(x.source, str))
-            and (x.parameter is None or _is(x.parameter, int))
-            and (x.padded_bytes_per_device is None or _is(x.padded_bytes_per_device, int))
-            and isinstance(x.ref_write_back, bool) and (output or not x.ref_write_back)
-            and (not output or x.parameter is None))
-
-
-def _valid_result(r: Any, *, memory: bool) -> bool:
-    if not isinstance(r, BackendResult) or not (r.error is None or isinstance(r.error, str)):
-        return False
-    v = r.values
-    if v is None:
-        return True
-    if memory:
-        return isinstance(v, dict) and all(_is(n, int) for n in v.values())
-    dicts = v if isinstance(v, list) else [v]
-    return all(isinstance(d, dict) and all(_is(n, int, float) for n in d.values()) for d in dicts)
-
-
-def _valid(f: dict[str, Any]) -> bool:
-    peak = f["peak"]
-    return (isinstance(f["compiled_text"], str)
-            and _valid_result(f["whole_program_cost"], memory=False) and _valid_result(f["per_device_cost"], memory=False)
-            and _valid_result(f["memory"], memory=True)
-            and isinstance(f["inputs"], tuple) and all(_valid_leaf(x, output=False) for x in f["inputs"])
-            and isinstance(f["outputs"], tuple) and all(_valid_leaf(x, output=True) for x in f["outputs"])
-            and _valid_propagation(f["propagation"], f["propagation_error"])
-            and (peak is None or (isinstance(peak, PeakDump) and isinstance(peak.module_text, str)
-                                  and (peak.live_range_text is None or isinstance(peak.live_range_text, str))
-                                  and (peak.compile_seconds is None or _is(peak.compile_seconds, int, float))
-                                  and (peak.reason is None or isinstance(peak.reason, str))
-                                  and (peak.buffers_reason is None or isinstance(peak.buffers_reason, str))
-                                  and (peak.buffers is None or _valid_buffers(peak.buffers))
-                                  and isinstance(peak.space_names, tuple)
-                                  and all(isinstance(x, tuple) and len(x) == 2 and _is(x[0], int)
-                                          and isinstance(x[1], str) for x in peak.space_names))))
-
-
-def _valid_propagation(p: Any, error: Any) -> bool:
-    """Shardy's rerun propagation (issue 22's causes), or why there is none, or neither (not computed
-    by the run that wrote the entry). Its records were rebuilt by :func:`_unpack` with their own fields."""
-    if error is not None:
-        return p is None and isinstance(error, str)
-    return p is None or (isinstance(p, Propagation) and isinstance(p.ops, tuple)
-                         and all(isinstance(op, PropagatedOp) for op in p.ops)
-                         and all(x is None or isinstance(x, ValueSharding) for x in (*p.inputs, *p.outputs)))
-
-
-def _valid_buffers(b: Any) -> bool:
-    """A cached buffer assignment is well-typed (the heap-simulator events are never cached)."""
-    return (isinstance(b, BufferAssignment) and isinstance(b.module, str) and isinstance(b.entry, str)
-            and b.traces == ()
-            and isinstance(b.buffers, tuple) and all(
-                isinstance(x, LogicalBuffer) and _is(x.id, int) and _is(x.size, int) and isinstance(x.instruction, str)
-                and _ints(x.shape_index) and _is(x.color, int) for x in b.buffers)
-            and isinstance(b.allocations, tuple) and all(
-                isinstance(a, Allocation) and all(_is(getattr(a, n), int) for n in ("index", "size", "color"))
-                and all(isinstance(getattr(a, n), bool) for n in ("is_thread_local", "is_tuple", "is_constant",
-                                                                   "maybe_live_out"))
-                and (a.parameter_number is None or _is(a.parameter_number, int))
-                and isinstance(a.assigned, tuple)
-                and all(isinstance(x, AssignedBuffer) and _ints((x.buffer_id, x.offset, x.size)) for x in a.assigned)
-                for a in b.allocations))
+    return CachedFacts(fields, warnings)

@@ -244,7 +244,7 @@ def test_the_propagation_behind_the_causes_is_cached_with_the_entry(project, tmp
 
 
 def test_an_entry_holds_each_distinct_value_once_and_reads_back_equal(project, tmp_path, monkeypatch):
-    """The payload is a table of distinct values (``cache._pack``): the facts read back are equal to the
+    """The payload is a table of distinct values (``codec.pack``): the facts read back are equal to the
     ones the compile gave, field by field; a source frame repeated on many ops is one table node; the
     mutable values (cost dicts) come back as objects of their own, never shared."""
     from stagetool.staging import cache as cache_module
@@ -276,7 +276,7 @@ def test_an_entry_holds_each_distinct_value_once_and_reads_back_equal(project, t
 @pytest.mark.parametrize("damage", ["forward reference", "record fields changed", "unknown tag"])
 def test_a_signed_payload_of_the_wrong_shape_is_a_miss(project, tmp_path, damage):
     """A payload that passes the HMAC (as if an older stagetool had written it) but is not a table
-    :func:`cache._pack` writes is a miss, never an error or a misread record."""
+    :func:`stagetool.core.codec.pack` writes is a miss, never an error or a misread record."""
     cache = tmp_path / "cache"
     _run(cache)
     (entry,) = _entries(cache)
