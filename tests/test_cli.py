@@ -418,7 +418,7 @@ def test_help_and_version_do_not_import_jax():
                                   ["--coordinator=h:1", "memory", "--help"], ["reprot"], ["--bogus"]])
 def test_the_command_built_for_one_run_answers_as_the_whole_app(argv, capfd):
     """A run builds only the subcommand it names, and the root's help lists the subcommands from
-    their names and docstrings alone (cli._click_command); help, usage errors and exit codes are
+    their names and docstrings alone (cli.entry.click_command); help, usage errors and exit codes are
     those of the app with every subcommand built."""
     import typer.main
 
@@ -435,7 +435,7 @@ def test_the_command_built_for_one_run_answers_as_the_whole_app(argv, capfd):
 
     full = answer(typer.main.get_command(cli.app))
     assert full[1] or full[2]  # the comparison is of something
-    assert answer(cli._click_command(list(argv))) == full
+    assert answer(cli.entry.click_command(list(argv))) == full
 
 
 @pytest.mark.slow

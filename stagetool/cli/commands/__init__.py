@@ -1,0 +1,6 @@
+"""The commands, by family; importing this registers them on :data:`stagetool.cli.app.app` in the
+order ``stagetool --help`` lists them: stage (lower ... report), devices, gate (snapshot, check, diff), sweep."""
+
+from __future__ import annotations
+
+from stagetool.cli.commands import stage, devices, gate, sweep  # noqa: F401, I001 - the order is --help's

@@ -1,0 +1,136 @@
+"""The commands that stage functions and print one view of them: lower, compile, shardings,
+collectives, why, cost, memory and report (README: "Commands")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from stagetool.cli.app import app, joined
+from stagetool.cli.options import (ChipOpt, DebugOpt, DeviceMemoryOpt, FailIfOverOpt, FormatOpt, JobsOpt, OutputOpt,
+                                   PagerOpt, PeakOpt, Staging, TopOpt, outputs, staging_command)
+from stagetool.cli.output import emit, errors, staging_status, stderr
+from stagetool.core.errors import ExitCode, UsageError
+from stagetool.report import Format
+
+
+def _stage_and_emit(command: str, staging: Staging, fmt: Format, output: Optional[Path], *, pager: bool = False,
+                    fail_if_over: bool = False, **more: Any) -> None:
+    """Stage with the shared options (and ``more`` :class:`stagetool.pipeline.Options` fields), print
+    ``command``'s sections (its own; the report's all), and with ``--fail-if-over`` the verdict."""
+    from stagetool.pipeline import REPORT_SECTIONS, Section, analyze
+
+    sections = (list(REPORT_SECTIONS) if command == "report"
+                else [Section({"lower": "lowered_text", "compile": "compiled_text"}.get(command, command))])
+    options = joined(staging.options(**more, outputs=outputs(output=output)))
+    with staging_status() as on_stage:
+        report = analyze(options, sections, command=command, on_stage=on_stage)
+    emit(report, fmt, output, pager=pager)
+    if fail_if_over:
+        _fail_if_over(report)
+
+
+def _fail_if_over(report: Any) -> None:
+    """``--fail-if-over``: exit 1 when any function's peak is over the device memory; exit 2 when it
+    cannot be decided (the device memory, or the backend's figures, unknown)."""
+    functions = [f for f in report.functions if f.memory is not None]
+    suspect = [f"{f.name}: {f.memory.verdict.reason}" for f in functions
+               if f.memory.verdict.fits is None and f.memory.record.peak_suspects]
+    if suspect:
+        raise UsageError("--fail-if-over: verdict unknown: " + "; ".join(suspect),
+                         hint="the backend's memory figures cannot decide; compile for the target itself "
+                              "(--topology NAME) or check the figures with stagetool memory --format json")
+    unknown = [f.name for f in functions if f.memory.verdict.fits is None]
+    if unknown:
+        raise UsageError(f"--fail-if-over needs the device memory, which is unknown for {', '.join(unknown)}",
+                         hint="give --device-memory 16GiB, --chip NAME or --topology NAME")
+    over = [f.name for f in functions if f.memory.verdict.fits is False]
+    if over:
+        stderr().print(f"[bold red]does not fit:[/] {', '.join(over)}")
+        raise typer.Exit(int(ExitCode.FINDINGS))
+
+
+@app.command()
+@staging_command
+def lower(staging: Staging, dialect: Annotated[str, typer.Option("--dialect", help="stablehlo or hlo.")] = "stablehlo",
+          format: FormatOpt = Format.text, output: OutputOpt = None, pager: PagerOpt = False,
+          debug: DebugOpt = False) -> None:
+    """Print the lowered module (StableHLO, with the shardings as written). Does not compile."""
+    with errors(debug):
+        _stage_and_emit("lower", staging, format, output, pager=pager, dialect=dialect)
+
+
+@app.command("compile")
+@staging_command
+def compile_(staging: Staging, format: FormatOpt = Format.text, output: OutputOpt = None,
+             pager: PagerOpt = False, debug: DebugOpt = False) -> None:
+    """Print the compiled module: optimized HLO after the SPMD partitioner, per device."""
+    with errors(debug):
+        _stage_and_emit("compile", staging, format, output, pager=pager)
+
+
+@app.command()
+@staging_command
+def shardings(staging: Staging, format: FormatOpt = Format.text, output: OutputOpt = None,
+              debug: DebugOpt = False) -> None:
+    """For every input and output leaf: the sharding declared, the one compiled, and bytes per device."""
+    with errors(debug):
+        _stage_and_emit("shardings", staging, format, output)
+
+
+@app.command()
+@staging_command
+def collectives(staging: Staging, explain: Annotated[Optional[list[str]], typer.Option(
+                    "--explain", "-e", help="An input leaf (its path, or the last part: wq) whose collectives "
+                                            "to trace: why is it gathered? Repeatable.", show_default=False)] = None,
+                format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
+    """Every collective the SPMD partitioner inserted: kind, mesh axes, bytes, runs, and your source line."""
+    with errors(debug):
+        _stage_and_emit("collectives", staging, format, output, explain=tuple(explain or ()))
+
+
+@app.command()
+@staging_command
+def why(staging: Staging,
+        leaf: Annotated[Optional[str], typer.Option("--leaf", help="An input or output leaf (its path, its last "
+                                                   "part: wq, or a regular expression over them).")] = None,
+        line: Annotated[Optional[str], typer.Option("--line", help="A source line, FILE:LINE (model.py:8).")] = None,
+        collective: Annotated[Optional[int], typer.Option("--collective", help="A collective, by its number in "
+                                                          "'stagetool collectives' (1, 2, ...).")] = None,
+        format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
+    """Where a leaf's, a line's or a collective's sharding came from, and what it causes downstream."""
+    with errors(debug):
+        _stage_and_emit("why", staging, format, output, why=(leaf, line, collective))
+
+
+@app.command()
+@staging_command
+def cost(staging: Staging, chip: ChipOpt = None, format: FormatOpt = Format.text,
+         output: OutputOpt = None, debug: DebugOpt = False) -> None:
+    """FLOPs, transcendentals and bytes accessed: per device (compiled) and whole program (lowered)."""
+    with errors(debug):
+        _stage_and_emit("cost", staging, format, output, chip=chip)
+
+
+@app.command()
+@staging_command
+def memory(staging: Staging, device_memory: DeviceMemoryOpt = None, chip: ChipOpt = None,
+           fail_if_over: FailIfOverOpt = False, peak: PeakOpt = True, top: TopOpt = 10,
+           format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
+    """Per-device memory: arguments, outputs, donated, temporaries, peak, and what is live at the peak."""
+    with errors(debug):
+        _stage_and_emit("memory", staging, format, output, fail_if_over=fail_if_over, device_memory=device_memory,
+                        chip=chip, peak=peak, top=top)
+
+
+@app.command()
+@staging_command
+def report(staging: Staging, chip: ChipOpt = None, device_memory: DeviceMemoryOpt = None,
+           fail_if_over: FailIfOverOpt = False, peak: PeakOpt = False, top: TopOpt = 10, jobs: JobsOpt = 1,
+           format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
+    """One screen: mesh, stage timings, shardings, collectives, cost and memory."""
+    with errors(debug):
+        _stage_and_emit("report", staging, format, output, fail_if_over=fail_if_over, device_memory=device_memory,
+                        chip=chip, peak=peak, top=top, jobs=jobs)
