@@ -5,6 +5,7 @@ and help texts), and :class:`Staging`, the options of every staging command as o
 from __future__ import annotations
 
 import dataclasses
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -124,25 +125,27 @@ class Staging:
                        cache_dir=resolve_cache_dir(self.cache_dir, no_cache=self.no_cache), **more)
 
 
+_SHARED: list[Any] = []
+"""Staging's fields as the parameters Typer reads (``inspect.Parameter``; made on first use)."""
+
+
 def staging_command(fn: Any) -> Any:
     """Give a command the shared staging options: Typer sees :class:`Staging`'s fields as the
     command's first parameters, and the command receives them as one ``staging: Staging`` argument."""
     import functools
     import inspect
-    import typing
 
-    hints = typing.get_type_hints(Staging, include_extras=True)
-    fields = dataclasses.fields(Staging)
+    if not _SHARED:
+        hints = typing.get_type_hints(Staging, include_extras=True)
+        _SHARED.extend(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default,
+                                         annotation=hints[f.name]) for f in dataclasses.fields(Staging))
     signature = inspect.signature(fn, eval_str=True)
-    own = [p for p in signature.parameters.values() if p.name != "staging"]
-    shared = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default,
-                                annotation=hints[f.name]) for f in fields]
 
     @functools.wraps(fn)
     def command(**kwargs: Any) -> Any:
-        return fn(staging=Staging(**{f.name: kwargs.pop(f.name) for f in fields}), **kwargs)
+        return fn(staging=Staging(**{p.name: kwargs.pop(p.name) for p in _SHARED}), **kwargs)
 
-    parameters = shared + own
+    parameters = _SHARED + [p for p in signature.parameters.values() if p.name != "staging"]
     command.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in parameters}
     return command
