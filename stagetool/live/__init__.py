@@ -67,7 +67,9 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
 
     Args:
       fn: a function, or a ``jax.jit`` / ``nnx.jit`` / ``eqx.filter_jit`` wrapper (its own static
-        arguments, donation, in/out shardings and compiler options hold, as for a spec target).
+        arguments, donation, in/out shardings and compiler options hold, as for a spec target); or
+        a ``jax.stages.Traced`` (``jax.jit(f).trace(*args)``, given alone): its equations staged
+        with the shardings and donation its own compile gives the arguments (one more compile).
       args, kwargs: the arguments, as the function takes them: arrays (``jax.Array``, NumPy), which
         are not computed on, only their shapes, dtypes and shardings read (a ``NamedSharding``'s
         PartitionSpec is laid over this run's mesh by axis name); ``jax.ShapeDtypeStruct``s (with a
@@ -120,6 +122,7 @@ def run_inspect(fn: Callable[..., Any], args: tuple, kwargs: dict, *, loc: Loc |
                 timeout_s: float | None = None, **options: Any):
     """:func:`inspect` with the caller's line given (``loc``: the line input errors name), for
     callers that wrap it (the pytest fixture)."""
+    fn, args, kwargs, options = _from_stages(fn, args, kwargs, options)
     resolved = _options(fn, args, kwargs, loc=loc, **options)
     kwargs = {k: v for k, v in kwargs.items() if k not in resolved.static}
     if isolate:
@@ -174,6 +177,54 @@ def exit_refused() -> Iterator[None]:
         os._exit = real
 
 
+def _from_stages(fn: Any, args: tuple, kwargs: dict, options: dict) -> tuple[Any, tuple, dict, dict]:
+    """A ``jax.stages.Traced`` as a function and arguments the pipeline stages: its jaxpr as the
+    function (``jax.extend.core.jaxpr_as_fun``: the same equations, with their source lines), its
+    ``args_info`` as ``ShapeDtypeStruct``s with the shardings and donation its compile gives them
+    (``Compiled.input_shardings``: one compile of the Traced, since a Traced does not say them).
+    Anything else is returned as it is.
+
+    Raises:
+      UsageError: a ``Lowered`` or ``Compiled`` (no program left to stage on another mesh), or
+        arguments given beside a Traced.
+    """
+    import jax
+
+    if isinstance(fn, (jax.stages.Lowered, jax.stages.Compiled)):
+        kind = type(fn).__name__
+        raise UsageError(f"stagetool.inspect: a jax.stages.{kind} holds a module lowered for its devices, not a "
+                         "program stagetool can stage on a mesh or topology",
+                         hint="pass the Traced (jax.jit(f).trace(*args)), or the function and its arguments")
+    if not isinstance(fn, jax.stages.Traced):
+        return fn, args, kwargs, options
+    if args or kwargs:
+        raise UsageError("stagetool.inspect: a jax.stages.Traced holds its arguments; give no others",
+                         hint="inspect(jax.jit(f).trace(*args)), or inspect(f, *args)")
+    from jax.extend.core import jaxpr_as_fun
+
+    traced = fn
+    infos, tree = jax.tree_util.tree_flatten(traced.args_info)
+    shardings = tree.flatten_up_to(_pair(traced.lower().compile().input_shardings))
+    structs = [jax.ShapeDtypeStruct(tuple(i.shape), i.dtype, sharding=s) for i, s in zip(infos, shardings)]
+    args, kwargs = jax.tree_util.tree_unflatten(tree, structs)
+    donated_args, donated_kwargs = jax.tree_util.tree_unflatten(tree, [i.donated for i in infos])
+    donate = [i for i, a in enumerate(donated_args) if any(jax.tree_util.tree_leaves(a))]
+    donate += [k for k, v in donated_kwargs.items() if any(jax.tree_util.tree_leaves(v))]
+    body, out_tree = jaxpr_as_fun(traced.jaxpr), traced.out_tree
+
+    def program(*a: Any, **k: Any) -> Any:
+        return jax.tree_util.tree_unflatten(out_tree, body(*jax.tree_util.tree_leaves((a, k))))
+
+    program.__name__ = program.__qualname__ = traced.fun_name
+    program.stagetool_target = f"<jax.stages.Traced>:{traced.fun_name}"  # type: ignore[attr-defined]
+    return program, tuple(args), dict(kwargs), {**options, "donate": tuple(donate)}
+
+
+def _pair(tree: Any) -> Any:
+    """``(args, kwargs)`` as the stages give it, the args a tuple."""
+    return (tuple(tree[0]), tree[1]) if isinstance(tree, (tuple, list)) and len(tree) == 2 else tree
+
+
 def raise_failure(report: Any) -> None:
     """Fail closed: a report whose function failed to stage is raised as a :class:`StagingError`."""
     for f in report.functions:
@@ -222,6 +273,8 @@ def _underlying(fn: Any) -> Any:
 def _target_text(fn: Any, label: str) -> str:
     """How the report names the function: ``file.py:qualname`` for a function in a file (relative
     to the working directory when below it), ``module:qualname`` otherwise (a notebook cell)."""
+    if getattr(fn, "stagetool_target", None):
+        return fn.stagetool_target
     base = _underlying(fn)
     qualname = getattr(base, "__qualname__", label)
     code = getattr(base, "__code__", None)

@@ -137,3 +137,60 @@ def test_user_code_that_fails_or_exits_never_gives_a_report(body):
 def test_bad_mesh_is_a_usage_error_before_anything_is_staged():
     with pytest.raises(UsageError, match="mesh"):
         stagetool.inspect(lambda x: x, jnp.zeros(2), mesh="data=two")
+
+
+def test_a_traced_is_staged_as_its_function_is_and_a_lowered_is_refused():
+    mesh = _mesh()
+
+    def step(w, x, n=2):
+        return jnp.tanh(x @ w).sum() * n
+
+    w = jax.device_put(jnp.ones((64, 128)), NamedSharding(mesh, P(None, "model")))
+    x = jax.device_put(jnp.ones((32, 64)), NamedSharding(mesh, P("data", None)))
+    traced = jax.jit(step, donate_argnums=0, static_argnames="n").trace(w, x, n=3)
+    from_traced = stagetool.inspect(traced)
+    direct = stagetool.inspect(step, w, x, donate=0, static={"n": 3})
+    assert from_traced.function().target == "<jax.stages.Traced>:step"
+    assert from_traced.memory.record == direct.memory.record
+    assert from_traced.cost.per_device == direct.cost.per_device
+    # the same lines (named from another report root: the working directory, as the Traced has no file)
+    assert [(c.collective.kind, c.collective.mesh_axes, c.source.rpartition("/")[2])
+            for c in from_traced.collectives.items] == \
+        [(c.collective.kind, c.collective.mesh_axes, c.source.rpartition("/")[2]) for c in direct.collectives.items]
+    assert [(x.compiled, x.donated) for x in from_traced.function().inputs] == \
+        [(x.compiled, x.donated) for x in direct.function().inputs]
+    # XLA's own figure for the user's compile of that Traced
+    assert from_traced.memory.record.alias_bytes == traced.lower().compile().memory_analysis().alias_size_in_bytes
+    with pytest.raises(UsageError, match="jax.stages.Lowered holds a module lowered for its devices"):
+        stagetool.inspect(traced.lower())
+
+
+def test_flax_nnx_module_and_equinox_module_arguments():
+    nnx = pytest.importorskip("flax.nnx")
+    eqx = pytest.importorskip("equinox")
+    mesh = _mesh()
+    x = jax.device_put(jnp.ones((32, 64)), NamedSharding(mesh, P("data", None)))
+    with jax.set_mesh(mesh):
+        layer = nnx.Linear(64, 128, rngs=nnx.Rngs(0), kernel_init=nnx.with_partitioning(
+            nnx.initializers.lecun_normal(), (None, "model")))
+
+    def loss(layer, x):
+        return (layer(x) ** 2).mean()
+
+    report = stagetool.inspect(loss, layer, x, mesh=mesh)
+    leaves = {leaf.path: leaf for leaf in report.function().inputs}
+    assert str(leaves["layer/kernel/value"].compiled) == "P(None, 'model')"
+    assert leaves["layer/kernel/value"].sharding_source == "model"  # Flax's own annotation
+    compiled = nnx.jit(loss).lower(layer, x).compile()
+    assert report.memory.record.argument_bytes == compiled.memory_analysis().argument_size_in_bytes
+
+    class Dense(eqx.Module):
+        w: jax.Array
+
+        def __call__(self, x):
+            return x @ self.w
+
+    model = Dense(jax.device_put(jnp.ones((64, 128)), NamedSharding(mesh, P(None, "model"))))
+    report = stagetool.inspect(eqx.filter_jit(lambda m, x: m(x).sum()), model, x)
+    assert [(leaf.path, str(leaf.compiled)) for leaf in report.function().inputs] == \
+        [("m/w", "P(None, 'model')"), ("x", "P('data', None)")]
