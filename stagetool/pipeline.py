@@ -831,8 +831,10 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
     if Section.COST in wanted:
         from stagetool.analysis.sections import cost_section
 
+        from stagetool.devices.provision import interconnect_of
+
         fields["cost"] = cost_section(facts, len(setup.devices), plan.chip, _roofline_dtype(inputs, plan.chip),
-                                      cpu=cpu)
+                                      cpu=cpu, interconnect=interconnect_of(setup), step_chip=_step_chip(plan, setup))
     if Section.MEMORY in wanted:
         from stagetool.analysis.sections import memory_section
 
@@ -894,6 +896,27 @@ def _roofline_dtype(inputs: Any, chip: Any) -> str:
     if dtypes & {"bfloat16", "float16"}:
         return "bf16"
     return "f32" if chip is None or chip.peak_flops_per_second_f32 else "bf16"
+
+
+def _step_chip(plan: Plan, setup: DeviceSetup) -> Any:
+    """The chip the step-time estimate times the program on: ``--chip``, else the chip a compile-only
+    target compiles for, else the attached device's (its ``device_kind``); None on the CPU mesh
+    without ``--chip``."""
+    from stagetool.core.chips import chip_for_device_kind
+
+    if plan.chip is not None:
+        return plan.chip
+    name = None
+    if setup.topology:
+        from stagetool.devices.compile_only import target_chip
+
+        try:
+            name = target_chip(setup.topology, plan.gpu_target_config)
+        except Exception:  # noqa: BLE001 - a malformed name was refused before any compile
+            name = None
+    if name is None and setup.platform != "cpu":
+        name = chip_for_device_kind(setup.device_kind)
+    return plan.chips.get(name) if name else None
 
 
 def _capacity(plan: Plan, setup: DeviceSetup) -> tuple[int | None, str | None]:
