@@ -1108,3 +1108,45 @@ def snapshot_plan(plan: Plan, *, on_stage=None) -> SnapshotRun:
                 "spec": spec_label(spec_path), "functions": {}, "config": _config_dict()}
     snap["spec"] = spec_label(spec_path)
     return SnapshotRun(snap, failed, names, spec_path, getattr(plan.spec, "check", None))
+
+
+# ---- one compile, its sections analysed on request (stagetool.inspect)
+
+
+@dataclasses.dataclass
+class StagedOnce:
+    """One function traced, lowered and compiled once, whose sections are analysed when asked for
+    (:func:`stagetool.inspect`): the facts of that compile, and the lowered stage kept for Shardy's
+    propagation (the collectives' causes), rerun on the first request that needs it. Holds JAX
+    objects: it stays in the process that staged it."""
+
+    plan: Plan
+    setup: DeviceSetup
+    prep: Prepared
+    facts: Any
+    staged: Staged
+    user_files: list[str]
+
+    def report(self, wanted: Iterable[Section]) -> FunctionReport:
+        """The :class:`~stagetool.report.model.FunctionReport` with the sections ``wanted``, from the
+        one compile (as :func:`stage_and_analyse` makes it: paths relative to the report root)."""
+        wanted = frozenset(wanted)
+        if wanted & _EXPLAINED and self.facts.propagation is None and self.facts.propagation_error is None:
+            self.facts = _with_propagation(self.facts, self.staged)
+        return relative_report(self.plan.report_root, _report_of(self.facts, self.plan, self.prep.fspec, self.setup,
+                                                                 wanted, self.user_files, self.prep.inputs))
+
+
+def stage_once(plan: Plan, setup: DeviceSetup, prep: Prepared) -> StagedOnce:
+    """Stage one prepared function (:func:`prepare_inputs`) up to its compile, once (with XLA's dump
+    when ``plan.peak``), and gather its facts; no facts cache.
+
+    Raises:
+      StagingError: the function failed to trace, lower or compile (``OutOfMemoryError`` too).
+    """
+    from stagetool.staging.gather import gather
+
+    fspec, inputs, staged, user_files = _stage(prep, setup, "compile", None, dump=plan.peak)
+    facts = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
+                   declared_outputs=fspec.out_shardings, peak=staged.dump, user_files=user_files)
+    return StagedOnce(plan, setup, prep, facts, staged, user_files)

@@ -100,9 +100,11 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
       timeout_s: with ``isolate``, seconds the worker may take (default 1800).
 
     Returns:
-      The :class:`~stagetool.report.model.Report` (one function); ``report.memory``,
-      ``report.collectives``, ``report.cost``, ``report.shardings`` and ``report.why(leaf=...)``
-      display their section alone.
+      The :class:`~stagetool.report.model.Report` (one function; a
+      :class:`stagetool.live.report.LiveReport`): staged and compiled once, here; each section is
+      analysed from that compile when first asked for — ``report.memory``, ``report.collectives``,
+      ``report.cost``, ``report.shardings`` and ``report.why(leaf=...)`` analyse and display their
+      own, ``report.functions`` (every renderer, the notebook's HTML) all of them.
 
     Raises:
       UsageError: a bad option (mesh, topology, chip, ...), before any trace (exit code 2 in the CLI).
@@ -137,7 +139,7 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
     While the function is staged, ``os._exit`` raises ``SystemExit`` instead of ending the process
     (:func:`exit_refused`), so that a function calling it is a :class:`StagingError`."""
     from stagetool.pipeline import Options, Section, assemble_report, make_plan, prepare_inputs, provision_devices, \
-        stage_and_analyse
+        stage_and_analyse, stage_once
     from stagetool.spec.model import FunctionSpec, Spec
 
     target = _target(fn, options)
@@ -152,9 +154,17 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
     wanted = frozenset(Section(s) for s in SECTIONS)
     with exit_refused():
         prepared = prepare_inputs(plan, setup, targets={options.name: target})
-        report = assemble_report("report", stage_and_analyse(plan, setup, prepared, wanted))
-    raise_failure(report)
-    return report
+        try:
+            once = stage_once(plan, setup, prepared[options.name])
+        except StagingError:
+            once = None
+        if once is None:  # the pipeline's own account of the failure (XLA's message, an out-of-memory verdict)
+            report = assemble_report("report", stage_and_analyse(plan, setup, prepared, wanted))
+            raise_failure(report)
+            return report
+    from stagetool.live.report import LiveReport
+
+    return LiveReport(once, assemble_report("report", ()), SECTIONS)
 
 
 @contextlib.contextmanager

@@ -53,8 +53,7 @@ def only(doc: Any, function: Any, keep: tuple[str, ...], **replaced: Any) -> Any
     """``doc`` holding ``function`` alone with only the sections ``keep`` (the others None), and
     ``replaced`` fields set on it (``why=`` an answer): what a section shows on its own."""
     cut = {s: None for s in _SECTIONS if s not in keep}
-    one = dataclasses.replace(function, **{**cut, **replaced})
-    return dataclasses.replace(doc, functions=(one,))
+    return doc.holding(dataclasses.replace(function, **{**cut, **replaced}))
 
 
 class Shown:

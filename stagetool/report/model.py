@@ -146,10 +146,20 @@ class Report:
                            + ("name one" if name is None else f"not {name!r}"))
         return found[0]
 
+    def holding(self, *functions: FunctionReport) -> Report:
+        """A plain :class:`Report` of ``functions`` with this one's command, versions and config."""
+        return Report(self.command, self.stagetool_version, self.jax_version, self.jaxlib_version, tuple(functions),
+                      self.config)
+
+    def _function_with(self, fields: tuple[str, ...]) -> FunctionReport:
+        """The one function, holding at least the sections ``fields`` (a live report analyses only those)."""
+        del fields
+        return self.function()
+
     def _section(self, *fields: str) -> Any:
         from stagetool.report.display import Shown, only
 
-        f = self.function()
+        f = self._function_with(fields)
         value = getattr(f, fields[0]) if len(fields) == 1 else tuple(getattr(f, x) for x in fields)
         return Shown(value, only(self, f, fields))
 
@@ -190,7 +200,7 @@ class Report:
         from stagetool.analysis.causes import answer_why, why_query
         from stagetool.report.display import Shown, only
 
-        f = self.function()
+        f = self._function_with(("inputs", "outputs", "collectives"))
         answer = answer_why(why_query(leaf, line, collective), f.inputs or (), f.outputs or (), f.collectives)
         return Shown(answer, only(self, f, (), why=answer))
 

@@ -194,3 +194,30 @@ def test_flax_nnx_module_and_equinox_module_arguments():
     report = stagetool.inspect(eqx.filter_jit(lambda m, x: m(x).sum()), model, x)
     assert [(leaf.path, str(leaf.compiled)) for leaf in report.function().inputs] == \
         [("m/w", "P(None, 'model')"), ("x", "P('data', None)")]
+
+
+def test_sections_are_analysed_from_the_one_compile_when_asked_for(monkeypatch):
+    from stagetool import pipeline
+
+    mesh = _mesh()
+    compiles = []
+    real = pipeline._stage
+    monkeypatch.setattr(pipeline, "_stage", lambda *a, **k: compiles.append(1) or real(*a, **k))
+    w = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))
+    x = jax.ShapeDtypeStruct((32, 64), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
+    report = stagetool.inspect(lambda w, x: jnp.tanh(x @ w).sum(), w, x)
+    once = report._once
+    assert compiles == [1] and once.staged.compiled is not None
+    memory = report.memory
+    assert memory.record.argument_bytes == once.staged.compiled.memory_analysis().argument_size_in_bytes
+    assert once.facts.propagation is None and once.facts.propagation_error is None  # collectives not analysed yet
+    assert len(report.collectives.items) == 2
+    assert once.facts.propagation is not None or once.facts.propagation_error is not None
+    full = report.functions[0]
+    assert full.memory == memory.value and full.cost is not None and full.inputs is not None
+    assert compiles == [1]                                      # one compile for every section
+    import pickle
+
+    plain = pickle.loads(pickle.dumps(report))                  # pickled: the plain Report of every section
+    assert type(plain) is stagetool.Report and plain == stagetool.Report(*[getattr(report, f) for f in (
+        "command", "stagetool_version", "jax_version", "jaxlib_version", "functions", "config")])
