@@ -81,6 +81,10 @@ class Shown:
     def __repr__(self) -> str:
         return f"Shown({self.value!r})"
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's text form (a terminal, a notebook's ``text/plain``): the section's text report."""
+        printer.text("Shown(...)" if cycle else text(self.doc))
+
     def __str__(self) -> str:
         return text(self.doc)
 

@@ -214,6 +214,10 @@ class Report:
 
         return notebook_html(self)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's text form (a terminal, a notebook's ``text/plain``): the text report."""
+        printer.text("Report(...)" if cycle else str(self))
+
     def _repr_markdown_(self) -> str:
         from stagetool.report.display import markdown
 
