@@ -95,8 +95,9 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
       name: the function's name in the report (default: its ``__name__``).
       isolate: stage in a worker process of its own (:mod:`stagetool.process.workers`): a function
         that exits or aborts its process cannot end the caller's, and is a :class:`StagingError`.
-        ``fn`` must then be importable by reference (a module-level function) and the arguments
-        must pickle once their arrays are replaced by shapes, dtypes and PartitionSpecs.
+        ``fn`` must then be importable by reference (a module-level function), the arguments
+        must pickle once their arrays are replaced by shapes, dtypes and PartitionSpecs, and a
+        script must call it under ``if __name__ == "__main__":`` (the worker is spawned).
       timeout_s: with ``isolate``, seconds the worker may take (default 1800).
 
     Returns:

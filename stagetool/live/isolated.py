@@ -65,7 +65,11 @@ def inspect_isolated(fn: Callable[..., Any], args: tuple, kwargs: dict, options:
     raise_first_error(outcomes)
     (outcome,) = outcomes
     if outcome.died is not None:
-        raise StagingError(f"{options.name}: {outcome.died}", stage="compile", function=options.name)
+        hint = None
+        if "before it started" in outcome.died:
+            hint = ("the worker is spawned and imports your main module: a script must call "
+                    "stagetool.inspect(..., isolate=True) under `if __name__ == \"__main__\":`")
+        raise StagingError(f"{options.name}: {outcome.died}", stage="compile", function=options.name, hint=hint)
     return outcome.value
 
 
