@@ -148,10 +148,11 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
                          {k: _value(v, options.loc) for k, v in kwargs.items()}, dict(options.static),
                          tuple(options.donate), _out_shardings(options.out_shardings), options.loc, Path.cwd())
     spec = Spec(None, options.mesh, options.platform, options.topology, "global", {options.name: fspec})
-    plan = make_plan(Options(platform=options.platform, topology=options.topology, slices=options.slices,
-                             chip=options.chip, device_memory=options.device_memory, peak=options.peak,
-                             top=options.top, explain=tuple(options.explain)), spec=spec)
-    setup = provision_devices(plan)
+    with _api_names():
+        plan = make_plan(Options(platform=options.platform, topology=options.topology, slices=options.slices,
+                                 chip=options.chip, device_memory=options.device_memory, peak=options.peak,
+                                 top=options.top, explain=tuple(options.explain)), spec=spec)
+        setup = provision_devices(plan)
     wanted = frozenset(Section(s) for s in SECTIONS)
     with exit_refused():
         prepared = prepare_inputs(plan, setup, targets={options.name: target})
@@ -166,6 +167,25 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
     from stagetool.live.report import LiveReport
 
     return LiveReport(once, assemble_report("report", ()), SECTIONS)
+
+
+_OPTION_NAMES = ("platform", "topology", "slices", "chip", "device-memory", "explain", "top")
+
+
+@contextlib.contextmanager
+def _api_names() -> Iterator[None]:
+    """A usage error names the option as :func:`inspect` takes it (``chip=``), not as the CLI does."""
+    try:
+        yield
+    except UsageError as e:
+        message, hint = e.message, e.hint
+        for name in _OPTION_NAMES:
+            api = name.replace("-", "_") + "="
+            message = message.replace(f"--{name} ", api)
+            hint = hint.replace(f"--{name} ", api) if hint else hint
+        if (message, hint) == (e.message, e.hint):
+            raise
+        raise UsageError(f"stagetool.inspect: {message}", hint=hint) from None
 
 
 @contextlib.contextmanager

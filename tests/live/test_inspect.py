@@ -221,3 +221,13 @@ def test_sections_are_analysed_from_the_one_compile_when_asked_for(monkeypatch):
     plain = pickle.loads(pickle.dumps(report))                  # pickled: the plain Report of every section
     assert type(plain) is stagetool.Report and plain == stagetool.Report(*[getattr(report, f) for f in (
         "command", "stagetool_version", "jax_version", "jaxlib_version", "functions", "config")])
+
+
+def test_out_shardings_and_options_named_as_the_api_takes_them():
+    mesh = _mesh()
+    x = jax.ShapeDtypeStruct((32, 64), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
+    report = stagetool.inspect(lambda x: {"a": x * 2, "b": x.sum()}, x, out_shardings={"a": P(None, "model"), "b": P()})
+    assert [(o.path, str(o.compiled), o.sharding_source) for o in report.function().outputs] == \
+        [("out/a", "P(None, 'model')", "spec"), ("out/b", "P()", "spec")]
+    with pytest.raises(UsageError, match=r"^stagetool.inspect: chip=v5e: unknown chip 'v5e': did you mean tpu-v5e\?"):
+        stagetool.inspect(lambda x: x, x, chip="v5e")
