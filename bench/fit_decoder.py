@@ -16,11 +16,11 @@ POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 
 def init_state(key):
     bf = jnp.bfloat16
-    z = lambda *s: jnp.zeros(s, bf)  # noqa: E731
+    z = lambda *s: jnp.zeros(s, bf)
     layers = {"wq": z(L, D, H * HD), "wk": z(L, D, KV * HD), "wv": z(L, D, KV * HD), "wo": z(L, H * HD, D),
               "w1": z(L, D, F), "w3": z(L, D, F), "w2": z(L, F, D), "n1": z(L, D), "n2": z(L, D)}
     params = {"embed": z(V, D), "layers": layers, "norm": z(D), "head": z(D, V)}
-    f32 = lambda t: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), t)  # noqa: E731
+    f32 = lambda t: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), t)
     return {"params": params, "m": f32(params), "v": f32(params)}
 
 

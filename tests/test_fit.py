@@ -205,3 +205,49 @@ def test_what_if_lists_only_compiled_changes_that_fit(attention_dir):
     for t in tried.values():
         if t["outcome"] == "fits":
             assert t["peak_bytes_per_device"] <= 10 * 2**20 and t["headroom_bytes"] >= 0
+
+
+@pytest.mark.slow
+def test_fit_command_frontier_and_exit_codes(run_cli, attention_dir):
+    """``stagetool fit`` through its entry point (a process per compile): the frontier as JSON, the
+    batch capped by --max-batch said so; nothing fits → exit 1 saying why; a bad option → exit 2
+    before any compile."""
+    write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
+    common = ("fit", "--spec", "cpu.stagetool.yaml", "--platform", "cpu", "--set", "remat=none", "--multiple", "8",
+              "--no-cache")
+    doc = run_cli(*common, "--device-memory", "10MiB", "--max-batch", "32", "--format", "json", check=0).json()
+    (st,) = doc["settings"]
+    assert (st["largest_batch"], st["status"], st["compiles"]) == (32, "at the maximum", 3)  # 8, 16, 32
+    assert st["peak_bytes_per_device"] <= 10 * 2**20 and doc["best"]["set_line"] == "--set batch=32 --set remat=none"
+    r = run_cli(*common, "--device-memory", "512KiB", check=1)
+    assert "every batch compiled was refused" in r.stdout and "none fits" in r.stdout
+    r = run_cli(*common, "--set", "batch=8,16", check=2)
+    assert "--set batch=...: batch is the batch the search finds" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli(*common, "--what-if", check=2)
+    assert "--what-if needs the batch as given: --set batch=N" in r.stderr
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_fit_on_a_tpu_topology_finds_the_analytic_batch(attention_dir):
+    """On v5e:2x4 (XLA refuses above 15.75 GiB per device) without remat, a batch of b needs
+    b × 12 MiB per device (scores b/8 × 16 × 1024² × 4 B, q, k, v and the output b/8 × 16 × 1024 ×
+    128 × 4 B each): the largest multiple of 64 under 15.75 GiB is 1280 (1344 × 12 MiB is 15.75 GiB,
+    which XLA refuses with the few other bytes). Chunking the scores fits more. The step-time
+    estimate and tokens per second come with the frontier."""
+    from stagetool.sweep.fit import FitOptions, run_fit
+    from stagetool.sweep.fit_render import FitFormat, render
+
+    write(attention_dir, "a.stagetool.yaml", ATTENTION_SPEC)
+    doc = run_fit(FitOptions(spec=Path("a.stagetool.yaml"), topology="v5e:2x4", set=("remat=none,chunked",),
+                             multiple=64, start=1024, max_batch=2048, tokens_per_example=1024), runner=_in_process)
+    by = {st["values"]["remat"]: st for st in doc["settings"]}
+    assert by["none"]["largest_batch"] == 1280 and by["none"]["smallest_refused_batch"] == 1344
+    assert by["none"]["peak_bytes_per_device"] == 1280 * 12 * 2**20
+    assert by["chunked"]["largest_batch"] > 1280 and doc["best"]["values"]["remat"] == "chunked"
+    assert doc["compiles"] == by["none"]["compiles"] + by["chunked"]["compiles"] < 2 * (2048 // 64)
+    step = by["none"]["step_time"]
+    assert step["chip"] == "tpu-v5e" and step["overlapped_seconds"] <= step["schedule_seconds"] <= step["serial_seconds"]
+    assert by["none"]["tokens_per_second"]["schedule"] == pytest.approx(1280 * 1024 / step["schedule_seconds"])
+    text = render(doc, FitFormat.text)
+    assert "step (est.)" in text and "tokens/s (est.)" in text

@@ -38,7 +38,8 @@ class Probe:
       needed_bytes: per device, what XLA said a refused program needs (its message), or None.
       reason: why the outcome is :data:`UNDECIDED` (the failure's message), else None.
       program: a digest of the lowered program (StableHLO), or None where it was not kept.
-      step_seconds: the step-time estimate of the compiled program in seconds, or None.
+      step_time: the step-time estimate of the compiled program (an estimate, seconds per step on one
+        device) as ``(chip, overlapped, schedule, serial)`` seconds, low to high, or None.
     """
 
     batch: int
@@ -48,7 +49,7 @@ class Probe:
     needed_bytes: int | None = None
     reason: str | None = None
     program: str | None = None
-    step_seconds: float | None = None
+    step_time: tuple[str, float, float, float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,8 +9,9 @@ through the facts cache when one is given), settings searched ``--jobs`` at a ti
 user can get wrong is checked by :func:`stagetool.sweep.driver.plan_sweep` before any compile.
 
 Fails closed: a setting whose search could not decide (a compile failed for another reason than
-memory, timed out, or the cap on compiles was reached), where no batch fits, or a knob whose values
-compile the same program makes the document's ``decided`` false (the CLI exits 1).
+memory, timed out, or the cap on compiles was reached), no batch fitting in any setting, or a knob
+whose values compile the same program makes the document's ``decided`` false (the CLI exits 1). A
+setting where not even ``--multiple`` fits, beside others that do, is a row of its own (``none fits``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class FitOptions:
       max_batch: no batch above this is compiled.
       max_compiles: the cap on compiles of the whole command; reaching it leaves the searches still
         running undecided.
+      tokens_per_example: tokens in one example (the sequence length), for tokens per second at the
+        largest batch from the step-time estimate (None: not shown).
       jobs: settings searched at a time (each one compile at a time, a process each).
       timeout: seconds one compile's process may run (None: no limit); past it, that setting is undecided.
       cache_dir: the facts cache folder handed to each compile (None: no cache).
@@ -83,6 +86,7 @@ class FitOptions:
     start: int | None = None
     max_batch: int = 4096
     max_compiles: int = 64
+    tokens_per_example: int | None = None
     jobs: int = 1
     timeout: float | None = None
     cache_dir: Path | None = None
@@ -143,7 +147,9 @@ def probe_of_row(batch: int, row: dict) -> Probe:
         return Probe(batch, UNDECIDED, peak, cap, reason=f"batch {batch}: the capacity is unknown, so whether it fits "
                                                          "is not known: give --device-memory 16GiB or --chip NAME",
                      program=program)
-    return Probe(batch, FITS if row["fits"] else DOES_NOT_FIT, peak, cap, program=program)
+    st = row.get("step_time")
+    step = (st["chip"], st["overlapped_seconds"], st["schedule_seconds"], st["serial_seconds"]) if st else None
+    return Probe(batch, FITS if row["fits"] else DOES_NOT_FIT, peak, cap, program=program, step_time=step)
 
 
 class _Compiles:
@@ -234,7 +240,24 @@ def unchanged_knobs(plan: SweepPlan, searches: list[tuple[Config, Search]], batc
     return found
 
 
-def _setting(config: Config, search: Search, batch: str) -> dict:
+def _speed(at: Probe | None, batch: int | None, tokens_per_example: int | None) -> dict:
+    """The step-time estimate at the largest batch (seconds per step, low/schedule/high, on its chip)
+    and, with ``tokens_per_example``, tokens per second at the schedule figure (high to low from the
+    range): estimates, from the compile's cost section."""
+    if at is None or at.step_time is None:
+        return {"step_time": None, "tokens_per_second": None}
+    chip, low, mid, high = at.step_time
+    step = {"chip": chip, "overlapped_seconds": low, "schedule_seconds": mid, "serial_seconds": high,
+            "label": "estimate"}
+    tps = None
+    if tokens_per_example and batch and mid > 0:
+        tokens = batch * tokens_per_example
+        tps = {"schedule": tokens / mid, "high": tokens / low if low > 0 else None, "low": tokens / high,
+               "label": "estimate"}
+    return {"step_time": step, "tokens_per_second": tps}
+
+
+def _setting(config: Config, search: Search, batch: str, tokens_per_example: int | None = None) -> dict:
     at = search.at(search.largest)
     peak = at.peak_bytes if at is not None else None
     cap = at.capacity_bytes if at is not None else None
@@ -245,7 +268,7 @@ def _setting(config: Config, search: Search, batch: str) -> dict:
             "headroom_bytes": cap - peak if peak is not None and cap is not None else None,
             "smallest_refused_batch": search.smallest_refused,
             "refused_peak_bytes_per_device": refused.peak_bytes if refused is not None else None,
-            "step_seconds": at.step_seconds if at is not None else None,
+            **_speed(at, search.largest, tokens_per_example),
             "compiles": len([p for p in search.probes if p.reason is None or "--max-compiles" not in p.reason]),
             "probes": [{"batch": p.batch, "outcome": p.outcome, "peak_bytes_per_device": p.peak_bytes,
                         **({"reason": p.reason} if p.reason else {})} for p in search.probes]}
@@ -265,11 +288,14 @@ def fit_document(plan: SweepPlan, options: FitOptions, searches: list[tuple[Conf
     """The fit document: the header, one entry per knob setting (largest batch, its peak, capacity,
     headroom, the smallest batch refused, every compile), the best setting and its ``--set`` line,
     the problems that leave it undecided, and the compile count."""
-    settings = [_setting(c, s, options.batch) for c, s in searches]
-    problems = [f"{_label(st['values'])}: {st['reason'] or st['status']}" for st in settings
-                if st["status"] in (UNDECIDED, "none fits")]
-    problems += unchanged_knobs(plan, searches, options.batch)
+    settings = [_setting(c, s, options.batch, options.tokens_per_example) for c, s in searches]
     fitting = [st for st in settings if st["largest_batch"] is not None]
+    problems = [f"{_label(st['values'])}: {st['reason'] or st['status']}" for st in settings
+                if st["status"] == UNDECIDED]
+    if not fitting and not problems:
+        problems.append(f"every batch compiled was refused, down to {options.batch}={options.multiple}, in every "
+                        "setting: nothing fits (a smaller --multiple, another knob value or a larger mesh may)")
+    problems += unchanged_knobs(plan, searches, options.batch)
     best = None
     if fitting:  # the largest batch; ties: the most headroom, then grid order
         top = max(fitting, key=lambda st: (st["largest_batch"], st["headroom_bytes"] or 0))

@@ -15,7 +15,7 @@ import io
 import json
 from typing import Any
 
-from stagetool.core.units import format_bytes
+from stagetool.core.units import format_bytes, format_count, format_seconds
 
 
 class FitFormat(str, enum.Enum):
@@ -51,16 +51,28 @@ def frontier_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)`` of the frontier: one row per setting of the knobs."""
     knobs = [name for name, _ in doc["axes"]]
     batch = doc["batch"]["name"]
-    head = ["", *knobs, f"largest {batch}", "peak / device", "headroom", f"refused {batch}", "compiles", "status"]
+    steps = any(st["step_time"] for st in doc["settings"])
+    tokens = any(st["tokens_per_second"] for st in doc["settings"])
+    head = ["", *knobs, f"largest {batch}", "peak / device", "headroom", f"refused {batch}",
+            *(["step (est.)"] if steps else []), *(["tokens/s (est.)"] if tokens else []), "compiles", "status"]
     best = (doc.get("best") or {}).get("id")
     rows = []
     for st in doc["settings"]:
         status = st["status"] + (f": {st['reason']}" if st["reason"] else "")
+        speed = []
+        if steps:
+            t = st["step_time"]
+            speed.append("—" if t is None else f"{format_seconds(t['schedule_seconds'])} "
+                                               f"({format_seconds(t['overlapped_seconds'])}–"
+                                               f"{format_seconds(t['serial_seconds'])}, {t['chip']})")
+        if tokens:
+            r = st["tokens_per_second"]
+            speed.append("—" if r is None else format_count(r["schedule"]))
         rows.append(["★" if st["id"] == best else "", *(_value(st["values"].get(k, "")) for k in knobs),
                      "—" if st["largest_batch"] is None else str(st["largest_batch"]),
                      _share(st["peak_bytes_per_device"], st["capacity_bytes_per_device"]), _bytes(st["headroom_bytes"]),
                      "—" if st["smallest_refused_batch"] is None else str(st["smallest_refused_batch"]),
-                     str(st["compiles"]), status])
+                     *speed, str(st["compiles"]), status])
     return head, rows
 
 
@@ -95,6 +107,9 @@ def footer(doc: dict) -> list[str]:
             lines.append("fits with one change: " + ("; ".join(doc["fits"]) if doc["fits"] else "none of those tried"))
         lines.append(f"{doc['compiles']} compiles; every change listed was compiled. Not tried: "
                      + "; ".join(doc["not_tried"]))
+    if doc["kind"] == "fit" and any(st["step_time"] for st in doc["settings"]):
+        lines.append("step (est.): the step-time estimate at the largest batch, the schedule's figure (overlapped–"
+                     "serial range) on the chip named; tokens/s (est.) = batch × --tokens-per-example ÷ that figure")
     lines.append("peak: the gated peak of each compile (XLA's memory analysis on the target, per device); "
                  "capacity: --device-memory, the topology's HBM or the device (XLA's available HBM where it refused)")
     lines += [f"UNDECIDED: {p}" for p in doc["problems"]]
@@ -118,7 +133,7 @@ def render_text(doc: dict, *, color: bool = False, width: int = 160) -> str:
     head, cells = _rows(doc)
     table = Table(box=box.SIMPLE_HEAD, title=_title(doc), title_justify="left", pad_edge=False)
     for h in head:
-        table.add_column(h, justify="right" if h.startswith(("largest", "peak", "headroom", "refused", "compiles"))
+        table.add_column(h, justify="right" if h.startswith(("largest", "peak", "headroom", "refused", "compiles", "step", "tokens"))
                          else "left", overflow="fold")
     for row in cells:
         table.add_row(*(Text(c) for c in row), style="bold green" if row[0] == "★" else None)
@@ -136,7 +151,7 @@ def render_markdown(doc: dict, **_: Any) -> str:
 
     head, cells = _rows(doc)
     out = [f"### {esc(_title(doc))}", "", "| " + " | ".join(esc(h) or " " for h in head) + " |",
-           "|" + "|".join("---:" if h.startswith(("largest", "peak", "headroom", "refused", "compiles")) else ":---"
+           "|" + "|".join("---:" if h.startswith(("largest", "peak", "headroom", "refused", "compiles", "step", "tokens")) else ":---"
                           for h in head) + "|"]
     out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in cells]
     out.append("")

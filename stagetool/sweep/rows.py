@@ -58,6 +58,8 @@ ROW_FIELDS = {
 
 OPTIONAL_ROW_FIELDS = {
     "program_sha256": "stagetool fit only: sha256 of the lowered StableHLO text, or null (not a sweep row's field)",
+    "step_time": "stagetool fit only: the step-time estimate (an estimate, seconds per step on one device) as "
+                 "{chip, overlapped_seconds, schedule_seconds, serial_seconds}, or null",
 }
 
 
@@ -239,6 +241,10 @@ def row_problem(row: Any) -> str | None:
             return f"{name}: {_shown(row[name])} is not {ROW_FIELDS[name]}"
     if not _opt(_str, row.get("program_sha256")):
         return f"program_sha256: {_shown(row['program_sha256'])} is not {OPTIONAL_ROW_FIELDS['program_sha256']}"
+    step = row.get("step_time")
+    if step is not None and not (isinstance(step, dict) and _str(step.get("chip")) and all(
+            _number(step.get(k)) for k in ("overlapped_seconds", "schedule_seconds", "serial_seconds"))):
+        return f"step_time: {_shown(step)} is not {OPTIONAL_ROW_FIELDS['step_time']}"
     if (row["status"] == ERROR and row["error"] is None) or (row["status"] == OK and row["error"] is not None):
         return f"status {row['status']!r} with error {_shown(row['error'])}"
     return None

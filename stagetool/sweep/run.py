@@ -10,7 +10,8 @@ configuration that aborts the process (an XLA ``LLVM ERROR``) is one error row, 
 A payload is a JSON-able dict: ``{"config": {index, id, mesh, topology, variables},
 "common": {target, spec, function, platform, chip, device_memory}, "cwd": str, "pythonpath": str}``;
 ``stagetool fit`` adds ``cache_dir`` (the facts cache) and ``program_digest`` (the row then carries
-``program_sha256``, the lowered StableHLO's digest, :data:`stagetool.sweep.rows.OPTIONAL_ROW_FIELDS`)
+``program_sha256``, the lowered StableHLO's digest, and ``step_time``, the cost section's step-time
+estimate: :data:`stagetool.sweep.rows.OPTIONAL_ROW_FIELDS`)
 to ``common``.
 """
 
@@ -141,6 +142,10 @@ def run_config(payload: dict) -> dict:
 
         text = fn.module.text if fn.module is not None else None
         row["program_sha256"] = hashlib.sha256(text.encode()).hexdigest() if text else None
+        est = fn.cost.step_time if fn.cost is not None else None
+        row["step_time"] = None if est is None else {
+            "chip": est.chip, "overlapped_seconds": est.overlapped_seconds,
+            "schedule_seconds": est.schedule_seconds, "serial_seconds": est.serial_seconds}
     return row
 
 
