@@ -17,7 +17,9 @@ from jax.sharding import PartitionSpec as P
 from stagetool.analysis.shardings import input_leaves, output_leaves
 from stagetool.staging.gather import input_facts, output_facts
 from stagetool.core.errors import SpecError, StagingError
-from stagetool.inputs.avals import build_inputs, check_fits, check_out_shardings, fit_out_shardings
+from stagetool.inputs.avals import build_inputs
+from stagetool.inputs.leaves import check_fits
+from stagetool.inputs.out_shardings import check_out_shardings, fit_out_shardings
 from stagetool.devices.provision import local_mesh_sizes, provision
 from stagetool.staging.stages import jit_function, stage
 from stagetool.inputs.target import load_target

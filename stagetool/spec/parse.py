@@ -38,19 +38,8 @@ from stagetool.core.mesh import MeshSpec, axis_name_problem, device_count_proble
 from stagetool.core.sharding import Sharding
 from stagetool.spec.model import CheckSpec, FunctionSpec, InitSpec, LeafSpec, Loc, OutRulesSpec, Spec
 from stagetool.spec.values import ValueParser
-from stagetool.spec.yaml_nodes import (
-    Issues,
-    SpecLimit,
-    anchor_keys,
-    check_keys,
-    child,
-    close_match,
-    compose_bounded,
-    duplicate_keys,
-    keys_of,
-    merge_keys,
-    plain,
-)
+from stagetool.spec.yaml_nodes import (Issues, SpecLimit, anchor_keys, check_keys, child, close_match, compose_bounded,
+                                        duplicate_keys, keys_of, merge_keys, plain)
 
 SPEC_VERSION = 1
 

@@ -17,7 +17,7 @@ from stagetool.core.sharding import Sharding
 from stagetool.facts import BackendResult, LeafFacts, PeakDump, StagedFunction
 
 if TYPE_CHECKING:
-    from stagetool.inputs.avals import AbstractInputs
+    from stagetool.inputs.records import AbstractInputs
     from stagetool.staging.stages import Staged
 
 
@@ -338,16 +338,16 @@ def ref_flags(inputs: AbstractInputs) -> tuple[bool, ...]:
     return tuple(abstract_ref is not None and isinstance(x, abstract_ref) for x in jax.tree_util.tree_leaves(dynamic))
 
 
-def program_output_paths(traced: Any, inputs: Any) -> list[str] | None:
+def program_output_paths(traced: Any, inputs: AbstractInputs) -> list[str] | None:
     """The output paths a target's own program gives (an ``nnx.jit``/``eqx.filter_jit`` target staged
     as its own executable, ``inputs.program``: ``marker``, ``out/...``, the arguments' state), else None."""
-    from stagetool.inputs.avals import keypath_str
+    from stagetool.inputs.leaves import keypath_str
 
-    program = getattr(inputs, "program", None)
+    program = inputs.program
     return program.output_paths(traced.out_info, keypath_str) if program is not None else None
 
 
-def output_names(traced: Any, inputs: Any) -> list[str]:
+def output_names(traced: Any, inputs: AbstractInputs) -> list[str]:
     """The path of each output leaf of a traced function (``Traced.out_info``, ``jax.tree_util`` order)
     as :func:`output_facts` names it: ``out/...``, an NNX argument's updated state by its input path,
     Equinox's ``marker``. A Ref's write-back output, which follows these, takes its Ref input's path."""
@@ -358,7 +358,7 @@ def output_names(traced: Any, inputs: Any) -> list[str]:
 
 
 def _output_names(with_paths: list, state_outputs: tuple[str, ...], paths: list[str] | None) -> list[str]:
-    from stagetool.inputs.avals import keypath_str
+    from stagetool.inputs.leaves import keypath_str
 
     if paths is not None and len(paths) == len(with_paths):
         return list(paths)

@@ -18,7 +18,7 @@ from stagetool.core.errors import USER_CODE_ERRORS, OutOfMemoryError, SpecError,
 from stagetool.core.sharding import Sharding
 from stagetool.facts import PeakDump, StageTimings
 from stagetool.hlo.buffers import BufferAssignment
-from stagetool.inputs.avals import AbstractInputs
+from stagetool.inputs.records import AbstractInputs
 from stagetool.inputs.target import Target, user_frame
 from stagetool.spec.model import FunctionSpec
 
@@ -111,7 +111,7 @@ def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, me
         options["donate_argnames"] = inputs.donate_argnames
     if fspec.out_shardings is not None:
         options["out_shardings"] = _fill(out_shardings, options.get("out_shardings"))
-    if inputs.in_shardings is not None:  # Refs under auto axes: their shardings (avals.as_abstract_ref)
+    if inputs.in_shardings is not None:  # Refs under auto axes: their shardings (inputs.leaves.as_abstract_ref)
         options["in_shardings"] = inputs.in_shardings
     base = inputs.fn or fn
     try:

@@ -396,7 +396,7 @@ def test_nnx_split_is_read_from_the_wrapper(tmp_path, isolated_imports):
     pytest.importorskip("flax")
     from flax import nnx
 
-    from stagetool.inputs.avals import keypath_str
+    from stagetool.inputs.leaves import keypath_str
     from stagetool.inputs.frameworks.nnx import nnx_program
 
     write(tmp_path, "nnxsharded.py", NNX_SHARDED)

@@ -48,7 +48,7 @@ def is_box(x: Any) -> bool:
 
 def box_dims(box: nnx.Variable, rules: Any) -> tuple | None:
     """The PartitionSpec dims a Variable's metadata names, logical names resolved through ``rules``
-    (the :func:`stagetool.inputs.avals.resolve_logical_rules` pairs) or the Variable's own
+    (the :func:`stagetool.inputs.values.resolve_logical_rules` pairs) or the Variable's own
     ``sharding_rules``; None when it carries no sharding."""
     import flax.linen as nn
 
