@@ -291,6 +291,24 @@ def normalise_cost(raw: Any, *, scope: str, source: str | None = None,
     elif bytes_accessed < 0:
         suspects.append(Suspect("bytes_accessed", f"negative byte count {bytes_accessed:g}"))
 
+    slots, extra, output_bytes = _parts(values, bytes_accessed, suspects, absent)
+
+    intensity = None
+    if flops is not None and bytes_accessed is not None and bytes_accessed > 0 and flops >= 0:
+        intensity = flops / bytes_accessed
+
+    return CostRecord(scope=scope, source=src, flops=flops, transcendentals=transcendentals,
+                      bytes_accessed=bytes_accessed, output_bytes_accessed=output_bytes,
+                      arithmetic_intensity_flops_per_byte=intensity, operand_slots=tuple(slots),
+                      extra=tuple(extra), reason=None, absent_reasons=tuple(absent),
+                      suspects=tuple(suspects))
+
+
+def _parts(values: dict[str, float], bytes_accessed: float | None, suspects: list[Suspect],
+           absent: list[tuple[str, str]]) -> tuple[list[OperandSlotBytes], list[ExtraMetric], float | None]:
+    """The figures of a cost dict beside the three headline ones: ``(operand slots sorted, extra
+    metrics, bytes written to outputs or None)``; a negative figure is a suspect, an unknown (-1)
+    seconds figure an absent one, and a total smaller than one of its parts a suspect."""
     slots: list[OperandSlotBytes] = []
     extra: list[ExtraMetric] = []
     for key, v in values.items():
@@ -325,15 +343,7 @@ def normalise_cost(raw: Any, *, scope: str, source: str | None = None,
                 suspects.append(Suspect("bytes_accessed", f"total {bytes_accessed:g} B is smaller than "
                                                           f"operand slot {s.slot} alone ({s.bytes:g} B)"))
 
-    intensity = None
-    if flops is not None and bytes_accessed is not None and bytes_accessed > 0 and flops >= 0:
-        intensity = flops / bytes_accessed
-
-    return CostRecord(scope=scope, source=src, flops=flops, transcendentals=transcendentals,
-                      bytes_accessed=bytes_accessed, output_bytes_accessed=output_bytes,
-                      arithmetic_intensity_flops_per_byte=intensity, operand_slots=tuple(slots),
-                      extra=tuple(extra), reason=None, absent_reasons=tuple(absent),
-                      suspects=tuple(suspects))
+    return slots, extra, output_bytes
 
 
 def _result_cost(result: BackendResult | None, scope: str, *, program_text: str | None,

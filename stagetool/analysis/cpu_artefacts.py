@@ -328,13 +328,13 @@ def cpu_notes(*, command: str, host: tuple[str, ...], narrow: frozenset[str], co
       cost: the run's :class:`stagetool.analysis.sections.CostSection`, or None.
     """
     out = []
-    widened = {i.collective.name: i.widened_from for i in getattr(collectives, "items", ()) if i.widened_from}
+    widened = {i.collective.name: i.widened_from for i in (collectives.items if collectives else ()) if i.widened_from}
     if widened:
         moved = sum(i.widened_bytes or 0 for i in collectives.items if i.widened_from)
         out.append(widened_note(widened, moved, command))
     elif narrow:
         out.append(dots_note(narrow, command))
-    la = getattr(cost, "loop_aware", None)
+    la = cost.loop_aware if cost else None
     if la is not None and la.apart:
         out.append(rng_note(la.apart, la.apart_extra_flops, command))
     if host:

@@ -330,11 +330,11 @@ def declared_argument_bytes(leaves: Iterable[Any], axis_size: Mapping[str, int])
     for x in leaves:
         shape = list(x.shape)
         declared = x.declared
-        if getattr(declared, "kind", None) == "spec":
+        if declared.kind == "spec":
             for i, d in enumerate(declared.dims[: len(shape)]):
                 for a in () if d is None else ((d,) if isinstance(d, str) else d):
                     shape[i] = -(-shape[i] // axis_size.get(a, 1))
-        elif getattr(declared, "kind", None) == "auto":
+        elif declared.kind == "auto":
             auto.append(x.path)
         b = array_bytes(shape, x.dtype)
         if b is None:

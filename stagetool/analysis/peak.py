@@ -365,7 +365,7 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
         return PeakReport(None, None, (), 0, (), seconds, "no 'Live ranges at N (peak)' section in the dump")
     index = ModuleIndex(dump.module_text)
     res = resolve or index.resolve
-    assignment = getattr(dump, "buffers", None)
+    assignment = dump.buffers
     slots = buffer_slots(assignment)
     listed = live.buffers
     whole: dict[int, int] = {}  # parameter and output allocations: counted whole (XLA allocates them for the call)
@@ -373,7 +373,7 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
         listed, whole = live_at(dump.live_range_text, at, assignment)
     else:
         at, step = live.position, None
-    names = getattr(dump, "space_names", ())
+    names = dump.space_names
     device, host, other, counted = _count(listed, slots, whole, index, names)
     counted.sort(key=lambda t: (-t[0].size_bytes, t[0].value_name))
     out = []
@@ -384,7 +384,7 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
                               loc.op_name, loc.file, loc.line, loc.function, space, shared))
     notes = []
     if not slots:
-        notes.append("no buffer assignment in the dump (" + (getattr(dump, "buffers_reason", None) or "not read")
+        notes.append("no buffer assignment in the dump (" + (dump.buffers_reason or "not read")
                      + "): values that share a buffer may be counted twice")
     if gated_peak_bytes is not None and device > gated_peak_bytes:
         notes.append(f"the device buffers live at the peak ({device} B) are more than the gated peak "

@@ -35,6 +35,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from stagetool.analysis.memory import MemoryRecord
+from stagetool.analysis.peak import ModuleIndex, space_label
+from stagetool.analysis.shardings import LeafReport
+from stagetool.facts import PeakDump
 from stagetool.hlo.buffers import Allocation, BufferAssignment, parse_live_ranges
 
 HOST_COLOR = 5
@@ -196,8 +200,9 @@ def _union(slices: Sequence[tuple[int, int, int]]) -> int:
     return total
 
 
-def memory_timeline(dump: Any, *, gated_peak: int | None, record: Any = None, inputs: Sequence[Any] = (),
-                    outputs: Sequence[Any] = (), top: int = 10, index: Any = None
+def memory_timeline(dump: PeakDump | None, *, gated_peak: int | None, record: MemoryRecord | None = None,
+                    inputs: Sequence[LeafReport] = (), outputs: Sequence[LeafReport] = (), top: int = 10,
+                    index: ModuleIndex | None = None
                     ) -> tuple[tuple[TimelinePoint, ...] | None, TimelinePeak]:
     """Bytes live on one device at each step of the entry computation's schedule, and its peak.
 
@@ -217,16 +222,14 @@ def memory_timeline(dump: Any, *, gated_peak: int | None, record: Any = None, in
     """
     if dump is None:
         return None, _unavailable("the peak dump was not taken", gated_peak)
-    assignment: BufferAssignment | None = getattr(dump, "buffers", None)
+    assignment: BufferAssignment | None = dump.buffers
     if dump.live_range_text is None or assignment is None:
-        why = dump.reason if dump.live_range_text is None else getattr(dump, "buffers_reason", None)
+        why = dump.reason if dump.live_range_text is None else dump.buffers_reason
         return None, _unavailable(why or "no buffer assignment in the dump", gated_peak)
     ranges = parse_live_ranges(dump.live_range_text)
     if not ranges.sequence:
         return None, _unavailable("the live-range dump has no instruction sequence", gated_peak)
     if index is None:
-        from stagetool.analysis.peak import ModuleIndex
-
         index = ModuleIndex(dump.module_text)
     entry = index.entry_names()
     if not entry:
@@ -286,7 +289,7 @@ def memory_timeline(dump: Any, *, gated_peak: int | None, record: Any = None, in
     t_peak = flat.index(max(flat))
     buffers = _buffers_at(t_peak, ranges, buffer_by_value, buffer_by_id, place, whole, index, inputs, outputs)
     differences = _differences(peak_point.bytes, gated_peak, allocated, record, temps,
-                               getattr(dump, "space_names", ()))
+                               dump.space_names)
     inner = ranges.sequence[t_peak]
     inside = (inner, *index.op_and_source(inner)) if inner not in entry else (None, None, None)
     peak = TimelinePeak(peak_point.bytes, peak_point.position, peak_point.instruction, peak_point.op,
@@ -312,7 +315,7 @@ def _groups(buffers: Sequence[TimelineBuffer]) -> tuple[BufferGroup, ...]:
 
 
 def _buffers_at(t: int, ranges: Any, by_value: dict, by_id: dict, place: dict, whole: list[Allocation],
-                index: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> list[TimelineBuffer]:
+                index: ModuleIndex, inputs: Sequence[LeafReport], outputs: Sequence[LeafReport]) -> list[TimelineBuffer]:
     """Every buffer live at flattened position ``t``: each temp byte range once (named by the first
     value defined in it), then each parameter and output allocation; largest first."""
     slices: dict[tuple[int, int, int], tuple[int, str, int]] = {}
@@ -333,7 +336,7 @@ def _buffers_at(t: int, ranges: Any, by_value: dict, by_id: dict, place: dict, w
         op, src = index.op_and_source(b.instruction)
         out.append(TimelineBuffer(size, "temporary", value, index.shape(b.instruction, b.shape_index), None, op,
                                   src, color))
-    by_param = {getattr(x, "parameter", None): x.path for x in inputs if getattr(x, "parameter", None) is not None}
+    by_param = {x.parameter: x.path for x in inputs if x.parameter is not None}
     root_operands = index.root_operands()
     for a in whole:
         kind = ("parameter+output" if a.parameter_number is not None and a.maybe_live_out
@@ -355,7 +358,7 @@ def _buffers_at(t: int, ranges: Any, by_value: dict, by_id: dict, place: dict, w
     return out
 
 
-def _differences(peak: int, gated: int | None, allocated: int, record: Any,
+def _differences(peak: int, gated: int | None, allocated: int, record: MemoryRecord | None,
                  temps: list[Allocation], xla_names: Any = ()) -> tuple[TimelineDifference, ...]:
     """Named parts of ``gated − peak`` that sum to it exactly.
 
@@ -366,9 +369,7 @@ def _differences(peak: int, gated: int | None, allocated: int, record: Any,
     """
     if gated is None or gated == peak:
         return ()
-    source = getattr(record, "peak_source", None) or "the gated peak"
-    from stagetool.analysis.peak import space_label
-
+    source = (record.peak_source if record else None) or "the gated peak"
     spaces = ", ".join(SPACE_NAMES.get(c) or space_label(c, xla_names)
                        for c in sorted({a.color for a in temps})) or "none"
     unused, beyond = allocated - peak, gated - allocated
@@ -388,13 +389,12 @@ def _differences(peak: int, gated: int | None, allocated: int, record: Any,
     return (TimelineDifference(
         f"{source} is {peak - gated:,} B below the bytes live at the timeline's peak: it leaves out temporaries "
         f"XLA's buffer assignment holds live there (temp blocks: {spaces}; memory_analysis() reports "
-        f"temp_size_in_bytes {getattr(record, 'temp_bytes', None)})", gated - peak),)
+        f"temp_size_in_bytes {record.temp_bytes if record else None})", gated - peak),)
 
 
-def _beyond_text(beyond: int, source: str, record: Any) -> str:
-    reported = getattr(record, "peak_bytes_reported", None)
-    gated = getattr(record, "peak_bytes", None)
-    code = getattr(record, "generated_code_bytes", None)
+def _beyond_text(beyond: int, source: str, record: MemoryRecord | None) -> str:
+    reported, gated, code = (record.peak_bytes_reported, record.peak_bytes, record.generated_code_bytes) if record \
+        else (None, None, None)
     if source == "live at the peak":
         return (f"XLA's live-range dump sums every HLO value live at its peak, so values sharing one buffer "
                 f"count once each: {beyond:,} B beyond the allocations of its buffer assignment")

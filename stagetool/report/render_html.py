@@ -16,6 +16,7 @@ import functools
 import re
 from typing import Any, Mapping, Sequence
 
+from stagetool.analysis.sections import MemorySection
 from stagetool.report import charts, views
 from stagetool.report.layout import leaf_layout, parse_partition_spec
 from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
@@ -164,9 +165,9 @@ def _group_label(g: Any) -> str:
     return label + (f" ×{g.count}" if g.count > 1 else "")
 
 
-def timeline_view(m: Any) -> dict[str, Any] | None:
+def timeline_view(m: MemorySection) -> dict[str, Any] | None:
     """The memory timeline's chart, its peak and the named differences; None without the peak dump."""
-    tp = getattr(m, "timeline_peak", None)
+    tp = m.timeline_peak
     if tp is None:
         return None
     if tp.reason or not m.timeline:
@@ -232,7 +233,7 @@ def function_view(f: FunctionReport, index: int) -> dict[str, Any]:
         "memory": memory_view(f.memory, f.mesh.platform) if f.memory is not None else None,
         "collectives": collectives_view(f.collectives) if f.collectives is not None else None,
         "cost": cost_view(f.cost) if f.cost is not None else None,
-        "why": views.why_lines(f.why) if getattr(f, "why", None) is not None else None,
+        "why": views.why_lines(f.why) if f.why is not None else None,
     }
 
 

@@ -107,7 +107,7 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
                 out += [f"### {title}", ""] + _leaves(leaves) + [""]
     if f.collectives is not None:
         out += _collectives(f.collectives) + _image(figures, "collectives", f"collective bytes of {f.name} by kind and mesh axes")
-    if getattr(f, "why", None) is not None:
+    if f.why is not None:
         lines = views.why_lines(f.why)
         out += [f"### {escape(lines[0][1][0].upper() + lines[0][1][1:])}", ""]
         out += [f"- **{escape(line)}**" if style == "bold" else f"- {escape(line)}" for style, line in lines[1:]] + [""]

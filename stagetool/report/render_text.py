@@ -175,7 +175,7 @@ def _function(f: FunctionReport, *, summary: bool = False,
             out.append(_leaf_table("outputs", f.outputs, inputs=False))
     if f.collectives is not None:
         out.extend(_collectives(f.collectives))
-    if getattr(f, "why", None) is not None:
+    if f.why is not None:
         out.extend(Text(line, style=style) for style, line in views.why_lines(f.why))
     if f.cost is not None:
         out.extend(_cost(f.cost))

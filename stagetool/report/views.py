@@ -6,8 +6,15 @@ renderers show the same facts with the same formatting.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from stagetool.analysis.causes import WhyAnswer
+from stagetool.analysis.memory import MemoryRecord
+from stagetool.analysis.peak import PeakReport
+from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
+from stagetool.analysis.shardings import LeafReport
+from stagetool.analysis.timeline import TimelinePeak
 from stagetool.core.sharding import Sharding
 from stagetool.core.compat import MEMORY_FIELDS_SINCE_0_11
 from stagetool.core.units import (
@@ -51,7 +58,7 @@ def _extra_value(metric: Any) -> str:
     return f"{metric.value:g}" + (f" {metric.unit}" if metric.unit not in ("count", "unknown") else "")
 
 
-def cost_rows(c: Any) -> tuple[list[str], list[list[str]]]:
+def cost_rows(c: CostSection) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)``: each figure per device and for the whole program; ``n/a`` where not reported."""
     rows = [[label, fmt(getattr(c.per_device, attr)), fmt(getattr(c.whole_program, attr))]
             for label, attr, fmt in _COST_ROWS]
@@ -60,7 +67,7 @@ def cost_rows(c: Any) -> tuple[list[str], list[list[str]]]:
         if key.startswith("utilization"):
             continue  # per-operand use counts: in the JSON, too noisy for a table
         rows.append([key, _extra_value(a.get(key)), _extra_value(b.get(key))])
-    la = getattr(c, "loop_aware", None)
+    la = c.loop_aware
     if la is not None and la.loops:  # beside XLA's figures, never instead of them
         rows += [["FLOPs, loop-aware (estimate)", format_count(la.flops, "FLOP"), "—"],
                  ["transcendentals, loop-aware (estimate)", format_count(la.transcendentals), "—"],
@@ -78,7 +85,7 @@ def compiler_options_line(options: Any) -> str:
     return "compiler_options (the target's jit): " + " · ".join(f"{name}={value}" for name, value in options)
 
 
-def cost_caption(c: Any) -> str:
+def cost_caption(c: CostSection) -> str:
     per_device = ("derived from one device's compiled module with XLA's HloCostAnalysis rules (the backend "
                   "reports none)" if c.per_device.source.startswith("derived")
                   else "Compiled.cost_analysis() of one device's partitioned module")
@@ -86,7 +93,7 @@ def cost_caption(c: Any) -> str:
             f"Lowered.cost_analysis() before partitioning ({c.device_count} devices)")
 
 
-def cost_notes(c: Any) -> list[tuple[str, str]]:
+def cost_notes(c: CostSection) -> list[tuple[str, str]]:
     """``(severity, text)`` notes: ``warn`` for missing or suspect figures, ``info`` otherwise. XLA's
     negative "unknown" seconds (CPU's ``optimal_seconds``) are not data and get no note."""
     from stagetool.analysis.cost import UNKNOWN_SECONDS_REASON
@@ -102,10 +109,10 @@ def cost_notes(c: Any) -> list[tuple[str, str]]:
             out.append(("info", f"{scope}: {field} n/a: {why}"))
         for s in rec.suspects:
             out.append(("warn", f"{scope}: suspect {s.field}: {s.reason}"))
-    for note in getattr(c, "scope_notes", ()):
+    for note in c.scope_notes:
         out.append(("warn", note))
     counts = list(c.loop_trip_counts)
-    for _, trip, _ in getattr(getattr(c, "loop_aware", None), "apart", ()):  # XLA:CPU's rng loops: a note of their own
+    for _, trip, _ in (c.loop_aware.apart if c.loop_aware else ()):  # XLA:CPU's rng loops: a note of their own
         if trip in counts:
             counts.remove(trip)
     if counts:
@@ -115,7 +122,7 @@ def cost_notes(c: Any) -> list[tuple[str, str]]:
                             "XLA's cost analysis counts a loop body once, so its FLOPs and bytes are a lower bound; "
                             "the loop-aware rows are a derived estimate (XLA's figure + (trip count − 1) × each "
                             "body's cost counted from the compiled module), and the roofline uses them"))
-        la = getattr(c, "loop_aware", None)
+        la = c.loop_aware
         if la is not None and la.reason:
             out.append(("info", f"loop-aware estimate: {la.reason}"))
     r = c.roofline
@@ -130,11 +137,11 @@ def cost_notes(c: Any) -> list[tuple[str, str]]:
     return out
 
 
-def aliased_label(m: Any) -> str:
+def aliased_label(m: MemorySection) -> str:
     """What the aliased bytes are: ``aliased (donated)``, ``aliased (Ref write-backs)`` for a step
     whose jax.Ref arguments are written in place, or both."""
     kinds = []
-    donation = getattr(m, "donation", None) or ()
+    donation = m.donation or ()
     if any(d.status != "Ref write-back" for d in donation) or not donation:
         kinds.append("donated")
     if any(d.status == "Ref write-back" for d in donation):
@@ -142,10 +149,10 @@ def aliased_label(m: Any) -> str:
     return f"aliased ({', '.join(kinds)})"
 
 
-def memory_rows(m: Any) -> tuple[list[str], list[list[str]]]:
+def memory_rows(m: MemorySection) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)`` of per-device memory in bytes and human units; host rows only where non-zero."""
     rec = m.record
-    oom = getattr(m, "out_of_memory", None)
+    oom = m.out_of_memory
     if oom is not None:  # no compiled program: XLA's figures from its error, and what the inputs say
         rows = [[f"needed (XLA: {oom.what or 'the program'})", _int_text(oom.needed_bytes), format_bytes(oom.needed_bytes)],
                 [f"available (XLA: {oom.memory_space or 'device memory'})", _int_text(oom.available_bytes),
@@ -171,7 +178,7 @@ def memory_rows(m: Any) -> tuple[list[str], list[list[str]]]:
     rows.append([peak_label, "n/a" if rec.peak_bytes is None else str(rec.peak_bytes), format_bytes(rec.peak_bytes)])
     if not by_xla and rec.peak_bytes_reported is not None and rec.peak_bytes_reported != rec.peak_bytes:
         rows.append(["XLA peak_memory_in_bytes", str(rec.peak_bytes_reported), format_bytes(rec.peak_bytes_reported)])
-    host = getattr(rec, "host_peak_bytes", None)
+    host = rec.host_peak_bytes
     if host:
         rows.append(["host peak (pinned_host; gated apart)", str(host), format_bytes(host)])
     for attr in _XLA_ONLY_ROWS:  # jax/jaxlib >= 0.11 only: shown where the release reports them
@@ -181,7 +188,7 @@ def memory_rows(m: Any) -> tuple[list[str], list[list[str]]]:
     return ["", "bytes", ""], rows
 
 
-def peak_note(rec: Any, platform: str | None = None) -> str | None:
+def peak_note(rec: MemoryRecord, platform: str | None = None) -> str | None:
     """One sentence on what the gated peak is made of, when XLA's two figures differ (None when they
     agree or one is missing), in the terms of the backend that compiled it (``platform``: ``cpu``,
     ``gpu``, ``tpu``; None says it without naming one)."""
@@ -215,7 +222,7 @@ def _int_text(v: int | None) -> str:
     return "n/a" if v is None else str(v)
 
 
-def memory_notes(m: Any, platform: str | None = None) -> list[tuple[str, str]]:
+def memory_notes(m: MemorySection, platform: str | None = None) -> list[tuple[str, str]]:
     """``(severity, text)``: ``fits``/``over`` verdict, missing data, suspects; ``platform`` (the
     mesh's ``cpu``/``gpu``/``tpu``) words the note on what the peak is made of (:func:`peak_note`)."""
     rec = m.record
@@ -227,7 +234,7 @@ def memory_notes(m: Any, platform: str | None = None) -> list[tuple[str, str]]:
     note = peak_note(rec, platform)
     if note:
         out.append(("info", note))
-    oom = getattr(m, "out_of_memory", None)
+    oom = m.out_of_memory
     if oom is not None:
         over = ""
         if oom.needed_bytes is not None and oom.available_bytes:
@@ -252,14 +259,14 @@ def memory_notes(m: Any, platform: str | None = None) -> list[tuple[str, str]]:
     return out
 
 
-def largest_inputs_rows(m: Any) -> tuple[list[str], list[list[str]]]:
+def largest_inputs_rows(m: MemorySection) -> tuple[list[str], list[list[str]]]:
     total = m.record.argument_bytes
     rows = [[x.path, x.shape, format_bytes(x.bytes_per_device),
              format_percent(x.bytes_per_device / total if total else None)] for x in m.largest_inputs]
     return ["leaf", "shape", "per device", "of arguments"], rows
 
 
-def donation_summary(m: Any) -> str | None:
+def donation_summary(m: MemorySection) -> str | None:
     """One line on donation: how many donated leaves reuse their buffer for an output."""
     requested = [d for d in m.donation if d.requested]
     if not m.donation:
@@ -277,36 +284,36 @@ def donation_summary(m: Any) -> str | None:
     return text + (f"; {ref_text}" if refs else "")
 
 
-def donation_rows(m: Any) -> tuple[list[str], list[list[str]]]:
+def donation_rows(m: MemorySection) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)`` of the leaves whose donation did not simply work (not usable, unused,
     aliased without being asked); the aliased ones and the Ref write-backs are counted by
     :func:`donation_summary`."""
     rows = [[d.path, "yes" if d.requested else "no", d.status, ", ".join(d.aliased_to) or "—",
-             getattr(d, "reason", None) or ""] for d in m.donation
+             d.reason or ""] for d in m.donation
             if not (d.requested and d.status == "aliased") and d.status != "Ref write-back"]
     return ["leaf", "requested", "status", "reused by", "why"], rows
 
 
-def peak_title(p: Any) -> str:
+def peak_title(p: PeakReport) -> str:
     """``live at the peak (step 7: 4.00 MiB device in 2 buffers[; host …][; vmem …]; largest 2)``: each
     buffer once, the device (memory space 0) figure first and the other memory spaces apart; the step
     is the memory timeline's peak (the same step and bytes as its ``peak … at step 7`` line)."""
     parts = [f"{format_bytes(p.peak_bytes)} device"]
-    if getattr(p, "host_bytes", 0):
+    if p.host_bytes:
         parts.append(f"host {format_bytes(p.host_bytes)}")
-    parts += [f"{space} {format_bytes(n)}" for space, n in getattr(p, "other_bytes", ())]
-    at = f"step {p.step}: " if getattr(p, "step", None) is not None else ""  # the timeline's peak step
+    parts += [f"{space} {format_bytes(n)}" for space, n in p.other_bytes]
+    at = f"step {p.step}: " if p.step is not None else ""  # the timeline's peak step
     return (f"live at the peak ({at}{'; '.join(parts)} in {p.buffer_count} buffer{'s' if p.buffer_count != 1 else ''}; "
             f"largest {len(p.buffers)})")
 
 
-def peak_rows(p: Any) -> tuple[list[str], list[list[str]]]:
+def peak_rows(p: PeakReport) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)`` of the largest buffers live at the peak; a last ``memory`` column when any is
     not in device memory; a buffer several values share is one row naming them all."""
-    spaces = any(getattr(b, "memory_space", "device") != "device" for b in p.buffers)
+    spaces = any(b.memory_space != "device" for b in p.buffers)
     rows = []
     for b in p.buffers:
-        name = b.value_name + "".join(f" = {v}" for v in getattr(b, "shared_with", ()))
+        name = b.value_name + "".join(f" = {v}" for v in b.shared_with)
         row = [format_bytes(b.size_bytes), b.shape or "—", name, _op(b.op_name),
                f"{short_path(b.file)}:{b.line}" if b.file else "—"]
         if spaces:
@@ -323,11 +330,11 @@ def short_source(source_line: str | None) -> str:
     return f"{short_path(file)}:{line}" if file and line.isdigit() else source_line
 
 
-def timeline_lines(m: Any) -> list[str]:
+def timeline_lines(m: MemorySection) -> list[str]:
     """The memory timeline in a few lines (text and Markdown): a sparkline with the peak's step, op
     and source, then what separates the timeline's peak from the gated peak; ``[]`` when the peak
     dump was not taken, one ``n/a`` line when it has no timeline."""
-    tp = getattr(m, "timeline_peak", None)
+    tp = m.timeline_peak
     if tp is None:
         return []
     if tp.reason or not m.timeline:
@@ -339,7 +346,7 @@ def timeline_lines(m: Any) -> list[str]:
     where = ", ".join(x for x in (op, short_source(tp.source_line) if tp.source_line else None) if x)
     lines = [f"memory over time ({tp.steps} steps, per device): {sparkline(m.timeline)} "
              f"peak {format_bytes(tp.bytes)} at step {tp.position} ({tp.instruction}{', ' + where if where else ''})"]
-    if getattr(tp, "inside", None):
+    if tp.inside:
         inner = ", ".join(x for x in (_op(tp.inside_op) if tp.inside_op else None,
                                       short_source(tp.inside_source_line) if tp.inside_source_line else None) if x)
         lines.append(f"  inside it, the bytes peak at {tp.inside}{' (' + inner + ')' if inner else ''}")
@@ -351,23 +358,23 @@ def timeline_lines(m: Any) -> list[str]:
     return lines
 
 
-def timeline_buffer_rows(tp: Any) -> tuple[list[str], list[list[str]]]:
+def timeline_buffer_rows(tp: TimelinePeak) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)`` of the buffers live at the timeline's peak, largest first."""
     rows = [[format_bytes(b.bytes), b.kind, b.leaf or b.value, b.shape or "—", b.op or "—",
              short_source(b.source_line)] for b in tp.buffers]
     return ["size", "kind", "leaf or HLO value", "shape", "op", "source"], rows
 
 
-def leaf_notes(leaf: Any) -> list[str]:
+def leaf_notes(leaf: LeafReport) -> list[str]:
     """Short notes on a shardings-table row: where an input's sharding comes from (``rule``:
     an init's rules, ``init``: what the init gives it when run, ``model``: the model's own
     annotations, ``object``: a ``{ref:}``'s array carries it, ``unknown``: nothing says, staged
     replicated), unused, chosen by the partitioner,
     donated, local shape; an output that is a ``jax.Ref``'s new value says ``Ref write-back``."""
-    if getattr(leaf, "ref_write_back", False):
+    if leaf.ref_write_back:
         return ["Ref write-back (in place)"]
     notes = []
-    source = getattr(leaf, "sharding_source", None)
+    source = leaf.sharding_source
     if source in ("rule", "model", "init", "target"):
         notes.append(f"from {source}")
     elif source == "object":
@@ -377,7 +384,7 @@ def leaf_notes(leaf: Any) -> list[str]:
     if leaf.unused:
         notes.append("unused (pruned)")
     elif leaf.declared.kind == "auto":
-        notes.append("chosen" if getattr(leaf, "chosen_by", None) != "JAX's sharding types" else "typed")
+        notes.append("chosen" if leaf.chosen_by != "JAX's sharding types" else "typed")
     if leaf.donated:
         notes.append("donated")
     if leaf.local_shape is not None:
@@ -391,10 +398,10 @@ def _axes(axes: tuple[str, ...] | None) -> str:
     return " × ".join(axes) if axes else "(within a device)"
 
 
-def collectives_rows(c: Any) -> tuple[list[str], list[list[str]]]:
+def collectives_rows(c: CollectivesSection) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)``: one row per collective, in module order."""
     rows = []
-    network = any(getattr(item.collective, "network", None) for item in c.items)  # a multi-slice job
+    network = any(item.collective.network for item in c.items)  # a multi-slice job
     for item in c.items:
         x = item.collective
         runs = "?" if x.executions is None else str(x.executions)
@@ -402,8 +409,8 @@ def collectives_rows(c: Any) -> tuple[list[str], list[list[str]]]:
             runs += " (loop)"
         types = x.result_types
         result = ", ".join(types) if len(types) <= 2 else f"{types[0]} +{len(types) - 1} more"
-        if getattr(item, "widened_from", None):  # XLA:CPU's 16-bit dot upcast, said on the row
-            part = getattr(item, "widened_bytes", None)
+        if item.widened_from:  # XLA:CPU's 16-bit dot upcast, said on the row
+            part = item.widened_bytes
             if len(types) > 1 and part is not None and x.bytes_per_device is not None and part < x.bytes_per_device:
                 result += f" (f32 on CPU: {format_bytes(part)} of it {item.widened_from} in the program)"
             else:
@@ -411,7 +418,7 @@ def collectives_rows(c: Any) -> tuple[list[str], list[list[str]]]:
         rows.append([x.kind + (" (async)" if x.is_async else ""), _axes(x.mesh_axes)]
                     + ([x.network or "—"] if network else [])
                     + [result, format_bytes(x.bytes_per_device), runs,
-                       " ← ".join([_source(item.source), *(_source(v) for v in getattr(item, "via", ()))]),
+                       " ← ".join([_source(item.source), *(_source(v) for v in item.via)]),
                        _op(x.op_name)])
     return (["kind", "mesh axes"] + (["network"] if network else [])
             + ["result per device", "bytes", "runs", "source", "op"]), rows
@@ -478,7 +485,7 @@ def _closing(text: str, start: int) -> int | None:
     return None
 
 
-def collectives_summary_rows(c: Any) -> tuple[list[str], list[list[str]]]:
+def collectives_summary_rows(c: CollectivesSection) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)``: count and bytes per device by kind × mesh axes, then the total."""
     def per_step(t: Any) -> str:
         if t.unknown_executions_count == t.count:
@@ -486,7 +493,7 @@ def collectives_summary_rows(c: Any) -> tuple[list[str], list[list[str]]]:
         return format_bytes(t.executed_bytes_per_device) + (" + ?" if t.unknown_executions_count else "")
 
     rows = []
-    dcn = getattr(c.summary, "dcn_bytes_per_step", None)
+    dcn = c.summary.dcn_bytes_per_step
     network = dcn is not None  # a multi-slice job: a network column, and the bytes over DCN apart
     for t in c.summary.by_kind_and_mesh_axes:
         rows.append([t.kind, _axes(t.mesh_axes)] + ([t.network or "—"] if network else [])
@@ -501,16 +508,16 @@ def collectives_summary_rows(c: Any) -> tuple[list[str], list[list[str]]]:
             + ["count", "bytes per device (each once)", "bytes per device per step"]), rows
 
 
-def cause_lines(c: Any) -> list[tuple[str, str, list[str]]]:
+def cause_lines(c: CollectivesSection) -> list[tuple[str, str, list[str]]]:
     """Why each collective is there (issue 22): ``(head, reason, origins)`` per collective with a cause,
     in module order — ``("1 all-reduce over model at model.py:9 (dot_general)", "contraction over ...",
     ["w2 (spec at f.stagetool.yaml:10:9)"])``; one ``("why", <the reason there are none>, [])`` when the
     explanation is unavailable."""
-    if getattr(c, "causes_unavailable", None) and c.items:
+    if c.causes_unavailable and c.items:
         return [("why", c.causes_unavailable, [])]
     out = []
     for i, item in enumerate(c.items, start=1):
-        cause = getattr(item, "cause", None)
+        cause = item.cause
         if cause is None:
             continue
         x = item.collective
@@ -521,7 +528,7 @@ def cause_lines(c: Any) -> list[tuple[str, str, list[str]]]:
     return out
 
 
-def why_lines(w: Any) -> list[tuple[str, str]]:
+def why_lines(w: WhyAnswer) -> list[tuple[str, str]]:
     """``stagetool why``'s answer as ``(style, line)`` pairs: the question, what it names, where its
     sharding came from, the reason (a collective), and downstream: collectives and outputs."""
     out = [("bold", f"why: {w.question}")]
@@ -542,7 +549,7 @@ def why_lines(w: Any) -> list[tuple[str, str]]:
     return out
 
 
-def explain_lines(c: Any) -> list[str]:
+def explain_lines(c: CollectivesSection) -> list[str]:
     """One line per ``--explain`` leaf: the collectives that move it, then those its values flow into."""
     by_name = {item.collective.name: item for item in c.items}
 
@@ -586,7 +593,7 @@ def _sharded_over(compiled: Sharding | None) -> str:
     return " × ".join(dict.fromkeys(axes)) if axes else "replicated"
 
 
-def shardings_summary_rows(inputs: Any, outputs: Any) -> tuple[list[str], list[list[str]]]:
+def shardings_summary_rows(inputs: Sequence[LeafReport], outputs: Sequence[LeafReport]) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)``: leaves and bytes per device by the mesh axes their compiled sharding uses,
     for inputs and outputs side by side; a short form of the shardings tables for ``report``."""
     groups: dict[str, list[int]] = {}
@@ -603,12 +610,12 @@ def shardings_summary_rows(inputs: Any, outputs: Any) -> tuple[list[str], list[l
     return ["sharded over", "inputs", "per device", "outputs", "per device"], rows
 
 
-def shardings_summary_notes(inputs: Any) -> list[str]:
+def shardings_summary_notes(inputs: Sequence[LeafReport]) -> list[str]:
     """The input leaves worth a line of their own: chosen by the partitioner, unused, donation count."""
     out = []
     for x in inputs or ():
         if x.declared.kind == "auto" and not x.unused:
-            who = "JAX's sharding types (explicit axes)" if getattr(x, "chosen_by", None) == "JAX's sharding types" \
+            who = "JAX's sharding types (explicit axes)" if x.chosen_by == "JAX's sharding types" \
                 else "the partitioner"
             out.append(f"chosen by {who}: {x.path} → {x.compiled}")
     unused = [x.path for x in inputs or () if x.unused]
