@@ -2,6 +2,7 @@
 
 :mod:`.target` imports the user's function, :mod:`.jit_wrapper` reads its own jit's settings,
 :mod:`.avals` turns the spec (or an ``init``'s output) into ``jax.ShapeDtypeStruct`` pytrees with
-``NamedSharding``s (:class:`~.avals.AbstractInputs`), and :mod:`.frameworks` stages the programs
-Flax, Equinox and plain JAX users write as they run them.
+``NamedSharding``s (:class:`~.records.AbstractInputs`; its jobs in :mod:`.signature`, :mod:`.leaves`,
+:mod:`.values`, :mod:`.own_jit`, :mod:`.out_shardings`), and :mod:`.frameworks` stages the programs
+Flax, Equinox and plain JAX users write as they run them, one module per framework.
 """

@@ -8,6 +8,7 @@ import functools
 from typing import Any
 
 from stagetool.core.sharding import Sharding
+from stagetool.inputs.records import InputLeaf
 from stagetool.inputs.target import load_target
 from stagetool.spec.model import FunctionSpec, Rule
 from stagetool.core.errors import SpecError
@@ -119,7 +120,7 @@ def apply_rules(rules: tuple[Rule, ...], path: str, value: Any, fspec: FunctionS
     return None
 
 
-def as_abstract_ref(struct: Any, by_id: dict, explicit: bool, ref_shardings: dict | None = None) -> Any:
+def as_abstract_ref(struct: Any, by_id: dict[int, InputLeaf], explicit: bool, ref_shardings: dict | None = None) -> Any:
     """A ``jax.Ref`` leaf as the abstract ref raw JAX traces a Ref argument as:
     ``jax.ref.AbstractRef(ShapedArray(shape, dtype))``. Under an explicit-axes mesh the sharding is
     part of the type (its spec over the abstract mesh). Under auto axes a Ref's type carries none:

@@ -6,12 +6,17 @@ Variables its arguments share made one again, and the ``out_shardings`` an ``nnx
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stagetool.core.sharding import Sharding
 from stagetool.inputs.frameworks.jit import JitSettings
 from stagetool.inputs.leaves import same_dims
+from stagetool.inputs.records import InputLeaf
 from stagetool.spec.model import FunctionSpec
+
+if TYPE_CHECKING:  # imported only for Flax and Equinox targets
+    from stagetool.inputs.frameworks.equinox import EqxProgram
+    from stagetool.inputs.frameworks.nnx import NnxProgram
 
 
 #: Who gave a leaf the sharding that a target's in_shardings contradict, and how to drop it.
@@ -25,7 +30,7 @@ _WHO_SHARDS = {
 }
 
 
-def take_in_shardings(args: tuple, own: JitSettings, by_id: dict, mesh: Any, fspec: FunctionSpec, issues: list[str],
+def take_in_shardings(args: tuple, own: JitSettings, by_id: dict[int, InputLeaf], mesh: Any, fspec: FunctionSpec, issues: list[str],
                        ref_shardings: dict | None = None, explicit: bool = False) -> tuple:
     """The positional ``args`` with each array leaf sharded as the target's own ``in_shardings``
     say: a leaf the spec writes without ``@`` takes it (``sharding_source: "target"``); one whose
@@ -72,7 +77,7 @@ def take_in_shardings(args: tuple, own: JitSettings, by_id: dict, mesh: Any, fsp
 
 
 def own_program(fspec: FunctionSpec, own: JitSettings, args: tuple, kwargs: dict, static: dict, names: list[str],
-                 rules: Any, donated: tuple[set, set]) -> Any:
+                 rules: tuple | None, donated: tuple[set, set]) -> NnxProgram | EqxProgram | None:
     """The target's own program when the spec adds nothing its wrapper cannot take, else None
     (staged nested, merged with the spec).
 
@@ -122,7 +127,7 @@ def has_shared(keys: list) -> bool:
     return len(set(named)) != len(named)
 
 
-def shared_note(args: tuple, kwargs: dict, keys: list, by_id: dict) -> str:
+def shared_note(args: tuple, kwargs: dict, keys: list, by_id: dict[int, InputLeaf]) -> str:
     """What a nested staging does with Variables the arguments share (see :func:`stagetool.inputs.frameworks.nnx.share_arguments`)."""
     import jax
 

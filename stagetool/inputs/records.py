@@ -5,10 +5,14 @@ to staging: what ``jax.jit(fn).trace`` is called with, and one record per array 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from stagetool.core.sharding import Sharding
 from stagetool.inputs.frameworks.jit import JitSettings
+
+if TYPE_CHECKING:  # imported only for Flax and Equinox targets
+    from stagetool.inputs.frameworks.equinox import EqxProgram
+    from stagetool.inputs.frameworks.nnx import NnxProgram
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +91,6 @@ class AbstractInputs:
     jit: JitSettings | None = None
     wrapped: bool = False
     out_shardings: Any = None
-    program: Any = None
+    program: NnxProgram | EqxProgram | None = None
     in_shardings: Any = None
     notes: tuple[str, ...] = ()

@@ -77,7 +77,7 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     runs under the mesh (``jax.set_mesh``) and the logical axis ``rules``, as tracing does, so
     Flax's eager sharding and ``get_abstract_mesh()`` work there. Array leaves keep what
     ``jax.eval_shape`` gives (dtype, ``weak_type``, sharding); non-array leaves (an Equinox
-    module's functions) are returned as they are (see :func:`stagetool.inputs.frameworks.dispatch.eval_shape_any`).
+    module's functions) are returned as they are (see :func:`stagetool.inputs.frameworks.dispatch.trace_any`).
 
     ``shared``, a list, is filled (Flax NNX only) with one entry per leaf of the tree: ``("built", s)``
     for a leaf in a Variable of an ``{arg: ...}`` argument that the init's result holds (``s``: that

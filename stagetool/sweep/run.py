@@ -71,7 +71,7 @@ def row_from_function(row: dict, fn: Any) -> dict:
                    collective_bytes_per_step_by_mesh_axes={_axes_key(t.mesh_axes): t.executed_bytes_per_device
                                                            for t in s.by_mesh_axes},
                    collectives_unknown_runs=s.total.unknown_executions_count,
-                   dcn_bytes_per_step=getattr(s, "dcn_bytes_per_step", None))
+                   dcn_bytes_per_step=s.dcn_bytes_per_step)
     if fn.cost is not None:
         aware = fn.cost.loop_aware
         row.update(flops_per_device_xla=fn.cost.per_device.flops, while_loops=len(fn.cost.loop_trip_counts),

@@ -4,7 +4,7 @@ Flax Linen, Equinox: :data:`stagetool.inputs.frameworks.FRAMEWORKS`) for what di
 Nothing here imports a framework: its module is imported only when the user's own objects are of
 its types (``type(x).__module__``), so stagetool runs without them.
 
-- :func:`eval_shape_any`: ``jax.eval_shape`` of an ``init`` whose output holds non-array leaves
+- :func:`trace_any`: ``jax.eval_shape`` of an ``init`` whose output holds non-array leaves
   too (an Equinox module's activation function, a string), split as ``eqx.filter_eval_shape``
   does: arrays become ``ShapeDtypeStruct``s (dtype, ``weak_type`` and sharding as JAX gives them),
   everything else is kept as it is.
@@ -65,16 +65,6 @@ def is_array_like(x: Any, *, python_scalars: bool = True) -> bool:
     return python_scalars and isinstance(x, (bool, int, float, complex))
 
 
-def eval_shape_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True) -> Any:
-    """``jax.eval_shape(call, *dyn)`` for any output pytree: array leaves become
-    ``ShapeDtypeStruct``s (as ``jax.eval_shape`` gives them: dtype, ``weak_type``, sharding), other
-    leaves (functions, strings, an Equinox module's static parts) are returned as they are.
-
-    With ``python_scalars`` false, Python numbers are static too (``eqx.filter_eval_shape``).
-    """
-    return trace_any(call, *dyn, python_scalars=python_scalars)[0]
-
-
 def is_ref(x: Any) -> bool:
     """A ``jax.Ref`` (or a traced one): its type is a ``jax.ref.AbstractRef``."""
     import jax
@@ -87,8 +77,10 @@ def is_ref(x: Any) -> bool:
 
 def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True
               ) -> tuple[Any, list[tuple | None], list[bool]]:
-    """:func:`eval_shape_any` through ``jax.jit(call).trace(*dyn)`` (one trace, nothing computed),
-    and per leaf of the result (``jax.tree_util.tree_leaves`` order) the PartitionSpec dims the
+    """``jax.eval_shape(call, *dyn)`` for any output pytree, through ``jax.jit(call).trace(*dyn)`` (one
+    trace, nothing computed): array leaves as ``ShapeDtypeStruct``s (dtype, ``weak_type``, sharding
+    as JAX gives them), other leaves as they are (with ``python_scalars`` false, Python numbers too,
+    as ``eqx.filter_eval_shape``); and per leaf of the result (``jax.tree_util.tree_leaves`` order) the PartitionSpec dims the
     program gives it when it runs — a nested ``jax.jit``'s ``out_shardings``, a ``device_put`` or
     sharding constraint on it (:func:`stagetool.inputs.init_shardings.produced_dims`) — or None
     (not an array, or the program does not say), and per leaf whether it is a ``jax.Ref`` (its
