@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     (:mod:`stagetool.process.gc_pause`).
     """
     args = sys.argv[1:] if argv is None else argv
+    if not _standard_streams():
+        return 2
     if args == ["--version"]:
         from stagetool._version import __version__
 
@@ -28,6 +30,49 @@ def main(argv: list[str] | None = None) -> int:
     if supervise.wanted(args):
         return supervise.run(lambda: _command(argv))
     return _command(argv)
+
+
+def _standard_streams() -> bool:
+    """Give a missing file descriptor 0, 1 or 2 (``stagetool ... <&- 2>&-``) ``/dev/null``, so that no
+    file stagetool opens later takes its number (a baseline written to "stdout"), and Python's
+    ``sys.stdin``/``sys.stderr`` exist. A missing stdout is the run's error: one line on stderr (when
+    that exists) and False (exit 2), since nothing printed could reach anyone."""
+    import os
+
+    missing = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            missing.append(fd)
+    for fd in missing:  # ascending: each open takes the lowest free number, the missing one
+        try:
+            new = os.open(os.devnull, os.O_RDWR)
+        except OSError:
+            continue
+        if new != fd:
+            os.dup2(new, fd)
+            os.close(new)
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        if fd in missing or getattr(sys, name) is None:
+            try:
+                stream = open(fd, "r" if fd == 0 else "w", buffering=1, closefd=False, encoding="utf-8",
+                              errors="strict" if fd == 0 else "backslashreplace")
+            except OSError:
+                continue
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
+    for stream in (sys.stdout, sys.stderr):  # a lone surrogate in a name from user code is written \udXXX
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
+    if 1 in missing:
+        if 2 not in missing:
+            os.write(2, b"stagetool: error: stdout is closed (>&-): the output could not reach anyone; "
+                        b"send it to /dev/null (>/dev/null) to discard it, or to a file\n")
+        return False
+    return True
 
 
 def _command(argv: list[str] | None) -> int:

@@ -66,7 +66,9 @@ def test_the_table_config_carries_the_published_figures(model):
     assert f"memory_bandwidth: {model.memory_bandwidth_bytes_per_second}\n" in text
     assert f'device_description_str: "{model.device_kind}"' in text
     assert f"major: {model.compute_capability[0]}" in text
-    assert gpu_topology.config_memory_bytes(text) == model.memory_bytes
+    from stagetool.devices.gpu_target_proto import parse_target_config
+
+    assert parse_target_config(text, "table").memory_bytes == model.memory_bytes  # read as XLA reads it
 
 
 def test_the_aliases_of_the_issue_are_in_the_table():
@@ -355,7 +357,7 @@ def test_a_users_target_config_is_used_as_written(tmp_path, run_cli):
     broken = tmp_path / "broken.txtpb"
     broken.write_text("gpu_device_info { core_count: many }\n")
     r = run_cli("devices", "--topology", "gpu:4", "--gpu-target-config", broken)
-    assert r.code == 2 and "cannot read the GPU target config" in r.stderr
+    assert r.code == 2 and f"{broken}:1:31: not a GpuTargetConfigProto in text form" in r.stderr, r.stderr
 
 
 SPEC_TOPOLOGY = """
@@ -389,3 +391,91 @@ def test_a_spec_can_name_a_gpu_target(tmp_path, run_cli, monkeypatch):
     assert f["mesh"]["device_kind"] == "NVIDIA A100-SXM4-80GB" and f["mesh"]["topology"] == "a100-80gb:8"
     # each device: a [32,128] @ [128,8] block
     assert f["cost"]["per_device"]["flops"] == 2 * 32 * 8 * 128
+
+
+# ---- round 3 (issue 35): the config read as the proto XLA reads ------------------------------------------
+
+H100 = gpu_topology.target_config_text(gpu_topology.gpu_model("h100"))
+
+
+@pytest.mark.parametrize("edit,expect", [
+    (lambda t: t.replace("  device_memory_size: 85899345920\n", "  # device_memory_size: 999999999999999\n"),
+     "device_memory_size is missing"),  # a comment is a comment, not the capacity
+    (lambda t: t.replace("device_memory_size: 85899345920", "device_memory_size: 0"), "device_memory_size: 0 is not above 0"),
+    (lambda t: t.replace("device_memory_size: 85899345920", "device_memory_size: -5"), "device_memory_size: -5 is not above 0"),
+    (lambda t: t.replace("threads_per_warp: 32", "threads_per_warp: 0"), "threads_per_warp: 0 is not above 0"),
+    (lambda t: t.replace("core_count: 132", "core_count: -1"), "core_count: -1 is not above 0"),
+    (lambda t: t.replace("memory_bandwidth: 3350000000000", "memory_bandwidth: 0"), "memory_bandwidth: 0 is not above 0"),
+    (lambda t: t.replace("clock_rate_ghz: 1.98", "clock_rate_ghz: nan"), "clock_rate_ghz: nan is not above 0"),
+    (lambda t: t.replace("clock_rate_ghz: 1.98", "clock_rate_ghz: -inf"), "clock_rate_ghz: -inf is not above 0"),
+    (lambda t: t.replace("core_count: 132", "core_count: 132\n  core_count: 1"), ':9:15: not a GpuTargetConfigProto'),
+    (lambda t: t.replace("core_count: 132", "core_count: 4294967296"), "Value out of range"),
+    (lambda t: t.replace("gpu_device_info {", "gpu_device_info {{"), ":2:18: not a GpuTargetConfigProto"),
+    (lambda t: "platform_name: 'CUDA'\n", "no gpu_device_info"),
+])
+def test_a_config_is_parsed_as_the_proto_and_its_sizes_must_be_positive(tmp_path, edit, expect):
+    from stagetool.devices.gpu_target_proto import read_target_config_file
+
+    p = tmp_path / "c.txtpb"
+    p.write_text(edit(H100))
+    with pytest.raises(UsageError) as e:
+        read_target_config_file(p)
+    assert expect in e.value.message and e.value.exit_code == 2, e.value.message
+
+
+def test_the_capacity_is_the_parsed_field_and_unknown_fields_are_left_to_xla(tmp_path):
+    from stagetool.devices.gpu_target_proto import read_target_config_file
+
+    p = tmp_path / "c.txtpb"
+    p.write_text("# device_memory_size: 999999999999999\n" + H100.replace("85899345920", "1000")
+                 + 'autotune_results { version: 3 results { device: "x" } }\n')
+    cfg = read_target_config_file(p)
+    assert cfg.memory_bytes == 1000 and cfg.device_description == "NVIDIA H100 80GB HBM3"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "folder", "huge"])
+def test_a_config_that_is_not_a_small_regular_file_is_refused_without_reading(tmp_path, kind):
+    import time
+
+    from stagetool.devices.gpu_target_proto import MAX_CONFIG_BYTES, read_target_config_file
+
+    p = tmp_path / "c"
+    if kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "folder":
+        p.mkdir()
+    elif kind == "huge":
+        p.write_text(H100 + "#" * MAX_CONFIG_BYTES)
+    else:
+        p = "/dev/zero"
+    start = time.monotonic()
+    with pytest.raises(UsageError) as e:
+        read_target_config_file(p)
+    assert time.monotonic() - start < 5
+    assert {"fifo": "is a FIFO", "folder": "is a folder", "huge": "is larger than 4 MiB",
+            "dev_zero": "is a character device"}[kind] in e.value.message
+
+
+@pytest.mark.parametrize("name", ["h100:\uff18", "gpu:\u0668", "h100:" + "9" * 5000, "h100:9999x9999", "v5e:\uff12x\uff12",
+                                  "v5e:" + "9" * 5000, "v5e:999x999", ""])
+def test_topology_names_with_non_ascii_digits_or_huge_counts_are_refused(name):
+    from stagetool.devices.compile_only import topology_device_count
+
+    with pytest.raises(UsageError):
+        topology_device_count(name)
+
+
+@needs_plugin
+def test_a_device_description_is_escaped_in_every_format(tmp_path, run_cli):
+    hostile = 'NVIDIA <script>alert(1)</script> <img src=x onerror=alert(2)> [red]x[/red] `code` **b**'
+    cfg = tmp_path / "c.txtpb"
+    cfg.write_text(H100.replace('"NVIDIA H100 80GB HBM3"', '"' + hostile.replace('"', '\\"') + '"'))
+    (tmp_path / "m.py").write_text("def f(x):\n    return x * 2\n")
+    (tmp_path / "m.stagetool.yaml").write_text("mesh: {axes: {data: 2}}\nfunctions:\n  f: {target: m.py:f, args: ['f32[8]']}\n")
+    for command in (("devices",), ("shardings", "--spec", tmp_path / "m.stagetool.yaml", "--mesh", "data=2")):
+        for fmt in ("markdown", "html", "text"):
+            r = run_cli(*command, "--topology", "gpu:2", "--gpu-target-config", cfg, "--format", fmt, check=0)
+            if fmt == "text":
+                assert "[red]x[/red]" in r.stdout  # shown as written, not read as Rich markup
+            else:
+                assert "<script>" not in r.stdout and "<img" not in r.stdout, (command, fmt)

@@ -485,7 +485,7 @@ def test_sigint_during_isolate_kills_the_child_and_removes_its_files(tmp_path):
     the parent kills it, and removes the file its stderr went to."""
     proc = _start(tmp_path, "snapshot", "--isolate", "-o", "lock.json")
     tmp = tmp_path / "tmp"
-    _wait_for(proc, lambda: list(tmp.glob("stagetool-worker-*.stderr")) and len(_descendants_of(proc.pid)) >= 2)
+    _wait_for(proc, lambda: list(tmp.glob("stagetool-worker-*/stderr")) and len(_descendants_of(proc.pid)) >= 2)
     time.sleep(1.0)
     children = _descendants_of(proc.pid)
     proc.send_signal(signal.SIGINT)
@@ -534,7 +534,7 @@ def test_an_isolate_worker_dies_with_a_parent_killed_by_sigkill(tmp_path):
                              "-o", "lock.json"], cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def started() -> bool:
-        return any("started" in p.read_text(errors="replace") for p in tmp.glob("stagetool-worker-*.stderr"))
+        return any("started" in p.read_text(errors="replace") for p in tmp.glob("stagetool-worker-*/stderr"))
 
     _wait_for(proc, started)
     family = _descendants_of(proc.pid)
@@ -560,3 +560,298 @@ def test_an_isolate_worker_dies_with_a_parent_killed_by_sigkill(tmp_path):
     finally:
         for pid in alive():
             os.kill(pid, signal.SIGKILL)
+
+
+# ==== round 3 (issue 35) ========================================================================
+# ---- the exit code is the reported one ------------------------------------------------------------
+
+LATE = """\
+import atexit
+import os
+import threading
+import time
+
+WHERE = os.environ.get("WHERE", "")
+if WHERE == "atexit":  # as libraries do to skip a slow teardown
+    atexit.register(lambda: os._exit(0))
+if WHERE == "daemon":  # a process that double-forks away at import, holding the run's stdout
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(600)
+        os._exit(0)
+    os.wait()
+
+
+def f(x):
+    if WHERE == "thread":  # a non-daemon thread that ends the process after the command finished
+        def late():
+            time.sleep(3)
+            os._exit(0)
+        threading.Thread(target=late, daemon=False).start()
+    return x * 2
+"""
+
+
+@pytest.fixture(scope="module")
+def late_project(tmp_path_factory):
+    """A baseline of f on f32[8], and a spec that now stages f32[16]: a real regression (exit 1)."""
+    folder = tmp_path_factory.mktemp("late")
+    write(folder, "m.py", LATE)
+    write(folder, "m.stagetool.yaml", "functions:\n  f: {target: m.py:f, args: ['f32[8]']}\n")
+    assert run_subprocess("snapshot", "-o", "lock.json", cwd=folder).code == 0
+    write(folder, "m.stagetool.yaml", "functions:\n  f: {target: m.py:f, args: ['f32[16]']}\n")
+    return folder
+
+
+@pytest.mark.parametrize("where,jobs", [("atexit", ()), ("atexit", ("--jobs", "2")), ("thread", ())])
+def test_a_late_exit_does_not_turn_a_regression_into_a_pass(late_project, where, jobs):
+    r = run_subprocess("check", "-b", "lock.json", *jobs, cwd=late_project, env={"WHERE": where, "STAGETOOL_NO_CACHE": "1"})
+    assert r.code == 1, (r.code, r.stderr)
+    assert "regression" in r.stdout and "Traceback" not in r.stderr
+
+
+def test_the_supervisor_believes_only_one_report_with_this_runs_nonce(capfd):
+    from stagetool.process.supervise import verdict
+
+    status = {code: code << 8 for code in (0, 1, 3)}  # the wait statuses of exits 0, 1, 3
+    nonce = "ab" * 16
+    assert verdict(status[1], f"{nonce} 1\n".encode(), nonce) == 1
+    assert verdict(status[0], f"{nonce} 0\n".encode(), nonce) == 0
+    for said in (b"0\n", f"{'cd' * 16} 0\n".encode(), f"{nonce} 0\n{nonce} 0\n".encode(), b"0\n" + f"{nonce} 0\n".encode(),
+                 f"{nonce} ０\n".encode(), b""):
+        assert verdict(status[0], said, nonce) == 3, said  # forged, doubled, or none: never a pass
+    assert verdict(status[0], f"{nonce} 1\n".encode(), nonce) == 3  # reported 1, ended 0: os._exit after the end
+    assert verdict(signal.SIGKILL, f"{nonce} 0\n".encode(), nonce) == 3  # killed after it reported
+    assert verdict(signal.SIGKILL, b"", nonce) == 128 + signal.SIGKILL
+    err = capfd.readouterr().err
+    assert "reported exit code 1 but its process ended with 0" in err
+
+
+# ---- standard streams -----------------------------------------------------------------------------
+
+
+def _run_with_fds(folder: Path, args: list[str], *, close: tuple[int, ...]) -> tuple[int, bytes]:
+    """The CLI with file descriptors ``close`` closed (``<&-``, ``>&-``, ``2>&-`` in a shell); its exit
+    code and what reached stderr."""
+    full = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    full.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    redirections = " ".join({0: "0<&-", 1: "1>&-", 2: "2>&-"}[fd] for fd in close)
+    proc = subprocess.run(["sh", "-c", f'exec "$@" {redirections}', "sh", sys.executable, "-m", "stagetool", *args],
+                          cwd=folder, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+    return proc.returncode, proc.stderr
+
+
+def test_closed_stdout_is_exit_2_with_one_line_and_closed_stderr_or_stdin_change_nothing(late_project, tmp_path):
+    """``check >&-`` of an unchanged spec was exit 1 with the supervisor's traceback, ``2>&-`` exit 1."""
+    write(tmp_path, "m.py", LATE)
+    write(tmp_path, "m.stagetool.yaml", "functions:\n  f: {target: m.py:f, args: ['f32[8]']}\n")
+    assert run_subprocess("snapshot", "-o", "lock.json", cwd=tmp_path).code == 0
+    code, err = _run_with_fds(tmp_path, ["check", "-b", "lock.json"], close=(1,))
+    assert code == 2 and err.decode().splitlines() == [
+        "stagetool: error: stdout is closed (>&-): the output could not reach anyone; send it to /dev/null "
+        "(>/dev/null) to discard it, or to a file"]
+    for close in ((2,), (0,), (0, 2)):
+        code, _ = _run_with_fds(tmp_path, ["check", "-b", "lock.json"], close=close)
+        assert code == 0, close  # an unchanged spec passes, whatever else is closed
+    code, _ = _run_with_fds(late_project, ["check", "-b", "lock.json"], close=(2,))
+    assert code == 1  # and a regression is still one
+
+
+# ---- nothing outlives a run -----------------------------------------------------------------------
+
+
+def test_a_process_daemonised_at_import_is_ended_with_the_run(late_project):
+    """It holds the run's stdout: without the subreaper, a CI step reading the output never ends."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", WHERE="daemon", STAGETOOL_NO_CACHE="1",
+               PYTHONWARNINGS="ignore")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "stagetool", "check", "-b", "lock.json"], cwd=late_project, env=env,
+                          capture_output=True, text=True, timeout=150)  # reads stdout to its end
+    assert time.monotonic() - start < 150 and proc.returncode == 1, proc.stderr
+    assert "ended 1 process the run left behind" in proc.stderr and "check -b lock.json" in proc.stderr
+
+
+def test_a_stray_temporary_of_a_zombie_writer_is_removed(tmp_path):
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(writer.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{writer.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        stray = tmp_path / f".out.json.{writer.pid}.abc123.tmp"  # its write was cut short; not reaped yet
+        stray.write_text("half")
+        fileio.write_atomic(tmp_path / "out.json", "whole")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+    finally:
+        writer.wait()
+
+
+def test_a_path_or_child_registered_once_the_run_is_ending_is_removed_at_once(tmp_path, monkeypatch):
+    from stagetool.process import cleanup
+
+    monkeypatch.setattr(cleanup, "_ENDING", [True])  # run_all has begun (a signal)
+    late = tmp_path / "late"
+    late.mkdir()
+    with pytest.raises(cleanup.Ending):
+        cleanup.register_path(late)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    with pytest.raises(cleanup.Ending):
+        cleanup.make_temp_dir("stagetool-sweep-")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    with pytest.raises(cleanup.Ending):
+        cleanup.register_child(proc)
+    assert proc.poll() is not None and list(tmp_path.iterdir()) == []
+
+
+def test_a_worker_keeps_its_temporary_files_in_a_folder_removed_when_it_dies(tmp_path, monkeypatch):
+    """A worker killed (a timeout, SIGKILL) leaves no compile dump in TMPDIR: its TMPDIR is its own folder."""
+    from stagetool.process.workers import run_in_workers
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    outcomes = run_in_workers(_make_temp_and_die, [0, 1], jobs=2, isolate=True)
+    assert [o.died for o in outcomes] == ["the process died with SIGKILL"] * 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def _make_temp_and_die(common, item):
+    import tempfile
+
+    tempfile.mkdtemp(prefix="stagetool-dump-")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ---- the cache trusts no folder it did not check ----------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["link", "group-writable"])
+def test_a_cache_subfolder_that_is_a_link_or_writable_by_others_is_not_used(tmp_path, monkeypatch, capsys, how):
+    from stagetool.staging import cache as cache_mod
+
+    monkeypatch.setenv(cache_mod.SECRET_ENV, str(tmp_path / "key"))
+    root = tmp_path / "cache"
+    c = cache_mod.FactsCache.open(root)
+    assert c is not None
+    key = "ab" * 32
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    if how == "link":
+        (root / "facts").symlink_to(elsewhere)  # another user's link would send entries there
+    else:
+        (root / "facts").mkdir(mode=0o700)
+        os.chmod(root / "facts", 0o777)
+    assert c._folders_trusted(key) is False
+    assert c.load(key) is None
+    assert list(elsewhere.iterdir()) == []
+    assert "the facts cache is not used for this entry" in capsys.readouterr().err
+
+
+# ---- last round's open items ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", ["(.*a){20}$", "(\\w+)*$", "(?:x+)+y", "(a)\\1"])
+def test_a_rule_regex_that_can_backtrack_for_ever_is_exit_2_at_once(run_cli, tmp_path, pattern):
+    write(tmp_path, "r.py", "import jax.numpy as jnp\n\ndef init():\n    return {'w' * 40: jnp.zeros((4,))}\n\n"
+                            "def f(p):\n    return p\n")
+    spec = write(tmp_path, "r.stagetool.yaml", "functions:\n  f:\n    target: r.py:f\n    args:\n"
+                                               f"      - init: r.py:init\n        rules: [['{pattern}', replicated]]\n")
+    start = time.monotonic()
+    r = run_cli("shardings", "--spec", spec, check=2)
+    assert f"{spec}:6:18: functions.f.args[0].rules[0]: regular expression" in r.stderr, r.stderr
+    assert ("exponential time" in r.stderr) and time.monotonic() - start < 30
+    r = run_cli("collectives", "--spec", spec, "--explain", pattern, check=2)
+    assert "--explain" in r.stderr and "exponential time" in r.stderr
+
+
+@pytest.mark.parametrize("pattern", [".*/(wq|wk|wv)$", "layers_\\d+/.*", "(ab){3}", "[(*]+x", "a{2,}b", "(a|b)*c", "(wq|wk)+",
+                                     "(?:params/)?.*wq$"])
+def test_flat_patterns_are_not_refused(pattern):
+    from stagetool.core.patterns import backtracking_risk
+
+    assert backtracking_risk(pattern) is None
+
+
+STUCK = """\
+import re
+import sys
+
+print("stuck", file=sys.stderr, flush=True)
+re.match("(.*a){25}$", "a" * 40 + "b")  # C code that holds the GIL: no Python signal handler runs
+
+
+def f(x):
+    return x
+"""
+
+
+@pytest.mark.parametrize("sig,code,line", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                           (signal.SIGINT, 130, "interrupted (SIGINT)")])
+def test_a_signal_ends_a_run_stuck_holding_the_gil(tmp_path, sig, code, line):
+    """A catastrophic regex in the user's own code: the command's handler cannot run, so the
+    supervisor kills it (supervise.ESCALATE_S after the signal) and prints the last line itself."""
+    write(tmp_path, "s.py", STUCK)
+    write(tmp_path, "s.stagetool.yaml", "functions:\n  f: {target: s.py:f, args: ['f32[4]']}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([sys.executable, "-m", "stagetool", "shardings"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr))
+    reader.start()
+    try:
+        _wait_for(proc, lambda: any("stuck" in ln for ln in lines))
+        time.sleep(0.5)
+        start = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        assert time.monotonic() - start < 30
+        reader.join(10)
+        assert proc.returncode == code, lines
+        assert lines[-1] == f"stagetool: {line}\n" and not _descendants_of(proc.pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        reader.join(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_lone_surrogates_from_user_code_are_written_escaped_in_every_format(tmp_path):
+    write(tmp_path, "k.py", "import jax.numpy as jnp\n\ndef init():\n    return {'w\\ud800': jnp.zeros((4,))}\n\n"
+                            "def f(p):\n    return p['w\\ud800'] * 2\n")
+    write(tmp_path, "k.stagetool.yaml", "functions:\n  f: {target: k.py:f, args: [{init: k.py:init}]}\n")
+    for fmt in ("text", "json", "markdown", "html"):
+        r = run_subprocess("shardings", "--format", fmt, cwd=tmp_path)
+        assert r.code == 0 and "w\\ud800" in r.stdout and "unexpected" not in r.stderr, (fmt, r.stderr)
+    assert run_subprocess("snapshot", "-o", "k.json", cwd=tmp_path).code == 0
+    assert json.loads((tmp_path / "k.json").read_text())["functions"]["f"]["inputs"][0]["path"] == "p/w\ud800"
+    assert run_subprocess("check", "-b", "k.json", cwd=tmp_path).code == 0
+
+
+def test_a_lone_surrogate_in_a_spec_is_exit_2_at_its_line(run_cli, tmp_path):
+    spec = write(tmp_path, "s.stagetool.yaml", 'functions:\n  "g\\ud800": {target: m.py:g, args: ["f32[8]"]}\n')
+    r = run_cli("shardings", "--spec", spec, check=2)
+    assert f"{spec}:2:3: a lone surrogate (\\ud800) is not a character" in r.stderr
+
+
+def test_a_base_exception_of_a_class_the_parent_cannot_import_is_exit_3_under_isolate(run_cli, tmp_path):
+    write(tmp_path, "n.py", "def f(x):\n    class Local(BaseException):\n        pass\n    raise Local('inner')\n")
+    spec = write(tmp_path, "n.stagetool.yaml", "functions:\n  f: {target: n.py:f, args: ['f32[8]']}\n")
+    r = run_cli("snapshot", "--spec", spec, "--isolate", "-o", tmp_path / "x.json", check=3)
+    assert "user code raised Local (a BaseException: inner)" in r.stderr and "unexpected" not in r.stderr
+
+
+def test_an_init_with_too_many_leaves_is_exit_2_naming_the_limit(run_cli, tmp_path, monkeypatch):
+    from stagetool.inputs import avals
+
+    monkeypatch.setattr(avals, "MAX_LEAVES", 10)
+    write(tmp_path, "l.py", "import jax.numpy as jnp\n\ndef init():\n    return [jnp.zeros((2,)) for _ in range(11)]\n\n"
+                            "def f(p):\n    return p\n")
+    spec = write(tmp_path, "l.stagetool.yaml", "functions:\n  f: {target: l.py:f, args: [{init: l.py:init}]}\n")
+    r = run_cli("shardings", "--spec", spec, check=2)
+    assert "the init gives 11 leaves, more than 10" in r.stderr

@@ -117,16 +117,19 @@ def test_timeout_kills_the_configuration_and_leaves_no_folder(run_cli, sweep_dir
     assert list(tmp.iterdir()) == []
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
 def test_bad_timeout_is_exit_2(run_cli, sweep_dir, value):
     r = run_cli("sweep", "m.py:f", "--set", "mode=good", "--timeout", value, check=2)
     assert "--timeout" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_timeout_inf_is_no_limit():
+def test_timeout_is_none_when_not_given_and_inf_is_refused_as_nan_is():
     from stagetool.sweep.driver import timeout_s
 
-    assert timeout_s(math.inf) is None and timeout_s(2) == 2.0
+    assert timeout_s(None) is None and timeout_s(2) == 2.0
+    for value in (math.inf, math.nan, 1e308, 0):
+        with pytest.raises(UsageError):
+            timeout_s(value)
 
 
 def test_grid_size_is_capped_before_anything_runs(run_cli, sweep_dir):
@@ -311,3 +314,83 @@ def test_a_sweep_ended_by_a_signal_leaves_no_process_or_folder(sweep_dir, how):
             proc.kill()
         for pid in _processes_under(tmp):
             os.kill(pid, signal.SIGKILL)
+
+
+# ---- round 3 (issue 35) ---------------------------------------------------------------------------------
+
+TEMP_THEN_SLOW = """
+import tempfile
+import time
+
+
+def f(x, mode):
+    tempfile.mkdtemp(prefix="stagetool-dump-")  # as a compile's dump is: in the configuration process's TMPDIR
+    time.sleep(600)
+    return x
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_configuration_killed_by_the_signal_leaves_no_temporary_folder(sweep_dir, jobs):
+    """SIGTERM kills the configuration processes (SIGKILL to their groups): what they had in TMPDIR
+    (a compile's dump folder) went with their own stagetool-sweep-* folder, which the sweep removes."""
+    write(sweep_dir, "m.py", TEMP_THEN_SLOW)
+    tmp = sweep_dir / "tmp"
+    tmp.mkdir()
+    proc = _stagetool(["sweep", "m.py:f", "--set", "mode=a,b,c", "--jobs", jobs], sweep_dir, tmp)
+    try:
+        assert _wait_for(lambda: list(tmp.rglob("stagetool-dump-*"))), proc.communicate(timeout=5)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, err
+        assert _wait_for(lambda: not _processes_under(tmp), 30)
+        assert list(tmp.iterdir()) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _processes_under(tmp):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("value", ["inf", "1e308", "700000", "1e400"])
+def test_timeouts_inf_nan_or_past_a_week_are_exit_2(run_cli, sweep_dir, value):
+    r = run_cli("sweep", "m.py:f", "--set", "mode=good", "--timeout", value, check=2)
+    assert "--timeout" in r.stderr and "at most 604800" in r.stderr and "unexpected" not in r.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_special_file_where_a_row_goes_is_exit_2_before_anything_runs(run_cli, sweep_dir, kind):
+    out = sweep_dir / "rows"
+    run_cli("sweep", "m.py:f", "--set", "mode=good", "--output-dir", out, check=0)
+    (row,) = list(out.iterdir())
+    row.unlink()
+    os.mkfifo(row) if kind == "fifo" else row.mkdir()
+    start = time.monotonic()
+    r = run_cli("sweep", "m.py:f", "--set", "mode=good", "--output-dir", out, "--resume", check=2)
+    assert f"{row} is a {'FIFO' if kind == 'fifo' else 'folder'}" in r.stderr and time.monotonic() - start < 60
+
+
+def test_an_unreachable_ray_cluster_is_exit_2_within_the_connect_timeout(sweep_dir):
+    pytest.importorskip("ray")
+    import socket
+
+    silent = socket.socket()  # accepts TCP connections (the kernel's backlog) and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        tmp = sweep_dir / "tmp"
+        tmp.mkdir()
+        port = silent.getsockname()[1]
+        for address, limit in ((f"127.0.0.1:{port}", 60), ("127.0.0.1:1", 20)):
+            env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+            env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", RAY_ADDRESS=address,
+                       STAGETOOL_RAY_CONNECT_TIMEOUT_S="5")
+            start = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "stagetool", "sweep", "m.py:f", "--set", "mode=good",
+                                   "--executor", "ray"], cwd=sweep_dir, env=env, capture_output=True, text=True,
+                                  timeout=150)
+            assert proc.returncode == 2 and "--executor ray:" in proc.stderr, proc.stderr
+            assert time.monotonic() - start < limit
+    finally:
+        silent.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 import weakref
 from collections.abc import Sequence
@@ -738,7 +739,9 @@ class WhyQuery:
       kind: ``leaf``, ``line`` or ``collective``.
       text: the question as given (``w2``, ``model.py:8``, ``2``).
       leaf: for a leaf, the pattern naming it (:class:`stagetool.analysis.leaves.LeafPattern`).
-      file / line: for a line, the file name (matched without its folder) and the 1-based line.
+      file / line: for a line, the file as given and the 1-based line. A bare name (``model.py``)
+        matches that file in any folder; a path with a folder (``src/model.py``, ``/abs/model.py``)
+        matches only a file whose path ends with it (an absolute one: that file).
       number: for a collective, its number in module order (1-based, as the "why" list numbers it).
     """
 
@@ -777,7 +780,7 @@ def why_query(leaf: str | None = None, line: str | None = None, collective: int 
         if m is None or int(m.group(2)) < 1:
             raise UsageError(f"--line {line!r}: give a source line as FILE:LINE, e.g. model.py:8",
                              hint="the file name is enough; its folder is not compared")
-        return WhyQuery("line", line, file=Path(m.group(1)).name, line=int(m.group(2)))
+        return WhyQuery("line", line, file=m.group(1).strip(), line=int(m.group(2)))
     if collective < 1:
         raise UsageError(f"--collective {collective}: collectives are numbered from 1, as 'stagetool collectives' "
                          "lists them under 'why each collective is there'")
@@ -799,6 +802,10 @@ class WhyAnswer:
       outputs: output leaves whose compiled sharding follows it.
       unavailable: why there is no answer (the explanation is unavailable for this function, or the
         question names nothing in it), else None.
+      names_nothing: the question names nothing in this function (no such collective, leaf or
+        line): with ``unavailable`` saying so, and ``close`` the nearest names it has.
+      close: for ``names_nothing``, up to three of the function's own collective numbers, leaf
+        paths or ``file:line`` places nearest to the question.
     """
 
     question: str
@@ -808,6 +815,27 @@ class WhyAnswer:
     collectives: tuple[tuple[int, str, str], ...] = ()
     outputs: tuple[str, ...] = ()
     unavailable: str | None = None
+    names_nothing: bool = False
+    close: tuple[str, ...] = ()
+
+
+def _same_file(where: str, wanted: str) -> bool:
+    """Whether a report's file (``model.py``, ``src/model.py``, an absolute path) is the file a
+    ``--line`` names: by name when the question gives a bare name, else by its whole path (an
+    absolute question) or the end of it (``src/model.py``)."""
+    if "/" not in wanted:
+        return Path(where).name == wanted
+    a, b = Path(os.path.normpath(where)), Path(os.path.normpath(wanted))
+    if b.is_absolute():
+        return (a if a.is_absolute() else Path.cwd() / a) == b
+    return len(a.parts) >= len(b.parts) and a.parts[-len(b.parts):] == b.parts
+
+
+def _close(wanted: str, names: Sequence[str]) -> tuple[str, ...]:
+    import difflib
+
+    unique = list(dict.fromkeys(names))
+    return tuple(difflib.get_close_matches(wanted, unique, n=3, cutoff=0.4) or unique[:3])
 
 
 def _collective_line(i: int, item) -> tuple[int, str, str]:
@@ -839,7 +867,8 @@ def answer_why(query: WhyQuery, inputs: Sequence[LeafReport], outputs: Sequence[
     if query.kind == "collective":
         if query.number > len(items):
             return WhyAnswer(question, unavailable=f"the program has {len(items)} collective(s); there is no "
-                                                   f"collective {query.number}")
+                                                   f"collective {query.number}", names_nothing=True,
+                             close=tuple(str(n) for n in range(1, len(items) + 1))[-3:])
         item = items[query.number - 1]
         cause = item.cause
         found = [_collective_line(query.number, item)[1]]
@@ -860,7 +889,8 @@ def answer_why(query: WhyQuery, inputs: Sequence[LeafReport], outputs: Sequence[
         chosen = [(i, x) for i, x in enumerate(inputs) if query.leaf.names(x.path)]
         outs = [(i, x) for i, x in enumerate(outputs) if query.leaf.names(x.path)]
         if not chosen and not outs:
-            return WhyAnswer(question, unavailable=f"no input or output leaf is named {query.text!r}")
+            return WhyAnswer(question, unavailable=f"no input or output leaf is named {query.text!r}", names_nothing=True,
+                             close=_close(query.text, [x.path for x in (*inputs, *outputs)]))
         found, leaf_origins, labels = [], [], set()
         for i, x in chosen:
             how = _DECLARED_BY.get(x.sharding_source or "", "not given: replicated")
@@ -881,7 +911,7 @@ def answer_why(query: WhyQuery, inputs: Sequence[LeafReport], outputs: Sequence[
                        and labels & {o.label for o in origins.outputs[i]})
         return WhyAnswer(question, tuple(found), tuple(leaf_origins), None, caused, follow)
     # a source line
-    here = lambda line: line is not None and Path(line.rsplit(":", 1)[0]).name == query.file \
+    here = lambda line: line is not None and ":" in line and _same_file(line.rsplit(":", 1)[0], query.file) \
         and line.rsplit(":", 1)[1] == str(query.line)  # noqa: E731
     found, labels = [], set()
     for c in (origins.constraints if origins is not None else ()):
@@ -898,6 +928,9 @@ def answer_why(query: WhyQuery, inputs: Sequence[LeafReport], outputs: Sequence[
     follow = tuple(outputs[i].path for i in range(len(outputs))
                    if origins is not None and i < len(origins.outputs) and labels & {o.label for o in origins.outputs[i]})
     if not found and not rows:
+        places = [c.line for c in (origins.constraints if origins is not None else ()) if c.line]
+        places += [p for _, it in numbered for p in (it.source, it.cause.line if it.cause else None) if p]
         return WhyAnswer(question, unavailable=f"nothing at {query.file}:{query.line}: no sharding constraint is "
-                                               "written there and no collective belongs to it")
+                                               "written there and no collective belongs to it", names_nothing=True,
+                         close=_close(f"{query.file}:{query.line}", [_short(p) for p in places]))
     return WhyAnswer(question, tuple(found), (), None, rows, follow)

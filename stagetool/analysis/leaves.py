@@ -35,8 +35,14 @@ def leaf_patterns(texts: tuple[str, ...]) -> tuple[LeafPattern, ...]:
     """
     from stagetool.core.errors import UsageError
 
+    from stagetool.core.patterns import backtracking_risk
+
     out, bad = [], []
     for text in texts:
+        risk = backtracking_risk(text)
+        if risk is not None:
+            bad.append(f"--explain {text[:60]!r}: {risk}; write a flatter pattern")
+            continue
         try:
             re.compile(text)  # the error's position in the text as given
             out.append(LeafPattern(text, re.compile(f"(?:.*/)?(?:{text.lstrip('/')})(?:/value)?")))

@@ -143,3 +143,28 @@ def parse_size(text: str | int) -> int:
     except InvalidOperation:  # pragma: no cover - regex guarantees a number
         raise UsageError(f"invalid size {text!r}") from None
     return int(value.to_integral_value(rounding=ROUND_FLOOR))
+
+
+MAX_TIMEOUT_S = 7 * 24 * 3600
+"""The longest ``--timeout`` in seconds (a week): a longer one is no limit a run could reach, and the
+clocks and waits it is added to overflow near 1e308."""
+
+
+def timeout_seconds(value: float | None, option: str = "--timeout") -> float | None:
+    """A ``--timeout`` in seconds, checked: None when none is given.
+
+    ``inf`` and ``nan`` are refused alike (leave the option out for no limit), as is anything not
+    above 0 or above :data:`MAX_TIMEOUT_S`.
+
+    Raises:
+      UsageError: naming ``option`` and the accepted range.
+    """
+    import math
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise UsageError(f"{option} {value}: give a number of seconds above 0 and at most {MAX_TIMEOUT_S} (a week)",
+                         hint=f"leave {option} out for no limit")
+    return float(value)

@@ -26,7 +26,10 @@ Facts measured with jax 0.10.2 and jax-cuda12-plugin 0.10.2, ``JAX_PLATFORMS=cpu
   backend for a compile-only target (:mod:`stagetool.devices.backends`) and captures fd 2 while
   the plugin loads; the text is shown only inside an error.
 - A malformed config is ``FAILED_PRECONDITION: Failed to parse GpuTargetConfigProto``, with the
-  parser's line:column on fd 2; :func:`gpu_topology` turns both into one exit-2 message.
+  parser's line:column on fd 2; :func:`gpu_topology` turns both into one exit-2 message. A user's
+  config is read first as that proto by stagetool itself (:mod:`stagetool.devices.gpu_target_proto`):
+  ``threads_per_warp: 0`` would end the compile with SIGFPE inside XLA, and the capacity stagetool
+  reports is the parsed ``device_memory_size``, never a regex's guess.
 """
 
 from __future__ import annotations
@@ -128,7 +131,7 @@ _AMBIGUOUS = {"a100": ("the A100 comes with 40 GB and 80 GB of memory, and only 
 """Names a GPU user may write that stand for more than one part: refused (a size is never assumed)."""
 GENERIC_KIND = "gpu"
 """The topology kind for ``--gpu-target-config FILE`` alone (``gpu:8``): the file says which GPU."""
-_NAME_RE = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*:\s*(\d+)(?:x(\d+))?\s*$")
+_NAME_RE = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*:\s*([0-9]{1,6})(?:x([0-9]{1,6}))?\s*$", re.ASCII)
 ACCEPTED = ("accepted: <gpu>:<devices per host> or <gpu>:<hosts>x<devices per host> with gpu one of "
             + ", ".join(m.alias for m in GPU_MODELS) + " (or gpu with --gpu-target-config); "
             "e.g. h100:8, h100:2x8, a100-80gb:4")
@@ -165,6 +168,10 @@ def parse_gpu_topology_name(name: str) -> tuple[str, int, int]:
     hosts, per_host = (int(m.group(2)), int(m.group(3))) if m.group(3) else (1, int(m.group(2)))
     if hosts < 1 or per_host < 1:
         raise UsageError(f"GPU topology {name!r} has no devices", hint=ACCEPTED)
+    from stagetool.core.mesh import MAX_DEVICES
+
+    if hosts * per_host > MAX_DEVICES:
+        raise UsageError(f"GPU topology {name!r} has more than {MAX_DEVICES} devices", hint=ACCEPTED)
     return (_BY_ALIAS[kind].alias if kind in _BY_ALIAS else kind), hosts, per_host
 
 
@@ -250,7 +257,7 @@ class GpuTopology:
       devices: the compile-only devices in id order.
       num_processes: hosts (``device.process_index`` values).
       devices_per_host: devices on each host.
-      memory_bytes_per_device: the config's ``device_memory_size`` in bytes, or None.
+      memory_bytes_per_device: the config's ``device_memory_size`` in bytes (a config without one is refused).
       memory_source: where that figure comes from.
       config_source: ``"stagetool's GPU table (h100)"`` or the ``--gpu-target-config`` path.
       config_sha256: sha256 of the config text (part of the facts-cache key).
@@ -262,7 +269,7 @@ class GpuTopology:
     devices: tuple[Any, ...]
     num_processes: int
     devices_per_host: int
-    memory_bytes_per_device: int | None
+    memory_bytes_per_device: int
     memory_source: str
     config_source: str
     config_sha256: str
@@ -274,28 +281,17 @@ class GpuTopology:
 
 
 def read_target_config(path: str | Path) -> str:
-    """The text of a ``--gpu-target-config`` file.
+    """The text of a ``--gpu-target-config`` file, once it has been read as the protobuf XLA reads
+    and checked (:func:`stagetool.devices.gpu_target_proto.read_target_config_file`).
 
     Raises:
-      UsageError: the file cannot be read, is empty, or does not look like a
-        ``GpuTargetConfigProto`` (no ``gpu_device_info`` block).
+      UsageError: the file cannot be read, is not a regular file of sensible size, or is not a
+        valid ``GpuTargetConfigProto`` (a field XLA divides by, or ``device_memory_size``, missing
+        or not above 0).
     """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"--gpu-target-config {path}: cannot read it ({type(e).__name__}: {e})") from None
-    if "gpu_device_info" not in text:
-        raise UsageError(f"--gpu-target-config {path}: not a GpuTargetConfigProto in text form (no gpu_device_info)",
-                         hint="capture one on a GPU machine with 'stagetool devices --target-config -o FILE', "
-                              "or use a built-in GPU: " + ", ".join(m.alias for m in GPU_MODELS))
-    return text
+    from stagetool.devices.gpu_target_proto import read_target_config_file
 
-
-def config_memory_bytes(text: str) -> int | None:
-    """``gpu_device_info.device_memory_size`` of a config text, or None."""
-    m = re.search(r"\bdevice_memory_size\s*:\s*(\d+)", text)
-    return int(m.group(1)) if m else None
+    return read_target_config_file(path).text
 
 
 def gpu_topology(name: str, target_config: str | Path | None = None) -> GpuTopology:
@@ -310,13 +306,17 @@ def gpu_topology(name: str, target_config: str | Path | None = None) -> GpuTopol
     """
     kind, hosts, per_host = parse_gpu_topology_name(name)
     if target_config is not None:
-        text = read_target_config(target_config)
+        from stagetool.devices.gpu_target_proto import read_target_config_file
+
+        config = read_target_config_file(target_config)
+        text, memory = config.text, config.memory_bytes
         source = str(target_config)
     elif kind == GENERIC_KIND:
         raise UsageError(f"topology {name!r}: the generic GPU kind needs --gpu-target-config FILE",
                          hint="or name a GPU: " + ", ".join(m.alias for m in GPU_MODELS))
     else:
         text = target_config_text(gpu_model(kind))
+        memory = gpu_model(kind).memory_bytes
         source = f"stagetool's GPU table ({kind})"
     if not cuda_plugin_available():
         raise UsageError(f"GPU topology {name!r} needs JAX's CUDA plugin, which is not installed",
@@ -344,7 +344,6 @@ def gpu_topology(name: str, target_config: str | Path | None = None) -> GpuTopol
         raise UsageError(f"GPU topology {name!r}: {detail}",
                          hint=f"jax-cuda12-plugin {version} must be the version of jax; {GPU_INSTALL_LINE}") from None
     devices = tuple(sorted(topo.devices, key=lambda d: d.id))
-    memory = config_memory_bytes(text)
     return GpuTopology(
         name=name,
         device_kind=str(devices[0].device_kind),
@@ -353,8 +352,7 @@ def gpu_topology(name: str, target_config: str | Path | None = None) -> GpuTopol
         num_processes=len({d.process_index for d in devices}),
         devices_per_host=per_host,
         memory_bytes_per_device=memory,
-        memory_source=(f"device_memory_size of {source}" if memory is not None
-                       else f"{source} has no device_memory_size"),
+        memory_source=f"device_memory_size of {source}",
         config_source=source,
         config_sha256=hashlib.sha256(text.encode()).hexdigest(),
     )

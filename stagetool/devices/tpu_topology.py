@@ -99,7 +99,7 @@ TPU_CHIPS: tuple[TpuChip, ...] = (
 
 _ALIASES = {c.alias: c for c in TPU_CHIPS} | {"v5": TPU_CHIPS[4]}
 _BY_KIND = {c.device_kind: c for c in TPU_CHIPS}
-_NAME_RE = re.compile(r"^\s*([A-Za-z0-9 _]+?)\s*[:=]\s*(\d+(?:x\d+){0,2})\s*$")
+_NAME_RE = re.compile(r"^\s*([A-Za-z0-9 _]+?)\s*[:=]\s*([0-9]+(?:x[0-9]+){0,2})\s*$", re.ASCII)
 _ACCEPTED = ("accepted: <kind>:<AxB> or <kind>:<AxBxC> with kind one of "
              + ", ".join(c.alias for c in TPU_CHIPS)
              + "; e.g. v5e:2x4, v5e:4x4, v5p:2x2x2, v4:2x2x1, v6e:2x4")
@@ -112,10 +112,15 @@ def parse_topology_name(name: str) -> tuple[str, tuple[int, ...]]:
     :class:`UsageError` listing the accepted forms when the name has no ``kind:AxB`` shape
     or a zero dimension.
     """
+    from stagetool.core.mesh import MAX_DEVICES
+
     m = _NAME_RE.match(name or "")
-    if not m or any(int(d) == 0 for d in m.group(2).split("x")):
+    if not m or any(len(d) > 6 or int(d) == 0 for d in m.group(2).split("x")):
         raise UsageError(f"bad TPU topology name {name!r}", hint=_ACCEPTED)
-    return m.group(1), tuple(int(d) for d in m.group(2).split("x"))
+    dims = tuple(int(d) for d in m.group(2).split("x"))
+    if math.prod(dims) > MAX_DEVICES:
+        raise UsageError(f"TPU topology {name!r} has more than {MAX_DEVICES} chips", hint=_ACCEPTED)
+    return m.group(1), dims
 
 
 #: TPU generations whose chips form a 2-D torus (names AxB), with Google's published slice shapes.

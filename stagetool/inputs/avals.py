@@ -37,6 +37,11 @@ from stagetool.inputs.values import build_call, build_value, eval_init, resolve_
 from stagetool.spec.model import CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule, ValueSpec
 
 
+MAX_LEAVES = 50_000
+"""The most array leaves one ``init`` or ``{ref:}`` may give (a large transformer has a few thousand):
+past about 100,000, XLA's compile of the step takes more memory than a machine has and aborts."""
+
+
 def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup, mesh_spec: MeshSpec, *,
                  avals: str = "global") -> AbstractInputs:
     """Build the abstract inputs of one function.
@@ -273,6 +278,11 @@ class _Builder:
         from stagetool.inputs.frameworks.dispatch import model_shardings
 
         flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+        if len(flat) > MAX_LEAVES:
+            raise SpecError([f"{loc}: {path}: the {carried} gives {len(flat):,} leaves, more than {MAX_LEAVES:,}: "
+                             "staging that many arrays takes more memory than a machine has (XLA aborts)"],
+                            hint="stage a smaller model (fewer layers), or stack the layers' weights into "
+                                 "arrays (one leaf per kind of weight, as scan over layers does)")
         from_model = model_shardings(shapes, self.rules) if not has_rules else [None] * len(flat)
         # an init traced under explicit axes: every value's type carries its sharding, and one whose
         # type names no mesh (a constant such as an Adam count's jnp.array(0)) is replicated when run

@@ -20,23 +20,62 @@ _PATHS: dict[int, str] = {}
 _CHILDREN: dict[int, Any] = {}
 _CALLBACKS: dict[int, Any] = {}
 _NEXT = [0]
+_ENDING = [False]  # run_all has begun: the run is ending, nothing new may start
+
+
+class Ending(BaseException):
+    """Raised in a thread that registers a path or child after a signal began ending the run
+    (:func:`run_all`): the path was removed or the child killed at once, and the thread must stop
+    (a ``BaseException``, so that no ``except Exception`` goes on with the next item)."""
 
 
 def register_path(path: str | os.PathLike) -> int:
-    """Remember a temporary file or folder to remove if the run is cut short; returns a token."""
+    """Remember a temporary file or folder to remove if the run is cut short; returns a token.
+
+    Raises:
+      Ending: the run is ending (:func:`run_all` has begun); ``path`` has been removed.
+    """
     with _LOCK:
-        _NEXT[0] += 1
-        _PATHS[_NEXT[0]] = os.fspath(path)
-        return _NEXT[0]
+        if not _ENDING[0]:
+            _NEXT[0] += 1
+            _PATHS[_NEXT[0]] = os.fspath(path)
+            return _NEXT[0]
+    _remove(os.fspath(path))
+    raise Ending()
 
 
 def register_child(proc: Any) -> int:
     """Remember a child process started in a session of its own: a ``subprocess.Popen`` started with
-    ``start_new_session=True``, or a ``multiprocessing.Process`` that calls ``os.setsid()`` first."""
+    ``start_new_session=True``, or a ``multiprocessing.Process`` that calls ``os.setsid()`` first.
+
+    Raises:
+      Ending: the run is ending (:func:`run_all` has begun); ``proc`` has been killed.
+    """
     with _LOCK:
+        if not _ENDING[0]:
+            _NEXT[0] += 1
+            _CHILDREN[_NEXT[0]] = proc
+            return _NEXT[0]
+    kill_child(proc)
+    raise Ending()
+
+
+def make_temp_dir(prefix: str) -> tuple[str, int]:
+    """A new private temporary folder (``tempfile.mkdtemp``) and its registration token, made and
+    registered as one step: a signal that ends the run cannot fall between the two.
+
+    Raises:
+      Ending: the run is ending; nothing was made.
+    """
+    import tempfile
+
+    with _LOCK:
+        if _ENDING[0]:
+            raise Ending()
+        folder = tempfile.mkdtemp(prefix=prefix)
         _NEXT[0] += 1
-        _CHILDREN[_NEXT[0]] = proc
-        return _NEXT[0]
+        _PATHS[_NEXT[0]] = folder
+        return folder, _NEXT[0]
 
 
 def register_callback(fn: Any) -> int:
@@ -58,7 +97,10 @@ def forget(token: int) -> None:
 
 @contextlib.contextmanager
 def temporary_path(path: str | os.PathLike) -> Iterator[str]:
-    """Register ``path`` while the block runs, and remove it (file or folder) when the block ends."""
+    """Register ``path`` while the block runs, and remove it (file or folder) when the block ends.
+
+    Raises:
+      Ending: the run is ending (``path`` removed at once, the block not run)."""
     token = register_path(path)
     try:
         yield os.fspath(path)
@@ -131,8 +173,10 @@ def _remove(path: str) -> None:
 
 def run_all() -> None:
     """Run every registered callback, kill every registered child and remove every registered path
-    (a signal ends the run)."""
+    (a signal ends the run). From then on the run is ending: a path or child registered later (by
+    a thread still running) is removed or killed at once (:class:`Ending`)."""
     with _LOCK:
+        _ENDING[0] = True
         callbacks = list(_CALLBACKS.values())
         children = list(_CHILDREN.values())
         paths = list(_PATHS.values())

@@ -12,7 +12,7 @@ file, and nothing but the path asked for is touched.
   (:func:`locked`) so that concurrent updates of different functions all land.
 * The temporary file is named ``.<name>.<pid>.<random>.tmp``: one left by a run that was killed
   (``kill -9``, a power cut) is removed by the next write of the same file, once no process of
-  that pid is alive (:func:`_remove_stray`).
+  that pid is alive, a zombie counting as dead (:func:`_remove_stray`).
 
 Reading a file the user names (a spec, a baseline, a sweep document) goes through
 :func:`read_regular_bytes`: a FIFO, a device (``/dev/zero``), a socket or a folder is refused
@@ -155,7 +155,7 @@ def write_atomic(path: str | Path, text: str) -> None:
         left untouched (a regular file), and no temporary file is left behind.
     """
     p = os.fspath(path)
-    data = text.encode("utf-8")
+    data = text.encode("utf-8", "backslashreplace")  # a lone surrogate from user code (a dict key) as \udXXX
     try:
         st: os.stat_result | None = os.stat(p)  # follows symlinks
     except FileNotFoundError:
@@ -237,13 +237,20 @@ def _remove_stray(folder: str, name: str) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` may still write: it exists and is not a zombie (a writer killed but
+    not yet reaped by its parent writes nothing more; on Linux its ``/proc/PID/stat`` state says so)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except (PermissionError, OverflowError, OSError):
         return True  # another user's process (or not ours to judge): leave its file
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in (b"Z", b"X")
 
 
 def _fsync_folder(folder: str) -> None:

@@ -8,7 +8,9 @@ wrote to stderr, and the others run. An item that runs past ``timeout_s`` has it
 and is recorded as failed the same way.
 
 Each worker runs in a session of its own and is registered with :mod:`stagetool.process.cleanup`:
-a signal that ends the run kills the workers and whatever they started.
+a signal that ends the run kills the workers and whatever they started. Each has a private
+temporary folder (``stagetool-worker-*``, its ``TMPDIR``: its compile's dumps, and with
+``--isolate`` the file its stderr goes to), removed when the worker ends however it ends.
 
 A task is a module-level function ``fn(common, item)`` (pickled by reference); what it returns
 must pickle. An exception it raises comes back and is raised again in the parent (stagetool's
@@ -19,7 +21,6 @@ every item has run. No JAX here: the task imports what it needs.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import importlib
 import os
@@ -45,8 +46,9 @@ START_S = 60.0
 class _Worker:
     process: Any
     token: int  # its registration with stagetool.process.cleanup
-    stderr: str | None  # the file its stderr goes to (isolate), else None: the parent's stderr
-    stderr_token: int | None  # that file's registration with stagetool.process.cleanup
+    folder: str  # its private temporary folder (its TMPDIR)
+    folder_token: int  # that folder's registration with stagetool.process.cleanup
+    stderr: str | None  # the file its stderr goes to (isolate; inside folder), else None: the parent's stderr
     index: int | None = None  # the item it is on
     deadline: float | None = None  # time.monotonic() by which that item must be done
     started: bool = False  # it said "ready": it got through its start
@@ -65,7 +67,7 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
     then is killed and the next item is charged with it.
     """
     import multiprocessing
-    import tempfile
+    import shutil
     import time
     from multiprocessing.connection import wait
 
@@ -77,16 +79,16 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
     active: dict[Any, _Worker] = {}  # parent end of the pipe → its worker
 
     def spawn() -> None:
-        stderr = stderr_token = None
+        folder, folder_token = cleanup.make_temp_dir("stagetool-worker-")
+        stderr = None
         if isolate:
-            fd, stderr = tempfile.mkstemp(prefix="stagetool-worker-", suffix=".stderr")
-            os.close(fd)
-            stderr_token = cleanup.register_path(stderr)
+            stderr = os.path.join(folder, "stderr")
+            os.close(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         parent, child = ctx.Pipe()
-        process = ctx.Process(target=_worker, args=(fn, common, child, stderr), daemon=True)
+        process = ctx.Process(target=_worker, args=(fn, common, child, stderr, folder), daemon=True)
         process.start()
         child.close()
-        active[parent] = _Worker(process, cleanup.register_child(process), stderr, stderr_token,
+        active[parent] = _Worker(process, cleanup.register_child(process), folder, folder_token, stderr,
                                  deadline=None if timeout_s is None else time.monotonic() + max(timeout_s, START_S))
 
     def end(conn: Any, *, ask: bool) -> _Worker:
@@ -108,10 +110,8 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
         return process_death(worker.process.exitcode) + (f": {tail}" if tail else "")
 
     def drop_files(worker: _Worker) -> None:
-        if worker.stderr:
-            with contextlib.suppress(OSError):
-                os.unlink(worker.stderr)
-            cleanup.forget(worker.stderr_token)
+        shutil.rmtree(worker.folder, ignore_errors=True)
+        cleanup.forget(worker.folder_token)
 
     for _ in range(min(max(1, jobs), len(items))):
         spawn()
@@ -197,8 +197,12 @@ def process_death(exitcode: int | None) -> str:
     return f"the process exited with code {exitcode} before answering"
 
 
-def _worker(fn: Callable[[Any, Any], Any], common: Any, conn: Any, stderr: str | None = None) -> None:
-    """A worker's loop: say ready, then run each item sent until ``None``."""
+def _worker(fn: Callable[[Any, Any], Any], common: Any, conn: Any, stderr: str | None = None,
+            folder: str | None = None) -> None:
+    """A worker's loop: say ready, then run each item sent until ``None``. ``folder``: its temporary
+    folder (``TMPDIR``), which the parent removes."""
+    import tempfile
+
     from stagetool.process import gc_pause
 
     from stagetool.process.cleanup import die_with_parent
@@ -206,6 +210,8 @@ def _worker(fn: Callable[[Any, Any], Any], common: Any, conn: Any, stderr: str |
     gc_pause.pause()  # start-up: as the command line's own process (stagetool.process.gc_pause)
     die_with_parent(None)  # a parent killed with SIGKILL (no handler runs) takes its workers with it
     os.setsid()  # a session of its own: killing its process group kills whatever it started
+    if folder is not None:
+        os.environ["TMPDIR"] = tempfile.tempdir = folder
     if stderr is not None:
         fd = os.open(stderr, os.O_WRONLY | os.O_APPEND)
         os.dup2(fd, 2)
@@ -243,18 +249,28 @@ def _transportable(e: BaseException) -> tuple:
             continue
         state[k] = v
     args = tuple(a if isinstance(a, (str, int, float, type(None))) else repr(a) for a in e.args)
-    return type(e).__module__, type(e).__qualname__, args, state
+    return type(e).__module__, type(e).__qualname__, args, state, isinstance(e, Exception)
 
 
 def _rebuild(spec: tuple) -> BaseException:
-    module, name, args, state = spec
+    """The exception :func:`_transportable` described. A class the parent cannot import (defined in
+    a function, or in a module only the worker could import) comes back as a stand-in of the same
+    name, a ``BaseException`` or an ``Exception`` as the original was: user code that raised a
+    ``BaseException`` is reported as such (exit 3), never as an error of stagetool's."""
+    module, name, args, state, is_exception = spec
     try:
-        cls = getattr(importlib.import_module(module), name)
+        cls = importlib.import_module(module)
+        for part in name.split("."):
+            cls = getattr(cls, part)
         if not (isinstance(cls, type) and issubclass(cls, BaseException)):
             raise TypeError(name)
-        e = cls.__new__(cls)
-        BaseException.__init__(e, *args)
-        e.__dict__.update(state)
-        return e
     except Exception:  # noqa: BLE001 - an exception class the parent cannot import
-        return RuntimeError(f"{name}: {args[0] if args else ''}")
+        cls = type(name.rsplit(".", 1)[-1], (Exception if is_exception else BaseException,),
+                   {"__module__": module, "__qualname__": name})
+    e = cls.__new__(cls)
+    BaseException.__init__(e, *args)
+    try:
+        e.__dict__.update(state)
+    except (AttributeError, TypeError):
+        pass
+    return e

@@ -86,7 +86,7 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
         stages += ", compile (cached)"
     out = [f"## {code(f.name)} — {code(f.target)}", "",
            f"Mesh **{mesh}** on {f.mesh.device_count} {f.mesh.platform} device{'s' if f.mesh.device_count != 1 else ''}"
-           + (f" ({f.mesh.device_kind})" if f.mesh.device_kind not in (f.mesh.platform, "") else "")
+           + (f" ({escape(f.mesh.device_kind)})" if f.mesh.device_kind not in (f.mesh.platform, "") else "")
            + (f", topology {code(f.mesh.topology)}" if f.mesh.topology else "") + (f"; {stages}" if stages else "") + ".", ""]
     if config:
         out += [f"<sub>{escape(views.config_line(config))}</sub>", ""]

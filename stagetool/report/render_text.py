@@ -231,7 +231,7 @@ def _devices(d: DevicesReport) -> list[RenderableType]:
         ("stagetool", d.stagetool_version),
     ]
     for k, v in rows:
-        summary.add_row(k, v)
+        summary.add_row(k, Text(v))  # Text: a device kind from a target config is no Rich markup
     out.append(summary)
     if d.mesh:
         out.append(Text(f"\nmesh {format_mesh(d.mesh)} (device ids in mesh order)", style="bold"))
@@ -241,7 +241,7 @@ def _devices(d: DevicesReport) -> list[RenderableType]:
         for c in ("id", "process", "kind", "coords"):
             table.add_column(c)
         for x in d.devices:
-            table.add_row(str(x.id), str(x.process_index), x.device_kind, dims_str(x.coords))
+            table.add_row(str(x.id), str(x.process_index), Text(x.device_kind), dims_str(x.coords))
         out.append(table)
     return out
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from stagetool.core.patterns import backtracking_risk
 from stagetool.core.sharding import UNSPECIFIED
 from stagetool.spec.leaves import KEY_CALL_RE, dtype_name, parse_leaf, parse_sharding, shape_problem
 from stagetool.spec.model import ArgSpec, CallSpec, InitSpec, KeySpec, LeafSpec, LikeSpec, Loc, OutRulesSpec, RefSpec, Rule
@@ -239,6 +240,12 @@ class ValueParser:
                             "or a callable {call: model.py:spec_of} (path, ShapeDtypeStruct) -> PartitionSpec | None")
             return []
         pat_text = plain(rn.value[0])
+        risk = backtracking_risk(str(pat_text))
+        if risk is not None:
+            self.issues.add(rn.value[0], rpath, f"regular expression {short(str(pat_text))}: {risk}; write a flatter "
+                            "pattern ('.*' in place of the repeated group), or give a callable rule "
+                            "{call: model.py:spec_of}")
+            return []
         try:
             pattern = re.compile(str(pat_text))
         except re.error as e:

@@ -54,6 +54,9 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _children(node: yaml.Node) -> list:
     if isinstance(node, yaml.SequenceNode):
         return list(node.value)
@@ -83,6 +86,10 @@ def _check_graph(root: yaml.Node) -> None:
             continue
         if seen == 1:
             raise SpecLimit(node, "an alias refers to a node that contains it (a recursive alias)")
+        if isinstance(node, yaml.ScalarNode) and isinstance(node.value, str) and _SURROGATE.search(node.value):
+            c = _SURROGATE.search(node.value).group()
+            raise SpecLimit(node, f"a lone surrogate (\\u{ord(c):04x}) is not a character, and no name or file "
+                                  "can hold one; write the character itself")
         state[key] = 1
         stack.append((node, True))
         stack.extend((c, False) for c in _children(node))

@@ -469,6 +469,8 @@ class FactsCache:
 
         if not re.fullmatch(r"[0-9a-f]{64}", key):
             return None
+        if not self._folders_trusted(key):
+            return None
         try:
             raw = read_regular_bytes(self.path(key), max_bytes=MAX_ENTRY_BYTES, follow_symlinks=False)
         except (OSError, FileProblem):
@@ -505,9 +507,23 @@ class FactsCache:
         path = self.path(key)
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not self._folders_trusted(key):
+                return False
             _write_entry(path, data)
         except OSError:
             return False
+        return True
+
+    def _folders_trusted(self, key: str) -> bool:
+        """Whether every folder between the cache folder and ``key``'s entry (``facts/``,
+        ``facts/<key[:2]>/``) is a real folder (not a link, checked without following one), this
+        user's, and not writable by group or others: a folder another user owns or can write could
+        redirect where entries go. One warning on stderr when one is not."""
+        for folder in (self.folder / "facts", self.folder / "facts" / key[:2]):
+            problem = _untrusted(folder, follow=False)
+            if problem is not None and not problem.endswith(_MISSING):
+                _warn_once(f"the facts cache is not used for this entry: {problem}")
+                return False
         return True
 
 
@@ -561,13 +577,21 @@ def _warn_once(message: str) -> None:
         pass
 
 
-def _untrusted(folder: Path) -> str | None:
+_MISSING = ": not there yet"
+
+
+def _untrusted(folder: Path, *, follow: bool = True) -> str | None:
     """Why ``folder`` is not a cache folder to trust, or None: it must be a folder (a link to one is
-    followed), owned by this user, and not writable by group or others."""
+    followed only with ``follow``; the cache's own subfolders are never links), owned by this user,
+    and not writable by group or others. A missing folder ends with :data:`_MISSING`."""
     try:
-        st = os.stat(folder)
+        st = os.stat(folder) if follow else os.lstat(folder)
+    except FileNotFoundError:
+        return f"{folder}{_MISSING}"
     except OSError as e:
         return f"{folder}: {e.strerror or e}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{folder} is a symbolic link (the cache's own folders are never links); remove it"
     if not stat.S_ISDIR(st.st_mode):
         return f"{folder} is not a folder"
     if hasattr(os, "geteuid") and st.st_uid != os.geteuid():

@@ -113,6 +113,10 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     text = read_spec_text(spec_path)
     variables = parse_set_options(list(options.set))
     check_names(text, list(variables), file=str(spec_path))
+    if options.gpu_target_config is not None:  # read as XLA reads it, once, before any configuration runs
+        from stagetool.devices.gpu_topology import read_target_config
+
+        read_target_config(options.gpu_target_config)
     topologies = None
     if options.topology is not None:
         from stagetool.sweep.grid import _split
@@ -175,18 +179,14 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
 
 
 def timeout_s(value: float | None) -> float | None:
-    """``--timeout`` in seconds: None for none or ``inf``.
+    """``--timeout`` in seconds: None for none (:func:`stagetool.core.units.timeout_seconds`).
 
     Raises:
-      UsageError: not a positive number of seconds (0, negative, NaN).
+      UsageError: not a number of seconds above 0 and at most a week (0, negative, NaN, inf, 1e308).
     """
-    import math
+    from stagetool.core.units import timeout_seconds
 
-    if value is None or value == math.inf:
-        return None
-    if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
-        raise UsageError(f"--timeout {value}: give a positive number of seconds (or inf for none)")
-    return float(value)
+    return timeout_seconds(value)
 
 
 def _stagetool_version() -> str:
@@ -237,6 +237,32 @@ MAX_ROW_FILE_BYTES = 16 * 2**20
 """A row file larger than this is not one stagetool wrote (a row is a few KiB): it is run again."""
 
 
+def _check_row_paths(out_dir: Path, configs: list[Config]) -> None:
+    """Refuse, before anything runs, a row's path in ``--output-dir`` that holds something a row
+    cannot replace: a FIFO (writing it would wait for a reader for ever), a device, a socket, a folder.
+
+    Raises:
+      UsageError: naming the paths.
+    """
+    import stat as stat_
+
+    bad = []
+    for c in configs:
+        path = out_dir / f"{c.id}.json"
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if not stat_.S_ISREG(st.st_mode):
+            kind = "a folder" if stat_.S_ISDIR(st.st_mode) else "a FIFO" if stat_.S_ISFIFO(st.st_mode) \
+                else "not a regular file"
+            bad.append(f"{path} is {kind}")
+    if bad:
+        raise UsageError(f"--output-dir {out_dir}: " + "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5
+                         else "") + ": a row cannot be written there",
+                         hint="remove them (the sweep writes one regular file <id>.json per configuration)")
+
+
 def run_sweep(options: SweepOptions, *, on_row: Callable[[dict, int, int], None] | None = None,
               on_resume: Callable[[list[str]], None] | None = None) -> dict:
     """Plan, run the configurations not yet finished, and return the sweep document.
@@ -259,6 +285,8 @@ def run_sweep(options: SweepOptions, *, on_row: Callable[[dict, int, int], None]
             raise UsageError(f"--output-dir {out_dir}: cannot create: {e.strerror or e}") from None
     rows: dict[str, dict] = read_finished(plan, out_dir) if options.resume and out_dir is not None else {}
     todo = [c for c in plan.configs if c.id not in rows]
+    if out_dir is not None:
+        _check_row_paths(out_dir, todo)
     if rows and on_resume is not None:
         on_resume([c.id for c in plan.configs if c.id in rows])
     by_id = {c.id: c for c in plan.configs}

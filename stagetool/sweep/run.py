@@ -22,7 +22,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +181,11 @@ def run_isolated(payload: dict, timeout_s: float | None = None) -> dict:
         return _error_row(payload, "setup", f"the working directory {cwd} does not exist on this host; a sweep's "
                                             "workers need the spec and the code at the same paths (a shared file "
                                             "system)", 2)
-    tmp = tempfile.mkdtemp(prefix="stagetool-sweep-")
+    tmp, tmp_token = cleanup.make_temp_dir("stagetool-sweep-")
+    cleanup.forget(tmp_token)
+    # the worker's own temporary files (its compile's dumps) go inside this folder: killed with
+    # SIGKILL (a timeout, a signal that ends the sweep), it leaves nothing in TMPDIR
+    env["TMPDIR"] = tmp
     with cleanup.temporary_path(tmp):
         src, dst, err = Path(tmp) / "payload.json", Path(tmp) / "row.json", Path(tmp) / "stderr"
         src.write_text(json.dumps(payload))
