@@ -284,6 +284,17 @@ def set_line(values: dict, batch_name: str, batch: int) -> str:
     return " ".join(parts)
 
 
+def best_setting(fitting: list[dict]) -> tuple[dict, str]:
+    """The best of the settings that fit, and by what: the most examples per second at the largest
+    batch (``largest_batch / step_time.schedule_seconds``, an estimate) when every one has a step-time
+    estimate on one chip, else the largest batch; ties: the most headroom, then grid order."""
+    chips = {st["step_time"]["chip"] if st["step_time"] else None for st in fitting}
+    if None not in chips and len(chips) == 1:
+        return max(fitting, key=lambda st: (st["largest_batch"] / st["step_time"]["schedule_seconds"],
+                                            st["headroom_bytes"] or 0)), "examples per second (estimate)"
+    return max(fitting, key=lambda st: (st["largest_batch"], st["headroom_bytes"] or 0)), "largest batch"
+
+
 def fit_document(plan: SweepPlan, options: FitOptions, searches: list[tuple[Config, Search]], compiles: int) -> dict:
     """The fit document: the header, one entry per knob setting (largest batch, its peak, capacity,
     headroom, the smallest batch refused, every compile), the best setting and its ``--set`` line,
@@ -297,9 +308,9 @@ def fit_document(plan: SweepPlan, options: FitOptions, searches: list[tuple[Conf
                         "setting: nothing fits (a smaller --multiple, another knob value or a larger mesh may)")
     problems += unchanged_knobs(plan, searches, options.batch)
     best = None
-    if fitting:  # the largest batch; ties: the most headroom, then grid order
-        top = max(fitting, key=lambda st: (st["largest_batch"], st["headroom_bytes"] or 0))
-        best = {"id": top["id"], "values": top["values"], "batch": top["largest_batch"],
+    if fitting:
+        top, by = best_setting(fitting)
+        best = {"id": top["id"], "values": top["values"], "batch": top["largest_batch"], "by": by,
                 "set_line": set_line(top["values"], options.batch, top["largest_batch"])}
     header = {k: plan.header[k] for k in ("stagetool_version", "jax_version", "jaxlib_version", "target", "function",
                                           "spec", "spec_sha256", "options")}

@@ -4,8 +4,8 @@ JSON, Markdown and HTML. Pure: no JAX.
 The frontier has one row per setting of the knobs, in grid order: the knobs' values, the largest
 batch that fits, its peak per device against the capacity and the headroom (XLA's memory analysis
 of that compile, on the target), the smallest batch refused, and the compiles the search made.
-``★`` marks the best setting (the largest batch; ties: the most headroom); its ``--set`` line
-closes the table.
+``★`` marks the best setting (the most examples per second where every setting has a step-time
+estimate, else the largest batch; ties: the most headroom); its ``--set`` line closes the table.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def footer(doc: dict) -> list[str]:
                      f"(cap {doc['max_compiles']}); a brute-force sweep of that grid is "
                      f"{len(doc['settings']) * (b['max'] // b['multiple'])}")
         if doc["best"] is not None:
-            lines.append(f"★ best: {doc['best']['set_line']}")
+            lines.append(f"★ best by {doc['best']['by']}: {doc['best']['set_line']}")
         if any(st["status"] == "at the maximum" for st in doc["settings"]):
             lines.append(f"at the maximum: the largest {b['name']} allowed (--max-batch {b['max']}) fits; a larger "
                          "one may too")
