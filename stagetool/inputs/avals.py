@@ -25,6 +25,7 @@ from stagetool.core.location import Loc
 from stagetool.core.mesh import MeshSpec
 from stagetool.core.sharding import REPLICATED, Sharding
 from stagetool.devices.provision import DeviceSetup, local_mesh_sizes
+from stagetool.inputs.frameworks import Pytree
 from stagetool.inputs.frameworks.jit import JitSettings
 from stagetool.inputs.leaves import (DIVIDE_HINT, RANK_HINT, apply_rules, as_abstract_ref, check_fits, global_shape,
                                     jax_dtype, keypath_str, ref_in_shardings, same_dims)
@@ -174,7 +175,7 @@ class _Builder:
                                            "compiler" if sharding.kind == "auto" else origin)
         return struct
 
-    def convert(self, tree: Any, path: str, donated: bool, top: bool = False) -> Any:
+    def convert(self, tree: Pytree, path: str, donated: bool, top: bool = False) -> Any:
         """A spec tree (leaves, ``init``, ``ref``, ``call`` nodes, containers, Python values) as the
         abstract value handed to the target."""
         import jax
@@ -213,7 +214,7 @@ class _Builder:
             return struct
         return tree
 
-    def note_keys(self, tree: Any, keys: list) -> None:
+    def note_keys(self, tree: Pytree, keys: list) -> None:
         """Record per struct of ``tree`` its Variable key (``keys``: one per leaf, None for none)."""
         import jax
 
@@ -265,7 +266,7 @@ class _Builder:
             self.note_keys(tree, [None if k is None else ("var", k) for k in nnx.variable_keys(obj)])
         return tree
 
-    def abstract_tree(self, shapes: Any, path: str, donated: bool, loc: Loc, rules: tuple[Rule, ...], has_rules: bool,
+    def abstract_tree(self, shapes: Pytree, path: str, donated: bool, loc: Loc, rules: tuple[Rule, ...], has_rules: bool,
                       where: str, produced: list | None, refs: list | None = None, carried: str = "init") -> Any:
         """Array leaves of an ``init`` result (or a ``ref``) as structs sharded by the rules, else as the
         init produces them (``produced``: per leaf, the dims its run gives, or None), else by the
@@ -396,7 +397,7 @@ class _Builder:
         structs = jax.tree_util.tree_leaves((program.args, {k: v for k, v in program.kwargs.items() if k not in static}))
         leaves = [dataclasses.replace(by_id[id(x)], arg=tops.get(id(x))) for x in structs if id(x) in by_id]
 
-        def paths_of(tree: Any) -> list[str]:
+        def paths_of(tree: Pytree) -> list[str]:
             return [by_id[id(x)].path for x in jax.tree_util.tree_leaves(tree) if id(x) in by_id]
 
         program.input_paths = ([paths_of(a) for a in program.args],

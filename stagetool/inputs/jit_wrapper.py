@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagetool.inputs.frameworks import adapters, library_of
+from stagetool.inputs.frameworks import Pytree, adapters, library_of
 from stagetool.inputs.frameworks.dispatch import is_state_sharding
 from stagetool.inputs.frameworks.jit import JitSettings, is_jax_jit, pjit_settings
 
@@ -75,7 +75,7 @@ def in_sharding_dims(settings: JitSettings, args: tuple) -> list[tuple | None]:
     return out
 
 
-def _broadcast(prefix: Any, sub: Any) -> list:
+def _broadcast(prefix: Any, sub: Pytree) -> list:
     """One sharding per array leaf of ``sub`` from one prefix entry: a sharding (or None) stands for
     the whole subtree; an ``nnx.StateSharding`` gives each Variable of each graph node its own."""
     import jax

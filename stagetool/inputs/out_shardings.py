@@ -9,12 +9,13 @@ from typing import Any, Callable
 from stagetool.core.dtypes import hlo_name
 from stagetool.core.errors import USER_CODE_ERRORS, SpecError
 from stagetool.core.sharding import Sharding
+from stagetool.inputs.frameworks import Pytree
 from stagetool.inputs.leaves import apply_rules, check_fits, keypath_str
 from stagetool.inputs.records import AbstractInputs
 from stagetool.spec.model import FunctionSpec
 
 
-def check_out_shardings(fspec: FunctionSpec, out_info: Any, axis_size: dict[str, int] | None = None,
+def check_out_shardings(fspec: FunctionSpec, out_info: Pytree, axis_size: dict[str, int] | None = None,
                         inputs: AbstractInputs | None = None) -> Any:
     """Check the spec's ``out_shardings`` against the traced output tree; return it in the output's shape.
 
@@ -40,7 +41,7 @@ def check_out_shardings(fspec: FunctionSpec, out_info: Any, axis_size: dict[str,
         return None
     problems: list[str] = []
 
-    def fits(spec: Sharding, out: Any, path: str) -> None:
+    def fits(spec: Sharding, out: Pytree, path: str) -> None:
         """Every output leaf under ``out`` must be divisible by ``spec`` (with the leaf's path)."""
         if axis_size is None:
             return
@@ -59,7 +60,7 @@ def check_out_shardings(fspec: FunctionSpec, out_info: Any, axis_size: dict[str,
 
     from stagetool.spec.model import LikeSpec, OutRulesSpec
 
-    def conform(spec: Any, out: Any, path: str) -> Any:
+    def conform(spec: Any, out: Pytree, path: str) -> Any:
         if spec is None or isinstance(spec, Sharding):
             if isinstance(spec, Sharding):
                 fits(spec, out, path)
@@ -92,7 +93,7 @@ def check_out_shardings(fspec: FunctionSpec, out_info: Any, axis_size: dict[str,
             return spec
         return spec
 
-    def like(spec: Any, out: Any, at: str) -> Any:
+    def like(spec: Any, out: Pytree, at: str) -> Any:
         leaves = [x for x in (inputs.leaves if inputs else []) if x.arg == spec.arg]
         flat, treedef = jax.tree_util.tree_flatten(out)
         if not leaves or len(leaves) != len(flat) or any(tuple(x.shape) != tuple(o.shape) for x, o in zip(leaves, flat)):
@@ -155,7 +156,7 @@ def _is_struct(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
-def _describe_tree(tree: Any, depth: int = 0) -> str:
+def _describe_tree(tree: Pytree, depth: int = 0) -> str:
     """A short readable picture of a pytree: ``(f32[8], {a: f32[2,4], b: i32[]})``; shardings as ``P(...)``."""
     if depth > 3:
         return "..."

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagetool.core.errors import USER_CODE_ERRORS, SpecError, StagingError, TargetError, describe_exception
+from stagetool.inputs.frameworks import Pytree
 from stagetool.inputs.leaves import jax_dtype
 from stagetool.inputs.signature import describe_callable, signature_problems
 from stagetool.inputs.target import load_target, user_frame
@@ -170,7 +171,7 @@ def _build_in_trace(call: CallSpec, fspec: FunctionSpec) -> Any:
                                           f"and this one cannot run there; {fix}") from None
 
 
-def _init_value(v: Any, fspec: FunctionSpec, built: dict | None = None, init: InitSpec | None = None,
+def _init_value(v: Pytree, fspec: FunctionSpec, built: dict | None = None, init: InitSpec | None = None,
                 sources: dict | None = None) -> Any:
     """An ``init_args`` value: leaves and keys as abstract values, ``{arg: ...}`` as the value built
     for that argument, ``{ref: ...}`` loaded; ``{call: ...}`` is kept (built inside the init's trace).
@@ -202,7 +203,7 @@ def _init_value(v: Any, fspec: FunctionSpec, built: dict | None = None, init: In
     return jax.tree_util.tree_map(one, v, is_leaf=lambda x: isinstance(x, (LeafSpec, KeySpec, CallSpec, RefSpec, ArgSpec)))
 
 
-def _strip_leaf_shardings(tree: Any, sources: dict | None = None) -> Any:
+def _strip_leaf_shardings(tree: Pytree, sources: dict | None = None) -> Any:
     """A built argument as an init's input: its array leaves as fresh ``ShapeDtypeStruct``s (the
     argument's own structs stay the function's inputs alone; shardings kept). ``sources``, if given,
     gets ``id(fresh)`` → the argument's own struct."""

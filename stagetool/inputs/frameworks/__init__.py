@@ -34,6 +34,13 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
+
+Pytree = Any
+"""A JAX pytree: nested tuples, lists, dicts, ``None`` and registered nodes (Flax modules and
+Variables, Equinox modules, NamedTuples) whose leaves are arrays, ``ShapeDtypeStruct``s, abstract
+refs or static Python values (functions, strings, numbers). ``Any`` to a type checker: JAX has no
+static type for it."""
 
 #: The frameworks, by the top-level package of their objects' types: the modules of this package
 #: that stage their programs (asked in this order).

@@ -26,16 +26,16 @@ from types import ModuleType
 from typing import Any, Callable, Iterator
 
 from stagetool.core.sharding import spec_dims
-from stagetool.inputs.frameworks import adapters, library_of, module_library
+from stagetool.inputs.frameworks import Pytree, adapters, library_of, module_library
 
 
-def _hooks(tree: Any, hook: str) -> list[ModuleType]:
+def _hooks(tree: Pytree, hook: str) -> list[ModuleType]:
     """The framework modules that provide ``hook``, for the frameworks whose objects are in ``tree``."""
     libraries = dict.fromkeys(library_of(x) for x in _tree_objects(tree))
     return [m for lib in libraries if lib for m in adapters(lib) if hasattr(m, hook)]
 
 
-def _tree_objects(tree: Any) -> Iterator[Any]:
+def _tree_objects(tree: Pytree) -> Iterator[Any]:
     """Every node of a pytree (containers and leaves), without importing any framework."""
     import jax
 
@@ -49,7 +49,7 @@ def _tree_objects(tree: Any) -> Iterator[Any]:
     return iter(seen)
 
 
-def uses(tree: Any, library: str) -> bool:
+def uses(tree: Pytree, library: str) -> bool:
     """Whether some node of ``tree`` is an object of ``library`` (``"flax"``, ``"equinox"``)."""
     return any(library_of(x) == library for x in _tree_objects(tree))
 
@@ -148,7 +148,7 @@ def logical_rules(rules: Any) -> Iterator[None]:
         yield
 
 
-def model_shardings(tree: Any, rules: Any) -> list[tuple | str | None]:
+def model_shardings(tree: Pytree, rules: Any) -> list[tuple | str | None]:
     """Per leaf of ``tree`` (``jax.tree_util.tree_leaves`` order), the PartitionSpec dims the model's
     own annotations give (the frameworks' boxes: Flax NNX variable metadata, Linen partitioning
     boxes), None where there are none, or a sentence saying why an annotation cannot be resolved
@@ -292,7 +292,7 @@ def prepare_call(fn: Callable[..., Any], args: tuple, kwargs: dict, static_kwarg
     return PreparedCall(staged, dynamic, dict(static_kwargs), nums, (), state_names, tuple(dyn_tops))
 
 
-def _arrays_only(out: Any) -> Any:
+def _arrays_only(out: Pytree) -> Any:
     """The output with leaves JAX cannot return (an Equinox module's functions) as None, as
     ``eqx.filter_jit`` keeps them out of the compiled program."""
     import jax

@@ -26,6 +26,7 @@ import jax
 from flax import nnx
 
 from stagetool.core.sharding import spec_dims
+from stagetool.inputs.frameworks import Pytree
 from stagetool.inputs.frameworks.jit import JitSettings, pjit_settings
 
 
@@ -62,7 +63,7 @@ def box_dims(box: nnx.Variable, rules: Any) -> tuple | None:
     return spec_dims(tuple(names))
 
 
-def has_state(tree: Any) -> bool:
+def has_state(tree: Pytree) -> bool:
     """Whether ``tree`` holds a graph node whose state a step can update in place."""
     found = []
 
@@ -76,7 +77,7 @@ def has_state(tree: Any) -> bool:
     return bool(found)
 
 
-def updated_state(obj: Any) -> Any:
+def updated_state(obj: Pytree) -> Any:
     """The state of an argument after the step ran: ``nnx.state`` of every graph node in it."""
     return jax.tree_util.tree_map(lambda x: nnx.state(x) if _is_graph_node(x) else x, obj, is_leaf=_is_graph_node)
 
@@ -138,7 +139,7 @@ def _nnx_path(keypath: tuple) -> tuple:
     return tuple(out)
 
 
-def state_sharding_leaves(prefix: Any, tree: Any) -> list:
+def state_sharding_leaves(prefix: Any, tree: Pytree) -> list:
     """Per array leaf of ``tree`` (``jax.tree_util.tree_leaves`` order), the sharding an
     ``nnx.StateSharding`` gives it as ``nnx.jit`` splits its argument: each graph node's Variables
     matched by their path inside that node (``prefix.map_prefix(path, variable)``: the first filter
@@ -156,7 +157,7 @@ def state_sharding_leaves(prefix: Any, tree: Any) -> list:
     return out
 
 
-def updated_state_shardings(prefix: Any, obj: Any) -> Any:
+def updated_state_shardings(prefix: Any, obj: Pytree) -> Any:
     """The out_shardings of :func:`updated_state` ``(obj)`` that ``nnx.jit`` gives an updated argument:
     its ``in_shardings`` entry again (``nnx.jit``'s inner jit has ``out_shardings`` = its
     ``in_shardings`` for the arguments' state). A sharding or None stands for the whole state; an
@@ -204,7 +205,7 @@ def out_shardings(own: JitSettings, args: tuple, names: list[str], state_outputs
 # ---- Variables shared between arguments (nnx.jit splits all its arguments as one graph)
 
 
-def variable_keys(tree: Any) -> list:
+def variable_keys(tree: Pytree) -> list:
     """Per leaf of ``tree`` (``jax.tree_util.tree_leaves`` order), ``id`` of the ``nnx.Variable`` that
     holds it, or None (a leaf in no Variable, or in one with more than one leaf). Two leaves with the
     same key are one Variable reached from two places (an optimizer holding the model's own Params);
@@ -220,7 +221,7 @@ def variable_keys(tree: Any) -> list:
     return keys
 
 
-def shared_with_inputs(inputs: Any, output: Any, position: dict[int, int]) -> list:
+def shared_with_inputs(inputs: Pytree, output: Pytree, position: dict[int, int]) -> list:
     """Per leaf of ``output`` (an ``init``'s result traced with ``inputs``), which Variable it is in
     terms the caller can match after the trace: ``("arg", p)`` for an input Variable whose leaf is the
     traced input at flat position ``p`` (``position``: ``id(tracer)`` → p), ``("local", i)`` for a
@@ -242,7 +243,7 @@ def shared_with_inputs(inputs: Any, output: Any, position: dict[int, int]) -> li
             else ("local", first[k]) if counts[k] > 1 else None for k in keys]
 
 
-def share_variables(tree: Any, keys: list) -> tuple[Any, list[int]]:
+def share_variables(tree: Pytree, keys: list) -> tuple[Any, list[int]]:
     """``tree`` rebuilt with the Variables whose leaves have the same key (``keys``: one per leaf of
     ``tree``, ``jax.tree_util.tree_leaves`` order; None for none) made one object, the first found, as
     the real objects are; and the leaf positions whose Variable was replaced (their leaves are no
@@ -325,7 +326,7 @@ class NnxProgram:
         with nnx.update_context(self.wrapper), (self.rules() if self.rules else contextlib.nullcontext()):
             return self.wrapper.jitted_fn.trace(*args, **kwargs)  # private-api: nnx.jit's inner jax.jit
 
-    def output_paths(self, out_info: Any, keypath: Callable[[tuple], str]) -> list[str]:
+    def output_paths(self, out_info: Pytree, keypath: Callable[[tuple], str]) -> list[str]:
         """Per output leaf (``jax.tree_util`` order), its path as stagetool names it. The jit returns
         ``(arguments' state, keyword arguments' state, output)``; an argument's state is split as its
         input was (same graph, same filters, same order), so its leaves take their inputs' paths
@@ -343,7 +344,7 @@ class NnxProgram:
         return paths
 
 
-def _named(sub: Any, inputs: list[str] | None, name: str, keypath: Callable[[tuple], str]) -> list[str]:
+def _named(sub: Pytree, inputs: list[str] | None, name: str, keypath: Callable[[tuple], str]) -> list[str]:
     flat = jax.tree_util.tree_flatten_with_path(sub)[0]
     if inputs is not None and len(inputs) == len(flat):
         return list(inputs)
