@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from stagetool.core.errors import SpecError
 from stagetool.core.location import Loc
@@ -36,6 +36,10 @@ from stagetool.inputs.signature import arg_names, bind_for_in_shardings, check_s
 from stagetool.inputs.target import load_target
 from stagetool.inputs.values import build_call, build_value, eval_init, resolve_logical_rules
 from stagetool.spec.model import CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule, ValueSpec
+
+if TYPE_CHECKING:  # imported only for Flax and Equinox targets
+    from stagetool.inputs.frameworks.equinox import EqxProgram
+    from stagetool.inputs.frameworks.nnx import NnxProgram
 
 
 MAX_LEAVES = 50_000
@@ -362,7 +366,7 @@ class _Builder:
 
     # ---- the inputs handed over
 
-    def own_program(self, args: tuple, kwargs: dict, static: dict) -> tuple[Any, tuple, dict]:
+    def own_program(self, args: tuple, kwargs: dict, static: dict) -> tuple[NnxProgram | EqxProgram | None, tuple, dict]:
         """``(program, args, kwargs)``: the target's own program (:func:`own_program`) on its arguments
         (shared Variables made one), or ``(None, args, kwargs)`` as they were."""
         from stagetool.inputs.frameworks import nnx
@@ -384,7 +388,7 @@ class _Builder:
             self.by_id.pop(id(x), None)
         return program, own_args, own_kwargs
 
-    def program_inputs(self, program: Any, args: tuple, kwargs: dict, static: dict) -> AbstractInputs:
+    def program_inputs(self, program: NnxProgram | EqxProgram, args: tuple, kwargs: dict, static: dict) -> AbstractInputs:
         """nnx.jit's / eqx.filter_jit's own program: its inner jit on the arguments split as it splits them."""
         import jax
 
