@@ -55,6 +55,7 @@ from stagetool.facts import StagedFunction
 if TYPE_CHECKING:  # imported where used: only --chip and the peak buffers need them
     from stagetool.analysis.peak import PeakReport
     from stagetool.analysis.timeline import TimelinePeak, TimelinePoint
+    from stagetool.analysis.uncounted import UncountedWork
     from stagetool.analysis.roofline import RooflineEstimate
     from stagetool.analysis.step_time import StepTimeEstimate
     from stagetool.facts import Interconnect, Propagation
@@ -86,6 +87,13 @@ class CostSection:
         overlapped to serial, what bounds it, the top instructions) on ``step_chip``, or None
         when there is no chip or no compiled module.
       step_time_reason: why there is no step-time estimate, or None.
+      uncounted: the compiled module's instructions whose work XLA's cost analysis leaves out (Pallas
+        kernels without a ``cost_estimate``, top-k and other custom calls) or counts from an estimate
+        (a kernel's ``cost_estimate``, the sort rule), with their source line
+        (:mod:`stagetool.analysis.uncounted`); with any not counted, the per-device FLOPs and bytes
+        are a lower bound and the roofline leaves that work out.
+      flops_lower_bound: True when XLA's per-device FLOPs and bytes leave out work it cannot count
+        (some :attr:`uncounted` row is not counted): the figures are then a lower bound.
     """
 
     per_device: CostRecord
@@ -97,6 +105,8 @@ class CostSection:
     scope_notes: tuple[str, ...] = ()
     step_time: StepTimeEstimate | None = None
     step_time_reason: str | None = None
+    uncounted: tuple[UncountedWork, ...] = ()
+    flops_lower_bound: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +200,13 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
                         "transcendentals and bytes accessed are derived from the compiled module with XLA's "
                         "HloCostAnalysis rules, every loop body once as XLA counts (derived figures, not XLA's)",)
         per_device = derived_per_device_cost(module)
+    uncounted: tuple[UncountedWork, ...] = ()
+    if module is not None:
+        from stagetool.analysis.uncounted import uncounted_work, unknown_not_zero
+
+        uncounted = uncounted_work(module)
+        per_device = unknown_not_zero(per_device, uncounted)
+        whole = unknown_not_zero(whole, uncounted)  # the same kernels and calls are in the lowered program
     loops = while_loops(module) if module is not None else ()
     aware = None
     if module is not None:
@@ -235,7 +252,7 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
                             flops_suspect=flops_suspect, bytes_suspect=bytes_suspect)
     step, step_reason = _step_time(facts, per_device, step_chip or chip, interconnect, dict(loops))
     return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware, notes,
-                       step, step_reason)
+                       step, step_reason, uncounted, any(not u.counted for u in uncounted))
 
 
 def _step_time(facts: StagedFunction, per_device: CostRecord, chip: Chip | None, net: Interconnect | None,

@@ -62,6 +62,9 @@ def cost_rows(c: CostSection) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)``: each figure per device and for the whole program; ``n/a`` where not reported."""
     rows = [[label, fmt(getattr(c.per_device, attr)), fmt(getattr(c.whole_program, attr))]
             for label, attr, fmt in _COST_ROWS]
+    if c.flops_lower_bound:  # XLA left work out: its FLOPs are a floor, said on the row itself
+        n = sum(1 for u in c.uncounted if not u.counted)
+        rows[0][0] = f"FLOPs (lower bound: {n} instruction{'s' if n != 1 else ''} not counted by XLA)"
     a, b = c.per_device.extra_by_key(), c.whole_program.extra_by_key()
     for key in sorted(set(a) | set(b)):
         if key.startswith("utilization"):
@@ -111,6 +114,7 @@ def cost_notes(c: CostSection) -> list[tuple[str, str]]:
             out.append(("warn", f"{scope}: suspect {s.field}: {s.reason}"))
     for note in c.scope_notes:
         out.append(("warn", note))
+    out += uncounted_notes(c)
     counts = list(c.loop_trip_counts)
     for _, trip, _ in (c.loop_aware.apart if c.loop_aware else ()):  # XLA:CPU's rng loops: a note of their own
         if trip in counts:
@@ -134,6 +138,34 @@ def cost_notes(c: CostSection) -> list[tuple[str, str]]:
                                 f"{r.bound}-bound (compute {format_seconds(r.compute_seconds)}, memory "
                                 f"{format_seconds(r.memory_seconds)}); a lower bound from peak FLOP/s and HBM "
                                 "bandwidth, not a prediction"))
+    return out
+
+
+def uncounted_notes(c: CostSection) -> list[tuple[str, str]]:
+    """``(severity, text)`` per instruction whose work XLA does not count (``warn``) or counts from an
+    estimate (``info``: a Pallas kernel's ``cost_estimate``, the sort rule), with its source line, and
+    one ``warn`` that the FLOP total is a lower bound and the roofline leaves that work out."""
+    from stagetool.analysis.uncounted import KERNEL_ESTIMATE, NOT_COUNTED
+
+    out = []
+    for u in c.uncounted:
+        where = f" at {short_path(u.source)}" if u.source else ""
+        if u.status == NOT_COUNTED:
+            out.append(("warn", f"not counted by XLA: {u.kind} {u.instruction}{where} (result "
+                                f"{format_bytes(u.output_bytes)} per execution): its FLOPs and bytes are in no total"))
+        elif u.status == KERNEL_ESTIMATE:
+            out.append(("info", f"{u.kind} {u.instruction}{where}: {KERNEL_ESTIMATE}: "
+                                f"{format_count(u.flops, 'FLOP')}, {format_bytes(u.bytes_accessed)} per execution "
+                                "(the kernel author's estimate, not XLA's count)"))
+        else:
+            out.append(("info", f"sort {u.instruction}{where}: {u.status}: {format_count(u.flops, 'FLOP')} per "
+                                "execution (an estimate; the comparator's own work is not counted)"))
+    n = sum(1 for u in c.uncounted if not u.counted)
+    if n:
+        roof = "; the roofline leaves their work out" if c.roofline is not None else ""
+        kinds = ", ".join(sorted({u.kind for u in c.uncounted if not u.counted}))
+        out.append(("warn", f"per device: FLOPs and bytes accessed are a lower bound: XLA's cost analysis does not "
+                            f"count {n} instruction{'s' if n != 1 else ''} ({kinds}){roof}"))
     return out
 
 
