@@ -254,3 +254,35 @@ def test_fit_on_a_tpu_topology_finds_the_analytic_batch(attention_dir):
     assert by["none"]["tokens_per_second"]["schedule"] == pytest.approx(1280 * 1024 / step["schedule_seconds"])
     text = render(doc, FitFormat.text)
     assert "step (est.)" in text and "tokens/s (est.)" in text
+
+
+def test_a_timed_out_compile_leaves_the_setting_undecided(attention_dir):
+    """A compile's process killed at --timeout (the sweep worker's timeout row) is neither a fit nor
+    an out-of-memory: the setting is undecided, the document says so, and no best is made up."""
+    from stagetool.sweep.fit import FitOptions, run_fit
+    from stagetool.sweep.run import _error_row
+
+    write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
+    seen = []
+
+    def slow(payload: dict, timeout_s: float | None) -> dict:
+        seen.append(timeout_s)
+        return _error_row(payload, "timeout", f"timed out after {timeout_s:g} s; the process was killed")
+
+    doc = run_fit(FitOptions(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="10MiB",
+                             set=("remat=none",), multiple=8, max_batch=64, timeout=5), runner=slow)
+    assert seen == [5.0] and not doc["decided"] and doc["best"] is None
+    assert doc["settings"][0]["status"] == "undecided"
+    assert doc["problems"] == ["remat=none: batch 8: timeout: timed out after 5 s; the process was killed"]
+
+
+def test_what_if_with_no_change_that_fits_is_undecided(attention_dir):
+    """At 2 MiB per device neither half the batch (8 MiB at 64) nor chunking fits batch 128: the
+    list of what fits is empty and the document says so (exit 1 from the CLI)."""
+    from stagetool.sweep.fit import FitOptions, what_if
+
+    write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
+    doc = what_if(FitOptions(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="2MiB",
+                             set=("remat=none,chunked",), multiple=8), 128, runner=_in_process)
+    assert doc["fits"] == [] and doc["compiles"] == 3 and not doc["decided"]
+    assert any("none of the single changes tried fits" in p for p in doc["problems"])

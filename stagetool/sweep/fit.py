@@ -343,7 +343,9 @@ def what_if(options: FitOptions, batch: int, *, runner: Runner | None = None,
     half the batch (rounded down to ``options.multiple``), and for every knob with more than one
     value its next value (the next remat or offload policy, the next mesh) — and return the
     what-if document: every change tried with its outcome and peak, ``fits`` listing only those
-    that were compiled and fit. Nothing is suggested that was not compiled.
+    that were compiled and fit. Nothing is suggested that was not compiled. ``decided`` is false
+    (the CLI exits 1) when the setting as given could not be compiled, or does not fit and no change
+    tried fits, or a change's compile failed otherwise.
 
     Raises:
       UsageError / SpecError / TargetError: a bad option, spec or target, before any compile.
@@ -395,6 +397,10 @@ def what_if(options: FitOptions, batch: int, *, runner: Runner | None = None,
             tried = list(pool.map(attempt, changes))
         if not changes:
             problems.append("no single change to try: the batch is already --multiple and no knob has a second value")
+        problems += [t["reason"] for t in tried if t["outcome"] == UNDECIDED and t["reason"]]
+        if changes and not any(t["outcome"] == FITS for t in tried):
+            problems.append("none of the single changes tried fits: try two at once (fit searches the batch per "
+                            "knob setting), or another mesh")
     values = _knob_values(current, options.batch)
     header = {k: plan.header[k] for k in ("stagetool_version", "jax_version", "jaxlib_version", "target", "function",
                                           "spec", "spec_sha256", "options")}

@@ -92,8 +92,8 @@ def footer(doc: dict) -> list[str]:
         b = doc["batch"]
         lines.append(f"{len(doc['settings'])} setting(s) searched over {b['name']} = {b['multiple']}, "
                      f"{2 * b['multiple']}, … {b['max']} (from {b['start']}): {doc['compiles']} compiles "
-                     f"(cap {doc['max_compiles']}); a brute-force sweep of that grid is "
-                     f"{len(doc['settings']) * (b['max'] // b['multiple'])}")
+                     f"(cap {doc['max_compiles']}; a facts-cache hit counts as one); a brute-force sweep of "
+                     f"that grid is {len(doc['settings']) * (b['max'] // b['multiple'])}")
         if doc["best"] is not None:
             lines.append(f"★ best by {doc['best']['by']}: {doc['best']['set_line']}")
         if any(st["status"] == "at the maximum" for st in doc["settings"]):
