@@ -277,6 +277,11 @@ def memory_notes(m: MemorySection, platform: str | None = None) -> list[tuple[st
         if oom.auto_leaves:
             out.append(("info", f"arguments count {len(oom.auto_leaves)} 'auto' leaves whole: "
                                 + ", ".join(oom.auto_leaves[:5]) + (" ..." if len(oom.auto_leaves) > 5 else "")))
+        if m.peak is None:
+            out.append(("info", "the largest buffers of the refused program: 'stagetool memory' (or --peak) lists "
+                                "them from the dump XLA writes before refusing"))
+        out.append(("info", "what would fit: 'stagetool fit' (the largest batch per knob setting) and "
+                            "'stagetool fit --what-if' on a spec whose batch is a ${batch} placeholder"))
         return out
     v = m.verdict
     if v.fits is None and rec.peak_suspects:
