@@ -790,8 +790,11 @@ def _failed(plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, e: StagingError
     import traceback
 
     message = e.message + (f" (at {e.user_frame})" if e.user_frame else "")
+    trace = "".join(traceback.format_exception(e))
+    if e.detail:  # --debug: JAX's or XLA's message as it came, every frame in it
+        trace += f"\nthe message unfiltered:\n{e.detail}\n"
     return FunctionReport(fspec.name, fspec.target, _mesh_report(plan, setup), StageTimes(None, None, None),
-                          error=message, error_traceback="".join(traceback.format_exception(e)))
+                          error=message, error_traceback=trace)
 
 
 def _mesh_report(plan: Plan, setup: DeviceSetup) -> Any:

@@ -92,16 +92,19 @@ class StagingError(StagetoolError):
       stage: ``"trace"``, ``"lower"`` or ``"compile"``.
       function: the spec's name of the function.
       user_frame: ``"file.py:LINE in func"`` of the innermost frame in the user's own code, or None.
+      detail: JAX's or XLA's message unfiltered (with the frames of stagetool and its CLI that the
+        message leaves out), for ``--debug``; None when the message is already whole.
     """
 
     exit_code = ExitCode.JAX
 
     def __init__(self, message: str, *, stage: str, function: str, user_frame: str | None = None,
-                 hint: str | None = None):
+                 hint: str | None = None, detail: str | None = None):
         super().__init__(message, hint=hint)
         self.stage = stage
         self.function = function
         self.user_frame = user_frame
+        self.detail = detail
 
 
 class OutOfMemoryError(StagingError):

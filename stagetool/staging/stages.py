@@ -469,16 +469,67 @@ def _definition(fn: Any) -> str | None:
         return None
 
 
-def _staging_error(e: BaseException, stage_name: str, name: str, user_files: list[str], jitted: Any = None) -> StagingError:
-    text = str(e).strip()
-    # JAX appends a long "The stack trace below excludes JAX-internal frames" note; keep the message.
+_FRAME_LINE = re.compile(r"^\s+(?P<file>\S+?):(?P<line>\d+)(?::\d+)? \[(?P<func>[^\]]*)\]\s*$")
+_MAX_LINES = 60
+
+
+def _own(filename: str) -> bool:
+    """Whether a frame's file is stagetool's own: the frames from there on are how stagetool (and
+    whatever called it: its CLI, a test runner) called the user's function."""
+    from pathlib import Path
+
+    return str(Path(filename).resolve()).startswith(str(Path(__file__).resolve().parents[1]) + "/")
+
+
+def xla_message(text: str) -> tuple[str, str | None]:
+    """XLA's error text as the user needs it, and the first user frame it names.
+
+    JAX's trailing "The stack trace below excludes JAX-internal frames" note is cut; in XLA's frame
+    lists (``Suspected Python Code Location:``, ``  file.py:7:8 [f]`` lines, innermost first) the
+    frames of installed libraries and, from stagetool's first frame on, every frame (the call into
+    stagetool: its CLI, Typer/Click, a test runner; absolute install paths) are left out with one line
+    saying how many (``--debug`` shows the unfiltered text); everything else of XLA's message is kept, its
+    last lines too (``Failed after spmd-partitioning``): a message over 60 lines keeps its first 50
+    and last 5.
+
+    Returns:
+      ``(text, frame)``: the filtered text, and ``file:line in func`` of the first frame kept, or None.
+    """
     for marker in ("\n--------------------", "\nThe stack trace below excludes JAX-internal frames"):
         if marker in text:
             text = text.split(marker, 1)[0].rstrip()
-    lines = text.splitlines()
-    if len(lines) > 25:
-        text = "\n".join(lines[:25] + [f"... ({len(lines) - 25} more lines; --debug shows everything)"])
-    frame = user_frame(e, user_files)
+    from stagetool.core.paths import is_library_file
+
+    kept: list[str] = []
+    frame = None
+    dropped = 0
+    for line in text.splitlines():
+        m = _FRAME_LINE.match(line)
+        if m is None:
+            if dropped:
+                kept.append(f"  ({dropped} frame{'s' if dropped != 1 else ''} of stagetool, its CLI and installed "
+                            "libraries left out; --debug shows them)")
+                dropped = 0
+            kept.append(line.rstrip())
+        elif dropped or _own(m["file"]) or is_library_file(m["file"]):
+            dropped += 1  # after stagetool's first frame, every frame is the call into stagetool
+        else:
+            frame = frame or f"{m['file']}:{m['line']} in {m['func']}"
+            kept.append(line.rstrip())
+    if dropped:
+        kept.append(f"  ({dropped} frame{'s' if dropped != 1 else ''} of stagetool, its CLI and installed libraries "
+                    "left out; --debug shows them)")
+    while kept and not kept[-1].strip():
+        kept.pop()
+    if len(kept) > _MAX_LINES:
+        kept = kept[:50] + [f"... ({len(kept) - 55} more lines; --debug shows everything)"] + kept[-5:]
+    return "\n".join(kept), frame
+
+
+def _staging_error(e: BaseException, stage_name: str, name: str, user_files: list[str], jitted: Any = None) -> StagingError:
+    raw = str(e).strip()
+    text, xla_frame = xla_message(raw)
+    frame = user_frame(e, user_files) or xla_frame  # XLA names the op's line where no Python frame does
     if frame is None and jitted is not None:
         # XLA fails below any Python frame of the user's (a compile error): point at the function.
         frame = _definition(jitted)
@@ -490,7 +541,8 @@ def _staging_error(e: BaseException, stage_name: str, name: str, user_files: lis
         refused = getattr(e, REFUSED_DUMP_ATTRIBUTE, None)
         return OutOfMemoryError(message, stage=stage_name, function=name, user_frame=frame, refused_dump=refused,
                                 **oom)
-    return StagingError(message, stage=stage_name, function=name, user_frame=frame)
+    return StagingError(message, stage=stage_name, function=name, user_frame=frame,
+                        detail=raw if raw != text else None)
 
 
 _XLA_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
