@@ -209,16 +209,19 @@ def test_what_if_lists_only_compiled_changes_that_fit(attention_dir):
 
 @pytest.mark.slow
 def test_fit_command_frontier_and_exit_codes(run_cli, attention_dir):
-    """``stagetool fit`` through its entry point (a process per compile): the frontier as JSON, the
-    batch capped by --max-batch said so; nothing fits → exit 1 saying why; a bad option → exit 2
-    before any compile."""
+    """``stagetool fit`` through its entry point (a process per compile, three at a time): the
+    frontier as JSON; nothing fits → exit 1 saying why; a bad option → exit 2 before any compile."""
     write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
     common = ("fit", "--spec", "cpu.stagetool.yaml", "--platform", "cpu", "--set", "remat=none", "--multiple", "8",
               "--no-cache")
-    doc = run_cli(*common, "--device-memory", "10MiB", "--max-batch", "32", "--format", "json", check=0).json()
+    # -j 3 on one setting: rounds of three batches (8 16 32 / 64 128 / 80 96 112 / 88); 80 is what
+    # test_fit_equals_a_brute_force_sweep_with_fewer_compiles's brute force finds at 10 MiB
+    doc = run_cli(*common, "--device-memory", "10MiB", "--max-batch", "128", "-j", "3", "--format", "json",
+                  check=0).json()
     (st,) = doc["settings"]
-    assert (st["largest_batch"], st["status"], st["compiles"]) == (32, "at the maximum", 3)  # 8, 16, 32
-    assert st["peak_bytes_per_device"] <= 10 * 2**20 and doc["best"]["set_line"] == "--set batch=32 --set remat=none"
+    assert (st["largest_batch"], st["smallest_refused_batch"], st["status"]) == (80, 88, "found")
+    assert [p["batch"] for p in st["probes"]] == [8, 16, 32, 64, 128, 80, 96, 112, 88]
+    assert st["peak_bytes_per_device"] <= 10 * 2**20 and doc["best"]["set_line"] == "--set batch=80 --set remat=none"
     r = run_cli(*common, "--device-memory", "512KiB", check=1)
     assert "every batch compiled was refused" in r.stdout and "none fits" in r.stdout
     r = run_cli(*common, "--set", "batch=8,16", check=2)
@@ -286,3 +289,25 @@ def test_what_if_with_no_change_that_fits_is_undecided(attention_dir):
                              set=("remat=none,chunked",), multiple=8), 128, runner=_in_process)
     assert doc["fits"] == [] and doc["compiles"] == 3 and not doc["decided"]
     assert any("none of the single changes tried fits" in p for p in doc["problems"])
+
+
+def test_rounds_of_several_batches_find_the_same_batch():
+    """width 3: the rounds compile 8, 16, 32 / 64, 128, 256 / 80, 96, 112 / 104 — four rounds instead
+    of eight, the same 96."""
+    from stagetool.analysis.fit import DOES_NOT_FIT, FITS, Probe, search_largest
+
+    rounds = []
+
+    def many(batches):
+        rounds.append(list(batches))
+        return [Probe(b, FITS if b <= 100 else DOES_NOT_FIT) for b in batches]
+
+    s = search_largest(lambda b: many([b])[0], start=8, multiple=8, max_batch=4096, width=3, probe_many=many)
+    assert (s.largest, s.smallest_refused, s.status) == (96, 104, "found")
+    assert rounds == [[8, 16, 32], [64, 128, 256], [80, 96, 112], [104]]
+    for threshold in (7, 8, 50, 4095, 4096):  # against the brute force of the grid, widths 1..4
+        brute = max((b for b in range(8, 4097, 8) if b <= threshold), default=None)
+        for width in (1, 2, 3, 4):
+            got = search_largest(lambda b, t=threshold: Probe(b, FITS if b <= t else DOES_NOT_FIT), start=8,
+                                 multiple=8, max_batch=4096, width=width)
+            assert got.largest == brute, (threshold, width)

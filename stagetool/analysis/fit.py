@@ -11,7 +11,8 @@ batch allowed fits), then bisects between the largest batch that fitted and the 
 not, in steps of ``multiple`` (a batch the data axes divide). Where the first batch does not fit,
 it bisects between ``multiple`` and it. So on the grid ``multiple, 2·multiple, …, max_batch`` it
 finds what a brute-force sweep of that grid finds, in about ``2·log2(max_batch / multiple)``
-compiles instead of ``max_batch / multiple``.
+compiles instead of ``max_batch / multiple``. With ``width`` > 1 a round compiles several batches
+at once (more compiles, fewer rounds of waiting).
 """
 
 from __future__ import annotations
@@ -84,58 +85,75 @@ class CompileCap(Exception):
     there, ``undecided``)."""
 
 
-def search_largest(probe: Callable[[int], Probe], *, start: int, multiple: int, max_batch: int) -> Search:
+def search_largest(probe: Callable[[int], Probe], *, start: int, multiple: int, max_batch: int, width: int = 1,
+                   probe_many: Callable[[list[int]], list[Probe]] | None = None) -> Search:
     """Find the largest batch in ``multiple, 2·multiple, …, max_batch`` that fits, compiling through
     ``probe`` (see the module's docstring for the order of compiles).
+
+    With ``width`` > 1 each round compiles up to ``width`` batches at once through ``probe_many``
+    (the galloping round ``k, 2k, 4k, …``; the bisecting round the points splitting the open
+    interval into ``width + 1`` parts): fewer rounds, more compiles, the same answer.
 
     Args:
       probe: compiles the function at one batch; may raise :class:`CompileCap`.
       start: the first batch compiled (rounded down to a multiple of ``multiple``, at least it).
       multiple: every batch compiled is a multiple of this (≥ 1).
       max_batch: no batch above this is compiled (≥ ``multiple``).
+      width: batches compiled per round (≥ 1).
+      probe_many: compiles several batches (at once), returning their probes in order; a batch the
+        compile cap stopped is an :data:`UNDECIDED` probe. Default: ``probe`` on each in turn.
 
     Raises:
-      ValueError: ``multiple`` < 1 or ``max_batch`` < ``multiple``.
+      ValueError: ``multiple`` < 1, ``max_batch`` < ``multiple`` or ``width`` < 1.
     """
-    if multiple < 1 or max_batch < multiple:
-        raise ValueError(f"multiple {multiple} and max_batch {max_batch}: need 1 <= multiple <= max_batch")
+    if multiple < 1 or max_batch < multiple or width < 1:
+        raise ValueError(f"multiple {multiple}, max_batch {max_batch}, width {width}: need 1 <= multiple <= "
+                         "max_batch and width >= 1")
     top = max_batch // multiple  # in units of `multiple`
     k = min(max(start // multiple, 1), top)
     probes: list[Probe] = []
     lo, hi = 0, None  # largest unit known to fit (0: none yet), smallest unit known not to
 
-    def ask(units: int) -> Probe | None:
+    def one(batch: int) -> Probe:
         try:
-            p = probe(units * multiple)
+            return probe(batch)
         except CompileCap as e:
-            probes.append(Probe(units * multiple, UNDECIDED, reason=str(e)))
-            return None
-        probes.append(p)
-        return p if p.outcome != UNDECIDED else None
+            return Probe(batch, UNDECIDED, reason=str(e))
+
+    many = probe_many or (lambda batches: [one(b) for b in batches])
+
+    def ask(units: list[int]) -> list[Probe] | None:
+        got = many([u * multiple for u in units])
+        probes.extend(got)
+        return None if any(p.outcome == UNDECIDED for p in got) else got
 
     def undecided() -> Search:
-        return Search(None, hi * multiple if hi else None, tuple(probes), UNDECIDED, probes[-1].reason)
+        why = next(p.reason for p in reversed(probes) if p.outcome == UNDECIDED)
+        return Search(None, hi * multiple if hi else None, tuple(probes), UNDECIDED, why)
 
-    while hi is None:  # gallop up
-        p = ask(k)
-        if p is None:
+    def update(units: list[int], got: list[Probe]) -> None:
+        nonlocal lo, hi
+        for u, p in zip(units, got):
+            if p.outcome != FITS and (hi is None or u < hi):
+                hi = u
+        lo = max([lo] + [u for u, p in zip(units, got) if p.outcome == FITS and (hi is None or u < hi)])
+
+    while hi is None:  # gallop up: k, 2k, 4k, ... (width at a time)
+        units = sorted({min(k << i, top) for i in range(width)})
+        got = ask(units)
+        if got is None:
             return undecided()
-        if p.outcome == FITS:
-            lo = k
-            if k == top:
-                return Search(k * multiple, None, tuple(probes), "at the maximum")
-            k = min(2 * k, top)
-        else:
-            hi = k
-    while hi - lo > 1:  # bisect
-        mid = (lo + hi) // 2
-        p = ask(mid)
-        if p is None:
+        update(units, got)
+        if hi is None:
+            if lo == top:
+                return Search(top * multiple, None, tuple(probes), "at the maximum")
+            k = min(2 * units[-1], top)
+    while hi - lo > 1:  # bisect: the points splitting (lo, hi) into width + 1 parts
+        units = sorted({lo + (hi - lo) * i // (width + 1) for i in range(1, width + 1)} - {lo, hi})
+        got = ask(units)
+        if got is None:
             return undecided()
-        if p.outcome == FITS:
-            lo = mid
-        else:
-            hi = mid
+        update(units, got)
     if lo == 0:
         return Search(None, hi * multiple, tuple(probes), "none fits")
     return Search(lo * multiple, hi * multiple, tuple(probes), "found")

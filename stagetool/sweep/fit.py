@@ -5,7 +5,8 @@ The spec names its batch as a ``${batch}``-style placeholder (``--batch NAME``);
 the sweep's axes (``--set name=a,b``, ``--mesh``, ``--topology``). Each setting of the knobs is
 searched by :func:`stagetool.analysis.fit.search_largest` (galloping, then bisecting), each compile
 one sweep configuration staged in a process of its own (:func:`stagetool.sweep.run.run_isolated`,
-through the facts cache when one is given), settings searched ``--jobs`` at a time. Everything the
+through the facts cache when one is given), ``--jobs`` compiles at a time (settings at once, and
+several batches of a setting per round when there are fewer settings than jobs). Everything the
 user can get wrong is checked by :func:`stagetool.sweep.driver.plan_sweep` before any compile.
 
 Fails closed: a setting whose search could not decide (a compile failed for another reason than
@@ -64,7 +65,8 @@ class FitOptions:
         running undecided.
       tokens_per_example: tokens in one example (the sequence length), for tokens per second at the
         largest batch from the step-time estimate (None: not shown).
-      jobs: settings searched at a time (each one compile at a time, a process each).
+      jobs: compiles at a time, a process each: settings searched at once and, with fewer settings
+        than jobs, ``jobs // settings`` batches of one setting per round (:func:`search_largest`'s width).
       timeout: seconds one compile's process may run (None: no limit); past it, that setting is undecided.
       cache_dir: the facts cache folder handed to each compile (None: no cache).
       outputs: ``(option, path)`` of the files the command writes, checked before anything runs.
@@ -209,11 +211,30 @@ def run_fit(options: FitOptions, *, runner: Runner | None = None,
     compiles = _Compiles(options.max_compiles)
     run = _runner(plan, options, runner, compiles, on_probe)
 
-    def one(config: Config) -> Search:
-        return search_largest(lambda b: run(config, b), start=start, multiple=options.multiple,
-                              max_batch=options.max_batch)
+    # --jobs processes in all: settings at once, and within each the batches of a round when there
+    # are fewer settings than jobs
+    width = max(1, options.jobs // max(len(plan.configs), 1))
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=options.jobs) as pool:
+    def one(config: Config) -> Search:
+        def probe(b: int) -> Probe:
+            return run(config, b)
+
+        def many(batches: list[int]) -> list[Probe]:
+            def guarded(b: int) -> Probe:
+                try:
+                    return probe(b)
+                except CompileCap as e:
+                    return Probe(b, UNDECIDED, reason=str(e))
+
+            if len(batches) == 1:
+                return [guarded(batches[0])]
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(batches)) as inner:
+                return list(inner.map(guarded, batches))
+
+        return search_largest(probe, start=start, multiple=options.multiple, max_batch=options.max_batch,
+                              width=width, probe_many=many)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(options.jobs, max(len(plan.configs), 1))) as pool:
         searches = list(pool.map(one, plan.configs))
     return fit_document(plan, options, list(zip(plan.configs, searches)), compiles.count)
 
