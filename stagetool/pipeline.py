@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
@@ -234,7 +233,10 @@ def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
             try:
                 device_memory = parse_size(options.device_memory)
             except UsageError as e:
-                raise UsageError(f"--device-memory {options.device_memory}: {e.message}", hint=e.hint) from None
+                from stagetool.core.text import clipped
+
+                given = options.device_memory if len(options.device_memory) <= 40 else clipped(options.device_memory)
+                raise UsageError(f"--device-memory {given}: {e.message}", hint=e.hint) from None
             if device_memory <= 0:
                 raise UsageError(f"--device-memory {options.device_memory}: the memory of a device must be more "
                                  "than 0 bytes", hint="write e.g. 16GiB")
@@ -253,8 +255,9 @@ def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
         if options.jobs < 1:
             raise UsageError(f"--jobs {options.jobs}: give at least 1", hint="--jobs 1 stages in this process")
     with problems.check():
-        if options.timeout_s is not None and not options.timeout_s > 0:
-            raise UsageError(f"--timeout {options.timeout_s}: give a number of seconds above 0")
+        from stagetool.core.units import timeout_seconds
+
+        timeout_seconds(options.timeout_s)  # above 0, at most a week; inf and nan refused alike
     with problems.check():
         if options.cache_dir is not None and options.cache_dir.exists() and not options.cache_dir.is_dir():
             raise UsageError(f"--cache-dir {options.cache_dir}: not a folder",
@@ -307,6 +310,11 @@ def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
                 mesh = parse_mesh_option(options.mesh, spec.mesh)
             except ValueError as e:
                 raise UsageError(str(e)) from None
+    with problems.check():
+        if options.topology is not None and not options.topology.strip():
+            raise UsageError("--topology '': an empty topology name (an unset variable in --topology \"$TOPO\"?)",
+                             hint="give a topology such as v5e:2x4 or h100:8, or leave --topology out to stage on "
+                                  "this machine's devices")
     topology = options.topology or spec.topology
     slices = 1
     with problems.check():
@@ -340,7 +348,7 @@ def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
                 avals, processes=options.processes, job_processes=options.job_processes, dialect=options.dialect,
                 chips=chips, chip=chip, device_memory_bytes=device_memory, peak=options.peak, top=options.top,
                 explain=explain, cache_dir=options.cache_dir, jobs=options.jobs,
-                timeout_s=None if options.timeout_s == math.inf else options.timeout_s,  # inf: no limit
+                timeout_s=options.timeout_s,
                 isolate=options.isolate, gpu_target_config=options.gpu_target_config,
                 slices=slices, why=question,
                 report_root=report_root(spec.path, [f.target for f in spec.functions.values()]))
@@ -977,9 +985,14 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
     Raises:
       UsageError: a bad ``--mesh``, platform or topology, or too few devices.
     """
+    from stagetool.devices.compile_only import check_topology
     from stagetool.devices.provision import provision
     from stagetool.report.model import DeviceInfo, DevicesReport
 
+    if topology is not None and not topology.strip():
+        raise UsageError("--topology '': an empty topology name (an unset variable in --topology \"$TOPO\"?)",
+                         hint="give a topology such as v5e:2x4 or h100:8, or leave --topology out")
+    check_topology(topology, gpu_target_config)  # a --gpu-target-config without a GPU topology, a bad config
     mesh_spec = MeshSpec(())
     if mesh:
         try:

@@ -135,10 +135,14 @@ def test_a_full_stdout_is_a_clean_exit_with_a_message(project):
     assert "Traceback" not in proc.stderr and "unexpected" not in proc.stderr and "Exception ignored" not in proc.stderr
 
 
-def test_timeout_inf_is_no_limit_for_check(run_cli, project, monkeypatch):
+@pytest.mark.parametrize("value", ["inf", "nan", "1e308", "1e400", "604801", "0", "-1"])
+def test_a_timeout_that_is_no_number_of_seconds_is_exit_2_for_check(run_cli, project, monkeypatch, value):
+    """inf and nan are refused alike (leaving --timeout out is no limit); 1e308 was 'unexpected OverflowError'."""
     monkeypatch.chdir(project)
-    r = run_cli("check", "-b", "lock.json", "--function", "g", "--timeout", "inf")
-    assert r.code == 0, r.stderr
+    r = run_cli("check", "-b", "lock.json", "--function", "g", "--timeout", value, check=2)
+    assert "--timeout" in r.stderr and "unexpected" not in r.stderr
+    assert "at most 604800" in r.stderr or value in ("0", "-1")  # those two: Typer's own range check
+    run_cli("check", "-b", "lock.json", "--function", "g", "--timeout", "604800", check=0)
 
 
 def test_write_atomic_removes_temporaries_of_dead_writers(tmp_path):

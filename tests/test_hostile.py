@@ -855,3 +855,49 @@ def test_an_init_with_too_many_leaves_is_exit_2_naming_the_limit(run_cli, tmp_pa
     spec = write(tmp_path, "l.stagetool.yaml", "functions:\n  f: {target: l.py:f, args: [{init: l.py:init}]}\n")
     r = run_cli("shardings", "--spec", spec, check=2)
     assert "the init gives 11 leaves, more than 10" in r.stderr
+
+
+@pytest.mark.parametrize("workers", [[], ["--isolate"]])
+def test_sighup_ends_the_run_as_sigterm_does_and_leaves_nothing(tmp_path, workers):
+    """SIGHUP was forwarded but not handled: the run died without its cleanup, and --isolate left
+    stagetool-worker-* behind."""
+    proc = _start(tmp_path, "snapshot", *workers, "-o", "lock.json")
+    tmp = tmp_path / "tmp"
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr))
+    reader.start()
+    try:
+        _wait_for(proc, lambda: any("traced" in ln for ln in lines) or list(tmp.glob("stagetool-worker-*")))
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=60)
+        reader.join(10)
+        assert proc.returncode == 129, lines
+        assert lines[-1] == "stagetool: hung up (SIGHUP)\n" and not any("Traceback" in ln for ln in lines)
+        assert list(tmp.iterdir()) == []
+        assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["slow.py", "slow.stagetool.yaml"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        reader.join(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("args,expect", [
+    (("shardings", "--topology", ""), "--topology '': an empty topology name"),
+    (("devices", "--topology", ""), "--topology '': an empty topology name"),
+    (("shardings", "--topology", "v5e:\uff12x\uff12"), "bad TPU topology name"),
+    (("shardings", "--topology", "h100:\uff18"), "bad GPU topology name"),
+    (("shardings", "--topology", "v5e:2x" + "9" * 5000), "bad TPU topology name"),
+    (("shardings", "--mesh", "data=" + "9" * 5000), "a mesh has at most 65536 devices"),
+    (("shardings", "--mesh", "2x" + "9" * 5000), "a mesh has at most 65536 devices"),
+    (("memory", "--device-memory", "9" * 5000 + "GiB"), "larger than 9223372036854775808 bytes"),
+    (("memory", "--device-memory", "99999999999PiB"), "larger than 9223372036854775808 bytes"),
+    (("sweep", "mlp.py:train_step", "--set", "a=1", "--shard", "1/" + "9" * 5000), "is not I/N"),
+    (("devices", "--gpu-target-config", "mlp.py"), "needs a GPU topology to compile for"),
+])
+def test_values_that_name_nothing_or_are_huge_are_exit_2(run_cli, mlp_copy, args, expect):
+    r = run_cli(*args, check=2)
+    assert expect in r.stderr and "unexpected" not in r.stderr and len(r.stderr) < 2000, r.stderr

@@ -92,8 +92,15 @@ class _Signalled(BaseException):
         self.signum = signum
 
 
+def _signals() -> tuple[int, ...]:
+    """The signals that end a run with its cleanup: SIGINT, SIGTERM and (where it exists) SIGHUP."""
+    import signal
+
+    return (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
+
+
 def _end_on_signal(signum: int) -> None:
-    """A signal ends the run: kill children, remove temporary files, one line, exit 130/143.
+    """A signal ends the run: kill children, remove temporary files, one line, exit 130/143/129.
 
     The staging thread may be inside XLA's compiler, where no Python code runs until it returns;
     the process ends with ``os._exit`` so that neither that thread nor the interpreter's teardown
@@ -103,13 +110,14 @@ def _end_on_signal(signum: int) -> None:
 
     from stagetool.process import cleanup, supervise
 
-    for sig in (signal.SIGINT, signal.SIGTERM):  # ending already: a second signal (the terminal's and the
-        try:                                     # supervisor's copy) must not cut the cleanup short
+    for sig in _signals():  # ending already: a second signal (the terminal's and the
+        try:                # supervisor's copy) must not cut the cleanup short
             signal.signal(sig, signal.SIG_IGN)
         except (ValueError, OSError):
             pass
     cleanup.run_all()
     code, name = ((ExitCode.INTERRUPTED, "interrupted (SIGINT)") if signum == signal.SIGINT
+                  else (ExitCode.HUNG_UP, "hung up (SIGHUP)") if signum == getattr(signal, "SIGHUP", None)
                   else (ExitCode.TERMINATED, "terminated (SIGTERM)"))
     for stream in (sys.stdout, sys.__stdout__):
         try:
@@ -127,9 +135,9 @@ def _end_on_signal(signum: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The console-script entry point; returns the exit code.
 
-    The command runs in a worker thread while the main thread waits and handles SIGINT and SIGTERM:
-    a signal during a compile (C++, where Python's handlers cannot run) still ends the run at once
-    with exit 130/143, one line on stderr, children killed and temporary files removed
+    The command runs in a worker thread while the main thread waits and handles SIGINT, SIGTERM and
+    SIGHUP: a signal during a compile (C++, where Python's handlers cannot run) still ends the run at
+    once with exit 130/143/129, one line on stderr, children killed and temporary files removed
     (:func:`_end_on_signal`). A signal the caller set to be ignored (``nohup``, a background job)
     stays ignored. Called from a thread other than the main one, the command runs in that thread.
     """
@@ -143,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         raise _Signalled(signum)
 
     previous: dict[int, Any] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in _signals():
         current = signal.getsignal(sig)
         if current is signal.SIG_IGN:
             continue

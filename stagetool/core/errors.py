@@ -21,6 +21,8 @@ class ExitCode(enum.IntEnum):
     """A bad option, spec, target or baseline file."""
     JAX = 3
     """JAX or XLA failed to trace, lower or compile the user's function."""
+    HUNG_UP = 129
+    """Ended by SIGHUP (the terminal closed): 128 + the signal number; handled as SIGTERM is."""
     INTERRUPTED = 130
     """Interrupted by SIGINT (Ctrl-C): 128 + the signal number, as shells report it."""
     TERMINATED = 143

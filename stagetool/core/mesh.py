@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 
 from stagetool.core.location import Loc
+from stagetool.core.text import clipped
 
 
 def format_mesh(axes: Iterable[tuple[str, int]] | Iterable[list], *, empty: str = "none") -> str:
@@ -86,8 +87,10 @@ def parse_mesh_option(text: str, spec_mesh: MeshSpec) -> MeshSpec:
         for part in t.split(","):
             name, _, size = part.partition("=")
             name = name.strip()
-            if not (size.strip().isascii() and size.strip().isdigit()) or int(size) < 1:
-                raise ValueError(f"--mesh {text!r}: {part!r} is not 'axis=size' with a positive size")
+            if not (size.strip().isascii() and size.strip().isdigit()) or int(size[-12:]) < 1:
+                raise ValueError(f"--mesh {clipped(text)}: {clipped(part)} is not 'axis=size' with a positive size")
+            if len(size.strip()) > 9:  # int() of thousands of digits is refused by Python itself
+                raise ValueError(f"--mesh {clipped(text)}: a mesh has at most {MAX_DEVICES} devices")
             problem = axis_name_problem(name)
             if problem:
                 raise ValueError(f"--mesh {text!r}: {problem}")
@@ -106,8 +109,10 @@ def parse_mesh_option(text: str, spec_mesh: MeshSpec) -> MeshSpec:
             raise ValueError(f"--mesh {text!r}: {problem}")
         return MeshSpec(tuple(axes), spec_mesh.axis_types, spec_mesh.loc)
     parts = [p.strip() for p in t.lower().split("x")]
-    if not parts or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"--mesh {text!r} is not sizes like 2x4 or names like data=2,model=4")
+    if not parts or not all(p.isascii() and p.isdigit() and int(p[-12:]) > 0 for p in parts):
+        raise ValueError(f"--mesh {clipped(text)} is not sizes like 2x4 or names like data=2,model=4")
+    if any(len(p) > 9 for p in parts):
+        raise ValueError(f"--mesh {clipped(text)}: a mesh has at most {MAX_DEVICES} devices")
     sizes = [int(p) for p in parts]
     problem = device_count_problem(sizes)
     if problem:
@@ -119,3 +124,4 @@ def parse_mesh_option(text: str, spec_mesh: MeshSpec) -> MeshSpec:
         raise ValueError(f"--mesh {text!r} has {len(sizes)} sizes, but the spec's mesh has {len(spec_mesh.axes)} axes "
                          f"({', '.join(spec_mesh.names)})")
     return MeshSpec(tuple(zip(spec_mesh.names, sizes)), spec_mesh.axis_types, spec_mesh.loc)
+

@@ -108,3 +108,9 @@ def file_tail(path: str | os.PathLike, lines: int, *, window: int = 16384) -> li
     except OSError:
         return []
     return [printable(ln.rstrip(), newlines=False) for ln in text.splitlines() if ln.strip()][-lines:]
+
+
+def clipped(text: str, n: int = 40) -> str:
+    """``repr(text)``, cut to ``n`` characters with the whole length said: an option or name of
+    thousands of characters (a count of 5,000 digits) is not echoed whole in a message."""
+    return repr(text) if len(text) <= n else repr(text[:n]) + f"… ({len(text)} characters)"

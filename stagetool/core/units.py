@@ -138,11 +138,20 @@ def parse_size(text: str | int) -> int:
             f"invalid size {text!r}: expected a number with an optional unit",
             hint="units: B, KB, MB, GB, TB, PB (powers of 1000) or KiB, MiB, GiB, TiB, PiB "
                  "(powers of 1024), e.g. 16GiB, 512MB, 1.5GB")
+    if len(m.group(1)) > 40:  # no size has 40 digits; Decimal would take thousands, float() would not
+        raise UsageError(f"invalid size: larger than {MAX_SIZE_BYTES} bytes (8 EiB)", hint="write e.g. 16GiB, 512MB or 1.5GB")
     try:
         value = Decimal(m.group(1)) * _UNITS[unit]
     except InvalidOperation:  # pragma: no cover - regex guarantees a number
         raise UsageError(f"invalid size {text!r}") from None
+    if value > MAX_SIZE_BYTES:
+        raise UsageError(f"invalid size {text!r}: larger than {MAX_SIZE_BYTES} bytes (8 EiB)",
+                         hint="write e.g. 16GiB, 512MB or 1.5GB")
     return int(value.to_integral_value(rounding=ROUND_FLOOR))
+
+
+MAX_SIZE_BYTES = 2**63
+"""The largest size :func:`parse_size` takes (8 EiB): past it, byte counts no longer fit XLA's int64."""
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600

@@ -158,7 +158,9 @@ def parse_gpu_topology_name(name: str) -> tuple[str, int, int]:
     """
     m = _NAME_RE.match(name or "")
     if not m:
-        raise UsageError(f"bad GPU topology name {name!r}", hint=ACCEPTED)
+        from stagetool.core.text import clipped
+
+        raise UsageError(f"bad GPU topology name {clipped(name or '')}", hint=ACCEPTED)
     kind = m.group(1).lower()
     if kind in _AMBIGUOUS:
         why, fix = _AMBIGUOUS[kind]

@@ -116,7 +116,9 @@ def parse_topology_name(name: str) -> tuple[str, tuple[int, ...]]:
 
     m = _NAME_RE.match(name or "")
     if not m or any(len(d) > 6 or int(d) == 0 for d in m.group(2).split("x")):
-        raise UsageError(f"bad TPU topology name {name!r}", hint=_ACCEPTED)
+        from stagetool.core.text import clipped
+
+        raise UsageError(f"bad TPU topology name {clipped(name or '')}", hint=_ACCEPTED)
     dims = tuple(int(d) for d in m.group(2).split("x"))
     if math.prod(dims) > MAX_DEVICES:
         raise UsageError(f"TPU topology {name!r} has more than {MAX_DEVICES} chips", hint=_ACCEPTED)

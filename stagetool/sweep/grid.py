@@ -234,9 +234,9 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     """
     if text is None:
         return None
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    m = re.fullmatch(r"\s*([0-9]{1,9})\s*/\s*([0-9]{1,9})\s*", text)
     if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
-        raise UsageError(f"--shard {text!r} is not I/N with 1 <= I <= N",
+        raise UsageError(f"--shard {text[:40]!r} is not I/N with 1 <= I <= N (at most 9 digits each)",
                          hint="e.g. --shard 1/4 ... --shard 4/4, one per CI job or Slurm array task")
     return int(m.group(1)), int(m.group(2))
 

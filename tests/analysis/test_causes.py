@@ -419,6 +419,23 @@ def test_why_bad_questions_exit_2_before_staging(tmp_path, monkeypatch, run_cli)
         run_cli("why", "--leaf", "outx", check=2).stderr
 
 
+@pytest.mark.jax_version("<0.12", reason=JAXLIB_0_12_METADATA)
+def test_why_questions_that_name_nothing_are_exit_2_with_close_matches(tmp_path, monkeypatch, run_cli):
+    """Issue 35: --collective 99999 and --line nofile.py:3 answered nothing with exit 0, and
+    --line /etc/passwd:1 matched any file named passwd; a path with a folder is matched whole."""
+    write(tmp_path, "model.py", CAUSES_MODEL)
+    write(tmp_path, "model.stagetool.yaml", CAUSES_SPEC)
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("why", "--collective", "99999", check=2)
+    assert "the program has 2 collective(s); there is no collective 99999; close: 1, 2" in r.stderr and not r.stdout
+    r = run_cli("why", "--line", "nofile.py:3", check=2)
+    assert "nothing at nofile.py:3" in r.stderr and "close: model.py:" in r.stderr
+    run_cli("why", "--line", "/etc/model.py:8", check=2)  # the name matches, the folder does not
+    assert _why(run_cli, "--line", str(tmp_path / "model.py") + ":8")["found"] == [
+        "sharding constraint P('data', None) at model.py:8"]
+    assert _why(run_cli, "--line", f"{tmp_path.name}/model.py:8")["found"] == _why(run_cli, "--line", "model.py:8")["found"]
+
+
 def test_why_answers_for_every_output_leaf_name_equinox_marker_too(tmp_path, monkeypatch, run_cli, isolated_imports):
     """An ``eqx.filter_jit`` step's outputs are Equinox's ``marker`` and ``out/...``: ``why --leaf marker``
     answers with the marker's compiled sharding (it was refused: only names starting with ``out``

@@ -17,9 +17,10 @@ from stagetool.report import Format
 
 
 def _stage_and_emit(command: str, staging: Staging, fmt: Format, output: Optional[Path], *, pager: bool = False,
-                    fail_if_over: bool = False, **more: Any) -> None:
+                    fail_if_over: bool = False, check: Any = None, **more: Any) -> None:
     """Stage with the shared options (and ``more`` :class:`stagetool.pipeline.Options` fields), print
-    ``command``'s sections (its own; the report's all), and with ``--fail-if-over`` the verdict."""
+    ``command``'s sections (its own; the report's all), and with ``--fail-if-over`` the verdict.
+    ``check(report)``, when given, may refuse the report before it is printed (a ``UsageError``)."""
     from stagetool.pipeline import REPORT_SECTIONS, Section, analyze
 
     sections = (list(REPORT_SECTIONS) if command == "report"
@@ -27,6 +28,8 @@ def _stage_and_emit(command: str, staging: Staging, fmt: Format, output: Optiona
     options = joined(staging.options(**more, outputs=outputs(output=output)))
     with staging_status() as on_stage:
         report = analyze(options, sections, command=command, on_stage=on_stage)
+    if check is not None:
+        check(report)
     emit(report, fmt, output, pager=pager)
     if fail_if_over:
         _fail_if_over(report)
@@ -102,7 +105,26 @@ def why(staging: Staging,
         format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
     """Where a leaf's, a line's or a collective's sharding came from, and what it causes downstream."""
     with errors(debug):
-        _stage_and_emit("why", staging, format, output, why=(leaf, line, collective))
+        _stage_and_emit("why", staging, format, output, why=(leaf, line, collective), check=_why_names_something)
+
+
+def _why_names_something(report: Any) -> None:
+    """``why``: a question that names nothing in any function staged (``--collective 99999``, a
+    ``--line`` of a file the program does not come from) is a usage error, with the closest names,
+    never an empty answer with exit 0.
+
+    Raises:
+      UsageError: every answered function says the question names nothing in it.
+    """
+    answers = [(f.name, f.why) for f in report.functions if f.error is None and f.why is not None]
+    if not answers or not all(w.names_nothing for _, w in answers):
+        return
+    lines = [f"{name}: {w.unavailable}" + (f"; close: {', '.join(w.close)}" if w.close else "") for name, w in answers]
+    raise UsageError(f"why {answers[0][1].question}: names nothing in "
+                     + ("the function staged" if len(answers) == 1 else f"the {len(answers)} functions staged")
+                     + ": " + "; ".join(lines),
+                     hint="collectives are numbered as 'stagetool collectives' lists them; a --line names FILE:LINE "
+                          "of the program's source (a bare file name matches it in any folder)")
 
 
 @app.command()
