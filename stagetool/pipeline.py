@@ -840,12 +840,14 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
 
         narrow = narrow_dot_types(facts.stablehlo_text)
     if Section.COST in wanted:
+        from stagetool.analysis.collectives import MeshAxes
         from stagetool.analysis.sections import cost_section
 
         from stagetool.devices.provision import interconnect_of
 
         fields["cost"] = cost_section(facts, len(setup.devices), plan.chip, _roofline_dtype(inputs, plan.chip),
-                                      cpu=cpu, interconnect=interconnect_of(setup), step_chip=_step_chip(plan, setup))
+                                      cpu=cpu, interconnect=interconnect_of(setup), step_chip=_step_chip(plan, setup),
+                                      mesh=MeshAxes(plan.mesh.names, plan.mesh.sizes))
     if Section.MEMORY in wanted:
         from stagetool.analysis.sections import memory_section
 

@@ -186,6 +186,19 @@ def _conv_flops(comp: HloComputation, ins: HloInstruction) -> float:
     return 2.0 * (in_features // max(groups, 1)) * out_features * (batch // max(batch_groups, 1)) * valid
 
 
+def _fft_flops(comp: HloComputation, ins: HloInstruction) -> float:
+    """FLOPs of an ``fft`` as XLA's HloCostAnalysis counts them: 8 (2 per FMA × 4 FMAs per complex
+    multiply) × the product of log2 of each transform length × the elements of the complex side (the
+    result for FFT, IFFT and RFFT's input side is the real operand, IRFFT's the real result)."""
+    lengths = _ints(ins.attributes.get("fft_length"))
+    log_factors = 1
+    for n in lengths:
+        log_factors *= max(n.bit_length() - 1, 0)
+    kind = (ins.attributes.get("fft_type") or "FFT").upper()
+    side = _operand_shape(comp, ins.operands[0]) if kind == "RFFT" and ins.operands else ins.shape
+    return 8.0 * log_factors * _elements(side)
+
+
 def _gemm_custom_call_flops(comp: HloComputation, ins: HloInstruction) -> float:
     """FLOPs of a cuBLAS GEMM custom call (``__cublas$gemm``, ``__cublas$lt$matmul``): 2 × the result's
     elements × the contracted size, from the ``dot_dimension_numbers`` of its backend config, as
@@ -274,6 +287,8 @@ class _Counter:
             return Counted(_dot_flops(comp, ins), 0.0, moved)
         if op == "convolution":
             return Counted(_conv_flops(comp, ins), 0.0, moved)
+        if op == "fft":
+            return Counted(_fft_flops(comp, ins), 0.0, moved)
         if op in ("reduce", "all-reduce", "reduce-scatter"):
             ins_in = sum(_elements(_operand_shape(comp, o)) for o in ins.operands[: max(1, len(ins.operands) // 2)])
             out = _elements(ins.shape)

@@ -55,6 +55,7 @@ from stagetool.facts import StagedFunction
 if TYPE_CHECKING:  # imported where used: only --chip and the peak buffers need them
     from stagetool.analysis.peak import PeakReport
     from stagetool.analysis.timeline import TimelinePeak, TimelinePoint
+    from stagetool.analysis.replicated import ReplicatedWork
     from stagetool.analysis.uncounted import UncountedWork
     from stagetool.analysis.roofline import RooflineEstimate
     from stagetool.analysis.step_time import StepTimeEstimate
@@ -94,6 +95,9 @@ class CostSection:
         are a lower bound and the roofline leaves that work out.
       flops_lower_bound: True when XLA's per-device FLOPs and bytes leave out work it cannot count
         (some :attr:`uncounted` row is not counted): the figures are then a lower bound.
+      replicated: instructions every device of some mesh axes computes whole from data split over them
+        (:mod:`stagetool.analysis.replicated`: "computed whole on each of N devices"), heaviest first;
+        () without a mesh, on a multi-slice job, or when none is above the threshold.
     """
 
     per_device: CostRecord
@@ -107,6 +111,7 @@ class CostSection:
     step_time_reason: str | None = None
     uncounted: tuple[UncountedWork, ...] = ()
     flops_lower_bound: bool = False
+    replicated: tuple[ReplicatedWork, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +183,7 @@ class MemorySection:
 
 def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = None,
                  dtype: str = "bf16", *, cpu: bool = False, interconnect: Interconnect | None = None,
-                 step_chip: Chip | None = None) -> CostSection:
+                 step_chip: Chip | None = None, mesh: MeshAxes | None = None) -> CostSection:
     """Build :class:`CostSection` from a staged function's facts (never raises on missing data).
 
     Whole program: ``Lowered.cost_analysis()``; per device: ``Compiled.cost_analysis()``, both as
@@ -187,7 +192,9 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
     random-number loops (:func:`stagetool.analysis.cpu_artefacts.rng_loops`) are kept out of the
     loop-aware estimate (counted once) and shown apart (``loop_aware.apart``). With ``interconnect``
     and a chip (``step_chip``, else ``chip``), the step-time estimate
-    (:func:`stagetool.analysis.step_time.step_time`) is added.
+    (:func:`stagetool.analysis.step_time.step_time`) is added. With ``mesh`` (the user's mesh; not on a
+    multi-slice job), the work computed whole on every device of some mesh axes is listed
+    (:func:`stagetool.analysis.replicated.replicated_work`).
     """
     text = facts.stablehlo_text
     whole = whole_program_cost(facts.whole_program_cost, program_text=text)
@@ -252,7 +259,19 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
                             flops_suspect=flops_suspect, bytes_suspect=bytes_suspect)
     step, step_reason = _step_time(facts, per_device, step_chip or chip, interconnect, dict(loops))
     return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware, notes,
-                       step, step_reason, uncounted, any(not u.counted for u in uncounted))
+                       step, step_reason, uncounted, any(not u.counted for u in uncounted),
+                       _replicated(module, mesh, interconnect, per_device))
+
+
+def _replicated(module: HloModule | None, mesh: MeshAxes | None, net: Interconnect | None,
+                per_device: CostRecord) -> tuple[ReplicatedWork, ...]:
+    """The work computed whole on every device of some mesh axes, or () where it cannot be told."""
+    if module is None or mesh is None or (net is not None and net.slices > 1):
+        return ()
+    from stagetool.analysis.replicated import replicated_work
+
+    return replicated_work(module, mesh, find_collectives(module, mesh),
+                           total_flops=per_device.flops if per_device.flops and per_device.flops > 0 else None)
 
 
 def _step_time(facts: StagedFunction, per_device: CostRecord, chip: Chip | None, net: Interconnect | None,

@@ -115,6 +115,7 @@ def cost_notes(c: CostSection) -> list[tuple[str, str]]:
     for note in c.scope_notes:
         out.append(("warn", note))
     out += uncounted_notes(c)
+    out += replicated_notes(c)
     counts = list(c.loop_trip_counts)
     for _, trip, _ in (c.loop_aware.apart if c.loop_aware else ()):  # XLA:CPU's rng loops: a note of their own
         if trip in counts:
@@ -138,6 +139,21 @@ def cost_notes(c: CostSection) -> list[tuple[str, str]]:
                                 f"{r.bound}-bound (compute {format_seconds(r.compute_seconds)}, memory "
                                 f"{format_seconds(r.memory_seconds)}); a lower bound from peak FLOP/s and HBM "
                                 "bandwidth, not a prediction"))
+    return out
+
+
+def replicated_notes(c: CostSection) -> list[tuple[str, str]]:
+    """One ``warn`` per instruction computed whole on every device of some mesh axes, with its line,
+    its FLOPs per device and what made its input whole."""
+    out = []
+    for r in c.replicated:
+        where = f" at {short_path(r.source)}" if r.source else ""
+        made = (f"; its input was made whole by {r.made_whole_by}"
+                + (f" at {short_path(r.made_whole_source)}" if r.made_whole_source else "")) if r.made_whole_by else ""
+        out.append(("warn", f"computed whole on each of {r.devices} devices (mesh axis{'es' if len(r.axes) != 1 else ''} "
+                            f"{', '.join(r.axes)}): {r.opcode} {r.instruction}{where}, {format_count(r.flops, 'FLOP')} "
+                            f"per device ({format_percent(r.share)} of the device's), the same on every device although "
+                            f"its data was split over {', '.join(r.axes)}{made}"))
     return out
 
 
