@@ -865,7 +865,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
         if Section.COLLECTIVES in wanted:
             fields["collectives"] = section
         if Section.WHY in wanted and plan.why is not None:
-            from stagetool.analysis.causes import answer_why
+            from stagetool.analysis.why import answer_why
 
             fields["why"] = answer_why(plan.why, leaves[0], leaves[1], section)
     notes = [f"warning while staging: {w}" for w in facts.warnings]

@@ -26,20 +26,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import re
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stagetool.core.location import no_column as _no_column
+from stagetool.core.location import source_name as _short
+
 if TYPE_CHECKING:
     from stagetool.analysis.collectives import Collective
     from stagetool.analysis.shardings import LeafReport
     from stagetool.facts import Operand, Propagation, PropagatedOp, ValueSharding
 
-__all__ = ["AxisOrigin", "CollectiveCause", "ConstraintFact", "ShardingOrigins", "TensorAt", "WhyAnswer", "WhyQuery",
-           "answer_why", "cause_of", "sharding_origins", "unfaithful_reason", "why_query"]
+__all__ = ["AxisOrigin", "CollectiveCause", "ConstraintFact", "ShardingOrigins", "TensorAt", "WhyQuery",
+           "cause_of", "sharding_origins", "unfaithful_reason", "why_query"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,27 +405,6 @@ def _is_library(file: str) -> bool:
     return is_library_file(file)
 
 
-def _no_column(source: str | None) -> str | None:
-    """``spec.yaml:14:9`` → ``spec.yaml:14``."""
-    if source and re.search(r":\d+:\d+$", source):
-        return source.rsplit(":", 1)[0]
-    return source
-
-
-#: ``why --leaf``: where an input's declared sharding comes from, by its ``sharding_source`` (the words
-#: the shardings table notes: ``from rule``, ``from init``, ``from the object``, ``sharding unknown``).
-_DECLARED_BY = {"rule": "a rule", "spec": "the spec", "model": "the model's annotation", "init": "from the init",
-                "object": "from the object", "target": "the target's in_shardings",
-                "unknown": "nothing gives one: replicated", "compiler": "auto: the partitioner chooses"}
-
-
-def _short(source: str | None) -> str | None:
-    """``/abs/path/model.py:6`` → ``model.py:6`` (the file name and what follows)."""
-    if not source:
-        return source
-    return Path(source).name
-
-
 _VIEWS = frozenset({"stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert", "stablehlo.dynamic_slice",
                     "stablehlo.slice", "stablehlo.broadcast_in_dim", "stablehlo.copy", "sdy.data_flow_edge",
                     "sdy.sharding_constraint", "sdy.reshard", "stablehlo.optimization_barrier"})
@@ -785,152 +766,3 @@ def why_query(leaf: str | None = None, line: str | None = None, collective: int 
         raise UsageError(f"--collective {collective}: collectives are numbered from 1, as 'stagetool collectives' "
                          "lists them under 'why each collective is there'")
     return WhyQuery("collective", str(collective), number=collective)
-
-
-@dataclasses.dataclass(frozen=True)
-class WhyAnswer:
-    """``stagetool why``'s answer for one function.
-
-    Attributes:
-      question: ``leaf params/layers/wo``, ``line model.py:8``, ``collective 2``.
-      found: what the question names, one line each (a leaf with its declared and compiled sharding;
-        a constraint at the line; the collective).
-      origins: where the sharding of what it names came from (for a collective: its operands' origins).
-      reason: for a collective, why it is there (its cause's reason), else None.
-      collectives: the collectives it leads to or belongs to, as ``(number, "kind over axes at line",
-        reason)``.
-      outputs: output leaves whose compiled sharding follows it.
-      unavailable: why there is no answer (the explanation is unavailable for this function, or the
-        question names nothing in it), else None.
-      names_nothing: the question names nothing in this function (no such collective, leaf or
-        line): with ``unavailable`` saying so, and ``close`` the nearest names it has.
-      close: for ``names_nothing``, up to three of the function's own collective numbers, leaf
-        paths or ``file:line`` places nearest to the question.
-    """
-
-    question: str
-    found: tuple[str, ...] = ()
-    origins: tuple[AxisOrigin, ...] = ()
-    reason: str | None = None
-    collectives: tuple[tuple[int, str, str], ...] = ()
-    outputs: tuple[str, ...] = ()
-    unavailable: str | None = None
-    names_nothing: bool = False
-    close: tuple[str, ...] = ()
-
-
-def _same_file(where: str, wanted: str) -> bool:
-    """Whether a report's file (``model.py``, ``src/model.py``, an absolute path) is the file a
-    ``--line`` names: by name when the question gives a bare name, else by its whole path (an
-    absolute question) or the end of it (``src/model.py``)."""
-    if "/" not in wanted:
-        return Path(where).name == wanted
-    a, b = Path(os.path.normpath(where)), Path(os.path.normpath(wanted))
-    if b.is_absolute():
-        return (a if a.is_absolute() else Path.cwd() / a) == b
-    return len(a.parts) >= len(b.parts) and a.parts[-len(b.parts):] == b.parts
-
-
-def _close(wanted: str, names: Sequence[str]) -> tuple[str, ...]:
-    import difflib
-
-    unique = list(dict.fromkeys(names))
-    return tuple(difflib.get_close_matches(wanted, unique, n=3, cutoff=0.4) or unique[:3])
-
-
-def _collective_line(i: int, item) -> tuple[int, str, str]:
-    c = item.collective
-    axes = " × ".join(c.mesh_axes) if c.mesh_axes else "no mesh axis" if c.mesh_axes is None else "one device"
-    at = f" at {_short(item.source)}" if item.source else ""
-    return (i, f"{c.kind} over {axes}{at}", item.cause.reason if item.cause else "")
-
-
-def answer_why(query: WhyQuery, inputs: Sequence[LeafReport], outputs: Sequence[LeafReport], section) -> WhyAnswer:
-    """Answer ``stagetool why`` from one function's leaves and collectives section (its items' causes
-    and :class:`ShardingOrigins`); pure, no JAX.
-
-    * a leaf: its declared sharding and where it came from (the spec line, rule or model annotation),
-      its compiled sharding (for an ``auto`` leaf, what the partitioner followed), and downstream: the
-      collectives whose causes name it and the outputs whose sharding follows it;
-    * a line: the sharding constraints written there (and what they cause), and the collectives that
-      belong to ops of that line;
-    * a collective (by number): its op, line, reason and the origins of its operands' shardings.
-    """
-    question = f"{query.kind} {query.text}"
-    if section is None:
-        return WhyAnswer(question, unavailable="no collectives section")
-    if section.causes_unavailable:
-        return WhyAnswer(question, unavailable=section.causes_unavailable)
-    items = list(section.items)
-    origins = section.origins
-    numbered = list(enumerate(items, start=1))
-    if query.kind == "collective":
-        if query.number > len(items):
-            return WhyAnswer(question, unavailable=f"the program has {len(items)} collective(s); there is no "
-                                                   f"collective {query.number}", names_nothing=True,
-                             close=tuple(str(n) for n in range(1, len(items) + 1))[-3:])
-        item = items[query.number - 1]
-        cause = item.cause
-        found = [_collective_line(query.number, item)[1]]
-        if cause is None:
-            return WhyAnswer(question, tuple(found), unavailable="its metadata names no op of the program")
-        found.append(f"op {cause.op} at {_short(cause.line)}" if cause.line else f"op {cause.op}")
-        found += [f"operand {t.name}: {t.sharding}" for t in cause.operands]
-        if cause.result is not None:
-            found.append(f"result: {cause.result.sharding}")
-        seen, all_origins = set(), []
-        for t in (*cause.operands, *((cause.result,) if cause.result else ())):
-            for o in t.origins:
-                if (o.key, o.label) not in seen:
-                    seen.add((o.key, o.label))
-                    all_origins.append(o)
-        return WhyAnswer(question, tuple(found), tuple(all_origins), cause.reason)
-    if query.kind == "leaf":
-        chosen = [(i, x) for i, x in enumerate(inputs) if query.leaf.names(x.path)]
-        outs = [(i, x) for i, x in enumerate(outputs) if query.leaf.names(x.path)]
-        if not chosen and not outs:
-            return WhyAnswer(question, unavailable=f"no input or output leaf is named {query.text!r}", names_nothing=True,
-                             close=_close(query.text, [x.path for x in (*inputs, *outputs)]))
-        found, leaf_origins, labels = [], [], set()
-        for i, x in chosen:
-            how = _DECLARED_BY.get(x.sharding_source or "", "not given: replicated")
-            where = f" at {_short(_no_column(x.source))}" if x.source and x.sharding_source != "compiler" else ""
-            found.append(f"input {x.path}: declared {x.declared} ({how}{where}); compiled "
-                         f"{x.compiled if x.compiled is not None else 'unused (pruned)'}")
-            labels.add(f"input {x.path}")
-            if origins is not None and i < len(origins.inputs) and x.sharding_source == "compiler":
-                leaf_origins += [o for o in origins.inputs[i] if o.label != f"input {x.path}"]
-        for i, x in outs:
-            found.append(f"output {x.path}: compiled {x.compiled}")
-            if origins is not None and i < len(origins.outputs):
-                leaf_origins += list(origins.outputs[i])
-        caused = tuple(_collective_line(n, it) for n, it in numbered
-                       if it.cause is not None and labels & {o.label for o in it.cause.origins})
-        follow = tuple(outputs[i].path for i in range(len(outputs))
-                       if origins is not None and i < len(origins.outputs)
-                       and labels & {o.label for o in origins.outputs[i]})
-        return WhyAnswer(question, tuple(found), tuple(leaf_origins), None, caused, follow)
-    # a source line
-    here = lambda line: line is not None and ":" in line and _same_file(line.rsplit(":", 1)[0], query.file) \
-        and line.rsplit(":", 1)[1] == str(query.line)  # noqa: E731
-    found, labels = [], set()
-    for c in (origins.constraints if origins is not None else ()):
-        if here(c.line):
-            text = f"sharding constraint {c.sharding} at {_short(c.line)}"
-            if text not in found:
-                found.append(text)
-            labels.add(f"constraint {_short(c.line)}")
-    belong = [(n, it) for n, it in numbered
-              if here(it.source) or (it.cause is not None and here(it.cause.line))]
-    caused = [(n, it) for n, it in numbered if it.cause is not None and labels & {o.label for o in it.cause.origins}]
-    listed = {n for n, _ in belong}
-    rows = tuple(_collective_line(n, it) for n, it in belong + [x for x in caused if x[0] not in listed])
-    follow = tuple(outputs[i].path for i in range(len(outputs))
-                   if origins is not None and i < len(origins.outputs) and labels & {o.label for o in origins.outputs[i]})
-    if not found and not rows:
-        places = [c.line for c in (origins.constraints if origins is not None else ()) if c.line]
-        places += [p for _, it in numbered for p in (it.source, it.cause.line if it.cause else None) if p]
-        return WhyAnswer(question, unavailable=f"nothing at {query.file}:{query.line}: no sharding constraint is "
-                                               "written there and no collective belongs to it", names_nothing=True,
-                         close=_close(f"{query.file}:{query.line}", [_short(p) for p in places]))
-    return WhyAnswer(question, tuple(found), (), None, rows, follow)

@@ -16,7 +16,7 @@ import json
 import math
 from typing import Any
 
-from stagetool.analysis.causes import WhyAnswer
+from stagetool.analysis.why import WhyAnswer
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.analysis.shardings import LeafReport
 from stagetool.core.sharding import Sharding
@@ -81,7 +81,7 @@ class FunctionReport:
       cost: cost analysis (per device and whole program), see ``stagetool.analysis.cost``.
       memory: memory analysis (per device), see ``stagetool.analysis.memory``.
       collectives: collectives, see ``stagetool.analysis.collectives``.
-      why: ``stagetool why``'s answer (:class:`stagetool.analysis.causes.WhyAnswer`), or None.
+      why: ``stagetool why``'s answer (:class:`stagetool.analysis.why.WhyAnswer`), or None.
       notes: short remarks for the reader (e.g. what was simulated).
       error: why the function could not be staged (JAX's message and the user's frame), or None;
         when set, every section is None and the command exits 3 after reporting the others.
@@ -192,12 +192,13 @@ class Report:
         one of ``leaf`` (a key path as the shardings list it, its last part, or a regular
         expression), ``line`` (``file.py:LINE``) or ``collective`` (its number, 1-based).
 
-        Returns the :class:`~stagetool.analysis.causes.WhyAnswer`, displayed alone.
+        Returns the :class:`~stagetool.analysis.why.WhyAnswer`, displayed alone.
 
         Raises:
           UsageError: none or several questions given, or a bad pattern.
         """
-        from stagetool.analysis.causes import answer_why, why_query
+        from stagetool.analysis.causes import why_query
+        from stagetool.analysis.why import answer_why
         from stagetool.report.display import Shown, only
 
         f = self._function_with(("inputs", "outputs", "collectives"))

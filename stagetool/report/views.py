@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from stagetool.analysis.causes import WhyAnswer
+from stagetool.analysis.why import WhyAnswer
 from stagetool.analysis.memory import MemoryRecord
 from stagetool.analysis.peak import PeakReport
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
