@@ -13,7 +13,9 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -365,5 +367,140 @@ def test_fuzz_facts_cache_entries(tmp_path, monkeypatch):
         assert got is None or isinstance(got, cache_module.CachedFacts)
         if not signed:
             assert got is None  # nothing unsigned is ever an answer
+
+    one()
+
+
+# ---- issue 35's families: GPU target configs, rule regexes, topology names, the supervisor's report ----
+
+_BUDGET = int(os.environ.get("STAGETOOL_FUZZ_EXAMPLES", "60"))
+_SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                        HealthCheck.function_scoped_fixture])
+
+
+def test_fuzz_gpu_target_configs(tmp_path):
+    """A ``--gpu-target-config`` with any field set to anything, removed, commented out, doubled or
+    cut short is refused (UsageError, exit 2) or read with every size XLA divides by above 0 and the
+    capacity equal to the field's value; a bad value of such a field is never accepted."""
+    import math
+
+    from stagetool.core.errors import UsageError
+    from stagetool.devices.gpu_target_proto import POSITIVE_FIELDS, read_target_config_file
+    from stagetool.devices.gpu_topology import gpu_model, target_config_text
+
+    base = target_config_text(gpu_model("h100"))
+    values = st.sampled_from(["0", "-1", "nan", "inf", "-inf", "1e400", "9223372036854775808", "0x10", "'7'", "true",
+                              "1", "4096", "2.5", "-0"])
+
+    @settings(max_examples=_BUDGET * 3, **_SETTINGS)
+    @given(field=st.sampled_from(POSITIVE_FIELDS), kind=st.sampled_from(["set", "drop", "comment", "twice", "cut"]),
+           value=values, cut=st.floats(0, 1), junk=st.text(max_size=8))
+    def one(field, kind, value, cut, junk):
+        line = re.search(rf"(?m)^  {field}: .*$", base)
+        text = {"set": base[:line.start()] + f"  {field}: {value}" + base[line.end():],
+                "drop": base[:line.start()] + base[line.end() + 1:],
+                "comment": base[:line.start()] + f"  # {field}: 999999999" + base[line.end():],
+                "twice": base[:line.end()] + f"\n  {field}: 5" + base[line.end():],
+                "cut": base[:int(len(base) * cut)] + junk}[kind]
+        p = tmp_path / "c.txtpb"
+        p.write_text(text, encoding="utf-8", errors="surrogatepass")
+        try:
+            cfg = read_target_config_file(p)
+        except UsageError as e:
+            assert e.exit_code == 2
+            return
+        bad = kind in ("drop", "comment", "twice") or (
+            kind == "set" and not (0 < float(value.strip("'").replace("true", "nan").replace("0x10", "16"))
+                                   and math.isfinite(float(value.strip("'").replace("true", "nan").replace("0x10", "16")))))
+        assert not bad, (kind, field, value)
+        assert cfg.memory_bytes > 0
+
+    one()
+
+
+_RX_ATOMS = [".", "a", "w", "\\w", "\\d", "[a-z]", "[^/]", "/", "(?:wq|wk)", "(a|a)", "(a|ab)", "x?", "(ab)"]
+_RX_QUANTS = ["", "", "*", "+", "?", "{2}", "{20}", "{1,}", "*?", "{0,3}"]
+
+
+@st.composite
+def _regex(draw, depth=0):
+    parts = []
+    for _ in range(draw(st.integers(1, 3))):
+        if depth < 3 and draw(st.integers(0, 2)) == 0:
+            parts.append("(" + draw(_regex(depth + 1)) + ")" + draw(st.sampled_from(_RX_QUANTS)))
+        else:
+            parts.append(draw(st.sampled_from(_RX_ATOMS)) + draw(st.sampled_from(_RX_QUANTS)))
+    return "".join(parts)
+
+
+def test_fuzz_rule_regexes_are_refused_or_match_in_bounded_time():
+    """A rule pattern is refused before use (core.patterns.backtracking_risk) or matches adversarial
+    leaf names quickly: the accepted ones are all matched in one child process that must end in 60 s."""
+    from stagetool.core.patterns import backtracking_risk
+
+    accepted: list[str] = []
+
+    @settings(max_examples=_BUDGET * 4, **_SETTINGS)
+    @given(pattern=_regex(), anchor=st.sampled_from(["", "$"]))
+    def one(pattern, anchor):
+        if backtracking_risk(pattern + anchor) is None:
+            accepted.append(pattern + anchor)
+
+    one()
+    accepted += ["(a|b)*c", "(wq|wk)+", ".*/(wq|wk|wv)$"]
+    assert all(backtracking_risk(p) for p in ["(.*a){20}$", "(\\w+)*$", "(a|a)*$", "((a|a)b)*$", "((a|a)?){20}$"])
+    script = ("import json, re, sys\n"
+              "for p in json.load(sys.stdin):\n"
+              "    print(p, flush=True)\n"
+              "    try:\n"
+              "        c = re.compile(p)\n"
+              "    except re.error:\n"
+              "        continue  # refused as a bad regular expression\n"
+              "    for s in ['a' * 30 + '!', 'w' * 40 + 'b', 'p/' + 'a/' * 20 + '!', 'ab' * 20 + 'c', '/' * 40 + 'x']:\n"
+              "        c.search(s)\n")
+    proc = subprocess.run([sys.executable, "-c", script], input=json.dumps(accepted), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_fuzz_topology_names():
+    """Any topology name is a device count from ASCII digits (at most 65,536 devices) or one UsageError."""
+    from stagetool.core.errors import UsageError
+    from stagetool.devices.compile_only import topology_device_count
+
+    digits = st.text(st.sampled_from("0123456789\uff10\uff18\u0668\u00b2\u2460 "), min_size=0, max_size=12) | st.just("9" * 5000)
+
+    @settings(max_examples=_BUDGET * 3, **_SETTINGS)
+    @given(kind=st.sampled_from(["v5e", "v4", "h100", "gpu", "a100-80gb", "", "v5e\u200b"]), a=digits, b=digits,
+           form=st.sampled_from(["{k}:{a}", "{k}:{a}x{b}", "{k}={a}x{b}", "{a}", ""]))
+    def one(kind, a, b, form):
+        name = form.format(k=kind, a=a, b=b)
+        try:
+            count = topology_device_count(name)
+        except UsageError:
+            return
+        assert name.strip() and 1 <= count <= 2**16 and all(c.isascii() for c in name if c.isdigit()), name
+
+    one()
+
+
+def test_fuzz_supervisor_reports():
+    """The supervisor's verdict on anything written to its report pipe: the reported code only for one
+    line '<this run's nonce> <code>' with an agreeing exit status; never 0 otherwise."""
+    from stagetool.process.supervise import verdict
+
+    nonce = "5e" * 16
+
+    @settings(max_examples=_BUDGET * 5, **_SETTINGS)
+    @given(said=st.binary(max_size=80) | st.builds(lambda c, tail: f"{nonce} {c}{tail}".encode(),
+                                                   st.sampled_from(["0", "1", "00", "\uff10", "-0", "256", "3"]),
+                                                   st.sampled_from(["\n", "", "\n0\n", f"\n{nonce} 0\n"])),
+           status=st.sampled_from([0, 1 << 8, 3 << 8, 9, 15]))
+    def one(said, status):
+        got = verdict(status, said, nonce)  # its one line goes to fd 2, which pytest captures
+        honest = said in (f"{nonce} {c}{end}".encode() for c in ("0", "1", "3") for end in ("\n", "")) \
+            and status == int(said.split()[1]) << 8
+        assert got == (int(said.split()[1]) if honest else got) and (got != 0 or honest), (said, status, got)
 
     one()

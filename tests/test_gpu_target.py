@@ -479,3 +479,17 @@ def test_a_device_description_is_escaped_in_every_format(tmp_path, run_cli):
                 assert "[red]x[/red]" in r.stdout  # shown as written, not read as Rich markup
             else:
                 assert "<script>" not in r.stdout and "<img" not in r.stdout, (command, fmt)
+
+
+def test_a_sweep_reads_the_gpu_target_config_before_any_configuration_runs(tmp_path, run_cli, monkeypatch):
+    """threads_per_warp: 0 ended each configuration with SIGFPE inside XLA (error rows, exit 3); the
+    sweep now reads the file first, as the other commands do (exit 2, no row)."""
+    (tmp_path / "m.py").write_text("def g(x, mode):\n    return x * 2\n")
+    (tmp_path / "s.yaml").write_text("functions:\n  g:\n    target: m.py:g\n    args: ['f32[8]']\n"
+                                     "    static: {mode: ${mode}}\n")
+    cfg = tmp_path / "warp0.txtpb"
+    cfg.write_text(H100.replace("threads_per_warp: 32", "threads_per_warp: 0"))
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("sweep", "m.py:g", "--spec", "s.yaml", "--set", "mode=a,b", "--topology", "gpu:2",
+                "--gpu-target-config", cfg, "--output-dir", "rows", check=2)
+    assert "threads_per_warp: 0 is not above 0" in r.stderr and not (tmp_path / "rows").exists()
