@@ -530,7 +530,7 @@ def cli_cases(work: Path, plugin: bool) -> list[CliCase]:
             CliCase("gpu config /dev/zero", ("memory", "--topology", "gpu:2", "--mesh", "data=2", "--spec", "two.yaml",
                                             "--gpu-target-config", "/dev/zero"), (2,), limit_s=60),
             CliCase("gpu config comment capacity", ("memory", "--topology", "gpu:2", "--mesh", "data=2", "--spec",
-                                                   "two.yaml", "--gpu-target-config", "tiny.txtpb", "--fail-if-over"),
+                                                   "wide.yaml", "--gpu-target-config", "tiny.txtpb", "--fail-if-over"),
                     (1,), limit_s=150),
             CliCase("gpu config threads_per_warp 0", ("shardings", "--topology", "gpu:2", "--mesh", "data=2", "--spec",
                                                      "two.yaml", "--gpu-target-config", "warp0.txtpb"), (2,)),
@@ -550,6 +550,7 @@ def setup_cli(work: Path) -> None:
     (work / "m.stagetool.yaml").write_text("functions:\n  f: {target: m.py:f, args: ['f32[8]']}\n")
     (work / "big.yaml").write_text("functions:\n  f: {target: m.py:f, args: ['f32[16]']}\n")
     (work / "two.yaml").write_text("mesh: {axes: {data: 2}}\nfunctions:\n  f: {target: m.py:f, args: ['f32[8] @ [data]']}\n")
+    (work / "wide.yaml").write_text("mesh: {axes: {data: 2}}\nfunctions:\n  f: {target: m.py:f, args: ['f32[4096] @ [data]']}\n")
     (work / "rx.yaml").write_text("functions:\n  f:\n    target: m.py:f\n    args: [{init: m.py:f, init_args: [1], "
                                   "rules: [['(.*a){20}$', replicated]]}]\n")
     (work / "boom.yaml").write_text("functions:\n  f: {target: m.py:boom, args: ['f32[8]']}\n")
@@ -561,7 +562,6 @@ def setup_cli(work: Path) -> None:
     (work / "warp0.txtpb").write_text(h100.replace("threads_per_warp: 32", "threads_per_warp: 0"))
     (work / "nomem.txtpb").write_text(h100.replace("  device_memory_size: 85899345920\n", ""))
     (work / "xss.txtpb").write_text(h100.replace('"NVIDIA H100 80GB HBM3"', '"<script>alert(1)</script>"'))
-    os.mkfifo(work / "fifo.txtpb")
     env = _env(work)
     r = subprocess.run([sys.executable, "-m", "stagetool", "snapshot", "-o", "lock.json"], cwd=work, env=env,
                        capture_output=True, text=True, timeout=300)
@@ -580,6 +580,7 @@ def run_cli_case(case: CliCase, base: Path, index: int) -> Outcome:
     work = base / f"run{index}"
     shutil.copytree(base / "proto", work, symlinks=True)
     (work / "tmp").mkdir(exist_ok=True)
+    os.mkfifo(work / "fifo.txtpb")  # (copytree copies no FIFO)
     if case.pre == "fifo-row":
         env = _env(work)
         subprocess.run([sys.executable, "-m", "stagetool", "sweep", "m.py:g", "--spec", "sw.yaml", "--set", "mode=a",
