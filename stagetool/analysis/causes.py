@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from stagetool.analysis.collectives import Collective
     from stagetool.analysis.shardings import LeafReport
     from stagetool.facts import Operand, Propagation, PropagatedOp, ValueSharding
+    from stagetool.hlo.parser import SourceFrame
 
 __all__ = ["AxisOrigin", "CollectiveCause", "ConstraintFact", "ShardingOrigins", "TensorAt", "WhyQuery",
            "cause_of", "sharding_origins", "unfaithful_reason", "why_query"]
@@ -143,14 +144,17 @@ def unfaithful_reason(prop: Propagation, inputs: Sequence[LeafReport], outputs: 
     Shardings are compared as JAX's ``Sharding.is_equivalent_to`` does: a dimension that no mesh axis
     splits is the same whether it is written or not, so trailing unsplit dimensions are dropped on
     both sides (a typed PRNG key ``key<fry>[]`` is a ``u32[2]`` in the lowered module: Shardy's
-    ``P(None)`` there and the compiled ``P()`` of the key are the same sharding). The message names the
-    leaf and both shardings; it does not guess why they differ."""
+    ``P(None)`` there and the compiled ``P()`` of the key are the same sharding), and a mesh axis of
+    size 1 splits nothing, so it is dropped on both sides too (Shardy's propagation leaves it out:
+    the compiled ``P('x', None)`` over ``x=1`` is its ``P(None, None)``). The message names the leaf
+    and both shardings; it does not guess why they differ."""
+    unit = frozenset(name for name, size in prop.mesh_axes if size == 1)
     used = sorted((x for x in inputs if x.parameter is not None), key=lambda x: x.parameter)
     if len(used) != len(prop.inputs):
         return (f"the lowered module has {len(prop.inputs)} arguments but the compiled program {len(used)}; "
                 "the explanation is unavailable for this function")
     for leaf in used:
-        differs = _differs("input", leaf, prop.inputs[leaf.parameter])
+        differs = _differs("input", leaf, prop.inputs[leaf.parameter], unit)
         if differs:
             return differs
     if len(outputs) < len(prop.outputs) and not any(x.ref_write_back for x in outputs):
@@ -163,15 +167,17 @@ def unfaithful_reason(prop: Propagation, inputs: Sequence[LeafReport], outputs: 
         return (f"the lowered module has {len(prop.outputs)} results but the report {len(outputs)} output leaves; "
                 "the explanation is unavailable for this function")
     for leaf, got_s in zip(outputs, prop.outputs):
-        differs = _differs("output", leaf, got_s)
+        differs = _differs("output", leaf, got_s, unit)
         if differs:
             return differs
     return None
 
 
-def _differs(which: str, leaf: LeafReport, got_s: ValueSharding | None) -> str | None:
-    """None when the propagation's final sharding of one entry argument or result is the compiled one,
-    else the sentence saying what differs."""
+def _differs(which: str, leaf: LeafReport, got_s: ValueSharding | None,
+             unit: frozenset[str] = frozenset()) -> str | None:
+    """None when the propagation's final sharding of one entry argument or result is the compiled one
+    (``unit``: the mesh axes of size 1, which split nothing and are ignored), else the sentence saying
+    what differs."""
     got = _dims(got_s, len(leaf.shape))
     if leaf.compiled is None or leaf.compiled.kind != "spec":
         return (f"the compiled program's sharding of {which} {leaf.path} is "
@@ -179,7 +185,7 @@ def _differs(which: str, leaf: LeafReport, got_s: ValueSharding | None) -> str |
                 f"over the mesh, so it cannot be matched with Shardy's propagation rerun here ({_fmt(got)}): "
                 "the explanation is unavailable for this function")
     want = _compiled_dims(leaf.compiled, len(leaf.shape))
-    if _trim(got) == _trim(want):
+    if _trim(_without(got, unit)) == _trim(_without(want, unit)):
         return None
     return (f"Shardy's propagation rerun here gives {which} {leaf.path} {_fmt(got)}, the compiled program "
             f"{leaf.compiled}: the rerun is not the propagation the compile used, so the explanation is "
@@ -193,6 +199,11 @@ def _trim(dims: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], ...]:
     while out and not out[-1]:
         out.pop()
     return tuple(out)
+
+
+def _without(dims: tuple[tuple[str, ...], ...], unit: frozenset[str]) -> tuple[tuple[str, ...], ...]:
+    """``dims`` with the mesh axes in ``unit`` (those of size 1) left out of every dimension."""
+    return tuple(tuple(a for a in d if a not in unit) for d in dims)
 
 
 def _dims(s: ValueSharding | None, rank: int) -> tuple[tuple[str, ...], ...]:
@@ -241,7 +252,10 @@ def _op_tail(op_name: str | None) -> str | None:
 
 def candidates(c: Collective, prop: Propagation) -> list[PropagatedOp]:
     """The propagated ops a collective's metadata names: the same innermost source line (file and line)
-    and the same op name ending; by line alone when no op name matches."""
+    and the same op name ending; by line alone when no op name matches. Of those, the ops whose
+    callers are the collective's too (its ``source_chain``, as far as both go) when any are: a helper
+    that every layer calls (``einsum`` at ``model.py:263``, called from the attention's line and the
+    MLP's) holds one op per call on the same innermost line."""
     if c.source is None:
         return []
     # by file name and line: a compile answered from the facts cache may carry another folder's path
@@ -251,7 +265,24 @@ def candidates(c: Collective, prop: Propagation) -> list[PropagatedOp]:
     same_line = [op for op in prop.ops if op.frames and op.frames[0].line == line
                  and Path(op.frames[0].file).name == file and op.name != "func.return"]
     named = [op for op in same_line if _op_tail(op.op_name) in tails]
-    return named or same_line
+    found = named or same_line
+    chain = _places(c.source_chain)
+    if len(chain) > 1:
+        called = [op for op in found if _same_callers(_places(op.frames), chain)]
+        if called:
+            return called
+    return found
+
+
+def _places(frames: Sequence[SourceFrame]) -> tuple[tuple[str, int], ...]:
+    """``(file name, line)`` of each frame, innermost first."""
+    return tuple((Path(f.file).name, f.line) for f in frames)
+
+
+def _same_callers(op: tuple[tuple[str, int], ...], chain: tuple[tuple[str, int], ...]) -> bool:
+    """Whether an op's frames and a collective's chain agree as far as both go (beyond the innermost)."""
+    n = min(len(op), len(chain))
+    return n > 1 and op[:n] == chain[:n]
 
 
 # ---- the reason

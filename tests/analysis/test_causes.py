@@ -298,7 +298,7 @@ def test_the_reason_says_the_collectives_kind_and_every_axis():
     outputs = [leaf("out", (16, 64), (None, None), None)]
 
     def collective(kind, axes, op_name):
-        return SimpleNamespace(kind=kind, mesh_axes=axes, source=at[0], op_name=op_name)
+        return SimpleNamespace(kind=kind, mesh_axes=axes, source=at[0], source_chain=at, op_name=op_name)
 
     gathered = cause_of(collective("all-gather", ("model",), "jit(f)/gather"), prop, inputs, outputs)
     assert gathered.reason == ("reduction over a dimension of 1024 split over `model`: table is sharded on it → "
@@ -509,3 +509,67 @@ def test_a_collective_written_in_shard_map_is_the_programs_own(tmp_path, monkeyp
     assert item["cause"]["op"] == "all_reduce" and item["cause"]["line"].endswith("sm.py:7")
     assert item["cause"]["reason"] == ("written in the program: all_reduce at sm.py:7, inside a manual computation "
                                        "(shard_map); the partitioner did not choose it")
+
+
+HELPER = """\
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+
+def mm(a, b):
+    return jnp.matmul(a, b, out_sharding=P("data", None))
+
+
+def two(x, w1, w2):
+    h = jnp.tanh(mm(x, w1))
+    return mm(h, w2)
+"""
+
+
+@pytest.mark.jax_version("<0.12", reason=JAXLIB_0_12_METADATA)
+def test_a_helper_called_twice_gives_each_collective_its_own_call(tmp_path, monkeypatch, run_cli):
+    """Both dots are on the helper's line (``t.py:6``), called from lines 10 and 11 (as the llama3
+    of jax-llm-examples calls its ``einsum`` helper from attention and MLP); each contracts a
+    dimension split over `model` (w1's 32 rows, then w2's 64) → an all-reduce each, as JAX compiles
+    it (explicit axes). Worked by hand: the first from w1's spec line, over a dimension of 32; the
+    second from w2's, over 64 — the call chain (``t.py:6 ← t.py:11``) tells the two ops apart, not
+    the innermost line."""
+    write(tmp_path, "t.py", HELPER)
+    write(tmp_path, "t.stagetool.yaml", "version: 1\nmesh:\n  axes: {data: 2, model: 4}\n  axis_types: explicit\n"
+                                         "functions:\n  two:\n    target: t.py:two\n    args:\n"
+                                         "      - 'f32[16,32] @ [data, null]'\n      - 'f32[32,64] @ [model, null]'\n"
+                                         "      - 'f32[64,48] @ [model, null]'\n")
+    monkeypatch.chdir(tmp_path)
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+
+    def mm(a, b):
+        return jnp.matmul(a, b, out_sharding=P("data", None))
+
+    with jax.sharding.set_mesh(mesh):
+        assert _compiled_kinds(lambda x, w1, w2: mm(jnp.tanh(mm(x, w1)), w2), mesh, ((16, 32), P("data", None)),
+                               ((32, 64), P("model", None)), ((64, 48), P("model", None))) == ["all-reduce"] * 2
+    c = run_cli("collectives", "--format", "json", check=0).json()["functions"][0]["collectives"]
+    assert c["causes_unavailable"] is None
+    got = sorted((x["source"], x["cause"]["reason"].split(":")[0], {o["leaf"] for o in x["cause"]["origins"]} - {None})
+                 for x in c["items"])
+    assert got == [("t.py:6", "contraction over a dimension of 32 split over `model`", {"w1"}),
+                   ("t.py:6", "contraction over a dimension of 64 split over `model`", {"w2"})]
+
+
+def test_a_mesh_axis_of_size_1_splits_nothing():
+    """The compiled ``P('x', None)`` over a mesh whose ``x`` has size 1 is Shardy's ``P(None, None)``
+    (its propagation leaves such an axis out): the same sharding, so the causes stay; over ``x=2``
+    the two differ and the explanation is withheld."""
+    from stagetool.analysis.causes import unfaithful_reason
+    from stagetool.analysis.shardings import LeafReport
+    from stagetool.core.sharding import Sharding
+    from stagetool.facts import Propagation, ValueSharding
+
+    tokens = LeafReport("tokens", (8, 1), "int32", Sharding("spec", ("x", None)), Sharding("spec", ("x", None)),
+                        False, (8, 1), 32, 32, parameter=0)
+    out = LeafReport("out", (8,), "int32", Sharding("spec", (None,)), Sharding("spec", (None,)), False, (8,), 32, 32)
+    got = ((ValueSharding(((), ())),), ("tokens",), (ValueSharding(((),)),), ())
+    assert unfaithful_reason(Propagation(*got, mesh_axes=(("x", 1), ("y", 4))), [tokens], [out]) is None
+    why = unfaithful_reason(Propagation(*got, mesh_axes=(("x", 2), ("y", 4))), [tokens], [out])
+    assert why.startswith("Shardy's propagation rerun here gives input tokens P(None, None), the compiled program "
+                          "P('x', None)")
