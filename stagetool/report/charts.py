@@ -306,6 +306,50 @@ def roofline_chart(r: Any, seconds: Any) -> BarChart | None:
     return bar_chart(rows)
 
 
+# ---------------------------------------------------------------------------------------- step time
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSegment:
+    """One part of a stacked bar: its rectangle, fill hue, label, value text and tooltip."""
+
+    x: float
+    w: float
+    hue: int
+    label: str
+    value: str
+    title: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBar:
+    """One horizontal bar cut into parts (the step time's compute, each link class, latency)."""
+
+    width: float
+    height: float
+    bar_h: float
+    segments: tuple[StepSegment, ...]
+
+
+_PART_HUES = {"compute": 24, "memory bandwidth": 210, "kernel launch": 280, "latency": 0}
+
+
+def step_time_chart(e: Any, seconds: Any, width: float = 640.0) -> StepBar | None:
+    """The step-time estimate's schedule figure as one bar of its parts, in the order the estimate
+    lists them (largest first); link classes get hues of their own."""
+    if e is None or not e.parts or e.schedule_seconds <= 0:
+        return None
+    total = sum(v for _, v in e.parts)
+    x, segs = 0.0, []
+    for i, (name, value) in enumerate(e.parts):
+        w = width * value / total
+        share = f"{value / total * 100:.0f}%"
+        segs.append(StepSegment(x, w, _PART_HUES.get(name, hue(i + 3)), name, seconds(value),
+                            f"{name}: {seconds(value)} ({share} of {seconds(e.schedule_seconds)})"))
+        x += w
+    return StepBar(width, 28.0, 22.0, tuple(segs))
+
+
 # ---------------------------------------------------------------------------------------- memory timeline
 
 

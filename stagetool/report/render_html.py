@@ -214,6 +214,8 @@ def cost_view(c: Any) -> dict[str, Any]:
     header, rows = views.cost_rows(c)
     return {"rows": rows, "caption": views.cost_caption(c), "notes": views.cost_notes(c),
             "roofline": c.roofline, "roofline_chart": charts.roofline_chart(c.roofline, format_seconds),
+            "step": c.step_time, "step_notes": views.step_time_notes(c), "step_rows": views.step_time_rows(c)[1],
+            "step_chart": charts.step_time_chart(c.step_time, format_seconds),
             "loops": c.loop_trip_counts}
 
 

@@ -143,8 +143,15 @@ def _collectives(c) -> list[str]:
 
 def _cost(c) -> list[str]:
     header, rows = views.cost_rows(c)
-    return ["### Cost", ""] + table(header, rows, "lrr") + ["", f"_{escape(views.cost_caption(c))}_", ""] \
+    out = ["### Cost", ""] + table(header, rows, "lrr") + ["", f"_{escape(views.cost_caption(c))}_", ""] \
         + _notes(views.cost_notes(c)) + [""]
+    step = _notes(views.step_time_notes(c))
+    if step:
+        out += ["#### Step time (estimate)", ""] + step + [""]
+    top_header, top_rows = views.step_time_rows(c)
+    if top_rows:
+        out += table(top_header, top_rows, "llrrlll") + [""]
+    return out
 
 
 def _memory(m, platform: str | None = None) -> list[str]:

@@ -310,7 +310,12 @@ def _collectives(c: Any) -> list[RenderableType]:
 
 def _cost(c: Any) -> list[RenderableType]:
     header, rows = views.cost_rows(c)
-    return [_table("cost", header, rows, {1, 2}), Text(views.cost_caption(c), style="dim"), *_notes(views.cost_notes(c))]
+    out = [_table("cost", header, rows, {1, 2}), Text(views.cost_caption(c), style="dim"), *_notes(views.cost_notes(c))]
+    out += _notes(views.step_time_notes(c))
+    top_header, top_rows = views.step_time_rows(c)
+    if top_rows:
+        out.append(_table("longest instructions over the step (estimate)", top_header, top_rows, {2, 3}))
+    return out
 
 
 def _memory(m: Any, platform: str | None = None) -> list[RenderableType]:

@@ -185,6 +185,37 @@ def uncounted_notes(c: CostSection) -> list[tuple[str, str]]:
     return out
 
 
+def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
+    """``(severity, text)`` lines of the step-time estimate (:mod:`stagetool.analysis.step_time`):
+    the range and the schedule's figure, what bounds it and its parts, MFU, XLA's own figure beside,
+    what it assumes; or why there is none."""
+    e = c.step_time
+    if e is None:
+        return [("info", f"step time: n/a: {c.step_time_reason}")] if c.step_time_reason else []
+    mfu = f", MFU {format_percent(e.mfu)}" if e.mfu is not None else ""
+    out = [("info", f"step time on {e.chip} (estimate): {format_seconds(e.schedule_seconds)} as scheduled, range "
+                    f"{format_seconds(e.overlapped_seconds)} (collectives overlapped) – "
+                    f"{format_seconds(e.serial_seconds)} (serial); bound: {e.bound}{mfu}")]
+    if e.parts:
+        out.append(("info", "step time by part (exposed): " + " · ".join(
+            f"{name} {format_seconds(v)}" for name, v in e.parts)))
+    if e.xla_optimal_seconds is not None:
+        out.append(("info", f"XLA's own figure (optimal_seconds, Compiled.cost_analysis()): "
+                            f"{format_seconds(e.xla_optimal_seconds)}"))
+    if e.reason:
+        out.append(("warn", f"step time: {e.reason}"))
+    out.append(("info", "step time assumes: " + "; ".join(e.assumptions)))
+    return out
+
+
+def step_time_rows(c: CostSection, top: int = 8) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)`` of the instructions that take longest over the step (an estimate)."""
+    e = c.step_time
+    rows = [[i.name, i.opcode, format_seconds(i.total_seconds), str(i.executions), i.bound, _source(i.source),
+             _op(i.op_name)] for i in (e.top[:top] if e is not None else ())]
+    return ["instruction", "opcode", "time / step", "runs", "bound", "source", "op"], rows
+
+
 def aliased_label(m: MemorySection) -> str:
     """What the aliased bytes are: ``aliased (donated)``, ``aliased (Ref write-backs)`` for a step
     whose jax.Ref arguments are written in place, or both."""
