@@ -148,3 +148,37 @@ def test_sort_row_equals_xlas_own_count(run_cli, tmp_path):
     assert row["status"] == SORT_RULE and row["flops"] == jax_flops == 1024 * 4096 * 22
     assert row["source"] == f"t.py:{_line(TOPK, '# SORT')}"
     assert cost["per_device"]["flops"] == jax_flops and cost["flops_lower_bound"] is False
+
+
+LOOKUP = """\
+def lookup(emb, ids):
+    return emb[ids]
+"""
+
+
+@pytest.mark.skipif(not _libtpu(), reason="libtpu not installed: pip install -e '.[tpu]'")
+def test_an_embedding_lookup_on_tpu_leaves_nothing_uncounted(run_cli, tmp_path):
+    """XLA:TPU marks a gather's indices with the custom call ``AssumeGatherIndicesInBound`` (``s32[n]``
+    in, the same out: an assumption, no arithmetic), as in every embedding lookup (jax-llm-examples'
+    llama3 at ``model.py:974``): nothing is missing from XLA's count, so the FLOPs are XLA's own figure
+    for the same function, not a lower bound."""
+    import os
+
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    write(tmp_path, "g.py", LOOKUP)
+    spec = write(tmp_path, "g.stagetool.yaml", "version: 1\nmesh: {axes: {data: 1}}\nfunctions:\n  lookup:\n"
+                                               "    target: g.py:lookup\n    args: ['f32[512,256]', 'i32[8,128]']\n")
+    doc = run_cli("cost", "--spec", str(spec), "--topology", "v5e:1x1", "--format", "json", check=0).json()
+    cost = doc["functions"][0]["cost"]
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu's lock file
+    mesh = Mesh(topologies.get_topology_desc(platform="tpu", topology_name="v5e:1x1",
+                                             chips_per_host_bounds=[1, 1, 1]).devices, ("data",))
+    args = [jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(mesh, P())) for s, d in
+            (((512, 256), jnp.float32), ((8, 128), jnp.int32))]
+    compiled = jax.jit(lambda emb, ids: emb[ids]).trace(*args).lower().compile()
+    assert "AssumeGatherIndicesInBound" in compiled.as_text()
+    assert cost["uncounted"] == [] and cost["flops_lower_bound"] is False
+    assert cost["per_device"]["flops"] == compiled.cost_analysis()["flops"]

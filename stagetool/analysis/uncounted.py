@@ -46,6 +46,8 @@ _NO_WORK = frozenset({
     "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "AllocateBuffer", "annotate_device_placement",
     "MoveToHost", "MoveToDevice", "LayoutConstraint", "PadToStatic", "SliceToDynamic", "SetBound",
     "X64Combine", "X64SplitLow", "X64SplitHigh", "Pin", "Unpin", "CreateBuffer", "TopologyAwareBarrier",
+    # XLA:TPU's mark on a gather's indices (every jnp indexing, an embedding lookup): s32[n] in, the same out
+    "AssumeGatherIndicesInBound",
 })
 # custom calls a backend's cost model counts (XLA:GPU's GEMM and convolution calls)
 _COUNTED_PREFIXES = ("__cublas$", "__cudnn$")
