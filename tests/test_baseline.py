@@ -265,24 +265,6 @@ def test_mesh_change_is_a_regression_for_check_only():
     assert cmp.regressions == [] and cmp.functions[0].changes[0].after == "data=4 × model=2"
 
 
-def test_collective_rows_accepts_summary_rows_and_single_collectives():
-    Row = dataclasses.make_dataclass("Row", ["kind", "mesh_axes", "count", "bytes_per_device"])
-    Summary = dataclasses.make_dataclass("Summary", ["by_kind_and_mesh_axes"])
-    summary = Summary((Row("all-reduce", ("data", "model"), 2, 100), Row("all-gather", None, 1, 8)))
-    expected = [{"kind": "all-gather", "axes": "?", "count": 1, "bytes_per_device": 8},
-                {"kind": "all-reduce", "axes": "data,model", "count": 2, "bytes_per_device": 100}]
-    assert snapshot.collective_rows(summary) == expected
-    Wrapper = dataclasses.make_dataclass("Wrapper", ["summary"])
-    assert snapshot.collective_rows(Wrapper(summary)) == expected
-    One = dataclasses.make_dataclass("One", ["kind", "mesh_axes", "bytes_per_device"])
-    singles = [One("all-reduce", ("data", "model"), 60), One("all-reduce", ("data", "model"), 40),
-               One("all-gather", None, 8)]
-    assert snapshot.collective_rows(singles) == expected
-    assert snapshot.collective_rows([{"kind": "all-gather", "axes": "?", "count": 1, "bytes": 8}]) == expected[:1]
-    assert snapshot.collective_rows(None) is None
-    assert snapshot.collective_rows(()) == []
-
-
 def test_dumps_is_deterministic_and_numbers_are_stable():
     assert snapshot._num(2.0) == 2 and isinstance(snapshot._num(2.0), int)
     assert snapshot._num(0.1 + 0.2) == 0.3
@@ -334,7 +316,7 @@ def test_a_memory_timeline_is_kept_checked_and_never_compared(tmp_path):
     other = _snap({"f": {**_entry(), "memory_timeline": {**timeline, "bytes": [10, 90, 20], "peak_bytes": 90}}})
     assert gate_compare.compare(doc, other).functions[0].changes == ()  # a picture, not a gated figure
     (tmp_path / "bad.json").write_text(json.dumps(_snap({"f": {**_entry(), "memory_timeline": {"bytes": "x"}}})))
-    with pytest.raises(BaselineError, match="functions.f.memory_timeline: must be an object with 'bytes'"):
+    with pytest.raises(BaselineError, match="functions.f.memory_timeline.bytes: must be a list of integers, not a string"):
         snapshot.load_snapshot(tmp_path / "bad.json")
 
 
@@ -473,24 +455,27 @@ def test_snapshot_figures_match_jax_and_arithmetic(mlp_copy):
 
 
 def test_function_snapshot_takes_collectives_from_the_report(mlp_copy):
-    """The collectives section is filled from ``FunctionReport.collectives`` (a CollectiveSummary-like
-    object) and a collective that appears is a regression naming kind and axes."""
-    from stagetool.pipeline import Options, analyze
+    """The collectives rows are the report's collectives section by kind × mesh axes (count and bytes
+    per device summed over its items, the user lines of its collectives), and a collective that
+    appears is a regression naming kind and axes."""
+    from stagetool.pipeline import Options, Section, analyze
 
-    report = analyze(Options(spec=mlp_copy / "mlp.stagetool.yaml"), ())
-    Row = dataclasses.make_dataclass("Row", ["kind", "mesh_axes", "count", "bytes_per_device"])
-    Summary = dataclasses.make_dataclass("Summary", ["by_kind_and_mesh_axes"])
-    before_rows = (Row("all-reduce", ("data",), 1, 788484), Row("all-reduce", ("model",), 1, 65536))
-    fr = dataclasses.replace(report.functions[0], collectives=Summary(before_rows))
-    before = snapshot.snapshot_from_report(dataclasses.replace(report, functions=(fr,)))
-    assert before["functions"]["train_step"]["collectives"] == [
-        {"kind": "all-reduce", "axes": "data", "count": 1, "bytes_per_device": 788484},
-        {"kind": "all-reduce", "axes": "model", "count": 1, "bytes_per_device": 65536}]
-    assert before["functions"]["train_step"]["inputs"] is None     # not asked for: None, not []
-    fr2 = dataclasses.replace(fr, collectives=Summary(before_rows + (Row("all-gather", ("model",), 1, 262144),)))
-    after = snapshot.snapshot_from_report(dataclasses.replace(report, functions=(fr2,)))
-    (c,) = gate_compare.compare(before, after).regressions
-    assert (c.what, c.after, c.note) == ("collective all-gather over model", "1× 256 KiB", "new collective")
+    report = analyze(Options(spec=mlp_copy / "mlp.stagetool.yaml"), (Section.COLLECTIVES,))
+    fr = report.functions[0]
+    full = snapshot.snapshot_from_report(report)
+    rows = full["functions"]["train_step"]["collectives"]
+    items = fr.collectives.items
+    assert [(r["kind"], r["axes"], r["count"], r["bytes_per_device"]) for r in rows] == [
+        ("all-reduce", axes, sum(1 for i in items if i.collective.mesh_axes == (axes,)),
+         sum(i.collective.bytes_per_device for i in items if i.collective.mesh_axes == (axes,)))
+        for axes in ("data", "model")]
+    assert [r["lines"] for r in rows] == [["mlp.py:26"], ["mlp.py:27"]]
+    assert full["functions"]["train_step"]["inputs"] is None  # not asked for: None, not []
+    without = dataclasses.replace(fr.collectives, items=tuple(i for i in items if i.collective.mesh_axes != ("model",)))
+    before = snapshot.snapshot_from_report(
+        dataclasses.replace(report, functions=(dataclasses.replace(fr, collectives=without),)))
+    (c,) = gate_compare.compare(before, full).regressions
+    assert (c.what, c.note) == ("collective all-reduce over model", "new collective at mlp.py:27")
 
 
 def test_the_gate_compares_device_and_host_memory_apart():

@@ -65,9 +65,11 @@ def _row(index: int, id_: str, **more) -> dict:
 
 
 def test_every_row_field_is_checked_when_read_back():
-    from stagetool.sweep.rows import _ROW_CHECKS
-
-    assert set(_ROW_CHECKS) == set(ROW_FIELDS)
+    good = _row(0, "mode=good")
+    assert row_problem(good) is None
+    for name in ROW_FIELDS:  # each field: absent, and of another type, is a problem naming it
+        assert name in row_problem({k: v for k, v in good.items() if k != name})
+        assert row_problem({**good, name: object()}).startswith(f"{name}: must be")
 
 
 def test_a_function_report_with_an_error_is_an_error_row_not_ok():
@@ -394,3 +396,14 @@ def test_an_unreachable_ray_cluster_is_exit_2_within_the_connect_timeout(sweep_d
             assert time.monotonic() - start < limit
     finally:
         silent.close()
+
+
+def test_a_rows_figures_are_the_figures_record_in_the_rows_order():
+    """The figures of a row are :meth:`Figures.row`, in the row's own field order (the JSON's key order)."""
+    from stagetool.analysis.figures import CostFigures, Figures
+
+    names = list(ROW_FIELDS)
+    figures = list(Figures().row())
+    assert figures == names[names.index("peak_bytes_per_device"):names.index("roofline_bound") + 1]
+    row = Figures(cost=CostFigures(flops=10.0, loop_aware_flops=None)).row()
+    assert (row["flops_per_device_xla"], row["flops_per_device_loop_aware"]) == (10.0, None)  # no estimate: null

@@ -30,7 +30,7 @@ from typing import Any
 from stagetool.core.errors import ExitCode
 from stagetool.core.mesh import format_mesh
 from stagetool.core.tolerances import DEFAULT_TOLERANCES, ENV_MISMATCH_FLOOR, Tolerance
-from stagetool.gate.snapshot import COST_FIELDS, DERIVED_COST_FIELDS, MEMORY_FIELDS
+from stagetool.analysis.figures import COST_FIELDS, DERIVED_COST_FIELDS, MEMORY_FIELDS
 
 
 @dataclasses.dataclass(frozen=True)

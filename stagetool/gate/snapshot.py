@@ -1,47 +1,39 @@
 """Snapshots: the deterministic subset of a report that the CI gate compares (``stagetool.lock.json``).
 
-A *snapshot* holds, per function of a spec, the facts a change to the model or the spec should
-not move silently:
+A snapshot (:class:`Snapshot`; per function a :class:`SnapshotEntry`) holds the facts a change to
+the model or the spec should not move silently: every input and output leaf (path, shape, dtype,
+compiled sharding, bytes per device, unused), the function's
+:class:`~stagetool.analysis.figures.Figures` (memory per device, the gated peak being the larger of
+``argument + output - alias + temp`` and XLA's ``peak_memory_in_bytes``, the host peak apart; cost
+per device with the loop-aware FLOPs), collectives by kind × mesh axes, the mesh, the jax/jaxlib
+versions and the configuration that changes the compiled program (``config``); and what ``check``
+and ``diff`` need to name the *cause* of a change (issue 22), each optional (a baseline without them
+still loads; its changes are then listed as unexplained): each input's declared sharding, who
+declared it (``declared_by``) and where (``declared_at``: ``file.yaml:14``), the ``origins`` of
+output shardings, the program's sharding ``constraints``, each collective row's ``causes`` and user
+``lines``. File names are kept without their folder, so a baseline moves between machines.
 
-* every input and output leaf: path, shape, dtype, the compiled sharding
-  (``Compiled.input_shardings`` / ``output_shardings``), bytes per device, whether it is unused;
-* memory per device, in bytes (``Compiled.memory_analysis()`` through
-  :func:`stagetool.analysis.memory.memory_of`): argument, output, alias, temp, the gated peak (the
-  larger of ``argument + output - alias + temp`` and XLA's ``peak_memory_in_bytes``: one definition
-  on every backend, whatever donation, the same in every command) and, apart, the host-memory peak
-  ``host_peak_bytes`` (``pinned_host``, ``S(5)``); with jax/jaxlib 0.11+ also XLA's
-  ``peak_unpadded_heap_bytes``, ``total_allocation_bytes`` and ``indefinite_allocations`` (recorded,
-  not compared; absent with older releases);
-* cost per device (``Compiled.cost_analysis()`` through
-  :func:`stagetool.analysis.cost.per_device_cost`): FLOPs, transcendentals, bytes accessed, and
-  the loop-aware FLOPs estimate (``loop_aware_flops``: each loop body × its trip count);
-* collectives: count and bytes per device by kind × mesh axes (None when not computed);
-* the mesh, platform and device kind; jax and jaxlib versions and the configuration that changes
-  the compiled program (``config``: ``jax_threefry_partitionable``, the default matmul precision,
-  ``XLA_FLAGS`` ...) at the top;
-* what ``check`` and ``diff`` need to name the *cause* of a change (issue 22), each optional (a
-  baseline without them still loads; its changes are then listed as unexplained): per input leaf its
-  declared sharding, where that came from (``declared_by``: ``spec``, ``rule``, ``model``,
-  ``compiler``) and the spec line that set it (``declared_at``: ``file.yaml:14``); per output leaf the
-  ``origins`` of its compiled sharding's axes (``input params/layers/wo``, ``constraint model.py:8``);
-  the program's sharding ``constraints`` (``{line, sharding}``); per collective row the ``causes``
-  (the same labels, from each collective's cause) and the user ``lines`` of its collectives. File
-  names are kept without their folder, so a baseline moves between machines.
-
-The file is deterministic: no timings, keys sorted, integral floats written as integers and other
-floats rounded to 12 significant digits, so two runs on the same machine give the same bytes.
+The entries are the records' JSON (:func:`stagetool.core.codec.encode`), read back checked against
+them (:func:`load_snapshot`). The file is deterministic: no timings, keys sorted, integral floats
+written as integers and other floats rounded to 12 significant digits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from stagetool.analysis.figures import CostFigures, Figures, MemoryFigures, flops_estimate
+from stagetool.analysis.sections import CollectivesSection, MemorySection
+from stagetool.core import codec
+from stagetool.core.codec import omitted
 from stagetool.core.errors import BaselineError, UsageError
-from stagetool.core.compat import MEMORY_FIELDS_SINCE_0_11
+from stagetool.analysis.shardings import LeafReport
+from stagetool.report.model import FunctionReport
 
 SNAPSHOT_SCHEMA = 3
 """3: ``memory.peak_bytes`` is the larger of ``argument + output - alias + temp`` and XLA's
@@ -51,27 +43,113 @@ against XLA's 47,579,136 B for the transformer example on v5e:2x4; schema 1 reco
 ``peak_memory_in_bytes`` or that sum, picked by a heuristic, so it changed meaning with donation)."""
 SNAPSHOT_KIND = "stagetool-snapshot"
 
-#: Memory fields kept per function (bytes per device). ``alias_bytes``: more is better.
-MEMORY_FIELDS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes", "host_peak_bytes")
-#: Cost fields kept per function (per device): FLOPs, transcendental ops, bytes accessed.
-COST_FIELDS = ("flops", "transcendentals", "bytes_accessed")
-#: Derived cost fields: ``loop_aware_flops``, the estimate with each loop body × its trip count
-#: (:class:`stagetool.analysis.loops.LoopAwareCost`), so that a deeper ``scan`` is a change.
-DERIVED_COST_FIELDS = ("loop_aware_flops",)
+# ---- the file's records: what load_snapshot checks (numbers: integers or finite floats) -----------
 
 
-#: Memory fields only jax/jaxlib 0.11+ report: recorded where present (absent, not null, on older
-#: releases), never compared.
-REPORTED_ONLY_MEMORY_FIELDS = MEMORY_FIELDS_SINCE_0_11
+@dataclasses.dataclass(frozen=True)
+class SnapshotMesh:
+    """``functions.<name>.mesh``: the mesh staged (``axes``: ``[[name, size], ...]``), its platform,
+    device kind and counts, the compile-only topology; ``slices`` for a multi-slice job only."""
+
+    axes: tuple[tuple[str, int], ...] | None = None
+    axis_types: str | None = None
+    platform: str | None = None
+    device_kind: str | None = None
+    device_count: int | None = None
+    process_count: int | None = None
+    topology: str | None = None
+    slices: int = omitted(1)
 
 
-def _reported_only(mem: Any) -> dict:
-    return {f: _num(getattr(mem, f)) for f in REPORTED_ONLY_MEMORY_FIELDS if getattr(mem, f, None) is not None}
+@dataclasses.dataclass(frozen=True)
+class SnapshotLeaf:
+    """One output leaf: path, shape, dtype, compiled sharding (PartitionSpec text), bytes per device,
+    unused; ``chosen`` when the partitioner chose its sharding, ``origins`` of its sharding's axes."""
+
+    path: str
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    sharding: str | None = None
+    bytes_per_device: float | None = None
+    unused: bool | None = None
+    chosen: bool = omitted(False)
+    origins: tuple[str, ...] | None = omitted(None)
 
 
-def _loop_aware_flops(section: Any, per_device: Any) -> Any:
-    la = getattr(section, "loop_aware", None)
-    return la.flops if la is not None else getattr(per_device, "flops", None)
+@dataclasses.dataclass(frozen=True)
+class SnapshotInput(SnapshotLeaf):
+    """One input leaf: an output leaf's fields, and its declared sharding, who declared it
+    (``spec``, ``rule``, ``model``, ``compiler``) and where (``file.yaml:14``)."""
+
+    declared: str | None = None
+    declared_by: str | None = None
+    declared_at: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveRow:
+    """One row of ``collectives``: kind × mesh axes (× network), count, bytes per device per run and
+    per step, the cause labels and user lines of its collectives."""
+
+    kind: str
+    axes: str
+    count: float
+    bytes_per_device: float
+    network: Literal["ici", "dcn"] | None = omitted(None)
+    bytes_per_step: float | None = omitted(None)
+    causes: tuple[str, ...] | None = omitted(None)
+    lines: tuple[str, ...] | None = omitted(None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Constraint:
+    """A sharding constraint of the program: its user line and sharding."""
+
+    line: str
+    sharding: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryTimeline:
+    """``memory_timeline`` (drawn by ``check --format html``, never compared): bytes per device per step."""
+
+    bytes: tuple[int, ...]
+    steps: int
+    peak_bytes: int
+    peak_position: int
+    peak_instruction: str | None = None
+    gated_peak_bytes: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotEntry:
+    """One function's entry; a section the run did not take is null."""
+
+    mesh: SnapshotMesh | None
+    inputs: tuple[SnapshotInput, ...] | None
+    outputs: tuple[SnapshotLeaf, ...] | None
+    memory: MemoryFigures | None
+    cost: CostFigures | None
+    collectives: tuple[CollectiveRow, ...] | None
+    target: str | None = None
+    constraints: tuple[Constraint, ...] | None = omitted(None)
+    dcn_bytes_per_step: int | None = omitted(None)
+    memory_timeline: MemoryTimeline | None = omitted(None)
+    compiler_options: dict[str, str] | None = omitted(None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """The snapshot document (``kind`` and ``snapshot_schema`` are checked before it is read)."""
+
+    jax_version: str | None
+    jaxlib_version: str | None
+    functions: dict[str, SnapshotEntry]
+    kind: str = SNAPSHOT_KIND
+    snapshot_schema: int = SNAPSHOT_SCHEMA
+    stagetool_version: str | None = None
+    spec: str | None = None
+    config: dict[str, Any] | None = None
 
 
 def _num(v: Any) -> int | float | None:
@@ -86,19 +164,20 @@ def _num(v: Any) -> int | float | None:
     return float(f"{f:.12g}")
 
 
-def _leaf(leaf: Any, output: bool = False, origins: Any = None) -> dict:
-    out = {"path": leaf.path, "shape": list(leaf.shape), "dtype": leaf.dtype,
-           "sharding": None if leaf.compiled is None else str(leaf.compiled),
-           "bytes_per_device": leaf.bytes_per_device, "unused": bool(leaf.unused)}
-    if output and leaf.chosen_by_partitioner:
-        out["chosen"] = True  # no out_shardings: the compiler's choice, compared apart (gate.compare)
-    if not output:
-        out["declared"] = str(leaf.declared)
-        out["declared_by"] = getattr(leaf, "sharding_source", None)
-        out["declared_at"] = short_location(getattr(leaf, "source", None))
-    if origins is not None:
-        out["origins"] = sorted({o.label for o in origins})
-    return out
+def _leaf(leaf: LeafReport, output: bool, origins: Any = None) -> SnapshotLeaf:
+    """An output leaf's record, or an input's (``declared``: the spec's; ``chosen``: the partitioner's)."""
+    common = dict(path=leaf.path, shape=tuple(leaf.shape), dtype=leaf.dtype, bytes_per_device=leaf.bytes_per_device,
+                  sharding=None if leaf.compiled is None else str(leaf.compiled), unused=bool(leaf.unused),
+                  origins=None if origins is None else tuple(sorted({o.label for o in origins})))
+    if output:  # chosen: no out_shardings, the compiler's choice, compared apart (gate.compare)
+        return SnapshotLeaf(**common, chosen=bool(leaf.chosen_by_partitioner))
+    return SnapshotInput(**common, declared=str(leaf.declared), declared_by=leaf.sharding_source,
+                         declared_at=short_location(leaf.source))
+
+
+def _rounded(record: Any) -> Any:
+    """``record`` with every number :func:`_num`-stable."""
+    return dataclasses.replace(record, **{f.name: _num(getattr(record, f.name)) for f in dataclasses.fields(record)})
 
 
 def short_location(source: str | None) -> str | None:
@@ -114,168 +193,83 @@ def short_location(source: str | None) -> str | None:
     return Path(str(source)).name
 
 
-def _cause_fields(collectives: Any, rows: list[dict] | None) -> list[dict] | None:
-    """``rows`` with each row's ``causes`` (labels of its collectives' origins) and ``lines`` (their
-    user source lines), from a section whose items carry causes."""
-    items = getattr(collectives, "items", None)
-    if rows is None or items is None or callable(items):
-        return rows
-    causes: dict[tuple[str, str, str], set[str]] = {}
-    lines: dict[tuple[str, str, str], set[str]] = {}
-    explained = getattr(collectives, "causes_unavailable", None) is None
-    for item in items:
-        c = item.collective
-        key = (c.kind, "?" if c.mesh_axes is None else ",".join(c.mesh_axes) or "-", getattr(c, "network", None) or "")
-        cause = getattr(item, "cause", None)
-        if cause is not None:
-            causes.setdefault(key, set()).update(o.label for o in cause.origins)
-        if item.source:
-            lines.setdefault(key, set()).add(short_location(item.source))
-    out = []
-    for row in rows:
-        key = (row["kind"], row["axes"], row.get("network") or "")
-        extra = {"lines": sorted(lines.get(key, ()))}
-        if explained:
-            extra["causes"] = sorted(causes.get(key, ()))
-        out.append({**row, **extra})
-    return out
+def collective_rows(section: CollectivesSection | None) -> tuple[CollectiveRow, ...] | None:
+    """A collectives section as sorted rows by kind × mesh axes (× network on a multi-slice job), or None.
 
-
-def _unwrap(obj: Any, *names: str) -> Any:
-    """The record inside a section wrapper (``.per_device`` / ``.record``), or the object itself."""
-    for name in names:
-        inner = getattr(obj, name, None)
-        if inner is not None:
-            return inner
-    return obj
-
-
-def collective_rows(collectives: Any) -> list[dict] | None:
-    """Collectives as sorted ``{kind, axes, count, bytes_per_device[, bytes_per_step]}`` rows, or None.
-
-    From a :class:`stagetool.analysis.sections.CollectivesSection` (``.items``), each row also has
-    ``bytes_per_step``: bytes × runs, summed (a collective whose runs are unknown counts once), so
-    that a loop that runs longer (a deeper ``scan``) is a change even when its ops are the same.
-
-    Accepts what ``FunctionReport.collectives`` may hold: an object with ``.summary`` or
-    ``.by_kind_and_mesh_axes`` (``stagetool.analysis.collectives.CollectiveSummary``: rows with
-    ``kind``, ``mesh_axes``, ``count``, ``bytes_per_device``), an iterable of such rows, or an
-    iterable of single collectives (``kind``, ``mesh_axes``, ``bytes_per_device``), which are
-    counted here. Mappings with the same keys work too (``axes`` is accepted for ``mesh_axes``).
-    ``axes`` is ``"data,model"``; ``"?"`` for a collective matched to no mesh axes; ``"-"`` for an
-    empty axis tuple. Bytes are one execution each (a collective inside a loop counts once).
+    ``axes`` is ``"data,model"``; ``"?"`` for a collective matched to no mesh axes; ``"-"`` for an empty
+    axis tuple. ``bytes_per_device`` sums one execution of each; ``bytes_per_step`` sums bytes × runs
+    (a collective whose runs are unknown counts once), so that a loop that runs longer (a deeper
+    ``scan``) is a change even when its ops are the same. ``lines``: the user source lines of its
+    collectives; ``causes``: the labels of their origins (when the run explained collectives).
     """
-    if collectives is None:
+    if section is None:
         return None
-    items_of_section = getattr(collectives, "items", None)
-    if items_of_section is not None and not callable(items_of_section):
-        per_step: dict[tuple[str, str, str], list[int]] = {}
-        for item in items_of_section:
-            c = item.collective
-            axes = "?" if c.mesh_axes is None else ",".join(c.mesh_axes) or "-"
-            row = per_step.setdefault((c.kind, axes, getattr(c, "network", None) or ""), [0, 0, 0])
-            b = c.bytes_per_device or 0
-            row[0] += 1
-            row[1] += b
-            row[2] += b * (c.executions if c.executions is not None else 1)
-        # a multi-slice job's rows say their network (ici | dcn); one slice's rows have no such key
-        return [{"kind": k, "axes": a, **({"network": w} if w else {}), "count": n, "bytes_per_device": b,
-                 "bytes_per_step": t} for (k, a, w), (n, b, t) in sorted(per_step.items())]
-    src = getattr(collectives, "summary", None) or collectives
-    rows = getattr(src, "by_kind_and_mesh_axes", None)
-    items = list(rows if rows is not None else (getattr(src, "collectives", None) or src))
-
-    def get(x: Any, *names: str) -> Any:
-        for n in names:
-            if isinstance(x, Mapping) and n in x:
-                return x[n]
-            if hasattr(x, n):
-                return getattr(x, n)
-        return None
-
-    acc: dict[tuple[str, str], list[int]] = {}
-    for x in items:
-        kind = str(get(x, "kind"))
-        axes = get(x, "mesh_axes", "axes")
-        axes_text = axes if isinstance(axes, str) else ("?" if axes is None else ",".join(axes) or "-")
-        count = get(x, "count")
-        b = get(x, "bytes_per_device", "bytes") or 0
-        row = acc.setdefault((kind, axes_text), [0, 0])
-        row[0] += int(count) if count is not None else 1
-        row[1] += int(b)
-    return [{"kind": k, "axes": a, "count": c, "bytes_per_device": b} for (k, a), (c, b) in sorted(acc.items())]
+    rows: dict[tuple[str, str, str], list] = {}
+    for item in section.items:
+        c = item.collective
+        key = (c.kind, "?" if c.mesh_axes is None else ",".join(c.mesh_axes) or "-", c.network or "")
+        row = rows.setdefault(key, [0, 0, 0, set(), set()])
+        b = c.bytes_per_device or 0
+        row[0], row[1], row[2] = row[0] + 1, row[1] + b, row[2] + b * (c.executions if c.executions is not None else 1)
+        if item.cause is not None:
+            row[3].update(o.label for o in item.cause.origins)
+        if item.source:
+            row[4].add(short_location(item.source))
+    explained = section.causes_unavailable is None
+    return tuple(CollectiveRow(kind, axes, n, b, network or None, t, tuple(sorted(causes)) if explained else None,
+                               tuple(sorted(lines)))
+                 for (kind, axes, network), (n, b, t, causes, lines) in sorted(rows.items()))
 
 
-def function_snapshot(fr: Any) -> dict:
+def function_snapshot(fr: FunctionReport) -> dict:
     """The snapshot entry of one :class:`stagetool.report.model.FunctionReport` (a JSON-ready dict).
 
     Sections the report lacks are None (``inputs`` and ``outputs`` need ``Section.SHARDINGS``,
     ``memory`` ``Section.MEMORY``, ``cost`` ``Section.COST``, ``collectives``
     ``Section.COLLECTIVES``).
     """
-    m = fr.mesh
-    mem = _unwrap(fr.memory, "per_device", "record") if fr.memory is not None else None
-    cost = _unwrap(fr.cost, "per_device") if fr.cost is not None else None
-    origins = getattr(fr.collectives, "origins", None) if fr.collectives is not None else None
-    out_origins = list(origins.outputs) if origins is not None and fr.outputs is not None \
-        and len(origins.outputs) == len(fr.outputs) else None
-    in_origins = list(origins.inputs) if origins is not None and fr.inputs is not None \
-        and len(origins.inputs) == len(fr.inputs) else None  # an auto leaf's: what the partitioner followed
-    entry = {
-        "target": fr.target,
-        "mesh": {"axes": [[n, int(s)] for n, s in m.axes], "axis_types": m.axis_types, "platform": m.platform,
-                 "device_kind": m.device_kind, "device_count": m.device_count, "process_count": m.process_count,
-                 "topology": m.topology, **({"slices": m.slices} if getattr(m, "slices", 1) > 1 else {})},
-        "inputs": None if fr.inputs is None else [
-            _leaf(x, origins=in_origins[i] if in_origins and getattr(x, "sharding_source", None) == "compiler" else None)
-            for i, x in enumerate(fr.inputs)],
-        "outputs": None if fr.outputs is None else [_leaf(x, output=True, origins=out_origins[i] if out_origins else None)
-                                                    for i, x in enumerate(fr.outputs)],
-        "memory": None if mem is None else {**{f: _num(getattr(mem, f, None)) for f in MEMORY_FIELDS},
-                                            **_reported_only(mem)},
-        "cost": None if cost is None else {**{f: _num(getattr(cost, f, None)) for f in COST_FIELDS},
-                                           "loop_aware_flops": _num(_loop_aware_flops(fr.cost, cost))},
-        "collectives": _cause_fields(fr.collectives, collective_rows(fr.collectives)),
-        **_dcn(fr.collectives),
-        **_timeline_entry(fr.memory),
-        **({"compiler_options": dict(fr.compiler_options)} if getattr(fr, "compiler_options", ()) else {}),
-    }
-    if origins is not None:
+    m, fig, origins = fr.mesh, Figures.of(fr.cost, fr.memory, fr.collectives), None
+    if fr.collectives is not None:
+        origins = fr.collectives.origins
+    out_origins = origins.outputs if origins is not None and len(origins.outputs) == len(fr.outputs or ()) else None
+    in_origins = origins.inputs if origins is not None and len(origins.inputs) == len(fr.inputs or ()) else None
+    return codec.encode(SnapshotEntry(
+        target=fr.target,
+        mesh=SnapshotMesh(tuple((n, int(s)) for n, s in m.axes), m.axis_types, m.platform, m.device_kind,
+                          m.device_count, m.process_count, m.topology, m.slices),
+        inputs=None if fr.inputs is None else tuple(  # an auto leaf's origins: what the partitioner followed
+            _leaf(x, False, in_origins[i] if in_origins and x.sharding_source == "compiler" else None)
+            for i, x in enumerate(fr.inputs)),
+        outputs=None if fr.outputs is None else tuple(_leaf(x, True, out_origins[i] if out_origins else None)
+                                                      for i, x in enumerate(fr.outputs)),
+        memory=None if fig.memory is None else _rounded(fig.memory),
+        cost=None if fig.cost is None else _rounded(dataclasses.replace(  # XLA's FLOPs where there is no estimate
+            fig.cost, loop_aware_flops=flops_estimate(fig.cost.loop_aware_flops, fig.cost.flops))),
+        collectives=collective_rows(fr.collectives),
+        dcn_bytes_per_step=fig.dcn_bytes_per_step,
+        memory_timeline=_timeline(fr.memory),
+        compiler_options=dict(fr.compiler_options) or None,
         # a constraint traced twice (forward and backward of a grad) is one line of the user's code
-        entry["constraints"] = [{"line": line, "sharding": sharding} for line, sharding in
-                                sorted({(short_location(c.line) or "?", c.sharding) for c in origins.constraints})]
-    return entry
-
-
-def _dcn(collectives: Any) -> dict:
-    """``{"dcn_bytes_per_step": N}`` for a multi-slice job (bytes each device sends between slices
-    per step), else nothing: one slice's snapshots keep their keys."""
-    summary = getattr(collectives, "summary", None)
-    value = getattr(summary, "dcn_bytes_per_step", None)
-    return {} if value is None else {"dcn_bytes_per_step": int(value)}
+        constraints=None if origins is None else tuple(Constraint(line, sharding) for line, sharding in sorted(
+            {(short_location(c.line) or "?", c.sharding) for c in origins.constraints}))))
 
 
 TIMELINE_POINTS = 400
 """At most this many points of a memory timeline in a snapshot (the highest of each group of steps)."""
 
 
-def _timeline_entry(memory: Any) -> dict:
-    """``{"memory_timeline": {...}}`` when the report has a memory timeline (the run took the peak
-    dump), else ``{}``, so snapshots taken without it are as before. Bytes per device per step, at
-    most :data:`TIMELINE_POINTS` of them (each the highest of the steps it stands for), the peak's
-    bytes and step, the step count and the gated peak: what ``check --format html`` draws. Never
-    compared by the gate."""
-    tp = getattr(memory, "timeline_peak", None)
-    points = getattr(memory, "timeline", None)
-    if tp is None or not points or tp.bytes is None:
-        return {}
-    values = [int(p.bytes) for p in points]
+def _timeline(memory: MemorySection | None) -> MemoryTimeline | None:
+    """The memory timeline when the run took the peak dump, else None (left out: snapshots taken
+    without it are as before): bytes per device per step, at most :data:`TIMELINE_POINTS` of them
+    (each the highest of the steps it stands for), the peak's bytes and step, the step count and
+    the gated peak; what ``check --format html`` draws, never compared by the gate."""
+    if memory is None or memory.timeline_peak is None or not memory.timeline or memory.timeline_peak.bytes is None:
+        return None
+    tp, values = memory.timeline_peak, [int(p.bytes) for p in memory.timeline]
     n = len(values)
     cols = min(n, TIMELINE_POINTS)
-    drawn = [max(values[c * n // cols:(c + 1) * n // cols]) for c in range(cols)]
-    return {"memory_timeline": {"bytes": drawn, "steps": n, "peak_bytes": int(tp.bytes),
-                                "peak_position": int(tp.position), "peak_instruction": tp.instruction,
-                                "gated_peak_bytes": _num(tp.gated_peak_bytes)}}
+    drawn = tuple(max(values[c * n // cols:(c + 1) * n // cols]) for c in range(cols))
+    return MemoryTimeline(drawn, n, int(tp.bytes), int(tp.position), tp.instruction, _num(tp.gated_peak_bytes))
 
 
 def snapshot_from_report(report: Any, *, spec: str | None = None) -> dict:
@@ -379,7 +373,8 @@ def parse_snapshot(data: bytes, where: str, *, hint: str | None = None) -> dict:
 
 
 def validate_snapshot(doc: Any, where: str = "<snapshot>") -> dict:
-    """Check the structure of a parsed snapshot; see :func:`load_snapshot`."""
+    """Check the structure of a parsed snapshot against :class:`Snapshot` (keys this stagetool does not
+    know are left aside); see :func:`load_snapshot`. Returns ``doc`` itself."""
     if not isinstance(doc, dict) or doc.get("kind") != SNAPSHOT_KIND:
         raise BaselineError(f"{where}: not a stagetool snapshot (expected \"kind\": \"{SNAPSHOT_KIND}\")",
                             hint="write one with stagetool snapshot")
@@ -400,141 +395,9 @@ def validate_snapshot(doc: Any, where: str = "<snapshot>") -> dict:
         raise BaselineError(f"{where}: snapshot_schema {version!r} is not supported; this stagetool reads "
                             f"snapshot_schema {SNAPSHOT_SCHEMA}",
                             hint="regenerate the baseline with this stagetool: stagetool check --update")
-    problems = []
-    for key in ("jax_version", "jaxlib_version", "functions"):
-        if key not in doc:
-            problems.append(f"missing {key!r}")
-    functions = doc.get("functions")
-    if not isinstance(functions, dict):
-        problems.append("'functions' must be an object of function name to entry")
-    else:
-        for name, entry in functions.items():
-            if not isinstance(entry, dict):
-                problems.append(f"functions.{_key(name)}: must be an object")
-                continue
-            for key in ("mesh", "inputs", "outputs", "memory", "cost", "collectives"):
-                if key not in entry:
-                    problems.append(f"functions.{_key(name)}: missing {key!r}")
-            for key in ("inputs", "outputs"):
-                leaves = entry.get(key)
-                if leaves is not None and (not isinstance(leaves, list)
-                                           or not all(isinstance(x, dict) and "path" in x for x in leaves)):
-                    problems.append(f"functions.{_key(name)}.{key}: must be a list of leaves with a 'path'")
-    if not problems and isinstance(functions, dict):
-        for name, entry in functions.items():
-            _check_entry(problems, f"functions.{_key(name)}", entry)
-        for key in ("jax_version", "jaxlib_version", "stagetool_version", "spec"):
-            if doc.get(key) is not None and not isinstance(doc.get(key), str):
-                problems.append(f"{key}: must be a string, not {_kind(doc.get(key))}")
-    if problems:
-        shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
-        raise BaselineError(f"{where}: malformed snapshot: " + "; ".join(shown),
-                            hint="regenerate it: stagetool check --update")
+    try:
+        codec.decode(Snapshot, doc, unknown=True)
+    except codec.CodecError as e:
+        raise BaselineError(f"{where}: malformed snapshot: {e}",
+                            hint="regenerate it: stagetool check --update") from None
     return doc
-
-
-def _key(name: Any) -> str:
-    return name if isinstance(name, str) and name.isidentifier() else json.dumps(name, ensure_ascii=True)
-
-
-def _kind(v: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-            int: "a number", float: "a number"}.get(type(v), type(v).__name__)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
-
-
-def _check_entry(problems: list[str], path: str, entry: dict) -> None:
-    """The types of one function's entry, as :mod:`stagetool.gate.compare` reads them (JSON paths)."""
-    if entry.get("target") is not None and not isinstance(entry["target"], str):
-        problems.append(f"{path}.target: must be a string, not {_kind(entry['target'])}")
-    mesh = entry.get("mesh")
-    if mesh is not None:
-        if not isinstance(mesh, dict):
-            problems.append(f"{path}.mesh: must be an object, not {_kind(mesh)}")
-        else:
-            axes = mesh.get("axes")
-            if axes is not None and not (isinstance(axes, list) and all(
-                    isinstance(a, list) and len(a) == 2 and isinstance(a[0], str) and _is_int(a[1]) for a in axes)):
-                problems.append(f"{path}.mesh.axes: must be a list of [name, size] pairs")
-            for k in ("platform", "device_kind", "axis_types", "topology"):
-                if mesh.get(k) is not None and not isinstance(mesh[k], str):
-                    problems.append(f"{path}.mesh.{k}: must be a string, not {_kind(mesh[k])}")
-            for k in ("device_count", "process_count"):
-                if mesh.get(k) is not None and not _is_int(mesh[k]):
-                    problems.append(f"{path}.mesh.{k}: must be an integer, not {_kind(mesh[k])}")
-    for key in ("inputs", "outputs"):
-        for i, leaf in enumerate(entry.get(key) or []):
-            where = f"{path}.{key}[{i}]"
-            if not isinstance(leaf.get("path"), str):
-                problems.append(f"{where}.path: must be a string, not {_kind(leaf.get('path'))}")
-            shape = leaf.get("shape")
-            if shape is not None and not (isinstance(shape, list) and all(_is_int(d) for d in shape)):
-                problems.append(f"{where}.shape: must be a list of integers")
-            for k in ("dtype", "sharding"):
-                if leaf.get(k) is not None and not isinstance(leaf[k], str):
-                    problems.append(f"{where}.{k}: must be a string, not {_kind(leaf[k])}")
-            if leaf.get("bytes_per_device") is not None and not _is_number(leaf["bytes_per_device"]):
-                problems.append(f"{where}.bytes_per_device: must be a number, not {_kind(leaf['bytes_per_device'])}")
-            if leaf.get("unused") is not None and not isinstance(leaf["unused"], bool):
-                problems.append(f"{where}.unused: must be true or false, not {_kind(leaf['unused'])}")
-            for k in ("declared", "declared_by", "declared_at"):
-                if leaf.get(k) is not None and not isinstance(leaf[k], str):
-                    problems.append(f"{where}.{k}: must be a string, not {_kind(leaf[k])}")
-            if leaf.get("origins") is not None and not _strings(leaf["origins"]):
-                problems.append(f"{where}.origins: must be a list of strings")
-    constraints = entry.get("constraints")
-    if constraints is not None and not (isinstance(constraints, list) and all(
-            isinstance(c, dict) and isinstance(c.get("line"), str) and isinstance(c.get("sharding"), str)
-            for c in constraints)):
-        problems.append(f"{path}.constraints: must be a list of {{line, sharding}} strings")
-    timeline = entry.get("memory_timeline")
-    if timeline is not None and not (
-            isinstance(timeline, dict) and isinstance(timeline.get("bytes"), list)
-            and all(_is_int(b) for b in timeline["bytes"])
-            and all(_is_int(timeline.get(k)) for k in ("steps", "peak_bytes", "peak_position"))):
-        problems.append(f"{path}.memory_timeline: must be an object with 'bytes' (a list of integers), 'steps', "
-                        "'peak_bytes' and 'peak_position'")
-    for section, fields in (("memory", MEMORY_FIELDS + REPORTED_ONLY_MEMORY_FIELDS), ("cost", COST_FIELDS)):
-        value = entry.get(section)
-        if value is None:
-            continue
-        if not isinstance(value, dict):
-            problems.append(f"{path}.{section}: must be an object or null, not {_kind(value)}")
-            continue
-        for f in fields:
-            if value.get(f) is not None and not _is_number(value[f]):
-                problems.append(f"{path}.{section}.{f}: must be a number or null, not {_kind(value[f])}")
-    rows = entry.get("collectives")
-    if rows is not None:
-        if not isinstance(rows, list):
-            problems.append(f"{path}.collectives: must be a list or null, not {_kind(rows)}")
-            return
-        for i, row in enumerate(rows):
-            where = f"{path}.collectives[{i}]"
-            if not isinstance(row, dict):
-                problems.append(f"{where}: must be an object, not {_kind(row)}")
-                continue
-            for k in ("kind", "axes"):
-                if not isinstance(row.get(k), str):
-                    problems.append(f"{where}.{k}: must be a string, not {_kind(row.get(k))}")
-            for k in ("count", "bytes_per_device"):
-                if not _is_number(row.get(k)):
-                    problems.append(f"{where}.{k}: must be a number, not {_kind(row.get(k))}")
-            if row.get("network") is not None and row["network"] not in ("ici", "dcn"):
-                problems.append(f"{where}.network: must be 'ici' or 'dcn', not {row['network']!r}")
-            if row.get("bytes_per_step") is not None and not _is_number(row["bytes_per_step"]):
-                problems.append(f"{where}.bytes_per_step: must be a number, not {_kind(row['bytes_per_step'])}")
-            for k in ("causes", "lines"):
-                if row.get(k) is not None and not _strings(row[k]):
-                    problems.append(f"{where}.{k}: must be a list of strings")
-
-
-def _strings(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, str) for x in v)

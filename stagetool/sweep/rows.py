@@ -1,7 +1,8 @@
 """A sweep's rows (one per configuration), the ranking, and the sweep document.
 
 A row is a plain JSON-able dict (written to ``--output-dir`` as each configuration finishes, read
-back by ``--resume`` and ``sweep merge``); its fields are listed in :data:`ROW_FIELDS`. Everything
+back by ``--resume`` and ``sweep merge``), checked against the :class:`Row` record (:data:`ROW_FIELDS`
+says what each field holds). Everything
 in a row but ``timings`` is a deterministic function of the configuration, so two runs of one grid
 — in one process, ``--jobs N``, on Ray, or as shards merged — give equal documents once
 ``timings`` are dropped (:func:`without_timings`).
@@ -10,10 +11,14 @@ in a row but ``timings`` is a deterministic function of the configuration, so tw
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
-import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
 
+from stagetool.analysis.figures import flops_estimate
+from stagetool.core import codec
+from stagetool.core.codec import Check
 from stagetool.core.errors import UsageError
 
 SWEEP_SCHEMA_VERSION = 2
@@ -24,43 +29,89 @@ OK = "ok"
 DOES_NOT_FIT = "does not fit"
 ERROR = "error"
 
-ROW_FIELDS = {
-    "index": "position in the whole grid (0-based)",
-    "id": "the configuration's stable id, also its file name in --output-dir",
-    "values": "the swept axes' values: topology, mesh, --set variables (YAML scalars)",
-    "status": "'ok'; 'does not fit' (peak over capacity, or XLA ran out of memory compiling); 'error'",
-    "mesh": "[[axis, size], ...] staged, or null when it did not get that far",
-    "platform": "cpu | gpu | tpu, or null", "device_kind": "e.g. cpu, TPU v5 lite, or null",
-    "device_count": "devices in the mesh, or null",
-    "peak_bytes_per_device": "the memory section's gated peak (bytes, one device): the larger of arguments + "
-                             "outputs - aliased + temporaries and XLA's peak_memory_in_bytes, as every command gates it",
-    "host_peak_bytes_per_device": "host memory (pinned_host, S(5)) for one execution, apart from the device peak "
-                                  "(bytes, one device)",
-    "capacity_bytes_per_device": "memory of one device: --device-memory, the device, the topology or the chip",
-    "capacity_source": "where the capacity comes from",
-    "fits": "peak <= capacity; null when either is unknown",
-    "collective_bytes_per_step": "bytes each device receives through collectives per step (known runs)",
-    "collective_bytes_per_step_by_mesh_axes": "{'data': bytes, 'data,model': bytes, '(no axes)': ..., "
-                                              "'(unmatched)': ...} from the collectives summary",
-    "collectives_unknown_runs": "collectives whose trip count is unknown (left out of the bytes per step)",
-    "dcn_bytes_per_step": "on a multi-slice TPU job (slices: N), bytes each device sends between slices per step "
-                          "(XLA's DCN transfers); null for one slice",
-    "flops_per_device_xla": "Compiled.cost_analysis() FLOPs of one device: XLA counts a while body once",
-    "flops_per_device_loop_aware": "a derived estimate: XLA's FLOPs plus (trip count - 1) x each loop body's "
-                                   "(the cost section's loop_aware), the figure the roofline uses",
-    "while_loops": "while loops in the compiled module (with loops the XLA FLOPs are a lower bound)",
-    "chip": "the --chip of the roofline, or null",
-    "roofline_step_seconds": "roofline lower bound of one step on --chip (an estimate), or null",
-    "roofline_bound": "compute | memory, or null",
-    "error": "{stage, exit_code, message} for a configuration that did not stage, else null",
-    "timings": "{trace_s, lower_s, compile_s}: wall-clock, the one part that differs between runs",
-}
+_COUNT = Annotated[int, Check(lambda n: n >= 0, "not negative")]
 
-OPTIONAL_ROW_FIELDS = {
-    "program_sha256": "stagetool fit only: sha256 of the lowered StableHLO text, or null (not a sweep row's field)",
-    "step_time": "stagetool fit only: the step-time estimate (an estimate, seconds per step on one device) as "
-                 "{chip, overlapped_seconds, schedule_seconds, serial_seconds}, or null",
-}
+
+def _doc(text: str) -> Any:
+    return dataclasses.field(metadata={"doc": text})
+
+
+@dataclasses.dataclass(frozen=True)
+class RowError:
+    """Why a configuration did not stage: the stage, the exit code it would have had, the message."""
+
+    stage: str
+    exit_code: _COUNT
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RowStepTime:
+    """``stagetool fit``'s step-time estimate of a row (seconds per step on one device, an estimate)."""
+
+    chip: str
+    overlapped_seconds: float
+    schedule_seconds: float
+    serial_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One configuration's row as a file holds it (``--output-dir``, a worker's row, ``sweep merge``'s
+    inputs): every field present, each of its type (:func:`row_problem`); what each holds is its
+    ``doc`` (:data:`ROW_FIELDS`)."""
+
+    index: _COUNT = _doc("position in the whole grid (0-based)")
+    id: Annotated[str, Check(lambda s: 0 < len(s) <= 4096, "of 1 to 4096 characters")] = _doc(
+        "the configuration's stable id, also its file name in --output-dir")
+    values: dict[str, Any] = _doc("the swept axes' values: topology, mesh, --set variables (YAML scalars)")
+    status: Literal["ok", "does not fit", "error"] = _doc(
+        "'ok'; 'does not fit' (peak over capacity, or XLA ran out of memory compiling); 'error'")
+    mesh: tuple[tuple[str, _COUNT], ...] | None = _doc("[[axis, size], ...] staged, or null when it did not get that far")
+    platform: str | None = _doc("cpu | gpu | tpu, or null")
+    device_kind: str | None = _doc("e.g. cpu, TPU v5 lite, or null")
+    device_count: _COUNT | None = _doc("devices in the mesh, or null")
+    peak_bytes_per_device: float | None = _doc(
+        "the memory section's gated peak (bytes, one device): the larger of arguments + outputs - aliased + "
+        "temporaries and XLA's peak_memory_in_bytes, as every command gates it")
+    host_peak_bytes_per_device: float | None = _doc(
+        "host memory (pinned_host, S(5)) for one execution, apart from the device peak (bytes, one device)")
+    capacity_bytes_per_device: float | None = _doc(
+        "memory of one device: --device-memory, the device, the topology or the chip")
+    capacity_source: str | None = _doc("where the capacity comes from")
+    fits: bool | None = _doc("peak <= capacity; null when either is unknown")
+    collective_bytes_per_step: float | None = _doc(
+        "bytes each device receives through collectives per step (known runs)")
+    collective_bytes_per_step_by_mesh_axes: dict[str, float] | None = _doc(
+        "{'data': bytes, 'data,model': bytes, '(no axes)': ..., '(unmatched)': ...} from the collectives summary")
+    collectives_unknown_runs: _COUNT | None = _doc(
+        "collectives whose trip count is unknown (left out of the bytes per step)")
+    dcn_bytes_per_step: float | None = _doc(
+        "on a multi-slice TPU job (slices: N), bytes each device sends between slices per step (XLA's DCN "
+        "transfers); null for one slice")
+    flops_per_device_xla: float | None = _doc(
+        "Compiled.cost_analysis() FLOPs of one device: XLA counts a while body once")
+    flops_per_device_loop_aware: float | None = _doc(
+        "a derived estimate: XLA's FLOPs plus (trip count - 1) x each loop body's (the cost section's "
+        "loop_aware), the figure the roofline uses")
+    while_loops: _COUNT | None = _doc("while loops in the compiled module (with loops the XLA FLOPs are a lower bound)")
+    chip: str | None = _doc("the --chip of the roofline, or null")
+    roofline_step_seconds: float | None = _doc("roofline lower bound of one step on --chip (an estimate), or null")
+    roofline_bound: str | None = _doc("compute | memory, or null")
+    error: RowError | None = _doc("{stage, exit_code, message} for a configuration that did not stage, else null")
+    timings: dict[str, float | None] = _doc(
+        "{trace_s, lower_s, compile_s}: wall-clock, the one part that differs between runs")
+    program_sha256: str | None = dataclasses.field(default=None, metadata={
+        "omit": True, "doc": "stagetool fit only: sha256 of the lowered StableHLO text, or null (not a sweep row's field)"})
+    step_time: RowStepTime | None = dataclasses.field(default=None, metadata={
+        "omit": True, "doc": "stagetool fit only: the step-time estimate (an estimate, seconds per step on one device) "
+                             "as {chip, overlapped_seconds, schedule_seconds, serial_seconds}, or null"})
+
+
+ROW_FIELDS = {f.name: f.metadata["doc"] for f in dataclasses.fields(Row) if not f.metadata.get("omit")}
+"""Each field of a sweep row, with what it holds."""
+OPTIONAL_ROW_FIELDS = {f.name: f.metadata["doc"] for f in dataclasses.fields(Row) if f.metadata.get("omit")}
+"""Fields a row may have beyond :data:`ROW_FIELDS` (``stagetool fit``'s)."""
 
 
 class RankBy(str, enum.Enum):
@@ -87,8 +138,7 @@ def metric(row: dict, rank_by: RankBy) -> float | None:
     if rank_by == RankBy.collectives:
         return row.get("collective_bytes_per_step")
     if rank_by == RankBy.flops:
-        aware = row.get("flops_per_device_loop_aware")
-        return aware if aware is not None else row.get("flops_per_device_xla")
+        return flops_estimate(row.get("flops_per_device_loop_aware"), row.get("flops_per_device_xla"))
     return (row.get("timings") or {}).get("compile_s")
 
 
@@ -180,71 +230,17 @@ HEADER_KEYS = ("schema_version", "kind", "stagetool_version", "jax_version", "ja
                "function", "spec", "spec_sha256", "axes", "options", "grid_size", "shard")
 
 
-# ---- validation of rows read back (--resume, sweep merge, a worker's row file) ---------------------
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _opt(check, v: Any) -> bool:
-    return v is None or check(v)
-
-
-def _str(v: Any) -> bool:
-    return isinstance(v, str)
-
-
-def _count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-_ROW_CHECKS = {
-    "index": _count,
-    "id": lambda v: isinstance(v, str) and 0 < len(v) <= 4096,
-    "values": lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
-    "status": lambda v: v in (OK, DOES_NOT_FIT, ERROR),
-    "mesh": lambda v: v is None or (isinstance(v, list) and all(
-        isinstance(a, list) and len(a) == 2 and _str(a[0]) and _count(a[1]) for a in v)),
-    "platform": lambda v: _opt(_str, v), "device_kind": lambda v: _opt(_str, v),
-    "device_count": lambda v: _opt(_count, v),
-    "peak_bytes_per_device": lambda v: _opt(_number, v), "host_peak_bytes_per_device": lambda v: _opt(_number, v),
-    "capacity_bytes_per_device": lambda v: _opt(_number, v),
-    "capacity_source": lambda v: _opt(_str, v), "fits": lambda v: v is None or isinstance(v, bool),
-    "collective_bytes_per_step": lambda v: _opt(_number, v),
-    "collective_bytes_per_step_by_mesh_axes": lambda v: v is None or (
-        isinstance(v, dict) and all(_str(k) and _number(n) for k, n in v.items())),
-    "collectives_unknown_runs": lambda v: _opt(_count, v),
-    "dcn_bytes_per_step": lambda v: _opt(_number, v),
-    "flops_per_device_xla": lambda v: _opt(_number, v), "flops_per_device_loop_aware": lambda v: _opt(_number, v),
-    "while_loops": lambda v: _opt(_count, v), "chip": lambda v: _opt(_str, v),
-    "roofline_step_seconds": lambda v: _opt(_number, v), "roofline_bound": lambda v: _opt(_str, v),
-    "error": lambda v: v is None or (isinstance(v, dict) and set(v) == {"stage", "exit_code", "message"}
-                                     and _str(v["stage"]) and _count(v["exit_code"]) and _str(v["message"])),
-    "timings": lambda v: isinstance(v, dict) and all(_str(k) and _opt(_number, n) for k, n in v.items()),
-}
-
-
 def row_problem(row: Any) -> str | None:
-    """Why ``row`` is not a well-formed row (:data:`ROW_FIELDS`, each of its type, ``status`` agreeing
-    with ``error``); None when it is. Rows come back from files (``--output-dir``, a worker's row,
-    ``sweep merge``'s inputs), so nothing in them is used before this passes."""
+    """Why ``row`` is not a well-formed row (a :class:`Row`: every field of :data:`ROW_FIELDS`, each of
+    its type, ``status`` agreeing with ``error``); None when it is. Rows come back from files
+    (``--output-dir``, a worker's row, ``sweep merge``'s inputs), so nothing in them is used before
+    this passes."""
     if not isinstance(row, dict):
         return f"a row is a JSON object, not {type(row).__name__}"
-    if set(row) - set(OPTIONAL_ROW_FIELDS) != set(ROW_FIELDS):
-        extra = sorted(set(row) - set(ROW_FIELDS) - set(OPTIONAL_ROW_FIELDS))
-        absent = sorted(set(ROW_FIELDS) - set(row))
-        return "fields " + "; ".join(p for p in (f"unknown: {', '.join(map(repr, extra))}" if extra else "",
-                                               f"missing: {', '.join(absent)}" if absent else "") if p)
-    for name, ok in _ROW_CHECKS.items():
-        if not ok(row[name]):
-            return f"{name}: {_shown(row[name])} is not {ROW_FIELDS[name]}"
-    if not _opt(_str, row.get("program_sha256")):
-        return f"program_sha256: {_shown(row['program_sha256'])} is not {OPTIONAL_ROW_FIELDS['program_sha256']}"
-    step = row.get("step_time")
-    if step is not None and not (isinstance(step, dict) and _str(step.get("chip")) and all(
-            _number(step.get(k)) for k in ("overlapped_seconds", "schedule_seconds", "serial_seconds"))):
-        return f"step_time: {_shown(step)} is not {OPTIONAL_ROW_FIELDS['step_time']}"
+    try:
+        codec.decode(Row, row)
+    except codec.CodecError as e:
+        return str(e)
     if (row["status"] == ERROR and row["error"] is None) or (row["status"] == OK and row["error"] is not None):
         return f"status {row['status']!r} with error {_shown(row['error'])}"
     return None
@@ -266,20 +262,27 @@ def without_timings(doc: dict) -> dict:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _Header:
+    """What ``sweep merge`` reads of a document's header (the rows are each a :class:`Row`)."""
+
+    target: str
+    function: str
+    spec: str
+    spec_sha256: Annotated[str, Check(lambda s: len(s) == 64, "of 64 hexadecimal digits")]
+    axes: tuple[tuple[str, Annotated[tuple[str, ...], Check(bool, "not empty")]], ...]
+    options: dict[str, Any]
+    grid_size: Annotated[int, Check(lambda n: n >= 1, "at least 1")]
+    shard: str | None
+    rank_by: RankBy
+    rows: list[Any]
+
+
 def _header_problem(d: dict) -> str | None:
-    checks = {"target": _str, "function": _str, "spec": _str,
-              "spec_sha256": lambda v: isinstance(v, str) and len(v) == 64,
-              "axes": lambda v: isinstance(v, list) and all(
-                  isinstance(a, list) and len(a) == 2 and _str(a[0]) and isinstance(a[1], list)
-                  and a[1] and all(_str(x) for x in a[1]) for a in v),
-              "options": lambda v: isinstance(v, dict), "grid_size": lambda v: _count(v) and v >= 1,
-              "shard": lambda v: v is None or _str(v), "rank_by": lambda v: isinstance(v, str) and v in {r.value for r in RankBy},
-              "rows": lambda v: isinstance(v, list)}
-    for k, ok in checks.items():
-        if k not in d:
-            return f"it has no {k!r}"
-        if not ok(d[k]):
-            return f"{k}: {_shown(d[k])} is not valid"
+    try:
+        codec.decode(_Header, d, unknown=True)
+    except codec.CodecError as e:
+        return str(e)
     return None
 
 

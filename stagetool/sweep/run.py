@@ -23,9 +23,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from stagetool.sweep.rows import DOES_NOT_FIT, ERROR, OK
+from stagetool.sweep.rows import DOES_NOT_FIT, ERROR, OK, ROW_FIELDS
+
+if TYPE_CHECKING:
+    from stagetool.report.model import FunctionReport
 
 _OUT_OF_MEMORY = re.compile(r"RESOURCE_EXHAUSTED|out of memory|\bOOM\b", re.IGNORECASE)
 """How XLA says a program does not fit when compiling (TPU: "RESOURCE_EXHAUSTED: ... Ran out of
@@ -37,47 +40,20 @@ def _empty_row(config: dict) -> dict:
 
     c = Config(config["index"], config["id"], config["mesh"], config["topology"],
                tuple(tuple(v) for v in config["variables"]))
-    return {"index": c.index, "id": c.id, "values": c.values(), "status": ERROR, "mesh": None, "platform": None,
-            "device_kind": None, "device_count": None, "peak_bytes_per_device": None,
-            "host_peak_bytes_per_device": None,
-            "capacity_bytes_per_device": None, "capacity_source": None, "fits": None,
-            "collective_bytes_per_step": None, "collective_bytes_per_step_by_mesh_axes": None,
-            "collectives_unknown_runs": None, "dcn_bytes_per_step": None, "flops_per_device_xla": None, "flops_per_device_loop_aware": None, "while_loops": None,
-            "chip": None, "roofline_step_seconds": None, "roofline_bound": None, "error": None,
-            "timings": {"trace_s": None, "lower_s": None, "compile_s": None}}
+    return {**dict.fromkeys(ROW_FIELDS), "index": c.index, "id": c.id, "values": c.values(), "status": ERROR,
+            "timings": {"trace_s": None, "lower_s": None, "compile_s": None}}  # the fields in ROW_FIELDS' order
 
 
-def _axes_key(axes: tuple[str, ...] | None) -> str:
-    if axes is None:
-        return "(unmatched)"
-    return ",".join(axes) if axes else "(no axes)"
+def row_from_function(row: dict, fn: FunctionReport) -> dict:
+    """Fill ``row`` from one :class:`~stagetool.report.model.FunctionReport`: its mesh, timings and
+    :class:`~stagetool.analysis.figures.Figures` (cost, memory, collectives)."""
+    from stagetool.analysis.figures import Figures
 
-
-def row_from_function(row: dict, fn: Any) -> dict:
-    """Fill ``row`` from one :class:`~stagetool.report.model.FunctionReport` (cost, memory, collectives)."""
     row.update(mesh=[list(a) for a in fn.mesh.axes], platform=fn.mesh.platform, device_kind=fn.mesh.device_kind,
                device_count=fn.mesh.device_count,
                timings={"trace_s": fn.timings.trace_s, "lower_s": fn.timings.lower_s,
                         "compile_s": fn.timings.compile_s})
-    if fn.memory is not None:
-        v = fn.memory.verdict
-        row.update(peak_bytes_per_device=fn.memory.record.peak_bytes,
-                   host_peak_bytes_per_device=fn.memory.record.host_peak_bytes, capacity_bytes_per_device=fn.memory.capacity_bytes,
-                   capacity_source=fn.memory.capacity_source, fits=v.fits)
-    if fn.collectives is not None:
-        s = fn.collectives.summary
-        row.update(collective_bytes_per_step=s.total.executed_bytes_per_device,
-                   collective_bytes_per_step_by_mesh_axes={_axes_key(t.mesh_axes): t.executed_bytes_per_device
-                                                           for t in s.by_mesh_axes},
-                   collectives_unknown_runs=s.total.unknown_executions_count,
-                   dcn_bytes_per_step=s.dcn_bytes_per_step)
-    if fn.cost is not None:
-        aware = fn.cost.loop_aware
-        row.update(flops_per_device_xla=fn.cost.per_device.flops, while_loops=len(fn.cost.loop_trip_counts),
-                   flops_per_device_loop_aware=aware.flops if aware is not None else None)
-        if fn.cost.roofline is not None:
-            r = fn.cost.roofline
-            row.update(chip=r.chip, roofline_step_seconds=r.lower_bound_seconds, roofline_bound=r.bound)
+    row.update(Figures.of(fn.cost, fn.memory, fn.collectives).row())
     if fn.error is not None:  # the pipeline reports a failed function as data: here it is a failed row
         row.update(status=ERROR, error={"stage": "staging", "exit_code": 3, "message": str(fn.error)})
         return row
