@@ -95,7 +95,7 @@ def in_child(fn: Callable[[], str], limit_s: float) -> tuple[str, str]:
 
 def gpu_config_cases(rng: random.Random, n: int, work: Path) -> list[tuple[str, Callable[[], str]]]:
     from stagetool.core.errors import UsageError
-    from stagetool.devices.gpu_target_proto import POSITIVE_FIELDS, read_target_config_file
+    from stagetool.plan.gpu_target_proto import POSITIVE_FIELDS, read_target_config_file
     from stagetool.devices.gpu_topology import gpu_model, target_config_text
 
     base = target_config_text(gpu_model("h100"))
@@ -229,7 +229,7 @@ def regex_cases(rng: random.Random, n: int) -> list[tuple[str, Callable[[], str]
 
 def topology_cases(rng: random.Random, n: int) -> list[tuple[str, Callable[[], str]]]:
     from stagetool.core.errors import UsageError
-    from stagetool.devices.compile_only import topology_device_count
+    from stagetool.plan.target import parse_target
 
     digits = ["2", "8", "0", "\uff18", "\u0668", "\u00b2", "\u2468", "9" * 7, "9" * 5000, "65537", " 4 "]
     kinds = ["v5e", "v4", "h100", "gpu", "a100-80gb", "", " ", "v5e\u200b", "h\u0131100"]
@@ -241,7 +241,7 @@ def topology_cases(rng: random.Random, n: int) -> list[tuple[str, Callable[[], s
 
         def run(name: str = name) -> str:
             try:
-                count = topology_device_count(name)
+                count = parse_target(name).device_count
             except UsageError:
                 return OK
             bad = (not name.strip() or any(c.isdigit() and not c.isascii() for c in name) or count > 2**16

@@ -21,9 +21,9 @@ from typing import Any
 from stagetool._version import __version__
 
 _EXPORTS = {
-    "Options": "stagetool.pipeline",
-    "Section": "stagetool.pipeline",
-    "REPORT_SECTIONS": "stagetool.pipeline",
+    "Options": "stagetool.plan.options",
+    "Section": "stagetool.plan.options",
+    "REPORT_SECTIONS": "stagetool.plan.options",
     "analyze": "stagetool.pipeline",
     "staged_functions": "stagetool.pipeline",
     "devices_report": "stagetool.pipeline",

@@ -1,32 +1,28 @@
-"""The pipeline, as its data flow: options → :class:`Plan` (:func:`make_plan`: every option and spec
-value resolved and checked, before any JAX work) → devices + mesh (:func:`provision_devices`) →
-abstract inputs (:func:`prepare_inputs`) → stages and analysis (:func:`stage_and_analyse`) → report
-(:func:`assemble_report`).
+"""The run, as its data flow: a :class:`~stagetool.plan.plan.Plan` (made by
+:func:`stagetool.plan.plan.make_plan` from :class:`~stagetool.plan.options.Options`, before any JAX
+work) → devices + mesh (:func:`provision_devices`) → abstract inputs (:func:`prepare_inputs`) →
+stages and analysis (:func:`stage_and_analyse`) → report (:func:`assemble_report`).
 
-One direction, no back-and-forth; nothing after :func:`make_plan` reads :class:`Options`.
-:func:`analyze` is the Python API behind every command; it returns a
-:class:`stagetool.report.model.Report` that renderers present.
+One direction, no back-and-forth; nothing here reads :class:`Options`. :func:`analyze` is the
+Python API behind every command; it returns a :class:`stagetool.report.model.Report` that
+renderers present. ``Options``, ``Section`` and ``make_plan`` are importable from here too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import enum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
-from stagetool.analysis.leaves import LeafPattern
-from stagetool.core.chips import CHIPS, Chip, get_chip, merge_chips
-from stagetool.core.errors import ExitCode, StagetoolError, UsageError
+from stagetool.core.errors import UsageError
 from stagetool.core.mesh import MeshSpec, parse_mesh_option
-from stagetool.core.paths import ReportRoot, report_root
-from stagetool.spec.discovery import resolve_spec
-from stagetool.spec.model import FunctionSpec, Spec
-from stagetool.spec.variables import load_spec_with
+from stagetool.core.paths import ReportRoot
+from stagetool.plan.options import REPORT_SECTIONS, Options, Section
+from stagetool.plan.plan import Plan, Problems, make_plan
+from stagetool.plan.selectors import LeafPattern
+from stagetool.plan.target import TpuTarget
+from stagetool.spec.model import FunctionSpec
 
 if TYPE_CHECKING:
-    from stagetool.analysis.causes import WhyQuery
     from stagetool.core.errors import StagingError
     from stagetool.gate.run import SnapshotRun
     from stagetool.inputs.avals import AbstractInputs
@@ -35,387 +31,9 @@ if TYPE_CHECKING:
     from stagetool.inputs.target import Target
     from stagetool.report.model import FunctionReport, Report
 
-
-class Section(str, enum.Enum):
-    """What a report holds. Each section costs what its analysis needs and no more."""
-
-    LOWERED_TEXT = "lowered_text"
-    """The lowered module's text (StableHLO, or HLO with ``dialect="hlo"``); does not compile."""
-    COMPILED_TEXT = "compiled_text"
-    """The compiled (optimized, SPMD-partitioned) HLO module."""
-    SHARDINGS = "shardings"
-    COST = "cost"
-    MEMORY = "memory"
-    COLLECTIVES = "collectives"
-    WHY = "why"
-    """``stagetool why``'s answer (needs the plan's question): the collectives and their causes are
-    computed for it, and only the answer is reported."""
-
-
-REPORT_SECTIONS = (Section.SHARDINGS, Section.COLLECTIVES, Section.COST, Section.MEMORY)
-"""What ``stagetool report`` holds."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """What to stage and where; mirrors the CLI's common options.
-
-    Attributes:
-      target: ``file.py:func`` / ``pkg.mod:func``, or None for every function of the spec.
-      spec: the spec file, or None to search for it (see :func:`stagetool.spec.spec_candidates`).
-      mesh: ``2x4`` or ``data=2,model=4``, overriding the spec's mesh sizes.
-      platform: ``cpu`` | ``gpu`` | ``tpu``.
-      topology: a compile-only TPU topology (``v5e:2x4``) or GPU target (``h100:8``, ``h100:2x8``).
-      gpu_target_config: a ``GpuTargetConfigProto`` text file for a GPU target (``--gpu-target-config``).
-      slices: stage this many slices of the TPU topology joined over DCN (``--slices``), overriding
-        the spec's ``slices``; the mesh's first axis spans them.
-      function: run only the spec function(s) of this name (a name or a tuple of names).
-      local_avals: take spec shapes as host-local (``avals: local``).
-      processes: simulate this many processes (hosts) for local avals.
-      dialect: ``stablehlo`` or ``hlo`` for the lowered module's text.
-      chip: a chip of the roofline table (``stagetool.core.chips``) for a step-time estimate.
-      device_memory: per-device memory capacity such as ``16GiB``, overriding what the device reports.
-      peak: find the buffers live at the memory peak (one more compile with an XLA dump).
-      top: how many largest inputs / peak buffers to list.
-      explain: input leaves (key paths, or their last parts) whose collectives to trace.
-      job_processes: processes of the multi-process job (``jax.distributed``) this process is one
-        of; each provisions its share of CPU devices. None for a single process.
-      cache_dir: the facts cache folder (:mod:`stagetool.staging.cache`): a function whose key
-        matches an entry is not compiled. None (the API's default): no cache.
-      jobs: stage this many functions at once, each worker a process of its own that starts JAX
-        once (:mod:`stagetool.process.workers`); the report is the same as a serial run's, in spec order.
-      variables: ``(name, value text)`` pairs filling the spec's ``${name}`` placeholders
-        (:mod:`stagetool.spec.variables`; ``stagetool sweep --set``).
-      timeout_s: seconds each function may take in a worker (``--timeout``); None: no limit.
-      isolate: stage each function in a worker process of its own (``--isolate``).
-      outputs: ``(option, path)`` of each file the command will write (``--output``, ``--junit-xml``,
-        ``--baseline`` with ``--update``), checked by :func:`make_plan` before anything is staged.
-      why: ``stagetool why``'s question as ``(--leaf, --line, --collective)``, one of them given.
-    """
-
-    target: str | None = None
-    spec: Path | None = None
-    mesh: str | None = None
-    platform: str | None = None
-    topology: str | None = None
-    gpu_target_config: str | None = None
-    slices: int | None = None
-    function: str | tuple[str, ...] | None = None
-    local_avals: bool = False
-    processes: int | None = None
-    dialect: str = "stablehlo"
-    chip: str | None = None
-    device_memory: str | None = None
-    peak: bool = False
-    top: int = 10
-    explain: tuple[str, ...] = ()
-    job_processes: int | None = None
-    cache_dir: Path | None = None
-    jobs: int = 1
-    variables: tuple[tuple[str, str], ...] = ()
-    timeout_s: float | None = None
-    isolate: bool = False
-    outputs: tuple[tuple[str, Path], ...] = ()
-    why: tuple[str | None, str | None, int | None] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """Every option and spec value, resolved and checked once by :func:`make_plan` before any JAX
-    work; nothing after it reads :class:`Options`.
-
-    Attributes:
-      spec: the validated spec; functions: the ones to run, in spec order.
-      mesh: the effective mesh (``--mesh`` over the spec's); platform, topology: the effective ones.
-      avals: ``global`` or ``local`` spec shapes; processes: simulated processes (``--processes``).
-      job_processes: processes of the ``jax.distributed`` job, or None.
-      dialect: ``stablehlo`` or ``hlo`` for the lowered text.
-      chips: the chip table (built-in merged with the spec's ``chips:``); chip: ``--chip``'s entry.
-      device_memory_bytes: ``--device-memory`` in bytes per device, or None (then the device, the
-        topology or the chip table says; see :func:`_capacity`).
-      peak, top: the peak dump and how many rows to list.
-      explain: the ``--explain`` patterns, compiled (checked against the leaves in :func:`build_inputs`).
-      cache_dir: the facts cache folder, or None.
-      jobs: worker processes at a time (>= 1); timeout_s: seconds per function in a worker, or
-        None; isolate: each function in a worker of its own.
-      gpu_target_config: the ``--gpu-target-config`` file of a GPU target, or None.
-      slices: TPU slices joined over DCN (``--slices``, the spec's ``slices``), 1 for one.
-      why: ``stagetool why``'s question, checked (:class:`stagetool.analysis.causes.WhyQuery`), or None.
-      report_root: the folder every user path in the report is written relative to — the spec
-        file's folder (:func:`stagetool.core.paths.report_root`) — and that the facts cache keys
-        source locations from; None (a plan built by hand): paths as JAX gives them.
-    """
-
-    spec: Spec
-    functions: tuple[FunctionSpec, ...]
-    mesh: MeshSpec
-    platform: str | None
-    topology: str | None
-    avals: str
-    processes: int | None = None
-    job_processes: int | None = None
-    dialect: str = "stablehlo"
-    chips: Mapping[str, Chip] = dataclasses.field(default_factory=lambda: dict(CHIPS))
-    chip: Chip | None = None
-    device_memory_bytes: int | None = None
-    peak: bool = False
-    top: int = 10
-    explain: tuple[LeafPattern, ...] = ()
-    cache_dir: Path | None = None
-    jobs: int = 1
-    timeout_s: float | None = None
-    isolate: bool = False
-    gpu_target_config: str | None = None
-    slices: int = 1
-    why: WhyQuery | None = None
-    report_root: ReportRoot | None = None
-
-
-class _Problems:
-    """Usage errors collected while a plan is made, raised together (one message, exit 2)."""
-
-    def __init__(self) -> None:
-        self.errors: list[StagetoolError] = []
-
-    @contextlib.contextmanager
-    def check(self) -> Iterator[None]:
-        try:
-            yield
-        except StagetoolError as e:
-            if e.exit_code != ExitCode.USAGE:
-                raise
-            self.errors.append(e)
-
-    def raise_all(self) -> None:
-        if len(self.errors) == 1:
-            raise self.errors[0]
-        if self.errors:
-            lines = [f"  - {e.message}" + (f" (hint: {e.hint})" if e.hint else "") for e in self.errors]
-            raise UsageError(f"{len(self.errors)} problems, nothing was staged:\n" + "\n".join(lines))
-
-
-def _cache_dir_problem(folder: Path) -> str | None:
-    """Why the facts cache could not write under ``folder`` (made on first use), or None: a file is
-    created and removed in the folder, or in its nearest existing parent when it does not exist yet."""
-    from stagetool.process.fileio import write_problem
-
-    probe = Path(folder)
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if not probe.is_dir():
-        return f"{probe} is not a folder"
-    return write_problem(probe / "probe")
-
-
-def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
-    """Resolve every option and spec value into a :class:`Plan`, before any JAX work.
-
-    ``spec``: a spec built in Python (:func:`stagetool.inspect`: the live function and objects), used
-    instead of a spec file (``options.spec`` and ``options.target`` are then not read).
-
-    Checks the spec, TARGET, ``--function``, ``--mesh``, ``--processes``, ``--dialect``, ``--chip``
-    (against the built-in table and the spec's ``chips:``), ``--device-memory`` (a size above 0),
-    ``--explain`` (regular expressions), ``--jobs`` (>= 1), ``--timeout`` (> 0), the cache folder and
-    every output file (its folder exists, is a folder and takes a new file).
-
-    Raises:
-      UsageError: every problem with the options at once (one message when there are several).
-      SpecError: the spec is invalid (alone, or within the one UsageError with the option problems).
-    """
-    from stagetool.analysis.leaves import leaf_patterns
-    from stagetool.process.fileio import write_problem
-    from stagetool.core.units import parse_size
-
-    problems = _Problems()
-    device_memory = explain = None
-    if options.device_memory is not None:
-        with problems.check():
-            try:
-                device_memory = parse_size(options.device_memory)
-            except UsageError as e:
-                from stagetool.core.text import clipped
-
-                given = options.device_memory if len(options.device_memory) <= 40 else clipped(options.device_memory)
-                raise UsageError(f"--device-memory {given}: {e.message}", hint=e.hint) from None
-            if device_memory <= 0:
-                raise UsageError(f"--device-memory {options.device_memory}: the memory of a device must be more "
-                                 "than 0 bytes", hint="write e.g. 16GiB")
-    with problems.check():
-        explain = leaf_patterns(tuple(options.explain))
-    question = None
-    if options.why is not None:
-        from stagetool.analysis.causes import why_query
-
-        with problems.check():
-            question = why_query(*options.why)
-    with problems.check():
-        if options.dialect not in ("stablehlo", "hlo"):
-            raise UsageError(f"--dialect {options.dialect!r} must be 'stablehlo' or 'hlo'")
-    with problems.check():
-        if options.jobs < 1:
-            raise UsageError(f"--jobs {options.jobs}: give at least 1", hint="--jobs 1 stages in this process")
-    with problems.check():
-        from stagetool.core.units import timeout_seconds
-
-        timeout_seconds(options.timeout_s)  # above 0, at most a week; inf and nan refused alike
-    with problems.check():
-        if options.cache_dir is not None and options.cache_dir.exists() and not options.cache_dir.is_dir():
-            raise UsageError(f"--cache-dir {options.cache_dir}: not a folder",
-                             hint="give a folder, or --no-cache to compile without the cache")
-        if options.cache_dir is not None:
-            why = _cache_dir_problem(options.cache_dir)
-            if why:
-                raise UsageError(f"--cache-dir {options.cache_dir}: cannot write: {why}",
-                                 hint="give a folder you can write, or --no-cache to compile without the cache")
-    for option, path in options.outputs:
-        with problems.check():
-            why = write_problem(path)
-            if why:
-                raise UsageError(f"{option} {path}: cannot write: {why}", hint="give a file in a folder you can write")
-    given, spec = spec, None
-    with problems.check():
-        if given is not None:
-            spec, spec_path = given, given.path
-        else:
-            spec_path = resolve_spec(options.spec, options.target)
-            if options.target:
-                from stagetool.inputs.target import split_target
-
-                split_target(options.target)  # a malformed TARGET is the first thing to say
-            spec = load_spec_with(spec_path, dict(options.variables))
-    if spec is None:
-        problems.raise_all()
-    functions = list(spec.functions.values())
-    with problems.check():
-        if options.target:
-            functions = [f for f in functions if _same_target(options.target, f)]
-            if not functions:
-                described = ", ".join(f"{f.name} ({f.target})" for f in spec.functions.values()) or "none"
-                raise UsageError(f"the spec {spec_path} does not describe {options.target}; it has: {described}",
-                                 hint="add the function under 'functions:' or pass the right --spec")
-    with problems.check():
-        if options.function:
-            wanted = (options.function,) if isinstance(options.function, str) else tuple(options.function)
-            for name in wanted:
-                if name not in spec.functions:
-                    raise UsageError(f"--function {name!r} is not in {spec_path}; it has: " + ", ".join(spec.functions))
-            functions = [f for f in functions if f.name in wanted]
-    with problems.check():
-        if not functions and not problems.errors:
-            raise UsageError(f"the spec {spec_path} has no functions to run")
-    mesh = spec.mesh
-    with problems.check():
-        if options.mesh:
-            try:
-                mesh = parse_mesh_option(options.mesh, spec.mesh)
-            except ValueError as e:
-                raise UsageError(str(e)) from None
-    with problems.check():
-        if options.topology is not None and not options.topology.strip():
-            raise UsageError("--topology '': an empty topology name (an unset variable in --topology \"$TOPO\"?)",
-                             hint="give a topology such as v5e:2x4 or h100:8, or leave --topology out to stage on "
-                                  "this machine's devices")
-    topology = options.topology or spec.topology
-    slices = 1
-    with problems.check():
-        _check_topology(spec, options, topology)
-    with problems.check():
-        slices = _check_slices(spec, options, topology, mesh)
-    avals = "local" if options.local_avals else spec.avals
-    with problems.check():
-        if options.processes is not None and avals != "local":
-            raise UsageError(f"--processes {options.processes} simulates hosts for local avals, but the shapes are "
-                             "global", hint="add --local-avals (or 'avals: local' in the spec)")
-    chips: dict[str, Chip] = dict(CHIPS)
-    chip = None
-    with problems.check():
-        if spec.chips:
-            chips = merge_chips(spec.chips)
-        if options.chip:
-            try:
-                chip = get_chip(options.chip, chips)
-            except UsageError as e:
-                raise UsageError(f"--chip {options.chip}: {e.message}", hint=e.hint) from None
-    with problems.check():
-        if options.chip and topology is not None and chip is not None:
-            from stagetool.devices.compile_only import check_chip_for_target
-
-            # a chip the spec's chips: defines is the user's own figures; the built-in ones are checked
-            if chip == CHIPS.get(chip.name):
-                check_chip_for_target(options.chip, topology, options.gpu_target_config)
-    problems.raise_all()
-    return Plan(spec, tuple(functions), mesh, options.platform or spec.platform, topology,
-                avals, processes=options.processes, job_processes=options.job_processes, dialect=options.dialect,
-                chips=chips, chip=chip, device_memory_bytes=device_memory, peak=options.peak, top=options.top,
-                explain=explain, cache_dir=options.cache_dir, jobs=options.jobs,
-                timeout_s=options.timeout_s,
-                isolate=options.isolate, gpu_target_config=options.gpu_target_config,
-                slices=slices, why=question,
-                report_root=report_root(spec.path, [f.target for f in spec.functions.values()]))
-
-
-def _check_topology(spec: Spec, options: Options, topology: str | None) -> None:
-    """The topology's name, shape, config file and library, before JAX starts (exit 2); a topology the
-    spec chose is named by its line."""
-    from stagetool.devices.compile_only import check_topology
-
-    try:
-        check_topology(topology, options.gpu_target_config)
-    except UsageError as e:
-        loc = getattr(spec, "locs", {}).get("topology")
-        if options.topology is None and topology is not None and loc is not None:
-            raise UsageError(f"{loc}: topology: {e.message}", hint=e.hint) from None
-        raise
-
-
-def plan_slices(spec: Spec, options: Options) -> int:
-    """The slices a run stages: ``--slices``, else the spec's ``slices``, else 1."""
-    return options.slices or getattr(spec, "slices", None) or 1
-
-
-def _check_slices(spec: Spec, options: Options, topology: str | None, mesh: MeshSpec) -> int:
-    """``--slices N`` / ``slices: N`` before JAX starts: a whole number, a TPU topology, and a mesh
-    whose first axis is a multiple of N and whose size is N × the topology's devices (exit 2).
-    Returns N."""
-    n = plan_slices(spec, options)
-    given = "--slices" if options.slices else f"{spec.locs.get('slices', 'the spec')}: slices"
-    if options.slices is not None and options.slices < 1:
-        raise UsageError(f"--slices {options.slices}: the number of TPU slices must be at least 1")
-    if n == 1:
-        return 1
-    from stagetool.devices.compile_only import is_gpu_target, topology_device_count
-
-    if topology is None or is_gpu_target(topology, options.gpu_target_config):
-        raise UsageError(f"{given} {n}: slices are TPU slices joined over DCN, and need a TPU topology",
-                         hint=f"add --topology, e.g. --topology v5e:2x4 --slices {n}")
-    per_slice = topology_device_count(topology)
-    if mesh.axes:
-        first, size = mesh.axes[0]
-        if size % n:
-            raise UsageError(f"{given} {n}: the mesh's first axis {first}={size} spans the slices, so its size must "
-                             f"be a multiple of {n}", hint=f"e.g. --mesh {first}={n * max(size // n, 1)},...")
-        if mesh.device_count != n * per_slice:
-            raise UsageError(f"the mesh {mesh} has {mesh.device_count} devices, but {n} slices of {topology} have "
-                             f"{n * per_slice}", hint="a compile-only topology is used whole: make the mesh's sizes "
-                                                      "multiply to the slices' device count")
-    return n
-
-
-def _same_target(target: str, fspec: FunctionSpec) -> bool:
-    """Whether the command-line TARGET names the same callable as the spec's target."""
-    from stagetool.inputs.target import split_target
-
-    try:
-        a_mod, a_attr = split_target(target)
-        b_mod, b_attr = split_target(fspec.target)
-    except Exception:
-        return False
-    if a_attr != b_attr:
-        return False
-    if a_mod.endswith(".py") and b_mod.endswith(".py"):
-        return Path(a_mod).resolve() == (fspec.base_dir / b_mod).resolve()
-    return a_mod == b_mod
-
+__all__ = ["REPORT_SECTIONS", "Options", "Plan", "Section", "analyze", "analyze_plan", "assemble_report",
+           "devices_report", "make_plan", "prepare_inputs", "provision_devices", "snapshot_plan", "stage_and_analyse",
+           "staged_functions", "take_snapshot"]
 
 def analyze(options: Options, sections: Iterable[Section] = (Section.SHARDINGS,), *,
             command: str = "analyze", on_stage: Callable[[str, str], None] | None = None):
@@ -435,7 +53,8 @@ def analyze(options: Options, sections: Iterable[Section] = (Section.SHARDINGS,)
       UsageError, SpecError, TargetError: bad options, spec or target (exit code 2), before any trace.
       StagingError: JAX failed to trace, lower or compile (exit code 3).
     """
-    return analyze_plan(make_plan(options), sections, command=command, on_stage=on_stage)
+    plan = make_plan(options)  # every option checked, the target parsed once, before any JAX work
+    return analyze_plan(plan, sections, command=command, on_stage=on_stage)
 
 
 def analyze_plan(plan: Plan, sections: Iterable[Section], *, command: str = "analyze",
@@ -473,21 +92,23 @@ def provision_devices(plan: Plan) -> DeviceSetup:
       UsageError: a bad platform or topology (naming the spec's line when the spec chose it), or
         too few devices.
     """
-    from stagetool.process import gc_pause
     from stagetool.devices.provision import provision
+    from stagetool.plan.target import COMPILE_ONLY, Attached, CpuMesh
+    from stagetool.process import gc_pause
 
-    key = (plan.mesh, plan.platform, plan.topology, plan.processes, plan.job_processes, plan.gpu_target_config,
-           plan.slices)
+    key = (plan.mesh, plan.target, plan.processes, plan.job_processes, plan.slices)
     if key not in _SETUP_CACHE:
         try:
-            _SETUP_CACHE[key] = provision(plan.mesh, platform=plan.platform, topology=plan.topology,
-                                          processes=plan.processes, job_processes=plan.job_processes,
-                                          gpu_target_config=plan.gpu_target_config, slices=plan.slices)
+            _SETUP_CACHE[key] = provision(plan.mesh, plan.target, processes=plan.processes,
+                                          job_processes=plan.job_processes, slices=plan.slices)
         except UsageError as e:
             # a platform or topology the spec chose (not the command line): name the spec's line
+            target = plan.target
+            effective = {"platform": target.platform if isinstance(target, (CpuMesh, Attached)) else None,
+                         "topology": target.name if isinstance(target, COMPILE_ONLY) else None}
             for name, chosen in (("platform", plan.spec.platform), ("topology", plan.spec.topology)):
-                loc = getattr(plan.spec, "locs", {}).get(name)
-                if chosen is not None and chosen == getattr(plan, name) and loc is not None \
+                loc = plan.spec.locs.get(name)
+                if chosen is not None and chosen == effective[name] and loc is not None \
                         and e.message.startswith(f"--{name} "):
                     raise UsageError(f"{loc}: {name}: " + e.message[len(name) + 3:], hint=e.hint) from None
             raise
@@ -509,10 +130,10 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target]
         UsageError holding all of them).
       UsageError, TargetError: a bad option or target.
     """
-    from stagetool.analysis.leaves import unmatched_leaf_patterns
     from stagetool.core.errors import SpecError, StagingError, TargetError
     from stagetool.inputs.avals import build_inputs, fit_out_shardings
     from stagetool.inputs.target import load_target
+    from stagetool.plan.selectors import unmatched_leaf_patterns
 
     out: dict[str, Prepared] = {}
     issues: list[str] = []
@@ -539,7 +160,7 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target]
         if plan.why is not None and plan.why.kind == "leaf":
             unmatched += _why_leaf_unmatched(plan.why.leaf, fitted, target, inputs, setup)
         out[fspec.name] = Prepared(fitted, target, inputs)
-    problems = _Problems()
+    problems = Problems()
     if issues:
         problems.errors.append(SpecError(issues))
     if unmatched:
@@ -555,8 +176,8 @@ def _why_leaf_unmatched(pattern: LeafPattern, fspec: FunctionSpec, target: Targe
     input leaves and none of its output leaves (``out/...``, an NNX argument's state, Equinox's
     ``marker``: known from a trace, done only when no input matches). [] when it names one, or when the
     trace fails (staging then reports that failure)."""
-    from stagetool.analysis.leaves import unmatched_leaf_patterns
     from stagetool.core.errors import StagingError
+    from stagetool.plan.selectors import unmatched_leaf_patterns
     from stagetool.staging.gather import output_names
     from stagetool.staging.stages import jit_function, trace_only
 
@@ -809,7 +430,7 @@ def _mesh_report(plan: Plan, setup: DeviceSetup) -> Any:
     from stagetool.report.model import MeshReport
 
     return MeshReport(plan.mesh.axes, plan.mesh.axis_types, setup.platform, setup.device_kind,
-                      len(setup.devices), setup.process_count, setup.topology, getattr(setup, "slices", 1))
+                      len(setup.devices), setup.process_count, setup.topology, setup.slices)
 
 
 def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, wanted: frozenset[Section],
@@ -878,18 +499,15 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
                                       mesh_axes=len(plan.mesh.names))
         notes += cpu_notes(command=command, host=facts.host_transfers, narrow=narrow,
                            collectives=fields.get("collectives"), cost=fields.get("cost"))
-    if getattr(setup, "target_config_sha256", None) is not None:
+    if setup.target_config_sha256 is not None:
         notes.append(f"compile-only GPU target {setup.topology} ({setup.device_kind}, config from "
                      f"{setup.target_config_source}): no GPU was there to time kernels, so XLA chose GEMM and fusion "
                      "kernels by its heuristics, without autotuning; on the GPU autotuning may choose others "
                      "(temporaries and timings can differ)")
-    if setup.topology:
+    if isinstance(plan.target, TpuTarget):
         from stagetool.devices.tpu_topology import host_override_note
 
-        try:
-            hosts = host_override_note(setup.topology, setup.process_count)
-        except Exception:  # noqa: BLE001 - a malformed name was refused earlier; no note then
-            hosts = None
+        hosts = host_override_note(plan.target, setup.process_count)
         if hosts:
             notes.append(hosts)
     if plan.avals == "local":
@@ -919,14 +537,9 @@ def _step_chip(plan: Plan, setup: DeviceSetup) -> Any:
 
     if plan.chip is not None:
         return plan.chip
-    name = None
-    if setup.topology:
-        from stagetool.devices.compile_only import target_chip
+    from stagetool.plan.target import COMPILE_ONLY
 
-        try:
-            name = target_chip(setup.topology, plan.gpu_target_config)
-        except Exception:  # noqa: BLE001 - a malformed name was refused before any compile
-            name = None
+    name = plan.target.roofline_chip if isinstance(plan.target, COMPILE_ONLY) else None
     if name is None and setup.platform != "cpu":
         name = chip_for_device_kind(setup.device_kind)
     return plan.chips.get(name) if name else None
@@ -985,16 +598,18 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
     order is included.
 
     Raises:
-      UsageError: a bad ``--mesh``, platform or topology, or too few devices.
+      UsageError: a bad ``--mesh``, platform or topology (``--gpu-target-config`` without one), or
+        too few devices.
     """
-    from stagetool.devices.compile_only import check_topology
     from stagetool.devices.provision import provision
+    from stagetool.plan.target import COMPILE_ONLY, check_target, parse_target
     from stagetool.report.model import DeviceInfo, DevicesReport
 
     if topology is not None and not topology.strip():
         raise UsageError("--topology '': an empty topology name (an unset variable in --topology \"$TOPO\"?)",
                          hint="give a topology such as v5e:2x4 or h100:8, or leave --topology out")
-    check_topology(topology, gpu_target_config)  # a --gpu-target-config without a GPU topology, a bad config
+    target = parse_target(topology, platform=platform, gpu_target_config=gpu_target_config)  # the one parse
+    check_target(target)  # a GPU typo, a bad config, the library it needs
     mesh_spec = MeshSpec(())
     if mesh:
         try:
@@ -1002,15 +617,11 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
         except ValueError as e:
             raise UsageError(str(e)) from None
     layout = mesh_spec
-    if topology is not None and not mesh_spec.axes:
-        from stagetool.devices.compile_only import topology_device_count
-
-        count = topology_device_count(topology, gpu_target_config) * (slices or 1)
-        layout = MeshSpec((("devices", count),))  # all, in one axis
+    if isinstance(target, COMPILE_ONLY) and not mesh_spec.axes:
+        layout = MeshSpec((("devices", target.device_count * (slices or 1)),))  # all, in one axis
     if slices is not None and slices < 1:
         raise UsageError(f"--slices {slices}: the number of TPU slices must be at least 1")
-    setup = provision(layout, platform=platform, topology=topology, gpu_target_config=gpu_target_config,
-                      slices=slices)
+    setup = provision(layout, target, slices=slices)
     if topology is None:
         import jax
 

@@ -16,6 +16,7 @@ from helpers import REPO, leaves_by_path
 from test_examples import _in_repo, transformer_stages  # noqa: F401 - the fixture runs in the repo
 
 from stagetool.devices import tpu_topology as topology
+from stagetool.plan.target import parse_target
 
 pytestmark = pytest.mark.skipif(not topology.libtpu_available(),
                                 reason="libtpu not installed: pip install -e '.[tpu]'")
@@ -30,7 +31,7 @@ def test_transformer_memory_on_v5e_matches_jax(run_cli):
     assert f["mesh"]["topology"] == "v5e:2x4" and f["mesh"]["device_count"] == 8
     m = f["memory"]
 
-    topo = topology.tpu_topology("v5e:2x4")
+    topo = topology.tpu_topology(parse_target("v5e:2x4"))
     mesh = topology.topology_mesh(topo.devices, (2, 4), ("data", "model"))
     _, _, _, compiled = transformer_stages(mesh)
     stats = compiled.memory_analysis()
@@ -113,3 +114,27 @@ def test_model_code_that_builds_its_mesh_at_import_works_on_a_compile_only_targe
     f = json.loads(r.stdout)["functions"][0]
     assert f["mesh"]["topology"] == target and f["mesh"]["device_count"] == 8
     assert f["mesh"]["platform"] == ("tpu" if target.startswith("v5e") else "gpu")
+
+
+def test_the_topology_is_parsed_once_per_run(run_cli, monkeypatch):
+    """One CLI run on a compile-only topology parses its name once, in the plan: the devices, the
+    report's notes and the facts read the plan's typed target. Both the parse and the grammar under it
+    are counted, so a module that took the name apart again on its own would show."""
+    from stagetool.plan import target as plan_target
+
+    calls = {"parse_target": 0, "grammar": 0}
+
+    def counted(name, real):
+        def wrapper(*a, **k):
+            calls[name] += 1
+            return real(*a, **k)
+        return wrapper
+
+    monkeypatch.setattr(plan_target, "parse_target", counted("parse_target", plan_target.parse_target))
+    monkeypatch.setattr(plan_target, "_tpu_target", counted("grammar", plan_target._tpu_target))
+    monkeypatch.setattr(plan_target, "_gpu_target", counted("grammar", plan_target._gpu_target))
+    doc = run_cli("report", "examples/mlp.py:train_step", "--topology", "v5e:2x4", "--no-peak", "--format", "json",
+                  check=0).json()
+    assert doc["functions"][0]["mesh"]["topology"] == "v5e:2x4"
+    assert doc["functions"][0]["mesh"]["device_kind"] == "TPU v5 lite"
+    assert calls == {"parse_target": 1, "grammar": 1}

@@ -588,9 +588,11 @@ def test_a_constraint_the_mesh_does_not_divide_is_a_note_with_the_users_line(run
 
 def test_the_topology_host_count_override_is_shown(run_cli, tmp_path, monkeypatch):
     from stagetool.devices.tpu_topology import host_override_note
+    from stagetool.plan.target import parse_target
 
-    assert "stagetool's override" in host_override_note("v5e:2x4", 1)
-    assert host_override_note("v5e:4x4", 4) is None and host_override_note("v5p:2x2x2", 2) is None
+    assert "stagetool's override" in host_override_note(parse_target("v5e:2x4"), 1)
+    assert host_override_note(parse_target("v5e:4x4"), 4) is None
+    assert host_override_note(parse_target("v5p:2x2x2"), 2) is None
     if not topology.libtpu_available():
         return
     monkeypatch.chdir(tmp_path)

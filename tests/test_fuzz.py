@@ -386,7 +386,7 @@ def test_fuzz_gpu_target_configs(tmp_path):
     import math
 
     from stagetool.core.errors import UsageError
-    from stagetool.devices.gpu_target_proto import POSITIVE_FIELDS, read_target_config_file
+    from stagetool.plan.gpu_target_proto import POSITIVE_FIELDS, read_target_config_file
     from stagetool.devices.gpu_topology import gpu_model, target_config_text
 
     base = target_config_text(gpu_model("h100"))
@@ -467,7 +467,7 @@ def test_fuzz_rule_regexes_are_refused_or_match_in_bounded_time():
 def test_fuzz_topology_names():
     """Any topology name is a device count from ASCII digits (at most 65,536 devices) or one UsageError."""
     from stagetool.core.errors import UsageError
-    from stagetool.devices.compile_only import topology_device_count
+    from stagetool.plan.target import parse_target
 
     digits = st.text(st.sampled_from("0123456789\uff10\uff18\u0668\u00b2\u2460 "), min_size=0, max_size=12) | st.just("9" * 5000)
 
@@ -477,7 +477,7 @@ def test_fuzz_topology_names():
     def one(kind, a, b, form):
         name = form.format(k=kind, a=a, b=b)
         try:
-            count = topology_device_count(name)
+            count = parse_target(name).device_count
         except UsageError:
             return
         assert name.strip() and 1 <= count <= 2**16 and all(c.isascii() for c in name if c.isdigit()), name

@@ -10,7 +10,9 @@ import pytest
 
 from stagetool.core.errors import UsageError
 from stagetool.devices import provision as devices_mod
-from stagetool.pipeline import Plan, _capacity
+from stagetool.pipeline import _capacity
+from stagetool.plan.plan import Plan
+from stagetool.plan.target import Attached
 from stagetool.core.mesh import MeshSpec
 from stagetool.spec.model import Spec
 
@@ -23,7 +25,7 @@ def fake_gpu(i: int, limit: int = 80 * 2**30):
 def test_too_few_gpus_is_a_usage_error_that_suggests_simulating(monkeypatch):
     monkeypatch.setattr(jax, "devices", lambda platform=None: [fake_gpu(0), fake_gpu(1)])
     with pytest.raises(UsageError) as e:
-        devices_mod.provision(MeshSpec((("data", 2), ("model", 4))), platform="gpu")
+        devices_mod.provision(MeshSpec((("data", 2), ("model", 4))), Attached("gpu"))
     assert e.value.message == "the mesh data=2 × model=4 needs 8 devices, but platform gpu has 2"
     assert "--platform cpu" in e.value.hint
 
@@ -31,7 +33,7 @@ def test_too_few_gpus_is_a_usage_error_that_suggests_simulating(monkeypatch):
 def test_capacity_comes_from_the_gpu(monkeypatch):
     setup = types.SimpleNamespace(devices=(fake_gpu(0, 12345),), device_kind="NVIDIA H100 80GB HBM3",
                                   capacity_bytes=None, capacity_source=None)
-    plan = Plan(Spec(None, MeshSpec(()), None, None, "global", {}), (), MeshSpec(()), "gpu", None, "global")
+    plan = Plan(Spec(None, MeshSpec(()), None, None, "global", {}), (), MeshSpec(()), Attached("gpu"), "global")
     assert _capacity(plan, setup) == (12345, "jax.Device.memory_stats()['bytes_limit']")
     # --device-memory (resolved to bytes by make_plan) wins over what the device says.
     assert _capacity(dataclasses.replace(plan, device_memory_bytes=2**30), setup) == (2**30, "--device-memory")
@@ -41,5 +43,5 @@ def test_capacity_falls_back_to_the_chip_table_for_a_known_gpu_kind():
     dev = types.SimpleNamespace(id=0, platform="gpu", memory_stats=lambda: None)
     setup = types.SimpleNamespace(devices=(dev,), device_kind="NVIDIA H100 80GB HBM3", capacity_bytes=None,
                                   capacity_source=None)
-    plan = Plan(Spec(None, MeshSpec(()), None, None, "global", {}), (), MeshSpec(()), "gpu", None, "global")
+    plan = Plan(Spec(None, MeshSpec(()), None, None, "global", {}), (), MeshSpec(()), Attached("gpu"), "global")
     assert _capacity(plan, setup) == (80 * 2**30, "chip table (h100-sxm)")

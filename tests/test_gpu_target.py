@@ -20,7 +20,9 @@ from stagetool.analysis.loops import counted_cost
 from stagetool.analysis.sections import derived_per_device_cost
 from stagetool.core.errors import UsageError
 from stagetool.hlo.parser import parse_hlo_module
-from stagetool.devices import compile_only, gpu_capture, gpu_topology, tpu_topology as topology
+from stagetool.devices import gpu_capture, gpu_topology, tpu_topology as topology
+from stagetool.plan import target as plan_target
+from stagetool.plan.target import GpuTarget, TpuTarget, parse_target
 
 needs_plugin = pytest.mark.skipif(not gpu_topology.cuda_plugin_available(),
                                   reason="JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
@@ -41,21 +43,22 @@ def _env(**more: str) -> dict:
     ("H200:1", ("h200", 1, 1), 1), ("b200:4x8", ("b200", 4, 8), 32), ("h100-sxm:8", ("h100", 1, 8), 8),
 ])
 def test_gpu_names_parse_into_hosts_and_devices(name, expected, count):
-    assert gpu_topology.is_gpu_topology_name(name)
-    assert gpu_topology.parse_gpu_topology_name(name) == expected
-    assert compile_only.topology_device_count(name) == count
+    target = parse_target(name)
+    assert isinstance(target, GpuTarget) and target.name == name
+    assert (target.kind, target.hosts, target.devices_per_host) == expected
+    assert target.device_count == count
 
 
 @pytest.mark.parametrize("name", ["h100:0", "h100:2x0", "h100:8x8x8", "h100", "rtx9999:8"])
 def test_bad_gpu_names_say_what_is_accepted(name):
     with pytest.raises(UsageError) as e:
-        gpu_topology.parse_gpu_topology_name(name)
+        parse_target(name, gpu_target_config="h.txtpb")  # with a config, any name is read as a GPU target's
     assert "h100:8" in e.value.hint
 
 
 def test_tpu_names_are_not_gpu_names():
-    assert not gpu_topology.is_gpu_topology_name("v5e:2x4")
-    assert compile_only.topology_device_count("v5e:2x4") == 8 and compile_only.topology_device_count("v4:2x2x1") == 8
+    assert parse_target("v5e:2x4") == TpuTarget("v5e:2x4", "v5e", (2, 4))
+    assert parse_target("v5e:2x4").device_count == 8 and parse_target("v4:2x2x1").device_count == 8
 
 
 @pytest.mark.parametrize("model", gpu_topology.GPU_MODELS, ids=lambda m: m.alias)
@@ -66,7 +69,7 @@ def test_the_table_config_carries_the_published_figures(model):
     assert f"memory_bandwidth: {model.memory_bandwidth_bytes_per_second}\n" in text
     assert f'device_description_str: "{model.device_kind}"' in text
     assert f"major: {model.compute_capability[0]}" in text
-    from stagetool.devices.gpu_target_proto import parse_target_config
+    from stagetool.plan.gpu_target_proto import parse_target_config
 
     assert parse_target_config(text, "table").memory_bytes == model.memory_bytes  # read as XLA reads it
 
@@ -115,12 +118,12 @@ def test_without_the_plugin_a_gpu_topology_says_what_to_install():
 def test_the_install_hint_is_the_readmes(monkeypatch):
     """Trial 2, 14a: the hint named ``pip install "stagetool[gpu-aot]"`` where the README says
     ``pip install -e '.[gpu-aot]'``; both now say the README's form (checked against its text)."""
-    monkeypatch.setattr(compile_only, "cuda_plugin_available", lambda: False)
-    monkeypatch.setattr(compile_only, "libtpu_available", lambda: False)
+    monkeypatch.setattr(plan_target, "cuda_plugin_available", lambda: False)
+    monkeypatch.setattr(plan_target, "libtpu_available", lambda: False)
     readme = (REPO / "README.md").read_text()
     for name, extra in (("h100:8", "gpu-aot"), ("v5e:2x4", "tpu")):
         with pytest.raises(UsageError) as e:
-            compile_only.check_topology(name)
+            plan_target.check_target(parse_target(name))
         form = f"pip install -e '.[{extra}]'"
         assert form in e.value.hint and form in readme and f"stagetool[{extra}]" not in e.value.hint
 
@@ -151,10 +154,11 @@ def test_capturing_a_target_config_without_a_gpu_is_exit_2(tmp_path):
 def test_platforms_for_a_run(monkeypatch, platform, topo, expected):
     from stagetool.devices import backends
 
+    target = parse_target(topo, platform=platform)
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
-    assert backends.platforms_for(platform, topo) == expected
+    assert backends.platforms_for(target) == expected
     monkeypatch.setenv("JAX_PLATFORMS", "cpu,tpu")
-    assert backends.platforms_for(platform, topo) is None  # the user's choice stands
+    assert backends.platforms_for(target) is None  # the user's choice stands
 
 
 def test_no_platform_is_cpu_only_where_no_accelerator_can_be(monkeypatch):
@@ -163,12 +167,12 @@ def test_no_platform_is_cpu_only_where_no_accelerator_can_be(monkeypatch):
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     monkeypatch.setattr(backends, "accelerator_attached", lambda: False)
     monkeypatch.setattr(backends, "other_plugins", lambda: ())
-    assert backends.platforms_for(None, None) == "cpu"
+    assert backends.platforms_for(plan_target.Attached()) == "cpu"
     monkeypatch.setattr(backends, "accelerator_attached", lambda: True)  # /dev/nvidia0, /dev/accel0 ...
-    assert backends.platforms_for(None, None) is None
+    assert backends.platforms_for(plan_target.Attached()) is None
     monkeypatch.setattr(backends, "accelerator_attached", lambda: False)
     monkeypatch.setattr(backends, "other_plugins", lambda: ("xla_metal",))  # makes no device file
-    assert backends.platforms_for(None, None) is None
+    assert backends.platforms_for(plan_target.Attached()) is None
 
 
 def test_a_simulated_mesh_starts_only_the_cpu_backend(tmp_path):
@@ -339,10 +343,10 @@ def test_gpu_flops_are_derived_and_labelled(run_cli):
 @needs_plugin
 def test_every_gpu_in_the_table_compiles(run_cli):
     for model in gpu_topology.GPU_MODELS:
-        topo = gpu_topology.gpu_topology(f"{model.alias}:2")
+        topo = gpu_topology.gpu_topology(parse_target(f"{model.alias}:2"))
         assert [d.device_kind for d in topo.devices] == [model.device_kind] * 2
         assert topo.memory_bytes_per_device == model.memory_bytes and topo.num_processes == 1
-    two_hosts = gpu_topology.gpu_topology("a100-80gb:2x4")
+    two_hosts = gpu_topology.gpu_topology(parse_target("a100-80gb:2x4"))
     assert two_hosts.num_devices == 8 and two_hosts.num_processes == 2
 
 
@@ -414,7 +418,7 @@ H100 = gpu_topology.target_config_text(gpu_topology.gpu_model("h100"))
     (lambda t: "platform_name: 'CUDA'\n", "no gpu_device_info"),
 ])
 def test_a_config_is_parsed_as_the_proto_and_its_sizes_must_be_positive(tmp_path, edit, expect):
-    from stagetool.devices.gpu_target_proto import read_target_config_file
+    from stagetool.plan.gpu_target_proto import read_target_config_file
 
     p = tmp_path / "c.txtpb"
     p.write_text(edit(H100))
@@ -424,7 +428,7 @@ def test_a_config_is_parsed_as_the_proto_and_its_sizes_must_be_positive(tmp_path
 
 
 def test_the_capacity_is_the_parsed_field_and_unknown_fields_are_left_to_xla(tmp_path):
-    from stagetool.devices.gpu_target_proto import read_target_config_file
+    from stagetool.plan.gpu_target_proto import read_target_config_file
 
     p = tmp_path / "c.txtpb"
     p.write_text("# device_memory_size: 999999999999999\n" + H100.replace("85899345920", "1000")
@@ -437,7 +441,7 @@ def test_the_capacity_is_the_parsed_field_and_unknown_fields_are_left_to_xla(tmp
 def test_a_config_that_is_not_a_small_regular_file_is_refused_without_reading(tmp_path, kind):
     import time
 
-    from stagetool.devices.gpu_target_proto import MAX_CONFIG_BYTES, read_target_config_file
+    from stagetool.plan.gpu_target_proto import MAX_CONFIG_BYTES, read_target_config_file
 
     p = tmp_path / "c"
     if kind == "fifo":
@@ -459,10 +463,8 @@ def test_a_config_that_is_not_a_small_regular_file_is_refused_without_reading(tm
 @pytest.mark.parametrize("name", ["h100:\uff18", "gpu:\u0668", "h100:" + "9" * 5000, "h100:9999x9999", "v5e:\uff12x\uff12",
                                   "v5e:" + "9" * 5000, "v5e:999x999", ""])
 def test_topology_names_with_non_ascii_digits_or_huge_counts_are_refused(name):
-    from stagetool.devices.compile_only import topology_device_count
-
     with pytest.raises(UsageError):
-        topology_device_count(name)
+        parse_target(name)
 
 
 @needs_plugin

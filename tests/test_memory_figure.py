@@ -12,6 +12,7 @@ import pytest
 from helpers import write
 
 from stagetool.facts import BackendResult
+from stagetool.plan.target import parse_target
 
 MODEL = """\
 import jax
@@ -129,7 +130,7 @@ def test_transformer_on_v5e_gates_xlas_peak_in_every_command(run_cli, tmp_path, 
     monkeypatch.chdir(tmp_path)
     ex = str(__import__("helpers").EXAMPLES)
     spec = f"{ex}/transformer.stagetool.yaml"
-    topo = topology.tpu_topology("v5e:2x4")
+    topo = topology.tpu_topology(parse_target("v5e:2x4"))
     stats = transformer_stages(topology.topology_mesh(topo.devices, (2, 4), ("data", "model")))[3].memory_analysis()
     total = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
              + stats.temp_size_in_bytes)

@@ -130,7 +130,7 @@ def test_an_explain_pattern_naming_no_leaf_is_found_before_lowering(run_cli, ran
 
 
 def test_explain_patterns_are_regular_expressions_over_key_paths_or_their_last_parts():
-    from stagetool.analysis.leaves import leaf_patterns
+    from stagetool.plan.selectors import leaf_patterns
 
     paths = ["params/w1", "params/w2", "params/b1", "x"]
     names = {p.text: [x for x in paths if p.names(x)]
@@ -152,7 +152,10 @@ def test_the_plan_is_typed_and_resolved(tmp_path):
 
 
 def test_no_pipeline_helper_takes_both_the_plan_and_the_options():
-    for name, fn in inspect.getmembers(pipeline, inspect.isfunction):
-        if fn.__module__ == pipeline.__name__:
-            params = set(inspect.signature(fn).parameters)
-            assert not {"plan", "options"} <= params, name
+    import stagetool.plan.plan as plan_module
+
+    for module in (pipeline, plan_module):
+        for name, fn in inspect.getmembers(module, inspect.isfunction):
+            if fn.__module__ == module.__name__:
+                params = set(inspect.signature(fn).parameters)
+                assert not {"plan", "options"} <= params, name

@@ -136,7 +136,7 @@ def test_rules_call_mapping_and_yaml_merge_keys(run_cli, tmp_path, isolated_impo
 
 def test_explain_takes_a_path_suffix_with_or_without_value():
     """``--explain up/kernel`` names a Flax leaf (``.../up/kernel/value``) as ``up/kernel/value`` does."""
-    from stagetool.analysis.leaves import leaf_patterns, unmatched_leaf_patterns
+    from stagetool.plan.selectors import leaf_patterns, unmatched_leaf_patterns
 
     paths = ["model/mlp/up/kernel/value", "model/mlp/down/kernel/value", "params/w1", "opt/up/kernel/value"]
     for text, named in (("kernel", {"model/mlp/up/kernel/value", "model/mlp/down/kernel/value", "opt/up/kernel/value"}),

@@ -434,9 +434,9 @@ def test_one_chip_over_a_target_of_another_chip_is_refused_before_anything_runs(
 
 
 def test_the_target_chip_comes_from_the_name():
-    from stagetool.devices.compile_only import target_chip
+    from stagetool.plan.target import parse_target
 
-    assert [target_chip(t) for t in ("v5e:2x4", "v6e:2x2", "v5p:2x2x2", "h100:8", "a100-80gb:2x8", "v2:2x2")] == \
+    assert [parse_target(t).roofline_chip for t in ("v5e:2x4", "v6e:2x2", "v5p:2x2x2", "h100:8", "a100-80gb:2x8", "v2:2x2")] == \
         ["tpu-v5e", "tpu-v6e", "tpu-v5p", "h100-sxm", "a100-80gb", None]
 
 

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from stagetool.facts import Operand, Propagation, PropagatedOp, ValueSharding
     from stagetool.hlo.parser import SourceFrame
 
-__all__ = ["AxisOrigin", "CollectiveCause", "ConstraintFact", "ShardingOrigins", "TensorAt", "WhyQuery",
-           "cause_of", "sharding_origins", "unfaithful_reason", "why_query"]
+__all__ = ["AxisOrigin", "CollectiveCause", "ConstraintFact", "ShardingOrigins", "TensorAt", "cause_of",
+           "sharding_origins", "unfaithful_reason"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -738,62 +738,3 @@ def sharding_origins(prop: Propagation, inputs: Sequence[LeafReport], outputs: S
             constraints.append(ConstraintFact(_line(op), _tensor(ctx, "", op.results[0], (), None, op).sharding,
                                               op.origin_name))
     return ShardingOrigins(ins, outs, tuple(constraints))
-
-
-# ---- `stagetool why`: one leaf, one source line or one collective
-
-
-@dataclasses.dataclass(frozen=True)
-class WhyQuery:
-    """What ``stagetool why`` is asked about, checked before anything is staged.
-
-    Attributes:
-      kind: ``leaf``, ``line`` or ``collective``.
-      text: the question as given (``w2``, ``model.py:8``, ``2``).
-      leaf: for a leaf, the pattern naming it (:class:`stagetool.analysis.leaves.LeafPattern`).
-      file / line: for a line, the file as given and the 1-based line. A bare name (``model.py``)
-        matches that file in any folder; a path with a folder (``src/model.py``, ``/abs/model.py``)
-        matches only a file whose path ends with it (an absolute one: that file).
-      number: for a collective, its number in module order (1-based, as the "why" list numbers it).
-    """
-
-    kind: str
-    text: str
-    leaf: object = None
-    file: str | None = None
-    line: int | None = None
-    number: int | None = None
-
-
-def why_query(leaf: str | None = None, line: str | None = None, collective: int | None = None) -> WhyQuery:
-    """The one question of ``stagetool why`` (``--leaf``, ``--line`` or ``--collective``).
-
-    Raises:
-      UsageError: none or several given, a bad leaf pattern, a line that is not ``FILE:LINE``, a
-        collective number below 1.
-    """
-    from stagetool.core.errors import UsageError
-
-    given = [(k, v) for k, v in (("--leaf", leaf), ("--line", line), ("--collective", collective)) if v is not None]
-    if len(given) != 1:
-        raise UsageError("stagetool why answers one question: give exactly one of --leaf, --line, --collective"
-                         + (f" (got {', '.join(k for k, _ in given)})" if given else ""),
-                         hint="e.g. stagetool why --leaf wq, --line model.py:8, or --collective 2")
-    if leaf is not None:
-        from stagetool.analysis.leaves import leaf_patterns
-
-        try:
-            (pattern,) = leaf_patterns((leaf,))
-        except UsageError as e:
-            raise UsageError(e.message.replace("--explain", "--leaf"), hint=e.hint) from None
-        return WhyQuery("leaf", leaf, leaf=pattern)
-    if line is not None:
-        m = re.fullmatch(r"(.+):(\d+)", line.strip())
-        if m is None or int(m.group(2)) < 1:
-            raise UsageError(f"--line {line!r}: give a source line as FILE:LINE, e.g. model.py:8",
-                             hint="the file name is enough; its folder is not compared")
-        return WhyQuery("line", line, file=m.group(1).strip(), line=int(m.group(2)))
-    if collective < 1:
-        raise UsageError(f"--collective {collective}: collectives are numbered from 1, as 'stagetool collectives' "
-                         "lists them under 'why each collective is there'")
-    return WhyQuery("collective", str(collective), number=collective)

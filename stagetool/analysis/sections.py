@@ -47,7 +47,7 @@ from stagetool.analysis.memory import (
     normalise_memory,
     parse_input_output_alias,
 )
-from stagetool.analysis.leaves import LeafPattern, leaf_patterns, unmatched_leaf_patterns
+from stagetool.plan.selectors import LeafPattern, leaf_patterns, unmatched_leaf_patterns
 from stagetool.analysis.shardings import LeafReport
 from stagetool.hlo.parser import HloModule
 from stagetool.facts import StagedFunction

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stagetool.analysis.causes import AxisOrigin, WhyQuery
+from stagetool.analysis.causes import AxisOrigin
+from stagetool.plan.selectors import WhyQuery
 from stagetool.core.location import no_column, source_name
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ _G = 10**9
 _GIB = 2**30
 """FLOP/s and bandwidths are decimal (vendors' TFLOPS, GB/s); HBM capacities are binary: an HBM
 stack sold as "16 GB" holds 16 GiB (``memory_stats()['bytes_limit']`` on a v5e is just under 16 GiB),
-and ``stagetool.devices.tpu_topology.TPU_CHIPS`` uses the same figures."""
+and ``stagetool.core.accelerators.TPU_CHIPS`` uses the same figures."""
 
 
 @dataclasses.dataclass(frozen=True)

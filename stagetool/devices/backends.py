@@ -27,6 +27,8 @@ import re
 import sys
 from typing import Any
 
+from stagetool.plan.target import Attached, DeviceTarget, cuda_plugin_available
+
 __all__ = ["accelerator_attached", "import_jax", "limit_platforms", "other_plugins", "platforms_for",
            "start_backends"]
 
@@ -60,18 +62,18 @@ def other_plugins() -> tuple[str, ...]:
                         if m.name not in _KNOWN_PLUGINS))
 
 
-def platforms_for(platform: str | None, topology: str | None) -> str | None:
+def platforms_for(target: DeviceTarget) -> str | None:
     """The ``jax_platforms`` value a run needs, or None to leave JAX's default (every backend).
 
-    ``"cpu"`` for a compile-only topology (TPU or GPU), ``--platform cpu``, or no ``--platform``
-    when :func:`accelerator_attached` is false; None otherwise (``--platform gpu|tpu`` or an
-    attached accelerator), and None whenever the user set ``JAX_PLATFORMS``.
+    ``"cpu"`` for a compile-only target (TPU or GPU), simulated CPU devices (``--platform cpu``), or
+    no ``--platform`` when :func:`accelerator_attached` is false; None otherwise (``--platform
+    gpu|tpu`` or an attached accelerator), and None whenever the user set ``JAX_PLATFORMS``.
     """
     if os.environ.get("JAX_PLATFORMS", "").strip():
         return None
-    if topology is not None or platform == "cpu":
+    if not isinstance(target, Attached):
         return "cpu"
-    if platform is None and not accelerator_attached() and not other_plugins():
+    if target.platform is None and not accelerator_attached() and not other_plugins():
         return "cpu"
     return None
 
@@ -81,8 +83,6 @@ def import_jax() -> Any:
     CUDA stubs print a notice there); any other text written meanwhile is passed on to stderr."""
     if "jax" in sys.modules:
         return sys.modules["jax"]
-    from stagetool.devices.gpu_topology import cuda_plugin_available
-
     if not cuda_plugin_available():
         import jax
 
@@ -103,7 +103,6 @@ def start_backends() -> None:
     they print the cudart notice. Other text is passed on to stderr. For compile-only targets, whose
     CPU backend needs no device count (a simulated mesh sets ``jax_num_cpu_devices`` first)."""
     jax = import_jax()
-    from stagetool.devices.gpu_topology import cuda_plugin_available
     from stagetool.devices.tpu_topology import captured_stderr_fd
 
     if not cuda_plugin_available():
@@ -118,13 +117,13 @@ def start_backends() -> None:
         sys.stderr.write("\n".join(rest) + "\n")
 
 
-def limit_platforms(platform: str | None, topology: str | None) -> str | None:
+def limit_platforms(target: DeviceTarget) -> str | None:
     """Before any backend starts, set ``jax_platforms`` to what :func:`platforms_for` says.
 
     Returns the value set, or None when JAX's default is kept. A no-op once a backend runs (a
     notebook, a test session): JAX then keeps the backends it started.
     """
-    value = platforms_for(platform, topology)
+    value = platforms_for(target)
     jax = import_jax()
     if value is not None:
         try:

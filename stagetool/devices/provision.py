@@ -13,8 +13,7 @@ from typing import Any
 from stagetool.core.errors import UsageError
 from stagetool.core.mesh import MeshSpec
 from stagetool.facts import Interconnect
-
-PLATFORMS = ("cpu", "gpu", "tpu")
+from stagetool.plan.target import COMPILE_ONLY, Attached, DeviceTarget, GpuTarget, TpuTarget
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,39 +54,36 @@ class DeviceSetup:
     slice_of_device: tuple[int, ...] = ()
 
 
-def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str | None = None,
-              processes: int | None = None, job_processes: int | None = None,
-              gpu_target_config: str | None = None, slices: int | None = None) -> DeviceSetup:
+def provision(mesh_spec: MeshSpec, target: DeviceTarget = Attached(), *, processes: int | None = None,
+              job_processes: int | None = None, slices: int | None = None) -> DeviceSetup:
     """Make the devices ready and lay the mesh over them.
 
     Args:
       mesh_spec: axis names and sizes; no axes means a single device.
-      platform: ``cpu`` | ``gpu`` | ``tpu``; None takes JAX's default backend (an attached
-        accelerator if there is one, else CPU).
-      topology: a compile-only TPU topology such as ``v5e:2x4``, or GPU target such as ``h100:8``
-        (:mod:`stagetool.devices.gpu_topology`).
+      target: what to compile for, as the plan parsed it (:mod:`stagetool.plan.target`): a
+        compile-only :class:`~stagetool.plan.target.TpuTarget` (``v5e:2x4``) or
+        :class:`~stagetool.plan.target.GpuTarget` (``h100:8``, :mod:`stagetool.devices.gpu_topology`),
+        simulated CPU devices (:class:`~stagetool.plan.target.CpuMesh`), or the devices JAX finds
+        (:class:`~stagetool.plan.target.Attached`; platform None: an attached accelerator if there
+        is one, else CPU).
       processes: simulate this many processes (hosts) laid over the devices in order, for local
         avals; None uses the real process layout.
       job_processes: in a multi-process job (``jax.distributed``), how many processes share the
         mesh: each asks for its share of host CPU devices.
-      gpu_target_config: a ``GpuTargetConfigProto`` text file for a GPU target (``--gpu-target-config``).
-      slices: stage this many slices of a TPU ``topology`` joined over DCN (``--slices``); the mesh's
+      slices: stage this many slices of a TPU target joined over DCN (``--slices``); the mesh's
         first axis spans them (:func:`stagetool.devices.tpu_topology.multislice_mesh`).
 
     Only the backends the run uses are started (:func:`stagetool.devices.backends.limit_platforms`).
 
     Raises:
-      UsageError: an unknown platform, too few devices, or a process count that does not divide
-        the devices.
+      UsageError: too few devices, a mesh that does not use a compile-only target whole, slices
+        without a TPU target, or a process count that does not divide the devices.
     """
-    if platform is not None and platform not in PLATFORMS:
-        raise UsageError(f"--platform {platform!r} is not one of {', '.join(PLATFORMS)}")
     needed = max(mesh_spec.device_count, 1)
-    capacity = (None, None)
     from stagetool.devices.backends import limit_platforms, start_backends
 
-    limit_platforms(platform, topology)
-    if topology is not None:
+    limit_platforms(target)
+    if isinstance(target, COMPILE_ONLY):
         # The host CPU backend beside the compile-only devices gets as many devices as the mesh, as a
         # simulated mesh does: model code that builds its own mesh from jax.devices() at import
         # (jax.make_mesh, as launchers do) then finds enough of them.
@@ -95,70 +91,75 @@ def provision(mesh_spec: MeshSpec, *, platform: str | None = None, topology: str
 
         _request_cpu_devices(import_jax(), -(-needed // (job_processes or 1)))
         start_backends()  # the CPU backend beside the compile-only devices, quietly
-    from stagetool.devices.compile_only import is_gpu_target
-
-    if (slices or 1) > 1 and (topology is None or is_gpu_target(topology, gpu_target_config)):
+    if (slices or 1) > 1 and not isinstance(target, TpuTarget):
         raise UsageError(f"--slices {slices}: slices are TPU slices joined over DCN, and need a TPU topology",
                          hint=f"add --topology, e.g. --topology v5e:2x4 --slices {slices}")
-    if is_gpu_target(topology, gpu_target_config):
-        from stagetool.devices.gpu_topology import gpu_topology
-        from stagetool.devices.tpu_topology import topology_mesh
+    if isinstance(target, GpuTarget):
+        return _gpu_setup(mesh_spec, needed, target, processes)
+    if isinstance(target, TpuTarget):
+        return _tpu_setup(mesh_spec, needed, target, processes, slices or 1)
+    return _attached_setup(mesh_spec, needed, target.platform, processes, job_processes)
 
-        gpu = gpu_topology(topology, gpu_target_config)
-        devices = list(gpu.devices)
-        _check_whole(mesh_spec, needed, topology, len(devices))
-        mesh = topology_mesh(devices, mesh_spec.sizes, mesh_spec.names, explicit=mesh_spec.axis_types == "explicit")
-        setup = _setup(mesh, devices, topology, processes, (gpu.memory_bytes_per_device, gpu.memory_source))
-        return dataclasses.replace(setup, target_config_sha256=gpu.config_sha256,
-                                   target_config_source=gpu.config_source)
-    if topology is not None:
-        from stagetool.devices.tpu_topology import topology_mesh, tpu_topology
 
-        n = slices or 1
-        topo = tpu_topology(topology, num_slices=n)
-        devices = list(topo.devices)
-        capacity = (topo.hbm_bytes_per_device, topo.hbm_source)
-        _check_whole(mesh_spec, needed, topology + (f" × {n} slices" if n > 1 else ""), len(devices))
-        explicit = mesh_spec.axis_types == "explicit"
-        if n > 1:
-            from stagetool.devices.tpu_topology import multislice_mesh
+def _gpu_setup(mesh_spec: MeshSpec, needed: int, target: GpuTarget, processes: int | None) -> DeviceSetup:
+    """The compile-only devices of a GPU target, used whole."""
+    from stagetool.devices.gpu_topology import gpu_topology
+    from stagetool.devices.tpu_topology import topology_mesh
 
-            mesh = multislice_mesh(devices, mesh_spec.sizes, mesh_spec.names, n, explicit=explicit)
-        else:
-            mesh = topology_mesh(devices, mesh_spec.sizes, mesh_spec.names, explicit=explicit)
-        setup = _setup(mesh, devices, topology, processes, capacity)
-        return dataclasses.replace(setup, slices=n, slice_of_device=tuple(
-            int(getattr(d, "slice_index", 0) or 0) for d in setup.devices))
+    gpu = gpu_topology(target)
+    devices = list(gpu.devices)
+    _check_whole(mesh_spec, needed, target.name, len(devices))
+    mesh = topology_mesh(devices, mesh_spec.sizes, mesh_spec.names, explicit=mesh_spec.axis_types == "explicit")
+    setup = _setup(mesh, devices, target.name, processes, (gpu.memory_bytes_per_device, gpu.memory_source))
+    return dataclasses.replace(setup, target_config_sha256=gpu.config_sha256, target_config_source=gpu.config_source)
+
+
+def _tpu_setup(mesh_spec: MeshSpec, needed: int, target: TpuTarget, processes: int | None, n: int) -> DeviceSetup:
+    """The compile-only devices of ``n`` slices of a TPU topology, used whole."""
+    from stagetool.devices.tpu_topology import multislice_mesh, topology_mesh, tpu_topology
+
+    topo = tpu_topology(target, num_slices=n)
+    devices = list(topo.devices)
+    _check_whole(mesh_spec, needed, target.name + (f" × {n} slices" if n > 1 else ""), len(devices))
+    explicit = mesh_spec.axis_types == "explicit"
+    if n > 1:
+        mesh = multislice_mesh(devices, mesh_spec.sizes, mesh_spec.names, n, explicit=explicit)
     else:
-        import jax
+        mesh = topology_mesh(devices, mesh_spec.sizes, mesh_spec.names, explicit=explicit)
+    setup = _setup(mesh, devices, target.name, processes, (topo.hbm_bytes_per_device, topo.hbm_source))
+    return dataclasses.replace(setup, slices=n, slice_of_device=tuple(
+        int(getattr(d, "slice_index", 0) or 0) for d in setup.devices))
 
-        if platform in (None, "cpu"):
-            _request_cpu_devices(jax, -(-needed // (job_processes or 1)))
-        from stagetool.devices.tpu_topology import captured_stderr_fd, check_xla_flags, quiet_libtpu_logs
 
-        quiet_libtpu_logs()
-        check_xla_flags()
+def _attached_setup(mesh_spec: MeshSpec, needed: int, platform: str | None, processes: int | None,
+                    job_processes: int | None) -> DeviceSetup:
+    """The devices JAX finds on ``platform`` (simulated CPU devices, as many as the mesh needs, on CPU)."""
+    import jax
 
-        try:
-            # Backends start here. With libtpu installed but no TPU attached, its plugin prints
-            # start-up warnings on fd 2 before JAX falls back to the CPU: keep them off the terminal.
-            with captured_stderr_fd():
-                devices = jax.devices(platform) if platform else jax.devices()
-        except RuntimeError as e:
-            raise UsageError(f"--platform {platform}: no such backend here ({str(e).splitlines()[0]})",
-                             hint="run 'stagetool devices' to see what JAX finds, or use --platform cpu") from None
-        where = f"platform {devices[0].platform}"
+    if platform in (None, "cpu"):
+        _request_cpu_devices(jax, -(-needed // (job_processes or 1)))
+    from stagetool.devices.tpu_topology import captured_stderr_fd, check_xla_flags, quiet_libtpu_logs
+
+    quiet_libtpu_logs()
+    check_xla_flags()
+    try:
+        # Backends start here. With libtpu installed but no TPU attached, its plugin prints
+        # start-up warnings on fd 2 before JAX falls back to the CPU: keep them off the terminal.
+        with captured_stderr_fd():
+            devices = jax.devices(platform) if platform else jax.devices()
+    except RuntimeError as e:
+        raise UsageError(f"--platform {platform}: no such backend here ({str(e).splitlines()[0]})",
+                         hint="run 'stagetool devices' to see what JAX finds, or use --platform cpu") from None
     if len(devices) < needed:
-        hint = None
         if devices[0].platform == "cpu":
             hint = ("the CPU backend started with fewer host devices; run stagetool in a fresh process "
                     "(or set XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts)")
         else:
             hint = "use --platform cpu to simulate the mesh on host devices, or a smaller --mesh"
-        raise UsageError(f"the mesh {mesh_spec} needs {needed} devices, but {where} has {len(devices)}",
-                         hint=hint)
+        raise UsageError(f"the mesh {mesh_spec} needs {needed} devices, but platform {devices[0].platform} has "
+                         f"{len(devices)}", hint=hint)
     used = devices[:needed]
-    return _setup(_make_mesh(mesh_spec, used), used, None, processes, capacity)
+    return _setup(_make_mesh(mesh_spec, used), used, None, processes, (None, None))
 
 
 def _check_whole(mesh_spec: MeshSpec, needed: int, topology: str, count: int) -> None:

@@ -37,16 +37,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import math
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from stagetool.core.accelerators import TPU_CHIPS, TpuChip, tpu_chip_of_kind
 from stagetool.core.errors import UsageError
+from stagetool.plan.target import TPU_ACCEPTED, TPU_INSTALL_LINE, TpuTarget, libtpu_available
 
 __all__ = [
     "TPU_CHIPS",
@@ -55,117 +55,10 @@ __all__ = [
     "TpuTopology",
     "libtpu_available",
     "libtpu_version",
-    "parse_topology_name",
     "topology_mesh",
     "tpu_topology",
     "tpu_topology_devices",
 ]
-
-TPU_INSTALL_LINE = ("pip install -e '.[tpu]' in stagetool's checkout, as the README says   "
-                    '(or: pip install "jax[tpu]==<your jax version>")')
-"""What to install for compile-only TPU topologies (shown in errors)."""
-
-_GIB = 1024**3
-
-
-@dataclasses.dataclass(frozen=True)
-class TpuChip:
-    """Published facts about one TPU generation.
-
-    Attributes:
-      alias: the topology-name prefix, e.g. ``"v5e"``.
-      device_kind: ``device.device_kind`` as libtpu spells it, e.g. ``"TPU v5 lite"``.
-      hbm_bytes_per_chip: HBM capacity of one chip in bytes, as Google publishes it
-        (Google's pages say "GB"; the figures are binary, GiB).
-      source: the page the figure comes from.
-    """
-
-    alias: str
-    device_kind: str
-    hbm_bytes_per_chip: int
-    source: str
-
-
-TPU_CHIPS: tuple[TpuChip, ...] = (
-    TpuChip("v2", "TPU v2", 16 * _GIB, "https://cloud.google.com/tpu/docs/v2"),
-    TpuChip("v3", "TPU v3", 32 * _GIB, "https://cloud.google.com/tpu/docs/v3"),
-    TpuChip("v4", "TPU v4", 32 * _GIB, "https://cloud.google.com/tpu/docs/v4"),
-    TpuChip("v5e", "TPU v5 lite", 16 * _GIB, "https://cloud.google.com/tpu/docs/v5e"),
-    TpuChip("v5p", "TPU v5", 95 * _GIB, "https://cloud.google.com/tpu/docs/v5p"),
-    TpuChip("v6e", "TPU v6 lite", 32 * _GIB, "https://cloud.google.com/tpu/docs/v6e"),
-    TpuChip("tpu7x", "TPU7x", 192 * _GIB, "https://cloud.google.com/tpu/docs/tpu7x"),
-)
-"""Known TPU generations, oldest first. Per-chip HBM; divide by devices per chip for a device."""
-
-_ALIASES = {c.alias: c for c in TPU_CHIPS} | {"v5": TPU_CHIPS[4]}
-_BY_KIND = {c.device_kind: c for c in TPU_CHIPS}
-_NAME_RE = re.compile(r"^\s*([A-Za-z0-9 _]+?)\s*[:=]\s*([0-9]+(?:x[0-9]+){0,2})\s*$", re.ASCII)
-_ACCEPTED = ("accepted: <kind>:<AxB> or <kind>:<AxBxC> with kind one of "
-             + ", ".join(c.alias for c in TPU_CHIPS)
-             + "; e.g. v5e:2x4, v5e:4x4, v5p:2x2x2, v4:2x2x1, v6e:2x4")
-
-
-def parse_topology_name(name: str) -> tuple[str, tuple[int, ...]]:
-    """Split ``"v5e:2x4"`` into ``("v5e", (2, 4))``; pure, no libtpu needed.
-
-    The kind is returned as written (libtpu decides whether it knows it). Raises
-    :class:`UsageError` listing the accepted forms when the name has no ``kind:AxB`` shape
-    or a zero dimension.
-    """
-    from stagetool.core.mesh import MAX_DEVICES
-
-    m = _NAME_RE.match(name or "")
-    if not m or any(len(d) > 6 or int(d) == 0 for d in m.group(2).split("x")):
-        from stagetool.core.text import clipped
-
-        raise UsageError(f"bad TPU topology name {clipped(name or '')}", hint=_ACCEPTED)
-    dims = tuple(int(d) for d in m.group(2).split("x"))
-    if math.prod(dims) > MAX_DEVICES:
-        raise UsageError(f"TPU topology {name!r} has more than {MAX_DEVICES} chips", hint=_ACCEPTED)
-    return m.group(1), dims
-
-
-#: TPU generations whose chips form a 2-D torus (names AxB), with Google's published slice shapes.
-TWO_D_SHAPES = {
-    "v2": ("2x2", "4x4", "4x8", "8x8", "8x16", "16x16"),
-    "v3": ("2x2", "4x4", "4x8", "8x8", "8x16", "16x16", "16x32", "32x32"),
-    "v5e": ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
-    "v6e": ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
-}
-DEVICES_PER_CHIP = {"v2": 2, "v3": 2, "v4": 2, "tpu7x": 2}
-"""Compile-only topologies with two devices per chip (see the module docstring); others one."""
-
-
-def generation_of(kind: str) -> str | None:
-    """The :data:`TPU_CHIPS` alias of a topology kind as written (``"v5e"``, ``"TPU v5 lite"``), or None."""
-    k = kind.strip()
-    if k.lower() in _ALIASES:
-        return _ALIASES[k.lower()].alias
-    chip = _BY_KIND.get(k)
-    return chip.alias if chip else None
-
-
-def check_tpu_shape(name: str) -> tuple[str, tuple[int, ...]]:
-    """:func:`parse_topology_name`, and refuse a shape the generation cannot have: a 2-D-torus chip
-    (v2, v3, v5e, v6e) named with three dimensions (``v5e:2x2x2``); a trailing ``x1`` is allowed.
-
-    Raises:
-      UsageError: naming the generation's published shapes.
-    """
-    kind, dims = parse_topology_name(name)
-    gen = generation_of(kind)
-    if gen in TWO_D_SHAPES and len(dims) == 3 and dims[2] != 1:
-        raise UsageError(f"TPU topology {name!r} does not exist: {gen} chips form a 2-D torus, so a {gen} topology "
-                         "is AxB", hint=f"valid {gen} shapes: " + ", ".join(f"{gen}:{s}" for s in TWO_D_SHAPES[gen]))
-    return kind, dims
-
-
-def libtpu_available() -> bool:
-    """True when the ``libtpu`` package is importable or ``TPU_LIBRARY_PATH`` names a file."""
-    path = os.environ.get("TPU_LIBRARY_PATH")
-    if path and os.path.isfile(path):
-        return True
-    return importlib.util.find_spec("libtpu") is not None
 
 
 def libtpu_version() -> str | None:
@@ -199,8 +92,6 @@ def check_xla_flags() -> None:
       UsageError: a token of ``XLA_FLAGS`` is not an XLA flag.
     """
     import re
-
-    from stagetool.core.errors import UsageError
 
     text = os.environ.get("XLA_FLAGS", "")
     bad = [t for t in text.split() if not re.match(r"--xla_[A-Za-z0-9_]+(=|$)", t)]
@@ -308,25 +199,24 @@ def captured_stderr_fd() -> Iterator[list[str]]:
 _EIGHT_CHIP_HOSTS = ("v5e", "v6e")
 
 
-def host_override_note(name: str, num_processes: int) -> str | None:
-    """A sentence when stagetool chose the host layout of topology ``name`` rather than libtpu's
+def host_override_note(target: TpuTarget, num_processes: int) -> str | None:
+    """A sentence when stagetool chose the host layout of a TPU topology rather than libtpu's
     default (4-chip hosts): 8-chip v5e/v6e slices are one host, as the v5e-8/v6e-8 VMs are, and a
     slice smaller than libtpu's host is one host. None when libtpu's default applies."""
-    kind, dims = parse_topology_name(name)
-    chips = math.prod(dims)
-    if kind in _EIGHT_CHIP_HOSTS and chips == 8 and len(dims) == 2:
-        return (f"topology {name}: {num_processes} host(s) of 8 chips: stagetool's override of libtpu's default "
-                "(hosts of 2x2x1 chips, which would make 2 hosts), because v5e-8/v6e-8 are single-host VMs; "
+    if target.kind in _EIGHT_CHIP_HOSTS and target.chips == 8 and len(target.dims) == 2:
+        return (f"topology {target.name}: {num_processes} host(s) of 8 chips: stagetool's override of libtpu's "
+                "default (hosts of 2x2x1 chips, which would make 2 hosts), because v5e-8/v6e-8 are single-host VMs; "
                 "it changes local avals only")
-    if chips < 4:
-        return (f"topology {name}: {num_processes} host(s): the slice is smaller than libtpu's default host "
+    if target.chips < 4:
+        return (f"topology {target.name}: {num_processes} host(s): the slice is smaller than libtpu's default host "
                 "of 2x2x1 chips")
     return None
 
 
-def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None = None,
+def tpu_topology_devices(target: TpuTarget, chips_per_host_bounds: Sequence[int] | None = None,
                          num_slices: int = 1) -> tuple[Any, ...]:
-    """Compile-only TPU devices of topology ``name`` (e.g. ``"v5e:2x4"`` → 8 devices).
+    """Compile-only TPU devices of a topology as the plan parsed it
+    (:func:`stagetool.plan.target.parse_target`; ``v5e:2x4`` → 8 devices).
 
     Order is libtpu's (device id order). The devices can form a ``Mesh`` and compile, never
     execute. libtpu's start-up chatter on stderr is swallowed.
@@ -340,10 +230,10 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
     ``device.process_index`` (and so local avals).
 
     Raises:
-      UsageError: libtpu is not installed (the hint gives the install line), or the name is
-        malformed or unknown to libtpu (the hint lists accepted forms).
+      UsageError: libtpu is not installed (the hint gives the install line), or the kind or shape
+        is unknown to libtpu (the hint lists accepted forms).
     """
-    kind, _dims = check_tpu_shape(name)
+    name, kind, _dims = target.name, target.kind, target.dims
     if not libtpu_available():
         raise UsageError(f"TPU topology {name!r} needs libtpu, which is not installed",
                          hint=TPU_INSTALL_LINE)
@@ -353,7 +243,7 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     quiet_libtpu_logs()
     check_xla_flags()
-    canonical = f"{kind}:{_dims_text(name)}"
+    canonical = target.libtpu_name
     if chips_per_host_bounds is None and kind in _EIGHT_CHIP_HOSTS and math.prod(_dims) == 8 and len(_dims) == 2:
         # v5e-8 and v6e-8 are single-host VMs (all 8 chips on one host): so are their topologies.
         chips_per_host_bounds = (*_dims, 1)
@@ -387,16 +277,12 @@ def tpu_topology_devices(name: str, chips_per_host_bounds: Sequence[int] | None 
         detail = text.splitlines()[0] if text else type(error).__name__
         if "INVALID_ARGUMENT" in detail:
             raise UsageError(f"libtpu rejected TPU topology {name!r}: {detail}",
-                             hint=f"{_ACCEPTED}; a compile-only GPU target is <gpu>:<devices per host>, "
+                             hint=f"{TPU_ACCEPTED}; a compile-only GPU target is <gpu>:<devices per host>, "
                                   "e.g. h100:8, a100-80gb:8, b200:8") from None
         extra = "".join(noise).strip()
         msg = f"libtpu failed to build TPU topology {name!r}: {detail}" + (f"\n{extra}" if extra else "")
         raise UsageError(msg) from None
     return tuple(topo.devices)
-
-
-def _dims_text(name: str) -> str:
-    return _NAME_RE.match(name).group(2)  # type: ignore[union-attr]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -440,26 +326,27 @@ class TpuTopology:
         return len(self.devices)
 
 
-def tpu_topology(name: str, chips_per_host_bounds: Sequence[int] | None = None, num_slices: int = 1) -> TpuTopology:
-    """Devices and chip facts of compile-only TPU topology ``name``.
+def tpu_topology(target: TpuTarget, chips_per_host_bounds: Sequence[int] | None = None,
+                 num_slices: int = 1) -> TpuTopology:
+    """Devices and chip facts of a compile-only TPU topology as the plan parsed it.
 
     Arguments and errors as :func:`tpu_topology_devices`.
     """
-    devices = tpu_topology_devices(name, chips_per_host_bounds, num_slices)
+    devices = tpu_topology_devices(target, chips_per_host_bounds, num_slices)
     kind = devices[0].device_kind
     coords = tuple((*tuple(int(c) for c in getattr(d, "coords", ())), int(getattr(d, "core_on_chip", 0)))
                    for d in devices)
     slices = tuple(int(getattr(d, "slice_index", 0) or 0) for d in devices)
     chips = {(s, *c[:-1]) for s, c in zip(slices, coords)}
     per_chip = len(devices) // max(len(chips), 1)
-    chip = _BY_KIND.get(kind)
+    chip = tpu_chip_of_kind(kind)
     if chip is None:
         hbm_chip = hbm_dev = None
         source = f"device kind {kind!r} is not in stagetool's TPU_CHIPS table"
     else:
         hbm_chip, hbm_dev, source = chip.hbm_bytes_per_chip, chip.hbm_bytes_per_chip // per_chip, chip.source
     return TpuTopology(
-        name=name,
+        name=target.name,
         device_kind=kind,
         generation=chip.alias if chip else None,
         devices=devices,

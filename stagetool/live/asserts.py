@@ -63,7 +63,7 @@ def assert_sharding(report: Any, leaf: str, spec: Any, *, function: str | None =
       AssertionError: no leaf named, or each leaf whose compiled sharding differs (with its declared
         sharding and where that came from).
     """
-    from stagetool.analysis.leaves import leaf_patterns
+    from stagetool.plan.selectors import leaf_patterns
 
     f = _function(report, function)
     (pattern,) = leaf_patterns((leaf,))

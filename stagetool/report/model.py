@@ -197,8 +197,8 @@ class Report:
         Raises:
           UsageError: none or several questions given, or a bad pattern.
         """
-        from stagetool.analysis.causes import why_query
         from stagetool.analysis.why import answer_why
+        from stagetool.plan.selectors import why_query
         from stagetool.report.display import Shown, only
 
         f = self._function_with(("inputs", "outputs", "collectives"))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from stagetool.core.errors import UsageError
-from stagetool.sweep.grid import Config, Grid, build_grid, mesh_values, parse_shard, shard_of, topology_device_count
+from stagetool.sweep.grid import Config, Grid, build_grid, mesh_values, parse_shard, shard_of
 from stagetool.sweep.rows import SWEEP_SCHEMA_VERSION, RankBy, document
 
 
@@ -95,8 +95,10 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     Raises:
       UsageError / SpecError / TargetError: a bad option, spec or target (exit 2).
     """
-    from stagetool.pipeline import Options, make_plan
     from stagetool.core.mesh import parse_mesh_option
+    from stagetool.plan.options import Options
+    from stagetool.plan.plan import make_plan
+    from stagetool.plan.target import COMPILE_ONLY, check_chip_for_target, parse_target
     from stagetool.spec.discovery import resolve_spec
     from stagetool.spec.parse import read_spec_text
     from stagetool.spec.variables import check_names, parse_set_options
@@ -114,21 +116,19 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     variables = parse_set_options(list(options.set))
     check_names(text, list(variables), file=str(spec_path))
     if options.gpu_target_config is not None:  # read as XLA reads it, once, before any configuration runs
-        from stagetool.devices.gpu_topology import read_target_config
+        from stagetool.plan.target import read_target_config
 
         read_target_config(options.gpu_target_config)
-    topologies = None
+    topologies = targets = None
     if options.topology is not None:
         from stagetool.sweep.grid import _split
 
         topologies = _split("--topology", options.topology)
-        for t in topologies:
-            topology_device_count(t)  # a malformed name is one error now, not one per row
+        # each swept target parsed once here: a malformed name is one error now, not one per row
+        targets = [parse_target(t, gpu_target_config=options.gpu_target_config) for t in topologies]
         if options.chip:  # one --chip over several targets: each must be that chip's (else exit 2 now)
-            from stagetool.devices.compile_only import check_chip_for_target
-
-            for t in topologies:
-                check_chip_for_target(options.chip, t, options.gpu_target_config, sweep=True)
+            for t in targets:
+                check_chip_for_target(options.chip, t, sweep=True)
     first = tuple((name, values[0]) for name, values in variables.items())
     # the spec, the TARGET, --function, the placeholders (with the first values), --chip, --device-memory
     # and -o, checked once, all at once
@@ -143,8 +143,7 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     fspec = plan.functions[0]
     device_count = options.devices
     if device_count is None and options.mesh is not None and options.mesh.strip().lower() == "all":
-        counts = {topology_device_count(t) * plan.slices
-                  for t in (topologies or ([plan.topology] if plan.topology else []))}
+        counts = {t.device_count * plan.slices for t in (targets or [plan.target]) if isinstance(t, COMPILE_ONLY)}
         if len(counts) > 1:
             raise UsageError(f"--mesh all with topologies of different sizes ({options.topology})",
                              hint="run one sweep per topology size, or list the meshes: --mesh 2x8,4x4")

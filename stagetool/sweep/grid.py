@@ -100,18 +100,6 @@ def factorisations(n: int, k: int) -> tuple[tuple[int, ...], ...]:
     return tuple(out)
 
 
-def topology_device_count(name: str) -> int:
-    """Devices of a compile-only topology from its name alone (``v5e:4x4`` → 16, ``v4:2x2x1`` → 8,
-    ``h100:2x8`` → 16): :func:`stagetool.devices.tpu_topology.topology_device_count`.
-
-    Raises:
-      UsageError: a malformed name or a shape that does not exist.
-    """
-    from stagetool.devices.compile_only import topology_device_count as count
-
-    return count(name)
-
-
 def _split(option: str, text: str) -> tuple[str, ...]:
     values = tuple(v.strip() for v in text.split(","))
     if not text.strip() or any(not v for v in values):

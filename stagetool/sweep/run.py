@@ -70,23 +70,15 @@ def run_config(payload: dict) -> dict:
     """Stage one configuration in this process and return its row (never raises for the user's or
     JAX's errors: they become the row's ``error``; an out-of-memory compile is ``does not fit``)."""
     from stagetool.core.errors import StagetoolError, StagingError
-    from stagetool.pipeline import Options, Section, analyze
+    from stagetool.pipeline import analyze_plan
+    from stagetool.plan.options import Options, Section
+    from stagetool.plan.plan import make_plan, with_target_chip
 
     config, common = payload["config"], payload["common"]
     row = _empty_row(config)
-    topology = config["topology"] or common.get("topology")
-    chip = common.get("chip")
-    if chip is None and config["topology"]:  # a sweep over targets: each row's roofline on its own target's chip
-        from stagetool.core.errors import UsageError
-        from stagetool.devices.compile_only import target_chip
-
-        try:
-            chip = target_chip(config["topology"], common.get("gpu_target_config"))
-        except UsageError:
-            chip = None  # a malformed name is the row's error below
     options = Options(target=common["target"], spec=Path(common["spec"]), mesh=config["mesh"],
-                      platform=common.get("platform"), topology=topology,
-                      function=common.get("function"), chip=chip,
+                      platform=common.get("platform"), topology=config["topology"] or common.get("topology"),
+                      function=common.get("function"), chip=common.get("chip"),
                       device_memory=common.get("device_memory"), slices=common.get("slices"),
                       gpu_target_config=common.get("gpu_target_config"),
                       variables=tuple(tuple(v) for v in config["variables"]),
@@ -94,7 +86,10 @@ def run_config(payload: dict) -> dict:
     digest = bool(common.get("program_digest"))  # stagetool fit: which program this is (a knob that changes nothing)
     sections = [Section.COST, Section.MEMORY, Section.COLLECTIVES] + ([Section.LOWERED_TEXT] if digest else [])
     try:
-        report = analyze(options, sections, command="sweep")
+        plan = make_plan(options)  # the configuration's one parse of its target
+        if options.chip is None and config["topology"]:  # a sweep over targets: each row's roofline on its own chip
+            plan = with_target_chip(plan)
+        report = analyze_plan(plan, sections, command="sweep")
     except StagingError as e:
         oom = _OUT_OF_MEMORY.search(e.message) is not None
         row.update(status=DOES_NOT_FIT if oom else ERROR, fits=False if oom else None,

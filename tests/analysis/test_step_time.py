@@ -15,6 +15,7 @@ from stagetool.analysis.collectives import (
 from stagetool.analysis.step_time import algorithm_factor, collective_time, step_time
 from stagetool.core.chips import CHIPS, merge_chips
 from stagetool.facts import Interconnect
+from stagetool.plan.target import parse_target
 from stagetool.hlo.parser import parse_hlo_module
 
 V5E, V5P, H100 = CHIPS["tpu-v5e"], CHIPS["tpu-v5p"], CHIPS["h100-sxm"]
@@ -228,7 +229,7 @@ def test_a_matmul_compiled_for_v5e_is_compute_bound_at_flops_over_peak():
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    mesh = topology.topology_mesh(topology.tpu_topology("v5e:1x1").devices, (1,), ("x",))
+    mesh = topology.topology_mesh(topology.tpu_topology(parse_target("v5e:1x1")).devices, (1,), ("x",))
     s = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
     e, _, _ = _compiled_estimate(jnp.dot, (s, s), mesh)
     flops = 2 * 8192**3
@@ -271,7 +272,7 @@ def test_fsdp_8_vs_fsdp_4_tensor_2_ranks_by_the_communication_each_moves():
     from jax.sharding import PartitionSpec as P
 
     step, shapes = _decoder()
-    devices = topology.tpu_topology("v5e:2x4").devices
+    devices = topology.tpu_topology(parse_target("v5e:2x4")).devices
     results = {}
     for label, shape, axes in (("fsdp=8", (8,), ("fsdp",)), ("fsdp=4 x tensor=2", (4, 2), ("fsdp", "tensor"))):
         mesh = topology.topology_mesh(devices, shape, axes)

@@ -16,6 +16,7 @@ import pytest
 from tests.analysis.test_buffers import LIVE_RANGE, hand_built
 
 from stagetool.analysis import timeline
+from stagetool.plan.target import parse_target
 from stagetool.analysis.memory import normalise_memory
 from stagetool.hlo import buffers
 from stagetool.staging import stages
@@ -117,7 +118,7 @@ def test_a_loop_body_is_folded_into_its_while():
 def test_on_a_tpu_topology_the_timeline_is_xla_peak_memory():
     """Compile-only v5e: sin and cos fuse into the dot, so x and the product are all there is, and
     XLA:TPU's peak_memory_in_bytes (its heap simulation) is the timeline's peak."""
-    device = topology.tpu_topology("v5e:2x2").devices[0]
+    device = topology.tpu_topology(parse_target("v5e:2x2")).devices[0]
     x = jax.ShapeDtypeStruct((128, 256), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(device))
     _, peak, record = _timeline(lambda x: jnp.sin(x) @ jnp.cos(x).T, x)
     assert peak.bytes == 128 * 256 * F32 + 128 * 128 * F32 == record.peak_bytes_reported

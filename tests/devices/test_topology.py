@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from stagetool.core.errors import UsageError
 from stagetool.devices import tpu_topology as topology
+from stagetool.plan.target import parse_target
 from stagetool.staging import tpu_layout
 from stagetool.staging.tpu_layout import LeafBytes, hlo_shape_bytes, parse_hlo_shape
 
@@ -101,20 +102,23 @@ def test_shard_bytes_reads_a_layout_object():
                                          ("v4:2x2x1", ("v4", (2, 2, 1))), ("TPU v5 lite:2x4", ("TPU v5 lite", (2, 4))),
                                          (" v6e=4x4 ", ("v6e", (4, 4)))])
 def test_parse_topology_name(name, parsed):
-    assert topology.parse_topology_name(name) == parsed
+    from stagetool.plan.target import TpuTarget
+
+    target = parse_target(name)
+    assert isinstance(target, TpuTarget) and (target.kind, target.dims) == parsed
 
 
 @pytest.mark.parametrize("name", ["", "v5e", "v5e:", "v5e:2x", "v5e:0x4", "v5e:2x2x2x2", ":2x4", "v5e:2*4"])
 def test_parse_topology_name_rejects_with_accepted_forms(name):
     with pytest.raises(UsageError) as e:
-        topology.parse_topology_name(name)
+        parse_target(name)
     assert "v5e:2x4" in e.value.hint and "v5p" in e.value.hint
 
 
 def test_missing_libtpu_gives_install_line(monkeypatch):
     monkeypatch.setattr(topology, "libtpu_available", lambda: False)
     with pytest.raises(UsageError) as e:
-        topology.tpu_topology_devices("v5e:2x4")
+        topology.tpu_topology_devices(parse_target("v5e:2x4"))
     assert "libtpu" in e.value.message and "pip install -e '.[tpu]'" in e.value.hint
 
 
@@ -123,7 +127,7 @@ def test_jax_without_libtpu_maps_to_usage_error(monkeypatch):
     # Skip stagetool's own check: JAX's RuntimeError("JAX TPU support not installed") is mapped too.
     monkeypatch.setattr(topology, "libtpu_available", lambda: True)
     with pytest.raises(UsageError) as e:
-        topology.tpu_topology_devices("v5e:2x4")
+        topology.tpu_topology_devices(parse_target("v5e:2x4"))
     assert "not installed" in e.value.message and "pip install -e '.[tpu]'" in e.value.hint
     assert topology.libtpu_version() is None
 
@@ -139,7 +143,7 @@ def test_jax_without_libtpu_maps_to_usage_error(monkeypatch):
     ("v6e:2x4", "TPU v6 lite", "v6e", 8, 8, 1, 1, 32),
 ])
 def test_topology_facts(name, kind, gen, n, chips, per_chip, procs, hbm_gib):
-    t = topology.tpu_topology(name)
+    t = topology.tpu_topology(parse_target(name))
     assert (t.device_kind, t.generation, t.num_devices, t.num_chips, t.devices_per_chip, t.num_processes) == (
         kind, gen, n, chips, per_chip, procs)
     assert t.hbm_bytes_per_chip == hbm_gib * 2**30
@@ -152,12 +156,12 @@ def test_topology_facts(name, kind, gen, n, chips, per_chip, procs, hbm_gib):
 
 @needs_libtpu
 def test_chips_per_host_bounds_sets_processes():
-    assert topology.tpu_topology("v5e:2x4", chips_per_host_bounds=(2, 4, 1)).num_processes == 1
-    assert topology.tpu_topology("v5e:4x4", chips_per_host_bounds=(2, 4, 1)).num_processes == 2
+    assert topology.tpu_topology(parse_target("v5e:2x4"), chips_per_host_bounds=(2, 4, 1)).num_processes == 1
+    assert topology.tpu_topology(parse_target("v5e:4x4"), chips_per_host_bounds=(2, 4, 1)).num_processes == 2
     with pytest.raises(UsageError, match="not divisible"):
-        topology.tpu_topology_devices("v5e:2x4", chips_per_host_bounds=(3, 1, 1))
+        topology.tpu_topology_devices(parse_target("v5e:2x4"), chips_per_host_bounds=(3, 1, 1))
     # Smaller than libtpu's default 2x2x1 host: libtpu 0.0.42 refuses it, stagetool retries on one host.
-    sub_host = topology.tpu_topology("v5e:1x1")
+    sub_host = topology.tpu_topology(parse_target("v5e:1x1"))
     assert (sub_host.num_devices, sub_host.num_processes) == (1, 1)
 
 
@@ -165,7 +169,7 @@ def test_chips_per_host_bounds_sets_processes():
 @pytest.mark.parametrize("name", ["v7x:2x2x1", "v5litepod:2x4", "v5e:3x5"])
 def test_libtpu_rejection_is_a_usage_error(name):
     with pytest.raises(UsageError) as e:
-        topology.tpu_topology_devices(name)
+        topology.tpu_topology_devices(parse_target(name))
     assert name in e.value.message and "v5e:2x4" in e.value.hint
 
 
@@ -173,18 +177,19 @@ def test_libtpu_rejection_is_a_usage_error(name):
 def test_libtpu_start_up_prints_nothing_and_shares_the_lockfile():
     # This process holds /tmp/libtpu_lockfile; the child must still load libtpu (the module sets
     # ALLOW_MULTIPLE_LIBTPU_LOAD itself: the child's environment does not have it).
-    assert len(topology.tpu_topology_devices("v5e:1x1")) == 1
+    assert len(topology.tpu_topology_devices(parse_target("v5e:1x1"))) == 1
     env = {k: v for k, v in os.environ.items() if k != "ALLOW_MULTIPLE_LIBTPU_LOAD"}
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
             "from stagetool.devices.tpu_topology import tpu_topology_devices\n"
-            "print(len(tpu_topology_devices('v5e:2x4')))")
+            "from stagetool.plan.target import parse_target\n"
+            "print(len(tpu_topology_devices(parse_target('v5e:2x4'))))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert (r.returncode, r.stdout, r.stderr) == (0, "8\n", "")
 
 
 @needs_libtpu
 def test_cpu_devices_and_tpu_topology_coexist():
-    devices = topology.tpu_topology_devices("v5e:2x4")
+    devices = topology.tpu_topology_devices(parse_target("v5e:2x4"))
     assert len(devices) == 8 and devices[0].platform == "tpu"
     assert [d.platform for d in jax.devices()] == ["cpu"] * 8  # conftest's 8 host devices stay
     assert float(jax.jit(lambda x: x + 1)(1.0)) == 2.0
@@ -192,13 +197,13 @@ def test_cpu_devices_and_tpu_topology_coexist():
 
 @needs_libtpu
 def test_topology_mesh_layouts():
-    t = topology.tpu_topology("v5e:2x4")
+    t = topology.tpu_topology(parse_target("v5e:2x4"))
     mesh = topology.topology_mesh(t.devices, (2, 4), ("data", "model"))
     assert dict(mesh.shape) == {"data": 2, "model": 4}
     assert set(mesh.axis_types) == {AxisType.Auto}
     assert sorted(d.id for d in mesh.devices.flat) == list(range(8))
     # v4 compile-only devices are two per chip: create_device_mesh refuses, device order is used.
-    v4 = topology.tpu_topology_devices("v4:2x2x1")
+    v4 = topology.tpu_topology_devices(parse_target("v4:2x2x1"))
     assert [d.id for d in topology.topology_mesh(v4, (2, 4), ("a", "b")).devices.flat] == [d.id for d in v4]
     with pytest.raises(UsageError, match="needs 6 devices"):
         topology.topology_mesh(t.devices, (2, 3), ("data", "model"))
@@ -206,7 +211,7 @@ def test_topology_mesh_layouts():
 
 @needs_libtpu
 def test_compile_on_topology_gives_tpu_memory_and_cost():
-    t = topology.tpu_topology("v5e:2x4")
+    t = topology.tpu_topology(parse_target("v5e:2x4"))
     mesh = topology.topology_mesh(t.devices, (2, 4), ("data", "model"))
     x = jax.ShapeDtypeStruct((1024, 4096), jnp.bfloat16, sharding=NamedSharding(mesh, P("data", None)))
     w = jax.ShapeDtypeStruct((4096, 1000), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))

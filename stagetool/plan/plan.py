@@ -1,0 +1,355 @@
+"""Options → :class:`Plan`: every option and spec value resolved and checked once
+(:func:`make_plan`), before any JAX work. The target is parsed here, once, into its typed value
+(:mod:`stagetool.plan.target`); the ``--explain`` and ``why`` selectors are compiled here
+(:mod:`stagetool.plan.selectors`). Nothing after the plan reads :class:`~stagetool.plan.options.Options`.
+No JAX here."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from stagetool.core.chips import CHIPS, Chip, get_chip, merge_chips
+from stagetool.core.errors import ExitCode, StagetoolError, UsageError
+from stagetool.core.mesh import MeshSpec, parse_mesh_option
+from stagetool.core.paths import ReportRoot, report_root
+from stagetool.plan.options import Options
+from stagetool.plan.selectors import LeafPattern, WhyQuery
+from stagetool.plan.target import COMPILE_ONLY, DeviceTarget, GpuTarget
+from stagetool.spec.discovery import resolve_spec, split_target
+from stagetool.spec.model import FunctionSpec, Spec
+from stagetool.spec.variables import load_spec_with
+
+__all__ = ["Plan", "Problems", "make_plan", "plan_slices", "with_target_chip"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Every option and spec value, resolved and checked once by :func:`make_plan` before any JAX
+    work; nothing after it reads :class:`~stagetool.plan.options.Options`.
+
+    Attributes:
+      spec: the validated spec; functions: the ones to run, in spec order.
+      mesh: the effective mesh (``--mesh`` over the spec's).
+      target: what the run compiles for (``--platform``/``--topology``/``--gpu-target-config`` over
+        the spec's), parsed once (:func:`stagetool.plan.target.parse_target`).
+      avals: ``global`` or ``local`` spec shapes; processes: simulated processes (``--processes``).
+      job_processes: processes of the ``jax.distributed`` job, or None.
+      dialect: ``stablehlo`` or ``hlo`` for the lowered text.
+      chips: the chip table (built-in merged with the spec's ``chips:``); chip: ``--chip``'s entry.
+      device_memory_bytes: ``--device-memory`` in bytes per device, or None (then the device, the
+        topology or the chip table says; see :func:`stagetool.pipeline._capacity`).
+      peak, top: the peak dump and how many rows to list.
+      explain: the ``--explain`` patterns, compiled (checked against the leaves once the inputs are built).
+      cache_dir: the facts cache folder, or None.
+      jobs: worker processes at a time (>= 1); timeout_s: seconds per function in a worker, or
+        None; isolate: each function in a worker of its own.
+      slices: TPU slices joined over DCN (``--slices``, the spec's ``slices``), 1 for one.
+      why: ``stagetool why``'s question, checked (:class:`stagetool.plan.selectors.WhyQuery`), or None.
+      report_root: the folder every user path in the report is written relative to — the spec
+        file's folder (:func:`stagetool.core.paths.report_root`) — and that the facts cache keys
+        source locations from; None (a plan built by hand): paths as JAX gives them.
+    """
+
+    spec: Spec
+    functions: tuple[FunctionSpec, ...]
+    mesh: MeshSpec
+    target: DeviceTarget
+    avals: str
+    processes: int | None = None
+    job_processes: int | None = None
+    dialect: str = "stablehlo"
+    chips: Mapping[str, Chip] = dataclasses.field(default_factory=lambda: dict(CHIPS))
+    chip: Chip | None = None
+    device_memory_bytes: int | None = None
+    peak: bool = False
+    top: int = 10
+    explain: tuple[LeafPattern, ...] = ()
+    cache_dir: Path | None = None
+    jobs: int = 1
+    timeout_s: float | None = None
+    isolate: bool = False
+    slices: int = 1
+    why: WhyQuery | None = None
+    report_root: ReportRoot | None = None
+
+
+class Problems:
+    """Usage errors collected while a plan is made (or its inputs checked), raised together (one
+    message, exit 2)."""
+
+    def __init__(self) -> None:
+        self.errors: list[StagetoolError] = []
+
+    @contextlib.contextmanager
+    def check(self) -> Iterator[None]:
+        try:
+            yield
+        except StagetoolError as e:
+            if e.exit_code != ExitCode.USAGE:
+                raise
+            self.errors.append(e)
+
+    def raise_all(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            lines = [f"  - {e.message}" + (f" (hint: {e.hint})" if e.hint else "") for e in self.errors]
+            raise UsageError(f"{len(self.errors)} problems, nothing was staged:\n" + "\n".join(lines))
+
+
+def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
+    """Resolve every option and spec value into a :class:`Plan`, before any JAX work.
+
+    ``spec``: a spec built in Python (:func:`stagetool.inspect`: the live function and objects), used
+    instead of a spec file (``options.spec`` and ``options.target`` are then not read).
+
+    Checks the spec, TARGET, ``--function``, ``--mesh``, ``--platform``/``--topology`` (parsed once
+    into the plan's target), ``--processes``, ``--dialect``, ``--chip`` (against the built-in table
+    and the spec's ``chips:``), ``--device-memory`` (a size above 0), ``--explain`` (regular
+    expressions), ``--jobs`` (>= 1), ``--timeout`` (> 0), the cache folder and every output file
+    (its folder exists, is a folder and takes a new file).
+
+    Raises:
+      UsageError: every problem with the options at once (one message when there are several).
+      SpecError: the spec is invalid (alone, or within the one UsageError with the option problems).
+    """
+    problems = Problems()
+    device_memory, explain, question = _check_options(options, problems)
+    given, spec_path, spec = spec, None, None
+    with problems.check():
+        if given is not None:
+            spec, spec_path = given, given.path
+        else:
+            spec_path = resolve_spec(options.spec, options.target)
+            if options.target:
+                split_target(options.target)  # a malformed TARGET is the first thing to say
+            spec = load_spec_with(spec_path, dict(options.variables))
+    if spec is None:
+        problems.raise_all()
+    functions = _select_functions(options, spec, spec_path, problems)
+    mesh = spec.mesh
+    with problems.check():
+        if options.mesh:
+            try:
+                mesh = parse_mesh_option(options.mesh, spec.mesh)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+    with problems.check():
+        if options.topology is not None and not options.topology.strip():
+            raise UsageError("--topology '': an empty topology name (an unset variable in --topology \"$TOPO\"?)",
+                             hint="give a topology such as v5e:2x4 or h100:8, or leave --topology out to stage on "
+                                  "this machine's devices")
+    target = slices = None
+    with problems.check():
+        target = _parse_target(spec, options)
+    if target is not None:
+        with problems.check():
+            slices = _check_slices(spec, options, target, mesh)
+    avals = "local" if options.local_avals else spec.avals
+    with problems.check():
+        if options.processes is not None and avals != "local":
+            raise UsageError(f"--processes {options.processes} simulates hosts for local avals, but the shapes are "
+                             "global", hint="add --local-avals (or 'avals: local' in the spec)")
+    chips, chip = _chips(spec, options, target, problems)
+    problems.raise_all()
+    return Plan(spec, tuple(functions), mesh, target, avals, processes=options.processes,
+                job_processes=options.job_processes, dialect=options.dialect,
+                chips=chips, chip=chip, device_memory_bytes=device_memory, peak=options.peak, top=options.top,
+                explain=explain, cache_dir=options.cache_dir, jobs=options.jobs,
+                timeout_s=options.timeout_s,
+                isolate=options.isolate, slices=slices or 1, why=question,
+                report_root=report_root(spec.path, [f.target for f in spec.functions.values()]))
+
+
+def _check_options(options: Options, problems: Problems) -> tuple[int | None, tuple[LeafPattern, ...],
+                                                                   WhyQuery | None]:
+    """The options that need no spec: ``--device-memory`` (in bytes), ``--explain`` and ``why``
+    (compiled), ``--dialect``, ``--jobs``, ``--timeout``, the cache folder and the output files.
+    Problems go to ``problems``; returns ``(device memory bytes, explain patterns, why question)``."""
+    from stagetool.core.units import parse_size
+    from stagetool.plan.selectors import leaf_patterns, why_query
+    from stagetool.process.fileio import write_problem
+
+    device_memory = question = None
+    explain: tuple[LeafPattern, ...] = ()
+    if options.device_memory is not None:
+        with problems.check():
+            try:
+                device_memory = parse_size(options.device_memory)
+            except UsageError as e:
+                from stagetool.core.text import clipped
+
+                given = options.device_memory if len(options.device_memory) <= 40 else clipped(options.device_memory)
+                raise UsageError(f"--device-memory {given}: {e.message}", hint=e.hint) from None
+            if device_memory <= 0:
+                raise UsageError(f"--device-memory {options.device_memory}: the memory of a device must be more "
+                                 "than 0 bytes", hint="write e.g. 16GiB")
+    with problems.check():
+        explain = leaf_patterns(tuple(options.explain))
+    if options.why is not None:
+        with problems.check():
+            question = why_query(*options.why)
+    with problems.check():
+        if options.dialect not in ("stablehlo", "hlo"):
+            raise UsageError(f"--dialect {options.dialect!r} must be 'stablehlo' or 'hlo'")
+    with problems.check():
+        if options.jobs < 1:
+            raise UsageError(f"--jobs {options.jobs}: give at least 1", hint="--jobs 1 stages in this process")
+    with problems.check():
+        from stagetool.core.units import timeout_seconds
+
+        timeout_seconds(options.timeout_s)  # above 0, at most a week; inf and nan refused alike
+    with problems.check():
+        if options.cache_dir is not None and options.cache_dir.exists() and not options.cache_dir.is_dir():
+            raise UsageError(f"--cache-dir {options.cache_dir}: not a folder",
+                             hint="give a folder, or --no-cache to compile without the cache")
+        if options.cache_dir is not None:
+            why = _cache_dir_problem(options.cache_dir)
+            if why:
+                raise UsageError(f"--cache-dir {options.cache_dir}: cannot write: {why}",
+                                 hint="give a folder you can write, or --no-cache to compile without the cache")
+    for option, path in options.outputs:
+        with problems.check():
+            why = write_problem(path)
+            if why:
+                raise UsageError(f"{option} {path}: cannot write: {why}", hint="give a file in a folder you can write")
+    return device_memory, explain, question
+
+
+def _cache_dir_problem(folder: Path) -> str | None:
+    """Why the facts cache could not write under ``folder`` (made on first use), or None: a file is
+    created and removed in the folder, or in its nearest existing parent when it does not exist yet."""
+    from stagetool.process.fileio import write_problem
+
+    probe = Path(folder)
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a folder"
+    return write_problem(probe / "probe")
+
+
+def _select_functions(options: Options, spec: Spec, spec_path: Path, problems: Problems) -> list[FunctionSpec]:
+    """The spec's functions TARGET and ``--function`` select, in spec order."""
+    functions = list(spec.functions.values())
+    with problems.check():
+        if options.target:
+            functions = [f for f in functions if _same_target(options.target, f)]
+            if not functions:
+                described = ", ".join(f"{f.name} ({f.target})" for f in spec.functions.values()) or "none"
+                raise UsageError(f"the spec {spec_path} does not describe {options.target}; it has: {described}",
+                                 hint="add the function under 'functions:' or pass the right --spec")
+    with problems.check():
+        if options.function:
+            wanted = (options.function,) if isinstance(options.function, str) else tuple(options.function)
+            for name in wanted:
+                if name not in spec.functions:
+                    raise UsageError(f"--function {name!r} is not in {spec_path}; it has: " + ", ".join(spec.functions))
+            functions = [f for f in functions if f.name in wanted]
+    with problems.check():
+        if not functions and not problems.errors:
+            raise UsageError(f"the spec {spec_path} has no functions to run")
+    return functions
+
+
+def _parse_target(spec: Spec, options: Options) -> DeviceTarget:
+    """The run's target: ``--platform``/``--topology`` over the spec's, parsed once
+    (:func:`stagetool.plan.target.parse_target`) and checked before JAX starts (its kind, config file
+    and library, :func:`stagetool.plan.target.check_target`); exit 2 otherwise. A topology the spec
+    chose is named by its line."""
+    from stagetool.plan.target import check_target, parse_target
+
+    topology = options.topology or spec.topology
+    try:
+        target = parse_target(topology, platform=options.platform or spec.platform,
+                              gpu_target_config=options.gpu_target_config)
+        check_target(target)
+    except UsageError as e:
+        loc = spec.locs.get("topology")
+        if options.topology is None and topology is not None and loc is not None:
+            raise UsageError(f"{loc}: topology: {e.message}", hint=e.hint) from None
+        raise
+    return target
+
+
+def plan_slices(spec: Spec, options: Options) -> int:
+    """The slices a run stages: ``--slices``, else the spec's ``slices``, else 1."""
+    return options.slices or spec.slices or 1
+
+
+def _check_slices(spec: Spec, options: Options, target: DeviceTarget, mesh: MeshSpec) -> int:
+    """``--slices N`` / ``slices: N`` before JAX starts: a whole number, a TPU topology, and a mesh
+    whose first axis is a multiple of N and whose size is N × the topology's devices (exit 2).
+    Returns N."""
+    n = plan_slices(spec, options)
+    given = "--slices" if options.slices else f"{spec.locs.get('slices', 'the spec')}: slices"
+    if options.slices is not None and options.slices < 1:
+        raise UsageError(f"--slices {options.slices}: the number of TPU slices must be at least 1")
+    if n == 1:
+        return 1
+    if not isinstance(target, COMPILE_ONLY) or isinstance(target, GpuTarget):
+        raise UsageError(f"{given} {n}: slices are TPU slices joined over DCN, and need a TPU topology",
+                         hint=f"add --topology, e.g. --topology v5e:2x4 --slices {n}")
+    per_slice = target.device_count
+    if mesh.axes:
+        first, size = mesh.axes[0]
+        if size % n:
+            raise UsageError(f"{given} {n}: the mesh's first axis {first}={size} spans the slices, so its size must "
+                             f"be a multiple of {n}", hint=f"e.g. --mesh {first}={n * max(size // n, 1)},...")
+        if mesh.device_count != n * per_slice:
+            raise UsageError(f"the mesh {mesh} has {mesh.device_count} devices, but {n} slices of {target.name} have "
+                             f"{n * per_slice}", hint="a compile-only topology is used whole: make the mesh's sizes "
+                                                      "multiply to the slices' device count")
+    return n
+
+
+def _chips(spec: Spec, options: Options, target: DeviceTarget | None,
+           problems: Problems) -> tuple[dict[str, Chip], Chip | None]:
+    """The chip table (built-in merged with the spec's ``chips:``) and ``--chip``'s entry, checked
+    against a compile-only target (:func:`stagetool.plan.target.check_chip_for_target`)."""
+    chips: dict[str, Chip] = dict(CHIPS)
+    chip = None
+    with problems.check():
+        if spec.chips:
+            chips = merge_chips(spec.chips)
+        if options.chip:
+            try:
+                chip = get_chip(options.chip, chips)
+            except UsageError as e:
+                raise UsageError(f"--chip {options.chip}: {e.message}", hint=e.hint) from None
+    with problems.check():
+        if options.chip and isinstance(target, COMPILE_ONLY) and chip is not None:
+            from stagetool.plan.target import check_chip_for_target
+
+            # a chip the spec's chips: defines is the user's own figures; the built-in ones are checked
+            if chip == CHIPS.get(chip.name):
+                check_chip_for_target(options.chip, target)
+    return chips, chip
+
+
+def _same_target(target: str, fspec: FunctionSpec) -> bool:
+    """Whether the command-line TARGET names the same callable as the spec's target."""
+    try:
+        a_mod, a_attr = split_target(target)
+        b_mod, b_attr = split_target(fspec.target)
+    except Exception:
+        return False
+    if a_attr != b_attr:
+        return False
+    if a_mod.endswith(".py") and b_mod.endswith(".py"):
+        return Path(a_mod).resolve() == (fspec.base_dir / b_mod).resolve()
+    return a_mod == b_mod
+
+
+def with_target_chip(plan: Plan) -> Plan:
+    """``plan`` with its compile-only target's own chip (:attr:`~stagetool.plan.target.TpuTarget.roofline_chip`)
+    as ``--chip``, from the plan's chip table; the plan as it is for other targets or a chip the
+    table lacks. A sweep over targets gives each row its own target's roofline this way."""
+    name = plan.target.roofline_chip if isinstance(plan.target, COMPILE_ONLY) else None
+    if name is None or name not in plan.chips:
+        return plan
+    return dataclasses.replace(plan, chip=plan.chips[name])
+
