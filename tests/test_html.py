@@ -489,3 +489,26 @@ def test_live_diff_html_draws_both_meshes_memory_over_time(run_cli, mlp_copy):
         tp = run_cli("memory", "mlp.py:train_step", "--mesh", mesh, "--format", "json",
                      check=0).json()["functions"][0]["memory"]["timeline_peak"]
         assert f"peak {charts.format_bytes(tp['bytes'])} at step {tp['position']} of {tp['steps']}" in body
+
+
+def test_html_report_has_the_timeline_without_asking_and_no_second_compile(run_cli, monkeypatch):
+    """Issue 33, item 5: ``report --format html`` draws the memory timeline by default (the peak dump
+    comes from the one compile); text keeps it off; ``--no-peak`` turns it off; the help says what it costs."""
+    import jax
+
+    compiles = []
+    original = jax.stages.Lowered.compile
+
+    def counting(self, *a, **k):
+        compiles.append(1)
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", counting)
+    page = run_cli("report", "examples/mlp.py:train_step", "--format", "html", "--no-cache", check=0).stdout
+    assert "memory over time" in page.lower() and len(compiles) == 1
+    off = run_cli("report", "examples/mlp.py:train_step", "--format", "html", "--no-peak", check=0).stdout
+    assert "memory over time" not in off.lower()
+    text = run_cli("report", "examples/mlp.py:train_step", "--format", "json", check=0).json()
+    assert text["functions"][0]["memory"]["timeline"] is None
+    help_text = " ".join(run_cli("report", "--help", check=0).stdout.split())
+    assert "No second compile" in help_text and "Default: on for --format html" in help_text

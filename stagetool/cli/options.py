@@ -57,8 +57,13 @@ DeviceMemoryOpt = Annotated[Optional[str], typer.Option(
     show_default=False)]
 FailIfOverOpt = Annotated[bool, typer.Option(
     "--fail-if-over", help="Exit 1 when the peak does not fit in the device memory.")]
-PeakOpt = Annotated[bool, typer.Option(
-    "--peak/--no-peak", help="List the buffers live at the peak (one more compile).")]
+PEAK_HELP = ("List the buffers live at the peak and the memory timeline. No second compile: the same compile "
+             "writes XLA's dump to a temporary folder, which stagetool reads (within the run-to-run noise of the "
+             "compile time on the transformer example).")
+PeakOpt = Annotated[bool, typer.Option("--peak/--no-peak", help=PEAK_HELP)]
+ReportPeakOpt = Annotated[Optional[bool], typer.Option(
+    "--peak/--no-peak", help=PEAK_HELP + " Default: on for --format html (its memory timeline), off otherwise.",
+    show_default=False)]
 TopOpt = Annotated[int, typer.Option("--top", help="How many largest inputs and peak buffers to list.", min=1)]
 JobsOpt = Annotated[int, typer.Option(
     "--jobs", "-j", help="Stage up to N functions at once, each in a worker process of its own (one JAX start per "

@@ -48,7 +48,7 @@ class Options:
       dialect: ``stablehlo`` or ``hlo`` for the lowered module's text.
       chip: a chip of the roofline table (``stagetool.core.chips``) for a step-time estimate.
       device_memory: per-device memory capacity such as ``16GiB``, overriding what the device reports.
-      peak: find the buffers live at the memory peak (one more compile with an XLA dump).
+      peak: find the buffers live at the memory peak (the same compile, with XLA's dump written to a temporary folder).
       top: how many largest inputs / peak buffers to list.
       explain: input leaves (key paths, or their last parts) whose collectives to trace.
       job_processes: processes of the multi-process job (``jax.distributed``) this process is one

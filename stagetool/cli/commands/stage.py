@@ -10,7 +10,7 @@ import typer
 
 from stagetool.cli.app import app, joined
 from stagetool.cli.options import (ChipOpt, DebugOpt, DeviceMemoryOpt, FailIfOverOpt, FormatOpt, JobsOpt, OutputOpt,
-                                   PagerOpt, PeakOpt, Staging, TopOpt, outputs, staging_command)
+                                   PagerOpt, PeakOpt, ReportPeakOpt, Staging, TopOpt, outputs, staging_command)
 from stagetool.cli.output import emit, errors, staging_status, stderr
 from stagetool.core.errors import ExitCode, UsageError
 from stagetool.report import Format
@@ -150,9 +150,11 @@ def memory(staging: Staging, device_memory: DeviceMemoryOpt = None, chip: ChipOp
 @app.command()
 @staging_command
 def report(staging: Staging, chip: ChipOpt = None, device_memory: DeviceMemoryOpt = None,
-           fail_if_over: FailIfOverOpt = False, peak: PeakOpt = False, top: TopOpt = 10, jobs: JobsOpt = 1,
+           fail_if_over: FailIfOverOpt = False, peak: ReportPeakOpt = None, top: TopOpt = 10, jobs: JobsOpt = 1,
            format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
     """One screen: mesh, stage timings, shardings, collectives, cost and memory."""
+    if peak is None:  # the HTML page draws the memory timeline: it costs no second compile
+        peak = format is Format.html
     with errors(debug):
         _stage_and_emit("report", staging, format, output, fail_if_over=fail_if_over, device_memory=device_memory,
                         chip=chip, peak=peak, top=top, jobs=jobs)
