@@ -314,12 +314,19 @@ def derived_per_device_cost(module: HloModule) -> CostRecord:
                       arithmetic_intensity_flops_per_byte=intensity, operand_slots=(), extra=(), reason=None)
 
 
+BYTES_DISAGREEMENT = 10.0
+"""How many times the devices' bytes accessed together (after optimisation) the whole program's figure
+(before it) may be before it is flagged: fusion alone commonly halves or quarters it, never 10×
+without an op chain the compiler fused away."""
+
+
 def _cross_checked(per_device: CostRecord, whole: CostRecord, module: HloModule | None,
                    device_count: int) -> tuple[CostRecord, CostRecord]:
     """Suspects no single record can see: XLA's per-device FLOPs below the FLOPs of the compiled
     module's own dots and convolutions; the per-device and whole-program figures further apart
     than partitioning explains (the devices together doing under half the program, or one device
-    over twice the whole program)."""
+    over twice the whole program); the whole program's bytes accessed more than
+    :data:`BYTES_DISAGREEMENT` times the devices' together (unfused ops counted before optimisation)."""
     extra_pd: list[Suspect] = []
     extra_whole: list[Suspect] = []
     if module is not None and per_device.flops is not None:
@@ -337,6 +344,13 @@ def _cross_checked(per_device: CostRecord, whole: CostRecord, module: HloModule 
         elif p > 2 * w:
             extra_pd.append(Suspect("flops", f"one device's {p:.6g} FLOPs is more than twice the whole program's "
                                     f"{w:.6g}: partitioning does not explain it"))
+    pb, wb = per_device.bytes_accessed, whole.bytes_accessed
+    if pb is not None and wb is not None and pb > 0 and device_count >= 1 and wb > BYTES_DISAGREEMENT * pb * device_count:
+        extra_whole.append(Suspect("bytes_accessed", (
+            f"the whole program's {wb:,.0f} bytes accessed (before optimisation) is {wb / (pb * device_count):,.0f}× "
+            f"what the {device_count} device{'s' if device_count != 1 else ''} move together after it ({pb:,.0f} B "
+            "each): Lowered.cost_analysis() counts every unfused op's reads and writes, which fusion keeps in "
+            "registers; partitioning does not explain it, and it is no estimate of memory traffic")))
     if extra_pd:
         per_device = dataclasses.replace(per_device, suspects=(*per_device.suspects, *extra_pd))
     if extra_whole:
