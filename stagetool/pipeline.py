@@ -418,7 +418,7 @@ def _failed(plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, e: StagingError
 
     import traceback
 
-    message = e.message + (f" (at {e.user_frame})" if e.user_frame else "")
+    message = e.message + (f" (at {e.user_frame})" if e.user_frame else "") + (f"\n  hint: {e.hint}" if e.hint else "")
     trace = "".join(traceback.format_exception(e))
     if e.detail:  # --debug: JAX's or XLA's message as it came, every frame in it
         trace += f"\nthe message unfiltered:\n{e.detail}\n"

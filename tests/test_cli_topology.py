@@ -138,3 +138,66 @@ def test_the_topology_is_parsed_once_per_run(run_cli, monkeypatch):
     assert doc["functions"][0]["mesh"]["topology"] == "v5e:2x4"
     assert doc["functions"][0]["mesh"]["device_kind"] == "TPU v5 lite"
     assert calls == {"parse_target": 1, "grammar": 1}
+
+
+SHARDING_AT_IMPORT = """\
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+MESH = jax.make_mesh((8,), ("fsdp",), axis_types=(jax.sharding.AxisType.{},))
+REPLICATED = NamedSharding(MESH, P())  # as Equinox's parallelism example builds model_sharding
+
+
+def step(w, x):
+    w = jax.lax.with_sharding_constraint(w, REPLICATED)
+    return jnp.tanh(x @ w)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("axes", ["Auto", "Explicit"])
+def test_a_sharding_made_at_import_and_used_inside_says_how_to_follow_the_topology(tmp_path, axes):
+    """Equinox's parallelism example (docs/examples/parallelism.ipynb) builds ``NamedSharding(mesh,
+    P())`` at import from ``jax.devices()`` and constrains with it inside the step: beside
+    ``--topology`` those are host CPU devices, and JAX refuses the lowering ("Received incompatible
+    devices"; under explicit axes, "context mesh ... should match the aval mesh"). Exit 3 with JAX's
+    message, the user's line and a hint: write a PartitionSpec (it takes the mesh stagetool sets),
+    which stages (checked)."""
+    from helpers import run_subprocess, write
+
+    model = SHARDING_AT_IMPORT.replace("{}", axes)
+    write(tmp_path, "m.py", model)
+    write(tmp_path, "m.stagetool.yaml", "version: 1\nmesh: {axes: {fsdp: 8}}\nfunctions:\n  step:\n"
+          "    target: m.py:step\n    args: ['f32[256,256]', 'f32[64,256] @ [fsdp]']\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])}
+    r = run_subprocess("memory", "--spec", "m.stagetool.yaml", "--topology", "v5e:2x4", "--no-peak",
+                       cwd=tmp_path, env=env)
+    assert r.code == 3, r.stderr
+    if axes == "Auto":
+        assert "Received incompatible devices for jitted computation" in r.stderr and "on platform CPU" in r.stderr
+        assert "at m.py:10:8 (step)" in r.stderr  # JAX names the constraint's line
+    else:
+        assert "should match the aval mesh" in r.stderr and "platform=cpu" in r.stderr
+        assert "(at m.py:11 in step" in r.stderr
+    assert "hint: a sharding made from jax.devices() at import" in r.stderr and "write a PartitionSpec" in r.stderr
+    write(tmp_path, "m.py", model.replace("REPLICATED = NamedSharding(MESH, P())", "REPLICATED = P()"))
+    r = run_subprocess("memory", "--spec", "m.stagetool.yaml", "--topology", "v5e:2x4", "--no-peak",
+                       cwd=tmp_path, env=env)
+    assert r.code == 0, r.stderr
+
+
+def test_the_host_mesh_hint_only_for_host_devices_beside_a_target():
+    from stagetool.staging.stages import _host_mesh_hint
+
+    jax_says = ("Received incompatible devices for jitted computation. Got jit's context mesh with device ids "
+                "[0, 1] on platform {} and sharding_constraint inside jit with device ids [0, 1] on platform {}")
+    assert _host_mesh_hint(jax_says.format("TPU", "CPU")) is not None
+    assert _host_mesh_hint(jax_says.format("CPU", "GPU")) is not None
+    assert _host_mesh_hint(jax_says.format("CPU", "CPU")) is None
+    assert _host_mesh_hint("ValueError: something else on platform TPU and on platform CPU") is None
+    explicit = ("For primitive dot_general, context mesh AbstractMesh('fsdp': 8, axis_types=(Auto,), device_kind=TPU "
+                "v5 lite, num_cores=1, platform=tpu) should match the aval mesh AbstractMesh('fsdp': 8, "
+                "axis_types=(Explicit,), device_kind=cpu, num_cores=None, platform=cpu) for shape float32[256,256].")
+    assert _host_mesh_hint(explicit) is not None
+    assert _host_mesh_hint(explicit.replace("platform=tpu", "platform=cpu")) is None

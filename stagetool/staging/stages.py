@@ -542,7 +542,26 @@ def _staging_error(e: BaseException, stage_name: str, name: str, user_files: lis
         return OutOfMemoryError(message, stage=stage_name, function=name, user_frame=frame, refused_dump=refused,
                                 **oom)
     return StagingError(message, stage=stage_name, function=name, user_frame=frame,
-                        detail=raw if raw != text else None)
+                        hint=_host_mesh_hint(text), detail=raw if raw != text else None)
+
+
+_MESHES_DIFFER = re.compile(r"Received incompatible devices|should match the aval mesh")
+_ON_TARGET = re.compile(r"platform[ =](tpu|gpu)\b", re.IGNORECASE)
+_ON_HOST = re.compile(r"platform[ =]cpu\b", re.IGNORECASE)
+
+
+def _host_mesh_hint(text: str) -> str | None:
+    """The hint for JAX's refusal of two meshes, a compile-only target's devices and host CPU devices
+    ("Received incompatible devices" of a sharding constraint under auto axes; "context mesh ...
+    should match the aval mesh" under explicit axes): a sharding the model built at import from
+    ``jax.devices()`` (beside a ``--topology`` those are the CPU backend's host devices) used inside
+    the function; None otherwise."""
+    if not (_MESHES_DIFFER.search(text) and _ON_TARGET.search(text) and _ON_HOST.search(text)):
+        return None
+    return ("a sharding made from jax.devices() at import (beside a compile-only --topology those are host CPU "
+            "devices) is used inside the function: write a PartitionSpec there (it takes the mesh stagetool sets, "
+            "jax.set_mesh), or build the NamedSharding from jax.sharding.get_abstract_mesh() or the mesh passed "
+            "in, so it follows --topology")
 
 
 _XLA_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
