@@ -901,3 +901,12 @@ def test_sighup_ends_the_run_as_sigterm_does_and_leaves_nothing(tmp_path, worker
 def test_values_that_name_nothing_or_are_huge_are_exit_2(run_cli, mlp_copy, args, expect):
     r = run_cli(*args, check=2)
     assert expect in r.stderr and "unexpected" not in r.stderr and len(r.stderr) < 2000, r.stderr
+
+
+def test_backticks_in_a_leaf_path_open_no_code_span_in_markdown():
+    """Only the views' own `axis` spans are code spans; a leaf path's backticks are escaped."""
+    from stagetool.core.text import markdown_text
+
+    assert markdown_text("all-gather of p/w`x over `data`") == "all-gather of p/w\\`x over `data`"
+    assert markdown_text("input p/b`x`: declared") == "input p/b\\`x\\`: declared"
+    assert markdown_text("split over `data` × `model`") == "split over `data` × `model`"

@@ -68,11 +68,17 @@ def markdown_code(text: object) -> MarkdownText:
     return MarkdownText(f"{fence}{pad}{t}{pad}{fence}".replace("|", "\\|"))
 
 
+_VIEW_SPAN = re.compile(r"(?<![\w`])`([A-Za-z_][A-Za-z0-9_]*|<axis>)`(?![\w`])")
+"""A span stagetool's views make: a mesh axis name (an ASCII identifier, checked where the mesh is
+read) in single backticks, not touching a word or another backtick."""
+
+
 def markdown_text(text: object) -> str:
-    """:func:`markdown_safe`, except that `` `spans` `` (stagetool's views mark names that way: "split
-    over `model`") stay code spans, rebuilt with :func:`markdown_code` so that nothing inside can
-    break out. A lone backtick is escaped like any other."""
-    parts = re.split(r"`([^`\n]+)`", printable(text, newlines=False))
+    """:func:`markdown_safe`, except that the `` `axis` `` spans stagetool's views make ("split over
+    `model`") stay code spans, rebuilt with :func:`markdown_code`. Only a mesh axis name in its own
+    backticks is such a span: backticks in a user's name (a leaf path ``p/b`x```) are escaped like
+    any other character, so that they open no code span."""
+    parts = _VIEW_SPAN.split(printable(text, newlines=False))
     return "".join(markdown_code(p) if i % 2 else markdown_safe(p) for i, p in enumerate(parts))
 
 
