@@ -436,3 +436,25 @@ def test_text_and_html_write_each_change_the_same_way():
     page = render_html(cmp)
     cells = [html_lib.unescape(m) for m in re.findall(r'</code></td>\s*<td class="r">([^<]*)</td>', page)]
     assert cells == want
+
+
+def test_an_edit_with_no_consequence_prints_no_empty_table():
+    """jax-llm-examples' llama3 with a rule edited: its second cause (constraints changed with the
+    rule) leads to no change of its own (they are the first cause's or unexplained); the text lists
+    its edit lines and no table head without rows."""
+    from stagetool.gate.compare import Cause, Change, Comparison, FunctionResult
+    from stagetool.gate.render import render_text
+
+    peak = Change("f", "memory.peak_bytes", "1.70 MiB", "4.33 MiB", "regression", before_value=1783148,
+                  after_value=4538000, change=4538000 / 1783148 - 1)
+    rule = Cause("f", "declared", "the init's own sharding changed the declared sharding of 1 input", "s.yaml:8",
+                 ("w: P(None, 'y') → P(None, None)",), (peak,), (True,))
+    bare = Cause("f", "constraint", "the sharding constraint at model.py:930 changed", "model.py:930",
+                 ("model.py:930: P(None, 'y') → P(None, None)",))
+    cmp = Comparison("stagetool check", "base.json", "now",
+                     (FunctionResult("f", "regression", (peak,), causes=(rule, bare)),))
+    lines = render_text(cmp, width=200).splitlines()
+    heads = [i for i, line in enumerate(lines) if line.split() == ["what", "before", "after", "change", "status"]]
+    assert len(heads) == 1  # the first cause's table only
+    at = next(i for i, line in enumerate(lines) if line.startswith("cause 2 · f: the sharding constraint at model.py:930"))
+    assert lines[at + 1].strip() == "model.py:930: P(None, 'y') → P(None, None)" and heads[0] < at

@@ -125,7 +125,8 @@ def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> st
                                                                      _pct(c), Text(status, style=styles[c.status])]
             t.add_row(*cells)
             rows += 1
-        console.print(t)
+        if changes:  # an edit with no consequence of its own (they are listed elsewhere): no empty table
+            console.print(t)
     t = table(with_function=True)
     extra = 0
     for f in cmp.functions:
