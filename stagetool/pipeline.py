@@ -456,10 +456,12 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
         fields["inputs"], fields["outputs"] = leaves
     cpu = setup.platform == "cpu" and needs_compile
     narrow: frozenset[str] = frozenset()
+    narrow_values: frozenset[str] = frozenset()
     if cpu:
-        from stagetool.analysis.cpu_artefacts import narrow_dot_types
+        from stagetool.analysis.cpu_artefacts import narrow_dot_types, narrow_value_types
 
         narrow = narrow_dot_types(facts.stablehlo_text)
+        narrow_values = narrow_value_types(facts.stablehlo_text)  # any 16-bit value XLA:CPU may widen
     if Section.COST in wanted:
         from stagetool.analysis.collectives import MeshAxes
         from stagetool.analysis.sections import cost_section
@@ -482,7 +484,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
         section = collectives_section(facts.module, MeshAxes(plan.mesh.names, plan.mesh.sizes), leaves[0], user_files,
                                       plan.explain, slices=setup.slices, outputs=leaves[1],
                                       propagation=facts.propagation, propagation_error=facts.propagation_error,
-                                      cpu_upcast=narrow)
+                                      cpu_upcast=narrow, cpu_promoted=narrow_values)
         if Section.COLLECTIVES in wanted:
             fields["collectives"] = section
         if Section.WHY in wanted and plan.why is not None:

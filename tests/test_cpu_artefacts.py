@@ -325,3 +325,44 @@ def test_a_bf16_embeddings_scatter_add_gradient_in_the_tuple_all_reduce_is_marke
     (item,) = [i for i in fn["collectives"]["items"] if i["collective"]["kind"] == "all-reduce"]
     assert item["collective"]["result_types"] == ["f32[]", "f32[256,128]"]
     assert item["widened_from"] == "bf16" and item["widened_bytes"] == 256 * 128 * 4
+
+
+GATHER = """\
+import jax.numpy as jnp
+
+
+def lookup(table, idx):
+    return jnp.take(table, idx, axis=0)
+"""
+GATHER_SPEC = """\
+version: 1
+mesh: {axes: {model: 8}}
+functions:
+  lookup:
+    target: g.py:lookup
+    args: ['bf16[8192,64] @ [model, null]', 'i32[8192]']
+"""
+
+
+def test_a_bf16_gathers_all_reduce_widened_on_cpu_is_named(run_cli, tmp_path):
+    """Issue 33, item 4: a program with no 16-bit dot, whose bf16 gather over a vocabulary-sharded table
+    is all-reduced: f32 on CPU (2,097,152 B = 8192 × 64 × 4, XLA:CPU's promoted reducer), marked with
+    its bf16 type and the accelerator's bytes; on v5e:2x4 the same all-reduce is bf16, half of it."""
+    from helpers import write
+
+    from stagetool.devices import tpu_topology
+
+    write(tmp_path, "g.py", GATHER)
+    spec = write(tmp_path, "g.stagetool.yaml", GATHER_SPEC)
+    fn = run_cli("collectives", "--spec", str(spec), "--format", "json", check=0).json()["functions"][0]
+    [item] = fn["collectives"]["items"]
+    assert item["collective"]["kind"] == "all-reduce" and item["collective"]["bytes_per_device"] == 8192 * 64 * 4
+    assert (item["widened_from"], item["widened_bytes"]) == ("bf16", 8192 * 64 * 4)
+    (note,) = [n for n in fn["notes"] if "marked 'f32 on CPU'" in n]
+    assert "widens the program's bf16 values to f32" in note and "--topology v5e:2x4" in note
+    if tpu_topology.libtpu_available():
+        tpu = run_cli("collectives", "--spec", str(spec), "--topology", "v5e:2x4", "--format", "json",
+                      check=0).json()["functions"][0]
+        reduces = [i["collective"] for i in tpu["collectives"]["items"] if i["collective"]["kind"] == "all-reduce"]
+        assert reduces and all(c["bytes_per_device"] == 8192 * 64 * 2 for c in reduces)
+        assert all(i["widened_from"] is None for i in tpu["collectives"]["items"])

@@ -291,13 +291,26 @@ def host_offload_note(transfers: tuple[str, ...], command: str) -> str:
             f"is 0; the accelerator's answer: {command}")
 
 
-def widened_note(widened: Mapping[str, str], bytes_here: int, command: str) -> str:
-    """The note for the collectives whose dtype XLA:CPU's 16-bit dot upcast widened."""
+def widened_note(widened: Mapping[str, str], bytes_here: int, command: str, *, dots: bool = True) -> str:
+    """The note for the collectives whose dtype XLA:CPU widened: its 16-bit dot upcast (``dots``), or,
+    in a program without 16-bit dots, its widening of 16-bit values before a collective (a bf16
+    gather's all-reduce, promoted to f32)."""
     kinds = "/".join(sorted(set(widened.values())))
     n = len(widened)
+    why = (f"XLA:CPU computes {kinds} dot products in f32" if dots else
+           f"XLA:CPU widens the program's {kinds} values to f32 before the collective (its all-reduce promotion)")
     return (f"{n} collective{'s' if n != 1 else ''} marked 'f32 on CPU' move{'' if n != 1 else 's'} f32 only because "
-            f"XLA:CPU computes {kinds} dot products in f32; the program's own dtype is {kinds}, half the bytes "
+            f"{why}; the program's own dtype is {kinds}, half the bytes "
             f"({bytes_here:,} B here per device); the accelerator's answer: {command}")
+
+
+_NARROW_VALUE = re.compile(r"tensor<[^>]*x(bf16|f16)>|tensor<(bf16|f16)>")
+
+
+def narrow_value_types(stablehlo_text: str | None) -> frozenset[str]:
+    """The 16-bit float types (``bf16``, ``f16``) of any value of the lowered program (its own types,
+    before XLA:CPU widens them). Empty when there are none or no text."""
+    return frozenset(a or b for a, b in _NARROW_VALUE.findall(stablehlo_text or ""))
 
 
 def dots_note(narrow: Iterable[str], command: str) -> str:
@@ -331,7 +344,7 @@ def cpu_notes(*, command: str, host: tuple[str, ...], narrow: frozenset[str], co
     widened = {i.collective.name: i.widened_from for i in (collectives.items if collectives else ()) if i.widened_from}
     if widened:
         moved = sum(i.widened_bytes or 0 for i in collectives.items if i.widened_from)
-        out.append(widened_note(widened, moved, command))
+        out.append(widened_note(widened, moved, command, dots=bool(narrow)))
     elif narrow:
         out.append(dots_note(narrow, command))
     la = cost.loop_aware if cost else None

@@ -594,7 +594,8 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
                         slices: int = 1, outputs: tuple[LeafReport, ...] | None = None,
                         propagation: Propagation | None = None,
                         propagation_error: str | None = None,
-                        cpu_upcast: frozenset[str] = frozenset()) -> CollectivesSection:
+                        cpu_upcast: frozenset[str] = frozenset(),
+                        cpu_promoted: frozenset[str] = frozenset()) -> CollectivesSection:
     """Build :class:`CollectivesSection` from the parsed compiled module.
 
     Args:
@@ -612,6 +613,10 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
       cpu_upcast: on CPU, the program's own 16-bit dot types
         (:func:`stagetool.analysis.cpu_artefacts.narrow_dot_types`): an f32 collective of such a dot's
         result gets ``widened_from``. Empty on other backends.
+      cpu_promoted: on CPU, the 16-bit types of any value of the program
+        (:func:`stagetool.analysis.cpu_artefacts.narrow_value_types`): an f32 all-reduce whose reducer is
+        XLA:CPU's ``*_promoted`` gets ``widened_from`` too (a bf16 gather's all-reduce), a value the
+        program itself converts to f32 does not.
 
     Raises:
       UsageError: an ``explain`` pattern that names no input leaf.
@@ -643,13 +648,19 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
                       for c in found)
     else:
         items = tuple(CollectiveItem(c, _user_source(c, user, library)) for c in found)
-    if cpu_upcast and items:
+    if (cpu_upcast or cpu_promoted) and items:
         from stagetool.analysis.cpu_artefacts import widened_collectives
 
-        widened = widened_collectives(module, [(c.name, c.computation, _reducer(module, c)) for c in found])
+        reducers = {c.name: _reducer(module, c) for c in found}
+        widened = widened_collectives(module, [(c.name, c.computation, reducers[c.name]) for c in found])
+
+        def marked(name: str) -> bool:
+            kind = widened.get(name, ("",))[0]
+            return kind in cpu_upcast or (kind in cpu_promoted and (reducers[name] or "").endswith("_promoted"))
+
         items = tuple(dataclasses.replace(i, widened_from=widened[i.collective.name][0],
                                           widened_bytes=widened[i.collective.name][1])
-                      if widened.get(i.collective.name, ("",))[0] in cpu_upcast else i for i in items)
+                      if marked(i.collective.name) else i for i in items)
     items = _with_helper_callers(items, user, library)
     explained = []
     for leaf in match_leaves(explain, inputs or ()):
