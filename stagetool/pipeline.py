@@ -130,9 +130,8 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target]
         UsageError holding all of them).
       UsageError, TargetError: a bad option or target.
     """
-    from stagetool.core.errors import SpecError, StagingError, TargetError
-    from stagetool.inputs.avals import build_inputs, fit_out_shardings
-    from stagetool.inputs.target import load_target
+    from stagetool.core.errors import SpecError, StagingError
+    from stagetool.inputs.loading import load_and_build
     from stagetool.plan.selectors import unmatched_leaf_patterns
 
     out: dict[str, Prepared] = {}
@@ -140,15 +139,9 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target]
     unmatched: list[str] = []
     for fspec in plan.functions:
         try:
-            try:
-                target = (targets or {}).get(fspec.name) or load_target(fspec.target, base_dir=fspec.base_dir)
-            except TargetError as e:  # name the spec's line that asked for it
-                raise TargetError(f"{fspec.where('target')}: functions.{fspec.name}.target: {e.message}",
-                                  hint=e.hint) from None
-            inputs = build_inputs(fspec, target.fn, setup, plan.mesh, avals=plan.avals)
-            if inputs.fn is not None:  # a pure function around the target (non-array leaves, in-place NNX updates)
-                target = dataclasses.replace(target, fn=inputs.fn)
-            fitted = fit_out_shardings(fspec, target.fn, inputs, setup.mesh)
+            # the target loaded, its inputs built, in the staged device world (inputs.loading)
+            target, inputs, fitted = load_and_build(fspec, setup, plan.mesh, avals=plan.avals,
+                                                    target=(targets or {}).get(fspec.name))
         except SpecError as e:
             issues.extend(e.issues)
             continue

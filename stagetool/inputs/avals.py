@@ -34,8 +34,8 @@ from stagetool.inputs.own_jit import has_shared, own_program, shared_note, take_
 from stagetool.inputs.records import AbstractInputs, InputLeaf
 from stagetool.inputs.signature import arg_names, bind_for_in_shardings, check_signature, check_static_hashable, merged_donation
 from stagetool.inputs.target import load_target
-from stagetool.inputs.values import build_call, build_value, eval_init, resolve_logical_rules
-from stagetool.spec.model import CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule, ValueSpec
+from stagetool.inputs.values import build_call, build_value, eval_init, resolve_logical_rules, staged_value
+from stagetool.spec.model import CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule, StagedSpec, ValueSpec
 
 if TYPE_CHECKING:  # imported only for Flax and Equinox targets
     from stagetool.inputs.frameworks.equinox import EqxProgram
@@ -199,6 +199,8 @@ class _Builder:
             return None
         if isinstance(tree, CallSpec):
             return build_call(tree, self.fspec)
+        if isinstance(tree, StagedSpec):
+            return staged_value(tree)
         if isinstance(tree, list):
             return [self.convert(t, f"{path}/{i}", donated) for i, t in enumerate(tree)]
         if isinstance(tree, tuple):

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagetool.core.sharding import spec_dims
+from stagetool.inputs.seen_meshes import note_sharding
 
 _CALLS = ("closed_call", "core_call", "remat", "checkpoint", "remat2", "custom_jvp_call", "custom_vjp_call",
           "custom_vjp_call_jaxpr", "custom_lin")
@@ -74,6 +75,7 @@ def _dims_of(sharding: Any) -> tuple | None:
     from jax.sharding import NamedSharding, PartitionSpec
 
     if isinstance(sharding, NamedSharding):
+        note_sharding(sharding, "init")
         return spec_dims(sharding.spec)
     if isinstance(sharding, PartitionSpec):
         return spec_dims(sharding)

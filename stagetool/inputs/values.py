@@ -11,7 +11,8 @@ from stagetool.inputs.frameworks import Pytree
 from stagetool.inputs.leaves import jax_dtype
 from stagetool.inputs.signature import describe_callable, signature_problems
 from stagetool.inputs.target import load_target, user_frame
-from stagetool.spec.model import ArgSpec, CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, ValueSpec
+from stagetool.spec.model import (ArgSpec, CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, StagedSpec,
+                                  ValueSpec)
 
 
 def resolve_logical_rules(fspec: FunctionSpec) -> tuple | None:
@@ -198,9 +199,12 @@ def _init_value(v: Pytree, fspec: FunctionSpec, built: dict | None = None, init:
             return _strip_leaf_shardings(built[x.arg], sources)
         if isinstance(x, RefSpec):
             return load_target(x.target, base_dir=fspec.base_dir, need_callable=False).fn
+        if isinstance(x, StagedSpec):
+            return staged_value(x)
         return x
 
-    return jax.tree_util.tree_map(one, v, is_leaf=lambda x: isinstance(x, (LeafSpec, KeySpec, CallSpec, RefSpec, ArgSpec)))
+    return jax.tree_util.tree_map(one, v, is_leaf=lambda x: isinstance(
+        x, (LeafSpec, KeySpec, CallSpec, RefSpec, ArgSpec, StagedSpec)))
 
 
 def _strip_leaf_shardings(tree: Pytree, sources: dict | None = None) -> Any:
@@ -227,6 +231,8 @@ def build_value(value: Any, fspec: FunctionSpec) -> Any:
     """
     if isinstance(value, CallSpec):
         return build_call(value, fspec)
+    if isinstance(value, StagedSpec):
+        return staged_value(value)
     if isinstance(value, RefSpec):
         return load_target(value.target, base_dir=fspec.base_dir, need_callable=False).fn
     if isinstance(value, ValueSpec):
@@ -236,6 +242,24 @@ def build_value(value: Any, fspec: FunctionSpec) -> Any:
     if isinstance(value, dict):
         return {k: build_value(v, fspec) for k, v in value.items()}
     return value
+
+
+def staged_value(value: StagedSpec) -> Any:
+    """``{mesh: staged}``: the staged ``jax.sharding.Mesh``; ``{mesh: abstract}``: its
+    ``AbstractMesh``; ``{devices: staged}``: the staged devices as ``jax.devices()`` lists them (by id).
+
+    Raises:
+      SpecError: no staged devices are set up (the value is built outside stagetool's loading).
+    """
+    from stagetool.devices.world import current_setup, staged_devices
+
+    setup = current_setup()
+    if setup is None:
+        raise SpecError([f"{value.loc}: {{{value.kind}: {value.form}}} is built only while stagetool loads a "
+                         "function for its staged devices"])
+    if value.kind == "devices":
+        return staged_devices(setup)
+    return setup.mesh.abstract_mesh if value.form == "abstract" else setup.mesh
 
 
 def build_call(call: CallSpec, fspec: FunctionSpec) -> Any:

@@ -66,6 +66,21 @@ class ArgSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class StagedSpec:
+    """``{mesh: staged}`` / ``{mesh: abstract}`` / ``{devices: staged}``: what stagetool stages on,
+    handed to user code (a ``{call:}`` argument, an ``init_args`` value, a static value): the staged
+    ``jax.sharding.Mesh``, its ``AbstractMesh``, or its devices as ``jax.devices()`` lists them."""
+
+    kind: str  # "mesh" | "devices"
+    form: str  # "staged" | "abstract"
+    loc: Loc
+
+
+#: The forms of :class:`StagedSpec` the spec accepts, per key.
+STAGED_FORMS = {"mesh": ("staged", "abstract"), "devices": ("staged",)}
+
+
+@dataclasses.dataclass(frozen=True)
 class RefSpec:
     """``{ref: model.py:OPTIMIZER}``: a module-level object passed as it is (not called)."""
 

@@ -11,7 +11,8 @@ import yaml
 from stagetool.core.patterns import backtracking_risk
 from stagetool.core.sharding import UNSPECIFIED
 from stagetool.spec.leaves import KEY_CALL_RE, dtype_name, parse_leaf, parse_sharding, shape_problem
-from stagetool.spec.model import ArgSpec, CallSpec, InitSpec, KeySpec, LeafSpec, LikeSpec, Loc, OutRulesSpec, RefSpec, Rule
+from stagetool.spec.model import (STAGED_FORMS, ArgSpec, CallSpec, InitSpec, KeySpec, LeafSpec, LikeSpec, Loc, OutRulesSpec,
+                                  RefSpec, Rule, StagedSpec)
 from stagetool.spec.yaml_nodes import Issues, check_keys, child, keys_of, plain, short
 
 
@@ -63,6 +64,8 @@ class ValueParser:
             return tuple(items) if node.tag == "!tuple" else items
         assert isinstance(node, yaml.MappingNode)
         keys = {k for _, k in keys_of(node)}
+        if self.is_staged(node):
+            return self.staged(node, path)
         if "init" in keys:
             return self.init(node, path)
         if "call" in keys:
@@ -82,6 +85,8 @@ class ValueParser:
     def plain_value(self, node: yaml.Node, path: str) -> Any:
         """A plain Python value (an argument of ``call``): strings stay strings; ``{call: ...}`` nests."""
         if isinstance(node, yaml.MappingNode):
+            if self.is_staged(node):
+                return self.staged(node, path)
             if child(node, "call") is not None:
                 return self.call(node, path)
             if child(node, "ref") is not None:
@@ -91,6 +96,24 @@ class ValueParser:
             items = [self.plain_value(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
             return tuple(items) if node.tag == "!tuple" else items
         return plain(node)
+
+    @staticmethod
+    def is_staged(node: yaml.MappingNode) -> bool:
+        """A one-key mapping ``{mesh: staged | abstract}`` or ``{devices: ...}`` (:class:`StagedSpec`); a
+        mapping ``{mesh: 'f32[4]'}`` stays a pytree of leaves."""
+        return (len(node.value) == 1 and isinstance(node.value[0][0], yaml.ScalarNode)
+                and node.value[0][0].value in STAGED_FORMS and isinstance(node.value[0][1], yaml.ScalarNode)
+                and node.value[0][1].value in ("staged", "abstract"))
+
+    def staged(self, node: yaml.MappingNode, path: str) -> StagedSpec | None:
+        """``{mesh: staged | abstract}`` / ``{devices: staged}``, or None after recording the problem."""
+        key, value = str(node.value[0][0].value), plain(node.value[0][1])
+        if value not in STAGED_FORMS[key]:
+            forms = " or ".join(f"{{{key}: {f}}}" for f in STAGED_FORMS[key])
+            self.issues.add(node.value[0][1], f"{path}.{key}", f"{{{key}: {value!r}}} is not a form stagetool knows: "
+                            f"write {forms} (the {key} stagetool stages on)")
+            return None
+        return StagedSpec(key, str(value), self.issues.loc(node))
 
     def expanded_leaf(self, node: yaml.MappingNode, path: str) -> LeafSpec | None:
         """``{shape: [...], dtype: ..., sharding: ...}``: a leaf written out, or None after recording the problem."""

@@ -14,7 +14,8 @@ import time
 import warnings
 from typing import Any, Callable
 
-from stagetool.core.errors import USER_CODE_ERRORS, OutOfMemoryError, SpecError, StagingError, describe_exception
+from stagetool.core.errors import (USER_CODE_ERRORS, OutOfMemoryError, SpecError, StagingError, UsageError,
+                                   describe_exception)
 from stagetool.core.sharding import Sharding
 from stagetool.facts import PeakDump, StageTimings
 from stagetool.hlo.buffers import BufferAssignment
@@ -324,6 +325,8 @@ def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_file
             warnings.simplefilter("always")
             out = fn()
     except USER_CODE_ERRORS as e:  # SystemExit from the traced code is its failure too
+        if stage_name in ("trace", "lower") and any(m in str(e) for m in _MESH_MISMATCH):
+            raise _mesh_mismatch(e, stage_name, name, user_files, mesh) from None
         raise _staging_error(e, stage_name, name, user_files, jitted) from None
     timings[stage_name] = time.perf_counter() - start
     for w in caught:
@@ -467,6 +470,28 @@ def _definition(fn: Any) -> str | None:
         return f"{inspect.getsourcefile(target)}:{line} in {target.__name__} (the function being compiled)"
     except (TypeError, OSError, AttributeError):
         return None
+
+
+#: JAX's words when the traced code names a mesh other than the ambient (staged) one.
+_MESH_MISMATCH = ("should match the mesh passed to shard_map", "Received incompatible devices for jitted computation",
+                  "should match the aval mesh")
+
+
+def _mesh_mismatch(e: BaseException, stage_name: str, name: str, user_files: list[str], mesh: Any) -> UsageError:
+    """The traced code names its own mesh (``shard_map(mesh=cfg.mesh)``, a ``NamedSharding`` on it) and
+    that mesh is not the staged one: staging it would mix two meshes in one program, which no mesh runs
+    — a usage error (exit 2) naming both meshes and the user's line, never a compile."""
+    from stagetool.devices.world import describe_mesh
+
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    frame = user_frame(e, user_files)
+    return UsageError(f"{name}: {stage_name}: the code names a mesh of its own that is not the staged mesh "
+                      f"({describe_mesh(mesh)}): {first}" + (f"\n  at {frame}" if frame else ""),
+                      hint=_host_mesh_hint(str(e)) or (
+                          "code that names its mesh in the step (shard_map(mesh=...), NamedSharding(mesh, ...)) runs "
+                          "on that mesh alone: stage with the same axis sizes (--mesh) and axis types (the spec's "
+                          "axis_types: explicit for jax.make_mesh's default), or build the code's mesh from the spec's "
+                          "({call: model.py:make_config, kwargs: {mesh: {mesh: staged}}})"))
 
 
 _FRAME_LINE = re.compile(r"^\s+(?P<file>\S+?):(?P<line>\d+)(?::\d+)? \[(?P<func>[^\]]*)\]\s*$")

@@ -186,6 +186,9 @@ def struct_dims(struct: Any) -> tuple | None:
     spec = getattr(sharding, "spec", None)
     if spec is None:
         return None
+    from stagetool.inputs.seen_meshes import note_sharding
+
+    note_sharding(sharding, "struct")
     return spec_dims(spec)
 
 

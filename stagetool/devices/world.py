@@ -1,0 +1,141 @@
+"""The device world the user's code sees while stagetool loads it: the staged devices.
+
+Model code builds its own mesh: a config module runs ``Mesh(create_device_mesh(shape, jax.devices()),
+axes)`` at import, an init calls ``jax.make_mesh``, Keras lists ``keras.distribution.list_devices()``.
+Under ``--topology v5e:2x4`` that code would find the host's CPU devices, and its jit shardings or
+``shard_map(mesh=...)`` would name a mesh the staged program cannot run on. :func:`staged_world`
+makes those public functions answer with the staged devices (compile-only TPU/GPU devices, the
+simulated CPU mesh's, or the attached ones) while the target module is imported and its ``init``s
+and ``{call:}``s run, and restores them after:
+
+- ``jax.devices()`` / ``jax.device_count()``: the staged devices in id order (as ``jax.devices()``
+  lists a backend's); with a backend name, the staged devices when it is theirs, else JAX's own.
+- ``jax.local_devices()`` / ``jax.local_device_count()``: those of process 0 (of the given process).
+- ``jax.make_mesh``, ``jax.experimental.mesh_utils.create_device_mesh`` and
+  ``create_hybrid_device_mesh`` without ``devices=``: over the staged devices (JAX's own functions,
+  so the device order is the one JAX picks for them, as a raw compile for those devices has).
+- Keras 3 on the JAX backend lists and finds devices through ``jax.devices`` and so follows.
+
+The patch replaces module attributes of public JAX modules only (no ``jax._src``); a function taken
+by ``from jax import devices`` while the world was on answers JAX's own once it is off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+_LOCK = threading.RLock()
+_STACK: list[Any] = []  # the DeviceSetups of the worlds entered, innermost last
+_ORIGINALS: dict[tuple[str, str], Any] = {}
+
+
+def current_setup() -> Any:
+    """The :class:`~stagetool.devices.provision.DeviceSetup` of the innermost world entered, or None."""
+    return _STACK[-1] if _STACK else None
+
+
+def staged_devices(setup: Any) -> list:
+    """The staged devices as ``jax.devices()`` lists a backend's: by ``device.id``."""
+    return sorted(setup.devices, key=lambda d: d.id)
+
+
+def _platform_of(setup: Any) -> str:
+    return str(setup.platform)
+
+
+def _devices(backend: Any = None) -> list:
+    setup = current_setup()
+    if setup is None or (backend is not None and str(getattr(backend, "platform", backend)).lower()
+                         not in (_platform_of(setup), "cuda" if _platform_of(setup) == "gpu" else "")):
+        return _ORIGINALS[("jax", "devices")](backend)
+    return staged_devices(setup)
+
+
+def _device_count(backend: Any = None) -> int:
+    return len(_devices(backend))
+
+
+def _local_devices(process_index: int | None = None, backend: Any = None, host_id: int | None = None) -> list:
+    setup = current_setup()
+    if setup is None:
+        return _ORIGINALS[("jax", "local_devices")](process_index, backend, host_id)
+    wanted = process_index if process_index is not None else (host_id if host_id is not None else 0)
+    mine = [d for d in _devices(backend) if int(getattr(d, "process_index", 0)) == wanted]
+    return mine
+
+
+def _local_device_count(backend: Any = None) -> int:
+    if current_setup() is None:
+        return _ORIGINALS[("jax", "local_device_count")](backend)
+    return len(_local_devices(None, backend))
+
+
+def _make_mesh(axis_shapes: Any, axis_names: Any, *args: Any, devices: Any = None, **kwargs: Any) -> Any:
+    if devices is None and current_setup() is not None:
+        devices = staged_devices(current_setup())
+    return _ORIGINALS[("jax", "make_mesh")](axis_shapes, axis_names, *args, devices=devices, **kwargs)
+
+
+def _create_device_mesh(mesh_shape: Any, devices: Any = None, *args: Any, **kwargs: Any) -> Any:
+    if devices is None and current_setup() is not None:
+        devices = staged_devices(current_setup())
+    return _ORIGINALS[("mesh_utils", "create_device_mesh")](mesh_shape, devices, *args, **kwargs)
+
+
+def _create_hybrid_device_mesh(mesh_shape: Any, dcn_mesh_shape: Any, devices: Any = None, *args: Any,
+                               **kwargs: Any) -> Any:
+    if devices is None and current_setup() is not None:
+        devices = staged_devices(current_setup())
+    return _ORIGINALS[("mesh_utils", "create_hybrid_device_mesh")](mesh_shape, dcn_mesh_shape, devices, *args,
+                                                                    **kwargs)
+
+
+_PATCHES = {
+    ("jax", "devices"): _devices,
+    ("jax", "device_count"): _device_count,
+    ("jax", "local_devices"): _local_devices,
+    ("jax", "local_device_count"): _local_device_count,
+    ("jax", "make_mesh"): _make_mesh,
+    ("mesh_utils", "create_device_mesh"): _create_device_mesh,
+    ("mesh_utils", "create_hybrid_device_mesh"): _create_hybrid_device_mesh,
+}
+
+
+def _modules() -> dict[str, Any]:
+    import jax
+    from jax.experimental import mesh_utils
+
+    return {"jax": jax, "mesh_utils": mesh_utils}
+
+
+@contextlib.contextmanager
+def staged_world(setup: Any) -> Iterator[Any]:
+    """While inside, the public device functions listed in the module docstring answer with
+    ``setup``'s devices (a :class:`~stagetool.devices.provision.DeviceSetup`); nested worlds stack,
+    and the functions are JAX's own again once the outermost ends (however it ends)."""
+    with _LOCK:
+        mods = _modules()
+        if not _STACK:
+            for (mod, name), fn in _PATCHES.items():
+                _ORIGINALS[(mod, name)] = getattr(mods[mod], name)
+                setattr(mods[mod], name, fn)
+        _STACK.append(setup)
+    try:
+        yield setup
+    finally:
+        with _LOCK:
+            _STACK.pop()
+            if not _STACK:
+                for (mod, name) in _PATCHES:
+                    setattr(mods[mod], name, _ORIGINALS[(mod, name)])
+
+
+def describe_mesh(mesh: Any) -> str:
+    """``fsdp=4 × tensor=2 on 8 TPU v5 lite devices`` (axis sizes, then the devices' kind)."""
+    axes = " × ".join(f"{n}={s}" for n, s in zip(mesh.axis_names, mesh.devices.shape)) or "no axes"
+    first = mesh.devices.flat[0]
+    kind = getattr(first, "device_kind", first.platform)
+    return f"{axes} on {mesh.devices.size} {kind} device{'s' if mesh.devices.size != 1 else ''}"

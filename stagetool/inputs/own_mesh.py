@@ -1,0 +1,199 @@
+"""The mesh a target's own shardings name, checked against the staged mesh: never a mixed program.
+
+A ``jax.jit(step, in_shardings=..., out_shardings=...)`` whose ``NamedSharding``s sit on the module's
+own mesh runs on that mesh. When stagetool stages for another one (a ``--mesh`` of another shape, a
+sweep row, a topology whose devices the module did not see), staging it as it is would give a
+program no mesh runs (inputs on one mesh, the jit's shardings on another: inserted
+collective-permutes, lost donation). So, per target:
+
+- the same mesh as the staged one (same devices in the same order, same axes): nothing to do;
+- devices outside the staged ones (the mesh was built before stagetool could give the code the
+  staged devices, or from hard-coded devices): a :class:`UsageError` (exit 2) naming the mesh, where
+  the module holds it, and the fix;
+- the staged devices under another shape or order, every axis its shardings name being an axis of
+  the staged mesh: the shardings are re-laid on the staged mesh by axis name, the function under the
+  jit jitted again with them (and all its other settings: donation, static arguments, compiler
+  options), and a note says so;
+- an axis the staged mesh lacks: a :class:`UsageError` naming both meshes.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from stagetool.core.errors import UsageError
+from stagetool.devices.world import describe_mesh
+from stagetool.inputs.frameworks.jit import JitSettings, is_jax_jit, pjit_settings
+from stagetool.inputs.target import Target
+from stagetool.spec.model import FunctionSpec
+
+
+def _named(tree: Any) -> list:
+    import jax
+    from jax.sharding import NamedSharding
+
+    if tree is None:
+        return []
+    return [s for s in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, NamedSharding))
+            if isinstance(s, NamedSharding)]
+
+
+def own_meshes(settings: JitSettings) -> list:
+    """The distinct ``jax.sharding.Mesh``es the jit's ``in_shardings``/``out_shardings`` name, in order."""
+    out: list = []
+    for s in _named(settings.in_shardings) + _named(settings.out_shardings):
+        if not any(s.mesh is m or s.mesh == m for m in out):
+            out.append(s.mesh)
+    return out
+
+
+def where_held(mesh: Any, module_file: str | None, module: Any = None) -> str | None:
+    """``file:line`` (with the line's text) where the target's module assigns the name holding
+    ``mesh`` (a module global, or an attribute of one: ``cfg.mesh``), or None when not found."""
+    import sys
+
+    if module_file is None:
+        return None
+    if module is None:
+        module = next((m for m in list(sys.modules.values())
+                       if getattr(m, "__file__", None) and Path(m.__file__).resolve() == Path(module_file).resolve()),
+                      None)
+    names: list[str] = []
+    for name, obj in vars(module).items() if module is not None else ():
+        if obj is mesh:
+            names.append(name)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            try:
+                attrs = vars(obj)
+            except TypeError:
+                continue
+            names += [attr for attr, v in attrs.items() if v is mesh]
+    try:
+        lines = Path(module_file).read_text().splitlines()
+    except OSError:
+        return None
+    for name in names:
+        # `name = ...`, `self.name = ...`, `a, name, b = ...`, `name: Mesh = ...`
+        other = r"[\w.*]+\s*,\s*"
+        pattern = re.compile(rf"^\s*\(?({other})*(self\.)?{re.escape(name)}\s*(,\s*[\w.*]+\s*)*\)?\s*(:[^=]*)?=[^=]")
+        for i, line in enumerate(lines, 1):
+            if pattern.match(line):
+                return f"{module_file}:{i}\n    {line.strip()}"
+    return None
+
+
+def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any) -> tuple[Target, tuple[str, ...]]:
+    """``target`` with its own ``jax.jit`` shardings on the staged mesh (``setup.mesh``), and the
+    notes that say so; the target as it is when they are already there or it has none.
+
+    Raises:
+      UsageError: the shardings name devices that are not the staged ones, or a mesh axis the staged
+        mesh does not have (exit 2, before any compile).
+    """
+    import jax
+    from jax.sharding import NamedSharding
+
+    fn = target.fn
+    if not is_jax_jit(fn):
+        return target, ()
+    own = pjit_settings(fn, "jax.jit")
+    if not own.readable or own.fun is None:
+        return target, ()
+    staged = setup.mesh
+    meshes = [m for m in own_meshes(own) if m != staged]
+    if not meshes:
+        return target, ()
+    devices = set(setup.devices)
+    where = f"{fspec.where('target')}: functions.{fspec.name}"
+    for m in meshes:
+        held = where_held(m, target.module_file)
+        at = f"\n  the mesh is held at {held}" if held else ""
+        if not set(m.devices.flat) <= devices:
+            raise UsageError(
+                f"{where}: {fspec.target}'s own jax.jit shardings name a mesh of {describe_mesh(m)}, but stagetool "
+                f"stages for {describe_mesh(staged)}: the mesh was built before stagetool could give the code the "
+                f"staged devices (imported earlier, or built from devices named outright){at}",
+                hint="build the mesh where stagetool imports it, from jax.devices(), jax.make_mesh(...) or "
+                     "mesh_utils.create_device_mesh(...) (not jax.devices('cpu') or a fixed device list); or take "
+                     "the staged mesh from the spec: {call: model.py:make_config, kwargs: {mesh: {mesh: staged}}}")
+        missing = sorted({a for s in _named(own.in_shardings) + _named(own.out_shardings) if s.mesh == m
+                          for a in _spec_axes(s.spec)} - set(staged.axis_names))
+        if missing:
+            raise UsageError(
+                f"{where}: {fspec.target}'s own jax.jit shardings name mesh axis {missing[0]!r} of its mesh "
+                f"({describe_mesh(m)}), which the staged mesh ({describe_mesh(staged)}) does not have: staging it "
+                f"would mix two meshes in one program{at}",
+                hint="stage on a mesh with the same axis names (--mesh " + ",".join(
+                    f"{n}={s}" for n, s in zip(m.axis_names, m.devices.shape)) + "), or build the module's mesh "
+                "from the spec's ({mesh: staged})")
+
+    def relay(s: Any) -> Any:
+        if isinstance(s, NamedSharding) and s.mesh != staged:
+            return NamedSharding(staged, s.spec, memory_kind=s.memory_kind)
+        return s
+
+    def tree(t: Any) -> Any:
+        return None if t is None else jax.tree_util.tree_map(relay, t, is_leaf=lambda x: isinstance(x, NamedSharding))
+
+    options: dict[str, Any] = {"static_argnums": own.static_argnums, "static_argnames": own.static_argnames,
+                               "donate_argnums": own.donate_argnums, "donate_argnames": own.donate_argnames,
+                               "keep_unused": own.keep_unused}
+    if own.in_shardings is not None:
+        options["in_shardings"] = tree(own.in_shardings)
+    if own.out_shardings is not None:
+        options["out_shardings"] = tree(own.out_shardings)
+    if own.compiler_options:
+        options["compiler_options"] = own.compiler_options
+    relaid = jax.jit(own.fun, **options)
+    notes = tuple(f"{fspec.target}'s own jax.jit shardings name the module's mesh ({describe_mesh(m)}); they are "
+                  f"re-laid by axis name on the staged mesh ({describe_mesh(staged)}), as the same code with its "
+                  "mesh built for these devices runs" for m in meshes)
+    import dataclasses
+
+    return dataclasses.replace(target, fn=relaid), notes
+
+
+def _spec_axes(spec: Any) -> list[str]:
+    out: list[str] = []
+    for entry in spec:
+        if entry is None:
+            continue
+        for a in entry if isinstance(entry, tuple) else (entry,):
+            if isinstance(a, str):
+                out.append(a)
+    return out
+
+
+_WHAT = {"init": "the init's shardings", "struct": "the shardings its arrays carry"}
+
+
+def check_seen(seen: list, fspec: FunctionSpec, setup: Any) -> tuple[str, ...]:
+    """Notes for the meshes an ``init``'s or a ``{ref:}`` object's shardings named (``seen``, from
+    :func:`stagetool.inputs.seen_meshes.collecting`) that are not the staged mesh: their shardings
+    were taken by axis name and laid on the staged mesh. () when every one is the staged mesh.
+
+    Raises:
+      UsageError: a mesh on devices that are not the staged ones (built before stagetool could give
+        the code the staged devices), exit 2.
+    """
+    staged = setup.mesh
+    devices = set(setup.devices)
+    notes: list[str] = []
+    done: list = []
+    for what, m in seen:
+        if m == staged or any(m == d for d in done):
+            continue
+        done.append(m)
+        if not set(m.devices.flat) <= devices:
+            raise UsageError(
+                f"{fspec.where('args')}: functions.{fspec.name}.args: {_WHAT.get(what, what)} name a mesh of "
+                f"{describe_mesh(m)}, but stagetool stages for {describe_mesh(staged)}: the mesh was built before "
+                "stagetool could give the code the staged devices (imported earlier, or built from devices named "
+                "outright)",
+                hint="build the mesh where stagetool imports it, from jax.devices(), jax.make_mesh(...) or "
+                     "mesh_utils.create_device_mesh(...); or take the staged mesh from the spec ({mesh: staged})")
+        notes.append(f"{_WHAT.get(what, what)} of functions.{fspec.name} name a mesh of {describe_mesh(m)}; they are "
+                     f"taken by axis name on the staged mesh ({describe_mesh(staged)})")
+    return tuple(notes)

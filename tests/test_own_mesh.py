@@ -1,0 +1,375 @@
+"""The code's own mesh (issue 30): user code that builds its mesh from ``jax.devices()`` at import
+stages on the devices stagetool stages for, and a mesh other than the staged one is re-laid by axis
+name (said in a note) or refused with exit 2 — never a silent mixed program.
+
+Every figure is checked against raw JAX compiling the same code for the same devices: the model
+modules below build everything from a ``build(devices, ...)`` function that the module itself calls
+with ``jax.devices()`` at import, and that the test calls with the compile-only devices stagetool
+uses (``tpu_topology``/``gpu_topology``), then ``.lower(...).compile()``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+
+import jax
+import pytest
+from helpers import write
+from jax.sharding import PartitionSpec as P
+
+from stagetool.devices import gpu_topology, tpu_topology
+
+MAXTEXT_STYLE = '''
+"""MaxText-style: a config builds the mesh from jax.devices() at import; init and step are jitted
+with shardings on that mesh, the step donating its state."""
+import jax
+import jax.numpy as jnp
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+D, H, B = 256, 512, 64
+
+
+def build(devices, fsdp=4, tensor=2):
+    mesh = Mesh(mesh_utils.create_device_mesh((fsdp, tensor), devices), ("fsdp", "tensor"))
+    params = {"w1": NamedSharding(mesh, P("fsdp", "tensor")), "w2": NamedSharding(mesh, P("tensor", "fsdp"))}
+    batch = NamedSharding(mesh, P("fsdp", None))
+
+    def _init(key):
+        k1, k2 = jax.random.split(key)
+        return {"w1": jax.random.normal(k1, (D, H)) * 0.02, "w2": jax.random.normal(k2, (H, D)) * 0.02}
+
+    def _step(p, x):
+        def loss(p):
+            return jnp.mean((jax.nn.relu(x @ p["w1"]) @ p["w2"] - x) ** 2)
+        l, g = jax.value_and_grad(loss)(p)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), l
+
+    init = jax.jit(_init, out_shardings=params)
+    step = jax.jit(_step, in_shardings=(params, batch), out_shardings=(params, NamedSharding(mesh, P())),
+                   donate_argnums=(0,))
+    structs = ({k: jax.ShapeDtypeStruct((D, H) if k == "w1" else (H, D), jnp.float32, sharding=s)
+                for k, s in params.items()}, jax.ShapeDtypeStruct((B, D), jnp.float32, sharding=batch))
+    return mesh, init, step, structs
+
+
+MESH, init_state, train_step, _ = build(jax.devices())
+'''
+
+MAXTEXT_SPEC = '''
+version: 1
+mesh:
+  axes: {fsdp: 4, tensor: 2}
+functions:
+  train_step:
+    target: mt.py:train_step
+    args:
+      - init: mt.py:init_state
+        init_args: [key(0)]
+      - f32[64,256]
+'''
+
+EXAMPLES_STYLE = '''
+"""examples-style: a Config holds the mesh (made at import); the step uses shard_map(mesh=cfg.mesh)."""
+import dataclasses
+
+import jax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    mesh: jax.sharding.Mesh
+    d: int = 256
+
+
+def make_config(mesh=None, devices=None):
+    if mesh is None:
+        mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2, devices=devices)
+    return Config(mesh)
+
+
+cfg = make_config()
+
+
+def mlp(x, w1, w2):
+    return jax.lax.psum(jax.nn.gelu(x @ w1) @ w2, "y")
+
+
+def step_of(cfg):
+    def step(x, w1, w2):
+        out = jax.shard_map(mlp, mesh=cfg.mesh, in_specs=(P("x", None), P(None, "y"), P("y", None)),
+                            out_specs=P("x", None))(x, w1, w2)
+        return jax.lax.with_sharding_constraint(out, NamedSharding(cfg.mesh, P("x", None)))
+    return step
+
+
+step = jax.jit(step_of(cfg))
+
+
+step_cfg = jax.jit(lambda x, w1, w2, cfg: step_of(cfg)(x, w1, w2), static_argnames=("cfg",))
+'''
+
+EXAMPLES_SPEC = '''
+version: 1
+mesh:
+  axes: {x: 2, y: 4}
+functions:
+  step:
+    target: ex.py:step
+    args: &args
+      - f32[64,256] @ [x, null]
+      - f32[256,1024] @ [null, y]
+      - f32[1024,256] @ [y, null]
+  step_cfg:
+    target: ex.py:step_cfg
+    args: *args
+    static:
+      cfg: {call: ex.py:make_config, kwargs: {mesh: {mesh: staged}}}
+'''
+
+TARGETS = [None, "v5e:2x4", "h100:8"]
+
+
+def _devices(topology: str | None) -> list:
+    if topology is None:
+        return jax.devices()[:8]
+    if topology.startswith("h100"):
+        if not gpu_topology.cuda_plugin_available():
+            pytest.skip("JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
+        return list(gpu_topology.gpu_topology(topology).devices)
+    if not tpu_topology.libtpu_available():
+        pytest.skip("libtpu not installed: pip install -e '.[tpu]'")
+    return list(tpu_topology.tpu_topology(topology).devices)
+
+
+def _raw_module(path, name):
+    """The model module imported as plain Python (the raw-JAX side builds from its build())."""
+    spec = importlib.util.spec_from_file_location(f"_raw_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _memory(run_cli, target, topology, *extra):
+    args = ["memory", target, "--no-peak", "--format", "json", *extra]
+    if topology:
+        args += ["--topology", topology]
+    doc = run_cli(*args, check=0).json()
+    f = doc["functions"][0]
+    assert f.get("error") is None
+    return f
+
+
+def _assert_xlas(record, compiled):
+    stats = compiled.memory_analysis()
+    assert (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"],
+            record["generated_code_bytes"]) == (stats.argument_size_in_bytes, stats.output_size_in_bytes,
+                                                 stats.alias_size_in_bytes, stats.temp_size_in_bytes,
+                                                 stats.generated_code_size_in_bytes)
+
+
+def _program(text: str) -> list[tuple[str, str]]:
+    """The optimized HLO's instructions as sorted (result shape, opcode) pairs: equal for one program."""
+    return sorted(re.findall(r"^\s*(?:ROOT )?\S+ = (.+?) ([a-z][\w-]*)\(", text, flags=re.MULTILINE))
+
+
+@pytest.mark.parametrize("topology", TARGETS)
+def test_maxtext_style_stages_on_the_target_as_raw_jax(run_cli, tmp_path, monkeypatch, topology):
+    model = write(tmp_path, "mt.py", MAXTEXT_STYLE)
+    write(tmp_path, "mt.stagetool.yaml", MAXTEXT_SPEC)
+    monkeypatch.chdir(tmp_path)
+    devices = _devices(topology)
+    f = _memory(run_cli, "mt.py:train_step", topology)
+    assert f["mesh"]["device_count"] == 8 and f["mesh"]["platform"] == devices[0].platform
+    # the module's mesh is the staged one: nothing re-laid
+    assert not [n for n in f["notes"] if "re-laid" in n or "taken by axis name" in n]
+
+    raw = _raw_module(model, "mt")
+    _, _, step, structs = raw.build(devices)
+    compiled = step.lower(*structs).compile()
+    _assert_xlas(f["memory"]["record"], compiled)
+    staged = run_cli("compile", "mt.py:train_step", *(["--topology", topology] if topology else []), check=0).stdout
+    assert _program(staged) == _program(compiled.as_text()) and any(
+        op in {o for _, o in _program(staged)} for op in ("all-gather", "all-gather-start", "all-reduce", "fusion"))
+    assert jax.devices.__module__.startswith("jax")  # JAX's own again
+
+
+def test_maxtext_style_other_mesh_is_relaid_faithfully(run_cli, tmp_path, monkeypatch):
+    """--mesh of another shape: the step's own shardings are re-laid by axis name (a note says so),
+    and every figure is raw JAX's for the same code with its mesh built at that shape."""
+    model = write(tmp_path, "mt.py", MAXTEXT_STYLE)
+    write(tmp_path, "mt.stagetool.yaml", MAXTEXT_SPEC)
+    monkeypatch.chdir(tmp_path)
+    f = _memory(run_cli, "mt.py:train_step", None, "--mesh", "fsdp=2,tensor=4")
+    notes = " ".join(f["notes"])
+    assert "re-laid by axis name on the staged mesh (fsdp=2 × tensor=4 on 8 cpu devices)" in notes
+    assert "fsdp=4 × tensor=2" in notes and "the init's shardings" in notes
+    raw = _raw_module(model, "mt")
+    _, _, step, structs = raw.build(jax.devices()[:8], fsdp=2, tensor=4)
+    _assert_xlas(f["memory"]["record"], step.lower(*structs).compile())
+
+
+def test_own_mesh_missing_axis_is_refused(run_cli, tmp_path, monkeypatch):
+    write(tmp_path, "mt.py", MAXTEXT_STYLE)
+    write(tmp_path, "mt.stagetool.yaml", MAXTEXT_SPEC.replace("{fsdp: 4, tensor: 2}", "{fsdp: 8}"))
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("memory", "mt.py:train_step", "--no-peak", check=2)
+    assert "mesh axis 'tensor'" in r.stderr and "fsdp=4 × tensor=2" in r.stderr and "fsdp=8" in r.stderr
+    assert "mt.py:" in r.stderr and "MESH, init_state, train_step" in r.stderr  # where the module holds it
+
+
+def test_mesh_built_before_stagetool_could_act_is_exit_2(run_cli, tmp_path, monkeypatch):
+    if not tpu_topology.libtpu_available():
+        pytest.skip("libtpu not installed: pip install -e '.[tpu]'")
+    write(tmp_path, "mt.py", MAXTEXT_STYLE.replace("build(jax.devices())", "build(jax.devices('cpu')[:8])"))
+    write(tmp_path, "mt.stagetool.yaml", MAXTEXT_SPEC)
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("memory", "mt.py:train_step", "--topology", "v5e:2x4", "--no-peak", check=2)
+    assert "8 cpu devices" in r.stderr and "TPU v5 lite" in r.stderr and "built before stagetool" in r.stderr
+    assert re.search(r"mt\.py:\d+", r.stderr) and "{mesh: staged}" in r.stderr
+
+
+@pytest.mark.parametrize("topology", TARGETS)
+def test_examples_style_config_mesh_and_shard_map(run_cli, tmp_path, monkeypatch, topology):
+    model = write(tmp_path, "ex.py", EXAMPLES_STYLE)
+    write(tmp_path, "ex.stagetool.yaml", EXAMPLES_SPEC)
+    monkeypatch.chdir(tmp_path)
+    devices = _devices(topology)
+    raw = _raw_module(model, "ex")
+    cfg = raw.make_config(devices=devices)
+    structs = [jax.ShapeDtypeStruct(s, jax.numpy.float32, sharding=jax.sharding.NamedSharding(cfg.mesh, p))
+               for s, p in (((64, 256), P("x", None)), ((256, 1024), P(None, "y")),
+                            ((1024, 256), P("y", None)))]
+    compiled = jax.jit(raw.step_of(cfg)).lower(*structs).compile()
+    for target in ("ex.py:step", "ex.py:step_cfg"):  # the module's Config, and the spec's {mesh: staged}
+        f = _memory(run_cli, target, topology)
+        _assert_xlas(f["memory"]["record"], compiled)
+
+
+def test_examples_style_other_mesh(run_cli, tmp_path, monkeypatch):
+    """--mesh of another shape: the module's own Config mesh cannot follow (exit 2, both meshes named);
+    the spec's {mesh: staged} does, equal to raw JAX at that shape."""
+    model = write(tmp_path, "ex.py", EXAMPLES_STYLE)
+    write(tmp_path, "ex.stagetool.yaml", EXAMPLES_SPEC)
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("memory", "ex.py:step", "--mesh", "x=4,y=2", "--no-peak", check=2)
+    assert "x=4 × y=2 on 8 cpu devices" in r.stderr and "'x': 2, 'y': 4" in r.stderr and "ex.py:" in r.stderr
+    f = _memory(run_cli, "ex.py:step_cfg", None, "--mesh", "x=4,y=2")
+    raw = _raw_module(model, "ex")
+    mesh = jax.make_mesh((4, 2), ("x", "y"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                         devices=jax.devices()[:8])
+    cfg = raw.Config(mesh)
+    structs = [jax.ShapeDtypeStruct(s, jax.numpy.float32, sharding=jax.sharding.NamedSharding(mesh, p))
+               for s, p in (((64, 256), P("x", None)), ((256, 1024), P(None, "y")),
+                            ((1024, 256), P("y", None)))]
+    _assert_xlas(f["memory"]["record"], jax.jit(raw.step_of(cfg)).lower(*structs).compile())
+
+
+def test_staged_world_answers_and_restores():
+    from jax.experimental import mesh_utils
+
+    from stagetool.core.mesh import MeshSpec
+    from stagetool.devices.provision import provision
+    from stagetool.devices.world import staged_world
+
+    before = (jax.devices, jax.device_count, jax.local_devices, jax.local_device_count, jax.make_mesh,
+              mesh_utils.create_device_mesh, mesh_utils.create_hybrid_device_mesh)
+    setup = provision(MeshSpec((("a", 4),)), platform="cpu")
+    with staged_world(setup):
+        assert jax.devices() == sorted(setup.devices, key=lambda d: d.id) and jax.device_count() == 4
+        assert jax.local_devices() == jax.devices() and jax.local_device_count() == 4
+        assert jax.devices("cpu") == jax.devices()
+        assert jax.make_mesh((2, 2), ("p", "q")).devices.size == 4
+        assert mesh_utils.create_device_mesh((4,)).size == 4
+        assert mesh_utils.create_hybrid_device_mesh((4,), (1,), process_is_granule=True).size == 4
+    after = (jax.devices, jax.device_count, jax.local_devices, jax.local_device_count, jax.make_mesh,
+             mesh_utils.create_device_mesh, mesh_utils.create_hybrid_device_mesh)
+    assert after == before and jax.device_count() == 8
+
+
+def test_staged_value_forms_in_the_spec(tmp_path):
+    from stagetool.spec.model import StagedSpec
+    from stagetool.spec.parse import load_spec
+
+    write(tmp_path, "m.py", "def f(x, cfg): return x\ndef Config(**kw): return kw\n")
+    spec = write(tmp_path, "s.yaml", '''
+        version: 1
+        functions:
+          f:
+            target: m.py:f
+            args: ['f32[4]', {mesh: 'f32[2]'}]
+            static:
+              cfg: {call: m.py:Config, kwargs: {mesh: {mesh: staged}, devs: {devices: staged}, am: {mesh: abstract}}}
+        ''')
+    fspec = load_spec(spec).functions["f"]
+    kw = fspec.static["cfg"].kwargs
+    assert [(v.kind, v.form) for v in kw.values()] == [("mesh", "staged"), ("devices", "staged"), ("mesh", "abstract")]
+    assert all(isinstance(v, StagedSpec) for v in kw.values())
+    assert not isinstance(fspec.args[1], StagedSpec)  # a pytree whose key is 'mesh' stays one
+    bad = write(tmp_path, "bad.yaml", spec.read_text().replace("devs: {devices: staged}", "devs: {devices: abstract}"))
+    from stagetool.core.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"bad.yaml:\d+.*\{devices: 'abstract'\} is not a form"):
+        load_spec(bad)
+
+
+def test_no_patch_left_in_sys_modules():
+    assert "stagetool" not in getattr(jax.devices, "__module__", "")
+    assert sys.modules["jax"].devices.__module__.startswith("jax")
+
+
+HIDDEN_JIT = '''
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+def _sgd(p, g):
+    return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+
+
+class NamedJit:
+    """A library-style wrapper holding a jax.jit stagetool does not unwrap (as haliax named_jit)."""
+
+    def __init__(self, fn, donate_argnums):
+        self._jitted = jax.jit(fn, donate_argnums=donate_argnums)
+
+    def __call__(self, *args):
+        return self._jitted(*args)
+
+
+step = NamedJit(_sgd, donate_argnums=(0,))
+partial_step = functools.partial(jax.jit(_sgd, donate_argnums=(0,)))
+
+
+def plain(p, g):
+    return _sgd(p, g)
+'''
+
+
+def test_a_jit_stagetool_does_not_unwrap_is_named(run_cli, tmp_path, monkeypatch):
+    """Its donation is not the program's (JAX inlines a nested jit): a note says so, and the figures are
+    raw JAX's for the function staged nested (no alias), never a silent drop."""
+    write(tmp_path, "hj.py", HIDDEN_JIT)
+    write(tmp_path, "hj.stagetool.yaml", """
+        version: 1
+        functions:
+          step: {target: hj.py:step, args: &a ['f32[256,256]', 'f32[256,256]']}
+          partial_step: {target: hj.py:partial_step, args: *a}
+          plain: {target: hj.py:plain, args: *a}
+        """)
+    monkeypatch.chdir(tmp_path)
+    for target in ("hj.py:step", "hj.py:partial_step"):
+        f = _memory(run_cli, target, None)
+        notes = [n for n in f["notes"] if "does not unwrap" in n]
+        assert len(notes) == 1 and "donation (donate_argnums=(0,))" in notes[0] and target in notes[0]
+        raw = jax.jit(lambda p, g: _raw_module(tmp_path / "hj.py", "hj").step(p, g))
+        s = jax.ShapeDtypeStruct((256, 256), jax.numpy.float32)
+        _assert_xlas(f["memory"]["record"], raw.lower(s, s).compile())
+        assert f["memory"]["record"]["alias_bytes"] == 0
+    f = _memory(run_cli, "hj.py:plain", None)
+    assert not [n for n in f["notes"] if "does not unwrap" in n]
