@@ -80,10 +80,11 @@ for _d in TABLE:
 DTYPES: dict[str, str] = {spelling: d.name for d in reversed(TABLE) for spelling in (d.hlo, d.name, *d.aliases)}
 """Every spelling the spec accepts → numpy name (``s4``, ``i4`` and ``int4`` → ``int4``)."""
 
-KEY_DTYPES = ("key<fry>", "key<rbg>", "key<unsafe_rbg>", "key<threefry2x32>")
-"""Typed PRNG key dtypes as the spec writes them."""
+KEY_DTYPES = ("key<fry>", "key<rbg>", "key<urbg>", "key<unsafe_rbg>", "key<threefry2x32>")
+"""Typed PRNG key dtypes as the spec writes them (``key<urbg>`` is JAX's name of ``unsafe_rbg``'s,
+MaxText's default; ``key<unsafe_rbg>`` the same)."""
 
-KEY_BITS = {"key<fry>": 64, "key<threefry2x32>": 64, "key<rbg>": 128, "key<unsafe_rbg>": 128}
+KEY_BITS = {"key<fry>": 64, "key<threefry2x32>": 64, "key<rbg>": 128, "key<urbg>": 128, "key<unsafe_rbg>": 128}
 """Storage bits of one typed PRNG key (its ``uint32`` key data: 2 words threefry, 4 rbg)."""
 
 

@@ -89,7 +89,8 @@ def jax_dtype(name: str) -> Any:
 
     if name.startswith("key<"):
         impl = name[4:-1]
-        impl = {"fry": "threefry2x32", "threefry2x32": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}[impl]
+        impl = {"fry": "threefry2x32", "threefry2x32": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg",
+                "urbg": "unsafe_rbg"}[impl]  # key<urbg>: JAX's name of unsafe_rbg's key dtype
         return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
     return jnp.dtype(name)
 
