@@ -195,6 +195,11 @@ def test_maxtext_style_stages_on_the_target_as_raw_jax(run_cli, tmp_path, monkey
     assert _program(staged) == _program(compiled.as_text()) and any(
         op in {o for _, o in _program(staged)} for op in ("all-gather", "all-gather-start", "all-reduce", "fusion"))
     assert jax.devices.__module__.startswith("jax")  # JAX's own again
+    if topology is None:  # outputs the step's own out_shardings pin say so, with those shardings
+        doc = run_cli("shardings", "mt.py:train_step", "--format", "json", check=0).json()
+        outs = {o["path"]: o for o in doc["functions"][0]["outputs"]}
+        assert {o["sharding_source"] for o in outs.values()} == {"target"}
+        assert outs["out/0/w1"]["declared"] == "P('fsdp', 'tensor')" and outs["out/1"]["declared"] == "P()"
 
 
 def test_maxtext_style_other_mesh_is_relaid_faithfully(run_cli, tmp_path, monkeypatch):

@@ -73,7 +73,8 @@ class AxisOrigin:
             return f"the sharding constraint at {_short(self.source)}" if self.source else "a sharding constraint"
         if self.kind in ("input", "output"):
             what = {"rule": "rule", "spec": "spec", "model": "model annotation", "init": "init", "object": "ref",
-                    "target": "target's in_shardings", "compiler": "auto"}.get(self.how or "")
+                    "target": "target's " + ("out_shardings" if self.kind == "output" else "in_shardings"),
+                    "compiler": "auto"}.get(self.how or "")
             line = _short(_no_column(self.source))
             where = f"{what} at {line}" if what and line else (what or line or "")
             out = "output " if self.kind == "output" else ""

@@ -75,7 +75,7 @@ from stagetool.core.paths import ReportRoot
 from stagetool.core.sharding import Sharding
 from stagetool.facts import BackendResult, LeafFacts, PeakDump, Propagation, StagedFunction
 
-CACHE_SCHEMA = 11
+CACHE_SCHEMA = 12
 """Version of the entry format and of the key's contents; bump it when either changes.
 3: authenticated entries (HMAC header line), compile settings in the key. 5: the payload as a table of
 distinct values (:func:`stagetool.core.codec.pack`). 6: paths below the report root written from ``<stagetool-root>`` in
@@ -84,7 +84,8 @@ whose place in it is a key part. 8: each input leaf's ``sharding_source`` in the
 echoes it: a hit must not say another run's source). 9: source locations cut at the first frame of
 stagetool (the frames above its call, a Python-API caller's script, left out), ``raw_text``. 10: the
 peak dump's ``space_names`` (XLA's names of its memory spaces). 11: read and checked by the typed
-codec (:mod:`stagetool.core.codec`); key parts as its table."""
+codec (:mod:`stagetool.core.codec`); key parts as its table. 12: a ``jax.jit`` target's own
+``out_shardings`` in the key (its outputs say ``sharding_source: "target"``)."""
 
 MAX_ENTRY_BYTES = 1 << 30
 """An entry larger than this (1 GiB) is not read: a miss. (A 48-layer transformer's entry is ~60 MB.)"""
@@ -202,6 +203,9 @@ def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = 
         from stagetool.devices.gpu_topology import cuda_plugin_version
 
         description["gpu_target"] = {"config_sha256": setup.target_config_sha256, "plugin": cuda_plugin_version()}
+    from stagetool.staging.gather import target_declared_outputs
+
+    description["target_out_shardings"] = _key_part(target_declared_outputs(inputs))
     return hashlib.sha256(json.dumps(description, sort_keys=True).encode("utf-8")).hexdigest()
 
 

@@ -89,10 +89,27 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
         fields["inputs"] = input_facts(inputs, compiled, mesh)
         fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh, inputs.state_outputs,
                                          program_output_paths(staged.traced, inputs),
-                                         ref_inputs=(fields["inputs"], ref_flags(inputs)))
+                                         ref_inputs=(fields["inputs"], ref_flags(inputs)),
+                                         target_out=_own_out_shardings(inputs))
     fields["uneven_constraints"] = uneven_constraints(staged.traced, user_files or [])
     fields["host_transfers"] = host_transfers(staged.traced, user_files or [])
     return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)
+
+
+def target_declared_outputs(inputs: AbstractInputs) -> Any:
+    """The ``jax.jit`` target's own ``out_shardings`` as :class:`Sharding` leaves (what
+    :func:`output_facts` declares its outputs with; a facts-cache key part), or None."""
+    own = _own_out_shardings(inputs)
+    return None if own is None else _as_declared(own)
+
+
+def _own_out_shardings(inputs: AbstractInputs) -> Any:
+    """The ``out_shardings`` of a ``jax.jit`` target's own jit, staged as the program's boundary (None
+    for other targets, or where stagetool wraps the target: in-place state outputs, its own program)."""
+    own = inputs.jit
+    if own is None or own.kind != "jax.jit" or inputs.program is not None or inputs.state_outputs:
+        return None
+    return own.out_shardings
 
 
 def _equations(traced: Any, user_files: list[str]) -> Iterator[tuple[Any, Callable[[Any], str]]]:
@@ -367,8 +384,13 @@ def _output_names(with_paths: list, state_outputs: tuple[str, ...], paths: list[
 
 def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
                  state_outputs: tuple[str, ...] = (), paths: list[str] | None = None,
-                 ref_inputs: tuple[tuple[LeafFacts, ...], tuple[bool, ...]] | None = None) -> tuple[LeafFacts, ...]:
+                 ref_inputs: tuple[tuple[LeafFacts, ...], tuple[bool, ...]] | None = None,
+                 target_out: Any = None) -> tuple[LeafFacts, ...]:
     """One :class:`LeafFacts` per output leaf (paths start with ``out``).
+
+    ``target_out``: a ``jax.jit`` target's own ``out_shardings`` (a prefix tree of NamedShardings,
+    PartitionSpecs, None): an output it pins and the spec does not is declared with it, and its
+    ``sharding_source`` is ``"target"``.
 
     ``declared_tree`` is the spec's ``out_shardings`` (None: every output is the compiler's choice,
     declared ``unspecified``). With ``state_outputs`` (a Flax NNX step that updates its arguments in
@@ -407,17 +429,23 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
             shardings = jax.tree_util.tree_leaves(compiled_shardings, is_leaf=lambda x: x is None)
         formats = _formats(compiled.output_formats, len(shardings))
     declared = _declared_outputs(declared_tree, len(with_paths), traced.out_info)
+    pinned = (_declared_outputs(_as_declared(target_out), len(with_paths), traced.out_info)
+              if target_out is not None and not state_outputs and paths is None else [None] * len(with_paths))
     out = []
     names = _output_names(with_paths, state_outputs, paths)
-    for (kp, info), name, sharding, decl, fmt in zip(with_paths, names, shardings, declared, formats, strict=True):
+    for (kp, info), name, sharding, decl, pin, fmt in zip(with_paths, names, shardings, declared, pinned, formats,
+                                                          strict=True):
         shape = tuple(info.shape)
         shard = tuple(sharding.shard_shape(shape)) if sharding is not None else None
         chosen = decl is None or decl.kind in ("auto", "unspecified")
+        source = "compiler" if chosen else "spec"
+        if decl is None and pin is not None:  # the target's own jax.jit(out_shardings=...) pins it
+            decl, chosen, source = pin, False, "target"
         out.append(LeafFacts(name, shape, str(info.dtype),
                              decl if decl is not None else Sharding("unspecified"),
                              sharding_of(sharding, len(shape), mesh) if sharding is not None else None,
                              shard, padded_bytes_per_device=_padded(shard, info.dtype, fmt),
-                             sharding_source="compiler" if chosen else "spec"))
+                             sharding_source=source))
     for ref, sharding, fmt in write_backs:
         shard = tuple(sharding.shard_shape(ref.shape))
         out.append(LeafFacts(ref.path, ref.shape, ref.dtype, ref.declared,
@@ -453,6 +481,20 @@ def _ref_program_outputs(compiled: Any, n_outputs: int, ref_inputs: Any) -> tupl
     write_backs = [(leaves[i], s, f) for i, s, f in zip(sources, shardings[n_outputs:], formats[n_outputs:],
                                                         strict=True)]
     return shardings[:n_outputs], formats[:n_outputs], write_backs
+
+
+def _as_declared(tree: Any) -> Any:
+    """A target's own ``out_shardings`` tree as :class:`Sharding` leaves (None where it pins nothing)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from stagetool.core.sharding import spec_dims
+
+    def one(s: Any) -> Any:
+        spec = s.spec if isinstance(s, NamedSharding) else s
+        return Sharding("spec", spec_dims(spec)) if isinstance(spec, PartitionSpec) else None
+
+    return jax.tree_util.tree_map(one, tree, is_leaf=lambda x: x is None or isinstance(x, (NamedSharding, PartitionSpec)))
 
 
 def _declared_outputs(tree: Any, n: int, out_info: Any) -> list[Sharding | None]:
