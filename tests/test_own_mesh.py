@@ -20,6 +20,7 @@ from helpers import write
 from jax.sharding import PartitionSpec as P
 
 from stagetool.devices import gpu_topology, tpu_topology
+from stagetool.plan.target import parse_target
 
 MAXTEXT_STYLE = '''
 """MaxText-style: a config builds the mesh from jax.devices() at import; init and step are jitted
@@ -139,10 +140,10 @@ def _devices(topology: str | None) -> list:
     if topology.startswith("h100"):
         if not gpu_topology.cuda_plugin_available():
             pytest.skip("JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
-        return list(gpu_topology.gpu_topology(topology).devices)
+        return list(gpu_topology.gpu_topology(parse_target(topology)).devices)
     if not tpu_topology.libtpu_available():
         pytest.skip("libtpu not installed: pip install -e '.[tpu]'")
-    return list(tpu_topology.tpu_topology(topology).devices)
+    return list(tpu_topology.tpu_topology(parse_target(topology)).devices)
 
 
 def _raw_module(path, name):
@@ -279,10 +280,11 @@ def test_staged_world_answers_and_restores():
     from stagetool.core.mesh import MeshSpec
     from stagetool.devices.provision import provision
     from stagetool.devices.world import staged_world
+    from stagetool.plan.target import CpuMesh
 
     before = (jax.devices, jax.device_count, jax.local_devices, jax.local_device_count, jax.make_mesh,
               mesh_utils.create_device_mesh, mesh_utils.create_hybrid_device_mesh)
-    setup = provision(MeshSpec((("a", 4),)), platform="cpu")
+    setup = provision(MeshSpec((("a", 4),)), CpuMesh())
     with staged_world(setup):
         assert jax.devices() == sorted(setup.devices, key=lambda d: d.id) and jax.device_count() == 4
         assert jax.local_devices() == jax.devices() and jax.local_device_count() == 4
