@@ -447,3 +447,17 @@ def test_maxtext_style_nnx_state(run_cli, tmp_path, monkeypatch, topology, mesh)
     _, _, step, structs = raw.build(devices, **sizes)
     _assert_xlas(f["memory"]["record"], step.lower(*structs).compile())
     assert f["memory"]["record"]["alias_bytes"] > 0  # the step's donation holds
+
+
+def test_a_size_one_mesh_axis_keeps_every_cause(run_cli, tmp_path, monkeypatch):
+    """A mesh with a size-1 axis (Levanter's ``replica``, Qwen3's ``(1, 4, n//4)``): the same
+    collectives as without it, each with its cause (issue 30, item 5)."""
+    write(tmp_path, "mt.py", MAXTEXT_STYLE)
+    write(tmp_path, "mt.stagetool.yaml", MAXTEXT_SPEC)
+    write(tmp_path, "mt1.stagetool.yaml", MAXTEXT_SPEC.replace("{fsdp: 4, tensor: 2}", "{replica: 1, fsdp: 4, tensor: 2}"))
+    monkeypatch.chdir(tmp_path)
+    runs = [run_cli("collectives", "mt.py:train_step", "--spec", spec, "--format", "json", check=0).json()
+            ["functions"][0]["collectives"] for spec in ("mt.stagetool.yaml", "mt1.stagetool.yaml")]
+    kinds = [sorted(i["collective"]["kind"] for i in c["items"]) for c in runs]
+    assert kinds[0] == kinds[1] and kinds[0]
+    assert runs[1]["causes_unavailable"] is None and all(i.get("cause") for i in runs[1]["items"])
