@@ -147,11 +147,11 @@ def measure(target: str, spec: str, mesh: str, runs: int) -> dict:
     statics = {k: v for k, v in inputs.kwargs.items() if k in inputs.static_argnames}
     call = staged.compiled
     kept = sum(x.nbytes for x in jax.tree.leaves((args, kwargs)) if isinstance(x, jax.Array))
-    copy = lambda t: jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, t)  # noqa: E731
+    copy = lambda t: jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, t)
     try:
         jax.block_until_ready(call(*copy(args), **copy(kwargs)))
     except TypeError:  # a Compiled that wants the static arguments too
-        call = lambda *a, **k: staged.jitted(*a, **k, **statics)  # noqa: E731
+        call = lambda *a, **k: staged.jitted(*a, **k, **statics)
         jax.block_until_ready(call(*copy(args), **copy(kwargs)))
     times = []
     for _ in range(runs + 1):
@@ -187,8 +187,8 @@ def table(rows: list[dict], device: str, target: str | None) -> str:
     head = (f"Device: {device}. Estimates: stagetool's schedule figure (its overlapped–serial range in "
             f"brackets) for the attached device and for the compile-only target {target or '(none)'}; "
             "memory: stagetool's peak vs `memory_stats()` peak bytes in use less the inputs the bench keeps.\n\n")
-    lines = ["| program | measured step | estimate, attached [range] | error | estimate, compile-only | error "
-             "| XLA optimal_seconds | bound | measured peak | estimated peak | error |",
+    lines = [("| program | measured step | estimate, attached [range] | error | estimate, compile-only | error "
+              "| XLA optimal_seconds | bound | measured peak | estimated peak | error |"),
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a, c = r.get("attached", {}), r.get("compile_only", {})

@@ -463,7 +463,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
 
         fields["cost"] = cost_section(facts, len(setup.devices), plan.chip, _roofline_dtype(inputs, plan.chip),
                                       cpu=cpu, interconnect=interconnect_of(setup), step_chip=_step_chip(plan, setup),
-                                      mesh=MeshAxes(plan.mesh.names, plan.mesh.sizes))
+                                      mesh=MeshAxes(plan.mesh.names, plan.mesh.sizes), tokens_per_step=fspec.tokens_per_step)
     if Section.MEMORY in wanted:
         from stagetool.analysis.sections import memory_section
 

@@ -59,7 +59,31 @@ def test_markdown_and_html_show_the_step_time(run_cli):
     md = run_cli("cost", "examples/mlp.py:train_step", "--chip", "tpu-v5e", "--format", "markdown", check=0).stdout
     assert "#### Step time (estimate)" in md and "| instruction | opcode | time / step |" in md
     html = run_cli("cost", "examples/mlp.py:train_step", "--chip", "tpu-v5e", "--format", "html", check=0).stdout
-    bar = re.search(r'<svg class="step-time-chart" width="640".*?</svg>', html, re.S).group(0)
+    bar = re.search(r'<svg class="step-time-chart" width="640".*?</svg>', html, re.DOTALL).group(0)
     widths = [float(w) for w in re.findall(r'<rect x="[\d.]+" y="0" width="([\d.]+)"', bar)]
     assert widths and sum(widths) == pytest.approx(640, abs=0.5)  # the parts fill the bar
     assert "<h4>Step time on tpu-v5e:" in html
+
+
+def test_a_predicted_step_time_regression_fails_check_with_its_cause(run_cli, tmp_path):
+    import json
+
+    base = tmp_path / "lock.json"
+    run_cli("snapshot", "examples/mlp.py:train_step", "--chip", "tpu-v5e", "-o", base, check=0)
+    doc = json.loads(base.read_text())
+    st = doc["functions"]["train_step"]["step_time"]
+    assert st["chip"] == "tpu-v5e" and st["seconds"] == pytest.approx(sum(st["parts"].values()))
+    link = next(k for k in st["parts"] if k.startswith("ICI"))
+    grown = st["parts"][link] * 0.5  # the baseline moved half as much over this link: now it takes longer
+    st["parts"][link] -= grown
+    st["seconds"] -= grown
+    base.write_text(json.dumps(doc))
+    r = run_cli("check", "examples/mlp.py:train_step", "--chip", "tpu-v5e", "-b", base, "--format", "json")
+    change = next(c for c in r.json()["functions"][0]["changes"] if c["what"] == "step time (estimate, tpu-v5e)")
+    assert r.code == 1 and change["status"] == "regression"
+    assert change["change"] == pytest.approx(grown / st["seconds"], rel=1e-6)
+    assert f"grew: {link} +" in change["note"] and "tolerance 5%" in change["note"]
+    # within a tolerance that allows it, the same growth passes
+    r = run_cli("check", "examples/mlp.py:train_step", "--chip", "tpu-v5e", "-b", base, "--tolerance",
+                f"step_time={int(change['change'] * 100) + 1}%")
+    assert r.code == 0

@@ -219,7 +219,7 @@ def test_every_error_is_reported_with_location_and_key_path():
         "s.yaml:11:9: functions.f.args[3]: sharding P('data', 'data') uses mesh axis 'data' twice",
         "s.yaml:12:13: functions.f.donate: donate index 5 is out of range: the function has 4 positional args",
         "s.yaml:13:5: functions.f: unknown key 'statik'; expected one of args, donate, kwargs, logical_axis_rules, "
-        "out_shardings, static, target (did you mean 'static'?)",
+        "out_shardings, static, target, tokens_per_step (did you mean 'static'?)",
     ]
 
 
@@ -489,3 +489,11 @@ def test_a_misspelt_mesh_key_is_the_only_error_not_one_per_sharding(run_cli, tmp
     spec.write_text(_ALIASED.format(mesh_key="x-unused"))
     r = run_cli("shardings", "--spec", str(spec))
     assert r.code == 2 and "names mesh axis 'data', but the mesh has no axes" in r.stderr, r.stderr
+
+
+def test_tokens_per_step_is_a_positive_whole_number():
+    spec = parse(MESH + "functions:\n  f: {target: m.py:f, tokens_per_step: 4096}\n")
+    assert spec.functions["f"].tokens_per_step == 4096
+    assert issues_of(MESH + "functions:\n  f: {target: m.py:f, tokens_per_step: 1.5}\n") == [
+        "s.yaml:4:40: functions.f.tokens_per_step: tokens_per_step must be a positive whole number (the tokens one "
+        "step processes, all devices together), not 1.5"]

@@ -183,7 +183,8 @@ class MemorySection:
 
 def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = None,
                  dtype: str = "bf16", *, cpu: bool = False, interconnect: Interconnect | None = None,
-                 step_chip: Chip | None = None, mesh: MeshAxes | None = None) -> CostSection:
+                 step_chip: Chip | None = None, mesh: MeshAxes | None = None,
+                 tokens_per_step: int | None = None) -> CostSection:
     """Build :class:`CostSection` from a staged function's facts (never raises on missing data).
 
     Whole program: ``Lowered.cost_analysis()``; per device: ``Compiled.cost_analysis()``, both as
@@ -192,7 +193,8 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
     random-number loops (:func:`stagetool.analysis.cpu_artefacts.rng_loops`) are kept out of the
     loop-aware estimate (counted once) and shown apart (``loop_aware.apart``). With ``interconnect``
     and a chip (``step_chip``, else ``chip``), the step-time estimate
-    (:func:`stagetool.analysis.step_time.step_time`) is added. With ``mesh`` (the user's mesh; not on a
+    (:func:`stagetool.analysis.step_time.step_time`) is added, with its tokens per second per chip
+    where ``tokens_per_step`` (the spec's, all devices together) is given. With ``mesh`` (the user's mesh; not on a
     multi-slice job), the work computed whole on every device of some mesh axes is listed
     (:func:`stagetool.analysis.replicated.replicated_work`).
     """
@@ -258,6 +260,13 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
                             bytes_accessed_per_device=None if bytes_suspect else moved, dtype=dtype,
                             flops_suspect=flops_suspect, bytes_suspect=bytes_suspect)
     step, step_reason = _step_time(facts, per_device, step_chip or chip, interconnect, dict(loops))
+    if step is not None and tokens_per_step and step.schedule_seconds > 0 and interconnect is not None:
+        devices = 1
+        for size in interconnect.mesh_sizes:
+            devices *= size
+        chips = max(1, devices // max(1, interconnect.cores_per_chip))
+        step = dataclasses.replace(step, tokens_per_step=tokens_per_step,
+                                   tokens_per_second_per_chip=tokens_per_step / step.schedule_seconds / chips)
     return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware, notes,
                        step, step_reason, uncounted, any(not u.counted for u in uncounted),
                        _replicated(module, mesh, interconnect, per_device))

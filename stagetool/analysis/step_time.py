@@ -153,6 +153,8 @@ class StepTimeEstimate:
       assumptions: what the figures assume, one sentence each.
       reason: why a part is missing (unknown trip counts, no bandwidth for a link), or None.
       label: always ``"estimate"``.
+      tokens_per_step: the spec's ``tokens_per_step`` (all devices together), or None.
+      tokens_per_second_per_chip: ``tokens_per_step / schedule_seconds / chips`` (an estimate), or None.
     """
 
     chip: str
@@ -171,6 +173,8 @@ class StepTimeEstimate:
     assumptions: tuple[str, ...]
     reason: str | None = None
     label: str = "estimate"
+    tokens_per_step: int | None = None
+    tokens_per_second_per_chip: float | None = None
 
 
 def algorithm_factor(kind: str, n: int) -> float:

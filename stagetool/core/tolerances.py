@@ -48,6 +48,7 @@ TOLERANCE_KEYS = {
     "bytes_accessed": "bytes accessed per device",
     "collective_bytes": "bytes per device moved by the collectives of one kind × mesh axes",
     "collective_count": "number of collectives of one kind × mesh axes",
+    "step_time": "the step-time estimate per device (its schedule figure, seconds; an estimate)",
 }
 
 #: The documented defaults.
@@ -57,6 +58,7 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "bytes_accessed": Tolerance(0.01, None, "1%"),
     "collective_bytes": Tolerance(0.0, None, "0%"),
     "collective_count": Tolerance(0.0, None, "0"),
+    "step_time": Tolerance(0.05, None, "5%"),
 }
 
 #: Minimum relative tolerance for memory and cost when the environments differ.

@@ -384,6 +384,9 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
                 for c in metrics:
                     if c:
                         changes.append(dataclasses.replace(c, subject=subject))
+    c = _step_time_change(name, before.get("step_time"), after.get("step_time"), tol["step_time"], notices)
+    if c:
+        changes.append(c)
     db, da = before.get("dcn_bytes_per_step"), after.get("dcn_bytes_per_step")
     if db is not None or da is not None:  # a multi-slice job: the bytes between slices, a figure of its own
         c = _metric(name, "bytes over DCN per step", db or 0, da or 0, "bytes", tol["collective_bytes"])
@@ -392,6 +395,31 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
     order = {"regression": 0, "changed": 1, "improvement": 2}
     changes.sort(key=lambda c: order[c.status])
     return changes, notices
+
+
+def _step_time_change(name: str, b: Mapping | None, a: Mapping | None, tol: Tolerance,
+                      notices: list[str]) -> Change | None:
+    """The step-time estimate's schedule figure compared (``subject ("step_time",)``); a growth beyond
+    ``tol`` is a regression whose note names its cause: the parts (compute, memory bandwidth, a link
+    class, latency) that grew, largest first. Estimates on different chips are not compared."""
+    from stagetool.core.units import format_seconds
+
+    if b is None or a is None:
+        if (b is None) != (a is None):
+            notices.append(f"{name}: the step-time estimate is in only one of the two snapshots; not compared")
+        return None
+    if b.get("chip") != a.get("chip"):
+        notices.append(f"{name}: step time estimated on {b.get('chip')} before and {a.get('chip')} now; not compared")
+        return None
+    c = _metric(name, f"step time (estimate, {a['chip']})", b["seconds"], a["seconds"], "", tol)
+    if c is None:
+        return None
+    pb, pa = b.get("parts") or {}, a.get("parts") or {}
+    grew = sorted(((pa.get(k, 0.0) - pb.get(k, 0.0), k) for k in set(pb) | set(pa)), reverse=True)
+    cause = ", ".join(f"{k} +{format_seconds(d)}" for d, k in grew if d > 0)[:300]
+    note = c.note + (f"; grew: {cause}" if cause else "") + f"; bound by {a.get('bound')}"
+    return dataclasses.replace(c, before=format_seconds(b["seconds"]), after=format_seconds(a["seconds"]), note=note,
+                               subject=("step_time",))
 
 
 def _at_lines(note: str, row: Mapping) -> str:

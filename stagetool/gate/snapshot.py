@@ -122,6 +122,19 @@ class MemoryTimeline:
 
 
 @dataclasses.dataclass(frozen=True)
+class SnapshotStepTime:
+    """The step-time estimate of one function (an estimate, one device, seconds): its chip, the
+    schedule's figure with its overlapped–serial range, what bounds it, and its parts."""
+
+    chip: str
+    seconds: float
+    overlapped_seconds: float
+    serial_seconds: float
+    parts: dict[str, float]
+    bound: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class SnapshotEntry:
     """One function's entry; a section the run did not take is null."""
 
@@ -136,6 +149,7 @@ class SnapshotEntry:
     dcn_bytes_per_step: int | None = omitted(None)
     memory_timeline: MemoryTimeline | None = omitted(None)
     compiler_options: dict[str, str] | None = omitted(None)
+    step_time: SnapshotStepTime | None = omitted(None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +262,7 @@ def function_snapshot(fr: FunctionReport) -> dict:
         collectives=collective_rows(fr.collectives),
         dcn_bytes_per_step=fig.dcn_bytes_per_step,
         memory_timeline=_timeline(fr.memory),
+        step_time=_step_time(fr.cost),
         compiler_options=dict(fr.compiler_options) or None,
         # a constraint traced twice (forward and backward of a grad) is one line of the user's code
         constraints=None if origins is None else tuple(Constraint(line, sharding) for line, sharding in sorted(
@@ -256,6 +271,15 @@ def function_snapshot(fr: FunctionReport) -> dict:
 
 TIMELINE_POINTS = 400
 """At most this many points of a memory timeline in a snapshot (the highest of each group of steps)."""
+
+
+def _step_time(cost: Any) -> SnapshotStepTime | None:
+    """The cost section's step-time estimate as a snapshot holds it, or None (then the key is left
+    out: a snapshot of the CPU mesh without ``--chip`` keeps its keys)."""
+    e = cost.step_time if cost is not None else None
+    if e is None:
+        return None
+    return SnapshotStepTime(e.chip, e.schedule_seconds, e.overlapped_seconds, e.serial_seconds, dict(e.parts), e.bound)
 
 
 def _timeline(memory: MemorySection | None) -> MemoryTimeline | None:

@@ -193,6 +193,9 @@ def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
     if e is None:
         return [("info", f"step time: n/a: {c.step_time_reason}")] if c.step_time_reason else []
     mfu = f", MFU {format_percent(e.mfu)}" if e.mfu is not None else ""
+    if e.tokens_per_second_per_chip is not None:
+        mfu += (f", {format_count(e.tokens_per_second_per_chip)} tokens/s per chip ({e.tokens_per_step} tokens "
+                "per step)")
     out = [("info", f"step time on {e.chip} (estimate): {format_seconds(e.schedule_seconds)} as scheduled, range "
                     f"{format_seconds(e.overlapped_seconds)} (collectives overlapped) – "
                     f"{format_seconds(e.serial_seconds)} (serial); bound: {e.bound}{mfu}")]

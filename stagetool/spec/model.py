@@ -155,6 +155,8 @@ class FunctionSpec:
         one), active during ``init`` and tracing: ``model.py:NAME`` (text: rules, a callable returning
         them, or an object with a ``logical_axis_rules`` attribute), a :class:`CallSpec`, or an inline
         tuple of ``(logical name, mesh axis | None | tuple of axes)`` pairs; None when not given.
+      tokens_per_step: the tokens one step processes, all devices together (``tokens_per_step:``):
+        with a step-time estimate, tokens per second per chip are shown; None when not given.
     """
 
     name: str
@@ -168,6 +170,7 @@ class FunctionSpec:
     base_dir: Path
     locs: dict = dataclasses.field(default_factory=dict, compare=False)
     logical_axis_rules: Any = None
+    tokens_per_step: int | None = None
 
     def where(self, key: str) -> Loc | None:
         """The location of ``key`` (see ``locs``), else of the function's entry."""

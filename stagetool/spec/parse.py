@@ -106,7 +106,7 @@ class _Parser(ValueParser):
             self.issues.add(node, path, "a function must be a mapping with at least 'target'")
             return None
         check_keys(self.issues, node, path, {"target", "args", "kwargs", "static", "donate", "out_shardings",
-                                              "logical_axis_rules"})
+                                              "logical_axis_rules", "tokens_per_step"})
         tnode = child(node, "target")
         target = plain(tnode) if tnode is not None else None
         if not isinstance(target, str) or ":" not in target:
@@ -160,8 +160,18 @@ class _Parser(ValueParser):
             locs.setdefault("logical_axis_rules", self.logical_axis_rules_loc)
         elif lnode is not None:
             locs["logical_axis_rules"] = self.issues.loc(lnode)
+        tokens = None
+        knode = child(node, "tokens_per_step")
+        if knode is not None:
+            tokens = plain(knode)
+            if isinstance(tokens, str) and tokens.strip().isdigit():
+                tokens = int(tokens.strip())  # a ${variable} substituted as text
+            if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+                self.issues.add(knode, f"{path}.tokens_per_step", f"tokens_per_step must be a positive whole number "
+                                f"(the tokens one step processes, all devices together), not {tokens!r}")
+                tokens = None
         return FunctionSpec(name, target, tuple(args), kwargs, static, tuple(donate), out_shardings,
-                            self.issues.loc(key_node), self.base_dir, locs, logical)
+                            self.issues.loc(key_node), self.base_dir, locs, logical, tokens)
 
 
 def read_spec_text(path: str | Path) -> str:

@@ -89,7 +89,7 @@ def table_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     chip = doc.get("options", {}).get("chip")
     values = _value_columns(doc)
     head = ["", *values, "peak / device", "fits", "collectives / step by mesh axes", "FLOPs / device (loop-aware)",
-            f"step (roofline, {chip})" if chip else "step (roofline)", "compile", "failure"]
+            f"step (roofline, {chip})" if chip else "step (roofline)", "step time (estimate)", "compile", "failure"]
     cells = []
     for r in doc["rows"]:
         aware = r.get("flops_per_device_loop_aware")
@@ -102,7 +102,7 @@ def table_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
         t = (r.get("timings") or {}).get("compile_s")
         cells.append(["★" if r["id"] == doc.get("best") else "",
                       *(_value(r["values"].get(v, "")) for v in values), _peak(r), _fits(r), _collectives(r), flops,
-                      _step(r, chip),
+                      _step(r, chip), _step_time(r, chip),
                       format_seconds(t) if t is not None else "—", _failure(r)])
     return head, cells
 
@@ -115,6 +115,18 @@ def _step(row: dict, chip: str | None) -> str:
         return "—"
     own = row.get("chip")
     return format_seconds(t) + (f" ({own})" if own and not chip else "")
+
+
+def _step_time(row: dict, chip: str | None) -> str:
+    """The step-time estimate cell: the schedule's figure, what bounds it, tokens/s per chip where the
+    spec names its tokens per step, the row's chip where rows have their own."""
+    st = row.get("step_time")
+    if not st:
+        return "—"
+    text = f"{format_seconds(st['schedule_seconds'])} ({st.get('bound') or '?'}"
+    if st.get("tokens_per_second_per_chip") is not None:
+        text += f", {format_count(st['tokens_per_second_per_chip'])} tok/s/chip"
+    return text + (f", {st['chip']})" if not chip else ")")
 
 
 def _footer(doc: dict) -> list[str]:

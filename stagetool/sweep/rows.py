@@ -47,12 +47,16 @@ class RowError:
 
 @dataclasses.dataclass(frozen=True)
 class RowStepTime:
-    """``stagetool fit``'s step-time estimate of a row (seconds per step on one device, an estimate)."""
+    """A row's step-time estimate (seconds per step on one device, an estimate): its chip, the range
+    and the schedule's figure; sweep rows add what bounds it and, where the spec names
+    ``tokens_per_step``, tokens per second per chip."""
 
     chip: str
     overlapped_seconds: float
     schedule_seconds: float
     serial_seconds: float
+    bound: str | None = None
+    tokens_per_second_per_chip: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +108,9 @@ class Row:
     program_sha256: str | None = dataclasses.field(default=None, metadata={
         "omit": True, "doc": "stagetool fit only: sha256 of the lowered StableHLO text, or null (not a sweep row's field)"})
     step_time: RowStepTime | None = dataclasses.field(default=None, metadata={
-        "omit": True, "doc": "stagetool fit only: the step-time estimate (an estimate, seconds per step on one device) "
-                             "as {chip, overlapped_seconds, schedule_seconds, serial_seconds}, or null"})
+        "omit": True, "doc": "the step-time estimate (an estimate, seconds per step on one device) as {chip, "
+                             "overlapped_seconds, schedule_seconds, serial_seconds, bound, tokens_per_second_per_chip},"
+                             " or null; absent from rows written before it existed"})
 
 
 ROW_FIELDS = {f.name: f.metadata["doc"] for f in dataclasses.fields(Row) if not f.metadata.get("omit")}
@@ -127,12 +132,17 @@ class RankBy(str, enum.Enum):
     """Loop-aware per-device FLOPs (a derived estimate; XLA's figure where there is none)."""
     compile = "compile"
     """Compile time (a timing: it varies between runs)."""
+    step_time = "step_time"
+    """The step-time estimate's schedule figure (:mod:`stagetool.analysis.step_time`: compute,
+    collectives by link class, overlap) on ``--chip`` or each target's chip."""
 
 
 def metric(row: dict, rank_by: RankBy) -> float | None:
     """The row's figure for ``rank_by``, or None."""
     if rank_by == RankBy.step:
         return row.get("roofline_step_seconds")
+    if rank_by == RankBy.step_time:
+        return (row.get("step_time") or {}).get("schedule_seconds")
     if rank_by == RankBy.peak:
         return row.get("peak_bytes_per_device")
     if rank_by == RankBy.collectives:
@@ -160,8 +170,9 @@ def best(rows: Iterable[dict], rank_by: RankBy) -> tuple[str | None, RankBy | No
     note = None
     used = rank_by
     if all(metric(r, rank_by) is None for r in rows):
-        if rank_by == RankBy.step:
-            note = "no roofline step time (give --chip NAME): ranked by peak memory per device instead"
+        if rank_by in (RankBy.step, RankBy.step_time):
+            note = (f"no {'roofline ' if rank_by == RankBy.step else ''}step time (give --chip NAME): ranked by "
+                    "peak memory per device instead")
         else:
             note = f"no configuration reports {rank_by.value}: ranked by peak memory per device instead"
         used = RankBy.peak

@@ -54,6 +54,11 @@ def row_from_function(row: dict, fn: FunctionReport) -> dict:
                timings={"trace_s": fn.timings.trace_s, "lower_s": fn.timings.lower_s,
                         "compile_s": fn.timings.compile_s})
     row.update(Figures.of(fn.cost, fn.memory, fn.collectives).row())
+    est = fn.cost.step_time if fn.cost is not None else None
+    row["step_time"] = None if est is None else {
+        "chip": est.chip, "overlapped_seconds": est.overlapped_seconds, "schedule_seconds": est.schedule_seconds,
+        "serial_seconds": est.serial_seconds, "bound": est.bound,
+        "tokens_per_second_per_chip": est.tokens_per_second_per_chip}
     if fn.error is not None:  # the pipeline reports a failed function as data: here it is a failed row
         row.update(status=ERROR, error={"stage": "staging", "exit_code": 3, "message": str(fn.error)})
         return row
@@ -112,10 +117,6 @@ def run_config(payload: dict) -> dict:
 
         text = fn.module.text if fn.module is not None else None
         row["program_sha256"] = hashlib.sha256(text.encode()).hexdigest() if text else None
-        est = fn.cost.step_time if fn.cost is not None else None
-        row["step_time"] = None if est is None else {
-            "chip": est.chip, "overlapped_seconds": est.overlapped_seconds,
-            "schedule_seconds": est.schedule_seconds, "serial_seconds": est.serial_seconds}
     return row
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from stagetool.cli.app import app, joined
-from stagetool.cli.options import (DebugOpt, FormatOpt, FunctionOpt, IsolateOpt, JobsOpt, JunitOpt, OutputOpt,
+from stagetool.cli.options import (ChipOpt, DebugOpt, FormatOpt, FunctionOpt, IsolateOpt, JobsOpt, JunitOpt, OutputOpt,
                                    PlatformOpt, SpecOpt, Staging, TimeoutOpt, ToleranceOpt, outputs,
                                    staging_command)
 from stagetool.cli.output import (color, errors, escape, is_primary, plural, report_failures, staging_status, stderr,
@@ -73,12 +73,13 @@ def snapshot(staging: Staging, output: Annotated[Path, typer.Option("--output", 
                  "--peak/--no-peak", help="Also record each function's memory over time (XLA's dump with the one "
                                           "compile), which 'check --format html' draws against the current one.")]
              = False,
+             chip: ChipOpt = None,
              isolate: IsolateOpt = False, timeout: TimeoutOpt = None, jobs: JobsOpt = 1, debug: DebugOpt = False) -> None:
     """Record shardings, memory, cost and collectives of every function: the baseline for 'check'."""
     from stagetool.gate.snapshot import write_snapshot
 
     with errors(debug):
-        run = _take_snapshot(joined(staging.options(jobs=jobs, isolate=isolate, timeout_s=timeout, peak=peak,
+        run = _take_snapshot(joined(staging.options(jobs=jobs, isolate=isolate, timeout_s=timeout, peak=peak, chip=chip,
                                                     outputs=outputs(output=output))))
         if run.failed:
             report_failures(run.failed)
@@ -138,7 +139,7 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
           peak: Annotated[Optional[bool], typer.Option(
               "--peak/--no-peak", help="Record each function's memory over time (XLA's dump with the one compile); "
                                        "default: with --format html, which draws it beside the baseline's.",
-              show_default=False)] = None,
+              show_default=False)] = None, chip: ChipOpt = None,
           isolate: IsolateOpt = False, timeout: TimeoutOpt = None, jobs: JobsOpt = 1, debug: DebugOpt = False) -> None:
     """CI gate: recompute and compare with the baseline. Exit 0 clean, 1 regression, 2 bad input, 3 JAX failure."""
     from stagetool.core.tolerances import effective_tolerances, parse_tolerance_options
@@ -155,7 +156,7 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
         restricted = staging.target is not None or staging.function is not None
         run = _take_snapshot(joined(staging.options(
             jobs=jobs, isolate=isolate, timeout_s=timeout, peak=format == Format.html if peak is None else peak,
-            outputs=outputs(output=output, junit_xml=junit_xml, baseline=baseline if update else None))))
+            chip=chip, outputs=outputs(output=output, junit_xml=junit_xml, baseline=baseline if update else None))))
         report_failures(run.failed)
         if not is_primary():
             return

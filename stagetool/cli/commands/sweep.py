@@ -80,6 +80,7 @@ def sweep(target: Target = None,
           chip: ChipOpt = None, device_memory: DeviceMemoryOpt = None,
           rank_by: Annotated[str, typer.Option(
               "--rank-by", help="What picks the best configuration that fits: step (roofline step time on --chip), "
+                                "step_time (the step-time estimate: compute, collectives by link, overlap), "
                                 "peak, collectives, flops or compile.")] = "step",
           executor: Annotated[str, typer.Option(
               "--executor", help="local: worker processes here (--jobs); ray: tasks on a running Ray cluster "
@@ -109,8 +110,8 @@ def sweep(target: Target = None,
         try:
             fmt, rank, how = SweepFormat(format), RankBy(rank_by), Executor(executor)
         except ValueError as e:
-            raise UsageError(f"sweep: {e}", hint="--format text|json|markdown|csv|html; --rank-by step|peak|collectives|"
-                                                  "flops|compile; --executor local|ray") from None
+            raise UsageError(f"sweep: {e}", hint="--format text|json|markdown|csv|html; --rank-by step|step_time|peak|"
+                                                  "collectives|flops|compile; --executor local|ray") from None
         if target == "merge":
             doc = _sweep_merge(files or [])
         else:
