@@ -23,7 +23,8 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
     (:func:`stagetool.inputs.own_mesh.relay_own_jit`), as are the meshes an init's or ``{ref:}``
     object's shardings name (:func:`stagetool.inputs.own_mesh.check_seen`); a jit stagetool does not
     unwrap is named (:func:`stagetool.inputs.hidden_jit.hidden_jit_note`). Those sentences lead
-    ``inputs.notes``. ``target``: one already loaded (:func:`stagetool.inspect`'s live function).
+    ``inputs.notes``. ``target``: one already loaded (:func:`stagetool.inspect`'s live function;
+    its meshes, on the caller's devices, are then re-laid by axis name, never refused).
 
     Raises:
       TargetError: the target cannot be loaded (naming the spec's line).
@@ -38,6 +39,7 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
     from stagetool.inputs.seen_meshes import collecting
     from stagetool.inputs.target import load_target
 
+    live = target is not None  # handed over from Python: its meshes are on the caller's own devices
     with staged_world(setup):
         if target is None:
             try:
@@ -46,11 +48,11 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
                 raise TargetError(f"{fspec.where('target')}: functions.{fspec.name}.target: {e.message}",
                                   hint=e.hint) from None
         hidden = hidden_jit_note(target.fn, fspec.target)
-        target, notes = relay_own_jit(target, fspec, setup)
+        target, notes = relay_own_jit(target, fspec, setup, live=live)
         notes += (hidden,) if hidden else ()
         with collecting() as seen:
             inputs = build_inputs(fspec, target.fn, setup, mesh_spec, avals=avals)
-        notes += check_seen(seen, fspec, setup)
+        notes += check_seen(seen, fspec, setup, live=live)
         if notes:
             inputs = dataclasses.replace(inputs, notes=(*notes, *inputs.notes))
         if inputs.fn is not None:  # a pure function around the target (non-array leaves, in-place NNX updates)

@@ -84,13 +84,16 @@ def where_held(mesh: Any, module_file: str | None, module: Any = None) -> str | 
     return None
 
 
-def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any) -> tuple[Target, tuple[str, ...]]:
+def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any, *,
+                  live: bool = False) -> tuple[Target, tuple[str, ...]]:
     """``target`` with its own ``jax.jit`` shardings on the staged mesh (``setup.mesh``), and the
-    notes that say so; the target as it is when they are already there or it has none.
+    notes that say so; the target as it is when they are already there or it has none. ``live``:
+    the function was handed over from Python (:func:`stagetool.inspect`), whose meshes can only be
+    on the caller's own devices: a mesh on other devices is re-laid by axis name, not refused.
 
     Raises:
-      UsageError: the shardings name devices that are not the staged ones, or a mesh axis the staged
-        mesh does not have (exit 2, before any compile).
+      UsageError: the shardings name devices that are not the staged ones (not ``live``), or a mesh
+        axis the staged mesh does not have (exit 2, before any compile).
     """
     import jax
     from jax.sharding import NamedSharding
@@ -110,7 +113,7 @@ def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any) -> tuple[Targ
     for m in meshes:
         held = where_held(m, target.module_file)
         at = f"\n  the mesh is held at {held}" if held else ""
-        if not set(m.devices.flat) <= devices:
+        if not live and not set(m.devices.flat) <= devices:
             raise UsageError(
                 f"{where}: {fspec.target}'s own jax.jit shardings name a mesh of {describe_mesh(m)}, but stagetool "
                 f"stages for {describe_mesh(staged)}: the mesh was built before stagetool could give the code the "
@@ -169,14 +172,16 @@ def _spec_axes(spec: Any) -> list[str]:
 _WHAT = {"init": "the init's shardings", "struct": "the shardings its arrays carry"}
 
 
-def check_seen(seen: list, fspec: FunctionSpec, setup: Any) -> tuple[str, ...]:
+def check_seen(seen: list, fspec: FunctionSpec, setup: Any, *, live: bool = False) -> tuple[str, ...]:
     """Notes for the meshes an ``init``'s or a ``{ref:}`` object's shardings named (``seen``, from
     :func:`stagetool.inputs.seen_meshes.collecting`) that are not the staged mesh: their shardings
     were taken by axis name and laid on the staged mesh. () when every one is the staged mesh.
+    ``live``: the arrays were handed over from Python (:func:`stagetool.inspect`), made on the
+    caller's own devices: their PartitionSpecs are laid on the staged mesh whatever its devices.
 
     Raises:
       UsageError: a mesh on devices that are not the staged ones (built before stagetool could give
-        the code the staged devices), exit 2.
+        the code the staged devices; not ``live``), exit 2.
     """
     staged = setup.mesh
     devices = set(setup.devices)
@@ -186,7 +191,7 @@ def check_seen(seen: list, fspec: FunctionSpec, setup: Any) -> tuple[str, ...]:
         if m == staged or any(m == d for d in done):
             continue
         done.append(m)
-        if not set(m.devices.flat) <= devices:
+        if not live and not set(m.devices.flat) <= devices:
             raise UsageError(
                 f"{fspec.where('args')}: functions.{fspec.name}.args: {_WHAT.get(what, what)} name a mesh of "
                 f"{describe_mesh(m)}, but stagetool stages for {describe_mesh(staged)}: the mesh was built before "

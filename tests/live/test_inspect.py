@@ -87,6 +87,33 @@ def test_inspect_gives_the_cli_report_of_the_same_program(run_cli, tmp_path, mon
     assert report.function().inputs[0].sharding_source == "object"
 
 
+@pytest.mark.skipif(not __import__("stagetool.devices.tpu_topology", fromlist=["x"]).libtpu_available(),
+                    reason="libtpu is not installed: no v5e:2x4 topology")
+def test_arrays_on_the_callers_cpu_mesh_stage_on_a_topology_by_axis_name():
+    """The notebook's TPU cell: arrays live on the caller's CPU devices, the report is for a TPU
+    topology; their PartitionSpecs are laid on its mesh by axis name (a note says so), not refused
+    as a mesh built before stagetool could give the code the staged devices."""
+    from jax.experimental import topologies
+
+    mesh = _mesh()
+    params, batch = _live_args(mesh)
+
+    def step(params, batch):
+        h = jnp.tanh(batch["x"] @ params["w1"] + params["b1"])
+        return jnp.mean((h @ params["w2"] + params["b2"]) ** 2)
+
+    report = stagetool.inspect(step, params, batch, mesh=mesh, topology="v5e:2x4")
+    assert report.function().mesh.device_kind == "TPU v5 lite"
+    assert any("8 cpu devices" in n and "by axis name" in n for n in report.function().notes)
+    # raw JAX on the same topology with the same PartitionSpecs: XLA:TPU's own argument bytes
+    topo = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x4")
+    tpu = topologies.make_mesh(topo, (2, 4), ("data", "model"))
+    relaid = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(
+        tpu, a.sharding.spec)), (params, batch))
+    compiled = jax.jit(step).trace(*relaid).lower().compile()
+    assert report.memory.record.argument_bytes == compiled.memory_analysis().argument_size_in_bytes
+
+
 def test_sections_display_alone_and_why_answers_from_the_report():
     mesh = _mesh()
 
