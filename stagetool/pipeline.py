@@ -604,7 +604,7 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
         raise UsageError("--topology '': an empty topology name (an unset variable in --topology \"$TOPO\"?)",
                          hint="give a topology such as v5e:2x4 or h100:8, or leave --topology out")
     target = parse_target(topology, platform=platform, gpu_target_config=gpu_target_config)  # the one parse
-    check_target(target)  # a GPU typo, a bad config, the library it needs
+    target = check_target(target)  # a GPU typo, a bad config (read into it, once), the library it needs
     mesh_spec = MeshSpec(())
     if mesh:
         try:

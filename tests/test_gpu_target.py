@@ -364,6 +364,30 @@ def test_a_users_target_config_is_used_as_written(tmp_path, run_cli):
     assert r.code == 2 and f"{broken}:1:31: not a GpuTargetConfigProto in text form" in r.stderr, r.stderr
 
 
+@needs_plugin
+def test_a_target_config_file_is_read_once_per_run_and_what_was_checked_is_compiled(tmp_path, run_cli, monkeypatch):
+    """The plan reads and checks --gpu-target-config once (plan.target.check_target); the devices
+    compile for that text: a file rewritten after the check cannot reach XLA unchecked."""
+    from stagetool.process import fileio
+
+    text = gpu_topology.target_config_text(gpu_topology.gpu_model("h200")).replace('"NVIDIA H200"', '"NVIDIA H200 NVL"')
+    cfg = tmp_path / "h200nvl.txtpb"
+    cfg.write_text(text)
+    reads: list[str] = []
+    real = fileio.read_regular_bytes
+
+    def counted(path, **kw):
+        reads.append(str(path))
+        data = real(path, **kw)
+        cfg.write_text("gpu_device_info { core_count: 0 }\n")  # changed after the check: never read again
+        return data
+
+    monkeypatch.setattr(fileio, "read_regular_bytes", counted)
+    doc = run_cli("devices", "--topology", "gpu:4", "--gpu-target-config", cfg, "--format", "json", check=0).json()
+    assert reads == [str(cfg)]
+    assert doc["device_kind"] == "NVIDIA H200 NVL" and doc["device_count"] == 4
+
+
 SPEC_TOPOLOGY = """
 version: 1
 mesh: {axes: {data: 2, model: 4}}

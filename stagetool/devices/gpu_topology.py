@@ -40,7 +40,6 @@ from typing import Any
 
 from stagetool.core.accelerators import GENERIC_KIND, GPU_MODELS, GpuModel, gpu_model
 from stagetool.core.errors import UsageError
-from stagetool.plan.gpu_target_proto import read_target_config_file
 from stagetool.plan.target import GPU_INSTALL_LINE, GpuTarget, cuda_plugin_available
 
 __all__ = [
@@ -137,22 +136,25 @@ class GpuTopology:
         return len(self.devices)
 
 
-
-
 def gpu_topology(target: GpuTarget) -> GpuTopology:
     """Compile-only devices of a GPU target as the plan parsed it
     (:func:`stagetool.plan.target.parse_target`; ``h100:8`` → 8 devices on one host).
 
-    The target's ``--gpu-target-config`` file replaces the table's config (and is required for the
-    generic kind ``gpu:N``).
+    The target's ``--gpu-target-config`` file, as the plan read and checked it
+    (:attr:`stagetool.plan.target.GpuTarget.config_read`), replaces the table's config (and is
+    required for the generic kind ``gpu:N``).
 
     Raises:
-      UsageError: a missing or malformed config (XLA's parser message), or the CUDA plugin not
-        installed (the hint gives the install line).
+      UsageError: a config XLA's parser refuses (its message), or the CUDA plugin not installed
+        (the hint gives the install line).
+      ValueError: a target with a config file that :func:`stagetool.plan.target.check_target` has
+        not read.
     """
     name, kind, hosts, per_host = target.name, target.kind, target.hosts, target.devices_per_host
     if target.config is not None:
-        config = read_target_config_file(target.config)
+        config = target.config_read
+        if config is None:
+            raise ValueError(f"{name}: the GPU target's config file is read by plan.target.check_target, not here")
         text, memory = config.text, config.memory_bytes
         source = str(target.config)
     elif kind == GENERIC_KIND:

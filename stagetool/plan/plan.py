@@ -266,7 +266,7 @@ def _parse_target(spec: Spec, options: Options) -> DeviceTarget:
     try:
         target = parse_target(topology, platform=options.platform or spec.platform,
                               gpu_target_config=options.gpu_target_config)
-        check_target(target)
+        target = check_target(target)  # a GPU config file read into it, once
     except UsageError as e:
         loc = spec.locs.get("topology")
         if options.topology is None and topology is not None and loc is not None:

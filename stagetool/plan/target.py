@@ -38,6 +38,7 @@ from stagetool.core.accelerators import (
 from stagetool.core.chips import CHIPS
 from stagetool.core.errors import UsageError
 from stagetool.core.mesh import MAX_DEVICES
+from stagetool.plan.gpu_target_proto import TargetConfig
 
 __all__ = ["Attached", "CpuMesh", "DeviceTarget", "GpuTarget", "TpuTarget", "check_chip_for_target", "check_target",
            "parse_target"]
@@ -114,6 +115,9 @@ class GpuTarget:
       hosts: hosts (processes); devices_per_host: GPUs on each.
       config: the ``--gpu-target-config`` file (a ``GpuTargetConfigProto`` in text form), or None
         for the table's figures of ``kind``.
+      config_read: that file as read and checked once, before JAX starts (:func:`check_target`):
+        what XLA is given, so that a file changed after the check cannot reach the compile; None
+        until then, or without ``config``.
     """
 
     name: str
@@ -121,6 +125,7 @@ class GpuTarget:
     hosts: int
     devices_per_host: int
     config: str | None = None
+    config_read: TargetConfig | None = None
 
     @property
     def device_count(self) -> int:
@@ -230,17 +235,20 @@ def _tpu_target(name: str) -> TpuTarget:
     return TpuTarget(name, kind, dims)
 
 
-def check_target(target: DeviceTarget) -> None:
+def check_target(target: DeviceTarget) -> DeviceTarget:
     """Everything about a compile-only target that can be said before JAX starts, beyond its name's
     form: a GPU typo (``h10:8``) taken for a TPU kind, the generic GPU kind without a config, the
-    config file, and that the library the target needs is installed.
+    config file, and that the library the target needs is installed. Returns the target, a GPU
+    target's config file read into it (:attr:`GpuTarget.config_read`): it is not read again.
 
     Raises:
       UsageError: what is wrong and how to fix it (the install line for a missing library).
     """
     if isinstance(target, GpuTarget):
         if target.config is not None:
-            read_target_config(target.config)
+            from stagetool.plan.gpu_target_proto import read_target_config_file
+
+            target = dataclasses.replace(target, config_read=read_target_config_file(target.config))
         elif target.kind == GENERIC_KIND:
             raise UsageError(f"topology {target.name!r}: the generic GPU kind needs --gpu-target-config FILE")
         if not cuda_plugin_available():
@@ -251,6 +259,7 @@ def check_target(target: DeviceTarget) -> None:
         if not libtpu_available():
             raise UsageError(f"TPU topology {target.name!r} needs libtpu, which is not installed",
                              hint=TPU_INSTALL_LINE)
+    return target
 
 
 def _refuse_gpu_typo(name: str) -> None:
