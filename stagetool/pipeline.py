@@ -485,7 +485,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
 
             fields["why"] = answer_why(plan.why, leaves[0], leaves[1], section)
     notes = [f"warning while staging: {w}" for w in facts.warnings]
-    notes += list(getattr(facts, "uneven_constraints", ()))
+    notes += list(facts.uneven_constraints)
     notes += list(inputs.notes)
     if cpu:  # XLA:CPU's artefacts, each note ending with the command that gives the accelerator's answer
         from stagetool.analysis.cpu_artefacts import accelerator_command, command_for, cpu_notes
@@ -731,7 +731,7 @@ def snapshot_plan(plan: Plan, *, on_stage=None) -> SnapshotRun:
                 "jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
                 "spec": spec_label(spec_path), "functions": {}, "config": _config_dict()}
     snap["spec"] = spec_label(spec_path)
-    return SnapshotRun(snap, failed, names, spec_path, getattr(plan.spec, "check", None))
+    return SnapshotRun(snap, failed, names, spec_path, plan.spec.check)
 
 
 # ---- one compile, its sections analysed on request (stagetool.inspect)

@@ -121,10 +121,12 @@ def check_tolerance_name(name: str, where: str) -> str:
 def effective_tolerances(function: str, *, spec_check: Any = None,
                          cli: Mapping[str, Tolerance] | None = None) -> dict[str, Tolerance]:
     """Tolerances for one function: defaults, then the spec's ``check.tolerances``, then its
-    ``check.functions.<name>.tolerances``, then ``--tolerance`` options (the last one wins)."""
+    ``check.functions.<name>.tolerances``, then ``--tolerance`` options (the last one wins).
+    ``spec_check``: the spec's :class:`stagetool.spec.model.CheckSpec` (``tolerances`` and
+    ``functions``), or None."""
     out = dict(DEFAULT_TOLERANCES)
     if spec_check is not None:
-        out.update(getattr(spec_check, "tolerances", {}) or {})
-        out.update((getattr(spec_check, "functions", {}) or {}).get(function, {}) or {})
+        out.update(spec_check.tolerances)
+        out.update(spec_check.functions.get(function, {}))
     out.update(cli or {})
     return out

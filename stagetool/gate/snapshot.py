@@ -33,7 +33,7 @@ from stagetool.core import codec
 from stagetool.core.codec import omitted
 from stagetool.core.errors import BaselineError, UsageError
 from stagetool.analysis.shardings import LeafReport
-from stagetool.report.model import FunctionReport
+from stagetool.report.model import FunctionReport, Report
 
 SNAPSHOT_SCHEMA = 3
 """3: ``memory.peak_bytes`` is the larger of ``argument + output - alias + temp`` and XLA's
@@ -296,7 +296,7 @@ def _timeline(memory: MemorySection | None) -> MemoryTimeline | None:
     return MemoryTimeline(drawn, n, int(tp.bytes), int(tp.position), tp.instruction, _num(tp.gated_peak_bytes))
 
 
-def snapshot_from_report(report: Any, *, spec: str | None = None) -> dict:
+def snapshot_from_report(report: Report, *, spec: str | None = None) -> dict:
     """A snapshot document from a :class:`stagetool.report.model.Report` (functions by name)."""
     return {
         "snapshot_schema": SNAPSHOT_SCHEMA,
@@ -305,7 +305,7 @@ def snapshot_from_report(report: Any, *, spec: str | None = None) -> dict:
         "jax_version": report.jax_version,
         "jaxlib_version": report.jaxlib_version,
         "spec": spec,
-        "config": dict(getattr(report, "config", ()) or ()),
+        "config": dict(report.config),
         "functions": {f.name: function_snapshot(f) for f in report.functions},
     }
 

@@ -199,7 +199,7 @@ def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = 
         description["root"] = root.folder  # its paths stay absolute: entries stay with this checkout
     elif root is not None:
         description["spec_folder"] = root.position  # where the token's paths are, seen from the spec
-    if getattr(setup, "target_config_sha256", None) is not None:  # a compile-only GPU target: what XLA compiled for
+    if setup.target_config_sha256 is not None:  # a compile-only GPU target: what XLA compiled for
         from stagetool.devices.gpu_topology import cuda_plugin_version
 
         description["gpu_target"] = {"config_sha256": setup.target_config_sha256, "plugin": cuda_plugin_version()}
@@ -231,7 +231,7 @@ def target_compiler_options(inputs: Any) -> list[list[str]]:
     show them (a pass-disabling option changes the program, not the module text)."""
     from stagetool.inputs.jit_wrapper import options_text
 
-    return [list(pair) for pair in options_text(getattr(inputs, "jit", None))]
+    return [list(pair) for pair in options_text(inputs.jit)]
 
 
 #: ``jax.config`` options that JAX turns into the compile options (``get_compile_options``: the efforts
