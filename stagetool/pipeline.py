@@ -307,7 +307,7 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
 
     fspec = prep.fspec
     needs_compile = bool(wanted - {Section.LOWERED_TEXT})
-    dump = plan.peak and Section.MEMORY in wanted
+    dump = plan.peak and bool(wanted & {Section.MEMORY, Section.MODULES})
     cache = None
     # a multi-process job compiles in every process together: one process answering from its cache
     # while another compiles could leave the other waiting, so such jobs do not use the facts cache.
@@ -484,6 +484,11 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
             from stagetool.analysis.why import answer_why
 
             fields["why"] = answer_why(plan.why, leaves[0], leaves[1], section)
+    if Section.MODULES in wanted:
+        from stagetool.analysis.collectives import MeshAxes
+        from stagetool.analysis.modules import modules_section
+
+        fields["modules"] = modules_section(facts, MeshAxes(plan.mesh.names, plan.mesh.sizes), slices=setup.slices)
     notes = [f"warning while staging: {w}" for w in facts.warnings]
     notes += list(facts.uneven_constraints)
     notes += list(inputs.notes)

@@ -77,7 +77,8 @@ def command_for(sections: Iterable[Any]) -> str:
     """The stagetool command whose answer a note points to, from the sections a run computes:
     ``collectives``, ``cost`` or ``memory`` when only that one, else ``report``."""
     names = {getattr(s, "value", str(s)) for s in sections} - {"shardings", "lowered_text", "compiled_text"}
-    return next(iter(names)) if len(names) == 1 and next(iter(names)) in ("collectives", "cost", "memory") else "report"
+    return next(iter(names)) if len(names) == 1 and next(iter(names)) in ("collectives", "cost", "memory", "modules") \
+        else "report"
 
 
 def accelerator_command(command: str, target: str, device_count: int, *, mesh_axes: int) -> str:

@@ -14,7 +14,7 @@ from stagetool.report.model import FunctionReport, Report
 
 #: The report's sections by the FunctionReport fields that hold them.
 _SECTION_OF = {"inputs": "shardings", "outputs": "shardings", "memory": "memory", "collectives": "collectives",
-               "cost": "cost"}
+               "cost": "cost", "modules": "modules"}
 
 
 class LiveReport(Report):

@@ -23,6 +23,8 @@ class Section(str, enum.Enum):
     WHY = "why"
     """``stagetool why``'s answer (needs the plan's question): the collectives and their causes are
     computed for it, and only the answer is reported."""
+    MODULES = "modules"
+    """The roll-up per module path and phase (:mod:`stagetool.analysis.modules`)."""
 
 
 REPORT_SECTIONS = (Section.SHARDINGS, Section.COLLECTIVES, Section.COST, Section.MEMORY)

@@ -46,7 +46,7 @@ def text(doc: Any) -> str:
     return render(doc, Format.text, color=False, fit=True)
 
 
-_SECTIONS = ("module", "inputs", "outputs", "cost", "memory", "collectives", "why")
+_SECTIONS = ("module", "inputs", "outputs", "cost", "memory", "collectives", "why", "modules")
 
 
 def only(doc: Any, function: Any, keep: tuple[str, ...], **replaced: Any) -> Any:

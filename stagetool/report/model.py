@@ -16,6 +16,7 @@ import json
 import math
 from typing import Any
 
+from stagetool.analysis.modules import ModulesSection
 from stagetool.analysis.why import WhyAnswer
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.analysis.shardings import LeafReport
@@ -82,6 +83,7 @@ class FunctionReport:
       memory: memory analysis (per device), see ``stagetool.analysis.memory``.
       collectives: collectives, see ``stagetool.analysis.collectives``.
       why: ``stagetool why``'s answer (:class:`stagetool.analysis.why.WhyAnswer`), or None.
+      modules: the roll-up per module path and phase (:mod:`stagetool.analysis.modules`), or None.
       notes: short remarks for the reader (e.g. what was simulated).
       error: why the function could not be staged (JAX's message and the user's frame), or None;
         when set, every section is None and the command exits 3 after reporting the others.
@@ -103,6 +105,8 @@ class FunctionReport:
     memory: MemorySection | None = None
     collectives: CollectivesSection | None = None
     why: WhyAnswer | None = None
+    # in the JSON only when computed: reports without it read as before (the goldens, schema version 1)
+    modules: ModulesSection | None = dataclasses.field(default=None, metadata={"json_omit_none": True})
     notes: tuple[str, ...] = ()
     error: str | None = None
     error_traceback: str | None = dataclasses.field(default=None, compare=False, metadata={"json_skip": True})
@@ -187,6 +191,12 @@ class Report:
         device and for the whole program, a roofline estimate with a chip), displayed alone."""
         return self._section("cost")
 
+    @property
+    def modules(self) -> Any:
+        """The roll-up per module path and phase (:class:`~stagetool.analysis.modules.ModulesSection`:
+        FLOPs, bytes, collectives and bytes live at the peak, per device), displayed alone."""
+        return self._section("modules")
+
     def why(self, leaf: str | None = None, *, line: str | None = None, collective: int | None = None) -> Any:
         """``stagetool why``'s answer from this report's leaves and collectives (no staging again):
         one of ``leaf`` (a key path as the shardings list it, its last part, or a regular
@@ -232,7 +242,8 @@ def to_jsonable(obj: Any) -> Any:
         return str(obj)  # as JAX prints a PartitionSpec: the one text form, at the edge
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                if not f.metadata.get("json_skip")}
+                if not f.metadata.get("json_skip")
+                and not (f.metadata.get("json_omit_none") and getattr(obj, f.name) is None)}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, dict):

@@ -236,7 +236,17 @@ def function_view(f: FunctionReport, index: int) -> dict[str, Any]:
         "collectives": collectives_view(f.collectives) if f.collectives is not None else None,
         "cost": cost_view(f.cost) if f.cost is not None else None,
         "why": views.why_lines(f.why) if f.why is not None else None,
+        "modules": modules_view(f.modules) if f.modules is not None else None,
     }
+
+
+def modules_view(m: Any) -> dict[str, Any]:
+    """The per-module roll-up: its tree (each node a ``<details>``), caption and notes."""
+    from stagetool.report import module_views
+
+    header, rows = module_views.modules_rows(m)
+    return {"tree": module_views.tree_view(m), "total": rows[-1], "caption": module_views.modules_caption(m),
+            "notes": module_views.modules_notes(m)}
 
 
 def render(doc: Report | DevicesReport, *, color: bool = False, width: int = 120) -> str:

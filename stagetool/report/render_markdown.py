@@ -116,7 +116,17 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
     if f.memory is not None:
         out += (_memory(f.memory, f.mesh.platform) + _image(figures, "memory", f"memory per device of {f.name}")
                 + _image(figures, "timeline", f"memory over time of {f.name}"))
+    if f.modules is not None:
+        out += _modules(f.modules)
     return out
+
+
+def _modules(m) -> list[str]:
+    from stagetool.report import module_views
+
+    header, rows = module_views.modules_rows(m)
+    return (["### Per module", ""] + table(header, rows, "llrrrll") + ["", f"_{escape(module_views.modules_caption(m))}_", ""]
+            + _notes(module_views.modules_notes(m)) + [""])
 
 
 def _notes(notes: list[tuple[str, str]]) -> list[str]:

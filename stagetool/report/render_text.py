@@ -181,7 +181,17 @@ def _function(f: FunctionReport, *, summary: bool = False,
         out.extend(_cost(f.cost))
     if f.memory is not None:
         out.extend(_memory(f.memory, f.mesh.platform))
+    if f.modules is not None:
+        out.extend(_modules(f.modules))
     return out
+
+
+def _modules(m: Any) -> list[RenderableType]:
+    from stagetool.report import module_views
+
+    header, rows = module_views.modules_rows(m)
+    return [_table("per module", header, rows, {2, 3, 4, 6}), Text(module_views.modules_caption(m), style="dim"),
+            *_notes(module_views.modules_notes(m))]
 
 
 def _leaf_table(title: str, leaves: tuple[LeafReport, ...], *, inputs: bool) -> Table:

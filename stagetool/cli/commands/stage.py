@@ -17,13 +17,13 @@ from stagetool.report import Format
 
 
 def _stage_and_emit(command: str, staging: Staging, fmt: Format, output: Optional[Path], *, pager: bool = False,
-                    fail_if_over: bool = False, check: Any = None, **more: Any) -> None:
+                    fail_if_over: bool = False, check: Any = None, modules: bool = False, **more: Any) -> None:
     """Stage with the shared options (and ``more`` :class:`stagetool.pipeline.Options` fields), print
     ``command``'s sections (its own; the report's all), and with ``--fail-if-over`` the verdict.
     ``check(report)``, when given, may refuse the report before it is printed (a ``UsageError``)."""
     from stagetool.pipeline import REPORT_SECTIONS, Section, analyze
 
-    sections = (list(REPORT_SECTIONS) if command == "report"
+    sections = (list(REPORT_SECTIONS) + ([Section.MODULES] if modules else []) if command == "report"
                 else [Section({"lower": "lowered_text", "compile": "compiled_text"}.get(command, command))])
     options = joined(staging.options(**more, outputs=outputs(output=output)))
     with staging_status() as on_stage:
@@ -149,12 +149,28 @@ def memory(staging: Staging, device_memory: DeviceMemoryOpt = None, chip: ChipOp
 
 @app.command()
 @staging_command
+def modules(staging: Staging, peak: PeakOpt = True, format: FormatOpt = Format.text, output: OutputOpt = None,
+            debug: DebugOpt = False) -> None:
+    """Per module path (NNX/Linen modules, Equinox fields, jax.named_scope) and phase (forward, backward,
+    remat recompute, update): FLOPs, bytes accessed, collectives and bytes live at the peak."""
+    with errors(debug):
+        _stage_and_emit("modules", staging, format, output, peak=peak)
+
+
+@app.command()
+@staging_command
 def report(staging: Staging, chip: ChipOpt = None, device_memory: DeviceMemoryOpt = None,
            fail_if_over: FailIfOverOpt = False, peak: ReportPeakOpt = None, top: TopOpt = 10, jobs: JobsOpt = 1,
+           modules: Annotated[Optional[bool], typer.Option(
+               "--modules/--no-modules", help="Add the roll-up per module ('stagetool modules'). Default: on for "
+                                              "--format html (a collapsible tree), off otherwise.",
+               show_default=False)] = None,
            format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
     """One screen: mesh, stage timings, shardings, collectives, cost and memory."""
     if peak is None:  # the HTML page draws the memory timeline: it costs no second compile
         peak = format is Format.html
+    if modules is None:  # the HTML page folds it into a tree; the other formats keep their one screen
+        modules = format is Format.html
     with errors(debug):
         _stage_and_emit("report", staging, format, output, fail_if_over=fail_if_over, device_memory=device_memory,
-                        chip=chip, peak=peak, top=top, jobs=jobs)
+                        chip=chip, peak=peak, top=top, jobs=jobs, modules=modules)
