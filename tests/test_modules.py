@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from stagetool.analysis.modules import (
     OUTSIDE,
     RESIDUAL,
+    combined_members,
     frame_path,
     phase_of,
     scope_path,
@@ -95,6 +96,9 @@ def test_paths_and_phases_from_jax_op_names():
     assert scope_path("jit(f)/jvp(jit(_take))/gather") == ()  # jnp's own jits are no module
     assert scope_path("jit(f)/jvp(a)/x/mul;jit(f)/jvp(b)/mul") == ("a", "x")  # a fused pair: its first name
     assert scope_path("jit(f)/jvp()/while/body/closed_call/bhqk,bkhd->bqhd/dot_general") == ()
+    combined = "jit(s)/(transpose(jvp(LM))/MLP_0/Dense_0/dot_general:transpose(jvp(LM))/MLP_0/Dense_1/dot_general)"
+    assert combined_members(combined) == ["jit(s)/transpose(jvp(LM))/MLP_0/Dense_0/dot_general",
+                                          "jit(s)/transpose(jvp(LM))/MLP_0/Dense_1/dot_general"]
     assert [phase_of(n, differentiated=True) for n in (fwd, bwd, remat_bwd, recompute, update, None)] == \
         ["forward", "backward", "backward", "recompute", "update", "none"]
     assert phase_of(update, differentiated=False) == "forward"  # no gradient: all of it is the forward pass
@@ -112,6 +116,15 @@ def test_nnx_paths_from_source_frames(tmp_path):
     assert frame_path(frames) == ("LM", "mlp", "up")
     missing = tuple(SourceFrame("/gone.py", f.line, f.function, f.column) if f.file == str(src) else f for f in frames)
     assert frame_path(missing) == ("LM", "MLP", "Linear")  # source not readable: class names
+
+
+def test_arguments_go_to_the_module_their_key_path_names():
+    from stagetool.analysis.modules import _argument_module
+
+    paths = [("LM",), ("LM", "mlp"), ("LM", "mlp", "up"), ("LM", "embed")]
+    assert _argument_module("optimizer/opt_state/0/mu/mlp/up/kernel", paths) == "LM/mlp/up"
+    assert _argument_module("model/embed/embedding", paths) == "LM/embed"
+    assert _argument_module("batch/tokens", paths) is None
 
 
 # ---- through the CLI, against raw JAX ----------------------------------------------------------------
@@ -148,7 +161,9 @@ def test_named_scopes_remat_and_collectives_against_jax(run_cli, tmp_path):
     grads = [t for r in modules["rows"] if r["phase"] == "backward" for t in r["collectives"] if t["kind"] == "all-reduce"]
     assert sum(t["bytes_per_device"] for t in grads) == (256 * 512 + 512 * 128) * 4  # dW1 and dW2 summed over data
     peak = doc["functions"][0]["modules"]["peak_bytes"]
-    assert peak == sum(r["peak_bytes"] for r in modules["rows"]) and peak >= (256 * 512 + 512 * 128 + m * 256) * 4
+    assert peak == sum(r["peak_bytes"] for r in modules["rows"])
+    # w1, w2 and this device's rows of x, named w1, w2, x: no module's name in their key paths
+    assert rows[(OUTSIDE, "arguments")]["peak_bytes"] == (256 * 512 + 512 * 128 + m * 256) * 4
 
     md = run_cli("modules", "--spec", str(spec), "--format", "markdown", check=0).stdout
     assert "### Per module" in md and "| block/head | recompute | 8.39 MFLOP |" in md
@@ -189,7 +204,9 @@ def test_nnx_example_rolls_up_by_module(run_cli, isolated_imports):
     up = 2 * tokens * 64 * (256 // 4)  # nnx.Linear(64, 256), its kernel's columns split over model=4
     assert rows[("LM/mlp/up", "forward")]["dot_flops"] == rows[("LM/mlp/up", "forward")]["flops"] == up
     assert rows[("LM/mlp/up", "backward")]["dot_flops"] == 2 * up  # d(kernel) and d(x)
-    assert {ph for _, ph in rows} >= {"forward", "backward", "update"}
+    assert {ph for _, ph in rows} >= {"forward", "backward", "update", "arguments"}
+    # at the peak: the kernel and its two Adam moments, [64, 256/4] f32 each, by their key paths
+    assert rows[("LM/mlp/up", "arguments")]["peak_bytes"] == 3 * 64 * (256 // 4) * 4
 
 
 @pytest.mark.slow

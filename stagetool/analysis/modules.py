@@ -11,25 +11,29 @@ device's compiled module (JAX-free, from :class:`stagetool.facts.StagedFunction`
   → ``MLP/up``). Transform wrappers are unwrapped (``jvp(X)``, ``transpose(jvp(X))``), nested
   ``jit(...)`` boundaries, loop and call markers (``while``, ``body``, ``closed_call``, ``cond``,
   ``branch_N_fun``), remat markers (``checkpoint``, ``rematted_computation``) and ``jnp.einsum``
-  specs are not scopes; the primitive (the last part) is not either. A remat recomputation restates
+  specs are not scopes; the primitive (the last part) is not either, nor Equinox's own class scopes
+  (``eqx.nn.Linear``: its source frames name the field instead). A remat recomputation restates
   the whole stack under its ``transpose(...)`` (``transpose(jvp(S))/M/jvp(S)/M/checkpoint/down``):
   a scope equal to the path's first one starts the path again (``S/M/down``).
 * when the op name holds no scope (Flax NNX and Equinox write none), its source frames: each frame
   of a method of a class (``LM.__call__``, ``Embed.attend``) in the user's code or in
   ``flax/nnx/nn`` / ``equinox/nn`` is one level. The outermost level is its class name; a deeper
-  level is the attribute its caller's line calls it through (``self.mlp(x)`` → ``mlp``; read from
-  the source file at the frame's line and column), or its class name when the source cannot be read.
+  level is the attribute its caller's line calls it through (``self.mlp(x)`` → ``mlp``,
+  ``jax.vmap(self.embed)(x)`` → ``embed``; read from the source file at the frame's line and column),
+  or its class name when the source cannot be read.
   NNX's ``LM`` calling ``self.mlp`` calling ``self.up`` gives ``LM/mlp/up``.
 
-An instruction with neither is "(outside every module)".
+An instruction with neither is "(outside every module)". A collective XLA combined from several
+(``prefix/(a:b)``) goes to the deepest module holding all of them, in the first one's phase.
 
 **Phase**, from the op name (JAX 0.10 writes ``jvp(...)`` on the forward pass of a differentiated
 function and ``transpose(jvp(...))`` on its backward pass): ``recompute`` when a part is
 ``rematted_computation`` (what ``jax.checkpoint``'s transpose recomputes from the saved residuals,
 counted apart; the ``checkpoint`` part alone only marks the remat boundary, forward and backward);
 ``backward`` when a part starts with ``transpose(``; ``forward`` when a part starts with ``jvp(``; otherwise ``update`` in a program that differentiates (the optimizer update and
-whatever else runs outside the gradient) or ``forward`` in one that does not; ``none`` for an
-instruction without an op name (entry parameters, compiler-inserted copies).
+whatever else runs outside the gradient) or ``forward`` in one that does not; ``arguments`` for the
+entry parameters (their buffers at the peak); ``none`` for an instruction without an op name
+(compiler-inserted copies).
 
 **Figures** (all per device, one execution of the program; ``while`` bodies counted once, as XLA
 counts them):
@@ -44,7 +48,10 @@ counts them):
   program), summed by kind and mesh axes per group (:class:`~stagetool.analysis.collectives.CollectiveTotals`).
 * bytes live at the peak: the device-memory buffers XLA's buffer assignment holds at the memory
   timeline's peak (:func:`stagetool.analysis.peak.peak_report`), by the instruction that defines
-  each; their sum is the peak's device bytes.
+  each; an argument's buffer (phase ``arguments``; a donated one's too, which XLA names after the output
+  reusing it) by its leaf's key path, to the module path whose tail
+  it holds (``optimizer/opt_state/0/mu/mlp/up/kernel`` → ``LM/mlp/up``: a weight and its optimizer
+  state go to their module, as ``FSDPMemTracker`` counts them); their sum is the peak's device bytes.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 import linecache
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from stagetool.analysis.collectives import Collective, CollectiveTotals, summarize
@@ -74,7 +81,7 @@ OUTSIDE = "(outside every module)"
 """The path of instructions with no module scope and no module frame."""
 RESIDUAL = "(XLA's total beyond the derived count)"
 """The path of the row holding XLA's figure minus the derived sum (FLOPs and bytes)."""
-PHASES = ("forward", "backward", "recompute", "update", "none")
+PHASES = ("forward", "backward", "recompute", "update", "arguments", "none")
 """Phases in display order."""
 
 _MARKERS = frozenset({"while", "body", "cond", "closed_call", "checkpoint", "rematted_computation", "remat",
@@ -84,7 +91,8 @@ _WRAPPED = re.compile(r"^([A-Za-z_]\w*)\((.*)\)$", re.DOTALL)
 _METHOD = re.compile(r"^([A-Za-z_]\w*)\.([A-Za-z_]\w*)$")
 _LIBRARY_MODULES = ("/flax/nnx/nn/", "/equinox/nn/")
 _INSTALLED = ("/site-packages/", "/dist-packages/", "/lib/python3")
-_ATTRIBUTE = re.compile(r"self\.([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*)")
+_ATTRIBUTE = re.compile(r"self\.([A-Za-z_]\w*(?:\[-?\d+\]|\.[A-Za-z_]\w*)*)")
+_TRANSFORMED = re.compile(r"[\w.]+\(\s*self\.([A-Za-z_]\w*(?:\[-?\d+\]|\.[A-Za-z_]\w*)*)\s*[,)]")
 _CONTAINERS = frozenset({"fusion", "call", "map", "async-start"})
 
 
@@ -196,7 +204,7 @@ def _scopes(part: str) -> list[str]:
             return []
         inner = m.group(2)
         return [s for p in split_op_name(inner) if p for s in _scopes(p)] if inner else []
-    if not part or part in _MARKERS or _BRANCH.match(part) or "->" in part or "," in part:
+    if not part or part in _MARKERS or _BRANCH.match(part) or "->" in part or "," in part or part.startswith("eqx."):
         return []
     return [part]
 
@@ -209,6 +217,26 @@ def _first(op_name: str) -> str:
         if ch == ";" and depth == 0:
             return op_name[:i]
     return op_name
+
+
+def combined_members(op_name: str) -> list[str] | None:
+    """The op names of a collective XLA combined from several, ``prefix/(a:b:c)`` →
+    ``["prefix/a", "prefix/b", "prefix/c"]``; None for any other op name."""
+    parts = split_op_name(op_name)
+    last = parts[-1]
+    if not (last.startswith("(") and last.endswith(")")):
+        return None
+    members, depth, start = [], 0, 1
+    for i, ch in enumerate(last[1:-1], start=1):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == ":" and depth == 0:
+            members.append(last[start:i])
+            start = i + 1
+    members.append(last[start:-1])
+    if len(members) < 2:
+        return None
+    prefix = "/".join(parts[:-1])
+    return [f"{prefix}/{m}" if prefix else m for m in members]
 
 
 def scope_path(op_name: str | None) -> tuple[str, ...]:
@@ -247,12 +275,12 @@ def _attribute(frame: SourceFrame, method: str) -> str | None:
     text = linecache.getline(frame.file, frame.line)
     if not text or frame.column is None:
         return None
-    for col in (frame.column, frame.column - 1):
-        m = _ATTRIBUTE.match(text, col) if 0 <= col < len(text) else None
-        if m:
-            attr = m.group(1)
-            return attr[: -len(method) - 1] if attr.endswith("." + method) else attr
-    return None
+    m = next((m for col in (frame.column, frame.column - 1) if 0 <= col < len(text)
+              for pattern in (_ATTRIBUTE, _TRANSFORMED) for m in [pattern.match(text, col)] if m), None)
+    if m is None:
+        return None
+    attr = m.group(1)
+    return attr[: -len(method) - 1] if attr.endswith("." + method) else attr
 
 
 def _module_frame(frame: SourceFrame) -> str | None:
@@ -269,10 +297,15 @@ def _module_frame(frame: SourceFrame) -> str | None:
 def frame_path(frames: Sequence[SourceFrame]) -> tuple[str, ...]:
     """The module path a source chain (innermost first) gives (see the module docstring)."""
     path: list[str] = []
+    root, root_at = None, 0
     for i in range(len(frames) - 1, -1, -1):
         cls = _module_frame(frames[i])
         if cls is None:
             continue
+        if cls == root and frames[i].function == frames[root_at].function:
+            path = []  # a transform's backward pass restates the stack from the root module
+        if not path:
+            root, root_at = cls, i
         name = None
         if path and i + 1 < len(frames):
             name = _attribute(frames[i + 1], frames[i].function.split(".")[-1])  # type: ignore[union-attr]
@@ -294,10 +327,19 @@ class _Groups:
     def key(self, ins: HloInstruction, fallback: tuple[str, str] | None = None) -> tuple[str, str]:
         md = ins.metadata
         if ins.opcode == "parameter" and fallback is None:
-            return OUTSIDE, "none"
+            return OUTSIDE, "arguments"
         if md is None or not md.op_name:
             return fallback or (OUTSIDE, "none")
         k = (md.op_name, md.stack_frame_id, md.source_file, md.source_line)
+        members = combined_members(md.op_name) if k not in self.memo else None
+        if members:  # the deepest module holding every part; the first part's phase
+            paths = [scope_path(m) for m in members]
+            common = paths[0]
+            for p in paths[1:]:
+                n = next((i for i, (a, b) in enumerate(zip(common, p)) if a != b), min(len(common), len(p)))
+                common = common[:n]
+            self.memo[k] = ("/".join(common) if common else OUTSIDE,
+                            phase_of(members[0], differentiated=self.differentiated))
         if k not in self.memo:
             path = scope_path(md.op_name)
             if path:
@@ -404,9 +446,24 @@ def _instruction_index(module: HloModule) -> dict[str, HloInstruction]:
     return out
 
 
+def _argument_module(leaf: str, paths: Sequence[tuple[str, ...]]) -> str | None:
+    """The module an argument leaf belongs to, by its key path: the module path whose longest tail
+    appears in a row among the leaf's keys (``optimizer/opt_state/0/mu/mlp/up/kernel`` → ``LM/mlp/up``,
+    tail ``mlp/up``); ties go to the first in sorted order; None when no tail appears."""
+    keys = tuple(leaf.split("/"))
+    best, best_len = None, 0
+    for path in sorted(paths):
+        for n in range(len(path), best_len, -1):
+            tail = path[-n:]
+            if any(keys[i:i + n] == tail for i in range(len(keys) - n + 1)):
+                best, best_len = path, n
+                break
+    return "/".join(best) if best is not None else None
+
+
 def module_rollup(module: HloModule, *, xla_flops: float | None = None, xla_bytes_accessed: float | None = None,
                   collectives: Iterable[Collective] = (), peak: PeakReport | None = None,
-                  peak_reason: str | None = None) -> ModulesSection:
+                  peak_reason: str | None = None, arguments: Mapping[int, str] | None = None) -> ModulesSection:
     """The roll-up of one device's compiled module (see the module docstring).
 
     Args:
@@ -416,6 +473,9 @@ def module_rollup(module: HloModule, *, xla_flops: float | None = None, xla_byte
       collectives: the module's collectives (:func:`stagetool.analysis.collectives.find_collectives`).
       peak: the buffers live at the peak, all of them (``peak_report(..., top=<every buffer>)``), or None.
       peak_reason: why ``peak`` is None, for the reader.
+      arguments: entry parameter number → the argument leaf's key path (``model/mlp/up/kernel``):
+        an argument's buffer at the peak goes to the module its key path names (phase ``arguments``),
+        else to :data:`OUTSIDE`.
 
     Returns:
       A :class:`ModulesSection`. Never raises for odd content (an instruction it cannot place is
@@ -431,12 +491,19 @@ def module_rollup(module: HloModule, *, xla_flops: float | None = None, xla_byte
     peak_total = None
     if peak is not None and peak.reason is None:
         index = _instruction_index(module)
+        params = {p.name: p.parameter_number for p in module.entry_parameters()}
+        paths = {tuple(k[0].split("/")) for k in att.totals if k[0] not in (OUTSIDE, RESIDUAL)}
         peak_total = 0
         for b in peak.buffers:
             if b.memory_space != "device":
                 continue
             ins = index.get(b.instruction_name)
             k = groups.key(ins) if ins is not None else (OUTSIDE, "none")
+            # a donated argument's buffer is named after the output that reuses it: its values say
+            leaf = next((arguments[params[n]] for n in [b.instruction_name, *(v.split("{")[0] for v in b.shared_with)]
+                         if n in params and params[n] in (arguments or {})), None)
+            if leaf is not None:
+                k = (_argument_module(leaf, tuple(paths)) or OUTSIDE, "arguments")
             peak_by_key[k] = peak_by_key.get(k, 0) + b.size_bytes
             peak_total += b.size_bytes
     elif peak is not None:
@@ -525,5 +592,7 @@ def modules_section(facts: StagedFunction, mesh: MeshAxes | None, *, slices: int
         _, tp = memory_timeline(facts.peak, gated_peak=record.peak_bytes, record=record, top=0)
         at = tp.schedule_position if tp is not None else None
         peak = peak_report(facts.peak, top=1 << 62, at=at, step=tp.position if at is not None else None)
+    arguments = {x.parameter: x.path for x in facts.inputs or () if x.parameter is not None}
     return module_rollup(module, xla_flops=known(cost.flops), xla_bytes_accessed=known(cost.bytes_accessed),
-                         collectives=find_collectives(module, mesh, slices=slices), peak=peak, peak_reason=reason)
+                         collectives=find_collectives(module, mesh, slices=slices), peak=peak, peak_reason=reason,
+                         arguments=arguments)
