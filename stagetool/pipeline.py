@@ -488,7 +488,10 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
         from stagetool.analysis.collectives import MeshAxes
         from stagetool.analysis.modules import modules_section
 
-        fields["modules"] = modules_section(facts, MeshAxes(plan.mesh.names, plan.mesh.sizes), slices=setup.slices)
+        from stagetool.devices.provision import interconnect_of
+
+        fields["modules"] = modules_section(facts, MeshAxes(plan.mesh.names, plan.mesh.sizes), slices=setup.slices,
+                                            chip=_step_chip(plan, setup), interconnect=interconnect_of(setup))
     notes = [f"warning while staging: {w}" for w in facts.warnings]
     notes += list(facts.uneven_constraints)
     notes += list(inputs.notes)

@@ -133,7 +133,7 @@ def test_arguments_go_to_the_module_their_key_path_names():
 def test_named_scopes_remat_and_collectives_against_jax(run_cli, tmp_path):
     write(tmp_path, "m.py", MODEL)
     spec = write(tmp_path, "m.stagetool.yaml", SPEC)
-    doc = run_cli("modules", "--spec", str(spec), "--format", "json", check=0).json()
+    doc = run_cli("modules", "--spec", str(spec), "--chip", "tpu-v5e", "--format", "json", check=0).json()
     modules = doc["functions"][0]["modules"]
     rows = rows_of(doc)
 
@@ -164,6 +164,12 @@ def test_named_scopes_remat_and_collectives_against_jax(run_cli, tmp_path):
     assert peak == sum(r["peak_bytes"] for r in modules["rows"])
     # w1, w2 and this device's rows of x, named w1, w2, x: no module's name in their key paths
     assert rows[(OUTSIDE, "arguments")]["peak_bytes"] == (256 * 512 + 512 * 128 + m * 256) * 4
+
+    # the time estimate on a v5e: the rows add up to the step's serial figure, and a dot takes at least its
+    # FLOPs at the chip's published bf16 peak (197 TFLOP/s)
+    assert modules["chip"] == "tpu-v5e"
+    assert sum(r["seconds"] for r in modules["rows"]) == pytest.approx(modules["serial_seconds"], rel=1e-9)
+    assert rows[("block/proj", "forward")]["seconds"] >= 2 * m * 256 * 512 / 197e12
 
     md = run_cli("modules", "--spec", str(spec), "--format", "markdown", check=0).stdout
     assert "### Per module" in md and "| block/head | recompute | 8.39 MFLOP |" in md

@@ -36,7 +36,7 @@ entry parameters (their buffers at the peak); ``none`` for an instruction withou
 (compiler-inserted copies).
 
 **Figures** (all per device, one execution of the program; ``while`` bodies counted once, as XLA
-counts them):
+counts them, except the time):
 
 * FLOPs, transcendentals and bytes accessed are **derived** from the compiled module's shapes with
   XLA's HloCostAnalysis rules (:mod:`stagetool.analysis.loops`): FLOPs are attributed to the
@@ -52,6 +52,9 @@ counts them):
   reusing it) by its leaf's key path, to the module path whose tail
   it holds (``optimizer/opt_state/0/mu/mlp/up/kernel`` → ``LM/mlp/up``: a weight and its optimizer
   state go to their module, as ``FSDPMemTracker`` counts them); their sum is the peak's device bytes.
+* time, with a chip: an **estimate**, the step-time model's seconds of each scheduled instruction
+  (:mod:`stagetool.analysis.step_time`, loops × trip counts), by the instruction's group, added up
+  serially (their sum is the estimate's serial figure: nothing overlapped).
 """
 
 from __future__ import annotations
@@ -75,7 +78,9 @@ from stagetool.hlo.parser import (
 if TYPE_CHECKING:
     from stagetool.analysis.collectives import MeshAxes
     from stagetool.analysis.peak import PeakReport
-    from stagetool.facts import StagedFunction
+    from stagetool.analysis.step_time import StepTimeEstimate
+    from stagetool.core.chips import Chip
+    from stagetool.facts import Interconnect, StagedFunction
 
 OUTSIDE = "(outside every module)"
 """The path of instructions with no module scope and no module frame."""
@@ -112,6 +117,9 @@ class ModuleRow:
         one execution each, ``executed_bytes_per_device``).
       peak_bytes: device-memory bytes the group's instructions hold at the memory peak; None when the
         peak buffers are not known (no dump asked for).
+      seconds: an ESTIMATE, seconds per step on the section's chip: the step-time model's time of the
+        group's scheduled instructions (:mod:`stagetool.analysis.step_time`: compute, memory and
+        collective time, loops × their trip counts), added up serially; None without a chip.
     """
 
     path: str
@@ -123,6 +131,7 @@ class ModuleRow:
     dot_flops: float = 0.0
     collectives: tuple[CollectiveTotals, ...] = ()
     peak_bytes: int | None = None
+    seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +140,9 @@ class ModuleNode:
 
     Attributes:
       path / name: the full path and its last part.
-      flops / bytes_accessed / collective_bytes / peak_bytes: the node's rows and every descendant's,
-        summed (``collective_bytes``: one execution each; ``peak_bytes`` None when unknown).
+      flops / bytes_accessed / collective_bytes / peak_bytes / seconds: the node's rows and every
+        descendant's, summed (``collective_bytes``: one execution each; ``peak_bytes`` and the
+        estimated ``seconds`` None when unknown).
       rows: the node's own rows, phase order.
       children: child nodes, by name.
     """
@@ -145,6 +155,7 @@ class ModuleNode:
     peak_bytes: int | None
     rows: tuple[ModuleRow, ...]
     children: tuple[ModuleNode, ...]
+    seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +171,9 @@ class ModulesSection:
       peak_reason: why the peak column is empty (None when it is not).
       path_sources: how paths were found: ``op_name scopes`` and/or ``source frames``.
       notes: sentences for the reader.
+      chip: the chip the rows' ``seconds`` are estimated on, or None.
+      serial_seconds: the step-time estimate's serial figure on that chip (nothing overlapped), which
+        the rows' ``seconds`` add up to; None without a chip.
     """
 
     rows: tuple[ModuleRow, ...]
@@ -171,6 +185,8 @@ class ModulesSection:
     peak_reason: str | None = None
     path_sources: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    chip: str | None = None
+    serial_seconds: float | None = None
 
     def tree(self) -> tuple[ModuleNode, ...]:
         """The rows as a tree of :class:`ModuleNode` (roots sorted as the rows are)."""
@@ -463,7 +479,8 @@ def _argument_module(leaf: str, paths: Sequence[tuple[str, ...]]) -> str | None:
 
 def module_rollup(module: HloModule, *, xla_flops: float | None = None, xla_bytes_accessed: float | None = None,
                   collectives: Iterable[Collective] = (), peak: PeakReport | None = None,
-                  peak_reason: str | None = None, arguments: Mapping[int, str] | None = None) -> ModulesSection:
+                  peak_reason: str | None = None, arguments: Mapping[int, str] | None = None,
+                  step: StepTimeEstimate | None = None) -> ModulesSection:
     """The roll-up of one device's compiled module (see the module docstring).
 
     Args:
@@ -476,6 +493,8 @@ def module_rollup(module: HloModule, *, xla_flops: float | None = None, xla_byte
       arguments: entry parameter number → the argument leaf's key path (``model/mlp/up/kernel``):
         an argument's buffer at the peak goes to the module its key path names (phase ``arguments``),
         else to :data:`OUTSIDE`.
+      step: the step-time estimate of the module with every instruction listed
+        (``step_time(..., top=<all>)``), for the rows' ``seconds``; None for none.
 
     Returns:
       A :class:`ModulesSection`. Never raises for odd content (an instruction it cannot place is
@@ -508,27 +527,36 @@ def module_rollup(module: HloModule, *, xla_flops: float | None = None, xla_byte
             peak_total += b.size_bytes
     elif peak is not None:
         peak_reason = peak.reason
-    keys = set(att.totals) | set(by_key) | set(peak_by_key)
+    seconds: dict[tuple[str, str], float] = {}
+    for item in step.top if step is not None else ():
+        comp = module.computation(item.computation)
+        ins = comp.instruction(item.name) if comp is not None else None
+        k = groups.key(ins) if ins is not None else (OUTSIDE, "none")
+        seconds[k] = seconds.get(k, 0.0) + item.total_seconds
+    keys = set(att.totals) | set(by_key) | set(peak_by_key) | set(seconds)
     rows = []
     for k in keys:
         flops, trans, moved, n, dot = att.totals.get(k, [0.0, 0.0, 0.0, 0, 0.0])
-        if not (flops or trans or moved or k in by_key or peak_by_key.get(k)):
+        if not (flops or trans or moved or k in by_key or peak_by_key.get(k) or seconds.get(k)):
             continue
         rows.append(ModuleRow(k[0], k[1], flops, trans, moved, int(n), dot,
                               summarize(by_key[k]).by_kind_and_mesh_axes if k in by_key else (),
-                              peak_by_key.get(k, 0) if peak_total is not None else None))
+                              peak_by_key.get(k, 0) if peak_total is not None else None,
+                              seconds.get(k, 0.0) if step is not None else None))
     residual_flops = (xla_flops - derived.flops) if xla_flops is not None else 0.0
     residual_bytes = (xla_bytes_accessed - derived.bytes_accessed) if xla_bytes_accessed is not None else 0.0
     notes = []
     if residual_flops or residual_bytes:
         rows.append(ModuleRow(RESIDUAL, "none", residual_flops, 0.0, residual_bytes, 0,
-                              peak_bytes=0 if peak_total is not None else None))
+                              peak_bytes=0 if peak_total is not None else None,
+                              seconds=0.0 if step is not None else None))
         notes.append(f"the derived count differs from XLA's by {residual_flops:+,.0f} FLOPs and "
                      f"{residual_bytes:+,.0f} bytes accessed: the row {RESIDUAL} holds the difference")
     rows.sort(key=_row_order)
     return ModulesSection(tuple(rows), xla_flops, xla_bytes_accessed, derived.flops, derived.bytes_accessed,
                           peak_total, peak_reason if peak_total is None else None,
-                          tuple(sorted(groups.sources)), tuple(notes))
+                          tuple(sorted(groups.sources)), tuple(notes), step.chip if step is not None else None,
+                          step.serial_seconds if step is not None else None)
 
 
 def _row_order(r: ModuleRow) -> tuple:
@@ -545,6 +573,7 @@ def module_tree(rows: Sequence[ModuleRow]) -> tuple[ModuleNode, ...]:
             own.setdefault(parts[:i], [])
         own[parts].append(r)
     known_peak = any(r.peak_bytes is not None for r in rows)
+    timed = any(r.seconds is not None for r in rows)
 
     def node(parts: tuple[str, ...]) -> ModuleNode:
         kids = sorted((p for p in own if len(p) == len(parts) + 1 and p[: len(parts)] == parts),
@@ -557,16 +586,19 @@ def module_tree(rows: Sequence[ModuleRow]) -> tuple[ModuleNode, ...]:
             sum(r.bytes_accessed for r in mine) + sum(c.bytes_accessed for c in children),
             sum(t.bytes_per_device for r in mine for t in r.collectives) + sum(c.collective_bytes for c in children),
             (sum(r.peak_bytes or 0 for r in mine) + sum(c.peak_bytes or 0 for c in children)) if known_peak else None,
-            tuple(sorted(mine, key=_row_order)), children)
+            tuple(sorted(mine, key=_row_order)), children,
+            (sum(r.seconds or 0.0 for r in mine) + sum(c.seconds or 0.0 for c in children)) if timed else None)
 
     roots = sorted((p for p in own if len(p) == 1), key=lambda p: ({OUTSIDE: 1, RESIDUAL: 2}.get(p[0], 0), p[0]))
     return tuple(node(p) for p in roots)
 
 
-def modules_section(facts: StagedFunction, mesh: MeshAxes | None, *, slices: int = 1) -> ModulesSection | None:
+def modules_section(facts: StagedFunction, mesh: MeshAxes | None, *, slices: int = 1, chip: Chip | None = None,
+                    interconnect: Interconnect | None = None) -> ModulesSection | None:
     """The roll-up of one staged function's facts: its compiled module, ``Compiled.cost_analysis()``
-    (XLA's totals the rows add up to), its collectives over ``mesh`` and, when the peak dump was taken,
-    the buffers live at the memory timeline's peak (the step the memory section's peak table is at).
+    (XLA's totals the rows add up to), its collectives over ``mesh``, when the peak dump was taken
+    the buffers live at the memory timeline's peak (the step the memory section's peak table is at),
+    and with a ``chip`` and the ``interconnect`` the step-time estimate of each row.
 
     Returns None for a function that was not compiled.
     """
@@ -593,6 +625,12 @@ def modules_section(facts: StagedFunction, mesh: MeshAxes | None, *, slices: int
         at = tp.schedule_position if tp is not None else None
         peak = peak_report(facts.peak, top=1 << 62, at=at, step=tp.position if at is not None else None)
     arguments = {x.parameter: x.path for x in facts.inputs or () if x.parameter is not None}
+    collectives = find_collectives(module, mesh, slices=slices)
+    step = None
+    if chip is not None and interconnect is not None:
+        from stagetool.analysis.collectives import while_loops
+        from stagetool.analysis.step_time import step_time
+
+        step = step_time(module, chip, interconnect, collectives, dict(while_loops(module)), top=1 << 62)
     return module_rollup(module, xla_flops=known(cost.flops), xla_bytes_accessed=known(cost.bytes_accessed),
-                         collectives=find_collectives(module, mesh, slices=slices), peak=peak, peak_reason=reason,
-                         arguments=arguments)
+                         collectives=collectives, peak=peak, peak_reason=reason, arguments=arguments, step=step)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagetool.analysis.modules import ModuleNode, ModuleRow, ModulesSection
-from stagetool.core.units import format_bytes, format_count
+from stagetool.core.units import format_bytes, format_count, format_seconds
 
 HEADER = ["module", "phase", "FLOPs", "share", "bytes accessed", "collectives", "live at the peak"]
 """Columns of the table (text and Markdown)."""
@@ -32,14 +32,16 @@ def _peak(v: int | None) -> str:
 def modules_rows(m: ModulesSection) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)``: one row per (module path, phase), then the total (XLA's figures)."""
     total = m.xla_flops if m.xla_flops is not None else m.derived_flops
+    timed = m.chip is not None
     rows = [[r.path, r.phase, format_count(r.flops, "FLOP"), _share(r.flops, total), format_bytes(r.bytes_accessed),
-             collectives_text(r), _peak(r.peak_bytes)] for r in m.rows]
+             collectives_text(r), _peak(r.peak_bytes)] + ([format_seconds(r.seconds)] if timed else []) for r in m.rows]
     count = sum(t.count for r in m.rows for t in r.collectives)
     moved = sum(t.bytes_per_device for r in m.rows for t in r.collectives)
     rows.append(["total", "", format_count(total, "FLOP"), "100.0%" if total else "—",
                  format_bytes(m.xla_bytes_accessed if m.xla_bytes_accessed is not None else m.derived_bytes_accessed),
-                 f"{count}: {format_bytes(moved)}" if count else "—", _peak(m.peak_bytes)])
-    return list(HEADER), rows
+                 f"{count}: {format_bytes(moved)}" if count else "—", _peak(m.peak_bytes)]
+                + ([format_seconds(m.serial_seconds)] if timed else []))
+    return list(HEADER) + (["time (estimate)"] if timed else []), rows
 
 
 def modules_caption(m: ModulesSection) -> str:
@@ -48,7 +50,9 @@ def modules_caption(m: ModulesSection) -> str:
     return ("per device, one execution (while bodies once, as XLA counts); module paths from " + paths
             + "; FLOPs and bytes derived from the compiled module with XLA's HloCostAnalysis rules, the rows adding "
             "up to XLA's Compiled.cost_analysis(); collectives from the compiled module (count, bytes per device each "
-            "once); live at the peak: device buffers XLA's buffer assignment holds at the memory timeline's peak")
+            "once); live at the peak: device buffers XLA's buffer assignment holds at the memory timeline's peak"
+            + (f"; time: an estimate on {m.chip}, each instruction's time in the step-time model (loops × trip "
+               "counts) added up with nothing overlapped" if m.chip is not None else ""))
 
 
 def modules_notes(m: ModulesSection) -> list[tuple[str, str]]:
@@ -67,9 +71,10 @@ def tree_view(m: ModulesSection) -> list[dict[str, Any]]:
     def node(n: ModuleNode) -> dict[str, Any]:
         return {"name": n.name, "path": n.path, "flops": format_count(n.flops, "FLOP"), "share": _share(n.flops, total),
                 "bytes": format_bytes(n.bytes_accessed), "collective_bytes": format_bytes(n.collective_bytes),
-                "peak": _peak(n.peak_bytes),
+                "peak": _peak(n.peak_bytes), "time": format_seconds(n.seconds) if n.seconds is not None else None,
                 "rows": [[r.phase, format_count(r.flops, "FLOP"), format_bytes(r.bytes_accessed), collectives_text(r),
-                          _peak(r.peak_bytes)] for r in n.rows],
+                          _peak(r.peak_bytes)] + ([format_seconds(r.seconds)] if r.seconds is not None else [])
+                         for r in n.rows],
                 "children": [node(c) for c in n.children]}
 
     return [node(n) for n in m.tree()]

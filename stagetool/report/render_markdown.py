@@ -125,7 +125,7 @@ def _modules(m) -> list[str]:
     from stagetool.report import module_views
 
     header, rows = module_views.modules_rows(m)
-    return (["### Per module", ""] + table(header, rows, "llrrrll") + ["", f"_{escape(module_views.modules_caption(m))}_", ""]
+    return (["### Per module", ""] + table(header, rows, "llrrrlr" + "r" * (len(header) - 7)) + ["", f"_{escape(module_views.modules_caption(m))}_", ""]
             + _notes(module_views.modules_notes(m)) + [""])
 
 

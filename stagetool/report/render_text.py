@@ -190,7 +190,7 @@ def _modules(m: Any) -> list[RenderableType]:
     from stagetool.report import module_views
 
     header, rows = module_views.modules_rows(m)
-    return [_table("per module", header, rows, {2, 3, 4, 6}), Text(module_views.modules_caption(m), style="dim"),
+    return [_table("per module", header, rows, {2, 3, 4, 6, 7}), Text(module_views.modules_caption(m), style="dim"),
             *_notes(module_views.modules_notes(m))]
 
 

@@ -149,12 +149,13 @@ def memory(staging: Staging, device_memory: DeviceMemoryOpt = None, chip: ChipOp
 
 @app.command()
 @staging_command
-def modules(staging: Staging, peak: PeakOpt = True, format: FormatOpt = Format.text, output: OutputOpt = None,
-            debug: DebugOpt = False) -> None:
+def modules(staging: Staging, chip: ChipOpt = None, peak: PeakOpt = True, format: FormatOpt = Format.text,
+            output: OutputOpt = None, debug: DebugOpt = False) -> None:
     """Per module path (NNX/Linen modules, Equinox fields, jax.named_scope) and phase (forward, backward,
-    remat recompute, update): FLOPs, bytes accessed, collectives and bytes live at the peak."""
+    remat recompute, update): FLOPs, bytes accessed, collectives, bytes live at the peak and, with a
+    chip, estimated time."""
     with errors(debug):
-        _stage_and_emit("modules", staging, format, output, peak=peak)
+        _stage_and_emit("modules", staging, format, output, peak=peak, chip=chip)
 
 
 @app.command()
