@@ -46,8 +46,9 @@ def modules_rows(m: ModulesSection) -> tuple[list[str], list[list[str]]]:
 
 def modules_caption(m: ModulesSection) -> str:
     """Where each column comes from (one sentence each)."""
-    paths = " and ".join(m.path_sources) or "no module scope or frame found"
-    return ("per device, one execution (while bodies once, as XLA counts); module paths from " + paths
+    paths = ("module paths from " + " and ".join(m.path_sources) if m.path_sources
+             else "no module path found (no named scope in the op names, no module method in the source frames)")
+    return ("per device, one execution (while bodies once, as XLA counts); " + paths
             + "; FLOPs and bytes derived from the compiled module with XLA's HloCostAnalysis rules, the rows adding "
             "up to XLA's Compiled.cost_analysis(); collectives from the compiled module (count, bytes per device each "
             "once); live at the peak: device buffers XLA's buffer assignment holds at the memory timeline's peak"
