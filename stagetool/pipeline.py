@@ -340,10 +340,21 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
         memory = out_of_memory_section(e, prep.inputs.leaves, dict(plan.mesh.axes), capacity_bytes=capacity,
                                        capacity_source=source, top=plan.top)
         rest = sorted(s.value for s in wanted - {Section.MEMORY, Section.LOWERED_TEXT})
+        inputs = None
+        if Section.SHARDINGS in wanted:  # the inputs as declared: the jit's in_shardings, which it would keep
+            from stagetool.analysis.shardings import (
+                REFUSED_INPUTS_NOTE,
+                declared_input_leaves,
+            )
+
+            inputs = declared_input_leaves(tuple(prep.inputs.leaves), dict(plan.mesh.axes),
+                                           explicit=plan.mesh.axis_types == "explicit")
+            rest = [r for r in rest if r != Section.SHARDINGS.value]
         notes = (f"the compile ran out of memory: {e.xla_message}"
-                 + (f"; {', '.join(rest)} need a compiled program and are not shown" if rest else ""),)
+                 + (f"; {', '.join(rest)} need a compiled program and are not shown" if rest else ""),
+                 *((REFUSED_INPUTS_NOTE,) if inputs is not None else ()))
         return FunctionReport(fspec.name, fspec.target, _mesh_report(plan, setup), StageTimes(None, None, None),
-                              memory=memory, notes=notes)
+                              inputs=inputs, memory=memory, notes=notes)
     except StagingError as e:
         return _failed(plan, fspec, setup, e)
     if cache is None and wanted & _EXPLAINED:

@@ -311,3 +311,135 @@ def test_rounds_of_several_batches_find_the_same_batch():
             got = search_largest(lambda b, t=threshold: Probe(b, FITS if b <= t else DOES_NOT_FIT), start=8,
                                  multiple=8, max_batch=4096, width=width)
             assert got.largest == brute, (threshold, width)
+
+
+# -- what-if: the largest replicated leaf sharded over a free mesh axis --------------------------
+
+REPLICATED_SPEC = """
+version: 1
+mesh:
+  axes: {data: 8}
+functions:
+  step:
+    target: replicated_step.py:step
+    args:
+      - 'f32[8192,8192]'
+      - 'f32[${batch},128] @ [data, null]'
+"""
+
+REPLICATED_STEP = '''
+import jax.numpy as jnp
+
+
+def step(w, x):
+    return x + jnp.sum(w)
+'''
+
+
+def test_what_if_shards_the_largest_replicated_leaf(attention_dir):
+    """A replicated f32[8192,8192] (256 MiB on every device) against 128 MiB per device on data=8:
+    half the batch does not fit, the leaf sharded over the free axis data on its dimension 0 does,
+    its peak 7/8 of the leaf's bytes (224 MiB, less a 4 B partial sum) below the first compile's, and equal to XLA's
+    memory analysis of the same program compiled here with that sharding."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from stagetool.sweep.fit import FitOptions, what_if
+
+    write(attention_dir, "rep.stagetool.yaml", REPLICATED_SPEC)
+    write(attention_dir, "replicated_step.py", REPLICATED_STEP)
+    options = FitOptions(spec=Path("rep.stagetool.yaml"), platform="cpu", device_memory="128MiB", multiple=8)
+    doc = what_if(options, 64, runner=_in_process)
+    leaf_bytes = 8192 * 8192 * 4
+    assert doc["from"]["outcome"] == "does not fit" and doc["decided"], doc["problems"]
+    tried = {t["change"]: t for t in doc["tried"]}
+    change = ("shard w over mesh axis data (8 devices) on dimension 0: f32[8192,8192] replicated, 256 MiB per "
+              "device → P('data', None), 32.0 MiB")
+    assert set(tried) == {"half the batch: batch 64 → 32", change} and doc["not_tried"] == []
+    assert doc["fits"] == [change] and tried["half the batch: batch 64 → 32"]["outcome"] == "does not fit"
+    t = tried[change]
+    assert t["spec_line"].startswith("'f32[8192,8192] @ [data, null]' (") and "rep.stagetool.yaml:" in t["spec_line"]
+    x_bytes = 64 // 8 * 128 * 4  # x's shard, and the output's
+    assert doc["from"]["peak_bytes_per_device"] == leaf_bytes + 2 * x_bytes
+    # every device stops holding 7/8 of the leaf; the sharded program keeps one more buffer, its
+    # partial sum (f32[], 4 B) before the all-reduce
+    assert doc["from"]["peak_bytes_per_device"] - t["peak_bytes_per_device"] == leaf_bytes * 7 // 8 - 4
+    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices("cpu")[:8])
+    compiled = jax.jit(lambda w, x: x + jax.numpy.sum(w)).lower(
+        jax.ShapeDtypeStruct((8192, 8192), jax.numpy.float32, sharding=NamedSharding(mesh, P("data", None))),
+        jax.ShapeDtypeStruct((64, 128), jax.numpy.float32, sharding=NamedSharding(mesh, P("data", None)))).compile()
+    m = compiled.memory_analysis()
+    raw = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+    assert t["peak_bytes_per_device"] == max(raw, m.peak_memory_in_bytes)
+
+
+def test_the_leaf_to_shard_and_why_none(attention_dir):
+    """The choice (largest leaf first, the largest axis, the largest dimension it divides; a scalar
+    passed over), the reasons for none, and the attention spec (every leaf sharded) saying so."""
+    from stagetool.analysis.fit import ReplicatedInput, shard_largest_replicated
+    from stagetool.sweep.fit import FitOptions, what_if
+
+    big = ReplicatedInput("s/w", (6, 1024), "float32", 6 * 1024 * 4)
+    odd = ReplicatedInput("s/odd", (3, 5, 7, 9, 11), "float32", 10395 * 4 * 10)
+    mesh = (("data", 2), ("model", 4), ("one", 1))
+    change, why = shard_largest_replicated((big, odd), mesh)
+    assert why is None and (change.leaf.path, change.axis, change.dimension, change.dims) == ("s/w", "model", 1,
+                                                                                             (None, "model"))
+    assert change.saved_bytes == big.bytes_per_device * 3 // 4
+    assert shard_largest_replicated((), mesh)[1].startswith("no input leaf is replicated")
+    assert shard_largest_replicated((big,), (("one", 1),))[1].startswith("no mesh axis is free")
+    assert shard_largest_replicated((odd,), mesh)[1].startswith("no replicated input leaf has a dimension")
+    write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
+    doc = what_if(FitOptions(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="10MiB",
+                             set=("remat=none",), multiple=8), 128, runner=_in_process)
+    assert doc["not_tried"] == [("sharding the largest replicated leaf over a free mesh axis: no input leaf is "
+                                 "replicated: every one is sharded over some mesh axis already")]
+
+
+def test_a_leaf_sharding_for_a_leaf_the_function_lacks_is_exit_2(attention_dir):
+    """Options.leaf_shardings naming no input leaf: a spec problem before any compile."""
+    from stagetool.core.errors import SpecError
+    from stagetool.core.sharding import Sharding
+    from stagetool.pipeline import analyze
+    from stagetool.plan.options import Options, Section
+    from stagetool.spec.model import LeafSharding
+
+    write(attention_dir, "rep.stagetool.yaml", REPLICATED_SPEC)
+    write(attention_dir, "replicated_step.py", REPLICATED_STEP)
+    with pytest.raises(SpecError, match="a sharding is given for input leaf 'nope'"):
+        analyze(Options(spec=Path("rep.stagetool.yaml"), platform="cpu", variables=(("batch", "8"),),
+                        leaf_shardings=(LeafSharding("nope", Sharding("spec", ("data",))),)), [Section.MEMORY])
+
+
+@needs_libtpu
+def test_what_if_shards_a_replicated_leaf_of_a_refused_compile(attention_dir):
+    """On v5e:2x4 a replicated f32[65536,65536] (16 GiB on every device) is over the chip's 15.75
+    GiB: XLA refuses the compile, so the leaf is found from its declared sharding; sharded over data
+    (8) it is 2 GiB per device and fits, that compile's peak XLA's."""
+    from stagetool.sweep.fit import FitOptions, what_if
+
+    write(attention_dir, "rep.stagetool.yaml", REPLICATED_SPEC.replace("8192,8192", "65536,65536"))
+    write(attention_dir, "replicated_step.py", REPLICATED_STEP)
+    doc = what_if(FitOptions(spec=Path("rep.stagetool.yaml"), topology="v5e:2x4", multiple=8), 64,
+                  runner=_in_process)
+    assert doc["from"]["outcome"] == "does not fit" and doc["from"]["peak_bytes_per_device"] is None
+    change = ("shard w over mesh axis data (8 devices) on dimension 0: f32[65536,65536] replicated, 16.0 GiB per "
+              "device → P('data', None), 2.00 GiB")
+    assert doc["fits"] == [change] and doc["decided"]
+    (t,) = [t for t in doc["tried"] if t["change"] == change]
+    assert 2 * 2**30 <= t["peak_bytes_per_device"] < 2 * 2**30 + 2**20
+
+
+def test_what_if_command_shows_the_spec_line(run_cli, attention_dir):
+    """``stagetool fit --what-if`` through its entry point (a process per compile): the leaf's change
+    with the line to write in the spec, and its progress line naming the sharding compiled."""
+    write(attention_dir, "rep.stagetool.yaml", REPLICATED_SPEC)
+    write(attention_dir, "replicated_step.py", REPLICATED_STEP)
+    r = run_cli("fit", "--spec", "rep.stagetool.yaml", "--platform", "cpu", "--device-memory", "128MiB",
+                "--multiple", "8", "--what-if", "--set", "batch=64", "--no-cache", "--format", "json", check=0)
+    doc = r.json()
+    (t,) = [t for t in doc["tried"] if t["spec_line"] is not None]
+    assert t["outcome"] == "fits" and doc["fits"] == [t["change"]] and t["change"].startswith("shard w over mesh axis")
+    assert t["peak_bytes_per_device"] == 8192 * 8192 * 4 // 8 + 2 * (64 // 8 * 128 * 4) + 4
+    assert "w=P('data', None) batch=64: fits" in r.stderr

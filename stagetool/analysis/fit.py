@@ -26,6 +26,78 @@ UNDECIDED = "undecided"
 
 
 @dataclasses.dataclass(frozen=True)
+class ReplicatedInput:
+    """An input leaf every device of the mesh holds whole (a fully replicated PartitionSpec).
+
+    Attributes:
+      path: its key path (``state/params/norm``).
+      shape: its global shape.
+      dtype: its dtype name (``float32``).
+      bytes_per_device: bytes one device holds (the whole array, as XLA stores the dtype).
+      source: ``file:line:col`` of the spec node that set its shape or sharding, or None.
+      sharding_source: where its sharding comes from (``spec``, ``rule``, ``init``, ``unknown``...,
+        as :class:`stagetool.facts.LeafFacts` says), or None (a spec leaf written without ``@``).
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    bytes_per_device: int
+    source: str | None = None
+    sharding_source: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafShardingChange:
+    """One replicated input leaf sharded over a free mesh axis: what-if's change of one leaf.
+
+    Attributes:
+      leaf: the leaf (:class:`ReplicatedInput`).
+      axis: the mesh axis it is sharded over (one it does not use: being replicated, it uses none).
+      axis_size: that axis's devices.
+      dimension: the leaf's dimension sharded (0-based), the largest one ``axis_size`` divides.
+      dims: the new PartitionSpec, one entry per dimension (``(None, 'fsdp')``).
+      saved_bytes: bytes per device it stops holding: ``bytes_per_device · (axis_size - 1) / axis_size``
+        (exact: the dimension divides).
+    """
+
+    leaf: ReplicatedInput
+    axis: str
+    axis_size: int
+    dimension: int
+    dims: tuple[str | None, ...]
+    saved_bytes: int
+
+
+def shard_largest_replicated(leaves: tuple[ReplicatedInput, ...], mesh_axes: tuple[tuple[str, int], ...]
+                             ) -> tuple[LeafShardingChange | None, str | None]:
+    """The change sharding the largest replicated input leaf over a free mesh axis, or why there is none.
+
+    Leaves are taken largest first (bytes per device, then path); for one, the mesh axes of more
+    than one device largest first (then mesh order) and, for an axis, the leaf's dimensions largest
+    first (then the first): the first dimension the axis's size divides is sharded over it. A leaf
+    no axis divides any dimension of (a scalar, a vector of odd length) is passed over for the next.
+
+    Returns ``(change, None)``, or ``(None, reason)``: no replicated leaf, no mesh axis of more than
+    one device, or no replicated leaf with a dimension a mesh axis divides."""
+    if not leaves:
+        return None, "no input leaf is replicated: every one is sharded over some mesh axis already"
+    free = sorted(((a, n) for a, n in mesh_axes if n > 1), key=lambda an: -an[1])
+    if not free:
+        return None, "no mesh axis is free: the mesh has no axis of more than one device"
+    for leaf in sorted(leaves, key=lambda x: (-x.bytes_per_device, x.path)):
+        for axis, n in free:
+            dims = sorted(range(len(leaf.shape)), key=lambda i: (-leaf.shape[i], i))
+            d = next((i for i in dims if leaf.shape[i] % n == 0), None)
+            if d is not None:
+                new = tuple(axis if i == d else None for i in range(len(leaf.shape)))
+                return LeafShardingChange(leaf, axis, n, d, new, leaf.bytes_per_device * (n - 1) // n), None
+    shown = ", ".join(f"{x.path} {list(x.shape)}" for x in leaves[:3])
+    return None, (f"no replicated input leaf has a dimension a free mesh axis divides ({shown}; axes "
+                  + ", ".join(f"{a}={n}" for a, n in free) + ")")
+
+
+@dataclasses.dataclass(frozen=True)
 class Probe:
     """One compile of the search.
 
@@ -41,6 +113,9 @@ class Probe:
       program: a digest of the lowered program (StableHLO), or None where it was not kept.
       step_time: the step-time estimate of the compiled program (an estimate, seconds per step on one
         device) as ``(chip, overlapped, schedule, serial)`` seconds, low to high, or None.
+      replicated_inputs: the largest input leaves every device holds whole (their compiled sharding,
+        or for a refused compile the declared one, is fully replicated), largest first.
+      mesh_axes: the staged mesh's ``(axis, size)`` in mesh order; () when not known.
     """
 
     batch: int
@@ -51,6 +126,8 @@ class Probe:
     reason: str | None = None
     program: str | None = None
     step_time: tuple[str, float, float, float] | None = None
+    replicated_inputs: tuple[ReplicatedInput, ...] = ()
+    mesh_axes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

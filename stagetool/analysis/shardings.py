@@ -110,3 +110,34 @@ def input_leaves(facts: tuple[LeafFacts, ...], *, explicit: bool = False) -> tup
 def output_leaves(facts: tuple[LeafFacts, ...], *, explicit: bool = False) -> tuple[LeafReport, ...]:
     """The output leaves' reports (paths start with ``out``)."""
     return tuple(leaf_report(f, output=True, explicit=explicit) for f in facts)
+
+
+REFUSED_INPUTS_NOTE = ("the inputs' shardings are the declared ones (the jit's in_shardings, which the compile "
+                       "keeps): XLA refused the compile, so there is no compiled program to read them from")
+"""The note beside the input leaves of a compile XLA refused (:func:`declared_input_leaves`)."""
+
+
+def declared_input_leaves(leaves: tuple, axis_size: dict[str, int], *,
+                          explicit: bool = False) -> tuple[LeafReport, ...]:
+    """The input leaves of a compile XLA refused (out of memory), from their declared shardings:
+    ``leaves`` are :class:`stagetool.inputs.records.InputLeaf` (``path``, ``shape``, ``dtype``,
+    ``declared``, ``donated``, ``source``, ``sharding_source``). A leaf declared with a PartitionSpec
+    (or replicated) is compiled with it, so that is its ``compiled``; an ``auto`` leaf's choice is
+    unknown (kind ``other``, no shard shape or bytes per device). Bytes per device: the shard
+    shape's (each sharded dimension divided by its axes' sizes, rounded up), as XLA stores the dtype."""
+    out = []
+    for x in leaves:
+        rank = len(x.shape)
+        if x.declared.kind == "auto":
+            compiled, shard = Sharding("other", text="unknown: the compile was refused"), None
+        else:
+            compiled = x.declared.padded(rank) if x.declared.kind == "spec" else Sharding("spec", (None,) * rank)
+            shard = list(x.shape)
+            for i, d in enumerate(compiled.dims[:rank]):
+                for a in () if d is None else ((d,) if isinstance(d, str) else d):
+                    shard[i] = -(-shard[i] // axis_size.get(a, 1))
+            shard = tuple(shard)
+        out.append(leaf_report(LeafFacts(x.path, tuple(x.shape), x.dtype, x.declared, compiled, shard,
+                                         donated=x.donated, source=x.source, sharding_source=x.sharding_source),
+                               explicit=explicit))
+    return tuple(out)

@@ -60,6 +60,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
 
     Raises:
       SpecError: args/kwargs/static that do not bind to ``fn``'s signature (:func:`check_signature`),
+        a ``fspec.leaf_shardings`` path no (non-auto) leaf has,
         an unhashable static value, an ``init`` whose init_args do not bind to its signature;
         every leaf whose sharding does not fit its shape (rank, or a dimension the mesh
         axes do not divide), or that no rule matches, with its key path and spec location.
@@ -73,6 +74,10 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
     fspec = bind_for_in_shardings(fspec, fn, own)
     b = _Builder(fspec, fn, own, setup, mesh_spec, avals)
     args, kwargs, static = b.arguments()
+    for path in sorted(set(b.leaf_shardings) - b.overridden):
+        b.issues.append(f"{fspec.where('args')}: functions.{fspec.name}: a sharding is given for input leaf "
+                        f"{path!r}, which {fspec.name} does not have (or is auto)")
+        b.hints.append("name the leaf by its whole key path, as 'stagetool shardings' lists it")
     if b.issues:
         raise SpecError(b.issues, hint="; ".join(dict.fromkeys(b.hints)) or None)
     program = None
@@ -106,6 +111,8 @@ class _Builder:
         self.alive: list[Any] = []  # the objects whose ids are keys
         self.built: dict[int | str, Any] = {}  # for {arg: ...} in a later init: by position and by name
         self.share_keys: list = []
+        self.leaf_shardings = {x.path: x.sharding for x in fspec.leaf_shardings}
+        self.overridden: set[str] = set()  # the leaf_shardings' paths a leaf had
 
     @functools.cached_property
     def rules(self) -> tuple | None:
@@ -155,6 +162,10 @@ class _Builder:
         import jax
         from jax.sharding import NamedSharding, PartitionSpec
 
+        given = self.leaf_shardings.get(path)
+        if given is not None and sharding.kind != "auto":  # given from outside the spec (fit --what-if)
+            sharding, origin = given, "override"
+            self.overridden.add(path)
         shape = tuple(leaf.shape)
         local_shape = None
         if self.local_sizes is not None:

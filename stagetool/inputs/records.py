@@ -33,7 +33,8 @@ class InputLeaf:
         (the model's own annotations: Flax metadata), ``"object"`` (a ``{ref:}`` leaf: the sharding the
         named object's array carries), ``"unknown"`` (an ``init``/``ref`` leaf nothing
         gives a sharding: staged replicated, and reported so), ``"compiler"`` (``auto``: the
-        partitioner chooses), or None (a spec leaf written without ``@``: replicated).
+        partitioner chooses), ``"override"`` (given from outside the spec: the function spec's
+        ``leaf_shardings``, ``stagetool fit --what-if``), or None (a spec leaf written without ``@``: replicated).
       arg: the top-level argument the leaf belongs to (a position or a keyword name).
     """
 

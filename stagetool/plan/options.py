@@ -8,6 +8,8 @@ import dataclasses
 import enum
 from pathlib import Path
 
+from stagetool.spec.model import LeafSharding
+
 
 class Section(str, enum.Enum):
     """What a report holds. Each section costs what its analysis needs and no more."""
@@ -66,6 +68,9 @@ class Options:
       outputs: ``(option, path)`` of each file the command will write (``--output``, ``--junit-xml``,
         ``--baseline`` with ``--update``), checked by :func:`~stagetool.plan.plan.make_plan` before anything is staged.
       why: ``stagetool why``'s question as ``(--leaf, --line, --collective)``, one of them given.
+      leaf_shardings: input leaves whose sharding replaces the spec's in every selected function
+        (:class:`stagetool.spec.model.LeafSharding`; a sweep configuration's, from ``stagetool fit
+        --what-if``); a path no leaf has is exit 2 before any compile.
     """
 
     target: str | None = None
@@ -92,4 +97,5 @@ class Options:
     isolate: bool = False
     outputs: tuple[tuple[str, Path], ...] = ()
     why: tuple[str | None, str | None, int | None] | None = None
+    leaf_shardings: tuple[LeafSharding, ...] = ()
 

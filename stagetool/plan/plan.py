@@ -130,6 +130,8 @@ def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
     if spec is None:
         problems.raise_all()
     functions = _select_functions(options, spec, spec_path, problems)
+    if options.leaf_shardings:  # a sweep configuration's leaf shardings (stagetool fit --what-if)
+        functions = [dataclasses.replace(f, leaf_shardings=tuple(options.leaf_shardings)) for f in functions]
     mesh = spec.mesh
     with problems.check():
         if options.mesh:

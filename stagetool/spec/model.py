@@ -17,6 +17,21 @@ from stagetool.core.sharding import Sharding
 
 
 @dataclasses.dataclass(frozen=True)
+class LeafSharding:
+    """One input leaf's sharding given from outside the spec, replacing what the spec (its leaf, an
+    init's rules, the init, the model) gives it: ``stagetool fit --what-if`` compiles a setting with
+    one replicated leaf sharded over a free mesh axis this way.
+
+    Attributes:
+      path: the leaf's key path as ``stagetool shardings`` lists it (``state/params/norm``), exactly.
+      sharding: its PartitionSpec over the mesh's axes (kind ``"spec"``, one entry per dimension).
+    """
+
+    path: str
+    sharding: Sharding
+
+
+@dataclasses.dataclass(frozen=True)
 class LeafSpec:
     """One abstract array: ``dtype[d0,d1,...] @ sharding``.
 
@@ -157,6 +172,8 @@ class FunctionSpec:
         tuple of ``(logical name, mesh axis | None | tuple of axes)`` pairs; None when not given.
       tokens_per_step: the tokens one step processes, all devices together (``tokens_per_step:``):
         with a step-time estimate, tokens per second per chip are shown; None when not given.
+      leaf_shardings: input leaves whose sharding is given from outside the spec
+        (:class:`LeafSharding`; ``stagetool fit --what-if``'s change of one leaf), () when none.
     """
 
     name: str
@@ -171,6 +188,7 @@ class FunctionSpec:
     locs: dict = dataclasses.field(default_factory=dict, compare=False)
     logical_axis_rules: Any = None
     tokens_per_step: int | None = None
+    leaf_shardings: tuple[LeafSharding, ...] = ()
 
     def where(self, key: str) -> Loc | None:
         """The location of ``key`` (see ``locs``), else of the function's entry."""

@@ -27,10 +27,13 @@ from stagetool.analysis.fit import (
     FITS,
     UNDECIDED,
     CompileCap,
+    LeafShardingChange,
     Probe,
+    ReplicatedInput,
     Search,
     same_program,
     search_largest,
+    shard_largest_replicated,
 )
 from stagetool.core.errors import UsageError
 from stagetool.sweep.driver import (
@@ -135,13 +138,20 @@ def with_batch(config: Config, name: str, batch: int) -> Config:
     return dataclasses.replace(config, id=config_id(config.mesh, config.topology, var), variables=var)
 
 
+def _replicated(row: dict) -> dict:
+    """A row's replicated input leaves and mesh as :class:`Probe` fields."""
+    leaves = tuple(ReplicatedInput(x["path"], tuple(x["shape"]), x["dtype"], x["bytes_per_device"], x.get("source"),
+                                   x.get("sharding_source")) for x in row.get("replicated_inputs") or ())
+    return {"replicated_inputs": leaves, "mesh_axes": tuple((a, n) for a, n in row.get("mesh") or ())}
+
+
 def probe_of_row(batch: int, row: dict) -> Probe:
     """A sweep row as one probe of the search: fits (staged, peak within the capacity), does not
     fit (XLA refused it for memory, or its peak is over the capacity), else undecided with why."""
     peak, cap = row["peak_bytes_per_device"], row["capacity_bytes_per_device"]
     program = row.get("program_sha256")
     if row["status"] == "does not fit":
-        return Probe(batch, DOES_NOT_FIT, peak, cap, program=program)
+        return Probe(batch, DOES_NOT_FIT, peak, cap, program=program, **_replicated(row))
     if row["status"] == "error":
         err = row["error"]
         return Probe(batch, UNDECIDED, reason=f"batch {batch}: {err['stage']}: {err['message']}")
@@ -151,7 +161,8 @@ def probe_of_row(batch: int, row: dict) -> Probe:
                      program=program)
     st = row.get("step_time")
     step = (st["chip"], st["overlapped_seconds"], st["schedule_seconds"], st["serial_seconds"]) if st else None
-    return Probe(batch, FITS if row["fits"] else DOES_NOT_FIT, peak, cap, program=program, step_time=step)
+    return Probe(batch, FITS if row["fits"] else DOES_NOT_FIT, peak, cap, program=program, step_time=step,
+                 **_replicated(row))
 
 
 class _Compiles:
@@ -170,20 +181,25 @@ class _Compiles:
 
 
 def _runner(plan: SweepPlan, options: FitOptions, runner: Runner | None, compiles: _Compiles,
-            on_probe: Callable[[dict, Probe], None] | None) -> Callable[[Config, int], Probe]:
+            on_probe: Callable[[dict, Probe], None] | None) -> Callable[..., Probe]:
     if runner is None:
         from stagetool.sweep.run import run_isolated as runner
     limit = timeout_s(options.timeout)
     common = {**plan.common, "program_digest": True,
               **({"cache_dir": str(Path(options.cache_dir).resolve())} if options.cache_dir else {})}
 
-    def run(config: Config, batch: int) -> Probe:
+    def run(config: Config, batch: int, leaf_shardings: tuple[LeafShardingChange, ...] = ()) -> Probe:
         compiles.take()
         p = payload(plan, with_batch(config, options.batch, batch))
+        if leaf_shardings:  # those input leaves' PartitionSpecs replaced (run_config: Options.leaf_shardings)
+            p["leaf_shardings"] = [[c.leaf.path, list(c.dims)] for c in leaf_shardings]
         row = runner({**p, "common": common}, limit)
         probe = probe_of_row(batch, row)
         if on_probe is not None:
-            on_probe(config.values(), probe)
+            from stagetool.core.sharding import format_dims
+
+            shards = {c.leaf.path: format_dims(c.dims) for c in leaf_shardings}
+            on_probe({**config.values(), **shards}, probe)
         return probe
 
     return run
@@ -352,21 +368,57 @@ def _label(values: dict) -> str:
 WHAT_IF_SCHEMA_VERSION = 1
 """1: the first what-if document (``kind: what-if``)."""
 
-NOT_TRIED = ("sharding the largest replicated leaf over a free mesh axis (not compiled by this stagetool: change "
-             "the leaf's sharding in the spec, or make it a ${placeholder} knob, and run fit or memory)")
-"""The first-try change :func:`what_if` does not make, said in its document."""
+
+def _dims_yaml(dims: tuple) -> str:
+    """A PartitionSpec as the spec writes it: ``[null, fsdp]``."""
+    return "[" + ", ".join("null" if d is None else d if isinstance(d, str) else "[" + ", ".join(d) + "]"
+                           for d in dims) + "]"
+
+
+def leaf_change_text(change: LeafShardingChange) -> tuple[str, str]:
+    """``(change, spec line)`` of sharding one replicated leaf: what the change is (the leaf's path,
+    shape, bytes per device, the mesh axis and dimension) and what the user writes in the spec for
+    it — the leaf's own text where the spec writes the leaf (``'f32[8192,8192] @ [fsdp, null]'``
+    at its line), else a rule ahead of the argument's others (``['^state/w$', [fsdp, null]]``)."""
+    import re
+
+    from stagetool.core.sharding import format_dims
+    from stagetool.core.units import format_bytes, shape_str
+
+    leaf = change.leaf
+    what = (f"shard {leaf.path} over mesh axis {change.axis} ({change.axis_size} devices) on dimension "
+            f"{change.dimension}: {shape_str(leaf.dtype, leaf.shape)} replicated, {format_bytes(leaf.bytes_per_device)}"
+            f" per device → {format_dims(change.dims)}, {format_bytes(leaf.bytes_per_device - change.saved_bytes)}")
+    where = f" ({leaf.source})" if leaf.source else ""
+    if leaf.sharding_source in (None, "spec"):
+        line = f"'{shape_str(leaf.dtype, leaf.shape)} @ {_dims_yaml(change.dims)}'{where}"
+    else:
+        line = f"rules: ['^{re.escape(leaf.path)}$', {_dims_yaml(change.dims)}] ahead of the others{where}"
+    return what, line
+
+
+def _tried(what: str, line: str, p: Probe) -> dict:
+    return {"change": what, "set_line": line, "outcome": p.outcome, "peak_bytes_per_device": p.peak_bytes,
+            "capacity_bytes_per_device": p.capacity_bytes,
+            "headroom_bytes": (p.capacity_bytes - p.peak_bytes
+                               if p.peak_bytes is not None and p.capacity_bytes is not None else None),
+            "reason": p.reason}
 
 
 def what_if(options: FitOptions, batch: int, *, runner: Runner | None = None,
             on_probe: Callable[[dict, Probe], None] | None = None) -> dict:
     """What-if on an out-of-memory: compile the setting as given (the batch ``batch``, the first
     value of every knob) and, when it does not fit, each single change a person would try first —
-    half the batch (rounded down to ``options.multiple``), and for every knob with more than one
-    value its next value (the next remat or offload policy, the next mesh) — and return the
-    what-if document: every change tried with its outcome and peak, ``fits`` listing only those
-    that were compiled and fit. Nothing is suggested that was not compiled. ``decided`` is false
-    (the CLI exits 1) when the setting as given could not be compiled, or does not fit and no change
-    tried fits, or a change's compile failed otherwise.
+    half the batch (rounded down to ``options.multiple``), for every knob with more than one
+    value its next value (the next remat or offload policy, the next mesh), and the largest input
+    leaf the first compile holds replicated sharded over a free mesh axis
+    (:func:`stagetool.analysis.fit.shard_largest_replicated`: its largest dimension that axis's
+    size divides; the compile takes it as a :class:`stagetool.spec.model.LeafSharding`) — and
+    return the what-if document: every change tried with its outcome and peak (a leaf's change with
+    ``spec_line``, what to write in the spec; null for the others), ``fits`` listing only those that were compiled and
+    fit, ``not_tried`` the change that could not be made and why. Nothing is suggested that was not
+    compiled. ``decided`` is false (the CLI exits 1) when the setting as given could not be
+    compiled, or does not fit and no change tried fits, or a change's compile failed otherwise.
 
     Raises:
       UsageError / SpecError / TargetError: a bad option, spec or target, before any compile.
@@ -388,36 +440,42 @@ def what_if(options: FitOptions, batch: int, *, runner: Runner | None = None,
                     and all(dict(c.variables)[n] == v for n, v in chosen.items() if n not in ("mesh", "topology")))
 
     current = config_with()
-    changes: list[tuple[str, Config, int]] = []
+    # (change, options or spec line, config, batch, leaf shardings)
+    changes: list[tuple[str, str | None, Config, int, tuple[LeafShardingChange, ...]]] = []
     half = (batch // 2) // options.multiple * options.multiple
     if half >= options.multiple:
-        changes.append((f"half the batch: {options.batch} {batch} → {half}", current, half))
+        changes.append((f"half the batch: {options.batch} {batch} → {half}", None, current, half, ()))
     for name, values in knobs:
         if len(values) > 1:
-            changes.append((f"{name}: {values[0]} → {values[1]}", config_with(**{name: values[1]}), batch))
+            changes.append((f"{name}: {values[0]} → {values[1]}", None, config_with(**{name: values[1]}), batch, ()))
     first = run(current, batch)
     tried: list[dict] = []
     problems: list[str] = []
+    not_tried: list[str] = []
     if first.outcome == UNDECIDED:
         problems.append(first.reason or "the setting as given could not be compiled")
     elif first.outcome == DOES_NOT_FIT:
-        def attempt(change: tuple[str, Config, int]) -> dict:
-            what, config, b = change
+        leaf, why_not = shard_largest_replicated(first.replicated_inputs, first.mesh_axes)
+        if leaf is not None:
+            what, line = leaf_change_text(leaf)
+            changes.append((what, line, current, batch, (leaf,)))
+        else:
+            not_tried.append(f"sharding the largest replicated leaf over a free mesh axis: {why_not}")
+
+        def attempt(change: tuple[str, str | None, Config, int, tuple[LeafShardingChange, ...]]) -> dict:
+            what, line, config, b, leaves = change
             try:
-                p = run(config, b)
+                p = run(config, b, leaves)
             except CompileCap as e:
                 p = Probe(b, UNDECIDED, reason=str(e))
-            return {"change": what, "set_line": set_line(_knob_values(config, options.batch), options.batch, b),
-                    "outcome": p.outcome, "peak_bytes_per_device": p.peak_bytes,
-                    "capacity_bytes_per_device": p.capacity_bytes,
-                    "headroom_bytes": (p.capacity_bytes - p.peak_bytes
-                                       if p.peak_bytes is not None and p.capacity_bytes is not None else None),
-                    "reason": p.reason}
+            opts = set_line(_knob_values(config, options.batch), options.batch, b)
+            return {**_tried(what, opts, p), "spec_line": line}
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=options.jobs) as pool:
             tried = list(pool.map(attempt, changes))
         if not changes:
-            problems.append("no single change to try: the batch is already --multiple and no knob has a second value")
+            problems.append("no single change to try: the batch is already --multiple, no knob has a second value "
+                            "and no input leaf can be sharded over a free mesh axis")
         problems += [t["reason"] for t in tried if t["outcome"] == UNDECIDED and t["reason"]]
         if changes and not any(t["outcome"] == FITS for t in tried):
             problems.append("none of the single changes tried fits: try two at once (fit searches the batch per "
@@ -430,6 +488,6 @@ def what_if(options: FitOptions, batch: int, *, runner: Runner | None = None,
                      "outcome": first.outcome, "peak_bytes_per_device": first.peak_bytes,
                      "capacity_bytes_per_device": first.capacity_bytes},
             "tried": tried, "fits": [t["change"] for t in tried if t["outcome"] == FITS],
-            "not_tried": [NOT_TRIED],
+            "not_tried": not_tried,
             "max_compiles": options.max_compiles, "compiles": compiles.count, "problems": problems,
             "decided": not problems}

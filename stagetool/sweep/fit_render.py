@@ -81,7 +81,7 @@ def what_if_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     head = ["change", "outcome", "peak / device", "headroom", "options"]
     rows = [[t["change"], t["outcome"] + (f": {t['reason']}" if t.get("reason") else ""),
              _share(t["peak_bytes_per_device"], t["capacity_bytes_per_device"]), _bytes(t["headroom_bytes"]),
-             t["set_line"]] for t in doc["tried"]]
+             t["set_line"] + (f"; in the spec: {t['spec_line']}" if t.get("spec_line") else "")] for t in doc["tried"]]
     return head, rows
 
 
@@ -105,8 +105,8 @@ def footer(doc: dict) -> list[str]:
                      + (f", peak {format_bytes(f['peak_bytes_per_device'])}" if f["peak_bytes_per_device"] else ""))
         if f["outcome"] == "does not fit":
             lines.append("fits with one change: " + ("; ".join(doc["fits"]) if doc["fits"] else "none of those tried"))
-        lines.append(f"{doc['compiles']} compiles; every change listed was compiled. Not tried: "
-                     + "; ".join(doc["not_tried"]))
+        lines.append(f"{doc['compiles']} compiles; every change listed was compiled."
+                     + (" Not tried: " + "; ".join(doc["not_tried"]) if doc["not_tried"] else ""))
     if doc["kind"] == "fit" and any(st["step_time"] for st in doc["settings"]):
         lines.append("step (est.): the step-time estimate at the largest batch, the schedule's figure (overlapped–"
                      "serial range) on the chip named; tokens/s (est.) = batch × --tokens-per-example ÷ that figure")

@@ -60,6 +60,19 @@ class RowStepTime:
 
 
 @dataclasses.dataclass(frozen=True)
+class RowReplicatedInput:
+    """An input leaf every device holds whole, in a ``stagetool fit`` row: its path, shape, dtype,
+    bytes per device, spec location and where its sharding comes from."""
+
+    path: str
+    shape: tuple[_COUNT, ...]
+    dtype: str
+    bytes_per_device: _COUNT
+    source: str | None = None
+    sharding_source: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Row:
     """One configuration's row as a file holds it (``--output-dir``, a worker's row, ``sweep merge``'s
     inputs): every field present, each of its type (:func:`row_problem`); what each holds is its
@@ -111,6 +124,10 @@ class Row:
         "omit": True, "doc": "the step-time estimate (an estimate, seconds per step on one device) as {chip, "
                              "overlapped_seconds, schedule_seconds, serial_seconds, bound, tokens_per_second_per_chip},"
                              " or null; absent from rows written before it existed"})
+    replicated_inputs: tuple[RowReplicatedInput, ...] | None = dataclasses.field(default=None, metadata={
+        "omit": True, "doc": "stagetool fit only: the largest input leaves every device holds whole (compiled "
+                             "sharding fully replicated; a refused compile's declared one), largest first, as "
+                             "{path, shape, dtype, bytes_per_device, source, sharding_source}; null when not known"})
 
 
 ROW_FIELDS = {f.name: f.metadata["doc"] for f in dataclasses.fields(Row) if not f.metadata.get("omit")}

@@ -10,9 +10,11 @@ configuration that aborts the process (an XLA ``LLVM ERROR``) is one error row, 
 A payload is a JSON-able dict: ``{"config": {index, id, mesh, topology, variables},
 "common": {target, spec, function, platform, chip, device_memory}, "cwd": str, "pythonpath": str}``;
 ``stagetool fit`` adds ``cache_dir`` (the facts cache) and ``program_digest`` (the row then carries
-``program_sha256``, the lowered StableHLO's digest, and ``step_time``, the cost section's step-time
-estimate: :data:`stagetool.sweep.rows.OPTIONAL_ROW_FIELDS`)
-to ``common``.
+``program_sha256``, the lowered StableHLO's digest, ``replicated_inputs``, the largest input leaves
+every device holds whole, and ``step_time``, the cost section's step-time estimate:
+:data:`stagetool.sweep.rows.OPTIONAL_ROW_FIELDS`) to ``common``, and ``what-if`` a payload's
+``leaf_shardings`` (``[[leaf path, [dim, ...]], ...]``: those input leaves' PartitionSpecs replaced,
+:class:`stagetool.spec.model.LeafSharding`).
 """
 
 from __future__ import annotations
@@ -87,9 +89,11 @@ def run_config(payload: dict) -> dict:
                       device_memory=common.get("device_memory"), slices=common.get("slices"),
                       gpu_target_config=common.get("gpu_target_config"),
                       variables=tuple(tuple(v) for v in config["variables"]),
-                      cache_dir=Path(common["cache_dir"]) if common.get("cache_dir") else None)
+                      cache_dir=Path(common["cache_dir"]) if common.get("cache_dir") else None,
+                      leaf_shardings=leaf_shardings(payload.get("leaf_shardings") or ()))
     digest = bool(common.get("program_digest"))  # stagetool fit: which program this is (a knob that changes nothing)
-    sections = [Section.COST, Section.MEMORY, Section.COLLECTIVES] + ([Section.LOWERED_TEXT] if digest else [])
+    sections = [Section.COST, Section.MEMORY, Section.COLLECTIVES] + \
+        ([Section.LOWERED_TEXT, Section.SHARDINGS] if digest else [])
     try:
         plan = make_plan(options)  # the configuration's one parse of its target
         if options.chip is None and config["topology"]:  # a sweep over targets: each row's roofline on its own chip
@@ -117,7 +121,34 @@ def run_config(payload: dict) -> dict:
 
         text = fn.module.text if fn.module is not None else None
         row["program_sha256"] = hashlib.sha256(text.encode()).hexdigest() if text else None
+        row["replicated_inputs"] = replicated_inputs(fn.inputs)
     return row
+
+
+REPLICATED_INPUTS_KEPT = 8
+"""How many of the largest replicated input leaves a ``stagetool fit`` row keeps."""
+
+
+def replicated_inputs(inputs: tuple | None) -> list[dict] | None:
+    """The :data:`REPLICATED_INPUTS_KEPT` largest input leaves (``LeafReport`` s) whose compiled
+    sharding is fully replicated (a PartitionSpec sharding no dimension), largest first (bytes per
+    device, then path), as a row's ``replicated_inputs``; None when the inputs are not known."""
+    if inputs is None:
+        return None
+    found = [x for x in inputs if x.compiled is not None and x.compiled.replicated and x.bytes_per_device is not None]
+    found.sort(key=lambda x: (-x.bytes_per_device, x.path))
+    return [{"path": x.path, "shape": list(x.shape), "dtype": x.dtype, "bytes_per_device": x.bytes_per_device,
+             "source": x.source, "sharding_source": x.sharding_source} for x in found[:REPLICATED_INPUTS_KEPT]]
+
+
+def leaf_shardings(given: list | tuple) -> tuple:
+    """A payload's ``leaf_shardings`` (``[[path, [dim, ...]], ...]``, a dim None, an axis name or a
+    list of them) as :class:`stagetool.spec.model.LeafSharding` records."""
+    from stagetool.core.sharding import Sharding
+    from stagetool.spec.model import LeafSharding
+
+    return tuple(LeafSharding(path, Sharding("spec", tuple(tuple(d) if isinstance(d, list) else d for d in dims)))
+                 for path, dims in given)
 
 
 def _error_row(payload: dict, stage: str, message: str, exit_code: int = 3) -> dict:
