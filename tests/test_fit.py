@@ -387,6 +387,10 @@ def test_the_leaf_to_shard_and_why_none(attention_dir):
     assert why is None and (change.leaf.path, change.axis, change.dimension, change.dims) == ("s/w", "model", 1,
                                                                                              (None, "model"))
     assert change.saved_bytes == big.bytes_per_device * 3 // 4
+    from stagetool.sweep.fit import leaf_change_text
+
+    ruled = dataclasses.replace(change, leaf=dataclasses.replace(big, source="s.yaml:9:11", sharding_source="rule"))
+    assert leaf_change_text(ruled)[1] == "rules: ['^s/w$', [null, model]] ahead of the others (s.yaml:9:11)"
     assert shard_largest_replicated((), mesh)[1].startswith("no input leaf is replicated")
     assert shard_largest_replicated((big,), (("one", 1),))[1].startswith("no mesh axis is free")
     assert shard_largest_replicated((odd,), mesh)[1].startswith("no replicated input leaf has a dimension")
