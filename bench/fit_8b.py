@@ -2,7 +2,12 @@
 the same grid: the largest batch per remat policy from each, the compiles each made, wall time.
 
     python bench/fit_8b.py [--topology v5p:2x2x2] [--multiple 16] [--max-batch 256] [--jobs 3]
-                           [--brute] [--out DIR]
+                           [--brute] [--out DIR] [--spec bench/fit_decoder.stagetool.yaml]
+
+The 70B-shaped decoder (bench/results/fit_70b.md):
+
+    python bench/fit_8b.py --spec bench/fit_decoder_70b.stagetool.yaml --topology v5p:4x4x4 \
+                           --multiple 64 --max-batch 256 --jobs 2 --brute --out /tmp/fit70b
 
 Writes DIR/fit.json (the fit document) and, with --brute, DIR/sweep.json (the sweep document);
 prints one line per compile and the comparison. Compile-only: nothing is allocated.
@@ -29,15 +34,18 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=3)
     ap.add_argument("--brute", action="store_true", help="also sweep every batch of the grid")
     ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--spec", type=Path, default=ROOT / "bench" / "fit_decoder.stagetool.yaml")
+    ap.add_argument("--tokens-per-example", type=int, default=2048, help="the spec's sequence length")
     a = ap.parse_args()
     from stagetool.sweep import SweepOptions, run_sweep
     from stagetool.sweep.fit import FitOptions, run_fit
 
-    spec = ROOT / "bench" / "fit_decoder.stagetool.yaml"
+    spec = a.spec.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     doc = run_fit(FitOptions(spec=spec, topology=a.topology, set=(f"remat={a.remat}",), multiple=a.multiple,
-                             max_batch=a.max_batch, jobs=a.jobs, max_compiles=200, tokens_per_example=2048),
+                             max_batch=a.max_batch, jobs=a.jobs, max_compiles=200,
+                             tokens_per_example=a.tokens_per_example),
                   on_probe=lambda v, p: print(f"fit {v} batch={p.batch} {p.outcome} peak={p.peak_bytes} "
                                               f"{p.reason or ''} t={time.perf_counter() - start:.0f}s", flush=True))
     fit_s = time.perf_counter() - start
