@@ -37,15 +37,24 @@ class LiveReport(Report):
     def _analysed(self, sections: tuple[str, ...]) -> FunctionReport:
         from stagetool.pipeline import Section
 
-        key = tuple(sorted(set(sections)))
-        if tuple(sorted(set(self._all))) != key and tuple(sorted(set(self._all))) in self._partial:
-            return self._partial[tuple(sorted(set(self._all)))]  # everything is analysed already
+        key, every = tuple(sorted(set(sections))), tuple(sorted(set(self._all)))
+        if key != every and set(key) <= set(every) and every in self._partial:
+            return self._partial[every]  # everything asked for is analysed already
         if key not in self._partial:
             self._partial[key] = self._once.report(Section(s) for s in key)
         return self._partial[key]
 
     def _function_with(self, fields: tuple[str, ...]) -> FunctionReport:
         return self._analysed(tuple(_SECTION_OF[f] for f in fields))
+
+    def _repr_html_(self) -> str:
+        """The notebook's HTML: the page ``stagetool report --format html`` writes, the per-module
+        tree (``report.modules``) folded in as there."""
+        from stagetool.report.display import notebook_html
+
+        page = Report(self.command, self.stagetool_version, self.jax_version, self.jaxlib_version,
+                      (self._analysed((*self._all, "modules")),), self.config)
+        return notebook_html(page)
 
     def __reduce__(self) -> Any:
         return Report, (self.command, self.stagetool_version, self.jax_version, self.jaxlib_version, self.functions,
