@@ -115,13 +115,19 @@ def _modules() -> dict[str, Any]:
 def staged_world(setup: Any) -> Iterator[Any]:
     """While inside, the public device functions listed in the module docstring answer with
     ``setup``'s devices (a :class:`~stagetool.devices.provision.DeviceSetup`); nested worlds stack,
-    and the functions are JAX's own again once the outermost ends (however it ends)."""
+    and the functions are JAX's own again once the outermost ends (however it ends), as is the
+    global mesh (``jax.sharding.get_mesh()``) that user code may have set meanwhile with
+    ``jax.sharding.set_mesh``."""
+    import jax
+
     with _LOCK:
         mods = _modules()
+        ambient = None
         if not _STACK:
             for (mod, name), fn in _PATCHES.items():
                 _ORIGINALS[(mod, name)] = getattr(mods[mod], name)
                 setattr(mods[mod], name, fn)
+            ambient = jax.sharding.get_mesh()
         _STACK.append(setup)
     try:
         yield setup
@@ -131,6 +137,10 @@ def staged_world(setup: Any) -> Iterator[Any]:
             if not _STACK:
                 for (mod, name) in _PATCHES:
                     setattr(mods[mod], name, _ORIGINALS[(mod, name)])
+                if ambient is not None and jax.sharding.get_mesh() is not ambient:
+                    # user code set a global mesh (a cookbook Config's jax.sharding.set_mesh): the
+                    # process's own again
+                    jax.sharding.set_mesh(ambient if ambient.devices.size else None)
 
 
 def describe_mesh(mesh: Any) -> str:

@@ -34,8 +34,8 @@ from stagetool.inputs.own_jit import has_shared, own_program, shared_note, take_
 from stagetool.inputs.records import AbstractInputs, InputLeaf
 from stagetool.inputs.signature import arg_names, bind_for_in_shardings, check_signature, check_static_hashable, merged_donation
 from stagetool.inputs.target import load_target
-from stagetool.inputs.values import build_call, build_value, eval_init, resolve_logical_rules, staged_value
-from stagetool.spec.model import CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule, StagedSpec, ValueSpec
+from stagetool.inputs.values import build_call, build_value, built_arg, eval_init, resolve_logical_rules, staged_value
+from stagetool.spec.model import ArgSpec, CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule, StagedSpec, ValueSpec
 
 if TYPE_CHECKING:  # imported only for Flax and Equinox targets
     from stagetool.inputs.frameworks.equinox import EqxProgram
@@ -133,7 +133,7 @@ class _Builder:
         kwargs = {}
         for k, v in fspec.kwargs.items():
             kwargs[k] = self.built[k] = self.convert(v, k, k in self.donated_names)
-        static = {k: build_value(v, fspec) for k, v in fspec.static.items()}
+        static = {k: build_value(v, fspec, self.built) for k, v in fspec.static.items()}
         check_static_hashable(fspec, static)
         if self.leaf_key:
             self.share_keys = [self.leaf_key.get(id(x)) for x in jax.tree_util.tree_leaves((args, kwargs))]
@@ -209,7 +209,9 @@ class _Builder:
                                "an argument of the function takes an abstract key, e.g. 'key<fry>[]'")
             return None
         if isinstance(tree, CallSpec):
-            return build_call(tree, self.fspec)
+            return build_call(tree, self.fspec, self.built)
+        if isinstance(tree, ArgSpec):
+            return self.arg_value(tree, path)
         if isinstance(tree, StagedSpec):
             return staged_value(tree)
         if isinstance(tree, list):
@@ -230,6 +232,20 @@ class _Builder:
             self.by_id[id(struct)] = InputLeaf(path, (), None, dtype, REPLICATED, None, donated)
             return struct
         return tree
+
+    def arg_value(self, ref: ArgSpec, path: str) -> Any:
+        """``{arg: N}`` as an argument (or inside one): the value built for argument ``N``, which
+        must hold no arrays (a config, a model definition); None after recording the problem."""
+        import jax
+
+        value = built_arg(ref, self.built, path)
+        if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(value)):
+            self.issues.append(f"{ref.loc}: {path}: {{arg: {ref.arg!r}}} would hand argument {ref.arg!r}'s arrays "
+                               "to the function a second time")
+            self.hints.append("{arg: N} hands over a value that holds no arrays (a config); give the arrays "
+                              "as leaves of their own, or pass them inside a {call: ...}")
+            return None
+        return value
 
     def note_keys(self, tree: Pytree, keys: list) -> None:
         """Record per struct of ``tree`` its Variable key (``keys``: one per leaf, None for none)."""

@@ -104,20 +104,23 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
                          + {"args": ".init_args", "": ""}.get(w, ".init_kwargs") + f": {described} {m}"
                          for w, m in problems], hint="make init_args/init_kwargs match the init function's parameters")
     # Leaves and keys are traced; {arg: N} is the abstract value built for another argument (its
-    # arrays traced too); {call: ...} is built inside the trace, under the mesh and the rules, as
-    # the init's own code would build it; every other value is a Python constant.
+    # arrays traced too), wherever it is (inside a {call:}'s own arguments as well); a {call: ...} is
+    # built inside the trace, under the mesh and the rules, as the init's own code would build it,
+    # unless it cannot run there and needs nothing traced (a Config whose constructor calls set_mesh):
+    # that one is built before the trace, as the user's own code builds it; every other value is a
+    # Python constant.
     sources: dict[int, Any] = {}  # an {arg: ...} leaf handed to the init -> the argument's own struct
     args = [_init_value(a, fspec, built, init, sources) for a in init.args]
     kwargs = {k: _init_value(v, fspec, built, init, sources) for k, v in init.kwargs.items()}
-    flat, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=lambda x: isinstance(x, CallSpec))
+    flat, treedef = jax.tree_util.tree_flatten((args, kwargs))
     mask = [isinstance(x, jax.ShapeDtypeStruct) for x in flat]
     constants = [None if m else x for m, x in zip(mask, flat)]
+    outside: dict[int, Any] = {}  # id(CallSpec) -> the value built before the trace
 
     def call(*dyn: Any) -> Any:
         it = iter(dyn)
-        leaves = [next(it) if m else (_build_in_trace(c, fspec) if isinstance(c, CallSpec) else c)
-                  for m, c in zip(mask, constants)]
-        full, kw = jax.tree_util.tree_unflatten(treedef, leaves)
+        leaves = [next(it) if m else c for m, c in zip(mask, constants)]
+        full, kw = _build_calls(jax.tree_util.tree_unflatten(treedef, leaves), fspec, outside, built)
         out = call_init(target.fn, list(full), kw)
         if shared is not None:
             from stagetool.inputs.frameworks.dispatch import uses
@@ -130,14 +133,18 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
         return out
 
     dyn = [x for m, x in zip(mask, flat) if m]
-    try:
-        with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()), logical_rules(rules):
-            tree, dims, refs = trace_any(call, *dyn)
-    except TargetError:  # a {call: ...} of init_args that failed: the spec's, said at its line (exit 2)
-        raise
-    except USER_CODE_ERRORS as e:  # the user's init failed under tracing (sys.exit() included)
-        raise StagingError(describe_exception(e), stage="init", function=fspec.name,
-                           user_frame=user_frame(e, [target.module_file or ""])) from None
+    while True:
+        try:
+            with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()), logical_rules(rules):
+                tree, dims, refs = trace_any(call, *dyn)
+            break
+        except _BuildOutside as e:  # built before the trace, then traced again
+            outside[id(e.call)] = build_call(e.call, fspec, built)
+        except TargetError:  # a {call: ...} of init_args that failed: the spec's, said at its line (exit 2)
+            raise
+        except USER_CODE_ERRORS as e:  # the user's init failed under tracing (sys.exit() included)
+            raise StagingError(describe_exception(e), stage="init", function=fspec.name,
+                               user_frame=user_frame(e, [target.module_file or ""])) from None
     if shared:
         shared[:] = [("built", sources[id(flat[k[1]])]) if k is not None and k[0] == "arg" and id(flat[k[1]]) in sources
                      else k if k is not None and k[0] == "local" else None for k in shared]
@@ -148,39 +155,96 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
 _TRACE_BOUND = ("jit", "trac", "concret", "abstract")
 
 
-def _build_in_trace(call: CallSpec, fspec: FunctionSpec) -> Any:
-    """:func:`build_call` for a ``{call: ...}`` of ``init_args``, which runs inside the init's trace.
+class _BuildOutside(Exception):
+    """Raised inside an init's trace: this ``{call: ...}`` cannot run there and needs nothing traced,
+    so it is built before the trace (:func:`eval_init` catches it and traces again)."""
+
+    def __init__(self, call: CallSpec):
+        super().__init__(call.target)
+        self.call = call
+
+
+class _CallNode:
+    """A ``{call: ...}`` of ``init_args`` on its way into the init's trace: its arguments are the
+    pytree's children, so the ``{arg: N}`` and leaves among them are traced with the rest."""
+
+    def __init__(self, spec: CallSpec, args: list, kwargs: dict):
+        self.spec, self.args, self.kwargs = spec, args, kwargs
+
+
+class _Tag:
+    """A :class:`_CallNode`'s pytree aux data: its :class:`CallSpec`, compared by identity."""
+
+    def __init__(self, spec: CallSpec):
+        self.spec = spec
+
+
+_REGISTERED: list[bool] = []
+
+
+def _register_call_node() -> None:
+    import jax
+
+    if not _REGISTERED:
+        jax.tree_util.register_pytree_node(_CallNode, lambda n: ((n.args, n.kwargs), _Tag(n.spec)),
+                                           lambda tag, ch: _CallNode(tag.spec, list(ch[0]), dict(ch[1])))
+        _REGISTERED.append(True)
+
+
+def _build_calls(tree: Any, fspec: FunctionSpec, outside: dict, built: dict | None) -> Any:
+    """``tree`` (an init's arguments inside its trace) with every :class:`_CallNode` built, innermost
+    first: one in ``outside`` as built before the trace, else called here (see :func:`_build_in_trace`)."""
+    import jax
+
+    if isinstance(tree, _CallNode):
+        if id(tree.spec) in outside:
+            return outside[id(tree.spec)]
+        args = [_build_calls(a, fspec, outside, built) for a in tree.args]
+        kwargs = {k: _build_calls(v, fspec, outside, built) for k, v in tree.kwargs.items()}
+        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
+        return _build_in_trace(tree.spec, fspec, args, kwargs, traced)
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        return type(tree)(_build_calls(x, fspec, outside, built) for x in tree)
+    if type(tree) is dict:
+        return {k: _build_calls(v, fspec, outside, built) for k, v in tree.items()}
+    return tree
+
+
+def _build_in_trace(call: CallSpec, fspec: FunctionSpec, args: list, kwargs: dict, traced: bool) -> Any:
+    """A ``{call: ...}`` of ``init_args`` called inside the init's trace on its built arguments.
 
     Raises:
-      TargetError: the call failed; when its error is one of code that cannot run inside
-        ``jax.jit`` (``set_mesh`` in a config's constructor, a concrete value needed), the hint says
-        to build it at an argument position and pass ``{arg: N}``.
+      _BuildOutside: its error is one of code that cannot run inside ``jax.jit`` (``set_mesh`` in a
+        config's constructor, a concrete value needed) and none of its arguments is traced.
+      TargetError: the call failed; when it cannot run inside the trace and takes a traced value,
+        the hint says so.
     """
     from stagetool.core.errors import TargetError
 
     try:
-        return build_call(call, fspec)
+        return _call_target(call, fspec, args, kwargs)
     except TargetError as e:
         if not any(w in e.message.lower() for w in _TRACE_BOUND):
             raise
-        same = [i for i, a in enumerate(fspec.args) if isinstance(a, CallSpec) and a.target == call.target]
-        fix = (f"argument {same[0]} builds the same {{call: {call.target}}} outside the trace: pass that one, "
-               f"{{arg: {same[0]}}}" if same else
-               f"build it at an argument position (args: [{{call: {call.target}}}, ...]) and pass it here as "
-               "{arg: N}, N that argument's position or parameter name")
-        raise TargetError(e.message, hint="a {call: ...} in init_args is built inside the init's trace (jax.jit) "
-                                          f"and this one cannot run there; {fix}") from None
+        if not traced:
+            raise _BuildOutside(call) from None
+        raise TargetError(e.message, hint="a {call: ...} in init_args is built inside the init's trace (jax.jit), "
+                                          "and this one takes a traced value ({arg: N} or a leaf) but cannot run "
+                                          "there: hand it values that are not arrays, or make it the init") from None
 
 
 def _init_value(v: Pytree, fspec: FunctionSpec, built: dict | None = None, init: InitSpec | None = None,
                 sources: dict | None = None) -> Any:
     """An ``init_args`` value: leaves and keys as abstract values, ``{arg: ...}`` as the value built
-    for that argument, ``{ref: ...}`` loaded; ``{call: ...}`` is kept (built inside the init's trace).
+    for that argument, ``{ref: ...}`` loaded; ``{call: ...}`` as a :class:`_CallNode` whose
+    arguments are converted likewise (built inside the init's trace, see :func:`_build_calls`).
 
     Raises:
       SpecError: ``{arg: ...}`` names an argument not built before this one.
     """
     import jax
+
+    _register_call_node()
 
     def one(x: Any) -> Any:
         if isinstance(x, LeafSpec):
@@ -190,21 +254,33 @@ def _init_value(v: Pytree, fspec: FunctionSpec, built: dict | None = None, init:
             # concrete key would run (and compile) a seeding op.
             return jax.ShapeDtypeStruct((), jax_dtype("key<fry>"))
         if isinstance(x, ArgSpec):
-            if built is None or x.arg not in built:
-                have = ", ".join(repr(k) for k in (built or {})) or "none yet"
-                raise SpecError([f"{x.loc}: {init.path if init else 'init'}: {{arg: {x.arg!r}}} names an argument that "
-                                 f"is not built before this one (built so far: {have})"],
-                                hint="an init can use the arguments before it: {arg: 0} for the first positional one, "
-                                     "or its parameter name")
-            return _strip_leaf_shardings(built[x.arg], sources)
+            return _strip_leaf_shardings(built_arg(x, built, init.path if init else "init"), sources)
         if isinstance(x, RefSpec):
             return load_target(x.target, base_dir=fspec.base_dir, need_callable=False).fn
         if isinstance(x, StagedSpec):
             return staged_value(x)
+        if isinstance(x, CallSpec):
+            return _CallNode(x, [_init_value(a, fspec, built, init, sources) for a in x.args],
+                             {k: _init_value(a, fspec, built, init, sources) for k, a in x.kwargs.items()})
         return x
 
     return jax.tree_util.tree_map(one, v, is_leaf=lambda x: isinstance(
         x, (LeafSpec, KeySpec, CallSpec, RefSpec, ArgSpec, StagedSpec)))
+
+
+def built_arg(x: ArgSpec, built: dict | None, where: str) -> Any:
+    """The value built for the argument ``{arg: N}`` / ``{arg: name}`` names.
+
+    Raises:
+      SpecError: that argument is not built before this value (naming the ones that are).
+    """
+    if built is None or x.arg not in built:
+        have = ", ".join(repr(k) for k in (built or {})) or "none yet"
+        raise SpecError([f"{x.loc}: {where}: {{arg: {x.arg!r}}} names an argument that is not built before "
+                         f"this one (built so far: {have})"],
+                        hint="a value can use the arguments before it: {arg: 0} for the first positional one, "
+                             "or its parameter name")
+    return built[x.arg]
 
 
 def _strip_leaf_shardings(tree: Pytree, sources: dict | None = None) -> Any:
@@ -224,13 +300,20 @@ def _strip_leaf_shardings(tree: Pytree, sources: dict | None = None) -> Any:
     return jax.tree_util.tree_map(fresh, tree)
 
 
-def build_value(value: Any, fspec: FunctionSpec) -> Any:
-    """A plain spec value (a ``call`` argument, a static value) with every nested ``{call: ...}`` built.
+def build_value(value: Any, fspec: FunctionSpec, built: dict | None = None) -> Any:
+    """A plain spec value (a ``call`` argument, a static value) with every nested ``{call: ...}``
+    built and every ``{arg: N}`` the value built for that argument (``built``: by position and name).
 
     Lists, tuples and dicts are rebuilt with the same types; other values are returned as they are.
+
+    Raises:
+      SpecError: an ``{arg: N}`` names an argument not built yet.
+      TargetError: a ``{call: ...}`` fails (:func:`build_call`).
     """
     if isinstance(value, CallSpec):
-        return build_call(value, fspec)
+        return build_call(value, fspec, built)
+    if isinstance(value, ArgSpec):
+        return built_arg(value, built, "arg")
     if isinstance(value, StagedSpec):
         return staged_value(value)
     if isinstance(value, RefSpec):
@@ -238,9 +321,9 @@ def build_value(value: Any, fspec: FunctionSpec) -> Any:
     if isinstance(value, ValueSpec):
         return value.value
     if isinstance(value, (list, tuple)):
-        return type(value)(build_value(v, fspec) for v in value)
+        return type(value)(build_value(v, fspec, built) for v in value)
     if isinstance(value, dict):
-        return {k: build_value(v, fspec) for k, v in value.items()}
+        return {k: build_value(v, fspec, built) for k, v in value.items()}
     return value
 
 
@@ -262,17 +345,28 @@ def staged_value(value: StagedSpec) -> Any:
     return setup.mesh.abstract_mesh if value.form == "abstract" else setup.mesh
 
 
-def build_call(call: CallSpec, fspec: FunctionSpec) -> Any:
-    """Build ``target(*args, **kwargs)`` for a ``{call: ...}`` node (a config, a model definition).
+def build_call(call: CallSpec, fspec: FunctionSpec, built: dict | None = None) -> Any:
+    """Build ``target(*args, **kwargs)`` for a ``{call: ...}`` node (a config, a model definition),
+    its arguments built first (:func:`build_value`; ``built``: the function's arguments built so far).
 
     Raises:
       TargetError: the callable cannot be loaded or raises.
+      SpecError: an ``{arg: N}`` among its arguments names an argument not built yet.
+    """
+    args = [build_value(a, fspec, built) for a in call.args]
+    kwargs = {k: build_value(v, fspec, built) for k, v in call.kwargs.items()}
+    return _call_target(call, fspec, args, kwargs)
+
+
+def _call_target(call: CallSpec, fspec: FunctionSpec, args: list, kwargs: dict) -> Any:
+    """``call``'s target called on arguments already built.
+
+    Raises:
+      TargetError: the callable cannot be loaded or raises (the spec's line, and the user's frame).
     """
     from stagetool.core.errors import TargetError
 
     target = load_at(call.target, fspec, call.loc, "call")
-    args = [build_value(a, fspec) for a in call.args]
-    kwargs = {k: build_value(v, fspec) for k, v in call.kwargs.items()}
     try:
         return target.fn(*args, **kwargs)
     except USER_CODE_ERRORS as e:

@@ -71,9 +71,11 @@ class CallSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ArgSpec:
-    """``{arg: N}`` / ``{arg: name}`` in ``init_args``/``init_kwargs``: the (abstract) value built for
-    another argument of the function — positional ``N`` or the parameter/keyword ``name`` — so an
-    ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` is built over the model argument. It must name an
+    """``{arg: N}`` / ``{arg: name}``: the (abstract) value built for another argument of the function
+    (positional ``N`` or the parameter/keyword ``name``) wherever a value is: in ``init_args``/
+    ``init_kwargs`` (an ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` built over the model argument), in
+    a ``{call:}``'s own ``args``/``kwargs`` (``{call: model.py:init_train_state, args: [{arg: 0}]}``
+    over the config argument), in a static value or an argument holding no arrays. It must name an
     argument built before this one (an earlier position, or a positional one from a keyword)."""
 
     arg: Union[int, str]

@@ -72,7 +72,7 @@ class ValueParser:
             return self.call(node, path)
         if "ref" in keys:
             return self.ref(node, path)
-        if "arg" in keys and plain_strings:
+        if "arg" in keys and (plain_strings or self.is_arg_ref(node)):
             return self.arg_ref(node, path)
         if {"shape", "dtype"} <= keys:
             return self.expanded_leaf(node, path)
@@ -83,10 +83,13 @@ class ValueParser:
         return out
 
     def plain_value(self, node: yaml.Node, path: str) -> Any:
-        """A plain Python value (an argument of ``call``): strings stay strings; ``{call: ...}`` nests."""
+        """A plain Python value (an argument of ``call``, a static value): strings stay strings;
+        ``{call: ...}`` nests; ``{arg: N}`` is the value built for argument ``N``."""
         if isinstance(node, yaml.MappingNode):
             if self.is_staged(node):
                 return self.staged(node, path)
+            if self.is_arg_ref(node):
+                return self.arg_ref(node, path)
             if child(node, "call") is not None:
                 return self.call(node, path)
             if child(node, "ref") is not None:
@@ -96,6 +99,16 @@ class ValueParser:
             items = [self.plain_value(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
             return tuple(items) if node.tag == "!tuple" else items
         return plain(node)
+
+    @staticmethod
+    def is_arg_ref(node: yaml.MappingNode) -> bool:
+        """A one-key mapping ``{arg: N}`` / ``{arg: name}`` (N an integer, name a Python identifier):
+        a mapping ``{arg: 'f32[4]'}`` stays a pytree of leaves."""
+        if not (len(node.value) == 1 and isinstance(node.value[0][0], yaml.ScalarNode)
+                and node.value[0][0].value == "arg" and isinstance(node.value[0][1], yaml.ScalarNode)):
+            return False
+        value = plain(node.value[0][1])
+        return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, str) and value.isidentifier())
 
     @staticmethod
     def is_staged(node: yaml.MappingNode) -> bool:
@@ -175,7 +188,8 @@ class ValueParser:
         return CallSpec(target, tuple(args), kwargs, self.issues.loc(node))
 
     def arg_ref(self, node: yaml.MappingNode, path: str) -> ArgSpec | None:
-        """``{arg: N}`` / ``{arg: name}`` in init_args/init_kwargs: another argument's built value."""
+        """``{arg: N}`` / ``{arg: name}``: another argument's built value, wherever a value is (init_args,
+        a ``{call:}``'s own args/kwargs, a static value, an argument)."""
         check_keys(self.issues, node, path, {"arg"})
         arg = plain(child(node, "arg"))
         if isinstance(arg, bool) or not isinstance(arg, (int, str)) or (isinstance(arg, int) and arg < 0):

@@ -127,15 +127,16 @@ def step(config, params, x):
 '''
 
 
-@pytest.mark.parametrize("first, fix", [
-    ("{call: model.py:Config}", "argument 0 builds the same {call: model.py:Config} outside the trace: "
-                                "pass that one, {arg: 0}"),
-    ("3", "build it at an argument position (args: [{call: model.py:Config}, ...]) and pass it here as {arg: N}"),
+@pytest.mark.parametrize("first, init_arg", [
+    ("{call: model.py:Config}", "{arg: 0}"),
+    ("{call: model.py:Config}", "{call: model.py:Config}"),
+    ("3", "{call: model.py:Config}"),
 ])
-def test_call_that_cannot_run_in_the_init_trace_says_to_pass_an_arg(run_cli, tmp_path, isolated_imports, first, fix):
-    """Trial 2, finding 9: a ``{call: ...}`` in init_args runs inside the init's trace; one that cannot
-    (``set_mesh`` in a config's constructor) is exit 2 at its spec line, saying to build it at an
-    argument position and pass ``{arg: N}``; doing so stages."""
+def test_call_that_cannot_run_in_the_init_trace_is_built_outside(run_cli, tmp_path, isolated_imports, first, init_arg):
+    """Issue 30, item 6: a ``{call: ...}`` of init_args that cannot run inside the init's trace
+    (``set_mesh`` in a config's constructor) and needs nothing traced is built before the trace, as
+    the user's own code builds it; ``{arg: 0}`` hands over argument 0's config. Each stages, the
+    params sharded as the init gives them, and the process's global mesh is its own again after."""
     write(tmp_path, "model.py", CONFIG_STEP)
     text = f'''
         version: 1
@@ -148,16 +149,42 @@ def test_call_that_cannot_run_in_the_init_trace_says_to_pass_an_arg(run_cli, tmp
             args:
               - {first}
               - init: model.py:init
-                init_args: [{{call: model.py:Config}}]
+                init_args: [{init_arg}]
               - 'f32[16,64] @ [fsdp, null]'
     '''
     spec = write(tmp_path, "s.yaml", text)
-    r = run_cli("shardings", "--spec", spec)
-    assert r.code == 2, r.stderr
-    assert "s.yaml:11:21: calling model.py:Config failed: ValueError: `set_mesh` can only be used outside of" \
-        in r.stderr
-    assert "a {call: ...} in init_args is built inside the init's trace (jax.jit)" in r.stderr and fix in r.stderr
-    if first != "3":  # the fix as the message gives it
-        spec.write_text(spec.read_text().replace("init_args: [{call: model.py:Config}]", "init_args: [{arg: 0}]"))
-        doc = run_cli("shardings", "--spec", spec, "--format", "json", check=0).json()
-        assert [leaf["path"] for leaf in doc["functions"][0]["inputs"]][:1] == ["params/w"]
+    before = jax.sharding.get_mesh()
+    doc = run_cli("shardings", "--spec", spec, "--format", "json", check=0).json()
+    f = doc["functions"][0]
+    assert f.get("error") is None
+    leaves = {leaf["path"]: leaf for leaf in f["inputs"]}
+    assert leaves["params/w"]["shape"] == [64, 64] and leaves["x"]["compiled"] == "P('fsdp', None)"
+    assert jax.sharding.get_mesh() is before
+
+
+def test_call_taking_a_traced_value_that_cannot_run_in_the_trace_says_so(run_cli, tmp_path, isolated_imports):
+    """A ``{call: ...}`` that takes a traced value (an argument's array) and cannot run inside the trace stays
+    exit 2 at its spec line, saying why."""
+    write(tmp_path, "model.py", CONFIG_STEP + """
+def scaled(x):
+    return float(x.sum())  # a concrete value: not inside jax.jit
+
+def init2(s):
+    return {"w": jnp.zeros((64, 64)) * s}
+""")
+    text = '''
+        version: 1
+        mesh:
+          axes: {fsdp: 8}
+        functions:
+          step:
+            target: model.py:step
+            args:
+              - f32[4]
+              - init: model.py:init2
+                init_args: [{call: model.py:scaled, args: [{arg: 0}]}]
+              - 'f32[16,64] @ [fsdp, null]'
+    '''
+    r = run_cli("shardings", "--spec", write(tmp_path, "s.yaml", text), check=2)
+    assert "s.yaml:10:21: calling model.py:scaled failed:" in r.stderr
+    assert "takes a traced value ({arg: N} or a leaf) but cannot run there" in r.stderr
