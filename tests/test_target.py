@@ -156,3 +156,37 @@ def test_user_frame_is_never_stagetools_own_code():
         # Even named as a user file, stagetool's frame is not the user's line: the caller's is.
         frame = user_frame(e, [target_module.__file__])
     assert frame.startswith(f"{Path(__file__).resolve()}:") and "in test_user_frame_is_never_stagetools_own_code" in frame
+
+
+@pytest.mark.parametrize("dots, root", [(".", "src/proj"), ("..", "src")])
+def test_relative_imports_in_a_folder_without_init_say_the_module_form(run_cli, tmp_path, monkeypatch, dots, root):
+    """Issue 30, item 6: a file target in a folder without ``__init__.py`` whose module imports
+    relative to its package is exit 2 naming the module form and the folder to run from (as deep as
+    its relative imports reach); following the hint stages, with XLA's FLOPs of x @ w."""
+    write(tmp_path, "src/proj/models/layers.py", "def dense(x, w):\n    return x @ w\n")
+    write(tmp_path, "src/proj/layers.py", "def dense(x, w):\n    return x @ w\n")
+    write(tmp_path, "src/proj/models/model.py", f"""
+        from {dots}layers import dense
+
+        def f(x, w):
+            return dense(x, w)
+    """)
+    spec = write(tmp_path, "src/proj/models/model.stagetool.yaml", """
+        version: 1
+        functions:
+          f:
+            target: model.py:f
+            args: ['f32[8,16]', 'f32[16,4]']
+    """)
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("cost", "src/proj/models/model.py:f", check=2)
+    module = "models.model" if dots == "." else "proj.models.model"
+    assert "attempted relative import" in r.stderr and "model.py:1 in <module>" in r.stderr
+    assert f"name it in the module form, {module}:f" in r.stderr
+    assert f"run stagetool from {tmp_path / root} " in r.stderr.replace("\n", " ")
+    assert "Traceback" not in r.stderr
+
+    spec.write_text(spec.read_text().replace("model.py:f", f"{module}:f"))
+    monkeypatch.chdir(tmp_path / root)
+    doc = run_cli("cost", "--spec", spec, "--format", "json", check=0).json()
+    assert doc["functions"][0]["cost"]["per_device"]["flops"] == 2 * 8 * 16 * 4

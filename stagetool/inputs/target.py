@@ -132,7 +132,40 @@ def _import(text: str, name: str, user_file: str | None) -> Any:
         raise TargetError(f"target {text!r}: importing {name} failed: {e}" + _frame_note(e, user_file)) from None
     except USER_CODE_ERRORS as e:  # SystemExit too: a module that exits is a module that failed
         raise TargetError(f"target {text!r}: importing {name} failed: {describe_exception(e)}"
-                          + _frame_note(e, user_file)) from None
+                          + _frame_note(e, user_file), hint=_relative_import_hint(e, text, user_file)) from None
+
+
+def _relative_import_hint(exc: BaseException, text: str, user_file: str | None) -> str | None:
+    """For a file target whose module (or one it imports) uses relative imports outside a package
+    (a folder without ``__init__.py``): the module form to name it by and the folder to run from.
+
+    The package root is the folder as many levels above the failing file as its deepest relative
+    import reaches (``from ..common import x``: two); None for any other error.
+    """
+    import ast
+
+    if not (isinstance(exc, ImportError) and "relative import" in str(exc) and user_file):
+        return None
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(".py")]
+    failing = Path(frames[-1].filename).resolve() if frames else Path(user_file).resolve()
+    try:
+        tree = ast.parse(failing.read_text())
+        level = max([n.level for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + [1])
+    except (OSError, SyntaxError, ValueError):
+        level = 1
+    if level >= len(failing.parents):
+        return None
+    root = failing.parents[level]
+    target = Path(user_file).resolve()
+    try:
+        module = ".".join(target.relative_to(root).with_suffix("").parts)
+    except ValueError:
+        return None
+    attr = split_target(text)[1]
+    return (f"{failing.name} imports relative to its package (from {'.' * level} imports), and a file target in a folder "
+            f"without __init__.py is imported as a top-level module: name it in the module form, {module}:{attr} "
+            f"(on the command line, or as the spec's target with --spec), "
+            f"and run stagetool from {root} (or with {root} on PYTHONPATH); or add an __init__.py to its folders")
 
 
 def _frame_note(exc: BaseException, user_file: str | None) -> str:
