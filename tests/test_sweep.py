@@ -473,3 +473,23 @@ def test_a_quoted_placeholder_as_a_mesh_size_says_to_unquote_it(run_cli, targets
     r = run_cli("sweep", "--spec", str(write(tmp_path, "u.stagetool.yaml", TARGETS_SPEC.replace("{data: 8}", "{data: ${n}}"))),
                 "--set", "n=8", "--format", "json", check=0)
     assert r.code == 0 and r.json()["rows"][0]["device_count"] == 8
+
+
+def test_a_failed_cell_shows_the_first_problem_of_an_invalid_spec(run_cli, tmp_path, monkeypatch, isolated_imports):
+    """Issue 30, item 6: a row whose spec has several problems shows the first of them in its
+    failure cell (the one a single run reports first), not only 'setup: invalid spec:'."""
+    from stagetool.core.errors import SpecError
+    from stagetool.sweep.render import first_line
+
+    spec = _batch_spec(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecError) as single:
+        _single("mlp.py:train_step", spec, None, [("batch", "101")])
+    assert len(single.value.issues) == 2
+    r = run_cli("sweep", "mlp.py:train_step", "--set", "batch=101,128", "--jobs", "1", "--format", "markdown")
+    assert r.code == 3, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("|  | 101 |"))
+    assert row.rstrip(" |").endswith(f"setup: invalid spec: {single.value.issues[0]} (+1 more line)")
+    assert "is not divisible by 2" in single.value.issues[0]
+    assert first_line("invalid spec:\n  a\n  b\n  c") == "invalid spec: a (+2 more lines)"
+    assert first_line("one line\nits frame") == "one line" and first_line("") == ""

@@ -80,8 +80,20 @@ def _failure(row: dict) -> str:
     err = row.get("error")
     if err is None:
         return ""
-    first = (err.get("message") or "").strip().splitlines()
-    return f"{err.get('stage')}: {first[0] if first else ''}"
+    return f"{err.get('stage')}: {first_line(err.get('message') or '')}"
+
+
+def first_line(message: str) -> str:
+    """The line of an error message that says what went wrong: its first, or, where that only heads
+    a list of problems (``invalid spec:``, one problem per following line), the head with the first
+    problem, and ``(+N more lines)`` when others follow."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if lines[0].endswith(":") and len(lines) > 1:
+        more = len(lines) - 2
+        return f"{lines[0]} {lines[1]}" + (f" (+{more} more line{'s' if more != 1 else ''})" if more else "")
+    return lines[0]
 
 
 def table_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
