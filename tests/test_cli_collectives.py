@@ -202,3 +202,51 @@ def test_a_combined_collective_shows_its_first_op_and_how_many_more(run_cli, tmp
         assert short in out and c["op_name"].split("/", 1)[1] not in out
     row = next(ln for ln in text.splitlines() if short in ln)
     assert len(row) < 200
+
+
+SHARED_HELPER = """\
+def dense(x, w):  # a DenseGeneral-like helper: every projection's matmul is this line
+    return x @ w
+
+
+def attention(x, wq, wk, wv):
+    return tuple(dense(x, w) for w in (wq, wk, wv))  # one call line for all three
+"""
+
+
+@pytest.mark.jax_version("<0.12", reason="jaxlib 0.12's partitioner gives a collective it inserts the "
+                                          "parameter's metadata, not the op's: the causes cannot be read back")
+def test_projections_sharing_one_helper_line_name_their_own_weight(run_cli, tmp_path, monkeypatch):
+    """Issue 30, item 5: wq, wk and wv go through one helper line (the same source line, op name and
+    callers); wv alone is sharded over ``data`` on its contraction dimension. With wv laid out like
+    the others the program has no collective at all, so every collective there is wv's: each cause
+    names wv (its operand and the origin of its axes), none the first projection's weight."""
+    write(tmp_path, "proj.py", SHARED_HELPER)
+
+    def spec(wv: str) -> str:
+        return write(tmp_path, "proj.stagetool.yaml", f"""
+            version: 1
+            mesh:
+              axes: {{data: 2, model: 4}}
+            functions:
+              attention:
+                target: proj.py:attention
+                args:
+                  - 'f32[16,256] @ [data, null]'
+                  - 'f32[256,512] @ [null, model]'
+                  - 'f32[256,512] @ [null, model]'
+                  - 'f32[256,512] @ {wv}'
+        """)
+
+    monkeypatch.chdir(tmp_path)
+    spec("[null, model]")
+    same = run_cli("collectives", "proj.py:attention", "--format", "json", check=0).json()
+    assert same["functions"][0]["collectives"]["items"] == []
+    spec("[data, null]")
+    doc = run_cli("collectives", "proj.py:attention", "--format", "json", check=0).json()
+    section = doc["functions"][0]["collectives"]
+    assert section["causes_unavailable"] is None and len(section["items"]) >= 2
+    for item in section["items"]:
+        cause = item["cause"]
+        assert cause["line"] == "proj.py:2" and [o["name"] for o in cause["operands"]] == ["x", "wv"], cause
+        assert {o["leaf"] for o in cause["origins"]} <= {"wv", "x"} and "wq" not in cause["reason"]

@@ -442,17 +442,22 @@ _VIEWS = frozenset({"stablehlo.reshape", "stablehlo.transpose", "stablehlo.conve
                     "sdy.sharding_constraint", "sdy.reshard", "stablehlo.optimization_barrier"})
 
 
-def _source_input(ctx: _Ctx, o: Operand, depth: int = 0) -> int | None:
+def _source_input(ctx: _Ctx, o: Operand) -> int | None:
     """The entry argument an operand is a view of (sliced, reshaped, transposed, converted), or None."""
+    return _view_of_input(ctx.prop, o)
+
+
+def _view_of_input(prop: Propagation, o: Operand, depth: int = 0) -> int | None:
+    """:func:`_source_input` over the propagation alone."""
     if o.input is not None:
         return o.input
     if o.producer is None or depth > 32:
         return None
-    p = ctx.prop.ops[o.producer]
+    p = prop.ops[o.producer]
     sliced = p.name == "sdy.named_computation" and any(k in (_op_tail(p.op_name) or "")
                                                         for k in ("index_in_dim", "slice", "reshape"))
     if (p.name in _VIEWS or sliced) and p.operands:  # a nested jit of lax.dynamic_index_in_dim is a slice
-        return _source_input(ctx, p.operands[0], depth + 1)
+        return _view_of_input(prop, p.operands[0], depth + 1)
     return None
 
 
@@ -493,10 +498,13 @@ def _tensor(ctx: _Ctx, name: str, s: ValueSharding | None, axes: Sequence[str], 
 
 
 def cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
-             outputs: Sequence[LeafReport]) -> CollectiveCause | None:
+             outputs: Sequence[LeafReport], feeding: frozenset[int] | None = None) -> CollectiveCause | None:
     """The cause of one collective (see the module docstring), or None when its metadata names no op
     of the propagated module (a collective without a source line, or one XLA made for an op that
-    lowering did not emit)."""
+    lowering did not emit). ``feeding``: the entry parameters its operands are computed from
+    (:func:`stagetool.analysis.collectives.feeding_parameters`): of ops that explain it equally well
+    (one source line, op name and callers: ``dense(x, w)`` called for ``wq``, ``wk`` and ``wv``), the
+    one more of whose operands are views of those inputs is taken, not the first."""
     ctx = _Ctx(prop, {x.parameter: x for x in inputs if x.parameter is not None}, outputs)
     found = candidates(c, prop)
     if not found:
@@ -508,13 +516,23 @@ def cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
         how = "inside a manual computation (shard_map)" if op.name.startswith("stablehlo.") else "an explicit reshard"
         return _record(ctx, op, axes, f"written in the program: {op.name.split('.', 1)[-1]} at {_short(_line(op))}, "
                                       f"{how}; the partitioner did not choose it", [])
+    # Several ops of one line and op name (a helper called once per weight, from one line) are told
+    # apart by operand: of two of one kind that explain it equally well, the one more of whose
+    # operands are views of the inputs the collective's operands are computed from (else the first)
+    def fed(op: PropagatedOp) -> int:
+        return sum(1 for o in op.operands if _view_of_input(prop, o) in feeding) if feeding else 0
+
+    def kind(op: PropagatedOp) -> tuple:
+        return op.name, _op_tail(op.op_name)
+
     best: tuple[tuple[int, int], PropagatedOp, str, list[tuple[int, str]]] | None = None
     for op in _neighbourhood(found, prop):
         scored = _reason(ctx, c, op, axes)
-        if scored is not None and (best is None or scored[0] > best[0]):
+        if scored is not None and (best is None or scored[0] > best[0] or (
+                scored[0] == best[0] and kind(op) == kind(best[1]) and fed(op) > fed(best[1]))):
             best = (scored[0], op, scored[1], scored[2])
     if best is None:
-        op = found[0]
+        op = max((x for x in found if kind(x) == kind(found[0])), key=fed)  # the first of the most fed
         reason = (f"no factor of this op is sharded over {_axes_text(axes)} in one tensor and not another: the "
                   "partitioner's choice of how to lay out the op (Shardy records no conflict here)")
         involved: list[tuple[int, str]] = []

@@ -999,6 +999,72 @@ _VALUE_OPS = frozenset(
 """Opcodes whose result carries their operands' values, rearranged or re-typed, not combined."""
 
 
+_CONTRACTIONS = frozenset({"dot", "convolution"})
+
+
+def feeding_parameters(module: HloModule, collectives: Sequence[Collective]) -> dict[tuple[str, str], frozenset[int]]:
+    """Per collective (``(computation, name)``), the entry parameter numbers its operands are computed
+    from: what ties a collective to the op it belongs to when several ops share one source line and
+    op name (``dense(x, w)`` called for ``wq``, ``wk`` and ``wv``).
+
+    Data flow is followed backward from the collective's operands through every op, into the
+    callers of fusions and called computations (a called computation's ``parameter(i)`` is its
+    caller's operand ``i``; only where the computation has one caller), and through at most one
+    contraction (a ``dot``/``convolution``, or a fusion holding one): a partial result's
+    all-reduce reaches the dot's operands, not the layers before them. A parameter of the entry
+    computation ends a path. An empty set where nothing is found.
+    """
+    callers = _callers(module)
+    contracts: dict[str, bool] = {}
+
+    def contracting(ins: HloInstruction) -> bool:
+        if ins.opcode in _CONTRACTIONS:
+            return True
+        if ins.opcode != "fusion":
+            return False
+        for name in ins.called_computations:
+            if name not in contracts:
+                fused = module.computation(name)
+                contracts[name] = fused is not None and any(i.opcode in _CONTRACTIONS for i in fused.instructions)
+            if contracts[name]:
+                return True
+        return False
+
+    out: dict[tuple[str, str], frozenset[int]] = {}
+    for c in collectives:
+        comp = module.computation(c.computation)
+        ins = comp.instruction(c.name) if comp is not None else None
+        if ins is None:
+            out[(c.computation, c.name)] = frozenset()
+            continue
+        found: set[int] = set()
+        seen: set[tuple[str, str, int]] = set()
+        stack = [(comp, name, 0) for name in ins.operands]
+        while stack and len(seen) < 20_000:
+            at, name, passed = stack.pop()
+            if (at.name, name, passed) in seen:
+                continue
+            seen.add((at.name, name, passed))
+            x = at.instruction(name)
+            if x is None:
+                continue
+            if x.opcode == "parameter":
+                num = x.parameter_number
+                sites = callers.get(at.name, ())
+                if at.name == module.entry_name and num is not None:
+                    found.add(num)
+                elif num is not None and len(sites) == 1 and num < len(sites[0][1].operands):
+                    stack.append((sites[0][0], sites[0][1].operands[num], passed))
+                continue
+            if contracting(x):
+                if passed:
+                    continue
+                passed = 1
+            stack.extend((at, o, passed) for o in x.operands)
+        out[(c.computation, c.name)] = frozenset(found)
+    return out
+
+
 def collectives_from_parameter(
     module: HloModule,
     collectives: Sequence[Collective],

@@ -651,9 +651,12 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
             origins = sharding_origins(propagation, inputs or (), outputs or ())
     if found and unavailable is None:
         from stagetool.analysis.causes import cause_of
+        from stagetool.analysis.collectives import feeding_parameters
 
-        items = tuple(CollectiveItem(c, _user_source(c, user, library), cause_of(c, propagation, inputs or (),
-                                                                                 outputs or ()))
+        feeding = feeding_parameters(module, found)
+        items = tuple(CollectiveItem(c, _user_source(c, user, library),
+                                     cause_of(c, propagation, inputs or (), outputs or (),
+                                              feeding.get((c.computation, c.name))))
                       for c in found)
     else:
         items = tuple(CollectiveItem(c, _user_source(c, user, library)) for c in found)
