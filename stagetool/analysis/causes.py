@@ -504,7 +504,19 @@ def cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
     lowering did not emit). ``feeding``: the entry parameters its operands are computed from
     (:func:`stagetool.analysis.collectives.feeding_parameters`): of ops that explain it equally well
     (one source line, op name and callers: ``dense(x, w)`` called for ``wq``, ``wk`` and ``wv``), the
-    one more of whose operands are views of those inputs is taken, not the first."""
+    one more of whose operands are views of those inputs is taken, not the first. A collective XLA
+    inserted without metadata (``Collective.nearest``) is matched by the nearest instruction's line,
+    and its reason begins ``no metadata of its own; nearest: gather at model.py:5``."""
+    cause = _cause_of(c, prop, inputs, outputs, feeding)
+    if cause is None or c.nearest is None or c.source is None:
+        return cause
+    # XLA inserted it without metadata: the cause is the nearest instruction's that has a line, and says so
+    near = f"no metadata of its own; nearest: {_op_tail(c.op_name) or c.nearest} at {_short(f'{c.source.file}:{c.source.line}')}"
+    return dataclasses.replace(cause, reason=f"{near}; {cause.reason}")
+
+
+def _cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
+              outputs: Sequence[LeafReport], feeding: frozenset[int] | None) -> CollectiveCause | None:
     ctx = _Ctx(prop, {x.parameter: x for x in inputs if x.parameter is not None}, outputs)
     found = candidates(c, prop)
     if not found:

@@ -449,6 +449,11 @@ class Collective:
       network: on a multi-slice TPU job (``--slices``), ``"ici"`` for a collective within a slice,
         ``"dcn"`` for a transfer between slices (XLA's megascale ``send``, whose ``kind`` is its
         transfer type, e.g. ``all-reduce``); None for one slice.
+      nearest: when the collective (and its calling fusion or wrapper) has no source line of its own
+        (one XLA inserted without metadata, or with only its own instruction name), the HLO name of
+        the nearest instruction of the same computation that has one, by operand/user hops (operands
+        first): ``op_name``, ``source`` and ``source_chain`` are then that instruction's. None when
+        the collective has its own, or when no instruction within :data:`NEAREST_HOPS` has one.
     """
 
     kind: str
@@ -476,6 +481,8 @@ class Collective:
     source_chain: tuple[SourceFrame, ...]
     merged: tuple[tuple[str, str], ...] = ()
     network: str | None = None
+    # left out of the snapshot's records and the report's JSON while None
+    nearest: str | None = dataclasses.field(default=None, metadata={"omit": True, "json_omit_none": True})
 
     @property
     def executed_bytes_per_device(self) -> int | None:
@@ -802,6 +809,7 @@ def _find(module: HloModule, mesh: MeshAxes | None, dcn_axes: tuple[str, ...] | 
         ctx = contexts.get(comp.name)
         sites = callers.get(comp.name, ())
         caller = sites[0][1] if len(sites) == 1 else None
+        caller_comp = sites[0][0] if len(sites) == 1 else None
         dones = {}
         for ins in comp.instructions:
             if ins.opcode in _DONE and ins.operands:
@@ -829,7 +837,8 @@ def _find(module: HloModule, mesh: MeshAxes | None, dcn_axes: tuple[str, ...] | 
             fusion = caller if caller is not None and caller.opcode == "fusion" else None
             if kind == "all-reduce" and fusion is not None and _is_all_reduce_scatter(comp, fusion):
                 kind, result_shape = "reduce-scatter", fusion.shape
-            out.append(_record(module, comp, ins, kind, done, result_shape, ctx, num_devices, matcher, caller, fusion))
+            out.append(_record(module, comp, ins, kind, done, result_shape, ctx, num_devices, matcher, caller, fusion,
+                               caller_comp))
     return _merge_split_collectives(out)
 
 
@@ -867,8 +876,43 @@ def _is_all_reduce_scatter(fused: HloComputation, fusion: HloInstruction) -> boo
     )
 
 
+NEAREST_HOPS = 8
+"""How many operand/user hops :func:`_nearest_described` looks for an instruction with a source line."""
+
+
+def _nearest_described(module: HloModule, comp: HloComputation,
+                       start: HloInstruction) -> tuple[HloInstruction, tuple] | None:
+    """The instruction of ``comp`` nearest to ``start`` (breadth-first over operands, then users, up to
+    :data:`NEAREST_HOPS` hops; ties in operand order, then text order) whose metadata has a source line
+    of the program, and that line's frames; None when none has."""
+    users: dict[str, list[str]] = {}
+    for x in comp.instructions:
+        for o in x.operands:
+            users.setdefault(o, []).append(x.name)
+    seen, level = {start.name}, [start.name]
+    for _ in range(NEAREST_HOPS):
+        nxt = []
+        for side in ("operands", "users"):
+            for name in level:
+                x = comp.instruction(name)
+                for n in (x.operands if side == "operands" else users.get(name, ())) if x is not None else ():
+                    if n not in seen:
+                        seen.add(n)
+                        nxt.append(n)
+        for name in nxt:
+            x = comp.instruction(name)
+            chain = program_frames(module.source_stack(x)) if x is not None and x.metadata else ()
+            if chain:
+                return x, chain
+        if not nxt:
+            return None
+        level = nxt
+    return None
+
+
 def _record(
-    module, comp: HloComputation, ins, kind, done, result_shape, ctx, num_devices, matcher, caller, fusion
+    module, comp: HloComputation, ins, kind, done, result_shape, ctx, num_devices, matcher, caller, fusion,
+    caller_comp: HloComputation | None = None,
 ) -> Collective:
     arrays = array_leaves(result_shape)
     operand_bytes: int | None = 0
@@ -893,6 +937,15 @@ def _record(
     # A collective inside a fusion or wrapper often has no metadata: take its caller's.
     described = ins if (ins.metadata or caller is None) else caller
     chain = program_frames(module.source_stack(described))
+    nearest = None
+    if not chain:  # inserted by XLA without a line of the program's: borrow the nearest instruction's
+        where, start = (caller_comp, caller) if described is caller and caller_comp is not None else (comp, ins)
+        found = _nearest_described(module, where, start)
+        if found is None and where is not comp:
+            found = _nearest_described(module, comp, ins)
+        if found is not None:
+            described, chain = found
+            nearest = described.name
     ch = ins.attributes.get("channel_id", "")
     return Collective(
         kind=kind,
@@ -918,6 +971,7 @@ def _record(
         op_name=normalise_op_name(described.metadata.op_name) if described.metadata else None,
         source=chain[0] if chain else None,
         source_chain=chain,
+        nearest=nearest,
     )
 
 

@@ -506,7 +506,7 @@ def collectives_rows(c: CollectivesSection) -> tuple[list[str], list[list[str]]]
                     + ([x.network or "—"] if network else [])
                     + [result, format_bytes(x.bytes_per_device), runs,
                        " ← ".join([_source(item.source), *(_source(v) for v in item.via)]),
-                       _op(x.op_name)])
+                       ("nearest: " if x.nearest else "") + _op(x.op_name)])
     return (["kind", "mesh axes"] + (["network"] if network else [])
             + ["result per device", "bytes", "runs", "source", "op"]), rows
 

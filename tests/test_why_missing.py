@@ -1,0 +1,107 @@
+"""'Why' where it was missing (issue 33, item 4): collectives XLA inserts without metadata are tied
+to the nearest instruction that has a line, and say so."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import run_subprocess, write
+
+from stagetool.analysis.collectives import MeshAxes, find_collectives
+from stagetool.devices import tpu_topology as topology
+from stagetool.hlo.parser import parse_hlo_module
+
+needs_libtpu = pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed: pip install -e '.[tpu]'")
+
+_HLO = """HloModule m, num_partitions=4
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  %mul = f32[8]{0} multiply(%p, %p), metadata={op_name="jit(f)/mul" source_file="/src/m.py" source_line=7}
+  %copy = f32[8]{0} copy(%mul)
+  %ar = f32[8]{0} all-reduce(%copy), channel_id=1, replica_groups={{0,1,2,3}}, to_apply=%add
+  %ar.2 = f32[8]{0} all-reduce(%mul), channel_id=2, replica_groups={{0,1},{2,3}}, to_apply=%add
+  ROOT %neg = f32[8]{0} negate(%ar), metadata={op_name="jit(f)/neg" source_file="/src/m.py" source_line=9}
+}
+"""
+
+
+def test_a_collective_without_metadata_borrows_the_nearest_line():
+    by_name = {c.name: c for c in find_collectives(parse_hlo_module(_HLO), MeshAxes(("x", "y"), (2, 2)))}
+    # %ar: its operand (a copy) has no line, its user %neg (one hop) has: the user's, not %mul's (two hops)
+    ar = by_name["ar"]
+    assert (ar.kind, ar.mesh_axes, ar.bytes_per_device) == ("all-reduce", ("x", "y"), 8 * 4)
+    assert ar.nearest == "neg" and ar.op_name == "jit(f)/neg" and (ar.source.file, ar.source.line) == ("/src/m.py", 9)
+    # %ar.2: its operand %mul has one, one hop away (operands before users)
+    ar2 = by_name["ar.2"]
+    assert ar2.mesh_axes == ("y",) and ar2.nearest == "mul" and ar2.source.line == 7
+
+
+TAKE = """import jax.numpy as jnp
+
+
+def take(a, i):
+    return a[i]
+"""
+TAKE_SPEC = """version: 1
+mesh: {axes: {data: 2, model: 4}}
+functions:
+  take:
+    target: gat.py:take
+    args: ['f32[64,256] @ [data, model]', 'i32[16] @ [model]']
+"""
+
+
+def _unlabelled_collectives() -> list[tuple[str, str]]:
+    """(kind, result type) of the collectives XLA:TPU compiles for ``take`` with no metadata, from JAX directly."""
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    devices = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x4").devices
+    mesh = Mesh(np.array(devices).reshape(2, 4), ("data", "model"))
+    a = jax.ShapeDtypeStruct((64, 256), jnp.float32, sharding=NamedSharding(mesh, P("data", "model")))
+    i = jax.ShapeDtypeStruct((16,), jnp.int32, sharding=NamedSharding(mesh, P("model")))
+    text = jax.jit(lambda a, i: a[i]).trace(a, i).lower().compile().as_text()
+    out = []
+    for line in text.splitlines():
+        m = re.search(r"= (\w+)\[([\d,]*)\]\S* (all-reduce|all-gather|all-to-all|collective-permute)(-start)?\(", line)
+        if m and "metadata=" not in line:
+            out.append((m.group(3), f"{m.group(1)}[{m.group(2)}]"))
+    return sorted(out)
+
+
+@needs_libtpu
+def test_the_gathers_index_all_reduces_are_tied_to_the_gather(tmp_path):
+    raw = _unlabelled_collectives()
+    assert raw == [("all-reduce", "s32[16]"), ("all-reduce", "s32[8]")]  # XLA:TPU gives these no metadata
+    write(tmp_path, "gat.py", TAKE)
+    write(tmp_path, "gat.stagetool.yaml", TAKE_SPEC)
+    line = TAKE.splitlines().index("    return a[i]") + 1
+    r = run_subprocess("collectives", "gat.py:take", "--topology", "v5e:2x4", "--format", "json", "--no-cache",
+                       cwd=tmp_path)
+    assert r.code == 0, r.stderr
+    items = r.json()["functions"][0]["collectives"]["items"]
+    near = sorted((it for it in items if it["collective"].get("nearest")), key=lambda it: it["collective"]["result_types"])
+    assert [(it["collective"]["kind"], it["collective"]["result_types"][0]) for it in near] == raw
+    for it, axes, n in zip(near, (["data"], ["model[major 2 of 4]"]), (16, 8)):
+        c = it["collective"]
+        assert c["mesh_axes"] == axes and c["bytes_per_device"] == n * 4
+        assert it["source"] == f"gat.py:{line}"
+        assert it["cause"]["op"] == "gather" and it["cause"]["line"].endswith(f"gat.py:{line}")
+        assert it["cause"]["reason"].startswith(f"no metadata of its own; nearest: gather at gat.py:{line}; ")
+    # the others have metadata of their own, and say nothing of a neighbour
+    assert all("no metadata" not in it["cause"]["reason"] for it in items if it not in near)
+    text = run_subprocess("collectives", "gat.py:take", "--topology", "v5e:2x4", cwd=tmp_path).stdout
+    assert text.count("nearest: gather") == 2 + 2  # the op column and the reason, for each
