@@ -23,6 +23,17 @@ Found on jax/jaxlib 0.10.2 (XLA:CPU), from the compiled (per-device) module
   widened. A tuple collective is
   marked by the bytes of its widened elements (``widened_bytes``); an element that is f32 in the
   program (a loss) is not counted.
+* **Collectives of an accumulation inside a loop.** A gradient-accumulation loop
+  (``lax.fori_loop``/``scan`` over micro-batches, each adding the gradient of a data-sharded batch
+  to a carried sum) keeps its all-reduce in the ``while`` body on XLA:CPU: it runs once per
+  iteration (4 times for 4 micro-batches). XLA:TPU moves it out of the loop and all-reduces the sum
+  once (found on ``--topology v5e:2x4``: ``all-reduce`` in the entry computation after the
+  ``while``). Such an all-reduce is recognised (:func:`accumulated_in_loop`) only where moving it
+  out is exact: a sum (reducer ``add``) of one array inside a ``while`` body, whose only user is an
+  ``add`` (or a fusion whose root is one) of it and a loop-carried element of the body's parameter
+  (``get-tuple-element(param), index=k``, used by nothing else in the body), that sum being the
+  body's result element ``k``; ``copy``, ``bitcast``, ``reshape`` and ``transpose`` may stand
+  between them (they commute with an element-wise sum).
 * **Random numbers as rolled loops.** ``jax.random`` (threefry2x32) is lowered on CPU as a ``while``
   loop of 5 iterations over ``u32`` words (JAX rolls it there; TPU and GPU compiles unroll it), so
   the loop-aware FLOPs would multiply integer mixing rounds that do not run as a loop on an
@@ -249,6 +260,105 @@ def widened_collectives(module: HloModule,
     return out
 
 
+#: Ops that rearrange a value without computing: an element-wise sum commutes with them.
+_REARRANGE = frozenset({"copy", "bitcast", "reshape", "transpose"})
+
+
+def _through(comp: HloComputation, name: str) -> HloInstruction | None:
+    """The instruction behind ``name`` in ``comp``, past :data:`_REARRANGE` ops."""
+    ins = comp.instruction(name)
+    for _ in range(16):
+        if ins is None or ins.opcode not in _REARRANGE or len(ins.operands) != 1:
+            return ins
+        ins = comp.instruction(ins.operands[0])
+    return None
+
+
+def _users(comp: HloComputation, name: str) -> list[HloInstruction]:
+    return [i for i in comp.instructions if name in i.operands]
+
+
+def _sole_user_past_rearranging(comp: HloComputation, name: str) -> HloInstruction | None:
+    """The one instruction that takes ``name``'s value (past single-user :data:`_REARRANGE` ops), or None."""
+    for _ in range(16):
+        users = _users(comp, name)
+        if len(users) != 1:
+            return None
+        if users[0].opcode not in _REARRANGE:
+            return users[0]
+        name = users[0].name
+    return None
+
+
+def _summands(module: HloModule, comp: HloComputation, ins: HloInstruction) -> tuple[str, str] | None:
+    """The two operands (names in ``comp``) that ``ins`` adds: an ``add``'s, or a fusion's whose
+    fused root is an ``add`` of two of its parameters (past :data:`_REARRANGE` ops); else None."""
+    if ins.opcode == "add" and len(ins.operands) == 2:
+        return ins.operands[0], ins.operands[1]
+    if ins.opcode != "fusion" or not ins.called_computations:
+        return None
+    inner = module.computation(ins.called_computations[0].lstrip("%"))
+    root = _through(inner, inner.root.name) if inner is not None and inner.root is not None else None
+    if root is None or root.opcode != "add" or len(root.operands) != 2:
+        return None
+    params = [_through(inner, o) for o in root.operands]
+    if any(p is None or p.opcode != "parameter" for p in params):
+        return None
+    try:
+        k = [int(p.operand_text.strip()) for p in params]
+    except ValueError:
+        return None
+    if k[0] == k[1] or max(k) >= len(ins.operands):
+        return None
+    return ins.operands[k[0]], ins.operands[k[1]]
+
+
+def accumulated_in_loop(module: HloModule, names: Iterable[tuple[str, str, str | None]]) -> tuple[str, ...]:
+    """Names of the all-reduces that sum, inside a ``while`` body, a value added to a loop-carried
+    accumulator: XLA:CPU runs each once per iteration where XLA:TPU (and GPU) all-reduce the
+    accumulated sum once after the loop (see the module docstring for what is recognised).
+
+    Args:
+      module: the compiled (per-device) module.
+      names: ``(instruction name, computation name, reduction opcode or None)`` of each collective
+        (:attr:`stagetool.analysis.collectives.Collective.reduction`).
+    """
+    bodies = {i.attributes.get("body", "").lstrip("%") for c in module.computations for i in c.instructions
+              if i.opcode == "while"}
+    out = []
+    for name, comp_name, reduction in names:
+        comp = module.computation(comp_name)
+        ins = comp.instruction(name) if comp is not None and comp_name in bodies else None
+        if ins is None or ins.opcode != "all-reduce" or reduction != "add" or len(array_leaves(ins.shape)) != 1:
+            continue
+        user = _sole_user_past_rearranging(comp, name)
+        pair = _summands(module, comp, user) if user is not None else None
+        if pair is None or comp.root is None or comp.root.opcode != "tuple":
+            continue
+        sides = [_through(comp, o) for o in pair]
+        mine = [s is not None and s.name == name for s in sides]
+        if mine.count(True) != 1:
+            continue
+        acc = sides[mine.index(False)]
+        param = comp.instruction(acc.operands[0]) if acc is not None and acc.opcode == "get-tuple-element" else None
+        if param is None or param.opcode != "parameter" or not acc.attributes.get("index", "").isdigit():
+            continue
+        k = int(acc.attributes["index"])
+        carried = comp.root.operands[k] if k < len(comp.root.operands) else None
+        back = _through(comp, carried) if carried is not None else None
+        if back is None or back.name != user.name or _sole_user_past_rearranging(comp, acc.name) is not user:
+            continue
+        if any(i is not acc and i.opcode == "get-tuple-element" and i.operands == (param.name,)
+               and i.attributes.get("index") == str(k) for i in comp.instructions):
+            continue  # the accumulator read again elsewhere in the body: the per-iteration sums are used
+        out.append(name)
+    return tuple(out)
+
+
+HOISTED = "in the loop body on XLA:CPU; XLA:TPU/GPU hoist it"
+"""The row's ``cpu_only`` text of an all-reduce :func:`accumulated_in_loop` finds."""
+
+
 def rng_loops(module: HloModule) -> tuple[str, ...]:
     """Names of the ``while`` loops that are XLA:CPU's rolled random-number expansion (threefry2x32):
     a state of integer arrays and scalars only, a body that shifts and xors ``u32`` words."""
@@ -321,6 +431,18 @@ def dots_note(narrow: Iterable[str], command: str) -> str:
             f"f32-sized here; the accelerator's answer: {command}")
 
 
+def hoisted_note(items: list[Any], command: str) -> str:
+    """The note for the all-reduces of a loop's accumulated sum that XLA:CPU leaves in the loop body
+    (``items``: :class:`stagetool.analysis.sections.CollectiveItem` marked :data:`HOISTED`)."""
+    here = sum((i.collective.bytes_per_device or 0) * (i.collective.executions or 1) for i in items)
+    once = sum(i.collective.bytes_per_device or 0 for i in items)
+    n = len(items)
+    return (f"{n} all-reduce{'s' if n != 1 else ''} marked '{HOISTED}' sum{'' if n != 1 else 's'} a loop's "
+            f"accumulator in the loop body: XLA:CPU runs {'them' if n != 1 else 'it'} once per iteration "
+            f"({here:,} B per device per step here), XLA:TPU/GPU all-reduce the accumulated sum once after the "
+            f"loop ({once:,} B); the accelerator's answer: {command}")
+
+
 def rng_note(loops: tuple[tuple[str, int | None, float], ...], extra_flops: float, command: str) -> str:
     """The note for XLA:CPU's rolled random-number loops, kept out of the loop-aware FLOPs."""
     names = ", ".join(f"{n} ({'?' if t is None else t} trips)" for n, t, _ in loops)
@@ -348,6 +470,9 @@ def cpu_notes(*, command: str, host: tuple[str, ...], narrow: frozenset[str], co
         out.append(widened_note(widened, moved, command, dots=bool(narrow)))
     elif narrow:
         out.append(dots_note(narrow, command))
+    hoisted = [i for i in (collectives.items if collectives else ()) if i.cpu_only == HOISTED]
+    if hoisted:
+        out.append(hoisted_note(hoisted, command))
     la = cost.loop_aware if cost else None
     if la is not None and la.apart:
         out.append(rng_note(la.apart, la.apart_extra_flops, command))

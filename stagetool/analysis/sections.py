@@ -546,6 +546,11 @@ class CollectiveItem:
         two or more different user lines (a one-line ``einsum`` wrapper) — the user frames it was
         called from, outward, up to the first that is not itself a helper (``layers.py:88 ←
         attention.py:41``: the model line); () otherwise.
+      cpu_only: on CPU, what about this collective only XLA:CPU does, said on its row:
+        :data:`stagetool.analysis.cpu_artefacts.HOISTED` for an all-reduce of a loop's accumulated
+        sum that runs in the ``while`` body (once per iteration) where XLA:TPU/GPU all-reduce the sum
+        once after the loop (:func:`stagetool.analysis.cpu_artefacts.accumulated_in_loop`); None
+        otherwise (the f32 widening is ``widened_from``).
     """
 
     collective: Collective
@@ -554,6 +559,7 @@ class CollectiveItem:
     widened_from: str | None = None
     widened_bytes: int | None = None
     via: tuple[str, ...] = ()
+    cpu_only: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -604,7 +610,7 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
                         propagation: Propagation | None = None,
                         propagation_error: str | None = None,
                         cpu_upcast: frozenset[str] = frozenset(),
-                        cpu_promoted: frozenset[str] = frozenset()) -> CollectivesSection:
+                        cpu_promoted: frozenset[str] = frozenset(), cpu: bool = False) -> CollectivesSection:
     """Build :class:`CollectivesSection` from the parsed compiled module.
 
     Args:
@@ -626,6 +632,8 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
         (:func:`stagetool.analysis.cpu_artefacts.narrow_value_types`): an f32 all-reduce whose reducer is
         XLA:CPU's ``*_promoted`` gets ``widened_from`` too (a bf16 gather's all-reduce), a value the
         program itself converts to f32 does not.
+      cpu: the module is XLA:CPU's: an all-reduce of a loop's accumulated sum left in the loop body
+        gets ``cpu_only`` (:func:`stagetool.analysis.cpu_artefacts.accumulated_in_loop`).
 
     Raises:
       UsageError: an ``explain`` pattern that names no input leaf.
@@ -673,6 +681,11 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
         items = tuple(dataclasses.replace(i, widened_from=widened[i.collective.name][0],
                                           widened_bytes=widened[i.collective.name][1])
                       if marked(i.collective.name) else i for i in items)
+    if cpu and items:
+        from stagetool.analysis.cpu_artefacts import HOISTED, accumulated_in_loop
+
+        hoisted = set(accumulated_in_loop(module, [(c.name, c.computation, c.reduction) for c in found]))
+        items = tuple(dataclasses.replace(i, cpu_only=HOISTED) if i.collective.name in hoisted else i for i in items)
     items = _with_helper_callers(items, user, library)
     explained = []
     for leaf in match_leaves(explain, inputs or ()):

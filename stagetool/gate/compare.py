@@ -12,7 +12,11 @@
   grow, i.e. there were fewer output bytes to alias).
 
 Shrinking metrics and collectives that disappear are improvements, and new functions are shown:
-neither ever fails. When the two snapshots come from different jax/jaxlib versions, platforms
+neither ever fails. Between a CPU snapshot and a TPU or GPU one, a change of a collective row that
+XLA:CPU's own behaviour explains (the CPU row's ``cpu_only`` marks: an all-reduce left in a loop
+body, a collective widened to f32; its ``accelerator_bytes_*`` equal to the accelerator's figure
+within tolerance) is filed under the backend (status ``backend``): neither an improvement nor a
+regression, never failing (:func:`_backend_change`). When the two snapshots come from different jax/jaxlib versions, platforms
 or device kinds, the comparison still runs, a notice says so, and memory and cost tolerances
 are raised to at least :data:`ENV_MISMATCH_FLOOR` (10%): compiler versions move these figures a
 little; sharding and collective changes still fail. Across JAX releases each change of a figure the
@@ -45,8 +49,9 @@ class Change:
       before_value / after_value: the numbers compared, for metrics; else None.
       change: relative change ``(after - before) / before`` for metrics, None otherwise (or when
         ``before`` is 0).
-      status: ``regression`` (fails the check), ``improvement`` (shown, never fails), or
-        ``changed`` (shown, within tolerance or not failing for a stated reason).
+      status: ``regression`` (fails the check), ``improvement`` (shown, never fails),
+        ``changed`` (shown, within tolerance or not failing for a stated reason), or ``backend`` (a
+        CPU-only difference between a CPU and an accelerator snapshot, shown apart, never fails).
       note: why, e.g. ``tolerance 1%``.
       subject: what the change is about, for grouping it under its cause: ``("input", path)``,
         ``("output", path)``, ``("collective", kind, axes, network or "")``, ``("dcn",)``, ``("memory", field)``, ``("cost", field)``,
@@ -106,6 +111,8 @@ class FunctionResult:
       error: for ``failed``, the error message.
       causes: the edits found between the two snapshots, each with its consequences (:class:`Cause`).
       unexplained: changes no recorded edit leads to (listed apart).
+      backend: the changes with status ``backend`` (XLA:CPU against an accelerator), listed apart
+        (also in ``changes``; never in ``causes`` or ``unexplained``).
     """
 
     name: str
@@ -114,6 +121,7 @@ class FunctionResult:
     error: str | None = None
     causes: tuple[Cause, ...] = ()
     unexplained: tuple[Change, ...] = ()
+    backend: tuple[Change, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,6 +310,35 @@ def _floored(tol: Tolerance, floor: float) -> Tolerance:
     return Tolerance(floor, tol.absolute, f"{floor * 100:g}% (environment differs)")
 
 
+def cpu_against_accelerator(before: Mapping, after: Mapping) -> bool:
+    """Whether one snapshot entry was compiled by XLA:CPU and the other for an accelerator (its
+    ``mesh.platform`` ``tpu``, ``gpu``, ``cuda`` or ``rocm``)."""
+    platforms = {(e.get("mesh") or {}).get("platform") for e in (before, after)}
+    return "cpu" in platforms and bool(platforms & {"tpu", "gpu", "cuda", "rocm"})
+
+
+def _backend_change(change: Change, field: str, x: Mapping, y: Mapping, cpu_first: bool, tol: Tolerance) -> Change:
+    """``change`` (of a collective row's ``field``: ``count``, ``bytes_per_device``, ``bytes_per_step``)
+    with status ``backend`` when the CPU side's row marks collectives only XLA:CPU makes so and the
+    accelerator's figure is what it expects (``accelerator_*``, within ``tol``; the count: equal);
+    else unchanged."""
+    cpu, acc = (x, y) if cpu_first else (y, x)
+    marks = cpu.get("cpu_only")
+    if not marks:
+        return change
+    expected = cpu.get("count") if field == "count" else cpu.get(f"accelerator_{field}")
+    got = acc.get(field)
+    if expected is None or got is None:
+        return change
+    if field == "count" and expected != got:
+        return change
+    if field != "count" and not (tol.allows(expected, got) and tol.allows(got, expected)):
+        return change
+    return dataclasses.replace(change, status="backend", note=(
+        f"XLA:CPU's: {'; '.join(marks)}; expected on the accelerator: "
+        f"{_fmt_number(expected, 'bytes' if field != 'count' else '')}, as here"))
+
+
 def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Mapping[str, Tolerance], *,
                      env_differs: bool = False, same_mesh_expected: bool = True) -> tuple[list[Change], list[str]]:
     """Changes between two snapshot entries of one function, and notices.
@@ -320,6 +357,7 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
     changes: list[Change] = []
     notices: list[str] = []
     mb, ma = before.get("mesh") or {}, after.get("mesh") or {}
+    backends = cpu_against_accelerator(before, after)
 
     def axes_text(m: Mapping) -> str:
         return format_mesh(m.get("axes") or [], empty="1 device")
@@ -375,13 +413,16 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
                                       "improvement", x["bytes_per_device"], 0, note=_at_lines("collective gone", x),
                                       subject=subject))
             else:
-                metrics = [_metric(name, f"{what}: count", x["count"], y["count"], "", tol["collective_count"]),
-                           _metric(name, f"{what}: bytes", x["bytes_per_device"], y["bytes_per_device"], "bytes",
-                                   tol["collective_bytes"])]
+                metrics = [("count", _metric(name, f"{what}: count", x["count"], y["count"], "",
+                                             tol["collective_count"])),
+                           ("bytes_per_device", _metric(name, f"{what}: bytes", x["bytes_per_device"],
+                                                        y["bytes_per_device"], "bytes", tol["collective_bytes"]))]
                 if x.get("bytes_per_step") is not None and y.get("bytes_per_step") is not None:
-                    metrics.append(_metric(name, f"{what}: bytes per step", x["bytes_per_step"], y["bytes_per_step"],
-                                           "bytes", tol["collective_bytes"]))
-                for c in metrics:
+                    metrics.append(("bytes_per_step", _metric(name, f"{what}: bytes per step", x["bytes_per_step"],
+                                                              y["bytes_per_step"], "bytes", tol["collective_bytes"])))
+                for field, c in metrics:
+                    if c and backends:
+                        c = _backend_change(c, field, x, y, (mb.get("platform") == "cpu"), tol["collective_bytes"])
                     if c:
                         changes.append(dataclasses.replace(c, subject=subject))
     c = _step_time_change(name, before.get("step_time"), after.get("step_time"), tol["step_time"], notices)
@@ -392,7 +433,7 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
         c = _metric(name, "bytes over DCN per step", db or 0, da or 0, "bytes", tol["collective_bytes"])
         if c:
             changes.append(dataclasses.replace(c, subject=("dcn",)))
-    order = {"regression": 0, "changed": 1, "improvement": 2}
+    order = {"regression": 0, "changed": 1, "improvement": 2, "backend": 3}
     changes.sort(key=lambda c: order[c.status])
     return changes, notices
 
@@ -689,9 +730,11 @@ def compare(before: Mapping, after: Mapping, *, tolerances_for=None, failed: Map
                 changes = [_mark_version(c, upgrade) if from_the_compiler(c) else c for c in changes]
             notices += more
             status = "regression" if any(c.status == "regression" for c in changes) else "ok"
-            causes, unexplained = find_causes(name, fb[name], fa[name], changes, env) if changes else ([], [])
+            own = [c for c in changes if c.status != "backend"]  # XLA:CPU's, apart from any edit
+            causes, unexplained = find_causes(name, fb[name], fa[name], own, env) if own else ([], [])
             results.append(FunctionResult(name, status, tuple(changes), causes=tuple(causes),
-                                          unexplained=tuple(unexplained)))
+                                          unexplained=tuple(unexplained),
+                                          backend=tuple(c for c in changes if c.status == "backend")))
     wanted = set(fb) if only is None else set(only)
     for name in fb:
         if name not in fa and name not in failed and name in wanted:

@@ -54,14 +54,21 @@ def summary_line(cmp: Comparison) -> str:
     text = f"{_n(len(cmp.functions), 'function')}: " + (", ".join(parts) if parts else "nothing to compare")
     improvements = sum(1 for f in cmp.functions for c in f.changes if c.status == "improvement")
     within = sum(1 for f in cmp.functions for c in f.changes if c.status == "changed")
+    backend = sum(len(f.backend) for f in cmp.functions)
     extra = ([_n(improvements, "improvement")] if improvements else []) + \
-        ([f"{_n(within, 'change')} shown, not failing"] if within else [])
+        ([f"{_n(within, 'change')} shown, not failing"] if within else []) + \
+        ([f"{_n(backend, 'difference')} of the backend (XLA:CPU against an accelerator), not failing"]
+         if backend else [])
     return text + ("; " + ", ".join(extra) if extra else "")
 
 
 def _has_changes(cmp: Comparison) -> bool:
     """Whether there is anything to lead with ``N causes → M failing changes``."""
     return any(f.changes for f in cmp.functions)
+
+
+BACKEND_HEADING = "backend"
+"""The heading word of the changes filed under the backend (a CPU against an accelerator snapshot)."""
 
 
 def _groups(cmp: Comparison) -> list[tuple[str | None, Cause | None, list[tuple[Change, bool]]]]:
@@ -77,10 +84,14 @@ def _groups(cmp: Comparison) -> list[tuple[str | None, Cause | None, list[tuple[
     for f in cmp.functions:
         if f.status == "removed":  # its one change is listed with the functions that failed or are new
             continue
-        rest = list(f.unexplained) if (f.causes or f.unexplained) else list(f.changes)
+        rest = list(f.unexplained) if (f.causes or f.unexplained) else [c for c in f.changes if c.status != "backend"]
         if rest:
             head = (f"unexplained · {f.name}: no recorded edit leads to these" if cmp.causes else None)
             out.append((head, None, [(c, True) for c in rest]))
+    for f in cmp.functions:
+        if f.backend:
+            out.append((f"{BACKEND_HEADING} · {f.name}: what only XLA:CPU does, not an improvement or a regression",
+                        None, [(c, True) for c in f.backend]))
     return out
 
 
@@ -98,7 +109,7 @@ def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> st
     console.print(Text(f"{cmp.title}: {cmp.before} → {cmp.after}", style="bold"))
     for n in cmp.notices:
         console.print(Text(f"notice: {n}", style="yellow"))
-    styles = {"regression": "bold red", "improvement": "green", "changed": "", "failed": "bold red"}
+    styles = {"regression": "bold red", "improvement": "green", "changed": "", "failed": "bold red", "backend": "cyan"}
     bad = bool(cmp.regressions or cmp.failed)
     if _has_changes(cmp):
         console.print(Text(cmp.headline(), style="bold red" if bad else "bold"))
@@ -226,7 +237,8 @@ COMPARISON_SCHEMA_VERSION = 1
 def render_json(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
     """The comparison as JSON: ``schema_version`` and ``kind: "comparison"`` first (like the report's
     JSON), then the :class:`stagetool.gate.compare.Comparison` fields (``title``, ``before``, ``after``,
-    ``functions``: ``[{name, status, changes: [Change fields], error}]``, ``notices``), then
+    ``functions``: ``[{name, status, changes: [Change fields], error, causes, unexplained, backend}]``:
+    ``backend`` the changes filed under the backend, ``notices``), then
     ``regressions`` (the number of failing changes) and ``failed`` (the number of functions that
     failed to stage)."""
     del color, width

@@ -89,7 +89,14 @@ class SnapshotInput(SnapshotLeaf):
 @dataclasses.dataclass(frozen=True)
 class CollectiveRow:
     """One row of ``collectives``: kind × mesh axes (× network), count, bytes per device per run and
-    per step, the cause labels and user lines of its collectives."""
+    per step, the cause labels and user lines of its collectives.
+
+    On CPU, a row with collectives only XLA:CPU makes so (``cpu_only``: the distinct marks, an
+    all-reduce left in a loop body, a collective widened to f32) also records what an accelerator
+    compile of the same program is expected to show for it (``accelerator_bytes_per_device``,
+    ``accelerator_bytes_per_step``: each widened collective at its program dtype's bytes, each
+    hoisted one run once): what ``diff``/``check`` against a TPU or GPU snapshot file under the
+    backend (:mod:`stagetool.gate.compare`). Derived from XLA:CPU's figures, not measured."""
 
     kind: str
     axes: str
@@ -99,6 +106,9 @@ class CollectiveRow:
     bytes_per_step: float | None = omitted(None)
     causes: tuple[str, ...] | None = omitted(None)
     lines: tuple[str, ...] | None = omitted(None)
+    cpu_only: tuple[str, ...] | None = omitted(None)
+    accelerator_bytes_per_device: float | None = omitted(None)
+    accelerator_bytes_per_step: float | None = omitted(None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,17 +232,24 @@ def collective_rows(section: CollectivesSection | None) -> tuple[CollectiveRow, 
     for item in section.items:
         c = item.collective
         key = (c.kind, "?" if c.mesh_axes is None else ",".join(c.mesh_axes) or "-", c.network or "")
-        row = rows.setdefault(key, [0, 0, 0, set(), set()])
+        row = rows.setdefault(key, [0, 0, 0, set(), set(), set(), 0, 0])
         b = c.bytes_per_device or 0
-        row[0], row[1], row[2] = row[0] + 1, row[1] + b, row[2] + b * (c.executions if c.executions is not None else 1)
+        runs = c.executions if c.executions is not None else 1
+        row[0], row[1], row[2] = row[0] + 1, row[1] + b, row[2] + b * runs
         if item.cause is not None:
             row[3].update(o.label for o in item.cause.origins)
         if item.source:
             row[4].add(short_location(item.source))
+        # what an accelerator is expected to show: the widened part at half its f32 bytes, a hoisted one once
+        ab = b - (item.widened_bytes or 0) // 2 if item.widened_from else b
+        row[5].update(([item.cpu_only] if item.cpu_only else [])
+                      + ([f"f32 on XLA:CPU, {item.widened_from} in the program"] if item.widened_from else []))
+        row[6], row[7] = row[6] + ab, row[7] + ab * (1 if item.cpu_only else runs)
     explained = section.causes_unavailable is None
     return tuple(CollectiveRow(kind, axes, n, b, network or None, t, tuple(sorted(causes)) if explained else None,
-                               tuple(sorted(lines)))
-                 for (kind, axes, network), (n, b, t, causes, lines) in sorted(rows.items()))
+                               tuple(sorted(lines)), tuple(sorted(marks)) if marks else None,
+                               ab if marks else None, at if marks else None)
+                 for (kind, axes, network), (n, b, t, causes, lines, marks, ab, at) in sorted(rows.items()))
 
 
 def function_snapshot(fr: FunctionReport) -> dict:

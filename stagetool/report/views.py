@@ -502,6 +502,8 @@ def collectives_rows(c: CollectivesSection) -> tuple[list[str], list[list[str]]]
                 result += f" (f32 on CPU: {format_bytes(part)} of it {item.widened_from} in the program)"
             else:
                 result += f" (f32 on CPU: {item.widened_from} in the program)"
+        if item.cpu_only:  # XLA:CPU's own placement of it, said on the row
+            runs += f" ({item.cpu_only})"
         rows.append([x.kind + (" (async)" if x.is_async else ""), _axes(x.mesh_axes)]
                     + ([x.network or "—"] if network else [])
                     + [result, format_bytes(x.bytes_per_device), runs,

@@ -1,0 +1,192 @@
+"""Issue 33 item 3: a gradient-accumulation all-reduce that XLA:CPU leaves in the loop body (4 runs for
+4 micro-batches) and XLA:TPU hoists out of the loop (1 run) is named on its CPU row, and ``diff``
+between the CPU and the ``v5e:2x4`` snapshot files the −75% bytes per step under the backend, not
+as an improvement."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from helpers import write
+
+from stagetool.analysis.cpu_artefacts import HOISTED
+
+MODEL = """\
+import jax
+import jax.numpy as jnp
+
+
+def loss(w, x):
+    return jnp.mean((x @ w) ** 2)
+
+
+def accum(w, xs):
+    def body(i, acc):
+        return acc + jax.grad(loss)(w, xs[i])
+    g = jax.lax.fori_loop(0, 4, body, jnp.zeros_like(w))
+    return w - 0.1 * g
+
+
+def reads_acc(w, xs):
+    def body(i, acc):
+        return acc * 0.5 + jax.grad(loss)(w, xs[i])
+    g = jax.lax.fori_loop(0, 4, body, jnp.zeros_like(w))
+    return w - 0.1 * g
+
+
+def sgd_bf16(w, x):
+    def loss(w):
+        return jnp.mean((x @ w.astype(jnp.bfloat16)).astype(jnp.float32) ** 2)
+    return w - 0.1 * jax.grad(loss)(w)
+"""
+
+SPEC = """\
+version: 1
+mesh: {axes: {data: 8}}
+functions:
+  accum:
+    target: m.py:accum
+    args: ['f32[256,256]', 'f32[4,64,256] @ [null, data]']
+  reads_acc:
+    target: m.py:reads_acc
+    args: ['f32[256,256]', 'f32[4,64,256] @ [null, data]']
+  sgd_bf16:
+    target: m.py:sgd_bf16
+    args: ['f32[1024,1024]', 'bf16[256,1024] @ [data]']
+"""
+
+GRAD_BYTES = 256 * 256 * 4  # the f32[256,256] gradient each all-reduce sums, per device
+
+
+@pytest.fixture
+def spec(tmp_path, monkeypatch, isolated_imports):
+    write(tmp_path, "m.py", MODEL)
+    monkeypatch.chdir(tmp_path)
+    return write(tmp_path, "s.stagetool.yaml", SPEC)
+
+
+def _all_reduces(text: str) -> tuple[int, int]:
+    """(all-reduces in the while body, all-reduces elsewhere) of a compiled module's text, by regex."""
+    body = re.search(r"while\([^\n]*body=%([\w.\-]+)", text).group(1)
+    comps = re.split(r"\n(?=\S)", text)
+    (body_text,) = [c for c in comps if c.startswith(f"%{body} ")]
+    n_all = len(re.findall(r"= f32\[256,256\]\S* all-reduce(?:-start)?\(", text))
+    n_body = len(re.findall(r"= f32\[256,256\]\S* all-reduce(?:-start)?\(", body_text))
+    return n_body, n_all - n_body
+
+
+def _raw(devices) -> str:
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    ns: dict = {}
+    exec(MODEL, ns)
+    mesh = Mesh(np.array(devices[:8]).reshape(8), ("data",))
+    w = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=NamedSharding(mesh, P()))
+    xs = jax.ShapeDtypeStruct((4, 64, 256), jnp.float32, sharding=NamedSharding(mesh, P(None, "data")))
+    return jax.jit(ns["accum"]).lower(w, xs).compile().as_text()
+
+
+def _fn(doc: dict, name: str) -> dict:
+    return next(f for f in doc["functions"] if f["name"] == name)
+
+
+def _tpu() -> bool:
+    from stagetool.devices import tpu_topology
+
+    return tpu_topology.libtpu_available()
+
+
+def test_the_accumulated_all_reduce_in_the_cpu_loop_body_is_marked(run_cli, spec):
+    """Raw JAX on 8 CPU devices: the gradient's all-reduce is in the while body (1 there, 0 outside);
+    stagetool's row says it runs 4 times, in the loop, and is XLA:CPU's; the note gives the bytes
+    (4 runs × 262,144 B here, 262,144 B once on the accelerator)."""
+    assert _all_reduces(_raw(jax.devices("cpu"))) == (1, 0)
+    fn = _fn(run_cli("collectives", "--spec", str(spec), "-f", "accum", "--format", "json", check=0).json(), "accum")
+    (item,) = [i for i in fn["collectives"]["items"] if i["collective"]["kind"] == "all-reduce"]
+    c = item["collective"]
+    assert (c["result_types"], c["bytes_per_device"], c["executions"], c["in_loop"]) == \
+        (["f32[256,256]"], GRAD_BYTES, 4, True)
+    assert item["cpu_only"] == HOISTED
+    (note,) = [n for n in fn["notes"] if HOISTED in n]
+    assert f"({4 * GRAD_BYTES:,} B per device per step here)" in note and f"({GRAD_BYTES:,} B)" in note
+    assert note.endswith("stagetool collectives m.py:accum --topology v5e:2x4")
+    text = run_cli("collectives", "--spec", str(spec), "-f", "accum", check=0).stdout
+    assert f"4 (loop) ({HOISTED})" in text
+
+
+def test_an_accumulator_the_body_reads_is_not_marked(run_cli, spec):
+    """``acc * 0.5 + grad``: the per-iteration sums are used, so moving the all-reduce out would not
+    be exact; no mark, no note."""
+    fn = _fn(run_cli("collectives", "--spec", str(spec), "-f", "reads_acc", "--format", "json", check=0).json(),
+             "reads_acc")
+    items = [i for i in fn["collectives"]["items"] if i["collective"]["kind"] == "all-reduce"]
+    assert items and all(i["collective"]["executions"] == 4 for i in items)
+    assert all(i["cpu_only"] is None for i in items)
+    assert not [n for n in fn["notes"] if HOISTED in n]
+
+
+@pytest.mark.skipif(not _tpu(), reason="libtpu is needed for the compile-only v5e:2x4 topology")
+def test_diff_cpu_against_v5e_files_the_hoisting_under_the_backend(run_cli, spec):
+    """Raw JAX on ``v5e:2x4``: the all-reduce is outside the loop (0 in the body, 1 after). The CPU
+    snapshot's row records 4 × 262,144 B per step and expects 262,144 B on the accelerator; the TPU
+    snapshot's row has 262,144 B per step. ``diff`` (text, JSON, Markdown) lists the −75% under the
+    backend, not as an improvement, and it does not fail ``--fail-on-regression``."""
+    from jax.experimental import topologies
+
+    topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
+    assert _all_reduces(_raw(topo.devices)) == (0, 1)
+    assert run_cli("snapshot", "--spec", str(spec), "-f", "accum", "-o", "cpu.json", check=0).code == 0
+    assert run_cli("snapshot", "--spec", str(spec), "-f", "accum", "--topology", "v5e:2x4", "-o", "tpu.json",
+                   check=0).code == 0
+    cpu_row, tpu_row = (next(r for r in json.loads(Path(f).read_text())["functions"]["accum"]["collectives"]
+                             if r["kind"] == "all-reduce") for f in ("cpu.json", "tpu.json"))
+    assert (cpu_row["count"], cpu_row["bytes_per_step"], cpu_row["accelerator_bytes_per_step"]) == \
+        (1, 4 * GRAD_BYTES, GRAD_BYTES)
+    assert cpu_row["cpu_only"] == [HOISTED]
+    assert (tpu_row["count"], tpu_row["bytes_per_step"]) == (1, GRAD_BYTES) and "cpu_only" not in tpu_row
+
+    doc = run_cli("diff", "cpu.json", "tpu.json", "--format", "json", check=0).json()
+    f = _fn(doc, "accum")
+    changes = [c for c in f["changes"] if c["what"].startswith("collective all-reduce")]
+    (step,) = [c for c in changes if c["what"].endswith("bytes per step")]
+    assert (step["status"], step["before_value"], step["after_value"], step["change"]) == \
+        ("backend", 4 * GRAD_BYTES, GRAD_BYTES, -0.75)
+    assert step in f["backend"] and step not in f["unexplained"]
+    assert all(step not in c["consequences"] for c in f["causes"])
+    assert not [c for c in f["changes"] if c["status"] == "improvement" and c["what"].startswith("collective")]
+    text = run_cli("diff", "cpu.json", "tpu.json", check=0).stdout
+    assert "backend · accum" in text and f"XLA:CPU's: {HOISTED}; expected on the accelerator: 256 KiB, as here" in text
+    md = run_cli("diff", "cpu.json", "tpu.json", "--format", "markdown", check=0).stdout
+    assert "#### backend · accum" in md
+    # the other way round too, and never a failure by itself
+    back = _fn(run_cli("diff", "tpu.json", "cpu.json", "--format", "json", check=0).json(), "accum")
+    (step,) = [c for c in back["changes"] if c["what"].endswith("all-reduce over data: bytes per step")]
+    assert (step["status"], step["change"]) == ("backend", 3.0)
+    doc = run_cli("diff", "tpu.json", "cpu.json", "--format", "json", check=0).json()
+    failing = [c["what"] for c in _fn(doc, "accum")["changes"] if c["status"] == "regression"]
+    assert doc["regressions"] == len(failing) and not [w for w in failing if w.startswith("collective")]
+
+
+def test_diff_cpu_against_v5e_files_a_widened_all_reduce_under_the_backend(run_cli, spec):
+    """The bf16 gradient's all-reduce: f32[1024,1024] (4,194,304 B) on CPU, bf16 (2,097,152 B) on
+    ``v5e:2x4``; the CPU row expects the latter, and ``diff`` files the −50% under the backend."""
+    if not _tpu():
+        pytest.skip("libtpu is needed for the compile-only v5e:2x4 topology")
+    assert run_cli("snapshot", "--spec", str(spec), "-f", "sgd_bf16", "-o", "cpu.json", check=0).code == 0
+    assert run_cli("snapshot", "--spec", str(spec), "-f", "sgd_bf16", "--topology", "v5e:2x4", "-o", "tpu.json",
+                   check=0).code == 0
+    cpu_row, tpu_row = (next(r for r in json.loads(Path(f).read_text())["functions"]["sgd_bf16"]["collectives"]
+                             if r["kind"] == "all-reduce") for f in ("cpu.json", "tpu.json"))
+    assert (cpu_row["bytes_per_device"], cpu_row["accelerator_bytes_per_device"]) == (1024 * 1024 * 4, 1024 * 1024 * 2)
+    assert cpu_row["cpu_only"] == ["f32 on XLA:CPU, bf16 in the program"]
+    assert tpu_row["bytes_per_device"] == 1024 * 1024 * 2
+    f = _fn(run_cli("diff", "cpu.json", "tpu.json", "--format", "json", check=0).json(), "sgd_bf16")
+    moved = [c for c in f["changes"] if c["what"].startswith("collective all-reduce")]
+    assert moved and all(c["status"] == "backend" for c in moved)
+    assert {c["change"] for c in moved} == {-0.5}
