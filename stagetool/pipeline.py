@@ -358,7 +358,7 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
     except StagingError as e:
         return _failed(plan, fspec, setup, e)
     if cache is None and wanted & _EXPLAINED:
-        facts = _with_propagation(facts, staged)
+        facts = _with_propagation(facts, staged, setup.platform)
     return _report_of(facts, plan, fspec, setup, wanted, user_files, inputs, cached=cached)
 
 
@@ -366,11 +366,12 @@ _EXPLAINED = frozenset({Section.COLLECTIVES, Section.WHY})
 """The sections that say why each collective is there (issue 22), from Shardy's origins."""
 
 
-def _with_propagation(facts: Any, staged: Any) -> Any:
-    """``facts`` with Shardy's propagation rerun with sharding origins (or why there is none)."""
+def _with_propagation(facts: Any, staged: Any, platform: str) -> Any:
+    """``facts`` with Shardy's propagation rerun with sharding origins (or why there is none); a top-k
+    gets XLA's factor rule except on TPU (:func:`stagetool.staging.shardy.propagate`)."""
     from stagetool.staging.shardy import propagate_lowered
 
-    propagation, why_not = propagate_lowered(staged.lowered)
+    propagation, why_not = propagate_lowered(staged.lowered, top_k_rule=platform != "tpu")
     return dataclasses.replace(facts, propagation=propagation, propagation_error=why_not)
 
 
@@ -401,7 +402,7 @@ def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSp
         facts = dataclasses.replace(base, stablehlo_text=stablehlo, **hit.fields,
                                     warnings=merge_warnings(staged.warnings, hit.compile_warnings))
         if explain and facts.propagation is None and facts.propagation_error is None:
-            facts = _with_propagation(facts, staged)
+            facts = _with_propagation(facts, staged, setup.platform)
             whole = hit if dump else cache.load(key, peak=True, root=root)  # keep the entry's peak dump, if any
             peak = whole.fields["peak"] if whole is not None else None
             cache.store(key, dataclasses.replace(facts, peak=peak), hit.compile_warnings, root=root)
@@ -412,7 +413,7 @@ def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSp
                                    declared_outputs=fspec.out_shardings, lowered_dialect=dialect, peak=staged.dump,
                                    user_files=user_files)
     if explain:
-        facts = _with_propagation(facts, staged)
+        facts = _with_propagation(facts, staged, setup.platform)
     cache.store(key, facts, staged.compile_warnings, root=root)
     return facts, False
 
@@ -775,7 +776,7 @@ class StagedOnce:
         one compile (as :func:`stage_and_analyse` makes it: paths relative to the report root)."""
         wanted = frozenset(wanted)
         if wanted & _EXPLAINED and self.facts.propagation is None and self.facts.propagation_error is None:
-            self.facts = _with_propagation(self.facts, self.staged)
+            self.facts = _with_propagation(self.facts, self.staged, self.setup.platform)
         return relative_report(self.plan.report_root, _report_of(self.facts, self.plan, self.prep.fspec, self.setup,
                                                                  wanted, self.user_files, self.prep.inputs))
 

@@ -105,3 +105,71 @@ def test_the_gathers_index_all_reduces_are_tied_to_the_gather(tmp_path):
     assert all("no metadata" not in it["cause"]["reason"] for it in items if it not in near)
     text = run_subprocess("collectives", "gat.py:take", "--topology", "v5e:2x4", cwd=tmp_path).stdout
     assert text.count("nearest: gather") == 2 + 2  # the op column and the reason, for each
+
+
+TOP_K = """from jax import lax
+
+
+def sample(logits):
+    values, indices = lax.top_k(logits, 8)
+    return values, indices
+"""
+TOP_K_SPEC = """version: 1
+mesh: {axes: {data: 2, model: 4}}
+functions:
+  sample:
+    target: topk.py:sample
+    args: ['f32[64,32768] @ [data, model]']
+"""
+
+
+def test_a_top_k_over_vocabulary_sharded_logits_says_why_each_gather(tmp_path):
+    """The vocabulary dimension is gathered because top_k needs it whole; the batch dimension's gather
+    over `data` is one nothing at top_k asks for (its results stay split over `data`)."""
+    write(tmp_path, "topk.py", TOP_K)
+    write(tmp_path, "topk.stagetool.yaml", TOP_K_SPEC)
+    line = TOP_K.splitlines().index("    values, indices = lax.top_k(logits, 8)") + 1
+    r = run_subprocess("collectives", "topk.py:sample", "--format", "json", "--no-cache", cwd=tmp_path)
+    assert r.code == 0, r.stderr
+    f = r.json()["functions"][0]
+    assert f["collectives"]["causes_unavailable"] is None
+    items = {tuple(it["collective"]["mesh_axes"]): it for it in f["collectives"]["items"]}
+    assert sorted(items) == [("data",), ("model",)]
+    vocab, batch = items[("model",)], items[("data",)]
+    assert vocab["collective"]["kind"] == batch["collective"]["kind"] == "all-gather"
+    assert vocab["collective"]["bytes_per_device"] == 64 // 2 * 32768 * 4  # a data shard of rows, the vocabulary whole
+    assert batch["collective"]["bytes_per_device"] == 64 * 32768 * 4  # every row, whole
+    for it in (vocab, batch):
+        assert it["source"] == f"topk.py:{line}"
+        assert it["cause"]["op"] == "top_k" and it["cause"]["line"].endswith(f"topk.py:{line}")
+    assert vocab["cause"]["reason"] == ("top_k needs the last dimension (of 32768) of logits whole on each device, "
+                                        "and it is split over `model` → all-gather over `model`")
+    assert [(o["kind"], o["leaf"], o["axis"]) for o in vocab["cause"]["origins"]] == [("input", "logits", "model")]
+    assert batch["cause"]["reason"].startswith("`data` splits dimension 0 (of 64) of logits, a batch dimension of "
+                                               "top_k (its results stay split on it): top_k needs only its last "
+                                               "dimension whole, so nothing at it asks for this all-gather over `data`")
+
+
+@needs_libtpu
+def test_a_top_k_on_tpu_says_why_without_xlas_rule(tmp_path):
+    """XLA:TPU partitions a top-k its own way (a top-k per shard, the candidates gathered, the results
+    replicated); the rerun has no factor rule for it there, and the reasons still name the dimension."""
+    write(tmp_path, "topk.py", TOP_K)
+    write(tmp_path, "topk.stagetool.yaml", TOP_K_SPEC)
+    line = TOP_K.splitlines().index("    values, indices = lax.top_k(logits, 8)") + 1
+    r = run_subprocess("collectives", "topk.py:sample", "--topology", "v5e:2x4", "--format", "json", "--no-cache",
+                       cwd=tmp_path)
+    assert r.code == 0, r.stderr
+    f = r.json()["functions"][0]
+    assert f["collectives"]["causes_unavailable"] is None
+    items = {tuple(it["collective"]["mesh_axes"]): it for it in f["collectives"]["items"]}
+    vocab, batch = items[("model",)], items[("data",)]
+    # each device's 8 candidates from each of the 4 vocabulary shards, for its 32 rows; then both row halves
+    assert vocab["collective"]["bytes_per_device"] == 64 // 2 * 4 * 8 * 4
+    assert batch["collective"]["bytes_per_device"] == 2 * 64 // 2 * 8 * 4
+    assert vocab["cause"]["op"] == batch["cause"]["op"] == "top_k"
+    assert vocab["cause"]["line"].endswith(f"topk.py:{line}")
+    assert vocab["cause"]["reason"] == ("top_k needs the last dimension of logits whole on each device, and it is "
+                                        "split over `model` → all-gather over `model`")
+    assert batch["cause"]["reason"].startswith("`data` splits dimension 0 of logits, a batch dimension of top_k: "
+                                               "top_k needs only its last dimension whole")

@@ -566,10 +566,24 @@ def _neighbourhood(found: list[PropagatedOp], prop: Propagation) -> list[Propaga
     for group in (found, [prop.ops[u] for op in found for u in op.users],
                   [prop.ops[o.producer] for op in found for o in op.operands if o.producer is not None]):
         for op in group:
+            op = _with_top_k_rule(op)
             if op.index not in seen and op.rule is not None:
                 seen.add(op.index)
                 out.append(op)
     return out
+
+
+def _with_top_k_rule(op: PropagatedOp) -> PropagatedOp:
+    """A ``chlo.top_k`` the rerun gave no factor rule (on TPU, :func:`stagetool.staging.shardy.propagate`)
+    with the one XLA's rule has, its sizes unknown: leading dimensions batch, the last needed whole."""
+    if op.name != "chlo.top_k" or op.rule is not None or not op.operands or op.operands[0].sharding is None:
+        return op
+    from stagetool.facts import ShardingRule
+
+    rank = len(op.operands[0].sharding.dims)
+    names = [f"d{i}" for i in range(rank - 1)]
+    rule = ShardingRule(((*names, "whole"),), ((*names, "k"),) * len(op.results))
+    return dataclasses.replace(op, rule=rule)
 
 
 def _axes_text(axes: Sequence[str]) -> str:
@@ -622,6 +636,8 @@ def _axis_reasons(c: Collective, op: PropagatedOp, axis: str, short: str,
     o_hits, r_hits = _factor_axes(op, axis)
     if not o_hits and not r_hits:
         return found
+    if op.name == "chlo.top_k":
+        return _top_k_reasons(c, op, axis, names, o_hits, r_hits)
     red = [(f, t, d) for f, t, d in o_hits if f in rule.reductions]
     if red:
         sharded = sorted({t for _, t, _ in red})
@@ -678,6 +694,34 @@ def _axis_reasons(c: Collective, op: PropagatedOp, axis: str, short: str,
                              f"{', '.join(_who(names, w) for w in gathered)} over `{axis}`",
                       _inv(sharded + missing, axis)))
     return found
+
+
+def _top_k_reasons(c: Collective, op: PropagatedOp, axis: str, names: list[str], o_hits: list[tuple[str, int, int]],
+                   r_hits: list[tuple[str, int, int]]) -> list[tuple[int, str, list[tuple[int, str]]]]:
+    """A top-k over a mesh axis: it needs its operand's last dimension whole on each device (XLA's
+    rule: that factor needs replication), and none of the others (batch dimensions, the same loop in
+    the operand and both results)."""
+    rule = op.rule
+    sizes = dict(rule.sizes)
+    last = len(rule.operands[0]) - 1 if rule.operands else -1
+    whole = [(f, d) for f, t, d in o_hits if t == 0 and d == last]
+    what = names[0] if names else "its operand"
+    if whole:
+        size = sizes.get(whole[0][0])
+        return [(3 if c.kind == "all-gather" else 2,
+                 f"top_k needs the last dimension{f' (of {size})' if size else ''} of {what} whole on each device, "
+                 f"and it is split over `{axis}` → {c.kind} over `{axis}`", [(0, axis)])]
+    batch = sorted({(f, d) for f, t, d in o_hits if t == 0})
+    if not batch:
+        return []
+    f, d = batch[0]
+    size = sizes.get(f)
+    kept = any(g == f for g, _, _ in r_hits)
+    return [(1, f"`{axis}` splits dimension {d}{f' (of {size})' if size else ''} of {what}, a batch dimension of top_k"
+                + (" (its results stay split on it)" if kept else "")
+                + f": top_k needs only its last dimension whole, so nothing at it asks for this {c.kind} over "
+                  f"`{axis}`; XLA's partitioning of top-k makes it anyway" + (" (redundant)" if kept else ""),
+             [(0, axis)])]
 
 
 def _who(names: list[str], w: tuple[str, int]) -> str:

@@ -10,6 +10,8 @@ through jaxlib's MLIR Python bindings (``jaxlib.mlir``; the context comes from J
 2. turn every ``func.call`` of a nested ``jax.jit`` into an ``sdy.named_computation`` holding a copy
    of the callee (what XLA's import does before it propagates; the bindings register no inliner), and
    drop the callees no call uses;
+   give every ``chlo.top_k`` the factor rule XLA:CPU and GPU partition it by (its last dimension
+   needs replication, the others are batch: :func:`_top_k_rules`), which the bindings' Shardy lacks;
 3. run ``sdy-import-pipeline`` and ``sdy-user-priority-propagate{debug-sharding-origins=true}``,
    then ``sdy-populate-op-sharding-rules`` (each op's factor mapping: which operand and result
    dimensions are the same loop, which are reductions);
@@ -66,11 +68,14 @@ class ShardyUnavailable(Exception):
     """The module cannot be propagated here (no Shardy shardings, a pass that failed); the message says why."""
 
 
-def propagate(lowered_text: str) -> Propagation:
+def propagate(lowered_text: str, *, top_k_rule: bool = True) -> Propagation:
     """Rerun Shardy's propagation with sharding origins on a lowered module (see the module docstring).
 
     Args:
       lowered_text: ``Lowered.as_text(debug_info=True)`` (StableHLO with ``sdy`` attributes).
+      top_k_rule: give ``chlo.top_k`` XLA's factor rule (:func:`_top_k_rules`); False for TPU, whose
+        compile partitions a top-k its own way (candidates per shard, results replicated), as this
+        Shardy without a rule does.
 
     Raises:
       ShardyUnavailable: the module carries no Shardy mesh (GSPMD lowering, or no mesh at all), or
@@ -85,14 +90,18 @@ def propagate(lowered_text: str) -> Propagation:
         try:
             module = ir.Module.parse(lowered_text)
             _calls_to_named_computations(module)
+            if top_k_rule:
+                _top_k_rules(module)
             passmanager.PassManager.parse(_PROPAGATE).run(module.operation)
+            if top_k_rule:
+                _top_k_rules(module)  # propagation drops the rule, and sdy-populate-op-sharding-rules has none to put back
         except Exception as e:  # noqa: BLE001 - MLIR raises MLIRError / ValueError with its diagnostics
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ShardyUnavailable(f"Shardy's propagation could not be rerun: {first[:300]}") from None
         return _read(module)
 
 
-def propagate_lowered(lowered) -> tuple[Propagation | None, str | None]:
+def propagate_lowered(lowered, *, top_k_rule: bool = True) -> tuple[Propagation | None, str | None]:
     """:func:`propagate` on a ``jax.stages.Lowered``: ``(propagation, None)``, or ``(None, why not)``
     (no Shardy lowering; the rerun failed). Never raises for a module it cannot explain."""
     try:
@@ -100,7 +109,7 @@ def propagate_lowered(lowered) -> tuple[Propagation | None, str | None]:
     except Exception as e:  # noqa: BLE001 - a lowering JAX cannot print is one we cannot explain
         return None, f"the lowered module could not be printed: {e}"
     try:
-        return propagate(text), None
+        return propagate(text, top_k_rule=top_k_rule), None
     except ShardyUnavailable as e:
         return None, str(e)
 
@@ -168,6 +177,31 @@ def _calls_to_named_computations(module) -> None:
                 old.replace_all_uses_with(new)
             call.erase()
     raise ShardyUnavailable(f"calls nested deeper than {_MAX_CALL_DEPTH} levels (a recursive call?)")
+
+
+def _top_k_rules(module) -> None:
+    """Give each ``chlo.top_k`` without one the factor rule ``([i, j])->([i, k], [i, k]) {i=B, j=V,
+    k=K} need_replication={j, k}``: the leading dimensions are batch (the same loop in the operand
+    and both results), the last is needed whole. Without it this Shardy propagates nothing through a
+    top-k and its results come out replicated where the compile (which rewrites ``chlo.top_k`` before
+    it propagates) keeps the batch sharding; :func:`stagetool.analysis.causes.unfaithful_reason`
+    still checks the rerun against the compiled shardings."""
+    from jaxlib.mlir import ir
+
+    letters = "ijklmnopqrstuvwxyz"  # Shardy names factors i, j, k, ... in order
+    for op in _ops_in(module.operation):
+        if op.name != "chlo.top_k" or "sdy.sharding_rule" in op.attributes:
+            continue
+        t, r = ir.RankedTensorType(op.operands[0].type), ir.RankedTensorType(op.results[0].type)
+        n = t.rank
+        if n < 1 or n + 1 > len(letters) or r.rank != n:
+            continue
+        batch, whole, k = list(letters[:n - 1]), letters[n - 1], letters[n]
+        sizes = [f"{f}={d}" for f, d in zip(batch, t.shape[:-1])] + [f"{whole}={t.shape[-1]}", f"{k}={r.shape[-1]}"]
+        result = "[" + ", ".join(batch + [k]) + "]"
+        rule = (f"#sdy.op_sharding_rule<([{', '.join(batch + [whole])}])->({result}, {result}) "
+                f"{{{', '.join(sizes)}}} need_replication={{{whole}, {k}}}>")
+        op.attributes["sdy.sharding_rule"] = ir.Attribute.parse(rule)
 
 
 # ---- reading the propagated module back
