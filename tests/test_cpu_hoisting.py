@@ -39,6 +39,14 @@ def reads_acc(w, xs):
     return w - 0.1 * g
 
 
+def scan_loss(w, xs):
+    def body(c, x):
+        l, g = jax.value_and_grad(loss)(w, x)
+        return (c[0] + l, c[1] + g), None
+    (l, g), _ = jax.lax.scan(body, (0.0, jnp.zeros_like(w)), xs)
+    return w - 0.1 * g, l / 4
+
+
 def sgd_bf16(w, x):
     def loss(w):
         return jnp.mean((x @ w.astype(jnp.bfloat16)).astype(jnp.float32) ** 2)
@@ -54,6 +62,9 @@ functions:
     args: ['f32[256,256]', 'f32[4,64,256] @ [null, data]']
   reads_acc:
     target: m.py:reads_acc
+    args: ['f32[256,256]', 'f32[4,64,256] @ [null, data]']
+  scan_loss:
+    target: m.py:scan_loss
     args: ['f32[256,256]', 'f32[4,64,256] @ [null, data]']
   sgd_bf16:
     target: m.py:sgd_bf16
@@ -80,7 +91,7 @@ def _all_reduces(text: str) -> tuple[int, int]:
     return n_body, n_all - n_body
 
 
-def _raw(devices) -> str:
+def _raw(devices, name: str = "accum") -> str:
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -89,7 +100,7 @@ def _raw(devices) -> str:
     mesh = Mesh(np.array(devices[:8]).reshape(8), ("data",))
     w = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=NamedSharding(mesh, P()))
     xs = jax.ShapeDtypeStruct((4, 64, 256), jnp.float32, sharding=NamedSharding(mesh, P(None, "data")))
-    return jax.jit(ns["accum"]).lower(w, xs).compile().as_text()
+    return jax.jit(ns[name]).lower(w, xs).compile().as_text()
 
 
 def _fn(doc: dict, name: str) -> dict:
@@ -118,6 +129,23 @@ def test_the_accumulated_all_reduce_in_the_cpu_loop_body_is_marked(run_cli, spec
     assert note.endswith("stagetool collectives m.py:accum --topology v5e:2x4")
     text = run_cli("collectives", "--spec", str(spec), "-f", "accum", check=0).stdout
     assert f"4 (loop) ({HOISTED})" in text
+
+
+def test_a_scanned_loss_and_gradient_in_one_tuple_all_reduce_is_marked(run_cli, spec):
+    """``lax.scan`` of ``value_and_grad``: XLA:CPU all-reduces the loss and the gradient as one tuple
+    in the while body (raw JAX: 1 there, 0 outside); both elements are accumulated (the loss through
+    the mean's constant scale), so the row is marked."""
+    text = _raw(jax.devices("cpu"), "scan_loss")
+    body = re.search(r"while\([^\n]*body=%([\w.\-]+)", text).group(1)
+    (body_text,) = [c for c in re.split(r"\n(?=\S)", text) if c.startswith(f"%{body} ")]
+    tuple_ar = r"= \(f32\[\], f32\[256,256\]\S*\) all-reduce\("
+    assert (len(re.findall(tuple_ar, body_text)), len(re.findall(tuple_ar, text))) == (1, 1)
+    fn = _fn(run_cli("collectives", "--spec", str(spec), "-f", "scan_loss", "--format", "json", check=0).json(),
+             "scan_loss")
+    (item,) = [i for i in fn["collectives"]["items"] if i["collective"]["kind"] == "all-reduce"]
+    c = item["collective"]
+    assert (c["result_types"], c["bytes_per_device"], c["executions"]) == (["f32[]", "f32[256,256]"], 4 + GRAD_BYTES, 4)
+    assert item["cpu_only"] == HOISTED
 
 
 def test_an_accumulator_the_body_reads_is_not_marked(run_cli, spec):

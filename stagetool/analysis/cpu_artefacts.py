@@ -29,11 +29,13 @@ Found on jax/jaxlib 0.10.2 (XLA:CPU), from the compiled (per-device) module
   iteration (4 times for 4 micro-batches). XLA:TPU moves it out of the loop and all-reduces the sum
   once (found on ``--topology v5e:2x4``: ``all-reduce`` in the entry computation after the
   ``while``). Such an all-reduce is recognised (:func:`accumulated_in_loop`) only where moving it
-  out is exact: a sum (reducer ``add``) of one array inside a ``while`` body, whose only user is an
-  ``add`` (or a fusion whose root is one) of it and a loop-carried element of the body's parameter
-  (``get-tuple-element(param), index=k``, used by nothing else in the body), that sum being the
-  body's result element ``k``; ``copy``, ``bitcast``, ``reshape`` and ``transpose`` may stand
-  between them (they commute with an element-wise sum).
+  out is exact: a sum (reducer ``add``) inside a ``while`` body, whose only user is an ``add`` (or
+  a fusion whose root is one) of it, possibly scaled by a constant (a mean's ``1/n``), and a
+  loop-carried element of the body's parameter (``get-tuple-element(param), index=k``, unscaled and
+  used by nothing else in the body), that sum being the body's result element ``k``; ``copy``,
+  ``bitcast``, ``reshape`` and ``transpose`` may stand between them (they commute with an
+  element-wise sum). A tuple all-reduce (``jax.value_and_grad``'s loss and gradient) counts when
+  each of its elements is accumulated so.
 * **Random numbers as rolled loops.** ``jax.random`` (threefry2x32) is lowered on CPU as a ``while``
   loop of 5 iterations over ``u32`` words (JAX rolls it there; TPU and GPU compiles unroll it), so
   the loop-aware FLOPs would multiply integer mixing rounds that do not run as a loop on an
@@ -290,33 +292,78 @@ def _sole_user_past_rearranging(comp: HloComputation, name: str) -> HloInstructi
     return None
 
 
-def _summands(module: HloModule, comp: HloComputation, ins: HloInstruction) -> tuple[str, str] | None:
-    """The two operands (names in ``comp``) that ``ins`` adds: an ``add``'s, or a fusion's whose
-    fused root is an ``add`` of two of its parameters (past :data:`_REARRANGE` ops); else None."""
+def _scaled_param(inner: HloComputation, name: str) -> tuple[HloInstruction | None, bool]:
+    """The fused parameter behind ``name`` (past :data:`_REARRANGE` ops and at most one multiply by a
+    constant or a broadcast constant), and whether it was scaled; (None, False) otherwise."""
+    ins = _through(inner, name)
+    if ins is not None and ins.opcode == "multiply" and len(ins.operands) == 2:
+        sides = [_through(inner, o) for o in ins.operands]
+        const = [x is not None and (x.opcode == "constant" or (x.opcode == "broadcast" and x.operands and
+                 (inner.instruction(x.operands[0]) or x).opcode == "constant")) for x in sides]
+        if const.count(True) == 1:
+            return sides[const.index(False)], True
+        return None, False
+    return ins, False
+
+
+def _summands(module: HloModule, comp: HloComputation, ins: HloInstruction) -> list[tuple[str, bool]] | None:
+    """The two operands (names in ``comp``) that ``ins`` adds, each with whether it is first scaled by
+    a constant: an ``add``'s, or a fusion's whose fused root is an ``add`` of two of its parameters
+    (past :data:`_REARRANGE` ops, one of them possibly multiplied by a constant: a mean's ``1/n``);
+    else None."""
     if ins.opcode == "add" and len(ins.operands) == 2:
-        return ins.operands[0], ins.operands[1]
+        return [(ins.operands[0], False), (ins.operands[1], False)]
     if ins.opcode != "fusion" or not ins.called_computations:
         return None
     inner = module.computation(ins.called_computations[0].lstrip("%"))
     root = _through(inner, inner.root.name) if inner is not None and inner.root is not None else None
     if root is None or root.opcode != "add" or len(root.operands) != 2:
         return None
-    params = [_through(inner, o) for o in root.operands]
-    if any(p is None or p.opcode != "parameter" for p in params):
+    params = [_scaled_param(inner, o) for o in root.operands]
+    if any(p is None or p.opcode != "parameter" for p, _ in params):
         return None
     try:
-        k = [int(p.operand_text.strip()) for p in params]
+        k = [int(p.operand_text.strip()) for p, _ in params]
     except ValueError:
         return None
     if k[0] == k[1] or max(k) >= len(ins.operands):
         return None
-    return ins.operands[k[0]], ins.operands[k[1]]
+    return [(ins.operands[k[0]], params[0][1]), (ins.operands[k[1]], params[1][1])]
+
+
+def _accumulates(module: HloModule, comp: HloComputation, value: str) -> bool:
+    """Whether ``value`` (in the ``while`` body ``comp``) is only added, possibly scaled by a constant,
+    to a loop-carried element of the body's parameter that nothing else in the body reads, that sum
+    being the body's result element of the same index."""
+    user = _sole_user_past_rearranging(comp, value)
+    pair = _summands(module, comp, user) if user is not None else None
+    if pair is None or comp.root is None or comp.root.opcode != "tuple":
+        return False
+    sides = [(_through(comp, o), scaled) for o, scaled in pair]
+    mine = [s is not None and s.name == value for s, _ in sides]
+    if mine.count(True) != 1:
+        return False
+    acc, scaled = sides[mine.index(False)]
+    if scaled or acc is None or acc.opcode != "get-tuple-element":
+        return False  # a scaled accumulator (acc * 0.5 + g): the per-iteration sums matter
+    param = comp.instruction(acc.operands[0])
+    index = acc.attributes.get("index", "")
+    if param is None or param.opcode != "parameter" or not index.isdigit():
+        return False
+    k = int(index)
+    back = _through(comp, comp.root.operands[k]) if k < len(comp.root.operands) else None
+    if back is None or back.name != user.name or _sole_user_past_rearranging(comp, acc.name) is not user:
+        return False
+    # the accumulator read again elsewhere in the body: the per-iteration sums are used
+    return not any(i is not acc and i.opcode == "get-tuple-element" and i.operands == (param.name,)
+                   and i.attributes.get("index") == index for i in comp.instructions)
 
 
 def accumulated_in_loop(module: HloModule, names: Iterable[tuple[str, str, str | None]]) -> tuple[str, ...]:
-    """Names of the all-reduces that sum, inside a ``while`` body, a value added to a loop-carried
-    accumulator: XLA:CPU runs each once per iteration where XLA:TPU (and GPU) all-reduce the
-    accumulated sum once after the loop (see the module docstring for what is recognised).
+    """Names of the all-reduces that sum, inside a ``while`` body, values added to loop-carried
+    accumulators: XLA:CPU runs each once per iteration where XLA:TPU (and GPU) all-reduce the
+    accumulated sums once after the loop (see the module docstring for what is recognised). A tuple
+    all-reduce (a loss and a gradient) counts when every element is accumulated so.
 
     Args:
       module: the compiled (per-device) module.
@@ -329,29 +376,19 @@ def accumulated_in_loop(module: HloModule, names: Iterable[tuple[str, str, str |
     for name, comp_name, reduction in names:
         comp = module.computation(comp_name)
         ins = comp.instruction(name) if comp is not None and comp_name in bodies else None
-        if ins is None or ins.opcode != "all-reduce" or reduction != "add" or len(array_leaves(ins.shape)) != 1:
+        if ins is None or ins.opcode != "all-reduce" or reduction != "add":
             continue
-        user = _sole_user_past_rearranging(comp, name)
-        pair = _summands(module, comp, user) if user is not None else None
-        if pair is None or comp.root is None or comp.root.opcode != "tuple":
-            continue
-        sides = [_through(comp, o) for o in pair]
-        mine = [s is not None and s.name == name for s in sides]
-        if mine.count(True) != 1:
-            continue
-        acc = sides[mine.index(False)]
-        param = comp.instruction(acc.operands[0]) if acc is not None and acc.opcode == "get-tuple-element" else None
-        if param is None or param.opcode != "parameter" or not acc.attributes.get("index", "").isdigit():
-            continue
-        k = int(acc.attributes["index"])
-        carried = comp.root.operands[k] if k < len(comp.root.operands) else None
-        back = _through(comp, carried) if carried is not None else None
-        if back is None or back.name != user.name or _sole_user_past_rearranging(comp, acc.name) is not user:
-            continue
-        if any(i is not acc and i.opcode == "get-tuple-element" and i.operands == (param.name,)
-               and i.attributes.get("index") == str(k) for i in comp.instructions):
-            continue  # the accumulator read again elsewhere in the body: the per-iteration sums are used
-        out.append(name)
+        n = len(array_leaves(ins.shape))
+        if n == 1:
+            values = [name]
+        else:  # a tuple: each element through its get-tuple-element, each once
+            users = _users(comp, name)
+            values = [u.name for u in users if u.opcode == "get-tuple-element"]
+            indices = sorted(u.attributes.get("index", "") for u in users)
+            if len(values) != len(users) or indices != sorted(str(j) for j in range(n)):
+                continue
+        if values and all(_accumulates(module, comp, v) for v in values):
+            out.append(name)
     return tuple(out)
 
 
