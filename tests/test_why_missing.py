@@ -173,3 +173,60 @@ def test_a_top_k_on_tpu_says_why_without_xlas_rule(tmp_path):
                                         "split over `model` → all-gather over `model`")
     assert batch["cause"]["reason"].startswith("`data` splits dimension 0 of logits, a batch dimension of top_k: "
                                                "top_k needs only its last dimension whole")
+
+
+SGD = """import jax, jax.numpy as jnp
+
+
+def step(w, x):
+    g = jax.grad(lambda w: jnp.mean((x @ w) ** 2))(w)
+    return w - 0.1 * g
+"""
+SGD_SPEC = """version: 1
+mesh: {axes: {data: 4, model: 2}}
+topology: v5e:2x2
+slices: 2
+functions:
+  step:
+    target: sgd.py:step
+    args: ['f32[1024,1024]', 'f32[256,1024] @ [data, null]']
+"""
+
+
+@needs_libtpu
+def test_the_transfer_between_slices_says_why(tmp_path):
+    """Two v5e:2x2 slices, data over DCN: the gradient's partial sums cross the slices; XLA gives the DCN
+    transfer no metadata, and its cause is the gradient's contraction, said to be between slices."""
+    write(tmp_path, "sgd.py", SGD)
+    write(tmp_path, "sgd.stagetool.yaml", SGD_SPEC)
+    line = SGD.splitlines().index("    g = jax.grad(lambda w: jnp.mean((x @ w) ** 2))(w)") + 1
+    r = run_subprocess("collectives", "--spec", "sgd.stagetool.yaml", "--format", "json", "--no-cache", cwd=tmp_path)
+    assert r.code == 0, r.stderr
+    f = r.json()["functions"][0]
+    assert f["collectives"]["causes_unavailable"] is None
+    (dcn,) = [it for it in f["collectives"]["items"] if it["collective"]["network"] == "dcn"]
+    c = dcn["collective"]
+    # the gradient f32[1024,1024], reduce-scattered over the 2 devices of `data` within a slice
+    assert (c["kind"], c["mesh_axes"], c["bytes_per_device"]) == ("all-reduce", ["data"], 1024 * 1024 * 4 // 2)
+    assert dcn["source"] == f"sgd.py:{line}"
+    assert dcn["cause"]["op"] == "dot_general" and dcn["cause"]["line"].endswith(f"sgd.py:{line}")
+    assert dcn["cause"]["reason"].startswith("between slices over DCN (`data`, the mesh's first axis, spans the slices")
+    assert "contraction over a dimension of 256 split over `data`" in dcn["cause"]["reason"]
+    assert [(o["kind"], o["leaf"]) for o in dcn["cause"]["origins"]] == [("input", "x")]
+    # no other collective says it crosses the slices
+    assert all("DCN" not in it["cause"]["reason"] for it in f["collectives"]["items"] if it is not dcn)
+
+
+def test_a_collective_with_no_cause_says_why_there_is_none():
+    from stagetool.analysis.collectives import summarize
+    from stagetool.analysis.sections import CollectiveItem, CollectivesSection
+    from stagetool.report.views import cause_lines
+
+    bare = _HLO.replace(', metadata={op_name="jit(f)/mul" source_file="/src/m.py" source_line=7}', "").replace(
+        ', metadata={op_name="jit(f)/neg" source_file="/src/m.py" source_line=9}', "")
+    found = find_collectives(parse_hlo_module(bare), MeshAxes(("x", "y"), (2, 2)))
+    assert [(c.name, c.source, c.nearest) for c in found] == [("ar", None, None), ("ar.2", None, None)]
+    lines = cause_lines(CollectivesSection(tuple(CollectiveItem(c, None) for c in found), summarize(found)))
+    assert lines[0] == ("1 all-reduce over x × y", "no cause: XLA gave it no metadata and no instruction within 8 "
+                        "operand/user hops of it has a line of the program", [])
+    assert lines[1][0] == "2 all-reduce over y"

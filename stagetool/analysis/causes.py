@@ -506,13 +506,21 @@ def cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
     (one source line, op name and callers: ``dense(x, w)`` called for ``wq``, ``wk`` and ``wv``), the
     one more of whose operands are views of those inputs is taken, not the first. A collective XLA
     inserted without metadata (``Collective.nearest``) is matched by the nearest instruction's line,
-    and its reason begins ``no metadata of its own; nearest: gather at model.py:5``."""
+    and its reason begins ``no metadata of its own; nearest: gather at model.py:5``; a transfer
+    between the slices of a multi-slice job (``network == "dcn"``) begins ``between slices over DCN``."""
     cause = _cause_of(c, prop, inputs, outputs, feeding)
-    if cause is None or c.nearest is None or c.source is None:
-        return cause
-    # XLA inserted it without metadata: the cause is the nearest instruction's that has a line, and says so
-    near = f"no metadata of its own; nearest: {_op_tail(c.op_name) or c.nearest} at {_short(f'{c.source.file}:{c.source.line}')}"
-    return dataclasses.replace(cause, reason=f"{near}; {cause.reason}")
+    if cause is None:
+        return None
+    if c.nearest is not None and c.source is not None:
+        # XLA inserted it without metadata: the cause is the nearest instruction's that has a line, and says so
+        near = f"no metadata of its own; nearest: {_op_tail(c.op_name) or c.nearest} at {_short(f'{c.source.file}:{c.source.line}')}"
+        cause = dataclasses.replace(cause, reason=f"{near}; {cause.reason}")
+    if c.network == "dcn":
+        axes = _axes_text([_base_axis(a) for a in c.mesh_axes or ()])
+        cause = dataclasses.replace(cause, reason=f"between slices over DCN ({axes}, the mesh's first axis, spans the "
+                                                  f"slices; this is the part of the collective that crosses them); "
+                                                  f"{cause.reason}")
+    return cause
 
 
 def _cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],

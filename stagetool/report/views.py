@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stagetool.analysis.why import WhyAnswer
+from stagetool.analysis.collectives import NEAREST_HOPS, Collective
 from stagetool.analysis.memory import MemoryRecord
 from stagetool.analysis.peak import PeakReport
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
@@ -598,7 +599,8 @@ def collectives_summary_rows(c: CollectivesSection) -> tuple[list[str], list[lis
 
 
 def cause_lines(c: CollectivesSection) -> list[tuple[str, str, list[str]]]:
-    """Why each collective is there (issue 22): ``(head, reason, origins)`` per collective with a cause,
+    """Why each collective is there (issue 22): ``(head, reason, origins)`` per collective (one without a
+    cause says why there is none: :func:`no_cause_reason`),
     in module order — ``("1 all-reduce over model at model.py:9 (dot_general)", "contraction over ...",
     ["w2 (spec at f.stagetool.yaml:10:9)"])``; one ``("why", <the reason there are none>, [])`` when the
     explanation is unavailable."""
@@ -607,14 +609,24 @@ def cause_lines(c: CollectivesSection) -> list[tuple[str, str, list[str]]]:
     out = []
     for i, item in enumerate(c.items, start=1):
         cause = item.cause
-        if cause is None:
-            continue
         x = item.collective
         at = f" at {_source(item.source)}" if item.source else ""
+        if cause is None:  # the reason there is none
+            out.append((f"{i} {x.kind} over {_axes(x.mesh_axes)}{at}", no_cause_reason(x), []))
+            continue
         head = f"{i} {x.kind} over {_axes(x.mesh_axes)}{at} ({cause.op})"
         # one leaf's spec line is one origin however many of the collective's axes it gives
         out.append((head, cause.reason, list(dict.fromkeys(o.describe() for o in cause.origins))))
     return out
+
+
+def no_cause_reason(x: Collective) -> str:
+    """Why a collective has no cause, when the explanation is available for its function."""
+    if x.source is None:
+        return (f"no cause: XLA gave it no metadata and no instruction within {NEAREST_HOPS} operand/user hops of it "
+                "has a line of the program")
+    return ("no cause: its line names no op of Shardy's propagation rerun (an op the compiler made that the "
+            "lowered module does not hold)")
 
 
 def why_lines(w: WhyAnswer) -> list[tuple[str, str]]:

@@ -298,7 +298,8 @@ def test_the_reason_says_the_collectives_kind_and_every_axis():
     outputs = [leaf("out", (16, 64), (None, None), None)]
 
     def collective(kind, axes, op_name):
-        return SimpleNamespace(kind=kind, mesh_axes=axes, source=at[0], source_chain=at, op_name=op_name, nearest=None)
+        return SimpleNamespace(kind=kind, mesh_axes=axes, source=at[0], source_chain=at, op_name=op_name, nearest=None,
+                               network=None)
 
     gathered = cause_of(collective("all-gather", ("model",), "jit(f)/gather"), prop, inputs, outputs)
     assert gathered.reason == ("reduction over a dimension of 1024 split over `model`: table is sharded on it → "
