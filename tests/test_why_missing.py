@@ -230,3 +230,47 @@ def test_a_collective_with_no_cause_says_why_there_is_none():
     assert lines[0] == ("1 all-reduce over x × y", "no cause: XLA gave it no metadata and no instruction within 8 "
                         "operand/user hops of it has a line of the program", [])
     assert lines[1][0] == "2 all-reduce over y"
+
+
+MOE = """import jax
+
+
+def moe(x, w, group_sizes):
+    return jax.lax.ragged_dot(x, w, group_sizes)
+"""
+MOE_SPEC = """version: 1
+mesh: {axes: {data: 2, model: 4}}
+functions:
+  moe:
+    target: moe.py:moe
+    args: ['f32[512,256] @ [data, null]', 'f32[8,256,512] @ [model, null, null]', 'i32[8]']
+"""
+
+
+@needs_libtpu
+def test_the_gathered_expert_weights_of_a_ragged_dot_say_why(tmp_path):
+    """XLA:TPU gathers a ragged_dot's expert weights (sharded over `model` by expert) and its rows whole;
+    each gather's cause names the dimension ragged_dot needs whole and the spec line that split it."""
+    write(tmp_path, "moe.py", MOE)
+    write(tmp_path, "moe.stagetool.yaml", MOE_SPEC)
+    line = MOE.splitlines().index("    return jax.lax.ragged_dot(x, w, group_sizes)") + 1
+    r = run_subprocess("collectives", "moe.py:moe", "--topology", "v5e:2x4", "--format", "json", "--no-cache",
+                       cwd=tmp_path)
+    assert r.code == 0, r.stderr
+    f = r.json()["functions"][0]
+    assert f["collectives"]["causes_unavailable"] is None
+    items = {tuple(it["collective"]["mesh_axes"]): it for it in f["collectives"]["items"]}
+    rows, weights = items[("data",)], items[("model",)]
+    assert rows["collective"]["kind"] == weights["collective"]["kind"] == "all-gather"
+    assert weights["collective"]["bytes_per_device"] == 8 * 256 * 512 * 4  # every expert's weight, whole
+    assert rows["collective"]["bytes_per_device"] == 512 * 256 * 4  # every row, whole
+    for it in (rows, weights):
+        assert it["source"] == f"moe.py:{line}" and it["cause"]["op"] == "ragged_dot"
+    assert weights["cause"]["reason"].endswith(
+        "ragged_dot needs dimension 0 (of 8) of w whole on each device (its groups, one weight each), and it is split "
+        "over `model` → all-gather over `model`")
+    assert [(o["kind"], o["leaf"], o["source"].split(":")[0]) for o in weights["cause"]["origins"]] == [
+        ("input", "w", "moe.stagetool.yaml")]
+    assert rows["cause"]["reason"].endswith("ragged_dot needs dimension 0 (of 512) of x whole on each device (its rows, "
+                                            "which group_sizes splits into groups), and it is split over `data` → "
+                                            "all-gather over `data`")

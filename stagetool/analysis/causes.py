@@ -646,6 +646,15 @@ def _axis_reasons(c: Collective, op: PropagatedOp, axis: str, short: str,
         return found
     if op.name == "chlo.top_k":
         return _top_k_reasons(c, op, axis, names, o_hits, r_hits)
+    if op.name == "chlo.ragged_dot" and rule.operands == (("i", "j"), ("k", "j", "l"), ("k",)):
+        whole = [(t, d) for f, t, d in o_hits if (t, d) in ((0, 0), (1, 0))]
+        if whole:  # the rows and the groups are needed whole (shardy._ragged_dot_rules)
+            t, d = whole[0]
+            size = dict(rule.sizes).get(rule.operands[t][d])
+            what = "its rows, which group_sizes splits into groups" if t == 0 else "its groups, one weight each"
+            return [(3 if c.kind == "all-gather" else 2,
+                     f"ragged_dot needs dimension {d}{f' (of {size})' if size else ''} of {names[t]} whole on each "
+                     f"device ({what}), and it is split over `{axis}` → {c.kind} over `{axis}`", [(t, axis)])]
     red = [(f, t, d) for f, t, d in o_hits if f in rule.reductions]
     if red:
         sharded = sorted({t for _, t, _ in red})

@@ -90,11 +90,9 @@ def propagate(lowered_text: str, *, top_k_rule: bool = True) -> Propagation:
         try:
             module = ir.Module.parse(lowered_text)
             _calls_to_named_computations(module)
-            if top_k_rule:
-                _top_k_rules(module)
+            _own_rules(module, top_k_rule)
             passmanager.PassManager.parse(_PROPAGATE).run(module.operation)
-            if top_k_rule:
-                _top_k_rules(module)  # propagation drops the rule, and sdy-populate-op-sharding-rules has none to put back
+            _own_rules(module, top_k_rule)  # propagation drops them, and sdy-populate-op-sharding-rules has none
         except Exception as e:  # noqa: BLE001 - MLIR raises MLIRError / ValueError with its diagnostics
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ShardyUnavailable(f"Shardy's propagation could not be rerun: {first[:300]}") from None
@@ -201,6 +199,39 @@ def _top_k_rules(module) -> None:
         result = "[" + ", ".join(batch + [k]) + "]"
         rule = (f"#sdy.op_sharding_rule<([{', '.join(batch + [whole])}])->({result}, {result}) "
                 f"{{{', '.join(sizes)}}} need_replication={{{whole}, {k}}}>")
+        op.attributes["sdy.sharding_rule"] = ir.Attribute.parse(rule)
+
+
+_RAGGED_DEFAULT = ("lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [1], "
+                   "lhs_ragged_dimensions = [0], rhs_group_dimensions = [0]")
+
+
+def _own_rules(module, top_k: bool) -> None:
+    """The factor rules this Shardy lacks and XLA's has: ``chlo.top_k`` (:func:`_top_k_rules`, when
+    ``top_k``) and :func:`_ragged_dot_rules`."""
+    if top_k:
+        _top_k_rules(module)
+    _ragged_dot_rules(module)
+
+
+def _ragged_dot_rules(module) -> None:
+    """Give each ``chlo.ragged_dot`` of ``lax.ragged_dot``'s form (``x[m, k] · w[g, k, n]`` grouped by
+    ``group_sizes[g]``: ragged rows, one weight per group) the rule ``([i, j], [k, j, l], [k])->([i, l])
+    reduction={j} need_replication={i, k}``: the rows and the groups are needed whole (a group is a
+    range of rows that ``group_sizes`` places anywhere), the contraction is summed. Other dimension
+    numbers get none."""
+    from jaxlib.mlir import ir
+
+    for op in _ops_in(module.operation):
+        if op.name != "chlo.ragged_dot" or "sdy.sharding_rule" in op.attributes or len(op.operands) != 3:
+            continue
+        if _RAGGED_DEFAULT not in str(_get(op.attributes, "ragged_dot_dimension_numbers")):
+            continue
+        x, w = ir.RankedTensorType(op.operands[0].type), ir.RankedTensorType(op.operands[1].type)
+        if x.rank != 2 or w.rank != 3:
+            continue
+        rule = (f"#sdy.op_sharding_rule<([i, j], [k, j, l], [k])->([i, l]) {{i={x.shape[0]}, j={x.shape[1]}, "
+                f"k={w.shape[0]}, l={w.shape[2]}}} reduction={{j}} need_replication={{i, k}}>")
         op.attributes["sdy.sharding_rule"] = ir.Attribute.parse(rule)
 
 
