@@ -75,7 +75,7 @@ from stagetool.core.paths import ReportRoot
 from stagetool.core.sharding import Sharding
 from stagetool.facts import BackendResult, LeafFacts, PeakDump, Propagation, StagedFunction
 
-CACHE_SCHEMA = 12
+CACHE_SCHEMA = 13
 """Version of the entry format and of the key's contents; bump it when either changes.
 3: authenticated entries (HMAC header line), compile settings in the key. 5: the payload as a table of
 distinct values (:func:`stagetool.core.codec.pack`). 6: paths below the report root written from ``<stagetool-root>`` in
@@ -85,7 +85,9 @@ echoes it: a hit must not say another run's source). 9: source locations cut at 
 stagetool (the frames above its call, a Python-API caller's script, left out), ``raw_text``. 10: the
 peak dump's ``space_names`` (XLA's names of its memory spaces). 11: read and checked by the typed
 codec (:mod:`stagetool.core.codec`); key parts as its table. 12: a ``jax.jit`` target's own
-``out_shardings`` in the key (its outputs say ``sharding_source: "target"``)."""
+``out_shardings`` in the key (its outputs say ``sharding_source: "target"``). 13: the stored Shardy
+propagation gives ``chlo.top_k`` and ``chlo.ragged_dot`` XLA's factor rules (an entry of 12 holds one
+without, whose causes say 'unavailable')."""
 
 MAX_ENTRY_BYTES = 1 << 30
 """An entry larger than this (1 GiB) is not read: a miss. (A 48-layer transformer's entry is ~60 MB.)"""
