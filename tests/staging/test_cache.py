@@ -228,7 +228,7 @@ def test_the_propagation_behind_the_causes_is_cached_with_the_entry(project, tmp
     cache = tmp_path / "cache"
     calls = []
     real = shardy.propagate_lowered
-    monkeypatch.setattr(shardy, "propagate_lowered", lambda lowered: calls.append(1) or real(lowered))
+    monkeypatch.setattr(shardy, "propagate_lowered", lambda lowered, **k: calls.append(1) or real(lowered, **k))
     peak = _run(cache, sections=[Section.MEMORY], peak=True)
     assert not calls and peak.memory.peak.buffers
     cold = _run(cache, sections=[Section.COLLECTIVES])
