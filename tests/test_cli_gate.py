@@ -458,3 +458,23 @@ def test_an_edit_with_no_consequence_prints_no_empty_table():
     assert len(heads) == 1  # the first cause's table only
     at = next(i for i, line in enumerate(lines) if line.startswith("cause 2 · f: the sharding constraint at model.py:930"))
     assert lines[at + 1].strip() == "model.py:930: P(None, 'y') → P(None, None)" and heads[0] < at
+
+
+def test_a_long_leaf_path_is_never_folded_in_a_file_or_a_pipe(project, capsys, tmp_path):
+    """A check/diff table written to a file (-o) or a pipe keeps every cell whole, as report's text
+    does: a long leaf path (Keras', MaxText's) on one line, not folded mid-word at the terminal width."""
+    code, _, err = run(capsys, "snapshot", "-o", "a.json")
+    assert code == 0, err
+    doc = json.loads(Path("a.json").read_text())
+    (fn,) = doc["functions"].values()
+    long = "/".join(["state/model/transformer_blocks/layer_017/self_attention/query_projection"] * 3) + "/kernel"
+    assert len(long) > 200  # wider than the terminal the fixture sets (COLUMNS=200)
+    fn["inputs"][0]["path"] = long
+    Path("a.json").write_text(json.dumps(doc))
+    fn["inputs"][0]["sharding"] = "P(None)"
+    Path("b.json").write_text(json.dumps(doc))
+    for out in (["-o", "out.txt"], []):
+        code, stdout, _ = run(capsys, "diff", "a.json", "b.json", *out)
+        text = Path("out.txt").read_text() if out else stdout
+        (row,) = [line for line in text.splitlines() if "P(None)" in line]
+        assert f"input {long}: sharding" in row, text

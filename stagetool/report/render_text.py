@@ -71,7 +71,7 @@ def render(doc: Report | DevicesReport, *, color: bool, width: int = 120, fit: b
         for t in items:
             if isinstance(t, Table):
                 _fold_cut_columns(t)
-    limit = _FIT_WIDTH if fit else _MAX_WIDTH
+    limit = FIT_WIDTH if fit else _MAX_WIDTH
     probe = console(limit)
     needed = max((Measurement.get(probe, probe.options, t).maximum for t in items if isinstance(t, Table)),
                  default=0)
@@ -88,7 +88,7 @@ def render(doc: Report | DevicesReport, *, color: bool, width: int = 120, fit: b
 _MAX_WIDTH = 200
 
 #: The widest a table may ask for in text that goes to a pipe or a file (``fit``): in effect unlimited.
-_FIT_WIDTH = 100_000
+FIT_WIDTH = 100_000
 
 
 def _fold_cut_columns(table: Table) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -17,6 +18,7 @@ from stagetool.cli.options import (ChipOpt, DebugOpt, FormatOpt, FunctionOpt, Is
 from stagetool.cli.output import (color, errors, escape, is_primary, plural, report_failures, staging_status, stderr,
                                   width, write_file, write_text)
 from stagetool.core.errors import ExitCode, UsageError
+from stagetool.report.render_text import FIT_WIDTH
 from stagetool.report import Format
 
 
@@ -28,8 +30,10 @@ def _gate_output(cmp: Any, format: Format, output: Optional[Path], junit_xml: Op
     from stagetool.gate import render as render_changes
 
     cmp = sanitized(cmp)  # names from specs, baselines and user code: control characters escaped
-    text = render_changes.render(cmp, format, color=color(output) and format == Format.text, width=width(),
-                                 snapshots=snapshots)
+    # a file or a pipe: every cell whole (a leaf path is never folded mid-word), as report writes them
+    fit = output is not None or not sys.stdout.isatty()
+    text = render_changes.render(cmp, format, color=color(output) and format == Format.text,
+                                 width=FIT_WIDTH if fit else width(), snapshots=snapshots)
     write_text(text, output, say=False)
     if junit_xml is not None:
         write_file(junit_xml, render_changes.junit_xml(cmp), "--junit-xml")
