@@ -144,10 +144,13 @@ def test_fsdp_gather_points_at_the_sharding_constraint(run_cli, tmp_path, isolat
 @pytest.mark.jax_version(">=0.12", reason="before 0.12 the all-gather's metadata is the constraint's line")
 def test_fsdp_gather_names_the_parameter_from_jax_0_12(run_cli, tmp_path, isolated_imports):
     # XLA of jaxlib 0.12 gives the inserted all-gather the parameter's metadata (op_name "w", no
-    # frame), so there is no line to show; --explain w still finds it (above).
+    # frame): its op name stays XLA's, its line is the nearest instruction's that has one (the dot
+    # that reads the gathered w), said as such; --explain w still finds it (above).
     doc = run_collectives(run_cli, tmp_path, "fsdp")
     (gather,) = [x for x in doc["functions"][0]["collectives"]["items"] if x["collective"]["kind"] == "all-gather"]
-    assert gather["collective"]["op_name"] == "w" and gather["source"] is None
+    assert gather["collective"]["op_name"] == "w"
+    dot_line = line_of(tmp_path / "m.py", "FSDP-GATHER") + 1
+    assert gather["source"].endswith(f"m.py:{dot_line}") and gather["collective"]["nearest"], gather
 
 
 def test_explain_names_an_unknown_leaf_with_close_matches(run_cli, tmp_path, isolated_imports):

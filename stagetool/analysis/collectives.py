@@ -937,6 +937,7 @@ def _record(
     # A collective inside a fusion or wrapper often has no metadata: take its caller's.
     described = ins if (ins.metadata or caller is None) else caller
     chain = program_frames(module.source_stack(described))
+    own_op_name = described.metadata.op_name if described.metadata else None  # what XLA named it (jaxlib 0.12: "w")
     nearest = None
     if not chain:  # inserted by XLA without a line of the program's: borrow the nearest instruction's
         where, start = (caller_comp, caller) if described is caller and caller_comp is not None else (comp, ins)
@@ -968,7 +969,7 @@ def _record(
         executions=ctx.executions if ctx else None,
         in_loop=bool(ctx and ctx.in_loop),
         in_conditional=bool(ctx and ctx.in_conditional),
-        op_name=normalise_op_name(described.metadata.op_name) if described.metadata else None,
+        op_name=normalise_op_name(own_op_name or (described.metadata.op_name if described.metadata else None)),
         source=chain[0] if chain else None,
         source_chain=chain,
         nearest=nearest,

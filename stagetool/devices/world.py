@@ -120,14 +120,14 @@ def staged_world(setup: Any) -> Iterator[Any]:
     ``jax.sharding.set_mesh``."""
     import jax
 
+    get_mesh = getattr(jax.sharding, "get_mesh", None)  # jax 0.7 has set_mesh but no getter: nothing to restore
     with _LOCK:
         mods = _modules()
-        ambient = None
+        ambient = get_mesh() if get_mesh is not None and not _STACK else None
         if not _STACK:
             for (mod, name), fn in _PATCHES.items():
                 _ORIGINALS[(mod, name)] = getattr(mods[mod], name)
                 setattr(mods[mod], name, fn)
-            ambient = jax.sharding.get_mesh()
         _STACK.append(setup)
     try:
         yield setup
@@ -137,7 +137,7 @@ def staged_world(setup: Any) -> Iterator[Any]:
             if not _STACK:
                 for (mod, name) in _PATCHES:
                     setattr(mods[mod], name, _ORIGINALS[(mod, name)])
-                if ambient is not None and jax.sharding.get_mesh() is not ambient:
+                if ambient is not None and get_mesh() is not ambient:
                     # user code set a global mesh (a cookbook Config's jax.sharding.set_mesh): the
                     # process's own again
                     jax.sharding.set_mesh(ambient if ambient.devices.size else None)
