@@ -16,7 +16,7 @@ and ``{call:}``s run, and restores them after:
   so the device order is the one JAX picks for them, as a raw compile for those devices has).
 - Keras 3 on the JAX backend lists and finds devices through ``jax.devices`` and so follows.
 
-The patch replaces module attributes of public JAX modules only (no ``jax._src``); a function taken
+The patch replaces module attributes of public JAX modules only (no private module); a function taken
 by ``from jax import devices`` while the world was on answers JAX's own once it is off.
 """
 
