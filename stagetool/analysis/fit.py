@@ -19,15 +19,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Annotated
+
+from stagetool.core.codec import Check
 
 FITS = "fits"
 DOES_NOT_FIT = "does not fit"
 UNDECIDED = "undecided"
 
+_COUNT = Annotated[int, Check(lambda n: n >= 0, "not negative")]
+
 
 @dataclasses.dataclass(frozen=True)
 class ReplicatedInput:
-    """An input leaf every device of the mesh holds whole (a fully replicated PartitionSpec).
+    """An input leaf every device of the mesh holds whole (a fully replicated PartitionSpec); a
+    ``stagetool fit`` row's ``replicated_inputs`` are these as JSON (:mod:`stagetool.core.codec`).
 
     Attributes:
       path: its key path (``state/params/norm``).
@@ -40,9 +46,9 @@ class ReplicatedInput:
     """
 
     path: str
-    shape: tuple[int, ...]
+    shape: tuple[_COUNT, ...]
     dtype: str
-    bytes_per_device: int
+    bytes_per_device: _COUNT
     source: str | None = None
     sharding_source: str | None = None
 

@@ -35,6 +35,7 @@ from stagetool.analysis.fit import (
     search_largest,
     shard_largest_replicated,
 )
+from stagetool.core import codec
 from stagetool.core.errors import UsageError
 from stagetool.sweep.driver import (
     SweepOptions,
@@ -140,8 +141,7 @@ def with_batch(config: Config, name: str, batch: int) -> Config:
 
 def _replicated(row: dict) -> dict:
     """A row's replicated input leaves and mesh as :class:`Probe` fields."""
-    leaves = tuple(ReplicatedInput(x["path"], tuple(x["shape"]), x["dtype"], x["bytes_per_device"], x.get("source"),
-                                   x.get("sharding_source")) for x in row.get("replicated_inputs") or ())
+    leaves = codec.decode(tuple[ReplicatedInput, ...], row.get("replicated_inputs") or [], "replicated_inputs")
     return {"replicated_inputs": leaves, "mesh_axes": tuple((a, n) for a, n in row.get("mesh") or ())}
 
 

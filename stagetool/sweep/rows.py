@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from stagetool.analysis.figures import flops_estimate
+from stagetool.analysis.fit import ReplicatedInput
 from stagetool.core import codec
 from stagetool.core.codec import Check
 from stagetool.core.errors import UsageError
@@ -57,19 +58,6 @@ class RowStepTime:
     serial_seconds: float
     bound: str | None = None
     tokens_per_second_per_chip: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class RowReplicatedInput:
-    """An input leaf every device holds whole, in a ``stagetool fit`` row: its path, shape, dtype,
-    bytes per device, spec location and where its sharding comes from."""
-
-    path: str
-    shape: tuple[_COUNT, ...]
-    dtype: str
-    bytes_per_device: _COUNT
-    source: str | None = None
-    sharding_source: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +112,7 @@ class Row:
         "omit": True, "doc": "the step-time estimate (an estimate, seconds per step on one device) as {chip, "
                              "overlapped_seconds, schedule_seconds, serial_seconds, bound, tokens_per_second_per_chip},"
                              " or null; absent from rows written before it existed"})
-    replicated_inputs: tuple[RowReplicatedInput, ...] | None = dataclasses.field(default=None, metadata={
+    replicated_inputs: tuple[ReplicatedInput, ...] | None = dataclasses.field(default=None, metadata={
         "omit": True, "doc": "stagetool fit only: the largest input leaves every device holds whole (compiled "
                              "sharding fully replicated; a refused compile's declared one), largest first, as "
                              "{path, shape, dtype, bytes_per_device, source, sharding_source}; null when not known"})

@@ -137,8 +137,11 @@ def replicated_inputs(inputs: tuple | None) -> list[dict] | None:
         return None
     found = [x for x in inputs if x.compiled is not None and x.compiled.replicated and x.bytes_per_device is not None]
     found.sort(key=lambda x: (-x.bytes_per_device, x.path))
-    return [{"path": x.path, "shape": list(x.shape), "dtype": x.dtype, "bytes_per_device": x.bytes_per_device,
-             "source": x.source, "sharding_source": x.sharding_source} for x in found[:REPLICATED_INPUTS_KEPT]]
+    from stagetool.analysis.fit import ReplicatedInput
+    from stagetool.core import codec
+
+    return [codec.encode(ReplicatedInput(x.path, tuple(x.shape), x.dtype, x.bytes_per_device, x.source,
+                                         x.sharding_source)) for x in found[:REPLICATED_INPUTS_KEPT]]
 
 
 def leaf_shardings(given: list | tuple) -> tuple:
