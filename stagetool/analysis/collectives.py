@@ -593,12 +593,7 @@ _PASS_THROUGH = frozenset({"copy", "bitcast"})
 
 def _resolve(comp: HloComputation, name: str) -> HloInstruction | None:
     """The instruction ``name`` names, looking through copies and bitcasts."""
-    ins = comp.instruction(name)
-    for _ in range(64):
-        if ins is None or ins.opcode not in _PASS_THROUGH or len(ins.operands) != 1:
-            return ins
-        ins = comp.instruction(ins.operands[0])
-    return None
+    return comp.behind(name, _PASS_THROUGH, 64)
 
 
 def _const_int(ins: HloInstruction | None) -> int | None:

@@ -268,12 +268,7 @@ _REARRANGE = frozenset({"copy", "bitcast", "reshape", "transpose"})
 
 def _through(comp: HloComputation, name: str) -> HloInstruction | None:
     """The instruction behind ``name`` in ``comp``, past :data:`_REARRANGE` ops."""
-    ins = comp.instruction(name)
-    for _ in range(16):
-        if ins is None or ins.opcode not in _REARRANGE or len(ins.operands) != 1:
-            return ins
-        ins = comp.instruction(ins.operands[0])
-    return None
+    return comp.behind(name, _REARRANGE, 16)
 
 
 def _users(comp: HloComputation, name: str) -> list[HloInstruction]:

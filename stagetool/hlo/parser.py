@@ -481,6 +481,17 @@ class HloComputation:
         """The instruction called ``name`` (without ``%``), or None."""
         return self._by_name.get(name)
 
+    def behind(self, name: str, opcodes: frozenset[str], hops: int) -> HloInstruction | None:
+        """The instruction behind ``name``: followed through single-operand instructions whose opcode
+        is one of ``opcodes`` (copies, bitcasts, ...), looking at ``hops`` instructions of the chain
+        at most (``name``'s own included); None when ``name`` names nothing or the chain is longer."""
+        ins = self.instruction(name)
+        for _ in range(hops):
+            if ins is None or ins.opcode not in opcodes or len(ins.operands) != 1:
+                return ins
+            ins = self.instruction(ins.operands[0])
+        return None
+
     @property
     def root(self) -> HloInstruction | None:
         """The ``ROOT`` instruction (the last one if none is marked), or None if empty."""

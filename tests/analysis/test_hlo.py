@@ -286,3 +286,22 @@ def test_parse_is_linear_enough():
 
     assert len(hlo.parse_hlo_module(big).computations) == 160 * 7
     assert best(big) < 4 * best(small) * 2.0  # 4x the text: well under 8x the time
+
+
+def test_behind_follows_the_named_opcodes_within_its_hops():
+    module = hlo.parse_hlo_module("""HloModule m
+
+ENTRY %main (p: f32[4,2]) -> f32[8] {
+  %p = f32[4,2]{1,0} parameter(0)
+  %c = f32[4,2]{1,0} copy(f32[4,2]{1,0} %p)
+  %b = f32[4,2]{1,0} bitcast(f32[4,2]{1,0} %c)
+  ROOT %r = f32[8]{0} reshape(f32[4,2]{1,0} %b)
+}
+""")
+    comp = module.entry
+    through = frozenset({"copy", "bitcast", "reshape"})
+    assert comp.behind("r", through, 4).name == "p"  # r, b, c passed, p found: four looked at
+    assert comp.behind("r", through, 3) is None
+    assert comp.behind("r", frozenset({"copy", "bitcast"}), 8).name == "r"  # a reshape stops it
+    assert comp.behind("b", frozenset({"copy", "bitcast"}), 8).name == "p"
+    assert comp.behind("nothing", through, 8) is None
