@@ -5,7 +5,7 @@ compiled, partitioned HLO text is tens of MB, on 8 simulated CPU devices with a 
 (data, model) mesh: batch over ``data``, attention heads and MLP hidden over ``model``, weights
 also sharded over ``data`` (FSDP-style), so XLA:CPU emits thousands of all-gathers and
 all-reduces. Then it times :func:`stagetool.hlo.parser.parse_hlo_module`,
-:func:`stagetool.analysis.collectives.find_collectives` and ``summarize`` on the module of
+:func:`stagetool.hlo.collectives.find_collectives` and ``summarize`` on the module of
 ``--layers`` layers and on one of half as many, and prints MB/s, lines/s and the time ratio
 full/half (about the text-size ratio when the work is linear).
 
@@ -38,7 +38,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stagetool.analysis import collectives
+from stagetool.hlo import collectives
 from stagetool.hlo import parser as hlo
 
 D_MODEL, HEADS, D_HEAD, D_FF, SEQ, BATCH, VOCAB = 256, 8, 32, 1024, 64, 16, 512

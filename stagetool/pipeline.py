@@ -468,7 +468,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
         narrow = narrow_dot_types(facts.stablehlo_text)
         narrow_values = narrow_value_types(facts.stablehlo_text)  # any 16-bit value XLA:CPU may widen
     if Section.COST in wanted:
-        from stagetool.analysis.collectives import MeshAxes
+        from stagetool.hlo.collectives import MeshAxes
         from stagetool.analysis.sections import cost_section
 
         from stagetool.devices.provision import interconnect_of
@@ -483,7 +483,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
         fields["memory"] = memory_section(facts, *leaves, capacity_bytes=capacity, capacity_source=source,
                                           top=plan.top)
     if wanted & {Section.COLLECTIVES, Section.WHY}:
-        from stagetool.analysis.collectives import MeshAxes
+        from stagetool.hlo.collectives import MeshAxes
         from stagetool.analysis.sections import collectives_section
 
         section = collectives_section(facts.module, MeshAxes(plan.mesh.names, plan.mesh.sizes), leaves[0], user_files,
@@ -497,7 +497,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
 
             fields["why"] = answer_why(plan.why, leaves[0], leaves[1], section)
     if Section.MODULES in wanted:
-        from stagetool.analysis.collectives import MeshAxes
+        from stagetool.hlo.collectives import MeshAxes
         from stagetool.analysis.modules import modules_section
 
         from stagetool.devices.provision import interconnect_of

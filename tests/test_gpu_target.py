@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from helpers import REPO, run_subprocess
 
-from stagetool.analysis.loops import counted_cost
+from stagetool.hlo.loops import counted_cost
 from stagetool.analysis.sections import derived_per_device_cost
 from stagetool.core.errors import UsageError
 from stagetool.hlo.parser import parse_hlo_module

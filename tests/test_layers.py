@@ -44,5 +44,5 @@ def test_a_jax_import_in_analysis_breaks_the_contract(tmp_path):
     cost.write_text(cost.read_text() + "\n\ndef _jax():\n    import jax  # noqa: F401\n")
     r = lint_imports(tmp_path)
     assert r.returncode != 0
-    assert "facts and analysis are JAX-free BROKEN" in r.stdout
+    assert "hlo, facts, analysis, report and gate are JAX-free BROKEN" in r.stdout
     assert "stagetool.analysis.cost -> jax" in r.stdout

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import run_subprocess, write
 
-from stagetool.analysis.collectives import MeshAxes, find_collectives, summarize
+from stagetool.hlo.collectives import MeshAxes, find_collectives, summarize
 from stagetool.hlo.parser import parse_hlo_module
 from stagetool.devices import tpu_topology as topology
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from helpers import write
 from jax.sharding import NamedSharding, PartitionSpec
 
-from stagetool.analysis.collectives import MeshAxes
+from stagetool.hlo.collectives import MeshAxes
 from stagetool.analysis.replicated import sharding_replicated_axes
 
 MODEL = """\

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from helpers import run_subprocess, write
 
-from stagetool.analysis.collectives import MeshAxes, find_collectives
+from stagetool.hlo.collectives import MeshAxes, find_collectives
 from stagetool.devices import tpu_topology as topology
 from stagetool.hlo.parser import parse_hlo_module
 
@@ -218,7 +218,7 @@ def test_the_transfer_between_slices_says_why(tmp_path):
 
 
 def test_a_collective_with_no_cause_says_why_there_is_none():
-    from stagetool.analysis.collectives import summarize
+    from stagetool.hlo.collectives import summarize
     from stagetool.analysis.sections import CollectiveItem, CollectivesSection
     from stagetool.report.views import cause_lines
 

@@ -1,7 +1,7 @@
 """Why each collective is there: the op it belongs to, its operands' shardings, and where each
 mesh axis of those shardings came from.
 
-Input: the collectives of the compiled module (:mod:`stagetool.analysis.collectives`), Shardy's
+Input: the collectives of the compiled module (:mod:`stagetool.hlo.collectives`), Shardy's
 propagation rerun with sharding origins (:class:`stagetool.facts.Propagation`) and the
 input/output leaves (:class:`~stagetool.analysis.shardings.LeafReport`: path, spec line, where the
 declared sharding came from). Output: one :class:`CollectiveCause` per collective, or one sentence
@@ -36,7 +36,7 @@ from stagetool.core.location import no_column as _no_column
 from stagetool.core.location import source_name as _short
 
 if TYPE_CHECKING:
-    from stagetool.analysis.collectives import Collective
+    from stagetool.hlo.collectives import Collective
     from stagetool.analysis.shardings import LeafReport
     from stagetool.facts import Operand, Propagation, PropagatedOp, ValueSharding
     from stagetool.hlo.parser import SourceFrame
@@ -502,7 +502,7 @@ def cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
     """The cause of one collective (see the module docstring), or None when its metadata names no op
     of the propagated module (a collective without a source line, or one XLA made for an op that
     lowering did not emit). ``feeding``: the entry parameters its operands are computed from
-    (:func:`stagetool.analysis.collectives.feeding_parameters`): of ops that explain it equally well
+    (:func:`stagetool.hlo.collectives.feeding_parameters`): of ops that explain it equally well
     (one source line, op name and callers: ``dense(x, w)`` called for ``wq``, ``wk`` and ``wv``), the
     one more of whose operands are views of those inputs is taken, not the first. A collective XLA
     inserted without metadata (``Collective.nearest``) is matched by the nearest instruction's line,

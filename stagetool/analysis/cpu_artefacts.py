@@ -363,7 +363,7 @@ def accumulated_in_loop(module: HloModule, names: Iterable[tuple[str, str, str |
     Args:
       module: the compiled (per-device) module.
       names: ``(instruction name, computation name, reduction opcode or None)`` of each collective
-        (:attr:`stagetool.analysis.collectives.Collective.reduction`).
+        (:attr:`stagetool.hlo.collectives.Collective.reduction`).
     """
     bodies = {i.attributes.get("body", "").lstrip("%") for c in module.computations for i in c.instructions
               if i.opcode == "while"}

@@ -39,13 +39,13 @@ entry parameters (their buffers at the peak); ``none`` for an instruction withou
 counts them, except the time):
 
 * FLOPs, transcendentals and bytes accessed are **derived** from the compiled module's shapes with
-  XLA's HloCostAnalysis rules (:mod:`stagetool.analysis.loops`): FLOPs are attributed to the
+  XLA's HloCostAnalysis rules (:mod:`stagetool.hlo.loops`): FLOPs are attributed to the
   instruction that does them (inside a fusion, each fused instruction by its own op name), bytes to
   the top-level instruction that reads and writes them (a fusion's to the fusion's op name). Where
   the derived total differs from XLA's (``Compiled.cost_analysis()``), the difference is its own row
   (:data:`RESIDUAL`), so that the rows always add up to XLA's figure.
-* collectives: :func:`stagetool.analysis.collectives.find_collectives`' records (XLA's compiled
-  program), summed by kind and mesh axes per group (:class:`~stagetool.analysis.collectives.CollectiveTotals`).
+* collectives: :func:`stagetool.hlo.collectives.find_collectives`' records (XLA's compiled
+  program), summed by kind and mesh axes per group (:class:`~stagetool.hlo.collectives.CollectiveTotals`).
 * bytes live at the peak: the device-memory buffers XLA's buffer assignment holds at the memory
   timeline's peak (:func:`stagetool.analysis.peak.peak_report`), by the instruction that defines
   each; an argument's buffer (phase ``arguments``; a donated one's too, which XLA names after the output
@@ -65,8 +65,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from stagetool.analysis.collectives import Collective, CollectiveTotals, summarize
-from stagetool.analysis.loops import Counted, _Counter
+from stagetool.hlo.collectives import Collective, CollectiveTotals, summarize
+from stagetool.hlo.loops import Counted, _Counter
 from stagetool.hlo.parser import (
     HloComputation,
     HloInstruction,
@@ -76,7 +76,7 @@ from stagetool.hlo.parser import (
 )
 
 if TYPE_CHECKING:
-    from stagetool.analysis.collectives import MeshAxes
+    from stagetool.hlo.collectives import MeshAxes
     from stagetool.analysis.peak import PeakReport
     from stagetool.analysis.step_time import StepTimeEstimate
     from stagetool.core.chips import Chip
@@ -487,7 +487,7 @@ def module_rollup(module: HloModule, *, xla_flops: float | None = None, xla_byte
       module: the parsed compiled (per-device) module.
       xla_flops / xla_bytes_accessed: ``Compiled.cost_analysis()``'s ``flops`` and ``bytes accessed``
         (XLA's); the rows then add up to them, the difference in a :data:`RESIDUAL` row.
-      collectives: the module's collectives (:func:`stagetool.analysis.collectives.find_collectives`).
+      collectives: the module's collectives (:func:`stagetool.hlo.collectives.find_collectives`).
       peak: the buffers live at the peak, all of them (``peak_report(..., top=<every buffer>)``), or None.
       peak_reason: why ``peak`` is None, for the reader.
       arguments: entry parameter number → the argument leaf's key path (``model/mlp/up/kernel``):
@@ -602,7 +602,7 @@ def modules_section(facts: StagedFunction, mesh: MeshAxes | None, *, slices: int
 
     Returns None for a function that was not compiled.
     """
-    from stagetool.analysis.collectives import find_collectives
+    from stagetool.hlo.collectives import find_collectives
     from stagetool.analysis.cost import per_device_cost
 
     module = facts.module
@@ -628,7 +628,7 @@ def modules_section(facts: StagedFunction, mesh: MeshAxes | None, *, slices: int
     collectives = find_collectives(module, mesh, slices=slices)
     step = None
     if chip is not None and interconnect is not None:
-        from stagetool.analysis.collectives import while_loops
+        from stagetool.hlo.collectives import while_loops
         from stagetool.analysis.step_time import step_time
 
         step = step_time(module, chip, interconnect, collectives, dict(while_loops(module)), top=1 << 62)

@@ -303,7 +303,7 @@ class ModuleIndex:
         if ins is None:
             return SourceLocation(None, None, None, None)
         op_name = normalise_op_name(ins.metadata.op_name) if ins.metadata is not None else None
-        from stagetool.analysis.collectives import program_frames
+        from stagetool.hlo.collectives import program_frames
 
         # cut at stagetool's first frame: the frames above it are how stagetool was called (the facts
         # cache does not key on them), never the program's

@@ -21,7 +21,7 @@ which every device holds the same value.
 An instruction computed the same across axes ``A`` (devices ``n`` = the product of their sizes)
 although data it depends on was split over ``A`` (a parameter sharded over an axis of ``A``, or a
 gather over it) does ``n``-fold redundant work. It is listed (:class:`ReplicatedWork`) when its
-FLOPs per device (XLA's HloCostAnalysis rules, :func:`stagetool.analysis.loops.instruction_cost`)
+FLOPs per device (XLA's HloCostAnalysis rules, :func:`stagetool.hlo.loops.instruction_cost`)
 are at least :data:`MIN_FLOPS` and :data:`MIN_SHARE` of the device's total.
 """
 
@@ -31,7 +31,7 @@ import dataclasses
 import math
 import re
 
-from stagetool.analysis.collectives import Collective, MeshAxes, _iota_ids, program_frames
+from stagetool.hlo.collectives import Collective, MeshAxes, _iota_ids, program_frames
 from stagetool.hlo.parser import HloComputation, HloInstruction, HloModule
 
 MIN_FLOPS = 1_000_000
@@ -233,7 +233,7 @@ def replicated_work(module: HloModule, mesh: MeshAxes, collectives: tuple[Collec
 
     Listed: at least :data:`MIN_FLOPS` FLOPs and :data:`MIN_SHARE` of ``total_flops``.
     """
-    from stagetool.analysis.loops import counted_cost, instruction_cost
+    from stagetool.hlo.loops import counted_cost, instruction_cost
 
     if module.entry is None or not any(s > 1 for s in mesh.sizes):
         return ()

@@ -10,7 +10,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from stagetool.analysis.causes import CollectiveCause, ShardingOrigins
-from stagetool.analysis.collectives import (
+from stagetool.hlo.collectives import (
     Collective,
     CollectiveSummary,
     MeshAxes,
@@ -29,7 +29,7 @@ from stagetool.analysis.cost import (
     scaled_to_shards,
     whole_program_cost,
 )
-from stagetool.analysis.loops import (
+from stagetool.hlo.loops import (
     LoopAwareCost,
     counted_cost,
     dot_flops_lower_bound,
@@ -77,7 +77,7 @@ class CostSection:
         unknown). XLA's cost analysis counts a loop body once, so with loops its FLOPs and bytes
         are a lower bound; a ``scan`` over N layers is undercounted about N-fold in its body.
       loop_aware: the **derived estimate** of one device's cost with each loop body × its trip
-        count (:class:`stagetool.analysis.loops.LoopAwareCost`: flops, transcendentals,
+        count (:class:`stagetool.hlo.loops.LoopAwareCost`: flops, transcendentals,
         bytes_accessed, method, reason); equal to XLA's figures when the module has no loops.
         None when the compiled module is not available.
       scope_notes: where a figure is not what its scope's name claims: a program that is one
@@ -304,7 +304,7 @@ def _step_time(facts: StagedFunction, per_device: CostRecord, chip: Chip | None,
 
 
 DERIVED_COST_SOURCE = ("derived: the compiled module counted with XLA's HloCostAnalysis rules "
-                       "(stagetool.analysis.loops.counted_cost)")
+                       "(stagetool.hlo.loops.counted_cost)")
 """``CostRecord.source`` of per-device figures stagetool derived because the backend reported none."""
 
 
@@ -312,7 +312,7 @@ def derived_per_device_cost(module: HloModule) -> CostRecord:
     """Per-device FLOPs, transcendentals and bytes accessed derived from the compiled (partitioned)
     module, for a backend whose ``Compiled.cost_analysis()`` is None (compile-only GPU targets).
 
-    Counted by :func:`stagetool.analysis.loops.counted_cost`: XLA's HloCostAnalysis rules (dot and
+    Counted by :func:`stagetool.hlo.loops.counted_cost`: XLA's HloCostAnalysis rules (dot and
     cuBLAS GEMM calls, convolution windows, element-wise, transcendental, reduce), every loop body
     once as XLA counts. ``source`` is :data:`DERIVED_COST_SOURCE`; no operand slots.
     """
@@ -529,7 +529,7 @@ class CollectiveItem:
     """One collective and the user's source line that caused it.
 
     Attributes:
-      collective: the record from :func:`stagetool.analysis.collectives.find_collectives`.
+      collective: the record from :func:`stagetool.hlo.collectives.find_collectives`.
       source: ``file:line`` of the innermost frame in the user's code (the target's file when it is
         in the chain, else the first frame outside JAX and the standard library), or None.
       cause: why it is there (:class:`stagetool.analysis.causes.CollectiveCause`: the op, its
@@ -620,7 +620,7 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
       user_files: the user's source files, preferred when picking the source frame.
       explain: the input leaves to explain (:class:`LeafPattern`, or text compiled as one).
       slices: TPU slices of a multi-slice job: collectives get ``network`` ici/dcn (see
-        :func:`~stagetool.analysis.collectives.find_collectives`).
+        :func:`~stagetool.hlo.collectives.find_collectives`).
       outputs: per-leaf reports of the outputs (for causes that come from an output's sharding).
       propagation / propagation_error: Shardy's propagation rerun with origins, or why there is none;
         each collective gets a cause (:func:`stagetool.analysis.causes.cause_of`) when the
@@ -659,7 +659,7 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
             origins = sharding_origins(propagation, inputs or (), outputs or ())
     if found and unavailable is None:
         from stagetool.analysis.causes import cause_of
-        from stagetool.analysis.collectives import feeding_parameters
+        from stagetool.hlo.collectives import feeding_parameters
 
         feeding = feeding_parameters(module, found)
         items = tuple(CollectiveItem(c, _user_source(c, user, library),

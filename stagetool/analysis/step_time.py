@@ -2,13 +2,13 @@
 
 Input: the parsed compiled (partitioned, scheduled) module of one device, the chip's figures
 (:class:`stagetool.core.chips.Chip`), where the devices sit (:class:`stagetool.facts.Interconnect`)
-and the module's collectives (:func:`stagetool.analysis.collectives.find_collectives`). No JAX.
+and the module's collectives (:func:`stagetool.hlo.collectives.find_collectives`). No JAX.
 
 The model, per instruction of the schedule (the order XLA printed, which is its schedule):
 
 * **compute**: an instruction that computes (fusion, dot, convolution, custom call, element-wise,
   reduce...) takes ``max(FLOPs / peak, bytes / HBM bandwidth)``: FLOPs and bytes accessed counted
-  with XLA's HloCostAnalysis rules (:func:`stagetool.analysis.loops.instruction_cost`), the peak
+  with XLA's HloCostAnalysis rules (:func:`stagetool.hlo.loops.instruction_cost`), the peak
   of the element type of the matrix unit's operands (:meth:`Chip.peak_for`; element-wise work at
   the same peak, which is optimistic but such work is bound by bytes), plus the chip's
   ``kernel_launch_seconds`` per kernel on a GPU. A ``while`` body counts × its trip count, a
@@ -45,8 +45,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from stagetool.analysis.collectives import Collective, program_frames
-from stagetool.analysis.loops import instruction_cost, matmul_dtype
+from stagetool.hlo.collectives import Collective, program_frames
+from stagetool.hlo.loops import instruction_cost, matmul_dtype
 from stagetool.core.chips import Chip
 from stagetool.facts import Interconnect
 from stagetool.hlo.parser import HloComputation, HloInstruction, HloModule
@@ -481,9 +481,9 @@ def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Seq
       module: the parsed compiled module of one device (``StagedFunction.module``).
       chip: the chip's figures (:data:`stagetool.core.chips.CHIPS`, or the ``chips:`` entries).
       net: where the mesh's devices sit (torus coordinates on TPU, hosts on GPU).
-      collectives: :func:`stagetool.analysis.collectives.find_collectives` of ``module`` over the
+      collectives: :func:`stagetool.hlo.collectives.find_collectives` of ``module`` over the
         same mesh (their groups, mesh axes, async pairs, DCN transfers).
-      trips: trip count per ``while`` instruction (:func:`~stagetool.analysis.collectives.while_loops`).
+      trips: trip count per ``while`` instruction (:func:`~stagetool.hlo.collectives.while_loops`).
       xla_optimal_seconds: XLA:TPU's ``optimal_seconds``, shown beside (not used in the figures).
       top: how many instructions to list.
 

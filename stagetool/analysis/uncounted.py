@@ -122,7 +122,7 @@ def _as_float(v: object) -> float | None:
 
 
 def _source(module: HloModule, ins: HloInstruction) -> str | None:
-    from stagetool.analysis.collectives import program_frames
+    from stagetool.hlo.collectives import program_frames
 
     chain = program_frames(module.source_stack(ins))
     return f"{chain[0].file}:{chain[0].line}" if chain else None

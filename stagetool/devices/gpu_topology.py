@@ -17,7 +17,7 @@ Facts measured with jax 0.10.2 and jax-cuda12-plugin 0.10.2, ``JAX_PLATFORMS=cpu
   (``"NVIDIA H100 80GB HBM3"``); trace, lower and compile work, ``memory_analysis()`` (with
   ``peak_memory_in_bytes``) works, ``Compiled.cost_analysis()`` is None and
   ``Lowered.cost_analysis()`` raises: the pipeline derives FLOPs and bytes from the compiled module
-  (:mod:`stagetool.analysis.loops`).
+  (:mod:`stagetool.hlo.loops`).
 - No GPU is there to time kernels, so XLA picks GEMM and fusion configurations without
   autotuning (its heuristics); the report says so.
 - Loading the plugin's libraries prints ``cudart_stub.cc ... Could not find cuda drivers`` on fd 2

@@ -22,7 +22,7 @@ What the parser gives (all plain frozen records):
 The parser is syntactic: it reads structure (lines, names, shapes, brackets, ``k=v`` pairs)
 and keeps attribute values as printed. What a value means is left to the analyses that use it:
 device groups and mesh axes of ``replica_groups`` / ``source_target_pairs`` are read by
-:mod:`stagetool.analysis.collectives`. The one exception is the mesh form of replica groups,
+:mod:`stagetool.hlo.collectives`. The one exception is the mesh form of replica groups,
 whose value holds a top-level comma (``mesh[...], device_ids=(...) {...}``): the parser folds it
 back into one value, which is syntax too.
 
@@ -830,7 +830,7 @@ def _frame_table(raw: Mapping[int, str]) -> dict[int, tuple[int, int]]:
 #
 # Values stay raw text in :attr:`HloInstruction.attributes`. What a ``replica_groups`` or
 # ``source_target_pairs`` value *means* (which devices form a group, which mesh axes they run
-# over) is not syntax: :mod:`stagetool.analysis.collectives` reads it.
+# over) is not syntax: :mod:`stagetool.hlo.collectives` reads it.
 
 _INT_RE = re.compile(r"-?\d+")
 

@@ -81,7 +81,7 @@ class FunctionReport:
       inputs / outputs: per-leaf shardings (``shardings``).
       cost: cost analysis (per device and whole program), see ``stagetool.analysis.cost``.
       memory: memory analysis (per device), see ``stagetool.analysis.memory``.
-      collectives: collectives, see ``stagetool.analysis.collectives``.
+      collectives: collectives, see ``stagetool.hlo.collectives``.
       why: ``stagetool why``'s answer (:class:`stagetool.analysis.why.WhyAnswer`), or None.
       modules: the roll-up per module path and phase (:mod:`stagetool.analysis.modules`), or None.
       notes: short remarks for the reader (e.g. what was simulated).

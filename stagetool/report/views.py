@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stagetool.analysis.why import WhyAnswer
-from stagetool.analysis.collectives import NEAREST_HOPS, Collective
+from stagetool.hlo.collectives import NEAREST_HOPS, Collective
 from stagetool.analysis.memory import MemoryRecord
 from stagetool.analysis.peak import PeakReport
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection

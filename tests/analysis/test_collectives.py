@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stagetool.analysis import collectives as C
+from stagetool.hlo import collectives as C
 from stagetool.hlo import parser as hlo
 from stagetool.report.model import to_jsonable
 
@@ -586,7 +586,7 @@ def test_tpu_async_split_and_reduce_scatter_fusions(tpu):
 
 def test_groups_over_part_of_an_axis_name_the_sub_axis():
     """{0,1},{2,3},... on data=2 x model=4 runs over the minor half of `model` (XLA: {'axis':(2)2})."""
-    from stagetool.analysis.collectives import MeshAxes, _AxisMatcher
+    from stagetool.hlo.collectives import MeshAxes, _AxisMatcher
 
     m = _AxisMatcher(MeshAxes(("data", "model"), (2, 4)))
     assert m.match_groups(((0, 1), (2, 3), (4, 5), (6, 7))) == ("model[minor 2 of 4]",)

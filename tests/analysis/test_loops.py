@@ -1,4 +1,4 @@
-"""Loop-aware cost (analysis/loops.py): each while body × its trip count, held against XLA.
+"""Loop-aware cost (hlo/loops.py): each while body × its trip count, held against XLA.
 
 References, all XLA's own ``Compiled.cost_analysis()`` figures:
 
@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from stagetool.analysis.collectives import while_loops
-from stagetool.analysis.loops import counted_cost, loop_aware_cost
+from stagetool.hlo.collectives import while_loops
+from stagetool.hlo.loops import counted_cost, loop_aware_cost
 from stagetool.hlo.parser import parse_hlo_module
 
 D, B = 256, 64
@@ -105,7 +105,7 @@ def test_unknown_trip_count_counts_once_and_says_so():
 
 from stagetool.analysis import cost as cost_mod  # noqa: E402
 from stagetool.analysis import sections  # noqa: E402
-from stagetool.analysis.loops import dot_flops_lower_bound  # noqa: E402
+from stagetool.hlo.loops import dot_flops_lower_bound  # noqa: E402
 
 
 def _matmul_module():

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from stagetool.analysis.collectives import (
+from stagetool.hlo.collectives import (
     MeshAxes,
     find_collectives,
     summarize,
