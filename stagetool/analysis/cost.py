@@ -123,7 +123,8 @@ class CostRecord:
       flops: floating-point operations (FLOPs), or None.
       transcendentals: transcendental operations (count), or None.
       bytes_accessed: bytes read plus written by all instructions, or None.
-      output_bytes_accessed: sum of ``bytes accessedout{I}`` (bytes written), or None.
+      output_bytes_accessed: bytes written to instructions' outputs: XLA's ``bytes accessedout{}``
+        (which already holds its tuple elements ``out{0}``, ``out{1}``, ...), or None.
       arithmetic_intensity_flops_per_byte: ``flops / bytes_accessed`` when both are
         present and bytes > 0, else None.
       operand_slots: per-operand-slot bytes, sorted by (slot, shape index), output last.
@@ -332,8 +333,7 @@ def _parts(values: dict[str, float], bytes_accessed: float | None, suspects: lis
                 suspects.append(Suspect(key, f"negative {unit} figure {v:g} (XLA uses -1 for 'unknown')"))
     slots.sort(key=lambda s: (s.slot is None, s.slot if s.slot is not None else 0, s.shape_index))
 
-    out_parts = [s.bytes for s in slots if s.slot is None]
-    output_bytes = sum(out_parts) if out_parts else None
+    output_bytes = _output_bytes(slots)
     if bytes_accessed is not None and bytes_accessed >= 0:
         if output_bytes is not None and output_bytes > bytes_accessed:
             suspects.append(Suspect("bytes_accessed", f"total {bytes_accessed:g} B is smaller than the "
@@ -344,6 +344,24 @@ def _parts(values: dict[str, float], bytes_accessed: float | None, suspects: lis
                                                           f"operand slot {s.slot} alone ({s.bytes:g} B)"))
 
     return slots, extra, output_bytes
+
+
+def _output_bytes(slots: list[OperandSlotBytes]) -> float | None:
+    """Bytes written to outputs: XLA's own ``bytes accessedout{}``, or None without ``out`` keys.
+
+    ``out{}`` is already the whole figure: HloCostAnalysis sets it for every instruction, and for
+    an instruction with a tuple output (a multi-output fusion) it is the sum of that tuple's
+    elements, which it also reports as ``out{0}``, ``out{1}``, ... (summed over the module, like every
+    key). Adding the elements to ``out{}`` counts those outputs twice. Only where XLA left ``out{}``
+    out (it omits a zero counter) are the top-level elements summed instead.
+    """
+    out = [s for s in slots if s.slot is None]
+    if not out:
+        return None
+    whole = [s.bytes for s in out if s.shape_index == ()]
+    if whole:
+        return whole[0]
+    return sum(s.bytes for s in out if len(s.shape_index) == 1)
 
 
 def _result_cost(result: BackendResult | None, scope: str, *, program_text: str | None,
