@@ -67,3 +67,58 @@ def test_cost_on_v5e_reports_xlas_bytes_written(run_cli, tmp_path):
     assert cost["output_bytes_accessed"] < raw["bytes accessedout{}"] + sum(raw[k] for k in elements)
     text = run_cli("cost", "--spec", str(spec), "--topology", "v5e:2x4", check=0).stdout
     assert "XLA's 'bytes accessedout{}'" in " ".join(text.split())
+
+
+EXPLICIT_CODE = """\
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, PartitionSpec as P, reshard
+
+MESH = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Explicit,))  # the code's own mesh, Explicit
+
+
+def embed_step(table, tokens):
+    x = table.at[tokens, :].get(out_sharding=P("d", None))   # EMBED
+    return reshard(x.sum(-1), P())
+
+
+def constrained(x):
+    return jax.lax.with_sharding_constraint(x * 2, P("d"))   # CONSTRAIN
+"""
+
+EXPLICIT_SPEC = """\
+version: 1
+mesh: {{axes: {{d: 8}}{types}}}
+functions:
+  embed_step:
+    target: m.py:embed_step
+    args: ['f32[64,32] @ [null, null]', 'i32[16] @ [d]']
+  constrained:
+    target: m.py:constrained
+    args: ['f32[64] @ [null]']
+"""
+
+
+@pytest.mark.parametrize("types", ["", ", axis_types: auto"])
+def test_explicit_axes_code_on_auto_axes_is_exit_2_naming_the_spec_key(run_cli, tmp_path, types):
+    m = write(tmp_path, "m.py", EXPLICIT_CODE)
+    spec = write(tmp_path, "m.stagetool.yaml", EXPLICIT_SPEC.format(types=types))
+    r = run_cli("shardings", "--spec", str(spec), "-f", "embed_step")
+    assert r.code == 2, r.stderr
+    err = " ".join(r.stderr.split())
+    assert "cannot contain axis names that are of type Auto" in err  # JAX's own sentence, kept
+    assert "with Auto axes" in err and "axis_types: explicit" in err  # what was staged, and the fix
+    line = next(i for i, t in enumerate(m.read_text().splitlines(), 1) if "# EMBED" in t)
+    assert f"m.py:{line}" in err
+    assert "Traceback" not in r.stderr
+
+
+def test_explicit_axes_code_stages_with_axis_types_explicit_and_auto_code_is_named_the_other_way(run_cli, tmp_path):
+    write(tmp_path, "m.py", EXPLICIT_CODE)
+    spec = write(tmp_path, "m.stagetool.yaml", EXPLICIT_SPEC.format(types=", axis_types: explicit"))
+    doc = run_cli("shardings", "--spec", str(spec), "-f", "embed_step", "--format", "json", check=0).json()
+    assert doc["functions"][0]["mesh"]["axis_types"] == "explicit"
+    # the reverse: with_sharding_constraint is for Auto axes; on Explicit ones JAX refuses it
+    r = run_cli("shardings", "--spec", str(spec), "-f", "constrained")
+    err = " ".join(r.stderr.split())
+    assert r.code == 2 and "with Explicit axes" in err and "axis_types: auto" in err, r.stderr

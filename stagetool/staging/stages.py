@@ -327,6 +327,8 @@ def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_file
     except USER_CODE_ERRORS as e:  # SystemExit from the traced code is its failure too
         if stage_name in ("trace", "lower") and any(m in str(e) for m in _MESH_MISMATCH):
             raise _mesh_mismatch(e, stage_name, name, user_files, mesh) from None
+        if stage_name in ("trace", "lower") and _axis_types_of(str(e)) is not None:
+            raise _axis_type_mismatch(e, stage_name, name, user_files, mesh) from None
         raise _staging_error(e, stage_name, name, user_files, jitted) from None
     timings[stage_name] = time.perf_counter() - start
     for w in caught:
@@ -492,6 +494,55 @@ def _mesh_mismatch(e: BaseException, stage_name: str, name: str, user_files: lis
                           "on that mesh alone: stage with the same axis sizes (--mesh) and axis types (the spec's "
                           "axis_types: explicit for jax.make_mesh's default), or build the code's mesh from the spec's "
                           "({call: model.py:make_config, kwargs: {mesh: {mesh: staged}}})"))
+
+
+#: JAX's words when code written for one kind of mesh axes runs on the other: ``(pattern, the axis type
+#: the code needs)``. An Explicit-axes API (``reshard``, ``out_sharding=P(...)`` of ``.at[].get``,
+#: ``einsum``, ``jnp.zeros``) on Auto axes; ``with_sharding_constraint`` on Explicit axes (where it
+#: refuses Explicit axes in its spec, or acts as an assert that fails).
+_AXIS_TYPE_ERRORS = (
+    (re.compile(r"PartitionSpec passed to \S+ cannot contain axis names that are of type Auto"), "explicit"),
+    (re.compile(r"passed to with_sharding_constraint can only refer to Auto axes"), "auto"),
+    (re.compile(r"with_sharding_constraint` acts as an assert when all axes of mesh are of type `Explicit`"),
+     "auto"),
+)
+
+
+def _axis_types_of(text: str) -> str | None:
+    """The axis type (``"explicit"`` or ``"auto"``) the code needs when ``text`` is JAX's refusal of an
+    API on the other kind of mesh axes; None when it is another error."""
+    for pattern, needed in _AXIS_TYPE_ERRORS:
+        if pattern.search(text):
+            return needed
+    return None
+
+
+def _axis_type_mismatch(e: BaseException, stage_name: str, name: str, user_files: list[str],
+                        mesh: Any) -> UsageError:
+    """Code written for Explicit mesh axes (``jax.sharding.AxisType.Explicit``: ``reshard``,
+    ``out_sharding=P(...)``) staged on Auto axes, or the reverse: bad input (exit 2) before any
+    compile, JAX's own sentence, the user's line, and the spec key that fixes it
+    (``mesh.axis_types``)."""
+    from stagetool.devices.world import describe_mesh
+
+    needed = _axis_types_of(str(e)) or "explicit"
+    staged = "auto" if needed == "explicit" else "explicit"
+    first = str(e).strip().splitlines()[0]
+    first = first.split(" This error occurs at source:", 1)[0]  # the line is named below
+    frame = user_frame(e, user_files)
+    if frame is None:
+        _, frame = xla_message(str(e))
+    if needed == "explicit":
+        hint = ("this code is written for a mesh with Explicit axes (jax.sharding.AxisType.Explicit, as "
+                "jax.make_mesh makes by default): stage it on one with the spec's 'axis_types: explicit' under "
+                "'mesh:' (mesh: {axes: {...}, axis_types: explicit})")
+    else:
+        hint = ("this code is written for a mesh with Auto axes (with_sharding_constraint lets the partitioner "
+                "decide): stage it with the spec's 'axis_types: auto' under 'mesh:' (the default), or use "
+                "jax.sharding.reshard for Explicit axes")
+    return UsageError(f"{name}: {stage_name}: the code needs {needed.capitalize()} mesh axes, and stagetool staged "
+                      f"{describe_mesh(mesh)} with {staged.capitalize()} axes: {first}"
+                      + (f"\n  at {frame}" if frame else ""), hint=hint)
 
 
 _FRAME_LINE = re.compile(r"^\s+(?P<file>\S+?):(?P<line>\d+)(?::\d+)? \[(?P<func>[^\]]*)\]\s*$")
