@@ -100,7 +100,7 @@ def test_paths_and_phases_from_jax_op_names():
     assert combined_members(combined) == ["jit(s)/transpose(jvp(LM))/MLP_0/Dense_0/dot_general",
                                           "jit(s)/transpose(jvp(LM))/MLP_0/Dense_1/dot_general"]
     assert [phase_of(n, differentiated=True) for n in (fwd, bwd, remat_bwd, recompute, update, None)] == \
-        ["forward", "backward", "backward", "recompute", "update", "none"]
+        ["forward", "backward", "backward", "recompute", "update", "compiler-inserted"]
     assert phase_of(update, differentiated=False) == "forward"  # no gradient: all of it is the forward pass
 
 

@@ -122,3 +122,77 @@ def test_explicit_axes_code_stages_with_axis_types_explicit_and_auto_code_is_nam
     r = run_cli("shardings", "--spec", str(spec), "-f", "constrained")
     err = " ".join(r.stderr.split())
     assert r.code == 2 and "with Explicit axes" in err and "axis_types: auto" in err, r.stderr
+
+
+PREFETCH = """\
+import jax.numpy as jnp
+
+
+def mlp(x, w1, w2, w3):          # XLA:TPU prefetches the weights into on-chip memory (copy-start/done)
+    for w in (w1, w2, w3):
+        x = jnp.tanh(x @ w)
+    return x
+
+
+def tiny(a, b):                  # f32[3,5] takes whole tiles on v5e: 2,048 B, not 60
+    return a * b + 1
+"""
+
+PREFETCH_SPEC = """\
+version: 1
+mesh: {axes: {d: 8}}
+functions:
+  mlp:
+    target: m.py:mlp
+    args: ['f32[8,256]', 'f32[256,256]', 'f32[256,256]', 'f32[256,256]']
+  tiny:
+    target: m.py:tiny
+    args: ['f32[3,5]', 'f32[3,5]']
+"""
+
+
+def _raw_on_v5e(f, *shapes):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from stagetool.plan.target import parse_target
+
+    mesh = topology.topology_mesh(topology.tpu_topology(parse_target("v5e:2x4")).devices, (8,), ("d",))
+    args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, P())) for s in shapes]
+    return jax.jit(f).trace(*args).lower().compile()
+
+
+@needs_libtpu
+def test_modules_bytes_add_up_to_xlas_on_v5e_with_prefetches_and_padded_tiles(run_cli, tmp_path):
+    """The derived bytes counted an async copy's whole (dst, src, context) tuple on both halves (6 × the
+    array where XLA:TPU counts 4 ×) and logical sizes where XLA:TPU counts whole tiles: the gap row held
+    -2 × the weights per prefetch. Now it holds only XLA:TPU's own 4,608 B per copy pair."""
+    import jax.numpy as jnp
+
+    write(tmp_path, "m.py", PREFETCH)
+    spec = write(tmp_path, "m.stagetool.yaml", PREFETCH_SPEC)
+    doc = run_cli("modules", "--spec", str(spec), "--topology", "v5e:2x4", "--format", "json", check=0).json()
+    mods = {f["name"]: f["modules"] for f in doc["functions"]}
+
+    def mlp(x, w1, w2, w3):
+        for w in (w1, w2, w3):
+            x = jnp.tanh(x @ w)
+        return x
+
+    compiled = _raw_on_v5e(mlp, (8, 256), (256, 256), (256, 256), (256, 256))
+    xla = compiled.cost_analysis()["bytes accessed"]
+    pairs = compiled.as_text().count(" copy-start(")
+    assert pairs >= 1, "no prefetch in the program any more: the test checks nothing"
+    rows = mods["mlp"]["rows"]
+    residual = sum(r["bytes_accessed"] for r in rows if r["phase"] == "difference")
+    assert mods["mlp"]["xla_bytes_accessed"] == xla
+    assert sum(r["bytes_accessed"] for r in rows) == pytest.approx(xla)
+    assert 0 <= residual <= 4608 * pairs  # before: -2 × 256 KiB per prefetch
+    assert any(r["phase"] == "compiler-inserted" and r["bytes_accessed"] > 0 for r in rows)
+    assert not any(r["phase"] == "none" for r in rows)
+
+    tiny = _raw_on_v5e(lambda a, b: a * b + 1, (3, 5), (3, 5)).cost_analysis()["bytes accessed"]
+    assert tiny == 3 * 2048  # two f32[3,5] read and one written, each padded to whole tiles: 2,048 B, not 60
+    assert mods["tiny"]["derived_bytes_accessed"] == tiny
+    assert not any(r["phase"] == "difference" for r in mods["tiny"]["rows"])

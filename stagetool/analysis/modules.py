@@ -32,8 +32,9 @@ function and ``transpose(jvp(...))`` on its backward pass): ``recompute`` when a
 counted apart; the ``checkpoint`` part alone only marks the remat boundary, forward and backward);
 ``backward`` when a part starts with ``transpose(``; ``forward`` when a part starts with ``jvp(``; otherwise ``update`` in a program that differentiates (the optimizer update and
 whatever else runs outside the gradient) or ``forward`` in one that does not; ``arguments`` for the
-entry parameters (their buffers at the peak); ``none`` for an instruction without an op name
-(compiler-inserted copies).
+entry parameters (their buffers at the peak); ``compiler-inserted`` for an instruction without an
+op name (copies XLA added to change a layout, async ``copy-start``/``copy-done`` prefetches of
+arguments into another memory space); ``difference`` for the :data:`RESIDUAL` row.
 
 **Figures** (all per device, one execution of the program; ``while`` bodies counted once, as XLA
 counts them, except the time):
@@ -86,7 +87,12 @@ OUTSIDE = "(outside every module)"
 """The path of instructions with no module scope and no module frame."""
 RESIDUAL = "(XLA's total beyond the derived count)"
 """The path of the row holding XLA's figure minus the derived sum (FLOPs and bytes)."""
-PHASES = ("forward", "backward", "recompute", "update", "arguments", "none")
+INSERTED = "compiler-inserted"
+"""The phase of an instruction without an op name: XLA added it (a layout copy, an async prefetch
+``copy-start``/``copy-done``), no line of the user's code asked for it."""
+DIFFERENCE = "difference"
+"""The phase of the :data:`RESIDUAL` row (XLA's figure minus the derived count): no phase of the program."""
+PHASES = ("forward", "backward", "recompute", "update", "arguments", INSERTED, DIFFERENCE)
 """Phases in display order."""
 
 _MARKERS = frozenset({"while", "body", "cond", "closed_call", "checkpoint", "rematted_computation", "remat",
@@ -274,7 +280,7 @@ def scope_path(op_name: str | None) -> tuple[str, ...]:
 def phase_of(op_name: str | None, *, differentiated: bool) -> str:
     """The phase of an op name (see the module docstring)."""
     if not op_name:
-        return "none"
+        return INSERTED
     parts = split_op_name(_first(op_name))
     if "rematted_computation" in parts:
         return "recompute"
@@ -345,7 +351,7 @@ class _Groups:
         if ins.opcode == "parameter" and fallback is None:
             return OUTSIDE, "arguments"
         if md is None or not md.op_name:
-            return fallback or (OUTSIDE, "none")
+            return fallback or (OUTSIDE, INSERTED)
         k = (md.op_name, md.stack_frame_id, md.source_file, md.source_line)
         members = combined_members(md.op_name) if k not in self.memo else None
         if members:  # the deepest module holding every part; the first part's phase
@@ -451,7 +457,7 @@ def _collective_key(groups: _Groups, module: HloModule, c: Collective) -> tuple[
             f = parent.instruction(c.fusion)
             if f is not None:
                 return groups.key(f)
-    return OUTSIDE, "none"
+    return OUTSIDE, INSERTED
 
 
 def _instruction_index(module: HloModule) -> dict[str, HloInstruction]:
@@ -517,7 +523,7 @@ def module_rollup(module: HloModule, *, xla_flops: float | None = None, xla_byte
             if b.memory_space != "device":
                 continue
             ins = index.get(b.instruction_name)
-            k = groups.key(ins) if ins is not None else (OUTSIDE, "none")
+            k = groups.key(ins) if ins is not None else (OUTSIDE, INSERTED)
             # a donated argument's buffer is named after the output that reuses it: its values say
             leaf = next((arguments[params[n]] for n in [b.instruction_name, *(v.split("{")[0] for v in b.shared_with)]
                          if n in params and params[n] in (arguments or {})), None)
@@ -531,7 +537,7 @@ def module_rollup(module: HloModule, *, xla_flops: float | None = None, xla_byte
     for item in step.top if step is not None else ():
         comp = module.computation(item.computation)
         ins = comp.instruction(item.name) if comp is not None else None
-        k = groups.key(ins) if ins is not None else (OUTSIDE, "none")
+        k = groups.key(ins) if ins is not None else (OUTSIDE, INSERTED)
         seconds[k] = seconds.get(k, 0.0) + item.total_seconds
     keys = set(att.totals) | set(by_key) | set(peak_by_key) | set(seconds)
     rows = []
@@ -547,11 +553,13 @@ def module_rollup(module: HloModule, *, xla_flops: float | None = None, xla_byte
     residual_bytes = (xla_bytes_accessed - derived.bytes_accessed) if xla_bytes_accessed is not None else 0.0
     notes = []
     if residual_flops or residual_bytes:
-        rows.append(ModuleRow(RESIDUAL, "none", residual_flops, 0.0, residual_bytes, 0,
+        rows.append(ModuleRow(RESIDUAL, DIFFERENCE, residual_flops, 0.0, residual_bytes, 0,
                               peak_bytes=0 if peak_total is not None else None,
                               seconds=0.0 if step is not None else None))
+        share = (f" ({residual_bytes / xla_bytes_accessed:+.1%} of XLA's)"
+                 if xla_bytes_accessed and residual_bytes else "")
         notes.append(f"the derived count differs from XLA's by {residual_flops:+,.0f} FLOPs and "
-                     f"{residual_bytes:+,.0f} bytes accessed: the row {RESIDUAL} holds the difference")
+                     f"{residual_bytes:+,.0f} bytes accessed{share}: the row {RESIDUAL} holds the difference")
     rows.sort(key=_row_order)
     return ModulesSection(tuple(rows), xla_flops, xla_bytes_accessed, derived.flops, derived.bytes_accessed,
                           peak_total, peak_reason if peak_total is None else None,

@@ -50,7 +50,10 @@ def modules_caption(m: ModulesSection) -> str:
              else "no module path found (no named scope in the op names, no module method in the source frames)")
     return ("per device, one execution (while bodies once, as XLA counts); " + paths
             + "; FLOPs and bytes derived from the compiled module with XLA's HloCostAnalysis rules, the rows adding "
-            "up to XLA's Compiled.cost_analysis(); collectives from the compiled module (count, bytes per device each "
+            "up to XLA's Compiled.cost_analysis() (the row (XLA's total beyond the derived count): XLA's figure minus "
+            "the derived sum); a fusion's bytes (its operands and outputs, as XLA counts them) go to the fusion's op "
+            "name, so an op fused into another's fusion shows its FLOPs and 0 B; phase compiler-inserted: instructions "
+            "XLA added (layout copies, async prefetches), no line of the code; collectives from the compiled module (count, bytes per device each "
             "once); live at the peak: device buffers XLA's buffer assignment holds at the memory timeline's peak"
             + (f"; time: an estimate on {m.chip}, each instruction's time in the step-time model (loops × trip "
                "counts) added up with nothing overlapped" if m.chip is not None else ""))

@@ -271,7 +271,7 @@ def _padded(shard: tuple[int, ...] | None, dtype: Any, fmt: Any) -> int | None:
     if shard is None or layout is None or not getattr(layout, "tiling", None):
         return None
     from stagetool.core.dtypes import array_bytes
-    from stagetool.staging.tpu_layout import shard_bytes
+    from stagetool.hlo.tpu_layout import shard_bytes
 
     padded = shard_bytes(shard, dtype, layout).padded_bytes
     logical = array_bytes(shard, str(dtype))

@@ -22,8 +22,8 @@ from jax.sharding import PartitionSpec as P
 from stagetool.core.errors import UsageError
 from stagetool.devices import tpu_topology as topology
 from stagetool.plan.target import parse_target
-from stagetool.staging import tpu_layout
-from stagetool.staging.tpu_layout import LeafBytes, hlo_shape_bytes, parse_hlo_shape
+from stagetool.hlo import tpu_layout
+from stagetool.hlo.tpu_layout import LeafBytes, hlo_shape_bytes, parse_hlo_shape
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_libtpu = pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed")
