@@ -25,10 +25,11 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from stagetool.analysis.figures import CostFigures, Figures, MemoryFigures, flops_estimate
-from stagetool.analysis.sections import CollectivesSection, MemorySection
+from stagetool.analysis.figures import CostFigures, MemoryFigures, flops_estimate
+from stagetool.analysis.causes import AxisOrigin
+from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.core import codec
 from stagetool.core.codec import omitted
 from stagetool.core.errors import BaselineError, UsageError
@@ -188,7 +189,7 @@ def _num(v: Any) -> int | float | None:
     return float(f"{f:.12g}")
 
 
-def _leaf(leaf: LeafReport, output: bool, origins: Any = None) -> SnapshotLeaf:
+def _leaf(leaf: LeafReport, output: bool, origins: tuple[AxisOrigin, ...] | None = None) -> SnapshotLeaf:
     """An output leaf's record, or an input's (``declared``: the spec's; ``chosen``: the partitioner's)."""
     common = dict(path=leaf.path, shape=tuple(leaf.shape), dtype=leaf.dtype, bytes_per_device=leaf.bytes_per_device,
                   sharding=None if leaf.compiled is None else str(leaf.compiled), unused=bool(leaf.unused),
@@ -199,7 +200,10 @@ def _leaf(leaf: LeafReport, output: bool, origins: Any = None) -> SnapshotLeaf:
                          declared_at=short_location(leaf.source))
 
 
-def _rounded(record: Any) -> Any:
+_Figures = TypeVar("_Figures", MemoryFigures, CostFigures)
+
+
+def _rounded(record: _Figures) -> _Figures:
     """``record`` with every number :func:`_num`-stable."""
     return dataclasses.replace(record, **{f.name: _num(getattr(record, f.name)) for f in dataclasses.fields(record)})
 
@@ -259,7 +263,7 @@ def function_snapshot(fr: FunctionReport) -> dict:
     ``memory`` ``Section.MEMORY``, ``cost`` ``Section.COST``, ``collectives``
     ``Section.COLLECTIVES``).
     """
-    m, fig, origins = fr.mesh, Figures.of(fr.cost, fr.memory, fr.collectives), None
+    m, fig, origins = fr.mesh, fr.figures, None
     if fr.collectives is not None:
         origins = fr.collectives.origins
     out_origins = origins.outputs if origins is not None and len(origins.outputs) == len(fr.outputs or ()) else None
@@ -290,7 +294,7 @@ TIMELINE_POINTS = 400
 """At most this many points of a memory timeline in a snapshot (the highest of each group of steps)."""
 
 
-def _step_time(cost: Any) -> SnapshotStepTime | None:
+def _step_time(cost: CostSection | None) -> SnapshotStepTime | None:
     """The cost section's step-time estimate as a snapshot holds it, or None (then the key is left
     out: a snapshot of the CPU mesh without ``--chip`` keeps its keys)."""
     e = cost.step_time if cost is not None else None

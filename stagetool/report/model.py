@@ -16,6 +16,7 @@ import json
 import math
 from typing import Any
 
+from stagetool.analysis.figures import Figures
 from stagetool.analysis.modules import ModulesSection
 from stagetool.analysis.why import WhyAnswer
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
@@ -92,6 +93,10 @@ class FunctionReport:
         lowered, not compiled; ``timings.compile_s`` is None).
       compiler_options: ``(name, value text)`` of the target's own jit's ``compiler_options``
         (``jax.jit(f, compiler_options=...)``), sorted by name; () when it has none.
+      figures: the function's :class:`~stagetool.analysis.figures.Figures`, derived once from
+        ``cost``, ``memory`` and ``collectives`` when the report is made (not an argument; not in the
+        JSON, whose sections hold the same numbers): what the report's tables print, the snapshot
+        stores and a sweep row holds.
     """
 
     name: str
@@ -112,6 +117,10 @@ class FunctionReport:
     error_traceback: str | None = dataclasses.field(default=None, compare=False, metadata={"json_skip": True})
     cached: bool = False
     compiler_options: tuple[tuple[str, str], ...] = ()
+    figures: Figures = dataclasses.field(init=False, compare=False, repr=False, metadata={"json_skip": True})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "figures", Figures.of(self.cost, self.memory, self.collectives))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,9 +16,12 @@ import functools
 import re
 from typing import Any, Mapping, Sequence
 
-from stagetool.analysis.sections import MemorySection
+from stagetool.analysis.figures import Figures, MemoryFigures
+from stagetool.analysis.modules import ModulesSection
+from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
+from stagetool.analysis.timeline import BufferGroup
 from stagetool.report import charts, views
-from stagetool.report.layout import leaf_layout, parse_partition_spec
+from stagetool.report.layout import LeafLayout, leaf_layout, parse_partition_spec
 from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
 from stagetool.core.units import (dims_str, format_bytes, format_change, format_percent, format_seconds, shape_str,
                                   short_path)
@@ -70,7 +73,7 @@ class LayoutFigure:
     declared_grid: charts.DeviceGrid | None
 
 
-def _summary(layout: Any) -> str:
+def _summary(layout: LeafLayout | None) -> str:
     if layout is None:
         return ""
     sharded = [f"d{i} over {' × '.join(axes)}" for i, axes in enumerate(layout.dims) if axes]
@@ -130,9 +133,9 @@ def _memory_parts(rec: Any) -> list[tuple[str, str, int | None]]:
             ("temporaries", "temps", rec.temp_bytes), ("generated code", "code", rec.generated_code_bytes)]
 
 
-def memory_view(m: Any, platform: str | None = None) -> dict[str, Any]:
-    rec = m.record
-    bar = charts.memory_bar(_memory_parts(rec), peak=rec.peak_bytes, capacity=m.capacity_bytes)
+def memory_view(m: MemorySection, fig: Figures, platform: str | None = None) -> dict[str, Any]:
+    rec, mem = m.record, fig.memory or MemoryFigures()
+    bar = charts.memory_bar(_memory_parts(rec), peak=mem.peak_bytes, capacity=fig.capacity_bytes)
     peak_chart = None
     p = m.peak
     if p is not None and not p.reason and p.buffers:
@@ -143,8 +146,8 @@ def memory_view(m: Any, platform: str | None = None) -> dict[str, Any]:
             rows.append((label, b.size_bytes, format_bytes(b.size_bytes), "buffer",
                          f"{b.value_name} {b.shape or ''} {b.op_name or ''} at {src}: {b.size_bytes} B"))
         peak_chart = charts.bar_chart(rows)
-    header, rows = views.memory_rows(m)
-    return {"bar": bar, "rows": rows, "notes": views.memory_notes(m, platform), "aliased": rec.alias_bytes,
+    header, rows = views.memory_rows(m, fig)
+    return {"bar": bar, "rows": rows, "notes": views.memory_notes(m, fig, platform), "aliased": mem.alias_bytes,
             "aliased_label": views.aliased_label(m),
             "timeline": timeline_view(m),
             "peak": p, "peak_title": views.peak_title(p) if p is not None and not p.reason else None,
@@ -156,7 +159,7 @@ def memory_view(m: Any, platform: str | None = None) -> dict[str, Any]:
 _KIND_CLASS = {"parameter": "args", "parameter+output": "args", "output": "outs", "temporary": "temps"}
 
 
-def _group_label(g: Any) -> str:
+def _group_label(g: BufferGroup) -> str:
     """A group of buffers at the peak as the chart names it: the leaf path, or ``file:line`` (basename),
     with the count when more than one."""
     label = g.label
@@ -189,7 +192,7 @@ def timeline_view(m: MemorySection) -> dict[str, Any] | None:
             "rows": views.timeline_buffer_rows(tp)[1]}
 
 
-def collectives_view(c: Any) -> dict[str, Any]:
+def collectives_view(c: CollectivesSection, fig: Figures) -> dict[str, Any]:
     rows = []
     for t in c.summary.by_kind_and_mesh_axes:
         axes = views._axes(t.mesh_axes)
@@ -206,13 +209,13 @@ def collectives_view(c: Any) -> dict[str, Any]:
                       "source": views._source(item.source), "op": views._op(x.op_name),
                       "result": ", ".join(x.result_types[:2]) + (f" +{len(x.result_types) - 2} more"
                                                                   if len(x.result_types) > 2 else "")})
-    return {"chart": charts.bar_chart(rows), "items": items, "summary": views.collectives_summary_rows(c)[1],
+    return {"chart": charts.bar_chart(rows), "items": items, "summary": views.collectives_summary_rows(c, fig)[1],
             "explain": views.explain_lines(c), "causes": views.cause_lines(c)}
 
 
-def cost_view(c: Any) -> dict[str, Any]:
-    header, rows = views.cost_rows(c)
-    return {"rows": rows, "caption": views.cost_caption(c), "notes": views.cost_notes(c),
+def cost_view(c: CostSection, fig: Figures) -> dict[str, Any]:
+    header, rows = views.cost_rows(c, fig)
+    return {"rows": rows, "caption": views.cost_caption(c), "notes": views.cost_notes(c, fig),
             "roofline": c.roofline, "roofline_chart": charts.roofline_chart(c.roofline, format_seconds),
             "step": c.step_time, "step_notes": views.step_time_notes(c), "step_rows": views.step_time_rows(c)[1],
             "step_chart": charts.step_time_chart(c.step_time, format_seconds),
@@ -232,15 +235,15 @@ def function_view(f: FunctionReport, index: int) -> dict[str, Any]:
         "id": prefix, "f": f, "mesh": " × ".join(f"{n}={s}" for n, s in f.mesh.axes) or "no mesh (one device)",
         "stages": stages, "inputs": inputs, "outputs": outputs, "unused": unused_in + unused_out,
         "shardings": f.inputs is not None or f.outputs is not None,
-        "memory": memory_view(f.memory, f.mesh.platform) if f.memory is not None else None,
-        "collectives": collectives_view(f.collectives) if f.collectives is not None else None,
-        "cost": cost_view(f.cost) if f.cost is not None else None,
+        "memory": memory_view(f.memory, f.figures, f.mesh.platform) if f.memory is not None else None,
+        "collectives": collectives_view(f.collectives, f.figures) if f.collectives is not None else None,
+        "cost": cost_view(f.cost, f.figures) if f.cost is not None else None,
         "why": views.why_lines(f.why) if f.why is not None else None,
         "modules": modules_view(f.modules) if f.modules is not None else None,
     }
 
 
-def modules_view(m: Any) -> dict[str, Any]:
+def modules_view(m: ModulesSection) -> dict[str, Any]:
     """The per-module roll-up: its tree (each node a ``<details>``), caption and notes."""
     from stagetool.report import module_views
 

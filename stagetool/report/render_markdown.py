@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from stagetool.analysis.figures import Figures
+from stagetool.analysis.modules import ModulesSection
+from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.core.mesh import format_mesh
 from stagetool.core.text import MarkdownText, markdown_code, markdown_text
 from stagetool.core.units import dims_str, format_bytes, format_seconds, shape_str
@@ -106,22 +109,22 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
             if leaves is not None:
                 out += [f"### {title}", ""] + _leaves(leaves) + [""]
     if f.collectives is not None:
-        out += _collectives(f.collectives) + _image(figures, "collectives", f"collective bytes of {f.name} by kind and mesh axes")
+        out += _collectives(f.collectives, f.figures) + _image(figures, "collectives", f"collective bytes of {f.name} by kind and mesh axes")
     if f.why is not None:
         lines = views.why_lines(f.why)
         out += [f"### {escape(lines[0][1][0].upper() + lines[0][1][1:])}", ""]
         out += [f"- **{escape(line)}**" if style == "bold" else f"- {escape(line)}" for style, line in lines[1:]] + [""]
     if f.cost is not None:
-        out += _cost(f.cost)
+        out += _cost(f.cost, f.figures)
     if f.memory is not None:
-        out += (_memory(f.memory, f.mesh.platform) + _image(figures, "memory", f"memory per device of {f.name}")
+        out += (_memory(f.memory, f.figures, f.mesh.platform) + _image(figures, "memory", f"memory per device of {f.name}")
                 + _image(figures, "timeline", f"memory over time of {f.name}"))
     if f.modules is not None:
         out += _modules(f.modules)
     return out
 
 
-def _modules(m) -> list[str]:
+def _modules(m: ModulesSection) -> list[str]:
     from stagetool.report import module_views
 
     header, rows = module_views.modules_rows(m)
@@ -134,12 +137,12 @@ def _notes(notes: list[tuple[str, str]]) -> list[str]:
     return [f"- {marks.get(kind, '')}{escape(text)}" for kind, text in notes]
 
 
-def _collectives(c) -> list[str]:
+def _collectives(c: CollectivesSection, fig: Figures) -> list[str]:
     if not c.items:
         out = ["### Collectives", "", "None: no communication between devices.", ""]
     else:
         out = [f"### Collectives ({len(c.items)})", ""] + table(*views.collectives_rows(c), "lllrlll") + [""]
-        out += ["#### By kind and mesh axes", ""] + table(*views.collectives_summary_rows(c), "llrrr") + [""]
+        out += ["#### By kind and mesh axes", ""] + table(*views.collectives_summary_rows(c, fig), "llrrr") + [""]
     causes = views.cause_lines(c)
     if causes:
         out += ["#### Why each collective is there", ""]
@@ -151,10 +154,10 @@ def _collectives(c) -> list[str]:
     return out
 
 
-def _cost(c) -> list[str]:
-    header, rows = views.cost_rows(c)
+def _cost(c: CostSection, fig: Figures) -> list[str]:
+    header, rows = views.cost_rows(c, fig)
     out = ["### Cost", ""] + table(header, rows, "lrr") + ["", f"_{escape(views.cost_caption(c))}_", ""] \
-        + _notes(views.cost_notes(c)) + [""]
+        + _notes(views.cost_notes(c, fig)) + [""]
     step = _notes(views.step_time_notes(c))
     if step:
         out += ["#### Step time (estimate)", ""] + step + [""]
@@ -164,10 +167,10 @@ def _cost(c) -> list[str]:
     return out
 
 
-def _memory(m, platform: str | None = None) -> list[str]:
-    header, rows = views.memory_rows(m)
+def _memory(m: MemorySection, fig: Figures, platform: str | None = None) -> list[str]:
+    header, rows = views.memory_rows(m, fig)
     out = (["### Memory per device", ""] + table(header, rows, "lrr") + [""]
-           + _notes(views.memory_notes(m, platform)) + [""])
+           + _notes(views.memory_notes(m, fig, platform)) + [""])
     if m.largest_inputs:
         out += ["#### Largest inputs", ""] + table(*views.largest_inputs_rows(m), "llrr") + [""]
     summary = views.donation_summary(m)

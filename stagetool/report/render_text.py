@@ -6,7 +6,6 @@ Knows nothing of JAX: it reads :mod:`stagetool.report.model` records only.
 from __future__ import annotations
 
 import io
-from typing import Any
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -17,6 +16,9 @@ from rich.table import Table
 from rich.text import Text
 from rich.theme import Theme
 
+from stagetool.analysis.figures import Figures
+from stagetool.analysis.modules import ModulesSection
+from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.core.mesh import format_mesh
 from stagetool.core.units import dims_str, format_bytes, format_seconds, shape_str
 from stagetool.report import views
@@ -174,19 +176,19 @@ def _function(f: FunctionReport, *, summary: bool = False,
         if f.outputs is not None:
             out.append(_leaf_table("outputs", f.outputs, inputs=False))
     if f.collectives is not None:
-        out.extend(_collectives(f.collectives))
+        out.extend(_collectives(f.collectives, f.figures))
     if f.why is not None:
         out.extend(Text(line, style=style) for style, line in views.why_lines(f.why))
     if f.cost is not None:
-        out.extend(_cost(f.cost))
+        out.extend(_cost(f.cost, f.figures))
     if f.memory is not None:
-        out.extend(_memory(f.memory, f.mesh.platform))
+        out.extend(_memory(f.memory, f.figures, f.mesh.platform))
     if f.modules is not None:
         out.extend(_modules(f.modules))
     return out
 
 
-def _modules(m: Any) -> list[RenderableType]:
+def _modules(m: ModulesSection) -> list[RenderableType]:
     from stagetool.report import module_views
 
     header, rows = module_views.modules_rows(m)
@@ -296,7 +298,7 @@ def _notes(notes: list[tuple[str, str]]) -> list[RenderableType]:
     return [Text(text, style=_NOTE_STYLE.get(kind, "")) for kind, text in notes]
 
 
-def _collectives(c: Any) -> list[RenderableType]:
+def _collectives(c: CollectivesSection, fig: Figures) -> list[RenderableType]:
     if not c.items:
         out: list[RenderableType] = [Text("collectives: none (no communication between devices)", style="bold")]
     else:
@@ -305,7 +307,7 @@ def _collectives(c: Any) -> list[RenderableType]:
                        styles={0: {"style": "hlo.collective", "no_wrap": True, "min_width": 10},
                                **{i: {"no_wrap": True, "min_width": len(header[i])} for i in range(1, 6)},
                                6: {"overflow": "ellipsis", "min_width": 10, "max_width": 40}})
-        out = [table, _table("collectives by kind and mesh axes", *views.collectives_summary_rows(c), {2, 3, 4})]
+        out = [table, _table("collectives by kind and mesh axes", *views.collectives_summary_rows(c, fig), {2, 3, 4})]
     causes = views.cause_lines(c)
     if causes:
         out.append(Text("why each collective is there (Shardy's propagation, rerun with sharding origins)", style="bold"))
@@ -318,9 +320,9 @@ def _collectives(c: Any) -> list[RenderableType]:
     return out
 
 
-def _cost(c: Any) -> list[RenderableType]:
-    header, rows = views.cost_rows(c)
-    out = [_table("cost", header, rows, {1, 2}), Text(views.cost_caption(c), style="dim"), *_notes(views.cost_notes(c))]
+def _cost(c: CostSection, fig: Figures) -> list[RenderableType]:
+    header, rows = views.cost_rows(c, fig)
+    out = [_table("cost", header, rows, {1, 2}), Text(views.cost_caption(c), style="dim"), *_notes(views.cost_notes(c, fig))]
     out += _notes(views.step_time_notes(c))
     top_header, top_rows = views.step_time_rows(c)
     if top_rows:
@@ -328,10 +330,10 @@ def _cost(c: Any) -> list[RenderableType]:
     return out
 
 
-def _memory(m: Any, platform: str | None = None) -> list[RenderableType]:
-    header, rows = views.memory_rows(m)
+def _memory(m: MemorySection, fig: Figures, platform: str | None = None) -> list[RenderableType]:
+    header, rows = views.memory_rows(m, fig)
     out: list[RenderableType] = [_table("memory per device", header, rows, {1, 2}),
-                                 *_notes(views.memory_notes(m, platform))]
+                                 *_notes(views.memory_notes(m, fig, platform))]
     if m.largest_inputs:
         out.append(_table("largest inputs", *views.largest_inputs_rows(m), {2, 3}))
     summary = views.donation_summary(m)

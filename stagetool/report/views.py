@@ -7,10 +7,11 @@ renderers show the same facts with the same formatting.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from stagetool.analysis.figures import COST_FIELDS, CostFigures, Figures, MemoryFigures
 from stagetool.analysis.why import WhyAnswer
 from stagetool.hlo.collectives import NEAREST_HOPS, Collective
+from stagetool.analysis.cost import ExtraMetric
 from stagetool.analysis.memory import MemoryRecord
 from stagetool.analysis.peak import PeakReport
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
@@ -49,7 +50,7 @@ _HOST_ROWS = (
 _XLA_ONLY_ROWS = MEMORY_FIELDS_SINCE_0_11
 
 
-def _extra_value(metric: Any) -> str:
+def _extra_value(metric: ExtraMetric | None) -> str:
     if metric is None:
         return "n/a"
     if metric.unit == "seconds":
@@ -59,10 +60,13 @@ def _extra_value(metric: Any) -> str:
     return f"{metric.value:g}" + (f" {metric.unit}" if metric.unit not in ("count", "unknown") else "")
 
 
-def cost_rows(c: CostSection) -> tuple[list[str], list[list[str]]]:
-    """``(header, rows)``: each figure per device and for the whole program; ``n/a`` where not reported."""
-    rows = [[label, fmt(getattr(c.per_device, attr)), fmt(getattr(c.whole_program, attr))]
-            for label, attr, fmt in _COST_ROWS]
+def cost_rows(c: CostSection, fig: Figures) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)``: each figure per device and for the whole program; ``n/a`` where not reported.
+    XLA's per-device FLOPs, transcendentals and bytes accessed are the function's ``fig.cost`` (what
+    the snapshot stores and the gate compares)."""
+    figures = fig.cost or CostFigures()  # Figures.of sets it wherever there is a cost section
+    rows = [[label, fmt(getattr(figures if attr in COST_FIELDS else c.per_device, attr)),
+             fmt(getattr(c.whole_program, attr))] for label, attr, fmt in _COST_ROWS]
     if c.flops_lower_bound:  # XLA left work out: its FLOPs are a floor, said on the row itself
         n = sum(1 for u in c.uncounted if not u.counted)
         rows[0][0] = f"FLOPs (lower bound: {n} instruction{'s' if n != 1 else ''} not counted by XLA)"
@@ -79,12 +83,12 @@ def cost_rows(c: CostSection) -> tuple[list[str], list[list[str]]]:
     return ["", "per device", "whole program"], rows
 
 
-def config_line(config: Any) -> str:
+def config_line(config: Sequence[tuple[str, str]]) -> str:
     """The configuration that changes the compiled program, on one line (report header)."""
     return "config: " + " · ".join(f"{name}={value}" for name, value in config)
 
 
-def compiler_options_line(options: Any) -> str:
+def compiler_options_line(options: Sequence[tuple[str, str]]) -> str:
     """The target's own jit's ``compiler_options`` on one line (report header)."""
     return "compiler_options (the target's jit): " + " · ".join(f"{name}={value}" for name, value in options)
 
@@ -98,9 +102,10 @@ def cost_caption(c: CostSection) -> str:
             "bytes written (outputs): XLA's 'bytes accessedout{}'")
 
 
-def cost_notes(c: CostSection) -> list[tuple[str, str]]:
+def cost_notes(c: CostSection, fig: Figures) -> list[tuple[str, str]]:
     """``(severity, text)`` notes: ``warn`` for missing or suspect figures, ``info`` otherwise. XLA's
-    negative "unknown" seconds (CPU's ``optimal_seconds``) are not data and get no note."""
+    negative "unknown" seconds (CPU's ``optimal_seconds``) are not data and get no note. The
+    roofline's chip, step and bound are the function's ``fig`` (a sweep row's)."""
     from stagetool.analysis.cost import UNKNOWN_SECONDS_REASON
 
     out = []
@@ -134,11 +139,11 @@ def cost_notes(c: CostSection) -> list[tuple[str, str]]:
             out.append(("info", f"loop-aware estimate: {la.reason}"))
     r = c.roofline
     if r is not None:
-        if r.lower_bound_seconds is None:
-            out.append(("warn", f"roofline ({r.chip}): n/a: {r.reason}"))
+        if fig.roofline_step_seconds is None:
+            out.append(("warn", f"roofline ({fig.chip}): n/a: {r.reason}"))
         else:
-            out.append(("info", f"roofline estimate on {r.chip} ({r.dtype}): step ≥ {format_seconds(r.lower_bound_seconds)}, "
-                                f"{r.bound}-bound (compute {format_seconds(r.compute_seconds)}, memory "
+            out.append(("info", f"roofline estimate on {fig.chip} ({r.dtype}): step ≥ "
+                                f"{format_seconds(fig.roofline_step_seconds)}, {fig.roofline_bound}-bound (compute {format_seconds(r.compute_seconds)}, memory "
                                 f"{format_seconds(r.memory_seconds)}); a lower bound from peak FLOP/s and HBM "
                                 "bandwidth, not a prediction"))
     return out
@@ -233,9 +238,11 @@ def aliased_label(m: MemorySection) -> str:
     return f"aliased ({', '.join(kinds)})"
 
 
-def memory_rows(m: MemorySection) -> tuple[list[str], list[list[str]]]:
-    """``(header, rows)`` of per-device memory in bytes and human units; host rows only where non-zero."""
-    rec = m.record
+def memory_rows(m: MemorySection, fig: Figures) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)`` of per-device memory in bytes and human units; host rows only where non-zero.
+    The figures the snapshot stores (arguments, outputs, aliased, temporaries, the gated peak, the
+    host peak, jax 0.11+'s three) are the function's ``fig.memory``; the rest are the record's."""
+    rec, mem = m.record, fig.memory or MemoryFigures()  # Figures.of sets it wherever there is a memory section
     oom = m.out_of_memory
     if oom is not None:  # no compiled program: XLA's figures from its error, and what the inputs say
         rows = [[f"needed (XLA: {oom.what or 'the program'})", _int_text(oom.needed_bytes), format_bytes(oom.needed_bytes)],
@@ -245,7 +252,7 @@ def memory_rows(m: MemorySection) -> tuple[list[str], list[list[str]]]:
         return ["", "bytes", ""], rows
     rows = []
     for label, attr in _MEMORY_ROWS:
-        v = getattr(rec, attr)
+        v = rec.generated_code_bytes if attr == "generated_code_bytes" else getattr(mem, attr)
         rows.append([aliased_label(m) if attr == "alias_bytes" else label, "n/a" if v is None else str(v),
                      format_bytes(v)])
     for label, attr in _HOST_ROWS:
@@ -259,14 +266,14 @@ def memory_rows(m: MemorySection) -> tuple[list[str], list[list[str]]]:
         rows.append(["args + outputs − aliased + temps", str(rec.peak_bytes_estimate),
                      format_bytes(rec.peak_bytes_estimate)])
     peak_label = "peak (gated: " + ("XLA peak_memory_in_bytes" if by_xla else "args + outputs − aliased + temps") + ")"
-    rows.append([peak_label, "n/a" if rec.peak_bytes is None else str(rec.peak_bytes), format_bytes(rec.peak_bytes)])
-    if not by_xla and rec.peak_bytes_reported is not None and rec.peak_bytes_reported != rec.peak_bytes:
+    rows.append([peak_label, "n/a" if mem.peak_bytes is None else str(mem.peak_bytes), format_bytes(mem.peak_bytes)])
+    if not by_xla and rec.peak_bytes_reported is not None and rec.peak_bytes_reported != mem.peak_bytes:
         rows.append(["XLA peak_memory_in_bytes", str(rec.peak_bytes_reported), format_bytes(rec.peak_bytes_reported)])
-    host = rec.host_peak_bytes
+    host = mem.host_peak_bytes
     if host:
         rows.append(["host peak (pinned_host; gated apart)", str(host), format_bytes(host)])
     for attr in _XLA_ONLY_ROWS:  # jax/jaxlib >= 0.11 only: shown where the release reports them
-        v = getattr(rec, attr, None)
+        v = getattr(mem, attr)
         if v is not None:
             rows.append([f"XLA {attr}", str(v), format_bytes(v)])
     return ["", "bytes", ""], rows
@@ -306,9 +313,10 @@ def _int_text(v: int | None) -> str:
     return "n/a" if v is None else str(v)
 
 
-def memory_notes(m: MemorySection, platform: str | None = None) -> list[tuple[str, str]]:
+def memory_notes(m: MemorySection, fig: Figures, platform: str | None = None) -> list[tuple[str, str]]:
     """``(severity, text)``: ``fits``/``over`` verdict, missing data, suspects; ``platform`` (the
-    mesh's ``cpu``/``gpu``/``tpu``) words the note on what the peak is made of (:func:`peak_note`)."""
+    mesh's ``cpu``/``gpu``/``tpu``) words the note on what the peak is made of (:func:`peak_note`).
+    The verdict, peak and capacity are the function's ``fig`` (what a sweep row holds)."""
     rec = m.record
     out = []
     if rec.reason:
@@ -335,16 +343,16 @@ def memory_notes(m: MemorySection, platform: str | None = None) -> list[tuple[st
         out.append(("info", "what would fit: 'stagetool fit' (the largest batch per knob setting) and "
                             "'stagetool fit --what-if' on a spec whose batch is a ${batch} placeholder"))
         return out
-    v = m.verdict
-    if v.fits is None and rec.peak_suspects:
+    v, fits, peak = m.verdict, fig.fits, (fig.memory or MemoryFigures()).peak_bytes
+    if fits is None and rec.peak_suspects:
         out.append(("warn", f"verdict unknown: {v.reason}"))
-    elif v.fits is None:
+    elif fits is None:
         out.append(("info", "capacity: unknown (the device reports none; give --device-memory 16GiB or --chip NAME)"))
     else:
-        out.append(("fits" if v.fits else "over",
-                    f"{'fits' if v.fits else 'DOES NOT FIT'}: peak {format_bytes(v.peak_bytes)} is "
-                    f"{format_percent(v.share_used)} of {format_bytes(v.capacity_bytes)} per device "
-                    f"({m.capacity_source}); headroom {format_bytes(v.headroom_bytes)}"))
+        out.append(("fits" if fits else "over",
+                    f"{'fits' if fits else 'DOES NOT FIT'}: peak {format_bytes(peak)} is "
+                    f"{format_percent(v.share_used)} of {format_bytes(fig.capacity_bytes)} per device "
+                    f"({fig.capacity_source}); headroom {format_bytes(v.headroom_bytes)}"))
     return out
 
 
@@ -576,22 +584,25 @@ def _closing(text: str, start: int) -> int | None:
     return None
 
 
-def collectives_summary_rows(c: CollectivesSection) -> tuple[list[str], list[list[str]]]:
-    """``(header, rows)``: count and bytes per device by kind × mesh axes, then the total."""
-    def per_step(t: Any) -> str:
-        if t.unknown_executions_count == t.count:
+def collectives_summary_rows(c: CollectivesSection, fig: Figures) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)``: count and bytes per device by kind × mesh axes, then the total; the total's
+    bytes per step, its runs unknown and the bytes over DCN are the function's ``fig`` (a sweep row's)."""
+    def per_step(count: int, executed: int | None, unknown: int | None) -> str:
+        if unknown == count:
             return "? (runs unknown)"
-        return format_bytes(t.executed_bytes_per_device) + (" + ?" if t.unknown_executions_count else "")
+        return format_bytes(executed) + (" + ?" if unknown else "")
 
     rows = []
-    dcn = c.summary.dcn_bytes_per_step
+    dcn = fig.dcn_bytes_per_step
     network = dcn is not None  # a multi-slice job: a network column, and the bytes over DCN apart
     for t in c.summary.by_kind_and_mesh_axes:
         rows.append([t.kind, _axes(t.mesh_axes)] + ([t.network or "—"] if network else [])
-                    + [str(t.count), format_bytes(t.bytes_per_device), per_step(t)])
+                    + [str(t.count), format_bytes(t.bytes_per_device),
+                       per_step(t.count, t.executed_bytes_per_device, t.unknown_executions_count)])
     t = c.summary.total
     rows.append(["total", ""] + ([""] if network else []) + [str(t.count), format_bytes(t.bytes_per_device),
-                                                             per_step(t)])
+                                                             per_step(t.count, fig.collective_bytes_per_step,
+                                                                      fig.collectives_unknown_runs)])
     if network:
         rows.append(["over DCN", "", "dcn", str(sum(x.count for x in c.summary.by_kind_and_mesh_axes
                                                     if x.network == "dcn")), "", format_bytes(dcn)])

@@ -49,13 +49,11 @@ def _empty_row(config: dict) -> dict:
 def row_from_function(row: dict, fn: FunctionReport) -> dict:
     """Fill ``row`` from one :class:`~stagetool.report.model.FunctionReport`: its mesh, timings and
     :class:`~stagetool.analysis.figures.Figures` (cost, memory, collectives)."""
-    from stagetool.analysis.figures import Figures
-
     row.update(mesh=[list(a) for a in fn.mesh.axes], platform=fn.mesh.platform, device_kind=fn.mesh.device_kind,
                device_count=fn.mesh.device_count,
                timings={"trace_s": fn.timings.trace_s, "lower_s": fn.timings.lower_s,
                         "compile_s": fn.timings.compile_s})
-    row.update(Figures.of(fn.cost, fn.memory, fn.collectives).row())
+    row.update(fn.figures.row())
     est = fn.cost.step_time if fn.cost is not None else None
     row["step_time"] = None if est is None else {
         "chip": est.chip, "overlapped_seconds": est.overlapped_seconds, "schedule_seconds": est.schedule_seconds,

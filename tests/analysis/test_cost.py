@@ -67,11 +67,12 @@ def test_xlas_unknown_seconds_are_neither_data_nor_suspects():
                for k, why in rec.absent_reasons if k in unknown)
     from types import SimpleNamespace
 
+    from stagetool.analysis.figures import Figures
     from stagetool.report.views import cost_notes
 
     section = SimpleNamespace(per_device=rec, whole_program=rec, scope_notes=(), loop_trip_counts=(), loop_aware=None,
                               roofline=None, uncounted=(), replicated=())
-    assert not any(k in text for _, text in cost_notes(section) for k in unknown)
+    assert not any(k in text for _, text in cost_notes(section, Figures()) for k in unknown)
     # a negative byte or FLOP figure is still suspect
     odd = cost.normalise_cost({"flops": 10.0, "bytes accessed": 8.0, "bytes accessedout{}": -1.0, "weird bytes": -4.0},
                               scope=cost.SCOPE_PER_DEVICE)
