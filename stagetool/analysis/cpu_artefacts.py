@@ -50,6 +50,7 @@ Found on jax/jaxlib 0.10.2 (XLA:CPU), from the compiled (per-device) module
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -86,10 +87,10 @@ def narrow_dot_types(stablehlo_text: str | None) -> frozenset[str]:
     return frozenset(found)
 
 
-def command_for(sections: Iterable[Any]) -> str:
+def command_for(sections: Iterable[str]) -> str:
     """The stagetool command whose answer a note points to, from the sections a run computes:
     ``collectives``, ``cost`` or ``memory`` when only that one, else ``report``."""
-    names = {getattr(s, "value", str(s)) for s in sections} - {"shardings", "lowered_text", "compiled_text"}
+    names = {s.value if isinstance(s, enum.Enum) else s for s in sections} - {"shardings", "lowered_text", "compiled_text"}
     return next(iter(names)) if len(names) == 1 and next(iter(names)) in ("collectives", "cost", "memory", "modules") \
         else "report"
 

@@ -61,6 +61,7 @@ if TYPE_CHECKING:  # imported where used: only --chip and the peak buffers need 
     from stagetool.analysis.step_time import StepTimeEstimate
     from stagetool.facts import Interconnect, Propagation
     from stagetool.core.chips import Chip
+    from stagetool.core.errors import OutOfMemoryError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,7 +420,7 @@ REFUSED_PEAK_NOTE = ("buffers of the program XLA refused, from the dump XLA wrot
 """The note on the peak table of a refused compile: what those buffers are."""
 
 
-def out_of_memory_section(error: Any, leaves: Any, axis_size: dict[str, int], *, capacity_bytes: int | None,
+def out_of_memory_section(error: OutOfMemoryError, leaves: Any, axis_size: dict[str, int], *, capacity_bytes: int | None,
                           capacity_source: str | None, top: int = 10) -> MemorySection:
     """:class:`MemorySection` of a compile that ran out of memory (a
     :class:`stagetool.core.errors.OutOfMemoryError`): "does not fit", with XLA's needed and

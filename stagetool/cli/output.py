@@ -8,12 +8,15 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import typer
 
-from stagetool.core.errors import ExitCode, StagetoolError, UsageError
+from stagetool.core.errors import ExitCode, StagetoolError, StagingError, UsageError
 from stagetool.report import Format
+
+if TYPE_CHECKING:
+    from stagetool.report.model import DevicesReport, Report
 
 _DEBUG = [False]
 """Whether the running command has ``--debug`` (a failed function's traceback is then shown)."""
@@ -127,7 +130,7 @@ def _failed(debug: bool, code: int, *lines: str) -> typer.Exit:
 
 def _stagetool_error(e: StagetoolError) -> list[str]:
     """The lines of a :class:`StagetoolError`: its message, the user's frame, the hint."""
-    frame = getattr(e, "user_frame", None)
+    frame = e.user_frame if isinstance(e, StagingError) else None
     return ([f"[bold red]error:[/] {escape(e.message)}"] + ([f"  at {escape(frame)}"] if frame else [])
             + ([f"  [dim]hint:[/] {escape(e.hint)}"] if e.hint else []))
 
@@ -257,22 +260,24 @@ def is_primary() -> bool:
     return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
-def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) -> None:
+def emit(doc: Report | DevicesReport, fmt: Format, output: Optional[Path], *, pager: bool = False) -> None:
     """Render ``doc`` (a :class:`stagetool.report.model.Report` or ``DevicesReport``) and write it to
     ``output`` (atomically) or stdout: only the payload goes there. Exit 3 when a function failed."""
     from stagetool.report import render
 
     if not is_primary():
         return
-    functions = getattr(doc, "functions", None)
-    if functions and all(getattr(f, "error", None) for f in functions):
+    from stagetool.report.model import Report
+
+    functions = doc.functions if isinstance(doc, Report) else ()
+    if functions and all(f.error for f in functions):
         _exit_if_failed(doc)  # nothing staged: the errors alone, on stderr; stdout stays empty
     if fmt != Format.json:  # names from specs and user code, control characters escaped (JSON escapes its own)
         from stagetool.core.text import sanitized
 
         doc = sanitized(doc)
     svgs: dict[str, str] = {}
-    if fmt == Format.markdown and output is not None and getattr(doc, "command", None) == "report":
+    if fmt == Format.markdown and output is not None and isinstance(doc, Report) and doc.command == "report":
         from stagetool.report.render_markdown import render_with_figures
 
         text, svgs = render_with_figures(doc, f"{output.stem}-files")
@@ -298,9 +303,11 @@ def emit(doc: Any, fmt: Format, output: Optional[Path], *, pager: bool = False) 
     _exit_if_failed(doc)
 
 
-def _exit_if_failed(doc: Any) -> None:
+def _exit_if_failed(doc: Report | DevicesReport) -> None:
     """After the others are rendered: each function that failed to stage on stderr, and exit 3."""
-    failed = [f for f in getattr(doc, "functions", None) or () if getattr(f, "error", None)]
+    from stagetool.report.model import Report
+
+    failed = [f for f in (doc.functions if isinstance(doc, Report) else ()) if f.error]
     if failed and _DEBUG[0]:
         for f in failed:
             if f.error_traceback:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stagetool.spec.model import CheckSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +30,7 @@ class SnapshotRun:
     failed: dict[str, str]
     functions: tuple[str, ...]
     spec_path: Path | None
-    spec_check: Any = None
+    spec_check: CheckSpec | None = None
 
 
 def spec_label(spec_path: Path | None) -> str | None:

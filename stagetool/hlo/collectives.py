@@ -1238,13 +1238,13 @@ def while_loops(module: HloModule) -> tuple[tuple[str, int | None], ...]:
 _STAGETOOL_DIR = str(Path(__file__).resolve().parents[1]) + "/"
 
 
-def program_frames(chain: Sequence) -> tuple:
+def program_frames(chain: Sequence[SourceFrame]) -> tuple[SourceFrame, ...]:
     """A source chain (innermost first) cut at the first frame in stagetool's own package: the frames
     after it are the call path into stagetool, which differs between a serial run, a ``--jobs``
     worker and the run that filled the facts cache, while the program does not."""
     out = []
     for frame in chain:
-        if str(getattr(frame, "file", "") or "").startswith(_STAGETOOL_DIR):
+        if frame.file.startswith(_STAGETOOL_DIR):
             break
         out.append(frame)
     return tuple(out)

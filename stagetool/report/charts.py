@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Callable, Sequence
 
-from stagetool.report.layout import LeafLayout, ranges_text
+from stagetool.analysis.roofline import RooflineEstimate
+from stagetool.analysis.step_time import StepTimeEstimate
+
+from stagetool.report.layout import DeviceShard, LeafLayout, ranges_text
 from stagetool.core.units import format_bytes
 
 
@@ -68,7 +71,7 @@ class DeviceGrid:
 CELL_W, GAP, PAD, PANEL_GAP, LABEL_H = 92.0, 4.0, 18.0, 14.0, 16.0
 
 
-def _cell_lines(layout: LeafLayout, d: Any) -> tuple[str, ...]:
+def _cell_lines(layout: LeafLayout, d: DeviceShard) -> tuple[str, ...]:
     lines = [f"dev {d.device}"]
     sharded = [(i, r) for i, (r, axes) in enumerate(zip(d.ranges, layout.dims)) if axes]
     if not sharded:
@@ -293,7 +296,7 @@ def bar_chart(rows: Sequence[tuple[str, float | None, str, str, str]], *, width:
 # ---------------------------------------------------------------------------------------- roofline
 
 
-def roofline_chart(r: Any, seconds: Any) -> BarChart | None:
+def roofline_chart(r: RooflineEstimate | None, seconds: Callable[[float], str]) -> BarChart | None:
     """Compute time vs memory time of a roofline estimate, the dominant one marked ``dominant``."""
     if r is None or r.compute_seconds is None or r.memory_seconds is None:
         return None
@@ -334,7 +337,7 @@ class StepBar:
 _PART_HUES = {"compute": 24, "memory bandwidth": 210, "kernel launch": 280, "latency": 0}
 
 
-def step_time_chart(e: Any, seconds: Any, width: float = 640.0) -> StepBar | None:
+def step_time_chart(e: StepTimeEstimate | None, seconds: Callable[[float], str], width: float = 640.0) -> StepBar | None:
     """The step-time estimate's schedule figure as one bar of its parts, in the order the estimate
     lists them (largest first); link classes get hues of their own."""
     if e is None or not e.parts or e.schedule_seconds <= 0:

@@ -14,13 +14,15 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Sequence
+
+from stagetool.core.sharding import Sharding
 
 Dims = tuple[tuple[str, ...], ...]
 """Per array dimension, the mesh axes that shard it, major first; ``()`` for a replicated dimension."""
 
 
-def parse_partition_spec(text: Any, rank: int) -> Dims | None:
+def parse_partition_spec(text: Sharding | str | None, rank: int) -> Dims | None:
     """``P('data', None)`` → ``(('data',), ())``, padded with ``()`` to ``rank``.
 
     Accepts a :class:`stagetool.core.sharding.Sharding` (``LeafReport.compiled``: its ``dims`` hold
@@ -28,12 +30,11 @@ def parse_partition_spec(text: Any, rank: int) -> Dims | None:
     as a snapshot stores it). Returns None for anything that is not a PartitionSpec (an opaque sharding's ``repr``,
     ``auto``, ``unspecified``) or that has more dimensions than ``rank``.
     """
-    if text is None or getattr(text, "kind", "spec") != "spec":
-        return None  # auto, unspecified, or a sharding no PartitionSpec over the mesh expresses
-    raw = getattr(text, "dims", None)
-    if raw is None:
-        if not isinstance(text, str):
-            return None
+    if isinstance(text, Sharding):
+        if text.kind != "spec":
+            return None  # auto, unspecified, or a sharding no PartitionSpec over the mesh expresses
+        raw = text.dims
+    elif isinstance(text, str):
         s = text.strip()
         for head in ("PartitionSpec(", "P("):
             if s.startswith(head) and s.endswith(")"):
@@ -45,6 +46,8 @@ def parse_partition_spec(text: Any, rank: int) -> Dims | None:
             raw = ast.literal_eval("(" + body + ("," if body.strip() and not body.rstrip().endswith(",") else "") + ")")
         except (ValueError, SyntaxError):
             return None
+    else:
+        return None
     dims: list[tuple[str, ...]] = []
     for d in raw:
         if d is None:
@@ -117,7 +120,7 @@ def device_coords(index: int, sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(coords))
 
 
-def leaf_layout(shape: Sequence[int], sharding: Any, axes: Sequence[tuple[str, int]]) -> LeafLayout | None:
+def leaf_layout(shape: Sequence[int], sharding: Sharding | str | None, axes: Sequence[tuple[str, int]]) -> LeafLayout | None:
     """The device → shard assignment of a leaf, or None when it cannot be drawn.
 
     Args:
