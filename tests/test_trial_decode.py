@@ -196,3 +196,49 @@ def test_modules_bytes_add_up_to_xlas_on_v5e_with_prefetches_and_padded_tiles(ru
     assert tiny == 3 * 2048  # two f32[3,5] read and one written, each padded to whole tiles: 2,048 B, not 60
     assert mods["tiny"]["derived_bytes_accessed"] == tiny
     assert not any(r["phase"] == "difference" for r in mods["tiny"]["rows"])
+
+
+HELPER = """\
+import jax.numpy as jnp
+
+
+def einsum(spec, x, w):                   # the shared helper every projection calls
+    return jnp.einsum(spec, x, w)         # HELPER
+
+
+def step(x, w_up, w_down, w_out):
+    h = einsum("bd,df->bf", x, w_up)      # UP
+    y = einsum("bf,fd->bd", h, w_down)    # DOWN: contracts f, split over model: an all-reduce
+    return einsum("bd,de->be", y, w_out)  # OUT: contracts d, split over model: an all-reduce
+"""
+
+HELPER_SPEC = """\
+version: 1
+mesh: {axes: {data: 2, model: 4}}
+functions:
+  step:
+    target: m.py:step
+    args: ['f32[64,256] @ [data, null]', 'f32[256,512] @ [null, model]', 'f32[512,256] @ [model, null]',
+           'f32[256,128] @ [model, null]']
+"""
+
+
+def test_longest_instructions_show_the_helper_callers_as_collectives_do(run_cli, tmp_path):
+    m = write(tmp_path, "m.py", HELPER)
+    spec = write(tmp_path, "m.stagetool.yaml", HELPER_SPEC)
+    lines = {tag: i for i, t in enumerate(m.read_text().splitlines(), 1) for tag in ("HELPER", "DOWN", "OUT")
+             if f"# {tag}" in t}
+    cost = run_cli("cost", "--spec", str(spec), "--chip", "tpu-v5e", "--format", "json", check=0).json()
+    top = {i["name"]: i for i in cost["functions"][0]["cost"]["step_time"]["top"]}
+    coll = run_cli("collectives", "--spec", str(spec), "--format", "json", check=0).json()
+    items = coll["functions"][0]["collectives"]["items"]
+    reduces = [c for c in items if c["collective"]["kind"] == "all-reduce"]
+    assert len(reduces) >= 2
+    for c in reduces:  # the same op, the same chain, in both tables
+        name = c["collective"]["name"]
+        assert c["source"].endswith(f"m.py:{lines['HELPER']}")
+        assert [v.rsplit(":", 1)[1] for v in c["via"]] in ([str(lines["DOWN"])], [str(lines["OUT"])])
+        assert top[name]["source"] == c["source"] and top[name]["via"] == c["via"]
+    text = " ".join(run_cli("cost", "--spec", str(spec), "--chip", "tpu-v5e", check=0).stdout.split())
+    assert f"m.py:{lines['HELPER']} ← m.py:{lines['DOWN']}" in text
+    assert f"m.py:{lines['HELPER']} ← m.py:{lines['OUT']}" in text

@@ -725,42 +725,17 @@ def match_leaves(patterns: tuple[LeafPattern | str, ...], leaves: tuple[LeafRepo
     return [x for x in leaves if any(p.names(x.path) for p in compiled)]
 
 
-def _user_frames(c: Collective, library: tuple[str, ...]) -> list[str]:
-    """``file:line`` of every frame of ``c``'s chain in the user's code (outside ``library``), innermost first."""
-    from pathlib import Path
-
-    out = []
-    for frame in c.source_chain or ():
-        resolved = str(Path(frame.file).resolve())
-        if not frame.file.startswith("<") and not any(resolved.startswith(d) for d in library) \
-                and "/site-packages/" not in resolved and "/dist-packages/" not in resolved:
-            out.append(f"{frame.file}:{frame.line}")
-    return out
-
-
 def _with_helper_callers(items: tuple, user: set[str], library: tuple[str, ...]) -> tuple:
     """Each item with :attr:`CollectiveItem.via` set where its source is a thin helper: a user line
-    that the function's collectives reach from two or more different user lines."""
+    that the function's collectives reach from two or more different user lines
+    (:func:`stagetool.analysis.callers.helper_callers`)."""
     import dataclasses
 
-    frames = [_user_frames(item.collective, library) for item in items]
-    callers: dict[str, set[str]] = {}
-    for chain in frames:
-        for inner, outer in zip(chain, chain[1:]):
-            callers.setdefault(inner, set()).add(outer)
-    helpers = {line for line, outs in callers.items() if len(outs) >= 2}
-    out = []
-    for item, chain in zip(items, frames):
-        if not chain or item.source != chain[0] or chain[0] not in helpers:
-            out.append(item)
-            continue
-        via = []
-        for line in chain[1:]:
-            via.append(line)
-            if line not in helpers:
-                break
-        out.append(dataclasses.replace(item, via=tuple(via)))
-    return tuple(out)
+    from stagetool.analysis.callers import helper_callers, user_frames
+
+    vias = helper_callers([item.source for item in items],
+                          [user_frames(item.collective.source_chain, library) for item in items])
+    return tuple(dataclasses.replace(item, via=via) if via else item for item, via in zip(items, vias))
 
 
 def _user_source(c: Collective, user: set[str], library: tuple[str, ...]) -> str | None:

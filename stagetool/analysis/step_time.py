@@ -115,6 +115,10 @@ class InstructionTime:
       bound: ``compute``, ``memory bandwidth`` or the collective's link class.
       op_name: JAX's op name path, or None.
       source: ``file:line`` of the user's code, or None.
+      via: when ``source`` is a thin helper (a line the step's instructions reach from two or more user
+        lines, a one-line ``einsum`` wrapper), the lines it was called from, outward, up to the first
+        that is not a helper (:func:`stagetool.analysis.callers.helper_callers`, as the collectives
+        table shows them); () otherwise.
     """
 
     name: str
@@ -128,6 +132,7 @@ class InstructionTime:
     bound: str
     op_name: str | None
     source: str | None
+    via: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,6 +308,7 @@ class _Timer:
         self.module, self.chip, self.net, self.trips = module, chip, net, trips
         self.gpu = net.platform == "gpu" or (net.platform == "cpu" and not chip.is_tpu)
         self.items: dict[tuple[str, str], InstructionTime] = {}
+        self.chains: dict[tuple[str, str], tuple] = {}  # each item's source chain (innermost first)
         self.times: dict[str, CollectiveTime] = {}
         self.starts: dict[tuple[str, str], str] = {}  # (computation, instruction) -> collective key
         self.dones: dict[tuple[str, str], str] = {}
@@ -374,6 +380,8 @@ class _Timer:
         md = ins.metadata
         self.items[key] = InstructionTime(ins.name, ins.opcode, comp.name, seconds, execs, seconds * execs, flops,
                                           moved, bound, md.op_name if md else None, self._source(ins))
+        if key not in self.chains:
+            self.chains[key] = program_frames(self.module.source_stack(ins))
 
     def compute_time(self, comp: HloComputation, ins: HloInstruction) -> tuple[float, float, float, str, float]:
         """(seconds, launch seconds, FLOPs, bound, bytes accessed) of one computing instruction."""
@@ -499,7 +507,7 @@ def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Seq
     schedule = min(max(w.schedule, overlapped), serial)
     parts = tuple(sorted(((k, v) for k, v in w.parts.items()), key=lambda kv: (-kv[1], kv[0])))
     bound = parts[0][0] if parts else COMPUTE
-    items = sorted(timer.items.values(), key=lambda i: (-i.total_seconds, i.computation, i.name))
+    items = sorted(_with_callers(timer), key=lambda i: (-i.total_seconds, i.computation, i.name))
     peak = chip.peak_flops_per_second_bf16
     mfu = w.flops / (schedule * peak) if schedule > 0 and peak else None
     reasons = []
@@ -515,6 +523,19 @@ def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Seq
         chip.name, overlapped, schedule, serial, w.compute, w.comm, parts, bound, tuple(items[:top]),
         tuple(timer.times.values()),
         w.flops, mfu, xla_optimal_seconds, _assumptions(chip, net), "; ".join(reasons) or None)
+
+
+def _with_callers(timer: _Timer) -> list[InstructionTime]:
+    """The timer's items, each with :attr:`InstructionTime.via` where its source is a thin helper of the
+    step (helpers found over every timed instruction's user frames)."""
+    from stagetool.analysis.callers import helper_callers, user_frames
+    from stagetool.core.paths import library_dirs
+
+    library = library_dirs()
+    keys = list(timer.items)
+    items = [timer.items[k] for k in keys]
+    vias = helper_callers([i.source for i in items], [user_frames(timer.chains.get(k, ()), library) for k in keys])
+    return [dataclasses.replace(i, via=via) if via else i for i, via in zip(items, vias)]
 
 
 def _assumptions(chip: Chip, net: Interconnect) -> tuple[str, ...]:

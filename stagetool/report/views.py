@@ -221,7 +221,7 @@ def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
 def step_time_rows(c: CostSection, top: int = 8) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)`` of the instructions that take longest over the step (an estimate)."""
     e = c.step_time
-    rows = [[i.name, i.opcode, format_seconds(i.total_seconds), str(i.executions), i.bound, _source(i.source),
+    rows = [[i.name, i.opcode, format_seconds(i.total_seconds), str(i.executions), i.bound, _chain(i.source, i.via),
              _op(i.op_name)] for i in (e.top[:top] if e is not None else ())]
     return ["instruction", "opcode", "time / step", "runs", "bound", "source", "op"], rows
 
@@ -517,10 +517,16 @@ def collectives_rows(c: CollectivesSection) -> tuple[list[str], list[list[str]]]
         rows.append([x.kind + (" (async)" if x.is_async else ""), _axes(x.mesh_axes)]
                     + ([x.network or "—"] if network else [])
                     + [result, format_bytes(x.bytes_per_device), runs,
-                       " ← ".join([_source(item.source), *(_source(v) for v in item.via)]),
+                       _chain(item.source, item.via),
                        ("nearest: " if x.nearest else "") + _op(x.op_name)])
     return (["kind", "mesh axes"] + (["network"] if network else [])
             + ["result per device", "bytes", "runs", "source", "op"]), rows
+
+
+def _chain(source: str | None, via: Sequence[str]) -> str:
+    """A row's source line, and where it is a thin helper the lines it was called from:
+    ``layers.py:12 ← model.py:88`` (the collectives table and the longest instructions alike)."""
+    return " ← ".join([_source(source), *(_source(v) for v in via)])
 
 
 def _source(source: str | None) -> str:

@@ -1,0 +1,52 @@
+"""The caller chain of a thin helper's line, shared by the collectives table and the step time's
+longest instructions: ``layers.py:12 ← model.py:88`` rather than the helper's line alone.
+
+A *thin helper* is a user line that the function's instructions reach from two or more different
+user lines (a one-line ``einsum`` wrapper every projection calls): its line alone does not say which
+part of the model an instruction belongs to, so the lines it was called from are shown after it,
+outward, up to the first that is not itself a helper (the model's line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+
+def user_frames(chain: Iterable, library: tuple[str, ...]) -> tuple[str, ...]:
+    """``file:line`` of every frame of a source chain (innermost first) in the user's code: not in
+    ``library`` (:func:`stagetool.core.paths.library_dirs`), not in site-packages, not ``<...>``."""
+    out = []
+    for frame in chain or ():
+        file = str(getattr(frame, "file", "") or "")
+        if not file or file.startswith("<"):
+            continue
+        resolved = str(Path(file).resolve())
+        if any(resolved.startswith(d) for d in library) or "/site-packages/" in resolved \
+                or "/dist-packages/" in resolved:
+            continue
+        out.append(f"{file}:{frame.line}")
+    return tuple(out)
+
+
+def helper_callers(sources: Sequence[str | None], chains: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
+    """For each ``(source, chain)`` (a row's ``file:line`` and its user frames, innermost first), the
+    lines its source was called from when the source is a thin helper (see the module docstring),
+    outward up to the first that is not a helper; () otherwise. Helpers are found over all ``chains``."""
+    callers: dict[str, set[str]] = {}
+    for chain in chains:
+        for inner, outer in zip(chain, chain[1:]):
+            callers.setdefault(inner, set()).add(outer)
+    helpers = {line for line, outs in callers.items() if len(outs) >= 2}
+    out = []
+    for source, chain in zip(sources, chains):
+        if not chain or source != chain[0] or chain[0] not in helpers:
+            out.append(())
+            continue
+        via = []
+        for line in chain[1:]:
+            via.append(line)
+            if line not in helpers:
+                break
+        out.append(tuple(via))
+    return out
