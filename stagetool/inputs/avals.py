@@ -37,9 +37,12 @@ from stagetool.inputs.target import load_target
 from stagetool.inputs.values import build_call, build_value, built_arg, eval_init, resolve_logical_rules, staged_value
 from stagetool.spec.model import ArgSpec, CallSpec, FunctionSpec, InitSpec, KeySpec, LeafSpec, RefSpec, Rule, StagedSpec, ValueSpec
 
-if TYPE_CHECKING:  # imported only for Flax and Equinox targets
+if TYPE_CHECKING:  # imported only for Flax, Equinox and haliax targets
     from stagetool.inputs.frameworks.equinox import EqxProgram
+    from stagetool.inputs.frameworks.haliax import HaliaxProgram
     from stagetool.inputs.frameworks.nnx import NnxProgram
+
+    Program = NnxProgram | EqxProgram | HaliaxProgram
 
 
 MAX_LEAVES = 50_000
@@ -85,7 +88,14 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
         program, args, kwargs = b.own_program(args, kwargs, static)
     if program is not None:
         return b.program_inputs(program, args, kwargs, static)
-    return b.prepared_inputs(args, kwargs, static)
+    inputs = b.prepared_inputs(args, kwargs, static)
+    if b.own.kind == "haliax.named_jit":  # never a silent drop: say what the nested staging takes
+        from stagetool.inputs.own_jit import named_jit_nested_note
+
+        ref_sharded = any(v is not None for v in b.ref_shardings.values())
+        note = named_jit_nested_note(fspec, b.own, args, kwargs, ref_sharded)
+        inputs = dataclasses.replace(inputs, notes=(*inputs.notes, note))
+    return inputs
 
 
 class _Builder:
@@ -395,7 +405,7 @@ class _Builder:
 
     # ---- the inputs handed over
 
-    def own_program(self, args: tuple, kwargs: dict, static: dict) -> tuple[NnxProgram | EqxProgram | None, tuple, dict]:
+    def own_program(self, args: tuple, kwargs: dict, static: dict) -> tuple[Program | None, tuple, dict]:
         """``(program, args, kwargs)``: the target's own program (:func:`own_program`) on its arguments
         (shared Variables made one), or ``(None, args, kwargs)`` as they were."""
         from stagetool.inputs.frameworks import nnx
@@ -410,15 +420,16 @@ class _Builder:
         if as_jit.kind == "nnx.jit" and has_shared(self.share_keys):  # nnx.jit splits its arguments as one graph
             own_args, own_kwargs, dropped = nnx.share_arguments(args, kwargs, self.share_keys)
         program = own_program(self.fspec, as_jit, own_args, own_kwargs, static, self.names, self.rules,
-                              (self.donated_nums, self.donated_names))
+                              (self.donated_nums, self.donated_names), self.setup.mesh)
         if program is None:
             return None, args, kwargs
         for x in dropped:  # a place replaced by the shared Variable's first: not an input
             self.by_id.pop(id(x), None)
         return program, own_args, own_kwargs
 
-    def program_inputs(self, program: NnxProgram | EqxProgram, args: tuple, kwargs: dict, static: dict) -> AbstractInputs:
-        """nnx.jit's / eqx.filter_jit's own program: its inner jit on the arguments split as it splits them."""
+    def program_inputs(self, program: Program, args: tuple, kwargs: dict, static: dict) -> AbstractInputs:
+        """nnx.jit's / eqx.filter_jit's / named_jit's own program: its inner jit on the arguments split
+        as it splits them (a named_jit's donation marked per leaf: its ``donate_args`` may name leaves)."""
         import jax
 
         from stagetool.inputs.frameworks.dispatch import leaf_arguments
@@ -429,6 +440,10 @@ class _Builder:
             tops.setdefault(id(x), t)
         structs = jax.tree_util.tree_leaves((program.args, {k: v for k, v in program.kwargs.items() if k not in static}))
         leaves = [dataclasses.replace(by_id[id(x)], arg=tops.get(id(x))) for x in structs if id(x) in by_id]
+        donated_ids = getattr(program, "donated_ids", None)
+        if donated_ids is not None:
+            leaves = [dataclasses.replace(leaf, donated=id(x) in donated_ids)
+                      for leaf, x in zip(leaves, [x for x in structs if id(x) in by_id])]
 
         def paths_of(tree: Pytree) -> list[str]:
             return [by_id[id(x)].path for x in jax.tree_util.tree_leaves(tree) if id(x) in by_id]

@@ -1,8 +1,8 @@
 """A ``jax.jit`` that stagetool does not unwrap, named: never a silent drop of its donation.
 
-stagetool reads the settings of ``jax.jit``, ``nnx.jit`` and ``eqx.filter_jit`` targets
-(:mod:`stagetool.inputs.jit_wrapper`). Any other callable holding a ``jax.jit`` — a library's own
-wrapper (haliax ``named_jit``), a ``functools.partial`` or a callable object around a jit — is
+stagetool reads the settings of ``jax.jit``, ``nnx.jit``, ``eqx.filter_jit`` and haliax ``named_jit``
+targets (:mod:`stagetool.inputs.jit_wrapper`). Any other callable holding a ``jax.jit`` — another
+library's own wrapper, a ``functools.partial`` or a callable object around a jit — is
 staged nested inside stagetool's own jit, where JAX inlines the inner jit: its donation, in/out
 shardings and static arguments are not the program's. :func:`hidden_jit_note` finds such a jit
 (on the callable's attributes, its ``__wrapped__``/``func``, its closure, to a small depth) and

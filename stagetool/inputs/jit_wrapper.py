@@ -1,4 +1,4 @@
-"""What a target's own jit says: the settings of a ``jax.jit``, ``nnx.jit`` or ``eqx.filter_jit`` object.
+"""What a target's own jit says: the settings of a ``jax.jit``, ``nnx.jit``, ``eqx.filter_jit`` or ``hax.named_jit`` object.
 
 A target that is already jitted decides its own static arguments, donation, in/out shardings and
 compiler options; stagetool stages it with exactly those (merged with the spec's, see
@@ -6,7 +6,8 @@ compiler options; stagetool stages it with exactly those (merged with the spec's
 :mod:`stagetool.inputs.frameworks.jit`; a framework's own wrapper (``nnx.jit``, ``eqx.filter_jit``)
 by that framework's module (its ``jit_settings``), which also stages it as its own program where
 the spec adds nothing (:class:`stagetool.inputs.frameworks.nnx.NnxProgram`,
-:class:`stagetool.inputs.frameworks.equinox.EqxProgram`).
+:class:`stagetool.inputs.frameworks.equinox.EqxProgram`,
+:class:`stagetool.inputs.frameworks.haliax.HaliaxProgram`).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ from stagetool.inputs.leaves import same_dims
 from stagetool.inputs.records import InputLeaf
 from stagetool.spec.model import FunctionSpec
 
-if TYPE_CHECKING:  # imported only for Flax and Equinox targets
+if TYPE_CHECKING:  # imported only for Flax, Equinox and haliax targets
     from stagetool.inputs.frameworks.equinox import EqxProgram
+    from stagetool.inputs.frameworks.haliax import HaliaxProgram
     from stagetool.inputs.frameworks.nnx import NnxProgram
 
 
@@ -77,9 +78,10 @@ def take_in_shardings(args: tuple, own: JitSettings, by_id: dict[int, InputLeaf]
 
 
 def own_program(fspec: FunctionSpec, own: JitSettings, args: tuple, kwargs: dict, static: dict, names: list[str],
-                 rules: tuple | None, donated: tuple[set, set]) -> NnxProgram | EqxProgram | None:
+                 rules: tuple | None, donated: tuple[set, set], mesh: Any = None
+                 ) -> NnxProgram | EqxProgram | HaliaxProgram | None:
     """The target's own program when the spec adds nothing its wrapper cannot take, else None
-    (staged nested, merged with the spec).
+    (staged nested, merged with the spec). ``mesh``: the staged mesh (a ``named_jit``'s shardings are on it).
 
     - ``eqx.filter_jit`` (:func:`stagetool.inputs.frameworks.equinox.eqx_program`): no ``out_shardings``,
       no ``donate`` beyond Equinox's own.
@@ -88,12 +90,21 @@ def own_program(fspec: FunctionSpec, own: JitSettings, args: tuple, kwargs: dict
       graph node's Variables included), and a ``donate`` of the spec's own (``donated``: the merged
       positions and names) only where the step can be jitted once with it
       (:func:`stagetool.inputs.frameworks.nnx.nnx_with_donation`).
+    - ``hax.named_jit`` (:func:`stagetool.inputs.frameworks.haliax.haliax_program`): no
+      ``out_shardings`` (its axis mappings give them); a ``donate`` of the spec's own is given to
+      ``named_jit`` with the function underneath (:func:`stagetool.inputs.frameworks.haliax.with_donation`).
     """
     import jax
 
-    if own.kind not in ("nnx.jit", "eqx.filter_jit") or fspec.out_shardings is not None:
+    if own.kind not in ("nnx.jit", "eqx.filter_jit", "haliax.named_jit") or fspec.out_shardings is not None:
         return None
     context = (lambda: _rules_context(rules)) if rules is not None else None
+    if own.kind == "haliax.named_jit":
+        from stagetool.inputs.frameworks import haliax
+
+        if fspec.donate and not own.donates:
+            own = haliax.with_donation(own, len(args), tuple(sorted(donated[0])), tuple(sorted(donated[1])))
+        return haliax.haliax_program(own, args, {**kwargs, **static}, mesh, context)
     if own.kind == "eqx.filter_jit":
         if fspec.donate and not own.donates:
             return None
@@ -113,6 +124,30 @@ def own_program(fspec: FunctionSpec, own: JitSettings, args: tuple, kwargs: dict
     from stagetool.inputs.frameworks.nnx import nnx_program
 
     return nnx_program(own, args, {**kwargs, **static}, names, context)
+
+
+def named_jit_nested_note(fspec: FunctionSpec, own: JitSettings, args: tuple, kwargs: dict, ref_sharded: bool) -> str:
+    """What a ``hax.named_jit`` target staged nested (not as its own program) takes and does not:
+    the reason it is nested, its donation (merged into stagetool's jit, whole arguments), its
+    shardings (inside the nested jit only) and its static outputs."""
+    import jax
+
+    if fspec.out_shardings is not None:
+        why = "the spec gives out_shardings, which named_jit's own program cannot take"
+    elif not own.readable:
+        why = "this haliax's named_jit object does not have the fields stagetool reads"
+    elif ref_sharded or any(isinstance(x, jax.ref.AbstractRef) for x in jax.tree_util.tree_leaves((args, kwargs))):
+        why = "an argument holds a jax.Ref"
+    else:
+        why = "the function closes over arrays (inputs the spec does not name)"
+    donation = (f"its donation is taken as stagetool's jit's (donate_argnums={own.donate_argnums}"
+                + (f", donate_argnames={own.donate_argnames}" if own.donate_argnames else "")
+                + ") for whole arguments, where donate_args marking single leaves would donate fewer"
+                if own.donates else "it donates nothing")
+    return (f"{fspec.target} is a haliax named_jit staged nested inside stagetool's own jit because {why}: "
+            f"{donation}; its axis_resources shardings hold inside the nested jit but the program's outputs are "
+            "sharded as the spec or the compiler says, and Python numbers it returns are outputs here (named_jit "
+            "keeps them static)")
 
 
 def _rules_context(rules: Any) -> Any:

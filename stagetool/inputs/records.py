@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from stagetool.core.sharding import Sharding
 from stagetool.inputs.frameworks.jit import JitSettings
 
-if TYPE_CHECKING:  # imported only for Flax and Equinox targets
+if TYPE_CHECKING:  # imported only for Flax, Equinox and haliax targets
     from stagetool.inputs.frameworks.equinox import EqxProgram
+    from stagetool.inputs.frameworks.haliax import HaliaxProgram
     from stagetool.inputs.frameworks.nnx import NnxProgram
 
 
@@ -73,7 +74,7 @@ class AbstractInputs:
         ``in_shardings`` entry for each updated argument's state (``nnx.jit``'s inner jit returns the
         arguments' state with those); None otherwise (see :func:`stagetool.inputs.frameworks.nnx.out_shardings`).
       program: an ``nnx.jit`` / ``eqx.filter_jit`` target staged as its own program
-        (:class:`stagetool.inputs.frameworks.nnx.NnxProgram`, ``equinox.EqxProgram``: ``args``/``kwargs`` are
+        (:class:`stagetool.inputs.frameworks.nnx.NnxProgram`, ``equinox.EqxProgram``, ``haliax.HaliaxProgram``: ``args``/``kwargs`` are
         then the arguments as the wrapper splits them, ``leaves`` in that order), or None.
       in_shardings: ``in_shardings`` for the jit over ``args`` (flat leaves then) when a ``jax.Ref``
         leaf under auto axes has a sharding its type cannot carry (:func:`as_abstract_ref`), else None.
@@ -92,6 +93,6 @@ class AbstractInputs:
     jit: JitSettings | None = None
     wrapped: bool = False
     out_shardings: Any = None
-    program: NnxProgram | EqxProgram | None = None
+    program: NnxProgram | EqxProgram | HaliaxProgram | None = None
     in_shardings: Any = None
     notes: tuple[str, ...] = ()

@@ -8,6 +8,7 @@ objects are of that library's types (``type(x).__module__``), so that stagetool 
 - :mod:`.nnx`: Flax NNX (Variables' sharding metadata, in-place steps, ``nnx.jit`` programs).
 - :mod:`.linen`: Flax Linen (partitioning boxes, logical axis rules).
 - :mod:`.equinox`: Equinox (``eqx.filter_jit`` programs; Python numbers static).
+- :mod:`.haliax`: haliax, Levanter's named arrays (``hax.named_jit`` programs; Python numbers static).
 
 Adding a framework is one module here and one line in :data:`FRAMEWORKS`. A module provides the
 hooks that apply to it (each optional): ``is_box(x)`` / ``box_dims(box, rules)`` (the model's own
@@ -28,6 +29,9 @@ Every read of another library's private attribute is marked ``# private-api:`` s
 - :mod:`.equinox`: ``equinox._jit._preprocess`` (Equinox's split into donated, kept and static
   parts) and the ``eqx.filter_jit`` object's ``_signature``, ``_dynamic_fun``, ``_static_fun`` and
   ``_cached`` (its inner ``jax.jit``).
+- :mod:`.haliax`: the ``hax.named_jit`` object's fields (its function, mappings, donation, jit
+  arguments) and ``haliax.partitioning._named_pjit_cache`` (the ``jax.jit`` it builds); pinned by
+  ``tests/test_haliax.py``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ static type for it."""
 FRAMEWORKS: dict[str, tuple[str, ...]] = {
     "flax": ("nnx", "linen"),
     "equinox": ("equinox",),
+    "haliax": ("haliax",),
 }
 
 

@@ -1,0 +1,245 @@
+"""haliax ``named_jit`` (Levanter's train step) staged as its own program (issue 30, item 3).
+
+The Levanter-style step of ``tests/data/levanter_step.py`` (NamedArrays, ``hax.nn.Linear``, an
+optax optimizer as a static field, a Python-number field, ``named_jit(axis_resources=...,
+donate_args=(True, False))``) is staged from its spec with no adapter, and every figure —
+argument/output/alias/temp bytes, FLOPs, bytes accessed, collectives by kind, input and output
+shardings — equals what haliax itself compiles:
+
+- on the simulated CPU mesh, raw haliax: ``train_step.lower(state, x).compile()`` on real sharded
+  arrays (the state made by ``eqx.filter_jit(init_state)``, as Levanter makes it);
+- on ``--topology v5e:2x4`` and ``h100:8``, where no array can be made (and haliax's own ``lower``
+  cannot run: its ``is_in_jit`` runs an op eagerly), the same program written by hand with public
+  JAX and haliax's public ``infer_resource_partitions`` — checked first to be raw haliax's program
+  on the CPU mesh.
+
+The static fields (``lr_scale``, the optimizer) are neither inputs nor outputs, and the donated
+state's bytes are aliased.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import warnings
+from collections import Counter
+
+import jax
+import pytest
+from jax.sharding import AxisType, NamedSharding
+
+from helpers import REPO, leaves_by_path
+from stagetool.devices import gpu_topology, tpu_topology
+from stagetool.plan.target import parse_target
+
+pytest.importorskip("optax")
+with warnings.catch_warnings():  # haliax imports deprecated JAX names (jax.experimental.shard_map)
+    warnings.simplefilter("ignore", DeprecationWarning)
+    hax = pytest.importorskip("haliax")
+    import equinox as eqx
+    from haliax.partitioning import infer_resource_partitions
+
+#: haliax 1.4 calls JAX names deprecated since 0.8 (thread_resources, jax.experimental.shard_map): the
+#: user's code warns, which pytest's ``filterwarnings = error`` would turn into the step's failure
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+DATA = REPO / "tests" / "data"
+TARGET = "levanter_step.py:train_step"
+COLLECTIVE_RE = re.compile(r"=\s*\S.*?\s(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
+
+
+def _module():
+    """The step's module imported as plain Python (the raw side's own copy)."""
+    spec = importlib.util.spec_from_file_location("_raw_levanter_step", DATA / "levanter_step.py")
+    module = importlib.util.module_from_spec(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        spec.loader.exec_module(module)
+    return module
+
+
+def _devices(topology: str | None) -> list:
+    if topology is None:
+        return jax.devices()[:8]
+    if topology.startswith("h100"):
+        if not gpu_topology.cuda_plugin_available():
+            pytest.skip("JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
+        return list(gpu_topology.gpu_topology(parse_target(topology)).devices)
+    if not tpu_topology.libtpu_available():
+        pytest.skip("libtpu not installed: pip install -e '.[tpu]'")
+    return list(tpu_topology.tpu_topology(parse_target(topology)).devices)
+
+
+def _mesh(devices: list):
+    return jax.make_mesh((2, 4), ("data", "model"), devices=devices, axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def raw_haliax(L):
+    """haliax's own compile of the step on real arrays of the CPU mesh (as Levanter runs it)."""
+    mesh = _mesh(jax.devices()[:8])
+    with jax.set_mesh(mesh), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        state = eqx.filter_jit(L.init_state)(jax.random.key(0))
+        x = eqx.filter_jit(L.make_batch)()
+        assert isinstance(state.lr_scale, float)  # static, as named_jit sees it
+        return L.train_step.lower(state, x).compile()
+
+
+def written_out(L, devices: list):
+    """What ``named_jit`` compiles, written with public JAX: the step over the state's arrays
+    (donated) and the batch, the static fields closed over, the outputs sharded by the parameter
+    mapping (haliax's public ``infer_resource_partitions``), the inputs as the init's
+    ``hax.shard`` leaves them."""
+    mesh = _mesh(devices)
+    is_struct = lambda v: isinstance(v, jax.ShapeDtypeStruct)  # noqa: E731
+    key = jax.random.key(0)  # made on the default device: compile-only devices run nothing
+    with jax.set_mesh(mesh), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        state = eqx.filter_eval_shape(L.init_state, key)
+        x = eqx.filter_eval_shape(L.make_batch)
+        with hax.axis_mapping(L.PARAMS):
+            out_shape = eqx.filter_eval_shape(L.train_step.__wrapped__, state, x)
+    dyn, static = eqx.partition(state, is_struct)
+
+    def sharded(tree, mapping):
+        shardings = infer_resource_partitions(tree, mapping, preserve_existing_shardings=False, mesh=mesh)
+
+        def one(sh, s):  # a sharding per NamedArray (a prefix of its array) or per plain array
+            if isinstance(s, hax.NamedArray):
+                return hax.NamedArray(jax.ShapeDtypeStruct(s.array.shape, s.array.dtype, sharding=sh), s.axes)
+            return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh)
+
+        return jax.tree_util.tree_map(one, shardings, tree)
+
+    dyn, x = sharded(dyn, L.PARAMS), sharded(x, L.COMPUTE)
+    out_shardings = infer_resource_partitions(eqx.filter(out_shape, is_struct), L.PARAMS,
+                                              preserve_existing_shardings=False, mesh=mesh)
+
+    def step(dyn, x):
+        new_state, loss = L.train_step.__wrapped__(eqx.combine(dyn, static), x)
+        return eqx.filter(new_state, eqx.is_array), loss
+
+    jitted = jax.jit(step, donate_argnums=0, out_shardings=out_shardings)
+    with jax.set_mesh(mesh), hax.axis_mapping(L.PARAMS), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return jitted.trace(dyn, x).lower().compile()
+
+
+def _figures(compiled) -> dict:
+    mem, cost = compiled.memory_analysis(), compiled.cost_analysis() or {}  # None: a compile-only GPU
+    return {"argument_bytes": mem.argument_size_in_bytes, "output_bytes": mem.output_size_in_bytes,
+            "alias_bytes": mem.alias_size_in_bytes, "temp_bytes": mem.temp_size_in_bytes,
+            "flops": cost.get("flops"), "bytes_accessed": cost.get("bytes accessed"),
+            "collectives": Counter(m.group(1) for line in compiled.as_text().splitlines()
+                                   for m in [COLLECTIVE_RE.search(line)] if m),
+            "in": Counter(_trimmed(s.spec) for s in jax.tree_util.tree_leaves(compiled.input_shardings)),
+            "out": Counter(_trimmed(s.spec) for s in jax.tree_util.tree_leaves(compiled.output_shardings))}
+
+
+def _program(text: str) -> list[tuple[str, str]]:
+    """The optimized HLO's instructions as sorted (result shape, opcode) pairs: equal for one program."""
+    return sorted(re.findall(r"^\s*(?:ROOT )?\S+ = (.+?) ([a-z][\w-]*)\(", text, flags=re.MULTILINE))
+
+
+def _trimmed(dims) -> tuple:
+    dims = list(dims)
+    while dims and dims[-1] is None:
+        dims.pop()
+    return tuple(dims)
+
+
+def _stagetool_figures(fn: dict) -> dict:
+    record, cost = fn["memory"]["record"], fn["cost"]["per_device"]
+    spec = lambda text: _trimmed(eval(text, {"P": lambda *a: a}))  # noqa: E731,S307 - our own output
+    return {"argument_bytes": record["argument_bytes"], "output_bytes": record["output_bytes"],
+            "alias_bytes": record["alias_bytes"], "temp_bytes": record["temp_bytes"],
+            "flops": cost["flops"], "bytes_accessed": cost["bytes_accessed"],
+            "collectives": Counter(i["collective"]["kind"] for i in fn["collectives"]["items"]),
+            "in": Counter(spec(x["compiled"]) for x in fn["inputs"]),
+            "out": Counter(spec(x["compiled"]) for x in fn["outputs"])}
+
+
+def _report(run_cli, monkeypatch, topology: str | None) -> dict:
+    monkeypatch.chdir(DATA)
+    args = ["report", TARGET, "--format", "json"] + (["--topology", topology] if topology else [])
+    fn = run_cli(*args, check=0).json()["functions"][0]
+    assert fn.get("error") is None
+    return fn
+
+
+def test_the_written_out_program_is_raw_haliaxs():
+    """The hand-written reference the topology tests use is haliax's own program on the CPU mesh."""
+    L = _module()
+    raw = _figures(raw_haliax(L))
+    assert raw["alias_bytes"] > 0 and raw["collectives"]
+    assert _figures(written_out(L, jax.devices()[:8])) == raw
+
+
+def test_named_jit_step_on_cpu_is_raw_haliaxs(run_cli, monkeypatch, isolated_imports):
+    fn = _report(run_cli, monkeypatch, None)
+    raw = raw_haliax(_module())
+    assert _stagetool_figures(fn) == _figures(raw)
+    inputs, outputs = leaves_by_path({"functions": [fn]}), leaves_by_path({"functions": [fn]}, "outputs")
+    # static fields (a Python number, the optimizer) are neither inputs nor outputs
+    assert len(inputs) == len(jax.tree_util.tree_leaves(raw.input_shardings)) == 15
+    assert len(outputs) == len(jax.tree_util.tree_leaves(raw.output_shardings)) == 15
+    assert not [p for p in [*inputs, *outputs] if "lr_scale" in p or "optimizer" in p]
+    # donate_args=(True, False): the state is donated and aliased, the batch is not
+    assert all(leaf["donated"] for path, leaf in inputs.items() if path.startswith("state/"))
+    assert not inputs["x/0"]["donated"]
+    requested = [d for d in fn["memory"]["donation"] if d["requested"]]
+    assert len(requested) == 14 and all(d["status"] == "aliased" for d in requested)
+    # the parameter mapping's shardings, on the outputs haliax pins
+    assert outputs["out/0/model/up/weight/0"]["compiled"] == "P('model', 'data')"
+    assert not [n for n in fn["notes"] if "does not unwrap" in n]
+
+
+@pytest.mark.parametrize("topology", ["v5e:2x4", "h100:8"])
+def test_named_jit_step_on_a_topology_is_haliaxs_program(run_cli, monkeypatch, isolated_imports, topology):
+    devices = _devices(topology)
+    fn = _report(run_cli, monkeypatch, topology)
+    assert fn["mesh"]["device_count"] == 8 and fn["mesh"]["platform"] == devices[0].platform
+    compiled = written_out(_module(), devices)
+    want, got = _figures(compiled), _stagetool_figures(fn)
+    assert want["alias_bytes"] > 0
+    # stagetool lists a TPU collective once where XLA's async fusions repeat it (one channel): the
+    # program's collectives are compared instruction by instruction instead
+    del want["collectives"], got["collectives"]
+    if want["flops"] is None:  # XLA gives no cost analysis for a compile-only GPU: stagetool derives its own
+        assert topology.startswith("h100") and got["flops"] > 0
+        del want["flops"], got["flops"], want["bytes_accessed"], got["bytes_accessed"]
+    assert got == want
+    staged = run_cli("compile", TARGET, "--topology", topology, check=0).stdout
+    assert _program(staged) == _program(compiled.as_text())
+    assert {"all-gather", "all-reduce"} <= {op.removesuffix("-start") for _, op in _program(staged)}
+
+
+def test_named_jit_fields_read_are_pinned():
+    """The private fields stagetool reads from a named_jit object and haliax's jit builder exist
+    (another haliax: staged nested, with a note)."""
+    from haliax import partitioning
+
+    from stagetool.inputs.frameworks import haliax as adapter
+
+    L = _module()
+    assert adapter.is_named_jit(L.train_step)
+    assert all(hasattr(L.train_step, f) for f in adapter._FIELDS)
+    assert callable(partitioning._named_pjit_cache)
+    settings = adapter.jit_settings(L.train_step, 2)
+    assert settings.kind == "haliax.named_jit" and settings.donate_argnums == (0,)
+
+
+def test_a_named_jit_the_spec_gives_out_shardings_is_nested_and_says_so(run_cli, monkeypatch, isolated_imports,
+                                                                         tmp_path):
+    """out_shardings in the spec: named_jit's own program cannot take them, so the step is staged
+    nested; a note names what is and is not taken, and its donation still holds (aliased as raw)."""
+    import shutil
+
+    shutil.copy(DATA / "levanter_step.py", tmp_path / "levanter_step.py")
+    spec = (DATA / "levanter_step.stagetool.yaml").read_text() + "    out_shardings: [auto, '[]']\n"
+    (tmp_path / "levanter_step.stagetool.yaml").write_text(spec)
+    monkeypatch.chdir(tmp_path)
+    fn = run_cli("report", TARGET, "--format", "json", check=0).json()["functions"][0]
+    note = " ".join(n for n in fn["notes"] if "named_jit staged nested" in n)
+    assert "because the spec gives out_shardings" in note and "donate_argnums=(0,)" in note
+    assert fn["memory"]["record"]["alias_bytes"] == raw_haliax(_module()).memory_analysis().alias_size_in_bytes
