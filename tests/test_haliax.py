@@ -243,3 +243,18 @@ def test_a_named_jit_the_spec_gives_out_shardings_is_nested_and_says_so(run_cli,
     note = " ".join(n for n in fn["notes"] if "named_jit staged nested" in n)
     assert "because the spec gives out_shardings" in note and "donate_argnums=(0,)" in note
     assert fn["memory"]["record"]["alias_bytes"] == raw_haliax(_module()).memory_analysis().alias_size_in_bytes
+
+
+def test_the_specs_donate_is_given_to_named_jit(run_cli, monkeypatch, isolated_imports, tmp_path):
+    """A named_jit without donate_args and the spec's ``donate: [0]``: staged as named_jit with that
+    donation (its own program, no note), the figures of raw haliax's step that donates the state."""
+    source = (DATA / "levanter_step.py").read_text()
+    assert source.count("@hax.named_jit(axis_resources=PARAMS, donate_args=(True, False))") == 1
+    (tmp_path / "levanter_step.py").write_text(source.replace(
+        "@hax.named_jit(axis_resources=PARAMS, donate_args=(True, False))", "@hax.named_jit(axis_resources=PARAMS)"))
+    spec = (DATA / "levanter_step.stagetool.yaml").read_text() + "    donate: [0]\n"
+    (tmp_path / "levanter_step.stagetool.yaml").write_text(spec)
+    monkeypatch.chdir(tmp_path)
+    fn = run_cli("report", TARGET, "--format", "json", check=0).json()["functions"][0]
+    assert not [n for n in fn["notes"] if "named_jit" in n]
+    assert _stagetool_figures(fn) == _figures(raw_haliax(_module()))
