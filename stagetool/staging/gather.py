@@ -270,8 +270,15 @@ def _padded(shard: tuple[int, ...] | None, dtype: Any, fmt: Any) -> int | None:
     layout = getattr(fmt, "layout", None)
     if shard is None or layout is None or not getattr(layout, "tiling", None):
         return None
-    from stagetool.core.dtypes import array_bytes
+    from stagetool.core.dtypes import KEY_BITS, array_bytes
     from stagetool.hlo.tpu_layout import shard_bytes
+
+    key_bits = KEY_BITS.get(str(dtype))
+    if key_bits is not None:  # a typed PRNG key: its layout is its uint32 key data's, one dim more
+        order = getattr(layout, "major_to_minor", None)
+        if order is not None and len(order) != len(shard) + 1:
+            return None
+        shard, dtype = (*shard, key_bits // 32), "uint32"
 
     padded = shard_bytes(shard, dtype, layout).padded_bytes
     logical = array_bytes(shard, str(dtype))
