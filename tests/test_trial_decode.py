@@ -242,3 +242,37 @@ def test_longest_instructions_show_the_helper_callers_as_collectives_do(run_cli,
     text = " ".join(run_cli("cost", "--spec", str(spec), "--chip", "tpu-v5e", check=0).stdout.split())
     assert f"m.py:{lines['HELPER']} ← m.py:{lines['DOWN']}" in text
     assert f"m.py:{lines['HELPER']} ← m.py:{lines['OUT']}" in text
+
+
+BF16 = """\
+import jax.numpy as jnp
+
+
+def mm(x, w):
+    return jnp.tanh(x @ w)   # bf16: XLA:CPU computes it in f32, and a note says how to get the TPU's answer
+"""
+
+BF16_SPEC = """\
+version: 1
+mesh: {axes: {data: 2, model: 4}}
+functions:
+  mm:
+    target: m.py:mm
+    args: ['bf16[64,128] @ [data, null]', 'bf16[128,256] @ [null, model]']
+"""
+
+
+def test_a_note_keeps_its_command_whole_at_any_width(run_cli, tmp_path, monkeypatch):
+    write(tmp_path, "m.py", BF16)
+    spec = write(tmp_path, "m.stagetool.yaml", BF16_SPEC)
+    command = "stagetool cost m.py:mm --topology v5e:2x4"
+    doc = run_cli("cost", "--spec", str(spec), "--format", "json", check=0).json()
+    notes = " ".join(n for n in doc["functions"][0]["notes"])
+    assert command in notes  # the note the text wraps
+    for width in range(60, 130, 3):
+        monkeypatch.setenv("COLUMNS", str(width))
+        out = run_cli("cost", "--spec", str(spec), check=0).stdout
+        lines = [line for line in out.splitlines() if "XLA:CPU computes bf16" in line or "v5e:2x4" in line]
+        assert any(command in line for line in out.splitlines()), f"width {width}:\n" + "\n".join(lines)
+        # the rest of the note still wraps at the width (no line of it longer than the table's width)
+        assert "the accelerator's answer" in " ".join(out.split())

@@ -6,6 +6,7 @@ Knows nothing of JAX: it reads :mod:`stagetool.report.model` records only.
 from __future__ import annotations
 
 import io
+import re
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -151,7 +152,7 @@ def _header(f: FunctionReport, config: tuple[tuple[str, str], ...] = ()) -> list
     if f.compiler_options:
         out.append(Text(views.compiler_options_line(f.compiler_options), style="dim"))
     for note in f.notes:
-        out.append(Text(f"note: {note}", style="dim"))
+        out.append(_note(f"note: {note}", "dim"))
     return out
 
 
@@ -294,8 +295,62 @@ def _table(title: str, header: list[str], rows: list[list[str]], right: set[int]
     return t
 
 
+#: A command a note quotes for the reader to run (``stagetool cost m.py:f --topology v5e:2x4``,
+#: ``pip install -e '.[tpu]'``): wrapped as one word, so that it is never split over two lines.
+_COMMAND = re.compile(r"\bstagetool [a-z][a-z-]* [^\s;,]+(?: --?[a-z][\w-]*(?:[ =](?!-)[^\s;,()]+)?)*"
+                      r"|\bpip install (?:-e )?(?:'[^']+'|\"[^\"]+\"|[^\s;,()]+)")
+
+
+class _KeepCommands:
+    """A line of text wrapped at its spaces like Rich's, except the spaces inside the commands it quotes
+    (:data:`_COMMAND`): a command that does not fit on the rest of a line starts the next one whole.
+    One longer than the whole width is wrapped as Rich would."""
+
+    def __init__(self, text: Text):
+        self.text = text
+
+    def _units(self, plain: str) -> list[tuple[int, int]]:
+        """``(start, end)`` of each run of text between the spaces a line may break at."""
+        keep = [m.span() for m in _COMMAND.finditer(plain)]
+        units, start = [], 0
+        for i, ch in enumerate(plain):
+            if ch == " " and not any(a < i < b for a, b in keep):
+                if i > start:
+                    units.append((start, i))
+                start = i + 1
+        if start < len(plain):
+            units.append((start, len(plain)))
+        return units
+
+    def __rich_console__(self, console, options):
+        width = max(1, options.max_width)
+        for paragraph in self.text.split("\n"):
+            units = self._units(paragraph.plain)
+            if not units:
+                yield Text("")
+                continue
+            line_start, line_end = units[0]
+            for start, end in units[1:]:
+                if end - line_start <= width:
+                    line_end = end
+                    continue
+                yield paragraph[line_start:line_end]
+                line_start, line_end = start, end
+            yield paragraph[line_start:line_end]
+
+    def __rich_measure__(self, console, options):
+        plain = self.text.plain
+        units = self._units(plain)
+        return Measurement(max((b - a for a, b in units), default=0), len(plain))
+
+
+def _note(text: str, style: str = "") -> _KeepCommands:
+    """A note line that keeps the commands it quotes whole when it wraps."""
+    return _KeepCommands(Text(text, style=style))
+
+
 def _notes(notes: list[tuple[str, str]]) -> list[RenderableType]:
-    return [Text(text, style=_NOTE_STYLE.get(kind, "")) for kind, text in notes]
+    return [_note(text, _NOTE_STYLE.get(kind, "")) for kind, text in notes]
 
 
 def _collectives(c: CollectivesSection, fig: Figures) -> list[RenderableType]:
@@ -349,6 +404,6 @@ def _memory(m: MemorySection, fig: Figures, platform: str | None = None) -> list
             out.append(_table(views.peak_title(m.peak), *views.peak_rows(m.peak), {0},
                               styles={3: {"max_width": 48, "overflow": "ellipsis", "no_wrap": True}}))
             if m.peak.note:
-                out.append(Text(f"note: {m.peak.note}", style="warn"))
+                out.append(_note(f"note: {m.peak.note}", "warn"))
     out += [Text(line) for line in views.timeline_lines(m)]
     return out
