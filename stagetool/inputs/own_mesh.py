@@ -31,13 +31,21 @@ from stagetool.spec.model import FunctionSpec
 
 
 def _named(tree: Any) -> list:
+    """The ``NamedSharding``s of a jit's in/out_shardings tree (an ``nnx.StateSharding``'s per filter too)."""
     import jax
     from jax.sharding import NamedSharding
 
+    from stagetool.inputs.frameworks.dispatch import is_state_sharding
+
     if tree is None:
         return []
-    return [s for s in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, NamedSharding))
-            if isinstance(s, NamedSharding)]
+    out: list = []
+    for s in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, NamedSharding) or is_state_sharding(x)):
+        if is_state_sharding(s):
+            out += [x for x in getattr(s, "shardings", ()) if isinstance(x, NamedSharding)]
+        elif isinstance(s, NamedSharding):
+            out.append(s)
+    return out
 
 
 def own_meshes(settings: JitSettings) -> list:
@@ -86,7 +94,8 @@ def where_held(mesh: Any, module_file: str | None, module: Any = None) -> str | 
 
 def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any, *,
                   live: bool = False) -> tuple[Target, tuple[str, ...]]:
-    """``target`` with its own ``jax.jit`` shardings on the staged mesh (``setup.mesh``), and the
+    """``target`` with its own ``jax.jit`` or ``nnx.jit`` shardings on the staged mesh (``setup.mesh``; an
+    ``nnx.jit`` jitted again by ``nnx.jit``, :func:`stagetool.inputs.frameworks.nnx.relaid_wrapper`), and the
     notes that say so; the target as it is when they are already there or it has none. ``live``:
     the function was handed over from Python (:func:`stagetool.inspect`), whose meshes can only be
     on the caller's own devices: a mesh on other devices is re-laid by axis name, not refused.
@@ -99,11 +108,16 @@ def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any, *,
     from jax.sharding import NamedSharding
 
     fn = target.fn
-    if not is_jax_jit(fn):
-        return target, ()
-    own = pjit_settings(fn, "jax.jit")
-    if not own.readable or own.fun is None:
-        return target, ()
+    if is_jax_jit(fn):
+        own = pjit_settings(fn, "jax.jit")
+        if not own.readable or own.fun is None:
+            return target, ()
+    else:
+        from stagetool.inputs.jit_wrapper import jit_settings
+
+        own = jit_settings(fn)
+        if own.kind != "nnx.jit":  # eqx.filter_jit has no shardings of its own (its body's: foreign_mesh)
+            return target, ()
     staged = setup.mesh
     meshes = [m for m in own_meshes(own) if m != staged]
     if not meshes:
@@ -115,7 +129,7 @@ def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any, *,
         at = f"\n  the mesh is held at {held}" if held else ""
         if not live and not set(m.devices.flat) <= devices:
             raise UsageError(
-                f"{where}: {fspec.target}'s own jax.jit shardings name a mesh of {describe_mesh(m)}, but stagetool "
+                f"{where}: {fspec.target}'s own {own.kind} shardings name a mesh of {describe_mesh(m)}, but stagetool "
                 f"stages for {describe_mesh(staged)}: the mesh was built before stagetool could give the code the "
                 f"staged devices (imported earlier, or built from devices named outright){at}",
                 hint="build the mesh where stagetool imports it, from jax.devices(), jax.make_mesh(...) or "
@@ -125,7 +139,7 @@ def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any, *,
                           for a in _spec_axes(s.spec)} - set(staged.axis_names))
         if missing:
             raise UsageError(
-                f"{where}: {fspec.target}'s own jax.jit shardings name mesh axis {missing[0]!r} of its mesh "
+                f"{where}: {fspec.target}'s own {own.kind} shardings name mesh axis {missing[0]!r} of its mesh "
                 f"({describe_mesh(m)}), which the staged mesh ({describe_mesh(staged)}) does not have: staging it "
                 f"would mix two meshes in one program{at}",
                 hint="stage on a mesh with the same axis names (--mesh " + ",".join(
@@ -140,6 +154,24 @@ def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any, *,
     def tree(t: Any) -> Any:
         return None if t is None else jax.tree_util.tree_map(relay, t, is_leaf=lambda x: isinstance(x, NamedSharding))
 
+    notes = tuple(f"{fspec.target}'s own {own.kind} shardings name the module's mesh ({describe_mesh(m)}); they are "
+                  f"re-laid by axis name on the staged mesh ({describe_mesh(staged)}), as the same code with its "
+                  "mesh built for these devices runs" for m in meshes)
+    import dataclasses
+
+    if own.kind == "nnx.jit":
+        from stagetool.inputs.frameworks.nnx import relaid_wrapper
+
+        again = relaid_wrapper(own, relay)
+        if again is None:
+            raise UsageError(
+                f"{where}: {fspec.target}'s own nnx.jit shardings name a mesh of {describe_mesh(meshes[0])}, not the "
+                f"staged one ({describe_mesh(staged)}), and the wrapper cannot be jitted again with them re-laid "
+                "(a device, backend or inline of its own): staging it would mix two meshes in one program",
+                hint="stage with the module's own axis sizes (--mesh " + ",".join(
+                    f"{n}={s}" for n, s in meshes[0].shape.items()) + "), or build the module's mesh from the spec's "
+                "({mesh: staged})")
+        return dataclasses.replace(target, fn=again), notes
     options: dict[str, Any] = {"static_argnums": own.static_argnums, "static_argnames": own.static_argnames,
                                "donate_argnums": own.donate_argnums, "donate_argnames": own.donate_argnames,
                                "keep_unused": own.keep_unused}
@@ -150,11 +182,6 @@ def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any, *,
     if own.compiler_options:
         options["compiler_options"] = own.compiler_options
     relaid = jax.jit(own.fun, **options)
-    notes = tuple(f"{fspec.target}'s own jax.jit shardings name the module's mesh ({describe_mesh(m)}); they are "
-                  f"re-laid by axis name on the staged mesh ({describe_mesh(staged)}), as the same code with its "
-                  "mesh built for these devices runs" for m in meshes)
-    import dataclasses
-
     return dataclasses.replace(target, fn=relaid), notes
 
 

@@ -22,6 +22,7 @@ from stagetool.hlo.buffers import BufferAssignment
 from stagetool.inputs.records import AbstractInputs
 from stagetool.inputs.target import Target, user_frame
 from stagetool.spec.model import FunctionSpec
+from stagetool.staging.foreign_mesh import check_traced
 
 
 @dataclasses.dataclass
@@ -170,11 +171,14 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
 
     Raises:
       StagingError: JAX/XLA failed in a stage (exit code 3), with JAX's message and the user's frame.
+      UsageError: the traced code names a mesh other than ``mesh`` (exit 2,
+        :func:`stagetool.staging.foreign_mesh.check_traced`).
     """
     timings: dict[str, float] = {}
     warned: list[str] = []
     traced = _run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs), mesh, name, user_files, jitted,
                   timings, warned, on_stage)
+    check_traced(traced, mesh, name=name, user_files=user_files)  # a mesh of the code's own: exit 2
     lowered = _run("lower", traced.lower, mesh, name, user_files, jitted, timings, warned, on_stage)
     staged = Staged(traced, lowered, None, StageTimings(timings.get("trace"), timings.get("lower")), jitted,
                     tuple(warned))
@@ -191,8 +195,10 @@ def trace_only(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, use
     Raises:
       StagingError: JAX failed to trace (exit code 3).
     """
-    return _run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs), mesh, name, user_files, jitted,
-                {}, [], None)
+    traced = _run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs), mesh, name, user_files, jitted,
+                  {}, [], None)
+    check_traced(traced, mesh, name=name, user_files=user_files)
+    return traced
 
 
 def compile_staged(staged: Staged, mesh: Any, *, name: str, user_files: list[str],

@@ -398,3 +398,44 @@ def nnx_with_donation(settings: JitSettings, donate_argnums: tuple[int, ...], do
                     keep_unused=settings.keep_unused)
     return dataclasses.replace(settings, donate_argnums=tuple(donate_argnums), donate_argnames=tuple(donate_argnames),
                                wrapper=again)
+
+
+def relaid_wrapper(settings: JitSettings, relay: Callable[[Any], Any]) -> Any:
+    """The ``nnx.jit`` target jitted again by ``nnx.jit`` with every sharding of its own
+    ``in_shardings``/``out_shardings`` passed through ``relay`` (a ``NamedSharding`` → the same spec
+    on the staged mesh; an ``nnx.StateSharding``'s per-filter shardings each), and all its other
+    settings as they are (static arguments, donation, ``keep_unused``); None where that cannot be done
+    faithfully (another wrapper than flax's graph-mode ``JitWrapped``, a pinned device or backend,
+    ``inline``). The Nones ``nnx.jit`` puts into a tuple ``in_shardings`` at static positions are
+    taken out again, as the user wrote it."""
+    wrapper = settings.wrapper
+    # private-api: the inner jit's PjitInfo (device, backend, inline) and JitWrapped.fun, the step itself
+    info = getattr(getattr(wrapper, "jitted_fn", None), "_jit_info", None)
+    if settings.kind != "nnx.jit" or info is None or not hasattr(wrapper, "fun"):
+        return None
+    if getattr(info, "device", None) is not None or getattr(info, "backend", None) is not None \
+            or getattr(info, "inline", False):
+        return None
+
+    def one(x: Any) -> Any:
+        if isinstance(x, nnx.StateSharding):
+            return nnx.StateSharding(tuple(zip(x.filters, (relay(s) for s in x.shardings))))
+        return relay(x)
+
+    def tree(t: Any) -> Any:
+        if t is None:
+            return None
+        return jax.tree_util.tree_map(one, t, is_leaf=lambda x: isinstance(x, (nnx.StateSharding, jax.sharding.Sharding)))
+
+    in_shardings = settings.in_shardings
+    if isinstance(in_shardings, (tuple, list)) and settings.static_argnums:
+        kept = list(in_shardings)
+        for i in sorted(settings.static_argnums, reverse=True):
+            if i < len(kept) and kept[i] is None:
+                del kept[i]
+        in_shardings = type(in_shardings)(kept)
+    return nnx.jit(wrapper.fun, in_shardings=tree(in_shardings), out_shardings=tree(settings.out_shardings),
+                   static_argnums=tuple(settings.static_argnums) or None,
+                   static_argnames=tuple(settings.static_argnames) or None,
+                   donate_argnums=tuple(settings.donate_argnums) or None,
+                   donate_argnames=tuple(settings.donate_argnames) or None, keep_unused=settings.keep_unused)

@@ -1,0 +1,116 @@
+"""A mesh named inside the traced program that is not the staged one: never a silent mixed program.
+
+A step whose body names the module's own mesh — ``jax.lax.with_sharding_constraint(x,
+NamedSharding(MESH, ...))``, ``eqx.filter_shard(x, NamedSharding(MESH, ...))``, a nested
+``jax.jit``/``nnx.jit`` with shardings on it, ``shard_map(mesh=MESH)`` — runs on that mesh. When
+stagetool stages for another shape of the same devices (a ``--mesh``, a sweep row), JAX accepts the
+program whenever the device order agrees, and compiles one whose inputs are laid on the staged mesh
+and whose constraints on the other: collective-permutes no mesh runs. The traced program is read for
+such a mesh before it is lowered (:func:`check_traced`), and staging stops with exit 2 naming both
+meshes and the user's line. The shardings a target's own jit gives at its boundary are not read here:
+they are re-laid by axis name before tracing (:func:`stagetool.inputs.own_mesh.relay_own_jit`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from stagetool.core.errors import UsageError
+
+#: how deep nested jaxprs (jit, scan, cond, custom_vjp, shard_map bodies) are read
+_MAX_DEPTH = 64
+
+
+def _meshes_in(value: Any, depth: int = 0) -> Iterator[Any]:
+    """The concrete ``jax.sharding.Mesh``es a primitive's parameter names (a ``NamedSharding``'s, a
+    ``Mesh`` itself, inside tuples, lists and dicts); an ``AbstractMesh`` names no devices and is not one."""
+    from jax.sharding import Mesh, NamedSharding
+
+    if depth > 4:
+        return
+    if isinstance(value, Mesh):
+        yield value
+    elif isinstance(value, NamedSharding):
+        if isinstance(value.mesh, Mesh):
+            yield value.mesh
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _meshes_in(v, depth + 1)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _meshes_in(v, depth + 1)
+
+
+def _eqns(jaxpr: Any, depth: int = 0) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` and of the jaxprs in its equations' parameters, in program order."""
+    from jax.extend.core import jaxprs_in_params
+
+    if depth > _MAX_DEPTH:
+        return
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jaxprs_in_params(eqn.params):
+            yield from _eqns(sub, depth + 1)
+
+
+def differs(mesh: Any, staged: Any) -> bool:
+    """Whether ``mesh`` is another mesh than ``staged``: other axis names or sizes, or devices that are
+    not the staged ones (the same axes on the staged devices in another order is not: JAX's own
+    check refuses an order that disagrees)."""
+    if mesh is staged or mesh == staged:
+        return False
+    return dict(mesh.shape) != dict(staged.shape) or not set(mesh.devices.flat) <= set(staged.devices.flat)
+
+
+def user_line(eqn: Any, user_files: list[str]) -> str | None:
+    """``file:line in function`` of the innermost frame of ``eqn``'s traceback in the user's code
+    (a file in ``user_files``, else any file outside the libraries and stagetool), or None."""
+    from pathlib import Path
+
+    from stagetool.core.paths import is_library_file
+
+    # private-api: a JaxprEqn's source_info.traceback (jaxlib's Traceback; frames innermost last)
+    tb = getattr(getattr(eqn, "source_info", None), "traceback", None)
+    frames = list(getattr(tb, "frames", None) or ())
+    own = str(Path(__file__).resolve().parents[1]) + "/"
+    users = {str(Path(f).resolve()) for f in user_files}
+    kept = [f for f in frames if not f.file_name.startswith(own) and not f.file_name.startswith("<")]
+    for pick in (lambda f: str(Path(f.file_name).resolve()) in users, lambda f: not is_library_file(f.file_name)):
+        for f in kept:
+            if pick(f):
+                return f"{f.file_name}:{f.line_num} in {f.function_name}"
+    return None
+
+
+def check_traced(traced: Any, staged: Any, *, name: str, user_files: list[str]) -> None:
+    """Refuse a traced program that names a mesh other than ``staged`` (see the module docstring).
+
+    Args:
+      traced: the ``jax.stages.Traced`` of the staged function.
+      staged: the ``jax.sharding.Mesh`` stagetool stages on.
+      name: the function's name, for the message.
+      user_files: the user's source files, to find the user's line.
+
+    Raises:
+      UsageError: exit 2, naming both meshes, the primitive and the user's line.
+    """
+    from stagetool.devices.world import describe_mesh
+
+    jaxpr = getattr(traced, "jaxpr", None)
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr's own
+    if jaxpr is None or staged is None:
+        return
+    for eqn in _eqns(jaxpr):
+        for value in eqn.params.values():
+            for mesh in _meshes_in(value):
+                if not differs(mesh, staged):
+                    continue
+                line = user_line(eqn, user_files)
+                raise UsageError(
+                    f"{name}: the traced code names a mesh of its own ({describe_mesh(mesh)}) in "
+                    f"{eqn.primitive.name}, but stagetool stages on {describe_mesh(staged)}: staging it would mix "
+                    "two meshes in one program, which no mesh runs" + (f"\n  at {line}" if line else ""),
+                    hint="name the mesh the step runs on, not a fixed one: write a PartitionSpec in the constraint "
+                         "(it takes the mesh stagetool sets, jax.set_mesh), or build the code's mesh from the spec's "
+                         "({call: model.py:make_config, kwargs: {mesh: {mesh: staged}}}); or stage with the module's "
+                         "own axis sizes (--mesh " + ",".join(f"{n}={s}" for n, s in mesh.shape.items()) + ")")

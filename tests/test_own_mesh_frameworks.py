@@ -1,0 +1,263 @@
+"""The code's own mesh under ``nnx.jit`` and ``eqx.filter_jit`` (issue 30, item 2): a step whose mesh
+is built at import from ``jax.devices()`` as (4, 2), staged on another shape (``--mesh 2x4``,
+``--mesh 8x1``, a sweep row), is either re-laid by axis name with every figure equal to the framework
+compiling the same code built at that shape, or exit 2 naming both meshes and the user's line —
+never a silent mixed program.
+
+The raw side imports the same module as plain Python and calls its ``build(devices, fsdp, tensor)``
+at the staged shape on the same 8 simulated CPU devices, then ``.lower(...).compile()``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import jax
+import pytest
+from helpers import write
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+NNX_STEP = '''
+"""nnx.jit step: the wrapper's in/out_shardings on the module's own mesh (nnx.StateSharding from
+nnx.get_named_sharding), donating the model."""
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+
+class M(nnx.Module):
+    def __init__(self, rngs):
+        init = nnx.initializers.lecun_normal()
+        self.lin = nnx.Linear(256, 512, kernel_init=nnx.with_partitioning(init, ("fsdp", "tensor")), rngs=rngs)
+        self.out = nnx.Linear(512, 256, kernel_init=nnx.with_partitioning(init, ("tensor", "fsdp")), rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(jax.nn.relu(self.lin(x)))
+
+
+def build(devices, fsdp=4, tensor=2):
+    mesh = Mesh(mesh_utils.create_device_mesh((fsdp, tensor), devices), ("fsdp", "tensor"))
+    with jax.set_mesh(mesh):
+        abstract = nnx.eval_shape(lambda: M(nnx.Rngs(0)))
+    state = nnx.StateSharding(nnx.get_named_sharding(nnx.state(abstract), mesh))
+
+    def _step(model, x):
+        def loss(m):
+            return jnp.mean((m(x) - x) ** 2)
+        l, g = nnx.value_and_grad(loss)(model)
+        nnx.update(model, jax.tree.map(lambda p, d: p - 0.1 * d, nnx.state(model, nnx.Param), g))
+        return l
+
+    step = nnx.jit(_step, in_shardings=(state, NamedSharding(mesh, P("fsdp", None))),
+                   out_shardings=NamedSharding(mesh, P()), donate_argnums=(0,))
+    return mesh, abstract, step
+
+
+MESH, _abstract, train_step = build(jax.devices())
+
+
+def make_model():
+    return M(nnx.Rngs(0))
+'''
+
+NNX_SPEC = '''
+version: 1
+mesh:
+  axes: {fsdp: 4, tensor: 2}
+functions:
+  train_step:
+    target: nj.py:train_step
+    args:
+      - init: nj.py:make_model
+      - f32[64,256]
+'''
+
+EQX_STEP = '''
+"""eqx.filter_jit step: its shardings baked in by the module's own mesh (eqx.filter_shard and
+jax.lax.with_sharding_constraint on NamedSharding(mesh, ...))."""
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+
+def build(devices, fsdp=4, tensor=2):
+    mesh = Mesh(mesh_utils.create_device_mesh((fsdp, tensor), devices), ("fsdp", "tensor"))
+
+    @eqx.filter_jit
+    def step(model, x):
+        x = eqx.filter_shard(x, NamedSharding(mesh, P("fsdp", None)))
+
+        def loss(m):
+            h = jax.lax.with_sharding_constraint(jax.vmap(m)(x), NamedSharding(mesh, P("fsdp", "tensor")))
+            return jnp.mean(h ** 2)
+        return eqx.filter_value_and_grad(loss)(model)
+
+    return mesh, step
+
+
+MESH, train_step = build(jax.devices())
+
+
+def make_model():
+    return eqx.nn.MLP(256, 256, 512, 1, key=jax.random.key(0))
+'''
+
+EQX_SPEC = '''
+version: 1
+mesh:
+  axes: {fsdp: 4, tensor: 2}
+functions:
+  train_step:
+    target: ej.py:train_step
+    args:
+      - init: ej.py:make_model
+      - f32[64,256] @ [fsdp, null]
+'''
+
+PLAIN_STEP = '''
+import jax
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH = Mesh(mesh_utils.create_device_mesh((4, 2), jax.devices()), ("fsdp", "tensor"))
+
+
+@jax.jit
+def step(w, x):
+    h = x @ w
+    return jax.lax.with_sharding_constraint(h, NamedSharding(MESH, P("fsdp", "tensor")))
+'''
+
+PLAIN_SPEC = '''
+version: 1
+mesh:
+  axes: {fsdp: 4, tensor: 2}
+functions:
+  step:
+    target: pj.py:step
+    args: ['f32[256,512] @ [null, tensor]', 'f32[64,256] @ [fsdp, null]']
+'''
+
+SHAPES = {None: (4, 2), "2x4": (2, 4), "8x1": (8, 1)}
+
+
+def _raw_module(path, name):
+    spec = importlib.util.spec_from_file_location(f"_raw_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _memory(run_cli, target, mesh):
+    doc = run_cli("memory", target, "--no-peak", "--format", "json", *(["--mesh", mesh] if mesh else []),
+                  check=0).json()
+    f = doc["functions"][0]
+    assert f.get("error") is None
+    return f
+
+
+def _figures(record) -> tuple:
+    return (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"],
+            record["generated_code_bytes"])
+
+
+def _xla(compiled) -> tuple:
+    s = compiled.memory_analysis()
+    return (s.argument_size_in_bytes, s.output_size_in_bytes, s.alias_size_in_bytes, s.temp_size_in_bytes,
+            s.generated_code_size_in_bytes)
+
+
+@pytest.mark.parametrize("mesh", [None, "2x4", "8x1"])
+def test_nnx_jit_own_shardings_are_relaid_as_nnx_compiles_them(run_cli, tmp_path, monkeypatch, mesh):
+    """nnx.jit(in_shardings=StateSharding on the module's (4, 2) mesh, out_shardings, donate): staged
+    at another shape, the wrapper is jitted again by nnx.jit with its shardings re-laid by axis name
+    (a note names both meshes), and every XLA figure is nnx.jit's own for the module built at that shape."""
+    pytest.importorskip("flax.nnx")
+    model = write(tmp_path, "nj.py", NNX_STEP)
+    write(tmp_path, "nj.stagetool.yaml", NNX_SPEC)
+    monkeypatch.chdir(tmp_path)
+    f = _memory(run_cli, "nj.py:train_step", mesh)
+    relaid = [n for n in f["notes"] if "re-laid by axis name" in n]
+    fsdp, tensor = SHAPES[mesh]
+    if mesh is None:
+        assert relaid == []
+    else:
+        assert len(relaid) == 1 and "own nnx.jit shardings" in relaid[0]
+        assert "(fsdp=4 × tensor=2 on 8 cpu devices)" in relaid[0]
+        assert f"(fsdp={fsdp} × tensor={tensor} on 8 cpu devices)" in relaid[0]
+    raw = _raw_module(model, "nj")
+    _, abstract, step = raw.build(jax.devices()[:8], fsdp, tensor)
+    x = jax.ShapeDtypeStruct((64, 256), jax.numpy.float32, sharding=step.in_shardings[1])  # the module's own
+    compiled = step.lower(abstract, x).compile()
+    assert _figures(f["memory"]["record"]) == _xla(compiled)
+    assert f["memory"]["record"]["alias_bytes"] > 0  # the wrapper's donation holds after the re-lay
+
+
+@pytest.mark.parametrize("mesh", ["2x4", "8x1"])
+def test_eqx_filter_jit_with_the_modules_mesh_in_the_body_is_exit_2(run_cli, tmp_path, monkeypatch, mesh):
+    """eqx.filter_shard / with_sharding_constraint on NamedSharding(the module's mesh): JAX accepts the
+    mixed program (same devices, same order), so staging stops before lowering, naming both meshes and
+    the user's line; on the module's own shape every figure is Equinox's."""
+    pytest.importorskip("equinox")
+    model = write(tmp_path, "ej.py", EQX_STEP)
+    write(tmp_path, "ej.stagetool.yaml", EQX_SPEC)
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("memory", "ej.py:train_step", "--no-peak", "--mesh", mesh, check=2)
+    fsdp, tensor = SHAPES[mesh]
+    assert "fsdp=4 × tensor=2 on 8 cpu devices" in r.stderr
+    assert f"fsdp={fsdp} × tensor={tensor} on 8 cpu devices" in r.stderr
+    line = next(i for i, t in enumerate(model.read_text().splitlines(), 1) if "eqx.filter_shard(x" in t)
+    assert f"ej.py:{line} in build.<locals>.step" in r.stderr and "--mesh fsdp=4,tensor=2" in r.stderr
+
+    f = _memory(run_cli, "ej.py:train_step", None)
+    raw = _raw_module(model, "ej")
+    mesh_, step = raw.build(jax.devices()[:8])
+    replicated = NamedSharding(mesh_, P())  # as stagetool lays an init's leaves that name no sharding
+    mlp = jax.tree.map(lambda a: jax.device_put(a, replicated) if isinstance(a, jax.Array) else a, raw.make_model())
+    x = jax.numpy.zeros((64, 256), jax.numpy.float32)
+    x = jax.device_put(x, NamedSharding(mesh_, P("fsdp", None)))
+    compiled = step.lower(mlp, x).compile().compiled  # Equinox's Compiled holds jax's
+    assert _figures(f["memory"]["record"]) == _xla(compiled)
+
+
+def test_plain_jit_with_the_modules_mesh_in_the_body_is_exit_2(run_cli, tmp_path, monkeypatch):
+    """The same for a plain jax.jit step (its jit has no shardings to re-lay; its body names the mesh)."""
+    model = write(tmp_path, "pj.py", PLAIN_STEP)
+    write(tmp_path, "pj.stagetool.yaml", PLAIN_SPEC)
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("collectives", "pj.py:step", "--mesh", "2x4", check=2)
+    assert "in sharding_constraint" in r.stderr and "fsdp=2 × tensor=4 on 8 cpu devices" in r.stderr
+    line = next(i for i, t in enumerate(model.read_text().splitlines(), 1) if "with_sharding_constraint" in t)
+    assert f"pj.py:{line} in step" in r.stderr
+    run_cli("collectives", "pj.py:step", check=0)
+
+
+def test_a_sweep_over_mesh_shapes_is_faithful_or_an_error_row(run_cli, tmp_path, monkeypatch):
+    """Rows of the nnx.jit step are re-laid (each row's figures are the single run's at that shape);
+    rows of the Equinox step at another shape are failed rows naming both meshes, never ranked."""
+    pytest.importorskip("flax.nnx")
+    pytest.importorskip("equinox")
+    write(tmp_path, "nj.py", NNX_STEP)
+    write(tmp_path, "nj.stagetool.yaml", NNX_SPEC)
+    write(tmp_path, "ej.py", EQX_STEP)
+    write(tmp_path, "ej.stagetool.yaml", EQX_SPEC)
+    monkeypatch.chdir(tmp_path)
+    doc = run_cli("sweep", "ej.py:train_step", "--mesh", "4x2,2x4,8x1", "--jobs", "1", "--format", "json").json()
+    rows = {r["values"]["mesh"]: r for r in doc["rows"]}
+    assert [rows[m]["status"] for m in ("4x2", "2x4", "8x1")] == ["ok", "error", "error"]
+    assert "fsdp=4 × tensor=2" in rows["2x4"]["error"]["message"] and rows["2x4"]["peak_bytes_per_device"] is None
+    assert doc["best"] == "mesh=4x2"
+
+    doc = run_cli("sweep", "nj.py:train_step", "--mesh", "4x2,2x4,8x1", "--jobs", "1", "--format", "json",
+                  check=0).json()
+    rows = {r["values"]["mesh"]: r for r in doc["rows"]}
+    assert all(r["status"] == "ok" for r in rows.values())
+    for m in ("2x4", "8x1"):
+        single = run_cli("memory", "nj.py:train_step", "--mesh", m, "--format", "json", check=0).json()
+        assert rows[m]["peak_bytes_per_device"] == single["functions"][0]["memory"]["record"]["peak_bytes"]
+    assert doc["best"] == min(rows.values(), key=lambda r: (r["peak_bytes_per_device"], r["index"]))["id"]
