@@ -326,6 +326,11 @@ class _Ctx:
         """:func:`unboxed_constraints` of this propagation."""
         return unboxed_constraints(self)
 
+    def line(self, op: PropagatedOp) -> str | None:
+        """Where ``op`` is written: a sharding constraint's call site (:func:`constraint_line`, past
+        the helpers its program's constraints share), any other op's :func:`_line`."""
+        return constraint_line(op, shared_constraint_lines(self.prop)) if op.origin_name else _line(op)
+
 
 def _is_flax_unbox(op: PropagatedOp) -> bool:
     """Whether a sharding constraint is the one Flax Linen applies when it unboxes a partitioned
@@ -416,7 +421,7 @@ def _constraint_origin(ctx: _Ctx, axis: str, constraint: PropagatedOp) -> AxisOr
     leaf = ctx.unboxed.get(constraint.index)
     if leaf is not None:
         return AxisOrigin(axis, "input", leaf.path, leaf.source, leaf.sharding_source)
-    return AxisOrigin(axis, "constraint", source=_line(constraint))
+    return AxisOrigin(axis, "constraint", source=ctx.line(constraint))
 
 
 def _line(op: PropagatedOp) -> str | None:
@@ -428,6 +433,124 @@ def _line(op: PropagatedOp) -> str | None:
         if not _is_library(f.file):
             return f"{f.file}:{f.line}"
     return f"{op.frames[0].file}:{op.frames[0].line}"
+
+
+def _user_places(op: PropagatedOp) -> list[tuple[str, int]]:
+    """``(file, line)`` of each of the op's frames in the user's code (outside the libraries), innermost first."""
+    return [(f.file, f.line) for f in op.frames if not _is_library(f.file)]
+
+
+def shared_constraint_lines(prop: Propagation) -> frozenset[tuple[str, int]]:
+    """The user lines through which the program's sharding constraints are reached from two or more
+    different call chains (the places :func:`constraint_line` may walk past): ``(file, line)`` pairs where, over every constraint whose user frames pass
+    through that line, the frames outside it (the rest of the chain, outward) are not all the same.
+
+    Such a line — a helper every model file calls (MaxText's ``maybe_shard_with_logical``, a wrapper
+    around ``jax.lax.with_sharding_constraint`` of the user's own project), or a layer that calls it
+    (``DenseGeneral``) — names no one constraint; the line outside it does (:func:`constraint_line`).
+    A helper with one call site (a loop calling it from one line) is not shared: its line and its
+    caller's name the same constraints. Computed once per propagation."""
+    cached = _SHARED.get(id(prop))
+    if cached is not None and cached[0]() is prop:
+        return cached[1]
+    outward: dict[tuple[str, int], set[tuple]] = {}
+    for op in prop.ops:
+        if not op.origin_name:
+            continue
+        places = _user_places(op)
+        for i, place in enumerate(places):
+            outward.setdefault(place, set()).add(tuple(places[i + 1:]))
+    found = frozenset(place for place, rests in outward.items() if len(rests) >= 2)
+    _SHARED.clear()  # one propagation at a time, as _UNBOXED
+    _SHARED[id(prop)] = (weakref.ref(prop), found)
+    return found
+
+
+_SHARED: dict[int, tuple] = {}
+
+
+def constraint_line(op: PropagatedOp, shared: frozenset[tuple[str, int]]) -> str | None:
+    """A sharding constraint's origin line: its innermost frame in the user's code (library frames —
+    JAX, Flax's ``nn.with_logical_constraint``, Equinox — are walked past, so a library's wrapper
+    names its caller), then outward past every thin wrapper to the first line that is not one: the
+    call site that is this constraint's own. A line is a thin wrapper when it is shared
+    (``shared``, :func:`shared_constraint_lines`: several call chains reach it) and the call on it
+    passes on a parameter of its function beyond the first argument (:func:`forwards_parameter`:
+    ``with_sharding_constraint(x, P(*axes))``, ``maybe_shard(y, self.out_axes)``: the sharding is its
+    caller's). A shared line that writes its own sharding (``P("data", None)``) is the origin: that is
+    where the constraint is written. The outermost user frame where every one is a thin wrapper;
+    :func:`_line` where the op has no user frame."""
+    return constraint_place(op, shared)[0]
+
+
+def constraint_place(op: PropagatedOp, shared: frozenset[tuple[str, int]]) -> tuple[str | None, tuple[str, ...]]:
+    """``(origin line, the thin wrappers walked past)``: :func:`constraint_line`, and the
+    ``file:line`` of each wrapper line it walked past, innermost first (``()`` when none)."""
+    places = _user_places(op)
+    if not places:
+        return _line(op), ()
+    for i, place in enumerate(places[:-1]):
+        if place not in shared or not forwards_parameter(*place):
+            return f"{place[0]}:{place[1]}", tuple(f"{f}:{n}" for f, n in places[:i])
+    return f"{places[-1][0]}:{places[-1][1]}", tuple(f"{f}:{n}" for f, n in places[:-1])
+
+
+@functools.lru_cache(maxsize=4096)
+def forwards_parameter(file: str, line: int) -> bool:
+    """Whether a call on ``line`` of ``file`` passes, as an argument after its first (the array), a
+    value built from a parameter of the function that holds the line (``self`` included; or from a
+    local assigned from one, ``spec = P(*axes)``): the sharding it applies comes from that
+    function's caller. False where the file cannot be read or
+    parsed, or the line is in no function."""
+    import ast
+
+    tree = _parsed(file)
+    if tree is None:
+        return False
+    holder = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if holder is None or node.lineno >= holder.lineno:
+                holder = node  # the innermost
+    if holder is None:
+        return False
+    a = holder.args
+    params = {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, *((a.vararg,) if a.vararg else ()),
+                              *((a.kwarg,) if a.kwarg else ()))}
+
+    def uses(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in params for n in ast.walk(node))
+
+    # a local built from a parameter is the parameter passed on (``spec = P(*axes)``; ``return f(x, spec)``)
+    assigns = [n for n in ast.walk(holder) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+               and n.value is not None]
+    for _ in range(len(assigns)):
+        grown = False
+        for n in assigns:
+            if uses(n.value):
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                    for name in ast.walk(t):
+                        if isinstance(name, ast.Name) and name.id not in params:
+                            params.add(name.id)
+                            grown = True
+        if not grown:
+            break
+    for node in ast.walk(holder):
+        if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if any(uses(arg) for arg in (*node.args[1:], *(k.value for k in node.keywords))):
+                return True
+    return False
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(file: str):
+    import ast
+
+    try:
+        return ast.parse(Path(file).read_text())
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -477,7 +600,7 @@ def _name_operand(ctx: _Ctx, o: Operand) -> str:
         if short == "named_computation":  # a nested jax.jit: its name (relu, log_softmax)
             short = _op_tail(p.op_name) or "a nested jit"
         if short == "sharding_constraint":
-            return f"the constrained value at {_short(_line(p))}"
+            return f"the constrained value at {_short(ctx.line(p))}"
         # an op made wholly inside a library (a constant of stagetool's or JAX's own wrapper) has no line of the
         # user's to name
         user = any(not _is_library(f.file) for f in p.frames)
@@ -760,7 +883,7 @@ def _record(ctx: _Ctx, op: PropagatedOp, axes: Sequence[str], reason: str,
     result = _tensor(ctx, "result", res, axes, None, op if op.origin_name else None) if op.results else None
     origins: list[AxisOrigin] = []
     if op.origin_name:  # the conflict is at a sharding constraint: the constraint is a cause itself
-        origins += [AxisOrigin(axis, "constraint", source=_line(op)) for axis in dict.fromkeys(a for _, a in involved)]
+        origins += [AxisOrigin(axis, "constraint", source=ctx.line(op)) for axis in dict.fromkeys(a for _, a in involved)]
     for t, axis in involved:
         tensor = result if t < 0 else operands[t] if t < len(operands) else None
         if tensor is None:
@@ -768,7 +891,7 @@ def _record(ctx: _Ctx, op: PropagatedOp, axes: Sequence[str], reason: str,
         for o in tensor.origins:
             if o.axis == axis and o.key not in {x.key for x in origins}:
                 origins.append(o)
-    return CollectiveCause(op.name.split(".", 1)[-1], _line(op), tuple(operands), result, reason, tuple(origins))
+    return CollectiveCause(op.name.split(".", 1)[-1], ctx.line(op), tuple(operands), result, reason, tuple(origins))
 
 
 # ---- where every entry sharding and constraint came from (for the gate and `stagetool why`)
@@ -782,11 +905,15 @@ class ConstraintFact:
       line: the user's source line (``file:line``), or None.
       sharding: what it asks for, as JAX prints a PartitionSpec.
       name: Shardy's name for it (``constraint_0``), which origins refer to.
+      via: the thin wrappers between ``line`` and the constraint itself (``file:line``, innermost
+        first: the helper of the project's own that every model file calls), walked past by
+        :func:`constraint_place`; None (left out of JSON) when none.
     """
 
     line: str | None
     sharding: str
     name: str
+    via: tuple[str, ...] | None = dataclasses.field(default=None, metadata={"omit": True, "json_omit_none": True})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -827,6 +954,7 @@ def sharding_origins(prop: Propagation, inputs: Sequence[LeafReport], outputs: S
         if op.origin_name and op.results:
             if op.index in ctx.unboxed:  # a parameter's own annotation, re-applied by Flax: not a constraint of its own
                 continue
-            constraints.append(ConstraintFact(_line(op), _tensor(ctx, "", op.results[0], (), None, op).sharding,
-                                              op.origin_name))
+            line, via = constraint_place(op, shared_constraint_lines(prop))
+            constraints.append(ConstraintFact(line, _tensor(ctx, "", op.results[0], (), None, op).sharding,
+                                              op.origin_name, via or None))
     return ShardingOrigins(ins, outs, tuple(constraints))

@@ -155,8 +155,10 @@ def answer_why(query: WhyQuery, inputs: Sequence[LeafReport], outputs: Sequence[
         and line.rsplit(":", 1)[1] == str(query.line)  # noqa: E731
     found, labels = [], set()
     for c in (origins.constraints if origins is not None else ()):
-        if here(c.line):
-            text = f"sharding constraint {c.sharding} at {source_name(c.line)}"
+        through = [v for v in c.via or () if here(v)]  # a thin wrapper it was reached through (causes.constraint_place)
+        if here(c.line) or through:
+            text = f"sharding constraint {c.sharding} at {source_name(c.line)}" + (
+                f" (through {', '.join(source_name(v) for v in c.via)})" if c.via else "")
             if text not in found:
                 found.append(text)
             labels.add(f"constraint {source_name(c.line)}")
