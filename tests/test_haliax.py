@@ -45,6 +45,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 DATA = REPO / "tests" / "data"
 TARGET = "levanter_step.py:train_step"
+#: the two named_jit forms: (step, its batch's init, the mapping it traces under, the batch's mapping)
+STEPS = {"train_step": ("make_batch", "PARAMS", "COMPUTE"),  # named_jit(axis_resources=PARAMS, donate_args=...)
+         "fsdp_step": ("make_param_batch", "COMPUTE", "PARAMS")}  # + in/out_axis_resources=PARAMS
 COLLECTIVE_RE = re.compile(r"=\s*\S.*?\s(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
 
 
@@ -74,31 +77,34 @@ def _mesh(devices: list):
     return jax.make_mesh((2, 4), ("data", "model"), devices=devices, axis_types=(AxisType.Auto, AxisType.Auto))
 
 
-def raw_haliax(L):
+def raw_haliax(L, name: str = "train_step"):
     """haliax's own compile of the step on real arrays of the CPU mesh (as Levanter runs it)."""
     mesh = _mesh(jax.devices()[:8])
     with jax.set_mesh(mesh), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         state = eqx.filter_jit(L.init_state)(jax.random.key(0))
-        x = eqx.filter_jit(L.make_batch)()
+        x = eqx.filter_jit(getattr(L, STEPS[name][0]))()
         assert isinstance(state.lr_scale, float)  # static, as named_jit sees it
-        return L.train_step.lower(state, x).compile()
+        return getattr(L, name).lower(state, x).compile()
 
 
-def written_out(L, devices: list):
+def written_out(L, devices: list, name: str = "train_step"):
     """What ``named_jit`` compiles, written with public JAX: the step over the state's arrays
-    (donated) and the batch, the static fields closed over, the outputs sharded by the parameter
-    mapping (haliax's public ``infer_resource_partitions``), the inputs as the init's
-    ``hax.shard`` leaves them."""
+    (donated) and the batch, the static fields closed over, traced under its axis mapping, the
+    outputs sharded by the parameter mapping (haliax's public ``infer_resource_partitions``), the
+    inputs as the inits' ``hax.shard`` leave them (for ``fsdp_step`` also what its
+    ``in_axis_resources`` give)."""
+    make_batch, trace_mapping, batch_mapping = STEPS[name]
+    trace_mapping, batch_mapping = getattr(L, trace_mapping), getattr(L, batch_mapping)
     mesh = _mesh(devices)
     is_struct = lambda v: isinstance(v, jax.ShapeDtypeStruct)  # noqa: E731
     key = jax.random.key(0)  # made on the default device: compile-only devices run nothing
     with jax.set_mesh(mesh), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         state = eqx.filter_eval_shape(L.init_state, key)
-        x = eqx.filter_eval_shape(L.make_batch)
-        with hax.axis_mapping(L.PARAMS):
-            out_shape = eqx.filter_eval_shape(L.train_step.__wrapped__, state, x)
+        x = eqx.filter_eval_shape(getattr(L, make_batch))
+        with hax.axis_mapping(trace_mapping):
+            out_shape = eqx.filter_eval_shape(getattr(L, name).__wrapped__, state, x)
     dyn, static = eqx.partition(state, is_struct)
 
     def sharded(tree, mapping):
@@ -111,16 +117,16 @@ def written_out(L, devices: list):
 
         return jax.tree_util.tree_map(one, shardings, tree)
 
-    dyn, x = sharded(dyn, L.PARAMS), sharded(x, L.COMPUTE)
+    dyn, x = sharded(dyn, L.PARAMS), sharded(x, batch_mapping)
     out_shardings = infer_resource_partitions(eqx.filter(out_shape, is_struct), L.PARAMS,
                                               preserve_existing_shardings=False, mesh=mesh)
 
     def step(dyn, x):
-        new_state, loss = L.train_step.__wrapped__(eqx.combine(dyn, static), x)
+        new_state, loss = getattr(L, name).__wrapped__(eqx.combine(dyn, static), x)
         return eqx.filter(new_state, eqx.is_array), loss
 
     jitted = jax.jit(step, donate_argnums=0, out_shardings=out_shardings)
-    with jax.set_mesh(mesh), hax.axis_mapping(L.PARAMS), warnings.catch_warnings():
+    with jax.set_mesh(mesh), hax.axis_mapping(trace_mapping), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return jitted.trace(dyn, x).lower().compile()
 
@@ -159,20 +165,37 @@ def _stagetool_figures(fn: dict) -> dict:
             "out": Counter(spec(x["compiled"]) for x in fn["outputs"])}
 
 
-def _report(run_cli, monkeypatch, topology: str | None) -> dict:
+def _report(run_cli, monkeypatch, topology: str | None, name: str = "train_step") -> dict:
     monkeypatch.chdir(DATA)
-    args = ["report", TARGET, "--format", "json"] + (["--topology", topology] if topology else [])
+    args = ["report", f"levanter_step.py:{name}", "--format", "json"] + (["--topology", topology] if topology else [])
     fn = run_cli(*args, check=0).json()["functions"][0]
     assert fn.get("error") is None
     return fn
 
 
-def test_the_written_out_program_is_raw_haliaxs():
+def _train_step_spec() -> str:
+    """The example spec with train_step alone (last, so that keys can be added to it)."""
+    text = (DATA / "levanter_step.stagetool.yaml").read_text()
+    assert text.count("  fsdp_step:\n") == 1
+    return text[:text.index("  fsdp_step:\n")]
+
+
+@pytest.mark.parametrize("name", STEPS)
+def test_the_written_out_program_is_raw_haliaxs(name):
     """The hand-written reference the topology tests use is haliax's own program on the CPU mesh."""
     L = _module()
-    raw = _figures(raw_haliax(L))
+    raw = _figures(raw_haliax(L, name))
     assert raw["alias_bytes"] > 0 and raw["collectives"]
-    assert _figures(written_out(L, jax.devices()[:8])) == raw
+    assert _figures(written_out(L, jax.devices()[:8], name)) == raw
+
+
+def test_fsdp_step_on_cpu_is_raw_haliaxs(run_cli, monkeypatch, isolated_imports):
+    """in_axis_resources / out_axis_resources / axis_resources all given (hax.fsdp's form)."""
+    fn = _report(run_cli, monkeypatch, None, "fsdp_step")
+    raw = raw_haliax(_module(), "fsdp_step")
+    assert _stagetool_figures(fn) == _figures(raw)
+    assert _figures(raw) != _figures(raw_haliax(_module()))  # another program than train_step's
+    assert leaves_by_path({"functions": [fn]})["x/0"]["compiled"] == "P(None, 'data')"
 
 
 def test_named_jit_step_on_cpu_is_raw_haliaxs(run_cli, monkeypatch, isolated_imports):
@@ -194,12 +217,13 @@ def test_named_jit_step_on_cpu_is_raw_haliaxs(run_cli, monkeypatch, isolated_imp
     assert not [n for n in fn["notes"] if "does not unwrap" in n]
 
 
+@pytest.mark.parametrize("name", STEPS)
 @pytest.mark.parametrize("topology", ["v5e:2x4", "h100:8"])
-def test_named_jit_step_on_a_topology_is_haliaxs_program(run_cli, monkeypatch, isolated_imports, topology):
+def test_named_jit_step_on_a_topology_is_haliaxs_program(run_cli, monkeypatch, isolated_imports, topology, name):
     devices = _devices(topology)
-    fn = _report(run_cli, monkeypatch, topology)
+    fn = _report(run_cli, monkeypatch, topology, name)
     assert fn["mesh"]["device_count"] == 8 and fn["mesh"]["platform"] == devices[0].platform
-    compiled = written_out(_module(), devices)
+    compiled = written_out(_module(), devices, name)
     want, got = _figures(compiled), _stagetool_figures(fn)
     assert want["alias_bytes"] > 0
     # stagetool lists a TPU collective once where XLA's async fusions repeat it (one channel): the
@@ -209,7 +233,7 @@ def test_named_jit_step_on_a_topology_is_haliaxs_program(run_cli, monkeypatch, i
         assert topology.startswith("h100") and got["flops"] > 0
         del want["flops"], got["flops"], want["bytes_accessed"], got["bytes_accessed"]
     assert got == want
-    staged = run_cli("compile", TARGET, "--topology", topology, check=0).stdout
+    staged = run_cli("compile", f"levanter_step.py:{name}", "--topology", topology, check=0).stdout
     assert _program(staged) == _program(compiled.as_text())
     assert {"all-gather", "all-reduce"} <= {op.removesuffix("-start") for _, op in _program(staged)}
 
@@ -236,7 +260,7 @@ def test_a_named_jit_the_spec_gives_out_shardings_is_nested_and_says_so(run_cli,
     import shutil
 
     shutil.copy(DATA / "levanter_step.py", tmp_path / "levanter_step.py")
-    spec = (DATA / "levanter_step.stagetool.yaml").read_text() + "    out_shardings: [auto, '[]']\n"
+    spec = _train_step_spec() + "    out_shardings: [auto, '[]']\n"
     (tmp_path / "levanter_step.stagetool.yaml").write_text(spec)
     monkeypatch.chdir(tmp_path)
     fn = run_cli("report", TARGET, "--format", "json", check=0).json()["functions"][0]
@@ -252,7 +276,7 @@ def test_the_specs_donate_is_given_to_named_jit(run_cli, monkeypatch, isolated_i
     assert source.count("@hax.named_jit(axis_resources=PARAMS, donate_args=(True, False))") == 1
     (tmp_path / "levanter_step.py").write_text(source.replace(
         "@hax.named_jit(axis_resources=PARAMS, donate_args=(True, False))", "@hax.named_jit(axis_resources=PARAMS)"))
-    spec = (DATA / "levanter_step.stagetool.yaml").read_text() + "    donate: [0]\n"
+    spec = _train_step_spec() + "    donate: [0]\n"
     (tmp_path / "levanter_step.stagetool.yaml").write_text(spec)
     monkeypatch.chdir(tmp_path)
     fn = run_cli("report", TARGET, "--format", "json", check=0).json()["functions"][0]

@@ -51,12 +51,16 @@ def make_batch():
     return hax.shard(hax.zeros((Batch, Embed)), COMPUTE)
 
 
+def make_param_batch():
+    """The batch as the parameter mapping lays it (``embed`` over ``data``), for :data:`fsdp_step`."""
+    return hax.shard(hax.zeros((Batch, Embed)), PARAMS)
+
+
 def loss_fn(model, x):
     return hax.mean((model(x) - x) ** 2).scalar()
 
 
-@hax.named_jit(axis_resources=PARAMS, donate_args=(True, False))
-def train_step(state: TrainState, x):
+def _train_step(state: TrainState, x):
     with hax.axis_mapping(COMPUTE):
         loss, grads = eqx.filter_value_and_grad(loss_fn)(state.model, x)
     params = eqx.filter(state.model, eqx.is_array)
@@ -64,3 +68,13 @@ def train_step(state: TrainState, x):
     updates = jax.tree_util.tree_map(lambda u: u * state.lr_scale, updates)
     model = eqx.apply_updates(state.model, updates)
     return TrainState(state.step + 1, model, opt_state, state.lr_scale, state.optimizer), loss
+
+
+@hax.named_jit(axis_resources=PARAMS, donate_args=(True, False))
+def train_step(state: TrainState, x):
+    return _train_step(state, x)
+
+
+#: the FSDP form (``hax.fsdp``'s): inputs and outputs by the parameter mapping, traced under the compute one
+fsdp_step = hax.named_jit(_train_step, axis_resources=COMPUTE, in_axis_resources=PARAMS, out_axis_resources=PARAMS,
+                          donate_args=(True, False))
