@@ -24,9 +24,6 @@ if TYPE_CHECKING:
     from stagetool.hlo.parser import HloModule
 
 
-STAGES = ("trace", "lower", "compile")
-
-
 @dataclasses.dataclass(frozen=True)
 class StageTimings:
     """Wall-clock seconds of each stage; None for a stage that did not run."""

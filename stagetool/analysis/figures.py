@@ -95,9 +95,7 @@ class Figures:
             if cost.roofline is not None:
                 r = cost.roofline
                 out.update(chip=r.chip, roofline_step_seconds=r.lower_bound_seconds, roofline_bound=r.bound)
-        from stagetool.analysis.sections import CollectivesSection
-
-        if isinstance(collectives, CollectivesSection):
+        if collectives is not None:
             s = collectives.summary
             out.update(collective_bytes_per_step=s.total.executed_bytes_per_device,
                        collective_bytes_per_step_by_mesh_axes={_axes_key(t.mesh_axes): t.executed_bytes_per_device

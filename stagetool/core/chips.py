@@ -118,13 +118,6 @@ class Chip:
                 return kind
         return "user" if self.sources == ("user",) or getattr(self, field) is not None else "unknown"
 
-    def figure_source(self, field: str) -> str | None:
-        """Where one figure comes from (the provenance text), or None."""
-        for f, _, src in self.provenance:
-            if f == field:
-                return src
-        return None
-
 
 _A100_PDF = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
              "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")

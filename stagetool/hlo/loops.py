@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Callable
 
 from stagetool.hlo.parser import ArrayShape, HloComputation, HloInstruction, HloModule, array_leaves
 from stagetool.hlo.tpu_layout import hlo_shape_bytes
@@ -396,9 +395,6 @@ def counted_cost(module: HloModule) -> Counted:
     counter against ``Compiled.cost_analysis()`` on programs without loops."""
     entry = module.entry
     return Counted() if entry is None else _Counter(module, {}, False).computation(entry.name, top=True)
-
-
-TripCounts = Callable[[HloModule], dict[str, int | None]]
 
 
 def dot_flops_lower_bound(module: HloModule) -> float:
