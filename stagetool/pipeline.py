@@ -29,7 +29,10 @@ if TYPE_CHECKING:
     from stagetool.devices.provision import DeviceSetup
     from stagetool.staging.stages import Staged
     from stagetool.inputs.target import Target
-    from stagetool.report.model import FunctionReport, Report
+    from stagetool.report.model import FunctionReport, MeshReport, Report
+    from stagetool.core.chips import Chip
+    from stagetool.facts import StagedFunction
+    from stagetool.staging.cache import FactsCache
 
 __all__ = ["REPORT_SECTIONS", "Options", "Plan", "Section", "analyze", "analyze_plan", "assemble_report",
            "devices_report", "make_plan", "prepare_inputs", "provision_devices", "snapshot_plan", "stage_and_analyse",
@@ -366,7 +369,7 @@ _EXPLAINED = frozenset({Section.COLLECTIVES, Section.WHY})
 """The sections that say why each collective is there (issue 22), from Shardy's origins."""
 
 
-def _with_propagation(facts: Any, staged: Any, platform: str) -> Any:
+def _with_propagation(facts: StagedFunction, staged: Staged, platform: str) -> StagedFunction:
     """``facts`` with Shardy's propagation rerun with sharding origins (or why there is none); a top-k
     gets XLA's factor rule except on TPU (:func:`stagetool.staging.shardy.propagate`)."""
     from stagetool.staging.shardy import propagate_lowered
@@ -375,10 +378,10 @@ def _with_propagation(facts: Any, staged: Any, platform: str) -> Any:
     return dataclasses.replace(facts, propagation=propagation, propagation_error=why_not)
 
 
-def _facts_through_cache(cache: Any, staged: Any, inputs: Any, fspec: FunctionSpec, setup: Any,
-                         user_files: list[str], dialect: str | None, dump: bool,
+def _facts_through_cache(cache: FactsCache | None, staged: Staged, inputs: AbstractInputs, fspec: FunctionSpec,
+                         setup: DeviceSetup, user_files: list[str], dialect: str | None, dump: bool,
                          on_stage: Callable[[str, str], None] | None, *, explain: bool,
-                         root: ReportRoot | None = None, raw_text: bool = False) -> tuple[Any, bool]:
+                         root: ReportRoot | None = None, raw_text: bool = False) -> tuple[StagedFunction, bool]:
     """The facts of a function staged up to ``lower``: from the facts cache when its key has a valid
     entry (no compile), else compiled, gathered and stored. Returns ``(StagedFunction, cached)``.
 
@@ -431,14 +434,14 @@ def _failed(plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, e: StagingError
                           error=message, error_traceback=trace)
 
 
-def _mesh_report(plan: Plan, setup: DeviceSetup) -> Any:
+def _mesh_report(plan: Plan, setup: DeviceSetup) -> MeshReport:
     from stagetool.report.model import MeshReport
 
     return MeshReport(plan.mesh.axes, plan.mesh.axis_types, setup.platform, setup.device_kind,
                       len(setup.devices), setup.process_count, setup.topology, setup.slices)
 
 
-def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, wanted: frozenset[Section],
+def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, wanted: frozenset[Section],
                user_files: list[str], inputs: AbstractInputs, *, cached: bool = False) -> FunctionReport:
     """The :class:`~stagetool.report.model.FunctionReport` of one staged function's facts."""
     from stagetool.report.model import FunctionReport, ModuleText, StageTimes
@@ -534,7 +537,7 @@ def _report_of(facts: Any, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, 
                           notes=tuple(notes), cached=cached, compiler_options=options_text(inputs.jit), **fields)
 
 
-def _roofline_dtype(inputs: Any, chip: Any) -> str:
+def _roofline_dtype(inputs: AbstractInputs, chip: Chip | None) -> str:
     """Which peak FLOP/s the roofline uses: ``bf16`` when any input is 16-bit floating point, else
     ``f32`` — unless the chip publishes no f32 peak (TPUs: their default matmul precision runs f32
     matmuls as bf16 passes on the MXU), then ``bf16``."""
@@ -544,7 +547,7 @@ def _roofline_dtype(inputs: Any, chip: Any) -> str:
     return "f32" if chip is None or chip.peak_flops_per_second_f32 else "bf16"
 
 
-def _step_chip(plan: Plan, setup: DeviceSetup) -> Any:
+def _step_chip(plan: Plan, setup: DeviceSetup) -> Chip | None:
     """The chip the step-time estimate times the program on: ``--chip``, else the chip a compile-only
     target compiles for, else the attached device's (its ``device_kind``); None on the CPU mesh
     without ``--chip``."""
@@ -767,7 +770,7 @@ class StagedOnce:
     plan: Plan
     setup: DeviceSetup
     prep: Prepared
-    facts: Any
+    facts: StagedFunction
     staged: Staged
     user_files: list[str]
 

@@ -25,24 +25,27 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stagetool.devices.provision import DeviceSetup
 
 _LOCK = threading.RLock()
-_STACK: list[Any] = []  # the DeviceSetups of the worlds entered, innermost last
+_STACK: list[DeviceSetup] = []  # the worlds entered, innermost last
 _ORIGINALS: dict[tuple[str, str], Any] = {}
 
 
-def current_setup() -> Any:
+def current_setup() -> DeviceSetup | None:
     """The :class:`~stagetool.devices.provision.DeviceSetup` of the innermost world entered, or None."""
     return _STACK[-1] if _STACK else None
 
 
-def staged_devices(setup: Any) -> list:
+def staged_devices(setup: DeviceSetup) -> list:
     """The staged devices as ``jax.devices()`` lists a backend's: by ``device.id``."""
     return sorted(setup.devices, key=lambda d: d.id)
 
 
-def _platform_of(setup: Any) -> str:
+def _platform_of(setup: DeviceSetup) -> str:
     return str(setup.platform)
 
 
@@ -112,7 +115,7 @@ def _modules() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def staged_world(setup: Any) -> Iterator[Any]:
+def staged_world(setup: DeviceSetup) -> Iterator[DeviceSetup]:
     """While inside, the public device functions listed in the module docstring answer with
     ``setup``'s devices (a :class:`~stagetool.devices.provision.DeviceSetup`); nested worlds stack,
     and the functions are JAX's own again once the outermost ends (however it ends), as is the

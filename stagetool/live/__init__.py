@@ -14,11 +14,14 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from stagetool.core.errors import StagingError, UsageError
 from stagetool.core.location import Loc
 from stagetool.core.mesh import MeshSpec
+
+if TYPE_CHECKING:
+    from stagetool.report.model import Report
 
 #: What :func:`inspect` computes from its one compile (``stagetool report``'s sections).
 SECTIONS = ("shardings", "collectives", "cost", "memory")
@@ -256,7 +259,7 @@ def _pair(tree: Any) -> Any:
     return (tuple(tree[0]), tree[1]) if isinstance(tree, (tuple, list)) and len(tree) == 2 else tree
 
 
-def raise_failure(report: Any) -> None:
+def raise_failure(report: Report) -> None:
     """Fail closed: a report whose function failed to stage is raised as a :class:`StagingError`."""
     for f in report.functions:
         if f.error is not None:

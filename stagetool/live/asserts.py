@@ -4,14 +4,17 @@ Pure: no JAX."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stagetool.report.model import FunctionReport, Report
 
 
-def _function(report: Any, function: str | None) -> Any:
+def _function(report: Report, function: str | None) -> FunctionReport:
     return report.function(function)
 
 
-def assert_no_collective(report: Any, kind: str = "all-gather", axis: str | None = None, *,
+def assert_no_collective(report: Report, kind: str = "all-gather", axis: str | None = None, *,
                          function: str | None = None) -> None:
     """No collective of ``kind`` (``all-gather``, ``all-reduce``, ``reduce-scatter``, ``all-to-all``,
     ``collective-permute``, ...) runs over mesh axis ``axis`` (any axis when None) in the compiled
@@ -33,7 +36,7 @@ def assert_no_collective(report: Any, kind: str = "all-gather", axis: str | None
                              + f" in the compiled program:\n{rows}")
 
 
-def assert_peak_under(report: Any, limit: int | str, *, function: str | None = None) -> None:
+def assert_peak_under(report: Report, limit: int | str, *, function: str | None = None) -> None:
     """The per-device peak (:attr:`MemoryRecord.peak_bytes`: XLA's ``memory_analysis()``) is under
     ``limit`` bytes (an int, or a size such as ``"16GiB"``).
 
@@ -54,7 +57,7 @@ def assert_peak_under(report: Any, limit: int | str, *, function: str | None = N
                              f"temporaries {r.temp_bytes} B)")
 
 
-def assert_sharding(report: Any, leaf: str, spec: Any, *, function: str | None = None) -> None:
+def assert_sharding(report: Report, leaf: str, spec: Any, *, function: str | None = None) -> None:
     """The compiled sharding of every input or output leaf that ``leaf`` names (a key path, its last
     part, or a regular expression, as ``--explain`` takes it) is ``spec``: a ``PartitionSpec`` or
     its text (``"P('data', None)"``, ``P(None, 'model')``).

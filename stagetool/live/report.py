@@ -8,9 +8,12 @@ propagation for the collectives' causes the first time; ``report.functions`` (wh
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stagetool.report.model import FunctionReport, Report
+
+if TYPE_CHECKING:
+    from stagetool.pipeline import StagedOnce
 
 #: The report's sections by the FunctionReport fields that hold them.
 _SECTION_OF = {"inputs": "shardings", "outputs": "shardings", "memory": "memory", "collectives": "collectives",
@@ -22,7 +25,7 @@ class LiveReport(Report):
     sections analysed on request. It holds JAX's stages, so it stays in this process: pickled, it is
     the plain :class:`Report` of every section."""
 
-    def __init__(self, once: Any, base: Report, sections: tuple[str, ...]) -> None:  # noqa: D107
+    def __init__(self, once: StagedOnce, base: Report, sections: tuple[str, ...]) -> None:  # noqa: D107
         for name in ("command", "stagetool_version", "jax_version", "jaxlib_version", "config"):
             object.__setattr__(self, name, getattr(base, name))
         object.__setattr__(self, "_once", once)

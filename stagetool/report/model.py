@@ -14,7 +14,7 @@ import dataclasses
 import enum
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stagetool.analysis.figures import Figures
 from stagetool.analysis.modules import ModulesSection
@@ -22,6 +22,9 @@ from stagetool.analysis.why import WhyAnswer
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.analysis.shardings import LeafReport
 from stagetool.core.sharding import Sharding
+
+if TYPE_CHECKING:
+    from stagetool.report.display import Shown
 
 SCHEMA_VERSION = 1
 
@@ -169,7 +172,7 @@ class Report:
         del fields
         return self.function()
 
-    def _section(self, *fields: str) -> Any:
+    def _section(self, *fields: str) -> Shown:
         from stagetool.report.display import Shown, only
 
         f = self._function_with(fields)
@@ -177,36 +180,36 @@ class Report:
         return Shown(value, only(self, f, fields))
 
     @property
-    def shardings(self) -> Any:
+    def shardings(self) -> Shown:
         """``(inputs, outputs)``: each leaf's declared and compiled sharding (tuples of
         :class:`LeafReport`), displayed as the report's layouts."""
         return self._section("inputs", "outputs")
 
     @property
-    def memory(self) -> Any:
+    def memory(self) -> Shown:
         """Per-device memory (:class:`~stagetool.analysis.sections.MemorySection`: XLA's
         ``memory_analysis()`` figures in bytes per device), displayed alone."""
         return self._section("memory")
 
     @property
-    def collectives(self) -> Any:
+    def collectives(self) -> Shown:
         """The compiled program's collectives (:class:`~stagetool.analysis.sections.CollectivesSection`),
         displayed alone."""
         return self._section("collectives")
 
     @property
-    def cost(self) -> Any:
+    def cost(self) -> Shown:
         """XLA's cost analysis (:class:`~stagetool.analysis.sections.CostSection`: FLOPs and bytes per
         device and for the whole program, a roofline estimate with a chip), displayed alone."""
         return self._section("cost")
 
     @property
-    def modules(self) -> Any:
+    def modules(self) -> Shown:
         """The roll-up per module path and phase (:class:`~stagetool.analysis.modules.ModulesSection`:
         FLOPs, bytes, collectives and bytes live at the peak, per device), displayed alone."""
         return self._section("modules")
 
-    def why(self, leaf: str | None = None, *, line: str | None = None, collective: int | None = None) -> Any:
+    def why(self, leaf: str | None = None, *, line: str | None = None, collective: int | None = None) -> Shown:
         """``stagetool why``'s answer from this report's leaves and collectives (no staging again):
         one of ``leaf`` (a key path as the shardings list it, its last part, or a regular
         expression), ``line`` (``file.py:LINE``) or ``collective`` (its number, 1-based).
@@ -305,7 +308,7 @@ class DevicesReport:
     memory_bytes_per_device: int | None = None
 
 
-def document_to_json(doc: Any) -> str:
+def document_to_json(doc: Report | DevicesReport) -> str:
     """JSON text for a :class:`Report` or :class:`DevicesReport` (with ``schema_version``)."""
     body = {"schema_version": SCHEMA_VERSION, "kind": "devices" if isinstance(doc, DevicesReport) else "report",
             **to_jsonable(doc)}

@@ -68,12 +68,16 @@ import re
 import stat
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stagetool.core import codec
 from stagetool.core.paths import ReportRoot
 from stagetool.core.sharding import Sharding
 from stagetool.facts import BackendResult, LeafFacts, PeakDump, Propagation, StagedFunction
+
+if TYPE_CHECKING:
+    from stagetool.devices.provision import DeviceSetup
+    from stagetool.inputs.records import AbstractInputs
 
 CACHE_SCHEMA = 13
 """Version of the entry format and of the key's contents; bump it when either changes.
@@ -151,14 +155,14 @@ def versions() -> dict[str, str | None]:
     return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "libtpu": libtpu, "stagetool": __version__}
 
 
-def cache_key(lowered: Any, setup: Any, inputs: Any, *, declared_outputs: Any = None,
+def cache_key(lowered: Any, setup: DeviceSetup, inputs: AbstractInputs, *, declared_outputs: Any = None,
               compiler_options: dict | None = None, root: ReportRoot | None = None, raw_text: bool = False) -> str:
     """The sha256 hex digest naming one function's entry (see the module docstring for what goes in).
 
     Args:
       lowered: the ``jax.stages.Lowered``.
       setup: the :class:`~stagetool.devices.provision.DeviceSetup`.
-      inputs: the :class:`~stagetool.inputs.avals.AbstractInputs`.
+      inputs: the :class:`~stagetool.inputs.records.AbstractInputs`.
       declared_outputs: the spec's ``out_shardings`` tree.
       compiler_options: the options passed to ``Lowered.compile``.
       root: the report root (the spec's folder in its project, :mod:`stagetool.core.paths`): source
@@ -227,7 +231,7 @@ def _local_body(body: bytes, root: ReportRoot | None) -> bytes:
     return body.replace(f"{ROOT_TOKEN}/".encode("ascii"), f"{root.base}/".encode("utf-8"))
 
 
-def target_compiler_options(inputs: Any) -> list[list[str]]:
+def target_compiler_options(inputs: AbstractInputs) -> list[list[str]]:
     """The target's own ``jax.jit(compiler_options=...)`` (``inputs.jit``), as sorted ``[name, value]``
     pairs: part of the key, since ``Lowered.compile`` applies them and the lowered text does not
     show them (a pass-disabling option changes the program, not the module text)."""

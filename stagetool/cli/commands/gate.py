@@ -7,7 +7,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -21,8 +21,13 @@ from stagetool.core.errors import ExitCode, UsageError
 from stagetool.report.render_text import FIT_WIDTH
 from stagetool.report import Format
 
+if TYPE_CHECKING:
+    from stagetool.gate.compare import Comparison
+    from stagetool.gate.run import SnapshotRun
+    from stagetool.pipeline import Options
 
-def _gate_output(cmp: Any, format: Format, output: Optional[Path], junit_xml: Optional[Path],
+
+def _gate_output(cmp: Comparison, format: Format, output: Optional[Path], junit_xml: Optional[Path],
                  snapshots: tuple[dict, dict] | None = None) -> None:
     """Write the change table (stdout or -o), JUnit XML, and the GitHub step summary when set.
     ``snapshots`` (before, after) let the HTML page draw the layouts and memory that changed."""
@@ -46,7 +51,7 @@ def _gate_output(cmp: Any, format: Format, output: Optional[Path], junit_xml: Op
             stderr().print(f"[yellow]warning:[/] GITHUB_STEP_SUMMARY {escape(summary)}: {escape(str(e))}")
 
 
-def _take_snapshot(opts: Any) -> Any:
+def _take_snapshot(opts: Options) -> SnapshotRun:
     """:func:`stagetool.pipeline.take_snapshot` with the status line: the SnapshotRun."""
     from stagetool.pipeline import take_snapshot
 
@@ -100,7 +105,7 @@ def snapshot(staging: Staging, output: Annotated[Path, typer.Option("--output", 
                            "snapshot does not; to refresh one function of a baseline, use 'check --update -f NAME'")
 
 
-def _update_baseline(baseline: Path, before: Optional[dict], run: Any, restricted: bool) -> None:
+def _update_baseline(baseline: Path, before: Optional[dict], run: SnapshotRun, restricted: bool) -> None:
     """``check --update``: rewrite the baseline with what ``run`` found (a restricted run: only the
     functions it staged, the others kept); exit 3, not updating, when a function failed."""
     from stagetool.gate.compare import environment_notices
@@ -179,7 +184,7 @@ def check(staging: Staging, baseline: Annotated[Path, typer.Option("--baseline",
         raise typer.Exit(int(code))
 
 
-def _diff_live(staging: Staging, meshes: tuple[str, str], format: Format, **more: Any) -> tuple[Any, Any]:
+def _diff_live(staging: Staging, meshes: tuple[str, str], format: Format, **more: Any) -> tuple[SnapshotRun, SnapshotRun]:
     """``diff --mesh-a A --mesh-b B``: the spec's two SnapshotRuns, on A and on B."""
     # the HTML page draws both meshes' memory over time: take the peak dump for it
     runs = [_take_snapshot(dataclasses.replace(staging, mesh=m).options(peak=format == Format.html, **more))

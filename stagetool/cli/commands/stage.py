@@ -4,7 +4,7 @@ collectives, why, cost, memory and report (README: "Commands")."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
@@ -15,9 +15,12 @@ from stagetool.cli.output import emit, errors, staging_status, stderr
 from stagetool.core.errors import ExitCode, UsageError
 from stagetool.report import Format
 
+if TYPE_CHECKING:
+    from stagetool.report.model import Report
+
 
 def _stage_and_emit(command: str, staging: Staging, fmt: Format, output: Optional[Path], *, pager: bool = False,
-                    fail_if_over: bool = False, check: Any = None, modules: bool = False, **more: Any) -> None:
+                    fail_if_over: bool = False, check: Callable[[Report], None] | None = None, modules: bool = False, **more: Any) -> None:
     """Stage with the shared options (and ``more`` :class:`stagetool.pipeline.Options` fields), print
     ``command``'s sections (its own; the report's all), and with ``--fail-if-over`` the verdict.
     ``check(report)``, when given, may refuse the report before it is printed (a ``UsageError``)."""
@@ -35,7 +38,7 @@ def _stage_and_emit(command: str, staging: Staging, fmt: Format, output: Optiona
         _fail_if_over(report)
 
 
-def _fail_if_over(report: Any) -> None:
+def _fail_if_over(report: Report) -> None:
     """``--fail-if-over``: exit 1 when any function's peak is over the device memory; exit 2 when it
     cannot be decided (the device memory, or the backend's figures, unknown)."""
     functions = [f for f in report.functions if f.memory is not None]
@@ -108,7 +111,7 @@ def why(staging: Staging,
         _stage_and_emit("why", staging, format, output, why=(leaf, line, collective), check=_why_names_something)
 
 
-def _why_names_something(report: Any) -> None:
+def _why_names_something(report: Report) -> None:
     """``why``: a question that names nothing in any function staged (``--collective 99999``, a
     ``--line`` of a file the program does not come from) is a usage error, with the closest names,
     never an empty answer with exit 0.

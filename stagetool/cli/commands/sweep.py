@@ -4,7 +4,7 @@ sweep's shards (README: "Sweeps"). Its options are its own, but for the shared o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -13,6 +13,9 @@ from stagetool.cli.options import (ChipOpt, DebugOpt, DeviceMemoryOpt, FunctionO
                                    PlatformOpt, SlicesOpt, SpecOpt, Target, outputs)
 from stagetool.cli.output import color, errors, escape, note_untested_jax, plural, stderr, width, write_text
 from stagetool.core.errors import ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from stagetool.sweep import SweepOptions
 
 MAX_SWEEP_DOCUMENT_BYTES = 256 * 2**20
 """A sweep document larger than this is not one (10,000 rows of a few KiB each)."""
@@ -40,7 +43,7 @@ def _sweep_merge(files: list[Path]) -> dict:
     return merge(docs, [str(f) for f in files])
 
 
-def _run_sweep(options: Any) -> dict:
+def _run_sweep(options: SweepOptions) -> dict:
     """:func:`stagetool.sweep.run_sweep` with a progress line on stderr per finished configuration."""
     from stagetool.sweep import run_sweep
     from stagetool.sweep.rows import row_label
