@@ -276,3 +276,34 @@ def test_a_note_keeps_its_command_whole_at_any_width(run_cli, tmp_path, monkeypa
         assert any(command in line for line in out.splitlines()), f"width {width}:\n" + "\n".join(lines)
         # the rest of the note still wraps at the width (no line of it longer than the table's width)
         assert "the accelerator's answer" in " ".join(out.split())
+
+
+OWN_EXPLICIT = """\
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+MESH = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Explicit,))  # built at import, Explicit
+
+
+def init():
+    return jax.jit(lambda: jnp.zeros((64, 32)), out_shardings=NamedSharding(MESH, P("d", None)))()
+
+
+def step(w):
+    return (w * 2).sum(0)
+"""
+
+
+@pytest.mark.parametrize("types", ["", ", axis_types: explicit"])
+def test_an_init_on_the_codes_explicit_mesh_says_the_axis_types_differ(run_cli, tmp_path, types):
+    write(tmp_path, "e.py", OWN_EXPLICIT)
+    spec = write(tmp_path, "e.stagetool.yaml", "version: 1\nmesh: {axes: {d: 8}" + types + "}\n"
+                 "functions:\n  step:\n    target: e.py:step\n    args: [{init: e.py:init}]\n")
+    f = run_cli("shardings", "--spec", str(spec), "--format", "json", check=0).json()["functions"][0]
+    notes = " ".join(f["notes"])
+    if types:  # the staged mesh is the code's: nothing to say
+        assert "axis" not in notes and f["mesh"]["axis_types"] == "explicit"
+    else:  # not "a mesh of d=8 on 8 cpu devices ... on the staged mesh (d=8 on 8 cpu devices)"
+        assert "with Explicit axes, where stagetool stages Auto ones" in notes
+        assert "axis_types: explicit" in notes

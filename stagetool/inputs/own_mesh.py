@@ -226,6 +226,23 @@ def check_seen(seen: list, fspec: FunctionSpec, setup: Any, *, live: bool = Fals
                 "outright)",
                 hint="build the mesh where stagetool imports it, from jax.devices(), jax.make_mesh(...) or "
                      "mesh_utils.create_device_mesh(...); or take the staged mesh from the spec ({mesh: staged})")
+        kinds, staged_kinds = _axis_kinds(m), _axis_kinds(staged)
+        if describe_mesh(m) == describe_mesh(staged) and kinds != staged_kinds:  # the axis types alone differ
+            notes.append(f"{_WHAT.get(what, what)} of functions.{fspec.name} name the staged devices and axes with "
+                         f"{kinds} axes, where stagetool stages {staged_kinds} ones (the spec's mesh.axis_types): they "
+                         "are taken by axis name; code written for Explicit axes (jax.sharding.reshard, "
+                         "out_sharding=P(...)) needs 'axis_types: explicit' under the spec's 'mesh:'"
+                         if kinds == "Explicit" else
+                         f"{_WHAT.get(what, what)} of functions.{fspec.name} name the staged devices and axes with "
+                         f"{kinds} axes, where stagetool stages {staged_kinds} ones (the spec's mesh.axis_types): they "
+                         "are taken by axis name")
+            continue
         notes.append(f"{_WHAT.get(what, what)} of functions.{fspec.name} name a mesh of {describe_mesh(m)}; they are "
                      f"taken by axis name on the staged mesh ({describe_mesh(staged)})")
     return tuple(notes)
+
+
+def _axis_kinds(mesh: Any) -> str:
+    """``Explicit``, ``Auto``, ``Manual`` (every axis of that type) or ``mixed`` (jax.sharding.AxisType)."""
+    kinds = {str(t).rpartition(".")[2] for t in (getattr(mesh, "axis_types", None) or ())}
+    return kinds.pop() if len(kinds) == 1 else "mixed"
