@@ -556,8 +556,10 @@ def module_rollup(module: HloModule, *, xla_flops: float | None = None, xla_byte
         rows.append(ModuleRow(RESIDUAL, DIFFERENCE, residual_flops, 0.0, residual_bytes, 0,
                               peak_bytes=0 if peak_total is not None else None,
                               seconds=0.0 if step is not None else None))
-        share = (f" ({residual_bytes / xla_bytes_accessed:+.1%} of XLA's)"
-                 if xla_bytes_accessed and residual_bytes else "")
+        share = ""
+        if xla_bytes_accessed and residual_bytes:
+            part = residual_bytes / xla_bytes_accessed
+            share = f" ({part:+.1%} of XLA's)" if abs(part) >= 0.001 else " (under 0.1% of XLA's)"
         notes.append(f"the derived count differs from XLA's by {residual_flops:+,.0f} FLOPs and "
                      f"{residual_bytes:+,.0f} bytes accessed{share}: the row {RESIDUAL} holds the difference")
     rows.sort(key=_row_order)
