@@ -25,7 +25,7 @@ def _staged():
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     x = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
     w = jax.ShapeDtypeStruct((128, 256), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))
-    report = stagetool.inspect(step, x, w, mesh=mesh, peak=False)
+    report = stagetool.inspect(step, x, w, mesh=mesh, peak=False, chip="tpu-v5e")
     return report.holding(report.functions[0]), jax.jit(step).lower(x, w).compile()
 
 
@@ -44,25 +44,28 @@ def test_figures_are_raw_jaxs_and_the_snapshots():
                                + mem.temp_size_in_bytes, mem.peak_memory_in_bytes)
     assert (f.figures.cost.flops, f.figures.cost.bytes_accessed) == (cost["flops"], cost["bytes accessed"])
     assert f.figures.collective_bytes_per_step == 256
+    assert f.figures.chip == "tpu-v5e" and f.figures.roofline_step_seconds > 0
     snap = function_snapshot(f)
     assert snap["memory"]["peak_bytes"] == m.peak_bytes and snap["cost"]["flops"] == cost["flops"]
 
 
 def test_the_tables_print_the_functions_figures():
     """With the function's Figures replaced by made-up numbers (and its sections as they were), the
-    memory, cost and collectives tables of the text, Markdown and HTML reports and the snapshot
+    memory, cost and collectives tables and the roofline of the text, Markdown and HTML reports and the snapshot
     print the made-up numbers: they read the record, not the sections."""
     doc, _ = _staged()
     f = doc.functions[0]
     made_up = dataclasses.replace(
         f.figures, memory=dataclasses.replace(f.figures.memory, peak_bytes=987654321, temp_bytes=123456789),
-        cost=dataclasses.replace(f.figures.cost, flops=4.25e15), collective_bytes_per_step=7 * 2**30)
+        cost=dataclasses.replace(f.figures.cost, flops=4.25e15), collective_bytes_per_step=7 * 2**30,
+        roofline_step_seconds=12.5)
     g = copy.copy(f)
     object.__setattr__(g, "figures", made_up)
     for render in (lambda d: render_text.render(d, color=False, width=200), render_markdown.render,
                    render_html.render):
         before, after = render(doc), render(doc.holding(g))
-        for text in ("987654321", "123456789", "4.25 PFLOP", "7.00 GiB"):
+        for text in ("987654321", "123456789", "4.25 PFLOP", "7.00 GiB", "step ≥ 12.5 s"):
             assert text not in before and text in after, (render, text)
         assert str(f.figures.memory.peak_bytes) in before
+    assert render_html.render(doc.holding(g)).count("step ≥ 12.5 s") == 2  # the roofline's heading and its note
     assert function_snapshot(g)["memory"]["peak_bytes"] == 987654321

@@ -215,7 +215,7 @@ def collectives_view(c: CollectivesSection, fig: Figures) -> dict[str, Any]:
 
 def cost_view(c: CostSection, fig: Figures) -> dict[str, Any]:
     header, rows = views.cost_rows(c, fig)
-    return {"rows": rows, "caption": views.cost_caption(c), "notes": views.cost_notes(c, fig),
+    return {"rows": rows, "caption": views.cost_caption(c), "notes": views.cost_notes(c, fig), "figures": fig,
             "roofline": c.roofline, "roofline_chart": charts.roofline_chart(c.roofline, format_seconds),
             "step": c.step_time, "step_notes": views.step_time_notes(c), "step_rows": views.step_time_rows(c)[1],
             "step_chart": charts.step_time_chart(c.step_time, format_seconds),
