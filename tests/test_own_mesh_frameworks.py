@@ -1,11 +1,12 @@
 """The code's own mesh under ``nnx.jit`` and ``eqx.filter_jit`` (issue 30, item 2): a step whose mesh
 is built at import from ``jax.devices()`` as (4, 2), staged on another shape (``--mesh 2x4``,
 ``--mesh 8x1``, a sweep row), is either re-laid by axis name with every figure equal to the framework
-compiling the same code built at that shape, or exit 2 naming both meshes and the user's line —
-never a silent mixed program.
+compiling the same code built at that shape (on the CPU mesh and on a compile-only v5e:2x4), or
+exit 2 naming both meshes and the user's line — never a silent mixed program.
 
 The raw side imports the same module as plain Python and calls its ``build(devices, fsdp, tensor)``
-at the staged shape on the same 8 simulated CPU devices, then ``.lower(...).compile()``.
+at the staged shape on the same 8 devices (simulated CPU, or libtpu's compile-only v5e:2x4), then
+``.lower(...).compile()``.
 """
 
 from __future__ import annotations
@@ -73,6 +74,48 @@ functions:
     args:
       - init: nj.py:make_model
       - f32[64,256]
+'''
+
+NNX_METADATA = '''
+"""A plain nnx.jit step; the mesh is in the Variables' metadata (nnx.with_partitioning(..., mesh=mesh)),
+so the model's arrays are laid on the module's own mesh when it is built."""
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh
+
+
+def build(devices, fsdp=4, tensor=2):
+    mesh = Mesh(mesh_utils.create_device_mesh((fsdp, tensor), devices), ("fsdp", "tensor"))
+
+    class M(nnx.Module):
+        def __init__(self, rngs):
+            init = nnx.initializers.lecun_normal()
+            self.lin = nnx.Linear(256, 512, kernel_init=nnx.with_partitioning(init, ("fsdp", "tensor"), mesh=mesh),
+                                  rngs=rngs)
+            self.out = nnx.Linear(512, 256, kernel_init=nnx.with_partitioning(init, ("tensor", "fsdp"), mesh=mesh),
+                                  rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(jax.nn.relu(self.lin(x)))
+
+    @nnx.jit
+    def step(model, x):
+        def loss(m):
+            return jnp.mean((m(x) - x) ** 2)
+        l, g = nnx.value_and_grad(loss)(model)
+        nnx.update(model, jax.tree.map(lambda p, d: p - 0.1 * d, nnx.state(model, nnx.Param), g))
+        return l
+
+    return mesh, M, step
+
+
+MESH, M, train_step = build(jax.devices())
+
+
+def make_model():
+    return M(nnx.Rngs(0))
 '''
 
 EQX_STEP = '''
@@ -153,8 +196,8 @@ def _raw_module(path, name):
     return module
 
 
-def _memory(run_cli, target, mesh):
-    doc = run_cli("memory", target, "--no-peak", "--format", "json", *(["--mesh", mesh] if mesh else []),
+def _memory(run_cli, target, mesh, *extra):
+    doc = run_cli("memory", target, "--no-peak", "--format", "json", *(["--mesh", mesh] if mesh else []), *extra,
                   check=0).json()
     f = doc["functions"][0]
     assert f.get("error") is None
@@ -172,8 +215,20 @@ def _xla(compiled) -> tuple:
             s.generated_code_size_in_bytes)
 
 
-@pytest.mark.parametrize("mesh", [None, "2x4", "8x1"])
-def test_nnx_jit_own_shardings_are_relaid_as_nnx_compiles_them(run_cli, tmp_path, monkeypatch, mesh):
+def _devices(topology: str | None) -> list:
+    if topology is None:
+        return jax.devices()[:8]
+    from stagetool.devices import tpu_topology
+    from stagetool.plan.target import parse_target
+
+    if not tpu_topology.libtpu_available():
+        pytest.skip("libtpu not installed: pip install -e '.[tpu]'")
+    return list(tpu_topology.tpu_topology(parse_target(topology)).devices)
+
+
+@pytest.mark.parametrize(("topology", "mesh"), [(None, None), (None, "2x4"), (None, "8x1"), ("v5e:2x4", None),
+                                                ("v5e:2x4", "2x4")])
+def test_nnx_jit_own_shardings_are_relaid_as_nnx_compiles_them(run_cli, tmp_path, monkeypatch, topology, mesh):
     """nnx.jit(in_shardings=StateSharding on the module's (4, 2) mesh, out_shardings, donate): staged
     at another shape, the wrapper is jitted again by nnx.jit with its shardings re-laid by axis name
     (a note names both meshes), and every XLA figure is nnx.jit's own for the module built at that shape."""
@@ -181,21 +236,51 @@ def test_nnx_jit_own_shardings_are_relaid_as_nnx_compiles_them(run_cli, tmp_path
     model = write(tmp_path, "nj.py", NNX_STEP)
     write(tmp_path, "nj.stagetool.yaml", NNX_SPEC)
     monkeypatch.chdir(tmp_path)
-    f = _memory(run_cli, "nj.py:train_step", mesh)
+    devices = _devices(topology)
+    f = _memory(run_cli, "nj.py:train_step", mesh, *(["--topology", topology] if topology else []))
     relaid = [n for n in f["notes"] if "re-laid by axis name" in n]
     fsdp, tensor = SHAPES[mesh]
+    kind = getattr(devices[0], "device_kind", "cpu")
     if mesh is None:
         assert relaid == []
     else:
         assert len(relaid) == 1 and "own nnx.jit shardings" in relaid[0]
-        assert "(fsdp=4 × tensor=2 on 8 cpu devices)" in relaid[0]
-        assert f"(fsdp={fsdp} × tensor={tensor} on 8 cpu devices)" in relaid[0]
+        assert f"(fsdp=4 × tensor=2 on 8 {kind} devices)" in relaid[0]
+        assert f"(fsdp={fsdp} × tensor={tensor} on 8 {kind} devices)" in relaid[0]
     raw = _raw_module(model, "nj")
-    _, abstract, step = raw.build(jax.devices()[:8], fsdp, tensor)
+    _, abstract, step = raw.build(devices, fsdp, tensor)
     x = jax.ShapeDtypeStruct((64, 256), jax.numpy.float32, sharding=step.in_shardings[1])  # the module's own
     compiled = step.lower(abstract, x).compile()
     assert _figures(f["memory"]["record"]) == _xla(compiled)
     assert f["memory"]["record"]["alias_bytes"] > 0  # the wrapper's donation holds after the re-lay
+
+
+@pytest.mark.parametrize("mesh", [None, "2x4", "8x1"])
+def test_nnx_partitioning_metadata_on_the_modules_mesh(run_cli, tmp_path, monkeypatch, mesh):
+    """nnx.with_partitioning(init, names, mesh=mesh) resolved on the module's (4, 2) mesh when the init
+    runs: its shardings are taken by axis name on the staged mesh (a note names both), and every figure
+    is nnx.jit's for the module built at that shape (leaves without an annotation replicated, as
+    stagetool lays them)."""
+    pytest.importorskip("flax.nnx")
+    from flax import nnx
+
+    model = write(tmp_path, "nm.py", NNX_METADATA)
+    write(tmp_path, "nm.stagetool.yaml", NNX_SPEC.replace("nj.py", "nm.py"))
+    monkeypatch.chdir(tmp_path)
+    f = _memory(run_cli, "nm.py:train_step", mesh)
+    fsdp, tensor = SHAPES[mesh]
+    taken = [n for n in f["notes"] if "taken by axis name" in n]
+    assert len(taken) == (0 if mesh is None else 1)
+    if mesh:
+        assert "fsdp=4 × tensor=2" in taken[0] and f"(fsdp={fsdp} × tensor={tensor} on 8 cpu devices)" in taken[0]
+    raw = _raw_module(model, "nm")
+    mesh_, cls, step = raw.build(jax.devices()[:8], fsdp, tensor)
+    replicated = NamedSharding(mesh_, P())
+    abstract = jax.tree.map(lambda a: a if getattr(a, "sharding", None) is not None
+                            else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
+                            nnx.eval_shape(lambda: cls(nnx.Rngs(0))))
+    x = jax.ShapeDtypeStruct((64, 256), jax.numpy.float32, sharding=replicated)
+    assert _figures(f["memory"]["record"]) == _xla(step.lower(abstract, x).compile())
 
 
 @pytest.mark.parametrize("mesh", ["2x4", "8x1"])
