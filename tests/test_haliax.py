@@ -73,13 +73,13 @@ def _devices(topology: str | None) -> list:
     return list(tpu_topology.tpu_topology(parse_target(topology)).devices)
 
 
-def _mesh(devices: list):
-    return jax.make_mesh((2, 4), ("data", "model"), devices=devices, axis_types=(AxisType.Auto, AxisType.Auto))
+def _mesh(devices: list, shape: tuple[int, int] = (2, 4)):
+    return jax.make_mesh(shape, ("data", "model"), devices=devices, axis_types=(AxisType.Auto, AxisType.Auto))
 
 
-def raw_haliax(L, name: str = "train_step"):
+def raw_haliax(L, name: str = "train_step", shape: tuple[int, int] = (2, 4)):
     """haliax's own compile of the step on real arrays of the CPU mesh (as Levanter runs it)."""
-    mesh = _mesh(jax.devices()[:8])
+    mesh = _mesh(jax.devices()[:8], shape)
     with jax.set_mesh(mesh), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         state = eqx.filter_jit(L.init_state)(jax.random.key(0))
@@ -215,6 +215,17 @@ def test_named_jit_step_on_cpu_is_raw_haliaxs(run_cli, monkeypatch, isolated_imp
     # the parameter mapping's shardings, on the outputs haliax pins
     assert outputs["out/0/model/up/weight/0"]["compiled"] == "P('model', 'data')"
     assert not [n for n in fn["notes"] if "does not unwrap" in n]
+
+
+def test_named_jit_on_another_mesh_is_raw_haliax_at_that_shape(run_cli, monkeypatch, isolated_imports):
+    """--mesh data=4,model=2: named_jit's mappings name axes, so the step is laid on the staged
+    mesh as haliax lays it there (faithful, not a mixed program)."""
+    monkeypatch.chdir(DATA)
+    fn = run_cli("report", TARGET, "--format", "json", "--mesh", "data=4,model=2", check=0).json()["functions"][0]
+    assert fn.get("error") is None
+    want = _figures(raw_haliax(_module(), shape=(4, 2)))
+    assert want != _figures(raw_haliax(_module()))  # another program than on 2 × 4
+    assert _stagetool_figures(fn) == want
 
 
 @pytest.mark.parametrize("name", STEPS)
