@@ -214,7 +214,7 @@ def test_named_jit_step_on_cpu_is_raw_haliaxs(run_cli, monkeypatch, isolated_imp
     assert len(requested) == 14 and all(d["status"] == "aliased" for d in requested)
     # the parameter mapping's shardings, on the outputs haliax pins
     assert outputs["out/0/model/up/weight/0"]["compiled"] == "P('model', 'data')"
-    assert not [n for n in fn["notes"] if "does not unwrap" in n]
+    assert not [n for n in fn["notes"] if "does not unwrap" in n or "named_jit" in n]
 
 
 def test_named_jit_on_another_mesh_is_raw_haliax_at_that_shape(run_cli, monkeypatch, isolated_imports):
@@ -293,3 +293,15 @@ def test_the_specs_donate_is_given_to_named_jit(run_cli, monkeypatch, isolated_i
     fn = run_cli("report", TARGET, "--format", "json", check=0).json()["functions"][0]
     assert not [n for n in fn["notes"] if "named_jit" in n]
     assert _stagetool_figures(fn) == _figures(raw_haliax(_module()))
+
+
+def test_a_named_jit_without_a_mapping_says_so(run_cli, monkeypatch, isolated_imports, tmp_path):
+    """``@hax.named_jit`` alone takes the caller's mapping: none while staging, and a note says so."""
+    source = (DATA / "levanter_step.py").read_text()
+    (tmp_path / "levanter_step.py").write_text(source.replace(
+        "@hax.named_jit(axis_resources=PARAMS, donate_args=(True, False))", "@hax.named_jit(donate_args=(True, False))"))
+    (tmp_path / "levanter_step.stagetool.yaml").write_text(_train_step_spec())
+    monkeypatch.chdir(tmp_path)
+    fn = run_cli("report", TARGET, "--format", "json", check=0).json()["functions"][0]
+    assert any("train_step is a named_jit without axis_resources" in n for n in fn["notes"])
+    assert fn["memory"]["record"]["alias_bytes"] > 0

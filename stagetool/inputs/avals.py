@@ -451,7 +451,8 @@ class _Builder:
         program.input_paths = ([paths_of(a) for a in program.args],
                                {k: paths_of(v) for k, v in program.kwargs.items() if k not in static})
         return AbstractInputs(program.args, program.kwargs, leaves, tuple(static), tuple(sorted(self.donated_nums)),
-                              tuple(sorted(self.donated_names)), None, (), self.own, False, None, program)
+                              tuple(sorted(self.donated_names)), None, (), self.own, False, None, program,
+                              notes=tuple(getattr(program, "notes", ())))
 
     def prepared_inputs(self, args: tuple, kwargs: dict, static: dict) -> AbstractInputs:
         """The target called from the function :func:`prepare_call` hands to ``jax.jit``."""

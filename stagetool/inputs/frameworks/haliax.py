@@ -129,6 +129,7 @@ class HaliaxProgram:
       axis_resources: the mapping active while tracing (as ``named_jit`` traces), or None.
       donated_ids: ``id`` of each abstract leaf that is donated.
       rules: logical axis rules held active while tracing (a context manager factory), or None.
+      notes: sentences for the report (a ``named_jit`` with no axis mapping to stage with).
     """
 
     def __init__(self, wrapper: Any, jitted: Any, args: tuple, static: Any, axis_resources: Any, rules: Any = None):
@@ -140,6 +141,7 @@ class HaliaxProgram:
         self.axis_resources = axis_resources
         self.rules = rules
         self.donated_ids = {id(x) for x in jax.tree_util.tree_leaves(args[0])}
+        self.notes: tuple[str, ...] = ()
         self._stagetool_wraps = read(wrapper).fn  # the function under named_jit: errors point at the user's step
 
     def trace(self, donated: Any, kept: Any) -> Any:
@@ -238,4 +240,10 @@ def haliax_program(settings: JitSettings, args: tuple, kwargs: dict, mesh: Any, 
         donated, kept = jax.tree_util.tree_map(lambda _: None, dynamic), dynamic
     static = (nj.static_fun, static_argspec)
     jitted, axis_resources = _haliax_jit(nj, (tuple(args), dict(kwargs)), (donated, kept), mesh, rules)
-    return HaliaxProgram(settings.wrapper, jitted, (donated, kept), static, axis_resources, rules)
+    program = HaliaxProgram(settings.wrapper, jitted, (donated, kept), static, axis_resources, rules)
+    if axis_resources is None:
+        program.notes = (f"{getattr(nj.fn, '__qualname__', 'the step')} is a named_jit without axis_resources: haliax "
+                         "takes the mapping active where it is called (hax.axis_mapping), and none is active while "
+                         "stagetool stages it, so the program has none (outputs the compiler's choice, hax.shard "
+                         "inside a no-op); give named_jit its axis_resources to stage the mapping it runs with",)
+    return program
