@@ -12,13 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from stagetool.hlo.parser import SourceFrame
 
-def user_frames(chain: Iterable, library: tuple[str, ...]) -> tuple[str, ...]:
+
+def user_frames(chain: Iterable[SourceFrame], library: tuple[str, ...]) -> tuple[str, ...]:
     """``file:line`` of every frame of a source chain (innermost first) in the user's code: not in
     ``library`` (:func:`stagetool.core.paths.library_dirs`), not in site-packages, not ``<...>``."""
     out = []
-    for frame in chain or ():
-        file = str(getattr(frame, "file", "") or "")
+    for frame in chain:
+        file = frame.file
         if not file or file.startswith("<"):
             continue
         resolved = str(Path(file).resolve())

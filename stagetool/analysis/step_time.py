@@ -49,7 +49,7 @@ from stagetool.hlo.collectives import Collective, program_frames
 from stagetool.hlo.loops import instruction_cost, matmul_dtype
 from stagetool.core.chips import Chip
 from stagetool.facts import Interconnect
-from stagetool.hlo.parser import HloComputation, HloInstruction, HloModule
+from stagetool.hlo.parser import HloComputation, HloInstruction, HloModule, SourceFrame
 
 __all__ = ["CollectiveTime", "InstructionTime", "StepTimeEstimate", "algorithm_factor", "collective_time",
            "step_time"]
@@ -308,7 +308,7 @@ class _Timer:
         self.module, self.chip, self.net, self.trips = module, chip, net, trips
         self.gpu = net.platform == "gpu" or (net.platform == "cpu" and not chip.is_tpu)
         self.items: dict[tuple[str, str], InstructionTime] = {}
-        self.chains: dict[tuple[str, str], tuple] = {}  # each item's source chain (innermost first)
+        self.chains: dict[tuple[str, str], tuple[SourceFrame, ...]] = {}  # each item's source chain (innermost first)
         self.times: dict[str, CollectiveTime] = {}
         self.starts: dict[tuple[str, str], str] = {}  # (computation, instruction) -> collective key
         self.dones: dict[tuple[str, str], str] = {}
