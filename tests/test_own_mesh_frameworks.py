@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 
 import jax
+import numpy as np
 import pytest
 from helpers import write
 from jax.sharding import NamedSharding
@@ -173,7 +174,7 @@ MESH = Mesh(mesh_utils.create_device_mesh((4, 2), jax.devices()), ("fsdp", "tens
 @jax.jit
 def step(w, x):
     h = x @ w
-    return jax.lax.with_sharding_constraint(h, NamedSharding(MESH, P("fsdp", "tensor")))
+    return jax.lax.with_sharding_constraint(h, NamedSharding(MESH, P(None, "fsdp")))
 '''
 
 PLAIN_SPEC = '''
@@ -319,7 +320,13 @@ def test_plain_jit_with_the_modules_mesh_in_the_body_is_exit_2(run_cli, tmp_path
     assert "in sharding_constraint" in r.stderr and "fsdp=2 × tensor=4 on 8 cpu devices" in r.stderr
     line = next(i for i, t in enumerate(model.read_text().splitlines(), 1) if "with_sharding_constraint" in t)
     assert f"pj.py:{line} in step" in r.stderr
-    run_cli("collectives", "pj.py:step", check=0)
+    plain = run_cli("collectives", "pj.py:step", "--format", "json", check=0).json()
+    # a size-1 axis more on the staged mesh lays every device as the module's mesh does: the same program
+    write(tmp_path, "pj1.stagetool.yaml", PLAIN_SPEC.replace("{fsdp: 4, tensor: 2}", "{replica: 1, fsdp: 4, tensor: 2}"))
+    one = run_cli("collectives", "pj.py:step", "--spec", "pj1.stagetool.yaml", "--format", "json", check=0).json()
+    kinds = [sorted((i["collective"]["kind"], i["collective"]["bytes_per_device"])
+                    for i in doc["functions"][0]["collectives"]["items"]) for doc in (plain, one)]
+    assert kinds[0] == kinds[1] and kinds[0]
 
 
 def test_a_sweep_over_mesh_shapes_is_faithful_or_an_error_row(run_cli, tmp_path, monkeypatch):
@@ -346,3 +353,23 @@ def test_a_sweep_over_mesh_shapes_is_faithful_or_an_error_row(run_cli, tmp_path,
         single = run_cli("memory", "nj.py:train_step", "--mesh", m, "--format", "json", check=0).json()
         assert rows[m]["peak_bytes_per_device"] == single["functions"][0]["memory"]["record"]["peak_bytes"]
     assert doc["best"] == min(rows.values(), key=lambda r: (r["peak_bytes_per_device"], r["index"]))["id"]
+
+
+def test_which_meshes_differ():
+    """Another shape of the same devices differs; a size-1 axis more, another device order or other
+    axis types do not (the same layout, or refused by JAX itself); devices outside the staged ones do."""
+    from jax.sharding import AxisType, Mesh
+
+    from stagetool.staging.foreign_mesh import differs
+
+    devices = jax.devices()[:8]
+    staged = Mesh(np.array(devices).reshape(4, 2), ("fsdp", "tensor"))
+    assert not differs(staged, staged)
+    assert differs(Mesh(np.array(devices).reshape(2, 4), ("fsdp", "tensor")), staged)
+    assert differs(Mesh(np.array(devices).reshape(4, 2), ("data", "tensor")), staged)
+    assert not differs(Mesh(np.array(devices).reshape(1, 4, 2), ("replica", "fsdp", "tensor")), staged)
+    assert not differs(Mesh(np.array(devices[::-1]).reshape(4, 2), ("fsdp", "tensor")), staged)
+    assert not differs(Mesh(np.array(devices).reshape(4, 2), ("fsdp", "tensor"),
+                            axis_types=(AxisType.Explicit,) * 2), staged)
+    assert differs(Mesh(np.array(devices[:4]).reshape(4, 1), ("fsdp", "tensor")),
+                   Mesh(np.array(devices[4:]).reshape(4, 1), ("fsdp", "tensor")))

@@ -54,12 +54,17 @@ def _eqns(jaxpr: Any, depth: int = 0) -> Iterator[Any]:
 
 
 def differs(mesh: Any, staged: Any) -> bool:
-    """Whether ``mesh`` is another mesh than ``staged``: other axis names or sizes, or devices that are
-    not the staged ones (the same axes on the staged devices in another order is not: JAX's own
-    check refuses an order that disagrees)."""
+    """Whether ``mesh`` is another mesh than ``staged``: other axis names or sizes, in order, leaving
+    out axes of size 1 (a ``replica=1`` axis lays no device differently), or devices that are not the
+    staged ones. The same axes on the staged devices in another order is not (JAX's own check
+    refuses an order that disagrees), nor are other axis types (the layout is the same)."""
     if mesh is staged or mesh == staged:
         return False
-    return dict(mesh.shape) != dict(staged.shape) or not set(mesh.devices.flat) <= set(staged.devices.flat)
+
+    def laid(m: Any) -> list:
+        return [(n, s) for n, s in m.shape.items() if s != 1]
+
+    return laid(mesh) != laid(staged) or not set(mesh.devices.flat) <= set(staged.devices.flat)
 
 
 def user_line(eqn: Any, user_files: list[str]) -> str | None:
