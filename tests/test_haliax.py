@@ -305,3 +305,21 @@ def test_a_named_jit_without_a_mapping_says_so(run_cli, monkeypatch, isolated_im
     fn = run_cli("report", TARGET, "--format", "json", check=0).json()["functions"][0]
     assert any("train_step is a named_jit without axis_resources" in n for n in fn["notes"])
     assert fn["memory"]["record"]["alias_bytes"] > 0
+
+
+def test_inspect_of_a_live_named_jit_step_is_raw_haliaxs(isolated_imports):
+    """``stagetool.inspect(train_step, state, x)`` on the real arrays: the same program as raw haliax's."""
+    import stagetool
+
+    L = _module()
+    mesh = _mesh(jax.devices()[:8])
+    with jax.set_mesh(mesh):
+        state = eqx.filter_jit(L.init_state)(jax.random.key(0))
+        x = eqx.filter_jit(L.make_batch)()
+    raw = raw_haliax(L).memory_analysis()
+    fn = stagetool.inspect(L.train_step, state, x, mesh=mesh, peak=False).functions[0]
+    assert not [n for n in fn.notes if "named_jit" in n]  # its own program, not nested
+    record = fn.memory.record
+    assert (record.argument_bytes, record.output_bytes, record.alias_bytes, record.temp_bytes) == (
+        raw.argument_size_in_bytes, raw.output_size_in_bytes, raw.alias_size_in_bytes, raw.temp_size_in_bytes)
+    assert record.alias_bytes > 0

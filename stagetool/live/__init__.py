@@ -69,7 +69,7 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
     cost, memory; one compile), which displays as the HTML report in a notebook.
 
     Args:
-      fn: a function, or a ``jax.jit`` / ``nnx.jit`` / ``eqx.filter_jit`` wrapper (its own static
+      fn: a function, or a ``jax.jit`` / ``nnx.jit`` / ``eqx.filter_jit`` / ``hax.named_jit`` wrapper (its own static
         arguments, donation, in/out shardings and compiler options hold, as for a spec target); or
         a ``jax.stages.Traced`` (``jax.jit(f).trace(*args)``, given alone): its equations staged
         with the shardings and donation its own compile gives the arguments (one more compile).

@@ -193,9 +193,9 @@ def _haliax_jit(nj: NamedJit, call: tuple[tuple, dict], dynamic: tuple, mesh: An
 def haliax_program(settings: JitSettings, args: tuple, kwargs: dict, mesh: Any, rules: Any = None
                    ) -> HaliaxProgram | None:
     """The :class:`HaliaxProgram` of a ``named_jit`` target called with ``(args, kwargs)``
-    (``ShapeDtypeStruct`` leaves and static values) on ``mesh`` (the staged ``jax.sharding.Mesh``), or None where haliax's internals are not the
-    ones read here (another haliax), the function closes over arrays (inputs the spec does not
-    name), or an argument holds a ``jax.Ref``.
+    (``ShapeDtypeStruct`` leaves and static values) on ``mesh`` (the staged ``jax.sharding.Mesh``),
+    or None where haliax's internals are not the ones read here (another haliax), the function
+    closes over arrays (inputs the spec does not name), or an argument holds a ``jax.Ref``.
 
     Raises:
       whatever haliax raises splitting the call (a ``donate_args`` that does not fit the arguments) or
