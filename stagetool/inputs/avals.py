@@ -6,7 +6,8 @@ carry no sharding so that the SPMD partitioner chooses it (JAX then sets
 ``compiled.input_shardings``). A leaf written without ``@`` is replicated.
 
 Leaves are named by key path, ``/``-separated, starting with the argument's name from the
-function's signature: ``params/layers/wq``, ``batch/tokens``.
+function's signature: ``params/layers/wq``, ``batch/tokens``; a leaf in a list that is a Keras
+variable's value by that variable's path (``state/0/hidden/kernel``, :mod:`.frameworks.keras`).
 
 The jobs around it, one module each: :mod:`.records` (what this hands staging), :mod:`.signature`
 (the call bound before tracing), :mod:`.leaves` (one leaf's fit, path, rules), :mod:`.values`
@@ -28,7 +29,7 @@ from stagetool.devices.provision import DeviceSetup, local_mesh_sizes
 from stagetool.inputs.frameworks import Pytree
 from stagetool.inputs.frameworks.jit import JitSettings
 from stagetool.inputs.leaves import (DIVIDE_HINT, RANK_HINT, apply_rules, as_abstract_ref, check_fits, global_shape,
-                                    jax_dtype, keypath_str, ref_in_shardings, same_dims)
+                                    jax_dtype, keypath_str, named_path, ref_in_shardings, same_dims)
 from stagetool.inputs.out_shardings import fit_out_shardings  # noqa: F401  (pipeline imports it from here)
 from stagetool.inputs.own_jit import has_shared, own_program, shared_note, take_in_shardings
 from stagetool.inputs.records import AbstractInputs, InputLeaf
@@ -268,10 +269,11 @@ class _Builder:
     def init_tree(self, init: InitSpec, path: str, donated: bool) -> Any:
         """An ``init``'s abstract result, each array leaf sharded (see :meth:`abstract_tree`)."""
         shared: list = []
+        names: list = []
         shapes, produced, refs = eval_init(init, self.fspec, self.setup.mesh, self.rules, with_dims=True,
-                                           built=self.built, shared=shared)
+                                           built=self.built, shared=shared, names=names)
         tree = self.abstract_tree(shapes, path, donated, init.loc, init.rules, init.has_rules,
-                                  f"{init.loc}: {init.path}", produced, refs)
+                                  f"{init.loc}: {init.path}", produced, refs, names=names)
         if any(k is not None for k in shared):
             # a Variable of an {arg: N} argument keeps that argument's key; one found twice in the
             # result gets a key of its own
@@ -285,7 +287,7 @@ class _Builder:
         ``jax.Ref``: of its value, staged as an abstract ref), its own shardings kept."""
         import jax
 
-        from stagetool.inputs.frameworks.dispatch import is_ref, uses
+        from stagetool.inputs.frameworks.dispatch import is_ref, leaf_names, uses
 
         obj = ref.value if isinstance(ref, ValueSpec) else \
             load_target(ref.target, base_dir=self.fspec.base_dir, need_callable=False).fn
@@ -301,7 +303,7 @@ class _Builder:
 
         shapes = jax.tree_util.tree_map(struct_of, obj)
         tree = self.abstract_tree(shapes, path, donated, ref.loc, (), False, f"{ref.loc}: {path}", None, refs,
-                                  carried="object")
+                                  carried="object", names=leaf_names(obj))
         if uses(obj, "flax"):  # the concrete objects' Variables, by identity (shared between two refs)
             from stagetool.inputs.frameworks import nnx
 
@@ -310,13 +312,16 @@ class _Builder:
         return tree
 
     def abstract_tree(self, shapes: Pytree, path: str, donated: bool, loc: Loc, rules: tuple[Rule, ...], has_rules: bool,
-                      where: str, produced: list | None, refs: list | None = None, carried: str = "init") -> Any:
+                      where: str, produced: list | None, refs: list | None = None, carried: str = "init",
+                      names: list | None = None) -> Any:
         """Array leaves of an ``init`` result (or a ``ref``) as structs sharded by the rules, else as the
         init produces them (``produced``: per leaf, the dims its run gives, or None), else by the
         model's annotations, else replicated and said to be unknown; every other leaf as it is (static).
         ``carried`` names where a struct's own sharding comes from: ``"init"`` (what the init's
         ``eval_shape`` gives) or ``"object"`` (a ``{ref:}``: the sharding the object's arrays carry;
-        said ``"model"`` when it is the model's own annotation)."""
+        said ``"model"`` when it is the model's own annotation). ``names``: per leaf, a framework's name
+        for it or None (:func:`stagetool.inputs.leaves.named_path`; a name another leaf already took
+        leaves this one at its key path)."""
         import jax
 
         from stagetool.inputs.frameworks.dispatch import model_shardings
@@ -333,9 +338,14 @@ class _Builder:
         typed_init = produced is not None and self.explicit
         produced = produced if produced is not None else [None] * len(flat)
         refs = refs if refs is not None else [False] * len(flat)
+        names = names if names is not None and len(names) == len(flat) else [None] * len(flat)
+        taken = {path + keypath_str(kp) for kp, _ in flat}
         out = []
-        for (kp, value), model_dims, run_dims, ref in zip(flat, from_model, produced, refs, strict=True):
-            leaf_path = path + keypath_str(kp)
+        for (kp, value), model_dims, run_dims, ref, name in zip(flat, from_model, produced, refs, names, strict=True):
+            leaf_path = named_path(path, kp, name)
+            if leaf_path != path + keypath_str(kp):
+                leaf_path = path + keypath_str(kp) if leaf_path in taken else leaf_path
+                taken.add(leaf_path)
             if not isinstance(value, jax.ShapeDtypeStruct):
                 out.append(value)
                 continue

@@ -82,6 +82,15 @@ def keypath_str(kp: tuple) -> str:
     return out
 
 
+def named_path(path: str, kp: tuple, name: str | None) -> str:
+    """A leaf's path: ``path`` and its key path (:func:`keypath_str`); with a ``name`` (a framework's
+    name of the leaf: a Keras variable's ``hidden/kernel``), a last key that is a position in a list
+    or tuple is replaced by the name (``state/0/hidden/kernel`` for ``state/0/1``)."""
+    if name and kp and hasattr(kp[-1], "idx"):
+        return path + keypath_str(kp[:-1]) + "/" + name
+    return path + keypath_str(kp)
+
+
 @functools.lru_cache(maxsize=None)
 def jax_dtype(name: str) -> Any:
     import jax

@@ -67,7 +67,8 @@ def resolve_logical_rules(fspec: FunctionSpec) -> tuple | None:
 
 
 def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any = None, *,
-              with_dims: bool = False, built: dict | None = None, shared: list | None = None) -> Any:
+              with_dims: bool = False, built: dict | None = None, shared: list | None = None,
+              names: list | None = None) -> Any:
     """``jax.eval_shape`` of an ``init`` function: a pytree of ``ShapeDtypeStruct`` (no FLOPs run).
 
     With ``with_dims``, ``(tree, dims)``: per leaf of the tree, the PartitionSpec dims the init
@@ -85,6 +86,10 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     for a leaf in a Variable of an ``{arg: ...}`` argument that the init's result holds (``s``: that
     argument's own struct; ``nnx.ModelAndOptimizer(model, tx)`` holds the model), ``("local", i)`` for a
     Variable the result holds in two places (``i``: its first leaf; tied weights), else None.
+
+    ``names``, a list, is filled with one entry per leaf of the tree: the name a framework the user's
+    code imported gives it (a Keras variable's path, for an init that returns ``v.value``), or None
+    (:func:`stagetool.inputs.frameworks.dispatch.leaf_names`).
 
     Raises:
       SpecError: ``init_args``/``init_kwargs`` do not bind to the init function's signature.
@@ -122,6 +127,10 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
         leaves = [next(it) if m else c for m, c in zip(mask, constants)]
         full, kw = _build_calls(jax.tree_util.tree_unflatten(treedef, leaves), fspec, outside, built)
         out = call_init(target.fn, list(full), kw)
+        if names is not None:
+            from stagetool.inputs.frameworks.dispatch import leaf_names
+
+            names[:] = leaf_names(out)
         if shared is not None:
             from stagetool.inputs.frameworks.dispatch import uses
 

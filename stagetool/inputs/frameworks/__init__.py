@@ -9,13 +9,15 @@ objects are of that library's types (``type(x).__module__``), so that stagetool 
 - :mod:`.linen`: Flax Linen (partitioning boxes, logical axis rules).
 - :mod:`.equinox`: Equinox (``eqx.filter_jit`` programs; Python numbers static).
 - :mod:`.haliax`: haliax, Levanter's named arrays (``hax.named_jit`` programs; Python numbers static).
+- :mod:`.keras`: Keras 3 on the JAX backend (state leaves named by their ``keras.Variable``'s path).
 
 Adding a framework is one module here and one line in :data:`FRAMEWORKS`. A module provides the
 hooks that apply to it (each optional): ``is_box(x)`` / ``box_dims(box, rules)`` (the model's own
 sharding annotations), ``init_kwargs(cls, args, kwargs)`` / ``init_signature(cls)`` (an ``init``
 that is a class), ``has_state(tree)`` / ``updated_state(obj)`` (steps that update their arguments in
 place), ``jit_settings(fn, n_args)`` (the library's jit wrapper), ``STATIC_SCALARS`` (Python numbers
-are static, not traced).
+are static, not traced), ``leaf_names(tree)`` (names for plain array leaves, asked only of a library
+the user's code has already imported: Keras' state lists).
 
 Every read of another library's private attribute is marked ``# private-api:`` so that
 ``grep -rn "private-api:" stagetool`` finds them all; each is pinned by ``tests/inputs/test_jit_wrapper.py``:
@@ -52,6 +54,7 @@ FRAMEWORKS: dict[str, tuple[str, ...]] = {
     "flax": ("nnx", "linen"),
     "equinox": ("equinox",),
     "haliax": ("haliax",),
+    "keras": ("keras",),
 }
 
 

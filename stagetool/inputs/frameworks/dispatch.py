@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any, Callable, Iterator
 
 from stagetool.core.sharding import spec_dims
-from stagetool.inputs.frameworks import Pytree, adapters, library_of, module_library
+from stagetool.inputs.frameworks import FRAMEWORKS, Pytree, adapters, library_of, module_library
 
 
 def _hooks(tree: Pytree, hook: str) -> list[ModuleType]:
@@ -52,6 +52,25 @@ def _tree_objects(tree: Pytree) -> Iterator[Any]:
 def uses(tree: Pytree, library: str) -> bool:
     """Whether some node of ``tree`` is an object of ``library`` (``"flax"``, ``"equinox"``)."""
     return any(library_of(x) == library for x in _tree_objects(tree))
+
+
+def leaf_names(tree: Pytree) -> list[str | None]:
+    """Per leaf of ``tree`` (``jax.tree_util.tree_leaves`` order), the name a framework gives a plain
+    array leaf (Keras: the ``variable.path`` of the variable whose value it is), or None. Only a
+    framework the user's code has already imported (in ``sys.modules``) is asked, so none is imported
+    here; without one every entry is None."""
+    import sys
+
+    import jax
+
+    names: list[str | None] = [None] * len(jax.tree_util.tree_leaves(tree))
+    for library in FRAMEWORKS:
+        if library not in sys.modules:
+            continue
+        for m in adapters(library):
+            if hasattr(m, "leaf_names"):
+                names = [a or b for a, b in zip(names, m.leaf_names(tree), strict=True)]
+    return names
 
 
 def is_array_like(x: Any, *, python_scalars: bool = True) -> bool:
@@ -101,16 +120,30 @@ def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True
         scalars = python_scalars and not _hooks(out, "STATIC_SCALARS")  # Equinox keeps Python numbers static
         refs = [is_ref(x) for x in flat]
         keep = [r or is_array_like(x, python_scalars=scalars) for r, x in zip(refs, flat)]
-        static.append((treedef, keep, [None if k else x for k, x in zip(keep, flat)], refs))
+        static.append((treedef, keep, [None if k else x for k, x in zip(keep, flat)], refs,
+                       [None if r else _existing_dims(x) for k, r, x in zip(keep, refs, flat) if k]))
         return [x[...] if r else x for k, r, x in zip(keep, refs, flat) if k]  # a Ref: its value
 
     traced = jax.jit(arrays_only).trace(*dyn)
     shapes = traced.out_info
     dims = produced_dims(traced.jaxpr)
-    treedef, keep, rest, refs = static[0]
+    treedef, keep, rest, refs, existing = static[0]
+    # An output that is an array which already exists (Keras' state: ``[v.value for v in ...]``): the
+    # call hands that very array back, so its sharding is the array's own (the trace sees a constant).
+    dims = [own if own is not None else d for d, own in zip(dims, existing, strict=True)]
     it, dit = iter(shapes), iter(dims)
     tree = jax.tree_util.tree_unflatten(treedef, [next(it) if k else x for k, x in zip(keep, rest)])
     return tree, [next(dit) if k else None for k in keep], refs
+
+
+def _existing_dims(x: Any) -> tuple | None:
+    """The PartitionSpec dims of a concrete ``jax.Array`` with a ``NamedSharding`` (its mesh noted for
+    the mesh checks, :func:`struct_dims`), or None for anything else (a tracer: the program's)."""
+    import jax
+
+    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+        return None
+    return struct_dims(x)
 
 
 def call_init(fn: Callable[..., Any], args: list, kwargs: dict) -> Any:
