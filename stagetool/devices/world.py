@@ -15,6 +15,13 @@ and ``{call:}``s run, and restores them after:
   ``create_hybrid_device_mesh`` without ``devices=``: over the staged devices (JAX's own functions,
   so the device order is the one JAX picks for them, as a raw compile for those devices has).
 - Keras 3 on the JAX backend lists and finds devices through ``jax.devices`` and so follows.
+- ``jax.device_put(x, sharding)`` onto compile-only devices (a topology's), which hold no data: the
+  value is computed and kept on the host (JAX's default device) and the sharding asked for is
+  remembered for it (:func:`placed_sharding`), so code that places arrays at import (Keras creates
+  each variable with ``device_put(value, layout)``) imports, and its arrays read as laid out on the
+  staged devices. The host holds the whole value: a model larger than host memory cannot be imported
+  so, and Keras' own jitted initialiser of a very large variable (``out_shardings`` on the
+  compile-only devices) still fails as JAX says.
 
 The patch replaces module attributes of public JAX modules only (no private module); a function taken
 by ``from jax import devices`` while the world was on answers JAX's own once it is off.
@@ -96,12 +103,47 @@ def _create_hybrid_device_mesh(mesh_shape: Any, dcn_mesh_shape: Any, devices: An
                                                                     **kwargs)
 
 
+#: id(array) → (weak reference to it, the sharding ``jax.device_put`` was asked for on compile-only devices)
+_PLACED: dict[int, tuple[Any, Any]] = {}
+
+
+def _device_put(x: Any, device: Any = None, *args: Any, **kwargs: Any) -> Any:
+    import weakref
+
+    import jax
+
+    original = _ORIGINALS[("jax", "device_put")]
+    setup = current_setup()
+    devices = getattr(device, "device_set", None)
+    if devices is None and isinstance(device, jax.Device):
+        devices = {device}
+    if setup is None or setup.topology is None or not devices or not set(devices) <= set(setup.devices) \
+            or args or kwargs:
+        return original(x, device, *args, **kwargs)
+    sharding = device if isinstance(device, jax.sharding.Sharding) else jax.sharding.SingleDeviceSharding(device)
+
+    def on_host(leaf: Any) -> Any:
+        value = original(leaf)
+        _PLACED[id(value)] = (weakref.ref(value, lambda _, key=id(value): _PLACED.pop(key, None)), sharding)
+        return value
+
+    return jax.tree_util.tree_map(on_host, x)
+
+
+def placed_sharding(x: Any) -> Any:
+    """The sharding ``jax.device_put`` was asked to give ``x`` on compile-only devices while a staged
+    world was on (``x`` is then a host array standing for it), or None."""
+    held = _PLACED.get(id(x))
+    return held[1] if held is not None and held[0]() is x else None
+
+
 _PATCHES = {
     ("jax", "devices"): _devices,
     ("jax", "device_count"): _device_count,
     ("jax", "local_devices"): _local_devices,
     ("jax", "local_device_count"): _local_device_count,
     ("jax", "make_mesh"): _make_mesh,
+    ("jax", "device_put"): _device_put,
     ("mesh_utils", "create_device_mesh"): _create_device_mesh,
     ("mesh_utils", "create_hybrid_device_mesh"): _create_hybrid_device_mesh,
 }

@@ -287,6 +287,7 @@ class _Builder:
         ``jax.Ref``: of its value, staged as an abstract ref), its own shardings kept."""
         import jax
 
+        from stagetool.devices.world import placed_sharding
         from stagetool.inputs.frameworks.dispatch import is_ref, leaf_names, uses
 
         obj = ref.value if isinstance(ref, ValueSpec) else \
@@ -296,8 +297,8 @@ class _Builder:
         def struct_of(x: Any) -> Any:
             if is_ref(x):  # a jax.Ref: its value's struct (staged as an abstract ref below)
                 x = x[...]
-            if isinstance(x, jax.Array):
-                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None),
+            if isinstance(x, jax.Array):  # (a host array put on compile-only devices: the sharding asked for)
+                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placed_sharding(x) or getattr(x, "sharding", None),
                                             weak_type=getattr(x, "weak_type", False))  # foreign: array types differ
             return x
 

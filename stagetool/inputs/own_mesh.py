@@ -237,8 +237,11 @@ def check_seen(seen: list, fspec: FunctionSpec, setup: Any, *, live: bool = Fals
                          f"{kinds} axes, where stagetool stages {staged_kinds} ones (the spec's mesh.axis_types): they "
                          "are taken by axis name")
             continue
-        notes.append(f"{_WHAT.get(what, what)} of functions.{fspec.name} name a mesh of {describe_mesh(m)}; they are "
-                     f"taken by axis name on the staged mesh ({describe_mesh(staged)})")
+        reordered = (tuple(m.axis_names) == tuple(staged.axis_names) and m.devices.shape == staged.devices.shape
+                     and set(m.devices.flat) == devices)  # e.g. Keras' DeviceMesh over list_devices(), by id
+        notes.append(f"{_WHAT.get(what, what)} of functions.{fspec.name} name a mesh of {describe_mesh(m)}"
+                     + (" (the staged devices in another order)" if reordered else "")
+                     + f"; they are taken by axis name on the staged mesh ({describe_mesh(staged)})")
     return tuple(notes)
 
 

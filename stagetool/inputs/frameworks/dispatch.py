@@ -138,12 +138,17 @@ def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True
 
 def _existing_dims(x: Any) -> tuple | None:
     """The PartitionSpec dims of a concrete ``jax.Array`` with a ``NamedSharding`` (its mesh noted for
-    the mesh checks, :func:`struct_dims`), or None for anything else (a tracer: the program's)."""
+    the mesh checks, :func:`struct_dims`; a host array standing for one put on compile-only devices:
+    the sharding it was put with, :func:`stagetool.devices.world.placed_sharding`), or None for
+    anything else (a tracer: the program's)."""
     import jax
+
+    from stagetool.devices.world import placed_sharding
 
     if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
         return None
-    return struct_dims(x)
+    placed = placed_sharding(x)
+    return struct_dims(x if placed is None else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placed))
 
 
 def call_init(fn: Callable[..., Any], args: list, kwargs: dict) -> Any:
