@@ -57,6 +57,10 @@ FRAMEWORKS: dict[str, tuple[str, ...]] = {
     "keras": ("keras",),
 }
 
+#: The frameworks (keys of :data:`FRAMEWORKS`) whose modules give ``leaf_names(tree)``: names for plain
+#: array leaves, asked only where the user's code has imported the library (``sys.modules``).
+LEAF_NAMERS: tuple[str, ...] = ("keras",)
+
 
 def adapters(library: str | None) -> list[ModuleType]:
     """The modules of ``library`` (a key of :data:`FRAMEWORKS`; [] for None or another), imported."""

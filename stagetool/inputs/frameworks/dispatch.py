@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any, Callable, Iterator
 
 from stagetool.core.sharding import spec_dims
-from stagetool.inputs.frameworks import FRAMEWORKS, Pytree, adapters, library_of, module_library
+from stagetool.inputs.frameworks import LEAF_NAMERS, Pytree, adapters, library_of, module_library
 
 
 def _hooks(tree: Pytree, hook: str) -> list[ModuleType]:
@@ -64,12 +64,11 @@ def leaf_names(tree: Pytree) -> list[str | None]:
     import jax
 
     names: list[str | None] = [None] * len(jax.tree_util.tree_leaves(tree))
-    for library in FRAMEWORKS:
+    for library in LEAF_NAMERS:
         if library not in sys.modules:
             continue
         for m in adapters(library):
-            if hasattr(m, "leaf_names"):
-                names = [a or b for a, b in zip(names, m.leaf_names(tree), strict=True)]
+            names = [a or b for a, b in zip(names, m.leaf_names(tree), strict=True)]
     return names
 
 
