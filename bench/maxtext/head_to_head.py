@@ -94,16 +94,17 @@ def maxtext_side(overrides: str) -> None:
     }), flush=True)
 
 
-def stagetool_side(overrides: str) -> dict:
+def stagetool_side(overrides: str, mesh: str | None = None) -> dict:
     """stagetool report (JSON) and compile (HLO text) of the same step on --topology v5e:2x4."""
     env = dict(os.environ, MAXTEXT_OVERRIDES=overrides, STAGETOOL_NO_CACHE="1")  # a fresh compile
+    where = ["--mesh", mesh] if mesh else []  # the mesh MaxText's config makes, when not the spec's
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         subprocess.run([sys.executable, "-m", "stagetool", "report", "maxtext_train_step.py:train_step",
-                        "--topology", "v5e:2x4", "--format", "json", "-o", out], cwd=HERE, env=env, check=True)
+                        "--topology", "v5e:2x4", "--format", "json", "-o", out, *where], cwd=HERE, env=env, check=True)
         doc = json.load(open(out))
     hlo = subprocess.run([sys.executable, "-m", "stagetool", "compile", "maxtext_train_step.py:train_step",
-                          "--topology", "v5e:2x4"], cwd=HERE, env=env, check=True, capture_output=True,
+                          "--topology", "v5e:2x4", *where], cwd=HERE, env=env, check=True, capture_output=True,
                          text=True).stdout
     f = doc["functions"][0]
     assert f.get("error") is None, f["error"]
@@ -120,13 +121,16 @@ def stagetool_side(overrides: str) -> dict:
             "hlo_instructions": len(re.findall(r"^\s*(?:ROOT )?\S+ = ", hlo, flags=re.MULTILINE)),
             "inputs": len(f["inputs"]), "parameters": sum(x.get("parameter") is not None for x in f["inputs"]),
             "outputs": len(f["outputs"]),
-            "mesh": f"{f['mesh']['device_count']} {f['mesh']['platform']}"}
+            "mesh": f"{f['mesh']['device_count']} {f['mesh']['platform']}",
+            "relaid": [n for n in f["notes"] if "re-laid" in n]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--overrides", default=OVERRIDES)
     ap.add_argument("--json")
+    ap.add_argument("--mesh", help="stagetool's --mesh, when the overrides change MaxText's ici_* parallelism "
+                    "(all 12 axes: diloco=1,data=1,stage=1,fsdp=4,...,tensor=2,...)")
     ap.add_argument("--maxtext-side", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.maxtext_side:
@@ -136,7 +140,7 @@ def main() -> None:
                            capture_output=True, text=True, check=True)
     line = next(x for x in child.stdout.splitlines() if x.startswith("HEAD_TO_HEAD "))
     mt = json.loads(line[len("HEAD_TO_HEAD "):])
-    st = stagetool_side(a.overrides)
+    st = stagetool_side(a.overrides, a.mesh)
     if a.json:
         json.dump({"train_compile": mt, "stagetool": st}, open(a.json, "w"), indent=1)
     print("| figure (per device) | train_compile.py | stagetool | equal |\n|:---|---:|---:|:---:|")
@@ -152,6 +156,8 @@ def main() -> None:
     print(f"| collectives, distinct channel ids | {mt['channels']} | {st['hlo_channels']} | "
           f"{'yes' if mt['channels'] == st['hlo_channels'] else 'NO'} |")
     print(f"| collectives (stagetool's list) | | {st['collectives']} | |")
+    if st["relaid"]:
+        print("\nstagetool's notes: " + " ".join(st["relaid"]))
 
 
 if __name__ == "__main__":
