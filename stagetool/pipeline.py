@@ -392,7 +392,6 @@ def _facts_through_cache(cache: FactsCache | None, staged: Staged, inputs: Abstr
     ``raw_text`` (the compiled text is shown as it is): the frames above stagetool's call are in the
     key too (:func:`stagetool.staging.cache.cache_key`)."""
     from stagetool.staging.cache import cache_key
-    from stagetool.facts import StagedFunction
     from stagetool.staging.gather import gather
     from stagetool.staging.stages import compile_staged, merge_warnings
 

@@ -26,7 +26,7 @@ from collections import Counter
 
 import jax
 import pytest
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType
 
 from helpers import REPO, leaves_by_path
 from stagetool.devices import gpu_topology, tpu_topology

@@ -30,7 +30,6 @@ from stagetool.inputs.frameworks import Pytree
 from stagetool.inputs.frameworks.jit import JitSettings
 from stagetool.inputs.leaves import (DIVIDE_HINT, RANK_HINT, apply_rules, as_abstract_ref, check_fits, global_shape,
                                     jax_dtype, keypath_str, named_path, ref_in_shardings, same_dims)
-from stagetool.inputs.out_shardings import fit_out_shardings  # noqa: F401  (pipeline imports it from here)
 from stagetool.inputs.own_jit import has_shared, own_program, shared_note, take_in_shardings
 from stagetool.inputs.records import AbstractInputs, InputLeaf
 from stagetool.inputs.signature import arg_names, bind_for_in_shardings, check_signature, check_static_hashable, merged_donation

@@ -30,10 +30,11 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
       TargetError: the target cannot be loaded (naming the spec's line).
       UsageError: a mesh the code names that cannot be staged faithfully (exit 2).
       SpecError, StagingError: as :func:`stagetool.inputs.avals.build_inputs` and
-        :func:`stagetool.inputs.avals.fit_out_shardings`.
+        :func:`stagetool.inputs.out_shardings.fit_out_shardings`.
     """
     from stagetool.devices.world import staged_world
-    from stagetool.inputs.avals import build_inputs, fit_out_shardings
+    from stagetool.inputs.avals import build_inputs
+    from stagetool.inputs.out_shardings import fit_out_shardings
     from stagetool.inputs.hidden_jit import hidden_jit_note
     from stagetool.inputs.own_mesh import check_seen, relay_own_jit
     from stagetool.inputs.seen_meshes import collecting
