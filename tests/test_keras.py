@@ -98,7 +98,7 @@ functions:
       - i32[64] @ [batch]
 '''
 
-STATE_FORMS = {"ref": "{ref: kr.py:STATE}", "init": "{init: kr.py:init_state}"}
+STATE_FORMS = {"ref": "{ref: kr.py:STATE}", "init": "{init: kr.py:init_state}", "call": "{call: kr.py:init_state}"}
 
 COLLECTIVE_RE = re.compile(r"=\s*\S.*?\s(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
 

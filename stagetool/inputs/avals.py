@@ -219,7 +219,13 @@ class _Builder:
                                "an argument of the function takes an abstract key, e.g. 'key<fry>[]'")
             return None
         if isinstance(tree, CallSpec):
-            return build_call(tree, self.fspec, self.built)
+            value = build_call(tree, self.fspec, self.built)
+            if any(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+                   for x in jax.tree_util.tree_leaves(value)):
+                # arrays that exist (Keras' [v.value for v in ...]): jax.jit takes them as arguments, with
+                # their own shardings, not as constants of the program; staged as a {ref:} object's are
+                return self.ref_tree(ValueSpec(value, tree.loc), path, donated)
+            return value
         if isinstance(tree, ArgSpec):
             return self.arg_value(tree, path)
         if isinstance(tree, StagedSpec):
