@@ -237,7 +237,9 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
                 apart_extra_flops=max((aware.flops or 0.0) - (once.flops or 0.0), 0.0))
     scope = manual_scope(text)
     notes: tuple[str, ...] = ()
-    if scope.kind == "entire" and scope.shards and scope.shards > 1:
+    if not whole.reported:
+        pass  # a scope note is about the whole-program figure: none without one (XLA:TPU's Lowered is None)
+    elif scope.kind == "entire" and scope.shards and scope.shards > 1:
         whole = scaled_to_shards(whole, scope.shards)
         notes = (f"whole program: the program is one shard_map over all devices (manual axes "
                  f"{', '.join(scope.axes)}); Lowered.cost_analysis() costs one shard, so its figures are "

@@ -1,0 +1,78 @@
+"""Findings of a new user's trial on an MoE decode step (jax-llm-examples' qwen3 `decode_step`, a
+program with shard_map parts), each on a small hand-written program of the same shape."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import write
+
+from stagetool.devices import tpu_topology as topology
+
+needs_libtpu = pytest.mark.skipif(not topology.libtpu_available(),
+                                  reason="libtpu not installed: pip install -e '.[tpu]'")
+
+PARTLY_MANUAL = """\
+import jax, jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+def f(x, w):
+    def local(x, w):
+        return jax.lax.psum(x @ w, "model")
+    return jax.shard_map(local, in_specs=(P("data", "model"), P("model", None)), out_specs=P("data", None))(x, w)
+
+def whole(x, w):
+    return f(x, w)
+
+def partly(x, w):
+    return f(x, w) + jnp.tanh(x @ w)
+"""
+
+SPEC = """\
+version: 1
+mesh: {axes: {data: 2, model: 4}}
+functions:
+  whole:
+    target: sm.py:whole
+    args: ['f32[256,512] @ [data, model]', 'f32[512,128] @ [model, null]']
+  partly:
+    target: sm.py:partly
+    args: ['f32[256,512] @ [data, model]', 'f32[512,128] @ [model, null]']
+"""
+
+
+@needs_libtpu
+def test_no_scope_note_on_a_whole_program_figure_the_backend_did_not_report(run_cli, tmp_path):
+    """XLA:TPU's Lowered.cost_analysis() is None: the cost view said 'whole program: not reported' and
+    then that the (absent) whole-program figure 'mixes the two scopes' (or is multiplied by the shards)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from stagetool.plan.target import parse_target
+
+    write(tmp_path, "sm.py", PARTLY_MANUAL)
+    spec = write(tmp_path, "sm.stagetool.yaml", SPEC)
+    topo = topology.tpu_topology(parse_target("v5e:2x4"))
+    mesh = topology.topology_mesh(topo.devices, (2, 4), ("data", "model"))
+    x = jax.ShapeDtypeStruct((256, 512), jnp.float32, sharding=NamedSharding(mesh, P("data", "model")))
+    w = jax.ShapeDtypeStruct((512, 128), jnp.float32, sharding=NamedSharding(mesh, P("model", None)))
+    ns: dict = {}
+    exec(PARTLY_MANUAL, ns)
+    with jax.set_mesh(mesh):
+        lowered = jax.jit(ns["partly"]).trace(x, w).lower()
+    assert lowered.cost_analysis() is None  # raw JAX: no whole-program figure on XLA:TPU
+    assert "sdy.manual_computation" in lowered.as_text()  # the program has a shard_map part
+
+    r = run_cli("cost", "--spec", str(spec), "--topology", "v5e:2x4", "--format", "json", check=0)
+    for fn in r.json()["functions"]:
+        cost = fn["cost"]
+        assert cost["whole_program"]["flops"] is None, fn["name"]
+        assert cost["scope_notes"] == [], (fn["name"], cost["scope_notes"])
+    text = " ".join(run_cli("cost", "--spec", str(spec), "--topology", "v5e:2x4", check=0).stdout.split())
+    assert "whole program: not reported" in text
+    assert "mixes the two scopes" not in text and "multiplied by the" not in text
+    # on the simulated CPU mesh XLA:CPU reports the whole program, and the notes are there
+    cpu = {f["name"]: f["cost"] for f in run_cli("cost", "--spec", str(spec), "--format", "json",
+                                                   check=0).json()["functions"]}
+    assert "multiplied by the 8 shards" in cpu["whole"]["scope_notes"][0]
+    assert "mixes the two scopes" in cpu["partly"]["scope_notes"][0]
