@@ -440,6 +440,36 @@ def _mesh_report(plan: Plan, setup: DeviceSetup) -> MeshReport:
                       len(setup.devices), setup.process_count, setup.topology, setup.slices)
 
 
+def _spec_to_name(plan: Plan, fspec: FunctionSpec) -> str | None:
+    """The spec's path when ``stagetool CMD TARGET``, run in the spec's folder (where every path of a
+    report is written from), would not find it: ``--spec`` named a file other than
+    ``<module>.stagetool.yaml`` beside the target or ``stagetool.yaml``. None when it would find it,
+    or for a spec without a file. The path is rewritten relative to the report root with the rest."""
+    from pathlib import Path
+
+    if plan.spec.path is None:
+        return None
+    spec = Path(plan.spec.path).resolve()
+    module = fspec.target.rpartition(":")[0]
+    tried = []
+    if module.endswith(".py"):
+        m = Path(module)
+        tried.append((m if m.is_absolute() else spec.parent / m).with_name(m.stem + ".stagetool.yaml"))
+    tried.append(spec.parent / "stagetool.yaml")
+    first = next((p for p in tried if p.is_file()), None)
+    if first is not None and first.resolve() == spec:
+        return None
+    return str(spec)
+
+
+def _mesh_override(plan: Plan) -> str | None:
+    """``--mesh`` as ``name=size,...`` when the run's mesh is not the spec's (a ``--mesh`` override),
+    else None."""
+    if plan.mesh.axes == plan.spec.mesh.axes:
+        return None
+    return ",".join(f"{n}={s}" for n, s in plan.mesh.axes)
+
+
 def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, wanted: frozenset[Section],
                user_files: list[str], inputs: AbstractInputs, *, cached: bool = False) -> FunctionReport:
     """The :class:`~stagetool.report.model.FunctionReport` of one staged function's facts."""
@@ -513,7 +543,8 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
         from stagetool.analysis.cpu_artefacts import accelerator_command, command_for, cpu_notes
 
         command = accelerator_command(command_for(wanted), fspec.target, len(setup.devices),
-                                      mesh_axes=len(plan.mesh.names))
+                                      mesh_axes=len(plan.mesh.names), spec=_spec_to_name(plan, fspec),
+                                      function=fspec.name, mesh=_mesh_override(plan))
         notes += cpu_notes(command=command, host=facts.host_transfers, narrow=narrow,
                            collectives=fields.get("collectives"), cost=fields.get("cost"))
     if setup.target_config_sha256 is not None:

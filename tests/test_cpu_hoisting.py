@@ -126,7 +126,8 @@ def test_the_accumulated_all_reduce_in_the_cpu_loop_body_is_marked(run_cli, spec
     assert item["cpu_only"] == HOISTED
     (note,) = [n for n in fn["notes"] if HOISTED in n]
     assert f"({4 * GRAD_BYTES:,} B per device per step here)" in note and f"({GRAD_BYTES:,} B)" in note
-    assert note.endswith("stagetool collectives m.py:accum --topology v5e:2x4")
+    # the spec (s.stagetool.yaml) is not the one the TARGET finds (m.stagetool.yaml): the command names it
+    assert note.endswith("stagetool collectives --spec s.stagetool.yaml --function accum --topology v5e:2x4")
     text = run_cli("collectives", "--spec", str(spec), "-f", "accum", check=0).stdout
     assert f"4 (loop) ({HOISTED})" in text
 

@@ -76,3 +76,47 @@ def test_no_scope_note_on_a_whole_program_figure_the_backend_did_not_report(run_
                                                    check=0).json()["functions"]}
     assert "multiplied by the 8 shards" in cpu["whole"]["scope_notes"][0]
     assert "mixes the two scopes" in cpu["partly"]["scope_notes"][0]
+
+
+BF16_DOT = """\
+def mm(a, b):
+    return (a @ b).sum()
+"""
+
+BF16_SPEC = """\
+version: 1
+mesh: {axes: {d: 2, m: 4}}
+functions:
+  mm:
+    target: m.py:mm
+    args: ['bf16[256,512] @ [d, m]', 'bf16[512,256] @ [m, null]']
+"""
+
+
+def _answer(doc) -> str:
+    (note,) = [n for n in doc["functions"][0]["notes"] if "XLA:CPU computes bf16 dot products in f32" in n]
+    return note.rpartition("the accelerator's answer: ")[2]
+
+
+def test_the_accelerators_answer_names_the_spec_and_mesh_it_was_run_with(run_cli, tmp_path, monkeypatch):
+    """qwen3's spec was `qwen3.stagetool.yaml` (not found from the TARGET alone) and the run had
+    `--mesh 1x4x2`: the note's command (`stagetool memory TARGET --topology v5e:2x4`) was exit 2 (no
+    spec found) and, with the spec, would have staged the spec's mesh, not the one asked for."""
+    write(tmp_path, "sub/m.py", BF16_DOT)
+    write(tmp_path, "sub/mine.stagetool.yaml", BF16_SPEC)
+    monkeypatch.chdir(tmp_path)
+    doc = run_cli("memory", "--spec", "sub/mine.stagetool.yaml", "--mesh", "8x1", "--format", "json", check=0).json()
+    # the report's paths are written from the spec's folder: so is the command
+    assert _answer(doc) == "stagetool memory --spec mine.stagetool.yaml --function mm --topology v5e:2x4 --mesh d=8,m=1"
+    doc = run_cli("memory", "--spec", "sub/mine.stagetool.yaml", "--format", "json", check=0).json()
+    assert _answer(doc) == "stagetool memory --spec mine.stagetool.yaml --function mm --topology v5e:2x4"
+    # a spec the TARGET finds (beside the module) keeps the short form
+    write(tmp_path, "sub/m.stagetool.yaml", BF16_SPEC)
+    doc = run_cli("memory", "sub/m.py:mm", "--format", "json", check=0).json()
+    assert _answer(doc) == "stagetool memory m.py:mm --topology v5e:2x4"
+    monkeypatch.chdir(tmp_path / "sub")
+    args = "memory --spec mine.stagetool.yaml --function mm --mesh 8x1".split()
+    if topology.libtpu_available():  # the command runs, on the mesh the CPU run had
+        (fn,) = run_cli(*args, "--topology", "v5e:2x4", "--format", "json", check=0).json()["functions"]
+        assert fn["mesh"]["axes"] == [["d", 8], ["m", 1]]
+        assert fn["mesh"]["platform"] == "tpu"

@@ -95,16 +95,24 @@ def command_for(sections: Iterable[str]) -> str:
         else "report"
 
 
-def accelerator_command(command: str, target: str, device_count: int, *, mesh_axes: int) -> str:
+def accelerator_command(command: str, target: str, device_count: int, *, mesh_axes: int,
+                        spec: str | None = None, function: str | None = None, mesh: str | None = None) -> str:
     """The command that gives the accelerator's answer for the same function and mesh: the same
     ``stagetool`` command on a compile-only TPU topology with as many chips as the mesh has devices
     (``stagetool collectives up.py:step --topology v5e:2x4``). A mesh without axes gets
     ``--mesh data=1`` (a topology needs a mesh to lay over it); a device count no v5e slice has gets
-    ``v5e:AxB`` with A·B = that count to fill in."""
+    ``v5e:AxB`` with A·B = that count to fill in. ``spec`` (a spec the TARGET alone would not find
+    from the working directory) makes it ``--spec SPEC --function FUNCTION`` instead of the TARGET;
+    ``mesh`` (``--mesh`` as given, when it overrode the spec's mesh) is passed on."""
+    import shlex
+
     shape = _V5E.get(device_count)
     topo = f"v5e:{shape}" if shape else f"v5e:AxB (A·B = {device_count})"
-    extra = " --mesh data=1" if mesh_axes == 0 and device_count == 1 else ""
-    return f"stagetool {command} {target} --topology {topo}{extra}"
+    extra = f" --mesh {shlex.quote(mesh)}" if mesh else (
+        " --mesh data=1" if mesh_axes == 0 and device_count == 1 else "")
+    what = (f"--spec {shlex.quote(spec)} --function {shlex.quote(function or '')}" if spec is not None
+            else target)
+    return f"stagetool {command} {what} --topology {topo}{extra}"
 
 
 def _dtype(shape) -> str | None:
