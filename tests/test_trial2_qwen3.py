@@ -120,3 +120,25 @@ def test_the_accelerators_answer_names_the_spec_and_mesh_it_was_run_with(run_cli
         (fn,) = run_cli(*args, "--topology", "v5e:2x4", "--format", "json", check=0).json()["functions"]
         assert fn["mesh"]["axes"] == [["d", 8], ["m", 1]]
         assert fn["mesh"]["platform"] == "tpu"
+
+
+def test_a_module_target_beside_the_spec_says_where_to_run_from(run_cli, tmp_path, monkeypatch):
+    """qwen3's spec names `qwen3_jax.model:decode_step` (a package without __init__.py beside the
+    spec); run from the folder above, the error was 'no module named' with the hint 'a file target
+    needs its path and .py', though the module is there: a module target imports from the working
+    directory, as `python -m` does."""
+    write(tmp_path, "sub/qwen3like/mod.py", "def f(x):\n    return x * 2\n")
+    write(tmp_path, "sub/s.stagetool.yaml", """\
+version: 1
+functions:
+  f: {target: 'qwen3like.mod:f', args: ['f32[8]']}
+""")
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("shardings", "--spec", "sub/s.stagetool.yaml", check=2)
+    err = " ".join(r.stderr.split())
+    assert "no module named 'qwen3like'" in err
+    assert f"qwen3like is in the spec's folder {(tmp_path / 'sub').resolve()}" in err and "run stagetool from" in err
+    assert "a file target needs its path" not in err
+    monkeypatch.chdir(tmp_path / "sub")  # where the hint says: it stages
+    doc = run_cli("shardings", "--spec", "s.stagetool.yaml", "--format", "json", check=0).json()
+    assert doc["functions"][0]["outputs"][0]["shape"] == [8]

@@ -57,7 +57,7 @@ def load_target(text: str, *, base_dir: Path | None = None, need_callable: bool 
     if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
         module = _import_file(text, module_part, base_dir)
     else:
-        module = _import_module(text, module_part)
+        module = _import_module(text, module_part, base_dir)
     obj: Any = module
     walked: list[str] = []
     for part in attr.split("."):
@@ -105,11 +105,27 @@ def _import_file(text: str, module_part: str, base_dir: Path | None) -> Any:
     return _import(text, name, user_file=str(path))
 
 
-def _import_module(text: str, name: str) -> Any:
+def _import_module(text: str, name: str, base_dir: Path | None = None) -> Any:
+    """Import a ``package.module`` target with the working directory on ``sys.path``, as ``python -m``
+    does. Not found there, but found in ``base_dir`` (the spec's folder): the hint says to run from
+    that folder or put it on ``PYTHONPATH`` (a module target is not resolved against the spec)."""
     cwd = str(Path.cwd())
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # as `python -m` does
-    return _import(text, name, user_file=None)
+    try:
+        return _import(text, name, user_file=None)
+    except TargetError as e:
+        top = name.partition(".")[0]
+        beside = None
+        if base_dir is not None and "no module named" in e.message:
+            folder = Path(base_dir).resolve()
+            if (folder / top).is_dir() or (folder / f"{top}.py").is_file():
+                beside = folder
+        if beside is None or Path(cwd).resolve() == beside:
+            raise
+        raise TargetError(e.message, hint=f"{top} is in the spec's folder {beside}, but a module target "
+                                           f"imports from the working directory, as python -m does: run "
+                                           f"stagetool from {beside}, or with it on PYTHONPATH") from None
 
 
 def _import(text: str, name: str, user_file: str | None) -> Any:
