@@ -124,7 +124,8 @@ def _device_put(x: Any, device: Any = None, *args: Any, **kwargs: Any) -> Any:
 
     def on_host(leaf: Any) -> Any:
         value = original(leaf)
-        _PLACED[id(value)] = (weakref.ref(value, lambda _, key=id(value): _PLACED.pop(key, None)), sharding)
+        key = id(value)
+        _PLACED[key] = (weakref.ref(value, lambda _: _PLACED.pop(key, None)), sharding)
         return value
 
     return jax.tree_util.tree_map(on_host, x)

@@ -90,7 +90,8 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
         fields["outputs"] = output_facts(staged.traced, compiled, declared_outputs, mesh, inputs.state_outputs,
                                          program_output_paths(staged.traced, inputs),
                                          ref_inputs=(fields["inputs"], ref_flags(inputs)),
-                                         target_out=_own_out_shardings(inputs))
+                                         target_out=_own_out_shardings(inputs),
+                                         like_inputs=names_like_inputs(staged.traced, inputs))
     fields["uneven_constraints"] = uneven_constraints(staged.traced, user_files or [])
     fields["host_transfers"] = host_transfers(staged.traced, user_files or [])
     return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)
@@ -378,22 +379,80 @@ def output_names(traced: Any, inputs: AbstractInputs) -> list[str]:
     import jax
 
     with_paths = jax.tree_util.tree_flatten_with_path(traced.out_info)[0]
-    return _output_names(with_paths, inputs.state_outputs, program_output_paths(traced, inputs))
+    return _output_names(with_paths, inputs.state_outputs, program_output_paths(traced, inputs),
+                         names_like_inputs(traced, inputs))
 
 
-def _output_names(with_paths: list, state_outputs: tuple[str, ...], paths: list[str] | None) -> list[str]:
+def _output_names(with_paths: list, state_outputs: tuple[str, ...], paths: list[str] | None,
+                  like_inputs: list[str | None] | None = None) -> list[str]:
     from stagetool.inputs.leaves import keypath_str
 
     if paths is not None and len(paths) == len(with_paths):
         return list(paths)
-    return [keypath_str(kp)[1:] if state_outputs else "out" + keypath_str(kp) for kp, _ in with_paths]
+    names = [keypath_str(kp)[1:] if state_outputs else "out" + keypath_str(kp) for kp, _ in with_paths]
+    if like_inputs is not None and not state_outputs and len(like_inputs) == len(names):
+        names = [n if mine is None else mine for n, mine in zip(names, like_inputs)]
+    return names
+
+
+def names_like_inputs(traced: Any, inputs: AbstractInputs) -> list[str | None] | None:
+    """Per output leaf, a name taken from an argument whose leaves a framework named (a Keras state's
+    ``state/0/hidden/kernel``, :mod:`stagetool.inputs.frameworks.keras`), or None: an output subtree
+    with that argument's structure and its leaves' shapes and dtypes (the new state a step returns,
+    ``(loss, (trainable, non_trainable, opt_vars))``) is named as it, under its own output path
+    (``out/1/0/hidden/kernel``). None when no argument has such names (every other framework's
+    outputs keep their key paths)."""
+    import jax
+
+    from stagetool.inputs.leaves import keypath_str
+
+    if inputs.program is not None or inputs.state_outputs or inputs.wrapped:
+        return None
+    flat_args = jax.tree_util.tree_flatten_with_path((tuple(inputs.args), dict(inputs.kwargs)))[0]
+    if len(flat_args) != len(inputs.leaves):
+        return None
+    named: dict[int, list[str]] = {}  # argument position -> its leaves' paths under the argument
+    framework_named: set[int] = set()  # the arguments with a leaf a framework named
+    for (kp, _), leaf in zip(flat_args, inputs.leaves):
+        top = kp[1]
+        if not hasattr(top, "idx"):
+            continue
+        rest = leaf.path.partition("/")[2]
+        named.setdefault(top.idx, []).append(rest)
+        if rest != keypath_str(kp[2:])[1:]:
+            framework_named.add(top.idx)
+    like = {i: named[i] for i in framework_named}
+    shapes = {i: [(tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(inputs.args[i])] for i in like}
+    structures = {i: jax.tree_util.tree_structure(inputs.args[i]) for i in like}
+    if not like:
+        return None
+
+    def match(x: Any) -> int | None:
+        structure = jax.tree_util.tree_structure(x)
+        for i in like:
+            if structure == structures[i] and [(tuple(y.shape), str(y.dtype)) for y in
+                                               jax.tree_util.tree_leaves(x)] == shapes[i]:
+                return i
+        return None
+
+    out: list[str | None] = []
+    for kp, sub in jax.tree_util.tree_flatten_with_path(traced.out_info, is_leaf=lambda x: match(x) is not None)[0]:
+        i = match(sub)
+        if i is None:
+            out.append(None)
+            continue
+        out += ["out" + keypath_str(kp) + "/" + name for name in like[i]]
+    return out
 
 
 def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
                  state_outputs: tuple[str, ...] = (), paths: list[str] | None = None,
                  ref_inputs: tuple[tuple[LeafFacts, ...], tuple[bool, ...]] | None = None,
-                 target_out: Any = None) -> tuple[LeafFacts, ...]:
+                 target_out: Any = None, like_inputs: list[str | None] | None = None) -> tuple[LeafFacts, ...]:
     """One :class:`LeafFacts` per output leaf (paths start with ``out``).
+
+    ``like_inputs``: per output leaf, a name taken from a framework-named argument
+    (:func:`names_like_inputs`), or None (its key path).
 
     ``target_out``: a ``jax.jit`` target's own ``out_shardings`` (a prefix tree of NamedShardings,
     PartitionSpecs, None): an output it pins and the spec does not is declared with it, and its
@@ -439,7 +498,7 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
     pinned = (_declared_outputs(_as_declared(target_out), len(with_paths), traced.out_info)
               if target_out is not None and not state_outputs and paths is None else [None] * len(with_paths))
     out = []
-    names = _output_names(with_paths, state_outputs, paths)
+    names = _output_names(with_paths, state_outputs, paths, like_inputs)
     for (kp, info), name, sharding, decl, pin, fmt in zip(with_paths, names, shardings, declared, pinned, formats,
                                                           strict=True):
         shape = tuple(info.shape)
