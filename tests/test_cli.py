@@ -312,7 +312,8 @@ def test_spec_not_found_lists_the_paths_tried(run_cli, tmp_path, monkeypatch):
 
 def test_target_not_in_spec(run_cli, project):
     err = one_error(run_cli("shardings", f"{project}/model.py:bad_trace"))
-    assert "does not describe" in err and "step (model.py:step), other (model.py:other)" in err
+    # the spec's targets as a TARGET written as this one (absolute) names them
+    assert "does not describe" in err and f"step ({project}/model.py:step), other ({project}/model.py:other)" in err
     err = one_error(run_cli("shardings", "--spec", project / "model.stagetool.yaml", "-f", "nope"))
     assert "--function 'nope' is not in" in err
 

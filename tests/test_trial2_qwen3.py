@@ -142,3 +142,18 @@ functions:
     monkeypatch.chdir(tmp_path / "sub")  # where the hint says: it stages
     doc = run_cli("shardings", "--spec", "s.stagetool.yaml", "--format", "json", check=0).json()
     assert doc["functions"][0]["outputs"][0]["shape"] == [8]
+
+
+def test_a_target_the_spec_lacks_lists_the_specs_targets_as_written_from_here(run_cli, tmp_path, monkeypatch):
+    """`stagetool memory m.py:mm --spec sub/mine.stagetool.yaml` from the folder above said 'does not
+    describe m.py:mm; it has: mm (m.py:mm)': the same text on both sides, since the TARGET's file is
+    relative to the working directory and the spec's to its folder."""
+    write(tmp_path, "sub/m.py", BF16_DOT)
+    write(tmp_path, "sub/mine.stagetool.yaml", BF16_SPEC)
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("memory", "m.py:mm", "--spec", "sub/mine.stagetool.yaml", check=2)
+    err = " ".join(r.stderr.split())
+    assert "does not describe m.py:mm; it has: mm (sub/m.py:mm)" in err
+    assert "relative to the working directory" in err
+    # the target as listed is the one that runs
+    assert run_cli("memory", "sub/m.py:mm", "--spec", "sub/mine.stagetool.yaml", check=0).code == 0

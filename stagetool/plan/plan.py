@@ -241,9 +241,13 @@ def _select_functions(options: Options, spec: Spec, spec_path: Path, problems: P
         if options.target:
             functions = [f for f in functions if _same_target(options.target, f)]
             if not functions:
-                described = ", ".join(f"{f.name} ({f.target})" for f in spec.functions.values()) or "none"
+                absolute = Path(options.target.rpartition(":")[0]).is_absolute()
+                described = ", ".join(f"{f.name} ({_target_from_here(f, absolute=absolute)})"
+                                      for f in spec.functions.values()) or "none"
                 raise UsageError(f"the spec {spec_path} does not describe {options.target}; it has: {described}",
-                                 hint="add the function under 'functions:' or pass the right --spec")
+                                 hint="add the function under 'functions:' or pass the right --spec (a TARGET's "
+                                      "file is relative to the working directory, a spec target's to the spec's "
+                                      "folder; the targets are listed as you would write them here)")
     with problems.check():
         if options.function:
             wanted = (options.function,) if isinstance(options.function, str) else tuple(options.function)
@@ -330,6 +334,26 @@ def _chips(spec: Spec, options: Options, target: DeviceTarget | None,
             if chip == CHIPS.get(chip.name):
                 check_chip_for_target(options.chip, target)
     return chips, chip
+
+
+def _target_from_here(fspec: FunctionSpec, *, absolute: bool = False) -> str:
+    """The spec's target as a command-line TARGET names it from the working directory: a relative
+    ``file.py`` target (relative to the spec's folder) rewritten relative to the working directory
+    (its absolute path where ``absolute``: the TARGET was given so); other forms as written."""
+    import os
+
+    try:
+        mod, attr = split_target(fspec.target)
+    except Exception:
+        return fspec.target
+    if not mod.endswith(".py") or Path(mod).is_absolute():
+        return fspec.target
+    if absolute:
+        return f"{os.path.normpath(os.path.abspath(fspec.base_dir / mod))}:{attr}"
+    try:
+        return f"{os.path.relpath(fspec.base_dir / mod)}:{attr}"
+    except ValueError:  # another drive (Windows)
+        return f"{fspec.base_dir / mod}:{attr}"
 
 
 def _same_target(target: str, fspec: FunctionSpec) -> bool:
