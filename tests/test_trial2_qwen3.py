@@ -157,3 +157,44 @@ def test_a_target_the_spec_lacks_lists_the_specs_targets_as_written_from_here(ru
     assert "relative to the working directory" in err
     # the target as listed is the one that runs
     assert run_cli("memory", "sub/m.py:mm", "--spec", "sub/mine.stagetool.yaml", check=0).code == 0
+
+
+TWO_EDITS = """\
+import jax
+from jax.sharding import PartitionSpec as P
+
+def step(w, x):
+    h = jax.lax.with_sharding_constraint(x @ w, P("d", CONSTRAINT))
+    return (h * 2).sum()
+"""
+
+TWO_EDITS_SPEC = """\
+version: 1
+mesh: {axes: {d: 2, m: 4}}
+functions:
+  step:
+    target: m.py:step
+    args: ['f32[512,1024] @ [null, ${W}]', 'f32[256,512] @ [d, null]']
+"""
+
+
+def test_changes_made_by_two_edits_are_not_said_to_come_from_no_edit(run_cli, tmp_path, monkeypatch):
+    """qwen3: one edit of ShardingRules (vocab_out) changed an init's sharding (cause 1) and a
+    constraint (cause 2); argument bytes and FLOPs grew by the lm_head's share, yet were listed as
+    'unexplained · decode_step: no recorded edit leads to these'. With two edits a whole-program
+    figure is linked to neither; the heading says that, not that no edit leads to it."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "m.py", TWO_EDITS.replace("CONSTRAINT", '"m"'))
+    write(tmp_path, "m.stagetool.yaml", TWO_EDITS_SPEC.replace("${W}", "m"))
+    run_cli("snapshot", "--spec", "m.stagetool.yaml", "-o", "base.json", check=0)
+    import sys
+    sys.modules.pop("m", None)  # the CLI runs in this process: import the edited m.py afresh
+    write(tmp_path, "m.py", TWO_EDITS.replace("CONSTRAINT", "None"))
+    write(tmp_path, "m.stagetool.yaml", TWO_EDITS_SPEC.replace("${W}", "null"))
+    r = run_cli("check", "--spec", "m.stagetool.yaml", "--baseline", "base.json", "--format", "json", check=1)
+    (fn,) = r.json()["functions"]
+    assert len(fn["causes"]) == 2
+    assert any(c["subject"] == ["memory", "argument_bytes"] for c in fn["unexplained"]), fn["unexplained"]
+    out = " ".join(run_cli("check", "--spec", "m.stagetool.yaml", "--baseline", "base.json", check=1).stdout.split())
+    assert "unexplained · step: not linked to one of its 2 edits above" in out
+    assert "no recorded edit leads to these" not in out

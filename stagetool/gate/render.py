@@ -86,7 +86,12 @@ def _groups(cmp: Comparison) -> list[tuple[str | None, Cause | None, list[tuple[
             continue
         rest = list(f.unexplained) if (f.causes or f.unexplained) else [c for c in f.changes if c.status != "backend"]
         if rest:
-            head = (f"unexplained · {f.name}: no recorded edit leads to these" if cmp.causes else None)
+            # with two or more edits, a whole-program figure (memory, FLOPs) is linked to none of them
+            # though they made it: "no recorded edit" would be untrue
+            head = (None if not cmp.causes else
+                    f"unexplained · {f.name}: not linked to one of its {len(f.causes)} edits above (no record "
+                    "ties these to a single edit; whole-program figures move with any of them)"
+                    if len(f.causes) >= 2 else f"unexplained · {f.name}: no recorded edit leads to these")
             out.append((head, None, [(c, True) for c in rest]))
     for f in cmp.functions:
         if f.backend:
@@ -314,7 +319,8 @@ def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:
             unexplained = [c for c in (f.unexplained if f.causes or f.unexplained else f.changes)
                            if c.status == "regression"]
             if unexplained:
-                lines.append("unexplained (no recorded edit leads to these):")
+                lines.append(f"unexplained (not linked to one of the {len(f.causes)} edits):" if len(f.causes) >= 2
+                             else "unexplained (no recorded edit leads to these):")
                 lines += [f"  - {_change_line(c)}" for c in unexplained]
             el.text = "\n".join(lines)
         elif f.status == "new":
