@@ -41,16 +41,30 @@ def _meshes_in(value: Any, depth: int = 0) -> Iterator[Any]:
             yield from _meshes_in(v, depth + 1)
 
 
+def _sub_jaxprs(value: Any) -> Iterator[Any]:
+    """The jaxprs an equation's parameter holds: a ``Jaxpr``, a ``ClosedJaxpr``'s, or those in a
+    tuple or list of them (``cond``'s branches). Written here because ``jax.extend.core`` has
+    ``jaxprs_in_params`` only in later releases than 0.7.2 (there: ImportError)."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    if isinstance(value, ClosedJaxpr):
+        yield value.jaxpr
+    elif isinstance(value, Jaxpr):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _sub_jaxprs(v)
+
+
 def _eqns(jaxpr: Any, depth: int = 0) -> Iterator[Any]:
     """Every equation of ``jaxpr`` and of the jaxprs in its equations' parameters, in program order."""
-    from jax.extend.core import jaxprs_in_params
-
     if depth > _MAX_DEPTH:
         return
     for eqn in jaxpr.eqns:
         yield eqn
-        for sub in jaxprs_in_params(eqn.params):
-            yield from _eqns(sub, depth + 1)
+        for param in eqn.params.values():
+            for sub in _sub_jaxprs(param):
+                yield from _eqns(sub, depth + 1)
 
 
 def differs(mesh: Any, staged: Any) -> bool:
