@@ -67,6 +67,29 @@ class EqxProgram:
         return marker + ["out" + keypath(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(out_info[1])[0]]
 
 
+def placeholder_call(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict[int, Any]] | None:
+    """``(args, kwargs)`` with each ``ShapeDtypeStruct`` leaf replaced by a 0-d NumPy array, which
+    ``eqx.is_array`` takes for an array (so Equinox's and haliax's splits put it with the dynamic
+    arguments) and which stands for the leaf by identity: the third item maps ``id(placeholder)`` to
+    the ``ShapeDtypeStruct``. None where a leaf is an abstract ``jax.Ref``, which neither split takes."""
+    import numpy as np
+
+    flat, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
+    if any(isinstance(x, jax.ref.AbstractRef) for x in flat):
+        return None
+    back: dict[int, Any] = {}
+
+    def placeholder(x: Any) -> Any:
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        p = np.zeros((), np.float32)
+        back[id(p)] = x
+        return p
+
+    a, k = jax.tree_util.tree_unflatten(treedef, [placeholder(x) for x in flat])
+    return a, k, back
+
+
 #: what :func:`eqx_program` reads from an ``eqx.filter_jit`` object (Equinox 0.13; pinned by a test)
 _EQX_FIELDS = ("_signature", "_dynamic_fun", "_static_fun", "_cached", "donate_first", "donate_rest")
 
@@ -80,7 +103,6 @@ def eqx_program(settings: JitSettings, args: tuple, kwargs: dict, rules: Any = N
     Raises:
       whatever Equinox raises binding the call to the function's signature.
     """
-    import numpy as np
 
     wrapper = settings.wrapper
     if settings.kind != "eqx.filter_jit" or not all(hasattr(wrapper, f) for f in _EQX_FIELDS):
@@ -91,19 +113,10 @@ def eqx_program(settings: JitSettings, args: tuple, kwargs: dict, rules: Any = N
         return None
     if jax.tree_util.tree_leaves(wrapper._dynamic_fun):  # private-api: the arrays the function closes over
         return None
-    flat, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
-    if any(isinstance(x, jax.ref.AbstractRef) for x in flat):
+    called = placeholder_call(args, kwargs)
+    if called is None:
         return None
-    back: dict[int, Any] = {}
-
-    def placeholder(x: Any) -> Any:
-        if not isinstance(x, jax.ShapeDtypeStruct):
-            return x
-        p = np.zeros((), np.float32)  # an array to eqx.is_array; stands for x (by identity) only
-        back[id(p)] = x
-        return p
-
-    a, k = jax.tree_util.tree_unflatten(treedef, [placeholder(x) for x in flat])
+    a, k, back = called
     # private-api: filter_jit's _signature, _dynamic_fun, _static_fun, as _preprocess takes them
     info = (wrapper._signature, wrapper._dynamic_fun, wrapper._static_fun, wrapper.donate_first, wrapper.donate_rest)
     donate, keep, static = _preprocess(info, a, k, return_static=True)

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import jax
 
+from stagetool.inputs.frameworks.equinox import placeholder_call
 from stagetool.inputs.frameworks.jit import JitSettings
 
 #: hook: Python numbers are static, not traced (see stagetool.inputs.frameworks)
@@ -202,7 +203,6 @@ def haliax_program(settings: JitSettings, args: tuple, kwargs: dict, mesh: Any, 
       tracing the function for its output shapes.
     """
     import equinox as eqx
-    import numpy as np
     from haliax.tree_util import hashable_partition
 
     if settings.kind != KIND or not settings.readable:
@@ -210,19 +210,10 @@ def haliax_program(settings: JitSettings, args: tuple, kwargs: dict, mesh: Any, 
     nj = read(settings.wrapper)
     if jax.tree_util.tree_leaves(nj.dynamic_fun):  # the function closes over arrays: inputs the spec does not name
         return None
-    flat, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
-    if any(isinstance(x, jax.ref.AbstractRef) for x in flat):
+    called = placeholder_call(args, kwargs)
+    if called is None:
         return None
-    back: dict[int, Any] = {}
-
-    def placeholder(x: Any) -> Any:
-        if not isinstance(x, jax.ShapeDtypeStruct):
-            return x
-        p = np.zeros((), np.float32)  # an array to eqx.is_array; stands for x (by identity) only
-        back[id(p)] = x
-        return p
-
-    a, k = jax.tree_util.tree_unflatten(treedef, [placeholder(x) for x in flat])
+    a, k, back = called
     # As _NamedJitWrapper._call: arrays dynamic, the rest static; then donated / kept by donate_args
     dynamic_argspec, static_argspec = hashable_partition((a, k), eqx.is_array)
     dynamic_argspec = jax.tree_util.tree_map(lambda x: back.get(id(x), x), dynamic_argspec)
