@@ -117,6 +117,25 @@ def leaves_by_path(doc: dict, key: str = "inputs", function: int = 0) -> dict[st
     return {leaf["path"]: leaf for leaf in doc["functions"][function][key]}
 
 
+def target_devices(topology: str | None) -> list:
+    """The devices a raw-JAX reference compiles for: the first 8 simulated CPU devices for None, else
+    the compile-only devices of ``topology`` (``v5e:2x4``, ``h100:8``) as stagetool builds them;
+    skips the test where libtpu or JAX's CUDA plugin is not installed."""
+    import jax
+
+    from stagetool.devices import gpu_topology, tpu_topology
+    from stagetool.plan.target import parse_target
+
+    if topology is None:
+        return jax.devices()[:8]
+    if topology.startswith("h100"):
+        if not gpu_topology.cuda_plugin_available():
+            pytest.skip("JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
+        return list(gpu_topology.gpu_topology(parse_target(topology)).devices)
+    if not tpu_topology.libtpu_available():
+        pytest.skip("libtpu not installed: pip install -e '.[tpu]'")
+    return list(tpu_topology.tpu_topology(parse_target(topology)).devices)
+
 
 def assert_memory_is_xlas(record: dict, compiled: Any) -> None:
     """The four memory figures of a report's ``memory.record`` equal XLA's ``memory_analysis()`` of

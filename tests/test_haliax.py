@@ -28,9 +28,7 @@ import jax
 import pytest
 from jax.sharding import AxisType
 
-from helpers import REPO, leaves_by_path
-from stagetool.devices import gpu_topology, tpu_topology
-from stagetool.plan.target import parse_target
+from helpers import REPO, leaves_by_path, target_devices
 
 pytest.importorskip("optax")
 with warnings.catch_warnings():  # haliax imports deprecated JAX names (jax.experimental.shard_map)
@@ -59,18 +57,6 @@ def _module():
         warnings.simplefilter("ignore", DeprecationWarning)
         spec.loader.exec_module(module)
     return module
-
-
-def _devices(topology: str | None) -> list:
-    if topology is None:
-        return jax.devices()[:8]
-    if topology.startswith("h100"):
-        if not gpu_topology.cuda_plugin_available():
-            pytest.skip("JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
-        return list(gpu_topology.gpu_topology(parse_target(topology)).devices)
-    if not tpu_topology.libtpu_available():
-        pytest.skip("libtpu not installed: pip install -e '.[tpu]'")
-    return list(tpu_topology.tpu_topology(parse_target(topology)).devices)
 
 
 def _mesh(devices: list, shape: tuple[int, int] = (2, 4)):
@@ -231,7 +217,7 @@ def test_named_jit_on_another_mesh_is_raw_haliax_at_that_shape(run_cli, monkeypa
 @pytest.mark.parametrize("name", STEPS)
 @pytest.mark.parametrize("topology", ["v5e:2x4", "h100:8"])
 def test_named_jit_step_on_a_topology_is_haliaxs_program(run_cli, monkeypatch, isolated_imports, topology, name):
-    devices = _devices(topology)
+    devices = target_devices(topology)
     fn = _report(run_cli, monkeypatch, topology, name)
     assert fn["mesh"]["device_count"] == 8 and fn["mesh"]["platform"] == devices[0].platform
     compiled = written_out(_module(), devices, name)

@@ -17,11 +17,11 @@ from collections import Counter
 
 import jax
 import pytest
-from helpers import write
+from helpers import target_devices, write
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stagetool.devices import gpu_topology, tpu_topology
+from stagetool.devices import tpu_topology
 from stagetool.plan.target import parse_target
 
 if "keras" not in sys.modules:  # Keras reads its backend once, at its first import
@@ -239,16 +239,6 @@ def test_keras_other_mesh_is_relaid_as_raw_jax_at_that_shape(run_cli, tmp_path, 
     assert "state/0/hidden/kernel" in {x["path"] for x in f["inputs"]}
 
 
-def _topology_devices(topology: str) -> list:
-    if topology.startswith("h100"):
-        if not gpu_topology.cuda_plugin_available():
-            pytest.skip("JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
-        return list(gpu_topology.gpu_topology(parse_target(topology)).devices)
-    if not tpu_topology.libtpu_available():
-        pytest.skip("libtpu not installed: pip install -e '.[tpu]'")
-    return list(tpu_topology.tpu_topology(parse_target(topology)).devices)
-
-
 @pytest.mark.parametrize("topology", ["v5e:2x4", "h100:8"])
 def test_keras_step_on_a_compile_only_topology(run_cli, tmp_path, monkeypatch, topology):
     """Under ``--topology`` the module's ``keras.distribution.list_devices()`` are the compile-only
@@ -256,7 +246,7 @@ def test_keras_step_on_a_compile_only_topology(run_cli, tmp_path, monkeypatch, t
     kept): every figure is raw JAX's compile of the same step with the Keras mesh built over those
     devices and each variable laid out as its LayoutMap says."""
     model = _model(tmp_path, monkeypatch)
-    devices = _topology_devices(topology)
+    devices = target_devices(topology)
     f = _report(run_cli, "--topology", topology)
     assert f["mesh"]["device_count"] == 8 and f["mesh"]["platform"] == devices[0].platform
     relaid = [n for n in f["notes"] if "taken by axis name" in n]  # Keras' mesh is by device id

@@ -16,11 +16,10 @@ import sys
 
 import jax
 import pytest
-from helpers import write
+from helpers import target_devices, write
 from jax.sharding import PartitionSpec as P
 
-from stagetool.devices import gpu_topology, tpu_topology
-from stagetool.plan.target import parse_target
+from stagetool.devices import tpu_topology
 
 MAXTEXT_STYLE = '''
 """MaxText-style: a config builds the mesh from jax.devices() at import; init and step are jitted
@@ -134,18 +133,6 @@ functions:
 TARGETS = [None, "v5e:2x4", "h100:8"]
 
 
-def _devices(topology: str | None) -> list:
-    if topology is None:
-        return jax.devices()[:8]
-    if topology.startswith("h100"):
-        if not gpu_topology.cuda_plugin_available():
-            pytest.skip("JAX's CUDA plugin is not installed: pip install -e '.[gpu-aot]'")
-        return list(gpu_topology.gpu_topology(parse_target(topology)).devices)
-    if not tpu_topology.libtpu_available():
-        pytest.skip("libtpu not installed: pip install -e '.[tpu]'")
-    return list(tpu_topology.tpu_topology(parse_target(topology)).devices)
-
-
 def _raw_module(path, name):
     """The model module imported as plain Python (the raw-JAX side builds from its build())."""
     spec = importlib.util.spec_from_file_location(f"_raw_{name}", path)
@@ -182,7 +169,7 @@ def test_maxtext_style_stages_on_the_target_as_raw_jax(run_cli, tmp_path, monkey
     model = write(tmp_path, "mt.py", MAXTEXT_STYLE)
     write(tmp_path, "mt.stagetool.yaml", MAXTEXT_SPEC)
     monkeypatch.chdir(tmp_path)
-    devices = _devices(topology)
+    devices = target_devices(topology)
     f = _memory(run_cli, "mt.py:train_step", topology)
     assert f["mesh"]["device_count"] == 8 and f["mesh"]["platform"] == devices[0].platform
     # the module's mesh is the staged one: nothing re-laid
@@ -243,7 +230,7 @@ def test_examples_style_config_mesh_and_shard_map(run_cli, tmp_path, monkeypatch
     model = write(tmp_path, "ex.py", EXAMPLES_STYLE)
     write(tmp_path, "ex.stagetool.yaml", EXAMPLES_SPEC)
     monkeypatch.chdir(tmp_path)
-    devices = _devices(topology)
+    devices = target_devices(topology)
     raw = _raw_module(model, "ex")
     cfg = raw.make_config(devices=devices)
     structs = [jax.ShapeDtypeStruct(s, jax.numpy.float32, sharding=jax.sharding.NamedSharding(cfg.mesh, p))
@@ -438,7 +425,7 @@ def test_maxtext_style_nnx_state(run_cli, tmp_path, monkeypatch, topology, mesh)
     model = write(tmp_path, "nxm.py", MAXTEXT_NNX)
     write(tmp_path, "nxm.stagetool.yaml", MAXTEXT_SPEC.replace("mt.py", "nxm.py").replace("        init_args: [key(0)]\n", ""))
     monkeypatch.chdir(tmp_path)
-    devices = _devices(topology)
+    devices = target_devices(topology)
     f = _memory(run_cli, "nxm.py:train_step", topology, *(["--mesh", mesh] if mesh else []))
     relaid = [n for n in f["notes"] if "re-laid by axis name" in n]
     assert len(relaid) == (1 if mesh else 0)
