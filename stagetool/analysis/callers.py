@@ -10,25 +10,16 @@ outward, up to the first that is not itself a helper (the model's line).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
+from stagetool.core.paths import is_library_file
 from stagetool.hlo.parser import SourceFrame
 
 
 def user_frames(chain: Iterable[SourceFrame], library: tuple[str, ...]) -> tuple[str, ...]:
-    """``file:line`` of every frame of a source chain (innermost first) in the user's code: not in
-    ``library`` (:func:`stagetool.core.paths.library_dirs`), not in site-packages, not ``<...>``."""
-    out = []
-    for frame in chain:
-        file = frame.file
-        if not file or file.startswith("<"):
-            continue
-        resolved = str(Path(file).resolve())
-        if any(resolved.startswith(d) for d in library) or "/site-packages/" in resolved \
-                or "/dist-packages/" in resolved:
-            continue
-        out.append(f"{file}:{frame.line}")
-    return tuple(out)
+    """``file:line`` of every frame of a source chain (innermost first) in the user's code: not a
+    library's (:func:`stagetool.core.paths.is_library_file` over ``library``, the folders of
+    :func:`~stagetool.core.paths.library_dirs`)."""
+    return tuple(f"{frame.file}:{frame.line}" for frame in chain if not is_library_file(frame.file, library))
 
 
 def helper_callers(sources: Sequence[str | None], chains: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:

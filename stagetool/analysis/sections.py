@@ -745,14 +745,14 @@ def _user_source(c: Collective, user: set[str], library: tuple[str, ...]) -> str
     it lies), else of the innermost frame in the user's files, else the innermost frame."""
     from pathlib import Path
 
+    from stagetool.analysis.callers import user_frames
+
     chain = c.source_chain or ((c.source,) if c.source else ())
     if not chain:
         return None
-    for frame in chain:
-        resolved = str(Path(frame.file).resolve())
-        if not frame.file.startswith("<") and not any(resolved.startswith(d) for d in library) \
-                and "/site-packages/" not in resolved and "/dist-packages/" not in resolved:
-            return f"{frame.file}:{frame.line}"
+    mine = user_frames(chain, library)
+    if mine:
+        return mine[0]
     for frame in chain:
         if str(Path(frame.file).resolve()) in user:
             return f"{frame.file}:{frame.line}"

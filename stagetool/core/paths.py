@@ -331,14 +331,16 @@ def library_dirs() -> tuple[str, ...]:
             dirs.add(str(Path(mod.__file__).resolve().parent) + "/")
     return tuple(sorted(dirs))
 
-def is_library_file(filename: str) -> bool:
+def is_library_file(filename: str, library: tuple[str, ...] | None = None) -> bool:
     """Whether a source file belongs to a library (see :func:`library_dirs`) rather than the user.
 
     ``<frozen ...>``/``<string>`` pseudo-files count as library code; a relative path (as HLO
-    metadata may record it) is resolved against the working directory.
+    metadata may record it) is resolved against the working directory. ``library``: the folders of
+    :func:`library_dirs` when the caller already holds them (a loop over many frames), else read here.
     """
     if not filename or filename.startswith("<"):
         return True
     resolved = str(Path(filename).resolve())
-    return any(resolved.startswith(d) for d in library_dirs()) or "/site-packages/" in resolved \
+    dirs = library_dirs() if library is None else library
+    return any(resolved.startswith(d) for d in dirs) or "/site-packages/" in resolved \
         or "/dist-packages/" in resolved
