@@ -17,9 +17,6 @@ from typing import Any, Iterator
 
 from stagetool.core.errors import UsageError
 
-#: how deep nested jaxprs (jit, scan, cond, custom_vjp, shard_map bodies) are read
-_MAX_DEPTH = 64
-
 
 def _meshes_in(value: Any, depth: int = 0) -> Iterator[Any]:
     """The concrete ``jax.sharding.Mesh``es a primitive's parameter names (a ``NamedSharding``'s, a
@@ -39,32 +36,6 @@ def _meshes_in(value: Any, depth: int = 0) -> Iterator[Any]:
     elif isinstance(value, dict):
         for v in value.values():
             yield from _meshes_in(v, depth + 1)
-
-
-def _sub_jaxprs(value: Any) -> Iterator[Any]:
-    """The jaxprs an equation's parameter holds: a ``Jaxpr``, a ``ClosedJaxpr``'s, or those in a
-    tuple or list of them (``cond``'s branches). Written here because ``jax.extend.core`` has
-    ``jaxprs_in_params`` only in later releases than 0.7.2 (there: ImportError)."""
-    from jax.extend.core import ClosedJaxpr, Jaxpr
-
-    if isinstance(value, ClosedJaxpr):
-        yield value.jaxpr
-    elif isinstance(value, Jaxpr):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _sub_jaxprs(v)
-
-
-def _eqns(jaxpr: Any, depth: int = 0) -> Iterator[Any]:
-    """Every equation of ``jaxpr`` and of the jaxprs in its equations' parameters, in program order."""
-    if depth > _MAX_DEPTH:
-        return
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for param in eqn.params.values():
-            for sub in _sub_jaxprs(param):
-                yield from _eqns(sub, depth + 1)
 
 
 def differs(mesh: Any, staged: Any) -> bool:
@@ -115,11 +86,11 @@ def check_traced(traced: Any, staged: Any, *, name: str, user_files: list[str]) 
     """
     from stagetool.devices.world import describe_mesh
 
-    jaxpr = getattr(traced, "jaxpr", None)
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr's own
-    if jaxpr is None or staged is None:
+    from stagetool.staging.equations import equations
+
+    if staged is None:
         return
-    for eqn in _eqns(jaxpr):
+    for eqn, _ in equations(traced, user_files):
         for value in eqn.params.values():
             for mesh in _meshes_in(value):
                 if not differs(mesh, staged):

@@ -11,10 +11,11 @@ JAX, and its records can be cached or computed in another process.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from stagetool.core.sharding import Sharding
 from stagetool.facts import BackendResult, LeafFacts, PeakDump, StagedFunction
+from stagetool.staging.equations import equations
 
 if TYPE_CHECKING:
     from stagetool.inputs.records import AbstractInputs
@@ -113,49 +114,12 @@ def _own_out_shardings(inputs: AbstractInputs) -> Any:
     return own.out_shardings
 
 
-def _equations(traced: Any, user_files: list[str]) -> Iterator[tuple[Any, Callable[[Any], str]]]:
-    """Every equation of the traced program (``Traced.jaxpr``, nested jaxprs included, 32 levels at
-    most) in program order, each with ``where(eqn)``: the ``file:line`` of its user frame (the
-    innermost in ``user_files``, else the innermost outside the libraries), or "an unknown line".
-    Nothing when the traced program has no jaxpr."""
-    from pathlib import Path
-
-    from stagetool.core.paths import library_dirs
-
-    try:
-        root = traced.jaxpr.jaxpr
-    except Exception:  # noqa: BLE001 - a fact we may lack
-        return
-    user = {str(Path(f).resolve()) for f in user_files}
-    library = library_dirs()
-
-    def where(eqn: Any) -> str:
-        tb = getattr(eqn.source_info, "traceback", None)
-        frames = list(getattr(tb, "frames", None) or ())
-        pick = next((f for f in frames if str(Path(f.file_name).resolve()) in user), None) or next(
-            (f for f in frames if not any(str(Path(f.file_name).resolve()).startswith(d) for d in library)), None)
-        return f"{pick.file_name}:{pick.line_num}" if pick else "an unknown line"
-
-    def walk(jaxpr: Any, depth: int) -> Iterator[tuple[Any, Callable[[Any], str]]]:
-        if depth > 32:
-            return
-        for eqn in jaxpr.eqns:
-            yield eqn, where
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (list, tuple)) else (value,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        yield from walk(inner, depth + 1)
-
-    yield from walk(root, 0)
-
-
 def uneven_constraints(traced: Any, user_files: list[str]) -> tuple[str, ...]:
     """Sharding constraints (``with_sharding_constraint``, in any nested jaxpr) on a dimension whose
     size the constraint's mesh axes do not divide: XLA pads the dimension and may gather. One
     sentence each, with the user's line (the innermost frame in ``user_files``, else outside JAX)."""
     found: list[str] = []
-    for eqn, where in _equations(traced, user_files):
+    for eqn, where in equations(traced, user_files):
         if eqn.primitive.name != "sharding_constraint":
             continue
         sharding = eqn.params.get("sharding")
@@ -188,7 +152,7 @@ def host_transfers(traced: Any, user_files: list[str]) -> tuple[str, ...]:
         return any(x.rsplit(".", 1)[-1].lower() == "host" for x in spaces) or any(
             k in ("pinned_host", "unpinned_host") for k in kinds)
 
-    found = [where(eqn) for eqn, where in _equations(traced, user_files)
+    found = [where(eqn) for eqn, where in equations(traced, user_files)
              if eqn.primitive.name == "device_put" and to_host(eqn)]
     return tuple(dict.fromkeys(found))
 
