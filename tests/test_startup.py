@@ -66,3 +66,27 @@ def test_the_cli_process_collects_again_once_the_devices_are_up(tmp_path):
     assert proc.returncode == 0, proc.stderr
     code, jax_loaded, (enabled, frozen) = json.loads(proc.stdout.splitlines()[-1])
     assert code == 0 and jax_loaded and enabled and frozen > 100_000
+
+
+def test_a_plain_jax_step_stages_without_flax_or_equinox_installed(tmp_path):
+    """The README's first command installs stagetool alone (no Flax, Equinox or optax): a plain-JAX
+    step stages there, and its memory figures are those of the same step where the frameworks are
+    installed (staging a plain step imported Flax unconditionally: exit 3, "No module named 'flax'")."""
+    out = {name: tmp_path / f"{name}.json" for name in ("without", "with")}
+    block = ("import sys\n"  # the frameworks absent as they are when not installed: no module is found
+             "class Absent:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name.split('.')[0] in ('flax', 'equinox', 'optax', 'haliax', 'keras'):\n"
+             "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+             "sys.meta_path.insert(0, Absent())\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", STAGETOOL_UNSUPERVISED="1", STAGETOOL_NO_CACHE="1")
+    for name, prelude in (("without", block), ("with", "")):
+        code = (prelude + "from stagetool.__main__ import main\n"
+                f"raise SystemExit(main(['memory', 'examples/mlp.py:train_step', '--format', 'json', '-o', "
+                f"{str(out[name])!r}]))\n")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
+                              timeout=180)
+        assert proc.returncode == 0, proc.stderr
+    without, with_ = (json.loads(out[n].read_text())["functions"][0]["memory"]["record"] for n in ("without", "with"))
+    assert without["argument_bytes"] > 0 and without == with_

@@ -424,17 +424,19 @@ class _Builder:
     def own_program(self, args: tuple, kwargs: dict, static: dict) -> tuple[Program | None, tuple, dict]:
         """``(program, args, kwargs)``: the target's own program (:func:`own_program`) on its arguments
         (shared Variables made one), or ``(None, args, kwargs)`` as they were."""
-        from stagetool.inputs.frameworks import nnx
-
         # A plain step over NNX objects that share Variables is staged as nnx.jit runs it (stagetool
         # stages a plain step's NNX updates in place, as nnx.jit does; a pytree per argument would
-        # stage a shared Variable twice and update a copy)
+        # stage a shared Variable twice and update a copy). Only NNX objects share Variables: Flax is
+        # imported only then (a plain-JAX step runs without it installed).
         as_jit = self.own
-        if self.own.kind is None and has_shared(self.share_keys):
-            as_jit = nnx.nnx_jit_settings(self.fn, tuple(static))
         own_args, own_kwargs, dropped = args, kwargs, []
-        if as_jit.kind == "nnx.jit" and has_shared(self.share_keys):  # nnx.jit splits its arguments as one graph
-            own_args, own_kwargs, dropped = nnx.share_arguments(args, kwargs, self.share_keys)
+        if has_shared(self.share_keys):
+            from stagetool.inputs.frameworks import nnx
+
+            if self.own.kind is None:
+                as_jit = nnx.nnx_jit_settings(self.fn, tuple(static))
+            if as_jit.kind == "nnx.jit":  # nnx.jit splits its arguments as one graph
+                own_args, own_kwargs, dropped = nnx.share_arguments(args, kwargs, self.share_keys)
         program = own_program(self.fspec, as_jit, own_args, own_kwargs, static, self.names, self.rules,
                               (self.donated_nums, self.donated_names), self.setup.mesh)
         if program is None:
