@@ -1,5 +1,5 @@
 """Llama-3-shaped decoders (tests/data/llama3_8b.py's layer: scanned layers, bf16 parameters, f32
-Adam moments) with a remat knob, for ``stagetool fit`` (issue 32; README "What fits").
+Adam moments) with a remat knob, for ``stagetool fit`` (issue 32; docs/sweeps-fit.md, "What fits").
 
 ``size`` (static, and ``init_state``'s keyword): a key of :data:`SHAPES` — ``8b`` (Llama 3 8B:
 D 4096, F 14336, 32 heads, 8 KV heads, 32 layers) or ``70b`` (Llama 3 70B: D 8192, F 28672, 64

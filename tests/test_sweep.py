@@ -148,7 +148,8 @@ def _single(target: str, spec: Path, mesh: str | None, variables=(), device_memo
 
 @pytest.fixture(scope="module")
 def transformer_sweep() -> dict:
-    """The README's sweep of the transformer over every mesh, run once (in a fresh process)."""
+    """The documentation's sweep of the transformer over every mesh (docs/sweeps-fit.md, README.md), run
+    once (in a fresh process)."""
     r = run_subprocess("sweep", "examples/transformer.py:train_step", "--mesh", "all", "--jobs", "2",
                        "--chip", "tpu-v5e", "--format", "json", timeout=900)
     assert r.code == 0, r.stderr
@@ -181,13 +182,13 @@ def test_mesh_all_on_the_transformer_gives_one_row_per_factorisation_equal_to_re
 
 
 @pytest.mark.slow
-@pytest.mark.jax_version("==0.10.2", reason="the README's table shows jax 0.10.2's figures")
-def test_the_readmes_sweep_table_is_this_sweep(transformer_sweep):
-    """The README's table is this sweep's (compile times aside)."""
+@pytest.mark.jax_version("==0.10.2", reason="the documentation's table shows jax 0.10.2's figures")
+def test_the_documentations_sweep_table_is_this_sweep(transformer_sweep):
+    """The table of docs/sweeps-fit.md is this sweep's (compile times aside)."""
     from stagetool.sweep.render import table_rows
 
     doc = transformer_sweep
-    readme = (REPO / "README.md").read_text().split("$ stagetool sweep examples/transformer.py:train_step --mesh all")[1]
+    readme = (REPO / "docs/sweeps-fit.md").read_text().split("$ stagetool sweep examples/transformer.py:train_step --mesh all")[1]
     readme_lines = readme.split("```")[0].splitlines()
     head, cells = table_rows(doc)
     for cell in cells:

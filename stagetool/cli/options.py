@@ -51,7 +51,7 @@ NoCacheOpt = Annotated[bool, typer.Option(
 
 ChipOpt = Annotated[Optional[str], typer.Option(
     "--chip", help="Estimate a step-time lower bound (roofline) on this chip: tpu-v5e, h100-sxm, ... "
-                   "(README: 'Cost and memory'; extend the table with 'chips:' in the spec).", show_default=False)]
+                   "(docs/cost-memory.md; extend the table with 'chips:' in the spec).", show_default=False)]
 DeviceMemoryOpt = Annotated[Optional[str], typer.Option(
     "--device-memory", help="Memory per device, e.g. 16GiB or 80GB, instead of what the device reports.",
     show_default=False)]

@@ -745,5 +745,5 @@ def compare(before: Mapping, after: Mapping, *, tolerances_for=None, failed: Map
         notices.append(f"{upgrade}: {moved} of the {len(changed)} differences are figures the compiler decides "
                        "(memory, cost, collectives, shardings it chose) and may come from the version change "
                        "(marked so); the others come from the spec or the code. After an upgrade, review them "
-                       "and re-baseline: stagetool check --update (README, 'Supported JAX versions')")
+                       "and re-baseline: stagetool check --update (docs/jax-versions.md)")
     return Comparison(title, before_label, after_label, tuple(results), tuple(notices))

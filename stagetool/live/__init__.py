@@ -196,7 +196,7 @@ def exit_refused() -> Iterator[None]:
     """Within: ``os._exit(n)`` raises ``SystemExit`` (which staging reports as the function's
     failure) instead of ending the process with ``n`` unseen — ``os._exit(0)`` in user code would
     otherwise end a test session or a notebook kernel with success. Process-wide while it lasts
-    (another thread's ``os._exit`` is refused too); C code that exits is not covered (see README,
+    (another thread's ``os._exit`` is refused too); C code that exits is not covered (see docs/python-api.md,
     "How far the Python API protects the caller")."""
     real = os._exit
 

@@ -45,11 +45,11 @@ __all__ = ["Attached", "CpuMesh", "DeviceTarget", "GpuTarget", "TpuTarget", "che
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 
-TPU_INSTALL_LINE = ("pip install -e '.[tpu]' in stagetool's checkout, as the README says   "
+TPU_INSTALL_LINE = ("pip install -e '.[tpu]' in stagetool's checkout, as docs/targets.md says   "
                     '(or: pip install "jax[tpu]==<your jax version>")')
 """What to install for compile-only TPU topologies (shown in errors)."""
 
-GPU_INSTALL_LINE = ("pip install -e '.[gpu-aot]' in stagetool's checkout, as the README says   (or: pip install "
+GPU_INSTALL_LINE = ("pip install -e '.[gpu-aot]' in stagetool's checkout, as docs/targets.md says   (or: pip install "
                     '"jax[cuda12-local]==<your jax version>": the CUDA plugin without NVIDIA libraries)')
 """What to install for compile-only GPU targets (shown in errors)."""
 

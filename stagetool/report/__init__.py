@@ -12,7 +12,7 @@ class Format(str, enum.Enum):
     text = "text"
     """Rich tables and highlighted module text on a terminal; plain text when piped or NO_COLOR."""
     json = "json"
-    """The versioned JSON document (README: "JSON schema")."""
+    """The versioned JSON document (docs/json-schema.md)."""
     markdown = "markdown"
     """GitHub-flavoured Markdown tables."""
     html = "html"

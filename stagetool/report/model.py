@@ -5,7 +5,7 @@ Nothing here imports JAX or Rich. The records of each section come from ``staget
 this module composes them into one document per command; renderers (``text``, ``json``,
 ``markdown``) present them. A section that was not computed is None, and renderers skip it.
 
-The JSON form (:func:`to_json`) is versioned by :data:`SCHEMA_VERSION` and documented in README.md.
+The JSON form (:func:`to_json`) is versioned by :data:`SCHEMA_VERSION` and documented in docs/json-schema.md.
 """
 
 from __future__ import annotations

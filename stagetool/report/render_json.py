@@ -1,4 +1,4 @@
-"""The JSON renderer: the report model as a versioned JSON document (see README, "JSON schema")."""
+"""The JSON renderer: the report model as a versioned JSON document (see docs/json-schema.md)."""
 
 from __future__ import annotations
 

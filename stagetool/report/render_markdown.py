@@ -60,7 +60,7 @@ def render_with_figures(doc: Report, folder: str) -> tuple[str, dict[str, str]]:
     the Markdown file, ``report-files``), and those files' texts by name.
 
     GitHub strips inline ``<svg>`` and ``data:`` images from Markdown but shows an SVG file linked by
-    a relative path (in a repository, a rendered artifact, a wiki); see README "The HTML report".
+    a relative path (in a repository, a rendered artifact, a wiki); see docs/html-report.md.
     """
     from stagetool.report.render_html import _slug, figures
 

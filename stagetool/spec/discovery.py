@@ -86,5 +86,5 @@ def resolve_spec(spec: str | Path | None, target: str | None) -> Path:
     found, tried = find_spec(target)
     if found is None:
         raise UsageError("no spec found; tried " + ", ".join(str(p) for p in tried),
-                         hint="pass --spec FILE, or write one of those files (README: 'The spec')")
+                         hint="pass --spec FILE, or write one of those files (docs/spec.md)")
     return found

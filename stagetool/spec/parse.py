@@ -8,7 +8,7 @@ This module knows nothing of JAX: it turns text into plain frozen records (:clas
 :class:`FunctionSpec`, :class:`LeafSpec`, ...). ``stagetool.inputs`` turns those into
 ``jax.ShapeDtypeStruct``s on a mesh.
 
-The format is documented in README.md ("The spec"); a compact example::
+The format is documented in docs/spec.md; a compact example::
 
     version: 1
     mesh: {axes: {data: 2, model: 4}}

@@ -13,7 +13,7 @@ import yaml
 from stagetool.core.errors import SpecError
 from stagetool.spec.model import Loc
 
-#: Limits that keep a hostile spec from hanging or crashing the loader (README: "The spec").
+#: Limits that keep a hostile spec from hanging or crashing the loader (docs/spec.md).
 MAX_DEPTH = 64
 """How deeply collections may nest in a spec (real specs nest fewer than 15 levels)."""
 MAX_ALIASES = 1_000

@@ -33,7 +33,7 @@ The key (:func:`cache_key`) is a sha256 over:
   ``XLA_*``/``LIBTPU_*`` variable ...);
 - the jax, jaxlib, libtpu and stagetool versions, and :data:`CACHE_SCHEMA`.
 
-What the cache trusts, and why (README "Limits"): nothing in the folder before it is checked.
+What the cache trusts, and why (docs/limits.md): nothing in the folder before it is checked.
 
 - **The folder** (:meth:`FactsCache.open`) must be a folder owned by this user and writable by no one
   else (it is created ``0700``); otherwise the cache is not used, with one warning: another user

@@ -1,6 +1,6 @@
 """``stagetool fit``: the largest batch that fits per setting of the other knobs, or with
 ``--what-if`` the single changes that make a setting fit — each a real compile on the target
-(README: "What fits"; the search is :mod:`stagetool.sweep.fit`)."""
+(docs/sweeps-fit.md, "What fits"; the search is :mod:`stagetool.sweep.fit`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The CI gate's commands: snapshot (the baseline), check (recompute and compare with it) and diff
-(two snapshots, or one spec on two meshes) (README: "The CI gate")."""
+(two snapshots, or one spec on two meshes) (docs/ci-gate.md)."""
 
 from __future__ import annotations
 

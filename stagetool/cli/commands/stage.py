@@ -1,5 +1,5 @@
 """The commands that stage functions and print one view of them: lower, compile, shardings,
-collectives, why, cost, memory and report (README: "Commands")."""
+collectives, why, cost, memory and report (docs/commands.md)."""
 
 from __future__ import annotations
 

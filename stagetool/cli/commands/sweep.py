@@ -1,5 +1,5 @@
 """``stagetool sweep``: stage a grid of configurations and compare them, or join the JSON of a
-sweep's shards (README: "Sweeps"). Its options are its own, but for the shared ones it reuses."""
+sweep's shards (docs/sweeps-fit.md). Its options are its own, but for the shared ones it reuses."""
 
 from __future__ import annotations
 
