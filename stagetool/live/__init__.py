@@ -89,7 +89,8 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
       donate: positions or keyword names of donated arguments.
       static: static keyword arguments: ``{name: value}``, or names of ``kwargs`` to treat as static.
       out_shardings: a pytree of ``PartitionSpec`` (or None per output) for the outputs.
-      chip: a chip of the roofline table, for a step-time estimate (``stagetool chips``).
+      chip: a chip of the roofline table (``stagetool/core/chips.py``, or the spec's ``chips:``), for a
+        step-time estimate.
       device_memory: per-device capacity such as ``16GiB``, else the device's or topology's.
       peak: record memory over time (XLA's live-range dump with the one compile); the HTML report
         draws it and lists the buffers live at the peak.
