@@ -277,6 +277,8 @@ class StagedFunction:
         in program order, each line once: what XLA:CPU ignores (:func:`host_transfers`).
       uneven_constraints: sharding constraints on a dimension the mesh axes do not divide (XLA pads
         it and may gather), each as one sentence naming the user's line.
+      mesh_notes: the other meshes of the staged devices the traced program names (a ``shard_map`` on
+        a flattened mesh), one sentence each (:func:`stagetool.staging.foreign_mesh.other_meshes`).
       lowered_text: the lowered module in ``lowered_dialect`` (``Lowered.as_text``), when asked for.
       lowered_dialect: ``stablehlo`` or ``hlo``.
       stablehlo_text: the lowered StableHLO (``Lowered.as_text()``), for the cost checks; None when
@@ -297,6 +299,7 @@ class StagedFunction:
     timings: StageTimings
     warnings: tuple[str, ...] = ()
     uneven_constraints: tuple[str, ...] = ()
+    mesh_notes: tuple[str, ...] = ()
     host_transfers: tuple[str, ...] = ()
     lowered_text: str | None = None
     lowered_dialect: str = "stablehlo"

@@ -80,12 +80,15 @@ def analyze_plan(plan: Plan, sections: Iterable[Section], *, command: str = "ana
 @dataclasses.dataclass(frozen=True)
 class Prepared:
     """One function made ready to stage: the spec (out_shardings fitted to the outputs), the loaded
-    target and the abstract inputs, or the error that stopped it (an ``init`` that failed)."""
+    target and the abstract inputs, or the error that stopped it (an ``init`` that failed); ``setup``:
+    the devices it is staged on where they are not the plan's (the same devices in the order of the
+    mesh the module builds itself, :func:`stagetool.inputs.own_mesh.adopt_code_order`), else None."""
 
     fspec: FunctionSpec
     target: Target | None = None
     inputs: AbstractInputs | None = None
     error: StagingError | None = None
+    setup: DeviceSetup | None = None
 
 
 def provision_devices(plan: Plan) -> DeviceSetup:
@@ -143,8 +146,8 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target]
     for fspec in plan.functions:
         try:
             # the target loaded, its inputs built, in the staged device world (inputs.loading)
-            target, inputs, fitted = load_and_build(fspec, setup, plan.mesh, avals=plan.avals,
-                                                    target=(targets or {}).get(fspec.name))
+            target, inputs, fitted, own_setup = load_and_build(fspec, setup, plan.mesh, avals=plan.avals,
+                                                               target=(targets or {}).get(fspec.name))
         except SpecError as e:
             issues.extend(e.issues)
             continue
@@ -154,8 +157,8 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target]
         unmatched += [f"{m} of {fspec.name}" if ";" not in m else m.replace(";", f" of {fspec.name};", 1)
                       for m in unmatched_leaf_patterns(plan.explain, [x.path for x in inputs.leaves])]
         if plan.why is not None and plan.why.kind == "leaf":
-            unmatched += _why_leaf_unmatched(plan.why.leaf, fitted, target, inputs, setup)
-        out[fspec.name] = Prepared(fitted, target, inputs)
+            unmatched += _why_leaf_unmatched(plan.why.leaf, fitted, target, inputs, own_setup)
+        out[fspec.name] = Prepared(fitted, target, inputs, setup=own_setup if own_setup is not setup else None)
     problems = Problems()
     if issues:
         problems.errors.append(SpecError(issues))
@@ -291,6 +294,7 @@ def _stage(prep: Prepared, setup: DeviceSetup, until: str,
 
     if prep.error is not None:
         raise prep.error
+    setup = prep.setup or setup
     fspec, target, inputs = prep.fspec, prep.target, prep.inputs
     jitted = jit_function(target, fspec, inputs, setup.mesh)
     user_files = [target.module_file] if target.module_file else []
@@ -309,6 +313,7 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
     from stagetool.report.model import FunctionReport, StageTimes
 
     fspec = prep.fspec
+    setup = prep.setup or setup
     needs_compile = bool(wanted - {Section.LOWERED_TEXT})
     dump = plan.peak and bool(wanted & {Section.MEMORY, Section.MODULES})
     cache = None
@@ -538,6 +543,7 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
                                             chip=_step_chip(plan, setup), interconnect=interconnect_of(setup))
     notes = [f"warning while staging: {w}" for w in facts.warnings]
     notes += list(facts.uneven_constraints)
+    notes += list(facts.mesh_notes)
     notes += list(inputs.notes)
     if cpu:  # XLA:CPU's artefacts, each note ending with the command that gives the accelerator's answer
         from stagetool.analysis.cpu_artefacts import accelerator_command, command_for, cpu_notes
@@ -823,6 +829,7 @@ def stage_once(plan: Plan, setup: DeviceSetup, prep: Prepared) -> StagedOnce:
     """
     from stagetool.staging.gather import gather
 
+    setup = prep.setup or setup
     fspec, inputs, staged, user_files = _stage(prep, setup, "compile", None, dump=plan.peak)
     facts = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
                    declared_outputs=fspec.out_shardings, peak=staged.dump, user_files=user_files)

@@ -14,8 +14,10 @@ from stagetool.spec.model import FunctionSpec
 
 
 def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, avals: str = "global",
-                   target: Target | None = None) -> tuple[Target, AbstractInputs, FunctionSpec]:
-    """``(target, inputs, fitted spec)`` of one function.
+                   target: Target | None = None) -> tuple[Target, AbstractInputs, FunctionSpec, Any]:
+    """``(target, inputs, fitted spec, setup)`` of one function: ``setup`` is the one given, or the same
+    devices in the order of the mesh the module builds itself where that is another order
+    (:func:`stagetool.inputs.own_mesh.adopt_code_order`); the function is staged on it.
 
     The user's code builds its mesh on the staged devices: the target module is imported and its
     inits and ``{call:}``s run inside :func:`stagetool.devices.world.staged_world`. A ``jax.jit``
@@ -36,7 +38,7 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
     from stagetool.inputs.avals import build_inputs
     from stagetool.inputs.out_shardings import fit_out_shardings
     from stagetool.inputs.hidden_jit import hidden_jit_note
-    from stagetool.inputs.own_mesh import check_seen, relay_own_jit
+    from stagetool.inputs.own_mesh import adopt_code_order, check_seen, relay_own_jit
     from stagetool.inputs.seen_meshes import collecting
     from stagetool.inputs.target import load_target
 
@@ -49,7 +51,11 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
                 raise TargetError(f"{fspec.where('target')}: functions.{fspec.name}.target: {e.message}",
                                   hint=e.hint) from None
         hidden = hidden_jit_note(target.fn, fspec.target)
+        ordered: tuple[str, ...] = ()
+        if not live:
+            setup, ordered = adopt_code_order(target, fspec, setup)
         target, notes = relay_own_jit(target, fspec, setup, live=live)
+        notes = ordered + notes
         notes += (hidden,) if hidden else ()
         with collecting() as seen:
             inputs = build_inputs(fspec, target.fn, setup, mesh_spec, avals=avals)
@@ -59,4 +65,4 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
         if inputs.fn is not None:  # a pure function around the target (non-array leaves, in-place NNX updates)
             target = dataclasses.replace(target, fn=inputs.fn)
         fitted = fit_out_shardings(fspec, target.fn, inputs, setup.mesh)
-    return target, inputs, fitted
+    return target, inputs, fitted, setup

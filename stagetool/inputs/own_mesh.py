@@ -57,6 +57,16 @@ def own_meshes(settings: JitSettings) -> list:
     return out
 
 
+def _module_of(module_file: str | None) -> Any:
+    """The imported module whose file is ``module_file``, or None."""
+    import sys
+
+    if module_file is None:
+        return None
+    return next((m for m in list(sys.modules.values())
+                 if getattr(m, "__file__", None) and Path(m.__file__).resolve() == Path(module_file).resolve()), None)
+
+
 def where_held(mesh: Any, module_file: str | None, module: Any = None) -> str | None:
     """``file:line`` (with the line's text) where the target's module assigns the name holding
     ``mesh`` (a module global, or an attribute of one: ``cfg.mesh``), or None when not found."""
@@ -65,9 +75,7 @@ def where_held(mesh: Any, module_file: str | None, module: Any = None) -> str | 
     if module_file is None:
         return None
     if module is None:
-        module = next((m for m in list(sys.modules.values())
-                       if getattr(m, "__file__", None) and Path(m.__file__).resolve() == Path(module_file).resolve()),
-                      None)
+        module = _module_of(module_file)
     names: list[str] = []
     for name, obj in vars(module).items() if module is not None else ():
         if obj is mesh:
@@ -90,6 +98,70 @@ def where_held(mesh: Any, module_file: str | None, module: Any = None) -> str | 
             if pattern.match(line):
                 return f"{module_file}:{i}\n    {line.strip()}"
     return None
+
+
+def _module_meshes(module: Any) -> list:
+    """The concrete meshes a module holds in its globals, or one attribute down (``cfg.mesh``)."""
+    from jax.sharding import Mesh
+
+    out: list = []
+    for obj in list(vars(module).values()) if module is not None else ():
+        found = [obj] if isinstance(obj, Mesh) else []
+        if not found and hasattr(obj, "__dict__") and not isinstance(obj, type) and not callable(obj):
+            try:
+                found = [v for v in vars(obj).values() if isinstance(v, Mesh)]
+            except TypeError:
+                found = []
+        out += [m for m in found if not m.empty and not any(m is o for o in out)]
+    return out
+
+
+def adopt_code_order(target: Target, fspec: FunctionSpec, setup: Any) -> tuple[Any, tuple[str, ...]]:
+    """``(setup, notes)``: the staged devices in the order of the code's own mesh, where the code built
+    the staged mesh itself — the same axis names and sizes on the staged devices — in another device
+    order (``Mesh(np.array(jax.devices()), ("data",))`` lists TPU chips by id, [0, 1, 2, 3] on a
+    v5e:2x2, where stagetool's mesh follows the torus, [0, 1, 3, 2]). That mesh is the one the code
+    runs on: staged on it, the program is raw JAX's for the code (JAX refuses a jit that mixes both
+    orders). ``setup`` as it is, and (), when the code's meshes (its jit's shardings, its module's
+    globals) hold no such mesh, or hold two orders of it.
+    """
+    import dataclasses
+
+    import numpy as np
+    from jax.sharding import Mesh
+
+    staged = setup.mesh
+    candidates: list = []
+    fn = target.fn
+    if is_jax_jit(fn):
+        own = pjit_settings(fn, "jax.jit")
+        if own.readable:
+            candidates += own_meshes(own)
+    module = _module_of(target.module_file)
+    candidates += _module_meshes(module)
+    laid = [m for m in candidates
+            if tuple(m.axis_names) == tuple(staged.axis_names) and m.devices.shape == staged.devices.shape
+            and set(m.devices.flat) == set(staged.devices.flat) and list(m.devices.flat) != list(staged.devices.flat)]
+    orders = {tuple(d.id for d in m.devices.flat) for m in laid}
+    if len(orders) != 1:
+        return setup, ()
+    code = laid[0]
+    mesh = Mesh(np.asarray(code.devices), tuple(staged.axis_names), axis_types=getattr(staged, "axis_types", None))
+    where_in = {d: i for i, d in enumerate(setup.devices)}
+    order = [where_in[d] for d in mesh.devices.flat]
+
+    def permuted(per_device: tuple) -> tuple:
+        return tuple(per_device[i] for i in order) if len(per_device) == len(order) else per_device
+
+    adopted = dataclasses.replace(setup, mesh=mesh, devices=tuple(mesh.devices.flat),
+                                  process_of_device=permuted(setup.process_of_device),
+                                  slice_of_device=permuted(setup.slice_of_device))
+    held = where_held(code, target.module_file, module)
+    note = (f"{fspec.target}'s module builds the staged mesh ({describe_mesh(staged)}) itself, with its devices in "
+            f"another order (ids {[d.id for d in code.devices.flat]}, where stagetool's mesh has "
+            f"{[d.id for d in staged.devices.flat]}): staged on the module's order, the one its code runs on"
+            + (f" ({held.splitlines()[0]})" if held else ""))
+    return adopted, (note,)
 
 
 def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any, *,

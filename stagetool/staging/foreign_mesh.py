@@ -2,13 +2,23 @@
 
 A step whose body names the module's own mesh — ``jax.lax.with_sharding_constraint(x,
 NamedSharding(MESH, ...))``, ``eqx.filter_shard(x, NamedSharding(MESH, ...))``, a nested
-``jax.jit``/``nnx.jit`` with shardings on it, ``shard_map(mesh=MESH)`` — runs on that mesh. When
-stagetool stages for another shape of the same devices (a ``--mesh``, a sweep row), JAX accepts the
-program whenever the device order agrees, and compiles one whose inputs are laid on the staged mesh
-and whose constraints on the other: collective-permutes no mesh runs. The traced program is read for
-such a mesh before it is lowered (:func:`check_traced`), and staging stops with exit 2 naming both
-meshes and the user's line. The shardings a target's own jit gives at its boundary are not read here:
-they are re-laid by axis name before tracing (:func:`stagetool.inputs.own_mesh.relay_own_jit`).
+``jax.jit``/``nnx.jit`` with shardings on it, ``shard_map(mesh=MESH)`` — runs on that mesh. Two
+kinds are told apart (:func:`conflicts`):
+
+- the module's copy of the staged mesh at a fixed shape: the staged mesh's axis names at other
+  sizes (the module built ``fsdp=4 × tensor=2`` at import; stagetool stages ``--mesh
+  fsdp=2,tensor=4``, a sweep row). JAX accepts the program whenever the device order agrees, and
+  compiles one whose inputs are laid on the staged mesh and whose constraints on the other:
+  collective-permutes no run of that code at the staged shape has. The traced program is read for
+  such a mesh before it is lowered (:func:`check_traced`), and staging stops with exit 2 naming both
+  meshes and the user's line; as does a mesh on devices that are not the staged ones;
+- another mesh of the staged devices with axes of its own (big_vision's ``shard_map(mesh=
+  Mesh(devices.flatten(), ("data",)))`` beside its 2-D ``(replica, fsdp)`` state mesh): a real run
+  builds that program, so it is staged as raw JAX compiles it, and a note names the mesh
+  (:func:`other_meshes`).
+
+The shardings a target's own jit gives at its boundary are not read here: they are re-laid by axis
+name before tracing (:func:`stagetool.inputs.own_mesh.relay_own_jit`).
 """
 
 from __future__ import annotations
@@ -20,15 +30,17 @@ from stagetool.core.errors import UsageError
 
 def _meshes_in(value: Any, depth: int = 0) -> Iterator[Any]:
     """The concrete ``jax.sharding.Mesh``es a primitive's parameter names (a ``NamedSharding``'s, a
-    ``Mesh`` itself, inside tuples, lists and dicts); an ``AbstractMesh`` names no devices and is not one."""
+    ``Mesh`` itself, inside tuples, lists and dicts); an ``AbstractMesh`` or an empty ``Mesh`` names no
+    devices and is not one."""
     from jax.sharding import Mesh, NamedSharding
 
     if depth > 4:
         return
     if isinstance(value, Mesh):
-        yield value
+        if not value.empty:  # an empty Mesh (a primitive's default under no context mesh) names no devices
+            yield value
     elif isinstance(value, NamedSharding):
-        if isinstance(value.mesh, Mesh):
+        if isinstance(value.mesh, Mesh) and not value.mesh.empty:
             yield value.mesh
     elif isinstance(value, (tuple, list)):
         for v in value:
@@ -50,6 +62,23 @@ def differs(mesh: Any, staged: Any) -> bool:
         return [(n, s) for n, s in m.shape.items() if s != 1]
 
     return laid(mesh) != laid(staged) or not set(mesh.devices.flat) <= set(staged.devices.flat)
+
+
+def conflicts(mesh: Any, staged: Any) -> bool:
+    """Whether ``mesh``, named inside the traced program, makes a program no run of the code at the
+    staged mesh builds: it is on devices that are not the staged ones, or it :func:`differs` from
+    ``staged`` with the same axis names (size-1 axes left out) at other sizes, the module's copy of
+    the staged mesh built at a fixed shape. Another mesh of the staged devices with axes of its own
+    (a flattened ``("data",)`` mesh beside a 2-D state mesh) does not: a real run has both."""
+    if not differs(mesh, staged):
+        return False
+    if not set(mesh.devices.flat) <= set(staged.devices.flat):
+        return True
+
+    def names(m: Any) -> set:
+        return {n for n, s in m.shape.items() if s != 1}
+
+    return names(mesh) == names(staged)
 
 
 def user_line(eqn: Any, user_files: list[str]) -> str | None:
@@ -93,14 +122,44 @@ def check_traced(traced: Any, staged: Any, *, name: str, user_files: list[str]) 
     for eqn, _ in equations(traced, user_files):
         for value in eqn.params.values():
             for mesh in _meshes_in(value):
-                if not differs(mesh, staged):
+                if not conflicts(mesh, staged):
                     continue
                 line = user_line(eqn, user_files)
+                why = ("its devices are not the staged ones" if not set(mesh.devices.flat) <= set(staged.devices.flat)
+                       else "it has the staged mesh's axes at other sizes: the code built it at a fixed shape, which "
+                            "does not follow the staged one")
                 raise UsageError(
                     f"{name}: the traced code names a mesh of its own ({describe_mesh(mesh)}) in "
-                    f"{eqn.primitive.name}, but stagetool stages on {describe_mesh(staged)}: staging it would mix "
-                    "two meshes in one program, which no mesh runs" + (f"\n  at {line}" if line else ""),
+                    f"{eqn.primitive.name}, but stagetool stages on {describe_mesh(staged)} and {why}: staging it "
+                    "would mix two meshes in one program, which no run of the code at the staged mesh has"
+                    + (f"\n  at {line}" if line else ""),
                     hint="name the mesh the step runs on, not a fixed one: write a PartitionSpec in the constraint "
                          "(it takes the mesh stagetool sets, jax.set_mesh), or build the code's mesh from the spec's "
                          "({call: model.py:make_config, kwargs: {mesh: {mesh: staged}}}); or stage with the module's "
                          "own axis sizes (--mesh " + ",".join(f"{n}={s}" for n, s in mesh.shape.items()) + ")")
+
+
+def other_meshes(traced: Any, staged: Any, *, user_files: list[str]) -> tuple[str, ...]:
+    """One note per mesh the traced program names that is another mesh of the staged devices (not
+    the staged mesh, not one :func:`conflicts` refuses): what names it, the user's line, and that it is
+    staged as raw JAX compiles it. () when there is none."""
+    from stagetool.devices.world import describe_mesh
+    from stagetool.staging.equations import equations
+
+    if staged is None:
+        return ()
+    seen: list = []
+    notes: list[str] = []
+    for eqn, _ in equations(traced, user_files):
+        for value in eqn.params.values():
+            for mesh in _meshes_in(value):
+                if not differs(mesh, staged) or conflicts(mesh, staged) or any(mesh == m for m in seen):
+                    continue
+                seen.append(mesh)
+                line = user_line(eqn, user_files)
+                notes.append(f"the code's {eqn.primitive.name}" + (f" at {line}" if line else "")
+                             + f" names another mesh of the staged devices ({describe_mesh(mesh)}) beside the staged "
+                             f"one ({describe_mesh(staged)}); the program is staged as raw JAX compiles the code "
+                             "with both" + (" (a shard_map's mesh must be the context mesh, so none is set but the "
+                                            "code's own)" if eqn.primitive.name == "shard_map" else ""))
+    return tuple(notes)

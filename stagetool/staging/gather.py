@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from stagetool.core.sharding import Sharding
 from stagetool.facts import BackendResult, LeafFacts, PeakDump, StagedFunction
 from stagetool.staging.equations import equations
+from stagetool.staging.foreign_mesh import other_meshes
 
 if TYPE_CHECKING:
     from stagetool.inputs.records import AbstractInputs
@@ -94,6 +95,7 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
                                          target_out=_own_out_shardings(inputs),
                                          like_inputs=names_like_inputs(staged.traced, inputs))
     fields["uneven_constraints"] = uneven_constraints(staged.traced, user_files or [])
+    fields["mesh_notes"] = other_meshes(staged.traced, mesh, user_files=user_files or [])
     fields["host_transfers"] = host_transfers(staged.traced, user_files or [])
     return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)
 

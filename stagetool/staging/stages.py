@@ -3,7 +3,10 @@
 Like ``jax.stages`` itself, each step returns the next and a caller may stop at any stage:
 ``lower`` never compiles. The mesh is the ambient mesh (``jax.set_mesh``) while the function is
 traced and lowered, so user code that writes bare ``PartitionSpec``s in sharding constraints works
-as it does in the user's job.
+as it does in the user's job. Code that runs a ``shard_map`` on another mesh of the same devices
+(big_vision's ``shard_map(mesh=Mesh(devices.flatten(), ("data",)))`` beside its 2-D state mesh),
+which JAX refuses under a context mesh of another shape, is staged as raw JAX compiles it: with no
+context mesh but the one the code itself sets (:attr:`Staged.context`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ class Staged:
         deduplicated, in order: facts for the report rather than noise on stderr.
       dump: with ``dump=True``, the live-range dump XLA wrote while compiling.
       compile_warnings: the warnings of the compile stage alone (also in ``warnings``).
+      no_context: True where no mesh was made ambient while tracing, lowering and compiling (else the
+        staged mesh is, ``jax.set_mesh``): the code names another mesh of the staged devices in a
+        ``shard_map`` (JAX refuses a context mesh other than a ``shard_map``'s own), so it is staged
+        under the context the code itself sets, as raw JAX compiles it.
     """
 
     traced: Any
@@ -49,6 +56,7 @@ class Staged:
     warnings: tuple[str, ...] = ()
     dump: PeakDump | None = None
     compile_warnings: tuple[str, ...] = ()
+    no_context: bool = False
 
 
 def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, mesh: Any) -> Any:
@@ -176,12 +184,11 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
     """
     timings: dict[str, float] = {}
     warned: list[str] = []
-    traced = _run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs), mesh, name, user_files, jitted,
-                  timings, warned, on_stage)
+    traced, context = _trace(jitted, inputs, mesh, name, user_files, timings, warned, on_stage)
     check_traced(traced, mesh, name=name, user_files=user_files)  # a mesh of the code's own: exit 2
-    lowered = _run("lower", traced.lower, mesh, name, user_files, jitted, timings, warned, on_stage)
+    lowered = _run("lower", traced.lower, context, name, user_files, jitted, timings, warned, on_stage)
     staged = Staged(traced, lowered, None, StageTimings(timings.get("trace"), timings.get("lower")), jitted,
-                    tuple(warned))
+                    tuple(warned), no_context=context is None and mesh is not None)
     if until == "compile":
         staged = compile_staged(staged, mesh, name=name, user_files=user_files, compiler_options=compiler_options,
                                 dump=dump, on_stage=on_stage)
@@ -195,10 +202,49 @@ def trace_only(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, use
     Raises:
       StagingError: JAX failed to trace (exit code 3).
     """
-    traced = _run("trace", lambda: jitted.trace(*inputs.args, **inputs.kwargs), mesh, name, user_files, jitted,
-                  {}, [], None)
+    traced, _ = _trace(jitted, inputs, mesh, name, user_files, {}, [], None)
     check_traced(traced, mesh, name=name, user_files=user_files)
     return traced
+
+
+class _ContextRefused(Exception):
+    """JAX refused the staged mesh as the context of a ``shard_map`` on another mesh (tracing only)."""
+
+    def __init__(self, error: UsageError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+#: JAX's words when a ``shard_map``'s own mesh is not the context mesh (jax._src.shard_map._shmap_checks).
+_SHARD_MAP_CONTEXT = "should match the mesh passed to shard_map"
+
+
+def _trace(jitted: Any, inputs: AbstractInputs, mesh: Any, name: str, user_files: list[str],
+           timings: dict[str, float], warned: list[str], on_stage: Callable[[str], None] | None
+           ) -> tuple[Any, Any]:
+    """``(traced, the context mesh it was traced under)``: under the staged ``mesh``, or, where JAX
+    refuses it because the code runs a ``shard_map`` on a mesh of its own, under no context mesh but
+    the code's own (as raw JAX compiles the code when its caller sets none, or the legacy ``with mesh:``). When that trace fails
+    too (the code also needs the staged mesh as its context: a bare ``PartitionSpec``), JAX's first
+    refusal is the error: no run could set both contexts at once.
+
+    Raises:
+      UsageError: the code's ``shard_map`` mesh cannot be staged (exit 2).
+      StagingError: JAX failed to trace (exit 3).
+    """
+    def trace() -> Any:
+        return jitted.trace(*inputs.args, **inputs.kwargs)
+
+    try:
+        return _run("trace", trace, mesh, name, user_files, jitted, timings, warned, on_stage,
+                    context_refusal=True), mesh
+    except _ContextRefused as refused:
+        if mesh is None:
+            raise refused.error from None
+        try:
+            return _run("trace", trace, None, name, user_files, jitted, timings, warned, None), None
+        except (StagingError, UsageError):
+            raise refused.error from None
 
 
 def compile_staged(staged: Staged, mesh: Any, *, name: str, user_files: list[str],
@@ -215,6 +261,7 @@ def compile_staged(staged: Staged, mesh: Any, *, name: str, user_files: list[str
     warned: list[str] = []
     logged: list[str] = []
     lowered = staged.lowered
+    mesh = None if staged.no_context else mesh  # the context it was traced under
     if dump:
         compiled, dumped = _run("compile", lambda: with_xla_log(lambda: compile_with_dump(lowered, compiler_options),
                                                                 logged),
@@ -319,20 +366,29 @@ def merge_warnings(first: tuple[str, ...], more: Any) -> tuple[str, ...]:
 
 
 def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_files: list[str], jitted: Any,
-         timings: dict[str, float], warned: list[str], on_stage: Callable[[str], None] | None) -> Any:
-    """Run one stage with the mesh ambient, timed, its warnings collected; JAX's errors → StagingError."""
+         timings: dict[str, float], warned: list[str], on_stage: Callable[[str], None] | None, *,
+         context_refusal: bool = False) -> Any:
+    """Run one stage with the mesh ambient (none when ``mesh`` is None), timed, its warnings
+    collected; JAX's errors → StagingError. ``context_refusal``: JAX's refusal of the context mesh
+    for a ``shard_map`` of the code's raises :class:`_ContextRefused` (:func:`_trace` retries)."""
+    import contextlib
+
     import jax
 
     if on_stage:
         on_stage(stage_name)
     start = time.perf_counter()
     try:
-        with jax.set_mesh(mesh), warnings.catch_warnings(record=True) as caught:
+        with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()), \
+                warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = fn()
     except USER_CODE_ERRORS as e:  # SystemExit from the traced code is its failure too
         if stage_name in ("trace", "lower") and any(m in str(e) for m in _MESH_MISMATCH):
-            raise _mesh_mismatch(e, stage_name, name, user_files, mesh) from None
+            error = _mesh_mismatch(e, stage_name, name, user_files, mesh)
+            if context_refusal and _SHARD_MAP_CONTEXT in str(e):
+                raise _ContextRefused(error) from None
+            raise error from None
         if stage_name in ("trace", "lower") and _axis_types_of(str(e)) is not None:
             raise _axis_type_mismatch(e, stage_name, name, user_files, mesh) from None
         raise _staging_error(e, stage_name, name, user_files, jitted) from None
