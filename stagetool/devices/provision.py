@@ -109,7 +109,8 @@ def _gpu_setup(mesh_spec: MeshSpec, needed: int, target: GpuTarget, processes: i
     gpu = gpu_topology(target)
     devices = list(gpu.devices)
     _check_whole(mesh_spec, needed, target.name, len(devices))
-    mesh = topology_mesh(devices, mesh_spec.sizes, mesh_spec.names, explicit=mesh_spec.axis_types == "explicit")
+    mesh = _make_mesh(mesh_spec, devices) if not mesh_spec.axes else \
+        topology_mesh(devices, mesh_spec.sizes, mesh_spec.names, explicit=mesh_spec.axis_types == "explicit")
     setup = _setup(mesh, devices, target.name, processes, (gpu.memory_bytes_per_device, gpu.memory_source))
     return dataclasses.replace(setup, target_config_sha256=gpu.config_sha256, target_config_source=gpu.config_source)
 
@@ -122,7 +123,9 @@ def _tpu_setup(mesh_spec: MeshSpec, needed: int, target: TpuTarget, processes: i
     devices = list(topo.devices)
     _check_whole(mesh_spec, needed, target.name + (f" × {n} slices" if n > 1 else ""), len(devices))
     explicit = mesh_spec.axis_types == "explicit"
-    if n > 1:
+    if not mesh_spec.axes:  # one chip, no mesh axes (_check_whole)
+        mesh = _make_mesh(mesh_spec, devices)
+    elif n > 1:
         mesh = multislice_mesh(devices, mesh_spec.sizes, mesh_spec.names, n, explicit=explicit)
     else:
         mesh = topology_mesh(devices, mesh_spec.sizes, mesh_spec.names, explicit=explicit)
@@ -163,7 +166,10 @@ def _attached_setup(mesh_spec: MeshSpec, needed: int, platform: str | None, proc
 
 
 def _check_whole(mesh_spec: MeshSpec, needed: int, topology: str, count: int) -> None:
-    """A compile-only topology is used whole: the mesh's sizes multiply to its device count."""
+    """A compile-only topology is used whole: the mesh's sizes multiply to its device count (a
+    one-device topology needs no mesh axes: the function is staged on its one device)."""
+    if not mesh_spec.axes and count == 1:
+        return
     if not mesh_spec.axes:
         raise UsageError(f"--topology {topology} needs a mesh to lay over its {count} devices",
                          hint=f"give --mesh, e.g. --mesh data={count}")

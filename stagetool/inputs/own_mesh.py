@@ -321,3 +321,60 @@ def _axis_kinds(mesh: Any) -> str:
     """``Explicit``, ``Auto``, ``Manual`` (every axis of that type) or ``mixed`` (jax.sharding.AxisType)."""
     kinds = {str(t).rpartition(".")[2] for t in (getattr(mesh, "axis_types", None) or ())}
     return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def equivalent_spec(sharding: Any, mesh: Any, ndim: int) -> Any:
+    """The ``PartitionSpec`` over ``mesh``'s axes that lays an array of rank ``ndim`` on the devices
+    exactly as ``sharding`` (a ``NamedSharding`` on another mesh of the same devices: big_vision's
+    batch on a 1-D ``("devices",)`` mesh beside its 2-D state mesh) does, as JAX compares them
+    (``Sharding.is_equivalent_to``: the same device for every shard); None when no spec over
+    ``mesh``'s axes does (another device order, a partial replication no axis product gives).
+    Each dimension's candidates are the orderings of ``mesh``'s axes whose sizes multiply to that
+    dimension's shard count."""
+    import itertools
+
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if not isinstance(sharding, NamedSharding) or set(sharding.mesh.devices.flat) != set(mesh.devices.flat):
+        return None
+    own = dict(sharding.mesh.shape)
+    spec = tuple(sharding.spec) + (None,) * (ndim - len(tuple(sharding.spec)))
+    counts = []
+    for entry in spec[:ndim]:
+        axes = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+        k = 1
+        for a in axes:
+            k *= int(own.get(a, 1))
+        counts.append(k)
+    sizes = {n: int(s) for n, s in mesh.shape.items() if s != 1}
+
+    def orderings(k: int, free: set) -> list:
+        if k == 1:
+            return [None]
+        out = []
+        for r in range(1, len(free) + 1):
+            for combo in itertools.permutations(sorted(free), r):
+                p = 1
+                for a in combo:
+                    p *= sizes[a]
+                if p == k:
+                    out.append(combo[0] if len(combo) == 1 else combo)
+        return out
+
+    def search(i: int, free: set) -> Any:
+        if i == len(counts):
+            candidate = NamedSharding(mesh, PartitionSpec(*chosen))
+            return candidate.spec if candidate.is_equivalent_to(sharding, ndim) else None
+        for entry in orderings(counts[i], free):
+            used = set() if entry is None else ({entry} if isinstance(entry, str) else set(entry))
+            if used - free:
+                continue
+            chosen.append(entry)
+            found = search(i + 1, free - used)
+            chosen.pop()
+            if found is not None:
+                return found
+        return None
+
+    chosen: list = []
+    return search(0, set(sizes))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
@@ -81,13 +82,19 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
         weakly typed, as ``jax.jit`` does) and other values (passed as they are). A keyword argument
         whose name is one of this function's options must go in through ``functools.partial``.
       mesh: a ``jax.sharding.Mesh`` (its axis names, sizes and types), ``"data=2,model=4"``, or a
-        ``{name: size}`` mapping; None: the mesh of the first argument with a ``NamedSharding``,
-        else one device.
-      topology: a compile-only target (``v5e:2x4``, ``h100:8``): no such device needed.
+        ``{name: size}`` mapping; None: the mesh of the arguments' ``NamedSharding``s (of several
+        meshes of the same devices, the one with the most axes), else one device. An argument on
+        another mesh of the same devices (a batch on a 1-D ``("devices",)`` mesh) is staged with the
+        same layout spelled over this mesh's axes, as ``jax.jit`` takes it (a note says so).
+      topology: a compile-only target (``v5e:2x4``, ``h100:8``; ``v5e:1x1`` needs no mesh): no such
+        device needed.
       platform: ``cpu`` | ``gpu`` | ``tpu``; None: JAX's default backend.
       slices: TPU slices of ``topology`` joined over DCN.
       donate: positions or keyword names of donated arguments.
       static: static keyword arguments: ``{name: value}``, or names of ``kwargs`` to treat as static.
+        A static value holding a ``jax.sharding.Mesh`` with the staged mesh's axis names (a config
+        with ``mesh=``) is given the staged mesh in its place (``topology=``: re-laid by axis name;
+        a note says so).
       out_shardings: a pytree of ``PartitionSpec`` (or None per output) for the outputs.
       chip: a chip of the roofline table (``stagetool/core/chips.py``, or the spec's ``chips:``), for a
         step-time estimate.
@@ -148,6 +155,8 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
     from stagetool.spec.model import FunctionSpec, Spec
 
     target = _target(fn, options)
+    notes: list[str] = []
+    args, kwargs = _on_one_mesh(fn, args, kwargs, options.mesh, notes)
     fspec = FunctionSpec(options.name, options.target, tuple(_value(a, options.loc) for a in args),
                          {k: _value(v, options.loc) for k, v in kwargs.items()}, dict(options.static),
                          tuple(options.donate), _out_shardings(options.out_shardings), options.loc, Path.cwd())
@@ -157,9 +166,18 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
                                  chip=options.chip, device_memory=options.device_memory, peak=options.peak,
                                  top=options.top, explain=tuple(options.explain)), spec=spec)
         setup = provision_devices(plan)
+    static, relaid = relaid_static(options.static, setup.mesh)
+    if relaid:
+        notes += relaid
+        fspec = dataclasses.replace(fspec, static=static)
+        plan = dataclasses.replace(plan, functions=(fspec,))
     wanted = frozenset(Section(s) for s in SECTIONS)
-    with exit_refused():
+    with exit_refused(), _api_names():
         prepared = prepare_inputs(plan, setup, targets={options.name: target})
+        prep = prepared[options.name]
+        if notes and prep.inputs is not None:
+            prepared = {**prepared, options.name: dataclasses.replace(
+                prep, inputs=dataclasses.replace(prep.inputs, notes=(*notes, *prep.inputs.notes)))}
         try:
             once = stage_once(plan, setup, prepared[options.name])
         except StagingError:
@@ -175,21 +193,154 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
 
 _OPTION_NAMES = ("platform", "topology", "slices", "chip", "device-memory", "explain", "top")
 
+#: The spec's ``{mesh: staged}`` advice, and what the Python API does instead.
+_SPEC_MESH_ADVICE = re.compile(r"\{call: [^{}]*\{mesh: \{mesh: staged\}\}\}\)?|\(\{mesh: staged\}\)|\{mesh: staged\}")
+_API_MESH_ADVICE = ("a config holding the mesh as a static argument (static={'cfg': cfg}: its mesh is re-laid on the "
+                    "staged one by axis name)")
+
+
+def api_words(text: str | None) -> str | None:
+    """``text`` (a message or hint written for the CLI and the spec) in :func:`inspect`'s words: its
+    parameters (``mesh='data=8'``, ``topology=v5e:2x4``), never a CLI flag or a spec key."""
+    if not text:
+        return text
+    text = re.sub(r"--mesh (\S+?)([),]?(?:\s|$))", lambda m: f"mesh={m.group(1)!r}{m.group(2)}", text)
+    text = text.replace("--mesh", "mesh=")
+    for name in _OPTION_NAMES:
+        text = text.replace(f"--{name} ", name.replace("-", "_") + "=")
+    text = _SPEC_MESH_ADVICE.sub(_API_MESH_ADVICE, text)
+    return text.replace("the spec's mesh.axis_types", "the mesh's axis types").replace(
+        "the spec's 'axis_types: explicit' under 'mesh:' (mesh: {axes: {...}, axis_types: explicit})",
+        "a mesh with Explicit axes (mesh=jax.make_mesh(...), whose axis types it takes)")
+
 
 @contextlib.contextmanager
 def _api_names() -> Iterator[None]:
-    """A usage error names the option as :func:`inspect` takes it (``chip=``), not as the CLI does."""
+    """A usage error names the option as :func:`inspect` takes it (``chip=``, ``mesh=``), not as the
+    CLI or the spec does."""
     try:
         yield
     except UsageError as e:
-        message, hint = e.message, e.hint
-        for name in _OPTION_NAMES:
-            api = name.replace("-", "_") + "="
-            message = message.replace(f"--{name} ", api)
-            hint = hint.replace(f"--{name} ", api) if hint else hint
+        message, hint = api_words(e.message), api_words(e.hint)
         if (message, hint) == (e.message, e.hint):
             raise
-        raise UsageError(f"stagetool.inspect: {message}", hint=hint) from None
+        prefix = "" if message.startswith("stagetool.inspect") else "stagetool.inspect: "
+        raise UsageError(f"{prefix}{message}", hint=hint) from None
+
+
+def _on_one_mesh(fn: Any, args: tuple, kwargs: dict, mesh_spec: MeshSpec, notes: list[str]) -> tuple[tuple, dict]:
+    """The arguments with each array or ``ShapeDtypeStruct`` on another mesh of the same devices (a
+    batch on a 1-D ``("devices",)`` mesh beside a 2-D state mesh, as ``jax.jit`` takes them) given the
+    equivalent ``PartitionSpec`` on the mesh staged over (the first argument mesh with the staged
+    axis names), one note per argument; an argument no spec over that mesh lays alike, as it is."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    from stagetool.inputs.own_mesh import equivalent_spec
+
+    names = tuple(mesh_spec.names)
+    ref = next((m for m in _meshes((args, kwargs)) if tuple(m.axis_names) == names), None)
+    if ref is None:
+        return args, kwargs
+    try:
+        params = list(__import__("inspect").signature(_underlying(fn)).parameters)
+    except (TypeError, ValueError):
+        params = []
+    from stagetool.devices.world import describe_mesh
+
+    def moved(x: Any, what: str, depth: int = 0) -> Any:
+        if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+            s = getattr(x, "sharding", None)
+            if not isinstance(s, NamedSharding) or s.mesh == ref or s.mesh.empty:
+                return x
+            spec = equivalent_spec(s, ref, len(x.shape))
+            if spec is None:
+                return x
+            notes.append(f"{what} is laid on another mesh of the same devices ({describe_mesh(s.mesh)}, "
+                         f"{s.spec}); staged as the same layout on the mesh ({describe_mesh(ref)}): {spec}, as "
+                         "jax.jit takes it")
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(ref, spec, memory_kind=s.memory_kind))
+        if depth < 4 and type(x) in (list, tuple):
+            return type(x)(moved(v, f"{what}[{i}]", depth + 1) for i, v in enumerate(x))
+        if depth < 4 and type(x) is dict:
+            return {k: moved(v, f"{what}[{k!r}]", depth + 1) for k, v in x.items()}
+        return x
+
+    args = tuple(moved(a, f"argument {params[i] if i < len(params) else i}") for i, a in enumerate(args))
+    kwargs = {k: moved(v, f"argument {k}") for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _meshes(tree: Any) -> list:
+    """The concrete meshes the leaves' ``NamedSharding``s name, in order, each once."""
+    import jax
+    from jax.sharding import Mesh
+
+    out: list = []
+    for leaf in jax.tree_util.tree_leaves(tree):
+        mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
+        if isinstance(mesh, Mesh) and not mesh.empty and not any(mesh == m for m in out):
+            out.append(mesh)
+    return out
+
+
+def relaid_static(static: Mapping[str, Any], staged: Any) -> tuple[dict, list[str]]:
+    """``(static values, notes)``: each static value holding a ``jax.sharding.Mesh`` with the staged
+    mesh's axis names that is not the staged mesh (a jax-llm-examples ``Config(mesh=...)`` of the
+    caller's CPU mesh, staged with ``topology="v5e:2x4"``) with that mesh replaced by the staged
+    one — re-laid by axis name, as the CLI's ``{mesh: staged}`` gives the code the staged mesh — in
+    a frozen dataclass, a NamedTuple, a dict, list or tuple (four levels deep); one note per value.
+    Values with no such mesh are the same objects."""
+    out: dict = {}
+    notes: list[str] = []
+    from stagetool.devices.world import describe_mesh
+
+    for name, value in static.items():
+        found: list = []
+        new = _replace_mesh(value, staged, found, 0)
+        out[name] = new
+        if found:
+            notes.append(f"static={name!r} holds the mesh {describe_mesh(found[0])}; it is re-laid by axis name on "
+                         f"the staged mesh ({describe_mesh(staged)}), as the same code with its mesh built for these "
+                         "devices runs")
+    return out, notes
+
+
+def _replace_mesh(value: Any, staged: Any, found: list, depth: int) -> Any:
+    from jax.sharding import Mesh
+
+    if isinstance(value, Mesh):
+        if value != staged and not value.empty and tuple(value.axis_names) == tuple(staged.axis_names):
+            found.append(value)
+            return staged
+        return value
+    if depth >= 4:
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {}
+        for f in dataclasses.fields(value):
+            if not f.init:
+                continue
+            old = getattr(value, f.name)
+            new = _replace_mesh(old, staged, found, depth + 1)
+            if new is not old:
+                changes[f.name] = new
+        return dataclasses.replace(value, **changes) if changes else value
+    if isinstance(value, tuple) and hasattr(value, "_replace") and hasattr(value, "_fields"):
+        changes = {}
+        for k in value._fields:
+            old = getattr(value, k)
+            new = _replace_mesh(old, staged, found, depth + 1)
+            if new is not old:
+                changes[k] = new
+        return value._replace(**changes) if changes else value
+    if type(value) in (list, tuple):
+        items = [_replace_mesh(v, staged, found, depth + 1) for v in value]
+        return type(value)(items) if any(a is not b for a, b in zip(items, value)) else value
+    if type(value) is dict:
+        items = {k: _replace_mesh(v, staged, found, depth + 1) for k, v in value.items()}
+        return items if any(items[k] is not value[k] for k in value) else value
+    return value
 
 
 @contextlib.contextmanager
@@ -339,7 +490,10 @@ def _mesh_spec(mesh: Any, args: tuple, kwargs: dict) -> MeshSpec:
       UsageError: a mesh text that does not parse, or a value that is no mesh.
     """
     if mesh is None:
-        mesh = _first_mesh((args, kwargs))
+        # the arguments' mesh; of several meshes of the same devices (a state mesh, a batch's 1-D
+        # one), the one with the most axes: the others' layouts are spelled over it (_on_one_mesh)
+        found = _meshes((args, kwargs))
+        mesh = max(found, key=lambda m: sum(1 for s in m.shape.values() if s != 1)) if found else None
         if mesh is None:
             return MeshSpec(())
     if isinstance(mesh, MeshSpec):

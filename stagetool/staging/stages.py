@@ -551,11 +551,26 @@ def _mesh_mismatch(e: BaseException, stage_name: str, name: str, user_files: lis
     frame = user_frame(e, user_files)
     return UsageError(f"{name}: {stage_name}: the code names a mesh of its own that is not the staged mesh "
                       f"({describe_mesh(mesh)}): {first}" + (f"\n  at {frame}" if frame else ""),
-                      hint=_host_mesh_hint(str(e)) or (
+                      hint=_host_mesh_hint(str(e)) or _order_hint(str(e)) or (
                           "code that names its mesh in the step (shard_map(mesh=...), NamedSharding(mesh, ...)) runs "
                           "on that mesh alone: stage with the same axis sizes (--mesh) and axis types (the spec's "
                           "axis_types: explicit for jax.make_mesh's default), or build the code's mesh from the spec's "
                           "({call: model.py:make_config, kwargs: {mesh: {mesh: staged}}})"))
+
+
+_DEVICE_IDS = re.compile(r"device ids \[([\d, ]+)\]")
+
+
+def _order_hint(text: str) -> str | None:
+    """The hint for JAX's refusal of two orders of the same devices in one program ("Received
+    incompatible devices ... device ids [0, 1, 3, 2] ... device ids [0, 1, 2, 3]"), None otherwise."""
+    ids = [tuple(int(i) for i in m.split(",")) for m in _DEVICE_IDS.findall(text)]
+    if len(ids) < 2 or ids[0] == ids[1] or sorted(ids[0]) != sorted(ids[1]):
+        return None
+    return (f"the code lays the staged devices in two orders (ids {list(ids[0])} and {list(ids[1])}), and JAX compiles "
+            "one device order per program, as a real run of the code does: build every mesh of the code from the same "
+            "devices in the same order (another mesh from mesh.devices.flatten() or .reshape(...) of the first), or "
+            "take the staged mesh from the spec ({mesh: staged})")
 
 
 #: JAX's words when code written for one kind of mesh axes runs on the other: ``(pattern, the axis type
