@@ -186,6 +186,17 @@ def test_collectives_new_gone_and_growth():
     assert [c.what for c in cmp.regressions] == ["collective all-gather over data"]
 
 
+def test_a_new_or_gone_collective_group_reads_as_its_bytes_in_its_count():
+    """Two all-gathers of 128 B each are 256 B in 2 (the snapshot's bytes are the group's sum), never
+    '2× 256 B', which reads as 512 B (issue 40, item 5)."""
+    after = _entry(collectives=[{"kind": "all-gather", "axes": "data", "count": 2, "bytes_per_device": 256}])
+    before = _entry(collectives=[{"kind": "reduce-scatter", "axes": "data", "count": 1, "bytes_per_device": 64}])
+    changes = {c.what: c for c in _compare(before, after).functions[0].changes}
+    assert (changes["collective all-gather over data"].before, changes["collective all-gather over data"].after) == \
+        ("—", "256 B in 2")
+    assert changes["collective reduce-scatter over data"].before == "64 B in 1"
+
+
 def test_collectives_missing_on_one_side_is_a_notice_not_a_failure():
     cmp = _compare(_entry(collectives=None), _entry())
     assert cmp.exit_code() == 0

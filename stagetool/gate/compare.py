@@ -185,6 +185,12 @@ def _fmt_leaf(leaf: Mapping | None) -> str:
     return str(leaf.get("sharding"))
 
 
+def _bytes_in(group: dict) -> str:
+    """A collective group's bytes and how many collectives carry them: ``256 B in 2`` (the bytes are
+    the group's sum per device, not each one's)."""
+    return f"{_fmt_number(group['bytes_per_device'], 'bytes')} in {group['count']}"
+
+
 def _fmt_number(v: Any, unit: str) -> str:
     from stagetool.core.units import format_bytes, format_count
 
@@ -405,11 +411,11 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
             what = f"collective {key[0]} over {_axes_display(key[1])}" + (f" ({key[2]})" if key[2] else "")
             subject = ("collective", *key)
             if x is None:
-                changes.append(Change(name, what, "—", f"{y['count']}× {_fmt_number(y['bytes_per_device'], 'bytes')}",
+                changes.append(Change(name, what, "—", _bytes_in(y),
                                       "regression", 0, y["bytes_per_device"], note=_at_lines("new collective", y),
                                       subject=subject))
             elif y is None:
-                changes.append(Change(name, what, f"{x['count']}× {_fmt_number(x['bytes_per_device'], 'bytes')}", "—",
+                changes.append(Change(name, what, _bytes_in(x), "—",
                                       "improvement", x["bytes_per_device"], 0, note=_at_lines("collective gone", x),
                                       subject=subject))
             else:

@@ -109,7 +109,7 @@ def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> st
     from rich.table import Table
     from rich.text import Text
 
-    console = Console(file=io.StringIO(), force_terminal=color, no_color=not color,
+    console = Console(file=io.StringIO(), force_jupyter=False, force_terminal=color, no_color=not color,
                       color_system="truecolor" if color else None, width=width, highlight=False, soft_wrap=False)
     console.print(Text(f"{cmp.title}: {cmp.before} → {cmp.after}", style="bold"))
     for n in cmp.notices:

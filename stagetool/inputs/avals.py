@@ -142,7 +142,9 @@ class _Builder:
         args = tuple(args_list)
         kwargs = {}
         for k, v in fspec.kwargs.items():
-            kwargs[k] = self.built[k] = self.convert(v, k, k in self.donated_names)
+            # haliax's named_jit keeps a Python number static wherever it is (its eqx.is_array split)
+            kwargs[k] = self.built[k] = self.convert(v, k, k in self.donated_names,
+                                                     top=own.kind == "haliax.named_jit")
         static = {k: build_value(v, fspec, self.built) for k, v in fspec.static.items()}
         check_static_hashable(fspec, static)
         if self.leaf_key:
@@ -161,7 +163,8 @@ class _Builder:
         from stagetool.inputs.jit_wrapper import is_jax_jit  # (an nnx.jit object is a jax.stages.Wrapped too)
 
         own = self.own
-        return is_jax_jit(self.fn) or own.kind == "eqx.filter_jit" or (own.kind == "nnx.jit" and i in own.static_argnums)
+        return is_jax_jit(self.fn) or own.kind in ("eqx.filter_jit", "haliax.named_jit") \
+            or (own.kind == "nnx.jit" and i in own.static_argnums)
 
     # ---- the spec's trees, leaf by leaf
 
@@ -237,8 +240,9 @@ class _Builder:
         if isinstance(tree, dict):
             return {k: self.convert(v, f"{path}/{k}", donated) for k, v in tree.items()}
         if top and isinstance(tree, (bool, int, float, str)):
-            # passed as the value: at a jax.jit target's top level (as before), to eqx.filter_jit (a
-            # Python number is static to Equinox), at an nnx.jit's static_argnums position
+            # passed as the value: at a jax.jit target's top level (as before), to eqx.filter_jit and
+            # haliax's named_jit (a Python number is static to Equinox and haliax: lr=0.1 is no input),
+            # at an nnx.jit's static_argnums position
             return tree
         if isinstance(tree, (bool, int, float)):
             # A Python number is traced as a weakly typed scalar, as jax.jit does with a literal.

@@ -194,8 +194,8 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
 _OPTION_NAMES = ("platform", "topology", "slices", "chip", "device-memory", "explain", "top")
 
 #: The spec's ``{mesh: staged}`` advice, and what the Python API does instead.
-_SPEC_MESH_ADVICE = re.compile(r"\{call: [^{}]*\{mesh: \{mesh: staged\}\}\}\)?|\(\{mesh: staged\}\)|\{mesh: staged\}")
-_API_MESH_ADVICE = ("a config holding the mesh as a static argument (static={'cfg': cfg}: its mesh is re-laid on the "
+_SPEC_MESH_ADVICE = re.compile(r"(?:build|take) the [\w']+ mesh from the spec(?:'s)?:? \(?\{(?:call: [^()]*?|mesh: staged)\}+\)?")
+_API_MESH_ADVICE = ("pass the mesh in a config as a static argument (static={'cfg': cfg}: its mesh is re-laid on the "
                     "staged one by axis name)")
 
 

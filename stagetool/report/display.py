@@ -1,5 +1,10 @@
-"""How a report shows where it is displayed: Jupyter/Colab (``_repr_html_``), Markdown front ends
-(``_repr_markdown_``), a terminal or a log (``str``).
+"""How a report shows where it is displayed: Jupyter/Colab (``_repr_mimebundle_``: one output, the
+HTML page with the text report as its ``text/plain``), Markdown front ends (``_repr_markdown_``), a
+terminal or a log (``str``).
+
+The text is rendered by Rich into a string, never onto Rich's own Jupyter display (a Rich ``Console``
+in a kernel sends each line it prints to the notebook as an output of its own: the text renderers
+pass ``force_jupyter=False``).
 
 The HTML is the self-contained page of :mod:`stagetool.report.render_html` (inline SVG and CSS, no
 script, no network), put in a sandboxed ``<iframe srcdoc>`` so that the page's stylesheet cannot
@@ -30,6 +35,18 @@ def notebook_html(doc: Any) -> str:
     return (f'<iframe class="stagetool-report" sandbox="" title="stagetool report" '
             f'style="width:100%;height:{FRAME_HEIGHT_PX}px;border:1px solid #ccc;resize:vertical" '
             f'srcdoc="{html.escape(page(doc), quote=True)}"></iframe>')
+
+
+def mimebundle(html_page: Any, plain: Any, include: Any = None, exclude: Any = None) -> dict[str, str]:
+    """What a notebook shows for a report: one output, ``{"text/html": html_page(), "text/plain":
+    plain()}`` (IPython's ``_repr_mimebundle_``; ``include``/``exclude`` as IPython gives them: MIME
+    types to keep or leave out, each form rendered only when kept)."""
+    bundle: dict[str, str] = {}
+    for mime, render_one in (("text/html", html_page), ("text/plain", plain)):
+        if (include and mime not in include) or (exclude and mime in exclude):
+            continue
+        bundle[mime] = render_one()
+    return bundle
 
 
 def markdown(doc: Any) -> str:
@@ -90,6 +107,10 @@ class Shown:
 
     def _repr_html_(self) -> str:
         return notebook_html(self.doc)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """One notebook output: the section's HTML page, its text report as ``text/plain``."""
+        return mimebundle(self._repr_html_, self.__str__, include, exclude)
 
     def _repr_markdown_(self) -> str:
         return markdown(self.doc)

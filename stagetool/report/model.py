@@ -241,6 +241,12 @@ class Report:
         """IPython's text form (a terminal, a notebook's ``text/plain``): the text report."""
         printer.text("Report(...)" if cycle else str(self))
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """One notebook output: the HTML page (:meth:`_repr_html_`), the text report as its ``text/plain``."""
+        from stagetool.report.display import mimebundle
+
+        return mimebundle(self._repr_html_, self.__str__, include, exclude)
+
     def _repr_markdown_(self) -> str:
         from stagetool.report.display import markdown
 

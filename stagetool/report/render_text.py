@@ -64,7 +64,7 @@ def render(doc: Report | DevicesReport, *, color: bool, width: int = 120, fit: b
     items = renderables(doc)
 
     def console(w: int) -> Console:
-        return Console(file=io.StringIO(), force_terminal=color, no_color=not color,
+        return Console(file=io.StringIO(), force_jupyter=False, force_terminal=color, no_color=not color,
                        color_system="truecolor" if color else None, width=w, theme=THEME, highlight=False,
                        soft_wrap=False)
 

@@ -67,18 +67,19 @@ def differs(mesh: Any, staged: Any) -> bool:
 def conflicts(mesh: Any, staged: Any) -> bool:
     """Whether ``mesh``, named inside the traced program, makes a program no run of the code at the
     staged mesh builds: it is on devices that are not the staged ones, or it :func:`differs` from
-    ``staged`` with the same axis names (size-1 axes left out) at other sizes, the module's copy of
-    the staged mesh built at a fixed shape. Another mesh of the staged devices with axes of its own
+    ``staged`` with the same axis names (all of them, or those of size > 1) at other sizes: the
+    module's copy of the staged mesh built at a fixed shape (``fsdp=4 × tensor=2`` where ``--mesh``
+    stages ``fsdp=8 × tensor=1``). Another mesh of the staged devices with axes of its own
     (a flattened ``("data",)`` mesh beside a 2-D state mesh) does not: a real run has both."""
     if not differs(mesh, staged):
         return False
     if not set(mesh.devices.flat) <= set(staged.devices.flat):
         return True
 
-    def names(m: Any) -> set:
+    def laid(m: Any) -> set:
         return {n for n, s in m.shape.items() if s != 1}
 
-    return names(mesh) == names(staged)
+    return laid(mesh) == laid(staged) or set(mesh.axis_names) == set(staged.axis_names)
 
 
 def user_line(eqn: Any, user_files: list[str]) -> str | None:

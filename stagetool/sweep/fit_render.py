@@ -137,7 +137,7 @@ def render_text(doc: dict, *, color: bool = False, width: int = 160) -> str:
                          else "left", overflow="fold")
     for row in cells:
         table.add_row(*(Text(c) for c in row), style="bold green" if row[0] == "★" else None)
-    console = Console(file=io.StringIO(), force_terminal=color, no_color=not color,
+    console = Console(file=io.StringIO(), force_jupyter=False, force_terminal=color, no_color=not color,
                       color_system="truecolor" if color else None, width=width, highlight=False)
     console.print(table)
     for line in footer(doc):

@@ -184,7 +184,7 @@ def render_text(doc: dict, *, color: bool = False, width: int = 160) -> str:
         style = "bold green" if r["id"] == doc.get("best") else ("dim" if r["status"] != OK else None)
         table.add_row(*(Text(c) for c in row), style=style)  # Text: "model[minor 2 of 8]" is not markup
     def make(w: int) -> Console:
-        return Console(file=io.StringIO(), force_terminal=color, no_color=not color,
+        return Console(file=io.StringIO(), force_jupyter=False, force_terminal=color, no_color=not color,
                        color_system="truecolor" if color else None, width=w, highlight=False)
 
     # as the report's tables: never squeezed below what the cells need (a narrow terminal wraps lines)

@@ -90,3 +90,40 @@ def test_the_notebook_shows_the_clis_report(tmp_path, run_cli, monkeypatch):
     assert "Collectives" in collectives and "Memory per device" not in collectives
     assert "declared P(None, &#39;model&#39;)" in _page(_cell(nb, "why")) or "declared P(None, 'model')" in \
         _page(_cell(nb, "why"))
+
+
+DISPLAYED = {
+    "setup": """\
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+import stagetool
+mesh = jax.make_mesh((2, 4), ("data", "model"), devices=jax.devices()[:8])
+w = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))
+x = jax.ShapeDtypeStruct((32, 64), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
+report = stagetool.inspect(lambda w, x: jnp.tanh(x @ w).sum(), w, x, peak=False)""",
+    "report": "report",
+    "memory": "report.memory",
+    "two": "display(report.collectives)\ndisplay(report)",
+}
+
+
+def test_a_displayed_report_is_one_output(tmp_path, monkeypatch):
+    """Each report or section displayed in a notebook is one output: the HTML page, with the text
+    report as the text/plain of that same output (never Rich's own Jupyter display, one output a line)."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source, metadata={"tags": [tag]}) for tag, source in DISPLAYED.items()]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    for tag, kind, count in (("report", "execute_result", 1), ("memory", "execute_result", 1),
+                             ("two", "display_data", 2)):
+        outputs = _cell(nb, tag).outputs
+        assert [o.output_type for o in outputs] == [kind] * count, [(o.output_type, list(o.get("data", {})))
+                                                                   for o in outputs]
+        for o in outputs:
+            assert o.data["text/html"].startswith('<iframe class="stagetool-report"')
+            assert "memory per device" in o.data["text/plain"] or "collectives" in o.data["text/plain"]
+    assert "memory per device" in _cell(nb, "memory").outputs[0].data["text/plain"]
+    assert "Memory per device" in _page(_cell(nb, "report"))

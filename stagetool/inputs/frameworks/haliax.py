@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import jax
 
+from stagetool.core.errors import UsageError
 from stagetool.inputs.frameworks.equinox import placeholder_call
 from stagetool.inputs.frameworks.jit import JitSettings
 
@@ -156,6 +157,53 @@ class HaliaxProgram:
         return ["out" + keypath(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(out_info[0])[0]]
 
 
+#: the haliax releases whose named_jit internals this module reads (pyproject's ``haliax`` extra)
+SUPPORTED = "haliax >= 1.4.dev453 (and marin-haliax releases with the same named_jit)"
+
+#: the parameters of ``haliax.partitioning.infer_resource_partitions`` this module passes
+_INFER_PARAMETERS = ("preserve_existing_shardings", "mesh")
+
+
+def haliax_release() -> str:
+    """``haliax 1.4.dev453`` / ``marin-haliax 0.2.20``: the distribution that provides ``haliax``."""
+    from importlib import metadata
+
+    for dist in metadata.packages_distributions().get("haliax", []) or ["haliax"]:
+        try:
+            return f"{dist} {metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return "haliax (version unknown)"
+
+
+def check_supported(fn: Any) -> None:
+    """Refuse (exit 2, before any trace) a haliax whose ``named_jit`` is not built the way this module
+    rebuilds it: ``infer_resource_partitions`` without the ``preserve_existing_shardings``/``mesh``
+    parameters it passes, or no ``_named_pjit_cache``. Never a ``TypeError`` from deep inside staging.
+
+    Raises:
+      UsageError: naming the installed release, what it lacks, the releases read, and the way out.
+    """
+    import inspect
+
+    from haliax import partitioning
+
+    try:
+        params = inspect.signature(partitioning.infer_resource_partitions).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a builtin or C function
+        params = {}
+    lacking = [f"infer_resource_partitions({p}=...)" for p in _INFER_PARAMETERS if p not in params]
+    if not callable(getattr(partitioning, "_named_pjit_cache", None)):  # private-api: named_jit's jit builder
+        lacking.append("haliax.partitioning._named_pjit_cache")
+    if lacking:
+        name = getattr(getattr(fn, "__wrapped__", None), "__qualname__", None) or "the step"
+        raise UsageError(
+            f"{name} is a named_jit of {haliax_release()}, whose named_jit stagetool cannot rebuild: it lacks "
+            f"{', '.join(lacking)}; stagetool stages named_jit steps of {SUPPORTED}",
+            hint="install a supported haliax (pip install 'haliax>=1.4.dev453'), or stage the function under "
+                 "named_jit (its __wrapped__) with the spec's donate and out_shardings")
+
+
 def _mapping(axis_resources: Any) -> Any:
     import haliax as hax
 
@@ -199,6 +247,8 @@ def haliax_program(settings: JitSettings, args: tuple, kwargs: dict, mesh: Any, 
     closes over arrays (inputs the spec does not name), or an argument holds a ``jax.Ref``.
 
     Raises:
+      UsageError: a haliax release whose named_jit is not built as this module rebuilds it
+        (:func:`check_supported`, exit 2).
       whatever haliax raises splitting the call (a ``donate_args`` that does not fit the arguments) or
       tracing the function for its output shapes.
     """
@@ -207,6 +257,7 @@ def haliax_program(settings: JitSettings, args: tuple, kwargs: dict, mesh: Any, 
 
     if settings.kind != KIND or not settings.readable:
         return None
+    check_supported(settings.wrapper)
     nj = read(settings.wrapper)
     if jax.tree_util.tree_leaves(nj.dynamic_fun):  # the function closes over arrays: inputs the spec does not name
         return None

@@ -1,0 +1,145 @@
+"""stagetool.inspect accepts what jax.jit accepts (issue 40, item 2): arguments on another mesh of the
+same devices, a static config holding the caller's mesh with ``topology=``, a one-device topology with
+no mesh; its errors name its own parameters. Every figure is raw JAX's compile of the same code for
+the same devices (the CPU mesh, compile-only v5e:2x4)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import target_devices
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import stagetool
+from stagetool.core.errors import UsageError
+
+TARGETS = [None, "v5e:2x4"]
+
+
+def _xla(compiled) -> tuple:
+    m = compiled.memory_analysis()
+    return (m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes, m.temp_size_in_bytes)
+
+
+def _record(report) -> tuple:
+    r = report.memory.record
+    return (r.argument_bytes, r.output_bytes, r.alias_bytes, r.temp_bytes)
+
+
+def _collectives(text: str) -> list[str]:
+    """The collective instructions of an optimized HLO module, by kind (async starts as their op)."""
+    ops = re.findall(r"^\s*(?:ROOT )?\S+ = .+? (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
+                     r"(?:-start)?\(", text, flags=re.MULTILINE)
+    return sorted(ops)
+
+
+def _meshes(devices):
+    """big_vision's: the state on a 2-D (replica, fsdp) mesh, each batch on the same devices flattened."""
+    grid = mesh_utils.create_device_mesh((2, 4), devices)
+    return Mesh(grid, ("replica", "fsdp")), Mesh(grid.flatten(), ("devices",))
+
+
+def _bv_step(w, x):
+    l, g = jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+    return w - 0.1 * g, l
+
+
+def _bv_args(mesh, batch_mesh):
+    return (jax.ShapeDtypeStruct((128, 128), jnp.float32, sharding=NamedSharding(mesh, P(None, "fsdp"))),
+            jax.ShapeDtypeStruct((32, 128), jnp.float32, sharding=NamedSharding(batch_mesh, P("devices"))))
+
+
+@pytest.mark.parametrize("topology", TARGETS)
+def test_a_batch_on_a_1d_mesh_of_the_same_devices(topology):
+    mesh, batch_mesh = _meshes(jax.devices()[:8])  # the caller's own
+    report = stagetool.inspect(_bv_step, *_bv_args(mesh, batch_mesh), topology=topology, donate=0, peak=False)
+    fn = report.function()
+    assert fn.mesh.axes == (("replica", 2), ("fsdp", 4))
+    assert any("argument x is laid on another mesh of the same devices" in n and "P(('replica', 'fsdp'), None)" in n
+               for n in fn.notes), fn.notes
+    # raw JAX: jax.jit of the same step on the same two meshes of the target's devices
+    raw_mesh, raw_batch = _meshes(target_devices(topology))
+    compiled = jax.jit(_bv_step, donate_argnums=0).trace(*_bv_args(raw_mesh, raw_batch)).lower().compile()
+    assert _record(report) == _xla(compiled)
+    assert report.memory.record.alias_bytes == 128 * 128 * 4 // 4
+    assert sorted(c.collective.kind for c in report.collectives.items) == _collectives(compiled.as_text())
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """jax-llm-examples-style: the mesh travels in a static config."""
+
+    mesh: Mesh
+    d: int = 128
+
+
+def _cfg_step(x, w, cfg):
+    def local(x, w):
+        return jax.lax.psum(jnp.tanh(x @ w), "fsdp")
+    return jax.shard_map(local, mesh=cfg.mesh, in_specs=(P("replica", "fsdp"), P("fsdp", None)),
+                         out_specs=P("replica", None))(x, w)
+
+
+def _cfg_args(mesh):
+    return (jax.ShapeDtypeStruct((32, 128), jnp.float32, sharding=NamedSharding(mesh, P("replica", "fsdp"))),
+            jax.ShapeDtypeStruct((128, 64), jnp.float32, sharding=NamedSharding(mesh, P("fsdp", None))))
+
+
+@pytest.mark.parametrize("topology", TARGETS)
+def test_a_static_config_holding_the_mesh(topology):
+    mesh, _ = _meshes(jax.devices()[:8])
+    report = stagetool.inspect(_cfg_step, *_cfg_args(mesh), cfg=Config(mesh), static=("cfg",), topology=topology,
+                               peak=False)
+    relaid = [n for n in report.function().notes if n.startswith("static='cfg' holds the mesh")]
+    assert len(relaid) == (1 if topology else 0), report.function().notes
+    raw_mesh, _ = _meshes(target_devices(topology))
+    compiled = jax.jit(_cfg_step, static_argnames="cfg").trace(*_cfg_args(raw_mesh), cfg=Config(raw_mesh)).lower() \
+        .compile()
+    assert _record(report) == _xla(compiled)
+    assert sorted(c.collective.kind for c in report.collectives.items) == _collectives(compiled.as_text())
+    assert "all-reduce" in _collectives(compiled.as_text())  # the psum over fsdp
+
+
+def test_a_one_device_topology_needs_no_mesh():
+    (device,) = target_devices("v5e:1x1")
+
+    def step(w, x):
+        return jnp.tanh(x @ w).sum()
+
+    shapes = (jax.ShapeDtypeStruct((128, 128), jnp.float32), jax.ShapeDtypeStruct((32, 128), jnp.float32))
+    report = stagetool.inspect(step, *shapes, topology="v5e:1x1", peak=False)
+    assert report.function().mesh.device_kind == "TPU v5 lite"
+    one = jax.sharding.SingleDeviceSharding(device)
+    compiled = jax.jit(step).trace(*(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one) for s in shapes)).lower() \
+        .compile()
+    assert _record(report) == _xla(compiled)
+
+
+def test_errors_name_the_apis_parameters():
+    """A topology with no mesh, and code whose own mesh has the staged axes at other sizes: the message
+    and hint speak of mesh= and topology=, never --mesh, --topology or the spec's {mesh: staged}."""
+    pytest.importorskip("jax.experimental.topologies")
+    target_devices("v5e:2x4")  # skips without libtpu
+    with pytest.raises(UsageError) as e:
+        stagetool.inspect(lambda x: x * 2, jax.ShapeDtypeStruct((8,), jnp.float32), topology="v5e:2x4")
+    text = f"{e.value.message}\n{e.value.hint}"
+    assert "topology=v5e:2x4 needs a mesh" in text and "mesh='data=8'" in text and "--" not in text, text
+
+    fixed = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("replica", "fsdp"))  # the code's, at a fixed shape
+
+    def step(x, w):
+        return _cfg_step(x, w, Config(fixed))
+
+    mesh, _ = _meshes(jax.devices()[:8])
+    with pytest.raises(UsageError) as e:
+        stagetool.inspect(step, *_cfg_args(mesh), peak=False)
+    text = f"{e.value.message}\n{e.value.hint}"
+    assert "replica=4 × fsdp=2" in text and "staged mesh's axes at other sizes" in text, text
+    assert "--mesh" not in text and "{mesh: staged}" not in text and "{call:" not in text, text
+    assert "mesh='replica=4,fsdp=2'" in text and "static=" in text, text
