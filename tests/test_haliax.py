@@ -309,3 +309,107 @@ def test_inspect_of_a_live_named_jit_step_is_raw_haliaxs(isolated_imports):
     assert (record.argument_bytes, record.output_bytes, record.alias_bytes, record.temp_bytes) == (
         raw.argument_size_in_bytes, raw.output_size_in_bytes, raw.alias_size_in_bytes, raw.temp_size_in_bytes)
     assert record.alias_bytes > 0
+
+
+NAMED_JIT_FORMS = '''
+"""named_jit as the issue's new users wrote it: a Python-number learning rate passed positionally (static
+to haliax), donation of the model only; and Levanter's trainer form with axis_resources,
+out_axis_resources and donate_args."""
+import equinox as eqx
+import haliax as hax
+import haliax.nn as hnn
+import jax
+
+Batch = hax.Axis("batch", 16)
+Embed = hax.Axis("embed", 64)
+Hidden = hax.Axis("mlp", 128)
+PARAMS = {"mlp": "model", "embed": "data"}
+COMPUTE = {"batch": "data", "mlp": "model"}
+
+
+def init_model(key):
+    return hax.shard(hnn.Linear.init(Embed, Hidden, key=key), PARAMS)
+
+
+def make_batch():
+    return hax.shard(hax.zeros((Batch, Embed)), COMPUTE)
+
+
+def _sgd(model, x, lr):
+    with hax.axis_mapping(COMPUTE):
+        loss, grads = eqx.filter_value_and_grad(lambda m: hax.mean(m(x) ** 2).scalar())(model)
+    return eqx.apply_updates(model, jax.tree_util.tree_map(lambda g: -lr * g, grads)), loss
+
+
+step = hax.named_jit(_sgd, donate_args=(True, False))
+levanter_step = hax.named_jit(_sgd, axis_resources=COMPUTE, out_axis_resources=PARAMS,
+                              donate_args=(True, False, False))
+'''
+
+NAMED_JIT_FORMS_SPEC = '''
+version: 1
+mesh:
+  axes: {data: 2, model: 4}
+functions:
+  step:
+    target: nj.py:step
+    args: &args
+      - init: nj.py:init_model
+        init_args: [key(0)]
+      - init: nj.py:make_batch
+      - 0.1
+  levanter_step:
+    target: nj.py:levanter_step
+    args: *args
+'''
+
+
+@pytest.fixture(scope="module")
+def named_jit_forms(tmp_path_factory):
+    """The module and spec in a folder, and haliax's own compile of each step on the CPU mesh (real
+    arrays, ``named_jit(...).lower(model, x, 0.1).compile()``), compiled once for the module."""
+    folder = tmp_path_factory.mktemp("named_jit_forms")
+    (folder / "nj.py").write_text(NAMED_JIT_FORMS)
+    (folder / "nj.stagetool.yaml").write_text(NAMED_JIT_FORMS_SPEC)
+    spec = importlib.util.spec_from_file_location("_raw_named_jit_forms", folder / "nj.py")
+    module = importlib.util.module_from_spec(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        spec.loader.exec_module(module)
+        with jax.set_mesh(_mesh(jax.devices()[:8])):
+            model = eqx.filter_jit(module.init_model)(jax.random.key(0))
+            x = eqx.filter_jit(module.make_batch)()
+            raw = {name: getattr(module, name).lower(model, x, 0.1).compile().memory_analysis()
+                   for name in ("step", "levanter_step")}
+    return folder, raw
+
+
+@pytest.mark.parametrize("name", ["step", "levanter_step"])
+def test_named_jit_forms_have_haliaxs_own_bytes(run_cli, monkeypatch, isolated_imports, named_jit_forms, name):
+    """``named_jit(step, donate_args=(True, False))(model, x, 0.1)``: the learning rate is static to
+    haliax (no 4-byte input), the model donated; the Levanter form with axis_resources,
+    out_axis_resources and donate_args likewise: argument, output, alias and temp bytes are haliax's."""
+    folder, raw = named_jit_forms
+    monkeypatch.chdir(folder)
+    fn = run_cli("memory", f"nj.py:{name}", "--no-peak", "--format", "json", check=0).json()["functions"][0]
+    assert fn.get("error") is None
+    record, want = fn["memory"]["record"], raw[name]
+    assert (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"]) == (
+        want.argument_size_in_bytes, want.output_size_in_bytes, want.alias_size_in_bytes, want.temp_size_in_bytes)
+    assert record["alias_bytes"] > 0  # the model, donated
+    doc = run_cli("shardings", f"nj.py:{name}", "--format", "json", check=0).json()
+    assert not [p for p in leaves_by_path(doc) if p.startswith("lr") or p == "2"]  # the number is no input
+
+
+def test_a_haliax_whose_named_jit_cannot_be_rebuilt_is_exit_2(run_cli, monkeypatch, isolated_imports,
+                                                               named_jit_forms):
+    """A haliax release whose infer_resource_partitions lacks the parameters stagetool passes (as a
+    marin-haliax release did): exit 2 naming the release and what it lacks, never a TypeError."""
+    from haliax import partitioning
+
+    folder, _ = named_jit_forms
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(partitioning, "infer_resource_partitions", lambda tree, resource_mapping=None: None)
+    r = run_cli("memory", "nj.py:levanter_step", "--no-peak", check=2)
+    assert "infer_resource_partitions(preserve_existing_shardings=...)" in r.stderr and "haliax" in r.stderr
+    assert "TypeError" not in r.stderr and "haliax>=1.4.dev453" in r.stderr
