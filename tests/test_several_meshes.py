@@ -224,3 +224,16 @@ def test_equivalent_spec_over_the_staged_axes():
     assert equivalent_spec(NamedSharding(flat, P(None, "devices")), mesh, 2) == P(None, ("replica", "fsdp"))
     assert equivalent_spec(NamedSharding(flat, P()), mesh, 1) == P(None)
     assert equivalent_spec(NamedSharding(Mesh(devices.T.flatten(), ("devices",)), P("devices")), mesh, 2) is None
+
+
+def test_the_same_devices_in_two_orders_is_exit_2_saying_so(run_cli, tmp_path, monkeypatch):
+    """A flattened mesh in another device order than the state mesh: JAX compiles one device order per
+    program (a real run of this code fails the same way), so exit 2 names both orders and the fix."""
+    write(tmp_path, "bv.py", BIG_VISION.replace('flat = Mesh(devices.flatten(), ("data",))',
+                                                'flat = Mesh(devices.flatten()[[1, 0, 2, 3, 4, 5, 6, 7]], ("data",))'))
+    write(tmp_path, "bv.stagetool.yaml", BIG_VISION_SPEC)
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("memory", "bv.py:train_step", "--no-peak", check=2)
+    assert "ids [0, 1, 2, 3, 4, 5, 6, 7] and [1, 0, 2, 3, 4, 5, 6, 7]" in r.stderr or \
+        "ids [1, 0, 2, 3, 4, 5, 6, 7] and [0, 1, 2, 3, 4, 5, 6, 7]" in r.stderr, r.stderr
+    assert "mesh.devices.flatten()" in r.stderr and "Traceback" not in r.stderr

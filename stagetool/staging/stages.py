@@ -186,7 +186,8 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
     warned: list[str] = []
     traced, context = _trace(jitted, inputs, mesh, name, user_files, timings, warned, on_stage)
     check_traced(traced, mesh, name=name, user_files=user_files)  # a mesh of the code's own: exit 2
-    lowered = _run("lower", traced.lower, context, name, user_files, jitted, timings, warned, on_stage)
+    lowered = _run("lower", traced.lower, mesh, name, user_files, jitted, timings, warned, on_stage,
+                   ambient=context is not None)
     staged = Staged(traced, lowered, None, StageTimings(timings.get("trace"), timings.get("lower")), jitted,
                     tuple(warned), no_context=context is None and mesh is not None)
     if until == "compile":
@@ -242,7 +243,7 @@ def _trace(jitted: Any, inputs: AbstractInputs, mesh: Any, name: str, user_files
         if mesh is None:
             raise refused.error from None
         try:
-            return _run("trace", trace, None, name, user_files, jitted, timings, warned, None), None
+            return _run("trace", trace, mesh, name, user_files, jitted, timings, warned, None, ambient=False), None
         except (StagingError, UsageError):
             raise refused.error from None
 
@@ -261,16 +262,16 @@ def compile_staged(staged: Staged, mesh: Any, *, name: str, user_files: list[str
     warned: list[str] = []
     logged: list[str] = []
     lowered = staged.lowered
-    mesh = None if staged.no_context else mesh  # the context it was traced under
+    ambient = not staged.no_context  # the context it was traced under
     if dump:
         compiled, dumped = _run("compile", lambda: with_xla_log(lambda: compile_with_dump(lowered, compiler_options),
                                                                 logged),
-                                mesh, name, user_files, staged.jitted, timings, warned, on_stage)
+                                mesh, name, user_files, staged.jitted, timings, warned, on_stage, ambient=ambient)
     else:
         dumped = None
         compiled = _run("compile", lambda: with_xla_log(lambda: lowered.compile(compiler_options) if compiler_options
                                                         else lowered.compile(), logged),
-                        mesh, name, user_files, staged.jitted, timings, warned, on_stage)
+                        mesh, name, user_files, staged.jitted, timings, warned, on_stage, ambient=ambient)
     warned = list(merge_warnings(tuple(warned), logged))
     return dataclasses.replace(staged, compiled=compiled, dump=dumped,
                                timings=dataclasses.replace(staged.timings, compile_s=timings.get("compile")),
@@ -367,10 +368,11 @@ def merge_warnings(first: tuple[str, ...], more: Any) -> tuple[str, ...]:
 
 def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_files: list[str], jitted: Any,
          timings: dict[str, float], warned: list[str], on_stage: Callable[[str], None] | None, *,
-         context_refusal: bool = False) -> Any:
-    """Run one stage with the mesh ambient (none when ``mesh`` is None), timed, its warnings
-    collected; JAX's errors → StagingError. ``context_refusal``: JAX's refusal of the context mesh
-    for a ``shard_map`` of the code's raises :class:`_ContextRefused` (:func:`_trace` retries)."""
+         context_refusal: bool = False, ambient: bool = True) -> Any:
+    """Run one stage with the mesh ambient (``ambient`` false, or no ``mesh``: no context mesh but the
+    code's own; ``mesh`` is still the staged one the messages name), timed, its warnings collected;
+    JAX's errors → StagingError. ``context_refusal``: JAX's refusal of the context mesh for a
+    ``shard_map`` of the code's raises :class:`_ContextRefused` (:func:`_trace` retries)."""
     import contextlib
 
     import jax
@@ -379,7 +381,7 @@ def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_file
         on_stage(stage_name)
     start = time.perf_counter()
     try:
-        with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()), \
+        with (jax.set_mesh(mesh) if mesh is not None and ambient else contextlib.nullcontext()), \
                 warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = fn()
