@@ -512,3 +512,13 @@ def test_html_report_has_the_timeline_without_asking_and_no_second_compile(run_c
     assert text["functions"][0]["memory"]["timeline"] is None
     help_text = " ".join(run_cli("report", "--help", check=0).stdout.split())
     assert "No second compile" in help_text and "Default: on for --format html" in help_text
+
+
+def test_a_group_of_peak_buffers_reads_as_its_count_not_a_multiple():
+    """The chart draws a group's summed bytes: its label says how many buffers, never ``×3`` (which
+    reads as three of the size drawn; issue 40, item 5)."""
+    from stagetool.analysis.timeline import BufferGroup
+    from stagetool.report.render_html import _group_label
+
+    assert _group_label(BufferGroup("/work/m.py:12", "temporary", 3 * 1024, 3)) == "m.py:12 (3 buffers)"
+    assert _group_label(BufferGroup("params/w", "parameter", 1024, 1)) == "params/w"

@@ -127,7 +127,8 @@ def check_out_shardings(fspec: FunctionSpec, out_info: Pytree, axis_size: dict[s
 def fit_out_shardings(fspec: FunctionSpec, fn: Callable[..., Any], inputs: AbstractInputs, mesh: Any) -> FunctionSpec:
     """``fspec`` with ``out_shardings`` checked and fitted to the function's outputs (see :func:`check_out_shardings`).
 
-    Traces ``fn`` once without out_shardings (under ``jax.set_mesh(mesh)``) to read
+    Traces ``fn`` once without out_shardings (under ``jax.set_mesh(mesh)``, else under no context
+    mesh, as staging traces a ``shard_map`` on another mesh of the code's) to read
     ``Traced.out_info``; costs one extra trace, and only when the spec gives out_shardings. When
     that trace itself fails, ``fspec`` is returned unchanged, so that staging reports the failure
     as usual (exit code 3).
@@ -147,8 +148,12 @@ def fit_out_shardings(fspec: FunctionSpec, fn: Callable[..., Any], inputs: Abstr
         probe = fn if isinstance(fn, jax.stages.Wrapped) else jax.jit(fn, **options)
         with jax.set_mesh(mesh):
             out_info = probe.trace(*inputs.args, **inputs.kwargs).out_info
-    except USER_CODE_ERRORS:  # the user's function fails to trace: staging says so, with its frame
-        return fspec
+    except USER_CODE_ERRORS:
+        try:  # a shard_map on another mesh of the code's refuses the staged context: traced as staging does
+            probe = fn if isinstance(fn, jax.stages.Wrapped) else jax.jit(fn, **options)
+            out_info = probe.trace(*inputs.args, **inputs.kwargs).out_info
+        except USER_CODE_ERRORS:  # the user's function fails to trace: staging says so, with its frame
+            return fspec
     return dc.replace(fspec, out_shardings=check_out_shardings(fspec, out_info, dict(mesh.shape), inputs))
 
 

@@ -39,7 +39,7 @@ class InspectOptions:
     ``name`` (the function's name in the report), ``target`` (``file.py:qualname`` as the report
     names it), ``loc`` (the caller's line, named in input errors), ``donate`` (positions or names),
     ``static`` (static keyword values by name), ``out_shardings`` (a pytree of PartitionSpecs or
-    None).
+    None), ``notes`` (sentences for the report about how the arguments were taken).
     """
 
     mesh: MeshSpec
@@ -57,6 +57,7 @@ class InspectOptions:
     donate: tuple[int | str, ...] = ()
     static: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     out_shardings: Any = None
+    notes: tuple[str, ...] = ()
 
 
 def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str | None = None,
@@ -139,6 +140,9 @@ def run_inspect(fn: Callable[..., Any], args: tuple, kwargs: dict, *, loc: Loc |
     fn, args, kwargs, options = _from_stages(fn, args, kwargs, options)
     resolved = _options(fn, args, kwargs, loc=loc, **options)
     kwargs = {k: v for k, v in kwargs.items() if k not in resolved.static}
+    notes: list[str] = []
+    args, kwargs = _on_one_mesh(fn, args, kwargs, resolved.mesh, notes)  # before an isolated run drops the meshes
+    resolved = dataclasses.replace(resolved, notes=tuple(notes))
     if isolate:
         from stagetool.live.isolated import inspect_isolated
 
@@ -155,8 +159,7 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
     from stagetool.spec.model import FunctionSpec, Spec
 
     target = _target(fn, options)
-    notes: list[str] = []
-    args, kwargs = _on_one_mesh(fn, args, kwargs, options.mesh, notes)
+    notes = list(options.notes)
     fspec = FunctionSpec(options.name, options.target, tuple(_value(a, options.loc) for a in args),
                          {k: _value(v, options.loc) for k, v in kwargs.items()}, dict(options.static),
                          tuple(options.donate), _out_shardings(options.out_shardings), options.loc, Path.cwd())

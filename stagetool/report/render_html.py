@@ -161,11 +161,12 @@ _KIND_CLASS = {"parameter": "args", "parameter+output": "args", "output": "outs"
 
 def _group_label(g: BufferGroup) -> str:
     """A group of buffers at the peak as the chart names it: the leaf path, or ``file:line`` (basename),
-    with the count when more than one."""
+    with the count when more than one (``model.py:12 (3 buffers)``: the size drawn is the group's
+    sum, so never ``×3``, which reads as three of that size)."""
     label = g.label
     if g.kind == "temporary" and ":" in label and "/" in label:
         label = views.short_source(label).rsplit("/", 1)[-1]
-    return label + (f" ×{g.count}" if g.count > 1 else "")
+    return label + (f" ({g.count} buffers)" if g.count > 1 else "")
 
 
 def timeline_view(m: MemorySection) -> dict[str, Any] | None:
