@@ -15,6 +15,12 @@ collective-permutes, lost donation). So, per target:
   jit jitted again with them (and all its other settings: donation, static arguments, compiler
   options), and a note says so;
 - an axis the staged mesh lacks: a :class:`UsageError` naming both meshes.
+
+Before those checks, a mesh the module builds itself with the staged axes and sizes on the staged
+devices in another order (``jax.devices()`` by id, where stagetool's TPU mesh walks the torus)
+becomes the staged mesh (:func:`adopt_code_order`): JAX compiles one device order per program, and
+that order is the code's. :func:`equivalent_spec` spells a layout on another mesh of the same devices
+over the staged mesh's axes (the live API's arguments).
 """
 
 from __future__ import annotations
