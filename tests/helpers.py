@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +145,61 @@ def assert_memory_is_xlas(record: dict, compiled: Any) -> None:
     mem = compiled.memory_analysis()
     assert (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"]) == \
         (mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes, mem.temp_size_in_bytes)
+
+def raw_collective_kinds(compiled: Any) -> Counter:
+    """Raw JAX's collectives of ``compiled`` (a ``jax.stages.Compiled``) by kind, read from its
+    ``as_text()``: one per channel id (XLA:TPU splits an async collective over continuation fusions
+    that share it), an ``all-reduce`` inside TPU's ``all-reduce-scatter`` fusion being the
+    ``reduce-scatter`` it implements."""
+    kinds: dict[str, str] = {}
+    computation = ""
+    for line in compiled.as_text().splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            computation = line.split()[1] if line.startswith("ENTRY") else line.split()[0]
+            continue
+        m = re.search(r"\s(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)(?:-start)?\(.*?"
+                      r"channel_id=(\d+)", line)
+        if m:
+            kind = m[1]
+            if kind == "all-reduce" and computation.lstrip("%").startswith("all-reduce-scatter"):
+                kind = "reduce-scatter"
+            kinds[m[2]] = kind
+    return Counter(kinds.values())
+
+
+def assert_figures_are_raw_jaxs(fn: dict, compiled: Any) -> None:
+    """A JSON report's function (``doc["functions"][i]``) has raw JAX's figures for ``compiled``, the
+    same step compiled by ``jax.jit(...).lower(...).compile()`` for the same devices: argument,
+    output, alias and temp bytes, FLOPs per device (where XLA reports them: XLA:GPU does not),
+    the collectives by kind, and each input and output leaf's compiled PartitionSpec, in order."""
+    mem = compiled.memory_analysis()
+    rec = fn["memory"]["record"]
+    assert (rec["argument_bytes"], rec["output_bytes"], rec["alias_bytes"], rec["temp_bytes"]) == (
+        mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes, mem.temp_size_in_bytes)
+    cost = compiled.cost_analysis()
+    if cost and "flops" in cost:
+        assert fn["cost"]["per_device"]["flops"] == cost["flops"]
+    assert Counter(i["collective"]["kind"] for i in fn["collectives"]["items"]) == raw_collective_kinds(compiled)
+
+    def spec(s: Any) -> list[str]:  # "P('a', None)" and PartitionSpec('a',) alike, trailing Nones dropped
+        parts = re.findall(r"\([^()]*\)|'[^']*'|None", str(s)[2:-1])
+        while parts and parts[-1] == "None":
+            parts.pop()
+        return parts
+
+    raw_in = [s.spec for s in jax_tree_leaves(compiled.input_shardings)]
+    if len(raw_in) == len(fn["inputs"]):  # jax.jit lists a pruned input too; an nnx.jit step does not
+        raw_in = [s for s, leaf in zip(raw_in, fn["inputs"]) if not leaf["unused"]]
+    assert [spec(leaf["compiled"]) for leaf in fn["inputs"] if not leaf["unused"]] == [spec(s) for s in raw_in]
+    assert [spec(leaf["compiled"]) for leaf in fn["outputs"]] == [
+        spec(s.spec) for s in jax_tree_leaves(compiled.output_shardings)]
+
+
+def jax_tree_leaves(tree: Any) -> list:
+    import jax
+
+    return jax.tree.leaves(tree)
+
 
 # ---- the program of issue 22's causes, shared by tests/analysis/test_causes.py and test_cli_causes.py ----
 

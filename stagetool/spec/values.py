@@ -306,16 +306,7 @@ class ValueParser:
         if not isinstance(node, yaml.SequenceNode):
             self.issues.add(node, path, "must be a list (one entry per positional argument)")
             return []
-        if not plain_strings:
-            self._no_null_arguments([(n, f"{path}[{i}]") for i, n in enumerate(node.value)])
         return [self.tree(n, f"{path}[{i}]", plain_strings=plain_strings) for i, n in enumerate(node.value)]
-
-    def _no_null_arguments(self, items: list) -> None:
-        # A whole argument that is null has no leaves for jit to shard (inside a pytree, null is fine).
-        for n, p in items:
-            if isinstance(n, yaml.ScalarNode) and plain(n) is None:
-                self.issues.add(n, p, "null is not an input: give a leaf such as 'f32[4]', or leave the "
-                                      "parameter out so that its default applies")
 
     def kwargs_map(self, node: yaml.Node | None, path: str, *, plain_strings: bool = False) -> dict:
         """A mapping of argument name to pytree (``kwargs``, ``init_kwargs``; see :meth:`tree`)."""
@@ -324,8 +315,6 @@ class ValueParser:
         if not isinstance(node, yaml.MappingNode):
             self.issues.add(node, path, "must be a mapping of argument name to value")
             return {}
-        if not plain_strings:
-            self._no_null_arguments([(v, f"{path}.{k.value}") for k, v in node.value])
         return {str(k.value): self.tree(v, f"{path}.{k.value}", plain_strings=plain_strings) for k, v in node.value}
 
     def out_tree(self, node: yaml.Node, path: str) -> Any:

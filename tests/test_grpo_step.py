@@ -1,0 +1,73 @@
+"""A new user's trial on RL post-training (issue 40, item 6): google/tunix's GRPO policy update of
+a Llama-3-shaped Flax NNX model, reproduced in tests/data/tunix_grpo.py as tunix holds it (the
+model's Params annotated with tunix's default sharding on an `(fsdp, tp)` mesh, the GRPO loss with
+its KL penalty, peft_trainer's step jitted as `nnx.jit(train_step, donate_argnames=("optimizer",))`).
+Every figure stagetool reports equals raw JAX's compile of the same code on the same devices."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import warnings
+from pathlib import Path
+
+import jax
+import pytest
+from helpers import assert_figures_are_raw_jaxs, target_devices
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+DATA = Path(__file__).parent / "data"
+
+# the code as published calls APIs its JAX/Flax/optax now deprecate (pxla.thread_resources, Param(sharding=),
+# optax.global_norm): stagetool notes such a warning, and this suite's -W error would fail both sides on it
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _raw_module(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(f"_raw_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _raw_compile(raw, devices):
+    """tunix's step compiled by raw JAX for ``devices``: the model and optimizer abstract, each
+    Variable laid out as `nnx.get_named_sharding` gives it (tunix's dummy_model_creator), the batch
+    over fsdp."""
+    from flax import nnx
+
+    mesh = raw.make_mesh(devices)
+    with jax.set_mesh(mesh), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the code's pxla.thread_resources, .value
+        model = nnx.eval_shape(raw.create_model)
+        optimizer = nnx.eval_shape(lambda: raw.create_optimizer(raw.create_model()))
+        for obj in (model, optimizer):
+            state = nnx.state(obj)
+            nnx.update(obj, jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                         state, nnx.get_named_sharding(state, mesh)))
+        example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P("fsdp"))),
+                               jax.eval_shape(raw.make_example))
+        return raw.jit_train_step.trace(model, optimizer, example).lower().compile()
+
+
+@pytest.mark.parametrize("topology", [None, "v5e:2x4"])
+def test_tunix_grpo_step_stages_as_raw_jax_compiles_it(run_cli, tmp_path, monkeypatch, topology):
+    for name in ("tunix_grpo.py", "tunix_grpo.stagetool.yaml"):
+        shutil.copy(DATA / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    devices = target_devices(topology)
+    args = ["report", "tunix_grpo.py:jit_train_step", "--no-peak", "--format", "json"]
+    doc = run_cli(*args, *(["--topology", topology] if topology else []), check=0).json()
+    (fn,) = doc["functions"]
+    assert fn["error"] is None and fn["mesh"]["platform"] == devices[0].platform
+
+    compiled = _raw_compile(_raw_module(tmp_path / "tunix_grpo.py", "tunix_grpo"), devices)
+    assert_figures_are_raw_jaxs(fn, compiled)
+    leaves = {leaf["path"]: leaf for leaf in fn["inputs"]}
+    # tunix's annotations: q (fsdp, tp, None), the MLP's up-projection (fsdp, tp), the batch over fsdp
+    assert leaves["model/layers/0/attn/q_proj/w/value"]["compiled"] == "P('fsdp', 'tp', None)"
+    assert leaves["train_example/completion_ids"]["compiled"] == "P('fsdp', None)"
+    # nnx.jit donates the optimizer (its Adam moments and step), not the model it updates
+    donated = {p for p, leaf in leaves.items() if leaf["donated"]}
+    assert donated and all(p.startswith("optimizer/") for p in donated)
+    assert leaves["train_example/prompt_mask"]["unused"]  # process_ids recomputes it from the ids
