@@ -71,3 +71,39 @@ def test_tunix_grpo_step_stages_as_raw_jax_compiles_it(run_cli, tmp_path, monkey
     donated = {p for p, leaf in leaves.items() if leaf["donated"]}
     assert donated and all(p.startswith("optimizer/") for p in donated)
     assert leaves["train_example/prompt_mask"]["unused"]  # process_ids recomputes it from the ids
+
+
+VALUE_ACCESS = """\
+import jax.numpy as jnp
+from flax import nnx
+
+
+class Linear(nnx.Module):
+    def __init__(self):
+        self.w = nnx.Param(jnp.ones((4, 8)))
+
+
+model = Linear()
+
+
+def step(model, x):
+    return x @ model.w.value  # tunix's Einsum reads its weight this way
+"""
+
+
+def test_a_warning_while_staging_is_noted_whole(run_cli, tmp_path, monkeypatch):
+    """tunix's `self.w.value` makes Flax warn "'.value' access is now deprecated. For Variable[Array]
+    instances use:" and, on the following lines, what to use: the note stopped at "use:"."""
+    from helpers import write
+
+    write(tmp_path, "lin.py", VALUE_ACCESS)
+    write(tmp_path, "lin.stagetool.yaml", """\
+        version: 1
+        functions:
+          step: {target: lin.py:step, args: [{ref: lin.py:model}, 'f32[2,4]']}
+        """)
+    monkeypatch.chdir(tmp_path)
+    (fn,) = run_cli("cost", "lin.py:step", "--format", "json", check=0).json()["functions"]
+    (note,) = [n for n in fn["notes"] if "'.value' access is now deprecated" in n]
+    assert note.endswith("For Variable[Array] instances use: variable[...] For other Variable types use: "
+                         "variable.get_value()"), note

@@ -395,8 +395,8 @@ def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_file
             raise _axis_type_mismatch(e, stage_name, name, user_files, mesh) from None
         raise _staging_error(e, stage_name, name, user_files, jitted) from None
     timings[stage_name] = time.perf_counter() - start
-    for w in caught:
-        text = str(w.message).strip().splitlines()[0]
+    for w in caught:  # the whole message on one line: Flax's ends its first line at "instances use:"
+        text = " ".join(str(w.message).split())
         if text not in warned:
             warned.append(text)
     return out
