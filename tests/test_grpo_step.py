@@ -107,3 +107,48 @@ def test_a_warning_while_staging_is_noted_whole(run_cli, tmp_path, monkeypatch):
     (note,) = [n for n in fn["notes"] if "'.value' access is now deprecated" in n]
     assert note.endswith("For Variable[Array] instances use: variable[...] For other Variable types use: "
                          "variable.get_value()"), note
+
+
+EINSUM_MODULES = """\
+import jax.numpy as jnp
+from flax import nnx
+
+
+class Einsum(nnx.Module):
+    def __init__(self, shape, *, rngs):
+        self.w = nnx.Param(nnx.initializers.normal()(rngs.params(), shape))
+
+
+class Attention(nnx.Module):
+    def __init__(self, rngs):
+        self.q_proj = Einsum((16, 2, 8), rngs=rngs)
+        self.o_proj = Einsum((2, 8, 16), rngs=rngs)
+
+
+model = Attention(nnx.Rngs(0))
+
+
+def step(model, x):
+    q = jnp.einsum("BTD,DNH->BTNH", x, model.q_proj.w[...])
+    return jnp.einsum("BTNH,NHD->BTD", q, model.o_proj.w[...])
+"""
+
+
+def test_why_a_module_name_says_the_pattern_that_names_its_leaves(run_cli, tmp_path, monkeypatch):
+    """A tunix user asks `why --leaf q_proj` (the module, as the model code names it): its leaf is
+    `model/q_proj/w/value`, so the answer was only 'names no input or output leaf' with no close
+    match, though the hint promises a regular expression will do."""
+    from helpers import write
+
+    write(tmp_path, "att.py", EINSUM_MODULES)
+    write(tmp_path, "att.stagetool.yaml", """\
+        version: 1
+        functions:
+          step: {target: att.py:step, args: [{ref: att.py:model}, 'f32[2,4,16]']}
+        """)
+    monkeypatch.chdir(tmp_path)
+    err = " ".join(run_cli("why", "att.py:step", "--leaf", "q_proj", check=2).stderr.split())
+    assert ("--leaf 'q_proj' names no input or output leaf of step; it is a module (a subtree): 'q_proj/.*' names "
+            "its 1 leaf (model/q_proj/w/value)") in err
+    out = run_cli("why", "att.py:step", "--leaf", "q_proj/.*", check=0).stdout
+    assert "input model/q_proj/w/value" in out and "o_proj" not in out

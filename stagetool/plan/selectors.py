@@ -60,12 +60,21 @@ def leaf_patterns(texts: tuple[str, ...]) -> tuple[LeafPattern, ...]:
 
 def unmatched_leaf_patterns(patterns: tuple[LeafPattern, ...], paths: list[str]) -> list[str]:
     """A message for each pattern that names none of ``paths`` (key paths of input leaves), with
-    close matches."""
+    close matches; for a module's name (``q_proj``, the leaves being ``.../q_proj/w/value``), the
+    leaves under it and the pattern that names them all (``q_proj/.*``)."""
     import difflib
 
     problems = []
     for p in patterns:
         if not any(p.names(path) for path in paths):
+            text = p.text.strip("/")
+            under = list(dict.fromkeys(path for path in paths if f"/{text}/" in f"/{path}")) \
+                if re.fullmatch(r"[\w./-]+", text) else []  # an NNX argument's leaf is an input and an output
+            if under:
+                shown = ", ".join(under[:3]) + (f" and {len(under) - 3} more" if len(under) > 3 else "")
+                problems.append(f"--explain {p.text!r} names no input leaf; it is a module (a subtree): "
+                                f"'{text}/.*' names its {len(under)} {'leaf' if len(under) == 1 else 'leaves'} ({shown})")
+                continue
             close = difflib.get_close_matches(p.text, paths, n=3, cutoff=0.4)
             problems.append(f"--explain {p.text!r} names no input leaf"
                             + (f"; close matches: {', '.join(close)}" if close else ""))
