@@ -214,7 +214,7 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
     if module is not None:
         from stagetool.analysis.uncounted import uncounted_work, unknown_not_zero
 
-        uncounted = uncounted_work(module)
+        uncounted = uncounted_work(module, derived=bool(derived_note))
         per_device = unknown_not_zero(per_device, uncounted)
         whole = unknown_not_zero(whole, uncounted)  # the same kernels and calls are in the lowered program
     loops = while_loops(module) if module is not None else ()

@@ -10,7 +10,14 @@ Two exceptions are counted:
   ``cost_estimate``: XLA:TPU adds the kernel author's ``CostEstimate`` (read here from the
   instruction's ``backend_config``: ``custom_call_config.cost_estimate``). The figure is the
   author's estimate, not a count;
-* cuBLAS/cuDNN calls on GPU (the GPU cost model knows them).
+* XLA:GPU's cuBLAS/cuBLASLt GEMM calls (``__cublas$gemm``, ``__cublas$lt$matmul``) and cuDNN
+  convolutions (``__cudnn$conv…``): XLA:GPU's cost model counts them. Where the GPU backend reports
+  no cost analysis (a compile-only ``--topology h100:8``), stagetool derives the per-device figures
+  from the module (:func:`stagetool.hlo.loops.counted_cost`) and counts these calls itself, a GEMM
+  from its operand shapes and its backend config's contracting dimensions, a convolution from its
+  shapes, window and ``feature_group_count``: they are then listed with :data:`LIBRARY_DERIVED`
+  and their FLOPs. Any other cuBLAS/cuDNN call (cuDNN's fused attention, a triangular solve) is
+  not counted.
 
 A ``sort`` is counted by XLA with its own rule (elements × log2 of the elements, measured:
 1,024 × 4,096 f32 sorted along the last axis → 92,274,688 FLOPs = 4,194,304 × 22); the comparator's
@@ -26,7 +33,9 @@ import dataclasses
 import math
 
 from stagetool.analysis.cost import CostRecord
+from stagetool.hlo.loops import is_library_matmul, library_call_flops
 from stagetool.hlo.parser import (
+    HloComputation,
     HloInstruction,
     HloModule,
     array_leaves,
@@ -40,6 +49,9 @@ KERNEL_ESTIMATE = "counted from the kernel's cost_estimate"
 """``UncountedWork.status`` of a Pallas TPU kernel whose ``CostEstimate`` XLA:TPU adds."""
 SORT_RULE = "counted by XLA's sort rule (elements × log2 elements)"
 """``UncountedWork.status`` of a ``sort``: XLA counts comparisons by its rule, not the comparator."""
+LIBRARY_DERIVED = "counted by stagetool from the call's shapes (derived)"
+"""``UncountedWork.status`` of a cuBLAS GEMM or cuDNN convolution call whose FLOPs stagetool derived
+from its shapes, window and feature groups (a GPU target whose backend reports no cost analysis)."""
 
 # custom calls that move, annotate or reshape data and do no arithmetic: nothing is missing
 _NO_WORK = frozenset({
@@ -49,14 +61,20 @@ _NO_WORK = frozenset({
     # XLA:TPU's mark on a gather's indices (every jnp indexing, an embedding lookup): s32[n] in, the same out
     "AssumeGatherIndicesInBound",
 })
-# custom calls a backend's cost model counts (XLA:GPU's GEMM and convolution calls)
-_COUNTED_PREFIXES = ("__cublas$", "__cudnn$")
-
 _KINDS = (
+    ("__cudnn$conv", "cuDNN convolution"),
+    ("__cublas$lt$matmul", "cuBLASLt GEMM"),
+    ("__cublas$gemm", "cuBLAS GEMM"),
+    ("__cudnn$fmha", "cuDNN fused attention"),
+    ("__cudnn$", "cuDNN call"),
+    ("__cublas$", "cuBLAS call"),
+    ("__cub$", "CUB call (sort)"),
+    ("cu_threefry2x32", "threefry random bits (CUDA kernel)"),
     ("tpu_custom_call", "Pallas kernel (Mosaic TPU)"),
     ("__gpu$xla.gpu.triton", "Pallas kernel (Triton)"),
     ("mosaic_gpu", "Pallas kernel (Mosaic GPU)"),
     ("TopK", "top-k"),
+    ("__gpu$TopK", "top-k"),
     ("ApproxTopK", "approximate top-k"),
     ("PartialReduce", "approximate top-k"),
     ("lapack_", "LAPACK call"),
@@ -121,6 +139,20 @@ def _as_float(v: object) -> float | None:
         return None
 
 
+def _recorded(module: HloModule, comp: HloComputation, ins: HloInstruction) -> HloInstruction:
+    """``ins``, or where XLA dropped its metadata (XLA:GPU's ``__gpu$TopK`` keeps none) the first
+    ``get-tuple-element`` of it that kept JAX's op name and source: the same op's result."""
+    md = ins.metadata
+    if md is not None and (md.op_name or md.stack_frame_id is not None):
+        return ins
+    for user in comp.instructions:
+        umd = user.metadata
+        if (user.opcode == "get-tuple-element" and user.operands[:1] == (ins.name,) and umd is not None
+                and umd.op_name and umd.stack_frame_id is not None):
+            return user
+    return ins
+
+
 def _source(module: HloModule, ins: HloInstruction) -> str | None:
     from stagetool.hlo.collectives import program_frames
 
@@ -136,20 +168,28 @@ def _sort_flops(module: HloModule, ins: HloInstruction) -> float | None:
     return float(n * math.ceil(math.log2(n))) if n > 1 else 0.0
 
 
-def uncounted_work(module: HloModule) -> tuple[UncountedWork, ...]:
+def uncounted_work(module: HloModule, *, derived: bool = False) -> tuple[UncountedWork, ...]:
     """Every instruction of ``module`` (a compiled, per-device module: every computation, fusion and
     loop bodies included) whose work XLA's cost analysis leaves out or counts from an estimate, in
-    text order. Custom calls that only move or annotate data (``Sharding``, ``MoveToHost``...) and
-    the GPU's cuBLAS/cuDNN calls (counted by XLA:GPU) are not listed."""
+    text order. Custom calls that only move or annotate data (``Sharding``, ``MoveToHost``...) are
+    not listed. XLA:GPU's cuBLAS GEMM and cuDNN convolution calls are counted by XLA:GPU's cost
+    model, and not listed; with ``derived`` (the per-device figures are stagetool's count of the
+    module, the backend having reported none) they are listed as :data:`LIBRARY_DERIVED` with the
+    FLOPs stagetool counted for them (:func:`stagetool.hlo.loops.library_call_flops`)."""
     out = []
     for comp in module.computations:
         for ins in comp.instructions:
             if ins.opcode == "sort":
                 target, kind = "sort", "sort"
                 status, flops, moved = SORT_RULE, _sort_flops(module, ins), None
+            elif ins.opcode == "custom-call" and is_library_matmul(ins):
+                if not derived:
+                    continue
+                target = (ins.attributes.get("custom_call_target") or "?").strip('"')
+                kind, status, flops, moved = _kind(target), LIBRARY_DERIVED, library_call_flops(comp, ins), None
             elif ins.opcode == "custom-call":
                 target = (ins.attributes.get("custom_call_target") or "?").strip('"')
-                if target in _NO_WORK or target.startswith(_COUNTED_PREFIXES):
+                if target in _NO_WORK:
                     continue
                 kind = _kind(target)
                 est = _kernel_estimate(ins) if target == "tpu_custom_call" else None
@@ -158,9 +198,10 @@ def uncounted_work(module: HloModule) -> tuple[UncountedWork, ...]:
                 moved = _as_float(est.get("bytes_accessed")) if est else None
             else:
                 continue
-            md = ins.metadata
+            recorded = _recorded(module, comp, ins)
+            md = recorded.metadata
             out.append(UncountedWork(ins.name, kind, target, status, flops, moved, shape_bytes(ins.shape),
-                                     md.op_name if md else None, _source(module, ins)))
+                                     md.op_name if md else None, _source(module, recorded)))
     return tuple(out)
 
 

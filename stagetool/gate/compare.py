@@ -397,6 +397,8 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
                         non_failing=(_donation_moved_temps(b, a) if (section, f) == ("memory", "temp_bytes")
                                      else _aliasing_kept(b, a, tol["memory"]) if (section, f) == ("memory", "alias_bytes")
                                      else None))
+            if c and section == "cost" and f != "transcendentals":
+                c = _lower_bound_noted(c, before, after)
             if c:
                 changes.append(dataclasses.replace(c, subject=(section, f)))
     cb, ca = before.get("collectives"), after.get("collectives")
@@ -467,6 +469,17 @@ def _step_time_change(name: str, b: Mapping | None, a: Mapping | None, tol: Tole
     note = c.note + (f"; grew: {cause}" if cause else "") + f"; bound by {a.get('bound')}"
     return dataclasses.replace(c, before=format_seconds(b["seconds"]), after=format_seconds(a["seconds"]), note=note,
                                subject=("step_time",))
+
+
+def _lower_bound_noted(change: Change, before: Mapping, after: Mapping) -> Change:
+    """``change`` of a FLOPs or bytes figure with a note that the figure is a lower bound, naming the
+    work left out (the snapshot's ``flops_not_counted``) on whichever side has some."""
+    sides = [(label, entry.get("flops_not_counted")) for label, entry in (("baseline", before), ("now", after))]
+    parts = [f"{label}: {', '.join(names)}" for label, names in sides if names]
+    if not parts:
+        return change
+    mark = "a lower bound, work not counted (" + "; ".join(parts) + ")"
+    return dataclasses.replace(change, note=f"{change.note}; {mark}" if change.note else mark)
 
 
 def _at_lines(note: str, row: Mapping) -> str:

@@ -147,7 +147,9 @@ class SnapshotStepTime:
 
 @dataclasses.dataclass(frozen=True)
 class SnapshotEntry:
-    """One function's entry; a section the run did not take is null."""
+    """One function's entry; a section the run did not take is null. ``flops_not_counted``: the work
+    the cost figures leave out (kind at user line), present only where some is: the FLOPs are then a
+    lower bound."""
 
     mesh: SnapshotMesh | None
     inputs: tuple[SnapshotInput, ...] | None
@@ -161,6 +163,7 @@ class SnapshotEntry:
     memory_timeline: MemoryTimeline | None = omitted(None)
     compiler_options: dict[str, str] | None = omitted(None)
     step_time: SnapshotStepTime | None = omitted(None)
+    flops_not_counted: tuple[str, ...] | None = omitted(None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,10 +287,20 @@ def function_snapshot(fr: FunctionReport) -> dict:
         dcn_bytes_per_step=fig.dcn_bytes_per_step,
         memory_timeline=_timeline(fr.memory),
         step_time=_step_time(fr.cost),
+        flops_not_counted=_not_counted(fr.cost),
         compiler_options=dict(fr.compiler_options) or None,
         # a constraint traced twice (forward and backward of a grad) is one line of the user's code
         constraints=None if origins is None else tuple(Constraint(line, sharding) for line, sharding in sorted(
             {(short_location(c.line) or "?", c.sharding) for c in origins.constraints}))))
+
+
+def _not_counted(cost: CostSection | None) -> tuple[str, ...] | None:
+    """The instructions whose work the cost figures leave out (``Pallas kernel (Mosaic TPU) at
+    k.py:14``), sorted; None (the key left out) where nothing is missing: then ``cost.flops`` and
+    ``cost.loop_aware_flops`` are a lower bound, and the gate says so beside a change of them."""
+    rows = sorted({f"{u.kind} at {short_location(u.source) or '?'}" for u in (cost.uncounted if cost else ())
+                   if not u.counted})
+    return tuple(rows) or None
 
 
 TIMELINE_POINTS = 400

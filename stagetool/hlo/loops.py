@@ -189,8 +189,59 @@ def _conv_flops(comp: HloComputation, ins: HloInstruction) -> float:
     (padding and lhs/rhs dilation holes excluded: TPU compiles batched matmuls into such windows)."""
     lhs = _operand_shape(comp, ins.operands[0]) if ins.operands else None
     rhs = _operand_shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
-    results = array_leaves(ins.shape)  # a cuDNN custom call's result is (output, scratch)
-    out = results[0] if results else None
+    results = array_leaves(ins.shape)
+    return _window_flops(ins, lhs, rhs, results[0] if results else None)
+
+
+CUBLAS_GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
+"""``custom_call_target`` prefixes of XLA:GPU's cuBLAS/cuBLASLt GEMM calls (``$f8`` variants included)."""
+CUDNN_CONV_PREFIX = "__cudnn$conv"
+"""``custom_call_target`` prefix of XLA:GPU's cuDNN convolution calls (``convForward``,
+``convBiasActivationForward``, ``convBackwardInput``, ``convBackwardFilter``, ``convForwardGraph``)."""
+
+
+def custom_call_target(ins: HloInstruction) -> str:
+    """The ``custom_call_target`` of a custom call, unquoted (``""`` for any other instruction)."""
+    return (ins.attributes.get("custom_call_target") or "").strip('"') if ins.opcode == "custom-call" else ""
+
+
+def is_library_matmul(ins: HloInstruction) -> bool:
+    """Whether ``ins`` is a cuBLAS/cuBLASLt GEMM or a cuDNN convolution custom call (XLA:GPU)."""
+    target = custom_call_target(ins)
+    return target.startswith(CUBLAS_GEMM_TARGETS) or target.startswith(CUDNN_CONV_PREFIX)
+
+
+def _cudnn_conv_flops(comp: HloComputation, ins: HloInstruction) -> float:
+    """FLOPs of a cuDNN convolution custom call: those of the forward convolution its ``window``,
+    ``dim_labels`` and ``feature_group_count`` describe (XLA:GPU keeps the forward convolution's
+    attributes on all three kinds), with the roles of the operands and the result by kind:
+    forward: (input, filter) → output; ``convBackwardInput``: (output gradient, filter) → input
+    gradient; ``convBackwardFilter``: (input, output gradient) → filter gradient. The result's first
+    leaf is the array (the second is cuDNN's scratch)."""
+    target = custom_call_target(ins)
+    a = _operand_shape(comp, ins.operands[0]) if ins.operands else None
+    b = _operand_shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
+    results = array_leaves(ins.shape)
+    r = results[0] if results else None
+    if target.endswith("BackwardInput"):
+        return _window_flops(ins, r, b, a)
+    if target.endswith("BackwardFilter"):
+        return _window_flops(ins, a, r, b)
+    return _window_flops(ins, a, b, r)
+
+
+def library_call_flops(comp: HloComputation, ins: HloInstruction) -> float | None:
+    """FLOPs of one cuBLAS GEMM or cuDNN convolution custom call (per execution, one device), derived
+    from its shapes with XLA's dot/convolution rules; None for any other instruction."""
+    target = custom_call_target(ins)
+    if target.startswith(CUBLAS_GEMM_TARGETS):
+        return _gemm_custom_call_flops(comp, ins)
+    if target.startswith(CUDNN_CONV_PREFIX):
+        return _cudnn_conv_flops(comp, ins)
+    return None
+
+
+def _window_flops(ins: HloInstruction, lhs, rhs, out) -> float:
     if not (isinstance(lhs, ArrayShape) and isinstance(rhs, ArrayShape) and isinstance(out, ArrayShape)):
         return 0.0
     m = re.match(r"^([^_]+)_([^-]+)->(.+)$", ins.attributes.get("dim_labels", ""))
@@ -323,8 +374,8 @@ class _Counter:
         if op == "conditional":
             branches = [self.computation(c, top=True) for c in ins.called_computations]
             return max(branches, key=lambda c: c.flops, default=Counted())
-        if op == "custom-call" and "cublas" in (ins.attributes.get("custom_call_target") or ""):
-            return Counted(_gemm_custom_call_flops(comp, ins), 0.0, moved)
+        if op == "custom-call" and is_library_matmul(ins):
+            return Counted(library_call_flops(comp, ins) or 0.0, 0.0, moved)
         if op in _CALLS or op.endswith("-start") and ins.called_computations:
             inner = sum((self.computation(c, top=False) for c in ins.called_computations), Counted())
             return Counted(inner.flops, inner.transcendentals, moved if top else 0.0)
@@ -420,6 +471,8 @@ def dot_flops_lower_bound(module: HloModule) -> float:
                 total += _dot_flops(comp, ins)
             elif ins.opcode == "convolution":
                 total += _conv_flops(comp, ins)
+            elif is_library_matmul(ins):
+                total += library_call_flops(comp, ins) or 0.0
             stack.extend(c.lstrip("%") for c in ins.called_computations)
     del counter
     return total
@@ -440,8 +493,7 @@ def matmul_dtype(module: HloModule, comp: HloComputation, ins: HloInstruction) -
     seen: set[str] = set()
     while stack:
         c, i = stack.pop()
-        if i.opcode in ("dot", "convolution") or (i.opcode == "custom-call" and "cublas" in
-                                                   (i.attributes.get("custom_call_target") or "")):
+        if i.opcode in ("dot", "convolution") or is_library_matmul(i):
             lhs = _operand_shape(c, i.operands[0]) if i.operands else None
             return lhs.dtype if isinstance(lhs, ArrayShape) else None
         for name in i.called_computations:

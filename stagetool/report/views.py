@@ -168,12 +168,17 @@ def uncounted_notes(c: CostSection) -> list[tuple[str, str]]:
     """``(severity, text)`` per instruction whose work XLA does not count (``warn``) or counts from an
     estimate (``info``: a Pallas kernel's ``cost_estimate``, the sort rule), with its source line, and
     one ``warn`` that the FLOP total is a lower bound and the roofline leaves that work out."""
-    from stagetool.analysis.uncounted import KERNEL_ESTIMATE, NOT_COUNTED
+    from stagetool.analysis.uncounted import KERNEL_ESTIMATE, LIBRARY_DERIVED, NOT_COUNTED
 
     out = []
     for u in c.uncounted:
         where = f" at {short_path(u.source)}" if u.source else ""
-        if u.status == NOT_COUNTED:
+        if u.status == LIBRARY_DERIVED:
+            out.append(("info", f"{u.kind} {u.instruction}{where}: {format_count(u.flops, 'FLOP')} per execution, "
+                                "derived from the call's shapes" + (", window and feature groups" if "conv" in u.target
+                                                                    else " and contracting dimensions")
+                                + " (XLA's dot/convolution rule; the backend reported no cost analysis)"))
+        elif u.status == NOT_COUNTED:
             out.append(("warn", f"not counted by XLA: {u.kind} {u.instruction}{where} (result "
                                 f"{format_bytes(u.output_bytes)} per execution): its FLOPs and bytes are in no total"))
         elif u.status == KERNEL_ESTIMATE:
@@ -192,6 +197,15 @@ def uncounted_notes(c: CostSection) -> list[tuple[str, str]]:
     return out
 
 
+def not_counted_text(c: CostSection) -> str:
+    """``2 instructions not counted: Pallas kernel (Mosaic TPU) mixed.1 at k.py:14, top-k ...``: the
+    work a FLOP figure (its MFU, its roofline) leaves out, named with its user lines."""
+    rows = [u for u in c.uncounted if not u.counted]
+    names = ", ".join(f"{u.kind} {u.instruction}" + (f" at {short_path(u.source)}" if u.source else "")
+                      for u in rows[:4]) + (f" and {len(rows) - 4} more" if len(rows) > 4 else "")
+    return f"{len(rows)} instruction{'s' if len(rows) != 1 else ''} not counted: {names}"
+
+
 def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
     """``(severity, text)`` lines of the step-time estimate (:mod:`stagetool.analysis.step_time`):
     the range and the schedule's figure, what bounds it and its parts, MFU, XLA's own figure beside,
@@ -200,6 +214,8 @@ def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
     if e is None:
         return [("info", f"step time: n/a: {c.step_time_reason}")] if c.step_time_reason else []
     mfu = f", MFU {format_percent(e.mfu)}" if e.mfu is not None else ""
+    if e.mfu is not None and c.flops_lower_bound:  # FLOPs left out: the MFU is a floor, never a figure alone
+        mfu = f", MFU ≥ {format_percent(e.mfu)} (lower bound: {not_counted_text(c)})"
     if e.tokens_per_second_per_chip is not None:
         mfu += (f", {format_count(e.tokens_per_second_per_chip)} tokens/s per chip ({e.tokens_per_step} tokens "
                 "per step)")
