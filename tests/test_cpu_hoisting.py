@@ -199,7 +199,13 @@ def test_diff_cpu_against_v5e_files_the_hoisting_under_the_backend(run_cli, spec
     assert (step["status"], step["change"]) == ("backend", 3.0)
     doc = run_cli("diff", "tpu.json", "cpu.json", "--format", "json", check=0).json()
     failing = [c["what"] for c in _fn(doc, "accum")["changes"] if c["status"] == "regression"]
-    assert doc["regressions"] == len(failing) and not [w for w in failing if w.startswith("collective")]
+    assert doc["regressions"] == len(failing) == 0
+    # issue 41: the two compilers' memory and cost figures differ (XLA:TPU's padded tiles, its own
+    # temporaries): filed under the backend, never a regression (the peak was "+37.7%" before)
+    figures = [c for c in _fn(doc, "accum")["changes"] if c["what"].startswith(("memory.", "cost."))]
+    assert figures and all(c["status"] == "backend" and "XLA:TPU → XLA:CPU: the two compilers" in c["note"]
+                           for c in figures)
+    assert any(c["what"] == "memory.peak_bytes" for c in figures)
 
 
 def test_diff_cpu_against_v5e_files_a_widened_all_reduce_under_the_backend(run_cli, spec):

@@ -345,6 +345,22 @@ def _backend_change(change: Change, field: str, x: Mapping, y: Mapping, cpu_firs
         f"{_fmt_number(expected, 'bytes' if field != 'count' else '')}, as here"))
 
 
+def _compiler(mesh: Mapping) -> str:
+    platform = str(mesh.get("platform") or "?")
+    return "XLA:" + {"cuda": "GPU", "rocm": "GPU"}.get(platform, platform.upper())
+
+
+def _across_backends(change: Change, mb: Mapping, ma: Mapping) -> Change:
+    """A memory, cost or step-time ``change`` between a CPU snapshot and an accelerator's, filed under
+    the backend (status ``backend``, never failing): the two compilers lay out, fuse, schedule and
+    allocate the same program differently (XLA:TPU's tiled layouts and its own temporaries, XLA:CPU's
+    f32 dots), so the figures differ without any edit. Shardings and collectives are compared as
+    before; a CPU-only collective is filed by :func:`_backend_change`."""
+    why = (f"{_compiler(mb)} → {_compiler(ma)}: the two compilers lay out, fuse and allocate the same program "
+           "differently; compare snapshots of one backend to gate this figure")
+    return dataclasses.replace(change, status="backend", note=f"{change.note}; {why}" if change.note else why)
+
+
 def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Mapping[str, Tolerance], *,
                      env_differs: bool = False, same_mesh_expected: bool = True) -> tuple[list[Change], list[str]]:
     """Changes between two snapshot entries of one function, and notices.
@@ -399,6 +415,8 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
                                      else None))
             if c and section == "cost" and f != "transcendentals":
                 c = _lower_bound_noted(c, before, after)
+            if c and backends:
+                c = _across_backends(c, mb, ma)
             if c:
                 changes.append(dataclasses.replace(c, subject=(section, f)))
     cb, ca = before.get("collectives"), after.get("collectives")
@@ -434,6 +452,8 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
                     if c:
                         changes.append(dataclasses.replace(c, subject=subject))
     c = _step_time_change(name, before.get("step_time"), after.get("step_time"), tol["step_time"], notices)
+    if c and backends:
+        c = _across_backends(c, mb, ma)
     if c:
         changes.append(c)
     db, da = before.get("dcn_bytes_per_step"), after.get("dcn_bytes_per_step")
