@@ -47,6 +47,23 @@ def scan_loss(w, xs):
     return w - 0.1 * g, l / 4
 
 
+def layer_scan(ws, x):
+    def loss(ws):
+        def body(h, w):
+            return jnp.tanh(h @ w), None
+        h, _ = jax.lax.scan(body, x, ws)
+        return jnp.mean(h ** 2)
+    return ws - 0.1 * jax.grad(loss)(ws)
+
+
+def micro(w, x):
+    xs = x.reshape(4, x.shape[0] // 4, x.shape[1])  # MICRO
+    def body(acc, xb):
+        return acc + jax.grad(loss)(w, xb), None
+    g, _ = jax.lax.scan(body, jnp.zeros_like(w), xs)
+    return w - 0.1 * g
+
+
 def sgd_bf16(w, x):
     def loss(w):
         return jnp.mean((x @ w.astype(jnp.bfloat16)).astype(jnp.float32) ** 2)
@@ -66,6 +83,12 @@ functions:
   scan_loss:
     target: m.py:scan_loss
     args: ['f32[256,256]', 'f32[4,64,256] @ [null, data]']
+  layer_scan:
+    target: m.py:layer_scan
+    args: ['f32[8,256,256] @ [data]', 'f32[32,256]']
+  micro:
+    target: m.py:micro
+    args: ['f32[256,256]', 'f32[64,256] @ [data]']
   sgd_bf16:
     target: m.py:sgd_bf16
     args: ['f32[1024,1024]', 'bf16[256,1024] @ [data]']
@@ -225,3 +248,89 @@ def test_diff_cpu_against_v5e_files_a_widened_all_reduce_under_the_backend(run_c
     moved = [c for c in f["changes"] if c["what"].startswith("collective all-reduce")]
     assert moved and all(c["status"] == "backend" for c in moved)
     assert {c["change"] for c in moved} == {-0.5}
+
+
+def _gathers(text: str) -> tuple[dict[str, int], int]:
+    """({while body: all-gathers in it or in what it calls}, all-gathers anywhere else) of a compiled
+    module's text, by regex (an async start counts once, its done not at all)."""
+    comps = {m.group(1): m.group(0) for m in re.finditer(r"(?ms)^(?:ENTRY )?%([\w.\-]+) .*?^}", text)}
+    ag = re.compile(r"= \S+ all-gather(?:-start)?\(")
+    calls = {name: set(re.findall(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)", body))
+             for name, body in comps.items()}
+
+    def under(name: str, seen: set) -> set:
+        if name in seen or name not in comps:
+            return seen
+        seen.add(name)
+        for c in calls[name]:
+            under(c, seen)
+        return seen
+
+    bodies = re.findall(r"while\([^\n]*body=%([\w.\-]+)", text)
+    inside = {b: under(b, set()) for b in bodies}
+    looped = set().union(*inside.values()) if inside else set()
+    return ({b: sum(len(ag.findall(comps[n])) for n in names) for b, names in inside.items()},
+            sum(len(ag.findall(comps[n])) for n in comps if n not in looped))
+
+
+def _raw_gathers(devices, name: str) -> tuple[dict[str, int], int]:
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    ns: dict = {}
+    exec(MODEL, ns)
+    mesh = Mesh(np.array(devices[:8]).reshape(8), ("data",))
+    shapes = {"layer_scan": (((8, 256, 256), P("data")), ((32, 256), P())),
+              "micro": (((256, 256), P()), ((64, 256), P("data")))}[name]
+    args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, p)) for s, p in shapes]
+    return _gathers(jax.jit(ns[name]).lower(*args).compile().as_text())
+
+
+@pytest.mark.parametrize("name, trips, gathers", [("layer_scan", 8, 2), ("micro", 4, 1)])
+def test_an_all_gather_xla_cpu_hoists_out_of_a_scan_is_marked(run_cli, spec, name, trips, gathers):
+    """Issue 41, item 2: a layer-sharded ``scan`` (the stack's slice per layer, forward and backward)
+    and a micro-batch ``scan`` (the reshape splits the data-sharded batch): XLA:CPU all-gathers the
+    whole array once before each loop (raw JAX: every all-gather outside the loop bodies), XLA:TPU in
+    the loop body, once per iteration (raw JAX on ``v5e:2x4``: none outside). The CPU row says so, with
+    the runs the accelerator makes (the trip count) and no bytes figure it cannot know."""
+    from stagetool.analysis.cpu_artefacts import SUNK
+
+    inside, outside = _raw_gathers(jax.devices("cpu"), name)
+    assert (sum(inside.values()), outside) == (0, gathers)
+    if _tpu():
+        from jax.experimental import topologies
+
+        topo = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu")
+        inside, outside = _raw_gathers(topo.devices, name)
+        assert outside == 0 and sum(inside.values()) >= gathers
+    fn = _fn(run_cli("collectives", "--spec", str(spec), "-f", name, "--format", "json", check=0).json(), name)
+    items = [i for i in fn["collectives"]["items"] if i["collective"]["kind"] == "all-gather"]
+    assert len(items) == gathers
+    for i in items:
+        assert (i["cpu_only"], i["accelerator_runs"]) == (SUNK, trips)
+        assert (i["collective"]["executions"], i["collective"]["in_loop"]) == (1, False)
+    (note,) = [n for n in fn["notes"] if "hoisted out of the loop by XLA:CPU" in n]
+    assert f"({trips} runs per step;" in note and "not known from this compile" in note
+    text = run_cli("collectives", "--spec", str(spec), "-f", name, check=0).stdout
+    assert f"1 ({SUNK})" in text
+    if name == "micro":  # the same loop's gradient all-reduce: the other way round
+        (ar,) = [i for i in fn["collectives"]["items"] if i["collective"]["kind"] == "all-reduce"]
+        assert (ar["cpu_only"], ar["accelerator_runs"]) == (HOISTED, 1)
+
+
+@pytest.mark.skipif(not _tpu(), reason="libtpu is needed for the compile-only v5e:2x4 topology")
+def test_diff_cpu_against_v5e_files_a_sunk_all_gather_under_the_backend(run_cli, spec):
+    """The layer-sharded scan: the all-gather row grows 8 × per step from CPU to ``v5e:2x4`` (and its
+    dtype halves): filed under the backend with the CPU row's mark, not as a regression."""
+    from stagetool.analysis.cpu_artefacts import SUNK
+
+    for args, out in (((), "cpu.json"), (("--topology", "v5e:2x4"), "tpu.json")):
+        assert run_cli("snapshot", "--spec", str(spec), "-f", "layer_scan", *args, "-o", out, check=0).code == 0
+    cpu_row = next(r for r in json.loads(Path("cpu.json").read_text())["functions"]["layer_scan"]["collectives"]
+                   if r["kind"] == "all-gather")
+    assert cpu_row["cpu_only"] == [SUNK] and cpu_row.get("accelerator_bytes_per_step") is None
+    doc = run_cli("diff", "cpu.json", "tpu.json", "--format", "json", check=0).json()
+    f = _fn(doc, "layer_scan")
+    moved = [c for c in f["changes"] if c["what"].startswith("collective all-gather")]
+    assert moved and all(c["status"] == "backend" and SUNK in c["note"] for c in moved)
+    assert doc["regressions"] == 0

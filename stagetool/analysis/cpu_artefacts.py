@@ -36,6 +36,10 @@ Found on jax/jaxlib 0.10.2 (XLA:CPU), from the compiled (per-device) module
   ``bitcast``, ``reshape`` and ``transpose`` may stand between them (they commute with an
   element-wise sum). A tuple all-reduce (``jax.value_and_grad``'s loss and gradient) counts when
   each of its elements is accumulated so.
+* **All-gathers hoisted out of loops.** An all-gather JAX traced inside a loop body (the slice of
+  a ``scan`` over a layer-sharded stack, of a micro-batch reshape that split a sharded axis) is
+  moved before the loop by XLA:CPU (the whole array gathered once) and kept in the body by XLA:TPU
+  (gathered every iteration): :func:`gathered_before_loop`.
 * **Random numbers as rolled loops.** ``jax.random`` (threefry2x32) is lowered on CPU as a ``while``
   loop of 5 iterations over ``u32`` words (JAX rolls it there; TPU and GPU compiles unroll it), so
   the loop-aware FLOPs would multiply integer mixing rounds that do not run as a loop on an
@@ -398,6 +402,54 @@ def accumulated_in_loop(module: HloModule, names: Iterable[tuple[str, str, str |
 
 HOISTED = "in the loop body on XLA:CPU; XLA:TPU/GPU hoist it"
 """The row's ``cpu_only`` text of an all-reduce :func:`accumulated_in_loop` finds."""
+SUNK = "hoisted out of the loop by XLA:CPU; XLA:TPU gathers it in the loop, once per iteration"
+"""The row's ``cpu_only`` text of an all-gather :func:`gathered_before_loop` finds."""
+
+
+def _loop_fed(module: HloModule, comp: HloComputation, name: str) -> HloInstruction | None:
+    """The ``while`` instruction of ``comp`` that takes ``name``'s value into its loop state (past
+    ``copy``/``bitcast``/``reshape``/``transpose`` and the state's ``tuple``), or None."""
+    frontier, seen = [name], set()
+    while frontier:
+        current = frontier.pop()
+        if current in seen or len(seen) > 64:
+            continue
+        seen.add(current)
+        for user in _users(comp, current):
+            if user.opcode == "while":
+                return user
+            if user.opcode in _REARRANGE or user.opcode == "tuple":
+                frontier.append(user.name)
+    return None
+
+
+def gathered_before_loop(module: HloModule, collectives: Iterable[Any],
+                         trips: Mapping[str, int | None]) -> dict[str, int | None]:
+    """``{all-gather name: the loop's trip count}`` of the all-gathers XLA:CPU hoisted out of a loop:
+    an all-gather outside every loop body whose op name JAX recorded inside one (``…/while/body/…``:
+    the ``dynamic_slice`` of a ``scan`` over a sharded stack, the slice of a micro-batch reshape that
+    split a sharded axis) and whose result is carried into that ``while``. XLA:CPU's loop-invariant
+    code motion gathers the whole array once before the loop; XLA:TPU keeps (sinks) the all-gather
+    in the loop body and runs it once per iteration (found on ``--topology v5e:2x4``, jax 0.10.2:
+    a layer-sharded ``scan`` and a micro-batch ``scan``, each all-gather in the body, in bf16 where
+    it feeds a DEFAULT-precision dot). The trip count is None where unknown.
+
+    Args:
+      module: the compiled (per-device) module of XLA:CPU.
+      collectives: its :class:`stagetool.hlo.collectives.Collective` records.
+      trips: ``{while name: trip count}`` (:func:`stagetool.hlo.collectives.while_loops`).
+    """
+    out: dict[str, int | None] = {}
+    for c in collectives:
+        if c.kind != "all-gather" or c.in_loop or c.in_conditional or "/while/body/" not in (c.op_name or ""):
+            continue
+        comp = module.computation(c.computation)
+        if comp is None or c.fusion is not None:
+            continue
+        loop = _loop_fed(module, comp, c.done_name or c.name)
+        if loop is not None:
+            out[c.name] = trips.get(loop.name)
+    return out
 
 
 def rng_loops(module: HloModule) -> tuple[str, ...]:
@@ -484,6 +536,21 @@ def hoisted_note(items: list[Any], command: str) -> str:
             f"loop ({once:,} B); the accelerator's answer: {command}")
 
 
+def sunk_note(items: list[Any], runs: Mapping[str, int | None], command: str) -> str:
+    """The note for the all-gathers XLA:CPU hoisted out of a loop that XLA:TPU gathers in it
+    (``items``: :class:`stagetool.analysis.sections.CollectiveItem` marked :data:`SUNK`; ``runs``:
+    the loop's trip count by collective name)."""
+    here = sum((i.collective.bytes_per_device or 0) * (i.collective.executions or 1) for i in items)
+    n = len(items)
+    counts = sorted({runs.get(i.collective.name) for i in items}, key=lambda t: (t is None, t or 0))
+    per = " or ".join("?" if t is None else str(t) for t in counts)
+    return (f"{n} all-gather{'s' if n != 1 else ''} marked 'hoisted out of the loop by XLA:CPU' "
+            f"gather{'' if n != 1 else 's'} a value the loop body slices ({here:,} B per device per step here, "
+            f"once before the loop); XLA:TPU gathers {'them' if n != 1 else 'it'} inside the loop, once per "
+            f"iteration ({per} runs per step; bytes per run in the dtype XLA:TPU picks, not known from this "
+            f"compile); the accelerator's answer: {command}")
+
+
 def rng_note(loops: tuple[tuple[str, int | None, float], ...], extra_flops: float, command: str) -> str:
     """The note for XLA:CPU's rolled random-number loops, kept out of the loop-aware FLOPs."""
     names = ", ".join(f"{n} ({'?' if t is None else t} trips)" for n, t, _ in loops)
@@ -514,6 +581,9 @@ def cpu_notes(*, command: str, host: tuple[str, ...], narrow: frozenset[str], co
     hoisted = [i for i in (collectives.items if collectives else ()) if i.cpu_only == HOISTED]
     if hoisted:
         out.append(hoisted_note(hoisted, command))
+    sunk = [i for i in (collectives.items if collectives else ()) if i.cpu_only == SUNK]
+    if sunk:
+        out.append(sunk_note(sunk, {i.collective.name: i.accelerator_runs for i in sunk}, command))
     la = cost.loop_aware if cost else None
     if la is not None and la.apart:
         out.append(rng_note(la.apart, la.apart_extra_flops, command))

@@ -10,6 +10,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from stagetool.analysis.causes import CollectiveCause, ShardingOrigins
+from stagetool.core.codec import omitted
 from stagetool.hlo.collectives import (
     Collective,
     CollectiveSummary,
@@ -552,8 +553,14 @@ class CollectiveItem:
       cpu_only: on CPU, what about this collective only XLA:CPU does, said on its row:
         :data:`stagetool.analysis.cpu_artefacts.HOISTED` for an all-reduce of a loop's accumulated
         sum that runs in the ``while`` body (once per iteration) where XLA:TPU/GPU all-reduce the sum
-        once after the loop (:func:`stagetool.analysis.cpu_artefacts.accumulated_in_loop`); None
-        otherwise (the f32 widening is ``widened_from``).
+        once after the loop (:func:`stagetool.analysis.cpu_artefacts.accumulated_in_loop`);
+        :data:`stagetool.analysis.cpu_artefacts.SUNK` for an all-gather XLA:CPU hoisted out of a loop
+        that XLA:TPU runs in it, once per iteration
+        (:func:`stagetool.analysis.cpu_artefacts.gathered_before_loop`); None otherwise (the f32
+        widening is ``widened_from``).
+      accelerator_runs: with ``cpu_only``, the runs per step an accelerator compile makes of it: 1 for
+        :data:`~stagetool.analysis.cpu_artefacts.HOISTED`, the loop's trip count for
+        :data:`~stagetool.analysis.cpu_artefacts.SUNK` (None where unknown).
     """
 
     collective: Collective
@@ -563,6 +570,7 @@ class CollectiveItem:
     widened_bytes: int | None = None
     via: tuple[str, ...] = ()
     cpu_only: str | None = None
+    accelerator_runs: int | None = omitted(None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -685,10 +693,13 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
                                           widened_bytes=widened[i.collective.name][1])
                       if marked(i.collective.name) else i for i in items)
     if cpu and items:
-        from stagetool.analysis.cpu_artefacts import HOISTED, accumulated_in_loop
+        from stagetool.analysis.cpu_artefacts import HOISTED, SUNK, accumulated_in_loop, gathered_before_loop
 
         hoisted = set(accumulated_in_loop(module, [(c.name, c.computation, c.reduction) for c in found]))
-        items = tuple(dataclasses.replace(i, cpu_only=HOISTED) if i.collective.name in hoisted else i for i in items)
+        sunk = gathered_before_loop(module, found, dict(while_loops(module)))
+        items = tuple(dataclasses.replace(i, cpu_only=HOISTED, accelerator_runs=1) if i.collective.name in hoisted
+                      else dataclasses.replace(i, cpu_only=SUNK, accelerator_runs=sunk[i.collective.name])
+                      if i.collective.name in sunk else i for i in items)
     items = _with_helper_callers(items, user, library)
     explained = []
     for leaf in match_leaves(explain, inputs or ()):

@@ -334,6 +334,9 @@ def _backend_change(change: Change, field: str, x: Mapping, y: Mapping, cpu_firs
         return change
     expected = cpu.get("count") if field == "count" else cpu.get(f"accelerator_{field}")
     got = acc.get(field)
+    if got is not None and expected is None and field != "count":  # the placement differs, its bytes unknown
+        return dataclasses.replace(change, status="backend", note=(
+            f"XLA:CPU's: {'; '.join(marks)}; the accelerator's figure is not known from the CPU compile"))
     if expected is None or got is None:
         return change
     if field == "count" and expected != got:

@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar
 
 from stagetool.analysis.figures import CostFigures, MemoryFigures, flops_estimate
 from stagetool.analysis.causes import AxisOrigin
+from stagetool.analysis.cpu_artefacts import SUNK
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.core import codec
 from stagetool.core.codec import omitted
@@ -96,7 +97,8 @@ class CollectiveRow:
     all-reduce left in a loop body, a collective widened to f32) also records what an accelerator
     compile of the same program is expected to show for it (``accelerator_bytes_per_device``,
     ``accelerator_bytes_per_step``: each widened collective at its program dtype's bytes, each
-    hoisted one run once): what ``diff``/``check`` against a TPU or GPU snapshot file under the
+    hoisted one run once; None where a row holds an all-gather XLA:CPU hoisted out of a loop, whose
+    bytes on XLA:TPU are in a dtype only its compile tells): what ``diff``/``check`` against a TPU or GPU snapshot file under the
     backend (:mod:`stagetool.gate.compare`). Derived from XLA:CPU's figures, not measured."""
 
     kind: str
@@ -251,7 +253,10 @@ def collective_rows(section: CollectivesSection | None) -> tuple[CollectiveRow, 
         ab = b - (item.widened_bytes or 0) // 2 if item.widened_from else b
         row[5].update(([item.cpu_only] if item.cpu_only else [])
                       + ([f"f32 on XLA:CPU, {item.widened_from} in the program"] if item.widened_from else []))
-        row[6], row[7] = row[6] + ab, row[7] + ab * (1 if item.cpu_only else runs)
+        if item.cpu_only == SUNK or row[6] is None:  # runs known, bytes in XLA:TPU's dtype not: no figure
+            row[6] = row[7] = None
+        else:
+            row[6], row[7] = row[6] + ab, row[7] + ab * (item.accelerator_runs or 1 if item.cpu_only else runs)
     explained = section.causes_unavailable is None
     return tuple(CollectiveRow(kind, axes, n, b, network or None, t, tuple(sorted(causes)) if explained else None,
                                tuple(sorted(lines)), tuple(sorted(marks)) if marks else None,
