@@ -31,7 +31,7 @@ import dataclasses
 import math
 import re
 
-from stagetool.hlo.collectives import Collective, MeshAxes, _iota_ids, program_frames
+from stagetool.hlo.collectives import Collective, MeshAxes, _iota_ids, frames_by_op_name
 from stagetool.hlo.parser import HloComputation, HloInstruction, HloModule
 
 MIN_FLOPS = 1_000_000
@@ -55,13 +55,17 @@ class ReplicatedWork:
       opcode: its opcode (``fft``, ``dot``, ``fusion``...).
       axes: the mesh axes over which every device computes the same result, mesh order.
       devices: the devices doing the same work (the product of those axes' sizes).
-      flops: FLOPs of one execution on one device (XLA's HloCostAnalysis rules; a derived figure).
-      share: ``flops`` over the device's counted FLOPs (0..1).
+      flops: FLOPs per step on one device: one execution's × ``executions`` (XLA's HloCostAnalysis
+        rules, a Pallas kernel's ``cost_estimate``; a derived figure).
+      share: ``flops`` over the device's FLOPs per step (the loop-aware count; 0..1).
       made_whole_by: the collective that made its input whole over ``axes`` (``all-gather.3``), or None
         when the input came in replicated over them while other inputs were split.
       made_whole_source: ``file:line`` of that collective, or None.
       op_name: JAX's op name, or None.
       source: ``file:line`` of the user's code, or None.
+      executions: runs per step: 1, or the trip counts of the loops around it multiplied (an
+        unknown trip count counts once).
+      flops_per_execution: FLOPs of one run on one device.
     """
 
     instruction: str
@@ -74,6 +78,8 @@ class ReplicatedWork:
     made_whole_source: str | None
     op_name: str | None
     source: str | None
+    executions: int = 1
+    flops_per_execution: float | None = None
 
 
 def sharding_replicated_axes(sharding: str | None, mesh: MeshAxes) -> frozenset[str]:
@@ -135,14 +141,43 @@ def sharding_replicated_axes(sharding: str | None, mesh: MeshAxes) -> frozenset[
     return frozenset(out)
 
 
+_State = tuple  # (same axes, split axes, {axis: collective that made it whole})
+
+
+def _meet(states: list[_State], every: frozenset[str]) -> _State:
+    """The state of a value computed from ``states``: the same where all are, split where any was."""
+    if not states:
+        return every, frozenset(), {}
+    whole: dict[str, str] = {}
+    for st in states:
+        whole.update(st[2])
+    return (frozenset.intersection(*(st[0] for st in states)), frozenset().union(*(st[1] for st in states)), whole)
+
+
 class _Analysis:
-    def __init__(self, module: HloModule, mesh: MeshAxes, collectives: tuple[Collective, ...]):
+    """Per value: the axes over which every device holds the same data, the axes data it came from
+    was split over, and which collective made it whole. Tuples (a ``while`` loop's state) are
+    followed element by element, so a sharded element carried beside replicated ones (XLA:TPU's loop
+    state holding a layer stack's shard) does not make the others differ. ``runs[computation]``: how
+    many times a computation runs per step (loop bodies × their trip counts; an unknown trip count
+    counts once)."""
+
+    def __init__(self, module: HloModule, mesh: MeshAxes, collectives: tuple[Collective, ...],
+                 trips: dict[str, int | None] | None = None):
         self.module, self.mesh = module, mesh
         self.every = frozenset(n for n, s in zip(mesh.names, mesh.sizes) if s > 1)
         self.coll = {(c.computation, c.name): c for c in collectives}
-        self.same: dict[tuple[str, str], frozenset[str]] = {}   # axes over which the value is the same
-        self.split: dict[tuple[str, str], frozenset[str]] = {}  # axes its inputs were split over upstream
-        self.whole_by: dict[tuple[str, str], dict[str, str]] = {}  # axis -> collective that made it whole
+        # fused computations that hold (part of) a collective: XLA:TPU's async collective fusions
+        self.fused = {comp: c for c in collectives if c.fusion is not None
+                      for comp in (c.computation, *(m[0] for m in c.merged))}
+        self.trips = trips or {}
+        self.state: dict[tuple[str, str], _State] = {}
+        self.elems: dict[tuple[str, str], list[_State]] = {}  # a tuple-valued instruction's elements
+        self.runs: dict[str, int] = {}
+
+    @property
+    def same(self) -> dict[tuple[str, str], frozenset[str]]:
+        return {k: v[0] for k, v in self.state.items()}
 
     def _reads_partition_id(self, ins: HloInstruction, depth: int = 0) -> bool:
         for name in ins.called_computations:
@@ -154,23 +189,38 @@ class _Analysis:
                     return True
         return False
 
-    def run(self, comp: HloComputation, params: dict[int, tuple[frozenset, frozenset, dict]] | None) -> None:
+    def _fused_gather(self, ins: HloInstruction) -> Collective | None:
+        c = self.fused.get(ins.called_computations[0].lstrip("%"))
+        return c if c is not None and c.kind in ("all-gather", "all-reduce") and c.mesh_axes is not None else None
+
+    def _whole(self, key: tuple[str, str]) -> _State:
+        elems = self.elems.get(key)
+        return _meet(elems, self.every) if elems else self.state.get(key, (frozenset(), frozenset(), {}))
+
+    def run(self, comp: HloComputation, param: list[_State] | _State | None, runs: int = 1) -> None:
+        self.runs[comp.name] = max(self.runs.get(comp.name, 0), runs)
         for ins in comp.instructions:
             key = (comp.name, ins.name)
             ops = [(comp.name, o) for o in ins.operands]
-            same = frozenset.intersection(*(self.same.get(k, frozenset()) for k in ops)) if ops else self.every
-            split = frozenset().union(*(self.split.get(k, frozenset()) for k in ops)) if ops else frozenset()
-            whole: dict[str, str] = {}
-            for k in ops:
-                whole.update(self.whole_by.get(k, {}))
+            same, split, whole = _meet([self._whole(k) for k in ops], self.every)
             op = ins.opcode
+            elems: list[_State] | None = None
             if op == "parameter":
-                number = ins.parameter_number
-                if params is None:  # the entry computation: the argument's sharding
+                if param is None:  # the entry computation: the argument's sharding
                     same = sharding_replicated_axes(ins.attributes.get("sharding"), self.mesh)
-                    split = self.every - same
+                    split, whole = self.every - same, {}
+                elif isinstance(param, list):
+                    elems = list(param)
+                    same, split, whole = _meet(elems, self.every)
                 else:
-                    same, split, whole = params.get(number, (frozenset(), frozenset(), {}))
+                    same, split, whole = param
+            elif op == "tuple":
+                elems = [self._whole(k) for k in ops]
+            elif op == "get-tuple-element" and ops and ops[0] in self.elems:
+                index = ins.attributes.get("index", "")
+                parts = self.elems[ops[0]]
+                if index.isdigit() and int(index) < len(parts):
+                    same, split, whole = parts[int(index)]
             elif op in _SAME:
                 same = self.every
             elif op in _DIFFERENT:
@@ -180,23 +230,40 @@ class _Analysis:
                 axes = frozenset(c.mesh_axes or ()) if c is not None else frozenset()
                 if op in _GATHERING and c is not None and c.mesh_axes is not None:
                     same = same | axes
-                    whole.update({a: ins.name for a in axes})
+                    whole = {**whole, **{a: ins.name for a in axes}}
                 else:
                     same = same - axes if c is not None and c.mesh_axes is not None else frozenset()
             elif op == "while":
                 body = self.module.computation(ins.attributes.get("body", "").lstrip("%"))
                 if body is not None:
-                    carried = (same, split, whole)
+                    trips = self.trips.get(ins.name)
+                    init = self.elems.get(ops[0]) if ops else None
+                    carried: list[_State] | _State = list(init) if init else (same, split, whole)
                     for _ in range(2):  # what the loop carries: its init, then init ∩ the body's result
-                        self.run(body, {0: carried})
+                        self.run(body, carried, runs * (trips or 1))
                         root = body.root
                         rk = (body.name, root.name) if root else None
-                        carried = (carried[0] & self.same.get(rk, frozenset()),
-                                   carried[1] | self.split.get(rk, frozenset()), carried[2])
-                    same, split = carried[0], carried[1]
+                        out = self.elems.get(rk) if rk else None
+                        if isinstance(carried, list) and out and len(out) == len(carried):
+                            carried = [(c[0] & o[0], c[1] | o[1], {**c[2], **o[2]}) for c, o in zip(carried, out)]
+                        else:
+                            got = self._whole(rk) if rk else (frozenset(), frozenset(), {})
+                            flat = _meet(carried, self.every) if isinstance(carried, list) else carried
+                            carried = (flat[0] & got[0], flat[1] | got[1], {**flat[2], **got[2]})
+                    if isinstance(carried, list):
+                        elems = carried
+                        same, split, whole = _meet(carried, self.every)
+                    else:
+                        same, split, whole = carried
+            elif op == "fusion" and ins.called_computations and self._fused_gather(ins) is not None:
+                c = self._fused_gather(ins)  # a start, continuation or done fusion of an async all-gather
+                axes = frozenset(c.mesh_axes or ())
+                same, whole = same | axes, {**whole, **{a: c.name for a in axes}}
             elif ins.called_computations and self._reads_partition_id(ins):
                 same = frozenset()
-            self.same[key], self.split[key], self.whole_by[key] = same, split, whole
+            self.state[key] = (same, split, whole)
+            if elems is not None:
+                self.elems[key] = elems
 
 
 def _source(module: HloModule, ins: HloInstruction | None, comp: HloComputation | None = None) -> str | None:
@@ -207,7 +274,7 @@ def _source(module: HloModule, ins: HloInstruction | None, comp: HloComputation 
     for _ in range(4):
         nxt = []
         for i in level:
-            chain = program_frames(module.source_stack(i))
+            chain = frames_by_op_name(module, i)
             if chain:
                 return f"{chain[0].file}:{chain[0].line}"
             if comp is not None:
@@ -221,48 +288,58 @@ def _source(module: HloModule, ins: HloInstruction | None, comp: HloComputation 
 
 
 def replicated_work(module: HloModule, mesh: MeshAxes, collectives: tuple[Collective, ...],
-                    total_flops: float | None = None) -> tuple[ReplicatedWork, ...]:
+                    total_flops: float | None = None,
+                    trips: dict[str, int | None] | None = None) -> tuple[ReplicatedWork, ...]:
     """The instructions of one device's compiled ``module`` that every device of some mesh axes
-    computes whole from data split over those axes, heaviest first (ties by name).
+    computes whole from data split over those axes, heaviest per step first (ties by name).
 
     Args:
       module: the compiled, partitioned module (one device's program).
       mesh: the user's mesh.
       collectives: ``find_collectives(module, mesh)``: their mesh axes.
-      total_flops: the device's FLOPs to take shares of; default: counted from the module.
+      total_flops: the device's FLOPs per step to take shares of (the loop-aware figure: every loop
+        body × its trip count); default: counted from the module so.
+      trips: ``{while name: trip count}`` (:func:`stagetool.hlo.collectives.while_loops`): an
+        instruction in a loop body runs that many times per step; default: read from the module.
 
-    Listed: at least :data:`MIN_FLOPS` FLOPs and :data:`MIN_SHARE` of ``total_flops``.
+    Listed: at least :data:`MIN_FLOPS` FLOPs per step and :data:`MIN_SHARE` of ``total_flops``.
     """
-    from stagetool.hlo.loops import counted_cost, instruction_cost
+    from stagetool.hlo.collectives import while_loops
+    from stagetool.hlo.loops import counted_cost_per_step, instruction_cost
 
     if module.entry is None or not any(s > 1 for s in mesh.sizes):
         return ()
-    total = total_flops if total_flops and total_flops > 0 else counted_cost(module).flops
+    trips = dict(while_loops(module)) if trips is None else trips
+    total = total_flops if total_flops and total_flops > 0 else counted_cost_per_step(module, trips).flops
     if total <= 0:
         return ()
-    a = _Analysis(module, mesh, collectives)
+    a = _Analysis(module, mesh, collectives, trips)
     a.run(module.entry, None)
     out = []
-    for (comp_name, name), same in a.same.items():
-        axes = same & a.split.get((comp_name, name), frozenset())
+    for (comp_name, name), (same, split, whole_by) in a.state.items():
+        axes = same & split
         if not axes:
             continue
         comp = module.computation(comp_name)
         ins = comp.instruction(name) if comp else None
-        if ins is None or ins.opcode in ("while", "call", "conditional") or ins.opcode in _GATHERING:
+        if ins is None or ins.opcode in ("while", "call", "conditional", "tuple", "get-tuple-element",
+                                         "parameter") or ins.opcode in _GATHERING:
             continue
-        flops = instruction_cost(module, comp, ins).flops
+        runs = a.runs.get(comp_name, 1)
+        once = instruction_cost(module, comp, ins).flops
+        flops = once * runs
         if flops < MIN_FLOPS or flops < MIN_SHARE * total:
             continue
         ordered = tuple(n for n in mesh.names if n in axes)
         devices = math.prod(s for n, s in zip(mesh.names, mesh.sizes) if n in axes)
-        by = sorted({a.whole_by[(comp_name, name)][x] for x in ordered if x in a.whole_by[(comp_name, name)]})
+        by = sorted({whole_by[x] for x in ordered if x in whole_by})
         made = by[0] if by else None
         made_ins = comp.instruction(made) if made and comp else None
         if made and made_ins is None:
             made_ins = next((c.instruction(made) for c in module.computations if c.instruction(made)), None)
         md = ins.metadata
-        out.append(ReplicatedWork(name, ins.opcode, ordered, devices, flops, flops / total, made,
-                                  _source(module, made_ins), md.op_name if md else None, _source(module, ins, comp)))
+        out.append(ReplicatedWork(name, ins.opcode, ordered, devices, flops, min(flops / total, 1.0), made,
+                                  _source(module, made_ins), md.op_name if md else None, _source(module, ins, comp),
+                                  runs, once))
     out.sort(key=lambda r: (-r.flops, r.instruction))
     return tuple(out)

@@ -273,18 +273,21 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
                                    tokens_per_second_per_chip=tokens_per_step / step.schedule_seconds / chips)
     return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware, notes,
                        step, step_reason, uncounted, any(not u.counted for u in uncounted),
-                       _replicated(module, mesh, interconnect, per_device))
+                       _replicated(module, mesh, interconnect, per_device, aware, dict(loops)))
 
 
 def _replicated(module: HloModule | None, mesh: MeshAxes | None, net: Interconnect | None,
-                per_device: CostRecord) -> tuple[ReplicatedWork, ...]:
-    """The work computed whole on every device of some mesh axes, or () where it cannot be told."""
+                per_device: CostRecord, aware: LoopAwareCost | None,
+                trips: dict[str, int | None]) -> tuple[ReplicatedWork, ...]:
+    """The work computed whole on every device of some mesh axes, per step (loop bodies × their trip
+    counts, shares of the loop-aware FLOPs), or () where it cannot be told."""
     if module is None or mesh is None or (net is not None and net.slices > 1):
         return ()
     from stagetool.analysis.replicated import replicated_work
 
+    total = aware.flops if aware is not None and aware.flops else per_device.flops
     return replicated_work(module, mesh, find_collectives(module, mesh),
-                           total_flops=per_device.flops if per_device.flops and per_device.flops > 0 else None)
+                           total_flops=total if total and total > 0 else None, trips=trips)
 
 
 def _step_time(facts: StagedFunction, per_device: CostRecord, chip: Chip | None, net: Interconnect | None,

@@ -33,7 +33,7 @@ import dataclasses
 import math
 
 from stagetool.analysis.cost import CostRecord
-from stagetool.hlo.loops import is_library_matmul, library_call_flops
+from stagetool.hlo.loops import is_library_matmul, kernel_cost_estimate, library_call_flops
 from stagetool.hlo.parser import (
     HloComputation,
     HloInstruction,
@@ -60,6 +60,8 @@ _NO_WORK = frozenset({
     "X64Combine", "X64SplitLow", "X64SplitHigh", "Pin", "Unpin", "CreateBuffer", "TopologyAwareBarrier",
     # XLA:TPU's mark on a gather's indices (every jnp indexing, an embedding lookup): s32[n] in, the same out
     "AssumeGatherIndicesInBound",
+    # XLA:TPU's wrappers of an asynchronous collective (an all-gather it runs across a loop's iterations)
+    "AsyncCollectiveStart", "AsyncCollectiveDone",
 })
 _KINDS = (
     ("__cudnn$conv", "cuDNN convolution"),
@@ -126,10 +128,7 @@ def _kind(target: str) -> str:
 
 
 def _kernel_estimate(ins: HloInstruction) -> dict | None:
-    config = backend_config_json(ins) or {}
-    call = config.get("custom_call_config")
-    est = call.get("cost_estimate") if isinstance(call, dict) else None
-    return est if isinstance(est, dict) and est.get("flops") is not None else None
+    return kernel_cost_estimate(ins)
 
 
 def _as_float(v: object) -> float | None:
@@ -154,9 +153,9 @@ def _recorded(module: HloModule, comp: HloComputation, ins: HloInstruction) -> H
 
 
 def _source(module: HloModule, ins: HloInstruction) -> str | None:
-    from stagetool.hlo.collectives import program_frames
+    from stagetool.hlo.collectives import frames_by_op_name
 
-    chain = program_frames(module.source_stack(ins))
+    chain = frames_by_op_name(module, ins)
     return f"{chain[0].file}:{chain[0].line}" if chain else None
 
 

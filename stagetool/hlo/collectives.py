@@ -1238,6 +1238,32 @@ def while_loops(module: HloModule) -> tuple[tuple[str, int | None], ...]:
 _STAGETOOL_DIR = str(Path(__file__).resolve().parents[1]) + "/"
 
 
+def frames_by_op_name(module: HloModule, ins: HloInstruction) -> tuple[SourceFrame, ...]:
+    """The program frames of ``ins`` (:func:`program_frames` of its own source); where XLA kept its
+    op name but not its source (XLA:TPU's ``…/ragged_dot_general/ragged-dot-none`` kernel), those of
+    another instruction JAX gave the same op, or the op it was made from (the op name with trailing
+    components dropped, never below two: ``jit(f)/ragged_dot_general``); () when none has one."""
+    own = program_frames(module.source_stack(ins))
+    md = ins.metadata
+    if own or md is None or not md.op_name:
+        return own
+    index = module._op_frames  # op name -> frames, filled once per module
+    if not index:
+        for comp in module.computations:
+            for other in comp.instructions:
+                omd = other.metadata
+                if omd is not None and omd.op_name and omd.stack_frame_id is not None and omd.op_name not in index:
+                    chain = program_frames(module.source_stack(other))
+                    if chain:
+                        index[omd.op_name] = chain
+    parts = md.op_name.split("/")
+    for n in range(len(parts), 1, -1):
+        found = index.get("/".join(parts[:n]))
+        if found:
+            return found
+    return ()
+
+
 def program_frames(chain: Sequence[SourceFrame]) -> tuple[SourceFrame, ...]:
     """A source chain (innermost first) cut at the first frame in stagetool's own package: the frames
     after it are the call path into stagetool, which differs between a serial run, a ``--jobs``

@@ -230,6 +230,18 @@ def _cudnn_conv_flops(comp: HloComputation, ins: HloInstruction) -> float:
     return _window_flops(ins, a, b, r)
 
 
+def kernel_cost_estimate(ins: HloInstruction) -> dict | None:
+    """The ``CostEstimate`` of a Pallas TPU kernel (``tpu_custom_call``) as its ``backend_config``
+    carries it (``custom_call_config.cost_estimate``: ``flops``, ``transcendentals``,
+    ``bytes_accessed``; per execution, one device), or None when the kernel was given none."""
+    from stagetool.hlo.parser import backend_config_json
+
+    config = backend_config_json(ins) or {}
+    call = config.get("custom_call_config")
+    est = call.get("cost_estimate") if isinstance(call, dict) else None
+    return est if isinstance(est, dict) and est.get("flops") is not None else None
+
+
 def library_call_flops(comp: HloComputation, ins: HloInstruction) -> float | None:
     """FLOPs of one cuBLAS GEMM or cuDNN convolution custom call (per execution, one device), derived
     from its shapes with XLA's dot/convolution rules; None for any other instruction."""
@@ -376,6 +388,10 @@ class _Counter:
             return max(branches, key=lambda c: c.flops, default=Counted())
         if op == "custom-call" and is_library_matmul(ins):
             return Counted(library_call_flops(comp, ins) or 0.0, 0.0, moved)
+        if op == "custom-call" and custom_call_target(ins) == "tpu_custom_call":
+            estimate = kernel_cost_estimate(ins)  # what XLA:TPU adds for a Pallas kernel: its author's figures
+            return Counted(float(estimate.get("flops") or 0.0), float(estimate.get("transcendentals") or 0.0),
+                           moved) if estimate else Counted(0.0, 0.0, moved)
         if op in _CALLS or op.endswith("-start") and ins.called_computations:
             inner = sum((self.computation(c, top=False) for c in ins.called_computations), Counted())
             return Counted(inner.flops, inner.transcendentals, moved if top else 0.0)
@@ -446,6 +462,13 @@ def counted_cost(module: HloModule) -> Counted:
     counter against ``Compiled.cost_analysis()`` on programs without loops."""
     entry = module.entry
     return Counted() if entry is None else _Counter(module, {}, False).computation(entry.name, top=True)
+
+
+def counted_cost_per_step(module: HloModule, trips: dict[str, int | None]) -> Counted:
+    """FLOPs, transcendentals and bytes of the whole module per step, every loop body × its trip
+    count (``trips``: ``{while name: trip count}``; unknown counts once), with the rules above."""
+    entry = module.entry
+    return Counted() if entry is None else _Counter(module, trips, True).computation(entry.name, top=True)
 
 
 def dot_flops_lower_bound(module: HloModule) -> float:

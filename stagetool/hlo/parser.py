@@ -536,6 +536,7 @@ class HloModule:
         default_factory=dict, repr=False, compare=False, hash=False
     )
     _locations: dict = dataclasses.field(default_factory=dict, repr=False, compare=False, hash=False)
+    _op_frames: dict = dataclasses.field(default_factory=dict, repr=False, compare=False, hash=False)
 
     # -- lookup -------------------------------------------------------------------------------
 

@@ -151,7 +151,7 @@ def cost_notes(c: CostSection, fig: Figures) -> list[tuple[str, str]]:
 
 def replicated_notes(c: CostSection) -> list[tuple[str, str]]:
     """One ``warn`` per instruction computed whole on every device of some mesh axes, with its line,
-    its FLOPs per device and what made its input whole."""
+    its FLOPs per device per step (a loop body's: runs × one run's) and what made its input whole."""
     out = []
     for r in c.replicated:
         where = f" at {short_path(r.source)}" if r.source else ""
@@ -159,7 +159,10 @@ def replicated_notes(c: CostSection) -> list[tuple[str, str]]:
                 + (f" at {short_path(r.made_whole_source)}" if r.made_whole_source else "")) if r.made_whole_by else ""
         out.append(("warn", f"computed whole on each of {r.devices} devices (mesh axis{'es' if len(r.axes) != 1 else ''} "
                             f"{', '.join(r.axes)}): {r.opcode} {r.instruction}{where}, {format_count(r.flops, 'FLOP')} "
-                            f"per device ({format_percent(r.share)} of the device's), the same on every device although "
+                            f"per device per step"
+                            + (f" ({r.executions} runs × {format_count(r.flops_per_execution, 'FLOP')})"
+                               if r.executions > 1 and r.flops_per_execution is not None else "")
+                            + f" ({format_percent(r.share)} of the device's), the same on every device although "
                             f"its data was split over {', '.join(r.axes)}{made}"))
     return out
 
