@@ -274,3 +274,22 @@ def test_the_gathered_expert_weights_of_a_ragged_dot_say_why(tmp_path):
     assert rows["cause"]["reason"].endswith("ragged_dot needs dimension 0 (of 512) of x whole on each device (its rows, "
                                             "which group_sizes splits into groups), and it is split over `data` → "
                                             "all-gather over `data`")
+
+
+@needs_libtpu
+def test_tokens_and_expert_weights_split_over_one_axis_each_say_their_own_operand(tmp_path):
+    """Issue 41, item 4: the tokens and the experts' weights both sharded over `data`: XLA:TPU gathers
+    both for its ragged-dot kernel, and each gather's cause names the operand it moves (the weights'
+    said 'dimension 0 (of 512) of x' and 'from x', the tokens' sentence, before)."""
+    write(tmp_path, "moe.py", MOE)
+    write(tmp_path, "moe.stagetool.yaml", MOE_SPEC.replace("@ [model, null, null]", "@ [data, null, null]"))
+    line = MOE.splitlines().index("    return jax.lax.ragged_dot(x, w, group_sizes)") + 1
+    r = run_subprocess("collectives", "moe.py:moe", "--topology", "v5e:2x4", "--format", "json", "--no-cache",
+                       cwd=tmp_path)
+    assert r.code == 0, r.stderr
+    items = {it["collective"]["bytes_per_device"]: it for it in r.json()["functions"][0]["collectives"]["items"]}
+    rows, weights = items[512 * 256 * 4], items[8 * 256 * 512 * 4]  # every row, every expert's weight, whole
+    for it, name, dim in ((rows, "x", "0 (of 512)"), (weights, "w", "0 (of 8)")):
+        assert it["source"] == f"moe.py:{line}" and it["cause"]["op"] == "ragged_dot"
+        assert f"ragged_dot needs dimension {dim} of {name} whole on each device" in it["cause"]["reason"]
+        assert [o["leaf"] for o in it["cause"]["origins"]] == [name]

@@ -38,7 +38,7 @@ from stagetool.core.location import source_name as _short
 if TYPE_CHECKING:
     from stagetool.hlo.collectives import Collective
     from stagetool.analysis.shardings import LeafReport
-    from stagetool.facts import Operand, Propagation, PropagatedOp, ValueSharding
+    from stagetool.facts import Operand, Propagation, PropagatedOp, ShardingRule, ValueSharding
     from stagetool.hlo.parser import SourceFrame
 
 __all__ = ["AxisOrigin", "CollectiveCause", "ConstraintFact", "ShardingOrigins", "TensorAt", "cause_of",
@@ -759,6 +759,25 @@ def _reason(ctx: _Ctx, c: Collective, op: PropagatedOp,
     return (max(score for _, score, _, _ in per_axis), len(covered)), "; ".join(parts), involved
 
 
+def _gathered_operand(c: Collective, rule: ShardingRule, whole: list[tuple[int, int]]) -> tuple[int, int]:
+    """Of the ``(operand, dimension)`` pairs an op needs whole, the one whose operand the collective
+    moves: the operand whose global shape (its factors' sizes) has the rank and, along the other
+    dimensions, the sizes of the collective's result (the tokens ``f32[1024,512]`` or the experts'
+    weights ``f32[8,512,1024]`` of a ``ragged_dot``); the first where none or several fit."""
+    m = re.match(r"^\w+\[([\d,]*)\]$", (c.result_types or ("",))[0])
+    if m is None:
+        return whole[0]
+    result = tuple(int(x) for x in m.group(1).split(",") if x)
+    sizes = dict(rule.sizes)
+    fits = []
+    for t, d in whole:
+        shape = tuple(sizes.get(f) for f in rule.operands[t])
+        if len(shape) == len(result) and all(a is None or a == b for i, (a, b) in enumerate(zip(shape, result))
+                                             if i != d):
+            fits.append((t, d))
+    return fits[0] if len(fits) == 1 else whole[0]
+
+
 def _axis_reasons(c: Collective, op: PropagatedOp, axis: str, short: str,
                   names: list[str]) -> list[tuple[int, str, list[tuple[int, str]]]]:
     """Every conflict at ``op`` over one mesh axis, scored by how well it fits the collective's kind."""
@@ -772,7 +791,7 @@ def _axis_reasons(c: Collective, op: PropagatedOp, axis: str, short: str,
     if op.name == "chlo.ragged_dot" and rule.operands == (("i", "j"), ("k", "j", "l"), ("k",)):
         whole = [(t, d) for f, t, d in o_hits if (t, d) in ((0, 0), (1, 0))]
         if whole:  # the rows and the groups are needed whole (shardy._ragged_dot_rules)
-            t, d = whole[0]
+            t, d = _gathered_operand(c, rule, whole)
             size = dict(rule.sizes).get(rule.operands[t][d])
             what = "its rows, which group_sizes splits into groups" if t == 0 else "its groups, one weight each"
             return [(3 if c.kind == "all-gather" else 2,
