@@ -100,6 +100,11 @@ def test_pallas_kernels_counted_from_their_estimate_or_named(run_cli, tmp_path):
     assert (row["status"], row["kind"], row["flops"], row["source"]) == (
         KERNEL_ESTIMATE, "Pallas kernel (Mosaic TPU)", 2 * N**3, where)
     assert with_cost["flops_lower_bound"] is False
+    # issue 41: the step-time model counts the kernel's estimate too, as XLA does: MFU over its FLOPs
+    # (was 0.0%: the kernel counted as nothing), v5e's published 197 TFLOP/s bf16 peak
+    step = with_cost["step_time"]
+    assert step["flops"] == 2 * N**3
+    assert step["mfu"] == pytest.approx(2 * N**3 / (step["schedule_seconds"] * 197e12), rel=1e-9)
 
     # without one, XLA counts nothing: n/a as unknown (not "usually 0"), the kernel named with its line
     alone = cost["without_cost"]
@@ -119,6 +124,9 @@ def test_pallas_kernels_counted_from_their_estimate_or_named(run_cli, tmp_path):
     assert "FLOPs (lower bound: 1 instruction not counted by XLA)" in text
     assert f"not counted by XLA: Pallas kernel (Mosaic TPU) mixed.1 at {where}" in text
     assert "the roofline leaves their work out" in " ".join(text.split())
+    # the MFU beside it is a floor too, naming the kernel left out (issue 41)
+    assert f"(lower bound: 1 instruction not counted: Pallas kernel (Mosaic TPU) mixed.1 at {where})" in \
+        " ".join(text.split()) and "MFU ≥ " in text
 
 
 def test_topk_over_sharded_logits_is_named_not_counted(run_cli, tmp_path):
