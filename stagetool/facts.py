@@ -275,6 +275,9 @@ class StagedFunction:
       host_transfers: ``file:line`` of each place the traced program moves a value to host memory
         (``device_put`` to ``pinned_host``/``unpinned_host``, a ``jax.checkpoint`` offload policy),
         in program order, each line once: what XLA:CPU ignores (:func:`host_transfers`).
+      grouped_matmuls: ``file:line`` of each ``ragged_dot`` of the traced program, in program order,
+        each line once: XLA:CPU runs it as dense dots over every group, with other collectives than
+        XLA:TPU/GPU's grouped-matmul kernels (:func:`stagetool.staging.gather.grouped_matmuls`).
       uneven_constraints: sharding constraints on a dimension the mesh axes do not divide (XLA pads
         it and may gather), each as one sentence naming the user's line.
       mesh_notes: the other meshes of the staged devices the traced program names (a ``shard_map`` on
@@ -301,6 +304,7 @@ class StagedFunction:
     uneven_constraints: tuple[str, ...] = ()
     mesh_notes: tuple[str, ...] = ()
     host_transfers: tuple[str, ...] = ()
+    grouped_matmuls: tuple[str, ...] = ()
     lowered_text: str | None = None
     lowered_dialect: str = "stablehlo"
     stablehlo_text: str | None = None

@@ -526,7 +526,8 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
         section = collectives_section(facts.module, MeshAxes(plan.mesh.names, plan.mesh.sizes), leaves[0], user_files,
                                       plan.explain, slices=setup.slices, outputs=leaves[1],
                                       propagation=facts.propagation, propagation_error=facts.propagation_error,
-                                      cpu_upcast=narrow, cpu_promoted=narrow_values, cpu=cpu)
+                                      cpu_upcast=narrow, cpu_promoted=narrow_values, cpu=cpu,
+                                      cpu_grouped=facts.grouped_matmuls if cpu else ())
         if Section.COLLECTIVES in wanted:
             fields["collectives"] = section
         if Section.WHY in wanted and plan.why is not None:

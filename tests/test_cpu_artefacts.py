@@ -366,3 +366,76 @@ def test_a_bf16_gathers_all_reduce_widened_on_cpu_is_named(run_cli, tmp_path):
         reduces = [i["collective"] for i in tpu["collectives"]["items"] if i["collective"]["kind"] == "all-reduce"]
         assert reduces and all(c["bytes_per_device"] == 8192 * 64 * 2 for c in reduces)
         assert all(i["widened_from"] is None for i in tpu["collectives"]["items"])
+
+
+RAGGED = """\
+import jax
+
+
+def moe(x, w, group_sizes):
+    return jax.lax.ragged_dot(x, w, group_sizes)  # RAGGED
+"""
+RAGGED_SPEC = """\
+version: 1
+mesh: {axes: {data: 8}}
+functions:
+  moe:
+    target: r.py:moe
+    args: ['f32[1024,512] @ [data]', 'f32[8,512,1024] @ [data]', 'i32[8]']
+"""
+
+
+def _raw_ragged(topology: str | None) -> str:
+    import re
+
+    import numpy as np
+    from helpers import target_devices
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    mesh = Mesh(np.array(target_devices(topology)[:8]), ("data",))
+    args = [jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(mesh, p)) for s, d, p in
+            (((1024, 512), jnp.float32, P("data")), ((8, 512, 1024), jnp.float32, P("data")),
+             ((8,), jnp.int32, P()))]
+    text = jax.jit(lambda x, w, s: jax.lax.ragged_dot(x, w, s)).lower(*args).compile().as_text()
+    found = set()
+    for m in re.finditer(r"= ([^=\n]*?) (all-reduce|all-gather)(?:-start)?\(", text):
+        found |= {f"{m.group(2)}:{shape}" for shape in re.findall(r"\w+\[[\d,]*\]", m.group(1))}
+    return " ".join(sorted(found))
+
+
+def test_the_collectives_only_xla_cpus_dense_ragged_dot_makes_are_marked(run_cli, tmp_path, monkeypatch):
+    """Issue 41, item 2: raw JAX's compile of a ragged_dot (tokens and expert weights over `data`): on
+    the CPU mesh an all-gather of the tokens, one of the s32[8] group sizes and an all-reduce of the
+    f32[1024,1024] partial products; on v5e:2x4 and h100:8 all-gathers of the tokens and of the
+    weights, no all-reduce, no group-size gather. The CPU rows of the two made only by the dense
+    expansion are marked, the tokens' gather (made on every backend) is not; diff against v5e:2x4
+    files the CPU-only all-reduce row under the backend, not as an improvement."""
+    cpu = _raw_ragged(None)
+    assert "all-reduce:f32[1024,1024]" in cpu and "all-gather:s32[8]" in cpu and "f32[8,512,1024]" not in cpu
+    for topo in ("v5e:2x4", "h100:8"):
+        try:
+            acc = _raw_ragged(topo)
+        except pytest.skip.Exception:
+            continue
+        assert "all-reduce" not in acc and "s32[8]" not in acc and "f32[8,512,1024]" in acc, (topo, acc)
+    write(tmp_path, "r.py", RAGGED)
+    spec = write(tmp_path, "r.stagetool.yaml", RAGGED_SPEC)
+    monkeypatch.chdir(tmp_path)
+    fn = _fn(run_cli("collectives", "--spec", str(spec), "--format", "json", check=0).json(), "moe")
+    marks = {(i["collective"]["kind"], i["collective"]["result_types"][0]): i["cpu_only"]
+             for i in fn["collectives"]["items"]}
+    assert marks == {("all-gather", "f32[1024,512]"): None, ("all-gather", "s32[8]"): cpu_artefacts.EXPANDED,
+                     ("all-reduce", "f32[1024,1024]"): cpu_artefacts.EXPANDED}
+    (note,) = [n for n in fn["notes"] if "at ragged_dot (r.py:5)" in n]
+    assert f"({1024 * 1024 * 4 + 32:,} B per device per step here)" in note and "not known from this compile" in note
+    from stagetool.devices import tpu_topology
+
+    if not tpu_topology.libtpu_available():
+        return
+    assert run_cli("snapshot", "--spec", str(spec), "-o", "cpu.json", check=0).code == 0
+    assert run_cli("snapshot", "--spec", str(spec), "--topology", "v5e:2x4", "-o", "tpu.json", check=0).code == 0
+    doc = run_cli("diff", "cpu.json", "tpu.json", "--format", "json", check=0).json()
+    f = _fn(doc, "moe")
+    (gone,) = [c for c in f["changes"] if c["what"] == "collective all-reduce over data"]
+    assert gone["status"] == "backend" and "the accelerator makes none" in gone["note"]
+    assert doc["regressions"] == 0

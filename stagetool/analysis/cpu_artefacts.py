@@ -406,6 +406,27 @@ SUNK = "hoisted out of the loop by XLA:CPU; XLA:TPU gathers it in the loop, once
 """The row's ``cpu_only`` text of an all-gather :func:`gathered_before_loop` finds."""
 
 
+EXPANDED = ("ragged_dot as dense dots on XLA:CPU; XLA:TPU/GPU make no such collective (they gather the "
+            "expert weights for a grouped-matmul kernel)")
+"""The row's ``cpu_only`` text of a collective at a ``ragged_dot`` line on CPU that only its dense
+expansion makes (an all-reduce of the partial products, a gather of the integer group sizes): JAX lowers a
+``ragged_dot`` for XLA:CPU as dense dots over every group (the group sizes all-gathered, the
+tokens masked per group, the partial products all-reduced), where XLA:TPU runs its ragged-dot
+kernel and XLA:GPU its grouped GEMM on the gathered tokens and expert weights (found on
+``v5e:2x4`` and ``h100:8``: tokens and weights sharded over ``data``, CPU: all-gather of the tokens
+and of ``s32[8]`` group sizes and an all-reduce of ``f32[1024,1024]``; TPU and GPU: all-gathers of
+the tokens and of the weights, no all-reduce)."""
+
+
+def same_line(a: str, b: str) -> bool:
+    """Whether two ``file:line`` places (paths absolute or not) are one line of one file."""
+    from pathlib import Path
+
+    fa, _, la = a.rpartition(":")
+    fb, _, lb = b.rpartition(":")
+    return la == lb and (fa == fb or Path(fa).resolve() == Path(fb).resolve())
+
+
 def _loop_fed(module: HloModule, comp: HloComputation, name: str) -> HloInstruction | None:
     """The ``while`` instruction of ``comp`` that takes ``name``'s value into its loop state (past
     ``copy``/``bitcast``/``reshape``/``transpose`` and the state's ``tuple``), or None."""
@@ -551,6 +572,16 @@ def sunk_note(items: list[Any], runs: Mapping[str, int | None], command: str) ->
             f"compile); the accelerator's answer: {command}")
 
 
+def expanded_note(items: list[Any], command: str) -> str:
+    """The note for the collectives of a ``ragged_dot`` on CPU (``items`` marked :data:`EXPANDED`)."""
+    here = sum((i.collective.bytes_per_device or 0) * (i.collective.executions or 1) for i in items)
+    lines = sorted({i.source.rsplit("/", 1)[-1] for i in items if i.source})
+    return (f"{len(items)} collective{'s' if len(items) != 1 else ''} at ragged_dot ({', '.join(lines)}) "
+            f"({here:,} B per device per step here) come from XLA:CPU running it as dense dots over every group; "
+            "XLA:TPU and XLA:GPU make none of them: they gather the expert weights for a grouped-matmul kernel "
+            f"instead (bytes not known from this compile); the accelerator's answer: {command}")
+
+
 def rng_note(loops: tuple[tuple[str, int | None, float], ...], extra_flops: float, command: str) -> str:
     """The note for XLA:CPU's rolled random-number loops, kept out of the loop-aware FLOPs."""
     names = ", ".join(f"{n} ({'?' if t is None else t} trips)" for n, t, _ in loops)
@@ -581,6 +612,9 @@ def cpu_notes(*, command: str, host: tuple[str, ...], narrow: frozenset[str], co
     hoisted = [i for i in (collectives.items if collectives else ()) if i.cpu_only == HOISTED]
     if hoisted:
         out.append(hoisted_note(hoisted, command))
+    expanded = [i for i in (collectives.items if collectives else ()) if i.cpu_only == EXPANDED]
+    if expanded:
+        out.append(expanded_note(expanded, command))
     sunk = [i for i in (collectives.items if collectives else ()) if i.cpu_only == SUNK]
     if sunk:
         out.append(sunk_note(sunk, {i.collective.name: i.accelerator_runs for i in sunk}, command))

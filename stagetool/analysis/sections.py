@@ -624,7 +624,8 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
                         propagation: Propagation | None = None,
                         propagation_error: str | None = None,
                         cpu_upcast: frozenset[str] = frozenset(),
-                        cpu_promoted: frozenset[str] = frozenset(), cpu: bool = False) -> CollectivesSection:
+                        cpu_promoted: frozenset[str] = frozenset(), cpu: bool = False,
+                        cpu_grouped: tuple[str, ...] = ()) -> CollectivesSection:
     """Build :class:`CollectivesSection` from the parsed compiled module.
 
     Args:
@@ -647,7 +648,11 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
         XLA:CPU's ``*_promoted`` gets ``widened_from`` too (a bf16 gather's all-reduce), a value the
         program itself converts to f32 does not.
       cpu: the module is XLA:CPU's: an all-reduce of a loop's accumulated sum left in the loop body
-        gets ``cpu_only`` (:func:`stagetool.analysis.cpu_artefacts.accumulated_in_loop`).
+        gets ``cpu_only`` (:func:`stagetool.analysis.cpu_artefacts.accumulated_in_loop`), an all-gather
+        hoisted out of a loop too (:func:`stagetool.analysis.cpu_artefacts.gathered_before_loop`).
+      cpu_grouped: on CPU, the ``file:line`` of the program's ``ragged_dot`` calls
+        (:attr:`stagetool.facts.StagedFunction.grouped_matmuls`): a collective at one of them gets
+        ``cpu_only`` :data:`stagetool.analysis.cpu_artefacts.EXPANDED`.
 
     Raises:
       UsageError: an ``explain`` pattern that names no input leaf.
@@ -703,6 +708,18 @@ def collectives_section(module: HloModule, mesh: MeshAxes, inputs: tuple[LeafRep
         items = tuple(dataclasses.replace(i, cpu_only=HOISTED, accelerator_runs=1) if i.collective.name in hoisted
                       else dataclasses.replace(i, cpu_only=SUNK, accelerator_runs=sunk[i.collective.name])
                       if i.collective.name in sunk else i for i in items)
+        if cpu_grouped:
+            from stagetool.analysis.cpu_artefacts import EXPANDED, same_line
+
+            def expanded(i: CollectiveItem) -> bool:  # the dense expansion's own: partial sums, group sizes
+                c = i.collective
+                own = c.kind in ("all-reduce", "reduce-scatter") or all(
+                    t.startswith(("s32", "s64", "u32", "u64")) for t in c.result_types)
+                return bool(own and i.cpu_only is None and i.source
+                            and any(same_line(i.source, g) for g in cpu_grouped))
+
+            items = tuple(dataclasses.replace(i, cpu_only=EXPANDED, accelerator_runs=None) if expanded(i) else i
+                          for i in items)
     items = _with_helper_callers(items, user, library)
     explained = []
     for leaf in match_leaves(explain, inputs or ()):

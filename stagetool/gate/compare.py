@@ -433,7 +433,15 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
             x, y = rb.get(key), ra.get(key)
             what = f"collective {key[0]} over {_axes_display(key[1])}" + (f" ({key[2]})" if key[2] else "")
             subject = ("collective", *key)
-            if x is None:
+            only = x if y is None else y if x is None else None
+            if only is not None and backends and only.get("cpu_only") and (only is x) == (mb.get("platform") == "cpu"):
+                # a row only the CPU side has, made by XLA:CPU alone (its marks say so): the backend's
+                changes.append(Change(name, what, "—" if x is None else _bytes_in(x), "—" if y is None else _bytes_in(y),
+                                      "backend", None if x is None else x["bytes_per_device"],
+                                      None if y is None else y["bytes_per_device"],
+                                      note=f"XLA:CPU's: {'; '.join(only['cpu_only'])}; the accelerator makes none",
+                                      subject=subject))
+            elif x is None:
                 changes.append(Change(name, what, "—", _bytes_in(y),
                                       "regression", 0, y["bytes_per_device"], note=_at_lines("new collective", y),
                                       subject=subject))

@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar
 
 from stagetool.analysis.figures import CostFigures, MemoryFigures, flops_estimate
 from stagetool.analysis.causes import AxisOrigin
-from stagetool.analysis.cpu_artefacts import SUNK
+from stagetool.analysis.cpu_artefacts import EXPANDED, SUNK
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.core import codec
 from stagetool.core.codec import omitted
@@ -253,7 +253,7 @@ def collective_rows(section: CollectivesSection | None) -> tuple[CollectiveRow, 
         ab = b - (item.widened_bytes or 0) // 2 if item.widened_from else b
         row[5].update(([item.cpu_only] if item.cpu_only else [])
                       + ([f"f32 on XLA:CPU, {item.widened_from} in the program"] if item.widened_from else []))
-        if item.cpu_only == SUNK or row[6] is None:  # runs known, bytes in XLA:TPU's dtype not: no figure
+        if item.cpu_only in (SUNK, EXPANDED) or row[6] is None:  # runs known, bytes in XLA:TPU's dtype not: no figure
             row[6] = row[7] = None
         else:
             row[6], row[7] = row[6] + ab, row[7] + ab * (item.accelerator_runs or 1 if item.cpu_only else runs)

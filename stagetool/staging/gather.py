@@ -97,6 +97,7 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
     fields["uneven_constraints"] = uneven_constraints(staged.traced, user_files or [])
     fields["mesh_notes"] = other_meshes(staged.traced, mesh, user_files=user_files or [])
     fields["host_transfers"] = host_transfers(staged.traced, user_files or [])
+    fields["grouped_matmuls"] = grouped_matmuls(staged.traced, user_files or [])
     return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)
 
 
@@ -156,6 +157,16 @@ def host_transfers(traced: Any, user_files: list[str]) -> tuple[str, ...]:
 
     found = [where(eqn) for eqn, where in equations(traced, user_files)
              if eqn.primitive.name == "device_put" and to_host(eqn)]
+    return tuple(dict.fromkeys(found))
+
+
+def grouped_matmuls(traced: Any, user_files: list[str]) -> tuple[str, ...]:
+    """Where the traced program (any nested jaxpr) has a grouped matmul (``ragged_dot``, the
+    ``ragged_dot_general`` primitive): ``file:line`` of the user's frame, once each, in program order.
+    JAX lowers it for XLA:CPU as dense dots over every group (its op names then say
+    ``dot_general``, not ``ragged_dot``), so it is read here, before lowering."""
+    found = [where(eqn) for eqn, where in equations(traced, user_files)
+             if eqn.primitive.name in ("ragged_dot_general", "ragged_dot")]
     return tuple(dict.fromkeys(found))
 
 
