@@ -293,3 +293,51 @@ def test_tokens_and_expert_weights_split_over_one_axis_each_say_their_own_operan
         assert it["source"] == f"moe.py:{line}" and it["cause"]["op"] == "ragged_dot"
         assert f"ragged_dot needs dimension {dim} of {name} whole on each device" in it["cause"]["reason"]
         assert [o["leaf"] for o in it["cause"]["origins"]] == [name]
+
+
+MICRO = """import jax
+import jax.numpy as jnp
+
+
+def loss(w, x):
+    return jnp.mean((x @ w) ** 2)
+
+
+def micro(w, x):
+    xs = x.reshape(4, x.shape[0] // 4, x.shape[1])
+    def body(acc, xb):
+        return acc + jax.grad(loss)(w, xb), None
+    g, _ = jax.lax.scan(body, jnp.zeros_like(w), xs)
+    return w - 0.1 * g
+"""
+MICRO_SPEC = """version: 1
+mesh: {axes: {data: 8}}
+functions:
+  micro:
+    target: mb.py:micro
+    args: ['f32[256,256]', 'f32[64,256] @ [data]']
+"""
+
+
+@pytest.mark.parametrize("topology_name", [None, pytest.param("v5e:2x4", marks=needs_libtpu)])
+def test_the_reshape_that_splits_a_sharded_axis_is_named(tmp_path, topology_name):
+    """Issue 41, item 4: a micro-batch reshape of a batch sharded 8 ways into 4 × 16 splits `data` into
+    a sub-axis on each part; the scan's slice of a micro-batch then all-gathers (raw JAX: XLA:CPU's
+    all-gather f32[4,8,256] with the dynamic_slice's op name). Shardy records no origin past the
+    reshape ("an origin Shardy did not name", before): the cause names the reshape's line and the spec
+    line of the input whose sharding it split."""
+    write(tmp_path, "mb.py", MICRO)
+    write(tmp_path, "mb.stagetool.yaml", MICRO_SPEC)
+    line = MICRO.splitlines().index("    xs = x.reshape(4, x.shape[0] // 4, x.shape[1])") + 1
+    args = ("--topology", topology_name) if topology_name else ()
+    r = run_subprocess("collectives", "mb.py:micro", *args, "--format", "json", cwd=tmp_path)
+    assert r.code == 0, r.stderr
+    items = r.json()["functions"][0]["collectives"]["items"]
+    (gather,) = [i for i in items if i["collective"]["kind"] == "all-gather"]
+    assert gather["collective"]["op_name"].endswith("dynamic_slice")
+    origins = gather["cause"]["origins"]
+    assert [(o["kind"], o["source"].rsplit("/", 1)[-1]) for o in origins] == [("reshape", f"mb.py:{line}")]
+    assert origins[0]["leaf"].startswith("x (spec at mb.stagetool.yaml:")
+    text = run_subprocess("collectives", "mb.py:micro", *args, cwd=tmp_path).stdout
+    assert f"from the reshape at mb.py:{line}, which splits a dimension sharded over `data` into two" in " ".join(
+        text.split())

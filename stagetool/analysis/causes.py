@@ -52,7 +52,9 @@ class AxisOrigin:
     Attributes:
       axis: the mesh axis.
       kind: ``input`` (an input leaf's declared sharding), ``output`` (an output's declared
-        sharding), ``constraint`` (a sharding constraint in the user's code) or ``unknown``.
+        sharding), ``constraint`` (a sharding constraint in the user's code), ``reshape`` (a reshape
+        in the user's code that split a dimension sharded over the axis, past which Shardy names no
+        origin; ``leaf`` then says where its operand's sharding came from) or ``unknown``.
       leaf: the input or output leaf's key path (``params/layers/wo``), else None.
       source: for an input or output, the spec line that set its sharding (``file:line:col``); for a
         constraint, the user's source line (``file:line``); None when not known.
@@ -71,6 +73,9 @@ class AxisOrigin:
         """``params/layers/wo (rule at spec.yaml:14)``, ``the constraint at model.py:6``."""
         if self.kind == "constraint":
             return f"the sharding constraint at {_short(self.source)}" if self.source else "a sharding constraint"
+        if self.kind == "reshape":
+            return (f"the reshape at {_short(self.source) or 'an unknown line'}, which splits a dimension sharded over "
+                    f"`{self.axis}` into two" + (f" (its sharding from {self.leaf})" if self.leaf else ""))
         if self.kind in ("input", "output"):
             what = {"rule": "rule", "spec": "spec", "model": "model annotation", "init": "init", "object": "ref",
                     "target": "target's " + ("out_shardings" if self.kind == "output" else "in_shardings"),
@@ -90,8 +95,8 @@ class AxisOrigin:
     def label(self) -> str:
         """What the CI gate records and matches edits against: ``input params/layers/wo``,
         ``constraint model.py:8`` (the file name and line), ``output out/loss``."""
-        if self.kind == "constraint":
-            return f"constraint {_short(self.source)}"
+        if self.kind in ("constraint", "reshape"):
+            return f"{self.kind} {_short(self.source)}"
         return f"{self.kind} {self.leaf or _short(self.source) or '?'}"
 
 
@@ -609,15 +614,49 @@ def _name_operand(ctx: _Ctx, o: Operand) -> str:
 
 
 def _tensor(ctx: _Ctx, name: str, s: ValueSharding | None, axes: Sequence[str], own_input: int | None,
-            own_constraint: PropagatedOp | None) -> TensorAt:
+            own_constraint: PropagatedOp | None, producer: int | None = None) -> TensorAt:
     dims = s.dims if s is not None else ()
     text = _fmt(tuple(tuple(_base_axis(a.split(":")[0]) for a in d) for d in dims)) if s is not None else "replicated"
     seen = []
     if s is not None:
         present = sorted(s.axes(), key=lambda a: (a not in axes, a))
         for a in present:
-            seen.append(_origin(ctx, a, s.origin(a), own_input, own_constraint))
+            found = _origin(ctx, a, s.origin(a), own_input, own_constraint)
+            if found.kind == "unknown" and found.source is None and producer is not None:
+                found = _reshape_origin(ctx, producer, a) or found
+            seen.append(found)
     return TensorAt(name, text, tuple(seen))
+
+
+def _dims_over(s: ValueSharding | None, axis: str) -> int:
+    """How many dimensions of a value ``axis`` (or a sub-axis of it) shards."""
+    return sum(1 for d in (s.dims if s is not None else ()) if any(a.split(":")[0] == axis for a in d))
+
+
+def _reshape_origin(ctx: _Ctx, producer: int, axis: str) -> AxisOrigin | None:
+    """Where Shardy names no origin for ``axis`` of a value: the ``reshape`` that split a dimension
+    sharded over ``axis`` into two (``x.reshape(4, 16, 256)`` of a batch of 64 over 8 devices: the
+    axis becomes a sub-axis on each part, and Shardy records no origin past it), found by walking the
+    value's producers (at most 32) while they are sharded over the axis, with the origin of the
+    reshape's own operand (an input's spec line) as ``leaf``; None when there is no such reshape."""
+    index: int | None = producer
+    for _ in range(32):
+        if index is None:
+            return None
+        op = ctx.prop.ops[index]
+        result = op.results[0] if op.results else None
+        if _dims_over(result, axis) == 0:
+            return None
+        if op.name == "stablehlo.reshape" and op.operands and _dims_over(result, axis) >= 2 \
+                and _dims_over(op.operands[0].sharding, axis) == 1:
+            o = op.operands[0]
+            inner = _origin(ctx, axis, o.sharding.origin(axis) if o.sharding is not None else None, o.input, None)
+            if inner.kind == "unknown" and o.producer is not None:
+                inner = _reshape_origin(ctx, o.producer, axis) or inner
+            return AxisOrigin(axis, "reshape", leaf=inner.describe() if inner.kind != "unknown" else None,
+                              source=_line(op))
+        index = op.operands[0].producer if op.operands else None
+    return None
 
 
 def cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
@@ -897,7 +936,7 @@ def _record(ctx: _Ctx, op: PropagatedOp, axes: Sequence[str], reason: str,
     for o in op.operands:
         own_constraint = ctx.prop.ops[o.producer] if o.producer is not None and \
             ctx.prop.ops[o.producer].origin_name else None
-        operands.append(_tensor(ctx, _name_operand(ctx, o), o.sharding, axes, o.input, own_constraint))
+        operands.append(_tensor(ctx, _name_operand(ctx, o), o.sharding, axes, o.input, own_constraint, o.producer))
     res = op.results[0] if op.results else None
     result = _tensor(ctx, "result", res, axes, None, op if op.origin_name else None) if op.results else None
     origins: list[AxisOrigin] = []
@@ -910,6 +949,8 @@ def _record(ctx: _Ctx, op: PropagatedOp, axes: Sequence[str], reason: str,
         for o in tensor.origins:
             if o.axis == axis and o.key not in {x.key for x in origins}:
                 origins.append(o)
+    named = {o.axis for o in origins if o.kind != "unknown"}  # an unnamed origin beside a named one adds nothing
+    origins = [o for o in origins if o.kind != "unknown" or o.axis not in named]
     return CollectiveCause(op.name.split(".", 1)[-1], ctx.line(op), tuple(operands), result, reason, tuple(origins))
 
 
