@@ -39,7 +39,6 @@ from stagetool.hlo.parser import (
     HloInstruction,
     HloModule,
     array_leaves,
-    backend_config_json,
     shape_bytes,
 )
 
