@@ -19,6 +19,17 @@ runs (late exits, closed standard streams, a daemon left at import, signals, GPU
 commands, ``why`` selectors, topology strings, huge counts, ``--resume`` FIFOs).
 
     python bench/bench_hostile.py [--seed 0] [--scale 1.0] [--jobs 2] [--no-cli]
+    python bench/bench_hostile.py --round 4 [--seed 0] [--scale 1.0] [--limit 90]
+
+``--round 4`` (issue 42) runs instead: ``chips`` (chip constants through ``merge_chips``: counts that
+are fractions, zero, negative, NaN, text), ``live`` (``stagetool.inspect`` and ``LiveReport`` in a
+driver process that stands for the caller: bad options and oversized leaves that must be refused
+before any trace, functions that exit, fork, leave threads that exit, methods JAX cannot stage,
+isolated runs, RSS over 60 ``peak=True`` calls), ``fixture`` (a pytest project whose snapshot paths
+are planted links, FIFOs and folders, then whose snapshots are mutated: every mutation must fail
+the test, no file outside the snapshot folder may change) and ``process`` (a session whose staged
+functions exit from threads or fork, in process and with ``--stagetool-isolate``). Its verdicts:
+ok, data loss, passed regression, hang, caller death, unexpected.
 
 ``--scale`` multiplies the number of in-process runs (1.0: about 560 runs in all, ~5 min on 2 busy
 cores). Exit status 1 when any run was bad.
@@ -635,6 +646,724 @@ def run_cli_case(case: CliCase, base: Path, index: int) -> Outcome:
     return Outcome("cli", case.name, OK)
 
 
+
+# ==== round 4 (issue 42): the pytest fixture, inspect/LiveReport, isolation, chip constants ===========
+#
+# Verdicts of this round: ok, data loss (a file outside what stagetool owns was written), passed
+# regression (a changed or missing snapshot, or a failing test, came out as a pass), hang (no end
+# within the bound), caller death (the process that called stagetool ended), unexpected (a raw
+# exception, a silently coerced option, a report for what must be refused).
+
+LOSS, REGRESSION, DEATH = "data loss", "passed regression", "caller death"
+
+LIVE_FNS = '''\
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def ok(x):
+    return jnp.tanh(x).sum()
+
+
+def two(w, x):
+    return (x @ w).sum()
+
+
+def sys_exit_0(x):
+    sys.exit(0)
+
+
+def sys_exit_3(x):
+    sys.exit(3)
+
+
+def os_exit_0(x):
+    os._exit(0)
+
+
+def os_exit_1(x):
+    os._exit(1)
+
+
+def raises(x):
+    raise ValueError("the user's own error")
+
+
+class Boom(BaseException):
+    pass
+
+
+def boom(x):
+    raise Boom("a BaseException of the user's")
+
+
+def thread_exit_now(x):
+    t = threading.Thread(target=os._exit, args=(0,))
+    t.start()
+    t.join()
+    return x * 2
+
+
+def thread_exit_later(x):
+    def later():
+        time.sleep(0.3)
+        os._exit(0)
+
+    threading.Thread(target=later).start()
+    return x * 2
+
+
+def daemon_exit_later(x):
+    def later():
+        time.sleep(0.3)
+        os._exit(0)
+
+    threading.Thread(target=later, daemon=True).start()
+    return x * 2
+
+
+def fork_child_exits(x):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return x * 2
+
+
+def fork_child_sleeps(x):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(3600)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return x * 2
+
+
+def fork_child_returns(x):
+    os.fork()  # the child would run the caller's code on
+    return x * 2
+
+
+def fork_process(x):
+    p = multiprocessing.get_context("fork").Process(target=time.sleep, args=(0.1,))
+    p.start()
+    p.join()
+    return x + 1
+
+
+def fork_pool(x):
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(abs, [1, 2, 3])
+    return x + 1
+
+
+def thread_forks_later(x):
+    def later():
+        time.sleep(0.2)
+        if os.fork() == 0:
+            time.sleep(3600)
+            os._exit(0)
+
+    threading.Thread(target=later).start()
+    return x * 2
+'''
+
+LIVE_DRIVER = r'''
+import json, os, pickle, random, sys, time, gc
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+import jax.numpy as jnp
+import numpy as np
+import stagetool
+from stagetool.core.errors import StagetoolError
+import hostile_fns as F
+
+OK, REGRESSION, UNEXPECTED = "ok", "passed regression", "unexpected"
+X = jax.ShapeDtypeStruct((8,), jnp.float32)
+NAN = float("nan")
+BAD = {
+    "mesh": [{"data": 2.5}, {"data": True}, {"data": 0}, {"data": -3}, {"": 2}, {1: 2}, {"data": "2"},
+             {"data": None}, "data=2.5", "data=", "=2", "data=2,data=2", "data=-1", 3, [("data", 2)], {"data": NAN},
+             {"data": 2**100}, {}, "data=2**3", {"data": 1e3}],
+    "donate": [True, False, -1, 1.5, [None], {"a": 1}, b"0", 99, "nope", [0, -2], NAN],
+    "top": [2.5, True, -1, "3", None, float("inf")],
+    "peak": ["no", 1, 0, None, "True"],
+    "slices": [0, -1, 1.5, True, "2"],
+    "platform": [3, "", "tpux", "cuda?", "\x00"],
+    "topology": ["", "v5e:0x0", "v5e:2x", "zz:8", "v5e:99999x99999", "\udcff", 5, "v5e:2x4x4x4x4"],
+    "chip": ["", "nope", 5, "tpu-v5e\x00", "\udcff"],
+    "device_memory": [16, "-1GiB", "nanGiB", "0", "1e400GiB", "16XB", ""],
+    "name": [5, "", b"x"],
+    "explain": [5, [1], [None], ["("], ["no_such_leaf"], "(a+)+$"],
+    "static": [5, [1], "nokw", {1: 2}],
+    "isolate": ["yes", 1, None],
+    "timeout_s": [-1, 0, NAN, float("inf"), "10", True],
+}
+
+
+def judge_refusal(call):
+    try:
+        r = call()
+    except StagetoolError:
+        return OK, ""
+    except Exception as e:
+        return UNEXPECTED, f"raw {type(e).__name__}: {e}"[:300]
+    return UNEXPECTED, "accepted (a report)"
+
+
+def judge_run(call, want):
+    """want: 'report', 'error' (a StagetoolError), or 'either'."""
+    try:
+        r = call()
+        r.functions
+    except StagetoolError as e:
+        return (OK, "") if want in ("error", "either") else (UNEXPECTED, f"{type(e).__name__}: {e.message[:200]}")
+    except Exception as e:
+        return UNEXPECTED, f"raw {type(e).__name__}: {e}"[:300]
+    except F.Boom:  # the user's own BaseException, raised to the caller as it is
+        return (OK, "") if want in ("error", "either") else (UNEXPECTED, "Boom")
+    return (OK, "") if want in ("report", "either") else (REGRESSION, "a report for a function that failed")
+
+
+def cases(seed, scale):
+    rng = random.Random(seed)
+    out = []
+    for opt, values in BAD.items():
+        for v in values:
+            kw = {opt: v}
+            out.append((f"option {opt}={v!r}", lambda kw=kw: judge_refusal(lambda: stagetool.inspect(F.ok, X, **kw))))
+    for i in range(int(60 * scale)):
+        opt = rng.choice(list(BAD))
+        kw = {opt: rng.choice(BAD[opt])}
+        other = rng.choice([o for o in BAD if o != opt])
+        if other not in ("isolate", "timeout_s"):
+            kw[other] = rng.choice(BAD[other])
+        out.append((f"options {kw!r}", lambda kw=kw: judge_refusal(lambda: stagetool.inspect(F.ok, X, **kw))))
+    for i in range(int(50 * scale)):
+        big = rng.choice([2**33, 2**40, 2**58, 2**62, 2**32 + 1])
+        dims = [rng.choice([1, 2, 3, 2**20, 2**31, 2**32]) for _ in range(rng.randint(1, 4))]
+        dims.insert(rng.randrange(len(dims) + 1), big)
+        n = 1
+        for d in dims:
+            n *= d
+        if n <= 2**57 and max(dims) <= 2**32:
+            dims.append(2**32)
+            dims.append(2**32)
+        shape = tuple(dims)
+        leaf = jax.ShapeDtypeStruct(shape, rng.choice([jnp.float32, jnp.bfloat16, jnp.int8, jnp.complex64]))
+        where = rng.choice(["x", "w-dict", "w-list", "kw"])
+        if where == "x":
+            call = lambda leaf=leaf: stagetool.inspect(F.ok, leaf)
+        elif where == "w-dict":
+            call = lambda leaf=leaf: stagetool.inspect(F.two, {"a": {"b": leaf}}, X)
+        elif where == "w-list":
+            call = lambda leaf=leaf: stagetool.inspect(F.two, [X, leaf], X)
+        else:
+            call = lambda leaf=leaf: stagetool.inspect(F.two, X, x=leaf)
+        out.append((f"leaf {shape} in {where}", lambda call=call: judge_refusal(call)))
+    funcs = [("sys_exit_0", "error"), ("sys_exit_3", "error"), ("os_exit_0", "error"), ("os_exit_1", "error"),
+             ("raises", "error"), ("boom", "error"), ("thread_exit_now", "error"), ("thread_exit_later", "either"),
+             ("daemon_exit_later", "either"), ("fork_child_exits", "report"), ("fork_child_sleeps", "report"),
+             ("fork_child_returns", "report"), ("fork_process", "report"), ("fork_pool", "either"),
+             ("thread_forks_later", "either"), ("ok", "report")]
+    for name, want in funcs:
+        for peak in (True, False):
+            fn = getattr(F, name)
+            out.append((f"function {name} peak={peak}",
+                        lambda fn=fn, want=want, peak=peak: judge_run(lambda: stagetool.inspect(fn, X, peak=peak), want)))
+    for meth in (np.ndarray.sum, np.ndarray.mean, np.ndarray.max, np.ndarray.reshape, list.append, len, print, dict):
+        out.append((f"method {getattr(meth, '__qualname__', meth)}",
+                    lambda meth=meth: judge_run(lambda: stagetool.inspect(meth, jnp.zeros(4)), "either")))
+    for name, want in (("os_exit_0", "error"), ("thread_exit_later", "either"), ("fork_child_sleeps", "report"),
+                       ("fork_process", "report"), ("ok", "report"), ("sys_exit_3", "error")):
+        fn = getattr(F, name)
+        out.append((f"isolated {name}",
+                    lambda fn=fn, want=want: judge_run(lambda: stagetool.inspect(fn, X, isolate=True, timeout_s=120),
+                                                       want)))
+
+    def report_reads():
+        r = stagetool.inspect(F.two, jax.ShapeDtypeStruct((8, 4), jnp.float32), jax.ShapeDtypeStruct((2, 8), jnp.float32))
+        bad = []
+        for what, call, ok_errors in (
+                ("function('nope')", lambda: r.function("nope"), (KeyError,)),
+                ("why(leaf='zz')", lambda: r.why(leaf="zz"), (StagetoolError, LookupError, ValueError)),
+                ("why(leaf='(')", lambda: r.why(leaf="("), (StagetoolError, LookupError, ValueError)),
+                ("pickle", lambda: pickle.loads(pickle.dumps(r)).functions, ()),
+                ("html", lambda: r._repr_html_(), ()),
+                ("memory", lambda: r.memory, ()), ("collectives", lambda: r.collectives, ()),
+                ("cost", lambda: r.cost, ()), ("shardings", lambda: r.shardings, ())):
+            try:
+                call()
+            except ok_errors:
+                pass
+            except Exception as e:
+                bad.append(f"{what}: raw {type(e).__name__}: {e}"[:200])
+        return (UNEXPECTED, "; ".join(bad)) if bad else (OK, "")
+
+    out += [(f"LiveReport reads {i}", report_reads) for i in range(3)]
+
+    def memory():
+        def rss():
+            with open("/proc/self/statm") as fh:
+                return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        w = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+        x = jax.ShapeDtypeStruct((32, 64), jnp.float32)
+        for _ in range(10):
+            stagetool.inspect(F.two, w, x, peak=True).functions
+        gc.collect()
+        before = rss()
+        for _ in range(60):
+            stagetool.inspect(F.two, w, x, peak=True).functions
+        gc.collect()
+        grown = (rss() - before) / 60
+        return (OK, f"{grown / 1024:.1f} KiB a call") if grown < 64 * 1024 else (UNEXPECTED, f"RSS grows {grown / 1024:.1f} KiB a call")
+
+    out.append(("memory: 60 inspect calls peak=True", memory))
+    return out
+
+
+def main():
+    seed, scale, start = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+    all_cases = cases(seed, scale)
+    if start < 0:
+        print(json.dumps({"count": len(all_cases)}), flush=True)
+        return
+    me = os.getpid()
+    for i in range(start, len(all_cases)):
+        name, run = all_cases[i]
+        print(json.dumps({"begin": i, "name": name}), flush=True)
+        try:
+            verdict, detail = run()
+        except BaseException as e:
+            verdict, detail = UNEXPECTED, f"escaped: {type(e).__name__}: {e}"[:300]
+        if os.getpid() != me:  # a forked child came back into the caller's code
+            os._exit(0)
+        print(json.dumps({"end": i, "verdict": verdict, "detail": detail, "pid": me}), flush=True)
+    time.sleep(1.0)  # a thread left running gets its chance to end this process
+    print(json.dumps({"alive": me}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def live_round(work: Path, seed: int, scale: float, limit_s: float) -> list[Outcome]:
+    """Every inspect/LiveReport/isolation case, run one after another in a driver process (the
+    caller's process: its death or a hang is charged to the case it was on, and a new driver takes
+    the next)."""
+    import json
+    import select
+
+    folder = work / "live"
+    folder.mkdir()
+    (folder / "hostile_fns.py").write_text(LIVE_FNS)
+    (folder / "driver.py").write_text(LIVE_DRIVER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(folder)]), "JAX_PLATFORMS": "cpu",
+           "STAGETOOL_NO_CACHE": "1"}
+    env.pop("XLA_FLAGS", None)
+    count = json.loads(subprocess.run([sys.executable, "driver.py", str(seed), str(scale), "-1"], cwd=folder, env=env,
+                                      capture_output=True, text=True, timeout=300).stdout.splitlines()[-1])["count"]
+    outcomes: dict[int, Outcome] = {}
+    names: dict[int, str] = {}
+    start = 0
+    while start < count:
+        proc = subprocess.Popen([sys.executable, "driver.py", str(seed), str(scale), str(start)], cwd=folder, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        current, deadline, pids = None, time.monotonic() + 120 + limit_s, set()
+        fd = proc.stdout.fileno()
+        buf = b""
+        ended = False
+        while True:
+            eof = False
+            while b"\n" not in buf:
+                wait = max(0.0, deadline - time.monotonic())
+                ready, _, _ = select.select([fd], [], [], wait)
+                if not ready:
+                    break
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    eof = True
+                    break
+                buf += chunk
+            if b"\n" not in buf and not eof:  # the case in hand ran past its bound
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                i = current if current is not None else start
+                outcomes[i] = Outcome("live", names.get(i, f"case {i}"), HANG, f"still running after {limit_s:g} s")
+                start = i + 1
+                break
+            if b"\n" not in buf:  # the driver (the caller) ended
+                proc.wait()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                if ended:
+                    start = count
+                else:
+                    i = current if current is not None else start
+                    if i in outcomes:  # it ended after the case reported: the next one (a thread's exit)
+                        i += 1
+                    if i < count:
+                        outcomes[i] = Outcome("live", names.get(i, f"case {i}"), DEATH,
+                                              f"the caller's process ended with {proc.returncode}")
+                    start = i + 1
+                break
+            raw, buf = buf.split(b"\n", 1)
+            line = raw.decode("utf-8", "replace")
+            try:
+                msg = json.loads(line)
+            except ValueError:  # the staged code's own print
+                continue
+            if not isinstance(msg, dict):
+                continue
+            if "begin" in msg:
+                current = msg["begin"]
+                names[current] = msg["name"]
+                deadline = time.monotonic() + limit_s
+            elif "end" in msg:
+                i = msg["end"]
+                pids.add(msg["pid"])
+                verdict = msg["verdict"] if len(pids) == 1 else DEATH
+                outcomes[i] = Outcome("live", names.get(i, f"case {i}"), verdict, msg["detail"])
+                current = None
+                deadline = time.monotonic() + limit_s
+            elif "alive" in msg:
+                ended = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return [outcomes[i] for i in sorted(outcomes)]
+
+
+# ---- the fixture: whole pytest runs over hostile snapshot folders ----------------------------------
+
+FIXTURE_CONFTEST = """\
+import os
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+"""
+
+
+def _fixture_tests(n: int) -> str:
+    lines = ["import jax", "import jax.numpy as jnp", "import pytest", "", "",
+             "def step(w, x):", "    return jnp.tanh(x @ w).sum()", "", "",
+             "def _args(n):", "    return jax.ShapeDtypeStruct((16, 8), jnp.float32), "
+             "jax.ShapeDtypeStruct((n, 16), jnp.float32)", ""]
+    for i in range(n):
+        lines += ["", f"def test_{i}(stagetool_snapshot):", f"    stagetool_snapshot(step, *_args({4 + i % 3}))", ""]
+    lines += ["", "@pytest.mark.parametrize('n', [pytest.param(4, id=i) for i in "
+              "['a b', 'a-b', 'a/b', 'a\\\\b', 'a..b', 'A', 'a', ' ', 'é', 'a' * 300, '../x', '-', '_']])",
+              "def test_ids(stagetool_snapshot, n):", "    stagetool_snapshot(step, *_args(n))", "",
+              "", "def test_twice(stagetool_snapshot):", "    stagetool_snapshot(step, *_args(4))",
+              "    stagetool_snapshot(step, *_args(6))", "    stagetool_snapshot(step, *_args(4))", ""]
+    return "\n".join(lines)
+
+
+def _run_pytest(folder: Path, *args: str, limit_s: float = 600) -> tuple[int | None, dict[str, tuple[str, str]]]:
+    import xml.etree.ElementTree as ET
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTEST_ADDOPTS")}
+    env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", STAGETOOL_NO_CACHE="1")
+    xml = folder / "junit.xml"
+    with contextlib.suppress(FileNotFoundError):
+        xml.unlink()
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                            "stagetool.live.pytest_plugin", f"--junitxml={xml}", *args], cwd=folder, env=env,
+                           capture_output=True, text=True, timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        return None, {}
+    got: dict[str, tuple[str, str]] = {}
+    if xml.exists():
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            got[case.get("name") or "?"] = ("failed", (bad.get("message") or "") + (bad.text or "")) \
+                if bad is not None else ("passed", "")
+    return r.returncode, got
+
+
+def fixture_round(work: Path, seed: int, n: int) -> list[Outcome]:
+    """One test project of ``n`` tests, each with its own hostile snapshot path or content; three
+    pytest runs (record with planted links and special files; compare after mutations; again)."""
+    import json
+
+    rng = random.Random(seed)
+    out: list[Outcome] = []
+    folder = work / "fixture"
+    folder.mkdir()
+    (folder / "conftest.py").write_text(FIXTURE_CONFTEST)
+    (folder / "test_h.py").write_text(_fixture_tests(n))
+    snaps = folder / "__stagetool__" / "test_h"
+    outside = work / "outside"
+    outside.mkdir()
+    precious: dict[Path, bytes] = {}
+
+    def keep(p: Path, data: bytes) -> Path:
+        p.write_bytes(data)
+        precious[p] = data
+        return p
+
+    # plants before the recording run: a link (to a file, a folder, a missing file), a FIFO, a folder
+    snaps.mkdir(parents=True)
+    planted: dict[int, str] = {}
+    kinds = ["link-file", "link-missing", "link-dev-null", "fifo", "folder", "link-dir", "hardlink"]
+    for i in rng.sample(range(n), min(n // 3, n)):
+        kind = rng.choice(kinds)
+        path = snaps / f"test_{i}.step.json"
+        target = outside / f"precious_{i}.txt"
+        if kind == "link-file":
+            path.symlink_to(keep(target, f"precious {i}\n".encode()))
+        elif kind == "link-missing":
+            path.symlink_to(outside / f"missing_{i}.json")
+        elif kind == "link-dev-null":
+            path.symlink_to("/dev/null")
+        elif kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "folder":
+            path.mkdir()
+        elif kind == "link-dir":
+            (outside / f"dir_{i}").mkdir()
+            path.symlink_to(outside / f"dir_{i}")
+        else:  # a hard link is a regular file: replaced by the atomic rename, the other name kept
+            os.link(keep(target, f"precious {i}\n".encode()), path)
+        planted[i] = kind
+    rc, got = _run_pytest(folder, "--stagetool-update")
+    if rc is None:
+        return [Outcome("fixture", "record run", HANG, "pytest --stagetool-update did not end")]
+    for p, data in precious.items():
+        if p.read_bytes() != data:
+            out.append(Outcome("fixture", f"record: {p.name}", LOSS, "written through a link"))
+    if any((outside / f"missing_{i}.json").exists() for i in planted):
+        out.append(Outcome("fixture", "record: missing link target", LOSS, "created through a dangling link"))
+    for i in range(n):
+        name = f"test_{i}"
+        status, text = got.get(name, ("missing", ""))
+        kind = planted.get(i)
+        if kind in (None, "hardlink"):
+            ok = status == "passed"
+        else:
+            ok = status == "failed" and ("pytest --stagetool-update" in text or "remove it" in text)
+        out.append(Outcome("fixture", f"record {name} ({kind or 'plain'})", OK if ok else UNEXPECTED,
+                           "" if ok else f"{status}: {text[:200]}"))
+    ids = sorted(k for k in got if k.startswith("test_ids"))
+    for k in ids + ["test_twice"]:
+        status, text = got.get(k, ("missing", ""))
+        out.append(Outcome("fixture", f"record {k!r}", OK if status == "passed" else UNEXPECTED, text[:200]))
+
+    # mutate the recorded snapshots: each must fail the next plain run
+    mutated: dict[str, str] = {}
+    for i in range(n):
+        if i in planted:
+            continue
+        path = snaps / f"test_{i}.step.json"
+        if not path.is_file():
+            continue
+        doc = json.loads(path.read_text())
+        kind = rng.choice(["functions-empty", "other-name", "not-json", "empty", "list", "schema", "nan",
+                           "truncated", "binary", "bigger-peak", "smaller-peak", "no-functions", "deep", "keep"])
+        text = None
+        if kind == "functions-empty":
+            doc["functions"] = {}
+        elif kind == "other-name":
+            doc["functions"] = {"other": doc["functions"]["step"]}
+        elif kind == "not-json":
+            text = "{ not json"
+        elif kind == "empty":
+            text = ""
+        elif kind == "list":
+            text = "[]"
+        elif kind == "schema":
+            doc["snapshot_schema"] = 999
+        elif kind == "nan":
+            text = path.read_text().replace('"peak_bytes": ', '"peak_bytes": NaN, "x": ', 1)
+        elif kind == "truncated":
+            text = path.read_text()[: len(path.read_text()) // 2]
+        elif kind == "binary":
+            path.write_bytes(bytes(rng.randrange(256) for _ in range(200)))
+            mutated[f"test_{i}"] = kind
+            continue
+        elif kind in ("bigger-peak", "smaller-peak"):
+            def scale(node):
+                if isinstance(node, dict):
+                    return {k: (int(v * (0.5 if kind == "bigger-peak" else 2)) + 1
+                                if k == "peak_bytes" and isinstance(v, int) else scale(v)) for k, v in node.items()}
+                if isinstance(node, list):
+                    return [scale(v) for v in node]
+                return node
+            doc = scale(doc)
+        elif kind == "no-functions":
+            doc.pop("functions")
+        elif kind == "deep":
+            text = "[" * 100000 + "]" * 100000
+        if kind == "keep":
+            mutated[f"test_{i}"] = kind
+            continue
+        path.write_text(text if text is not None else json.dumps(doc))
+        mutated[f"test_{i}"] = kind
+    rc, got = _run_pytest(folder)
+    if rc is None:
+        return out + [Outcome("fixture", "compare run", HANG, "pytest did not end")]
+    for name, kind in mutated.items():
+        status, text = got.get(name, ("missing", ""))
+        if kind == "keep":
+            ok, verdict = status == "passed", UNEXPECTED
+        elif kind == "smaller-peak":  # the recorded peak doubled: now is smaller, an improvement may pass
+            ok, verdict = status in ("passed", "failed"), UNEXPECTED
+        else:
+            ok, verdict = status == "failed", REGRESSION
+            if ok and ("Traceback" in text or len(text.strip().splitlines()) > 40):
+                ok, verdict = False, UNEXPECTED
+        out.append(Outcome("fixture", f"compare {name} ({kind})", OK if ok else verdict,
+                           "" if ok else f"{status}: {text[:200]}"))
+    for k in ids + ["test_twice"]:
+        status, text = got.get(k, ("missing", ""))
+        out.append(Outcome("fixture", f"compare {k!r} (unchanged)", OK if status == "passed" else UNEXPECTED,
+                           text[:200]))
+    if rc == 0:
+        out.append(Outcome("fixture", "compare run exit status", REGRESSION, "exit 0 with failing tests"))
+    return out
+
+
+PROCESS_TESTS = """\
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import hostile_fns as F
+
+X = jax.ShapeDtypeStruct((8,), jnp.float32)
+
+
+def test_thread_exit_later(stagetool_snapshot):
+    stagetool_snapshot(F.thread_exit_later, X)
+    assert False, "fails after staging"
+
+
+def test_daemon_exit_later(stagetool_snapshot):
+    stagetool_snapshot(F.daemon_exit_later, X)
+    assert False, "fails after staging"
+
+
+def test_fork_child_sleeps(stagetool_snapshot):
+    stagetool_snapshot(F.fork_child_sleeps, X)
+
+
+def test_fork_child_returns(stagetool_snapshot):
+    stagetool_snapshot(F.fork_child_returns, X)
+
+
+def test_fork_process(stagetool_snapshot):
+    stagetool_snapshot(F.fork_process, X)
+
+
+def test_thread_forks_later(stagetool_snapshot):
+    stagetool_snapshot(F.thread_forks_later, X)
+
+
+def test_os_exit(stagetool_snapshot):
+    stagetool_snapshot(F.os_exit_0, X)
+
+
+def test_sys_exit(stagetool_snapshot):
+    stagetool_snapshot(F.sys_exit_0, X)
+
+
+def test_mesh_at_import(stagetool_snapshot):
+    from hostile_mesh import MESH
+    w = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=NamedSharding(MESH, P(None, "model")))
+    stagetool_snapshot(F.two, w, jax.ShapeDtypeStruct((4, 16), jnp.float32))
+"""
+
+PROCESS_WANT = {"test_thread_exit_later": "failed", "test_daemon_exit_later": "failed",
+                "test_fork_child_sleeps": "passed", "test_fork_child_returns": "passed", "test_fork_process": "passed",
+                "test_thread_forks_later": "passed", "test_os_exit": "failed", "test_sys_exit": "failed",
+                "test_mesh_at_import": "passed"}
+
+
+def process_round(work: Path, limit_s: float) -> list[Outcome]:
+    """What the staged function does to the test session, in process and isolated."""
+    out: list[Outcome] = []
+    for mode in ("in-process", "isolated"):
+        folder = work / f"process-{mode}"
+        folder.mkdir()
+        (folder / "conftest.py").write_text(FIXTURE_CONFTEST)
+        (folder / "hostile_fns.py").write_text(LIVE_FNS)
+        (folder / "hostile_mesh.py").write_text("import jax\nfrom jax.sharding import AxisType\n"
+                                                "MESH = jax.make_mesh((2, 4), ('data', 'model'), "
+                                                "axis_types=(AxisType.Auto,) * 2)\n")
+        (folder / "test_p.py").write_text(PROCESS_TESTS)
+        start = time.monotonic()
+        rc, got = _run_pytest(folder, "--stagetool-update", *(["--stagetool-isolate"] if mode == "isolated" else []),
+                              limit_s=limit_s)
+        if rc is None:
+            out.append(Outcome("process", f"{mode} session", HANG, f"still running after {limit_s:g} s"))
+            continue
+        out.append(Outcome("process", f"{mode} session exit status",
+                           OK if rc == 1 else (REGRESSION if rc == 0 else DEATH), f"exit {rc}"))
+        for name, want in PROCESS_WANT.items():
+            status, text = got.get(name, ("missing", ""))
+            verdict = OK if status == want else (REGRESSION if status == "passed" else UNEXPECTED)
+            out.append(Outcome("process", f"{mode} {name}", verdict, "" if verdict == OK else f"{status}: {text[:200]}"))
+        out.append(Outcome("process", f"{mode} time", OK if time.monotonic() - start < limit_s / 2 else HANG,
+                           f"{time.monotonic() - start:.0f} s"))
+    return out
+
+
+# ---- chip constants ---------------------------------------------------------------------------------
+
+
+def chip_cases(rng: random.Random, n: int) -> list[tuple[str, Callable[[], str]]]:
+    from stagetool.core import chips as C
+    from stagetool.core.errors import SpecError
+
+    ints = sorted(C._INT_FIELDS)
+    floats = [f for f in C._FIGURES if f not in C._INT_FIELDS]
+    bad = [0, -1, 0.5, 1.5, 0.999, -0.5, float("nan"), float("inf"), -float("inf"), "0.5", "x", True, None, [], {},
+           "1e-400", 1e-300 if False else 0.0]
+    out = []
+
+    def one(chip_name: str, entry: dict, must_refuse: bool) -> Callable[[], str]:
+        def run() -> str:
+            try:
+                table = C.merge_chips({chip_name: entry})
+            except SpecError:
+                return OK if must_refuse else f"{UNEXPECTED}\trefused {entry!r}"
+            except Exception as e:  # noqa: BLE001
+                return f"{UNEXPECTED}\t{type(e).__name__}: {e}"
+            if must_refuse:
+                return f"{PASS}\taccepted {entry!r}"
+            chip = table[chip_name]
+            for f in ints:
+                v = getattr(chip, f, None)
+                if v is not None and (not isinstance(v, int) or v < 1):
+                    return f"{UNEXPECTED}\t{f} became {v!r}"
+            return OK
+        return run
+
+    for i in range(n):
+        rng_name = rng.choice(["tpu-v5e", "tpu-v4", "h100-sxm"])
+        field = rng.choice(ints + floats)
+        value = rng.choice(bad)
+        if value is None:
+            continue
+        must = not (field in floats and isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and math.isfinite(value) and value > 0) and not (field in floats and value == "0.5")
+        if field in ints and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value) and value >= 1 and value == int(value):
+            must = False
+        out.append((f"{rng_name}.{field}={value!r}", one(rng_name, {field: value}, must)))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
@@ -642,7 +1371,14 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2, help="whole command runs at a time")
     ap.add_argument("--no-cli", action="store_true", help="leave out the whole command runs")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every bad run")
+    ap.add_argument("--round", type=int, default=3, choices=(3, 4),
+                    help="3: the families above; 4: issue 42's (the pytest fixture, inspect/LiveReport, isolation, "
+                         "chip constants)")
+    ap.add_argument("--limit", type=float, default=90.0, help="round 4: seconds one case may take")
+    ap.add_argument("--only", default="chips,live,fixture,process", help="round 4: the families to run")
     args = ap.parse_args()
+    if args.round == 4:
+        return round4(args)
     rng = random.Random(args.seed)
     n = lambda k: max(1, int(k * args.scale))  # noqa: E731
     outcomes: list[Outcome] = []
@@ -687,6 +1423,41 @@ def main() -> int:
           f"   ({seconds:.0f} s, seed {args.seed})")
     bad = [o for o in outcomes if o.verdict != OK]
     for o in bad if args.verbose or len(bad) <= 30 else bad[:30]:
+        print(f"  {o.verdict}: {o.family} {o.name}: {o.detail}")
+    return 1 if bad else 0
+
+
+
+def round4(args: argparse.Namespace) -> int:
+    """Issue 42's round: prints runs per family and verdict; exit 1 on any data loss, passed
+    regression, hang or caller death (unexpected errors are listed, and count too)."""
+    rng = random.Random(args.seed)
+    start = time.monotonic()
+    outcomes: list[Outcome] = []
+    with tempfile.TemporaryDirectory(prefix="bench-hostile4-") as tmp:
+        work = Path(tmp)
+        only = set(args.only.split(","))
+        if "chips" in only:
+            for name, fn in chip_cases(rng, max(1, int(60 * args.scale))):
+                verdict, detail = in_child(fn, 10.0)
+                outcomes.append(Outcome("chips", name, verdict, detail))
+        if "live" in only:
+            outcomes += live_round(work, args.seed, args.scale, args.limit)
+        if "fixture" in only:
+            outcomes += fixture_round(work, args.seed, max(6, int(45 * args.scale)))
+        if "process" in only:
+            outcomes += process_round(work, max(300.0, args.limit * 4))
+    seconds = time.monotonic() - start
+    verdicts = (OK, LOSS, REGRESSION, PASS, HANG, DEATH, UNEXPECTED)
+    table = collections.defaultdict(collections.Counter)
+    for o in outcomes:
+        table[o.family][o.verdict] += 1
+    print(f"{'family':<10} {'runs':>5} " + " ".join(f"{v:>18}" for v in verdicts))
+    for family, counts in [*table.items(), ("all", collections.Counter(o.verdict for o in outcomes))]:
+        print(f"{family:<10} {sum(counts.values()):>5} " + " ".join(f"{counts[v]:>18}" for v in verdicts))
+    print(f"({seconds:.0f} s, seed {args.seed}, scale {args.scale})")
+    bad = [o for o in outcomes if o.verdict != OK]
+    for o in bad if args.verbose or len(bad) <= 40 else bad[:40]:
         print(f"  {o.verdict}: {o.family} {o.name}: {o.detail}")
     return 1 if bad else 0
 

@@ -339,7 +339,23 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
             facts, cached = _facts_through_cache(cache, staged, inputs, fspec, setup, user_files, dialect, dump,
                                                  on_stage, explain=bool(wanted & _EXPLAINED), root=plan.report_root,
                                                  raw_text=Section.COMPILED_TEXT in wanted)
-    except OutOfMemoryError as e:
+    except StagingError as e:
+        return failure_report(plan, setup, prep, wanted, e, fspec=fspec)
+    if cache is None and wanted & _EXPLAINED:
+        facts = _with_propagation(facts, staged, setup.platform)
+    return _report_of(facts, plan, fspec, setup, wanted, user_files, inputs, cached=cached)
+
+
+def failure_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: frozenset[Section], e: Exception,
+                   fspec: FunctionSpec | None = None) -> FunctionReport:
+    """The report of one function whose staging raised ``e`` (a :class:`StagingError`): an
+    out-of-memory verdict with its memory section, else the error and its traceback. Made from
+    the one failure, without staging again."""
+    from stagetool.core.errors import OutOfMemoryError
+    from stagetool.report.model import FunctionReport, StageTimes
+
+    fspec = fspec or prep.fspec
+    if isinstance(e, OutOfMemoryError):
         if Section.MEMORY not in wanted:
             return _failed(plan, fspec, setup, e)
         from stagetool.analysis.sections import out_of_memory_section
@@ -363,11 +379,7 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
                  *((REFUSED_INPUTS_NOTE,) if inputs is not None else ()))
         return FunctionReport(fspec.name, fspec.target, _mesh_report(plan, setup), StageTimes(None, None, None),
                               inputs=inputs, memory=memory, notes=notes)
-    except StagingError as e:
-        return _failed(plan, fspec, setup, e)
-    if cache is None and wanted & _EXPLAINED:
-        facts = _with_propagation(facts, staged, setup.platform)
-    return _report_of(facts, plan, fspec, setup, wanted, user_files, inputs, cached=cached)
+    return _failed(plan, fspec, setup, e)
 
 
 _EXPLAINED = frozenset({Section.COLLECTIVES, Section.WHY})

@@ -450,6 +450,21 @@ def test_chips_are_validated_at_load_with_locations():
     ]
 
 
+def test_a_chip_count_that_is_a_fraction_is_refused_never_truncated_to_zero():
+    """issue 42, item 6: ici_wraparound_multiple 0.5 became 0 and every command was a ZeroDivisionError."""
+    from stagetool.core.chips import merge_chips
+
+    with pytest.raises(SpecError) as e:
+        merge_chips({"tpu-v5e": {"ici_wraparound_multiple": 0.5, "ici_links_per_chip": 4.5, "gpus_per_host": 8.0,
+                                 "hbm_capacity_bytes": 1.5}})
+    assert e.value.issues == [
+        "chips.tpu-v5e.hbm_capacity_bytes: must be a whole number (bytes), got 1.5",
+        "chips.tpu-v5e.ici_links_per_chip: must be a whole number (links), got 4.5",
+        "chips.tpu-v5e.ici_wraparound_multiple: must be a whole number (chips along a slice axis), got 0.5",
+    ]
+    assert merge_chips({"tpu-v5e": {"gpus_per_host": 8.0}})["tpu-v5e"].gpus_per_host == 8  # a whole float is fine
+
+
 _ALIASED = """\
 version: 1
 {mesh_key}:

@@ -331,7 +331,14 @@ def _number(value: Any, field: str, where: str, issues: list[str]) -> float | in
     if not math.isfinite(value) or value <= 0:
         issues.append(f"{where}.{field}: must be a positive finite number, got {value!r}")
         return None
+    if field in _INT_FIELDS and value != int(value):  # a count: 0.5 must not become 0
+        issues.append(f"{where}.{field}: must be a whole number ({_INT_UNITS.get(field, 'a count')}), got {value!r}")
+        return None
     return int(value) if field in _INT_FIELDS else float(value)
+
+
+_INT_UNITS = {"hbm_capacity_bytes": "bytes", "ici_links_per_chip": "links", "ici_torus_dims": "torus dimensions",
+              "ici_wraparound_multiple": "chips along a slice axis", "gpus_per_host": "GPUs"}
 
 
 def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None) -> dict[str, Chip]:

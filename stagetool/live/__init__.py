@@ -137,6 +137,13 @@ def run_inspect(fn: Callable[..., Any], args: tuple, kwargs: dict, *, loc: Loc |
                 timeout_s: float | None = None, **options: Any):
     """:func:`inspect` with the caller's line given (``loc``: the line input errors name), for
     callers that wrap it (the pytest fixture)."""
+    import math
+
+    if not isinstance(isolate, bool):
+        raise UsageError(f"stagetool.inspect: isolate={isolate!r} must be True or False")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or not math.isfinite(timeout_s) or timeout_s <= 0):
+        raise UsageError(f"stagetool.inspect: timeout_s={timeout_s!r} must be a positive number of seconds or None")
     fn, args, kwargs, options = _from_stages(fn, args, kwargs, options)
     resolved = _options(fn, args, kwargs, loc=loc, **options)
     kwargs = {k: v for k, v in kwargs.items() if k not in resolved.static}
@@ -153,9 +160,10 @@ def run_inspect(fn: Callable[..., Any], args: tuple, kwargs: dict, *, loc: Loc |
 def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: InspectOptions):
     """:func:`inspect` in this process, with its options resolved (see :class:`InspectOptions`).
     While the function is staged, ``os._exit`` raises ``SystemExit`` instead of ending the process
-    (:func:`exit_refused`), so that a function calling it is a :class:`StagingError`."""
-    from stagetool.pipeline import Options, Section, assemble_report, make_plan, prepare_inputs, provision_devices, \
-        stage_and_analyse, stage_once
+    and a forked child ends at once (:mod:`stagetool.process.containment`), so that a function
+    calling ``os._exit`` is a :class:`StagingError` and one that forks does not hold the caller."""
+    from stagetool.pipeline import Options, Section, assemble_report, failure_report, make_plan, prepare_inputs, \
+        provision_devices, relative_report, stage_once
     from stagetool.spec.model import FunctionSpec, Spec
 
     target = _target(fn, options)
@@ -175,7 +183,7 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
         fspec = dataclasses.replace(fspec, static=static)
         plan = dataclasses.replace(plan, functions=(fspec,))
     wanted = frozenset(Section(s) for s in SECTIONS)
-    with exit_refused(), _api_names():
+    with exit_refused(options.name), _api_names():
         prepared = prepare_inputs(plan, setup, targets={options.name: target})
         prep = prepared[options.name]
         if notes and prep.inputs is not None:
@@ -183,10 +191,12 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
                 prep, inputs=dataclasses.replace(prep.inputs, notes=(*notes, *prep.inputs.notes)))}
         try:
             once = stage_once(plan, setup, prepared[options.name])
-        except StagingError:
-            once = None
-        if once is None:  # the pipeline's own account of the failure (XLA's message, an out-of-memory verdict)
-            report = assemble_report("report", stage_and_analyse(plan, setup, prepared, wanted))
+        except StagingError as e:
+            # the pipeline's own account of the failure (XLA's message, an out-of-memory verdict), made
+            # from this one failure: the function is never staged a second time (a second jax.jit of
+            # what failed can crash the process: jax.jit(np.ndarray.sum), jax 0.10.2)
+            failed = failure_report(plan, setup, prepared[options.name], wanted, e)
+            report = assemble_report("report", (relative_report(plan.report_root, failed),))
             raise_failure(report)
             return report
     from stagetool.live.report import LiveReport
@@ -346,24 +356,13 @@ def _replace_mesh(value: Any, staged: Any, found: list, depth: int) -> Any:
     return value
 
 
-@contextlib.contextmanager
-def exit_refused() -> Iterator[None]:
-    """Within: ``os._exit(n)`` raises ``SystemExit`` (which staging reports as the function's
-    failure) instead of ending the process with ``n`` unseen — ``os._exit(0)`` in user code would
-    otherwise end a test session or a notebook kernel with success. Process-wide while it lasts
-    (another thread's ``os._exit`` is refused too); C code that exits is not covered (see docs/python-api.md,
-    "How far the Python API protects the caller")."""
-    real = os._exit
+def exit_refused(name: str = "fn") -> Any:
+    """Stage ``name`` within: ``os._exit`` from any thread is refused, forks end at once in the child
+    (:func:`stagetool.process.containment.contained`; see docs/python-api.md, "How far the Python
+    API protects the caller")."""
+    from stagetool.process.containment import contained
 
-    def refused(code: int = 0) -> None:
-        raise SystemExit(f"os._exit({code}) was called while stagetool staged the function; "
-                         "stagetool refused to end the process")
-
-    os._exit = refused  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        os._exit = real
+    return contained(name)
 
 
 def _from_stages(fn: Any, args: tuple, kwargs: dict, options: dict) -> tuple[Any, tuple, dict, dict]:
@@ -424,23 +423,151 @@ def raise_failure(report: Report) -> None:
 
 def _options(fn: Any, args: tuple, kwargs: dict, *, loc: Loc | None, mesh: Any = None, donate: Any = (),
              static: Any = None, name: str | None = None, explain: Iterable[str] = (), **rest: Any) -> InspectOptions:
+    """The options checked and resolved, before any trace.
+
+    Raises:
+      UsageError: an option of the wrong type or out of range (naming it as :func:`inspect` takes
+        it); an argument leaf whose shape XLA cannot take (naming the Python parameter).
+    """
     if not callable(fn):
         raise UsageError(f"stagetool.inspect: the first argument is a {type(fn).__name__}, not a function",
                          hint="pass the function (or its jax.jit wrapper), then its arguments")
-    if isinstance(donate, (int, str)):
-        donate = (donate,)
+    donate = _donate(donate)
     if static is None:
         static = {}
     elif not isinstance(static, Mapping):
-        names = [static] if isinstance(static, str) else list(static)
+        if isinstance(static, str):
+            names = [static]
+        elif isinstance(static, Iterable) and not isinstance(static, bytes):
+            names = list(static)
+        else:
+            raise UsageError(f"stagetool.inspect: static={static!r} is not a mapping or keyword names",
+                             hint="give static={name: value}, or the names of keyword arguments given")
+        bad = [n for n in names if not isinstance(n, str)]
+        if bad:
+            raise UsageError(f"stagetool.inspect: static names keyword arguments by name, not {bad[0]!r}")
         missing = [n for n in names if n not in kwargs]
         if missing:
             raise UsageError(f"stagetool.inspect: static={missing[0]!r} names no keyword argument given",
                              hint="give its value as a keyword argument, or static={name: value}")
         static = {n: kwargs[n] for n in names}
-    label = name or getattr(fn, "__name__", None) or getattr(getattr(fn, "fun", None), "__name__", None) or "fn"
+    elif any(not isinstance(k, str) for k in static):
+        raise UsageError(f"stagetool.inspect: static={dict(static)!r}: its keys must be keyword names (strings)")
+    if isinstance(explain, str):
+        explain = (explain,)
+    elif not isinstance(explain, Iterable) or any(not isinstance(e, str) for e in explain):
+        raise UsageError(f"stagetool.inspect: explain={explain!r} must be leaf names: a string or a list of strings")
+    _check_option_types(name=name, **rest)
+    label = function_label(fn, name)
+    _check_leaves(fn, args, kwargs)
     return InspectOptions(mesh=_mesh_spec(mesh, args, kwargs), name=label, target=_target_text(fn, label), loc=loc,
-                          donate=tuple(donate), static=dict(static), explain=tuple(explain), **rest)
+                          donate=donate, static=dict(static), explain=tuple(explain), **rest)
+
+
+def function_label(fn: Any, name: Any = None) -> str:
+    """The function's name in the report: ``name``, else its ``__name__`` (under jit wrappers).
+
+    Raises:
+      UsageError: ``name`` is not a non-empty string.
+    """
+    if name is not None:
+        if not isinstance(name, str) or not name.strip():
+            raise UsageError(f"stagetool.inspect: name={name!r} must be a non-empty string")
+        return name
+    return getattr(fn, "__name__", None) or getattr(getattr(fn, "fun", None), "__name__", None) or "fn"
+
+
+def _donate(donate: Any) -> tuple[int | str, ...]:
+    """``donate`` as positions and names: an int (not a bool), a str, or an iterable of them.
+
+    Raises:
+      UsageError: anything else (``donate=True`` is not argument 1).
+    """
+    items = (donate,) if isinstance(donate, (int, str)) else donate
+    if isinstance(items, Iterable) and not isinstance(items, (bytes, Mapping)):
+        items = tuple(items)
+        bad = [d for d in items if isinstance(d, bool) or not isinstance(d, (int, str))
+               or (isinstance(d, int) and d < 0)]
+        if not bad:
+            return items
+        donate = bad[0]
+    raise UsageError(f"stagetool.inspect: donate={donate!r} is not an argument position or keyword name",
+                     hint="give donate=0, donate='params' or donate=(0, 'opt_state')")
+
+
+def _check_option_types(*, name: Any = None, platform: Any = None, topology: Any = None, slices: Any = None,
+                        chip: Any = None, device_memory: Any = None, peak: Any = True, top: Any = 10,
+                        out_shardings: Any = None) -> None:
+    """Refuse an option of the wrong type, naming it (never coerced: ``top=2.5`` is not 2).
+
+    Raises:
+      UsageError: the first wrong one.
+    """
+    for key, value in (("platform", platform), ("topology", topology), ("chip", chip),
+                       ("device_memory", device_memory)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise UsageError(f"stagetool.inspect: {key}={value!r} must be a non-empty string or None")
+    if not isinstance(peak, bool):
+        raise UsageError(f"stagetool.inspect: peak={peak!r} must be True or False")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+        raise UsageError(f"stagetool.inspect: top={top!r} must be a whole number of 0 or more")
+    if slices is not None and (isinstance(slices, bool) or not isinstance(slices, int) or slices < 1):
+        raise UsageError(f"stagetool.inspect: slices={slices!r} must be a whole number of 1 or more, or None")
+
+
+def _parameter_names(fn: Any, count: int) -> list[str]:
+    """The Python parameter each of ``count`` positional arguments binds to (``args[i]`` where the
+    signature does not say)."""
+    import inspect as pyinspect
+
+    names = [f"args[{i}]" for i in range(count)]
+    try:
+        params = list(pyinspect.signature(_underlying(fn)).parameters.values())
+    except (TypeError, ValueError):
+        return names
+    i = 0
+    for p in params:
+        if i >= count:
+            break
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names[i] = p.name
+            i += 1
+        elif p.kind == p.VAR_POSITIONAL:
+            for j in range(i, count):
+                names[j] = f"{p.name}[{j - i}]"
+            break
+    return names
+
+
+def _check_leaves(fn: Any, args: tuple, kwargs: dict) -> None:
+    """Every array-like leaf's shape is one XLA can take (the spec's limits,
+    :func:`stagetool.spec.leaves.shape_problem`: at most 2**32 per dimension, 2**57 elements), checked
+    before any trace: a larger one aborts XLA or overflows its byte counts.
+
+    Raises:
+      UsageError: naming the Python parameter and the leaf's key path.
+    """
+    import jax
+
+    from stagetool.spec.leaves import shape_problem
+
+    named = list(zip(_parameter_names(fn, len(args)), args)) + list(kwargs.items())
+    for pname, value in named:
+        try:
+            leaves = jax.tree_util.tree_flatten_with_path(value)[0]
+        except Exception:  # noqa: BLE001 - a value that is no pytree is passed as it is
+            continue
+        for path, leaf in leaves:
+            shape = getattr(leaf, "shape", None)
+            if not isinstance(shape, tuple) or getattr(leaf, "dtype", None) is None:
+                continue
+            if any(not isinstance(d, int) or d < 0 for d in shape):
+                continue  # a symbolic dimension: JAX says what it takes
+            problem = shape_problem(shape)
+            if problem:
+                where = pname + jax.tree_util.keystr(path)
+                raise UsageError(f"stagetool.inspect: argument {where}: {problem}",
+                                 hint="give shapes XLA can compile (each leaf at most 2**57 elements)")
 
 
 def _caller(frame: Any) -> Loc:
@@ -482,8 +609,28 @@ def _target(fn: Any, options: InspectOptions) -> Any:
     from stagetool.inputs.target import Target
 
     code = getattr(_underlying(fn), "__code__", None)
-    return Target(options.target, fn, code.co_filename if code is not None else None,
+    return Target(options.target, _fresh(fn), code.co_filename if code is not None else None,
                   options.target.rpartition(":")[2])
+
+
+def _fresh(fn: Any) -> Any:
+    """A plain Python function as a new function object over the same code, globals, closure and
+    defaults: JAX's caches key traces, lowerings and compiles on the function object, and the dump
+    compile's options (its own ``xla_dump_to`` folder) differ every call, so staging the caller's
+    own object kept one executable per call in ``jax.jit``'s compile cache for as long as the
+    function lived (about 0.2 MB a call, measured with ``bench/bench_hostile.py``'s memory case).
+    The copy dies with the report, and JAX's entries with it. Anything else (a ``jax.jit``
+    wrapper, a bound method, a callable object) is staged as it is."""
+    import types
+
+    if type(fn) is not types.FunctionType:
+        return fn
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__, copy.__module__, copy.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
+    copy.__annotations__ = fn.__annotations__
+    copy.__dict__.update(fn.__dict__)
+    return copy
 
 
 def _mesh_spec(mesh: Any, args: tuple, kwargs: dict) -> MeshSpec:
@@ -509,7 +656,19 @@ def _mesh_spec(mesh: Any, args: tuple, kwargs: dict) -> MeshSpec:
         except ValueError as e:
             raise UsageError(f"stagetool.inspect: mesh={mesh!r}: {e}".replace("--mesh ", "")) from None
     if isinstance(mesh, Mapping):
-        return MeshSpec(tuple((str(k), int(v)) for k, v in mesh.items()))
+        from stagetool.core.mesh import axis_name_problem, device_count_problem
+
+        bad = [(k, v) for k, v in mesh.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        if bad or not mesh:
+            k, v = bad[0] if bad else (None, None)
+            raise UsageError(f"stagetool.inspect: mesh={dict(mesh)!r}: "
+                             + (f"axis {k!r} of size {v!r}: " if bad else "no axes: ")
+                             + "each axis needs a name and a whole size of 1 or more",
+                             hint="give mesh={'data': 2, 'model': 4}")
+        problem = next(filter(None, map(axis_name_problem, mesh)), None) or device_count_problem(list(mesh.values()))
+        if problem:
+            raise UsageError(f"stagetool.inspect: mesh={dict(mesh)!r}: {problem}")
+        return MeshSpec(tuple((k, v) for k, v in mesh.items()))
     shape = getattr(mesh, "shape", None)
     if isinstance(shape, Mapping):  # a jax.sharding.Mesh or AbstractMesh
         types = {str(t).rpartition(".")[2].lower() for t in (getattr(mesh, "axis_types", None) or ())}

@@ -53,7 +53,7 @@ def inspect_isolated(fn: Callable[..., Any], args: tuple, kwargs: dict, options:
     from stagetool.gate.run import DEFAULT_TIMEOUT_S
     from stagetool.process.workers import raise_first_error, run_in_workers
 
-    payload = (_reference(fn), _abstract(args), _abstract(kwargs), options)
+    payload = (_reference(fn), _abstract(args), _abstract(kwargs), options, session_setup())
     try:
         pickle.dumps(payload)
     except Exception as e:  # noqa: BLE001 - any pickling failure is the same answer
@@ -139,14 +139,63 @@ def _concrete(tree: Any) -> Any:
     return jax.tree_util.tree_map(one, tree, is_leaf=lambda x: isinstance(x, AbstractArray))
 
 
+#: The JAX settings a caller's session (its conftest.py, a notebook's first cell) makes before any
+#: device starts, which a spawned worker must make too before it imports the user's module: how
+#: many CPU devices to simulate and which platforms to start, and what changes every trace.
+SESSION_CONFIG = ("jax_platforms", "jax_num_cpu_devices", "jax_enable_x64", "jax_default_prng_impl",
+                  "jax_threefry_partitionable", "jax_default_matmul_precision", "jax_use_shardy_partitioner")
+
+
+def session_setup() -> dict[str, Any]:
+    """The caller's :data:`SESSION_CONFIG` values (``jax.config``). The environment (``XLA_FLAGS``,
+    ``JAX_PLATFORMS``) the spawned worker inherits as it is."""
+    import jax
+
+    out: dict[str, Any] = {}
+    for name in SESSION_CONFIG:
+        try:
+            out[name] = getattr(jax.config, name)
+        except AttributeError:  # not in this JAX release
+            continue
+    return out
+
+
+def _apply_session_setup(setup: dict[str, Any]) -> None:
+    """In the worker, before the user's module is imported: the caller's settings.
+
+    Raises:
+      StagingError: a setting the worker cannot make (saying which, and why).
+    """
+    import jax
+
+    for name, value in setup.items():
+        try:
+            if getattr(jax.config, name) != value:
+                jax.config.update(name, value)
+        except Exception as e:  # noqa: BLE001 - the worker says which setting it could not carry over
+            raise StagingError(f"the isolated worker cannot set {name}={value!r} as the caller's session did: {e}",
+                               stage="trace", function="?",
+                               hint="stage in this process (isolate=False)") from None
+
+
 def _task(common: tuple, name: str) -> Any:
-    """The worker's task: the function imported, the arguments rebuilt, staged in-process there."""
+    """The worker's task: the caller's device setup made, the function imported, the arguments
+    rebuilt, staged in-process there."""
     from stagetool.live import inspect_here
 
-    fn, args, kwargs, options = common
+    fn, args, kwargs, options, setup = common
+    _apply_session_setup(setup)
     if isinstance(fn, FunctionRef):
-        found: Any = importlib.import_module(fn.module)
-        for part in fn.qualname.split("."):
-            found = getattr(found, part)
+        try:
+            found: Any = importlib.import_module(fn.module)
+            for part in fn.qualname.split("."):
+                found = getattr(found, part)
+        except Exception as e:  # noqa: BLE001 - the user's module failed to import there
+            raise StagingError(
+                f"{options.name}: the isolated worker could not import {fn.module}.{fn.qualname}: "
+                f"{type(e).__name__}: {e}", stage="trace", function=options.name,
+                hint="the worker sets up JAX as this session did (" + ", ".join(f"{k}={v!r}" for k, v in setup.items())
+                + "), but runs no conftest.py or other setup code: a module that needs more at import "
+                  "must do it itself, or stage in this process (isolate=False)") from None
         fn = found
     return inspect_here(fn, _concrete(args), _concrete(kwargs), options)

@@ -5,7 +5,10 @@ file, and nothing but the path asked for is touched.
   disk and renamed over the path (``os.replace``), keeping the old file's mode (and owner, where
   allowed). The temporary file is removed on every exit path, signals included
   (:mod:`stagetool.process.cleanup`).
-* A **symlink** is followed: its target is replaced, the link stays a link.
+* A **symlink** is followed: its target is replaced, the link stays a link — unless the caller
+  asks for ``follow_symlinks=False`` (the pytest plugin's snapshots): then a link, a file that is
+  not regular, or one another user owns is refused, and the rename replaces the path itself (a
+  link swapped in after the check is replaced, never written through).
 * **Anything else** that exists — a character device (``/dev/null``), a FIFO, a terminal,
   ``/dev/stdout`` — is opened and written in place: never renamed over, never read first.
 * A **read-modify-write** (``check --update`` of a shared baseline) holds an exclusive lock
@@ -147,15 +150,23 @@ def write_problem(path: str | Path) -> str | None:
     return None
 
 
-def write_atomic(path: str | Path, text: str) -> None:
+def write_atomic(path: str | Path, text: str, *, follow_symlinks: bool = True) -> None:
     """Write ``text`` (UTF-8) to ``path``: atomically for a regular file, in place for anything else.
+
+    With ``follow_symlinks=False``, only a regular file this user owns (or a new path) is written,
+    atomically, at ``path`` itself: never through a link, never a device.
 
     Raises:
       OSError: the folder does not exist or is not writable, or ``path`` is a folder; the target is
         left untouched (a regular file), and no temporary file is left behind.
+      FileProblem: (``follow_symlinks=False``) ``path`` is a symbolic link, not a regular file, or
+        owned by another user; nothing is written.
     """
     p = os.fspath(path)
     data = text.encode("utf-8", "backslashreplace")  # a lone surrogate from user code (a dict key) as \udXXX
+    if not follow_symlinks:
+        _replace(os.path.abspath(p), data, owned_regular_or_none(p))
+        return
     try:
         st: os.stat_result | None = os.stat(p)  # follows symlinks
     except FileNotFoundError:
@@ -166,6 +177,41 @@ def write_atomic(path: str | Path, text: str) -> None:
         _write_in_place(p, data, truncate=stat.S_ISREG(st.st_mode))
         return
     _replace(os.path.realpath(p), data, st)
+
+
+def owned_regular_or_none(path: str | Path) -> os.stat_result | None:
+    """``lstat`` of ``path`` when it is a regular file this user owns; None when nothing is there.
+
+    Raises:
+      FileProblem: it is a symbolic link, a folder, a device, a FIFO, or another user's file.
+    """
+    try:
+        st = os.lstat(os.fspath(path))
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise FileProblem(f"is {_kind(st.st_mode)}")
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        raise FileProblem(f"is owned by another user (uid {st.st_uid})")
+    return st
+
+
+def owned_folder(path: str | Path) -> None:
+    """Make the folder ``path`` (its parent must exist) or check the one there: a real folder this
+    user owns, not a symbolic link to one.
+
+    Raises:
+      FileProblem: ``path`` is a link, a file, or a folder of another user.
+      OSError: it cannot be made.
+    """
+    p = os.fspath(path)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(p, 0o777)
+    st = os.lstat(p)
+    if not stat.S_ISDIR(st.st_mode):
+        raise FileProblem(f"is {_kind(st.st_mode)}, not a folder")
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        raise FileProblem(f"is a folder owned by another user (uid {st.st_uid})")
 
 
 def _write_in_place(p: str, data: bytes, *, truncate: bool) -> None:

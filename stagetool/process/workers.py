@@ -208,6 +208,12 @@ def _worker(fn: Callable[[Any, Any], Any], common: Any, conn: Any, stderr: str |
     from stagetool.process.cleanup import die_with_parent
 
     gc_pause.pause()  # start-up: as the command line's own process (stagetool.process.gc_pause)
+    import multiprocessing
+
+    try:  # the parent's end takes this worker (daemon there); here, staged code may start processes
+        multiprocessing.current_process().daemon = False
+    except (AssertionError, AttributeError):
+        pass
     die_with_parent(None)  # a parent killed with SIGKILL (no handler runs) takes its workers with it
     os.setsid()  # a session of its own: killing its process group kills whatever it started
     if folder is not None:
