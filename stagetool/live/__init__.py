@@ -474,7 +474,8 @@ def function_label(fn: Any, name: Any = None) -> str:
         if not isinstance(name, str) or not name.strip():
             raise UsageError(f"stagetool.inspect: name={name!r} must be a non-empty string")
         return name
-    return getattr(fn, "__name__", None) or getattr(getattr(fn, "fun", None), "__name__", None) or "fn"
+    return (getattr(fn, "__name__", None) or getattr(getattr(fn, "fun", None), "__name__", None)
+            or getattr(fn, "fun_name", None) or "fn")  # fun_name: a jax.stages.Traced
 
 
 def _donate(donate: Any) -> tuple[int | str, ...]:
