@@ -234,3 +234,34 @@ def test_what_the_staged_function_does_to_the_process_is_contained(tmp_path, mod
     for name in ("test_mesh_at_import", "test_forks", "test_forks_process", "test_forks_pool"):
         assert got[name][0] == "passed", (name, got[name], r.stderr[-3000:])
     assert seconds < 200, seconds  # no child held the parent (each would sleep an hour)
+
+
+def test_two_tests_that_would_share_a_snapshot_file_fail_naming_both(tmp_path, monkeypatch):
+    """Methods of two classes in one file are both ``test_x``: their snapshots would be one file."""
+    import stagetool.live as live
+    from stagetool.live.pytest_plugin import StagetoolSnapshot
+
+    class Staged(Exception):
+        pass
+
+    def staged(*a, **k):
+        raise Staged()
+
+    monkeypatch.setattr(live, "run_inspect", staged)
+    owners: dict = {}
+    test_file = tmp_path / "test_m.py"
+    first = StagetoolSnapshot(test_file, "test_x", False, False, owners, "test_m.py::TestA::test_x")
+    second = StagetoolSnapshot(test_file, "test_x", False, False, owners, "test_m.py::TestB::test_x")
+
+    def step(x):
+        return x
+
+    with pytest.raises(Staged):
+        first(step, 1)
+    with pytest.raises(pytest.fail.Exception, match=r"test_m.py::TestB::test_x \(call 1 of step\) and "
+                                                    r"test_m.py::TestA::test_x \(call 1 of step\) would share the "
+                                                    r"snapshot file .*test_x.step.json"):
+        second(step, 1)
+    with pytest.raises(Staged):  # a second call in one test has a file of its own
+        first(step, 2)
+    assert first.path("step", 2).name == "test_x.step.2.json"
