@@ -52,6 +52,12 @@ NoCacheOpt = Annotated[bool, typer.Option(
 ChipOpt = Annotated[Optional[str], typer.Option(
     "--chip", help="Estimate a step-time lower bound (roofline) on this chip: tpu-v5e, h100-sxm, ... "
                    "(docs/cost-memory.md; extend the table with 'chips:' in the spec).", show_default=False)]
+MeasureOpt = Annotated[bool, typer.Option(
+    "--measure", help="Also run the step for real on the attached accelerator (random inputs of the spec's shapes, "
+                      "median of --measure-steps after warm-up) and print measured vs estimated, with the top "
+                      "instructions' device times from JAX's profiler. Not with a compile-only --topology.")]
+MeasureStepsOpt = Annotated[int, typer.Option("--measure-steps", min=1, max=10000,
+                                              help="Timed steps of --measure (their median is printed).")]
 DeviceMemoryOpt = Annotated[Optional[str], typer.Option(
     "--device-memory", help="Memory per device, e.g. 16GiB or 80GB, instead of what the device reports.",
     show_default=False)]

@@ -73,6 +73,65 @@ class ModuleText:
 
 
 @dataclasses.dataclass(frozen=True)
+class MeasuredInstruction:
+    """One HLO instruction's MEASURED device time (JAX's profiler), beside stagetool's estimate of it.
+
+    Attributes:
+      name: the HLO instruction (``fusion.12``), as the compiled module names it.
+      measured_seconds: device seconds per step, summed over its executions (the profiler's events).
+      executions: events per step (loop trip counts included).
+      estimated_seconds: stagetool's estimate of it over the step (seconds), or None where it is not among
+        the estimate's top instructions.
+    """
+
+    name: str
+    measured_seconds: float
+    executions: int
+    estimated_seconds: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredSection:
+    """``--measure``: the step run for real on the attached devices, beside the estimate.
+
+    Attributes:
+      device: ``1 × TPU v5 lite`` (count × ``device_kind``).
+      platform: ``tpu``, ``gpu`` or ``cpu``.
+      median_seconds / min_seconds / max_seconds: wall seconds of one step (MEASURED: ``block_until_ready``
+        after each call; inputs random, of the spec's shapes, dtypes and shardings).
+      spread: ``(max - min) / median``.
+      steps / warmup: timed steps (the median is over them) and untimed steps before them.
+      device_seconds: the device's own time of one step (the profiler's ``XLA Modules`` events; no host
+        dispatch or synchronisation), or None where the trace has none (the CPU backend).
+      estimated_seconds: stagetool's step-time estimate for this device (the schedule figure), or None.
+      estimate_chip: the chip the estimate is for, or None.
+      error: ``(estimated - measured) / measured``, measured being ``device_seconds`` where known (the
+        estimate is of device time), else the wall-clock median; or None.
+      instructions: the instructions taking the most measured device time, longest first.
+      instructions_reason: why ``instructions`` is empty (no profiler trace), or None.
+      notes: what the measurement assumes (the inputs drawn, the backend).
+      label: always ``"measured"``.
+    """
+
+    device: str
+    platform: str
+    median_seconds: float
+    min_seconds: float
+    max_seconds: float
+    spread: float
+    steps: int
+    warmup: int
+    device_seconds: float | None
+    estimated_seconds: float | None
+    estimate_chip: str | None
+    error: float | None
+    instructions: tuple[MeasuredInstruction, ...] = ()
+    instructions_reason: str | None = None
+    notes: tuple[str, ...] = ()
+    label: str = "measured"
+
+
+@dataclasses.dataclass(frozen=True)
 class FunctionReport:
     """Everything found about one function; a section is None when it was not asked for.
 
@@ -88,6 +147,7 @@ class FunctionReport:
       collectives: collectives, see ``stagetool.hlo.collectives``.
       why: ``stagetool why``'s answer (:class:`stagetool.analysis.why.WhyAnswer`), or None.
       modules: the roll-up per module path and phase (:mod:`stagetool.analysis.modules`), or None.
+      measured: ``--measure``'s step run for real (:class:`MeasuredSection`), or None.
       notes: short remarks for the reader (e.g. what was simulated).
       error: why the function could not be staged (JAX's message and the user's frame), or None;
         when set, every section is None and the command exits 3 after reporting the others.
@@ -115,6 +175,8 @@ class FunctionReport:
     why: WhyAnswer | None = None
     # in the JSON only when computed: reports without it read as before (the goldens, schema version 1)
     modules: ModulesSection | None = dataclasses.field(default=None, metadata={"json_omit_none": True})
+    # ``--measure`` only (an attached accelerator): the step run for real beside the estimate
+    measured: MeasuredSection | None = dataclasses.field(default=None, metadata={"json_omit_none": True})
     notes: tuple[str, ...] = ()
     error: str | None = None
     error_traceback: str | None = dataclasses.field(default=None, compare=False, metadata={"json_skip": True})

@@ -11,7 +11,7 @@ from stagetool.core.mesh import format_mesh
 from stagetool.core.text import MarkdownText, markdown_code, markdown_text
 from stagetool.core.units import dims_str, format_bytes, format_seconds, shape_str
 from stagetool.report import views
-from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
+from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, MeasuredSection, Report
 
 
 def escape(text: str) -> str:
@@ -121,7 +121,16 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
                 + _image(figures, "timeline", f"memory over time of {f.name}"))
     if f.modules is not None:
         out += _modules(f.modules)
+    if f.measured is not None:
+        out += _measured(f.measured)
     return out
+
+
+def _measured(m: MeasuredSection) -> list[str]:
+    header, rows = views.measured_rows(m)
+    return (["### Measured vs estimated (--measure)", ""] + table(header, rows, "lrrrl") + ["",
+            f"<sub>{escape(views.measured_caption(m))}</sub>", ""]
+            + [f"- {escape(n)}" for n in views.measured_notes(m)] + ([""] if views.measured_notes(m) else []))
 
 
 def _modules(m: ModulesSection) -> list[str]:

@@ -23,7 +23,7 @@ from stagetool.analysis.sections import CollectivesSection, CostSection, MemoryS
 from stagetool.core.mesh import format_mesh
 from stagetool.core.units import dims_str, format_bytes, format_seconds, shape_str
 from stagetool.report import views
-from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, Report
+from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, MeasuredSection, Report
 
 
 class ModuleHighlighter(RegexHighlighter):
@@ -186,7 +186,15 @@ def _function(f: FunctionReport, *, summary: bool = False,
         out.extend(_memory(f.memory, f.figures, f.mesh.platform))
     if f.modules is not None:
         out.extend(_modules(f.modules))
+    if f.measured is not None:
+        out.extend(_measured(f.measured))
     return out
+
+
+def _measured(m: MeasuredSection) -> list[RenderableType]:
+    header, rows = views.measured_rows(m)
+    return [_table("measured vs estimated (--measure)", header, rows, {1, 2, 3}),
+            Text(views.measured_caption(m), style="dim"), *_notes([("note", n) for n in views.measured_notes(m)])]
 
 
 def _modules(m: ModulesSection) -> list[RenderableType]:

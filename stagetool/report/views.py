@@ -19,6 +19,7 @@ from stagetool.analysis.shardings import LeafReport
 from stagetool.analysis.timeline import TimelinePeak
 from stagetool.core.sharding import Sharding
 from stagetool.core.compat import MEMORY_FIELDS_SINCE_0_11
+from typing import TYPE_CHECKING
 from stagetool.core.units import (
     dims_str,
     format_bytes,
@@ -243,6 +244,41 @@ def step_time_rows(c: CostSection, top: int = 8) -> tuple[list[str], list[list[s
     rows = [[i.name, i.opcode, format_seconds(i.total_seconds), str(i.executions), i.bound, _chain(i.source, i.via),
              _op(i.op_name)] for i in (e.top[:top] if e is not None else ())]
     return ["instruction", "opcode", "time / step", "runs", "bound", "source", "op"], rows
+
+
+if TYPE_CHECKING:
+    from stagetool.report.model import MeasuredSection
+
+
+def measured_rows(m: MeasuredSection) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)`` of ``--measure``: the step, then the top instructions, measured vs estimated."""
+    err = lambda e: "n/a" if e is None else f"{e * 100:+.0f}%"
+    wall_err = None if m.estimated_seconds is None or m.median_seconds <= 0 else \
+        (m.estimated_seconds - m.median_seconds) / m.median_seconds
+    rows = [["step (wall clock)", format_seconds(m.median_seconds), format_seconds(m.estimated_seconds),
+             err(m.error if m.device_seconds is None else wall_err), f"{m.steps} steps, spread {m.spread * 100:.1f}%"]]
+    if m.device_seconds is not None:
+        rows.append(["step (device, profiler)", format_seconds(m.device_seconds), format_seconds(m.estimated_seconds),
+                     err(m.error), "XLA Modules events"])
+    for i in m.instructions:
+        e = None if i.estimated_seconds is None or i.measured_seconds <= 0 else \
+            (i.estimated_seconds - i.measured_seconds) / i.measured_seconds
+        rows.append([i.name, format_seconds(i.measured_seconds), format_seconds(i.estimated_seconds), err(e),
+                     f"{i.executions} run{'s' if i.executions != 1 else ''}"])
+    return ["", "measured", "estimated", "error", ""], rows
+
+
+def measured_caption(m: MeasuredSection) -> str:
+    """The line under ``--measure``'s table: what was measured, on what, against which estimate."""
+    est = f"stagetool's estimate for {m.estimate_chip}" if m.estimate_chip else "no estimate (no chip for this device)"
+    return (f"measured on {m.device}: median of {m.steps} steps after {m.warmup} warm-up "
+            f"(wall clock, {format_seconds(m.min_seconds)}–{format_seconds(m.max_seconds)}); "
+            f"instructions: device time per step from JAX's profiler; estimated: {est}")
+
+
+def measured_notes(m: MeasuredSection) -> list[str]:
+    """``--measure``'s notes, and why instructions are missing."""
+    return list(m.notes) + ([f"no per-instruction times: {m.instructions_reason}"] if m.instructions_reason else [])
 
 
 def aliased_label(m: MemorySection) -> str:

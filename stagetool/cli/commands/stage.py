@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 import typer
 
 from stagetool.cli.app import app, joined
-from stagetool.cli.options import (ChipOpt, DebugOpt, DeviceMemoryOpt, FailIfOverOpt, FormatOpt, JobsOpt, OutputOpt,
-                                   PagerOpt, PeakOpt, ReportPeakOpt, Staging, TopOpt, outputs, staging_command)
+from stagetool.cli.options import (ChipOpt, DebugOpt, DeviceMemoryOpt, FailIfOverOpt, FormatOpt, JobsOpt, MeasureOpt,
+                                   MeasureStepsOpt, OutputOpt, PagerOpt, PeakOpt, ReportPeakOpt, Staging, TopOpt, outputs,
+                                   staging_command)
 from stagetool.cli.output import emit, errors, staging_status, stderr
 from stagetool.core.errors import ExitCode, UsageError
 from stagetool.report import Format
@@ -20,22 +21,46 @@ if TYPE_CHECKING:
 
 
 def _stage_and_emit(command: str, staging: Staging, fmt: Format, output: Optional[Path], *, pager: bool = False,
-                    fail_if_over: bool = False, check: Callable[[Report], None] | None = None, modules: bool = False, **more: Any) -> None:
+                    fail_if_over: bool = False, check: Callable[[Report], None] | None = None, modules: bool = False,
+                    measure: int | None = None, **more: Any) -> None:
     """Stage with the shared options (and ``more`` :class:`stagetool.pipeline.Options` fields), print
     ``command``'s sections (its own; the report's all), and with ``--fail-if-over`` the verdict.
-    ``check(report)``, when given, may refuse the report before it is printed (a ``UsageError``)."""
+    ``check(report)``, when given, may refuse the report before it is printed (a ``UsageError``).
+    ``measure`` (``--measure``: that many steps) runs each function for real on the attached devices
+    (:func:`stagetool.measure.step.measure_report`); a usage error on a compile-only target, before staging."""
     from stagetool.pipeline import REPORT_SECTIONS, Section, analyze
 
     sections = (list(REPORT_SECTIONS) + ([Section.MODULES] if modules else []) if command == "report"
                 else [Section({"lower": "lowered_text", "compile": "compiled_text"}.get(command, command))])
     options = joined(staging.options(**more, outputs=outputs(output=output)))
+    if measure is not None:
+        _measurable(options)
     with staging_status() as on_stage:
         report = analyze(options, sections, command=command, on_stage=on_stage)
+        if measure is not None:
+            from stagetool.measure.step import measure_report
+
+            report = measure_report(options, report, steps=measure)
     if check is not None:
         check(report)
     emit(report, fmt, output, pager=pager)
     if fail_if_over:
         _fail_if_over(report)
+
+
+def _measurable(options: Any) -> None:
+    """``--measure`` runs the step: refuse a compile-only target (``--topology``, ``--gpu-target-config``),
+    which has no devices to run on, before anything is staged.
+
+    Raises:
+      UsageError: the target is compile-only.
+    """
+    target = options.topology or options.gpu_target_config
+    if target:
+        flag = "--topology" if options.topology else "--gpu-target-config"
+        raise UsageError(f"--measure runs the step on the attached devices, and {flag} {target} is a compile-only "
+                         "target (nothing to run it on)",
+                         hint=f"drop {flag} on a machine with the accelerator attached, or drop --measure")
 
 
 def _fail_if_over(report: Report) -> None:
@@ -132,11 +157,12 @@ def _why_names_something(report: Report) -> None:
 
 @app.command()
 @staging_command
-def cost(staging: Staging, chip: ChipOpt = None, format: FormatOpt = Format.text,
-         output: OutputOpt = None, debug: DebugOpt = False) -> None:
-    """FLOPs, transcendentals and bytes accessed: per device (compiled) and whole program (lowered)."""
+def cost(staging: Staging, chip: ChipOpt = None, measure: MeasureOpt = False, measure_steps: MeasureStepsOpt = 10,
+         format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
+    """FLOPs, transcendentals and bytes accessed: per device (compiled) and whole program (lowered);
+    with --measure, the step run for real on the attached accelerator beside the estimate."""
     with errors(debug):
-        _stage_and_emit("cost", staging, format, output, chip=chip)
+        _stage_and_emit("cost", staging, format, output, chip=chip, measure=measure_steps if measure else None)
 
 
 @app.command()
@@ -169,12 +195,15 @@ def report(staging: Staging, chip: ChipOpt = None, device_memory: DeviceMemoryOp
                "--modules/--no-modules", help="Add the roll-up per module ('stagetool modules'). Default: on for "
                                               "--format html (a collapsible tree), off otherwise.",
                show_default=False)] = None,
+           measure: MeasureOpt = False, measure_steps: MeasureStepsOpt = 10,
            format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
-    """One screen: mesh, stage timings, shardings, collectives, cost and memory."""
+    """One screen: mesh, stage timings, shardings, collectives, cost and memory (with --measure, the step
+    run for real on the attached accelerator beside the estimate)."""
     if peak is None:  # the HTML page draws the memory timeline: it costs no second compile
         peak = format is Format.html
     if modules is None:  # the HTML page folds it into a tree; the other formats keep their one screen
         modules = format is Format.html
     with errors(debug):
         _stage_and_emit("report", staging, format, output, fail_if_over=fail_if_over, device_memory=device_memory,
-                        chip=chip, peak=peak, top=top, jobs=jobs, modules=modules)
+                        chip=chip, peak=peak, top=top, jobs=jobs, modules=modules,
+                        measure=measure_steps if measure else None)

@@ -1,0 +1,109 @@
+"""Measure the step-time suite on the attached accelerator: every function of suite.stagetool.yaml staged
+by stagetool for the attached device(s), run on random inputs of its spec's shapes (median of --steps after
+--warmup; donated inputs copied outside the timing), and its top instructions timed by JAX's profiler.
+
+Writes ``measured.json`` (after each program, so that a cut-off run keeps what it measured):
+``{"programs": {name: {"measured_seconds", "timing", "wall_seconds", "pipelined_seconds",
+"device_seconds", "spread", "steps", "spec", "function", "notes", "top_instructions": [[hlo_name,
+seconds per step], ...]}}, "jax", "jaxlib", "libtpu", "device_kind", "command", "date"}``.
+``measured_seconds`` is the device's own time of one step (the profiler's ``XLA Modules`` events) where
+the trace has it, else the wall-clock median of a blocked step (``timing`` says which); ``wall_seconds``
+adds the host's dispatch and synchronisation (about 0.6 ms on the lent v5e machine), and
+``pipelined_seconds`` is a step of --steps calls issued back to back and blocked on once. Exits 0 with a message where no accelerator is attached (``--allow-cpu`` measures
+the CPU anyway, for a check of the runner itself).
+
+Usage: python bench/step_time_suite/run.py [--out measured.json] [--only a,b] [--steps 10] [--warmup 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO))
+SPEC = HERE / "suite.stagetool.yaml"
+
+#: integer inputs are drawn from [0, INT_HIGH[name]) (default 1024): ids of rows, positions, labels
+INT_HIGH = {"embedding_scatter_add": 65536, "llama_train": 16000, "llama_prefill": 16000,
+            "gpt2_f32_train": 50257, "decode_b32": 2048, "decode_b1": 4096}
+
+
+def programs() -> list[tuple[str, str]]:
+    """``(name, target)`` of every function of the suite's spec, in its order."""
+    import yaml
+
+    doc = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    return [(name, f["target"]) for name, f in doc["functions"].items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("measured.json"))
+    p.add_argument("--only", help="comma-separated function names")
+    p.add_argument("--skip", help="comma-separated function names to leave out")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--top", type=int, default=10, help="instructions kept per program (by measured time)")
+    p.add_argument("--allow-cpu", action="store_true", help="measure on the CPU backend (a check of the runner)")
+    args = p.parse_args(argv)
+
+    from stagetool.measure.calibrate import versions
+    from stagetool.measure.step import StepRunner
+    from stagetool.measure.timing import attached_accelerator
+
+    platform, kind, n = attached_accelerator()
+    if platform == "cpu" and not args.allow_cpu:
+        print(f"no accelerator attached (JAX's default backend is the CPU: {kind}): nothing to measure")
+        return 0
+    from stagetool import Options, staged_functions
+
+    names = [(nm, t) for nm, t in programs()
+             if (not args.only or nm in args.only.split(",")) and (not args.skip or nm not in args.skip.split(","))]
+    doc = {"programs": {}, **versions(), "device_kind": kind, "platform": platform, "devices": n,
+           "command": "python bench/step_time_suite/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if args.out.exists():  # a rerun adds to what an earlier (cut-off) run measured
+        old = json.loads(args.out.read_text(encoding="utf-8"))
+        doc["programs"] = old.get("programs", {})
+    started = time.monotonic()
+    for name, target in names:
+        row: dict = {"spec": "bench/step_time_suite/suite.stagetool.yaml", "function": f"bench/step_time_suite/{target}"}
+        try:
+            t0 = time.monotonic()
+            _, inputs, staged = next(staged_functions(Options(spec=SPEC, function=name)))
+            compile_s = time.monotonic() - t0
+            runner = StepRunner(staged, inputs, int_high=INT_HIGH.get(name, 1024))
+            t = runner.time(steps=args.steps, warmup=args.warmup)
+            pipelined = runner.time_pipelined(args.steps)
+            ops, why, device_s = runner.profile(3)
+            top = sorted(ops.items(), key=lambda kv: (-kv[1][0], kv[0]))[: args.top]
+            row.update(measured_seconds=device_s if device_s else t.median_seconds,
+                       timing="device (profiler XLA Modules)" if device_s else "wall clock (blocked step)",
+                       wall_seconds=t.median_seconds, pipelined_seconds=pipelined, device_seconds=device_s,
+                       min_seconds=t.min_seconds, max_seconds=t.max_seconds,
+                       spread=t.spread, steps=t.samples, warmup=t.warmup,
+                       profiled_seconds=sum(s for s, _ in ops.values()) if ops else None,
+                       top_instructions=[[op, s] for op, (s, _) in top],
+                       notes=(f"median of {t.samples} steps after {t.warmup} warm-up (wall clock, block_until_ready); "
+                              f"integers in [0, {INT_HIGH.get(name, 1024)}); compile {compile_s:.1f} s"
+                              + (f"; profiler: {why}" if why else "")))
+        except Exception as e:  # noqa: BLE001 - one program's failure is its row
+            row.update(measured_seconds=None, top_instructions=[],
+                       notes=f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400])
+        doc["programs"][name] = row
+        runner = staged = inputs = None  # free this program's arrays before the next one
+        args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        ms = row["measured_seconds"]
+        print(f"{name}: {'%.4g ms' % (ms * 1e3) if ms else row['notes']}  (at {time.monotonic() - started:.0f} s)",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,404 @@
+"""``stagetool calibrate``: micro-benchmarks of the attached accelerator, and the chip profile (a
+spec's ``chips:`` entry, YAML) made from them.
+
+Each benchmark is one jitted program on arrays already on the device, timed by
+:func:`stagetool.measure.timing.time_calls` (warm-up, then the median of ``repeats`` samples); its
+rate is ``work / median seconds``, MEASURED on the attached chip (one device):
+
+========================  =========================================================================
+profile key               benchmark (work counted)
+========================  =========================================================================
+matmul_flops_per_second   square matmuls, 2·n³ FLOPs: ``bf16`` (bf16 × bf16 → f32 accumulate),
+                          ``f32`` (Precision.DEFAULT, what XLA really compiles), ``f32_highest``
+                          (Precision.HIGHEST), ``int8`` (s8 × s8 → s32)
+hbm_copy_bytes_per_second a copy of a large f32 array: bytes read + written
+elementwise_bytes_...     ``x * 1.5 + y`` over large f32 arrays (one fusion): bytes read + written
+reduction_bytes_...       row sums of a large f32 matrix: bytes read
+transcendentals_...       a fused chain of ``tanh`` over an f32 array: elements × chain length
+gather_bytes_...          a row gather (random row ids) from a large f32 table: bytes read + written
+scatter_bytes_...         a scatter-add of rows into a donated f32 table: update bytes read, table
+                          rows read and written (3 × the updates' bytes)
+kernel_overhead_seconds   chains of small dependent ``tanh(x @ w)`` fusions of two lengths: the
+                          difference in time over the difference in kernels
+collective_latency_...    (several devices only) an all-reduce of 8 floats per device
+========================  =========================================================================
+
+Shape classes beside the profile's figures (a 32-row matmul, medium squares, the host's dispatch
+cost) are in the JSON and as comments of the YAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+from typing import Any, Callable
+
+from stagetool.measure.timing import Timing, time_calls
+
+#: the array sizes of the benchmarks: ``full`` on an accelerator; ``tiny`` for tests on the CPU
+SIZES: dict[str, dict[str, int]] = {
+    "full": {"mm": 8192, "mm_mid": 4096, "mm_small": 1024, "mm_rows": 32, "hi": 4096, "vec": 64 * 2**20,
+             "rows": 16384, "cols": 8192, "chain": 32, "table": 262144, "width": 512, "lookups": 131072,
+             "kern": 256, "k_short": 64, "k_long": 512, "coll": 16 * 2**20},
+    "tiny": {"mm": 128, "mm_mid": 64, "mm_small": 32, "mm_rows": 8, "hi": 64, "vec": 4096, "rows": 64,
+             "cols": 128, "chain": 4, "table": 512, "width": 16, "lookups": 256, "kern": 16, "k_short": 2,
+             "k_long": 6, "coll": 1024},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkResult:
+    """One micro-benchmark's measurement.
+
+    Attributes:
+      name: ``matmul_bf16``, ``hbm_copy``, ...
+      key: the profile key its rate feeds (``matmul_flops_per_second.bf16``), or None (a shape class
+        recorded beside the profile).
+      shape: what ran, as text (``bf16[8192,8192] @ bf16[8192,8192]``).
+      work: the work of one call, in ``unit`` (FLOPs, bytes, elements, kernels).
+      unit: ``FLOP``, ``byte``, ``element`` or ``second`` (a fixed cost: ``rate`` is then seconds).
+      timing: the measured seconds per call.
+      rate: ``work / timing.median_seconds`` (per second), or for unit ``second`` the fixed cost
+        itself (seconds).
+    """
+
+    name: str
+    key: str | None
+    shape: str
+    work: float
+    unit: str
+    timing: Timing
+    rate: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "shape": self.shape, "work": self.work, "unit": self.unit,
+                "rate": self.rate, "timing": self.timing.to_json()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """What ``stagetool calibrate`` measured on the attached devices.
+
+    Attributes:
+      chip: the profile's name (``tpu-v5e``).
+      device_kind / platform / devices: ``jax.devices()[0].device_kind``, its platform, how many.
+      versions: ``{"jax": ..., "jaxlib": ..., "libtpu": ...}`` (None where not installed).
+      date: ISO date (UTC) of the run.
+      command: the command line that ran it.
+      results: every benchmark, in the order run.
+      notes: what was not measured and why.
+    """
+
+    chip: str
+    device_kind: str
+    platform: str
+    devices: int
+    versions: dict[str, str | None]
+    date: str
+    command: str
+    results: tuple[BenchmarkResult, ...]
+    notes: tuple[str, ...] = ()
+
+    def figures(self) -> dict[str, Any]:
+        """The profile's keys → measured values (nested for ``matmul_flops_per_second``)."""
+        out: dict[str, Any] = {}
+        for r in self.results:
+            if r.key is None:
+                continue
+            head, _, sub = r.key.partition(".")
+            if sub:
+                out.setdefault(head, {})[sub] = r.rate
+            else:
+                out[head] = r.rate
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chip": self.chip, "device_kind": self.device_kind, "platform": self.platform,
+                "devices": self.devices, "versions": self.versions, "date": self.date, "command": self.command,
+                "figures": self.figures(), "benchmarks": [r.to_json() for r in self.results],
+                "notes": list(self.notes)}
+
+
+def versions() -> dict[str, str | None]:
+    """The installed jax, jaxlib and libtpu versions (None where a distribution is not installed)."""
+    import importlib.metadata as md
+
+    out: dict[str, str | None] = {}
+    for name in ("jax", "jaxlib", "libtpu"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    if out["libtpu"] is None:
+        try:
+            out["libtpu"] = md.version("libtpu-nightly")
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def _rand(key: int, shape: tuple[int, ...], dtype: Any) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    k = jax.random.key(key)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jax.random.randint(k, shape, -100, 100, jnp.int32).astype(dtype)
+    return jax.random.normal(k, shape, jnp.float32).astype(dtype)
+
+
+def _matmul(name: str, key: str | None, m: int, k: int, n: int, dtype: str, precision: Any = None,
+            out: str | None = None) -> Callable[[Callable[..., Timing]], BenchmarkResult]:
+    import jax
+    import jax.numpy as jnp
+
+    dt = jnp.dtype(dtype)
+
+    def run(timer: Callable[..., Timing]) -> BenchmarkResult:
+        a, b = _rand(1, (m, k), dt), _rand(2, (k, n), dt)
+        pref = jnp.dtype(out) if out else None
+        f = jax.jit(lambda a, b: jax.lax.dot(a, b, precision=precision, preferred_element_type=pref))
+        t = timer(lambda: f(a, b))
+        flops = 2.0 * m * k * n
+        p = f" precision={precision}" if precision is not None else ""
+        return BenchmarkResult(name, key, f"{dt.name}[{m},{k}] @ {dt.name}[{k},{n}]{p}", flops, "FLOP", t,
+                               flops / t.median_seconds)
+    run.benchmark_name = name  # type: ignore[attr-defined]
+    return run
+
+
+def _bandwidth(name: str, key: str, build: Callable[[], tuple[Callable[[], Any], float, str]]
+               ) -> Callable[[Callable[..., Timing]], BenchmarkResult]:
+    def run(timer: Callable[..., Timing]) -> BenchmarkResult:
+        call, work, shape = build()
+        t = timer(call)
+        return BenchmarkResult(name, key, shape, work, "byte" if key != "transcendentals_per_second" else "element",
+                               t, work / t.median_seconds)
+    run.benchmark_name = name  # type: ignore[attr-defined]
+    return run
+
+
+def benchmarks(sizes: dict[str, int], devices: int = 1) -> list[Callable[[Callable[..., Timing]], BenchmarkResult]]:
+    """The benchmarks to run, in order (each a function of the timer that returns its result)."""
+    import jax
+    import jax.numpy as jnp
+
+    s = sizes
+    hi = jax.lax.Precision.HIGHEST
+    out: list[Callable[[Callable[..., Timing]], BenchmarkResult]] = [
+        _matmul("matmul_bf16", "matmul_flops_per_second.bf16", s["mm"], s["mm"], s["mm"], "bfloat16"),
+        _matmul("matmul_f32", "matmul_flops_per_second.f32", s["mm"], s["mm"], s["mm"], "float32"),
+        _matmul("matmul_f32_highest", "matmul_flops_per_second.f32_highest", s["hi"], s["hi"], s["hi"], "float32", hi),
+        _matmul("matmul_int8", "matmul_flops_per_second.int8", s["mm"], s["mm"], s["mm"], "int8", out="int32"),
+        _matmul("matmul_bf16_medium", None, s["mm_mid"], s["mm_mid"], s["mm_mid"], "bfloat16"),
+        _matmul("matmul_bf16_small", None, s["mm_small"], s["mm_small"], s["mm_small"], "bfloat16"),
+        _matmul("matmul_bf16_rows", None, s["mm_rows"], s["mm"], s["mm"], "bfloat16"),
+    ]
+
+    def copy():
+        x = _rand(3, (s["vec"],), jnp.float32)
+        f = jax.jit(lambda x: jnp.copy(x))
+        return (lambda: f(x)), 2.0 * x.nbytes, f"copy f32[{s['vec']}]"
+
+    def elementwise():
+        x, y = _rand(4, (s["vec"],), jnp.float32), _rand(5, (s["vec"],), jnp.float32)
+        f = jax.jit(lambda x, y: x * 1.5 + y)
+        return (lambda: f(x, y)), 3.0 * x.nbytes, f"x * 1.5 + y over f32[{s['vec']}]"
+
+    def reduction():
+        x = _rand(6, (s["rows"], s["cols"]), jnp.float32)
+        f = jax.jit(lambda x: x.sum(-1))
+        return (lambda: f(x)), float(x.nbytes), f"row sums of f32[{s['rows']},{s['cols']}]"
+
+    def transcendental():
+        x = _rand(7, (s["vec"] // 2,), jnp.float32)
+
+        def chain(x):
+            for _ in range(s["chain"]):
+                x = jnp.tanh(x) * 1.01
+            return x
+        f = jax.jit(chain)
+        return (lambda: f(x)), float(s["chain"] * x.size), f"{s['chain']} chained tanh over f32[{x.size}]"
+
+    def gather():
+        table = _rand(8, (s["table"], s["width"]), jnp.float32)
+        ids = jax.random.randint(jax.random.key(9), (s["lookups"],), 0, s["table"], jnp.int32)
+        f = jax.jit(lambda t, i: t[i])
+        return (lambda: f(table, ids)), 2.0 * s["lookups"] * s["width"] * 4, \
+            f"rows f32[{s['table']},{s['width']}][i32[{s['lookups']}]]"
+
+    def scatter():
+        state = [_rand(10, (s["table"], s["width"]), jnp.float32)]
+        ids = jax.random.randint(jax.random.key(11), (s["lookups"],), 0, s["table"], jnp.int32)
+        upd = _rand(12, (s["lookups"], s["width"]), jnp.float32)
+        f = jax.jit(lambda t, i, u: t.at[i].add(u), donate_argnums=0)
+
+        def call():
+            state[0] = f(state[0], ids, upd)
+            return state[0]
+        return call, 3.0 * upd.nbytes, f"f32[{s['table']},{s['width']}].at[i32[{s['lookups']}]].add (donated)"
+
+    out += [_bandwidth("hbm_copy", "hbm_copy_bytes_per_second", copy),
+            _bandwidth("elementwise", "elementwise_bytes_per_second", elementwise),
+            _bandwidth("reduction", "reduction_bytes_per_second", reduction),
+            _bandwidth("transcendental", "transcendentals_per_second", transcendental),
+            _bandwidth("gather", "gather_bytes_per_second", gather),
+            _bandwidth("scatter_add", "scatter_bytes_per_second", scatter),
+            _kernel_overhead(s), _dispatch()]
+    if devices > 1:
+        out.append(_all_reduce(s, devices))
+    return out
+
+
+def _kernel_overhead(s: dict[str, int]) -> Callable[[Callable[..., Timing]], BenchmarkResult]:
+    import jax
+    import jax.numpy as jnp
+
+    def run(timer: Callable[..., Timing]) -> BenchmarkResult:
+        x = _rand(13, (s["kern"], s["kern"]), jnp.bfloat16)
+        w = _rand(14, (s["kern"], s["kern"]), jnp.bfloat16) * 0.01
+
+        def chain(n):
+            def f(x, w):
+                for _ in range(n):
+                    x = jnp.tanh(x @ w)
+                return x
+            return jax.jit(f)
+        short, long = chain(s["k_short"]), chain(s["k_long"])
+        ts, tl = timer(lambda: short(x, w)), timer(lambda: long(x, w))
+        per = max(tl.median_seconds - ts.median_seconds, 0.0) / (s["k_long"] - s["k_short"])
+        lo = max(tl.min_seconds - ts.max_seconds, 0.0) / (s["k_long"] - s["k_short"])
+        hi = max(tl.max_seconds - ts.min_seconds, 0.0) / (s["k_long"] - s["k_short"])
+        t = Timing(per, lo, hi, (hi - lo) / per if per > 0 else 0.0, min(ts.samples, tl.samples), tl.inner, tl.warmup)
+        return BenchmarkResult("kernel_overhead", "kernel_overhead_seconds",
+                               f"{s['k_long']} vs {s['k_short']} chained tanh(bf16[{s['kern']},{s['kern']}] @ w) "
+                               "fusions: time difference / kernel difference", 1.0, "second", t, per)
+    run.benchmark_name = "kernel_overhead"  # type: ignore[attr-defined]
+    return run
+
+
+def _dispatch() -> Callable[[Callable[..., Timing]], BenchmarkResult]:
+    import jax
+    import jax.numpy as jnp
+
+    def run(timer: Callable[..., Timing]) -> BenchmarkResult:
+        x = jnp.zeros((8,), jnp.float32)
+        f = jax.jit(lambda x: x + 1)
+        t = timer(lambda: f(x), inner=1)
+        return BenchmarkResult("dispatch", None, "f32[8] + 1, one call then block_until_ready (host round trip)",
+                               1.0, "second", t, t.median_seconds)
+    run.benchmark_name = "dispatch"  # type: ignore[attr-defined]
+    return run
+
+
+def _all_reduce(s: dict[str, int], n: int) -> Callable[[Callable[..., Timing]], BenchmarkResult]:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    def run(timer: Callable[..., Timing]) -> BenchmarkResult:
+        mesh = Mesh(jax.devices(), ("d",))
+        x = jax.device_put(jnp.ones((n * 8,), jnp.float32), NamedSharding(mesh, P("d")))
+        f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "d"), mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+        t = timer(lambda: f(x))
+        return BenchmarkResult("all_reduce_latency", "collective_latency_seconds",
+                               f"psum of f32[8] per device over {n} devices", 1.0, "second", t, t.median_seconds)
+    run.benchmark_name = "all_reduce_latency"  # type: ignore[attr-defined]
+    return run
+
+
+def calibrate(*, chip: str, command: str, size: str = "full", repeats: int = 10, warmup: int = 2,
+              on_result: Callable[[BenchmarkResult], None] | None = None,
+              only: frozenset[str] | None = None) -> Calibration:
+    """Run every benchmark on JAX's default backend.
+
+    Args:
+      chip: the profile's name.
+      command: the command line, recorded in the profile.
+      size: ``full`` (an accelerator) or ``tiny`` (tests on the CPU; figures meaningless).
+      repeats / warmup: samples per benchmark and untimed calls before them.
+      on_result: called with each result as it is measured (progress).
+      only: run only the benchmarks of these names (tests), or None for all.
+
+    Returns:
+      The :class:`Calibration`.
+    """
+    import jax
+
+    devices = jax.devices()
+    timer = lambda call, inner=None: time_calls(call, warmup=warmup, repeats=repeats, inner=inner)
+    results = []
+    for bench in benchmarks(SIZES[size], len(devices)):
+        if only is not None and getattr(bench, "benchmark_name", None) not in only:
+            continue
+        r = bench(timer)
+        results.append(r)
+        if on_result is not None:
+            on_result(r)
+    notes = () if len(devices) > 1 else ("one device: collectives not measured (the profile keeps the chip "
+                                         "table's link figures)",)
+    if devices[0].platform == "cpu":
+        notes += ("measured on the CPU backend: the figures describe this host, not an accelerator",)
+    return Calibration(chip=chip, device_kind=devices[0].device_kind, platform=devices[0].platform,
+                       devices=len(devices), versions=versions(),
+                       date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(), command=command,
+                       results=tuple(results), notes=notes)
+
+
+def _num(x: float) -> str:
+    """A float YAML reads back as a float (``1.620e+14``; PyYAML needs the dot and the signed exponent)."""
+    if not math.isfinite(x):
+        raise ValueError(f"not a finite figure: {x}")
+    return f"{x:.4e}"
+
+
+def _quote(text: str) -> str:
+    import json
+
+    return json.dumps(text, ensure_ascii=False)
+
+
+def profile_yaml(cal: Calibration) -> str:
+    """The chip profile as YAML: a ``chips:`` mapping with one entry, every figure commented with the
+    benchmark it comes from (shape, median and spread), and the provenance under ``profile:``.
+
+    Load it with ``--chip NAME`` after putting the ``chips:`` entry in the spec (or ``--chips FILE``
+    where the command takes one); :func:`stagetool.core.chips.merge_chips` parses it.
+    """
+    def comment(r: BenchmarkResult) -> str:
+        t = r.timing
+        return (f"  # {r.shape}: median {t.median_seconds * 1e3:.4g} ms of {t.samples}×{t.inner} calls, "
+                f"spread {t.spread * 100:.1f}%")
+
+    by_key = {r.key: r for r in cal.results if r.key}
+    lines = [f"# Chip profile measured by `{cal.command}` on {cal.devices} × {cal.device_kind} ({cal.platform}),",
+             f"# {cal.date}, jax {cal.versions.get('jax')}, jaxlib {cal.versions.get('jaxlib')}, "
+             f"libtpu {cal.versions.get('libtpu')}. Every rate is MEASURED for one chip: work / median seconds.",
+             *(f"# note: {n}" for n in cal.notes),
+             "chips:", f"  {cal.chip}:"]
+    mm = [(k.split(".", 1)[1], r) for k, r in by_key.items() if k.startswith("matmul_flops_per_second.")]
+    if mm:
+        lines.append("    matmul_flops_per_second:")
+        for sub, r in mm:
+            lines.append(f"      {sub}: {_num(r.rate)}{comment(r)}")
+    tile = [128, 128] if cal.platform == "tpu" else None
+    if tile:
+        lines.append(f"    matmul_tile: {tile}  # the MXU tile of the TPU (architecture, not measured)")
+    for key, r in by_key.items():
+        if not key.startswith("matmul_flops_per_second."):
+            lines.append(f"    {key}: {_num(r.rate)}{comment(r)}")
+    extra = [r for r in cal.results if r.key is None]
+    if extra:
+        lines.append("    # shape classes and costs beside the profile (not keys of it):")
+        for r in extra:
+            val = f"{r.rate * 1e6:.4g} µs" if r.unit == "second" else f"{r.rate:.4e} {r.unit}/s"
+            lines.append(f"    #   {r.name}: {val}; {comment(r).strip()[2:]}")
+    lines += ["    profile:",
+              f"      measured_on: {_quote(cal.device_kind)}",
+              f"      date: {_quote(cal.date)}"]
+    for name in ("jax", "jaxlib", "libtpu"):
+        v = cal.versions.get(name)
+        lines.append(f"      {name}: {_quote(v) if v else 'null'}")
+    lines.append(f"      command: {_quote(cal.command)}")
+    return "\n".join(lines) + "\n"

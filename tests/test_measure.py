@@ -1,0 +1,190 @@
+"""Measuring on the attached accelerator (issue 39: ``stagetool calibrate``, ``cost --measure``, the
+profiler's per-instruction times), tested on the CPU backend: the statistics and the timing loop with a
+fake clock, the profiler trace reader on a hand-made trace, the chip profile's YAML, the refusals (exit 2),
+and --measure end to end on a tiny program (the figures are the CPU's; the logic is the chip's)."""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from helpers import run_cli  # noqa: F401 - fixture
+
+from stagetool.measure.calibrate import BenchmarkResult, Calibration, calibrate, profile_yaml
+from stagetool.measure.timing import Timing, summarize, time_calls
+from stagetool.measure.trace import device_module_seconds, device_op_seconds, hlo_name
+
+
+def test_summarize_gives_the_median_the_extremes_and_the_relative_spread():
+    t = summarize([0.003, 0.001, 0.002, 0.010], inner=4, warmup=2)
+    assert (t.median_seconds, t.min_seconds, t.max_seconds) == (0.0025, 0.001, 0.010)
+    assert t.spread == pytest.approx((0.010 - 0.001) / 0.0025)
+    assert (t.samples, t.inner, t.warmup) == (4, 4, 2)
+    with pytest.raises(ValueError):
+        summarize([])
+    with pytest.raises(ValueError):
+        summarize([0.1, float("nan")])
+
+
+def test_time_calls_warms_up_then_sizes_its_samples_from_the_last_warm_up_call():
+    now, calls = [0.0], []
+
+    def call():  # each call "takes" 2 ms on the fake clock
+        calls.append(1)
+        now[0] += 0.002
+
+    t = time_calls(call, warmup=2, repeats=5, target_sample_seconds=0.02, clock=lambda: now[0], block=lambda out: out)
+    assert t.inner == 10  # 20 ms of samples / 2 ms per call
+    assert len(calls) == 2 + 5 * 10
+    assert t.median_seconds == pytest.approx(0.002) and t.spread == pytest.approx(0.0, abs=1e-9)
+    fixed = time_calls(call, warmup=0, repeats=3, inner=1, clock=lambda: now[0], block=lambda out: out)
+    assert (fixed.inner, fixed.samples, fixed.warmup) == (1, 3, 0)
+
+
+def _ev(name, ns, **stats):
+    return SimpleNamespace(name=name, duration_ns=ns, stats=list(stats.items()))
+
+
+def _trace():
+    tpu_ops = [_ev("%fusion.3 = bf16[8]{0} fusion(bf16[8]{0} %x), kind=kLoop, calls=%f", 3000),
+               _ev("%fusion.3 = bf16[8]{0} fusion(bf16[8]{0} %x), kind=kLoop, calls=%f", 1000),
+               _ev("%copy.1 = f32[4]{0} copy(f32[4]{0} %y)", 500)]
+    device = SimpleNamespace(name="/device:TPU:0", lines=[SimpleNamespace(name="XLA Ops", events=tpu_ops),
+                                                          SimpleNamespace(name="XLA Modules",
+                                                                          events=[_ev("jit_f", 6000), _ev("jit_f", 4000)])])
+    host = SimpleNamespace(name="/host:CPU", lines=[SimpleNamespace(name="python", events=[_ev("f", 99000)])])
+    return SimpleNamespace(planes=[host, device])
+
+
+def test_the_trace_reader_sums_device_instructions_by_hlo_name_per_step():
+    assert hlo_name("%fusion.3 = bf16[8]{0} fusion(...)") == "fusion.3" and hlo_name("dot.1") == "dot.1"
+    ops = device_op_seconds(_trace(), steps=2)
+    assert ops == {"copy.1": (pytest.approx(0.25e-6), 0), "fusion.3": (pytest.approx(2e-6), 1)}
+    assert device_module_seconds(_trace(), steps=2) == pytest.approx(5e-6)  # (6 + 4) µs over 2 steps
+
+
+def test_on_the_cpu_backend_the_trace_reader_falls_back_to_hlo_op_host_events():
+    host = SimpleNamespace(name="/host:CPU", lines=[SimpleNamespace(name="tf_XLA", events=[
+        _ev("ynn_fusion", 2000, hlo_op="ynn_fusion", hlo_module="jit_f"), _ev("ThreadpoolListener::Record", 0)])])
+    space = SimpleNamespace(planes=[host])
+    assert device_op_seconds(space, steps=1) == {"ynn_fusion": (pytest.approx(2e-6), 1)}
+    assert device_module_seconds(space, steps=1) is None
+
+
+def _calibration(results):
+    return Calibration(chip="tpu-v5e", device_kind="TPU v5 lite", platform="tpu", devices=1,
+                       versions={"jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": "0.0.42.1"}, date="2026-12-06",
+                       command="stagetool calibrate -o tpu-v5e.yaml", results=tuple(results),
+                       notes=("one device: collectives not measured",))
+
+
+def test_the_profile_yaml_reads_back_as_the_contract_s_chips_entry():
+    t = Timing(0.006113, 0.0061, 0.00615, 0.008, 10, 3, 2)
+    flops = 2.0 * 8192**3
+    cal = _calibration([BenchmarkResult("matmul_bf16", "matmul_flops_per_second.bf16", "bf16[8192,8192] @ ...", flops,
+                                        "FLOP", t, flops / t.median_seconds),
+                        BenchmarkResult("hbm_copy", "hbm_copy_bytes_per_second", "copy f32[67108864]", 2 * 2.0**28,
+                                        "byte", t, 2 * 2.0**28 / t.median_seconds),
+                        BenchmarkResult("dispatch", None, "f32[8] + 1", 1.0, "second", t, t.median_seconds)])
+    text = profile_yaml(cal)
+    entry = yaml.safe_load(text)["chips"]["tpu-v5e"]
+    assert entry["matmul_flops_per_second"]["bf16"] == pytest.approx(flops / 0.006113, rel=1e-4)
+    assert isinstance(entry["hbm_copy_bytes_per_second"], float)
+    assert entry["hbm_copy_bytes_per_second"] == pytest.approx(2 * 2.0**28 / 0.006113, rel=1e-4)
+    assert entry["matmul_tile"] == [128, 128]
+    assert entry["profile"] == {"measured_on": "TPU v5 lite", "date": "2026-12-06", "jax": "0.10.2",
+                                "jaxlib": "0.10.2", "libtpu": "0.0.42.1", "command": "stagetool calibrate -o tpu-v5e.yaml"}
+    assert "dispatch" not in entry and "#   dispatch: 6113 µs" in text  # shape classes are comments only
+    assert "median 6.113 ms of 10×3 calls, spread 0.8%" in text
+    from stagetool.core.chips import Chip, merge_chips
+
+    if "matmul_flops_per_second" not in {f.name for f in dataclasses.fields(Chip)}:
+        pytest.skip("the chip table does not have the calibrated fields yet (model39's Chip)")
+    chip = merge_chips(yaml.safe_load(text)["chips"])["tpu-v5e"]
+    assert chip.matmul_flops_per_second["bf16"] == pytest.approx(flops / 0.006113, rel=1e-4)
+
+
+def test_calibrate_times_each_benchmark_and_its_rate_is_the_analytic_work_over_the_median():
+    cal = calibrate(chip="test-cpu", command="test", size="tiny", repeats=3, warmup=1,
+                    only=frozenset({"matmul_bf16", "elementwise", "scatter_add"}))
+    by = {r.name: r for r in cal.results}
+    assert list(by) == ["matmul_bf16", "elementwise", "scatter_add"]
+    assert by["matmul_bf16"].work == 2 * 128**3  # SIZES["tiny"]["mm"]
+    assert by["elementwise"].work == 3 * 4096 * 4  # x, y read and the result written, f32
+    assert by["scatter_add"].work == 3 * 256 * 16 * 4
+    for r in cal.results:
+        assert r.timing.samples == 3 and r.timing.min_seconds <= r.timing.median_seconds <= r.timing.max_seconds
+        assert r.rate == r.work / r.timing.median_seconds
+    assert cal.figures() == {"matmul_flops_per_second": {"bf16": by["matmul_bf16"].rate},
+                             "elementwise_bytes_per_second": by["elementwise"].rate,
+                             "scatter_bytes_per_second": by["scatter_add"].rate}
+    assert any("CPU backend" in n for n in cal.notes)
+
+
+def test_calibrate_refuses_the_cpu_backend_before_any_work(run_cli):
+    r = run_cli("calibrate", check=2)
+    assert "none is attached" in r.stderr and "CPU" in r.stderr and r.stdout == ""
+    r = run_cli("calibrate", "--format", "toml", check=2)
+    assert "--format toml" in r.stderr
+
+
+@pytest.fixture
+def tiny_step(tmp_path, monkeypatch):
+    (tmp_path / "step.py").write_text(textwrap.dedent("""
+        import jax.numpy as jnp
+
+        def step(x, w, ids):
+            return jnp.tanh(x @ w).sum() + x[ids].sum()
+        """))
+    (tmp_path / "step.stagetool.yaml").write_text(textwrap.dedent("""
+        version: 1
+        mesh: {axes: {data: 1}}
+        functions:
+          step:
+            target: step.py:step
+            args: ['f32[64,64]', 'f32[64,64]', 'i32[16]']
+        """))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_measure_refuses_a_compile_only_target_before_staging(run_cli, tiny_step):
+    r = run_cli("cost", "--spec", "step.stagetool.yaml", "--topology", "v5e:1x1", "--measure", check=2)
+    assert "--measure" in r.stderr and "compile-only" in r.stderr and "--topology v5e:1x1" in r.stderr
+    assert r.stdout == ""
+
+
+def test_cost_measure_runs_the_step_and_puts_measured_beside_the_estimate(run_cli, tiny_step):
+    doc = run_cli("cost", "--spec", "step.stagetool.yaml", "--chip", "tpu-v5e", "--measure", "--measure-steps", "3",
+                  "--format", "json", check=0).json()
+    f = doc["functions"][0]
+    m, est = f["measured"], f["cost"]["step_time"]
+    assert m["label"] == "measured" and m["platform"] == "cpu" and m["steps"] == 3 and m["warmup"] == 2
+    assert 0 < m["min_seconds"] <= m["median_seconds"] <= m["max_seconds"]
+    assert m["device_seconds"] is None  # the CPU backend's trace has no device plane
+    assert m["estimated_seconds"] == est["schedule_seconds"] and m["estimate_chip"] == "tpu-v5e"
+    assert m["error"] == pytest.approx((est["schedule_seconds"] - m["median_seconds"]) / m["median_seconds"])
+    assert any("CPU backend" in n for n in m["notes"]) and any("[0, 1024)" in n for n in m["notes"])
+    top = {i["name"]: i["total_seconds"] for i in est["top"]}
+    assert m["instructions"], m["instructions_reason"]
+    for i in m["instructions"]:
+        assert i["measured_seconds"] >= 0 and i["estimated_seconds"] == top.get(i["name"])
+    assert any(i["estimated_seconds"] is not None for i in m["instructions"])  # the same HLO names both sides
+    text = run_cli("cost", "--spec", "step.stagetool.yaml", "--measure", "--measure-steps", "2", check=0).stdout
+    assert "measured vs estimated (--measure)" in text and "step (wall clock)" in text and "CPU backend" in text
+
+
+def test_concrete_inputs_draw_integers_below_int_high_and_keep_dtypes():
+    import jax
+    import jax.numpy as jnp
+
+    from stagetool.measure.step import concrete_inputs
+
+    tree = {"ids": jax.ShapeDtypeStruct((4096,), jnp.int32), "x": jax.ShapeDtypeStruct((8, 8), jnp.bfloat16),
+            "flag": jax.ShapeDtypeStruct((16,), jnp.bool_), "n": 3}
+    out = concrete_inputs(tree, 0, int_high=50)
+    assert int(out["ids"].min()) >= 0 and int(out["ids"].max()) < 50 and len(set(out["ids"].tolist())) > 40
+    assert out["x"].dtype == jnp.bfloat16 and out["flag"].dtype == jnp.bool_ and out["n"] == 3
