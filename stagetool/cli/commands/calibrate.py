@@ -1,5 +1,5 @@
 """``stagetool calibrate``: micro-benchmarks of the attached accelerator → a chip profile (YAML) that
-the spec's ``chips:`` (and so ``--chip NAME``) loads (README: "Step time", "Calibrating a chip")."""
+the spec's ``chips:`` (and so ``--chip NAME``) loads (docs/step-time.md)."""
 
 from __future__ import annotations
 
