@@ -188,3 +188,24 @@ def test_concrete_inputs_draw_integers_below_int_high_and_keep_dtypes():
     out = concrete_inputs(tree, 0, int_high=50)
     assert int(out["ids"].min()) >= 0 and int(out["ids"].max()) < 50 and len(set(out["ids"].tolist())) > 40
     assert out["x"].dtype == jnp.bfloat16 and out["flag"].dtype == jnp.bool_ and out["n"] == 3
+
+
+@pytest.mark.slow
+def test_calibrate_cli_writes_a_profile_with_every_single_device_key(run_cli):
+    """The whole command on the CPU backend (hidden --cpu-for-tests: tiny sizes, figures meaningless)."""
+    r = run_cli("calibrate", "--cpu-for-tests", "--name", "test-cpu", "--repeats", "3", "--warmup", "1", check=0)
+    entry = yaml.safe_load(r.stdout)["chips"]["test-cpu"]
+    assert set(entry["matmul_flops_per_second"]) == {"bf16", "f32", "f32_highest", "int8"}
+    keys = {"hbm_copy_bytes_per_second", "elementwise_bytes_per_second", "reduction_bytes_per_second",
+            "transcendentals_per_second", "gather_bytes_per_second", "scatter_bytes_per_second",
+            "kernel_overhead_seconds"}
+    assert keys <= set(entry) and all(entry[k] >= 0 for k in keys)
+    import jax
+
+    if len(jax.devices()) > 1:  # the test session's simulated CPU devices: the all-reduce benchmark runs
+        assert entry["collective_latency_seconds"] > 0 and "all_reduce_latency" in r.stderr
+    else:
+        assert "collective_latency_seconds" not in entry
+    assert entry["profile"]["measured_on"] == "cpu" and entry["profile"]["jax"]
+    assert "matmul_tile" not in entry  # the MXU tile is a TPU's
+    assert "measured on the CPU backend" in r.stdout and "matmul_bf16" in r.stderr
