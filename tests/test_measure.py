@@ -104,7 +104,8 @@ def test_the_profile_yaml_reads_back_as_the_contract_s_chips_entry():
     if "matmul_flops_per_second" not in {f.name for f in dataclasses.fields(Chip)}:
         pytest.skip("the chip table does not have the calibrated fields yet (model39's Chip)")
     chip = merge_chips(yaml.safe_load(text)["chips"])["tpu-v5e"]
-    assert chip.matmul_flops_per_second["bf16"] == pytest.approx(flops / 0.006113, rel=1e-4)
+    assert dict(chip.matmul_flops_per_second)["bf16"] == pytest.approx(flops / 0.006113, rel=1e-4)
+    assert chip.hbm_copy_bytes_per_second == pytest.approx(2 * 2.0**28 / 0.006113, rel=1e-4)
 
 
 def test_calibrate_times_each_benchmark_and_its_rate_is_the_analytic_work_over_the_median():
