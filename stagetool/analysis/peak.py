@@ -29,19 +29,23 @@ again as the body's parameter, and on TPU the on-chip VMEM buffers, XLA's async 
 buffer assignment (:attr:`PeakDump.buffers`, read by :mod:`stagetool.hlo.buffers`) names each
 value's allocation, memory space (color) and offset, so :func:`peak_report` counts every buffer
 once (values at the same allocation and offset are one buffer) and splits the bytes by memory
-space: ``peak_bytes`` (memory space 0, async copies left out) is the device memory live at the
-peak; host memory (``S(5)``) and the rest (on-chip spaces, async copies) are apart.
+space: ``peak_bytes`` (memory space 0) is the device memory (HBM) live at the peak, an async
+copy's value counted in the space its buffer is in (the ``copy-start`` of XLA:TPU's prefetch into
+VMEM shares its parameter's HBM buffer); host memory (``S(5)``) and on-chip spaces (VMEM, SMEM) are
+apart. Without a buffer assignment ``copy-start``/``copy-done`` values are apart as ``async copy``
+(they may alias their operand).
 
 **This is not the gated peak.** The gated peak (:attr:`stagetool.analysis.memory.MemoryRecord.peak_bytes`)
 is the larger of ``arguments + outputs - aliased + temporaries`` and XLA's ``peak_memory_in_bytes``,
 both from ``Compiled.memory_analysis()``, so that every command gates the same number whether or not
 it takes this dump. With a buffer assignment the buffers are listed at the memory timeline's
-peak (:mod:`stagetool.analysis.timeline`, the step where the assignment holds the most bytes), not
-at XLA's "Live ranges at N (peak)" position, which XLA picks by another sum (see
-:func:`peak_report`'s ``at``); then the device bytes (plus the other spaces but host) are the
-timeline's peak to the byte. The device bytes live at the peak have been at most the gated peak on every
-program measured (CPU: equal for the donated ``x*2+1``; TPU ``v5e:2x4`` transformer: 4,214,232 B
-device + 28,521,472 B VMEM live against a gated 47,579,136 B); when they are more,
+peak (:mod:`stagetool.analysis.timeline`, the step where the assignment holds the most device
+memory), not at XLA's "Live ranges at N (peak)" position, which XLA picks by another sum (see
+:func:`peak_report`'s ``at``); then the device bytes are the timeline's peak to the byte and each
+on-chip space's bytes are the timeline's ``on_chip`` figure at its peak. The device bytes live at the
+peak have been at most the gated peak on every program measured (CPU: equal for the donated
+``x*2+1``; TPU ``v5e:2x4`` transformer, libtpu 0.10.2: 5,926,400 B device (HBM) + 34,848,768 B VMEM
+live against a gated 47,579,136 B); when they are more,
 :attr:`PeakReport.note` says so. :mod:`stagetool.analysis.timeline` sets its own maximum against the
 gated peak and names the difference.
 
@@ -106,8 +110,10 @@ class PeakBuffer:
       shape: HLO shape of that value, e.g. ``"f32[2048,2048]"`` (layout dropped), or None.
       op_name: JAX op name, or None.
       file, line, function: the user's source location, or None.
-      memory_space: ``"device"`` (memory space 0), ``"host"`` (``S(5)``: ``pinned_host``), ``"async
-        copy"`` (a ``copy-start``/``copy-done`` buffer in memory space 0) or the on-chip space
+      memory_space: ``"device"`` (memory space 0: HBM on TPU and GPU), ``"host"`` (``S(5)``:
+        ``pinned_host``), ``"async copy"`` (a ``copy-start``/``copy-done`` value when there is no buffer
+        assignment to say where it lives; with one, its memory space: the source of XLA:TPU's
+        prefetch into VMEM is the parameter's own HBM buffer, ``"device"``) or the on-chip space
         (``"VMEM"``, ``"SMEM"``, ``XLA memory space N ("name" to XLA)`` or ``XLA memory space N
         (unnamed)``: :func:`space_label`).
       shared_with: the other HLO values live at the peak in this same buffer (a donated parameter's
@@ -131,7 +137,7 @@ class PeakReport:
     """What is live at the per-device memory peak.
 
     Attributes:
-      peak_bytes: device memory (memory space 0, async copies left out) live at the peak on one
+      peak_bytes: device memory (memory space 0: HBM on TPU and GPU) live at the peak on one
         device, each buffer once (bytes, from XLA's live-range dump and buffer assignment), or
         None. Not the gated peak (see the module docstring).
       position: the peak's index in the scheduled instruction sequence, or None.
@@ -229,7 +235,9 @@ def space_label(color: int, xla_names: Any = ()) -> str:
 def _space(color: int | None, instruction: str, opcode: str | None, xla_names: Any = ()) -> str:
     if color == HOST_MEMORY_SPACE:
         return "host"
-    if color not in (None, 0):
+    if color == 0:  # in device memory (HBM) by the buffer assignment, an async copy's source included
+        return "device"
+    if color is not None:
         return space_label(color, xla_names)
     if opcode in ("copy-start", "copy-done") or (opcode is None and re.match(r"copy-(start|done)\b", instruction)):
         return "async copy"

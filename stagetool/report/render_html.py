@@ -190,7 +190,8 @@ def timeline_view(m: MemorySection) -> dict[str, Any] | None:
                                          views.short_source(tp.inside_source_line) if tp.inside_source_line else None)
                              if x)
     return {"reason": None, "chart": chart, "tp": tp, "where": where, "inside_where": inside_where,
-            "rows": views.timeline_buffer_rows(tp)[1]}
+            "rows": views.timeline_buffer_rows(tp)[1],
+            "on_chip": views.on_chip_text(tp).capitalize() if tp.on_chip else None}
 
 
 def collectives_view(c: CollectivesSection, fig: Figures) -> dict[str, Any]:

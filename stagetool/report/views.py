@@ -496,8 +496,11 @@ def timeline_lines(m: MemorySection) -> list[str]:
     op = _op(tp.op) if tp.op else None
     op = op if op is None or len(op) <= 60 else op[:59] + "…"
     where = ", ".join(x for x in (op, short_source(tp.source_line) if tp.source_line else None) if x)
-    lines = [f"memory over time ({tp.steps} steps, per device): {sparkline(m.timeline)} "
+    hbm = ", HBM only" if tp.on_chip else ""
+    lines = [f"memory over time ({tp.steps} steps, per device{hbm}): {sparkline(m.timeline)} "
              f"peak {format_bytes(tp.bytes)} at step {tp.position} ({tp.instruction}{', ' + where if where else ''})"]
+    if tp.on_chip:
+        lines.append(f"  {on_chip_text(tp)}")
     if tp.inside:
         inner = ", ".join(x for x in (_op(tp.inside_op) if tp.inside_op else None,
                                       short_source(tp.inside_source_line) if tp.inside_source_line else None) if x)
@@ -508,6 +511,14 @@ def timeline_lines(m: MemorySection) -> list[str]:
         lines.append(f"  the gated peak ({tp.gated_peak_bytes:,} B) is the timeline's peak ({tp.bytes:,} B) plus:")
         lines += [f"  {'+' if d.bytes >= 0 else '−'} {abs(d.bytes):,} B: {d.what}" for d in tp.differences]
     return lines
+
+
+def on_chip_text(tp: TimelinePeak) -> str:
+    """``on-chip memory, apart from these bytes: VMEM 33.2 MiB live at the peak (33.9 MiB at most), …``:
+    each on-chip space (TPU) of the timeline's peak, never added to its device-memory (HBM) bytes."""
+    spaces = ", ".join(f"{s.space} {format_bytes(s.at_peak_bytes)} live at the peak ({format_bytes(s.max_bytes)} at most)"
+                       for s in tp.on_chip)
+    return f"on-chip memory, apart from these HBM bytes: {spaces}"
 
 
 def timeline_buffer_rows(tp: TimelinePeak) -> tuple[list[str], list[list[str]]]:
