@@ -143,7 +143,12 @@ def test_transformer_on_v5e_gates_xlas_peak_in_every_command(run_cli, tmp_path, 
     # the buffers live at the peak are each counted once, in their memory space; none is the gated figure
     live = mem["peak"]
     assert live["peak_bytes"] <= expected and live["xla_listed_bytes"] > live["peak_bytes"]
-    assert all(b["memory_space"] != "device" for b in live["buffers"] if b["instruction_name"].startswith("copy-"))
+    # an async copy's value is in its buffer's memory space: the copy-start of a prefetch into VMEM
+    # shares its parameter's HBM buffer (device), the one it writes is VMEM
+    copies = [b for b in live["buffers"] if b["instruction_name"].startswith("copy-")]
+    assert copies and all(b["memory_space"] in ("device", "VMEM", "SMEM") or b["memory_space"].startswith("XLA memory")
+                          for b in copies)
+    assert all(b["memory_space"] == "device" for b in copies if any(v.startswith("param") for v in b["shared_with"]))
     assert run_cli("memory", *args, "--no-peak", check=0).json()["functions"][0]["memory"]["record"][
         "peak_bytes"] == expected
     assert run_cli("report", *args, check=0).json()["functions"][0]["memory"]["record"]["peak_bytes"] == expected

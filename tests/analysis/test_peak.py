@@ -258,25 +258,28 @@ def test_buffer_slots_name_allocation_memory_space_and_offset():
 
 
 def test_live_buffers_split_by_memory_space_each_once():
-    """A loop carry and its parameter share a buffer (once); host (S(5)) and async copies are never
-    device memory; an on-chip space is named."""
+    """A loop carry and its parameter share a buffer (once); host (S(5)) is never device memory; an
+    async copy's value is in its buffer's memory space (the copy-done written into device memory is
+    device memory: issue 41, item 5), and ``async copy`` only without a buffer assignment; an on-chip
+    space is named."""
     dump = stages.PeakDump(_LIVE, "HloModule m\n", 0.1, None, _assignment())
     nowhere = lambda name: peak.SourceLocation(None, None, None)  # noqa: E731
     report = peak.peak_report(dump, resolve=nowhere)
     assert report.xla_listed_bytes == 22528
-    assert report.peak_bytes == 4096 + 4096  # p.1 (= loop{1}) and fusion.2
+    assert report.peak_bytes == 4096 + 4096 + 4096  # p.1 (= loop{1}), fusion.2 and copy-done
     assert report.host_bytes == 4096
-    assert report.other_bytes == (("VMEM", 2048), ("async copy", 4096))
+    assert report.other_bytes == (("VMEM", 2048),)
     assert report.buffer_count == 5
     spaces = {b.value_name: (b.memory_space, b.shared_with) for b in report.buffers}
     assert spaces["loop{1}"] == ("device", ("p.1{}",))
-    assert spaces["copy-start{0}"][0] == "host" and spaces["copy-done{}"][0] == "async copy"
+    assert spaces["copy-start{0}"][0] == "host" and spaces["copy-done{}"][0] == "device"
     assert spaces["fusion.1{}"][0] == "VMEM"
     assert report.note is None
     over = peak.peak_report(dump, resolve=nowhere, gated_peak_bytes=4096)
     assert "more than the gated peak" in over.note
     blind = peak.peak_report(stages.PeakDump(_LIVE, "HloModule m\n", 0.1, buffers_reason="no .hlo.pb"), resolve=nowhere)
     assert "no buffer assignment in the dump (no .hlo.pb)" in blind.note and blind.host_bytes == 0
+    assert {b.value_name: b.memory_space for b in blind.buffers}["copy-done{}"] == "async copy"
 
 
 def test_memory_space_names_come_from_xlas_memory_usage_report():
