@@ -77,7 +77,8 @@ def test_transformer_timeline_on_v5e(run_cli, monkeypatch, tmp_path):
     # counts beyond the allocations of every space holds the code.
     rec = m["record"]
     assert tp["bytes"] < rec["peak_bytes_reported"] == rec["peak_bytes"]
-    assert tp["differences"][0]["what"].startswith("on-chip memory live at step") and "VMEM" in tp["differences"][0]["what"]
+    first = tp["differences"][0]["what"]
+    assert first.startswith("on-chip memory live at step") and "VMEM" in first
     assert not any("leaves out temporaries" in d["what"] for d in tp["differences"])
     beyond = tp["differences"][-1]
     assert "peak_memory_in_bytes" in beyond["what"] and beyond["bytes"] >= rec["generated_code_bytes"] > 0

@@ -516,8 +516,8 @@ def timeline_lines(m: MemorySection) -> list[str]:
 def on_chip_text(tp: TimelinePeak) -> str:
     """``on-chip memory, apart from these bytes: VMEM 33.2 MiB live at the peak (33.9 MiB at most), …``:
     each on-chip space (TPU) of the timeline's peak, never added to its device-memory (HBM) bytes."""
-    spaces = ", ".join(f"{s.space} {format_bytes(s.at_peak_bytes)} live at the peak ({format_bytes(s.max_bytes)} at most)"
-                       for s in tp.on_chip)
+    spaces = ", ".join(f"{s.space} {format_bytes(s.at_peak_bytes)} live at the peak "
+                       f"({format_bytes(s.max_bytes)} at most)" for s in tp.on_chip)
     return f"on-chip memory, apart from these HBM bytes: {spaces}"
 
 

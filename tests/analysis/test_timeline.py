@@ -263,7 +263,8 @@ def test_xla_tpu_peak_memory_counts_vmem_with_hbm(tmp_path):
         return (x ** 2).sum()
 
     lowered = jax.jit(lambda w, x: w - 0.1 * jax.grad(loss)(w, x)).lower(
-        jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=sh), jax.ShapeDtypeStruct((1024, 256), jnp.float32, sharding=sh))
+        jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=sh),
+        jax.ShapeDtypeStruct((1024, 256), jnp.float32, sharding=sh))
     record, dump = _dumped(lowered, tmp_path)
     _, live = _live_by_space(tmp_path)
     both = max(sum(live[c][i] for c in live) for i in range(len(live[0])))
