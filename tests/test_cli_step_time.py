@@ -22,7 +22,9 @@ def _consistent(st, chip):
     assert st["overlapped_seconds"] <= st["schedule_seconds"] <= st["serial_seconds"]
     assert sum(v for _, v in st["parts"]) == pytest.approx(st["schedule_seconds"], rel=1e-9)
     assert st["bound"] == st["parts"][0][0]
-    assert st["mfu"] == pytest.approx(st["flops"] / (st["schedule_seconds"] * CHIPS[chip].peak_flops_per_second_bf16))
+    assert st["mfu"] == pytest.approx(st["matmul_flops"] / (st["schedule_seconds"]
+                                                            * CHIPS[chip].peak_flops_per_second_bf16))
+    assert 0 < st["matmul_flops"] <= st["flops"]
     for c in st["collectives"]:  # latency + bytes x ring factor / bandwidth, each
         assert c["seconds"] == pytest.approx(c["latency_seconds"] + c["bytes_per_device"] * c["factor"]
                                              / c["bandwidth_bytes_per_second"])
@@ -57,7 +59,7 @@ def test_the_cpu_mesh_needs_a_chip_and_times_the_program_on_it(run_cli):
 
 def test_markdown_and_html_show_the_step_time(run_cli):
     md = run_cli("cost", "examples/mlp.py:train_step", "--chip", "tpu-v5e", "--format", "markdown", check=0).stdout
-    assert "#### Step time (estimate)" in md and "| instruction | opcode | time / step |" in md
+    assert "#### Step time (estimate)" in md and "| instruction | kind | time / step |" in md
     html = run_cli("cost", "examples/mlp.py:train_step", "--chip", "tpu-v5e", "--format", "html", check=0).stdout
     bar = re.search(r'<svg class="step-time-chart" width="640".*?</svg>', html, re.DOTALL).group(0)
     widths = [float(w) for w in re.findall(r'<rect x="[\d.]+" y="0" width="([\d.]+)"', bar)]

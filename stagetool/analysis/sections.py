@@ -306,7 +306,7 @@ def _step_time(facts: StagedFunction, per_device: CostRecord, chip: Chip | None,
     mesh = MeshAxes(net.mesh_names, net.mesh_sizes) if net.mesh_names else None
     collectives = find_collectives(module, mesh, slices=net.slices)
     optimal = per_device.extra_by_key().get("optimal_seconds")
-    xla = optimal.value if optimal is not None and optimal.value >= 0 else None
+    xla = optimal.value if optimal is not None else None  # step_time leaves out a negative or looped one
     return step_time(module, chip, net, collectives, trips, xla_optimal_seconds=xla), None
 
 

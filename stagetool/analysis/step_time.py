@@ -6,13 +6,16 @@ and the module's collectives (:func:`stagetool.hlo.collectives.find_collectives`
 
 The model, per instruction of the schedule (the order XLA printed, which is its schedule):
 
-* **compute**: an instruction that computes (fusion, dot, convolution, custom call, element-wise,
-  reduce...) takes ``max(FLOPs / peak, bytes / HBM bandwidth)``: FLOPs and bytes accessed counted
-  with XLA's HloCostAnalysis rules (:func:`stagetool.hlo.loops.instruction_cost`), the peak
-  of the element type of the matrix unit's operands (:meth:`Chip.peak_for`; element-wise work at
-  the same peak, which is optimistic but such work is bound by bytes), plus the chip's
-  ``kernel_launch_seconds`` per kernel on a GPU. A ``while`` body counts × its trip count, a
-  ``conditional`` its costliest branch.
+* **kernels**: each instruction that computes (a fusion, a lone op, a custom call) is one kernel,
+  put in a class and timed at that class's rate on the chip, with what bounds it
+  (:func:`stagetool.analysis.kernel_time.kernel_time`): matmuls at the precision XLA compiled with
+  the matrix unit's tile padding (or XLA:TPU's own ``estimated_cycles`` where the compiled module
+  carries it), element-wise and reduction kernels at the vector unit's measured byte rates (with
+  transcendentals), gathers, scatters and copies at theirs, a Pallas kernel from its
+  ``cost_estimate``, plus a fixed cost per kernel. Work no model covers (a Pallas kernel without
+  ``cost_estimate``, top-k, sort, an unknown custom call) is timed at a floor and makes the step
+  time a **lower bound** ("at least"), each such instruction named with its line. A ``while`` body
+  counts × its trip count, a ``conditional`` its costliest branch.
 * **collectives**: ``latency + bytes × algorithm factor / bandwidth``, with the factor of a ring
   (n devices in the group; ``bytes`` the per-device result): all-reduce ``2(n−1)/n``, all-gather
   and all-to-all ``(n−1)/n``, reduce-scatter ``n−1`` (its result is the shard), permute and
@@ -31,11 +34,12 @@ The model, per instruction of the schedule (the order XLA printed, which is its 
   collectives).
 
 What bounds the step is the part of the schedule figure that is largest: compute (FLOP-bound
-instructions), memory bandwidth (byte-bound instructions), kernel launches, the exposed time of
+kernels), memory bandwidth (byte-bound kernels), latency (kernels' fixed cost on TPU; kernel
+launches on GPU are ``kernel launch``), the exposed time of
 one link class (``ICI (data)``: the ICI of the collectives over mesh axis ``data``; ``DCN``;
 ``NVLink``; ``host network``) or exposed latency (many small collectives).
 
-It assumes a program alone on its devices, every figure at its peak, no host work, no
+It assumes a program alone on its devices, each kernel at its class's rate, no host work, no
 contention between collectives on shared links, and XLA's printed schedule: real steps take
 longer (``bench/bench_step_time.py`` measures how much).
 """
@@ -45,14 +49,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from stagetool.analysis.kernel_time import FROM_FLOOR, LATENCY, kernel_time
 from stagetool.hlo.collectives import Collective, program_frames
-from stagetool.hlo.loops import instruction_cost, matmul_dtype
 from stagetool.core.chips import Chip
 from stagetool.facts import Interconnect
 from stagetool.hlo.parser import HloComputation, HloInstruction, HloModule, SourceFrame
 
-__all__ = ["CollectiveTime", "InstructionTime", "StepTimeEstimate", "algorithm_factor", "collective_time",
-           "step_time"]
+__all__ = ["CollectiveTime", "InstructionTime", "StepTimeEstimate", "UncountedKernel", "algorithm_factor",
+           "collective_time", "step_time"]
 
 _FREE = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "opt-barrier",
                    "partition-id", "replica-id", "iota", "add-dependency", "domain", "copy-start", "copy-done",
@@ -62,7 +66,7 @@ _NO_KERNEL = frozenset({"copy-start", "send"})
 _KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute",
           "collective-broadcast")
 
-COMPUTE, MEMORY, LAUNCH, LATENCY = "compute", "memory bandwidth", "kernel launch", "latency"
+COMPUTE, MEMORY, LAUNCH = "compute", "memory bandwidth", "kernel launch"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +123,12 @@ class InstructionTime:
         lines, a one-line ``einsum`` wrapper), the lines it was called from, outward, up to the first
         that is not a helper (:func:`stagetool.analysis.callers.helper_callers`, as the collectives
         table shows them); () otherwise.
+      kind: the kernel's class (``matmul bf16``, ``element-wise``, ``reduction``, ``top-k``...; a
+        collective's kind for a collective), :class:`stagetool.analysis.kernel_time.KernelTime`.
+      figure: where its figure comes from: ``model``, ``XLA estimated_cycles``, ``kernel cost_estimate``,
+        ``floor: work not counted`` (a lower bound) or ``collective model``.
+      xla_seconds: XLA:TPU's own ``estimated_cycles`` ÷ the chip clock, per execution, where the module
+        carries one (beside the model's figure), else None.
     """
 
     name: str
@@ -133,6 +143,27 @@ class InstructionTime:
     op_name: str | None
     source: str | None
     via: tuple[str, ...] = ()
+    kind: str = ""
+    figure: str = "model"
+    xla_seconds: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class UncountedKernel:
+    """A kernel whose work no model covers: the step time counts only its floor and is "at least".
+
+    Attributes:
+      name: the HLO instruction; kind: what it is (``top-k``, ``Pallas kernel (Mosaic TPU)``, ``sort``...).
+      source: ``file:line`` of the user's code that made it, or None.
+      floor_seconds: what the estimate counts for it over the step (its bytes at the HBM peak, × runs).
+      executions: times it runs per step.
+    """
+
+    name: str
+    kind: str
+    source: str | None
+    floor_seconds: float
+    executions: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +183,7 @@ class StepTimeEstimate:
       top: the instructions that take longest over the step, longest first.
       collectives: every collective's time, in schedule order (each once).
       flops: FLOPs of one step on one device, loop bodies × trip counts (counted from the module).
-      mfu: ``flops / (schedule_seconds × the chip's bf16 peak)``, or None.
+      mfu: ``matmul_flops / (schedule_seconds × the chip's bf16 peak)``, or None.
       xla_optimal_seconds: XLA:TPU's own ``optimal_seconds`` from ``Compiled.cost_analysis()``
         (XLA's figure), or None where the backend gives none.
       assumptions: what the figures assume, one sentence each.
@@ -160,6 +191,14 @@ class StepTimeEstimate:
       label: always ``"estimate"``.
       tokens_per_step: the spec's ``tokens_per_step`` (all devices together), or None.
       tokens_per_second_per_chip: ``tokens_per_step / schedule_seconds / chips`` (an estimate), or None.
+      lower_bound: True when work is missing from the figures (``uncounted``, or a loop whose trip count
+        is unknown counted once): the step takes **at least** the figures.
+      uncounted: the kernels no model covers, in schedule order.
+      sources: ``(figure source, seconds)`` of the kernels' time per step by where it comes from
+        (``model``, ``XLA estimated_cycles``, ``kernel cost_estimate``, ``floor: work not counted``),
+        largest first.
+      xla_optimal_note: why XLA's ``optimal_seconds`` is not shown (negative, or a program with loops,
+        whose bodies it counts once), or None.
     """
 
     chip: str
@@ -180,6 +219,13 @@ class StepTimeEstimate:
     label: str = "estimate"
     tokens_per_step: int | None = None
     tokens_per_second_per_chip: float | None = None
+    lower_bound: bool = False
+    uncounted: tuple[UncountedKernel, ...] = ()
+    sources: tuple[tuple[str, float], ...] = ()
+    xla_optimal_note: str | None = None
+    matmul_flops: float = 0.0
+    """FLOPs of the step's matmul and convolution kernels (loop bodies × trip counts): MFU's numerator
+    (element-wise and reduction FLOPs, which XLA:TPU's reduce-window rewrites can inflate, left out)."""
 
 
 def algorithm_factor(kind: str, n: int) -> float:
@@ -286,7 +332,13 @@ class _Walk:
     comm: float = 0.0
     sync_comm: float = 0.0
     flops: float = 0.0
+    matmul_flops: float = 0.0
     parts: dict = dataclasses.field(default_factory=dict)
+    sources: dict = dataclasses.field(default_factory=dict)
+
+    def add_source(self, key: str, seconds: float) -> None:
+        if seconds > 0:
+            self.sources[key] = self.sources.get(key, 0.0) + seconds
 
     def add_part(self, key: str, seconds: float) -> None:
         if seconds > 0:
@@ -298,8 +350,11 @@ class _Walk:
         self.comm += other.comm * k
         self.sync_comm += other.sync_comm * k
         self.flops += other.flops * k
+        self.matmul_flops += other.matmul_flops * k
         for key, v in other.parts.items():
             self.add_part(key, v * k)
+        for key, v in other.sources.items():
+            self.add_source(key, v * k)
 
 
 class _Timer:
@@ -314,6 +369,8 @@ class _Timer:
         self.dones: dict[tuple[str, str], str] = {}
         self.sync: dict[tuple[str, str], str] = {}
         self.unknown_trips: list[str] = []
+        self.kinds: dict[tuple[str, str], tuple[str, str, float | None]] = {}  # (kind, figure, xla seconds)
+        self.floors: dict[tuple[str, str], float] = {}  # uncounted kernels: floor seconds per execution
         self._index(collectives)
 
     def _callers(self) -> dict[str, tuple[str, HloInstruction]]:
@@ -378,22 +435,25 @@ class _Timer:
         prev = self.items.get(key)
         execs = k + (prev.executions if prev else 0)
         md = ins.metadata
+        kind, figure, xla = self.kinds.get(key, (ins.opcode, "collective model", None))
         self.items[key] = InstructionTime(ins.name, ins.opcode, comp.name, seconds, execs, seconds * execs, flops,
-                                          moved, bound, md.op_name if md else None, self._source(ins))
+                                          moved, bound, md.op_name if md else None, self._source(ins), (),
+                                          kind, figure, xla)
         if key not in self.chains:
             self.chains[key] = program_frames(self.module.source_stack(ins))
 
-    def compute_time(self, comp: HloComputation, ins: HloInstruction) -> tuple[float, float, float, str, float]:
-        """(seconds, launch seconds, FLOPs, bound, bytes accessed) of one computing instruction."""
-        cost = instruction_cost(self.module, comp, ins)
-        dtype = matmul_dtype(self.module, comp, ins) if cost.flops else None
-        peak = self.chip.peak_for(dtype or "bf16")
-        bw = self.chip.hbm_bandwidth_bytes_per_second
-        t_flops = cost.flops / peak if peak else 0.0
-        t_bytes = cost.bytes_accessed / bw if bw else 0.0
-        bound = COMPUTE if t_flops >= t_bytes else MEMORY
-        launch = (self.chip.kernel_launch_seconds or 0.0) if self.gpu and ins.opcode not in _NO_KERNEL else 0.0
-        return max(t_flops, t_bytes), launch, cost.flops, bound, cost.bytes_accessed
+    def compute_time(self, comp: HloComputation, ins: HloInstruction) -> tuple[float, float, float, str, float, str]:
+        """(seconds, fixed seconds, FLOPs, bound, bytes accessed, the larger of compute and memory
+        bandwidth) of one kernel (:func:`~stagetool.analysis.kernel_time.kernel_time`); remembers its class
+        and where its figure comes from."""
+        kt = kernel_time(self.module, comp, ins, self.chip, gpu=self.gpu)
+        fixed = kt.overhead_seconds if ins.opcode not in _NO_KERNEL else 0.0
+        key = (comp.name, ins.name)
+        self.kinds[key] = (kt.kind, kt.figure, kt.xla_seconds)
+        if kt.uncounted:
+            self.floors[key] = kt.seconds - kt.overhead_seconds + fixed
+        side = COMPUTE if kt.compute_seconds > kt.memory_seconds else MEMORY
+        return kt.seconds - kt.overhead_seconds, fixed, kt.flops, kt.bound, kt.bytes_accessed, side
 
     def walk(self, comp_name: str, k: int, depth: int = 0) -> _Walk:
         """Simulate one execution of a computation's schedule; ``k`` executions per step (for the top list)."""
@@ -435,12 +495,15 @@ class _Timer:
                 w.absorb(sub, 1.0)
                 t += sub.schedule
                 continue
-            seconds, launch, flops, bound, moved = self.compute_time(comp, ins)
+            seconds, launch, flops, bound, moved, side = self.compute_time(comp, ins)
             total = seconds + launch
             w.compute += total
             w.flops += flops
-            w.add_part(bound, seconds)
-            w.add_part(LAUNCH, launch)
+            if self.kinds[(comp.name, ins.name)][0].startswith(("matmul", "convolution")):
+                w.matmul_flops += flops
+            w.add_part(side, seconds)
+            w.add_part(LAUNCH if self.gpu else LATENCY, launch)
+            w.add_source(self.kinds[(comp.name, ins.name)][1], total)
             t += total
             self._note(comp, ins, total, k, flops, moved, bound)
         for key, end in pending.items():  # a start whose done was not found: waited for at the end
@@ -492,12 +555,15 @@ def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Seq
       collectives: :func:`stagetool.hlo.collectives.find_collectives` of ``module`` over the
         same mesh (their groups, mesh axes, async pairs, DCN transfers).
       trips: trip count per ``while`` instruction (:func:`~stagetool.hlo.collectives.while_loops`).
-      xla_optimal_seconds: XLA:TPU's ``optimal_seconds``, shown beside (not used in the figures).
+      xla_optimal_seconds: XLA:TPU's ``optimal_seconds`` (``Compiled.cost_analysis()``), shown beside
+        where it is a whole-program figure: positive, and the module has no ``while`` loop (XLA counts a
+        loop body once); otherwise left out and ``xla_optimal_note`` says why.
       top: how many instructions to list.
 
     Returns:
       A :class:`StepTimeEstimate` (seconds per step, one device). Never raises on odd modules:
-      an unknown trip count counts once and is named in ``reason``.
+      an unknown trip count counts once and is named in ``reason``; work no model covers is named in
+      ``uncounted`` and makes ``lower_bound`` True.
     """
     timer = _Timer(module, chip, net, collectives, trips)
     entry = module.entry_name or ""
@@ -509,7 +575,7 @@ def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Seq
     bound = parts[0][0] if parts else COMPUTE
     items = sorted(_with_callers(timer), key=lambda i: (-i.total_seconds, i.computation, i.name))
     peak = chip.peak_flops_per_second_bf16
-    mfu = w.flops / (schedule * peak) if schedule > 0 and peak else None
+    mfu = w.matmul_flops / (schedule * peak) if schedule > 0 and peak else None
     reasons = []
     if timer.unknown_trips:
         reasons.append("trip count unknown for " + ", ".join(sorted(set(timer.unknown_trips)))
@@ -519,10 +585,25 @@ def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Seq
     if missing:
         reasons.append(f"no bandwidth for {', '.join(missing)} on {chip.name}: those collectives count their "
                        "latency only")
+    by_key = {(i.computation, i.name): i for i in items}
+    uncounted = tuple(UncountedKernel(by_key[k].name, timer.kinds[k][0], by_key[k].source, by_key[k].total_seconds,
+                                      by_key[k].executions) for k in timer.floors if k in by_key)
+    if uncounted:
+        reasons.append(f"at least this: {len(uncounted)} kernel{'s' if len(uncounted) != 1 else ''} no model covers "
+                       f"({', '.join(sorted({u.kind for u in uncounted}))}) counted at a floor (their bytes at the "
+                       "HBM peak)")
+    xla, xla_note = xla_optimal_seconds, None
+    if xla is not None and xla <= 0:
+        xla, xla_note = None, "XLA's optimal_seconds is not positive for this program: not a figure"
+    elif xla is not None and any(i.opcode == "while" for c in module.computations for i in c.instructions):
+        xla, xla_note = None, "XLA's optimal_seconds left out: it counts each while-loop body once"
+    sources = tuple(sorted(w.sources.items(), key=lambda kv: (-kv[1], kv[0])))
     return StepTimeEstimate(
         chip.name, overlapped, schedule, serial, w.compute, w.comm, parts, bound, tuple(items[:top]),
         tuple(timer.times.values()),
-        w.flops, mfu, xla_optimal_seconds, _assumptions(chip, net), "; ".join(reasons) or None)
+        w.flops, mfu, xla, _assumptions(chip, net), "; ".join(reasons) or None,
+        lower_bound=bool(uncounted or timer.unknown_trips), uncounted=uncounted, sources=sources,
+        xla_optimal_note=xla_note, matmul_flops=w.matmul_flops)
 
 
 def _with_callers(timer: _Timer) -> list[InstructionTime]:
@@ -539,7 +620,9 @@ def _with_callers(timer: _Timer) -> list[InstructionTime]:
 
 
 def _assumptions(chip: Chip, net: Interconnect) -> tuple[str, ...]:
-    out = ["every instruction at the chip's peak FLOP/s or HBM bandwidth, whichever binds (no efficiency loss)",
+    rates = "its calibrated profile's measured rates" if chip.profile else "its peak FLOP/s and HBM bandwidth"
+    out = [f"each kernel at its class's rate on {chip.name} ({rates}), compute or bytes whichever binds, plus a "
+           "fixed cost per kernel",
            "collectives on ring algorithms at full link bandwidth, one at a time, with no contention"]
     if net.platform == "cpu":
         out.append(f"the CPU mesh's program (XLA:CPU's compile) timed as if on {chip.name}"
@@ -547,7 +630,8 @@ def _assumptions(chip: Chip, net: Interconnect) -> tuple[str, ...]:
                       f"; {chip.gpus_per_host or 8} devices per NVLink host"))
     elif chip.is_tpu and not net.device_coords:
         out.append("no device coordinates: each mesh axis taken as one torus dimension")
-    assumed = sorted({f for f, kind, _ in chip.provenance if kind == "assumption"})
+    assumed = sorted({f for f, kind, _ in chip.provenance if kind == "assumption"
+                      and (f != "kernel_launch_seconds" or net.platform != "tpu")})
     if assumed:
         out.append(f"{chip.name}: assumed (not published): {', '.join(assumed)}")
     return tuple(out)

@@ -62,6 +62,15 @@ _NO_WORK = frozenset({
     # XLA:TPU's wrappers of an asynchronous collective (an all-gather it runs across a loop's iterations)
     "AsyncCollectiveStart", "AsyncCollectiveDone",
 })
+XLA_HELPERS: dict[str, str] = {
+    "GatherScatterIndicesBitpacked": "XLA:TPU helper: packs a gather's or scatter's indices into bits",
+    "ConcatBitcast": "XLA:TPU helper: a concatenate done as a bitcast of adjacent buffers",
+    "AssumeGatherIndicesInBound": "XLA:TPU helper: marks a gather's indices in bounds",
+}
+"""Custom calls XLA:TPU's own passes insert that do trivial work (move or re-mark a few bytes), by
+target: what each is. They are not uncounted work: the step-time model times them as data movement
+and they do not make a figure a lower bound."""
+
 _KINDS = (
     ("__cudnn$conv", "cuDNN convolution"),
     ("__cublas$lt$matmul", "cuBLASLt GEMM"),
@@ -119,6 +128,28 @@ class UncountedWork:
         return self.status != NOT_COUNTED
 
 
+def custom_call_kind(target: str) -> str:
+    """What a custom call is, by its target: ``Pallas kernel (Mosaic TPU)``, ``top-k``, an XLA:TPU
+    helper's description (:data:`XLA_HELPERS`), ``custom call FOO``..."""
+    if target in XLA_HELPERS:
+        return XLA_HELPERS[target]
+    return _kind(target)
+
+
+def is_trivial_custom_call(target: str) -> bool:
+    """A custom call that only moves, annotates or re-marks data (``Sharding``, ``MoveToHost``, XLA:TPU's
+    helpers): no work is missing from a figure for it."""
+    return target in _NO_WORK or target in XLA_HELPERS
+
+
+def pallas_cost_estimate(ins: HloInstruction) -> tuple[float | None, float | None]:
+    """``(flops, bytes_accessed)`` of a Pallas TPU kernel's ``cost_estimate`` (the author's estimate, per
+    execution; :func:`stagetool.hlo.loops.kernel_cost_estimate`), or ``(None, None)`` when its
+    ``pallas_call`` was given none."""
+    est = kernel_cost_estimate(ins)
+    return (_as_float(est.get("flops")), _as_float(est.get("bytes_accessed"))) if est else (None, None)
+
+
 def _kind(target: str) -> str:
     for prefix, kind in _KINDS:
         if target.startswith(prefix):
@@ -169,8 +200,8 @@ def _sort_flops(module: HloModule, ins: HloInstruction) -> float | None:
 def uncounted_work(module: HloModule, *, derived: bool = False) -> tuple[UncountedWork, ...]:
     """Every instruction of ``module`` (a compiled, per-device module: every computation, fusion and
     loop bodies included) whose work XLA's cost analysis leaves out or counts from an estimate, in
-    text order. Custom calls that only move or annotate data (``Sharding``, ``MoveToHost``...) are
-    not listed. XLA:GPU's cuBLAS GEMM and cuDNN convolution calls are counted by XLA:GPU's cost
+    text order. Custom calls that only move or annotate data (``Sharding``, ``MoveToHost``...) and
+    XLA:TPU's own helper calls (:data:`XLA_HELPERS`) are not listed. XLA:GPU's cuBLAS GEMM and cuDNN convolution calls are counted by XLA:GPU's cost
     model, and not listed; with ``derived`` (the per-device figures are stagetool's count of the
     module, the backend having reported none) they are listed as :data:`LIBRARY_DERIVED` with the
     FLOPs stagetool counted for them (:func:`stagetool.hlo.loops.library_call_flops`)."""
@@ -187,7 +218,7 @@ def uncounted_work(module: HloModule, *, derived: bool = False) -> tuple[Uncount
                 kind, status, flops, moved = _kind(target), LIBRARY_DERIVED, library_call_flops(comp, ins), None
             elif ins.opcode == "custom-call":
                 target = (ins.attributes.get("custom_call_target") or "?").strip('"')
-                if target in _NO_WORK:
+                if target in _NO_WORK or target in XLA_HELPERS:
                     continue
                 kind = _kind(target)
                 est = _kernel_estimate(ins) if target == "tpu_custom_call" else None

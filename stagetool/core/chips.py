@@ -64,8 +64,27 @@ class Chip:
       dcn_latency_seconds: fixed cost of one collective over DCN / the host network (seconds).
       kernel_launch_seconds: GPU cost per kernel launched (seconds); None (0) on TPU, whose program
         runs as one executable.
+      clock_hz: the core clock (Hz), which turns XLA:TPU's per-instruction ``estimated_cycles`` into
+        seconds; None where not known.
+      matmul_flops_per_second: sustained dense matmul FLOP/s of one chip per operand class, as
+        ``((class, rate), ...)``: ``bf16`` (bf16 × bf16 → f32), ``f32`` (f32 at DEFAULT precision: what
+        XLA really compiles, on TPU bf16 passes), ``f32_high`` (Precision.HIGH), ``f32_highest``
+        (Precision.HIGHEST), ``int8`` (s8 × s8 → s32), ``fp8``; () where none was measured (the peaks
+        then stand in: :meth:`matmul_rate`).
+      matmul_tile: ``(rows, columns)`` the matrix unit pads small or odd matmul dimensions to (TPU v5e:
+        its 128 × 128 MXU), or None (no padding modelled).
+      hbm_copy_bytes_per_second: (read + write) bytes/s of a large copy or layout change.
+      elementwise_bytes_per_second: (operands + result) bytes/s of a large fused element-wise kernel.
+      reduction_bytes_per_second: (operands + result) bytes/s of a large row reduction.
+      transcendentals_per_second: exp/tanh/log... elements/s of the vector unit.
+      gather_bytes_per_second: bytes of the gathered rows (the result) per second of a large gather.
+      scatter_bytes_per_second: bytes of the updates per second of a large scatter-add.
+      kernel_overhead_seconds: fixed time of one launched kernel (a top-level fusion) on the chip.
+      profile: ``((key, value), ...)`` of a calibrated profile (``measured_on``, ``date``, ``jax``,
+        ``libtpu``, ``command``): where its ``measured`` figures come from; () for none.
       provenance: ``(field, kind, source)`` per figure of a built-in chip: kind ``published`` (the
         vendor's number as printed), ``derived`` (arithmetic on published numbers, said in the
+        source text), ``measured`` (a calibration on the chip itself: date, jax and libtpu in the
         source text) or ``assumption`` (no vendor figure: a typical value, said why); ``user`` for
         a figure a ``chips:`` entry gave. A figure with no entry is the user's on a user chip.
     """
@@ -89,6 +108,17 @@ class Chip:
     collective_latency_seconds: float | None = None
     dcn_latency_seconds: float | None = None
     kernel_launch_seconds: float | None = None
+    clock_hz: float | None = None
+    matmul_flops_per_second: tuple[tuple[str, float], ...] = ()
+    matmul_tile: tuple[int, int] | None = None
+    hbm_copy_bytes_per_second: float | None = None
+    elementwise_bytes_per_second: float | None = None
+    reduction_bytes_per_second: float | None = None
+    transcendentals_per_second: float | None = None
+    gather_bytes_per_second: float | None = None
+    scatter_bytes_per_second: float | None = None
+    kernel_overhead_seconds: float | None = None
+    profile: tuple[tuple[str, str], ...] = ()
     provenance: tuple[tuple[str, str, str], ...] = ()
 
     @property
@@ -110,6 +140,26 @@ class Chip:
         if dtype in ("f32", "f64", "c64", "c128"):
             return self.peak_flops_per_second_f32 or self.peak_flops_per_second_bf16
         return self.peak_flops_per_second_bf16
+
+    def matmul_rate(self, kind: str) -> float | None:
+        """Sustained matmul FLOP/s of one chip for a matmul class (``bf16``, ``f32``, ``f32_high``,
+        ``f32_highest``, ``int8``, ``fp8``): the measured rate where the chip has one, else derived from
+        the peaks: ``f32`` on a TPU the bf16 peak (DEFAULT precision is one bf16 pass), ``f32_high`` a
+        third and ``f32_highest`` a sixth of it (XLA:TPU's bf16_3x and bf16_6x passes); on a GPU the
+        f32 peak (:meth:`peak_for`)."""
+        rates = dict(self.matmul_flops_per_second)
+        if kind in rates:
+            return rates[kind]
+        bf16 = rates.get("bf16") or self.peak_flops_per_second_bf16
+        if kind in ("f32", "f32_high", "f32_highest"):
+            if not self.is_tpu and self.peak_flops_per_second_f32:
+                return self.peak_flops_per_second_f32
+            return None if bf16 is None else bf16 / {"f32": 1, "f32_high": 3, "f32_highest": 6}[kind]
+        if kind == "int8":
+            return self.peak_flops_per_second_int8 or bf16
+        if kind == "fp8":
+            return self.peak_flops_per_second_fp8 or bf16
+        return bf16
 
     def figure_kind(self, field: str) -> str:
         """``published``, ``derived``, ``assumption`` or ``user`` for one figure (see ``provenance``)."""
@@ -252,6 +302,41 @@ CHIPS: dict[str, Chip] = {c.name: c for c in (
 )}
 """The built-in table, keyed by lower-case chip name."""
 
+_MATMUL_CLASSES = ("bf16", "f32", "f32_high", "f32_highest", "int8", "fp8")
+"""The keys of ``matmul_flops_per_second``."""
+_V5E_ARCH = "https://cloud.google.com/tpu/docs/system-architecture-tpu-vm"
+_V5E_MEASURED = ("measured on the lent TPU v5 lite chip (jax 0.10.2, libtpu 0.0.42.1, 2026-12-06)")
+_V5E_PROFILE = dict(
+    clock_hz=1.5e9,
+    matmul_flops_per_second=(("bf16", 1.85e14), ("f32", 1.85e14), ("f32_high", 1.85e14 / 3),
+                             ("f32_highest", 3.08e13), ("int8", 3.7e14)),
+    matmul_tile=(128, 128),
+    hbm_copy_bytes_per_second=6.5e11, elementwise_bytes_per_second=6.5e11, reduction_bytes_per_second=6.5e11,
+    transcendentals_per_second=1.5e12, gather_bytes_per_second=3.0e11, scatter_bytes_per_second=1.5e11,
+    kernel_overhead_seconds=1.5e-6,
+    profile=(("measured_on", "TPU v5 lite"), ("date", "2026-12-06"), ("jax", "0.10.2"), ("libtpu", "0.0.42.1"),
+             ("command", "timed with jax.jit on the lent chip (block_until_ready, median of runs)")),
+)
+_V5E_PROVENANCE = (
+    ("clock_hz", "derived", _V5E_ARCH + ": 4 MXUs of 128x128 per TensorCore; 197 TFLOP/s / (4 x 128 x 128 x 2 "
+     "FLOPs) -> 1.5 GHz"),
+    ("matmul_tile", "published", _V5E_ARCH + ": the MXU is a 128x128 systolic array"),
+    ("matmul_flops_per_second", "measured", _V5E_MEASURED + ": bf16 8192^3 at 185 TFLOP/s; f32 at HIGHEST "
+     "4096^3 in 4.46 ms (30.8 TFLOP/s, six bf16 passes); DEFAULT f32 taken as one bf16 pass and int8 as 2x bf16 "
+     "(XLA:TPU's own cycle estimates say the same)"),
+    ("elementwise_bytes_per_second", "measured", _V5E_MEASURED + ": a 1 GiB read + 1 GiB write element-wise "
+     "kernel in 3.3 ms"),
+    ("hbm_copy_bytes_per_second", "assumption", "the element-wise kernel's measured rate"),
+    ("reduction_bytes_per_second", "assumption", "the element-wise kernel's measured rate"),
+    ("transcendentals_per_second", "assumption", "one exp per lane of the 8 x 128 vector unit per cycle at 1.5 GHz"),
+    ("gather_bytes_per_second", "assumption", "rows of a gather at about half the copy rate"),
+    ("scatter_bytes_per_second", "assumption", "a scatter-add's updates at about a quarter of the copy rate "
+     "(read, add, write)"),
+    ("kernel_overhead_seconds", "assumption", "a TPU kernel's fixed start-up and pipeline fill: 1.5 us"),
+)
+CHIPS["tpu-v5e"] = dataclasses.replace(CHIPS["tpu-v5e"], **_V5E_PROFILE,
+                                       provenance=CHIPS["tpu-v5e"].provenance + _V5E_PROVENANCE)
+
 _DEVICE_KIND_HINTS = (
     ("tpu v4", "tpu-v4"), ("tpu v5 lite", "tpu-v5e"), ("tpu v5e", "tpu-v5e"), ("tpu v5p", "tpu-v5p"),
     ("tpu v5", "tpu-v5p"), ("tpu v6 lite", "tpu-v6e"), ("tpu v6e", "tpu-v6e"),
@@ -268,10 +353,14 @@ _FABRIC_FIELDS = ("peak_flops_per_second_fp8", "peak_flops_per_second_int8",
                    "ici_wraparound_multiple", "nvlink_bandwidth_bytes_per_second", "gpus_per_host",
                    "dcn_bandwidth_bytes_per_second", "collective_latency_seconds", "dcn_latency_seconds",
                    "kernel_launch_seconds")
+_RATE_FIELDS = ("clock_hz", "hbm_copy_bytes_per_second", "elementwise_bytes_per_second",
+                "reduction_bytes_per_second", "transcendentals_per_second", "gather_bytes_per_second",
+                "scatter_bytes_per_second", "kernel_overhead_seconds")
+"""The step-time model's measured rates (a calibrated profile's figures, :mod:`stagetool.analysis.step_time`)."""
 _INT_FIELDS = frozenset({"hbm_capacity_bytes", "ici_links_per_chip", "ici_torus_dims", "ici_wraparound_multiple",
                          "gpus_per_host"})
-_FIGURES = (*_NUMERIC_FIELDS, *_FABRIC_FIELDS)
-CHIP_FIELDS = (*_FIGURES, "sources", "note")
+_FIGURES = (*_NUMERIC_FIELDS, *_FABRIC_FIELDS, *_RATE_FIELDS)
+CHIP_FIELDS = (*_FIGURES, "matmul_flops_per_second", "matmul_tile", "profile", "sources", "note")
 
 
 def chip_for_device_kind(device_kind: str) -> str | None:
@@ -392,17 +481,64 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
                 values["note"] = entry["note"]
             else:
                 issues.append(f"{where}.note: expected a string")
+        _profile_fields(entry, where, values, issues)
+        measured = values.get("profile")
+        kind, src = (("measured", f"{where} (profile: " + ", ".join(f"{k} {v}" for k, v in measured) + ")")
+                     if measured else ("user", None))
+        given = {f for f in values if f in _FIGURES or f in ("matmul_flops_per_second", "matmul_tile")}
+        prov = tuple((f, kind, src or f"{where}.{f}") for f in sorted(given))
+        if name in table and "matmul_flops_per_second" in values:  # a class given overrides that class only
+            values["matmul_flops_per_second"] = tuple(sorted(
+                {**dict(table[name].matmul_flops_per_second), **dict(values["matmul_flops_per_second"])}.items(),
+                key=lambda kv: _MATMUL_CLASSES.index(kv[0])))
         if name in table:
-            given = {f for f in values if f in _FIGURES}
             kept = tuple(p for p in table[name].provenance if p[0] not in given)
-            values["provenance"] = kept + tuple((f, "user", f"{where}.{f}") for f in sorted(given))
+            values["provenance"] = kept + prov
             table[name] = dataclasses.replace(table[name], **values)
         else:
             if not any(values.get(f) is not None for f in _NUMERIC_FIELDS):
                 issues.append(f"{where}: a new chip needs at least one of {', '.join(_NUMERIC_FIELDS)}")
                 continue
             table[name] = Chip(name=name, **{f: values.get(f) for f in _FIGURES},
-                               sources=values.get("sources", ("user",)), note=values.get("note", ""))
+                               sources=values.get("sources", ("user",)), note=values.get("note", ""),
+                               matmul_flops_per_second=values.get("matmul_flops_per_second", ()),
+                               matmul_tile=values.get("matmul_tile"), profile=values.get("profile", ()),
+                               provenance=prov if measured else ())
     if issues:
         raise SpecError(issues, hint="see stagetool.core.chips.merge_chips for the fields")
     return dict(sorted(table.items()))
+
+
+def _profile_fields(entry: Mapping[str, Any], where: str, values: dict[str, Any], issues: list[str]) -> None:
+    """Read a chip entry's ``matmul_flops_per_second`` (``{class: FLOP/s}``), ``matmul_tile``
+    (``[rows, columns]``) and ``profile`` (``{key: text}``) into ``values``; problems into ``issues``."""
+    if "matmul_flops_per_second" in entry:
+        rates = entry["matmul_flops_per_second"]
+        if not isinstance(rates, Mapping):
+            issues.append(f"{where}.matmul_flops_per_second: expected a mapping of {', '.join(_MATMUL_CLASSES)} to "
+                          f"FLOP/s, got {rates!r}")
+        else:
+            out = []
+            for k, v in rates.items():
+                if k not in _MATMUL_CLASSES:
+                    issues.append(f"{where}.matmul_flops_per_second.{k}: unknown matmul class; valid: "
+                                  + ", ".join(_MATMUL_CLASSES))
+                    continue
+                r = _number(v, "matmul_flops_per_second", where, issues)
+                if r is not None:
+                    out.append((str(k), float(r)))
+            values["matmul_flops_per_second"] = tuple(sorted(out, key=lambda kv: _MATMUL_CLASSES.index(kv[0])))
+    if "matmul_tile" in entry:
+        tile = entry["matmul_tile"]
+        if (isinstance(tile, (list, tuple)) and len(tile) == 2
+                and all(isinstance(t, int) and not isinstance(t, bool) and 0 < t <= 4096 for t in tile)):
+            values["matmul_tile"] = (int(tile[0]), int(tile[1]))
+        else:
+            issues.append(f"{where}.matmul_tile: expected [rows, columns], two integers from 1 to 4096, got {tile!r}")
+    if "profile" in entry:
+        prof = entry["profile"]
+        if isinstance(prof, Mapping) and all(isinstance(k, str) for k in prof) and all(
+                isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in prof.values()):
+            values["profile"] = tuple((k, str(v)) for k, v in prof.items())
+        else:
+            issues.append(f"{where}.profile: expected a mapping of text (measured_on, date, jax, libtpu, command)")

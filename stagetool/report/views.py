@@ -223,15 +223,28 @@ def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
     if e.tokens_per_second_per_chip is not None:
         mfu += (f", {format_count(e.tokens_per_second_per_chip)} tokens/s per chip ({e.tokens_per_step} tokens "
                 "per step)")
-    out = [("info", f"step time on {e.chip} (estimate): {format_seconds(e.schedule_seconds)} as scheduled, range "
-                    f"{format_seconds(e.overlapped_seconds)} (collectives overlapped) – "
-                    f"{format_seconds(e.serial_seconds)} (serial); bound: {e.bound}{mfu}")]
+    least = "at least " if e.lower_bound else ""
+    out = [("warn" if e.lower_bound else "info",
+            f"step time on {e.chip} (estimate{', a lower bound' if e.lower_bound else ''}): {least}"
+            f"{format_seconds(e.schedule_seconds)} as scheduled, range {least}"
+            f"{format_seconds(e.overlapped_seconds)} (collectives overlapped) – "
+            f"{format_seconds(e.serial_seconds)} (serial); bound: {e.bound}{mfu}")]
+    for u in e.uncounted:
+        where = f" ({u.source})" if u.source else ""
+        out.append(("warn", f"step time leaves out the work of {u.kind} {u.name}{where}: no model covers it; "
+                            f"counted at a floor of {format_seconds(u.floor_seconds)} per step (its bytes at the HBM "
+                            "peak)"))
     if e.parts:
         out.append(("info", "step time by part (exposed): " + " · ".join(
             f"{name} {format_seconds(v)}" for name, v in e.parts)))
+    if e.sources:
+        out.append(("info", "step time by source of the figure: " + " · ".join(
+            f"{name} {format_seconds(v)}" for name, v in e.sources)))
     if e.xla_optimal_seconds is not None:
         out.append(("info", f"XLA's own figure (optimal_seconds, Compiled.cost_analysis()): "
                             f"{format_seconds(e.xla_optimal_seconds)}"))
+    elif e.xla_optimal_note:
+        out.append(("info", e.xla_optimal_note))
     if e.reason:
         out.append(("warn", f"step time: {e.reason}"))
     out.append(("info", "step time assumes: " + "; ".join(e.assumptions)))
@@ -241,9 +254,9 @@ def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
 def step_time_rows(c: CostSection, top: int = 8) -> tuple[list[str], list[list[str]]]:
     """``(header, rows)`` of the instructions that take longest over the step (an estimate)."""
     e = c.step_time
-    rows = [[i.name, i.opcode, format_seconds(i.total_seconds), str(i.executions), i.bound, _chain(i.source, i.via),
-             _op(i.op_name)] for i in (e.top[:top] if e is not None else ())]
-    return ["instruction", "opcode", "time / step", "runs", "bound", "source", "op"], rows
+    rows = [[i.name, i.kind or i.opcode, format_seconds(i.total_seconds), str(i.executions), i.bound, i.figure,
+             _chain(i.source, i.via), _op(i.op_name)] for i in (e.top[:top] if e is not None else ())]
+    return ["instruction", "kind", "time / step", "runs", "bound", "figure", "source", "op"], rows
 
 
 if TYPE_CHECKING:

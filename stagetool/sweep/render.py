@@ -135,7 +135,8 @@ def _step_time(row: dict, chip: str | None) -> str:
     st = row.get("step_time")
     if not st:
         return "—"
-    text = f"{format_seconds(st['schedule_seconds'])} ({st.get('bound') or '?'}"
+    least = "≥ " if st.get("lower_bound") else ""  # at least: work no model covers
+    text = f"{least}{format_seconds(st['schedule_seconds'])} ({st.get('bound') or '?'}"
     if st.get("tokens_per_second_per_chip") is not None:
         text += f", {format_count(st['tokens_per_second_per_chip'])} tok/s/chip"
     return text + (f", {st['chip']})" if not chip else ")")

@@ -49,8 +49,9 @@ class RowError:
 @dataclasses.dataclass(frozen=True)
 class RowStepTime:
     """A row's step-time estimate (seconds per step on one device, an estimate): its chip, the range
-    and the schedule's figure; sweep rows add what bounds it and, where the spec names
-    ``tokens_per_step``, tokens per second per chip."""
+    and the schedule's figure; sweep rows add what bounds it, where the spec names
+    ``tokens_per_step`` tokens per second per chip, and whether the figure is a lower bound (work no
+    model covers: the step takes at least it)."""
 
     chip: str
     overlapped_seconds: float
@@ -58,6 +59,7 @@ class RowStepTime:
     serial_seconds: float
     bound: str | None = None
     tokens_per_second_per_chip: float | None = None
+    lower_bound: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +112,9 @@ class Row:
         "omit": True, "doc": "stagetool fit only: sha256 of the lowered StableHLO text, or null (not a sweep row's field)"})
     step_time: RowStepTime | None = dataclasses.field(default=None, metadata={
         "omit": True, "doc": "the step-time estimate (an estimate, seconds per step on one device) as {chip, "
-                             "overlapped_seconds, schedule_seconds, serial_seconds, bound, tokens_per_second_per_chip},"
-                             " or null; absent from rows written before it existed"})
+                             "overlapped_seconds, schedule_seconds, serial_seconds, bound, tokens_per_second_per_chip, "
+                             "lower_bound (true: at least this, work no model covers)}, or null; absent from rows "
+                             "written before it existed"})
     replicated_inputs: tuple[ReplicatedInput, ...] | None = dataclasses.field(default=None, metadata={
         "omit": True, "doc": "stagetool fit only: the largest input leaves every device holds whole (compiled "
                              "sharding fully replicated; a refused compile's declared one), largest first, as "
@@ -185,7 +188,24 @@ def best(rows: Iterable[dict], rank_by: RankBy) -> tuple[str | None, RankBy | No
     if not ranked:
         return None, None, "no configuration reports the figure to rank by"
     top = min(ranked, key=lambda r: (metric(r, used), r["index"]))
+    if used == RankBy.step_time and _lower_bound(top):
+        complete = [r for r in ranked if not _lower_bound(r)]
+        bounds = sum(1 for r in ranked if _lower_bound(r))
+        if complete:  # a lower bound is never ranked above a complete figure: it may take far longer
+            top = min(complete, key=lambda r: (metric(r, used), r["index"]))
+            note = _join(note, f"{bounds} configuration{'s' if bounds != 1 else ''} with a step time that is only a "
+                               "lower bound (work no model covers) not ranked above complete figures")
+        else:
+            note = _join(note, "every step time is a lower bound (work no model covers): ranked by those floors")
     return top["id"], used, note
+
+
+def _lower_bound(row: dict) -> bool:
+    return bool((row.get("step_time") or {}).get("lower_bound"))
+
+
+def _join(a: str | None, b: str) -> str:
+    return f"{a}; {b}" if a else b
 
 
 def row_label(row: dict) -> str:

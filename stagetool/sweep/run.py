@@ -58,7 +58,7 @@ def row_from_function(row: dict, fn: FunctionReport) -> dict:
     row["step_time"] = None if est is None else {
         "chip": est.chip, "overlapped_seconds": est.overlapped_seconds, "schedule_seconds": est.schedule_seconds,
         "serial_seconds": est.serial_seconds, "bound": est.bound,
-        "tokens_per_second_per_chip": est.tokens_per_second_per_chip}
+        "tokens_per_second_per_chip": est.tokens_per_second_per_chip, "lower_bound": est.lower_bound}
     if fn.error is not None:  # the pipeline reports a failed function as data: here it is a failed row
         row.update(status=ERROR, error={"stage": "staging", "exit_code": 3, "message": str(fn.error)})
         return row

@@ -1,0 +1,244 @@
+"""The step-time model per kernel (stagetool.analysis.kernel_time) and its lower-bound honesty, on HLO
+modules whose times follow from the chip's constants alone (no compile: each test parses a few lines)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stagetool.analysis.kernel_time import kernel_time
+from stagetool.analysis.step_time import step_time
+from stagetool.analysis.uncounted import uncounted_work
+from stagetool.core.chips import CHIPS, merge_chips
+from stagetool.core.errors import SpecError
+from stagetool.facts import Interconnect
+from stagetool.hlo.collectives import while_loops
+from stagetool.hlo.parser import parse_hlo_module
+from stagetool.sweep.rows import RankBy, best
+
+V5E = CHIPS["tpu-v5e"]
+TPU = Interconnect("tpu", (), ())
+# a chip whose every rate is a round number, so that each expected time is plain arithmetic
+ROUND = merge_chips({"round": {
+    "peak_flops_per_second_bf16": 1e14, "hbm_bandwidth_bytes_per_second": 1e12,
+    "matmul_flops_per_second": {"bf16": 1e14, "f32": 5e13, "f32_highest": 1e13, "int8": 2e14},
+    "matmul_tile": [128, 128], "hbm_copy_bytes_per_second": 4e11, "elementwise_bytes_per_second": 5e11,
+    "reduction_bytes_per_second": 4e11, "transcendentals_per_second": 1e12, "gather_bytes_per_second": 2e11,
+    "scatter_bytes_per_second": 1e11, "kernel_overhead_seconds": 2e-6, "clock_hz": 1e9,
+    "profile": {"measured_on": "a test", "date": "2026-12-06", "jax": "0.10.2"}}})["round"]
+
+
+def _estimate(text: str, chip=ROUND):
+    module = parse_hlo_module(text)
+    return step_time(module, chip, TPU, (), dict(while_loops(module)))
+
+
+def _kernel(text: str, name: str, chip=ROUND):
+    module = parse_hlo_module(text)
+    entry = module.entry
+    return kernel_time(module, entry, entry.instruction(name), chip)
+
+
+_ELEMENTWISE = """HloModule jit_f, num_partitions=1
+
+%fused (p0: f32[4096,4096], p1: f32[4096,4096]) -> f32[4096,4096] {
+  %p0 = f32[4096,4096]{1,0} parameter(0)
+  %p1 = f32[4096,4096]{1,0} parameter(1)
+  %m = f32[4096,4096]{1,0} multiply(%p0, %p1)
+  ROOT %e = f32[4096,4096]{1,0} exponential(%m)
+}
+
+ENTRY %main (a: f32[4096,4096], b: f32[4096,4096]) -> f32[4096,4096] {
+  %a = f32[4096,4096]{1,0} parameter(0)
+  %b = f32[4096,4096]{1,0} parameter(1)
+  ROOT %f = f32[4096,4096]{1,0} fusion(%a, %b), kind=kLoop, calls=%fused, metadata={op_name="jit(f)/exp" source_file="k.py" source_line=3}
+}
+"""
+
+
+def test_an_element_wise_kernel_is_memory_bound_at_its_bytes_over_the_element_wise_rate():
+    e = _estimate(_ELEMENTWISE)
+    moved = 3 * 4096 * 4096 * 4  # two f32 operands read, one result written
+    assert e.schedule_seconds == pytest.approx(moved / 5e11 + 2e-6, rel=1e-9)
+    assert e.bound == "memory bandwidth" and not e.lower_bound
+    k = e.top[0]
+    assert (k.kind, k.bound, k.figure, k.source) == ("element-wise", "memory bandwidth", "model", "k.py:3")
+    # its exp (one transcendental per element) at the vector unit's rate is the smaller part
+    kt = _kernel(_ELEMENTWISE, "f")
+    assert kt.compute_seconds == pytest.approx(4096 * 4096 / 1e12)
+    assert kt.compute_seconds < kt.memory_seconds
+    assert dict(e.sources) == {"model": pytest.approx(e.schedule_seconds)}
+
+
+def _dot(m: int, k: int, n: int, dtype: str = "bf16", precision: str = "") -> str:
+    out = "s32" if dtype == "s8" else dtype
+    return f"""HloModule jit_g, num_partitions=1
+
+ENTRY %main (a: {dtype}[{m},{k}], b: {dtype}[{k},{n}]) -> {out}[{m},{n}] {{
+  %a = {dtype}[{m},{k}]{{1,0}} parameter(0)
+  %b = {dtype}[{k},{n}]{{1,0}} parameter(1)
+  ROOT %d = {out}[{m},{n}]{{1,0}} dot(%a, %b), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}{precision}
+}}
+"""
+
+
+def test_a_bf16_matmul_is_compute_bound_at_its_flops_over_the_measured_rate():
+    kt = _kernel(_dot(8192, 8192, 8192), "d")
+    assert kt.kind == "matmul bf16" and kt.bound == "compute" and kt.figure == "model"
+    assert kt.compute_seconds == pytest.approx(2 * 8192**3 / 1e14, rel=1e-12)
+    assert kt.seconds == pytest.approx(2 * 8192**3 / 1e14 + 2e-6, rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype,precision,kind,rate", [
+    ("f32", "", "f32", 5e13),  # DEFAULT precision: what XLA:TPU compiles as bf16 passes, at its own rate
+    ("f32", ", operand_precision={highest,highest}", "f32_highest", 1e13),
+    ("s8", "", "int8", 2e14),
+])
+def test_a_matmul_runs_at_the_rate_of_the_precision_xla_compiled(dtype, precision, kind, rate):
+    kt = _kernel(_dot(4096, 4096, 4096, dtype, precision), "d")
+    assert kt.kind == f"matmul {kind}"
+    assert kt.compute_seconds == pytest.approx(2 * 4096**3 / rate, rel=1e-12)
+
+
+def test_a_decode_matmul_at_batch_32_is_padded_to_the_mxu_tile():
+    # 32 rows stream through a 128 x 128 matrix unit as 128: 4x the FLOPs' time; N = 1000 pads to 1024
+    kt = _kernel(_dot(32, 4096, 1000), "d")
+    assert kt.flops == 2 * 32 * 4096 * 1000  # the FLOPs are XLA's count, unpadded
+    assert kt.compute_seconds == pytest.approx(2 * 128 * 4096 * 1024 / 1e14, rel=1e-12)
+    # and the kernel is bound by reading its weights, as a decode step is
+    assert kt.memory_seconds == pytest.approx((32 * 4096 + 4096 * 1000 + 32 * 1000) * 2 / 4e11, rel=1e-12)
+    assert kt.bound == "memory bandwidth"
+    # no tile on the chip: no padding
+    untiled = merge_chips({"plain": {"peak_flops_per_second_bf16": 1e14}})["plain"]
+    assert _kernel(_dot(32, 4096, 1000), "d", untiled).compute_seconds == pytest.approx(2 * 32 * 4096 * 1000 / 1e14)
+
+
+_LOOP = """HloModule jit_loop, num_partitions=1
+
+%body (p: (s32[], bf16[1024,1024], bf16[1024,1024])) -> (s32[], bf16[1024,1024], bf16[1024,1024]) {
+  %p = (s32[], bf16[1024,1024]{1,0}, bf16[1024,1024]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = bf16[1024,1024]{1,0} get-tuple-element(%p), index=1
+  %w = bf16[1024,1024]{1,0} get-tuple-element(%p), index=2
+  %y = bf16[1024,1024]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], bf16[1024,1024]{1,0}, bf16[1024,1024]{1,0}) tuple(%next, %y, %w)
+}
+
+%cond (p: (s32[], bf16[1024,1024], bf16[1024,1024])) -> pred[] {
+  %p = (s32[], bf16[1024,1024]{1,0}, bf16[1024,1024]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(7)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (x: bf16[1024,1024], w: bf16[1024,1024]) -> bf16[1024,1024] {
+  %x = bf16[1024,1024]{1,0} parameter(0)
+  %w = bf16[1024,1024]{1,0} parameter(1)
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[1024,1024]{1,0}, bf16[1024,1024]{1,0}) tuple(%zero, %x, %w)
+  %loop = (s32[], bf16[1024,1024]{1,0}, bf16[1024,1024]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"7"}}
+  ROOT %r = bf16[1024,1024]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_a_loop_body_counts_its_trip_count_times():
+    e = _estimate(_LOOP)
+    module = parse_hlo_module(_LOOP)
+    body, cond = module.computation("body"), module.computation("cond")
+    dot = kernel_time(module, body, body.instruction("y"), ROUND)
+    add = kernel_time(module, body, body.instruction("next"), ROUND)
+    lt = kernel_time(module, cond, cond.instruction("lt"), ROUND)
+    assert dict(while_loops(module))["loop"] == 7
+    assert e.schedule_seconds == pytest.approx(7 * (dot.seconds + add.seconds) + 8 * lt.seconds, rel=1e-9)
+    y = next(i for i in e.top if i.name == "y")
+    assert y.executions == 7 and y.total_seconds == pytest.approx(7 * dot.seconds)
+    assert e.flops == pytest.approx(7 * 2 * 1024**3 + 7 + 8)
+
+
+def _custom(target: str, config: str = "") -> str:
+    backend = f", backend_config={config}" if config else ""
+    return f"""HloModule jit_h, num_partitions=1
+
+ENTRY %main (x: f32[32,32000]) -> (f32[32,8], s32[32,8]) {{
+  %x = f32[32,32000]{{1,0}} parameter(0)
+  %e = f32[32,32000]{{1,0}} exponential(%x)
+  ROOT %c = (f32[32,8]{{1,0}}, s32[32,8]{{1,0}}) custom-call(%e), custom_call_target="{target}"{backend}, metadata={{op_name="jit(h)/top_k" source_file="s.py" source_line=11}}
+}}
+"""
+
+
+@pytest.mark.parametrize("target,kind", [("TopK", "top-k"), ("tpu_custom_call", "Pallas kernel (Mosaic TPU)"),
+                                         ("my_kernel", "custom call my_kernel")])
+def test_uncounted_work_makes_the_step_time_a_lower_bound_naming_each_instruction(target, kind):
+    e = _estimate(_custom(target))
+    assert e.lower_bound
+    [u] = e.uncounted
+    assert (u.name, u.kind, u.source, u.executions) == ("c", kind, "s.py:11", 1)
+    floor = (32 * 32000 * 4 + 2 * 32 * 8 * 4) / 1e12  # what it reads and writes, at the HBM peak
+    assert u.floor_seconds == pytest.approx(floor + 2e-6, rel=1e-9)
+    exp = 2 * 32 * 32000 * 4 / 5e11 + 2e-6
+    assert e.schedule_seconds == pytest.approx(exp + floor + 2e-6, rel=1e-9)
+    assert dict(e.sources)["floor: work not counted"] == pytest.approx(floor + 2e-6)
+    assert "at least" in e.reason and kind in e.reason
+
+
+def test_a_pallas_kernel_with_a_cost_estimate_is_timed_from_it():
+    config = '{"custom_call_config":{"body":"x","cost_estimate":{"flops":"4000000000","transcendentals":"0","bytes_accessed":"8000000"}}}'
+    e = _estimate(_custom("tpu_custom_call", config))
+    assert not e.lower_bound and e.uncounted == ()
+    k = next(i for i in e.top if i.name == "c")
+    assert k.figure == "kernel cost_estimate" and k.bound == "compute"
+    assert k.seconds == pytest.approx(4e9 / 1e14 + 2e-6, rel=1e-9)
+
+
+def test_xla_tpu_helper_custom_calls_are_data_movement_not_missing_work():
+    e = _estimate(_custom("GatherScatterIndicesBitpacked"))
+    assert not e.lower_bound and e.uncounted == ()
+    k = next(i for i in e.top if i.name == "c")
+    assert k.kind.startswith("XLA:TPU helper") and k.figure == "model"
+    assert k.seconds == pytest.approx((32 * 32000 * 4 + 2 * 32 * 8 * 4) / 4e11 + 2e-6, rel=1e-9)
+    assert uncounted_work(parse_hlo_module(_custom("ConcatBitcast"))) == ()
+    assert [u.kind for u in uncounted_work(parse_hlo_module(_custom("TopK")))] == ["top-k"]
+
+
+def test_xla_optimal_seconds_is_never_shown_negative_or_for_a_loop():
+    module = parse_hlo_module(_LOOP)
+    looped = step_time(module, ROUND, TPU, (), dict(while_loops(module)), xla_optimal_seconds=1e-3)
+    assert looped.xla_optimal_seconds is None and "while-loop body once" in looped.xla_optimal_note
+    module = parse_hlo_module(_ELEMENTWISE)
+    negative = step_time(module, ROUND, TPU, (), {}, xla_optimal_seconds=-2.0)
+    assert negative.xla_optimal_seconds is None and "not positive" in negative.xla_optimal_note
+    assert step_time(module, ROUND, TPU, (), {}, xla_optimal_seconds=1e-3).xla_optimal_seconds == 1e-3
+
+
+def _row(i: int, seconds: float, lower: bool) -> dict:
+    return {"index": i, "id": f"c{i}", "status": "ok", "fits": True,
+            "step_time": {"chip": "tpu-v5e", "schedule_seconds": seconds, "lower_bound": lower}}
+
+
+def test_sweep_never_ranks_a_lower_bound_above_a_complete_figure_without_saying_so():
+    rows = [_row(0, 5e-3, False), _row(1, 1e-3, True), _row(2, 4e-3, False)]
+    top, used, note = best(rows, RankBy.step_time)
+    assert (top, used) == ("c2", RankBy.step_time)
+    assert "1 configuration with a step time that is only a lower bound" in note
+    # only lower bounds: ranked by them, and said
+    top, _, note = best([_row(0, 5e-3, True), _row(1, 1e-3, True)], RankBy.step_time)
+    assert top == "c1" and "every step time is a lower bound" in note
+    # a lower bound that is not the smallest changes nothing
+    assert best([_row(0, 1e-3, False), _row(1, 2e-3, True)], RankBy.step_time)[0::2] == ("c0", None)
+
+
+def test_a_calibrated_profile_loads_with_measured_provenance_and_bad_fields_are_named():
+    assert ROUND.figure_kind("elementwise_bytes_per_second") == "measured"
+    assert ROUND.matmul_rate("f32_highest") == 1e13 and ROUND.matmul_tile == (128, 128)
+    # a class given for a built-in chip overrides that class only
+    v5e = merge_chips({"tpu-v5e": {"matmul_flops_per_second": {"bf16": 1.9e14}}})["tpu-v5e"]
+    assert v5e.matmul_rate("bf16") == 1.9e14 and v5e.matmul_rate("f32_highest") == V5E.matmul_rate("f32_highest")
+    assert V5E.figure_kind("matmul_flops_per_second") == "measured" and dict(V5E.profile)["libtpu"]
+    with pytest.raises(SpecError) as e:
+        merge_chips({"x": {"peak_flops_per_second_bf16": 1e14, "matmul_tile": [128], "matmul_flops_per_second":
+                           {"bf17": 1.0}}})
+    text = str(e.value)
+    assert "chips.x.matmul_tile: expected [rows, columns]" in text and "chips.x.matmul_flops_per_second.bf17" in text
