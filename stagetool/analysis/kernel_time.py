@@ -29,7 +29,8 @@ uncounted           a Pallas kernel without ``cost_estimate``, top-k, sort, any 
                     marked, so that the step time is "at least" its figure
 =================  ====================================================================================
 
-Each kernel adds the chip's fixed ``kernel_overhead_seconds`` (TPU) or ``kernel_launch_seconds`` (GPU).
+Each kernel adds the chip's fixed ``kernel_overhead_seconds`` (TPU; not for scalar work of a few bytes, a
+loop counter, which the TPU's scalar unit runs) or ``kernel_launch_seconds`` (GPU).
 What bounds it is the largest of compute, memory bandwidth and that fixed cost (``latency``).
 Bytes are what the kernel reads and writes (:func:`stagetool.hlo.loops.instruction_cost`: operands
 and result at their tiled sizes; a slice reads what it keeps). No JAX.
@@ -64,6 +65,8 @@ _MOVES = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitc
                     "broadcast", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad", "iota",
                     "reverse", "bitcast-convert", "copy-start", "copy-done"})
 _MATMULS = frozenset({"dot", "convolution"})
+_SCALAR_BYTES = 64
+"""A kernel reading and writing at most this many bytes is scalar work (a loop counter): no fixed cost on TPU."""
 _CYCLES = re.compile(r'"estimated_cycles":"?(\d+)')
 
 
@@ -216,6 +219,8 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
     hbm = chip.hbm_bandwidth_bytes_per_second
     copy_rate = _rate(chip.hbm_copy_bytes_per_second, hbm)
     overhead = (chip.kernel_launch_seconds if gpu else chip.kernel_overhead_seconds) or 0.0
+    if not gpu and moved <= _SCALAR_BYTES and ins.opcode != "custom-call":
+        overhead = 0.0  # a loop counter's add or compare: the TPU's scalar unit, no vector kernel
     cycles = xla_cycles(ins)
     xla = cycles / chip.clock_hz if cycles and chip.clock_hz else None
     inner = _inner(module, ins) if ins.opcode in ("fusion", "call") else [(comp, ins)]
