@@ -23,7 +23,7 @@ gather / scatter    the gathered rows' (result) bytes ÷ the gather rate; the up
 copy / layout       bytes ÷ the HBM copy rate (copies, transposes, fusions that only move data,
                     XLA:TPU's helper custom calls)
 Pallas kernel       its ``cost_estimate`` (FLOPs ÷ the bf16 rate, bytes ÷ the HBM copy rate), where
-                    its ``pallas_call`` was given one
+                    its ``pallas_call`` was given one: a floor too (the kernel's efficiency is its own)
 uncounted           a Pallas kernel without ``cost_estimate``, top-k, sort, any other custom call:
                     no model; timed at a floor (its operand and result bytes ÷ the HBM peak) and
                     marked, so that the step time is "at least" its figure
@@ -86,7 +86,9 @@ class KernelTime:
       flops / bytes_accessed: per execution (FLOPs with XLA's rules; bytes read and written).
       xla_seconds: XLA:TPU's ``estimated_cycles`` ÷ the clock where the module carries a positive one
         (shown beside the model's figure where that is used), else None.
-      uncounted: True when no model covers its work (:data:`FROM_FLOOR`): the step time is a lower bound.
+      uncounted: True when its figure is only a floor: no model covers its work (:data:`FROM_FLOOR`), or a
+        Pallas kernel timed from its ``cost_estimate`` at the chip's full rates (:data:`FROM_KERNEL`: the
+        kernel's own efficiency is unknown); the step time is then a lower bound.
     """
 
     kind: str
@@ -250,7 +252,7 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
             rate = chip.matmul_rate("bf16")
             b = kb if kb is not None else moved
             return done(custom_call_kind(target), kf / rate if rate else 0.0, b / copy_rate if copy_rate else 0.0,
-                        FROM_KERNEL, f=kf, b=b)
+                        FROM_KERNEL, True, f=kf, b=b)
         else:
             return floor(custom_call_kind(target))
     if "sort" in ops:

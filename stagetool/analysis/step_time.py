@@ -49,7 +49,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from stagetool.analysis.kernel_time import FROM_FLOOR, LATENCY, kernel_time
+from stagetool.analysis.kernel_time import FROM_KERNEL, LATENCY, kernel_time
 from stagetool.hlo.collectives import Collective, program_frames
 from stagetool.core.chips import Chip
 from stagetool.facts import Interconnect
@@ -150,13 +150,15 @@ class InstructionTime:
 
 @dataclasses.dataclass(frozen=True)
 class UncountedKernel:
-    """A kernel whose work no model covers: the step time counts only its floor and is "at least".
+    """A kernel whose time the estimate knows only a floor of, so that the step time is "at least".
 
     Attributes:
       name: the HLO instruction; kind: what it is (``top-k``, ``Pallas kernel (Mosaic TPU)``, ``sort``...).
       source: ``file:line`` of the user's code that made it, or None.
-      floor_seconds: what the estimate counts for it over the step (its bytes at the HBM peak, × runs).
+      floor_seconds: what the estimate counts for it over the step (seconds, × runs).
       executions: times it runs per step.
+      why: ``no model covers its work`` (counted at its bytes at the HBM peak) or ``timed from its
+        cost_estimate at the chip's full rates`` (a Pallas kernel: its own efficiency is unknown).
     """
 
     name: str
@@ -164,6 +166,7 @@ class UncountedKernel:
     source: str | None
     floor_seconds: float
     executions: int
+    why: str = "no model covers its work"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,7 +373,7 @@ class _Timer:
         self.sync: dict[tuple[str, str], str] = {}
         self.unknown_trips: list[str] = []
         self.kinds: dict[tuple[str, str], tuple[str, str, float | None]] = {}  # (kind, figure, xla seconds)
-        self.floors: dict[tuple[str, str], float] = {}  # uncounted kernels: floor seconds per execution
+        self.floors: dict[tuple[str, str], str] = {}  # kernels known only by a floor: why
         self._index(collectives)
 
     def _callers(self) -> dict[str, tuple[str, HloInstruction]]:
@@ -451,7 +454,8 @@ class _Timer:
         key = (comp.name, ins.name)
         self.kinds[key] = (kt.kind, kt.figure, kt.xla_seconds)
         if kt.uncounted:
-            self.floors[key] = kt.seconds - kt.overhead_seconds + fixed
+            self.floors[key] = ("timed from its cost_estimate at the chip's full rates" if kt.figure == FROM_KERNEL
+                                else "no model covers its work")
         side = COMPUTE if kt.compute_seconds > kt.memory_seconds else MEMORY
         return kt.seconds - kt.overhead_seconds, fixed, kt.flops, kt.bound, kt.bytes_accessed, side
 
@@ -587,11 +591,10 @@ def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Seq
                        "latency only")
     by_key = {(i.computation, i.name): i for i in items}
     uncounted = tuple(UncountedKernel(by_key[k].name, timer.kinds[k][0], by_key[k].source, by_key[k].total_seconds,
-                                      by_key[k].executions) for k in timer.floors if k in by_key)
+                                      by_key[k].executions, why) for k, why in timer.floors.items() if k in by_key)
     if uncounted:
-        reasons.append(f"at least this: {len(uncounted)} kernel{'s' if len(uncounted) != 1 else ''} no model covers "
-                       f"({', '.join(sorted({u.kind for u in uncounted}))}) counted at a floor (their bytes at the "
-                       "HBM peak)")
+        reasons.append(f"at least this: {len(uncounted)} kernel{'s' if len(uncounted) != 1 else ''} counted at a floor "
+                       f"({', '.join(sorted({u.kind for u in uncounted}))}): their real time is unknown")
     xla, xla_note = xla_optimal_seconds, None
     if xla is not None and xla <= 0:
         xla, xla_note = None, "XLA's optimal_seconds is not positive for this program: not a figure"

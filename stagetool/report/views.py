@@ -231,9 +231,8 @@ def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
             f"{format_seconds(e.serial_seconds)} (serial); bound: {e.bound}{mfu}")]
     for u in e.uncounted:
         where = f" ({u.source})" if u.source else ""
-        out.append(("warn", f"step time leaves out the work of {u.kind} {u.name}{where}: no model covers it; "
-                            f"counted at a floor of {format_seconds(u.floor_seconds)} per step (its bytes at the HBM "
-                            "peak)"))
+        out.append(("warn", f"step time counts only a floor for {u.kind} {u.name}{where}: {u.why}: at least "
+                            f"{format_seconds(u.floor_seconds)} per step"))
     if e.parts:
         out.append(("info", "step time by part (exposed): " + " · ".join(
             f"{name} {format_seconds(v)}" for name, v in e.parts)))
