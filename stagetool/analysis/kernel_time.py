@@ -18,8 +18,8 @@ convolution         one with a spatial window (a ResNet's 3 × 3): XLA:TPU's own
                     window out on the MXU), else as a matmul (its K the input features × the window)
 element-wise        memory: bytes ÷ the element-wise rate; compute: transcendentals ÷ their rate
 reduction           memory: bytes ÷ the reduction rate; compute: transcendentals ÷ their rate
-gather / scatter    the gathered rows' (result) bytes ÷ the gather rate; the updates' bytes ÷ the
-                    scatter rate
+gather / scatter    2 × the gathered rows' bytes (read, written) ÷ the gather rate; 3 × the updates'
+                    bytes (the update read, its row read and written) ÷ the scatter rate
 copy / layout       bytes ÷ the HBM copy rate (copies, transposes, fusions that only move data,
                     XLA:TPU's helper custom calls)
 Pallas kernel       its ``cost_estimate`` (FLOPs ÷ the bf16 rate, bytes ÷ the HBM copy rate), where
@@ -281,13 +281,13 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         sc = next(i for _, i in inner if i.opcode == "scatter")
         sc_comp = next(c for c, i in inner if i is sc)
         upd = sum(shape_bytes(_shape(sc_comp, o)) or 0 for o in sc.operands[(len(sc.operands) + 1) // 2:])
-        rate = _rate(chip.scatter_bytes_per_second, hbm)
-        return done("scatter", compute, upd / rate if rate else 0.0, b=float(upd))
+        rate = _rate(chip.scatter_bytes_per_second, hbm)  # the update read, its row read and written
+        return done("scatter", compute, 3 * upd / rate if rate else 0.0, b=3.0 * upd)
     if "gather" in ops:
         rows = sum(shape_bytes(i.shape) or 0 for _, i in inner if i.opcode == "gather")
         rate = _rate(chip.gather_bytes_per_second, hbm)
-        rest = max(moved - 2 * rows, 0.0)  # what the kernel reads and writes beside the rows
-        return done("gather", compute, rows / rate + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)
+        rest = max(moved - 2 * rows, 0.0)  # what the kernel reads and writes beside the rows (read and written)
+        return done("gather", compute, 2 * rows / rate + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)
     if ops & {"reduce", "reduce-window"}:
         rate = _rate(chip.reduction_bytes_per_second, hbm)
         return done("reduction", compute, moved / rate if rate else 0.0)
