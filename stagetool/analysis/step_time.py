@@ -33,9 +33,8 @@ The model, per instruction of the schedule (the order XLA printed, which is its 
   (the wait the schedule itself implies), and **serial** (nothing overlaps: compute + all
   collectives).
 
-* **dispatch**: where the chip has a measured ``dispatch_seconds`` (the host's call and its wait for
-  the result, beyond the device's work: 0.62 ms on the lent v5e), each figure adds it once per step,
-  as the ``host dispatch`` part.
+* **device time only**: the host's dispatch of the step and its wait for the result are not counted
+  (0.6 ms of wall clock per step on the lent v5e, where each step was waited for).
 
 What bounds the step is the part of the schedule figure that is largest: compute (FLOP-bound
 kernels), memory bandwidth (byte-bound kernels), latency (kernels' fixed cost on TPU; kernel
@@ -70,7 +69,7 @@ _NO_KERNEL = frozenset({"copy-start", "send"})
 _KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute",
           "collective-broadcast")
 
-COMPUTE, MEMORY, LAUNCH, DISPATCH = "compute", "memory bandwidth", "kernel launch", "host dispatch"
+COMPUTE, MEMORY, LAUNCH = "compute", "memory bandwidth", "kernel launch"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -576,11 +575,9 @@ def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Seq
     timer = _Timer(module, chip, net, collectives, trips)
     entry = module.entry_name or ""
     w = timer.walk(entry, 1)
-    dispatch = chip.dispatch_seconds or 0.0  # once per step: the host's call and wait, beside the device's work
-    overlapped = max(w.compute + w.sync_comm, w.comm) + dispatch
-    serial = w.compute + w.comm + dispatch
-    schedule = min(max(w.schedule + dispatch, overlapped), serial)
-    w.add_part(DISPATCH, dispatch)
+    overlapped = max(w.compute + w.sync_comm, w.comm)
+    serial = w.compute + w.comm
+    schedule = min(max(w.schedule, overlapped), serial)
     parts = tuple(sorted(((k, v) for k, v in w.parts.items()), key=lambda kv: (-kv[1], kv[0])))
     bound = parts[0][0] if parts else COMPUTE
     items = sorted(_with_callers(timer), key=lambda i: (-i.total_seconds, i.computation, i.name))

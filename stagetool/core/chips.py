@@ -81,8 +81,6 @@ class Chip:
       scatter_bytes_per_second: 3 × the updates' bytes (the update read, its row read and written) per second
         of a large scatter-add.
       kernel_overhead_seconds: fixed time of one launched kernel (a top-level fusion) on the chip.
-      dispatch_seconds: fixed time of one step's dispatch from the host and its wait for the result
-        (``jax.jit`` call to ``block_until_ready``) beyond the device's own work, or None (not counted).
       profile: ``((key, value), ...)`` of a calibrated profile (``measured_on``, ``date``, ``jax``,
         ``libtpu``, ``command``): where its ``measured`` figures come from; () for none.
       provenance: ``(field, kind, source)`` per figure of a built-in chip: kind ``published`` (the
@@ -121,7 +119,6 @@ class Chip:
     gather_bytes_per_second: float | None = None
     scatter_bytes_per_second: float | None = None
     kernel_overhead_seconds: float | None = None
-    dispatch_seconds: float | None = None
     profile: tuple[tuple[str, str], ...] = ()
     provenance: tuple[tuple[str, str, str], ...] = ()
 
@@ -318,7 +315,7 @@ _V5E_PROFILE = dict(
     matmul_tile=(128, 128),
     hbm_copy_bytes_per_second=6.2277e11, elementwise_bytes_per_second=6.5098e11, reduction_bytes_per_second=7.1086e11,
     transcendentals_per_second=1.4110e12, gather_bytes_per_second=2.5681e11, scatter_bytes_per_second=1.9123e11,
-    kernel_overhead_seconds=1.5e-6, dispatch_seconds=6.164e-4,
+    kernel_overhead_seconds=1.5e-6,
     profile=(("measured_on", "TPU v5 lite"), ("date", "2026-12-06"), ("jax", "0.10.2"), ("jaxlib", "0.10.2"),
              ("libtpu", "0.0.42.1"), ("command", "stagetool calibrate -o tpu-v5e.yaml")),
 )
@@ -337,9 +334,6 @@ _V5E_PROVENANCE = (
      "(2 x the gathered bytes: read and written)"),
     ("scatter_bytes_per_second", "measured", _V5E_MEASURED + ": f32[262144,512].at[i32[131072]].add in 4.211 ms "
      "(3 x the update bytes: the update read, the row read and written)"),
-    ("dispatch_seconds", "measured", _V5E_MEASURED + ": f32[8] + 1, one call then block_until_ready (the host "
-     "round trip) in 0.6164 ms; single-kernel steps of the validation suite take their kernel's profiled time + "
-     "0.58-0.72 ms of wall clock"),
     ("kernel_overhead_seconds", "assumption", "a TPU kernel's fixed start-up and pipeline fill: 1.5 us (the "
      "calibration's chained-kernel difference, 0.05 us with a 165% spread, is noise)"),
 )
@@ -364,7 +358,7 @@ _FABRIC_FIELDS = ("peak_flops_per_second_fp8", "peak_flops_per_second_int8",
                    "kernel_launch_seconds")
 _RATE_FIELDS = ("clock_hz", "hbm_copy_bytes_per_second", "elementwise_bytes_per_second",
                 "reduction_bytes_per_second", "transcendentals_per_second", "gather_bytes_per_second",
-                "scatter_bytes_per_second", "kernel_overhead_seconds", "dispatch_seconds")
+                "scatter_bytes_per_second", "kernel_overhead_seconds")
 """The step-time model's measured rates (a calibrated profile's figures, :mod:`stagetool.analysis.step_time`)."""
 _INT_FIELDS = frozenset({"hbm_capacity_bytes", "ici_links_per_chip", "ici_torus_dims", "ici_wraparound_multiple",
                          "gpus_per_host"})
