@@ -52,7 +52,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from stagetool.analysis.kernel_time import FROM_KERNEL, LATENCY, kernel_time
+from stagetool.analysis.kernel_time import LATENCY, kernel_time
 from stagetool.hlo.collectives import Collective, program_frames
 from stagetool.core.chips import Chip
 from stagetool.facts import Interconnect
@@ -63,7 +63,7 @@ __all__ = ["CollectiveTime", "InstructionTime", "StepTimeEstimate", "UncountedKe
 
 _FREE = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "opt-barrier",
                    "partition-id", "replica-id", "iota", "add-dependency", "domain", "copy-start", "copy-done",
-                   "async-update", "send-done", "recv-done", "recv"})
+                   "async-update", "send-done", "recv-done", "recv", "slice-start"})
 _CONTROL = frozenset({"while", "conditional", "call"})
 _NO_KERNEL = frozenset({"copy-start", "send"})
 _KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute",
@@ -160,8 +160,9 @@ class UncountedKernel:
       source: ``file:line`` of the user's code that made it, or None.
       floor_seconds: what the estimate counts for it over the step (seconds, × runs).
       executions: times it runs per step.
-      why: ``no model covers its work`` (counted at its bytes at the HBM peak) or ``timed from its
-        cost_estimate at the chip's full rates`` (a Pallas kernel: its own efficiency is unknown).
+      why: ``no model covers its work`` (counted at its bytes at the HBM peak), ``timed from its
+        cost_estimate at the chip's full rates`` (a Pallas kernel: its own efficiency is unknown), or XLA:TPU's
+        own cost model gives the fusion up (its ``estimated_cycles`` "unknown": timed by its class, a floor).
     """
 
     name: str
@@ -457,8 +458,7 @@ class _Timer:
         key = (comp.name, ins.name)
         self.kinds[key] = (kt.kind, kt.figure, kt.xla_seconds)
         if kt.uncounted:
-            self.floors[key] = ("timed from its cost_estimate at the chip's full rates" if kt.figure == FROM_KERNEL
-                                else "no model covers its work")
+            self.floors[key] = kt.floor_reason or "no model covers its work"
         side = COMPUTE if kt.compute_seconds > kt.memory_seconds else MEMORY
         return kt.seconds - kt.overhead_seconds, fixed, kt.flops, kt.bound, kt.bytes_accessed, side
 

@@ -133,6 +133,12 @@ def _shape_bytes(shape) -> int | None:
     return total
 
 
+def tiled_shape_bytes(shape) -> int | None:
+    """Bytes of a shape's arrays as the backend lays them out: a tiled TPU layout's padded bytes, else the
+    logical bytes; None when the shape is None or a leaf's size is unknown (the cost counters' sizes)."""
+    return _shape_bytes(shape)
+
+
 def _first_leaf(shape):
     """A tuple shape's element ``{0}`` (an async copy's destination), the shape itself otherwise."""
     leaves = array_leaves(shape)
