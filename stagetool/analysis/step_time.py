@@ -52,7 +52,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from stagetool.analysis.kernel_time import LATENCY, kernel_time
+from stagetool.analysis.kernel_time import FROM_KERNEL, LATENCY, kernel_time
 from stagetool.hlo.collectives import Collective, program_frames
 from stagetool.core.chips import Chip
 from stagetool.facts import Interconnect
@@ -231,7 +231,8 @@ class StepTimeEstimate:
     sources: tuple[tuple[str, float], ...] = ()
     xla_optimal_note: str | None = None
     matmul_flops: float = 0.0
-    """FLOPs of the step's matmul and convolution kernels (loop bodies × trip counts): MFU's numerator
+    """FLOPs of the step's matmul and convolution kernels and Pallas kernels' ``cost_estimate`` (loop bodies ×
+    trip counts): MFU's numerator
     (element-wise and reduction FLOPs, which XLA:TPU's reduce-window rewrites can inflate, left out)."""
 
 
@@ -506,7 +507,8 @@ class _Timer:
             total = seconds + launch
             w.compute += total
             w.flops += flops
-            if self.kinds[(comp.name, ins.name)][0].startswith(("matmul", "convolution")):
+            kind, figure, _ = self.kinds[(comp.name, ins.name)]
+            if kind.startswith(("matmul", "convolution")) or figure == FROM_KERNEL:
                 w.matmul_flops += flops
             w.add_part(side, seconds)
             w.add_part(LAUNCH if self.gpu else LATENCY, launch)
