@@ -139,6 +139,7 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target]
     from stagetool.core.errors import SpecError, StagingError
     from stagetool.inputs.loading import load_and_build
     from stagetool.plan.selectors import unmatched_leaf_patterns
+    from stagetool.process.dispositions import caller_signals
 
     out: dict[str, Prepared] = {}
     issues: list[str] = []
@@ -146,8 +147,12 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target]
     for fspec in plan.functions:
         try:
             # the target loaded, its inputs built, in the staged device world (inputs.loading)
-            target, inputs, fitted, own_setup = load_and_build(fspec, setup, plan.mesh, avals=plan.avals,
-                                                               target=(targets or {}).get(fspec.name))
+            signal_notes: list[str] = []
+            with caller_signals(signal_notes):  # the target's import, init and {call: ...}s
+                target, inputs, fitted, own_setup = load_and_build(fspec, setup, plan.mesh, avals=plan.avals,
+                                                                   target=(targets or {}).get(fspec.name))
+            if signal_notes:
+                inputs = dataclasses.replace(inputs, notes=(*inputs.notes, *signal_notes))
         except SpecError as e:
             issues.extend(e.issues)
             continue
@@ -290,6 +295,7 @@ def _stage(prep: Prepared, setup: DeviceSetup, until: str,
     Raises:
       StagingError: the function's ``init`` failed, or JAX failed to trace, lower or compile it.
     """
+    from stagetool.process.dispositions import caller_signals
     from stagetool.staging.stages import jit_function, stage
 
     if prep.error is not None:
@@ -298,8 +304,12 @@ def _stage(prep: Prepared, setup: DeviceSetup, until: str,
     fspec, target, inputs = prep.fspec, prep.target, prep.inputs
     jitted = jit_function(target, fspec, inputs, setup.mesh)
     user_files = [target.module_file] if target.module_file else []
-    staged = stage(jitted, inputs, setup.mesh, name=fspec.name, user_files=user_files, until=until, dump=dump,
-                   on_stage=(lambda s: on_stage(fspec.name, s)) if on_stage else None)
+    signal_notes: list[str] = []
+    with caller_signals(signal_notes):  # the trace runs the user's code: the caller's signals stay
+        staged = stage(jitted, inputs, setup.mesh, name=fspec.name, user_files=user_files, until=until, dump=dump,
+                       on_stage=(lambda s: on_stage(fspec.name, s)) if on_stage else None)
+    if signal_notes:
+        inputs = dataclasses.replace(inputs, notes=(*inputs.notes, *signal_notes))
     return fspec, inputs, staged, user_files
 
 
@@ -844,6 +854,8 @@ def stage_once(plan: Plan, setup: DeviceSetup, prep: Prepared) -> StagedOnce:
 
     setup = prep.setup or setup
     fspec, inputs, staged, user_files = _stage(prep, setup, "compile", None, dump=plan.peak)
+    if inputs is not prep.inputs:  # with the notes of the staging (stagetool.process.dispositions)
+        prep = dataclasses.replace(prep, inputs=inputs)
     facts = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
                    declared_outputs=fspec.out_shardings, peak=staged.dump, user_files=user_files)
     return StagedOnce(plan, setup, prep, facts, staged, user_files)

@@ -183,7 +183,8 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
         fspec = dataclasses.replace(fspec, static=static)
         plan = dataclasses.replace(plan, functions=(fspec,))
     wanted = frozenset(Section(s) for s in SECTIONS)
-    with exit_refused(options.name), _api_names():
+    failure: StagingError | None = None
+    with exit_refused(options.name) as signal_notes, _api_names():
         prepared = prepare_inputs(plan, setup, targets={options.name: target})
         prep = prepared[options.name]
         if notes and prep.inputs is not None:
@@ -192,13 +193,23 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
         try:
             once = stage_once(plan, setup, prepared[options.name])
         except StagingError as e:
-            # the pipeline's own account of the failure (XLA's message, an out-of-memory verdict), made
-            # from this one failure: the function is never staged a second time (a second jax.jit of
-            # what failed can crash the process: jax.jit(np.ndarray.sum), jax 0.10.2)
-            failed = failure_report(plan, setup, prepared[options.name], wanted, e)
-            report = assemble_report("report", (relative_report(plan.report_root, failed),))
+            failure = e
+    if failure is not None:
+        # the pipeline's own account of the failure (XLA's message, an out-of-memory verdict), made
+        # from this one failure: the function is never staged a second time (a second jax.jit of
+        # what failed can crash the process: jax.jit(np.ndarray.sum), jax 0.10.2)
+        failed = failure_report(plan, setup, prepared[options.name], wanted, failure)
+        report = assemble_report("report", (relative_report(plan.report_root, failed),))
+        try:
             raise_failure(report)
-            return report
+        except StagingError as e:
+            if signal_notes:  # what the function set on its way, undone
+                e.hint = "; ".join(filter(None, (e.hint, *signal_notes)))
+            raise
+        return report
+    if signal_notes and once.prep.inputs is not None:
+        once.prep = dataclasses.replace(once.prep, inputs=dataclasses.replace(
+            once.prep.inputs, notes=(*once.prep.inputs.notes, *signal_notes)))
     from stagetool.live.report import LiveReport
 
     return LiveReport(once, assemble_report("report", ()), SECTIONS)

@@ -186,8 +186,12 @@ def _task(common: tuple, name: str) -> Any:
     fn, args, kwargs, options, setup = common
     _apply_session_setup(setup)
     if isinstance(fn, FunctionRef):
+        from stagetool.process.dispositions import caller_signals
+
+        imported: list[str] = []
         try:
-            found: Any = importlib.import_module(fn.module)
+            with caller_signals(imported):  # the module's import, staged like the function
+                found: Any = importlib.import_module(fn.module)
             for part in fn.qualname.split("."):
                 found = getattr(found, part)
         except Exception as e:  # noqa: BLE001 - the user's module failed to import there
@@ -198,4 +202,6 @@ def _task(common: tuple, name: str) -> Any:
                 + "), but runs no conftest.py or other setup code: a module that needs more at import "
                   "must do it itself, or stage in this process (isolate=False)") from None
         fn = found
+        if imported:
+            options = dataclasses.replace(options, notes=(*options.notes, *imported))
     return inspect_here(fn, _concrete(args), _concrete(kwargs), options)

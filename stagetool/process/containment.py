@@ -14,6 +14,9 @@ may do to that process, contained while it is staged, alike in process and in an
   a ``Pool``'s workers) runs its target and ends with ``os._exit``, as without stagetool. No
   refusal reaches a child: its ``os._exit`` is the real one.
 
+* Signal handlers and interval timers set while staging never reach the process, and what reaches
+  it anyway is undone: :mod:`stagetool.process.dispositions`.
+
 C code that exits the process is not covered (``isolate=True`` is). Nothing here imports JAX.
 """
 
@@ -27,6 +30,7 @@ import weakref
 from typing import Iterator
 
 from stagetool.core.errors import StagingError
+from stagetool.process.dispositions import caller_signals
 
 _REAL_EXIT = os._exit
 _LOCK = threading.RLock()
@@ -90,8 +94,11 @@ def _restore_if_idle() -> None:
 
 
 @contextlib.contextmanager
-def contained(name: str) -> Iterator[None]:
-    """Stage function ``name`` within: see the module's account.
+def contained(name: str) -> Iterator[list[str]]:
+    """Stage function ``name`` within: see the module's account, and
+    :func:`stagetool.process.dispositions.caller_signals` (the caller's signal handlers and timers
+    kept). Yields a list that, once the block is left, holds one note per signal handler, timer or
+    mask the staged code set (none of which is left in place).
 
     Raises:
       StagingError: (on leaving, when nothing else was raised) a thread other than the staging one
@@ -109,8 +116,10 @@ def contained(name: str) -> Iterator[None]:
             os._exit = _refusing_exit  # type: ignore[assignment]
     me = threading.current_thread().name
     failed = True
+    notes: list[str] = []
     try:
-        yield
+        with caller_signals(notes):
+            yield notes
         failed = False
     finally:
         with _LOCK:

@@ -1,0 +1,291 @@
+"""Signal dispositions and interval timers while a function is staged: the caller's, before, during
+and after, alike in process (``stagetool.inspect``, the pytest fixture), in an isolated worker and in
+the CLI.
+
+Code run while staging (the function, a module imported then, an ``init`` or ``{call: ...}``) that
+calls ``signal.signal``, ``signal.alarm`` or ``signal.setitimer`` through the ``signal`` module gets
+a private table instead of the process's: ``signal.signal`` returns the handler it had set before (or
+the process's), ``signal.getsignal`` and ``signal.getitimer`` answer from that table, an alarm it
+arms never fires, and nothing reaches the process. So a SIGINT or SIGTERM arriving during the
+staging does what it would do to the caller (``KeyboardInterrupt``, the CLI's own cleanup), and no
+handler or alarm outlives the staging. Calls from any other thread (the CLI's main thread, which
+keeps its own handlers installed) reach the process as ever. The table works from any thread, so a
+module that installs a handler at import imports alike in the caller's main thread and in the CLI's
+command thread (where ``signal.signal`` would raise ``ValueError``).
+
+Code that reaches the process anyway (a ``signal.signal`` bound before the staging: ``from signal
+import signal``; C code) is undone when the staging ends, however it ends: each disposition that
+differs from the one before is set back, an interval timer armed during the staging is cancelled
+(one the caller had armed is set back to what is left of it), and the staging thread's signal mask
+is restored. Each is named in :func:`notes`, with the line that set it (the handler's ``__code__``,
+else the caller's line). Forked children get the real functions back.
+Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+_REAL_SIGNAL = signal.signal
+_REAL_GETSIGNAL = signal.getsignal
+_REAL_ALARM = getattr(signal, "alarm", None)
+_REAL_SETITIMER = getattr(signal, "setitimer", None)
+_REAL_GETITIMER = getattr(signal, "getitimer", None)
+_TIMERS = tuple(getattr(signal, n) for n in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF") if hasattr(signal, n))
+_TIMER_NAMES = {getattr(signal, n): n for n in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF") if hasattr(signal, n)}
+
+_LOCK = threading.RLock()
+_STAGING: dict[threading.Thread, int] = {}  # the threads staging now, with their depth
+_OUTSIDE: set[threading.Thread] = set()  # threads alive when the staging began that are not staging
+_HANDLERS: dict[int, Any] = {}  # signal number -> the handler staged code set (not installed)
+_TIMER_TABLE: dict[int, tuple[float, float]] = {}  # timer -> (deadline on time.monotonic, interval)
+_SET: dict[str, str] = {}  # what staged code asked for -> where (file:line), in order
+_HOOKED = [False]
+
+
+def _virtual() -> bool:
+    """Whether the calling thread's signal calls go to the private table: a staging thread, or one
+    started since the staging began."""
+    if not _STAGING:
+        return False
+    t = threading.current_thread()
+    return t in _STAGING or t not in _OUTSIDE
+
+
+def _where(handler: Any = None) -> str:
+    """``file:line`` of ``handler``'s code (a function or bound method), else of the line that called
+    into this module."""
+    code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+    if code is not None:
+        return f"{code.co_filename}:{code.co_firstlineno}"
+    frame = sys._getframe(2)
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _signal(signum: Any, handler: Any) -> Any:
+    if not _virtual():
+        return _REAL_SIGNAL(signum, handler)
+    signum = int(signum)
+    if signum not in signal.valid_signals():
+        raise ValueError("signal number out of range")
+    if handler not in (signal.SIG_DFL, signal.SIG_IGN) and not callable(handler):
+        raise TypeError("signal handler must be signal.SIG_IGN, signal.SIG_DFL, or a callable object")
+    if signum in (getattr(signal, "SIGKILL", -1), getattr(signal, "SIGSTOP", -1)):
+        raise OSError(22, "Invalid argument")
+    with _LOCK:
+        before = _HANDLERS[signum] if signum in _HANDLERS else _REAL_GETSIGNAL(signum)
+        _HANDLERS[signum] = handler
+        _SET.setdefault(f"a {_name(signum)} handler", _where(handler))
+    return before
+
+
+def _getsignal(signum: Any) -> Any:
+    with _LOCK:
+        if _virtual() and int(signum) in _HANDLERS:
+            return _HANDLERS[int(signum)]
+    return _REAL_GETSIGNAL(signum)
+
+
+def _left(which: int) -> tuple[float, float]:
+    deadline, interval = _TIMER_TABLE.get(which, (0.0, 0.0))
+    if not deadline:
+        return 0.0, 0.0
+    now = time.monotonic()
+    if deadline <= now and interval:
+        deadline += ((now - deadline) // interval + 1) * interval
+    return max(deadline - now, 0.0), interval
+
+
+def _setitimer(which: int, seconds: float, interval: float = 0.0) -> tuple[float, float]:
+    if not _virtual():
+        return _REAL_SETITIMER(which, seconds, interval)
+    if which not in _TIMERS:
+        raise signal.ItimerError(22, "Invalid argument")
+    if seconds < 0 or interval < 0:
+        raise signal.ItimerError(22, "Invalid argument")
+    with _LOCK:
+        old = _left(which)
+        _TIMER_TABLE[which] = (time.monotonic() + seconds, float(interval)) if seconds else (0.0, 0.0)
+        if seconds:
+            _SET.setdefault(f"{_TIMER_NAMES[which]} timer ({seconds:g} s)", _where())
+    return old
+
+
+def _getitimer(which: int) -> tuple[float, float]:
+    if not _virtual():
+        return _REAL_GETITIMER(which)
+    if which not in _TIMERS:
+        raise signal.ItimerError(22, "Invalid argument")
+    with _LOCK:
+        return _left(which)
+
+
+def _alarm(seconds: int) -> int:
+    if not _virtual():
+        return _REAL_ALARM(seconds)
+    seconds = int(seconds)
+    with _LOCK:
+        left, _ = _left(signal.ITIMER_REAL)
+        _TIMER_TABLE[signal.ITIMER_REAL] = (time.monotonic() + seconds, 0.0) if seconds else (0.0, 0.0)
+        if seconds:
+            _SET.setdefault(f"an alarm (signal.alarm({seconds}))", _where())
+    return int(left + 0.999999) if left else 0
+
+
+_PATCHES: dict[str, Callable[..., Any]] = {"signal": _signal, "getsignal": _getsignal}
+if _REAL_ALARM is not None:
+    _PATCHES.update(alarm=_alarm, setitimer=_setitimer, getitimer=_getitimer)
+_REALS: dict[str, Any] = {n: getattr(signal, n) for n in _PATCHES}
+
+
+def _patch() -> None:
+    for n, f in _PATCHES.items():
+        setattr(signal, n, f)
+
+
+def _unpatch() -> None:
+    for n, f in _REALS.items():
+        if getattr(signal, n) is _PATCHES[n]:  # left as it is when something else replaced it meanwhile
+            setattr(signal, n, f)
+
+
+def _in_child() -> None:
+    """After a fork, in the child: the real functions, nothing staged."""
+    _STAGING.clear()
+    _OUTSIDE.clear()
+    _HANDLERS.clear()
+    _TIMER_TABLE.clear()
+    _SET.clear()
+    _unpatch()
+
+
+def _dispositions() -> dict[int, Any]:
+    out = {}
+    for s in sorted(signal.valid_signals()):
+        if s in (getattr(signal, "SIGKILL", -1), getattr(signal, "SIGSTOP", -1)):
+            continue
+        with contextlib.suppress(ValueError, OSError):
+            out[s] = _REAL_GETSIGNAL(s)
+    return out
+
+
+def _timers() -> dict[int, tuple[float, float]]:
+    return {w: _REAL_GETITIMER(w) for w in _TIMERS} if _REAL_GETITIMER is not None else {}
+
+
+def _mask() -> Any:
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        return signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    return None
+
+
+@contextlib.contextmanager
+def caller_signals(found: list[str] | None = None) -> Iterator[None]:
+    """Stage within: see the module's account. ``found`` (when given) gets one note per thing the
+    staged code set or left (``"a SIGTERM handler set at model.py:12 was not installed; ..."``), on
+    leaving, however the block ends. Nests, and works from several threads at once."""
+    me = threading.current_thread()
+    with _LOCK:
+        outermost = not _STAGING
+        if outermost:
+            if not _HOOKED[0] and hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=_in_child)
+                _HOOKED[0] = True
+            _OUTSIDE.clear()
+            _OUTSIDE.update(threading.enumerate())
+            _HANDLERS.clear()
+            _TIMER_TABLE.clear()
+            _SET.clear()
+        _OUTSIDE.discard(me)
+        _STAGING[me] = _STAGING.get(me, 0) + 1
+        dispositions, timers, began, mask = _dispositions(), _timers(), time.monotonic(), _mask()
+        if outermost:
+            _patch()
+    try:
+        yield
+    finally:
+        notes: list[str] = []
+        with _LOCK:
+            _STAGING[me] -= 1
+            if not _STAGING[me]:
+                del _STAGING[me]
+            last = not _STAGING
+            if last:
+                _unpatch()
+                notes += [f"{what} set at {where} was not installed: stagetool keeps the caller's signal handlers "
+                          "while it stages" if "handler" in what else
+                          f"{what} armed at {where} was not armed: stagetool keeps the caller's timers while it stages"
+                          for what, where in _SET.items()]
+                _HANDLERS.clear()
+                _TIMER_TABLE.clear()
+                _SET.clear()
+                _OUTSIDE.clear()
+        notes += _undo(dispositions, timers, began, mask, me)
+        if found is not None:
+            found.extend(notes)
+
+
+def _undo(dispositions: dict[int, Any], timers: dict[int, tuple[float, float]], began: float, mask: Any,
+          me: threading.Thread) -> list[str]:
+    """Set back what staged code changed in the process itself; a note for each."""
+    notes: list[str] = []
+    if me is threading.main_thread():  # only the main thread can set a disposition (and only it could change one)
+        for s, before in dispositions.items():
+            with contextlib.suppress(ValueError, OSError):
+                now = _REAL_GETSIGNAL(s)
+                if now is before or now == before:
+                    continue
+                where = _where_handler(now)
+                if before is None:  # set outside Python: nothing to put back
+                    notes.append(f"a {_name(s)} handler{where} was installed while staging and stays: the one before "
+                                 "was not set from Python, so stagetool cannot put it back")
+                    continue
+                _REAL_SIGNAL(s, before)
+                notes.append(f"a {_name(s)} handler{where} was installed while staging; the caller's is restored")
+    elapsed = time.monotonic() - began
+    for w, (value, interval) in timers.items():
+        with contextlib.suppress(OSError, ValueError):
+            now_value, now_interval = _REAL_GETITIMER(w)
+            if not value:
+                if now_value or now_interval:
+                    _REAL_SETITIMER(w, 0)
+                    notes.append(f"{_TIMER_NAMES[w]} timer was armed while staging (it would have fired after "
+                                 "the staging); stagetool cancelled it")
+                continue
+            if w != getattr(signal, "ITIMER_REAL", None):
+                continue  # CPU-time timers: what is left cannot be told from the wall clock
+            expected = value - elapsed
+            if interval and expected <= 0:
+                expected = interval - (-expected % interval)
+            if abs(now_value - max(expected, 0.0)) > 0.05 or now_interval != interval:
+                _REAL_SETITIMER(w, max(expected, 1e-6), interval)
+                notes.append(f"the caller's {_TIMER_NAMES[w]} timer was changed while staging; stagetool set it back "
+                             "to what was left of it")
+    if mask is not None and me is threading.current_thread():
+        with contextlib.suppress(OSError, ValueError):
+            now = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            if now != mask:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                blocked = ", ".join(_name(s) for s in sorted(set(now) - set(mask))) or "signals"
+                notes.append(f"{blocked} blocked while staging; the caller's signal mask is restored")
+    return notes
+
+
+def _where_handler(handler: Any) -> str:
+    code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+    return f" (set at {code.co_filename}:{code.co_firstlineno})" if code is not None else ""
