@@ -25,7 +25,9 @@ commands, ``why`` selectors, topology strings, huge counts, ``--resume`` FIFOs).
 are fractions, zero, negative, NaN, text), ``live`` (``stagetool.inspect`` and ``LiveReport`` in a
 driver process that stands for the caller: bad options and oversized leaves that must be refused
 before any trace, functions that exit, fork, leave threads that exit, methods JAX cannot stage,
-isolated runs, RSS over 60 ``peak=True`` calls), ``fixture`` (a pytest project whose snapshot paths
+isolated runs, RSS over 60 ``peak=True`` calls; ``signals``: 16 functions that install handlers,
+arm alarms and interval timers, block signals or interrupt themselves, in process and isolated, after
+which the caller's handlers, timers and mask must be as before and SIGINT a ``KeyboardInterrupt``), ``fixture`` (a pytest project whose snapshot paths
 are planted links, FIFOs and folders, then whose snapshots are mutated: every mutation must fail
 the test, no file outside the snapshot folder may change) and ``process`` (a session whose staged
 functions exit from threads or fork, in process and with ``--stagetool-isolate``). Its verdicts:
@@ -774,10 +776,109 @@ def thread_forks_later(x):
 
     threading.Thread(target=later).start()
     return x * 2
+
+
+# signals: what staged code does to the caller's handlers, timers and mask (a bound copy of a
+# signal function reaches the process itself; stagetool must undo it)
+from signal import alarm as bound_alarm, setitimer as bound_setitimer, signal as bound_signal  # noqa: E402
+
+
+def swallow(signum, frame):
+    print("swallowed", signum, flush=True)
+
+
+def sig_swallow_int(x):
+    signal.signal(signal.SIGINT, swallow)
+    return x * 2
+
+
+def sig_term_exits(x):
+    signal.signal(signal.SIGTERM, lambda s, f: sys.exit(0))
+    return x * 2
+
+
+def sig_ignore_int(x):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return x * 2
+
+
+def sig_many(x):
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+        signal.signal(s, swallow)
+    return x * 2
+
+
+def sig_alarm(x):
+    signal.alarm(1)
+    return x * 2
+
+
+def sig_itimer_real(x):
+    signal.setitimer(signal.ITIMER_REAL, 0.2, 0.2)
+    return x * 2
+
+
+def sig_itimer_prof(x):
+    signal.setitimer(signal.ITIMER_PROF, 0.05, 0.05)  # SIGPROF's default ends the process
+    return x * 2
+
+
+def sig_bound_int(x):
+    bound_signal(signal.SIGINT, swallow)
+    return x * 2
+
+
+def sig_bound_alarm(x):
+    bound_alarm(1)
+    return x * 2
+
+
+def sig_bound_itimer(x):
+    bound_setitimer(signal.ITIMER_VIRTUAL, 0.05, 0.05)  # SIGVTALRM's default ends the process
+    return x * 2
+
+
+def sig_mask(x):
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT, signal.SIGTERM])
+    return x * 2
+
+
+def sig_thread_alarm(x):
+    t = threading.Thread(target=signal.alarm, args=(1,))
+    t.start()
+    t.join()
+    return x * 2
+
+
+def sig_interrupts(x):
+    signal.signal(signal.SIGINT, swallow)
+    os.kill(os.getpid(), signal.SIGINT)  # the caller's SIGINT: KeyboardInterrupt
+    time.sleep(0.3)
+    return x * 2
+
+
+def sig_consistent(x):
+    old = signal.signal(signal.SIGINT, swallow)
+    if signal.getsignal(signal.SIGINT) is not swallow:
+        raise AssertionError("getsignal does not answer what signal.signal set")
+    signal.signal(signal.SIGINT, old)
+    return x * 2
+
+
+def sig_alarm_handler(x):
+    signal.signal(signal.SIGALRM, lambda s, f: sys.exit(0))
+    signal.setitimer(signal.ITIMER_REAL, 0.01)
+    time.sleep(0.1)
+    return x * 2
+
+
+def sig_bad_number(x):
+    signal.signal(999, swallow)
+    return x * 2
 '''
 
 LIVE_DRIVER = r'''
-import json, os, pickle, random, sys, time, gc
+import json, os, pickle, random, signal, sys, time, gc
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 jax.config.update("jax_num_cpu_devices", 8)
@@ -832,6 +933,50 @@ def judge_run(call, want):
     except F.Boom:  # the user's own BaseException, raised to the caller as it is
         return (OK, "") if want in ("error", "either") else (UNEXPECTED, "Boom")
     return (OK, "") if want in ("report", "either") else (REGRESSION, "a report for a function that failed")
+
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
+           signal.SIGPROF, signal.SIGVTALRM)
+
+
+def judge_signals(call, want):
+    """want: 'report', 'error' or 'interrupt' (KeyboardInterrupt, as SIGINT does to the caller). After
+    it: the caller's handlers, timers and mask as before, and SIGINT still a KeyboardInterrupt."""
+    before = {s: signal.getsignal(s) for s in SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    try:
+        r = call()
+        r.functions
+        got = "report"
+    except StagetoolError:
+        got = "error"
+    except KeyboardInterrupt:
+        got = "interrupt"
+    except Exception as e:
+        got = f"raw {type(e).__name__}: {e}"[:200]
+    bad = []
+    if got != want:
+        bad.append(f"{got} where {want} was due")
+    changed = [signal.Signals(s).name for s in SIGNALS if signal.getsignal(s) != before[s]]
+    if changed:
+        bad.append("handlers left: " + ", ".join(changed))
+        for s in SIGNALS:
+            signal.signal(s, before[s])
+    timers = [w for w in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF) if signal.getitimer(w) != (0.0, 0.0)]
+    if timers:
+        bad.append(f"timers left armed: {timers}")
+        for w in timers:
+            signal.setitimer(w, 0)
+    if signal.pthread_sigmask(signal.SIG_BLOCK, []) != mask:
+        bad.append("signal mask left changed")
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1.0)
+        bad.append("SIGINT no longer interrupts the caller")
+    except KeyboardInterrupt:
+        pass
+    return (UNEXPECTED, "; ".join(bad)) if bad else (OK, "")
 
 
 def cases(seed, scale):
@@ -889,6 +1034,18 @@ def cases(seed, scale):
         out.append((f"isolated {name}",
                     lambda fn=fn, want=want: judge_run(lambda: stagetool.inspect(fn, X, isolate=True, timeout_s=120),
                                                        want)))
+
+    for name, want in (("sig_swallow_int", "report"), ("sig_term_exits", "report"), ("sig_ignore_int", "report"),
+                       ("sig_many", "report"), ("sig_alarm", "report"), ("sig_itimer_real", "report"),
+                       ("sig_itimer_prof", "report"), ("sig_bound_int", "report"), ("sig_bound_alarm", "report"),
+                       ("sig_bound_itimer", "report"), ("sig_mask", "report"), ("sig_thread_alarm", "report"),
+                       ("sig_interrupts", "interrupt"), ("sig_consistent", "report"), ("sig_alarm_handler", "report"),
+                       ("sig_bad_number", "error")):
+        fn = getattr(F, name)
+        for isolate in (False, True):
+            out.append((f"signals {name}{' isolated' if isolate else ''}",
+                        lambda fn=fn, want=want, isolate=isolate: judge_signals(
+                            lambda: stagetool.inspect(fn, X, isolate=isolate, peak=False), want)))
 
     def report_reads():
         r = stagetool.inspect(F.two, jax.ShapeDtypeStruct((8, 4), jnp.float32), jax.ShapeDtypeStruct((2, 8), jnp.float32))

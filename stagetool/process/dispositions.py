@@ -15,10 +15,11 @@ command thread (where ``signal.signal`` would raise ``ValueError``).
 
 Code that reaches the process anyway (a ``signal.signal`` bound before the staging: ``from signal
 import signal``; C code) is undone when the staging ends, however it ends: each disposition that
-differs from the one before is set back, an interval timer armed during the staging is cancelled
-(one the caller had armed is set back to what is left of it), and the staging thread's signal mask
-is restored. Each is named in :func:`notes`, with the line that set it (the handler's ``__code__``,
-else the caller's line). Forked children get the real functions back.
+differs from the one before is set back (from the main thread, the only one that can change one),
+an interval timer armed during the staging is cancelled (one the caller had armed, or a thread that
+is not staging armed meanwhile, is set back to what is left of it), and the staging thread's signal
+mask is restored. Each is named in a note (:func:`caller_signals`), with the line that set it (the
+handler's ``__code__``, else the caller's line). Forked children get the real functions back.
 Nothing here imports JAX.
 """
 
@@ -46,6 +47,7 @@ _OUTSIDE: set[threading.Thread] = set()  # threads alive when the staging began 
 _HANDLERS: dict[int, Any] = {}  # signal number -> the handler staged code set (not installed)
 _TIMER_TABLE: dict[int, tuple[float, float]] = {}  # timer -> (deadline on time.monotonic, interval)
 _SET: dict[str, str] = {}  # what staged code asked for -> where (file:line), in order
+_THEIRS: dict[int, tuple[tuple[float, float], float]] = {}  # timer -> (value, when) a thread not staging set
 _HOOKED = [False]
 
 
@@ -111,7 +113,10 @@ def _left(which: int) -> tuple[float, float]:
 
 def _setitimer(which: int, seconds: float, interval: float = 0.0) -> tuple[float, float]:
     if not _virtual():
-        return _REAL_SETITIMER(which, seconds, interval)
+        old = _REAL_SETITIMER(which, seconds, interval)
+        if _STAGING:  # another thread's own timer: what the staging's end expects, never undone
+            _THEIRS[which] = ((float(seconds), float(interval)), time.monotonic())
+        return old
     if which not in _TIMERS:
         raise signal.ItimerError(22, "Invalid argument")
     if seconds < 0 or interval < 0:
@@ -135,7 +140,10 @@ def _getitimer(which: int) -> tuple[float, float]:
 
 def _alarm(seconds: int) -> int:
     if not _virtual():
-        return _REAL_ALARM(seconds)
+        old = _REAL_ALARM(seconds)
+        if _STAGING:
+            _THEIRS[signal.ITIMER_REAL] = ((float(int(seconds)), 0.0), time.monotonic())
+        return old
     seconds = int(seconds)
     with _LOCK:
         left, _ = _left(signal.ITIMER_REAL)
@@ -211,6 +219,7 @@ def caller_signals(found: list[str] | None = None) -> Iterator[None]:
             _HANDLERS.clear()
             _TIMER_TABLE.clear()
             _SET.clear()
+            _THEIRS.clear()
         _OUTSIDE.discard(me)
         _STAGING[me] = _STAGING.get(me, 0) + 1
         dispositions, timers, began, mask = _dispositions(), _timers(), time.monotonic(), _mask()
@@ -257,8 +266,13 @@ def _undo(dispositions: dict[int, Any], timers: dict[int, tuple[float, float]], 
                     continue
                 _REAL_SIGNAL(s, before)
                 notes.append(f"a {_name(s)} handler{where} was installed while staging; the caller's is restored")
-    elapsed = time.monotonic() - began
+    started = {w: began for w in timers}
+    for w, (value, when) in list(_THEIRS.items()):
+        if w in timers and when >= began:  # set since this staging began by a thread that is not staging
+            timers = {**timers, w: value}
+            started[w] = when
     for w, (value, interval) in timers.items():
+        elapsed = time.monotonic() - started[w]
         with contextlib.suppress(OSError, ValueError):
             now_value, now_interval = _REAL_GETITIMER(w)
             if not value:
