@@ -23,6 +23,8 @@ import pytest
 
 from helpers import REPO, run_subprocess, write
 
+pytestmark = pytest.mark.slow  # each test starts a child process
+
 MODEL = """\
 import os
 import signal
