@@ -35,7 +35,7 @@ def test_staged_calls_go_to_a_table_and_the_notes_name_their_lines(usr1):
         assert signal.setitimer(signal.ITIMER_REAL, 30.0) == (0.0, 0.0)
         left, interval = signal.getitimer(signal.ITIMER_REAL)
         assert 29.0 < left <= 30.0 and interval == 0.0
-        assert signal.alarm(0) == 30  # the staged table's alarm, rounded up as alarm() rounds
+        assert signal.alarm(9) == 30  # the staged table's alarm, rounded up as alarm() rounds
         with pytest.raises(OSError):
             signal.signal(signal.SIGKILL, mine)
         with pytest.raises(ValueError):
@@ -45,7 +45,7 @@ def test_staged_calls_go_to_a_table_and_the_notes_name_their_lines(usr1):
     line = mine.__code__.co_firstlineno
     assert notes[0] == (f"a SIGUSR1 handler set at {__file__}:{line} was not installed: stagetool keeps the caller's "
                         "signal handlers while it stages")
-    assert notes[1].startswith("ITIMER_REAL timer (30 s) armed at ") and len(notes) == 2
+    assert notes[1].startswith(f"an alarm (signal.alarm(9)) armed at {__file__}:") and len(notes) == 2, notes
     assert signal.signal is signal.__dict__["signal"] and signal.signal.__module__ in ("_signal", "signal")
 
 
@@ -85,3 +85,16 @@ def test_a_thread_that_is_not_staging_reaches_the_process_and_one_the_staging_st
     t.join()
     assert seen == {"outsider": (0.0, 0.0), "inner": 0}
     assert 38.0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 40.0  # the outsider's timer stays: it is not ours
+
+
+def test_a_handler_put_back_and_an_alarm_cancelled_are_no_news(usr1):
+    """The timeout guard (arm, work, cancel) and a handler set and restored leave no note."""
+    notes: list[str] = []
+    with caller_signals(notes):
+        old = signal.signal(signal.SIGUSR1, mine)
+        signal.alarm(5)
+        signal.alarm(0)
+        signal.signal(signal.SIGUSR1, old)
+        signal.setitimer(signal.ITIMER_REAL, 0.001)  # due at once: it would have fired while staging
+        threading.Event().wait(0.01)
+    assert len(notes) == 1 and notes[0].startswith("ITIMER_REAL timer (0.001 s) armed at "), notes

@@ -46,7 +46,7 @@ _STAGING: dict[threading.Thread, int] = {}  # the threads staging now, with thei
 _OUTSIDE: set[threading.Thread] = set()  # threads alive when the staging began that are not staging
 _HANDLERS: dict[int, Any] = {}  # signal number -> the handler staged code set (not installed)
 _TIMER_TABLE: dict[int, tuple[float, float]] = {}  # timer -> (deadline on time.monotonic, interval)
-_SET: dict[str, str] = {}  # what staged code asked for -> where (file:line), in order
+_SET: dict[tuple[str, int], tuple[str, str]] = {}  # ("signal"|"timer", number) -> (what, file:line)
 _THEIRS: dict[int, tuple[tuple[float, float], float]] = {}  # timer -> (value, when) a thread not staging set
 _HOOKED = [False]
 
@@ -90,7 +90,7 @@ def _signal(signum: Any, handler: Any) -> Any:
     with _LOCK:
         before = _HANDLERS[signum] if signum in _HANDLERS else _REAL_GETSIGNAL(signum)
         _HANDLERS[signum] = handler
-        _SET.setdefault(f"a {_name(signum)} handler", _where(handler))
+        _SET[("signal", signum)] = (f"a {_name(signum)} handler", _where(handler))
     return before
 
 
@@ -125,7 +125,7 @@ def _setitimer(which: int, seconds: float, interval: float = 0.0) -> tuple[float
         old = _left(which)
         _TIMER_TABLE[which] = (time.monotonic() + seconds, float(interval)) if seconds else (0.0, 0.0)
         if seconds:
-            _SET.setdefault(f"{_TIMER_NAMES[which]} timer ({seconds:g} s)", _where())
+            _SET[("timer", which)] = (f"{_TIMER_NAMES[which]} timer ({seconds:g} s)", _where())
     return old
 
 
@@ -149,7 +149,7 @@ def _alarm(seconds: int) -> int:
         left, _ = _left(signal.ITIMER_REAL)
         _TIMER_TABLE[signal.ITIMER_REAL] = (time.monotonic() + seconds, 0.0) if seconds else (0.0, 0.0)
         if seconds:
-            _SET.setdefault(f"an alarm (signal.alarm({seconds}))", _where())
+            _SET[("timer", signal.ITIMER_REAL)] = (f"an alarm (signal.alarm({seconds}))", _where())
     return int(left + 0.999999) if left else 0
 
 
@@ -236,10 +236,7 @@ def caller_signals(found: list[str] | None = None) -> Iterator[None]:
             last = not _STAGING
             if last:
                 _unpatch()
-                notes += [f"{what} set at {where} was not installed: stagetool keeps the caller's signal handlers "
-                          "while it stages" if "handler" in what else
-                          f"{what} armed at {where} was not armed: stagetool keeps the caller's timers while it stages"
-                          for what, where in _SET.items()]
+                notes += _left_by_staging()
                 _HANDLERS.clear()
                 _TIMER_TABLE.clear()
                 _SET.clear()
@@ -247,6 +244,22 @@ def caller_signals(found: list[str] | None = None) -> Iterator[None]:
         notes += _undo(dispositions, timers, began, mask, me)
         if found is not None:
             found.extend(notes)
+
+
+def _left_by_staging() -> list[str]:
+    """A note for each handler the staged code left set (one it put back is no news) and each timer it
+    did not cancel (an alarm it cancelled, as a timeout guard does, is none), in the order first set."""
+    notes = []
+    for (kind, number), (what, where) in _SET.items():
+        if kind == "signal":
+            with contextlib.suppress(ValueError, OSError):
+                if _HANDLERS.get(number) == _REAL_GETSIGNAL(number):
+                    continue
+            notes.append(f"{what} set at {where} was not installed: stagetool keeps the caller's signal handlers "
+                         "while it stages")
+        elif _TIMER_TABLE.get(number, (0.0, 0.0))[0]:  # not cancelled (due, or it would have fired meanwhile)
+            notes.append(f"{what} armed at {where} was not armed: stagetool keeps the caller's timers while it stages")
+    return notes
 
 
 def _undo(dispositions: dict[int, Any], timers: dict[int, tuple[float, float]], began: float, mask: Any,

@@ -46,7 +46,7 @@ def installs(x):
     signal.signal(signal.SIGINT, swallow)
     signal.signal(signal.SIGTERM, swallow)
     signal.alarm(1)
-    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    signal.setitimer(signal.ITIMER_VIRTUAL, 0.5)
     return x * 2
 
 
@@ -77,7 +77,8 @@ def main():
         before = {s: signal.getsignal(s) for s in SIGNALS}
         report = stagetool.inspect(getattr(model, name), jax.ShapeDtypeStruct((8,), jnp.float32), isolate=isolate)
         after = {s: signal.getsignal(s) for s in SIGNALS}
-        out[name] = {"same": before == after, "alarm": signal.alarm(0), "itimer": list(signal.getitimer(signal.ITIMER_REAL)),
+        timers = [signal.getitimer(w) for w in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL)]
+        out[name] = {"same": before == after, "alarm": signal.alarm(0), "itimer": timers,
                      "notes": [n for n in report.functions[0].notes if "handler" in n or "timer" in n or "alarm" in n]}
     try:
         stagetool.inspect(model.interrupted, jax.ShapeDtypeStruct((8,), jnp.float32), isolate=isolate)
@@ -116,13 +117,13 @@ def test_inspect_keeps_the_callers_handlers_and_timers(tmp_path, mode):
     got = json.loads(r.stdout.split("RESULT", 1)[1])
     for name in ("installs", "installs_bound"):
         assert got[name]["same"], got
-        assert got[name]["alarm"] == 0 and got[name]["itimer"] == [0.0, 0.0], got
+        assert got[name]["alarm"] == 0 and got[name]["itimer"] == [[0.0, 0.0], [0.0, 0.0]], got
     installs, bound = got["installs"]["notes"], got["installs_bound"]["notes"]
     # what went through the signal module never reached the process; the report names it and its line
     assert any(n.startswith("a SIGINT handler set at model.py:13 was not installed") for n in installs), installs
     assert any(n.startswith("a SIGTERM handler set at model.py:13 was not installed") for n in installs), installs
     assert any(n.startswith("an alarm (signal.alarm(1)) armed at model.py:20 was not armed") for n in installs)
-    assert any(n.startswith("ITIMER_REAL timer (0.5 s) armed at model.py:21 was not armed") for n in installs)
+    assert any(n.startswith("ITIMER_VIRTUAL timer (0.5 s) armed at model.py:21 was not armed") for n in installs)
     # what reached it through functions bound before the staging is undone, and said
     assert any(n.startswith("a SIGINT handler (set at model.py:13) was installed while staging; the caller's is "
                             "restored") for n in bound), bound
@@ -213,8 +214,8 @@ def test_sigterm_while_the_cli_stages_still_ends_the_run(tmp_path):
     write(tmp_path, "sleeper.py", SLEEPER)
     spec = write(tmp_path, "s.stagetool.yaml", "functions:\n  f: {target: sleeper.py:sleeps, args: ['f32[8]']}\n")
     env = _env(tmp_path, COLUMNS="120", NO_COLOR="1")
-    proc = subprocess.Popen([sys.executable, "-m", "stagetool", "shardings", "--spec", str(spec)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "stagetool", "shardings", "--spec", str(spec)], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "staging").exists() and proc.poll() is None and time.monotonic() < deadline:
