@@ -14,6 +14,13 @@ This is what the README's test command and ``.ci/run`` run::
    compile-only TPU tests run in step 1 only); then pytest on :data:`LEG_TESTS` there: the CLI,
    framework, golden and JAX-compatibility tests.
 
+Each run spreads its tests over parallel workers (pytest-xdist, in the ``test`` extra):
+``-n <workers> --dist loadfile``, one worker per CPU this process may use (a test file stays on one
+worker, so its module fixtures are built once). ``STAGETOOL_TEST_WORKERS=1`` runs serially, ``=4``
+four workers; PYTEST ARGS with ``-n``/``--numprocesses``, ``--dist``, ``-p no:xdist``, ``--pdb`` or
+``-s`` leave the choice to them (serial unless they say ``-n``). A run without pytest-xdist installed
+runs serially.
+
 PYTEST ARGS go to every run (``-x``, ``-k golden``). ``STAGETOOL_MATRIX`` picks the runs: ``all``
 (default), ``here`` (step 1 only), or leg names, comma-separated (``jax07,jax012``: those legs
 only). A leg whose Python is not on the machine fails the matrix (say so with ``STAGETOOL_MATRIX``
@@ -138,8 +145,42 @@ class Outcome:
     note: str = ""
 
 
+def workers() -> int:
+    """How many pytest-xdist workers a run gets: ``STAGETOOL_TEST_WORKERS``, else one per CPU this
+    process may use (``os.sched_getaffinity``: a container's limit, not the host's count)."""
+    raw = os.environ.get("STAGETOOL_TEST_WORKERS", "").strip()
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise SystemExit(f"matrix: STAGETOOL_TEST_WORKERS={raw!r} is not a whole number of workers "
+                             "(1: serial)") from None
+        return max(n, 1)
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+#: pytest arguments after which the matrix does not add ``-n``: the caller chose the workers, or
+#: wants one process (a debugger, captured output shown live).
+_OWN_WORKERS = ("-n", "--numprocesses", "--dist", "--pdb", "--trace", "-s", "--capture=no", "no:xdist")
+
+
+def parallel_args(python: str, user_args: list[str], n: int | None = None) -> list[str]:
+    """``-n N --dist loadfile`` for a run with ``python``, or nothing: one worker, the caller's own
+    choice in ``user_args`` (:data:`_OWN_WORKERS`), or no pytest-xdist in that environment."""
+    n = workers() if n is None else n
+    if n <= 1 or any(a in _OWN_WORKERS or a.startswith(("-n", "--numprocesses=", "--dist=", "-pno:xdist")) for a in user_args):
+        return []
+    has_xdist = subprocess.run([python, "-c", "import xdist"], capture_output=True).returncode == 0
+    return ["-n", str(n), "--dist", "loadfile"] if has_xdist else []
+
+
 def run_pytest(label: str, python: str, args: list[str], user_args: list[str]) -> Outcome:
-    """pytest in a fresh process, its output passed through; the summary line kept."""
+    """pytest in a fresh process (its workers spread by :func:`parallel_args`), its output passed
+    through; the summary line kept."""
+    args = [*parallel_args(python, user_args), *args]
     print(f"\nmatrix: {label}: pytest {' '.join(args + user_args)}", flush=True)
     start = time.perf_counter()
     proc = subprocess.Popen([python, "-m", "pytest", *args, *user_args], cwd=REPO, stdout=subprocess.PIPE,
