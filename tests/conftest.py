@@ -12,7 +12,7 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 
 # CLI and import-isolation fixtures shared by the foundation tests (defined in tests/helpers.py).
-from helpers import isolated_imports, mlp_copy, run_cli  # noqa: E402, F401
+from helpers import isolated_imports, mlp_copy, run_cli, run_cli_shared, shared_facts_cache  # noqa: E402, F401
 
 # No test writes to the user's cache folder: the facts cache is off unless a test turns it on
 # (with --cache-dir or Options.cache_dir), and any default would be a session temporary folder.

@@ -92,6 +92,41 @@ def run_cli(capsys, monkeypatch, isolated_imports):
     return run
 
 
+#: Commands with no ``--cache-dir``: :func:`run_cli_shared` runs them as :func:`run_cli` does.
+_NO_FACTS_CACHE = ("sweep", "devices", "diff", "--help", "-h", "--version")
+
+
+@pytest.fixture(scope="session")
+def shared_facts_cache(tmp_path_factory) -> Path:
+    """One facts cache folder for the whole session (one per pytest-xdist worker), for
+    :func:`run_cli_shared`: a program compiled by one test is read back by the others."""
+    return tmp_path_factory.mktemp("shared-facts-cache")
+
+
+@pytest.fixture
+def run_cli_shared(run_cli, shared_facts_cache):
+    """``run_cli_shared(*args, check=None) -> Result``: :func:`run_cli` with ``--cache-dir`` set to the
+    session's :func:`shared_facts_cache`.
+
+    The first run of a program (the same lowered module, devices and compile options: a bundled
+    example on one mesh or target) compiles it; every later run of it in the session, by any command
+    in any format, reads the compiled facts back instead of compiling again (with the peak dump when
+    one run asked for it). The report is the compile's except ``cached: true`` and no compile time
+    (``· compile (cached)`` in text). Use it where a test reads figures, shardings, collectives or
+    memory of a program it does not change; keep :func:`run_cli` for a test about compiling (its
+    timings, warnings, failures), about the cache itself, or one that patches stagetool. Arguments
+    that choose the cache (``--no-cache``, ``--cache-dir``), and commands without a facts cache
+    (``sweep``: each configuration in a process of its own; ``devices``, ``diff``), are left alone.
+    """
+
+    def run(*args: str, check: int | None = None) -> Result:
+        own = any(str(a) == "--no-cache" or str(a).startswith("--cache-dir") for a in args)
+        uncached = not args or str(args[0]) in _NO_FACTS_CACHE
+        return run_cli(*args, *(() if own or uncached else ("--cache-dir", shared_facts_cache)), check=check)
+
+    return run
+
+
 def run_subprocess(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120,
                    python_args: tuple[str, ...] = ()) -> Result:
     """``python -m stagetool ARGS`` in a fresh process (no conftest: JAX starts as a user's would)."""

@@ -171,7 +171,8 @@ def parallel_args(python: str, user_args: list[str], n: int | None = None) -> li
     """``-n N --dist loadfile`` for a run with ``python``, or nothing: one worker, the caller's own
     choice in ``user_args`` (:data:`_OWN_WORKERS`), or no pytest-xdist in that environment."""
     n = workers() if n is None else n
-    if n <= 1 or any(a in _OWN_WORKERS or a.startswith(("-n", "--numprocesses=", "--dist=", "-pno:xdist")) for a in user_args):
+    own = ("-n", "--numprocesses=", "--dist=", "-pno:xdist")
+    if n <= 1 or any(a in _OWN_WORKERS or a.startswith(own) for a in user_args):
         return []
     has_xdist = subprocess.run([python, "-c", "import xdist"], capture_output=True).returncode == 0
     return ["-n", str(n), "--dist", "loadfile"] if has_xdist else []

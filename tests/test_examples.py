@@ -81,9 +81,24 @@ def rule(path: str):
 def transformer_stages(mesh=None):
     """The transformer example staged directly with JAX, on inputs built here from the sizes and the
     rules above (not from stagetool's spec handling): ``(args, traced, lowered, compiled)``.
-    ``mesh`` defaults to the 2x4 data×model mesh over the first 8 CPU devices."""
-    model = load_example("transformer")
+    ``mesh`` defaults to the 2x4 data×model mesh over the first 8 CPU devices.
+
+    Compiled once per session for each mesh (its shape, axis names, and devices' platform, kind and
+    ids: another compile-only topology object of the same devices is the same mesh); the JAX stage
+    objects are only read."""
     mesh = mesh if mesh is not None else auto_mesh()
+    devices = mesh.devices.flat
+    key = (tuple(mesh.shape.items()), tuple((d.platform, d.device_kind, d.id) for d in devices))
+    if key not in _STAGES:
+        _STAGES[key] = _transformer_stages(mesh)
+    return _STAGES[key]
+
+
+_STAGES: dict = {}
+
+
+def _transformer_stages(mesh):
+    model = load_example("transformer")
     key = jax.random.key(0)
     params = jax.eval_shape(functools.partial(model.init_params, **SIZES), key)
     opt = jax.eval_shape(functools.partial(model.init_opt_state, **SIZES), key)
@@ -105,8 +120,8 @@ def transformer_stages(mesh=None):
 
 
 @pytest.mark.slow
-def test_transformer_shardings_match_jax(run_cli):
-    r = run_cli("shardings", "examples/transformer.py:train_step", "--mesh", "2x4", "--format", "json", check=0)
+def test_transformer_shardings_match_jax(run_cli_shared):
+    r = run_cli_shared("shardings", "examples/transformer.py:train_step", "--mesh", "2x4", "--format", "json", check=0)
     doc = r.json()
     (f,) = doc["functions"]
     assert f["mesh"]["axes"] == [["data", 2], ["model", 4]] and f["mesh"]["device_count"] == 8
@@ -137,10 +152,10 @@ def test_transformer_shardings_match_jax(run_cli):
 
 
 @pytest.mark.slow
-def test_transformer_cost_and_memory_equal_jax(run_cli):
+def test_transformer_cost_and_memory_equal_jax(run_cli_shared):
     """Issue 3's "done when": per-device figures are Compiled's, whole-program ones Lowered's."""
-    cost = run_cli("cost", "examples/transformer.py:train_step", "--mesh", "2x4", "--format", "json", check=0)
-    memory = run_cli("memory", "examples/transformer.py:train_step", "--mesh", "2x4", "--no-peak", "--format", "json",
+    cost = run_cli_shared("cost", "examples/transformer.py:train_step", "--mesh", "2x4", "--format", "json", check=0)
+    memory = run_cli_shared("memory", "examples/transformer.py:train_step", "--mesh", "2x4", "--no-peak", "--format", "json",
                      check=0)
     c = cost.json()["functions"][0]["cost"]
     m = memory.json()["functions"][0]["memory"]["record"]
@@ -167,8 +182,8 @@ def test_transformer_cost_and_memory_equal_jax(run_cli):
 # ---- the MLP ----------------------------------------------------------------------------------
 
 
-def test_mlp_shardings_from_mesh_arithmetic(run_cli):
-    doc = run_cli("shardings", "examples/mlp.py:train_step", "--format", "json", check=0).json()
+def test_mlp_shardings_from_mesh_arithmetic(run_cli_shared):
+    doc = run_cli_shared("shardings", "examples/mlp.py:train_step", "--format", "json", check=0).json()
     ins = leaves_by_path(doc)
     # w1 f32[512,1024] on [null, model]: 512 x 1024/4 per device; x f32[128,512] on [data, null].
     assert ins["params/w1"]["shard_shape"] == [512, 256] and ins["params/w1"]["bytes_per_device"] == 512 * 256 * 4

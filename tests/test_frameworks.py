@@ -87,13 +87,13 @@ def real_shardings(tree) -> dict[str, tuple]:
     return out
 
 
-def test_nnx_example_is_the_real_step(run_cli, isolated_imports):
+def test_nnx_example_is_the_real_step(run_cli_shared, isolated_imports):
     pytest.importorskip("flax")
 
     import optax
     from flax import nnx
 
-    fn = stagetool_json(run_cli, "nnx_lm.py:train_step")
+    fn = stagetool_json(run_cli_shared, "nnx_lm.py:train_step")
     sys.path.insert(0, str(EXAMPLES))
     import nnx_lm
 
@@ -116,12 +116,12 @@ def test_nnx_example_is_the_real_step(run_cli, isolated_imports):
     assert all(d["status"] == "aliased" for d in fn["memory"]["donation"] if d["requested"])
 
 
-def test_linen_example_is_the_real_step(run_cli, isolated_imports):
+def test_linen_example_is_the_real_step(run_cli_shared, isolated_imports):
     pytest.importorskip("flax")
 
     import flax.linen as nn
 
-    fn = stagetool_json(run_cli, "linen_lm.py:train_step")
+    fn = stagetool_json(run_cli_shared, "linen_lm.py:train_step")
     sys.path.insert(0, str(EXAMPLES))
     import linen_lm
 
@@ -147,10 +147,10 @@ def test_linen_example_is_the_real_step(run_cli, isolated_imports):
     assert outputs["out/0/params/MLP_0/Dense_0/kernel/value"]["sharding_source"] == "spec"
 
 
-def test_equinox_example_is_the_real_step(run_cli, isolated_imports):
+def test_equinox_example_is_the_real_step(run_cli_shared, isolated_imports):
     pytest.importorskip("equinox")
 
-    fn = stagetool_json(run_cli, "equinox_lm.py:train_step")
+    fn = stagetool_json(run_cli_shared, "equinox_lm.py:train_step")
     sys.path.insert(0, str(EXAMPLES))
     import equinox_lm
 

@@ -277,8 +277,8 @@ def test_derived_flops_equal_xla_on_a_tpu_topology():
 
 @pytest.mark.slow
 @needs_plugin
-def test_transformer_on_h100_matches_a_raw_compile(run_cli):
-    r = run_cli("memory", "examples/transformer.py:train_step", "--topology", "h100:8", "--no-peak",
+def test_transformer_on_h100_matches_a_raw_compile(run_cli_shared):
+    r = run_cli_shared("memory", "examples/transformer.py:train_step", "--topology", "h100:8", "--no-peak",
                 "--format", "json", check=0)
     f = r.json()["functions"][0]
     assert f["mesh"]["platform"] == "gpu" and f["mesh"]["device_count"] == 8
@@ -306,7 +306,7 @@ def test_transformer_on_h100_matches_a_raw_compile(run_cli):
     summed = stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes \
         + stats.temp_size_in_bytes
     assert summed > stats.peak_memory_in_bytes and m["peak_bytes"] == summed
-    text = run_cli("memory", "examples/transformer.py:train_step", "--topology", "h100:8", "--no-peak",
+    text = run_cli_shared("memory", "examples/transformer.py:train_step", "--topology", "h100:8", "--no-peak",
                    check=0).stdout.replace("\n", " ")
     assert "XLA:GPU's peak_memory_in_bytes" in text and "on CPU" not in text
 
@@ -331,13 +331,13 @@ def test_the_peak_note_names_the_backend_that_compiled(platform, says, not_says)
 
 @pytest.mark.slow
 @needs_plugin
-def test_gpu_flops_are_derived_and_labelled(run_cli):
-    r = run_cli("cost", "examples/transformer.py:train_step", "--topology", "h100:8", "--format", "json", check=0)
+def test_gpu_flops_are_derived_and_labelled(run_cli_shared):
+    r = run_cli_shared("cost", "examples/transformer.py:train_step", "--topology", "h100:8", "--format", "json", check=0)
     cost = r.json()["functions"][0]["cost"]
     pd = cost["per_device"]
     assert pd["source"].startswith("derived") and pd["flops"] > 1e9 and pd["bytes_accessed"] > 0
     assert any("derived" in n for n in cost.get("scope_notes", []))
-    text = run_cli("cost", "examples/transformer.py:train_step", "--topology", "h100:8", check=0).stdout
+    text = run_cli_shared("cost", "examples/transformer.py:train_step", "--topology", "h100:8", check=0).stdout
     assert "derived from one device's compiled module" in text
 
 

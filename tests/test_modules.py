@@ -181,13 +181,13 @@ def test_named_scopes_remat_and_collectives_against_jax(run_cli, tmp_path):
 
 
 @pytest.mark.slow
-def test_nnx_example_rolls_up_by_module(run_cli, isolated_imports):
+def test_nnx_example_rolls_up_by_module(run_cli_shared, isolated_imports):
     pytest.importorskip("flax")
     import optax
     from flax import nnx
     from jax.sharding import AxisType
 
-    doc = run_cli("modules", str(EXAMPLES / "nnx_lm.py:train_step"), "--format", "json", check=0).json()
+    doc = run_cli_shared("modules", str(EXAMPLES / "nnx_lm.py:train_step"), "--format", "json", check=0).json()
     modules = doc["functions"][0]["modules"]
     rows = rows_of(doc)
     sys.path.insert(0, str(EXAMPLES))
@@ -216,10 +216,10 @@ def test_nnx_example_rolls_up_by_module(run_cli, isolated_imports):
 
 
 @pytest.mark.slow
-def test_transformer_example_is_outside_every_module(run_cli):
+def test_transformer_example_is_outside_every_module(run_cli_shared):
     from test_examples import transformer_stages
 
-    doc = run_cli("modules", "examples/transformer.py:train_step", "--mesh", "2x4", "--no-peak", "--format", "json",
+    doc = run_cli_shared("modules", "examples/transformer.py:train_step", "--mesh", "2x4", "--no-peak", "--format", "json",
                   check=0).json()
     modules = doc["functions"][0]["modules"]
     _, _, _, compiled = transformer_stages()
