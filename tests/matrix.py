@@ -12,7 +12,8 @@ This is what the README's test command and ``.ci/run`` run::
    ``pyproject.toml`` or the pins changed), with stagetool installed editable, that JAX pinned, the ``test`` extra without Ray
    and the ``flax``/``equinox`` extras (no ``tpu`` extra: libtpu is ~700 MB per release, so the
    compile-only TPU tests run in step 1 only); then pytest on :data:`LEG_TESTS` there: the CLI,
-   framework, golden and JAX-compatibility tests.
+   framework, golden and JAX-compatibility tests. The environments are made (or brought up to date)
+   in the background while step 1 runs, one at a time, their pip output shown before their leg's run.
 
 Each run spreads its tests over parallel workers (pytest-xdist, in the ``test`` extra):
 ``-n <workers> --dist loadfile``, one worker per CPU this process may use (a test file stays on one
@@ -33,6 +34,7 @@ when every run passed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import glob
 import hashlib
@@ -41,9 +43,11 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,25 +119,54 @@ def leg_requirements() -> list[str]:
     return [r for r in extras["test"] if not r.startswith("ray")]
 
 
-def prepare(leg: Leg) -> str:
-    """The leg's virtual environment, made if missing and brought to its pins; its ``python``."""
+def prepare(leg: Leg, log: IO[str] | None = None) -> str:
+    """The leg's virtual environment, made if missing and brought to its pins; its ``python``.
+
+    What it says, and pip's own output, go to ``log`` (a file) when given, else to this terminal."""
+    out = {"stdout": log, "stderr": subprocess.STDOUT} if log is not None else {}
     py = leg.venv / "bin" / "python"
     if not py.exists():
         base = find_python(leg.python)
         if base is None:
             raise RuntimeError(f"no Python {leg.python} on this machine for jax {leg.jax} (pyenv install "
                                f"{leg.python}, or leave the leg out: STAGETOOL_MATRIX=here)")
-        print(f"matrix: making {leg.venv.name} (Python {leg.python}, jax {leg.jax})", flush=True)
-        subprocess.run([base, "-m", "venv", str(leg.venv)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
+        print(f"matrix: making {leg.venv.name} (Python {leg.python}, jax {leg.jax})", file=log or sys.stdout,
+              flush=True)
+        subprocess.run([base, "-m", "venv", str(leg.venv)], check=True, **out)
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True, **out)
     requirements = ["-e", ".[flax,equinox]", *leg.pins, *leg_requirements()]
     stamp = leg.venv / "stagetool-matrix.stamp"  # what was installed: skip pip when nothing changed
     want = hashlib.sha256("\n".join([*requirements, (REPO / "pyproject.toml").read_text()]).encode()).hexdigest()
     if not stamp.exists() or stamp.read_text() != want:
-        print(f"matrix: installing stagetool into {leg.venv.name} ({', '.join(leg.pins)})", flush=True)
-        subprocess.run([str(py), "-m", "pip", "install", "--quiet", *requirements], check=True, cwd=REPO)
+        print(f"matrix: installing stagetool into {leg.venv.name} ({', '.join(leg.pins)})", file=log or sys.stdout,
+              flush=True)
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", *requirements], check=True, cwd=REPO, **out)
         stamp.write_text(want)
     return str(py)
+
+
+@dataclasses.dataclass
+class Setup:
+    """A leg's :func:`prepare`, run in the background: its ``python`` or the error, how long it took,
+    and what it printed."""
+
+    python: str | None
+    error: str | None
+    seconds: float
+    output: str
+
+
+def prepare_quietly(leg: Leg) -> Setup:
+    """:func:`prepare` with its output kept (for a background thread: it does not interleave with the
+    suite's)."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as log:
+        try:
+            python, error = prepare(leg, log), None
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            python, error = None, str(e)
+        log.seek(0)
+        return Setup(python, error, time.perf_counter() - start, log.read())
 
 
 @dataclasses.dataclass
@@ -224,28 +257,35 @@ def main(argv: list[str]) -> int:
     here = installed_jax(sys.executable)
     py_here = "%d.%d" % sys.version_info[:2]
     outcomes: list[Outcome] = []
-    if not wanted:
-        outcomes.append(run_pytest(f"jax {here} (here), Python {py_here}: the whole suite", sys.executable, [], argv))
-    if choice != "here":
-        for leg in LEGS:
-            if (wanted and leg.name not in wanted) or (not wanted and leg.jax == here):
-                continue
+    legs = [] if choice == "here" else [leg for leg in LEGS if (leg.name in wanted if wanted else leg.jax != here)]
+    # The legs' virtual environments are made (pip: mostly download and unpacking) while the whole
+    # suite runs, one after the other in one background thread, each one's output kept for later.
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="matrix-setup")
+    setups = {leg.name: pool.submit(prepare_quietly, leg) for leg in legs}
+    try:
+        if not wanted:
+            outcomes.append(run_pytest(f"jax {here} (here), Python {py_here}: the whole suite", sys.executable, [],
+                                       argv))
+        for leg in legs:
             label = f"jax {leg.jax}, Python {leg.python}: CLI, framework, golden, compat tests"
-            start = time.perf_counter()
-            try:
-                python = prepare(leg)
-            except (RuntimeError, subprocess.CalledProcessError) as e:
-                outcomes.append(Outcome(label, None, "not run", time.perf_counter() - start, str(e)))
+            waited = time.perf_counter()
+            setup = setups[leg.name].result()
+            waited = time.perf_counter() - waited
+            sys.stdout.write(setup.output)
+            took = f"setup {setup.seconds:.0f} s" + ("" if wanted else f", {waited:.0f} s of it after the suite")
+            if setup.error is not None:
+                outcomes.append(Outcome(label, None, "not run", setup.seconds, f"{setup.error}; {took}"))
                 continue
-            got = installed_jax(python)
+            got = installed_jax(setup.python)
             if got != leg.jax:
-                outcomes.append(Outcome(label, None, "not run", time.perf_counter() - start,
+                outcomes.append(Outcome(label, None, "not run", setup.seconds,
                                         f"{leg.venv.name} has jax {got}, not {leg.jax}"))
                 continue
-            setup = time.perf_counter() - start
-            o = run_pytest(label, python, list(LEG_TESTS), argv)
-            o.note = "; ".join(x for x in (o.note, f"setup {setup:.0f} s") if x)
+            o = run_pytest(label, setup.python, list(LEG_TESTS), argv)
+            o.note = "; ".join(x for x in (o.note, took) if x)
             outcomes.append(o)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     print("\nmatrix summary:")
     for o in outcomes:
         status = "ok" if o.code == 0 else ("NOT RUN" if o.code is None else f"FAILED (pytest exit {o.code})")

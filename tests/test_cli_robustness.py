@@ -109,9 +109,9 @@ def test_out_shardings_that_do_not_fit_the_outputs_are_a_spec_error(run_cli, tmp
     assert [(x["declared"], x["compiled"]) for x in outs] == [("P('data')", "P('data')"), ("P(None)", "P(None)")]  # padded to rank
 
 
-def test_a_narrow_terminal_never_cuts_a_cell(run_cli, monkeypatch):
+def test_a_narrow_terminal_never_cuts_a_cell(run_cli_shared, monkeypatch):
     monkeypatch.setenv("COLUMNS", "60")
-    out = run_cli("shardings", str(REPO / "examples" / "transformer.py") + ":train_step", check=0).stdout
+    out = run_cli_shared("shardings", str(REPO / "examples" / "transformer.py") + ":train_step", check=0).stdout
     assert "…" not in out
     row = next(line for line in out.splitlines() if line.startswith(" opt_state/v/layers/w_down "))
     assert "f32[2,1024,256]" in row and "P(None, 'model', None)" in row and "[2,256,256]" in row and "512 KiB" in row

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not topology.libtpu_available(),
 @pytest.mark.slow
 def test_transformer_memory_on_v5e_matches_jax(run_cli_shared):
     r = run_cli_shared("memory", "examples/transformer.py:train_step", "--topology", "v5e:2x4", "--no-peak",
-                "--format", "json", check=0)
+                       "--format", "json", check=0)
     f = r.json()["functions"][0]
     assert f["mesh"]["platform"] == "tpu" and f["mesh"]["device_kind"] == "TPU v5 lite"
     assert f["mesh"]["topology"] == "v5e:2x4" and f["mesh"]["device_count"] == 8
@@ -47,7 +47,7 @@ def test_transformer_memory_on_v5e_matches_jax(run_cli_shared):
 @pytest.mark.slow
 def test_shardings_on_v5e_show_tile_padding(run_cli_shared):
     doc = run_cli_shared("shardings", "examples/mlp.py:train_step", "--topology", "v5e:2x4", "--format", "json",
-                  check=0).json()
+                         check=0).json()
     ins = leaves_by_path(doc)
     # batch/y: s32[128] on data → 64 elements per device, padded to one (128,) tile: 512 bytes.
     assert ins["batch/y"]["bytes_per_device"] == 64 * 4 and ins["batch/y"]["padded_bytes_per_device"] == 512
@@ -55,8 +55,8 @@ def test_shardings_on_v5e_show_tile_padding(run_cli_shared):
     assert ins["params/w1"]["padded_bytes_per_device"] == ins["params/w1"]["bytes_per_device"] == 512 * 256 * 4
     # Tiled bytes of all arguments add up to XLA's argument size.
     args = sum(x["padded_bytes_per_device"] for x in ins.values())
-    mem = run_cli_shared("memory", "examples/mlp.py:train_step", "--topology", "v5e:2x4", "--no-peak", "--format", "json",
-                  check=0).json()["functions"][0]["memory"]["record"]
+    mem = run_cli_shared("memory", "examples/mlp.py:train_step", "--topology", "v5e:2x4", "--no-peak",
+                         "--format", "json", check=0).json()["functions"][0]["memory"]["record"]
     assert args == mem["argument_bytes"]
 
 

@@ -155,8 +155,8 @@ def test_transformer_shardings_match_jax(run_cli_shared):
 def test_transformer_cost_and_memory_equal_jax(run_cli_shared):
     """Issue 3's "done when": per-device figures are Compiled's, whole-program ones Lowered's."""
     cost = run_cli_shared("cost", "examples/transformer.py:train_step", "--mesh", "2x4", "--format", "json", check=0)
-    memory = run_cli_shared("memory", "examples/transformer.py:train_step", "--mesh", "2x4", "--no-peak", "--format", "json",
-                     check=0)
+    memory = run_cli_shared("memory", "examples/transformer.py:train_step", "--mesh", "2x4", "--no-peak",
+                            "--format", "json", check=0)
     c = cost.json()["functions"][0]["cost"]
     m = memory.json()["functions"][0]["memory"]["record"]
     _, _, lowered, compiled = transformer_stages()

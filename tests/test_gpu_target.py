@@ -279,7 +279,7 @@ def test_derived_flops_equal_xla_on_a_tpu_topology():
 @needs_plugin
 def test_transformer_on_h100_matches_a_raw_compile(run_cli_shared):
     r = run_cli_shared("memory", "examples/transformer.py:train_step", "--topology", "h100:8", "--no-peak",
-                "--format", "json", check=0)
+                       "--format", "json", check=0)
     f = r.json()["functions"][0]
     assert f["mesh"]["platform"] == "gpu" and f["mesh"]["device_count"] == 8
     assert f["mesh"]["device_kind"].startswith("NVIDIA H100") and f["mesh"]["topology"] == "h100:8"
@@ -307,7 +307,7 @@ def test_transformer_on_h100_matches_a_raw_compile(run_cli_shared):
         + stats.temp_size_in_bytes
     assert summed > stats.peak_memory_in_bytes and m["peak_bytes"] == summed
     text = run_cli_shared("memory", "examples/transformer.py:train_step", "--topology", "h100:8", "--no-peak",
-                   check=0).stdout.replace("\n", " ")
+                          check=0).stdout.replace("\n", " ")
     assert "XLA:GPU's peak_memory_in_bytes" in text and "on CPU" not in text
 
 
@@ -332,7 +332,8 @@ def test_the_peak_note_names_the_backend_that_compiled(platform, says, not_says)
 @pytest.mark.slow
 @needs_plugin
 def test_gpu_flops_are_derived_and_labelled(run_cli_shared):
-    r = run_cli_shared("cost", "examples/transformer.py:train_step", "--topology", "h100:8", "--format", "json", check=0)
+    r = run_cli_shared("cost", "examples/transformer.py:train_step", "--topology", "h100:8", "--format", "json",
+                       check=0)
     cost = r.json()["functions"][0]["cost"]
     pd = cost["per_device"]
     assert pd["source"].startswith("derived") and pd["flops"] > 1e9 and pd["bytes_accessed"] > 0

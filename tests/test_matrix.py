@@ -44,3 +44,11 @@ def test_one_worker_or_no_xdist_runs_serially(tmp_path):
     no_xdist.write_text("#!/bin/sh\nexit 1\n")
     no_xdist.chmod(0o755)
     assert matrix.parallel_args(str(no_xdist), [], n=2) == []
+
+
+def test_a_leg_set_up_in_the_background_keeps_its_error_and_output(monkeypatch):
+    monkeypatch.setattr(matrix, "find_python", lambda version: None)
+    leg = matrix.Leg("jaxnone", "3.99", ("jax==0.0.1", "jaxlib==0.0.1"))
+    setup = matrix.prepare_quietly(leg)
+    assert setup.python is None and setup.seconds >= 0 and setup.output == ""
+    assert setup.error.startswith("no Python 3.99 on this machine for jax 0.0.1")

@@ -219,8 +219,8 @@ def test_nnx_example_rolls_up_by_module(run_cli_shared, isolated_imports):
 def test_transformer_example_is_outside_every_module(run_cli_shared):
     from test_examples import transformer_stages
 
-    doc = run_cli_shared("modules", "examples/transformer.py:train_step", "--mesh", "2x4", "--no-peak", "--format", "json",
-                  check=0).json()
+    doc = run_cli_shared("modules", "examples/transformer.py:train_step", "--mesh", "2x4", "--no-peak",
+                         "--format", "json", check=0).json()
     modules = doc["functions"][0]["modules"]
     _, _, _, compiled = transformer_stages()
     xla = compiled.cost_analysis()

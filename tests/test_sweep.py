@@ -157,14 +157,15 @@ def transformer_sweep() -> dict:
 
 
 @pytest.mark.slow
-def test_mesh_all_on_the_transformer_gives_one_row_per_factorisation_equal_to_report(run_cli, isolated_imports,
+def test_mesh_all_on_the_transformer_gives_one_row_per_factorisation_equal_to_report(run_cli_shared,
+                                                                                      isolated_imports,
                                                                                       transformer_sweep):
     doc = transformer_sweep
     assert [row["values"]["mesh"] for row in doc["rows"]] == ["1x8", "2x4", "4x2", "8x1"]
     for row in doc["rows"]:
         assert row["status"] == "ok", row["error"]
-        one = run_cli("report", "examples/transformer.py:train_step", "--mesh", row["values"]["mesh"],
-                      "--chip", "tpu-v5e", "--format", "json", check=0).json()["functions"][0]
+        one = run_cli_shared("report", "examples/transformer.py:train_step", "--mesh", row["values"]["mesh"],
+                             "--chip", "tpu-v5e", "--format", "json", check=0).json()["functions"][0]
         assert row["mesh"] == [list(a) for a in one["mesh"]["axes"]]
         assert row["peak_bytes_per_device"] == one["memory"]["record"]["peak_bytes"]
         assert row["fits"] == one["memory"]["verdict"]["fits"] is True
