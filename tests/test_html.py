@@ -152,9 +152,10 @@ class Dom(html.parser.HTMLParser):
 
 
 @pytest.fixture(scope="module")
-def transformer_html(tmp_path_factory) -> Path:
+def transformer_html(tmp_path_factory, shared_facts_cache) -> Path:
     """``stagetool report examples/transformer.py:train_step --format html -o report.html`` through
-    the CLI's entry point, in this process (once for the module)."""
+    the CLI's entry point, in this process (once for the module; the compile's facts from the
+    session's shared facts cache where another test compiled the same program)."""
     from stagetool.cli import main
 
     out = tmp_path_factory.mktemp("html") / "report.html"
@@ -163,7 +164,7 @@ def transformer_html(tmp_path_factory) -> Path:
         for k, v in CLI_ENV.items():
             mp.setenv(k, v)
         code = main(["report", str(EXAMPLES / "transformer.py") + ":train_step", "--format", "html", "-o", str(out),
-                     "--chip", "tpu-v5e", "--peak"])
+                     "--chip", "tpu-v5e", "--peak", "--cache-dir", str(shared_facts_cache)])
     sys.path[:] = path_before
     for name in set(sys.modules) - modules_before:
         if (getattr(sys.modules[name], "__file__", None) or "").startswith(str(EXAMPLES)):
