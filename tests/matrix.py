@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import glob
 import hashlib
 import os
@@ -207,8 +208,13 @@ def parallel_args(python: str, user_args: list[str], n: int | None = None) -> li
     own = ("-n", "--numprocesses=", "--dist=", "-pno:xdist")
     if n <= 1 or any(a in _OWN_WORKERS or a.startswith(own) for a in user_args):
         return []
-    has_xdist = subprocess.run([python, "-c", "import xdist"], capture_output=True).returncode == 0
-    return ["-n", str(n), "--dist", "loadfile"] if has_xdist else []
+    return ["-n", str(n), "--dist", "loadfile"] if has_xdist(python) else []
+
+
+@functools.cache
+def has_xdist(python: str) -> bool:
+    """Whether pytest-xdist imports in the environment of ``python``."""
+    return subprocess.run([python, "-c", "import xdist"], capture_output=True).returncode == 0
 
 
 def run_pytest(label: str, python: str, args: list[str], user_args: list[str]) -> Outcome:
