@@ -63,7 +63,7 @@ def table(measured: dict, estimates: dict, command: str, topology: str) -> str:
         e = estimates.get(name, {})
         ms = m.get("measured_seconds")
         if "error" in e or ms is None:
-            lines.append(f"| {name} | {_ms(ms)} | {m.get('timing', '')[:6]} | {e.get('error', 'not measured')} | | | |")
+            lines.append(f"| {name} | {_ms(ms)} | {m.get('timing', '')} | {e.get('error', 'not measured')} | | | |")
             continue
         err = (e["step"] - ms) / ms
         est = ("≥ " if e["lower_bound"] else "") + _ms(e["step"])
@@ -72,7 +72,7 @@ def table(measured: dict, estimates: dict, command: str, topology: str) -> str:
             lower_bad += e["step"] > ms
         else:
             errors.append(abs(err))
-        lines.append(f"| {name} | {_ms(ms)} | {m.get('timing', '')[:6]} | {est} | {err * 100:+.0f}% | {e['bound']} "
+        lines.append(f"| {name} | {_ms(ms)} | {m.get('timing', '')} | {est} | {err * 100:+.0f}% | {e['bound']} "
                      f"| {_ms(e['xla']) if e['xla'] and e['xla'] > 0 else 'n/a'} |")
     lines.append("")
     if errors:
