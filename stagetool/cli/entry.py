@@ -119,13 +119,23 @@ def _end_on_signal(signum: int) -> None:
     code, name = ((ExitCode.INTERRUPTED, "interrupted (SIGINT)") if signum == signal.SIGINT
                   else (ExitCode.HUNG_UP, "hung up (SIGHUP)") if signum == getattr(signal, "SIGHUP", None)
                   else (ExitCode.TERMINATED, "terminated (SIGTERM)"))
-    for stream in (sys.stdout, sys.__stdout__):
+    for stream in (sys.stdout, sys.__stdout__, sys.stderr, sys.__stderr__):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - a closed pipe; nothing more to say there
             pass
+    # The command's threads run on until os._exit (a sweep's thread reports the configuration its
+    # killed worker was running): from here their writes to stderr go to /dev/null, so that this
+    # line is the run's last.
+    last = 2
     try:
-        os.write(2, f"stagetool: {name}\n".encode())
+        last = os.dup(2)
+        sink = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(sink, 2)
+    except OSError:
+        pass
+    try:
+        os.write(last, f"stagetool: {name}\n".encode())
     except OSError:
         pass
     supervise.report(int(code))

@@ -196,6 +196,7 @@ def check_supported(fn: Any) -> None:
     if not callable(getattr(partitioning, "_named_pjit_cache", None)):  # private-api: named_jit's jit builder
         lacking.append("haliax.partitioning._named_pjit_cache")
     if lacking:
+        # private-api: named_jit keeps the step as __wrapped__ (functools.wraps), read for its name alone
         name = getattr(getattr(fn, "__wrapped__", None), "__qualname__", None) or "the step"
         raise UsageError(
             f"{name} is a named_jit of {haliax_release()}, whose named_jit stagetool cannot rebuild: it lacks "
