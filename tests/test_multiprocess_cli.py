@@ -54,7 +54,11 @@ def _facts(doc: dict) -> list[tuple]:
 
 @pytest.mark.slow
 def test_two_processes_match_a_simulated_two_host_run(tmp_path):
-    (tmp_path / "mlp.py").write_text((ROOT / "examples" / "mlp.py").read_text())
+    # Process 1 loads the module seconds after process 0: process 0, which serves the coordinator,
+    # must still wait for it to finish (without jax.distributed.shutdown's barrier process 0 ended
+    # first and JAX's client in process 1 aborted with SIGABRT).
+    slow = "import os as _os, time as _time\nif _os.environ.get('MLP_SLOW_S'):\n    _time.sleep(float(_os.environ['MLP_SLOW_S']))\n"
+    (tmp_path / "mlp.py").write_text(slow + (ROOT / "examples" / "mlp.py").read_text())
     spec = tmp_path / "local.stagetool.yaml"
     spec.write_text(SPEC)
     port = _free_port()
@@ -63,7 +67,8 @@ def test_two_processes_match_a_simulated_two_host_run(tmp_path):
         out = tmp_path / f"p{i}.json"
         cmd = [sys.executable, "-m", "stagetool", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
                "--process-id", str(i), "shardings", "--spec", str(spec), "--format", "json", "-o", str(out)]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env = _env() | ({"MLP_SLOW_S": "8"} if i == 1 else {})
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, start_new_session=True))
     try:
         results = [p.communicate(timeout=TIMEOUT_S) for p in procs]

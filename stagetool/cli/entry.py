@@ -81,6 +81,10 @@ def _run_app(argv: list[str] | None) -> int:
     except BrokenPipeError:
         stdout_closed()
         return int(ExitCode.USAGE)
+    finally:
+        from stagetool.devices.distributed import leave
+
+        leave()  # a multi-process run: every process ends together (process 0 serves the coordinator)
     return int(ExitCode.OK)
 
 

@@ -40,11 +40,13 @@ __all__ = [
     "detect_cluster",
     "initialize",
     "is_primary",
+    "leave",
     "local_to_global_shape",
     "process_blocks",
     "scale_local_shape",
 ]
 
+_JOINED: list[bool] = [False]  # this process called jax.distributed.initialize (initialize below)
 _ADDRESS_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
 
@@ -141,7 +143,29 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         if "before" in text and ("backend" in text or "computation" in text):
             hint = "start multi-process mode before any JAX device is used (first thing in the process)"
         raise UsageError(f"jax.distributed.initialize failed: {text}", hint=hint) from None
+    _JOINED[0] = True
     return True
+
+
+def leave() -> None:
+    """Leave the multi-process job that :func:`initialize` joined: ``jax.distributed.shutdown()``.
+
+    Its shutdown barrier waits until every process has reached it, so process 0, which serves the
+    coordinator, ends after the others. Without it a process that ends first (``os._exit``, as a
+    stagetool run ends) takes the coordinator with it and JAX's client in a slower process aborts
+    (SIGABRT: the coordination service reports the job failed). Does nothing when this process did
+    not join a job here (a job the caller's own code started is the caller's to end). A failure
+    to shut down is not reported: the command's result is already decided.
+    """
+    if not _JOINED[0]:
+        return
+    _JOINED[0] = False
+    import jax
+
+    try:
+        jax.distributed.shutdown()
+    except Exception:  # noqa: BLE001 - a process that already died: nothing left to wait for
+        pass
 
 
 def _reach_seconds() -> float:
