@@ -14,6 +14,7 @@ compile) on the transformer against the bare script; and a warm against a cold f
 v5p:2x2x2 (bench/decoder.stagetool.yaml), checking that the snapshots are identical.
 
     python bench/bench_overhead.py [--runs 7] [--example mlp|transformer]
+    python bench/bench_overhead.py --memory [--runs 7]
     python bench/bench_overhead.py --all [--runs 5]
 """
 
@@ -203,6 +204,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=None, help="runs of each command (default 7; 5 with --all)")
     parser.add_argument("--example", choices=sorted(BARE), default="mlp")
+    parser.add_argument("--memory", action="store_true",
+                        help="`memory` with the peak buffers on the transformer (one of --all's ratios) instead of `report`")
     parser.add_argument("--all", action="store_true", help="every ratio of issue 11, in one run")
     args = parser.parse_args()
     # An installed package has its bytecode; a checkout run with PYTHONDONTWRITEBYTECODE=1 would
@@ -230,6 +233,10 @@ def main() -> None:
         warm_vs_cold("decoder-8b", min(runs, 3), "≥ 5", decoder_target())
         return
     runs = args.runs or 7
+    if args.memory:
+        compare("memory, transformer (no cache; with the peak buffers)", "bare script",
+                [sys.executable, "-c", BARE["transformer"]], "stagetool memory", MEMORY_TRANSFORMER, runs, "≤ 1.10")
+        return
     compare(f"example: {args.example}", "bare script", [sys.executable, "-c", BARE[args.example]],
             "stagetool report", STAGETOOL[args.example], runs, "≤ 1.10")
 

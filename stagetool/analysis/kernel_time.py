@@ -25,7 +25,10 @@ copy / layout       bytes ÷ the HBM copy rate (copies, transposes, fusions that
                     bitcast custom calls (``Sharding``, ``AllocateBuffer``, ``ConcatBitcast``) free
 Pallas kernel       its ``cost_estimate`` (FLOPs ÷ the bf16 rate, bytes ÷ the HBM copy rate), where
                     its ``pallas_call`` was given one: a floor too (the kernel's efficiency is its own)
-uncounted           a Pallas kernel without ``cost_estimate``, top-k, sort, any other custom call:
+scatter index sort  XLA:TPU sorts a scatter's indices before the scatter (a lone ``sort`` whose results
+                    only reach scatters): nothing more, where the chip's scatter rate is a calibrated
+                    profile's, measured with that same sort in it (its own time and fixed cost there)
+uncounted           a Pallas kernel without ``cost_estimate``, top-k, any other sort, any other custom call:
                     no model; timed at a floor (its operand and result bytes ÷ the HBM peak) and
                     marked, so that the step time is "at least" its figure
 =================  ====================================================================================
@@ -50,7 +53,7 @@ from stagetool.core.chips import Chip
 from stagetool.hlo.loops import instruction_cost, tiled_shape_bytes
 from stagetool.hlo.parser import ArrayShape, HloComputation, HloInstruction, HloModule, array_leaves, shape_bytes
 
-__all__ = ["COMPUTE", "FROM_FLOOR", "FROM_KERNEL", "FROM_MODEL", "LATENCY", "MEMORY", "KernelTime",
+__all__ = ["COMPUTE", "FROM_FLOOR", "FROM_KERNEL", "FROM_MODEL", "LATENCY", "MEMORY", "SCATTER_INDEX_SORT", "KernelTime",
            "kernel_time", "matmul_class", "padded_matmul_flops"]
 
 COMPUTE, MEMORY, LATENCY = "compute", "memory bandwidth", "latency"
@@ -59,6 +62,9 @@ FROM_MODEL = "model"
 """The figure is the model's: the class's rate on the chip (a calibrated profile's or a peak)."""
 FROM_KERNEL = "kernel cost_estimate"
 """The figure is a Pallas kernel author's ``cost_estimate`` at the chip's rates."""
+SCATTER_INDEX_SORT = "sort (a scatter's indices)"
+"""The class of XLA:TPU's sort of a scatter's indices (before the scatter proper): timed as part of the
+scatter, whose calibrated rate was measured with the same sort in it."""
 FROM_FLOOR = "floor: work not counted"
 """No model for the work: the figure is a floor (its bytes at the HBM peak); the step time is a lower bound."""
 
@@ -295,6 +301,33 @@ def xla_cycles(ins: HloInstruction) -> int | None:
     return -1 if n >= _CYCLES_UNKNOWN else n if n > 0 else None
 
 
+def _sorts_scatter_indices(module: HloModule, comp: HloComputation, ins: HloInstruction) -> bool:
+    """Whether ``ins`` (a lone ``sort``) is XLA:TPU's sort of a scatter's indices: every use of its
+    results, through ``get-tuple-element`` and fusions of element-wise work (the indices clamped), ends
+    in a scatter (a fusion holding one, or a lone ``scatter``), and one does."""
+    if ins.opcode != "sort":
+        return False
+    frontier, seen, scatters = [ins.name], set(), 0
+    while frontier:
+        name = frontier.pop()
+        if name in seen or len(seen) > 32:
+            return False if len(seen) > 32 else scatters > 0
+        seen.add(name)
+        users = [u for u in comp.instructions if name in u.operands]
+        if not users:
+            return False  # a result of the sort that leaves the computation: not only a scatter's indices
+        for u in users:
+            inner_ops = {i.opcode for _, i in _inner(module, u)} if u.opcode == "fusion" else {u.opcode}
+            if "scatter" in inner_ops:
+                scatters += 1
+            elif u.opcode == "get-tuple-element" or (u.opcode == "fusion" and not inner_ops & (
+                    _MATMULS | {"sort", "reduce", "reduce-window", "gather", "custom-call", "while", "call"})):
+                frontier.append(u.name)
+            else:
+                return False
+    return scatters > 0
+
+
 def _rate(*rates: float | None) -> float | None:
     for r in rates:
         if r:
@@ -361,6 +394,9 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         else:
             return floor(custom_call_kind(target))
     if "sort" in ops:
+        if not gpu and chip.scatter_bytes_per_second and _sorts_scatter_indices(module, comp, ins):
+            overhead = 0.0  # measured with the scatter: its time and its fixed cost are in the scatter's rate
+            return done(SCATTER_INDEX_SORT, 0.0, 0.0)
         return floor("sort")
     opaque = [i for _, i in inner if i.opcode == "custom-call" and i is not ins
               and not is_trivial_custom_call(_target(i))]

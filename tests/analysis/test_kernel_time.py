@@ -309,3 +309,74 @@ ENTRY %main (a: f32[4096,4096]) -> (f32[4096,4096], f32[4096,4096]) {
     assert (dma.kind, vec.kind) == ("copy (DMA)", "copy")
     assert dma.memory_seconds == pytest.approx(moved / 8e11) and vec.memory_seconds == pytest.approx(moved / 4e11)
     assert vec.xla_seconds == pytest.approx(100 / 1e9)  # XLA's own cycles, shown beside at the chip clock
+
+
+_SCATTER = """HloModule jit_embedding_scatter_add, num_partitions=1
+
+%compare (a: s32[], b: s32[], c: s32[], d: s32[]) -> pred[] {
+  %a = s32[] parameter(0)
+  %b = s32[] parameter(1)
+  %c = s32[] parameter(2)
+  %d = s32[] parameter(3)
+  ROOT %lt = pred[] compare(%a, %b), direction=LT
+}
+
+%clamp (p: s32[32768]) -> s32[32768] {
+  %p = s32[32768]{0} parameter(0)
+  %lo = s32[] constant(0)
+  %blo = s32[32768]{0} broadcast(%lo), dimensions={}
+  %hi = s32[] constant(32767)
+  %bhi = s32[32768]{0} broadcast(%hi), dimensions={}
+  ROOT %c = s32[32768]{0} clamp(%blo, %p, %bhi)
+}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+%scatter_body (t: f32[65536,1024], i: s32[32768], u: f32[32768,1024], perm: s32[32768]) -> f32[65536,1024] {
+  %t = f32[65536,1024]{1,0} parameter(0)
+  %i = s32[32768]{0} parameter(1)
+  %u = f32[32768,1024]{1,0} parameter(2)
+  %perm = s32[32768]{0} parameter(3)
+  ROOT %sc = f32[65536,1024]{1,0} scatter(%t, %i, %u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+}
+
+ENTRY %main (table: f32[65536,1024], ids: s32[32768], updates: f32[32768,1024]) -> f32[65536,1024] {
+  %table = f32[65536,1024]{1,0} parameter(0)
+  %ids = s32[32768]{0} parameter(1)
+  %updates = f32[32768,1024]{1,0} parameter(2)
+  %iota = s32[32768]{0} iota(), iota_dimension=0
+  %sort = (s32[32768]{0}, s32[32768]{0}) sort(%ids, %iota), dimensions={0}, to_apply=%compare, metadata={op_name="jit(f)/scatter-add" source_file="k.py" source_line=46}
+  %keys = s32[32768]{0} get-tuple-element(%sort), index=0
+  %perm = s32[32768]{0} get-tuple-element(%sort), index=1
+  %clamped = s32[32768]{0} fusion(%perm), kind=kLoop, calls=%clamp
+  ROOT %scatter = f32[65536,1024]{1,0} fusion(%table, %keys, %updates, %clamped), kind=kCustom, calls=%scatter_body, metadata={op_name="jit(f)/scatter-add" source_file="k.py" source_line=46}
+}
+"""
+
+
+def test_xla_tpus_sort_of_a_scatters_indices_is_in_the_calibrated_scatter_rate():
+    """XLA:TPU sorts a scatter's indices (and an iota) before the scatter; the chip's scatter rate was
+    measured with that sort in it (``stagetool calibrate``'s scatter-add compiles to the same pair), so
+    the sort adds nothing and the step time is a complete figure. Without a measured scatter rate (a
+    chip's peaks only) the sort is work no model covers: a floor, the step time a lower bound."""
+    e = _estimate(_SCATTER)
+    assert not e.lower_bound and e.uncounted == ()
+    sort = _kernel(_SCATTER, "sort")
+    assert (sort.kind, sort.seconds, sort.figure, sort.uncounted) == ("sort (a scatter's indices)", 0.0, "model", False)
+    scatter = _kernel(_SCATTER, "scatter")
+    assert scatter.kind == "scatter"
+    assert scatter.seconds == pytest.approx(3 * 32768 * 1024 * 4 / 1e11 + 2e-6, rel=1e-9)
+    peaks_only = dataclasses.replace(ROUND, scatter_bytes_per_second=None)
+    assert _kernel(_SCATTER, "sort", peaks_only).uncounted
+    assert _estimate(_SCATTER, peaks_only).lower_bound
+    # a sort whose result is the program's (a top-k written as a sort) stays work no model covers
+    entry = _SCATTER.index("ENTRY")
+    returned = _SCATTER[:entry] + _SCATTER[entry:].replace(
+        "-> f32[65536,1024] {", "-> (f32[65536,1024], s32[32768]) {").replace("ROOT %scatter = ", "%scatter = ").replace(
+        "source_line=46}\n}", "source_line=46}\n  ROOT %out = (f32[65536,1024]{1,0}, s32[32768]{0}) tuple(%scatter, %keys)\n}")
+    assert "ROOT %out" in returned
+    assert _kernel(returned, "sort").uncounted and _estimate(returned).lower_bound
