@@ -39,6 +39,7 @@ only where a path can start (not inside another path or word: ``/x/<root>/`` is 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import sys
@@ -317,19 +318,30 @@ _LIBRARIES = ("jax", "jaxlib", "flax", "optax", "equinox", "chex", "orbax", "typ
 
 def library_dirs() -> tuple[str, ...]:
     """Folders whose frames are never the user's: stagetool, JAX, Flax, optax, Equinox, Typer, the
-    standard library, site-packages (also where a library is installed elsewhere, e.g. editable)."""
+    standard library, site-packages (also where a library is installed elsewhere, e.g. editable).
+
+    Resolved once per set of those libraries imported (a program that imports Flax later gets its
+    folder then): a caller that asks once per frame or per module (thousands in a notebook that
+    imported Keras) pays for the dictionary lookup only."""
+    loaded = tuple((name, getattr(sys.modules.get(name), "__file__", None)) for name in _LIBRARIES)
+    return _library_dirs(loaded)
+
+
+@functools.lru_cache(maxsize=8)
+def _library_dirs(loaded: tuple[tuple[str, str | None], ...]) -> tuple[str, ...]:
     import sysconfig
 
     dirs = {str(Path(__file__).resolve().parents[1]) + "/"}
+    installed = sysconfig.get_paths()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        p = sysconfig.get_paths().get(key)
+        p = installed.get(key)
         if p:
             dirs.add(str(Path(p).resolve()) + "/")
-    for name in _LIBRARIES:
-        mod = sys.modules.get(name)
-        if mod is not None and getattr(mod, "__file__", None):
-            dirs.add(str(Path(mod.__file__).resolve().parent) + "/")
+    for _, file in loaded:
+        if isinstance(file, str):
+            dirs.add(str(Path(file).resolve().parent) + "/")
     return tuple(sorted(dirs))
+
 
 def is_library_file(filename: str, library: tuple[str, ...] | None = None) -> bool:
     """Whether a source file belongs to a library (see :func:`library_dirs`) rather than the user.
