@@ -793,7 +793,7 @@ def test_a_signal_ends_a_run_stuck_holding_the_gil(tmp_path, sig, code, line):
     write(tmp_path, "s.py", STUCK)
     write(tmp_path, "s.stagetool.yaml", "functions:\n  f: {target: s.py:f, args: ['f32[4]']}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", STAGETOOL_ESCALATE_S="3")
     proc = subprocess.Popen([sys.executable, "-m", "stagetool", "shardings"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
@@ -809,6 +809,8 @@ def test_a_signal_ends_a_run_stuck_holding_the_gil(tmp_path, sig, code, line):
         reader.join(10)
         assert proc.returncode == code, lines
         assert lines[-1] == f"stagetool: {line}\n" and not _descendants_of(proc.pid)
+        # killed STAGETOOL_ESCALATE_S (3 s here; 10 by default) after the signal, and said so
+        assert any("did not end within 3 s of" in ln for ln in lines), lines
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -907,3 +909,14 @@ def test_backticks_in_a_leaf_path_open_no_code_span_in_markdown():
     assert markdown_text("all-gather of p/w`x over `data`") == "all-gather of p/w\\`x over `data`"
     assert markdown_text("input p/b`x`: declared") == "input p/b\\`x\\`: declared"
     assert markdown_text("split over `data` × `model`") == "split over `data` × `model`"
+
+
+@pytest.mark.parametrize("value,seconds", [("2.5", 2.5), ("30", 30.0), ("", 10.0), ("soon", 10.0), ("0", 10.0),
+                                           ("-1", 10.0), ("nan", 10.0), ("inf", 10.0), ("1e9", 10.0)])
+def test_the_seconds_before_a_signalled_run_is_killed(monkeypatch, value, seconds):
+    from stagetool.process import supervise
+
+    monkeypatch.setenv("STAGETOOL_ESCALATE_S", value)
+    assert supervise.escalate_seconds() == seconds
+    monkeypatch.delenv("STAGETOOL_ESCALATE_S")
+    assert supervise.escalate_seconds() == supervise.ESCALATE_S == 10.0

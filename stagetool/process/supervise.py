@@ -51,7 +51,22 @@ ENV = "STAGETOOL_UNSUPERVISED"
 
 ESCALATE_S = 10.0
 """Seconds the child is given to end after a forwarded SIGINT/SIGTERM/SIGHUP (its own cleanup
-takes well under one) before it is killed with SIGKILL: a signal always ends the run."""
+takes well under one) before it is killed with SIGKILL: a signal always ends the run. The
+environment variable ``STAGETOOL_ESCALATE_S`` sets another (a CI runner that kills its job a few
+seconds after cancelling it: GitHub Actions sends SIGINT, then SIGTERM 7.5 s later, SIGKILL 2.5 s
+after that); a value that is not a positive number of seconds below one day is ignored
+(:func:`escalate_seconds`)."""
+
+ESCALATE_ENV = "STAGETOOL_ESCALATE_S"
+
+
+def escalate_seconds() -> float:
+    """:data:`ESCALATE_S`, or ``$STAGETOOL_ESCALATE_S`` where it is a number of seconds in (0, 86400)."""
+    try:
+        value = float(os.environ.get(ESCALATE_ENV, ESCALATE_S))
+    except ValueError:
+        return ESCALATE_S
+    return value if 0 < value < 86400 else ESCALATE_S
 
 _SETTLE_S = 1.0
 """Seconds the parent waits for the run's own helpers (multiprocessing's resource tracker) to end by
@@ -168,6 +183,7 @@ def _become_subreaper() -> bool:
 
 def _supervise(pid: int, read_end: int, nonce: str) -> int:
     ending: dict[str, int] = {}  # the first signal forwarded; whether the child was then killed
+    escalate = escalate_seconds()
 
     def forward(signum: int, frame: object) -> None:
         try:
@@ -177,7 +193,7 @@ def _supervise(pid: int, read_end: int, nonce: str) -> int:
         if "signal" not in ending and hasattr(signal, "setitimer"):
             ending["signal"] = signum
             signal.signal(signal.SIGALRM, kill)
-            signal.setitimer(signal.ITIMER_REAL, ESCALATE_S)
+            signal.setitimer(signal.ITIMER_REAL, escalate)
 
     def kill(signum: int, frame: object) -> None:
         ending["killed"] = 1
@@ -202,7 +218,7 @@ def _supervise(pid: int, read_end: int, nonce: str) -> int:
         signal.setitimer(signal.ITIMER_REAL, 0)
     if "killed" in ending:  # the child could not act on the signal (stuck in C code holding the GIL)
         name = _signal_name(ending["signal"])
-        _say(f"the run did not end within {ESCALATE_S:g} s of {name} (stuck in code that holds Python's "
+        _say(f"the run did not end within {escalate:g} s of {name} (stuck in code that holds Python's "
              "interpreter lock, such as a regular expression); it was killed")
         os.close(read_end)
         words = {signal.SIGINT: "interrupted", signal.SIGHUP: "hung up"}.get(ending["signal"], "terminated")
