@@ -112,10 +112,10 @@ def test_timeout_kills_the_configuration_and_leaves_no_folder(run_cli, sweep_dir
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)
-    r = run_cli("sweep", "m.py:f", "--set", "mode=slow,good", "--timeout", "20", "--format", "json", check=3)
+    r = run_cli("sweep", "m.py:f", "--set", "mode=slow,good", "--timeout", "8", "--format", "json", check=3)
     slow, good = r.json()["rows"]
     assert slow["status"] == "error" and slow["error"]["stage"] == "timeout"
-    assert "timed out after 20 s" in slow["error"]["message"] and good["status"] == "ok"
+    assert "timed out after 8 s" in slow["error"]["message"] and good["status"] == "ok"
     assert list(tmp.iterdir()) == []
 
 
