@@ -53,8 +53,8 @@ from stagetool.core.chips import Chip
 from stagetool.hlo.loops import instruction_cost, tiled_shape_bytes
 from stagetool.hlo.parser import ArrayShape, HloComputation, HloInstruction, HloModule, array_leaves, shape_bytes
 
-__all__ = ["COMPUTE", "FROM_FLOOR", "FROM_KERNEL", "FROM_MODEL", "LATENCY", "MEMORY", "SCATTER_INDEX_SORT", "KernelTime",
-           "kernel_time", "matmul_class", "padded_matmul_flops"]
+__all__ = ["COMPUTE", "FROM_FLOOR", "FROM_KERNEL", "FROM_MODEL", "LATENCY", "MEMORY", "SCATTER_INDEX_SORT",
+           "KernelTime", "kernel_time", "matmul_class", "padded_matmul_flops"]
 
 COMPUTE, MEMORY, LATENCY = "compute", "memory bandwidth", "latency"
 
@@ -310,8 +310,10 @@ def _sorts_scatter_indices(module: HloModule, comp: HloComputation, ins: HloInst
     frontier, seen, scatters = [ins.name], set(), 0
     while frontier:
         name = frontier.pop()
-        if name in seen or len(seen) > 32:
-            return False if len(seen) > 32 else scatters > 0
+        if name in seen:
+            continue
+        if len(seen) >= 32:
+            return False  # a long chain of work after the sort: not XLA's index sort
         seen.add(name)
         users = [u for u in comp.instructions if name in u.operands]
         if not users:

@@ -68,6 +68,7 @@ def escalate_seconds() -> float:
         return ESCALATE_S
     return value if 0 < value < 86400 else ESCALATE_S
 
+
 _SETTLE_S = 1.0
 """Seconds the parent waits for the run's own helpers (multiprocessing's resource tracker) to end by
 themselves once the child has ended, before it treats what is left as left behind."""
