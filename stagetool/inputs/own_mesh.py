@@ -69,8 +69,13 @@ def _module_of(module_file: str | None) -> Any:
 
     if module_file is None:
         return None
-    return next((m for m in list(sys.modules.values())
-                 if getattr(m, "__file__", None) and Path(m.__file__).resolve() == Path(module_file).resolve()), None)
+    resolved = Path(module_file).resolve()
+    modules = [m for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)]
+    # stagetool imports a target by its resolved path: that module's __file__ is the path itself, and
+    # comparing strings first spares resolving every loaded module's file (thousands in a notebook)
+    named = {module_file, str(resolved)}
+    return next((m for m in modules if m.__file__ in named), None) or \
+        next((m for m in modules if Path(m.__file__).resolve() == resolved), None)
 
 
 def where_held(mesh: Any, module_file: str | None, module: Any = None) -> str | None:
