@@ -120,3 +120,41 @@ def test_parse_location():
     assert [(f.file, f.line, f.function, f.column) for f in frames] == [("/m.py", 8, "f", 17),
                                                                          ("/run.py", 14, "<module>", 5)]
     assert parse_location("loc(unknown)") == (None, ())
+
+
+def test_the_rerun_beside_the_compile_runs_in_its_own_thread_and_never_raises(monkeypatch):
+    """stagetool.pipeline._propagation_beside: the lowered text is printed in the caller's thread, the
+    propagation runs in a thread of its own while XLA compiles, and what it raises becomes the reason
+    there are no causes (as propagate_lowered gives it), never an exception in the command."""
+    import threading
+    import types
+
+    from stagetool import pipeline
+    from stagetool.staging import shardy
+
+    class Lowered:
+        def as_text(self, debug_info=False):
+            assert debug_info and threading.current_thread() is threading.main_thread()
+            return "module {}"
+
+    staged = types.SimpleNamespace(lowered=Lowered())
+    # a module without a Shardy mesh: the reason propagate gives, from the thread
+    assert pipeline._propagation_beside(staged, "cpu")() == (
+        None, "the lowered module has no Shardy mesh (GSPMD partitioner, or no mesh)")
+    ran_in = []
+
+    def boom(text, top_k_rule=True):
+        ran_in.append((threading.current_thread().name, top_k_rule))
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(shardy, "propagate", boom)
+    assert pipeline._propagation_beside(staged, "tpu")() == (
+        None, "Shardy's propagation could not be rerun: RuntimeError: boom")
+    assert ran_in == [("stagetool-propagation", False)]  # TPU: no top-k rule
+
+    class Unprintable:
+        def as_text(self, debug_info=False):
+            raise ValueError("no text")
+
+    assert pipeline._propagation_beside(types.SimpleNamespace(lowered=Unprintable()), "cpu")() == (
+        None, "the lowered module could not be printed: no text")
