@@ -42,6 +42,13 @@ def test_time_calls_warms_up_then_sizes_its_samples_from_the_last_warm_up_call()
     assert t.median_seconds == pytest.approx(0.002) and t.spread == pytest.approx(0.0, abs=1e-9)
     fixed = time_calls(call, warmup=0, repeats=3, inner=1, clock=lambda: now[0], block=lambda out: out)
     assert (fixed.inner, fixed.samples, fixed.warmup) == (1, 3, 0)
+    # no warm-up and no inner count: one call sizes the samples (5 ms of samples / 2 ms: 2 calls each)
+    del calls[:]
+    sized = time_calls(call, warmup=0, repeats=4, target_sample_seconds=0.005, clock=lambda: now[0],
+                       block=lambda out: out)
+    assert (sized.inner, sized.samples, len(calls)) == (2, 4, 1 + 4 * 2)
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        time_calls(call, repeats=0, block=lambda out: out)
 
 
 def _ev(name, ns, **stats):
@@ -210,3 +217,26 @@ def test_calibrate_cli_writes_a_profile_with_every_single_device_key(run_cli):
     assert entry["profile"]["measured_on"] == "cpu" and entry["profile"]["jax"]
     assert "matmul_tile" not in entry  # the MXU tile is a TPU's
     assert "measured on the CPU backend" in r.stdout and "matmul_bf16" in r.stderr
+
+
+def test_time_pipelined_runs_one_warm_step_then_the_steps_back_to_back():
+    """StepRunner.time_pipelined: one blocked step first, then ``steps`` calls issued without blocking
+    between them (the inputs copied beforehand), seconds per step."""
+    import jax
+    import jax.numpy as jnp
+
+    from stagetool.measure.step import StepRunner
+
+    seen = []
+
+    def compiled(x):
+        seen.append(x)
+        return x * 2
+
+    staged = SimpleNamespace(compiled=compiled, jitted=compiled)
+    inputs = SimpleNamespace(args=(jax.ShapeDtypeStruct((4,), jnp.float32),), kwargs={}, static_argnames=())
+    runner = StepRunner(staged, inputs)
+    seconds = runner.time_pipelined(steps=5)
+    assert seconds > 0 and len(seen) == 1 + 5
+    # every call had an input of its own, a copy of the one concrete input (a donated one is consumed)
+    assert len({id(x) for x in seen}) == 6 and all(bool((x == runner.args[0]).all()) for x in seen)

@@ -140,3 +140,18 @@ def test_hbm_capacities_agree_with_the_topology_table():
     for chip, tpu in shared:
         assert chip.hbm_capacity_bytes == tpu.hbm_bytes_per_chip, tpu.alias
     assert chips.CHIPS["tpu-v5e"].hbm_capacity_bytes == 16 * 2**30
+
+
+def test_the_peak_for_each_element_type_falls_back_to_bf16_where_none_is_published():
+    """Chip.peak_for: fp8 types, 8- and 4-bit integers and f32/f64/complex read their own peak where the
+    chip publishes one, else the bf16 peak (a TPU runs a default-precision f32 matmul as bf16 passes)."""
+    import dataclasses
+
+    own = dataclasses.replace(chips.get_chip("tpu-v5e"), peak_flops_per_second_bf16=1e14,
+                              peak_flops_per_second_fp8=2e14, peak_flops_per_second_int8=4e14,
+                              peak_flops_per_second_f32=5e13)
+    assert [own.peak_for(t) for t in ("bf16", "f16", "f8e4m3fn", "f8e5m2", "s8", "u4", "f32", "f64", "c64")] == [
+        1e14, 1e14, 2e14, 2e14, 4e14, 4e14, 5e13, 5e13, 5e13]
+    bare = dataclasses.replace(own, peak_flops_per_second_fp8=None, peak_flops_per_second_int8=None,
+                               peak_flops_per_second_f32=None)
+    assert {bare.peak_for(t) for t in ("bf16", "f8e4m3fn", "s8", "u8", "f32", "c128")} == {1e14}

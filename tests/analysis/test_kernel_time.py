@@ -380,3 +380,19 @@ def test_xla_tpus_sort_of_a_scatters_indices_is_in_the_calibrated_scatter_rate()
         "source_line=46}\n}", "source_line=46}\n  ROOT %out = (f32[65536,1024]{1,0}, s32[32768]{0}) tuple(%scatter, %keys)\n}")
     assert "ROOT %out" in returned
     assert _kernel(returned, "sort").uncounted and _estimate(returned).lower_bound
+
+
+def test_a_sort_is_a_scatters_index_sort_only_when_every_result_reaches_a_scatter():
+    """Both results read by one clamp fusion (a diamond) still end in the scatter: the index sort. A
+    result that nothing reads, or one a reduction reads, is not only a scatter's indices: a floor."""
+    diamond = _SCATTER.replace("%clamped = s32[32768]{0} fusion(%perm), kind=kLoop, calls=%clamp",
+                               "%clamped = s32[32768]{0} fusion(%perm, %keys), kind=kLoop, calls=%clamp")
+    assert "fusion(%perm, %keys)" in diamond
+    assert _kernel(diamond, "sort").kind == "sort (a scatter's indices)" and not _estimate(diamond).lower_bound
+    unread = _SCATTER.replace("%scatter = f32[65536,1024]{1,0} fusion(%table, %keys, %updates, %clamped)",
+                              "%scatter = f32[65536,1024]{1,0} fusion(%table, %perm, %updates, %clamped)")
+    assert "fusion(%table, %perm," in unread
+    assert _kernel(unread, "sort").uncounted and _estimate(unread).lower_bound  # %keys: read by nothing
+    summed = _SCATTER.replace("%clamped = s32[32768]{0} fusion(%perm), kind=kLoop, calls=%clamp",
+                              "%clamped = s32[32768]{0} reduce-precision(%perm), exponent_bits=8, mantissa_bits=7")
+    assert _kernel(summed, "sort").uncounted  # a result read by an op that is neither a fusion nor a scatter

@@ -142,3 +142,30 @@ def test_two_processes_stage_like_one_process_with_eight_devices():
     assert two[0]["input_shardings"] == [["P('data', None)", [4, 16]], ["P(None, 'model')", [16, 8]], ["P()", [32]]]
     assert [{k: r[k] for k in keys} for r in two] == [{k: one[k] for k in keys}] * 2
     assert elapsed < 60, f"two-process run took {elapsed:.1f} s"
+
+
+def test_a_job_joined_here_is_left_with_jax_distributed_shutdown_once(monkeypatch):
+    """stagetool.devices.distributed.leave: jax.distributed.shutdown() (its barrier keeps process 0,
+    the coordinator, alive until every process is done) only for a job initialize() joined, once; a
+    failing shutdown (another process already gone) is not raised: the command's result stands."""
+    import jax
+
+    from stagetool.devices import distributed
+
+    calls = []
+    monkeypatch.setattr(jax.distributed, "shutdown", lambda: calls.append(1))
+    monkeypatch.setattr(distributed, "_JOINED", [False])
+    distributed.leave()
+    assert calls == []  # not joined here: the caller's own job is the caller's to end
+    distributed._JOINED[0] = True
+    distributed.leave()
+    distributed.leave()
+    assert calls == [1] and distributed._JOINED == [False]
+
+    def gone():
+        raise RuntimeError("the coordination service is gone")
+
+    monkeypatch.setattr(jax.distributed, "shutdown", gone)
+    distributed._JOINED[0] = True
+    distributed.leave()
+    assert distributed._JOINED == [False]
