@@ -114,36 +114,17 @@ def _estimates_child(topology: str, n: int, names: list[str]) -> None:
             print("ESTIMATE " + json.dumps({"name": name, **out}), flush=True)
 
 
-def _concrete(tree, seed: int):
-    """Arrays for the abstract inputs: small random floats, zero integers, keys from ``seed``."""
-    import jax
-    import jax.numpy as jnp
-
-    leaves, treedef = jax.tree.flatten(tree)
-    out = []
-    for i, x in enumerate(leaves):
-        if isinstance(x, jax.ShapeDtypeStruct):
-            key = jax.random.key(seed + i)
-            if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-                a = jax.random.split(key, x.shape) if x.shape else key
-            elif jnp.issubdtype(x.dtype, jnp.floating):
-                a = (jax.random.normal(key, x.shape, jnp.float32) * 0.02).astype(x.dtype)
-            else:
-                a = jnp.zeros(x.shape, x.dtype)
-            x = jax.device_put(a, x.sharding) if x.sharding is not None else a
-        out.append(x)
-    return jax.tree.unflatten(treedef, out)
-
-
 def measure(target: str, spec: str, mesh: str, runs: int) -> dict:
     """Median seconds of one step after warm-up, and the peak bytes in use less the kept inputs."""
     import jax
 
     from stagetool import Options, staged_functions
+    from stagetool.measure.step import concrete_inputs
 
     _, inputs, staged = next(staged_functions(Options(target=target, spec=REPO / spec, mesh=mesh)))
-    args = _concrete(inputs.args, 0)
-    kwargs = {k: v for k, v in _concrete(inputs.kwargs, 1000).items() if k not in inputs.static_argnames}
+    args = concrete_inputs(inputs.args, 0, random_integers=False)  # zero integers, as its results were measured
+    kwargs = {k: v for k, v in concrete_inputs(inputs.kwargs, 1000, random_integers=False).items()
+              if k not in inputs.static_argnames}
     statics = {k: v for k, v in inputs.kwargs.items() if k in inputs.static_argnames}
     call = staged.compiled
     kept = sum(x.nbytes for x in jax.tree.leaves((args, kwargs)) if isinstance(x, jax.Array))

@@ -196,6 +196,11 @@ def test_concrete_inputs_draw_integers_below_int_high_and_keep_dtypes():
     out = concrete_inputs(tree, 0, int_high=50)
     assert int(out["ids"].min()) >= 0 and int(out["ids"].max()) < 50 and len(set(out["ids"].tolist())) > 40
     assert out["x"].dtype == jnp.bfloat16 and out["flag"].dtype == jnp.bool_ and out["n"] == 3
+    assert 0 < int(out["flag"].sum()) < 16
+    # zero integers and booleans (bench/bench_step_time.py's inputs), the same floats from the same seed
+    zeros = concrete_inputs(tree, 0, int_high=50, random_integers=False)
+    assert not bool(zeros["ids"].any()) and not bool(zeros["flag"].any()) and zeros["ids"].dtype == jnp.int32
+    assert bool((zeros["x"] == out["x"]).all()) and zeros["n"] == 3
 
 
 @pytest.mark.slow

@@ -15,9 +15,14 @@ from typing import Any
 from stagetool.measure.timing import Timing, summarize
 
 
-def concrete_inputs(tree: Any, seed: int, int_high: int = 1024) -> Any:
+def concrete_inputs(tree: Any, seed: int, int_high: int = 1024, *, random_integers: bool = True) -> Any:
     """Arrays on the devices for the abstract leaves (``jax.ShapeDtypeStruct``) of ``tree``: random
-    values of each leaf's dtype, put with its sharding; other leaves kept as they are."""
+    values of each leaf's dtype, put with its sharding; other leaves kept as they are.
+
+    Floats are normal × 0.02 in the leaf's dtype, keys split from ``seed`` (leaf ``i`` draws from
+    ``seed + i``), integers uniform in ``[0, int_high)`` and booleans fair coins; with
+    ``random_integers=False`` integer and boolean leaves are zeros (``bench/bench_step_time.py``'s
+    inputs, with which its kept results were measured)."""
     import jax
     import jax.numpy as jnp
 
@@ -30,6 +35,8 @@ def concrete_inputs(tree: Any, seed: int, int_high: int = 1024) -> Any:
                 a = jax.random.split(key, x.shape) if x.shape else key
             elif jnp.issubdtype(x.dtype, jnp.floating):
                 a = (jax.random.normal(key, x.shape, jnp.float32) * 0.02).astype(x.dtype)
+            elif not random_integers:
+                a = jnp.zeros(x.shape, x.dtype)
             elif jnp.issubdtype(x.dtype, jnp.integer):
                 hi = min(int_high, int(jnp.iinfo(x.dtype).max))
                 a = jax.random.randint(key, x.shape, 0, hi, jnp.int32).astype(x.dtype)
