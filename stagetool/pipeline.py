@@ -338,34 +338,26 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
         cache = FactsCache.open(plan.cache_dir)  # None (and one warning) for a folder others can write
     dialect = plan.dialect if Section.LOWERED_TEXT in wanted else None
     explain = bool(wanted & _EXPLAINED)
-    beside = needs_compile and cache is None and explain  # Shardy's rerun while XLA compiles
-    propagation = None
+    compiles_here = needs_compile and cache is None  # no facts cache: this staging compiles
     try:
-        fspec, inputs, staged, user_files = _stage(prep, setup, "compile" if needs_compile and cache is None
-                                                   and not beside else "lower", on_stage, dump=dump)
+        fspec, inputs, staged, user_files = _stage(prep, setup, "compile" if compiles_here and not explain
+                                                   else "lower", on_stage, dump=dump)
         cached = False
         if cache is None:
-            if beside:
-                from stagetool.staging.stages import compile_staged
-
-                propagation = _propagation_beside(staged, setup.platform)
-                staged = compile_staged(staged, setup.mesh, name=fspec.name, user_files=user_files, dump=dump,
-                                        on_stage=(lambda s: on_stage(fspec.name, s)) if on_stage else None)
+            explained = None
+            if compiles_here and explain:  # (explaining needs the compile)
+                staged, explained = _compile_explained(staged, setup, fspec, user_files, dump, on_stage)
             facts = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
                            declared_outputs=fspec.out_shardings, lowered_dialect=dialect, peak=staged.dump,
                            user_files=user_files)
+            if explained is not None:
+                facts = dataclasses.replace(facts, propagation=explained[0], propagation_error=explained[1])
         else:
             facts, cached = _facts_through_cache(cache, staged, inputs, fspec, setup, user_files, dialect, dump,
                                                  on_stage, explain=explain, root=plan.report_root,
                                                  raw_text=Section.COMPILED_TEXT in wanted)
     except StagingError as e:
         return failure_report(plan, setup, prep, wanted, e, fspec=fspec)
-    finally:
-        done = propagation() if propagation is not None else None  # the thread never outlives the staging
-    if done is not None:
-        facts = dataclasses.replace(facts, propagation=done[0], propagation_error=done[1])
-    elif cache is None and explain:
-        facts = _with_propagation(facts, staged, setup.platform)
     return _report_of(facts, plan, fspec, setup, wanted, user_files, inputs, cached=cached)
 
 
@@ -418,43 +410,26 @@ def _with_propagation(facts: StagedFunction, staged: Staged, platform: str) -> S
     return dataclasses.replace(facts, propagation=propagation, propagation_error=why_not)
 
 
-def _propagation_beside(staged: Staged, platform: str) -> Callable[[], tuple[Any, str | None]]:
-    """Start :func:`_with_propagation`'s work (Shardy's propagation rerun on the lowered module's text,
-    in an MLIR context of its own) in a thread while this one compiles; returns the function that waits
-    for it and gives ``(propagation, why not)``.
+def _compile_explained(staged: Staged, setup: DeviceSetup, fspec: FunctionSpec, user_files: list[str], dump: bool,
+                       on_stage: Callable[[str, str], None] | None) -> tuple[Staged, tuple[Any, str | None]]:
+    """Compile a function staged up to ``lower`` while Shardy's propagation behind the causes is rerun
+    beside the compile (:func:`stagetool.staging.shardy.propagate_beside`; a top-k gets XLA's factor
+    rule except on TPU); ``(compiled Staged, (propagation, why not))``. The rerun's thread is joined
+    however the compile ends.
 
-    XLA's compile runs without Python's interpreter lock, so on a machine with a second core the rerun
-    costs no wall time (about 0.2 s of the transformer example's report). The text is printed here,
-    before the compile starts: the thread touches nothing of JAX's. Nothing it raises escapes: an
-    error becomes the reason there are no causes, as :func:`stagetool.staging.shardy.propagate_lowered`
-    gives it."""
-    import threading
+    Raises:
+      StagingError: XLA failed to compile.
+    """
+    from stagetool.staging.shardy import propagate_beside
+    from stagetool.staging.stages import compile_staged
 
-    from stagetool.staging.shardy import ShardyUnavailable, propagate
-
+    wait = propagate_beside(staged.lowered, top_k_rule=setup.platform != "tpu")
     try:
-        text = staged.lowered.as_text(debug_info=True)
-    except Exception as e:  # noqa: BLE001 - a lowering JAX cannot print is one we cannot explain
-        failed = (None, f"the lowered module could not be printed: {e}")
-        return lambda: failed
-    result: list[tuple[Any, str | None]] = []
-
-    def run() -> None:
-        try:
-            result.append((propagate(text, top_k_rule=platform != "tpu"), None))
-        except ShardyUnavailable as e:
-            result.append((None, str(e)))
-        except Exception as e:  # noqa: BLE001 - reported as the reason there are no causes
-            result.append((None, f"Shardy's propagation could not be rerun: {type(e).__name__}: {e}"))
-
-    thread = threading.Thread(target=run, name="stagetool-propagation", daemon=True)
-    thread.start()
-
-    def wait() -> tuple[Any, str | None]:
-        thread.join()
-        return result[0] if result else (None, "Shardy's propagation did not finish")
-
-    return wait
+        staged = compile_staged(staged, setup.mesh, name=fspec.name, user_files=user_files, dump=dump,
+                                on_stage=(lambda s: on_stage(fspec.name, s)) if on_stage else None)
+    finally:
+        explained = wait()
+    return staged, explained
 
 
 def _facts_through_cache(cache: FactsCache | None, staged: Staged, inputs: AbstractInputs, fspec: FunctionSpec,
@@ -488,17 +463,17 @@ def _facts_through_cache(cache: FactsCache | None, staged: Staged, inputs: Abstr
             peak = whole.fields["peak"] if whole is not None else None
             cache.store(key, dataclasses.replace(facts, peak=peak), hit.compile_warnings, root=root)
         return facts, True
-    propagation = _propagation_beside(staged, setup.platform) if explain else None
-    try:
+    explained = None
+    if explain:
+        staged, explained = _compile_explained(staged, setup, fspec, user_files, dump, on_stage)
+    else:
         staged = compile_staged(staged, setup.mesh, name=fspec.name, user_files=user_files, dump=dump,
                                 on_stage=(lambda s: on_stage(fspec.name, s)) if on_stage else None)
-    finally:
-        done = propagation() if propagation is not None else None  # the thread never outlives the compile
     facts: StagedFunction = gather(staged, inputs, name=fspec.name, target=fspec.target, mesh=setup.mesh,
                                    declared_outputs=fspec.out_shardings, lowered_dialect=dialect, peak=staged.dump,
                                    user_files=user_files)
-    if done is not None:
-        facts = dataclasses.replace(facts, propagation=done[0], propagation_error=done[1])
+    if explained is not None:
+        facts = dataclasses.replace(facts, propagation=explained[0], propagation_error=explained[1])
     cache.store(key, facts, staged.compile_warnings, root=root)
     return facts, False
 

@@ -216,7 +216,7 @@ class _ContextRefused(Exception):
         self.error = error
 
 
-#: JAX's words when a ``shard_map``'s own mesh is not the context mesh (jax._src.shard_map._shmap_checks).
+#: JAX's words when a ``shard_map``'s own mesh is not the context mesh (its shard_map checks, JAX 0.7-0.12).
 _SHARD_MAP_CONTEXT = "should match the mesh passed to shard_map"
 
 

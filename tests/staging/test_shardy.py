@@ -123,13 +123,12 @@ def test_parse_location():
 
 
 def test_the_rerun_beside_the_compile_runs_in_its_own_thread_and_never_raises(monkeypatch):
-    """stagetool.pipeline._propagation_beside: the lowered text is printed in the caller's thread, the
+    """stagetool.staging.shardy.propagate_beside: the lowered text is printed in the caller's thread, the
     propagation runs in a thread of its own while XLA compiles, and what it raises becomes the reason
     there are no causes (as propagate_lowered gives it), never an exception in the command."""
     import threading
     import types
 
-    from stagetool import pipeline
     from stagetool.staging import shardy
 
     class Lowered:
@@ -139,7 +138,7 @@ def test_the_rerun_beside_the_compile_runs_in_its_own_thread_and_never_raises(mo
 
     staged = types.SimpleNamespace(lowered=Lowered())
     # a module without a Shardy mesh: the reason propagate gives, from the thread
-    assert pipeline._propagation_beside(staged, "cpu")() == (
+    assert shardy.propagate_beside(staged.lowered, top_k_rule=True)() == (
         None, "the lowered module has no Shardy mesh (GSPMD partitioner, or no mesh)")
     ran_in = []
 
@@ -148,13 +147,13 @@ def test_the_rerun_beside_the_compile_runs_in_its_own_thread_and_never_raises(mo
         raise RuntimeError("boom")
 
     monkeypatch.setattr(shardy, "propagate", boom)
-    assert pipeline._propagation_beside(staged, "tpu")() == (
+    assert shardy.propagate_beside(staged.lowered, top_k_rule=False)() == (
         None, "Shardy's propagation could not be rerun: RuntimeError: boom")
-    assert ran_in == [("stagetool-propagation", False)]  # TPU: no top-k rule
+    assert ran_in == [("stagetool-propagation", False)]  # (TPU's: no top-k rule)
 
     class Unprintable:
         def as_text(self, debug_info=False):
             raise ValueError("no text")
 
-    assert pipeline._propagation_beside(types.SimpleNamespace(lowered=Unprintable()), "cpu")() == (
+    assert shardy.propagate_beside(Unprintable())() == (
         None, "the lowered module could not be printed: no text")
