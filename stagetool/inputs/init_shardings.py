@@ -71,15 +71,19 @@ def _inner(params: dict) -> Any:
 
 
 def _dims_of(sharding: Any) -> tuple | None:
-    """Dims of a ``NamedSharding`` (or a bare ``PartitionSpec``); None for anything else."""
+    """Dims of a ``NamedSharding`` (or a bare ``PartitionSpec``); None for anything else, and for a
+    spec with an unconstrained entry (``P.UNCONSTRAINED``: the partitioner chooses that dimension,
+    as ``nnx.vmap(transform_metadata={nnx.PARTITION_NAME: None})`` constrains a stacked layer axis)."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     if isinstance(sharding, NamedSharding):
         note_sharding(sharding, "init")
-        return spec_dims(sharding.spec)
-    if isinstance(sharding, PartitionSpec):
-        return spec_dims(sharding)
-    return None
+        sharding = sharding.spec
+    if not isinstance(sharding, PartitionSpec):
+        return None
+    if any(d is not None and not isinstance(d, (str, tuple, list)) for d in sharding):
+        return None
+    return spec_dims(sharding)
 
 
 def _origin(jaxpr: Any, var: Any, cache: dict[int, dict], depth: int, outer: tuple | None) -> tuple | None:

@@ -272,3 +272,25 @@ def test_equinox_init_that_filter_shards(run_cli, tmp_path, isolated_imports):
     for path, dims in real.items():
         assert trimmed(eval_spec(leaves[path]["declared"])) == dims, path
         assert leaves[path]["sharding_source"] == "init", path
+
+
+def test_a_constraint_with_an_unconstrained_dimension_does_not_say_the_dims():
+    """An init that constrains a leaf with ``P.UNCONSTRAINED`` in it (``nnx.vmap(transform_metadata=
+    {nnx.PARTITION_NAME: None})`` does so for a stacked layer axis) leaves that dimension to the
+    partitioner: produced_dims says nothing for it (was: TypeError "'UnconstrainedSingleton' object is
+    not iterable", exit 3 for a Flax NNX scanned model's init), and still reads a fully named one."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from stagetool.inputs.init_shardings import produced_dims
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def init():
+        w = jax.lax.with_sharding_constraint(jnp.zeros((2, 16, 16)), NamedSharding(mesh, P(P.UNCONSTRAINED, None, "model")))
+        b = jax.lax.with_sharding_constraint(jnp.zeros((2, 16)), NamedSharding(mesh, P(None, "model")))
+        return w, b
+
+    assert produced_dims(jax.make_jaxpr(init)()) == [None, (None, "model")]
