@@ -15,7 +15,9 @@ may do to that process, contained while it is staged, alike in process and in an
   refusal reaches a child: its ``os._exit`` is the real one.
 
 * Signal handlers and interval timers set while staging never reach the process, and what reaches
-  it anyway is undone: :mod:`stagetool.process.dispositions`.
+  it anyway is undone: :mod:`stagetool.process.dispositions`. ``atexit`` handlers registered while
+  staging are dropped when it ends (``atexit.register(os._exit, 0)`` would end the caller's process
+  with 0 whatever it was going to say): :mod:`stagetool.process.exit_handlers`.
 
 C code that exits the process is not covered (``isolate=True`` is). Nothing here imports JAX.
 """
@@ -31,6 +33,7 @@ from typing import Iterator
 
 from stagetool.core.errors import StagingError
 from stagetool.process.dispositions import caller_signals
+from stagetool.process.exit_handlers import caller_atexit
 
 _REAL_EXIT = os._exit
 _LOCK = threading.RLock()
@@ -97,8 +100,9 @@ def _restore_if_idle() -> None:
 def contained(name: str) -> Iterator[list[str]]:
     """Stage function ``name`` within: see the module's account, and
     :func:`stagetool.process.dispositions.caller_signals` (the caller's signal handlers and timers
-    kept). Yields a list that, once the block is left, holds one note per signal handler, timer or
-    mask the staged code set (none of which is left in place).
+    kept) and :func:`stagetool.process.exit_handlers.caller_atexit` (its exit handlers kept). Yields
+    a list that, once the block is left, holds one note per signal handler, timer, mask or atexit
+    handler the staged code set (none of which is left in place).
 
     Raises:
       StagingError: (on leaving, when nothing else was raised) a thread other than the staging one
@@ -118,7 +122,7 @@ def contained(name: str) -> Iterator[list[str]]:
     failed = True
     notes: list[str] = []
     try:
-        with caller_signals(notes):
+        with caller_signals(notes), caller_atexit(notes):
             yield notes
         failed = False
     finally:
