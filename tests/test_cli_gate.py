@@ -478,3 +478,48 @@ def test_a_long_leaf_path_is_never_folded_in_a_file_or_a_pipe(project, capsys, t
         text = Path("out.txt").read_text() if out else stdout
         (row,) = [line for line in text.splitlines() if "P(None)" in line]
         assert f"input {long}: sharding" in row, text
+
+
+# --------------------------------------------------- issue 47: a faster step, a chip profile changed, lower bounds
+
+PRECISE = """\
+import jax
+import jax.numpy as jnp
+
+PREC = jax.lax.Precision.HIGHEST
+
+
+def step(x, w):
+    return jnp.dot(x, w, precision=PREC)
+"""
+PRECISE_SPEC = """\
+mesh: {axes: {data: 2}}
+functions:
+  step:
+    target: precise47.py:step
+    args: ['f32[2048,2048] @ [data, null]', 'f32[2048,2048]']
+"""
+
+
+def test_a_faster_step_is_an_improvement_in_check_and_diff(tmp_path, capsys, monkeypatch, isolated_imports):
+    """Issue 47 item 1: a Precision.HIGHEST matmul changed to the default precision made the step time
+    an improvement whose note was None + str: check, diff and the fixture exited 3 "unexpected TypeError"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "precise47.py").write_text(PRECISE)
+    (tmp_path / "m.stagetool.yaml").write_text(PRECISE_SPEC)
+    argv = ("--spec", "m.stagetool.yaml", "--chip", "tpu-v5e", "--no-cache")
+    assert run(capsys, "snapshot", *argv, "-o", "highest.json")[0] == 0
+    (tmp_path / "precise47.py").write_text(PRECISE.replace("HIGHEST", "DEFAULT"))
+    sys.modules.pop("precise47", None)  # the edited code, as a new process would import it
+    code, out, err = run(capsys, "check", *argv, "--baseline", "highest.json", "--format", "json")
+    assert code == 0, out + err
+    (change,) = [c for c in json.loads(out)["functions"][0]["changes"] if c["what"].startswith("step time")]
+    before, after = json.loads((tmp_path / "highest.json").read_text())["functions"]["step"]["step_time"]["seconds"], \
+        change["after_value"]
+    assert change["status"] == "improvement" and change["before_value"] == before and after < before / 2
+    assert change["note"].startswith("shrank: compute −") and "bound by compute" in change["note"]
+    assert run(capsys, "snapshot", *argv, "-o", "default.json")[0] == 0
+    code, out, _ = run(capsys, "diff", "highest.json", "default.json")
+    assert code == 0 and "improvement" in out and "shrank: compute" in out
+    code, out, _ = run(capsys, "diff", "default.json", "highest.json", "--fail-on-regression")  # the other way: fails
+    assert code == 1 and "regression" in out and "grew: compute +" in out

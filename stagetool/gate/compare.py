@@ -495,9 +495,14 @@ def _step_time_change(name: str, b: Mapping | None, a: Mapping | None, tol: Tole
     if c is None:
         return None
     pb, pa = b.get("parts") or {}, a.get("parts") or {}
-    grew = sorted(((pa.get(k, 0.0) - pb.get(k, 0.0), k) for k in set(pb) | set(pa)), reverse=True)
-    cause = ", ".join(f"{k} +{format_seconds(d)}" for d, k in grew if d > 0)[:300]
-    note = c.note + (f"; grew: {cause}" if cause else "") + f"; bound by {a.get('bound')}"
+    moved = sorted(((pa.get(k, 0.0) - pb.get(k, 0.0), k) for k in set(pb) | set(pa)), reverse=True)
+    grew = ", ".join(f"{k} +{format_seconds(d)}" for d, k in moved if d > 0)[:300]
+    shrank = ", ".join(f"{k} −{format_seconds(-d)}" for d, k in reversed(moved) if d < 0)[:300]
+    # an improvement has no tolerance note (None): the parts that moved say why, the worse ones first
+    words = [c.note] if c.note else []
+    words += [f"grew: {grew}"] if grew else []
+    words += [f"shrank: {shrank}"] if shrank else []
+    note = "; ".join([*words, f"bound by {a.get('bound')}"])
     return dataclasses.replace(c, before=format_seconds(b["seconds"]), after=format_seconds(a["seconds"]), note=note,
                                subject=("step_time",))
 
