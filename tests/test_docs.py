@@ -346,3 +346,37 @@ def test_a_broken_anchor_fails_the_strict_build(tmp_path):
     (tmp_path / "docs/index.md").write_text("# Home\n\nSee [the exit codes](commands.md#exit-code).\n")
     r = _mkdocs("build", "--strict", "--site-dir", str(tmp_path / "b"), cwd=tmp_path)
     assert r.returncode == 1 and "does not contain an anchor '#exit-code'" in r.stderr, r.stderr[-2000:]
+
+
+#: A repository path as the documents write one: a top folder of the checkout, then a file or folder.
+REPO_PATH = re.compile(r"(?<![\w./~-])((?:\.\./)*(?:tests|examples|bench|stagetool|docs|action|\.ci|shared)/[\w./-]*)")
+#: Paths the documents name that are not files of the checkout, and why.
+NOT_FILES = {
+    "tests/test_x.py": "a placeholder for a test file",
+    "tests/x.py": "a placeholder (<!-- tested-in: tests/x.py -->)",
+    "docs/_incoming/": "made when Markdown is handed in for a page (docs/contributing.md); empty otherwise",
+}
+
+
+def test_every_file_the_documents_and_ci_name_exists():
+    """A path of the checkout named in README.md, a page, ``.ci/run`` or ``tests/matrix.py``'s legs is
+    there (``stagetool/__init__`` as a module: with ``.py``), and none points outside it (``../``).
+    Placeholders with ``<...>`` are not paths."""
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        import matrix
+    finally:
+        sys.path.remove(str(REPO / "tests"))
+    texts = [*documents(), (".ci/run", (REPO / ".ci/run").read_text()),
+             ("tests/matrix.py LEG_TESTS", " ".join(matrix.LEG_TESTS))]
+    missing, named = [], 0
+    for name, text in texts:
+        for m in REPO_PATH.finditer(text):
+            path = m.group(1).rstrip(".")
+            if text[m.end():m.end() + 1] in "<*" or path in NOT_FILES:
+                continue
+            named += 1
+            if path.startswith("../") or not ((REPO / path).exists() or (REPO / f"{path}.py").exists()):
+                missing.append(f"{name}: {path}")
+    assert named >= 50, named  # the scan finds paths: a test that read nothing could not fail
+    assert not missing, "\n".join(missing)
