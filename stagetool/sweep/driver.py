@@ -75,9 +75,9 @@ class SweepPlan:
 
 
 def _stagetool_root() -> str:
-    import stagetool
-
-    return str(Path(stagetool.__file__).resolve().parent.parent)
+    # the folder holding the stagetool package (stagetool/sweep/driver.py: two up); not via
+    # ``import stagetool``, whose TYPE_CHECKING imports name every layer (the layers contract)
+    return str(Path(__file__).resolve().parents[2])
 
 
 def _dist_version(name: str) -> str | None:
