@@ -435,7 +435,7 @@ def test_chips_are_validated_at_load_with_locations():
     issues = issues_of(MESH + "functions: {f: m.py:f}\nchips:\n"
                        "  npu: {peak_flops_per_second_bf16: fast, bogus: 1}\n  gpu: {note: x}\n  tpu: 3\n")
     needs = ("a new chip needs at least one of peak_flops_per_second_bf16, peak_flops_per_second_f32, "
-             "hbm_bandwidth_bytes_per_second, hbm_capacity_bytes")
+             "hbm_bandwidth_bytes_per_second, hbm_capacity_bytes, matmul_flops_per_second, hbm_copy_bytes_per_second")
     assert issues == [
         f"s.yaml:5:3: chips.npu: {needs}",
         "s.yaml:5:37: chips.npu.peak_flops_per_second_bf16: expected a number, got 'fast'",

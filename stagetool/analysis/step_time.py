@@ -594,6 +594,10 @@ def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Seq
     if missing:
         reasons.append(f"no bandwidth for {', '.join(missing)} on {chip.name}: those collectives count their "
                        "latency only")
+    unmodelled = _parts_without_figures(chip)
+    if unmodelled:
+        reasons.append(unmodelled)
+        mfu = None  # a step with a part left out is faster than the chip can run it: no utilisation of it
     by_key = {(i.computation, i.name): i for i in items}
     uncounted = tuple(UncountedKernel(by_key[k].name, timer.kinds[k][0], by_key[k].source, by_key[k].total_seconds,
                                       by_key[k].executions, why) for k, why in timer.floors.items() if k in by_key)
@@ -610,8 +614,23 @@ def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Seq
         chip.name, overlapped, schedule, serial, w.compute, w.comm, parts, bound, tuple(items[:top]),
         tuple(timer.times.values()),
         w.flops, mfu, xla, _assumptions(chip, net), "; ".join(reasons) or None,
-        lower_bound=bool(uncounted or timer.unknown_trips), uncounted=uncounted, sources=sources,
+        lower_bound=bool(uncounted or timer.unknown_trips or unmodelled), uncounted=uncounted, sources=sources,
         xla_optimal_note=xla_note, matmul_flops=w.matmul_flops)
+
+
+def _parts_without_figures(chip: Chip) -> str | None:
+    """Why a part of every kernel's time is left out (a ``chips:`` entry that gives no FLOP rate, or
+    no HBM bandwidth): the model counts that part as 0 s, so the step time is a lower bound; None
+    when the chip has both."""
+    missing = []
+    if chip.matmul_rate("bf16") is None:
+        missing.append(("compute", "no FLOP rate", "peak_flops_per_second_bf16 or matmul_flops_per_second"))
+    if chip.hbm_bandwidth_bytes_per_second is None and chip.hbm_copy_bytes_per_second is None:
+        missing.append(("memory", "no HBM bandwidth", "hbm_bandwidth_bytes_per_second"))
+    if not missing:
+        return None
+    return "; ".join(f"{what} for {chip.name}: each kernel's {part} time is left out (counted as 0 s); give "
+                     f"chips.{chip.name}.{field}" for part, what, field in missing)
 
 
 def _with_callers(timer: _Timer) -> list[InstructionTime]:

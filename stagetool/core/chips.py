@@ -421,13 +421,43 @@ def _number(value: Any, field: str, where: str, issues: list[str]) -> float | in
         expect = "a number or a size such as '16GiB'" if field == "hbm_capacity_bytes" else "a number"
         issues.append(f"{where}.{field}: expected {expect}, got {value!r}")
         return None
-    if not math.isfinite(value) or value <= 0:
-        issues.append(f"{where}.{field}: must be a positive finite number, got {value!r}")
+    shown = _shown(value)
+    try:
+        as_float = float(value)  # an integer of 400 digits: OverflowError
+    except OverflowError:
+        as_float = math.inf
+    if math.isnan(as_float) or as_float <= 0 or (not math.isfinite(as_float) and not isinstance(value, int)):
+        issues.append(f"{where}.{field}: must be a positive finite number, got {shown}")
         return None
-    if field in _INT_FIELDS and value != int(value):  # a count: 0.5 must not become 0
-        issues.append(f"{where}.{field}: must be a whole number ({_INT_UNITS.get(field, 'a count')}), got {value!r}")
+    if field in _INT_FIELDS and isinstance(value, float) and value != int(value):  # a count: 0.5 must not become 0
+        issues.append(f"{where}.{field}: must be a whole number ({_INT_UNITS.get(field, 'a count')}), got {shown}")
         return None
-    return int(value) if field in _INT_FIELDS else float(value)
+    low, high, unit = _RANGES.get(field, _RANGES["*"])
+    if not low <= as_float <= high:
+        issues.append(f"{where}.{field}: {shown} is outside what one chip's figure can be ({low:g} to {high:g} "
+                      f"{unit}): a step time from it would be no figure or a false one")
+        return None
+    return int(value) if field in _INT_FIELDS else as_float
+
+
+def _shown(value: Any) -> str:
+    """``value`` as a message shows it: an integer of hundreds of digits by its digit count."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"an integer of {len(text)} digits"
+
+
+_SECONDS = (1e-12, 60.0, "seconds")
+_RANGES: dict[str, tuple[float, float, str]] = {
+    "*": (1.0, 1e21, "per second"),  # FLOP/s, bytes/s, elements/s
+    "clock_hz": (1e3, 1e12, "Hz"),
+    "hbm_capacity_bytes": (1.0, float(2**64), "bytes"),
+    "ici_links_per_chip": (1.0, 1024.0, "links"), "ici_torus_dims": (1.0, 16.0, "torus dimensions"),
+    "ici_wraparound_multiple": (1.0, 2.0**20, "chips along a slice axis"), "gpus_per_host": (1.0, 2.0**16, "GPUs"),
+    "collective_latency_seconds": _SECONDS, "dcn_latency_seconds": _SECONDS, "kernel_launch_seconds": _SECONDS,
+    "kernel_overhead_seconds": _SECONDS,
+}
+"""What one chip's figure can be, per field: beyond it a figure is a typo or a forgery, and a step time
+computed from it overflows (a rate of 1e-308 gives infinite seconds) or vanishes."""
 
 
 _INT_UNITS = {"hbm_capacity_bytes": "bytes", "ici_links_per_chip": "links", "ici_torus_dims": "torus dimensions",
@@ -456,12 +486,18 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
     issues: list[str] = []
     if not isinstance(user, Mapping):
         raise SpecError([f"chips: expected a mapping of chip name to figures, got {type(user).__name__}"])
+    seen: dict[str, str] = {}
     for raw_name, entry in user.items():
         where = f"chips.{raw_name}"
         if not isinstance(raw_name, str) or not raw_name.strip():
             issues.append(f"{where}: chip name must be a non-empty string")
             continue
         name = raw_name.strip().lower()
+        if name in seen:
+            issues.append(f"{where}: the same chip as {seen[name]!r} (chip names are read in lower case); give its "
+                          "figures once")
+            continue
+        seen[name] = raw_name
         if not isinstance(entry, Mapping):
             issues.append(f"{where}: expected a mapping of figures, got {type(entry).__name__}")
             continue
@@ -500,17 +536,46 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
             values["provenance"] = kept + prov
             table[name] = dataclasses.replace(table[name], **values)
         else:
-            if not any(values.get(f) is not None for f in _NUMERIC_FIELDS):
-                issues.append(f"{where}: a new chip needs at least one of {', '.join(_NUMERIC_FIELDS)}")
+            if not any(values.get(f) for f in _NEW_CHIP_NEEDS):
+                issues.append(f"{where}: a new chip needs at least one of {', '.join(_NEW_CHIP_NEEDS)}")
                 continue
             table[name] = Chip(name=name, **{f: values.get(f) for f in _FIGURES},
                                sources=values.get("sources", ("user",)), note=values.get("note", ""),
                                matmul_flops_per_second=values.get("matmul_flops_per_second", ()),
                                matmul_tile=values.get("matmul_tile"), profile=values.get("profile", ()),
                                provenance=prov if measured else ())
+        if name in table and not issues:
+            issues += _false_figures(table[name], where, given)
     if issues:
         raise SpecError(issues, hint="see stagetool.core.chips.merge_chips for the fields")
     return dict(sorted(table.items()))
+
+
+_NEW_CHIP_NEEDS = (*_NUMERIC_FIELDS, "matmul_flops_per_second", "hbm_copy_bytes_per_second")
+"""A new chip needs one of these (a calibrated profile of a chip not in the table gives the last two)."""
+
+_PEAK_SLACK = 1.05
+"""A measured matmul rate may exceed the published peak by this much (clock boost, rounding) and no more."""
+
+
+def _false_figures(chip: Chip, where: str, given: set[str]) -> list[str]:
+    """Problems of a merged entry whose figures pass one by one but cannot all be true: a profile
+    measured on another chip (``profile.measured_on`` a device kind of another table chip), a
+    matmul rate above the chip's own peak (an MFU over 100%)."""
+    out = []
+    measured_on = dict(chip.profile).get("measured_on")
+    other = chip_for_device_kind(measured_on) if measured_on else None
+    if other is not None and other != chip.name and chip.name in CHIPS:
+        out.append(f"{where}.profile.measured_on: {measured_on!r} is a {other}, not a {chip.name}: a profile "
+                   f"measured on another chip; put it under chips.{other} (or calibrate on a {chip.name})")
+    peak = chip.peak_flops_per_second_bf16
+    if peak and "matmul_flops_per_second" in given:
+        for cls, rate in chip.matmul_flops_per_second:
+            if cls in ("bf16", "f32", "f32_high", "f32_highest") and rate > peak * _PEAK_SLACK:
+                out.append(f"{where}.matmul_flops_per_second.{cls}: {rate:.4g} FLOP/s is above {chip.name}'s peak "
+                           f"bf16 rate ({peak:.4g}): no matmul runs faster than the peak (an MFU over 100%); a "
+                           "profile of another chip? (give peak_flops_per_second_bf16 too if the peak differs)")
+    return out
 
 
 def _profile_fields(entry: Mapping[str, Any], where: str, values: dict[str, Any], issues: list[str]) -> None:

@@ -313,8 +313,16 @@ def _check_chips(issues: Issues, node: yaml.MappingNode) -> None:
     placed at the node it is about (the field's value, an unknown field's key, or the chip's name)."""
     from stagetool.core.chips import merge_chips
 
+    seen: dict[str, str] = {}
     for knode, vnode in node.value:
         name = plain(knode)
+        key = name.strip().lower() if isinstance(name, str) else name
+        if key in seen:  # TPU-V5E beside tpu-v5e: one chip, and the last would win
+            issues.add(knode, f"chips.{name}", f"the same chip as {seen[key]!r} (chip names are read in lower case); "
+                                               "give its figures once")
+            continue
+        if isinstance(key, str):
+            seen[key] = name
         try:
             merge_chips({name: plain(vnode)})
         except SpecError as e:
@@ -326,11 +334,25 @@ def _check_chips(issues: Issues, node: yaml.MappingNode) -> None:
                     field, _, rest = rest[1:].partition(":")
                     rest = ":" + rest
                     where = f"{prefix}.{field}"
-                    if isinstance(vnode, yaml.MappingNode):
-                        for fk, fv in vnode.value:
-                            if fk.value == field:
-                                at = fv if fv is not None and field in _chip_fields() else fk
+                    at = _chip_field_node(vnode, field) or at
                 issues.add(at, where, rest[1:].strip())
+
+
+def _chip_field_node(vnode: yaml.Node, field: str) -> yaml.Node | None:
+    """The node of ``field`` (``peak_flops_per_second_bf16``, ``profile.measured_on``) in a chip entry:
+    its value for a known field, else its key; None where the entry has no such key."""
+    at = None
+    node = vnode
+    for part in field.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            break
+        found = next(((fk, fv) for fk, fv in node.value if fk.value == part), None)
+        if found is None:
+            break
+        fk, fv = found
+        at = fv if fv is not None and (part in _chip_fields() or node is not vnode) else fk
+        node = fv
+    return at
 
 
 def _chip_fields() -> tuple[str, ...]:

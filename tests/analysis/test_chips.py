@@ -81,10 +81,10 @@ def test_merge_reports_every_problem():
     assert issues == [
         "chips.a.bogus: unknown field; valid fields: " + ", ".join(chips.CHIP_FIELDS),
         "chips.a.peak_flops_per_second_bf16: must be a positive finite number, got -1",
-        "chips.a: a new chip needs at least one of " + ", ".join(chips._NUMERIC_FIELDS),
+        "chips.a: a new chip needs at least one of " + ", ".join(chips._NEW_CHIP_NEEDS),
         "chips.b.hbm_capacity_bytes: invalid size 'lots': expected a number with an optional unit",
-        "chips.b: a new chip needs at least one of " + ", ".join(chips._NUMERIC_FIELDS),
-        "chips.c: a new chip needs at least one of " + ", ".join(chips._NUMERIC_FIELDS),
+        "chips.b: a new chip needs at least one of " + ", ".join(chips._NEW_CHIP_NEEDS),
+        "chips.c: a new chip needs at least one of " + ", ".join(chips._NEW_CHIP_NEEDS),
         "chips.d: expected a mapping of figures, got int",
         "chips.h200.hbm_bandwidth_bytes_per_second: expected a number, got 'fast'",
         "chips.h200.sources: expected a string or a list of strings",
@@ -155,3 +155,71 @@ def test_the_peak_for_each_element_type_falls_back_to_bf16_where_none_is_publish
     bare = dataclasses.replace(own, peak_flops_per_second_fp8=None, peak_flops_per_second_int8=None,
                                peak_flops_per_second_f32=None)
     assert {bare.peak_for(t) for t in ("bf16", "f8e4m3fn", "s8", "u8", "f32", "c128")} == {1e14}
+
+
+# ---- issue 47, item 6: figures that pass one by one but give no step time, or a false one ----------
+
+
+def _spec_issues(chips_yaml: str) -> list[str]:
+    from pathlib import Path
+
+    from stagetool.spec.parse import parse_spec
+
+    with pytest.raises(SpecError) as e:
+        parse_spec("functions: {f: m.py:f}\nchips:\n" + chips_yaml, file="s.yaml", base_dir=Path("/base"))
+    return e.value.issues
+
+
+def test_a_huge_yaml_integer_is_refused_at_its_line_not_an_overflow():
+    issues = _spec_issues("  tpu-v5e: {hbm_bandwidth_bytes_per_second: 1" + "0" * 400 + "}\n")
+    assert issues == ["s.yaml:3:45: chips.tpu-v5e.hbm_bandwidth_bytes_per_second: an integer of 401 digits is outside "
+                      "what one chip's figure can be (1 to 1e+21 per second): a step time from it would be no figure "
+                      "or a false one"]
+    with pytest.raises(SpecError, match="hbm_capacity_bytes: 1000000000000000000000000000000 is outside"):
+        chips.merge_chips({"npu": {"hbm_capacity_bytes": 10**30}})
+
+
+@pytest.mark.parametrize("field,value", [("elementwise_bytes_per_second", 1e-308), ("clock_hz", 5e-324),
+                                         ("kernel_overhead_seconds", 1e9), ("peak_flops_per_second_bf16", 1e300),
+                                         ("ici_torus_dims", 10**6)])
+def test_a_figure_beyond_what_a_chip_can_be_is_refused(field, value):
+    with pytest.raises(SpecError) as e:
+        chips.merge_chips({"tpu-v5e": {field: value}})
+    assert e.value.issues[0].startswith(f"chips.tpu-v5e.{field}: ") and "outside what one chip's figure" in str(e.value)
+    with pytest.raises(SpecError, match=r"matmul_flops_per_second: 1e-308 is outside"):
+        chips.merge_chips({"tpu-v5e": {"matmul_flops_per_second": {"bf16": 1e-308}}})
+
+
+def test_one_chip_named_twice_in_two_cases_is_refused_where_the_second_is():
+    assert _spec_issues("  TPU-V5E: {peak_flops_per_second_bf16: 1.0e+14}\n"
+                        "  tpu-v5e: {peak_flops_per_second_bf16: 2.0e+14}\n") == [
+        "s.yaml:4:3: chips.tpu-v5e: the same chip as 'TPU-V5E' (chip names are read in lower case); give its figures "
+        "once"]
+    with pytest.raises(SpecError, match="chips.tpu-v5e: the same chip as 'TPU-V5E'"):
+        chips.merge_chips({"TPU-V5E": {"clock_hz": 1e9}, "tpu-v5e": {"clock_hz": 2e9}})
+
+
+def test_a_profile_measured_on_another_chip_is_refused():
+    issues = _spec_issues("  tpu-v5e:\n    matmul_flops_per_second: {bf16: 7.5e+14}\n"
+                          "    profile: {measured_on: NVIDIA H100 80GB HBM3}\n")
+    assert issues == [
+        "s.yaml:4:37: chips.tpu-v5e.matmul_flops_per_second.bf16: 7.5e+14 FLOP/s is above tpu-v5e's peak bf16 rate "
+        "(1.97e+14): no matmul runs faster than the peak (an MFU over 100%); a profile of another chip? (give "
+        "peak_flops_per_second_bf16 too if the peak differs)",
+        "s.yaml:5:28: chips.tpu-v5e.profile.measured_on: 'NVIDIA H100 80GB HBM3' is a h100-sxm, not a tpu-v5e: a "
+        "profile measured on another chip; put it under chips.h100-sxm (or calibrate on a tpu-v5e)"]
+    # its own kind, and a faster peak given beside the rate, are accepted
+    ok = chips.merge_chips({"tpu-v5e": {"matmul_flops_per_second": {"bf16": 3e14}, "peak_flops_per_second_bf16": 3.1e14,
+                                        "profile": {"measured_on": "TPU v5 lite"}}})["tpu-v5e"]
+    assert ok.matmul_rate("bf16") == 3e14
+
+
+def test_a_new_chip_without_an_hbm_figure_says_the_memory_part_is_left_out():
+    from stagetool.analysis.step_time import _parts_without_figures
+
+    npu = chips.merge_chips({"npu": {"peak_flops_per_second_bf16": 1e14}})["npu"]
+    assert _parts_without_figures(npu) == ("no HBM bandwidth for npu: each kernel's memory time is left out (counted "
+                                           "as 0 s); give chips.npu.hbm_bandwidth_bytes_per_second")
+    mem = chips.merge_chips({"mem": {"hbm_copy_bytes_per_second": 1e12}})["mem"]
+    assert _parts_without_figures(mem).startswith("no FLOP rate for mem: each kernel's compute time is left out")
+    assert _parts_without_figures(chips.CHIPS["h100-sxm"]) is None
