@@ -10,7 +10,10 @@ The documents are README.md and the site's pages (``mkdocs.yml``'s nav, ``docs/`
   just before the fence is ``<!-- illustration -->`` (not run) or ``<!-- tested-in: tests/x.py -->``
   (run by that test: its file must name the command's target and every option and value);
 - every ``stagetool ...`` in the documents (fenced or inline, ``code`` spans too) is parsed by the
-  CLI's own click command: a renamed or removed command or option fails here, without a compile.
+  CLI's own click command: a renamed or removed command or option fails here, without a compile;
+- every ``python`` fenced block runs in a fresh Python (``<!-- illustration -->`` before it opts
+  out), the reader's own names (``train_step``, ``params``...) from tests/data/docs_names.py;
+- every path of the checkout the documents, ``.ci/run`` and the matrix's legs name exists.
 """
 
 from __future__ import annotations
@@ -380,3 +383,91 @@ def test_every_file_the_documents_and_ci_name_exists():
                 missing.append(f"{name}: {path}")
     assert named >= 50, named  # the scan finds paths: a test that read nothing could not fail
     assert not missing, "\n".join(missing)
+
+
+# ---- the documents' Python examples --------------------------------------------------------------
+
+#: The names a ```python block may take as the reader's own (tests/data/docs_names.py defines them).
+GIVEN = REPO / "tests/data/docs_names.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class PythonBlock:
+    """One ```python block of the documents: where it is, its code, and whether it is run."""
+
+    where: str
+    code: str
+    run: bool
+
+
+def python_blocks() -> list[PythonBlock]:
+    """Every ```python block of README.md and the pages (an indented one, in a list, dedented); one
+    marked ``<!-- illustration -->`` on the line before its fence is not run."""
+    import textwrap
+
+    found = []
+    for name, text in documents():
+        lines = text.splitlines()
+        i = 0
+        while i < len(lines):
+            fence = re.match(r"^(\s*)```python\s*$", lines[i])
+            if not fence:
+                i += 1
+                continue
+            before = next((ln.strip() for ln in reversed(lines[:i]) if ln.strip()), "")
+            start, i = i, i + 1
+            body = []
+            while i < len(lines) and not lines[i].strip().startswith("```"):
+                body.append(lines[i])
+                i += 1
+            found.append(PythonBlock(f"{name}:{start + 1}", textwrap.dedent("\n".join(body)) + "\n",
+                                     before != ILLUSTRATION))
+    return found
+
+
+#: Run in a fresh process per block: the block (after tests/data/docs_names.py when it uses a name
+#: defined there), then each ``test_*`` function it defines, with ``stagetool_snapshot`` standing for
+#: the fixture (it stages as stagetool.inspect does).
+_RUNNER = """
+import ast, inspect, sys
+given, where, code = sys.argv[1], sys.argv[2], sys.stdin.read()
+top = ast.parse(open(given).read()).body
+names = {t.id for n in top for t in getattr(n, "targets", []) if isinstance(t, ast.Name) and t.id[0] != "_"}
+names |= {n.name for n in top if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {"stagetool"}
+used = {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name)}
+ns = {"__name__": "__docs__", "__file__": given}
+if used & names:
+    exec(compile(open(given).read(), given, "exec"), ns)
+before = set(ns)
+exec(compile(code, where, "exec"), ns)
+import stagetool
+for name, fn in list(ns.items()):
+    if name.startswith("test_") and name not in before and callable(fn):
+        params = inspect.signature(fn).parameters
+        fn(**{p: stagetool.inspect for p in params if p == "stagetool_snapshot"})
+        print("ran", name)
+"""
+
+
+PYTHON_BLOCKS = python_blocks()
+
+
+def test_the_documents_hold_python_examples():
+    """The scan finds the blocks (one indented in a list among them): a scan that found none could not fail."""
+    assert len(PYTHON_BLOCKS) >= 6 and sum(b.run for b in PYTHON_BLOCKS) >= 6
+    assert any(b.where.startswith("README.md") for b in PYTHON_BLOCKS)
+    assert any("cfg = Config(" in b.code and b.code.startswith("cfg") for b in PYTHON_BLOCKS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", [b for b in PYTHON_BLOCKS if b.run], ids=lambda b: b.where)
+def test_every_python_example_runs(block, tmp_path):
+    """Each ```python block runs to the end in a fresh Python (imports, calls and asserts as written),
+    from the checkout's root (``examples/mlp.py`` is there), the names of tests/data/docs_names.py
+    given. ``<!-- illustration -->`` before the fence opts a block out (it needs what is not here)."""
+    if 'topology="v' in block.code and importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed (the tpu extra)")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "STAGETOOL_NO_CACHE": "1"}
+    r = subprocess.run([sys.executable, "-c", _RUNNER, str(GIVEN), block.where], input=block.code, cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"{block.where}:\n{block.code}\n{r.stderr[-3000:]}"
