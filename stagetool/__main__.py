@@ -80,11 +80,28 @@ def _command(argv: list[str] | None) -> int:
 
     gc_pause.pause()
     try:
-        from stagetool.cli import main as cli_main
-
+        try:
+            from stagetool.cli import main as cli_main
+        except ImportError as e:  # no user code has run yet: one of stagetool's own dependencies
+            return _missing_dependency(e)
         return cli_main(argv)
     finally:
         gc_pause.before_exit()
+
+
+def _missing_dependency(e: ImportError) -> int:
+    """One line (and a hint) naming the dependency of stagetool that failed to import; exit 2. Another
+    import failure is re-raised (a bug of stagetool's: the traceback is shown)."""
+    import os
+
+    from stagetool.core.errors import ExitCode, missing_dependency
+
+    said = missing_dependency(e, os.path.dirname(os.path.abspath(__file__)))
+    if said is None:
+        raise e
+    sys.stderr.write(f"error: {said.message}\n  hint: {said.hint}\n")
+    sys.stderr.flush()
+    return int(ExitCode.USAGE)
 
 
 if __name__ == "__main__":  # not when a worker process (multiprocessing's spawn) imports it as __mp_main__

@@ -210,9 +210,13 @@ def test_calibrate_cli_writes_a_profile_with_every_single_device_key(run_cli):
     entry = yaml.safe_load(r.stdout)["chips"]["test-cpu"]
     assert set(entry["matmul_flops_per_second"]) == {"bf16", "f32", "f32_highest", "int8"}
     keys = {"hbm_copy_bytes_per_second", "elementwise_bytes_per_second", "reduction_bytes_per_second",
-            "transcendentals_per_second", "gather_bytes_per_second", "scatter_bytes_per_second",
-            "kernel_overhead_seconds"}
-    assert keys <= set(entry) and all(entry[k] >= 0 for k in keys)
+            "transcendentals_per_second", "gather_bytes_per_second", "scatter_bytes_per_second"}
+    assert keys <= set(entry) and all(entry[k] > 0 for k in keys)
+    # the kernel overhead is a key, or (measured as 0 on a busy host: noise) a comment saying why
+    assert entry.get("kernel_overhead_seconds", 0) > 0 or "# kernel_overhead_seconds: " in r.stdout
+    from stagetool.core.chips import merge_chips
+
+    assert merge_chips(yaml.safe_load(r.stdout)["chips"])["test-cpu"].hbm_copy_bytes_per_second > 0  # it loads
     import jax
 
     if len(jax.devices()) > 1:  # the test session's simulated CPU devices: the all-reduce benchmark runs

@@ -56,8 +56,23 @@ MeasureOpt = Annotated[bool, typer.Option(
     "--measure", help="Also run the step for real on the attached accelerator (random inputs of the spec's shapes, "
                       "median of --measure-steps after warm-up) and print measured vs estimated, with the top "
                       "instructions' device times from JAX's profiler. Not with a compile-only --topology.")]
-MeasureStepsOpt = Annotated[int, typer.Option("--measure-steps", min=1, max=10000,
-                                              help="Timed steps of --measure (their median is printed).")]
+MeasureStepsOpt = Annotated[Optional[int], typer.Option(
+    "--measure-steps", min=1, max=10000, help="Timed steps of --measure (their median is printed). [default: 10]",
+    show_default=False)]
+
+
+def measured_steps(measure: bool, steps: Optional[int]) -> Optional[int]:
+    """The steps ``--measure`` times (``--measure-steps``, else 10), or None without ``--measure``.
+
+    Raises:
+      UsageError: ``--measure-steps`` without ``--measure`` (nothing would run: it was silently ignored).
+    """
+    if steps is not None and not measure:
+        from stagetool.core.errors import UsageError
+
+        raise UsageError(f"--measure-steps {steps}: the steps --measure times, and --measure is not given: nothing "
+                         "would run", hint=f"add --measure (--measure --measure-steps {steps}), or drop --measure-steps")
+    return (10 if steps is None else steps) if measure else None
 DeviceMemoryOpt = Annotated[Optional[str], typer.Option(
     "--device-memory", help="Memory per device, e.g. 16GiB or 80GB, instead of what the device reports.",
     show_default=False)]

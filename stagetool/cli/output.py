@@ -156,6 +156,12 @@ def errors(debug: bool) -> Iterator[None]:
     except StagetoolError as e:
         raise _failed(debug, e.exit_code, *_stagetool_error(e)) from None
     except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback without --debug
+        from stagetool.core.errors import known_failure, missing_dependency
+
+        own = str(Path(__file__).resolve().parents[1])
+        known = missing_dependency(e, own) or known_failure(e, library=(own,))
+        if known is not None:  # the user's or the machine's (memory, a backend, a callback): not a bug
+            raise _failed(debug, known.exit_code, *_stagetool_error(known)) from None
         first = (str(e).strip().splitlines() or [""])[0]
         hint = [] if debug else ["  [dim]hint:[/] rerun with --debug for the traceback, and report it if it is not "
                                  "your code's"]

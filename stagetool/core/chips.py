@@ -593,7 +593,7 @@ def _profile_fields(entry: Mapping[str, Any], where: str, values: dict[str, Any]
                     issues.append(f"{where}.matmul_flops_per_second.{k}: unknown matmul class; valid: "
                                   + ", ".join(_MATMUL_CLASSES))
                     continue
-                r = _number(v, "matmul_flops_per_second", where, issues)
+                r = _number(v, f"matmul_flops_per_second.{k}", where, issues)
                 if r is not None:
                     out.append((str(k), float(r)))
             values["matmul_flops_per_second"] = tuple(sorted(out, key=lambda kv: _MATMUL_CLASSES.index(kv[0])))

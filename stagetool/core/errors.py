@@ -8,6 +8,7 @@ wrong and how to fix it.
 from __future__ import annotations
 
 import enum
+import re
 
 
 class ExitCode(enum.IntEnum):
@@ -135,3 +136,89 @@ class OutOfMemoryError(StagingError):
         self.what = what
         self.xla_message = xla_message
         self.refused_dump = refused_dump
+
+
+_BACKEND = re.compile(r"Unable to initialize backend '([^']+)'")
+_CALLBACK = re.compile(r"(?:Cpu|Gpu|Tpu)?Callback error|error calling callback|callback (?:failed|raised)", re.I)
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_HOST_OOM = re.compile(r"RESOURCE_EXHAUSTED: .*(?:Out of memory|out of memory|OOM)")
+
+
+def known_failure(e: BaseException, *, library: tuple[str, ...] = ()) -> StagetoolError | None:
+    """The user's or the machine's failure that escaped as a raw exception, as stagetool says it (one
+    line naming the cause), or None where ``e`` is none of these (a stagetool bug: "unexpected").
+
+    * ``MemoryError``, and XLA's ``RESOURCE_EXHAUSTED: Out of memory allocating ...`` at run time
+      (``--measure``): the machine's memory, exit 2.
+    * JAX's ``Unable to initialize backend 'tpu'`` (``JAX_PLATFORMS=tpu`` where there is no TPU):
+      the environment, exit 2.
+    * A host callback (``jax.pure_callback``, ``io_callback``, ``jax.debug.callback``) that raised
+      while the step ran: the user's code failing inside JAX, exit 3 with its exception and its
+      innermost frame outside ``library`` (folders of installed packages).
+
+    Args:
+      e: the exception that escaped.
+      library: folder prefixes whose frames are not the user's (site-packages, stagetool).
+    """
+    text = str(e)
+    first = (text.strip().splitlines() or [""])[0]
+    if isinstance(e, MemoryError) or _HOST_OOM.search(first):
+        said = f": {first}" if first else ""
+        return UsageError(f"the machine ran out of memory ({type(e).__name__}{said})",
+                          hint="free memory (fewer --jobs, other processes), or stage a smaller program "
+                               "(--measure runs the step on this machine's devices for real)")
+    m = _BACKEND.search(first)
+    if m:
+        import os
+
+        env = os.environ.get("JAX_PLATFORMS")
+        given = f" (JAX_PLATFORMS={env})" if env else ""
+        return UsageError(f"JAX could not start its '{m.group(1)}' backend{given}: {first[m.end():].strip(' :')}",
+                          hint="run where that device is attached, or unset JAX_PLATFORMS (or set it to a backend "
+                               "this machine has, e.g. cpu)")
+    if _CALLBACK.search(text):
+        lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+        raised = next((ln for ln in reversed(lines) if re.match(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b", ln)),
+                      lines[-1] if lines else first)
+        frames = [f for f in _FRAME.findall(text) if not f[0].startswith(library) and "/site-packages/" not in f[0]]
+        frame = f"{frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]}" if frames else None
+        return StagingError(f"a host callback raised while the step ran: {raised}", stage="run", function="",
+                            user_frame=frame)
+    return None
+
+
+def missing_dependency(e: BaseException, own: str) -> UsageError | None:
+    """A module stagetool or an installed library needs that is missing (``typer`` importing
+    ``annotated_doc``), as one usage error naming it, who needs it and how to install it; None where
+    ``e`` is no ``ImportError`` or the import that failed was the user's own code's.
+
+    Args:
+      e: the exception that escaped.
+      own: stagetool's package folder (imports from its files, or from installed packages, are
+        stagetool's dependencies).
+    """
+    import traceback
+
+    if not isinstance(e, ImportError):
+        return None
+    frames = traceback.extract_tb(e.__traceback__)
+    name = getattr(e, "name", None) or ""
+    top = name.split(".")[0]
+    importers = [f for f in frames if not (top and f"/{top}/" in f.filename or f.filename.endswith(f"/{top}.py"))
+                 and not f.filename.startswith("<frozen")]
+    if not importers:
+        return None
+    where = importers[-1].filename
+    library = ("/site-packages/", "/dist-packages/")
+    if not (where.startswith(own) or any(s in where for s in library)):
+        return None
+    by = "stagetool"
+    for marker in library:
+        if marker in where:
+            by = where.split(marker, 1)[1].split("/", 1)[0].removesuffix(".py")
+    what = f"'{name}'" if name else str(e)
+    pip = (top or "the package").replace("_", "-")
+    return UsageError(f"a dependency of stagetool is missing: {by} needs the module {what}, which cannot be imported "
+                      f"({type(e).__name__}: {e})",
+                      hint=f"install it (pip install {pip}), or reinstall stagetool with its dependencies "
+                           "(pip install --force-reinstall stagetool)")

@@ -32,8 +32,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import re
 from typing import Any, Callable
 
+from stagetool.core.errors import SpecError, UsageError
 from stagetool.measure.timing import Timing, time_calls
 
 #: the array sizes of the benchmarks: ``full`` on an accelerator; ``tiny`` for tests on the CPU
@@ -346,6 +348,49 @@ def calibrate(*, chip: str, command: str, size: str = "full", repeats: int = 10,
                        results=tuple(results), notes=notes)
 
 
+_PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9._+-]{0,63}$")
+
+
+def check_profile_name(name: str) -> str:
+    """``--name``, as the profile's chip name (lower case, stripped): one the spec's ``chips:`` reads
+    back and ``--chip NAME`` takes.
+
+    Raises:
+      UsageError: empty, longer than 64 characters, or with a character other than a-z, 0-9, ``.``,
+        ``_``, ``+`` and ``-`` (a ``#`` or ``": "`` would end the name in YAML).
+    """
+    chip = name.strip().lower()
+    if not _PROFILE_NAME.match(chip):
+        raise UsageError(f"--name {name!r}: a chip name is 1 to 64 of a-z, 0-9, '.', '_', '+' and '-', starting with "
+                         "a letter or digit (it becomes a key of the spec's chips: and --chip's value)",
+                         hint="e.g. --name tpu-v5e or --name my-npu")
+    return chip
+
+
+def profile_name_for(name: str | None, device_kind: str) -> str:
+    """The profile's chip name: ``--name`` (checked), else the chip table's name for the attached
+    ``device_kind``.
+
+    Raises:
+      UsageError: no ``--name`` and the kind is not in the table; or ``--name`` is a table chip other
+        than the attached one (the loader refuses a profile measured on another chip).
+    """
+    from stagetool.core.chips import CHIPS, chip_for_device_kind
+
+    attached = chip_for_device_kind(device_kind)
+    if name is None:
+        if attached is None:
+            raise UsageError(f"the attached device kind {device_kind!r} is not in the chip table",
+                             hint="name the profile with --name NAME")
+        return attached
+    chip = check_profile_name(name)
+    if chip in CHIPS and attached is not None and attached != chip:
+        raise UsageError(f"--name {name}: the attached device is a {device_kind} ({attached}), not a {chip}: the "
+                         "spec's chips: refuses a profile measured on another chip",
+                         hint=f"--name {attached}, or a name of your own (--name my-{attached})")
+    return chip
+
+
 def _num(x: float) -> str:
     """A float YAML reads back as a float (``1.620e+14``; PyYAML needs the dot and the signed exponent)."""
     if not math.isfinite(x):
@@ -363,8 +408,10 @@ def profile_yaml(cal: Calibration) -> str:
     """The chip profile as YAML: a ``chips:`` mapping with one entry, every figure commented with the
     benchmark it comes from (shape, median and spread), and the provenance under ``profile:``.
 
-    Load it with ``--chip NAME`` after putting the ``chips:`` entry in the spec (or ``--chips FILE``
-    where the command takes one); :func:`stagetool.core.chips.merge_chips` parses it.
+    Load it with ``--chip NAME`` after putting the ``chips:`` entry in the spec;
+    :func:`stagetool.core.chips.merge_chips` parses it. Only what that loader takes is written as a
+    key: a figure it would refuse (a kernel overhead measured as 0, within the noise; a rate beyond
+    what a chip can be) is written as a comment saying why, so the file always loads.
     """
     def comment(r: BenchmarkResult) -> str:
         t = r.timing
@@ -372,22 +419,31 @@ def profile_yaml(cal: Calibration) -> str:
                 f"spread {t.spread * 100:.1f}%")
 
     by_key = {r.key: r for r in cal.results if r.key}
+    refused = _refused_figures(cal.chip, by_key, cal)
     lines = [f"# Chip profile measured by `{cal.command}` on {cal.devices} × {cal.device_kind} ({cal.platform}),",
              f"# {cal.date}, jax {cal.versions.get('jax')}, jaxlib {cal.versions.get('jaxlib')}, "
              f"libtpu {cal.versions.get('libtpu')}. Every rate is MEASURED for one chip: work / median seconds.",
              *(f"# note: {n}" for n in cal.notes),
-             "chips:", f"  {cal.chip}:"]
-    mm = [(k.split(".", 1)[1], r) for k, r in by_key.items() if k.startswith("matmul_flops_per_second.")]
+             "chips:", f"  {_quote(cal.chip)}:"]
+
+    def figure(indent: str, key: str, r: BenchmarkResult) -> str:
+        shown = key.rsplit(".", 1)[-1]
+        if key in refused:
+            return f"{indent}# {shown}: {r.rate:.4e} not written: {refused[key]}{comment(r)}"
+        return f"{indent}{shown}: {_num(r.rate)}{comment(r)}"
+
+    mm = [(k, r) for k, r in by_key.items() if k.startswith("matmul_flops_per_second.")]
     if mm:
-        lines.append("    matmul_flops_per_second:")
-        for sub, r in mm:
-            lines.append(f"      {sub}: {_num(r.rate)}{comment(r)}")
+        lines.append("    matmul_flops_per_second:" if any(k not in refused for k, _ in mm)
+                     else "    # matmul_flops_per_second: (every class refused, below)")
+        for key, r in mm:
+            lines.append(figure("      ", key, r))
     tile = [128, 128] if cal.platform == "tpu" else None
     if tile:
         lines.append(f"    matmul_tile: {tile}  # the MXU tile of the TPU (architecture, not measured)")
     for key, r in by_key.items():
         if not key.startswith("matmul_flops_per_second."):
-            lines.append(f"    {key}: {_num(r.rate)}{comment(r)}")
+            lines.append(figure("    ", key, r))
     extra = [r for r in cal.results if r.key is None]
     if extra:
         lines.append("    # shape classes and costs beside the profile (not keys of it):")
@@ -399,6 +455,43 @@ def profile_yaml(cal: Calibration) -> str:
               f"      date: {_quote(cal.date)}"]
     for name in ("jax", "jaxlib", "libtpu"):
         v = cal.versions.get(name)
-        lines.append(f"      {name}: {_quote(v) if v else 'null'}")
+        lines.append(f"      {name}: {_quote(v)}" if v else f"      # {name}: not installed")  # (the loader takes text)
     lines.append(f"      command: {_quote(cal.command)}")
     return "\n".join(lines) + "\n"
+
+
+def _refused_figures(chip: str, by_key: dict[str, BenchmarkResult], cal: Calibration) -> dict[str, str]:
+    """``{profile key: why}`` for each measured figure the spec's ``chips:`` loader would refuse
+    (:func:`stagetool.core.chips.merge_chips`, the loader itself, asked until the rest loads)."""
+    from stagetool.core.chips import merge_chips
+
+    refused: dict[str, str] = {}
+    for _ in range(len(by_key) + 1):
+        entry: dict[str, Any] = {}
+        for key, r in by_key.items():
+            if key in refused:
+                continue
+            if not math.isfinite(r.rate) or r.rate <= 0:
+                refused[key] = (f"measured as {r.rate:g}, within the timing's noise (spread "
+                                f"{r.timing.spread * 100:.0f}%): no figure" if r.rate == 0 else "not a finite figure")
+                continue
+            head, _, sub = key.partition(".")
+            if sub:
+                entry.setdefault(head, {})[sub] = r.rate
+            else:
+                entry[head] = r.rate
+        entry["profile"] = {"measured_on": cal.device_kind}
+        try:
+            merge_chips({chip: entry})
+            return refused
+        except SpecError as e:
+            found = False
+            for issue in e.issues:
+                field = issue.split(":", 1)[0].removeprefix(f"chips.{chip}.")
+                key = next((k for k in by_key if k not in refused and (k == field or k.startswith(field + "."))), None)
+                if key is not None:
+                    refused[key] = issue.split(": ", 1)[1] if ": " in issue else issue
+                    found = True
+            if not found:
+                return refused
+    return refused

@@ -172,7 +172,8 @@ def best(rows: Iterable[dict], rank_by: RankBy) -> tuple[str | None, RankBy | No
     When no eligible row has a figure for ``rank_by`` (no ``--chip`` for ``step``), rows are ranked
     by peak memory instead and the note says so; None when nothing is eligible.
     """
-    rows = [r for r in rows if eligible(r)]
+    every = list(rows)
+    rows = [r for r in every if eligible(r)]
     if not rows:
         return None, None, "no configuration stages and fits"
     note = None
@@ -196,7 +197,11 @@ def best(rows: Iterable[dict], rank_by: RankBy) -> tuple[str | None, RankBy | No
             note = _join(note, f"{bounds} configuration{'s' if bounds != 1 else ''} with a step time that is only a "
                                "lower bound (work no model covers) not ranked above complete figures")
         else:
-            note = _join(note, "every step time is a lower bound (work no model covers): ranked by those floors")
+            none = len(every) - len(ranked)  # failed, does not fit, or no figure: no step time at all
+            said = ("every step time is a lower bound" if not none else
+                    f"every step time given is a lower bound ({none} configuration{'s' if none != 1 else ''} "
+                    "gave none)")
+            note = _join(note, f"{said} (work no model covers): ranked by those floors")
     return top["id"], used, note
 
 

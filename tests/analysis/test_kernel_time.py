@@ -230,6 +230,10 @@ def test_sweep_never_ranks_a_lower_bound_above_a_complete_figure_without_saying_
     # only lower bounds: ranked by them, and said
     top, _, note = best([_row(0, 5e-3, True), _row(1, 1e-3, True)], RankBy.step_time)
     assert top == "c1" and "every step time is a lower bound" in note
+    # a failed configuration has no step time at all: not "every step time is a lower bound" (issue 47)
+    failed = {"index": 2, "id": "c2", "status": "failed"}
+    top, _, note = best([_row(0, 5e-3, True), _row(1, 1e-3, True), failed], RankBy.step_time)
+    assert top == "c1" and "every step time given is a lower bound (1 configuration gave none)" in note
     # a lower bound that is not the smallest changes nothing
     assert best([_row(0, 1e-3, False), _row(1, 2e-3, True)], RankBy.step_time)[0::2] == ("c0", None)
 

@@ -37,6 +37,17 @@ def calibrate(name: Annotated[Optional[str], typer.Option(
         if fmt not in ("yaml", "json"):
             raise UsageError(f"--format {fmt}: calibrate writes yaml (the chip profile) or json",
                              hint="--format yaml or --format json")
+        from stagetool.measure.calibrate import check_profile_name, profile_name_for
+
+        if name is not None:  # before any benchmark (two minutes on a TPU): what the loader would refuse
+            check_profile_name(name)
+        if output is not None:
+            from stagetool.process.fileio import write_problem
+
+            problem = write_problem(output)
+            if problem:
+                raise UsageError(f"--output {output}: cannot write: {problem}",
+                                 hint="give a file in a folder that exists and that you can write")
         note_untested_jax()
         from stagetool.measure.timing import attached_accelerator, require_accelerator
 
@@ -44,12 +55,7 @@ def calibrate(name: Annotated[Optional[str], typer.Option(
             platform, kind, n = attached_accelerator()
         else:
             platform, kind, n = require_accelerator("stagetool calibrate")
-        from stagetool.core.chips import chip_for_device_kind
-
-        chip = (name or chip_for_device_kind(kind) or "").strip().lower()
-        if not chip:
-            raise UsageError(f"the attached device kind {kind!r} is not in the chip table",
-                             hint="name the profile with --name NAME")
+        chip = profile_name_for(name, kind)
         from stagetool.measure.calibrate import calibrate as run, profile_yaml
 
         err = stderr()

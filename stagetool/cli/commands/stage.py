@@ -10,8 +10,8 @@ import typer
 
 from stagetool.cli.app import app, joined
 from stagetool.cli.options import (ChipOpt, DebugOpt, DeviceMemoryOpt, FailIfOverOpt, FormatOpt, JobsOpt, MeasureOpt,
-                                   MeasureStepsOpt, OutputOpt, PagerOpt, PeakOpt, ReportPeakOpt, Staging, TopOpt, outputs,
-                                   staging_command)
+                                   MeasureStepsOpt, OutputOpt, PagerOpt, PeakOpt, ReportPeakOpt, Staging, TopOpt,
+                                   measured_steps, outputs, staging_command)
 from stagetool.cli.output import emit, errors, staging_status, stderr
 from stagetool.core.errors import ExitCode, UsageError
 from stagetool.report import Format
@@ -157,12 +157,12 @@ def _why_names_something(report: Report) -> None:
 
 @app.command()
 @staging_command
-def cost(staging: Staging, chip: ChipOpt = None, measure: MeasureOpt = False, measure_steps: MeasureStepsOpt = 10,
+def cost(staging: Staging, chip: ChipOpt = None, measure: MeasureOpt = False, measure_steps: MeasureStepsOpt = None,
          format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
     """FLOPs, transcendentals and bytes accessed: per device (compiled) and whole program (lowered);
     with --measure, the step run for real on the attached accelerator beside the estimate."""
     with errors(debug):
-        _stage_and_emit("cost", staging, format, output, chip=chip, measure=measure_steps if measure else None)
+        _stage_and_emit("cost", staging, format, output, chip=chip, measure=measured_steps(measure, measure_steps))
 
 
 @app.command()
@@ -195,7 +195,7 @@ def report(staging: Staging, chip: ChipOpt = None, device_memory: DeviceMemoryOp
                "--modules/--no-modules", help="Add the roll-up per module ('stagetool modules'). Default: on for "
                                               "--format html (a collapsible tree), off otherwise.",
                show_default=False)] = None,
-           measure: MeasureOpt = False, measure_steps: MeasureStepsOpt = 10,
+           measure: MeasureOpt = False, measure_steps: MeasureStepsOpt = None,
            format: FormatOpt = Format.text, output: OutputOpt = None, debug: DebugOpt = False) -> None:
     """One screen: mesh, stage timings, shardings, collectives, cost and memory (with --measure, the step
     run for real on the attached accelerator beside the estimate)."""
@@ -206,4 +206,4 @@ def report(staging: Staging, chip: ChipOpt = None, device_memory: DeviceMemoryOp
     with errors(debug):
         _stage_and_emit("report", staging, format, output, fail_if_over=fail_if_over, device_memory=device_memory,
                         chip=chip, peak=peak, top=top, jobs=jobs, modules=modules,
-                        measure=measure_steps if measure else None)
+                        measure=measured_steps(measure, measure_steps))
