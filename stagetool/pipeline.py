@@ -495,7 +495,9 @@ def _mesh_report(plan: Plan, setup: DeviceSetup) -> MeshReport:
     from stagetool.report.model import MeshReport
 
     return MeshReport(plan.mesh.axes, plan.mesh.axis_types, setup.platform, setup.device_kind,
-                      len(setup.devices), setup.process_count, setup.topology, setup.slices)
+                      len(setup.devices), setup.process_count, setup.topology, setup.slices,
+                      target_from=plan.target_from if setup.topology else None,
+                      named_as=plan.named_as if setup.topology else None)
 
 
 def _spec_to_name(plan: Plan, fspec: FunctionSpec) -> str | None:

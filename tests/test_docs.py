@@ -299,7 +299,9 @@ def test_every_fenced_command_example_runs(run_cli, tmp_path, monkeypatch):
         if e.redirect is not None:
             (tmp_path / e.redirect).write_text(r.stdout)
     assert (tmp_path / "stagetool.lock.json").exists()
-    assert (tmp_path / "report.md").read_text().startswith("## `train_step`")
+    report = (tmp_path / "report.md").read_text()  # whose decisions (no hardware named), then the function
+    assert report.startswith("> **XLA:CPU's decisions on 8 simulated CPU devices")
+    assert report.split("\n\n", 1)[1].startswith("## `train_step`")
     if os.environ.get("STAGETOOL_DOCS_TIMINGS"):
         print("\n".join(f"{s:6.1f} s  {c}" for s, c in sorted(timings, reverse=True)), file=sys.stderr)
     if skipped:

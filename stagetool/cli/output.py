@@ -306,7 +306,46 @@ def emit(doc: Report | DevicesReport, fmt: Format, output: Optional[Path], *, pa
         pydoc.pager(text)
     else:
         write_text(text, output)
+    if isinstance(doc, Report):
+        say_how_to_name_hardware(doc)
     _exit_if_failed(doc)
+
+
+HINT_MARKER = "named-hardware-hint"
+"""The file in the user cache folder whose presence says the one-line hint has been given."""
+
+
+def say_how_to_name_hardware(doc: Report) -> None:
+    """The first run that answers with simulated CPU devices while libtpu or JAX's CUDA plugin is
+    installed (and no hardware is named) says in one line on stderr how to name it once; the later
+    runs do not (a marker file in the user cache folder, ``$STAGETOOL_CACHE_DIR`` when set)."""
+    if doc.answer is None or doc.answer.devices != "simulated":
+        return
+    from stagetool.plan.target import installed_compile_only
+
+    installed = installed_compile_only()
+    if installed is None:
+        return
+    folder = os.environ.get("STAGETOOL_CACHE_DIR")
+    if not folder:
+        try:
+            import platformdirs
+
+            folder = platformdirs.user_cache_dir("stagetool")
+        except Exception:
+            return
+    marker = Path(folder) / HINT_MARKER
+    if marker.exists():
+        return
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("the hint on naming the hardware once was given\n", encoding="utf-8")
+    except OSError:
+        pass
+    kind = "v5e" if installed.startswith("libtpu") else "h100"
+    stderr().print(f"[yellow]hint:[/] {escape(installed)} installed: name the hardware once (topology: {kind} in "
+                   f"the spec, or \\[tool.stagetool] topology = \"{kind}\" in pyproject.toml) and every command "
+                   "answers for it, compile-only; this hint is shown once")
 
 
 def _exit_if_failed(doc: Report | DevicesReport) -> None:

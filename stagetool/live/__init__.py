@@ -173,7 +173,9 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
                          tuple(options.donate), _out_shardings(options.out_shardings), options.loc, Path.cwd())
     spec = Spec(None, options.mesh, options.platform, options.topology, "global", {options.name: fspec})
     with _api_names():
+        named_by = "topology=" if options.topology else "platform=" if options.platform else None
         plan = make_plan(Options(platform=options.platform, topology=options.topology, slices=options.slices,
+                                 target_named_by=named_by,
                                  chip=options.chip, device_memory=options.device_memory, peak=options.peak,
                                  top=options.top, explain=tuple(options.explain)), spec=spec)
         setup = provision_devices(plan)

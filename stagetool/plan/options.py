@@ -68,6 +68,8 @@ class Options:
       outputs: ``(option, path)`` of each file the command will write (``--output``, ``--junit-xml``,
         ``--baseline`` with ``--update``), checked by :func:`~stagetool.plan.plan.make_plan` before anything is staged.
       why: ``stagetool why``'s question as ``(--leaf, --line, --collective)``, one of them given.
+      target_named_by: how the caller names ``topology``/``platform`` in messages and the report
+        (``topology=`` for :func:`stagetool.inspect`), or None for the CLI's flags.
       leaf_shardings: input leaves whose sharding replaces the spec's in every selected function
         (:class:`stagetool.spec.model.LeafSharding`; a sweep configuration's, from ``stagetool fit
         --what-if``); a path no leaf has is exit 2 before any compile.
@@ -98,4 +100,5 @@ class Options:
     outputs: tuple[tuple[str, Path], ...] = ()
     why: tuple[str | None, str | None, int | None] | None = None
     leaf_shardings: tuple[LeafSharding, ...] = ()
+    target_named_by: str | None = None
 

@@ -51,6 +51,9 @@ class Plan:
       report_root: the folder every user path in the report is written relative to — the spec
         file's folder (:func:`stagetool.core.paths.report_root`) — and that the facts cache keys
         source locations from; None (a plan built by hand): paths as JAX gives them.
+      target_from: where the compile-only target was named (``--topology``, the spec's
+        ``file:line:col``, ``pyproject.toml [tool.stagetool]``), or None for none named.
+      named_as: the name as written there when the mesh sized it (``v5e`` for ``v5e:2x4``), else None.
     """
 
     spec: Spec
@@ -74,6 +77,8 @@ class Plan:
     slices: int = 1
     why: WhyQuery | None = None
     report_root: ReportRoot | None = None
+    target_from: str | None = None
+    named_as: str | None = None
 
 
 class Problems:
@@ -145,8 +150,10 @@ def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
                              hint="give a topology such as v5e:2x4 or h100:8, or leave --topology out to stage on "
                                   "this machine's devices")
     target = slices = None
+    named: _Named | None = None
     with problems.check():
-        target = _parse_target(spec, options)
+        named = _named_target(spec, options, spec_path)
+        target = _parse_target(spec, options, named, mesh)
     if target is not None:
         with problems.check():
             slices = _check_slices(spec, options, target, mesh)
@@ -163,7 +170,9 @@ def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
                 explain=explain, cache_dir=options.cache_dir, jobs=options.jobs,
                 timeout_s=options.timeout_s,
                 isolate=options.isolate, slices=slices or 1, why=question,
-                report_root=report_root(spec.path, [f.target for f in spec.functions.values()]))
+                report_root=report_root(spec.path, [f.target for f in spec.functions.values()]),
+                target_from=named.where if named and isinstance(target, COMPILE_ONLY) else None,
+                named_as=named.topology if named and named.topology and ":" not in named.topology else None)
 
 
 def _check_options(options: Options, problems: Problems) -> tuple[int | None, tuple[LeafPattern, ...],
@@ -261,22 +270,72 @@ def _select_functions(options: Options, spec: Spec, spec_path: Path, problems: P
     return functions
 
 
-def _parse_target(spec: Spec, options: Options) -> DeviceTarget:
-    """The run's target: ``--platform``/``--topology`` over the spec's, parsed once
-    (:func:`stagetool.plan.target.parse_target`) and checked before JAX starts (its kind, config file
-    and library, :func:`stagetool.plan.target.check_target`); exit 2 otherwise. A topology the spec
-    chose is named by its line."""
-    from stagetool.plan.target import check_target, parse_target
+@dataclasses.dataclass(frozen=True)
+class _Named:
+    """The hardware a run compiles for, as named in one place: ``where`` (``--topology``, the spec's
+    ``file:line:col``, ``pyproject.toml [tool.stagetool]``), the name and config as written there,
+    and the spec key whose line an error names (None for the command line and pyproject.toml)."""
 
-    topology = options.topology or spec.topology
+    where: str
+    topology: str | None
+    gpu_target_config: str | None
+    platform: str | None = None
+    spec_key: str | None = None
+
+
+def _named_target(spec: Spec, options: Options, spec_path: Path | None) -> _Named | None:
+    """Where the run's hardware is named, the first of: the command line (``--topology``,
+    ``--platform``, ``--gpu-target-config``: an explicit option wins), the spec (``topology:``,
+    ``platform:``, ``gpu_target_config:``), the project's ``pyproject.toml`` ``[tool.stagetool]``
+    (:mod:`stagetool.spec.project`, found from the spec's folder). None: nothing named.
+
+    Raises:
+      UsageError: an unreadable ``[tool.stagetool]``.
+    """
+    by = options.target_named_by
+    if options.topology is not None:
+        return _Named(by or "--topology", options.topology, options.gpu_target_config or spec.gpu_target_config,
+                      options.platform)
+    if options.platform is not None:
+        return _Named(by or "--platform", None, None, options.platform)
+    if options.gpu_target_config is not None:
+        return _Named(by or "--gpu-target-config", spec.topology or "gpu", options.gpu_target_config)
+    if spec.topology is not None or spec.platform is not None or spec.gpu_target_config is not None:
+        key = "topology" if spec.topology is not None else "gpu_target_config" \
+            if spec.gpu_target_config is not None else "platform"
+        loc = spec.locs.get(key)
+        return _Named(str(loc) if loc is not None else "the spec", spec.topology, spec.gpu_target_config,
+                      spec.platform, spec_key=key)
+    from stagetool.spec.project import project_settings
+
+    folder = Path(spec_path).resolve().parent if spec_path is not None else None
+    settings = project_settings(folder)
+    if settings is None or (settings.topology is None and settings.gpu_target_config is None):
+        return None
+    return _Named(settings.where, settings.topology or "gpu", settings.gpu_target_config)
+
+
+def _parse_target(spec: Spec, options: Options, named: _Named | None, mesh: MeshSpec) -> DeviceTarget:
+    """The run's target, from where it is named (:func:`_named_target`), parsed once
+    (:func:`stagetool.plan.target.parse_target`; a name without a shape, ``v5e``, sized by the mesh:
+    :func:`stagetool.plan.target.sized_name`) and checked before JAX starts (its kind, config file
+    and library, :func:`stagetool.plan.target.check_target`); exit 2 otherwise, naming the spec's
+    line or the ``pyproject.toml`` where the spec or the project named it."""
+    from stagetool.plan.target import check_target, parse_target, sized_name
+
+    if named is None:
+        return parse_target(None)
     try:
-        target = parse_target(topology, platform=options.platform or spec.platform,
-                              gpu_target_config=options.gpu_target_config)
+        topology = named.topology
+        if topology is not None:
+            topology = sized_name(topology, mesh.sizes, slices=plan_slices(spec, options))
+        target = parse_target(topology, platform=named.platform, gpu_target_config=named.gpu_target_config)
         target = check_target(target)  # a GPU config file read into it, once
     except UsageError as e:
-        loc = spec.locs.get("topology")
-        if options.topology is None and topology is not None and loc is not None:
-            raise UsageError(f"{loc}: topology: {e.message}", hint=e.hint) from None
+        if named.spec_key is not None:
+            raise UsageError(f"{named.where}: {named.spec_key}: {e.message}", hint=e.hint) from None
+        if named.where.endswith("[tool.stagetool]"):
+            raise UsageError(f"{named.where}: topology = {named.topology!r}: {e.message}", hint=e.hint) from None
         raise
     return target
 

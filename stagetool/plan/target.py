@@ -41,7 +41,7 @@ from stagetool.core.mesh import MAX_DEVICES
 from stagetool.plan.gpu_target_proto import TargetConfig
 
 __all__ = ["Attached", "CpuMesh", "DeviceTarget", "GpuTarget", "TpuTarget", "check_chip_for_target", "check_target",
-           "parse_target"]
+           "installed_compile_only", "parse_target", "sized_name"]
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 
@@ -191,6 +191,70 @@ def parse_target(topology: str | None, *, platform: str | None = None,
     if _names_a_gpu(topology) or gpu_target_config is not None:
         return _gpu_target(topology, gpu_target_config)
     return _tpu_target(topology)
+
+
+def sized_name(name: str, mesh_sizes: tuple[int, ...], *, slices: int = 1) -> str:
+    """A target named by its hardware alone (``v5e``, ``h100``: no shape) sized by the mesh: the
+    slice of that hardware the mesh uses whole. ``v5e`` with ``--mesh 2x4`` is ``v5e:2x4`` (a 2-D
+    mesh whose sizes are a published slice shape is that shape; else the published shape with as
+    many chips); ``v5p`` with 8 devices ``v5p:2x2x2``; ``h100`` with 8 devices ``h100:8``, with 16
+    ``h100:2x8`` (hosts of 8). A name with a shape (``v5e:2x4``) is returned as it is.
+
+    Args:
+      name: the name as written.
+      mesh_sizes: the mesh's axis sizes, in order (``()``: one device).
+      slices: TPU slices the mesh spans (its devices are ``slices`` × one slice's).
+
+    Raises:
+      UsageError: no slice of that hardware has the mesh's device count (``v5e`` with 3 devices).
+    """
+    if ":" in name:
+        return name
+    kind = name.strip()
+    devices = math.prod(mesh_sizes) if mesh_sizes else 1
+    low = kind.lower()
+    if low in gpu_kinds() or low == GENERIC_KIND or low in AMBIGUOUS_GPUS:
+        if devices <= 8:
+            return f"{kind}:{devices}"
+        if devices % 8 == 0:
+            return f"{kind}:{devices // 8}x8"
+        raise UsageError(f"{kind} with a mesh of {devices} devices: GPUs come in hosts of up to 8, so {devices} "
+                         "devices is no GPU target", hint=f"give a mesh of at most 8 devices or a multiple of 8, "
+                                                          f"or a whole target such as --topology {kind}:2x8")
+    gen = generation_of(kind)
+    if gen is None:
+        raise UsageError(f"hardware {kind!r} is neither a TPU generation nor a GPU (and has no shape)",
+                         hint=TPU_ACCEPTED + "; or a TPU generation / GPU alone (v5e, h100), sized by the mesh")
+    per_chip = DEVICES_PER_CHIP.get(gen, 1)
+    per_slice, rest = divmod(devices, max(slices, 1))
+    chips, odd = divmod(per_slice, per_chip)
+    if rest or odd or chips < 1:
+        raise UsageError(f"{kind} with a mesh of {devices} devices: a {gen} chip has {per_chip} devices, so the mesh "
+                         "uses no whole slice", hint=f"give a mesh whose size is a multiple of {per_chip * slices}")
+    if gen in TWO_D_SHAPES:
+        shapes = [s for s in TWO_D_SHAPES[gen] if math.prod(int(d) for d in s.split("x")) == chips]
+        if not shapes:
+            raise UsageError(f"{kind} with a mesh of {devices} devices: no published {gen} slice has {chips} chips",
+                             hint=f"{gen} slices: " + ", ".join(TWO_D_SHAPES[gen]) + "; give a mesh of that size")
+        mesh_shape = "x".join(map(str, mesh_sizes)) if len(mesh_sizes) == 2 and slices == 1 else None
+        return f"{kind}:{mesh_shape if mesh_shape in shapes else shapes[0]}"
+    if chips & (chips - 1):
+        raise UsageError(f"{kind} with a mesh of {devices} devices: {chips} chips is not a power of 2, which no "
+                         f"{gen} slice has", hint="give a mesh of 4, 8, 16, ... devices, or a whole topology such as "
+                                                  f"--topology {gen}:2x2x2")
+    dims = [1, 1, 1]
+    while math.prod(dims) < chips:
+        dims[dims.index(min(dims))] *= 2
+    dims.sort(reverse=chips <= 4)  # v4:2x2x1 as Google writes the small ones; 2x2x4 the larger
+    return f"{kind}:{'x'.join(map(str, dims))}"
+
+
+def installed_compile_only() -> str | None:
+    """What is installed for compile-only targets (``libtpu is``, ``libtpu and JAX's CUDA plugin are``),
+    for the line that says how to name the hardware once; None when neither is."""
+    have = [what for what, present in (("libtpu", libtpu_available()), ("JAX's CUDA plugin", cuda_plugin_available()))
+            if present]
+    return f"{' and '.join(have)} {'is' if len(have) == 1 else 'are'}" if have else None
 
 
 def _names_a_gpu(name: str) -> bool:

@@ -42,6 +42,9 @@ class MeshReport:
       process_count: processes (hosts) the mesh spans (simulated with ``--processes``).
       topology: compile-only TPU topology or GPU target name, or None.
       slices: TPU slices joined over DCN (``--slices``); 1 for one slice (and every other backend).
+      target_from: where the compile-only target was named (``--topology``, the spec's
+        ``file:line:col``, ``pyproject.toml [tool.stagetool]``), or None.
+      named_as: the hardware as named there when the mesh sized it (``v5e`` for ``v5e:2x4``), or None.
     """
 
     axes: tuple[tuple[str, int], ...]
@@ -52,6 +55,74 @@ class MeshReport:
     process_count: int
     topology: str | None = None
     slices: int = 1
+    target_from: str | None = None
+    named_as: str | None = None
+
+    def target_line(self) -> str | None:
+        """``v5e:2x4, compile-only, v5e named in pyproject.toml [tool.stagetool]`` (renderers' header), or None."""
+        if not self.topology:
+            return None
+        named = (f", {self.named_as + ' ' if self.named_as else ''}named "
+                 f"{'by' if (self.target_from or '').startswith('-') or (self.target_from or '').endswith('=') else 'in'}"
+                 f" {self.target_from}" if self.target_from else "")
+        return f"{self.topology}, compile-only{named}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """Whose decisions a report's figures are: the one line at the top of every report (JSON ``answer``).
+
+    Attributes:
+      compiler: ``XLA:CPU``, ``XLA:TPU`` or ``XLA:GPU``.
+      devices: ``simulated`` (CPU devices standing in for a mesh), ``compile-only`` (a TPU topology or
+        GPU target, no hardware) or ``attached``.
+      target: the compile-only target (``v5e:2x4``), or None.
+      named_in: where that target was named (:attr:`MeshReport.target_from`), or None.
+      statement: the line itself.
+    """
+
+    compiler: str
+    devices: str
+    target: str | None
+    named_in: str | None
+    statement: str
+
+
+def answer_of(functions: tuple[FunctionReport, ...]) -> Answer | None:
+    """The :class:`Answer` of a report's functions (their first's mesh: a run stages all on one), or None."""
+    if not functions:
+        return None
+    m = functions[0].mesh
+    compiler = {"cpu": "XLA:CPU", "tpu": "XLA:TPU", "gpu": "XLA:GPU"}.get(m.platform, m.platform)
+    if m.topology:
+        return Answer(compiler, "compile-only", m.topology, m.target_from,
+                      f"{compiler}'s decisions for {m.target_line()}.")
+    if m.platform != "cpu":
+        return Answer(compiler, "attached", None, None,
+                      f"{compiler}'s decisions on {m.device_count} attached {m.device_kind} device(s).")
+    example = _against_example(m)
+    kind = example.split(":")[0]
+    statement = (f"XLA:CPU's decisions on {m.device_count} simulated CPU device{'s' if m.device_count != 1 else ''}, "
+                 "not an accelerator's: shardings and which collectives run over which mesh axes are the SPMD "
+                 "partitioner's on any backend; bytes, FLOPs, temporaries and loop placement are XLA:CPU's. "
+                 f"--against {example} marks every difference from that compile; "
+                 f"topology: {kind} in the spec (or [tool.stagetool] topology = \"{kind}\" in pyproject.toml) "
+                 "names the hardware once, and every command answers for it, compile-only.")
+    return Answer(compiler, "simulated", None, None, statement)
+
+
+def _against_example(m: MeshReport) -> str:
+    """A compile-only target the CPU mesh is a slice of (``v5e:2x4`` for ``--mesh 2x4``), for the statement."""
+    from stagetool.core.errors import UsageError
+    from stagetool.plan.target import sized_name
+
+    sizes = tuple(s for _, s in m.axes)
+    for kind in ("v5e", "h100"):
+        try:
+            return sized_name(kind, sizes)
+        except UsageError:
+            continue
+    return "v5e:2x4"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +278,12 @@ class Report:
     jaxlib_version: str
     functions: tuple[FunctionReport, ...]
     config: tuple[tuple[str, str], ...] = ()
+    answer: Answer | None = None
+    """Whose decisions the figures are (:func:`answer_of` the functions, when not given)."""
+
+    def __post_init__(self) -> None:
+        if self.answer is None:
+            object.__setattr__(self, "answer", answer_of(self.functions))
 
     # ---- one function's sections, shown where they are displayed (stagetool.inspect, notebooks)
 

@@ -50,8 +50,10 @@ def render(doc: Report | DevicesReport, *, color: bool = False, width: int = 120
     del color, width
     figures = figures or {}
     lines = _devices(doc) if isinstance(doc, DevicesReport) else [
-        line for f in doc.functions for line in _function(f, summary=doc.command == "report", config=doc.config,
-                                                          figures=figures.get(f.name, {}))]
+        *([f"> **{escape(doc.answer.statement)}**", ""] if doc.answer is not None
+          and doc.answer.devices == "simulated" else []),
+        *(line for f in doc.functions for line in _function(f, summary=doc.command == "report", config=doc.config,
+                                                            figures=figures.get(f.name, {})))]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -90,7 +92,8 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
     out = [f"## {code(f.name)} — {code(f.target)}", "",
            f"Mesh **{mesh}** on {f.mesh.device_count} {f.mesh.platform} device{'s' if f.mesh.device_count != 1 else ''}"
            + (f" ({escape(f.mesh.device_kind)})" if f.mesh.device_kind not in (f.mesh.platform, "") else "")
-           + (f", topology {code(f.mesh.topology)}" if f.mesh.topology else "") + (f"; {stages}" if stages else "") + ".", ""]
+           + (f", topology {code(f.mesh.topology)}" + escape(f.mesh.target_line()[len(f.mesh.topology):])
+              if f.mesh.topology else "") + (f"; {stages}" if stages else "") + ".", ""]
     if config:
         out += [f"<sub>{escape(views.config_line(config))}</sub>", ""]
     if f.compiler_options:

@@ -107,6 +107,8 @@ def renderables(doc: Report | DevicesReport) -> list[RenderableType]:
     if isinstance(doc, DevicesReport):
         return _devices(doc)
     out: list[RenderableType] = []
+    if doc.answer is not None and doc.answer.devices == "simulated":
+        out.append(_note(doc.answer.statement, "warn"))
     for f in doc.functions:
         out.extend(_function(f, summary=doc.command == "report", config=doc.config))
     return out
@@ -136,7 +138,7 @@ def _header(f: FunctionReport, config: tuple[tuple[str, str], ...] = ()) -> list
     if f.mesh.device_kind not in (f.mesh.platform, ""):
         where += f" ({f.mesh.device_kind})"
     if f.mesh.topology:
-        where += f" (topology {f.mesh.topology}, compile-only)"
+        where += f" (topology {f.mesh.target_line()})"
     if f.mesh.process_count > 1:
         where += f", {f.mesh.process_count} processes"
     t = f.timings

@@ -229,7 +229,10 @@ class Spec:
       chips: user entries for the roofline chip table (``chips: {name: {peak_flops_per_second_bf16: ...}}``),
         as written; already validated with :func:`stagetool.core.chips.merge_chips` at load.
       check: the ``check:`` section (tolerances of ``stagetool check``), or None.
-      locs: where top-level keys are written (``platform``, ``topology``, ``slices``), for errors found later.
+      locs: where top-level keys are written (``platform``, ``topology``, ``slices``,
+        ``gpu_target_config``), for errors found later.
+      gpu_target_config: ``gpu_target_config:``, a ``GpuTargetConfigProto`` file (absolute; written
+        relative to the spec's folder) for a GPU ``topology``, or None.
     """
 
     path: Path | None
@@ -242,6 +245,7 @@ class Spec:
     check: CheckSpec | None = None
     locs: dict[str, Loc] = dataclasses.field(default_factory=dict, compare=False)
     slices: int | None = None
+    gpu_target_config: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

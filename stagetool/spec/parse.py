@@ -239,8 +239,8 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
         raise SpecError([f"{issues.loc(root)}: the spec must be a mapping with 'version', 'mesh' and 'functions'"])
     duplicate_keys(issues, root)
     merge_keys(issues, root)
-    check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "slices", "avals", "functions",
-                                   "chips", "check", "logical_axis_rules"} | anchor_keys(root))
+    check_keys(issues, root, "", {"version", "mesh", "platform", "topology", "gpu_target_config", "slices",
+                                   "avals", "functions", "chips", "check", "logical_axis_rules"} | anchor_keys(root))
     if child(root, "logical_axis_rules") is not None:
         parser.logical_axis_rules = parser.logical_rules(child(root, "logical_axis_rules"), "")
         parser.logical_axis_rules_loc = issues.loc(child(root, "logical_axis_rules"))
@@ -266,6 +266,15 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
     tnode = child(root, "topology")
     if tnode is not None:
         topology = str(plain(tnode))
+    gpu_config = None
+    gnode = child(root, "gpu_target_config")
+    if gnode is not None:
+        value = plain(gnode)
+        if not isinstance(value, str) or not value.strip():
+            issues.add(gnode, "gpu_target_config", "gpu_target_config must be a GpuTargetConfigProto file (relative "
+                                                   f"to the spec's folder), not {value!r}")
+        else:
+            gpu_config = value if Path(value).is_absolute() else str((base_dir or Path.cwd()) / value)
     slices = None
     snode = child(root, "slices")
     if snode is not None:
@@ -303,9 +312,9 @@ def parse_spec(text: str, *, file: str = "<spec>", base_dir: Path | None = None,
         _validate_axes(parser, mesh, functions)
     check = _check_section(issues, child(root, "check"), functions)
     issues.raise_if_any()
-    locs = {key: issues.loc(node) for key, node in (("platform", pnode), ("topology", tnode), ("slices", snode))
-            if node is not None}
-    return Spec(path, mesh, platform, topology, avals, functions, chips, check, locs, slices)
+    locs = {key: issues.loc(node) for key, node in (("platform", pnode), ("topology", tnode), ("slices", snode),
+                                                    ("gpu_target_config", gnode)) if node is not None}
+    return Spec(path, mesh, platform, topology, avals, functions, chips, check, locs, slices, gpu_config)
 
 
 def _check_chips(issues: Issues, node: yaml.MappingNode) -> None:
