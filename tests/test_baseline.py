@@ -6,7 +6,6 @@ import copy
 import dataclasses
 import json
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +17,7 @@ from stagetool.core.errors import BaselineError, SpecError, UsageError
 from stagetool.report import Format
 from stagetool.gate import render as render_changes
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from helpers import EXAMPLES  # noqa: E402
 
 
 # ------------------------------------------------------------------------------- tolerances

@@ -17,7 +17,7 @@ import pytest
 
 from stagetool.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import REPO as ROOT  # noqa: E402
 EXAMPLES = ROOT / "examples"
 W1_BEFORE = "['params/w1$', [null, model]]"
 W1_AFTER = "['params/w1$', [model, null]]"

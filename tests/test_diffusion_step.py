@@ -15,9 +15,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import assert_figures_are_raw_jaxs, target_devices, write
+from helpers import REPO, assert_figures_are_raw_jaxs, target_devices, write
 
-DATA = Path(__file__).parent / "data"
+DATA = REPO / "tests" / "data"
 
 # the code as published calls APIs its JAX/Flax/optax now deprecate (pxla.thread_resources, Param(sharding=),
 # optax.global_norm): stagetool notes such a warning, and this suite's -W error would fail both sides on it

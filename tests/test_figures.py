@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from helpers import leaves_by_path, write
+from helpers import REPO, leaves_by_path, write
 
 SGD = """
 import jax, jax.numpy as jnp
@@ -130,7 +130,6 @@ def test_spec_errors_of_all_functions_before_anything_is_lowered(run_cli, tmp_pa
 # ---- out of memory is an answer (item 7)
 
 import shutil  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -138,7 +137,7 @@ from stagetool.devices import tpu_topology as topology  # noqa: E402
 from stagetool.staging.stages import parse_out_of_memory  # noqa: E402
 
 needs_libtpu = pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed: pip install -e '.[tpu]'")
-DATA = Path(__file__).resolve().parent / "data"
+DATA = REPO / "tests" / "data"
 
 
 def test_xla_out_of_memory_messages_are_read():

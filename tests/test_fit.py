@@ -8,11 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import write
+from helpers import REPO, write
 
 from stagetool.devices import tpu_topology as topology
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = REPO / "tests" / "data"
 needs_libtpu = pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed: pip install -e '.[tpu]'")
 
 ATTENTION_SPEC = """

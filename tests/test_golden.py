@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
+sys.path.insert(0, str(REPO / "tests" / "golden"))
 
 import regenerate  # noqa: E402
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import jax
 import pytest
-from helpers import assert_figures_are_raw_jaxs, target_devices
+from helpers import REPO, assert_figures_are_raw_jaxs, target_devices
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-DATA = Path(__file__).parent / "data"
+DATA = REPO / "tests" / "data"
 
 # the code as published calls APIs its JAX/Flax/optax now deprecate (pxla.thread_resources, Param(sharding=),
 # optax.global_norm): stagetool notes such a warning, and this suite's -W error would fail both sides on it

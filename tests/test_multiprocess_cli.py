@@ -14,11 +14,11 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import REPO as ROOT  # noqa: E402
+
 TIMEOUT_S = 120
 
 SPEC = """\
