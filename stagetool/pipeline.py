@@ -573,7 +573,7 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
 
         capacity, source = _capacity(plan, setup)
         fields["memory"] = memory_section(facts, *leaves, capacity_bytes=capacity, capacity_source=source,
-                                          top=plan.top)
+                                          top=plan.top, device_count=len(setup.devices))
     if wanted & {Section.COLLECTIVES, Section.WHY}:
         from stagetool.hlo.collectives import MeshAxes
         from stagetool.analysis.sections import collectives_section
@@ -597,7 +597,12 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
 
         fields["modules"] = modules_section(facts, MeshAxes(plan.mesh.names, plan.mesh.sizes), slices=setup.slices,
                                             chip=_step_chip(plan, setup), interconnect=interconnect_of(setup))
-    notes = [f"warning while staging: {w}" for w in facts.warnings]
+    from stagetool.analysis.memory import unknown_sharding, unknown_sharding_note
+
+    unknown = unknown_sharding(leaves[0], len(setup.devices)) if leaves is not None else None
+    notes = [unknown_sharding_note(unknown, fields["memory"].record.peak_bytes if "memory" in fields else None)
+             ] if unknown is not None else []
+    notes += [f"warning while staging: {w}" for w in facts.warnings]
     notes += list(facts.uneven_constraints)
     notes += list(facts.mesh_notes)
     notes += list(inputs.notes)

@@ -272,12 +272,68 @@ class FitVerdict:
     reason: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class UnknownSharding:
+    """Input leaves whose sharding nothing gives (an ``init`` or ``{ref:}`` leaf no rule, run or
+    annotation shards: ``sharding_source == "unknown"``), staged replicated: what rides on the guess.
+
+    Attributes:
+      paths: the leaves' key paths, in input order.
+      staged_bytes: their bytes per device as staged (replicated: each whole), derived.
+      least_bytes: their bytes per device were each split evenly over every device (the least they
+        could hold), derived (ceil of whole bytes ÷ devices).
+    """
+
+    paths: tuple[str, ...]
+    staged_bytes: int
+    least_bytes: int
+
+    @property
+    def at_stake_bytes(self) -> int:
+        """Bytes per device the guess may overstate: ``staged_bytes - least_bytes``."""
+        return self.staged_bytes - self.least_bytes
+
+
+def unknown_sharding(inputs: Iterable[Any], device_count: int) -> UnknownSharding | None:
+    """The :class:`UnknownSharding` of input leaf reports (``path``, ``shape``, ``bytes_global``,
+    ``bytes_per_device``, ``sharding_source``, ``unused``) on ``device_count`` devices, or None when
+    every used leaf's sharding is known (or nothing rides on it: one device, scalars)."""
+    leaves = [x for x in inputs if x.sharding_source == "unknown" and not x.unused and x.bytes_per_device]
+    if not leaves or device_count <= 1:
+        return None
+    leaves = [x for x in leaves if tuple(x.shape)]  # a scalar cannot be split: nothing rides on it
+    staged = sum(int(x.bytes_per_device) for x in leaves)
+    least = sum(-(-int(x.bytes_global) // device_count) for x in leaves)
+    return UnknownSharding(tuple(x.path for x in leaves), staged, least) if staged > least else None
+
+
+def unknown_sharding_note(u: UnknownSharding, peak_bytes: int | None = None) -> str:
+    """One sentence for the top of a report: how many leaves have no known sharding, the bytes per
+    device riding on it, and the peak's range when ``peak_bytes`` is given."""
+    from stagetool.core.units import format_bytes
+
+    n = len(u.paths)
+    shown = ", ".join(u.paths[:3]) + (f" and {n - 3} more" if n > 3 else "")
+    text = (f"sharding unknown for {n} input {'leaves' if n != 1 else 'leaf'} ({shown}): nothing gives "
+            f"{'them' if n != 1 else 'it'} one (no rule, no sharding in the init's run, no annotation), so "
+            f"{'they are' if n != 1 else 'it is'} staged replicated: {format_bytes(u.staged_bytes)} per device "
+            f"({format_bytes(u.least_bytes)} if split over every device)")
+    if peak_bytes is not None:
+        text += (f"; the peak is between {format_bytes(max(peak_bytes - u.at_stake_bytes, 0))} and "
+                 f"{format_bytes(peak_bytes)} per device as they are laid out")
+    return text + "; give them rules or shardings in the spec to know"
+
+
 def fit_verdict(peak_bytes: int | None, capacity_bytes: int | None,
-                suspects: Sequence[Suspect] = ()) -> FitVerdict:
+                suspects: Sequence[Suspect] = (), unknown: UnknownSharding | None = None) -> FitVerdict:
     """Compare a per-device peak with a per-device capacity (both bytes). Never raises.
 
     A peak built on a suspect figure (``suspects``: :attr:`MemoryRecord.peak_suspects`) gives no
     verdict: ``fits`` is None and ``reason`` names the suspect, so that a gate cannot pass on it.
+    With ``unknown`` (inputs staged replicated because nothing gives their sharding), the peak is a
+    range, from ``peak_bytes - unknown.at_stake_bytes`` to ``peak_bytes``: it fits when the top
+    does, does not when the bottom does not, and between the two ``fits`` is None, the reason saying
+    the range.
     """
     if suspects and peak_bytes is not None:
         why = "; ".join(f"{s.field}: {s.reason}" for s in suspects)
@@ -289,6 +345,14 @@ def fit_verdict(peak_bytes: int | None, capacity_bytes: int | None,
                           "device capacity unknown (give it with a size such as 16GiB)")
     if capacity_bytes <= 0:
         return FitVerdict(peak_bytes, capacity_bytes, None, None, None, "capacity is not positive")
+    if unknown is not None and peak_bytes > capacity_bytes >= peak_bytes - unknown.at_stake_bytes:
+        from stagetool.core.units import format_bytes
+
+        return FitVerdict(peak_bytes, capacity_bytes, peak_bytes / capacity_bytes, capacity_bytes - peak_bytes, None,
+                          f"the peak is between {format_bytes(peak_bytes - unknown.at_stake_bytes)} and "
+                          f"{format_bytes(peak_bytes)} per device against {format_bytes(capacity_bytes)}: "
+                          f"{len(unknown.paths)} input leaves have no known sharding and are staged replicated; "
+                          "it fits only if they are sharded")
     return FitVerdict(peak_bytes, capacity_bytes, peak_bytes / capacity_bytes,
                       capacity_bytes - peak_bytes, peak_bytes <= capacity_bytes)
 

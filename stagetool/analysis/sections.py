@@ -41,12 +41,14 @@ from stagetool.analysis.memory import (
     FitVerdict,
     MemoryRecord,
     OutOfMemory,
+    UnknownSharding,
     declared_argument_bytes,
     donation_status,
     fit_verdict,
     memory_of,
     normalise_memory,
     parse_input_output_alias,
+    unknown_sharding,
 )
 from stagetool.plan.selectors import LeafPattern, leaf_patterns, unmatched_leaf_patterns
 from stagetool.analysis.shardings import LeafReport
@@ -169,6 +171,9 @@ class MemorySection:
         (:mod:`stagetool.analysis.timeline`, from the same dump as ``peak``), or None.
       timeline_peak: the timeline's maximum set against the gated peak (the difference named), or
         None when the peak dump was not asked for.
+      unknown_sharding: the input leaves whose sharding nothing gives (staged replicated) and the
+        bytes per device riding on that guess, or None; the verdict is then a range
+        (:func:`stagetool.analysis.memory.fit_verdict`).
     """
 
     record: MemoryRecord
@@ -181,6 +186,8 @@ class MemorySection:
     out_of_memory: OutOfMemory | None = None
     timeline: tuple[TimelinePoint, ...] | None = None
     timeline_peak: TimelinePeak | None = None
+    unknown_sharding: UnknownSharding | None = dataclasses.field(default=None,
+                                                                 metadata={"omit": True, "json_omit_none": True})
 
 
 def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = None,
@@ -386,7 +393,8 @@ def _memory_suspects(record: MemoryRecord, inputs: tuple[LeafReport, ...]) -> Me
 
 
 def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], outputs: tuple[LeafReport, ...],
-                   *, capacity_bytes: int | None, capacity_source: str | None, top: int = 10) -> MemorySection:
+                   *, capacity_bytes: int | None, capacity_source: str | None, top: int = 10,
+                   device_count: int = 1) -> MemorySection:
     """Build :class:`MemorySection` from a staged function's facts.
 
     Args:
@@ -395,9 +403,12 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
       inputs / outputs: per-leaf reports (for names, bytes per device and parameter numbers).
       capacity_bytes / capacity_source: the device's memory, if known.
       top: how many largest inputs and peak buffers to keep.
+      device_count: the devices of the mesh (for inputs whose sharding is unknown: the least they
+        could hold, :func:`unknown_sharding`).
     """
     record = _memory_suspects(memory_of(facts.memory), inputs)
-    verdict = fit_verdict(record.peak_bytes, capacity_bytes, suspects=record.peak_suspects)
+    unknown = unknown_sharding(inputs, device_count)
+    verdict = fit_verdict(record.peak_bytes, capacity_bytes, suspects=record.peak_suspects, unknown=unknown)
     used = [x for x in inputs if x.bytes_per_device is not None]
     largest = sorted(used, key=lambda x: (-(x.bytes_per_device or 0), x.path))[:top]
     largest_inputs = tuple(InputBytes(x.path, _shape(x), int(x.bytes_per_device or 0)) for x in largest)
@@ -418,7 +429,7 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
         peak = peak_report(facts.peak, top=top, gated_peak_bytes=record.peak_bytes, at=at,
                            step=timeline_peak.position if at is not None else None)
     return MemorySection(record, capacity_bytes, capacity_source, verdict, largest_inputs, donation, peak,
-                         timeline=timeline, timeline_peak=timeline_peak)
+                         timeline=timeline, timeline_peak=timeline_peak, unknown_sharding=unknown)
 
 
 REFUSED_PEAK_NOTE = ("buffers of the program XLA refused, from the dump XLA wrote before refusing it (its buffer "

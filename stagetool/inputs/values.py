@@ -154,10 +154,83 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
         except USER_CODE_ERRORS as e:  # the user's init failed under tracing (sys.exit() included)
             raise StagingError(describe_exception(e), stage="init", function=fspec.name,
                                user_frame=user_frame(e, [target.module_file or ""])) from None
+    if with_dims and mesh is not None and any(d is None and isinstance(x, jax.ShapeDtypeStruct)
+                                              for d, x in zip(dims, jax.tree_util.tree_leaves(tree))):
+        kept = (list(names) if names is not None else None, list(shared) if shared is not None else None)
+        dims = eager_dims(call, dyn, dims, mesh, rules)
+        if names is not None:
+            names[:] = kept[0]
+        if shared is not None:
+            shared[:] = kept[1]
     if shared:
         shared[:] = [("built", sources[id(flat[k[1]])]) if k is not None and k[0] == "arg" and id(flat[k[1]]) in sources
                      else k if k is not None and k[0] == "local" else None for k in shared]
     return (tree, dims, refs) if with_dims else tree
+
+
+def eager_dims(call: Any, dyn: list, dims: list, mesh: Any, rules: Any = None) -> list:
+    """``dims`` (per leaf of an init's result, the PartitionSpec dims its jaxpr says, or None) with
+    each None filled as the init places that leaf when it runs op by op on sharded inputs, as a
+    training script runs ``optimizer.init(model)`` on a model already laid out: ``jnp.zeros_like(p)``
+    of a sharded ``p`` is placed like ``p`` (``jax.lax.full_like``), while under ``jax.jit`` of the
+    init the zeros are constants the partitioner places on one device.
+
+    Read by tracing ``call`` again on the same inputs on the mesh with every axis Explicit: there each
+    value's type carries its sharding and JAX's sharding rules give every op's result one, as an
+    eager op on committed arrays gets it. Only when an input of the init is sharded over some mesh
+    axis (else nothing places a result: the leaves stay unknown) and only for leaves still None;
+    where that trace fails (an op explicit axes refuse, as a contraction over a sharded dimension
+    without ``out_sharding``) the leaves stay None, said to be unknown.
+
+    Args:
+      call: the init as traced (its dynamic inputs positional).
+      dyn: its dynamic inputs (``jax.ShapeDtypeStruct``s, sharded on ``mesh`` or not).
+      dims: per leaf of its result, the dims known so far, or None.
+      mesh: the ``jax.sharding.Mesh`` the inputs are on (Auto axes; an Explicit mesh's trace already
+        typed every value).
+      rules: the logical axis rules the trace runs under.
+
+    Returns:
+      A list like ``dims``.
+    """
+    import jax
+    from jax.sharding import AxisType, NamedSharding
+
+    from stagetool.core.sharding import spec_dims
+    from stagetool.inputs.frameworks.dispatch import logical_rules, trace_any
+
+    types = tuple(getattr(mesh, "axis_types", ()) or ())
+    if not types or all(t == AxisType.Explicit for t in types):
+        return dims
+
+    def sharded(x: Any) -> bool:
+        s = getattr(x, "sharding", None)
+        return isinstance(s, NamedSharding) and s.mesh == mesh and any(d is not None for d in s.spec)
+
+    if not any(sharded(x) for x in dyn):
+        return dims
+    explicit = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Explicit,) * len(types))
+
+    def typed(x: Any) -> Any:
+        s = getattr(x, "sharding", None)
+        if isinstance(x, jax.ShapeDtypeStruct) and isinstance(s, NamedSharding) and s.mesh == mesh:
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(explicit, s.spec),
+                                        weak_type=x.weak_type)
+        return x
+
+    try:
+        with jax.set_mesh(explicit), logical_rules(rules):
+            tree, _, _ = trace_any(call, *[typed(x) for x in dyn])
+    except Exception:  # noqa: BLE001 - JAX's explicit-sharding rules refuse an op: the leaves stay unknown
+        return dims
+    out = []
+    for d, x in zip(dims, jax.tree_util.tree_leaves(tree), strict=True):
+        s = getattr(x, "sharding", None)
+        # (the result types name the mesh abstractly: its axes are the mesh's, all Explicit)
+        if d is None and isinstance(s, NamedSharding) and tuple(s.mesh.axis_names) == tuple(mesh.axis_names):
+            d = spec_dims(s.spec)
+        out.append(d)
+    return out
 
 
 #: Words of an error that a value built inside ``jax.jit`` raises and the same call outside would not.

@@ -411,7 +411,7 @@ def memory_notes(m: MemorySection, fig: Figures, platform: str | None = None) ->
                             "'stagetool fit --what-if' on a spec whose batch is a ${batch} placeholder"))
         return out
     v, fits, peak = m.verdict, fig.fits, (fig.memory or MemoryFigures()).peak_bytes
-    if fits is None and rec.peak_suspects:
+    if fits is None and (rec.peak_suspects or (m.unknown_sharding is not None and fig.capacity_bytes is not None)):
         out.append(("warn", f"verdict unknown: {v.reason}"))
     elif fits is None:
         out.append(("info", "capacity: unknown (the device reports none; give --device-memory 16GiB or --chip NAME)"))
