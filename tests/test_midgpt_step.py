@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_figures_are_raw_jaxs
+from helpers import REPO, assert_figures_are_raw_jaxs
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-DATA = Path(__file__).parent / "data"
+DATA = REPO / "tests" / "data"
 
 
 def _mesh() -> jax.sharding.Mesh:
