@@ -17,7 +17,7 @@ from stagetool.core.errors import UsageError
 from stagetool.core.mesh import MeshSpec, parse_mesh_option
 from stagetool.core.paths import ReportRoot
 from stagetool.plan.options import REPORT_SECTIONS, Options, Section
-from stagetool.plan.plan import Plan, Problems, make_plan
+from stagetool.plan.plan import Plan, Problems, make_plan, run_chip
 from stagetool.plan.selectors import LeafPattern
 from stagetool.plan.target import TpuTarget
 from stagetool.spec.model import FunctionSpec
@@ -92,7 +92,9 @@ class Prepared:
 
 
 def provision_devices(plan: Plan) -> DeviceSetup:
-    """The devices and ``jax.sharding.Mesh`` of the plan (made once per process and kept).
+    """The devices and ``jax.sharding.Mesh`` of the plan (made once per process and kept), with the
+    run's chip decided on them, once (:func:`stagetool.plan.plan.run_chip`: ``--chip``, the
+    compile-only target's, the attached device's), in ``setup.chip``: what every figure reads.
 
     Raises:
       UsageError: a bad platform or topology (naming the spec's line when the spec chose it), or
@@ -119,7 +121,11 @@ def provision_devices(plan: Plan) -> DeviceSetup:
                     raise UsageError(f"{loc}: {name}: " + e.message[len(name) + 3:], hint=e.hint) from None
             raise
         gc_pause.resume()  # start-up is over: JAX is imported and its backend started
-    return _SETUP_CACHE[key]
+    setup = _SETUP_CACHE[key]
+    chip = run_chip(plan, setup.platform, setup.device_kind)
+    if setup.chip != chip:  # another plan's chip on the same devices (a sweep, inspect): this one's
+        setup = _SETUP_CACHE[key] = dataclasses.replace(setup, chip=chip)
+    return setup
 
 
 _SETUP_CACHE: dict[tuple, Any] = {}
@@ -565,8 +571,9 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
 
         from stagetool.devices.provision import interconnect_of
 
-        fields["cost"] = cost_section(facts, len(setup.devices), plan.chip, _roofline_dtype(inputs, plan.chip),
-                                      cpu=cpu, interconnect=interconnect_of(setup), step_chip=_step_chip(plan, setup),
+        chip = setup.chip.chip if setup.chip is not None else None
+        fields["cost"] = cost_section(facts, len(setup.devices), setup.chip, _roofline_dtype(inputs, chip),
+                                      cpu=cpu, interconnect=interconnect_of(setup),
                                       mesh=MeshAxes(plan.mesh.names, plan.mesh.sizes), tokens_per_step=fspec.tokens_per_step)
     if Section.MEMORY in wanted:
         from stagetool.analysis.sections import memory_section
@@ -596,7 +603,8 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
         from stagetool.devices.provision import interconnect_of
 
         fields["modules"] = modules_section(facts, MeshAxes(plan.mesh.names, plan.mesh.sizes), slices=setup.slices,
-                                            chip=_step_chip(plan, setup), interconnect=interconnect_of(setup))
+                                            chip=setup.chip.chip if setup.chip is not None else None,
+                                            interconnect=interconnect_of(setup))
     from stagetool.analysis.memory import unknown_sharding, unknown_sharding_note
 
     unknown = unknown_sharding(leaves[0], len(setup.devices)) if leaves is not None else None
@@ -644,30 +652,13 @@ def _roofline_dtype(inputs: AbstractInputs, chip: Chip | None) -> str:
     return "f32" if chip is None or chip.peak_flops_per_second_f32 else "bf16"
 
 
-def _step_chip(plan: Plan, setup: DeviceSetup) -> Chip | None:
-    """The chip the step-time estimate times the program on: ``--chip``, else the chip a compile-only
-    target compiles for, else the attached device's (its ``device_kind``); None on the CPU mesh
-    without ``--chip``."""
-    from stagetool.core.chips import chip_for_device_kind
-
-    if plan.chip is not None:
-        return plan.chip
-    from stagetool.plan.target import COMPILE_ONLY
-
-    name = plan.target.roofline_chip if isinstance(plan.target, COMPILE_ONLY) else None
-    if name is None and setup.platform != "cpu":
-        name = chip_for_device_kind(setup.device_kind)
-    return plan.chips.get(name) if name else None
-
-
 def _capacity(plan: Plan, setup: DeviceSetup) -> tuple[int | None, str | None]:
     """Per-device memory capacity in bytes and where it comes from.
 
     In order: ``--device-memory``; a topology's HBM per device; the device's
-    ``memory_stats()['bytes_limit']``; the HBM capacity of ``--chip`` or of the chip the device kind
-    names in the plan's chip table; else unknown.
+    ``memory_stats()['bytes_limit']``; the HBM capacity of the run's chip (``setup.chip``, the one
+    the roofline and the step time read); else unknown.
     """
-    from stagetool.core.chips import chip_for_device_kind
     from stagetool.devices.provision import device_capacity
 
     if plan.device_memory_bytes is not None:
@@ -677,12 +668,9 @@ def _capacity(plan: Plan, setup: DeviceSetup) -> tuple[int | None, str | None]:
     cap = device_capacity(setup.devices[0])
     if cap.bytes_limit:
         return cap.bytes_limit, cap.source
-    chip = plan.chip
-    if chip is None:
-        name = chip_for_device_kind(setup.device_kind)
-        chip = plan.chips.get(name.lower()) if name else None
-    if chip is not None and chip.hbm_capacity_bytes:
-        return int(chip.hbm_capacity_bytes), f"chip table ({chip.name})"
+    run = setup.chip
+    if run is not None and run.chip.hbm_capacity_bytes:
+        return int(run.chip.hbm_capacity_bytes), f"chip table ({run.name}, {run.describe()})"
     return None, None
 
 

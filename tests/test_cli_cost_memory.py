@@ -131,4 +131,4 @@ def test_a_suspect_flop_count_does_not_feed_the_roofline(run_cli, spec, monkeypa
     assert r["memory_seconds"] == pytest.approx(4096.0 / r["hbm_bandwidth_bytes_per_second"])
     assert "FLOPs left out, flagged as suspect" in r["reason"] and f"{2 * M * N * K // 8:.6g}" in r["reason"]
     text = run_cli("cost", "--spec", str(spec), "-f", "matmul", "--chip", "tpu-v5e", check=0).stdout
-    assert "roofline (tpu-v5e): n/a: FLOPs left out, flagged as suspect" in text
+    assert "roofline (tpu-v5e, from --chip): n/a: FLOPs left out, flagged as suspect" in text

@@ -44,7 +44,7 @@ def test_cost_on_v5e_gives_a_step_time_range_its_bound_and_top_instructions(run_
     assert not st["lower_bound"] and st["uncounted"] == []
     assert {k["figure"] for k in st["top"]} <= {"model", "XLA estimated_cycles", "collective model"}
     text = run_cli("cost", "examples/transformer.py:train_step", "--topology", "v5e:2x4", check=0).stdout
-    assert re.search(r"step time on tpu-v5e \(estimate\): [\d.]+ [µm]s as scheduled, range", text)
+    assert re.search(r"step time on tpu-v5e \(estimate, from topology v5e:2x4\): [\d.]+ [µm]s as scheduled, range", text)
     assert "longest instructions over the step (estimate)" in text and "XLA's optimal_seconds left out" in text
 
 
@@ -67,7 +67,7 @@ def test_markdown_and_html_show_the_step_time(run_cli):
     bar = re.search(r'<svg class="step-time-chart" width="640".*?</svg>', html, re.DOTALL).group(0)
     widths = [float(w) for w in re.findall(r'<rect x="[\d.]+" y="0" width="([\d.]+)"', bar)]
     assert widths and sum(widths) == pytest.approx(640, abs=0.5)  # the parts fill the bar
-    assert "<h4>Step time on tpu-v5e:" in html
+    assert "<h4>Step time on tpu-v5e (from --chip):" in html
 
 
 def test_a_predicted_step_time_regression_fails_check_with_its_cause(run_cli, tmp_path):

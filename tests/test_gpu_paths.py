@@ -11,7 +11,7 @@ import pytest
 from stagetool.core.errors import UsageError
 from stagetool.devices import provision as devices_mod
 from stagetool.pipeline import _capacity
-from stagetool.plan.plan import Plan
+from stagetool.plan.plan import Plan, run_chip
 from stagetool.plan.target import Attached
 from stagetool.core.mesh import MeshSpec
 from stagetool.spec.model import Spec
@@ -31,9 +31,10 @@ def test_too_few_gpus_is_a_usage_error_that_suggests_simulating(monkeypatch):
 
 
 def test_capacity_comes_from_the_gpu(monkeypatch):
-    setup = types.SimpleNamespace(devices=(fake_gpu(0, 12345),), device_kind="NVIDIA H100 80GB HBM3",
-                                  capacity_bytes=None, capacity_source=None)
     plan = Plan(Spec(None, MeshSpec(()), None, None, "global", {}), (), MeshSpec(()), Attached("gpu"), "global")
+    setup = types.SimpleNamespace(devices=(fake_gpu(0, 12345),), device_kind="NVIDIA H100 80GB HBM3",
+                                  capacity_bytes=None, capacity_source=None,
+                                  chip=run_chip(plan, "gpu", "NVIDIA H100 80GB HBM3"))
     assert _capacity(plan, setup) == (12345, "jax.Device.memory_stats()['bytes_limit']")
     # --device-memory (resolved to bytes by make_plan) wins over what the device says.
     assert _capacity(dataclasses.replace(plan, device_memory_bytes=2**30), setup) == (2**30, "--device-memory")
@@ -41,7 +42,7 @@ def test_capacity_comes_from_the_gpu(monkeypatch):
 
 def test_capacity_falls_back_to_the_chip_table_for_a_known_gpu_kind():
     dev = types.SimpleNamespace(id=0, platform="gpu", memory_stats=lambda: None)
-    setup = types.SimpleNamespace(devices=(dev,), device_kind="NVIDIA H100 80GB HBM3", capacity_bytes=None,
-                                  capacity_source=None)
     plan = Plan(Spec(None, MeshSpec(()), None, None, "global", {}), (), MeshSpec(()), Attached("gpu"), "global")
-    assert _capacity(plan, setup) == (80 * 2**30, "chip table (h100-sxm)")
+    setup = types.SimpleNamespace(devices=(dev,), device_kind="NVIDIA H100 80GB HBM3", capacity_bytes=None,
+                                  capacity_source=None, chip=run_chip(plan, "gpu", "NVIDIA H100 80GB HBM3"))
+    assert _capacity(plan, setup) == (80 * 2**30, "chip table (h100-sxm, from device NVIDIA H100 80GB HBM3)")

@@ -63,7 +63,7 @@ if TYPE_CHECKING:  # imported where used: only --chip and the peak buffers need 
     from stagetool.analysis.roofline import RooflineEstimate
     from stagetool.analysis.step_time import StepTimeEstimate
     from stagetool.facts import Interconnect, Propagation
-    from stagetool.core.chips import Chip
+    from stagetool.core.chips import Chip, RunChip
     from stagetool.core.errors import OutOfMemoryError
 
 
@@ -75,8 +75,8 @@ class CostSection:
       per_device: from ``Compiled.cost_analysis()``: one device's partitioned, optimized module.
       whole_program: from ``Lowered.cost_analysis()``: the unpartitioned program, all devices together.
       device_count: devices in the mesh (whole program ≈ per device × devices for fully sharded work).
-      roofline: the ``--chip`` lower bound on step time (an estimate) from the loop-aware per-device
-        figures, or None when no chip was given.
+      roofline: the lower bound on step time (an estimate) on the run's chip from the loop-aware
+        per-device figures, or None when the run has no chip.
       loop_trip_counts: the trip count of every ``while`` loop of the compiled module (None when
         unknown). XLA's cost analysis counts a loop body once, so with loops its FLOPs and bytes
         are a lower bound; a ``scan`` over N layers is undercounted about N-fold in its body.
@@ -89,7 +89,7 @@ class CostSection:
         (``Lowered.cost_analysis()`` costs one shard); a partly manual one says which part is
         counted per shard.
       step_time: the step-time estimate (:mod:`stagetool.analysis.step_time`: a range from
-        overlapped to serial, what bounds it, the top instructions) on ``step_chip``, or None
+        overlapped to serial, what bounds it, the top instructions) on the run's chip, or None
         when there is no chip or no compiled module.
       step_time_reason: why there is no step-time estimate, or None.
       uncounted: the compiled module's instructions whose work XLA's cost analysis leaves out (Pallas
@@ -102,6 +102,9 @@ class CostSection:
       replicated: instructions every device of some mesh axes computes whole from data split over them
         (:mod:`stagetool.analysis.replicated`: "computed whole on each of N devices"), heaviest first;
         () without a mesh, on a multi-slice job, or when none is above the threshold.
+      chip_source: where the run's chip (the roofline's and the step time's, one chip) comes from
+        (:meth:`stagetool.core.chips.RunChip.describe`: ``"from topology v5e:2x4"``, ``"from --chip"``,
+        ``"from device TPU v5 lite"``), or None without a chip.
     """
 
     per_device: CostRecord
@@ -116,6 +119,7 @@ class CostSection:
     uncounted: tuple[UncountedWork, ...] = ()
     flops_lower_bound: bool = False
     replicated: tuple[ReplicatedWork, ...] = ()
+    chip_source: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,23 +194,24 @@ class MemorySection:
                                                                  metadata={"omit": True, "json_omit_none": True})
 
 
-def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = None,
+def cost_section(facts: StagedFunction, device_count: int, run_chip: RunChip | None = None,
                  dtype: str = "bf16", *, cpu: bool = False, interconnect: Interconnect | None = None,
-                 step_chip: Chip | None = None, mesh: MeshAxes | None = None,
-                 tokens_per_step: int | None = None) -> CostSection:
+                 mesh: MeshAxes | None = None, tokens_per_step: int | None = None) -> CostSection:
     """Build :class:`CostSection` from a staged function's facts (never raises on missing data).
 
     Whole program: ``Lowered.cost_analysis()``; per device: ``Compiled.cost_analysis()``, both as
     staging read them. ``dtype`` picks the chip's peak FLOP/s for the roofline (``bf16`` or
-    ``f32``); the compiled module's loops give the trip counts. With ``cpu``, XLA:CPU's rolled
+    ``f32``) of ``run_chip`` (the run's one chip, :func:`stagetool.plan.plan.run_chip`; no roofline
+    without one); the compiled module's loops give the trip counts. With ``cpu``, XLA:CPU's rolled
     random-number loops (:func:`stagetool.analysis.cpu_artefacts.rng_loops`) are kept out of the
     loop-aware estimate (counted once) and shown apart (``loop_aware.apart``). With ``interconnect``
-    and a chip (``step_chip``, else ``chip``), the step-time estimate
+    and the chip, the step-time estimate
     (:func:`stagetool.analysis.step_time.step_time`) is added, with its tokens per second per chip
     where ``tokens_per_step`` (the spec's, all devices together) is given. With ``mesh`` (the user's mesh; not on a
     multi-slice job), the work computed whole on every device of some mesh axes is listed
     (:func:`stagetool.analysis.replicated.replicated_work`).
     """
+    chip = run_chip.chip if run_chip is not None else None
     text = facts.stablehlo_text
     whole = whole_program_cost(facts.whole_program_cost, program_text=text)
     has_dot = has_dot_or_convolution(text) if text is not None else None
@@ -270,7 +275,7 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
         estimate = roofline(chip, flops_per_device=None if flops_suspect else flops,
                             bytes_accessed_per_device=None if bytes_suspect else moved, dtype=dtype,
                             flops_suspect=flops_suspect, bytes_suspect=bytes_suspect)
-    step, step_reason = _step_time(facts, per_device, step_chip or chip, interconnect, dict(loops))
+    step, step_reason = _step_time(facts, per_device, chip, interconnect, dict(loops))
     if step is not None and tokens_per_step and step.schedule_seconds > 0 and interconnect is not None:
         devices = 1
         for size in interconnect.mesh_sizes:
@@ -280,7 +285,8 @@ def cost_section(facts: StagedFunction, device_count: int, chip: Chip | None = N
                                    tokens_per_second_per_chip=tokens_per_step / step.schedule_seconds / chips)
     return CostSection(per_device, whole, device_count, estimate, tuple(n for _, n in loops), aware, notes,
                        step, step_reason, uncounted, any(not u.counted for u in uncounted),
-                       _replicated(module, mesh, interconnect, per_device, aware, dict(loops)))
+                       _replicated(module, mesh, interconnect, per_device, aware, dict(loops)),
+                       run_chip.describe() if run_chip is not None else None)
 
 
 def _replicated(module: HloModule | None, mesh: MeshAxes | None, net: Interconnect | None,

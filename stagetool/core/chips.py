@@ -367,6 +367,36 @@ _FIGURES = (*_NUMERIC_FIELDS, *_FABRIC_FIELDS, *_RATE_FIELDS)
 CHIP_FIELDS = (*_FIGURES, "matmul_flops_per_second", "matmul_tile", "profile", "sources", "note")
 
 
+@dataclasses.dataclass(frozen=True)
+class RunChip:
+    """The chip a run's figures are for, and where that choice comes from: decided once per run
+    (:func:`stagetool.plan.plan.run_chip`), carried on the device setup
+    (:attr:`stagetool.devices.provision.DeviceSetup.chip`) and read alike by the roofline, the
+    step-time estimate, the modules roll-up and the memory capacity.
+
+    Attributes:
+      chip: the chip's figures: the plan's chip table entry (the built-in one, or the spec's
+        ``chips:`` entry of that name over it).
+      source: what chose it: ``"--chip"``, ``"topology v5e:2x4"`` (a compile-only target's own
+        chip), ``"device TPU v5 lite"`` (the attached device's ``device_kind``).
+      spec_figures: the spec's ``chips:`` gives (some of) the figures, over the built-in entry.
+    """
+
+    chip: Chip
+    source: str
+    spec_figures: bool = False
+
+    @property
+    def name(self) -> str:
+        """The chip's table name (``"tpu-v5e"``)."""
+        return self.chip.name
+
+    def describe(self) -> str:
+        """Where the chip comes from, as a report says it: ``"from topology v5e:2x4"``, with
+        ``"; figures from the spec's chips:"`` where the spec gives them."""
+        return f"from {self.source}" + ("; figures from the spec's chips:" if self.spec_figures else "")
+
+
 def chip_for_device_kind(device_kind: str) -> str | None:
     """Table name for a ``jax.Device.device_kind`` string (``"TPU v5 lite"`` -> ``"tpu-v5e"``), or None.
 

@@ -10,6 +10,7 @@ import dataclasses
 import os
 from typing import Any
 
+from stagetool.core.chips import RunChip
 from stagetool.core.errors import UsageError
 from stagetool.core.mesh import MeshSpec
 from stagetool.facts import Interconnect
@@ -37,6 +38,10 @@ class DeviceSetup:
       target_config_source: where that config comes from (stagetool's GPU table or a file), else None.
       slices: TPU slices joined over DCN (``--slices N``), 1 otherwise; the mesh's first axis spans them.
       slice_of_device: for each mesh device, in mesh order, its slice (all 0 for one slice).
+      chip: the chip the run's figures are for and what chose it (:func:`stagetool.plan.plan.run_chip`,
+        set once by :func:`stagetool.pipeline.provision_devices`), or None (the CPU mesh without
+        ``--chip``, or a device the chip table does not know). The roofline, the step-time estimate,
+        the modules roll-up and the memory capacity all read this one value.
     """
 
     platform: str
@@ -52,6 +57,7 @@ class DeviceSetup:
     target_config_source: str | None = None
     slices: int = 1
     slice_of_device: tuple[int, ...] = ()
+    chip: RunChip | None = None
 
 
 def provision(mesh_spec: MeshSpec, target: DeviceTarget = Attached(), *, processes: int | None = None,

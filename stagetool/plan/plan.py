@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from stagetool.core.chips import CHIPS, Chip, get_chip, merge_chips
+from stagetool.core.chips import CHIPS, Chip, RunChip, get_chip, merge_chips
 from stagetool.core.errors import ExitCode, StagetoolError, UsageError
 from stagetool.core.mesh import MeshSpec, parse_mesh_option
 from stagetool.core.paths import ReportRoot, report_root
@@ -22,7 +22,7 @@ from stagetool.spec.discovery import resolve_spec, split_target
 from stagetool.spec.model import FunctionSpec, Spec
 from stagetool.spec.variables import load_spec_with
 
-__all__ = ["Plan", "Problems", "make_plan", "plan_slices", "with_target_chip"]
+__all__ = ["Plan", "Problems", "make_plan", "plan_slices", "run_chip"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +38,10 @@ class Plan:
       avals: ``global`` or ``local`` spec shapes; processes: simulated processes (``--processes``).
       job_processes: processes of the ``jax.distributed`` job, or None.
       dialect: ``stablehlo`` or ``hlo`` for the lowered text.
-      chips: the chip table (built-in merged with the spec's ``chips:``); chip: ``--chip``'s entry.
+      chips: the chip table (built-in merged with the spec's ``chips:``); chip: ``--chip``'s entry,
+        one input of the run's chip (:func:`run_chip`, which every figure reads; not read alone).
       device_memory_bytes: ``--device-memory`` in bytes per device, or None (then the device, the
-        topology or the chip table says; see :func:`stagetool.pipeline._capacity`).
+        topology or the run's chip says; see :func:`stagetool.pipeline.device_capacity_of`).
       peak, top: the peak dump and how many rows to list.
       explain: the ``--explain`` patterns, compiled (checked against the leaves once the inputs are built).
       cache_dir: the facts cache folder, or None.
@@ -429,12 +430,29 @@ def _same_target(target: str, fspec: FunctionSpec) -> bool:
     return a_mod == b_mod
 
 
-def with_target_chip(plan: Plan) -> Plan:
-    """``plan`` with its compile-only target's own chip (:attr:`~stagetool.plan.target.TpuTarget.roofline_chip`)
-    as ``--chip``, from the plan's chip table; the plan as it is for other targets or a chip the
-    table lacks. A sweep over targets gives each row its own target's roofline this way."""
-    name = plan.target.roofline_chip if isinstance(plan.target, COMPILE_ONLY) else None
-    if name is None or name not in plan.chips:
-        return plan
-    return dataclasses.replace(plan, chip=plan.chips[name])
+def run_chip(plan: Plan, platform: str, device_kind: str) -> RunChip | None:
+    """The one decision of which chip the run's figures are for (the roofline, the step-time
+    estimate, the modules roll-up, the memory capacity all read it): ``--chip``; else the chip a
+    compile-only target compiles for (``v5e:2x4`` → ``tpu-v5e``, ``h100:8`` → ``h100-sxm``); else
+    the attached accelerator's, from its ``device_kind`` (``TPU v5 lite`` → ``tpu-v5e``); else None
+    (the CPU mesh without ``--chip``, a device or target the chip table does not know). The figures
+    are the plan's chip table's: the spec's ``chips:`` entry of that name, where it has one, over the
+    built-in one.
 
+    Args:
+      plan: the plan (its ``--chip`` entry, target and chip table).
+      platform, device_kind: of the devices the run stages on (:class:`~stagetool.devices.provision.DeviceSetup`).
+    """
+    from stagetool.core.chips import chip_for_device_kind
+
+    spec_names = {str(n).strip().lower() for n in (plan.spec.chips or {})}
+    if plan.chip is not None:
+        return RunChip(plan.chip, "--chip", plan.chip.name in spec_names)
+    name = source = None
+    if isinstance(plan.target, COMPILE_ONLY):
+        name, source = plan.target.roofline_chip, f"topology {plan.target.name}"
+    if name is None and platform != "cpu":  # an attached accelerator (or a target the table names by its kind)
+        name, source = chip_for_device_kind(device_kind), f"device {device_kind}"
+    if name is None or name not in plan.chips:
+        return None
+    return RunChip(plan.chips[name], source, name in spec_names)

@@ -221,7 +221,9 @@ def cost_view(c: CostSection, fig: Figures) -> dict[str, Any]:
             "roofline": c.roofline, "roofline_chart": charts.roofline_chart(c.roofline, format_seconds),
             "step": c.step_time, "step_notes": views.step_time_notes(c), "step_rows": views.step_time_rows(c)[1],
             "step_chart": charts.step_time_chart(c.step_time, format_seconds),
-            "loops": c.loop_trip_counts}
+            "loops": c.loop_trip_counts,
+            "roofline_chip": views.chip_named(fig.chip, c),
+            "step_chip": views.chip_named(c.step_time.chip, c) if c.step_time is not None else None}
 
 
 def function_view(f: FunctionReport, index: int) -> dict[str, Any]:

@@ -141,9 +141,9 @@ def cost_notes(c: CostSection, fig: Figures) -> list[tuple[str, str]]:
     r = c.roofline
     if r is not None:
         if fig.roofline_step_seconds is None:
-            out.append(("warn", f"roofline ({fig.chip}): n/a: {r.reason}"))
+            out.append(("warn", f"roofline ({fig.chip}{chip_from(c)}): n/a: {r.reason}"))
         else:
-            out.append(("info", f"roofline estimate on {fig.chip} ({r.dtype}): step ≥ "
+            out.append(("info", f"roofline estimate on {fig.chip} ({r.dtype}{chip_from(c)}): step ≥ "
                                 f"{format_seconds(fig.roofline_step_seconds)}, {fig.roofline_bound}-bound (compute {format_seconds(r.compute_seconds)}, memory "
                                 f"{format_seconds(r.memory_seconds)}); a lower bound from peak FLOP/s and HBM "
                                 "bandwidth, not a prediction"))
@@ -201,6 +201,18 @@ def uncounted_notes(c: CostSection) -> list[tuple[str, str]]:
     return out
 
 
+def chip_named(name: str | None, c: CostSection) -> str:
+    """The run's chip as a report names it, with where it comes from: ``tpu-v5e (from topology
+    v5e:2x4)``; the name alone where the section does not say (a report written before it did)."""
+    return f"{name} ({c.chip_source})" if c.chip_source else str(name)
+
+
+def chip_from(c: CostSection) -> str:
+    """``", from topology v5e:2x4"``: where the run's chip comes from, to end a parenthesis that
+    names the chip; "" where the section does not say."""
+    return f", {c.chip_source}" if c.chip_source else ""
+
+
 def not_counted_text(c: CostSection) -> str:
     """``2 instructions not counted: Pallas kernel (Mosaic TPU) mixed.1 at k.py:14, top-k ...``: the
     work a FLOP figure (its MFU, its roofline) leaves out, named with its user lines."""
@@ -225,7 +237,7 @@ def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
                 "per step)")
     least = "at least " if e.lower_bound else ""
     out = [("warn" if e.lower_bound else "info",
-            f"step time on {e.chip} (estimate{', a lower bound' if e.lower_bound else ''}): {least}"
+            f"step time on {e.chip} (estimate{', a lower bound' if e.lower_bound else ''}{chip_from(c)}): {least}"
             f"{format_seconds(e.schedule_seconds)} as scheduled, range {least}"
             f"{format_seconds(e.overlapped_seconds)} (collectives overlapped) – "
             f"{format_seconds(e.serial_seconds)} (serial); bound: {e.bound}{mfu}")]

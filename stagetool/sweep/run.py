@@ -77,7 +77,7 @@ def run_config(payload: dict) -> dict:
     from stagetool.core.errors import StagetoolError, StagingError
     from stagetool.pipeline import analyze_plan
     from stagetool.plan.options import Options, Section
-    from stagetool.plan.plan import make_plan, with_target_chip
+    from stagetool.plan.plan import make_plan
 
     config, common = payload["config"], payload["common"]
     row = _empty_row(config)
@@ -93,9 +93,8 @@ def run_config(payload: dict) -> dict:
     sections = [Section.COST, Section.MEMORY, Section.COLLECTIVES] + \
         ([Section.LOWERED_TEXT, Section.SHARDINGS] if digest else [])
     try:
-        plan = make_plan(options)  # the configuration's one parse of its target
-        if options.chip is None and config["topology"]:  # a sweep over targets: each row's roofline on its own chip
-            plan = with_target_chip(plan)
+        plan = make_plan(options)  # the configuration's one parse of its target; without --chip, a row over a
+        # target has its roofline and step time on that target's own chip (plan.run_chip, as every run)
         report = analyze_plan(plan, sections, command="sweep")
     except StagingError as e:
         oom = _OUT_OF_MEMORY.search(e.message) is not None
