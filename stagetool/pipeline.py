@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from stagetool.facts import StagedFunction
     from stagetool.staging.cache import FactsCache
 
-__all__ = ["REPORT_SECTIONS", "Options", "Plan", "Section", "analyze", "analyze_plan", "assemble_report",
+__all__ = ["REPORT_SECTIONS", "Options", "Plan", "Section", "analyze", "analyze_against", "analyze_plan",
+           "assemble_report",
            "devices_report", "make_plan", "prepare_inputs", "provision_devices", "snapshot_plan", "stage_and_analyse",
            "staged_functions", "take_snapshot"]
 
@@ -57,7 +58,56 @@ def analyze(options: Options, sections: Iterable[Section] = (Section.SHARDINGS,)
       StagingError: JAX failed to trace, lower or compile (exit code 3).
     """
     plan = make_plan(options)  # every option checked, the target parsed once, before any JAX work
-    return analyze_plan(plan, sections, command=command, on_stage=on_stage)
+    if plan.against is None:
+        return analyze_plan(plan, sections, command=command, on_stage=on_stage)
+    return analyze_against(plan, sections, command=command, on_stage=on_stage)
+
+
+_COMPARED = frozenset({Section.COLLECTIVES, Section.COST, Section.MEMORY})
+"""What ``--against`` compares (:mod:`stagetool.analysis.against`), computed on both sides whatever the command shows."""
+
+
+def analyze_against(plan: Plan, sections: Iterable[Section], *, command: str = "analyze",
+                    on_stage: Callable[[str, str], None] | None = None) -> Report:
+    """:func:`analyze_plan` and, for ``--against TARGET``, the same functions staged for the plan's
+    :attr:`~stagetool.plan.plan.Plan.against` target too (one more compile each), every difference
+    marked (:func:`stagetool.analysis.against.compare`): each function's ``against`` section, and its
+    collective rows marked where the target's compile differs. The report holds the sections asked
+    for; the ones compared are computed on both sides."""
+    from stagetool.analysis.against import AgainstSection, compare, marked_collectives
+    from stagetool.plan.target import GpuTarget
+
+    asked = frozenset(sections)
+    wanted = asked | _COMPARED
+    here = analyze_plan(plan, wanted, command=command, on_stage=on_stage)
+    target = plan.against
+    there_plan = dataclasses.replace(plan, target=target, against=None, target_from="--against", named_as=None,
+                                     chip=None, slices=1, processes=None)
+    there = analyze_plan(there_plan, wanted, command=command, on_stage=on_stage)
+    compiler = "XLA:GPU" if isinstance(target, GpuTarget) else "XLA:TPU"
+    by_name = {f.name: f for f in there.functions}
+    functions = []
+    for f in here.functions:
+        here_compiler = f.mesh.topology and ("XLA:GPU" if f.mesh.platform == "gpu" else "XLA:TPU") or \
+            {"cpu": "XLA:CPU", "tpu": "XLA:TPU", "gpu": "XLA:GPU"}.get(f.mesh.platform, f.mesh.platform)
+        other = by_name.get(f.name)
+        if f.error is not None:
+            functions.append(f)
+            continue
+        if other is None or other.error is not None:
+            section = AgainstSection(target.name, compiler, here_compiler,
+                                     error=other.error if other is not None else "not staged")
+        else:
+            section = compare(target.name, compiler, here_compiler, here_collectives=f.collectives,
+                              there_collectives=other.collectives, here_cost=f.cost, there_cost=other.cost,
+                              here_memory=f.memory, there_memory=other.memory)
+        collectives = marked_collectives(f.collectives, section) if f.collectives is not None else None
+        functions.append(dataclasses.replace(
+            f, against=section,
+            collectives=collectives if Section.COLLECTIVES in asked or Section.WHY in asked else None,
+            cost=f.cost if Section.COST in asked else None,
+            memory=f.memory if Section.MEMORY in asked else None))
+    return here.holding(*functions)
 
 
 def analyze_plan(plan: Plan, sections: Iterable[Section], *, command: str = "analyze",
@@ -767,6 +817,10 @@ def take_snapshot(options: Options, *, isolate: bool = False, on_stage=None,
     Raises:
       UsageError, SpecError, TargetError: bad options, spec or target, before any trace.
     """
+    if options.against is not None:
+        raise UsageError(f"--against {options.against}: a snapshot records one compile; --against marks the "
+                         "differences between two in a report",
+                         hint="run 'stagetool report ... --against TARGET', or snapshot each target (--topology)")
     options = dataclasses.replace(options, isolate=isolate or options.isolate,
                                   timeout_s=timeout_s if timeout_s is not None else options.timeout_s)
     return snapshot_plan(make_plan(options), on_stage=on_stage)

@@ -95,7 +95,7 @@ def test_shardings_json_document(run_cli, project):
     assert f["name"] == "step" and f["target"] == "model.py:step"
     assert f["mesh"] == {"axes": [["data", 2], ["model", 4]], "axis_types": "auto", "platform": "cpu",
                          "device_kind": "cpu", "device_count": 8, "process_count": 1, "topology": None,
-                         "slices": 1}
+                         "slices": 1, "target_from": None, "named_as": None}
     assert all(f["timings"][k] > 0 for k in ("trace_s", "lower_s", "compile_s"))
     leaf_fields = {"path", "shape", "dtype", "declared", "compiled", "chosen_by_partitioner", "shard_shape",
                    "bytes_global", "bytes_per_device", "unused", "donated", "local_shape", "source", "parameter",
@@ -228,8 +228,11 @@ def test_every_format_renders_for_every_command(run_cli, project, command, fmt, 
     assert r.stdout.strip() and "\x1b[" not in r.stdout
     if fmt is Format.json:
         assert json.loads(r.stdout)["schema_version"] == SCHEMA_VERSION
-    if fmt is Format.markdown and command != "devices":
-        assert r.stdout.startswith("## `other`")
+    if fmt is Format.markdown and command != "devices":  # whose decisions (XLA:CPU's), then the function
+        lines = r.stdout.split("\n\n", 1)
+        if command != "lower":
+            assert lines[0].startswith("> **XLA:CPU's decisions on 8 simulated CPU devices")
+        assert (lines[1] if command != "lower" else r.stdout).startswith("## `other`")
     # -o FILE gets the same document, written atomically (no temporary file left), nothing on stdout.
     out = tmp_path / "out" / f"report.{fmt.value}"
     out.parent.mkdir()

@@ -581,6 +581,10 @@ class CollectiveItem:
       accelerator_runs: with ``cpu_only``, the runs per step an accelerator compile makes of it: 1 for
         :data:`~stagetool.analysis.cpu_artefacts.HOISTED`, the loop's trip count for
         :data:`~stagetool.analysis.cpu_artefacts.SUNK` (None where unknown).
+      against: with ``--against TARGET``, what the target's compile shows for this row's group
+        (kind, mesh axes, source line) where it differs (``not on v5e:2x4``, ``v5e:2x4: 1 × bf16[8,128],
+        runs 1: 2.00 KiB per step``; :func:`stagetool.analysis.against.marked_collectives`); None
+        where it is the same or without ``--against`` (absent from the JSON then).
     """
 
     collective: Collective
@@ -591,6 +595,7 @@ class CollectiveItem:
     via: tuple[str, ...] = ()
     cpu_only: str | None = None
     accelerator_runs: int | None = omitted(None)
+    against: str | None = dataclasses.field(default=None, metadata={"omit": True, "json_omit_none": True})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,10 @@ TopologyOpt = Annotated[Optional[str], typer.Option(
     "--topology", help="Compile for hardware that is not here: a TPU topology, e.g. v5e:2x4 (needs libtpu), or "
                        "GPUs, e.g. h100:8 (one host of 8), h100:2x8 (needs the gpu-aot extra).",
     show_default=False)]
+AgainstOpt = Annotated[Optional[str], typer.Option(
+    "--against", help="Stage the same program for a compile-only target too (v5e:2x4, h100:8; v5e alone is sized by "
+                      "the mesh) and mark every collective, temporary, FLOP and replicated-work row that differs "
+                      "(one more compile).", show_default=False)]
 SlicesOpt = Annotated[Optional[int], typer.Option(
     "--slices", help="Stage N slices of the TPU --topology joined over DCN (multi-slice); the mesh's first axis "
                      "spans them.", show_default=False)]
@@ -138,6 +142,7 @@ class Staging:
     no_cache: NoCacheOpt = False
     gpu_target_config: GpuTargetConfigOpt = None
     slices: SlicesOpt = None
+    against: AgainstOpt = None
 
     def options(self, **more: Any) -> Any:
         """The :class:`stagetool.pipeline.Options` these stand for, with ``more`` fields set."""
@@ -147,7 +152,7 @@ class Staging:
         return Options(target=self.target, spec=self.spec, mesh=self.mesh, platform=self.platform,
                        topology=self.topology, function=tuple(self.function) if self.function else None,
                        local_avals=self.local_avals, processes=self.processes,
-                       gpu_target_config=self.gpu_target_config, slices=self.slices,
+                       gpu_target_config=self.gpu_target_config, slices=self.slices, against=self.against,
                        cache_dir=resolve_cache_dir(self.cache_dir, no_cache=self.no_cache), **more)
 
 

@@ -68,6 +68,8 @@ class Options:
       outputs: ``(option, path)`` of each file the command will write (``--output``, ``--junit-xml``,
         ``--baseline`` with ``--update``), checked by :func:`~stagetool.plan.plan.make_plan` before anything is staged.
       why: ``stagetool why``'s question as ``(--leaf, --line, --collective)``, one of them given.
+      against: ``--against TARGET``: a compile-only target (``v5e:2x4``, ``h100:8``; a name alone,
+        ``v5e``, sized by the mesh) to stage the same program for too, marking every difference.
       target_named_by: how the caller names ``topology``/``platform`` in messages and the report
         (``topology=`` for :func:`stagetool.inspect`), or None for the CLI's flags.
       leaf_shardings: input leaves whose sharding replaces the spec's in every selected function
@@ -101,4 +103,5 @@ class Options:
     why: tuple[str | None, str | None, int | None] | None = None
     leaf_shardings: tuple[LeafSharding, ...] = ()
     target_named_by: str | None = None
+    against: str | None = None
 

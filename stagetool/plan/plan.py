@@ -55,6 +55,7 @@ class Plan:
       target_from: where the compile-only target was named (``--topology``, the spec's
         ``file:line:col``, ``pyproject.toml [tool.stagetool]``), or None for none named.
       named_as: the name as written there when the mesh sized it (``v5e`` for ``v5e:2x4``), else None.
+      against: ``--against``'s compile-only target, parsed and checked once (sized by the mesh), or None.
     """
 
     spec: Spec
@@ -80,6 +81,7 @@ class Plan:
     report_root: ReportRoot | None = None
     target_from: str | None = None
     named_as: str | None = None
+    against: DeviceTarget | None = None
 
 
 class Problems:
@@ -158,6 +160,10 @@ def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
     if target is not None:
         with problems.check():
             slices = _check_slices(spec, options, target, mesh)
+    against = None
+    if options.against is not None:
+        with problems.check():
+            against = _against_target(options.against, mesh)
     avals = "local" if options.local_avals else spec.avals
     with problems.check():
         if options.processes is not None and avals != "local":
@@ -173,7 +179,8 @@ def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
                 isolate=options.isolate, slices=slices or 1, why=question,
                 report_root=report_root(spec.path, [f.target for f in spec.functions.values()]),
                 target_from=named.where if named and isinstance(target, COMPILE_ONLY) else None,
-                named_as=named.topology if named and named.topology and ":" not in named.topology else None)
+                named_as=named.topology if named and named.topology and ":" not in named.topology else None,
+                against=against)
 
 
 def _check_options(options: Options, problems: Problems) -> tuple[int | None, tuple[LeafPattern, ...],
@@ -338,6 +345,29 @@ def _parse_target(spec: Spec, options: Options, named: _Named | None, mesh: Mesh
         if named.where.endswith("[tool.stagetool]"):
             raise UsageError(f"{named.where}: topology = {named.topology!r}: {e.message}", hint=e.hint) from None
         raise
+    return target
+
+
+def _against_target(name: str, mesh: MeshSpec) -> DeviceTarget:
+    """``--against NAME``: a compile-only target (a name alone sized by the mesh), checked before JAX starts.
+
+    Raises:
+      UsageError: an empty or bad name, a target that is not compile-only, its library not installed.
+    """
+    from stagetool.plan.target import check_target, parse_target, sized_name
+
+    if not name.strip():
+        raise UsageError("--against '': an empty target name", hint="give a compile-only target such as v5e:2x4 or h100:8")
+    try:
+        target = check_target(parse_target(sized_name(name.strip(), mesh.sizes)))
+    except UsageError as e:
+        raise UsageError(f"--against {name}: {e.message}", hint=e.hint) from None
+    if not isinstance(target, COMPILE_ONLY):
+        raise UsageError(f"--against {name}: not a compile-only target", hint="e.g. --against v5e:2x4 or --against h100:8")
+    if target.device_count != max(mesh.device_count, 1):
+        raise UsageError(f"--against {name}: {target.name} has {target.device_count} devices, but the mesh {mesh} has "
+                         f"{max(mesh.device_count, 1)}", hint="a compile-only target is used whole: give the hardware "
+                         "alone (--against v5e, --against h100) and the mesh sizes it")
     return target
 
 

@@ -16,6 +16,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
+from stagetool.analysis.against import AgainstSection
 from stagetool.analysis.figures import Figures
 from stagetool.analysis.modules import ModulesSection
 from stagetool.analysis.why import WhyAnswer
@@ -219,6 +220,8 @@ class FunctionReport:
       why: ``stagetool why``'s answer (:class:`stagetool.analysis.why.WhyAnswer`), or None.
       modules: the roll-up per module path and phase (:mod:`stagetool.analysis.modules`), or None.
       measured: ``--measure``'s step run for real (:class:`MeasuredSection`), or None.
+      against: ``--against TARGET``: every difference from the target's compile
+        (:class:`stagetool.analysis.against.AgainstSection`), or None (absent from the JSON then).
       notes: short remarks for the reader (e.g. what was simulated).
       error: why the function could not be staged (JAX's message and the user's frame), or None;
         when set, every section is None and the command exits 3 after reporting the others.
@@ -253,6 +256,7 @@ class FunctionReport:
     error_traceback: str | None = dataclasses.field(default=None, compare=False, metadata={"json_skip": True})
     cached: bool = False
     compiler_options: tuple[tuple[str, str], ...] = ()
+    against: AgainstSection | None = dataclasses.field(default=None, metadata={"json_omit_none": True})
     figures: Figures = dataclasses.field(init=False, compare=False, repr=False, metadata={"json_skip": True})
 
     def __post_init__(self) -> None:

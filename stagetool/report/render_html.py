@@ -244,6 +244,8 @@ def function_view(f: FunctionReport, index: int) -> dict[str, Any]:
         "cost": cost_view(f.cost, f.figures) if f.cost is not None else None,
         "why": views.why_lines(f.why) if f.why is not None else None,
         "modules": modules_view(f.modules) if f.modules is not None else None,
+        "against": {"title": views.against_title(f.against), "table": views.against_rows(f.against),
+                    "notes": [("info", n) for n in views.against_notes(f.against)]} if f.against is not None else None,
     }
 
 

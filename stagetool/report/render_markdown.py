@@ -51,7 +51,7 @@ def render(doc: Report | DevicesReport, *, color: bool = False, width: int = 120
     figures = figures or {}
     lines = _devices(doc) if isinstance(doc, DevicesReport) else [
         *([f"> **{escape(doc.answer.statement)}**", ""] if doc.answer is not None
-          and doc.answer.devices == "simulated" else []),
+          and doc.answer.devices == "simulated" and doc.command != "lower" else []),
         *(line for f in doc.functions for line in _function(f, summary=doc.command == "report", config=doc.config,
                                                             figures=figures.get(f.name, {})))]
     return "\n".join(lines).rstrip() + "\n"
@@ -126,6 +126,10 @@ def _function(f: FunctionReport, *, summary: bool = False, figures: dict[str, st
         out += _modules(f.modules)
     if f.measured is not None:
         out += _measured(f.measured)
+    if f.against is not None:
+        header, rows = views.against_rows(f.against)
+        out += [f"### {escape(views.against_title(f.against))}", ""] + (table(header, rows, "lllll") + [""] if rows else [])
+        out += [f"- {escape(n)}" for n in views.against_notes(f.against)] + [""]
     return out
 
 

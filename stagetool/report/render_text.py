@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.theme import Theme
 
+from stagetool.analysis.against import AgainstSection
 from stagetool.analysis.figures import Figures
 from stagetool.analysis.modules import ModulesSection
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
@@ -107,7 +108,7 @@ def renderables(doc: Report | DevicesReport) -> list[RenderableType]:
     if isinstance(doc, DevicesReport):
         return _devices(doc)
     out: list[RenderableType] = []
-    if doc.answer is not None and doc.answer.devices == "simulated":
+    if doc.answer is not None and doc.answer.devices == "simulated" and doc.command != "lower":
         out.append(_note(doc.answer.statement, "warn"))
     for f in doc.functions:
         out.extend(_function(f, summary=doc.command == "report", config=doc.config))
@@ -190,7 +191,17 @@ def _function(f: FunctionReport, *, summary: bool = False,
         out.extend(_modules(f.modules))
     if f.measured is not None:
         out.extend(_measured(f.measured))
+    if f.against is not None:
+        out.extend(_against(f.against))
     return out
+
+
+def _against(a: AgainstSection) -> list[RenderableType]:
+    header, rows = views.against_rows(a)
+    out: list[RenderableType] = [Text(views.against_title(a), style="bold")]
+    if rows:
+        out.append(_table("differences", header, rows, set()))
+    return out + [_note(line, "dim") for line in views.against_notes(a)]
 
 
 def _measured(m: MeasuredSection) -> list[RenderableType]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from stagetool.analysis.against import AgainstSection
 from stagetool.analysis.figures import COST_FIELDS, CostFigures, Figures, MemoryFigures
 from stagetool.analysis.why import WhyAnswer
 from stagetool.hlo.collectives import NEAREST_HOPS, Collective
@@ -272,6 +273,32 @@ def step_time_rows(c: CostSection, top: int = 8) -> tuple[list[str], list[list[s
 
 if TYPE_CHECKING:
     from stagetool.report.model import MeasuredSection
+
+
+def against_title(a: AgainstSection) -> str:
+    """``--against``'s heading: ``against v5e:2x4 (XLA:TPU, compile-only): 4 differences from XLA:CPU``."""
+    n = len(a.differences)
+    return (f"against {a.target} ({a.compiler}, compile-only, one more compile): "
+            + ("staging failed" if a.error else f"{n} difference{'s' if n != 1 else ''} from {a.here}"))
+
+
+def against_rows(a: AgainstSection) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)``: each row on one side only or differing between this compile and the target's."""
+    return (["what", "which", a.here, a.target, ""],
+            [[d.what, d.key, d.here or "—", d.there or "—",
+              {"only here": f"only on {a.here}", "only there": f"only on {a.target}"}.get(d.status, d.status)]
+             for d in a.differences])
+
+
+def against_notes(a: AgainstSection) -> list[str]:
+    """``--against``'s lines under its table: the failure, each CPU rule checked, what was compared."""
+    out = [f"{a.target} could not be staged: {a.error}"] if a.error else []
+    for r in a.rules:
+        out.append(f"rule '{r.rule}' on {r.key}: " + (f"{a.target} agrees ({r.shows})" if r.agrees else
+                   f"{a.target} shows {r.shows} instead; the compile wins and the row's mark is dropped"))
+    if a.compared:
+        out.append("compared: " + "; ".join(a.compared) + f" (from the {a.target} compile, not from rules)")
+    return out
 
 
 def measured_rows(m: MeasuredSection) -> tuple[list[str], list[list[str]]]:
@@ -604,6 +631,8 @@ def collectives_rows(c: CollectivesSection) -> tuple[list[str], list[list[str]]]
                 result += f" (f32 on CPU: {item.widened_from} in the program)"
         if item.cpu_only:  # XLA:CPU's own placement of it, said on the row
             runs += f" ({item.cpu_only})"
+        if item.against:  # --against: what the target's compile shows for it instead
+            runs += f" ({item.against})"
         rows.append([x.kind + (" (async)" if x.is_async else ""), _axes(x.mesh_axes)]
                     + ([x.network or "—"] if network else [])
                     + [result, format_bytes(x.bytes_per_device), runs,

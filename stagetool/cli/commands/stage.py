@@ -32,6 +32,11 @@ def _stage_and_emit(command: str, staging: Staging, fmt: Format, output: Optiona
 
     sections = (list(REPORT_SECTIONS) + ([Section.MODULES] if modules else []) if command == "report"
                 else [Section({"lower": "lowered_text", "compile": "compiled_text"}.get(command, command))])
+    if staging.against is not None and command in ("lower", "compile"):
+        raise UsageError(f"--against {staging.against}: '{command}' prints one module; --against compares the "
+                         "collectives, temporaries, FLOPs and replicated work of two compiles",
+                         hint=f"run 'stagetool report ... --against {staging.against}', or '{command} --topology "
+                              f"{staging.against}' for the target's module")
     options = joined(staging.options(**more, outputs=outputs(output=output)))
     if measure is not None:
         _measurable(options)
