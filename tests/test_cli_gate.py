@@ -523,3 +523,61 @@ def test_a_faster_step_is_an_improvement_in_check_and_diff(tmp_path, capsys, mon
     assert code == 0 and "improvement" in out and "shrank: compute" in out
     code, out, _ = run(capsys, "diff", "default.json", "highest.json", "--fail-on-regression")  # the other way: fails
     assert code == 1 and "regression" in out and "grew: compute +" in out
+
+
+FORGED_CHIP = "chips:\n  tpu-v5e:\n    matmul_flops_per_second: {f32_highest: 1.5589e14}\n"
+
+
+def test_a_forged_chip_profile_cannot_hide_a_slower_step_and_a_new_one_is_not_the_codes(tmp_path, capsys, monkeypatch,
+                                                                                      isolated_imports):
+    """Issue 47 item 2: a chips: entry whose f32_highest rate is the f32 one made a step the code made 5x
+    slower (DEFAULT → HIGHEST) read as before: "no changes", exit 0. The snapshot now records the figures
+    (their digest) and the step timed with the built-in ones; the profile's change is listed apart."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "precise47.py").write_text(PRECISE.replace("HIGHEST", "DEFAULT"))
+    (tmp_path / "m.stagetool.yaml").write_text(PRECISE_SPEC)
+    argv = ("--spec", "m.stagetool.yaml", "--chip", "tpu-v5e", "--no-cache")
+    assert run(capsys, "snapshot", *argv, "-o", "lock.json")[0] == 0
+    recorded = json.loads((tmp_path / "lock.json").read_text())
+    st = recorded["functions"]["step"]["step_time"]
+    from stagetool.devices.tpu_topology import libtpu_version
+
+    assert st["profile"]["builtin"] is True and "builtin" not in st
+    assert recorded.get("libtpu_version") == libtpu_version()  # a TPU chip's figures: the libtpu beside them
+    assert st["profile"]["figures"]["matmul.f32_highest"] == 2.9412e13  # the calibrated v5e rate
+    (tmp_path / "precise47.py").write_text(PRECISE)
+    sys.modules.pop("precise47", None)
+    (tmp_path / "m.stagetool.yaml").write_text(FORGED_CHIP + PRECISE_SPEC)
+    code, out, err = run(capsys, "check", *argv, "--baseline", "lock.json", "--format", "json")
+    assert code == 1, out + err
+    changes = json.loads(out)["functions"][0]["changes"]
+    (gated,) = [c for c in changes if c["status"] == "regression"]
+    assert "built-in figures" in gated["what"] and gated["after_value"] > 4 * gated["before_value"]
+    (profile,) = [c for c in changes if c["apart"] == "chip profile changed"]
+    assert profile["status"] == "changed" and "matmul.f32_highest 2.94e+13 → 1.56e+14" in profile["note"]
+    # the code unchanged, the profile changed: listed apart, never the code's, exit 0
+    assert run(capsys, "snapshot", *argv[:-1], "-o", "forged.json")[0] == 0
+    (tmp_path / "m.stagetool.yaml").write_text(PRECISE_SPEC)
+    code, out, _ = run(capsys, "check", *argv, "--baseline", "forged.json")
+    assert code == 0 and "chip profile changed · step" in out and "regression" not in out, out
+
+
+def test_a_sort_that_makes_the_step_a_lower_bound_fails_check(tmp_path, capsys, monkeypatch, isolated_imports):
+    """Issue 47 item 3: a sort counted at a floor moved the estimate a few percent ("within tolerance"); a
+    step time that becomes a lower bound now fails, under its own heading, written "at least"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "precise47.py").write_text(PRECISE.replace("HIGHEST", "DEFAULT"))
+    (tmp_path / "m.stagetool.yaml").write_text(PRECISE_SPEC)
+    argv = ("--spec", "m.stagetool.yaml", "--chip", "tpu-v5e", "--no-cache")
+    assert run(capsys, "snapshot", *argv, "-o", "lock.json")[0] == 0
+    (tmp_path / "precise47.py").write_text(PRECISE.replace("HIGHEST", "DEFAULT").replace(
+        "    return jnp.dot(x, w, precision=PREC)", "    return jnp.sort(jnp.dot(x, w, precision=PREC), axis=-1)"))
+    sys.modules.pop("precise47", None)
+    code, out, _ = run(capsys, "check", *argv, "--baseline", "lock.json")
+    assert code == 1 and "lower bound · step" in out and "at least" in out, out
+    code, out, _ = run(capsys, "check", *argv, "--baseline", "lock.json", "--format", "json")
+    (c,) = [c for c in json.loads(out)["functions"][0]["changes"] if c["subject"] == ["step_time"]]
+    assert (c["status"], c["apart"]) == ("regression", "lower bound") and c["after"].startswith("at least ")
+    assert c["note"].startswith("now a lower bound (work not counted now: sort at precise47.py:8)")
+    code, out, _ = run(capsys, "check", *argv, "--baseline", "lock.json", "--format", "markdown")
+    assert code == 1 and "#### lower bound · step" in out and "`at least" in out

@@ -140,3 +140,141 @@ def test_a_figure_on_one_side_only_is_shown_never_an_error(figure, side):
     assert cmp.exit_code() in (0, 1)
     if path != ("dcn_bytes_per_step",):  # no DCN figure is a single slice: 0 bytes between slices, compared
         assert all(c.status != "regression" for c in _figure_changes(cmp, path))
+
+
+# ---------------------------------------------- what a step time was computed with, and lower bounds (issue 47)
+
+REAL, FORGED = "7a34a1b765d13508", "026415703bf4d0bf"
+
+
+def timed(seconds: float, *, digest: str = REAL, builtin_seconds: float | None = None, lower_bound: bool = False,
+          uncounted: tuple[str, ...] = (), builtin_lower_bound: bool = False, profile: bool = True) -> dict:
+    """A step-time record: ``seconds`` under the profile ``digest`` (REAL: stagetool's built-in figures), and
+    the same step with the built-in figures where the profile is another (``builtin_seconds``)."""
+    st = {"chip": "tpu-v5e", "seconds": seconds, "overlapped_seconds": seconds, "serial_seconds": seconds,
+          "parts": {"compute": seconds}, "bound": "compute"}
+    if lower_bound:
+        st["lower_bound"], st["uncounted"] = True, list(uncounted)
+    if profile:
+        st["profile"] = {"digest": digest, "builtin": digest == REAL,
+                         "figures": {"matmul.f32_highest": 2.9412e13 if digest == REAL else 1.5589e14}}
+    if digest != REAL and builtin_seconds is not None:
+        st["builtin"] = {"digest": REAL, "seconds": builtin_seconds, "lower_bound": builtin_lower_bound}
+    return st
+
+
+def step_compare(b: dict, a: dict):
+    before, after = entry(), entry()
+    before["step_time"], after["step_time"] = b, a
+    cmp = compare(doc(before), doc(after))
+    _every_format(cmp)
+    return cmp, [c for c in cmp.functions[0].changes if c.subject[:1] == ("step_time",)]
+
+
+def test_a_forged_profile_cannot_hide_a_slower_step():
+    """Issue 47 item 2: the code made the step 2x slower on the chip (the built-in figures: 1 ms → 2 ms); a
+    spec's chips: entry with a forged f32_highest rate makes the estimate under it 1 ms again. Before, the
+    snapshot held the chip's name only: "no changes", exit 0."""
+    cmp, changes = step_compare(timed(1e-3), timed(1e-3, digest=FORGED, builtin_seconds=2e-3))
+    code = [c for c in changes if c.apart is None]
+    assert [(c.status, c.before_value, c.after_value) for c in code] == [("regression", 1e-3, 2e-3)]
+    assert "built-in figures" in code[0].what and cmp.exit_code() == 1
+    (profile,) = [c for c in changes if c.apart == "chip profile changed"]
+    assert profile.status == "changed" and "matmul.f32_highest 2.94e+13 → 1.56e+14" in profile.note
+    assert "chip profile changed · f" in render.render(cmp, Format.text)
+
+
+def test_a_recalibrated_profile_with_unchanged_code_is_not_blamed_on_the_code():
+    """The same code (the built-in figures time it alike), a profile that makes it 3x faster: shown under
+    'chip profile changed', never failing, never an improvement of the code."""
+    cmp, changes = step_compare(timed(3e-3), timed(1e-3, digest=FORGED, builtin_seconds=3e-3))
+    assert cmp.exit_code() == 0 and [c.apart for c in changes] == ["chip profile changed"]
+    assert changes[0].status == "changed" and "not the code's" in changes[0].note
+    assert not cmp.functions[0].causes and not cmp.functions[0].unexplained
+    # and back: a profile that makes it slower does not fail either
+    cmp, changes = step_compare(timed(1e-3, digest=FORGED, builtin_seconds=3e-3), timed(3e-3))
+    assert cmp.exit_code() == 0 and [c.status for c in changes] == ["changed"]
+
+
+def test_profiles_with_no_common_figures_fail_closed_on_growth():
+    """A chip stagetool's table does not have (no built-in figures on either side): a growth beyond the
+    tolerance under a changed profile cannot be told from the code's: it fails, under its own heading."""
+    b, a = timed(1e-3, digest="aaaa"), timed(2e-3, digest="bbbb")
+    cmp, changes = step_compare(b, a)
+    assert [(c.status, c.apart) for c in changes] == [("regression", "chip profile changed")]
+    assert "cannot be told from the code's" in changes[0].note and cmp.exit_code() == 1
+    cmp, changes = step_compare(a, b)  # shorter: shown, not failing
+    assert [(c.status, c.apart) for c in changes] == [("improvement", "chip profile changed")]
+
+
+def test_a_baseline_without_its_profile_is_read_and_says_what_it_lacks():
+    cmp, changes = step_compare(timed(1e-3, profile=False), timed(2e-3))
+    assert [c.status for c in changes] == ["regression"]
+    assert any("does not record the chip figures" in n and "check --update" in n for n in cmp.notices)
+
+
+def test_a_step_that_turns_into_a_lower_bound_fails_whatever_its_floor():
+    """Issue 47 item 3: a sort made the step 2.05x slower on the v5e; the estimate, which counts the sort
+    at a floor, moved +0.3%: "within tolerance". A full figure that becomes a lower bound now fails."""
+    cmp, changes = step_compare(timed(1e-3), timed(1.003e-3, lower_bound=True, uncounted=("sort at m.py:3",)))
+    (c,) = changes
+    assert (c.status, c.apart, c.after) == ("regression", "lower bound", "at least 1.00 ms")
+    assert "now a lower bound (work not counted now: sort at m.py:3)" in c.note and cmp.exit_code() == 1
+    assert "lower bound · f" in render.render(cmp, Format.text)
+    assert "lower bound" in render.junit_xml(cmp)
+    # the same figure, only now a floor: still a change, still failing
+    cmp, changes = step_compare(timed(1e-3), timed(1e-3, lower_bound=True, uncounted=("sort at m.py:3",)))
+    assert [c.status for c in changes] == ["regression"]
+
+
+@settings(**_SETTINGS)
+@given(before=st.floats(1e-6, 1.0), ratio=st.floats(0.2, 5.0), lb_before=st.booleans(), lb_after=st.booleans(),
+       extra=st.booleans())
+def test_lower_bounds_in_both_directions(before, ratio, lb_before, lb_after, extra):
+    """Every pair of full figures and floors: a full figure that becomes a floor fails; two floors fail when
+    more work is not counted or the floor grew beyond the tolerance, never read as an improvement; a
+    floor that becomes a full figure never fails, and is an improvement only below the old floor."""
+    after = before * ratio
+    sorts_b = ("sort at m.py:3",) if lb_before else ()
+    sorts_a = (("sort at m.py:3",) + (("top-k at m.py:9",) if extra else ())) if lb_after else ()
+    cmp, changes = step_compare(timed(before, lower_bound=lb_before, uncounted=sorts_b),
+                                timed(after, lower_bound=lb_after, uncounted=sorts_a))
+    grew = after > before * 1.05 * (1 + 1e-9)
+    if not lb_before and not lb_after:
+        assert [c.apart for c in changes] in ([], [None])
+        return
+    (c,) = changes if changes else (None,)
+    if lb_after and not lb_before:
+        assert c.status == "regression" and c.after.startswith("at least")
+    elif lb_before and lb_after:
+        if extra or grew:
+            assert c.status == "regression"
+        elif c is not None:
+            assert c.status == "changed"
+    else:
+        assert c.status == ("improvement" if after < before else "changed") and c.before.startswith("at least")
+    if c is not None:
+        assert c.apart == "lower bound"
+    assert cmp.exit_code() == (1 if c is not None and c.status == "regression" else 0)
+
+
+@settings(**_SETTINGS)
+@given(builtin_before=st.floats(1e-5, 1e-2), builtin_ratio=st.floats(0.3, 3.0), forged_after=st.floats(1e-6, 1e-1),
+       forged_side=st.sampled_from(("baseline", "now", "both")))
+def test_a_changed_profile_never_hides_what_the_code_did(builtin_before, builtin_ratio, forged_after, forged_side):
+    """Whatever the profiles give, the code's change (both sides with the built-in figures) decides: a growth
+    beyond 5% fails, anything else passes; the profile's change is shown apart, never failing."""
+    builtin_after = builtin_before * builtin_ratio
+    b = (timed(forged_after * 0.7, digest="cafe", builtin_seconds=builtin_before)
+         if forged_side in ("baseline", "both") else timed(builtin_before))
+    a = (timed(forged_after, digest=FORGED, builtin_seconds=builtin_after)
+         if forged_side in ("now", "both") else timed(builtin_after))
+    cmp, changes = step_compare(b, a)
+    failing = builtin_after > builtin_before * 1.05 * (1 + 1e-9)
+    within = builtin_after < builtin_before * 1.05 * (1 - 1e-9)
+    if failing:
+        assert cmp.exit_code() == 1
+    elif within:
+        assert cmp.exit_code() == 0
+    profile = [c for c in changes if c.apart == "chip profile changed"]
+    assert len(profile) == 1 and profile[0].status == "changed"

@@ -212,6 +212,8 @@ def test_the_gate_says_a_changed_lower_bound_is_one():
     now = {**base, "cost": {"flops": 2.0e6}, "flops_not_counted": ["top-k at m.py:24"]}
     changes, _ = compare_function("f", base, now, {})
     [c] = [c for c in changes if c.subject == ("cost", "flops")]
-    assert "a lower bound, work not counted (now: top-k at m.py:24)" in c.note
+    # a full figure that became a lower bound fails, listed apart (issue 47): the gate cannot tell how much it grew
+    assert "now a lower bound (work not counted now: top-k at m.py:24)" in c.note
+    assert c.status == "regression" and c.apart == "lower bound"
     changes, _ = compare_function("f", base, {**base, "cost": {"flops": 2.0e6}}, {})
     assert "lower bound" not in ([c for c in changes if c.subject == ("cost", "flops")][0].note or "")

@@ -54,7 +54,7 @@ from collections.abc import Sequence
 
 from stagetool.analysis.kernel_time import FROM_KERNEL, LATENCY, kernel_time
 from stagetool.hlo.collectives import Collective, program_frames
-from stagetool.core.chips import Chip
+from stagetool.core.chips import Chip, step_figures
 from stagetool.facts import Interconnect
 from stagetool.hlo.parser import HloComputation, HloInstruction, HloModule, SourceFrame
 
@@ -234,6 +234,17 @@ class StepTimeEstimate:
     """FLOPs of the step's matmul and convolution kernels and Pallas kernels' ``cost_estimate`` (loop bodies ×
     trip counts): MFU's numerator
     (element-wise and reduction FLOPs, which XLA:TPU's reduce-window rewrites can inflate, left out)."""
+    figures: tuple[tuple[str, float], ...] = ()
+    """The chip's figures the estimate was computed with (:func:`stagetool.core.chips.step_figures`: rates,
+    bandwidths, latencies, the matmul tile): what a snapshot records so that the gate tells a changed chip
+    profile from a change of the code (issue 47)."""
+    builtin_seconds: float | None = None
+    """Where the chip's figures in force differ from stagetool's built-in table's for the chip (a spec's
+    ``chips:`` entry, a calibrated profile): the same module's schedule figure timed with the built-in
+    figures (seconds, an estimate), which no spec changes; else None. The gate compares the code's change
+    with it when the two snapshots' profiles differ."""
+    builtin_lower_bound: bool = False
+    """``builtin_seconds`` is a lower bound (work no model covers), as :attr:`lower_bound`."""
 
 
 def algorithm_factor(kind: str, n: int) -> float:
@@ -615,7 +626,7 @@ def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Seq
         tuple(timer.times.values()),
         w.flops, mfu, xla, _assumptions(chip, net), "; ".join(reasons) or None,
         lower_bound=bool(uncounted or timer.unknown_trips or unmodelled), uncounted=uncounted, sources=sources,
-        xla_optimal_note=xla_note, matmul_flops=w.matmul_flops)
+        xla_optimal_note=xla_note, matmul_flops=w.matmul_flops, figures=step_figures(chip))
 
 
 def _parts_without_figures(chip: Chip) -> str | None:

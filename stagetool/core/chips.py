@@ -641,3 +641,43 @@ def _profile_fields(entry: Mapping[str, Any], where: str, values: dict[str, Any]
             values["profile"] = tuple((k, str(v)) for k, v in prof.items())
         else:
             issues.append(f"{where}.profile: expected a mapping of text (measured_on, date, jax, libtpu, command)")
+
+
+# ---- what a step time was computed with (issue 47): the figures the step-time model reads, and their digest ----
+
+_NOT_STEP_FIGURES = frozenset({"hbm_capacity_bytes"})
+"""Figures of a chip the step-time model never reads (the memory verdict's capacity)."""
+
+
+def step_figures(chip: Chip) -> tuple[tuple[str, float], ...]:
+    """The figures of ``chip`` the step-time model reads, ``(name, value)`` sorted by name: each number of
+    the chip entry that is set (peaks, link bandwidths and latencies, measured rates, fixed costs), each
+    matmul class's rate as the model takes it (``matmul.f32_highest``: the measured one, else derived from
+    the peaks by :meth:`Chip.matmul_rate`) and the matrix unit's tile (``matmul_tile.rows``,
+    ``matmul_tile.columns``). Two chips with equal figures give every step the same estimate."""
+    out = {f: float(getattr(chip, f)) for f in _FIGURES
+           if f not in _NOT_STEP_FIGURES and getattr(chip, f) is not None}
+    for cls in _MATMUL_CLASSES:
+        rate = chip.matmul_rate(cls)
+        if rate is not None:
+            out[f"matmul.{cls}"] = float(rate)
+    if chip.matmul_tile:
+        out["matmul_tile.rows"], out["matmul_tile.columns"] = float(chip.matmul_tile[0]), float(chip.matmul_tile[1])
+    return tuple(sorted(out.items()))
+
+
+def figures_digest(figures: Mapping[str, float] | tuple[tuple[str, float], ...]) -> str:
+    """16 hex digits of the SHA-256 of ``figures`` (:func:`step_figures`; each value written with 12
+    significant digits, as a snapshot keeps numbers): equal figures, equal digest."""
+    import hashlib
+
+    items = sorted(dict(figures).items())
+    text = ";".join(f"{k}={float(v):.12g}" for k, v in items)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def builtin_step_figures(name: str) -> tuple[tuple[str, float], ...] | None:
+    """:func:`step_figures` of the built-in table's chip ``name`` (stagetool's own figures, which no spec
+    entry changes), or None for a chip the table does not have."""
+    chip = CHIPS.get(name.strip().lower())
+    return None if chip is None else step_figures(chip)

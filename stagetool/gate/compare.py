@@ -27,6 +27,7 @@ a release removed is not a difference (:func:`environment_notices`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -55,7 +56,11 @@ class Change:
       note: why, e.g. ``tolerance 1%``.
       subject: what the change is about, for grouping it under its cause: ``("input", path)``,
         ``("output", path)``, ``("collective", kind, axes, network or "")``, ``("dcn",)``, ``("memory", field)``, ``("cost", field)``,
-        ``("mesh",)``, ``("function",)``.
+        ``("mesh",)``, ``("function",)``, ``("step_time",)``, ``("step_time", "profile")``.
+      apart: the heading it is listed under instead of a cause (issue 47): :data:`PROFILE_HEADING` (the
+        chip's figures differ between the two snapshots: the profile's change, never the code's) or
+        :data:`BOUND_HEADING` (a figure that is a lower bound on either side: not a full figure); None
+        for a change listed under its cause. A regression listed apart still fails.
     """
 
     function: str
@@ -68,6 +73,14 @@ class Change:
     change: float | None = None
     note: str | None = None
     subject: tuple[str, ...] = ()
+    apart: str | None = None
+
+
+PROFILE_HEADING = "chip profile changed"
+"""The heading of a step time whose chip figures (a spec's ``chips:`` entry, a calibrated profile) differ
+between the two snapshots: the profile's change, shown, never the code's."""
+BOUND_HEADING = "lower bound"
+"""The heading of a figure that is a lower bound ("at least": work no model covers) on either side."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +126,8 @@ class FunctionResult:
       unexplained: changes no recorded edit leads to (listed apart).
       backend: the changes with status ``backend`` (XLA:CPU against an accelerator), listed apart
         (also in ``changes``; never in ``causes`` or ``unexplained``).
+      apart: the changes listed under :data:`PROFILE_HEADING` or :data:`BOUND_HEADING` (their ``apart``),
+        also in ``changes``, never in ``causes`` or ``unexplained``; a regression among them fails.
     """
 
     name: str
@@ -122,6 +137,7 @@ class FunctionResult:
     causes: tuple[Cause, ...] = ()
     unexplained: tuple[Change, ...] = ()
     backend: tuple[Change, ...] = ()
+    apart: tuple[Change, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,7 +377,8 @@ def _across_backends(change: Change, mb: Mapping, ma: Mapping) -> Change:
     before; a CPU-only collective is filed by :func:`_backend_change`."""
     why = (f"{_compiler(mb)} → {_compiler(ma)}: the two compilers lay out, fuse and allocate the same program "
            "differently; compare snapshots of one backend to gate this figure")
-    return dataclasses.replace(change, status="backend", note=f"{change.note}; {why}" if change.note else why)
+    return dataclasses.replace(change, status="backend", note=f"{change.note}; {why}" if change.note else why,
+                               apart=None)
 
 
 def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Mapping[str, Tolerance], *,
@@ -416,8 +433,10 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
                         non_failing=(_donation_moved_temps(b, a) if (section, f) == ("memory", "temp_bytes")
                                      else _aliasing_kept(b, a, tol["memory"]) if (section, f) == ("memory", "alias_bytes")
                                      else None))
-            if c and section == "cost" and f != "transcendentals":
-                c = _lower_bound_noted(c, before, after)
+            nb, na = before.get("flops_not_counted"), after.get("flops_not_counted")
+            if section == "cost" and f != "transcendentals" and (nb or na) and None not in (b.get(f), a.get(f)):
+                c = _bounded(c, name, f"{section}.{f}", b[f], a[f], bool(nb), bool(na), nb, na, tol[key_of(f)],
+                             lambda v, u=unit_of(f): _fmt_number(v, u))
             if c and backends:
                 c = _across_backends(c, mb, ma)
             if c:
@@ -462,11 +481,8 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
                         c = _backend_change(c, field, x, y, (mb.get("platform") == "cpu"), tol["collective_bytes"])
                     if c:
                         changes.append(dataclasses.replace(c, subject=subject))
-    c = _step_time_change(name, before.get("step_time"), after.get("step_time"), tol["step_time"], notices)
-    if c and backends:
-        c = _across_backends(c, mb, ma)
-    if c:
-        changes.append(c)
+    for c in _step_time_changes(name, before.get("step_time"), after.get("step_time"), tol["step_time"], notices):
+        changes.append(_across_backends(c, mb, ma) if backends else c)
     db, da = before.get("dcn_bytes_per_step"), after.get("dcn_bytes_per_step")
     if db is not None or da is not None:  # a multi-slice job: the bytes between slices, a figure of its own
         c = _metric(name, "bytes over DCN per step", db or 0, da or 0, "bytes", tol["collective_bytes"])
@@ -477,45 +493,172 @@ def compare_function(name: str, before: Mapping, after: Mapping, tolerances: Map
     return changes, notices
 
 
-def _step_time_change(name: str, b: Mapping | None, a: Mapping | None, tol: Tolerance,
-                      notices: list[str]) -> Change | None:
-    """The step-time estimate's schedule figure compared (``subject ("step_time",)``); a growth beyond
-    ``tol`` is a regression whose note names its cause: the parts (compute, memory bandwidth, a link
-    class, latency) that grew, largest first. Estimates on different chips are not compared."""
-    from stagetool.core.units import format_seconds
+def _step_time_changes(name: str, b: Mapping | None, a: Mapping | None, tol: Tolerance,
+                       notices: list[str]) -> list[Change]:
+    """The step-time estimate compared (issue 47): its schedule figure (``subject ("step_time",)``), a growth
+    beyond ``tol`` a regression whose note names the parts that grew (compute, memory bandwidth, a link
+    class, latency), largest first; an improvement names the parts that shrank. Estimates on different
+    chips are not compared (a notice).
 
+    Where the chip's figures differ between the snapshots (``profile.digest``: a ``chips:`` entry, a
+    calibrated profile), the change under each side's own figures is listed under
+    :data:`PROFILE_HEADING`, never failing, with the figures that differ; the code's change is the step
+    timed with stagetool's built-in figures of the chip on both sides (``builtin``, or the figures
+    themselves where they are the built-in ones), gated with ``tol`` as usual: a forged profile cannot
+    hide what the code did. Where no figures time both sides, the growth cannot be told from the
+    profile's: beyond ``tol`` it fails under :data:`PROFILE_HEADING`. A lower bound on either side:
+    :func:`_bounded`."""
     if b is None or a is None:
         if (b is None) != (a is None):
             notices.append(f"{name}: the step-time estimate is in only one of the two snapshots; not compared")
-        return None
+        return []
     if b.get("chip") != a.get("chip"):
         notices.append(f"{name}: step time estimated on {b.get('chip')} before and {a.get('chip')} now; not compared")
-        return None
-    c = _metric(name, f"step time (estimate, {a['chip']})", b["seconds"], a["seconds"], "", tol)
+        return []
+    chip = a["chip"]
+    pb, pa = b.get("profile"), a.get("profile")
+    if pb is None or pa is None:  # a snapshot from before issue 47: the figures it used are not known
+        if pb is not pa:
+            side = "baseline" if pb is None else "current snapshot"
+            notices.append(f"{name}: the {side} does not record the chip figures its step time was computed with "
+                           "(written before stagetool recorded them): a changed chip profile cannot be told from a "
+                           "change of the code there; regenerate it (check --update) to separate them")
+    if pb is None or pa is None or pb.get("digest") == pa.get("digest"):
+        c = _timed(name, f"step time (estimate, {chip})", b, a, tol)
+        return [c] if c else []
+    differ = _figures_differ(pb.get("figures") or {}, pa.get("figures") or {})
+    rb, ra = _builtin_timing(b), _builtin_timing(a)
+    out = []
+    if rb is not None and ra is not None and rb["digest"] == ra["digest"]:
+        code = _timed(name, f"step time (estimate, {chip}, both sides with stagetool's built-in figures)",
+                      {**b, **rb}, {**a, **ra}, tol, parts=False)
+        if code:
+            out.append(code)
+        profile = _timed(name, f"step time (estimate, {chip}) under each side's chip profile", b, a, tol)
+        why = (f"{PROFILE_HEADING}: {differ}; not the code's: the code's change is the step timed with stagetool's "
+               f"built-in {chip} figures on both sides" + (f" ({_fmt_seconds(rb['seconds'])} → "
+                                                            f"{_fmt_seconds(ra['seconds'])}, gated)"))
+        if profile is None:  # the same figure under both profiles: the profile changed all the same
+            profile = Change(name, f"step time (estimate, {chip}) under each side's chip profile",
+                             _fmt_seconds(b["seconds"]), _fmt_seconds(a["seconds"]), "changed", b["seconds"],
+                             a["seconds"], 0.0)
+        out.append(dataclasses.replace(profile, status="changed", note=why, subject=("step_time", "profile"),
+                                       apart=PROFILE_HEADING))
+        return out
+    c = _timed(name, f"step time (estimate, {chip}) under each side's chip profile", b, a, tol)
+    if c is None:
+        c = Change(name, f"step time (estimate, {chip}) under each side's chip profile", _fmt_seconds(b["seconds"]),
+                   _fmt_seconds(a["seconds"]), "changed", b["seconds"], a["seconds"], 0.0)
+    missing = "the baseline" if rb is None else "the current snapshot" if ra is None else None
+    common = (f"no figures time both sides ({missing} has no step timed with stagetool's built-in {chip} figures"
+              if missing else f"stagetool's built-in {chip} figures differ between the two snapshots (another "
+              "stagetool release")
+    why = (f"{PROFILE_HEADING}: {differ}; {common}), so the profile's change cannot be told from the code's"
+           + ("; review it, then check --update" if c.status == "regression" else ""))
+    return [dataclasses.replace(c, note=f"{c.note}; {why}" if c.note else why, subject=("step_time", "profile"),
+                                apart=PROFILE_HEADING)]
+
+
+def _fmt_seconds(v: float) -> str:
+    from stagetool.core.units import format_seconds
+
+    return format_seconds(v)
+
+
+def _builtin_timing(e: Mapping) -> dict | None:
+    """A step-time record's figure with stagetool's built-in figures of its chip: its own where its profile
+    is the built-in one, else its ``builtin`` record; ``{"digest", "seconds", "lower_bound"}`` or None."""
+    p = e.get("profile") or {}
+    if p.get("builtin"):
+        return {"digest": p.get("digest"), "seconds": e["seconds"], "lower_bound": bool(e.get("lower_bound"))}
+    r = e.get("builtin")
+    return None if r is None else {"digest": r["digest"], "seconds": r["seconds"],
+                                   "lower_bound": bool(r.get("lower_bound"))}
+
+
+def _figures_differ(fb: Mapping[str, float], fa: Mapping[str, float], most: int = 6) -> str:
+    """``matmul.f32_highest 2.94e+13 → 1.56e+14`` for each figure that differs (at most ``most``, then how
+    many more); the figures' digests differ even where the listed ones are all the same number."""
+    rows = [f"{k} {_g(fb.get(k))} → {_g(fa.get(k))}" for k in sorted(set(fb) | set(fa)) if fb.get(k) != fa.get(k)]
+    shown = ", ".join(rows[:most]) + (f" and {len(rows) - most} more" if len(rows) > most else "")
+    return f"the chip's figures differ: {shown}" if rows else "the chip's figures differ"
+
+
+def _g(v: float | None) -> str:
+    return "unset" if v is None else f"{v:.3g}"
+
+
+def _timed(name: str, what: str, b: Mapping, a: Mapping, tol: Tolerance, *, parts: bool = True) -> Change | None:
+    """Two step-time figures (``seconds``, ``lower_bound``, ``uncounted``, ``parts``, ``bound``) compared:
+    the tolerance when both are full figures (the parts that grew or shrank in the note, ``parts``), else
+    :func:`_bounded`."""
+    c = _metric(name, what, b["seconds"], a["seconds"], "", tol)
+    c = _bounded(c, name, what, b["seconds"], a["seconds"], bool(b.get("lower_bound")), bool(a.get("lower_bound")),
+                 b.get("uncounted"), a.get("uncounted"), tol, _fmt_seconds)
     if c is None:
         return None
-    pb, pa = b.get("parts") or {}, a.get("parts") or {}
-    moved = sorted(((pa.get(k, 0.0) - pb.get(k, 0.0), k) for k in set(pb) | set(pa)), reverse=True)
-    grew = ", ".join(f"{k} +{format_seconds(d)}" for d, k in moved if d > 0)[:300]
-    shrank = ", ".join(f"{k} −{format_seconds(-d)}" for d, k in reversed(moved) if d < 0)[:300]
-    # an improvement has no tolerance note (None): the parts that moved say why, the worse ones first
     words = [c.note] if c.note else []
-    words += [f"grew: {grew}"] if grew else []
-    words += [f"shrank: {shrank}"] if shrank else []
-    note = "; ".join([*words, f"bound by {a.get('bound')}"])
-    return dataclasses.replace(c, before=format_seconds(b["seconds"]), after=format_seconds(a["seconds"]), note=note,
-                               subject=("step_time",))
+    if parts:
+        pb, pa = b.get("parts") or {}, a.get("parts") or {}
+        moved = sorted(((pa.get(k, 0.0) - pb.get(k, 0.0), k) for k in set(pb) | set(pa)), reverse=True)
+        grew = ", ".join(f"{k} +{_fmt_seconds(d)}" for d, k in moved if d > 0)[:300]
+        shrank = ", ".join(f"{k} −{_fmt_seconds(-d)}" for d, k in reversed(moved) if d < 0)[:300]
+        # an improvement has no tolerance note (None): the parts that moved say why, the worse ones first
+        words += [f"grew: {grew}"] if grew else []
+        words += [f"shrank: {shrank}"] if shrank else []
+        if a.get("bound"):
+            words.append(f"bound by {a.get('bound')}")
+    least = "at least "
+    return dataclasses.replace(c, before=(least if b.get("lower_bound") else "") + _fmt_seconds(b["seconds"]),
+                               after=(least if a.get("lower_bound") else "") + _fmt_seconds(a["seconds"]),
+                               note="; ".join(words) or None, subject=("step_time",))
 
 
-def _lower_bound_noted(change: Change, before: Mapping, after: Mapping) -> Change:
-    """``change`` of a FLOPs or bytes figure with a note that the figure is a lower bound, naming the
-    work left out (the snapshot's ``flops_not_counted``) on whichever side has some."""
-    sides = [(label, entry.get("flops_not_counted")) for label, entry in (("baseline", before), ("now", after))]
-    parts = [f"{label}: {', '.join(names)}" for label, names in sides if names]
-    if not parts:
-        return change
-    mark = "a lower bound, work not counted (" + "; ".join(parts) + ")"
-    return dataclasses.replace(change, note=f"{change.note}; {mark}" if change.note else mark)
+def _bounded(c: Change | None, name: str, what: str, before: float, after: float, lb_before: bool, lb_after: bool,
+             unc_before, unc_after, tol: Tolerance, fmt) -> Change | None:
+    """``c`` (a figure's change, or None when the values are equal) where either side is a lower bound
+    ("at least": work no model covers, ``unc_*`` naming it as ``kind at file:line``), listed under
+    :data:`BOUND_HEADING`; the rule (docs/ci-gate.md#lower-bounds):
+
+    * a full figure that becomes a lower bound: a regression, whatever the numbers (a sort that made a
+      step 2.05x slower on the v5e moved its floor by +0.3%): the gate can no longer tell how much it
+      grew; review, then ``check --update``;
+    * both lower bounds: a regression when the work not counted grew (a kind of it more often than
+      before) or the floor grew beyond the tolerance; otherwise shown, not failing, never an
+      improvement (the floor fell, the work it leaves out is not known);
+    * a lower bound that becomes a full figure: an improvement when the figure is below the old floor
+      (below even what the step took at least), else shown, not failing.
+
+    Neither side a lower bound: ``c`` unchanged."""
+    if not (lb_before or lb_after):
+        return c
+    grew = after > before and not tol.allows(before, after)
+    names_b, names_a = list(unc_before or ()), list(unc_after or ())
+    kinds = lambda names: collections.Counter(n.split(" at ")[0] for n in names)  # noqa: E731
+    more = sorted((kinds(names_a) - kinds(names_b)).elements())
+    if c is None and lb_before == lb_after and not more:
+        return None  # the same floor over the same kinds of uncounted work: nothing to say
+    now = f"work not counted now: {', '.join(names_a)}" if names_a else "work not counted now"
+    if lb_after and not lb_before:
+        status, note = "regression", (f"now a lower bound ({now}): the gate cannot tell how much it grew; review it, "
+                                      "then check --update")
+    elif lb_before and lb_after:
+        if more:
+            status, note = "regression", f"both lower bounds, more work not counted now: {', '.join(more)} ({now})"
+        elif grew:
+            status, note = "regression", f"both lower bounds; the floor grew beyond tolerance {tol.text} ({now})"
+        else:
+            status, note = "changed", (f"both lower bounds: the floors compared, not the steps; the work not counted "
+                                       f"({', '.join(names_a) or 'unnamed'}) is not")
+    else:
+        was = f"work not counted in the baseline: {', '.join(names_b)}" if names_b else "work not counted then"
+        if after < before:
+            status, note = "improvement", f"a full figure now, below the baseline's floor ({was})"
+        else:
+            status, note = "changed", f"a full figure now; the baseline's was only a lower bound ({was})"
+    change = (after - before) / abs(before) if before else None
+    base = c or Change(name, what, fmt(before), fmt(after), status, before, after, change)
+    return dataclasses.replace(base, status=status, note=note, apart=BOUND_HEADING)
 
 
 def _at_lines(note: str, row: Mapping) -> str:
@@ -785,11 +928,13 @@ def compare(before: Mapping, after: Mapping, *, tolerances_for=None, failed: Map
                 changes = [_mark_version(c, upgrade) if from_the_compiler(c) else c for c in changes]
             notices += more
             status = "regression" if any(c.status == "regression" for c in changes) else "ok"
-            own = [c for c in changes if c.status != "backend"]  # XLA:CPU's, apart from any edit
+            # XLA:CPU's, a changed chip profile's and lower bounds: apart from any edit
+            own = [c for c in changes if c.status != "backend" and c.apart is None]
             causes, unexplained = find_causes(name, fb[name], fa[name], own, env) if own else ([], [])
             results.append(FunctionResult(name, status, tuple(changes), causes=tuple(causes),
                                           unexplained=tuple(unexplained),
-                                          backend=tuple(c for c in changes if c.status == "backend")))
+                                          backend=tuple(c for c in changes if c.status == "backend"),
+                                          apart=tuple(c for c in changes if c.apart is not None)))
     wanted = set(fb) if only is None else set(only)
     for name in fb:
         if name not in fa and name not in failed and name in wanted:

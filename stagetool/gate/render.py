@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 
 from stagetool.core.units import format_change
-from stagetool.gate.compare import Cause, Change, Comparison
+from stagetool.gate.compare import BOUND_HEADING, PROFILE_HEADING, Cause, Change, Comparison
 from stagetool.report import Format
 
 _STATUS_WORD = {"ok": "ok", "regression": "REGRESSION", "failed": "FAILED", "new": "new (not in the baseline)",
@@ -84,7 +84,8 @@ def _groups(cmp: Comparison) -> list[tuple[str | None, Cause | None, list[tuple[
     for f in cmp.functions:
         if f.status == "removed":  # its one change is listed with the functions that failed or are new
             continue
-        rest = list(f.unexplained) if (f.causes or f.unexplained) else [c for c in f.changes if c.status != "backend"]
+        rest = list(f.unexplained) if (f.causes or f.unexplained) else [
+            c for c in f.changes if c.status != "backend" and c.apart is None]
         if rest:
             # with two or more edits, a whole-program figure (memory, FLOPs) is linked to none of them
             # though they made it: "no recorded edit" would be untrue
@@ -94,10 +95,25 @@ def _groups(cmp: Comparison) -> list[tuple[str | None, Cause | None, list[tuple[
                     if len(f.causes) >= 2 else f"unexplained · {f.name}: no recorded edit leads to these")
             out.append((head, None, [(c, True) for c in rest]))
     for f in cmp.functions:
+        for heading, why in APART_HEADINGS.items():
+            mine = [c for c in f.apart if c.apart == heading]
+            if mine:
+                out.append((f"{heading} · {f.name}: {why}", None, [(c, True) for c in mine]))
+    for f in cmp.functions:
         if f.backend:
             out.append((f"{BACKEND_HEADING} · {f.name}: what only XLA:CPU does, not an improvement or a regression",
                         None, [(c, True) for c in f.backend]))
     return out
+
+
+APART_HEADINGS = {
+    PROFILE_HEADING: "the chip figures the step time was computed with differ between the two snapshots (a spec's "
+                     "chips: entry, a calibrated profile); their change is not the code's",
+    BOUND_HEADING: "at least: work no model covers on either side, so these are not full figures "
+                   "(docs/ci-gate.md#lower-bounds)",
+}
+"""The headings of changes listed apart from the edits (:attr:`stagetool.gate.compare.Change.apart`), with
+what each says."""
 
 
 def render_text(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
@@ -242,8 +258,9 @@ COMPARISON_SCHEMA_VERSION = 1
 def render_json(cmp: Comparison, *, color: bool = False, width: int = 120) -> str:
     """The comparison as JSON: ``schema_version`` and ``kind: "comparison"`` first (like the report's
     JSON), then the :class:`stagetool.gate.compare.Comparison` fields (``title``, ``before``, ``after``,
-    ``functions``: ``[{name, status, changes: [Change fields], error, causes, unexplained, backend}]``:
-    ``backend`` the changes filed under the backend, ``notices``), then
+    ``functions``: ``[{name, status, changes: [Change fields], error, causes, unexplained, backend, apart}]``:
+    ``backend`` the changes filed under the backend, ``apart`` those listed under ``chip profile changed`` or
+    ``lower bound`` (each change's ``apart``), ``notices``), then
     ``regressions`` (the number of failing changes) and ``failed`` (the number of functions that
     failed to stage)."""
     del color, width
@@ -317,11 +334,16 @@ def junit_xml(cmp: Comparison, *, suite: str = "stagetool") -> str:
                 lines += [f"  edit: {e}" for e in cause.edits]
                 lines += [f"  - {_change_line(c)}" for c in cause.consequences if c.status == "regression"]
             unexplained = [c for c in (f.unexplained if f.causes or f.unexplained else f.changes)
-                           if c.status == "regression"]
+                           if c.status == "regression" and c.apart is None]
             if unexplained:
                 lines.append(f"unexplained (not linked to one of the {len(f.causes)} edits):" if len(f.causes) >= 2
                              else "unexplained (no recorded edit leads to these):")
                 lines += [f"  - {_change_line(c)}" for c in unexplained]
+            for heading in APART_HEADINGS:
+                apart = [c for c in f.apart if c.apart == heading and c.status == "regression"]
+                if apart:
+                    lines.append(f"{heading}:")
+                    lines += [f"  - {_change_line(c)}" for c in apart]
             el.text = "\n".join(lines)
         elif f.status == "new":
             ET.SubElement(tc, "skipped", message=_STATUS_WORD[f.status])

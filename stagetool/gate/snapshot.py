@@ -135,9 +135,37 @@ class MemoryTimeline:
 
 
 @dataclasses.dataclass(frozen=True)
+class SnapshotProfile:
+    """``step_time.profile``: what the step time was computed with (issue 47). ``figures``: the chip's
+    figures the model read (:func:`stagetool.core.chips.step_figures`), ``digest`` their
+    :func:`~stagetool.core.chips.figures_digest`; ``builtin``: they are stagetool's own table's for the
+    chip (no ``chips:`` entry or profile changed them); ``measured``: a calibrated profile's record
+    (``measured_on``, ``date``, ``jax``, ``libtpu``, ``command``), left out for none."""
+
+    digest: str
+    figures: dict[str, float]
+    builtin: bool = False
+    measured: dict[str, str] | None = omitted(None)
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotBuiltin:
+    """``step_time.builtin``: where the profile in force is not the built-in one, the same step timed with
+    stagetool's built-in figures of the chip (``digest`` theirs): what ``check`` compares as the code's
+    change when two snapshots' profiles differ."""
+
+    digest: str
+    seconds: float
+    lower_bound: bool = omitted(False)
+
+
+@dataclasses.dataclass(frozen=True)
 class SnapshotStepTime:
     """The step-time estimate of one function (an estimate, one device, seconds): its chip, the
-    schedule's figure with its overlapped–serial range, what bounds it, and its parts."""
+    schedule's figure with its overlapped–serial range, what bounds it, and its parts; ``lower_bound``
+    where work no model covers makes it "at least" (``uncounted``: that work, kind at user line);
+    ``profile`` (what it was computed with) and ``builtin`` (the same step with stagetool's own figures),
+    left out of snapshots written before issue 47."""
 
     chip: str
     seconds: float
@@ -145,6 +173,10 @@ class SnapshotStepTime:
     serial_seconds: float
     parts: dict[str, float]
     bound: str | None = None
+    lower_bound: bool = omitted(False)
+    uncounted: tuple[str, ...] | None = omitted(None)
+    profile: SnapshotProfile | None = omitted(None)
+    builtin: SnapshotBuiltin | None = omitted(None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +212,7 @@ class Snapshot:
     stagetool_version: str | None = None
     spec: str | None = None
     config: dict[str, Any] | None = None
+    libtpu_version: str | None = omitted(None)
 
 
 def _num(v: Any) -> int | float | None:
@@ -315,10 +348,23 @@ TIMELINE_POINTS = 400
 def _step_time(cost: CostSection | None) -> SnapshotStepTime | None:
     """The cost section's step-time estimate as a snapshot holds it, or None (then the key is left
     out: a snapshot of the CPU mesh without ``--chip`` keeps its keys)."""
+    from stagetool.core.chips import CHIPS, builtin_step_figures, figures_digest
+
     e = cost.step_time if cost is not None else None
     if e is None:
         return None
-    return SnapshotStepTime(e.chip, e.schedule_seconds, e.overlapped_seconds, e.serial_seconds, dict(e.parts), e.bound)
+    uncounted = sorted({f"{u.kind} at {short_location(u.source) or '?'}" for u in e.uncounted})
+    profile = builtin = None
+    if e.figures:
+        own = builtin_step_figures(e.chip)
+        chip = CHIPS.get(e.chip)
+        measured = dict(chip.profile) if chip is not None and own == e.figures and chip.profile else None
+        profile = SnapshotProfile(figures_digest(e.figures), {k: _num(v) for k, v in e.figures},
+                                  own == e.figures, measured)
+        if own is not None and e.builtin_seconds is not None:
+            builtin = SnapshotBuiltin(figures_digest(own), e.builtin_seconds, e.builtin_lower_bound)
+    return SnapshotStepTime(e.chip, e.schedule_seconds, e.overlapped_seconds, e.serial_seconds, dict(e.parts), e.bound,
+                            e.lower_bound, tuple(uncounted) or None, profile, builtin)
 
 
 def _timeline(memory: MemorySection | None) -> MemoryTimeline | None:
@@ -336,7 +382,10 @@ def _timeline(memory: MemorySection | None) -> MemoryTimeline | None:
 
 
 def snapshot_from_report(report: Report, *, spec: str | None = None) -> dict:
-    """A snapshot document from a :class:`stagetool.report.model.Report` (functions by name)."""
+    """A snapshot document from a :class:`stagetool.report.model.Report` (functions by name); with
+    ``libtpu_version`` where a function's figures come from a TPU compile or a TPU chip."""
+    functions = {f.name: function_snapshot(f) for f in report.functions}
+    libtpu = _libtpu_version(functions)
     return {
         "snapshot_schema": SNAPSHOT_SCHEMA,
         "kind": SNAPSHOT_KIND,
@@ -345,8 +394,26 @@ def snapshot_from_report(report: Report, *, spec: str | None = None) -> dict:
         "jaxlib_version": report.jaxlib_version,
         "spec": spec,
         "config": dict(report.config),
-        "functions": {f.name: function_snapshot(f) for f in report.functions},
+        "functions": functions,
+        **({"libtpu_version": libtpu} if libtpu else {}),
     }
+
+
+def _libtpu_version(functions: Mapping[str, Mapping]) -> str | None:
+    """The installed libtpu's version where a function was compiled for a TPU or timed on a TPU chip (its
+    figures then come from it), else None (the key is left out: a CPU snapshot is as before)."""
+    tpu = any((e.get("mesh") or {}).get("platform") == "tpu" or str((e.get("step_time") or {}).get("chip", "")
+                                                                    ).startswith("tpu") for e in functions.values())
+    if not tpu:
+        return None
+    import importlib.metadata as md
+
+    for dist in ("libtpu", "libtpu-nightly"):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return None
 
 
 def merge_snapshots(parts: Iterable[dict]) -> dict:
@@ -358,6 +425,8 @@ def merge_snapshots(parts: Iterable[dict]) -> dict:
     out["functions"] = {}
     for p in parts:
         out["functions"].update(p["functions"])
+        if p.get("libtpu_version") and not out.get("libtpu_version"):  # a later function's TPU figures
+            out["libtpu_version"] = p["libtpu_version"]
     return out
 
 
