@@ -323,7 +323,7 @@ def _step_time(facts: StagedFunction, per_device: CostRecord, chip: Chip | None,
     xla = optimal.value if optimal is not None else None  # step_time leaves out a negative or looped one
     est = step_time(module, chip, net, collectives, trips, xla_optimal_seconds=xla)
     builtin = CHIPS.get(chip.name)
-    if builtin is not None and step_figures(builtin) != est.figures:
+    if builtin is not None and step_figures(builtin) != est.chip_figures:
         # figures of the spec's or a profile's: the same module timed with stagetool's own too, which the
         # gate compares when two snapshots' profiles differ (a profile cannot hide what the code did)
         ref = step_time(module, builtin, net, collectives, trips, top=0)

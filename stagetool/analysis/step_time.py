@@ -234,7 +234,7 @@ class StepTimeEstimate:
     """FLOPs of the step's matmul and convolution kernels and Pallas kernels' ``cost_estimate`` (loop bodies ×
     trip counts): MFU's numerator
     (element-wise and reduction FLOPs, which XLA:TPU's reduce-window rewrites can inflate, left out)."""
-    figures: tuple[tuple[str, float], ...] = ()
+    chip_figures: tuple[tuple[str, float], ...] = ()
     """The chip's figures the estimate was computed with (:func:`stagetool.core.chips.step_figures`: rates,
     bandwidths, latencies, the matmul tile): what a snapshot records so that the gate tells a changed chip
     profile from a change of the code (issue 47)."""
@@ -626,7 +626,7 @@ def step_time(module: HloModule, chip: Chip, net: Interconnect, collectives: Seq
         tuple(timer.times.values()),
         w.flops, mfu, xla, _assumptions(chip, net), "; ".join(reasons) or None,
         lower_bound=bool(uncounted or timer.unknown_trips or unmodelled), uncounted=uncounted, sources=sources,
-        xla_optimal_note=xla_note, matmul_flops=w.matmul_flops, figures=step_figures(chip))
+        xla_optimal_note=xla_note, matmul_flops=w.matmul_flops, chip_figures=step_figures(chip))
 
 
 def _parts_without_figures(chip: Chip) -> str | None:

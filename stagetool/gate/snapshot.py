@@ -355,12 +355,12 @@ def _step_time(cost: CostSection | None) -> SnapshotStepTime | None:
         return None
     uncounted = sorted({f"{u.kind} at {short_location(u.source) or '?'}" for u in e.uncounted})
     profile = builtin = None
-    if e.figures:
+    if e.chip_figures:
         own = builtin_step_figures(e.chip)
         chip = CHIPS.get(e.chip)
-        measured = dict(chip.profile) if chip is not None and own == e.figures and chip.profile else None
-        profile = SnapshotProfile(figures_digest(e.figures), {k: _num(v) for k, v in e.figures},
-                                  own == e.figures, measured)
+        measured = dict(chip.profile) if chip is not None and own == e.chip_figures and chip.profile else None
+        profile = SnapshotProfile(figures_digest(e.chip_figures), {k: _num(v) for k, v in e.chip_figures},
+                                  own == e.chip_figures, measured)
         if own is not None and e.builtin_seconds is not None:
             builtin = SnapshotBuiltin(figures_digest(own), e.builtin_seconds, e.builtin_lower_bound)
     return SnapshotStepTime(e.chip, e.schedule_seconds, e.overlapped_seconds, e.serial_seconds, dict(e.parts), e.bound,
