@@ -16,6 +16,14 @@ v5p:2x2x2 (bench/decoder.stagetool.yaml), checking that the snapshots are identi
     python bench/bench_overhead.py [--runs 7] [--example mlp|transformer]
     python bench/bench_overhead.py --memory [--runs 7]
     python bench/bench_overhead.py --all [--runs 5]
+    python bench/bench_overhead.py --named [--runs 7]     # issue 48: the hardware named in pyproject.toml
+    python bench/bench_overhead.py --against [--runs 7]   # issue 48: --against v5e:2x4
+
+``--named``: ``stagetool report`` on the MLP in a copy of examples/ whose ``pyproject.toml`` says
+``[tool.stagetool] topology = "v5e"`` (so the spec's 2x4 mesh is ``v5e:2x4``), against the bare script
+compiling the same step for ``get_topology_desc("v5e:2x4")``'s devices (goal <= 1.10). ``--against``:
+``stagetool report --against v5e:2x4`` against the bare script doing both compiles, the CPU mesh's
+and v5e:2x4's (goal <= 1.10: one more compile, no more). Both need libtpu.
 """
 
 from __future__ import annotations
@@ -200,6 +208,33 @@ def jax_import(runs: int = 7) -> None:
     sys.stdout.flush()
 
 
+TPU_MESH = """from jax.experimental import topologies, mesh_utils
+from jax.sharding import Mesh
+topo = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x4", chips_per_host_bounds=[2, 4, 1])
+mesh = Mesh(mesh_utils.create_device_mesh((2, 4), topo.devices), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+"""
+CPU_MESH = 'mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)\n'
+
+
+def _bare_tpu(script: str, *, both: bool = False) -> str:
+    """The bare MLP script compiling for v5e:2x4's compile-only devices (``both``: for the CPU mesh first too)."""
+    assert CPU_MESH in script
+    head, body = script.split(CPU_MESH, 1)
+    # the CPU backend alone beside the compile-only devices, as stagetool starts it (no TPU probe, no CUDA plugin)
+    head = head.replace('jax.config.update("jax_num_cpu_devices", 8)',
+                        'jax.config.update("jax_num_cpu_devices", 8)\njax.config.update("jax_platforms", "cpu")')
+    return head + ((CPU_MESH + body) if both else "") + TPU_MESH + body
+
+
+def named_project() -> Path:
+    """A temporary copy of examples/ with ``[tool.stagetool] topology = "v5e"`` in its pyproject.toml."""
+    folder = Path(tempfile.mkdtemp(prefix="stagetool-named-"))
+    shutil.copytree(ROOT / "examples", folder / "examples")
+    (folder / ".git").mkdir()
+    (folder / "pyproject.toml").write_text('[tool.stagetool]\ntopology = "v5e"\n')
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=None, help="runs of each command (default 7; 5 with --all)")
@@ -207,6 +242,8 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true",
                         help="`memory` with the peak buffers on the transformer (one of --all's ratios) instead of `report`")
     parser.add_argument("--all", action="store_true", help="every ratio of issue 11, in one run")
+    parser.add_argument("--named", action="store_true", help="issue 48: the hardware named in pyproject.toml")
+    parser.add_argument("--against", action="store_true", help="issue 48: report --against v5e:2x4")
     args = parser.parse_args()
     # An installed package has its bytecode; a checkout run with PYTHONDONTWRITEBYTECODE=1 would
     # compile every stagetool module from source on each run (~0.3 s), which no user pays.
@@ -233,6 +270,22 @@ def main() -> None:
         warm_vs_cold("decoder-8b", min(runs, 3), "≥ 5", decoder_target())
         return
     runs = args.runs or 7
+    if args.named or args.against:
+        folder = named_project()
+        bare = textwrap.dedent(BARE["mlp"]).replace('sys.path.insert(0, "examples")',
+                                                    f'sys.path.insert(0, {str(folder / "examples")!r})')
+        report = [sys.executable, "-m", "stagetool", "report", str(folder / "examples/mlp.py") + ":train_step",
+                  "--format", "json", "-o", "/dev/null", "--no-cache"]
+        if args.named:
+            compare("report, mlp, v5e named in pyproject.toml (no cache)", "bare script on v5e:2x4",
+                    [sys.executable, "-c", _bare_tpu(bare)], "stagetool report (named)", report, runs, "<= 1.10")
+        if args.against:
+            (folder / "pyproject.toml").unlink()
+            compare("report --against v5e:2x4, mlp (no cache)", "bare script, CPU + v5e:2x4",
+                    [sys.executable, "-c", _bare_tpu(bare, both=True)], "stagetool report --against",
+                    report + ["--against", "v5e:2x4"], runs, "<= 1.10")
+        shutil.rmtree(folder, ignore_errors=True)
+        return
     if args.memory:
         compare("memory, transformer (no cache; with the peak buffers)", "bare script",
                 [sys.executable, "-c", BARE["transformer"]], "stagetool memory", MEMORY_TRANSFORMER, runs, "≤ 1.10")

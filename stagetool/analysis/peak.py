@@ -102,6 +102,32 @@ Resolver = Callable[[str], SourceLocation]
 
 
 @dataclasses.dataclass(frozen=True)
+class DonatedCopy:
+    """A ``copy`` XLA makes of a donated input (:meth:`ModuleIndex.donated_copy`).
+
+    Attributes:
+      input: the input's name (its parameter's op name, ``cache``), or ``parameter N``.
+      parameter: the entry parameter number.
+      read_at / written_at: ``file:line (op)`` of the lines that read the input's old value, and of
+        the in-place writes into its buffer.
+    """
+
+    input: str
+    parameter: int
+    read_at: tuple[str, ...]
+    written_at: tuple[str, ...]
+
+    def why(self, name: str) -> str:
+        """The sentence a report says about it (``name``: the copy's instruction)."""
+        read = ", ".join(self.read_at) or "another instruction"
+        written = ", ".join(self.written_at) or "the output that reuses its buffer"
+        return (f"{name} is a copy of the donated input {self.input} (parameter {self.parameter}) that XLA makes "
+                f"anyway: its old value is read at {read} while its buffer is written in place at {written} (the "
+                "update that becomes the aliased output), so XLA's copy insertion keeps the old value apart and the "
+                "donation does not save these bytes")
+
+
+@dataclasses.dataclass(frozen=True)
 class PeakBuffer:
     """A buffer live at the peak, attributed to the user's code.
 
@@ -258,6 +284,7 @@ class ModuleIndex:
         from stagetool.hlo.parser import parse_hlo_module
 
         self._module = parse_hlo_module(module_text)
+        self._text = module_text
         self._by_name = {i.name: i for c in self._module.computations for i in c.instructions}
         self._library_files: dict[str, bool] = {}
 
@@ -305,11 +332,87 @@ class ModuleIndex:
         loc = self.resolve(instruction_name)
         return loc.op_name, (f"{loc.file}:{loc.line}" if loc.file else None)
 
+    def donated_copy(self, instruction_name: str) -> DonatedCopy | None:
+        """What a metadata-less ``copy`` of a donated entry parameter is (:class:`DonatedCopy`): XLA
+        keeps the input's old value apart because something reads it while its buffer is written in
+        place (a donated carry read beside its update). The readers are the chain's users whose result
+        is not of the parameter's shape; the writers the ones whose result is (the in-place update
+        that becomes the aliased output). None for any other instruction."""
+        ins = self._by_name.get(instruction_name)
+        if ins is None or ins.opcode != "copy" or (ins.metadata is not None and ins.metadata.op_name):
+            return None
+        chain, cur = [ins.name], ins
+        while cur is not None and cur.opcode == "copy" and cur.operands:
+            cur = self._by_name.get(cur.operands[0])
+            if cur is not None:
+                chain.append(cur.name)
+        if cur is None or cur.opcode != "parameter" or cur.name not in self.entry_names():
+            return None
+        number = cur.parameter_number
+        if number is None or number not in self._donated():
+            return None
+        users = self._entry_users()
+        copies = set(chain)
+        seen: set[str] = set()
+        frontier = [c for c in chain if c != cur.name]
+        while frontier:  # the copies made from this one (XLA:CPU copies the copy before the write)
+            name = frontier.pop()
+            for u in users.get(name, ()):
+                if self._by_name[u].opcode == "copy" and u not in copies:
+                    copies.add(u)
+                    frontier.append(u)
+        readers, writers = [], []
+        for name in sorted(copies - {cur.name}, key=lambda n: self._by_name[n].line_number):
+            for u in users.get(name, ()):
+                if u in copies or u in seen:
+                    continue
+                seen.add(u)
+                user = self._by_name[u]
+                if user.opcode == "tuple":
+                    continue
+                (writers if user.shape_text.split("{")[0] == cur.shape_text.split("{")[0] else readers).append(u)
+        op = cur.metadata.op_name if cur.metadata is not None and cur.metadata.op_name else f"parameter {number}"
+
+        def where(names: list[str]) -> tuple[str, ...]:
+            out = []
+            for n in names:
+                loc = self.resolve(n)
+                if loc.file:
+                    out.append(f"{loc.file}:{loc.line}" + (f" ({_last(loc.op_name)})" if loc.op_name else ""))
+            return tuple(dict.fromkeys(out))
+
+        return DonatedCopy(op, number, where(readers), where(writers))
+
+    def _donated(self) -> frozenset[int]:
+        if not hasattr(self, "_donated_numbers"):
+            from stagetool.hlo.parser import parse_input_output_alias
+
+            self._donated_numbers = frozenset(e.parameter_number for e in parse_input_output_alias(self._text))
+        return self._donated_numbers
+
+    def _entry_users(self) -> dict[str, list[str]]:
+        if not hasattr(self, "_users"):
+            users: dict[str, list[str]] = {}
+            entry = self._module.entry
+            for i in (entry.instructions if entry is not None else ()):
+                for o in i.operands:
+                    users.setdefault(o, []).append(i.name)
+            self._users = users
+        return self._users
+
     def resolve(self, instruction_name: str) -> SourceLocation:
-        """Op name and innermost recorded source frame of an instruction (Nones when unknown)."""
+        """Op name and innermost recorded source frame of an instruction (Nones when unknown). A
+        metadata-less copy of a donated input (:meth:`donated_copy`) is named ``copy of INPUT
+        (donated)``, at the line that reads the input's old value."""
         ins = self._by_name.get(instruction_name)
         if ins is None:
             return SourceLocation(None, None, None, None)
+        copy = self.donated_copy(instruction_name) if ins.opcode == "copy" else None
+        if copy is not None:
+            read = copy.read_at[0] if copy.read_at else None
+            file, _, rest = (read or "").partition(" (")[0].rpartition(":")
+            return SourceLocation(f"copy of {copy.input} (donated)", file or None,
+                                  int(rest) if rest.isdigit() else None, None)
         op_name = normalise_op_name(ins.metadata.op_name) if ins.metadata is not None else None
         from stagetool.hlo.collectives import program_frames
 
@@ -385,12 +488,15 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
     device, host, other, counted = _count(listed, slots, whole, index, names)
     counted.sort(key=lambda t: (-t[0].size_bytes, t[0].value_name))
     out = []
+    notes = []
     for b, space, shared in counted[:max(top, 0)]:
         loc = res(b.instruction_name)
         out.append(PeakBuffer(b.value_name, b.instruction_name, b.size_bytes,
                               index.shape(b.instruction_name, b.shape_index),
                               loc.op_name, loc.file, loc.line, loc.function, space, shared))
-    notes = []
+        copy = index.donated_copy(b.instruction_name)
+        if copy is not None:
+            notes.append(copy.why(b.instruction_name))
     if not slots:
         notes.append("no buffer assignment in the dump (" + (dump.buffers_reason or "not read")
                      + "): values that share a buffer may be counted twice")
@@ -495,3 +601,8 @@ def live_at(live_range_text: str, at: int, assignment: Any) -> tuple[tuple[LiveB
                     out.append(LiveBuffer(b.value_name, b.instruction, b.shape_index, x.size))
     out.sort(key=lambda b: (-b.size_bytes, b.value_name))
     return tuple(out), whole
+
+
+def _last(op_name: str) -> str:
+    """The last part of a JAX op name (``jit(step)/mul`` → ``mul``)."""
+    return op_name.rstrip("/").rsplit("/", 1)[-1]
