@@ -204,3 +204,57 @@ def test_named_in_pyproject_the_figures_are_a_raw_compile_only_compiles(case, ha
     assert fn["mesh"]["topology"] == topology and fn["mesh"]["target_from"] == "pyproject.toml [tool.stagetool]"
     assert doc["answer"]["devices"] == "compile-only" and doc["answer"]["target"] == topology
     assert_figures_are_raw_jaxs(fn, _raw_compile(case, topology, tmp_path))
+
+
+def test_the_python_api_and_the_fixture_answer_for_the_named_hardware(tmp_path, monkeypatch):
+    """``stagetool.inspect`` (what the ``stagetool_snapshot`` fixture calls) run in a project whose
+    pyproject.toml names v5e stages on v5e:2x4 compile-only, equal to raw JAX's compile for it; the
+    caller's CPU mesh is re-laid there by axis name."""
+    target_devices("v5e:2x4")  # skips without libtpu
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    import stagetool
+    from stagetool.devices.tpu_topology import topology_mesh
+
+    (tmp_path / ".git").mkdir()
+    write(tmp_path, "pyproject.toml", '[tool.stagetool]\ntopology = "v5e"\n')
+    monkeypatch.chdir(tmp_path)
+    cpu = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+
+    def step(w, x):
+        return jnp.tanh(x @ w).sum()
+
+    w = jax.ShapeDtypeStruct((512, 1024), jnp.float32, sharding=NamedSharding(cpu, P(None, "model")))
+    x = jax.ShapeDtypeStruct((128, 512), jnp.float32, sharding=NamedSharding(cpu, P("data", None)))
+    report = stagetool.inspect(step, w, x, peak=False)
+    f = report.function()
+    assert f.mesh.topology == "v5e:2x4" and f.mesh.target_from == "pyproject.toml [tool.stagetool]"
+    mesh = topology_mesh(target_devices("v5e:2x4"), (2, 4), ("data", "model"))
+    relaid = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, a.sharding.spec)) for a in (w, x)]
+    compiled = jax.jit(step).lower(*relaid).compile()
+    mem = compiled.memory_analysis()
+    assert (report.memory.record.argument_bytes, report.memory.record.temp_bytes) == \
+        (mem.argument_size_in_bytes, mem.temp_size_in_bytes)
+    assert report.cost.per_device.flops == compiled.cost_analysis()["flops"]
+
+
+def test_the_action_installs_the_extra_the_named_hardware_needs(tmp_path):
+    """action.yml installs stagetool with the extra that ``python -m stagetool.spec.project SPEC`` prints."""
+    from stagetool.spec.project import extra_for
+
+    (tmp_path / ".git").mkdir()
+    spec = write(tmp_path, "s.stagetool.yaml", SPEC.replace("{extra}", ""))
+    assert extra_for(spec) is None
+    write(tmp_path, "pyproject.toml", '[tool.stagetool]\ntopology = "h100"\n')
+    assert extra_for(spec) == "gpu-aot"
+    write(tmp_path, "pyproject.toml", '[tool.stagetool]\ngpu-target-config = "mine.txtpb"\n')
+    assert extra_for(spec) == "gpu-aot"
+    spec = write(tmp_path, "s.stagetool.yaml", SPEC.replace("{extra}", "topology: v5p:2x2x2\n"))
+    assert extra_for(spec) == "tpu"  # the spec's own topology: over pyproject.toml
+    write(tmp_path, "pyproject.toml", "[tool.stagetool\n")
+    spec = write(tmp_path, "s.stagetool.yaml", SPEC.replace("{extra}", ""))
+    assert extra_for(spec) is None  # unreadable: the staging command says so, not the install
+    assert "python -m stagetool.spec.project" in (REPO / "action.yml").read_text()

@@ -100,3 +100,41 @@ def _read(path: Path) -> ProjectSettings | None:
     if config is not None and not Path(config).is_absolute():
         config = str(path.parent / config)
     return ProjectSettings(path.resolve(), values.get("topology"), config)
+
+
+def extra_for(spec: str | Path | None) -> str | None:
+    """The install extra the hardware named for ``spec`` needs (``tpu``: libtpu; ``gpu-aot``: JAX's
+    CUDA plugin), read from the spec's ``topology:`` else the project's ``[tool.stagetool]``; None
+    when none is named. The GitHub Action installs stagetool with it (``python -m
+    stagetool.spec.project SPEC``). Never raises: a spec or table it cannot read names nothing here
+    (the staging command says what is wrong)."""
+    import re
+
+    topology = None
+    path = Path(spec) if spec is not None else None
+    try:
+        if path is not None and path.is_file():
+            import yaml
+
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+            if isinstance(doc, dict) and doc.get("topology") is not None:
+                topology = str(doc["topology"])
+            elif isinstance(doc, dict) and doc.get("gpu_target_config") is not None:
+                topology = "gpu"
+        if topology is None:
+            settings = project_settings(path.resolve().parent if path is not None else None)
+            topology = settings.topology or ("gpu" if settings.gpu_target_config else None) if settings else None
+    except Exception:  # noqa: BLE001 - a spec or table it cannot read: the staging command says what is wrong
+        return None
+    if topology is None:
+        return None
+    from stagetool.core.accelerators import AMBIGUOUS_GPUS, GENERIC_KIND, gpu_kinds
+
+    kind = re.split(r"[:=]", topology, maxsplit=1)[0].strip().lower()
+    return "gpu-aot" if kind in gpu_kinds() or kind == GENERIC_KIND or kind in AMBIGUOUS_GPUS else "tpu"
+
+
+if __name__ == "__main__":  # python -m stagetool.spec.project [SPEC]: the extra to install, or nothing
+    import sys
+
+    print(extra_for(sys.argv[1] if len(sys.argv) > 1 else None) or "")
