@@ -84,7 +84,8 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
         whose name is one of this function's options must go in through ``functools.partial``.
       mesh: a ``jax.sharding.Mesh`` (its axis names, sizes and types), ``"data=2,model=4"``, or a
         ``{name: size}`` mapping; None: the mesh of the arguments' ``NamedSharding``s (of several
-        meshes of the same devices, the one with the most axes), else one device. An argument on
+        meshes of the same devices, the one with the most axes; ``ShapeDtypeStruct``s sharded over
+        a ``jax.sharding.AbstractMesh``: its axes), else one device. An argument on
         another mesh of the same devices (a batch on a 1-D ``("devices",)`` mesh) is staged with the
         same layout spelled over this mesh's axes, as ``jax.jit`` takes it (a note says so).
       topology: a compile-only target (``v5e:2x4``, ``h100:8``; ``v5e:1x1`` needs no mesh): no such
@@ -180,8 +181,9 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
                                  top=options.top, explain=tuple(options.explain)), spec=spec)
         setup = provision_devices(plan)
     static, relaid = relaid_static(options.static, setup.mesh)
-    if relaid:
-        notes += relaid
+    fspec, relaid_args = relaid_arguments(fspec, setup.mesh, fn)
+    if relaid or relaid_args:
+        notes += relaid + relaid_args
         fspec = dataclasses.replace(fspec, static=static)
         plan = dataclasses.replace(plan, functions=(fspec,))
     wanted = frozenset(Section(s) for s in SECTIONS)
@@ -221,8 +223,9 @@ _OPTION_NAMES = ("platform", "topology", "slices", "chip", "device-memory", "exp
 
 #: The spec's ``{mesh: staged}`` advice, and what the Python API does instead.
 _SPEC_MESH_ADVICE = re.compile(r"(?:build|take) the [\w']+ mesh from the spec(?:'s)?:? \(?\{(?:call: [^()]*?|mesh: staged)\}+\)?")
-_API_MESH_ADVICE = ("pass the mesh in a config as a static argument (static={'cfg': cfg}: its mesh is re-laid on the "
-                    "staged one by axis name)")
+_API_MESH_ADVICE = ("pass the mesh in a config as a static argument (static={'cfg': cfg}, or a config class registered "
+                    "with jax.tree_util.register_static passed as it is: its mesh is re-laid on the staged one by "
+                    "axis name)")
 
 
 def api_words(text: str | None) -> str | None:
@@ -230,7 +233,8 @@ def api_words(text: str | None) -> str | None:
     parameters (``mesh='data=8'``, ``topology=v5e:2x4``), never a CLI flag or a spec key."""
     if not text:
         return text
-    text = re.sub(r"--mesh (\S+?)([),]?(?:\s|$))", lambda m: f"mesh={m.group(1)!r}{m.group(2)}", text)
+    # the value alone: "(--mesh a=4,b=2), or" -> "(mesh='a=4,b=2'), or"
+    text = re.sub(r"--mesh ([^\s),;]+(?:,[^\s),;=]+=[^\s),;]+)*)", lambda m: f"mesh={m.group(1)!r}", text)
     text = text.replace("--mesh", "mesh=")
     for name in _OPTION_NAMES:
         text = text.replace(f"--{name} ", name.replace("-", "_") + "=")
@@ -297,15 +301,17 @@ def _on_one_mesh(fn: Any, args: tuple, kwargs: dict, mesh_spec: MeshSpec, notes:
     return args, kwargs
 
 
-def _meshes(tree: Any) -> list:
-    """The concrete meshes the leaves' ``NamedSharding``s name, in order, each once."""
+def _meshes(tree: Any, abstract: bool = False) -> list:
+    """The concrete meshes the leaves' ``NamedSharding``s name, in order, each once; with ``abstract``,
+    the ``jax.sharding.AbstractMesh``es instead (``ShapeDtypeStruct``s sharded over a mesh with no
+    devices: its axis names, sizes and types)."""
     import jax
-    from jax.sharding import Mesh
+    from jax.sharding import AbstractMesh, Mesh
 
     out: list = []
     for leaf in jax.tree_util.tree_leaves(tree):
         mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
-        if isinstance(mesh, Mesh) and not mesh.empty and not any(mesh == m for m in out):
+        if isinstance(mesh, AbstractMesh if abstract else Mesh) and not mesh.empty and not any(mesh == m for m in out):
             out.append(mesh)
     return out
 
@@ -330,6 +336,44 @@ def relaid_static(static: Mapping[str, Any], staged: Any) -> tuple[dict, list[st
                          f"the staged mesh ({describe_mesh(staged)}), as the same code with its mesh built for these "
                          "devices runs")
     return out, notes
+
+
+def relaid_arguments(fspec: Any, staged: Any, fn: Any = None) -> tuple[Any, list[str]]:
+    """``(fspec, notes)``: each argument that ``jax.jit`` takes as static although it is passed as an
+    argument — a value with no array leaves, as a config class registered with
+    ``jax.tree_util.register_static`` is (jax-llm-examples: ``step(x, cfg)``) — given the staged mesh
+    in place of a mesh it holds with the staged axis names, as :func:`relaid_static` does for
+    ``static=``; one note per argument. ``fspec`` (a :class:`~stagetool.spec.model.FunctionSpec` of
+    :class:`~stagetool.spec.model.ValueSpec` arguments; ``fn``, the function, names them) is returned
+    as it is when none holds one."""
+    import jax
+
+    from stagetool.devices.world import describe_mesh
+    from stagetool.spec.model import ValueSpec
+
+    try:
+        params = list(__import__("inspect").signature(_underlying(fn)).parameters)
+    except (TypeError, ValueError):
+        params = []
+    notes: list[str] = []
+
+    def relaid(value: Any, what: str) -> Any:
+        if not isinstance(value, ValueSpec) or jax.tree_util.tree_leaves(value.value):
+            return value  # arrays (or leaves jax.jit traces): staged as they are, each on the mesh
+        found: list = []
+        new = _replace_mesh(value.value, staged, found, 0)
+        if not found:
+            return value
+        notes.append(f"{what} holds the mesh {describe_mesh(found[0])} and is static to jax.jit (no array leaves: "
+                     f"jax.tree_util.register_static); it is re-laid by axis name on the staged mesh "
+                     f"({describe_mesh(staged)}), as the same code with its mesh built for these devices runs")
+        return dataclasses.replace(value, value=new)
+
+    args = tuple(relaid(a, f"argument {params[i] if i < len(params) else i}") for i, a in enumerate(fspec.args))
+    kwargs = {k: relaid(v, f"argument {k}") for k, v in fspec.kwargs.items()}
+    if not notes:
+        return fspec, notes
+    return dataclasses.replace(fspec, args=args, kwargs=kwargs), notes
 
 
 def _replace_mesh(value: Any, staged: Any, found: list, depth: int) -> Any:
@@ -656,7 +700,7 @@ def _mesh_spec(mesh: Any, args: tuple, kwargs: dict) -> MeshSpec:
     if mesh is None:
         # the arguments' mesh; of several meshes of the same devices (a state mesh, a batch's 1-D
         # one), the one with the most axes: the others' layouts are spelled over it (_on_one_mesh)
-        found = _meshes((args, kwargs))
+        found = _meshes((args, kwargs)) or _meshes((args, kwargs), abstract=True)
         mesh = max(found, key=lambda m: sum(1 for s in m.shape.values() if s != 1)) if found else None
         if mesh is None:
             return MeshSpec(())

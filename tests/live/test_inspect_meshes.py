@@ -143,3 +143,55 @@ def test_errors_name_the_apis_parameters():
     assert "replica=4 × fsdp=2" in text and "staged mesh's axes at other sizes" in text, text
     assert "--mesh" not in text and "{mesh: staged}" not in text and "{call:" not in text, text
     assert "mesh='replica=4,fsdp=2'" in text and "static=" in text, text
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class StaticConfig:
+    """jax-llm-examples' form: a config class registered static, passed positionally (``step(x, w, cfg)``),
+    its mesh read inside (``shard_map(mesh=cfg.mesh)``); jax.jit takes it as part of the call's structure."""
+
+    mesh: Mesh
+    d: int = 128
+
+
+@pytest.mark.parametrize("topology", TARGETS)
+def test_a_registered_static_config_passed_positionally_holding_the_mesh(topology):
+    mesh, _ = _meshes(jax.devices()[:8])
+    report = stagetool.inspect(_cfg_step, *_cfg_args(mesh), StaticConfig(mesh), topology=topology, peak=False)
+    relaid = [n for n in report.function().notes if n.startswith("argument cfg holds the mesh")]
+    assert len(relaid) == (1 if topology else 0), report.function().notes
+    raw_mesh, _ = _meshes(target_devices(topology))
+    compiled = jax.jit(_cfg_step).trace(*_cfg_args(raw_mesh), StaticConfig(raw_mesh)).lower().compile()
+    assert _record(report) == _xla(compiled)
+    assert sorted(c.collective.kind for c in report.collectives.items) == _collectives(compiled.as_text())
+    assert "all-reduce" in _collectives(compiled.as_text())
+
+
+@pytest.mark.parametrize("topology", TARGETS)
+def test_structs_sharded_over_an_abstract_mesh_give_the_mesh(topology):
+    """ShapeDtypeStructs whose NamedSharding names a jax.sharding.AbstractMesh (no devices): with no
+    mesh=, its axes are the staged mesh's, as for arrays on a concrete mesh."""
+    abstract = jax.sharding.AbstractMesh((8,), ("data",))
+
+    def step(x, w):
+        return jnp.tanh(x @ w)
+
+    def args(mesh):
+        return (jax.ShapeDtypeStruct((64, 32), jnp.float32, sharding=NamedSharding(mesh, P("data"))),
+                jax.ShapeDtypeStruct((32, 16), jnp.float32, sharding=NamedSharding(mesh, P())))
+
+    report = stagetool.inspect(step, *args(abstract), topology=topology, peak=False)
+    assert report.function().mesh.axes == (("data", 8),)
+    raw = Mesh(np.array(target_devices(topology)), ("data",))
+    assert _record(report) == _xla(jax.jit(step).trace(*args(raw)).lower().compile())
+
+
+def test_the_api_words_keep_the_mesh_value_whole():
+    """A CLI hint "(--mesh data=8), or ..." in the API's words: mesh='data=8' inside the parenthesis."""
+    from stagetool.live import api_words
+
+    assert api_words("stage with its own axis sizes (--mesh data=8), or build it") == \
+        "stage with its own axis sizes (mesh='data=8'), or build it"
+    assert api_words("give --mesh, e.g. --mesh data=8") == "give mesh=, e.g. mesh='data=8'"
+    assert api_words("stage on it (--mesh replica=2,fsdp=4); then") == "stage on it (mesh='replica=2,fsdp=4'); then"
