@@ -158,10 +158,27 @@ class HaliaxProgram:
 
 
 #: the haliax releases whose named_jit internals this module reads (pyproject's ``haliax`` extra)
-SUPPORTED = "haliax >= 1.4.dev453 (and marin-haliax releases with the same named_jit)"
+SUPPORTED = "marin-haliax 0.2 (Levanter's haliax) and haliax >= 1.4.dev453"
 
-#: the parameters of ``haliax.partitioning.infer_resource_partitions`` this module passes
-_INFER_PARAMETERS = ("preserve_existing_shardings", "mesh")
+#: the parameters of ``haliax.partitioning.infer_resource_partitions`` this module needs
+_INFER_PARAMETERS = ("mesh",)
+
+
+def _infer_shardings(tree: Any, mapping: Any, mesh: Any) -> Any:
+    """haliax's public ``infer_resource_partitions(tree, mapping, mesh=mesh)`` as ``named_jit`` calls it
+    for this release: haliax 1.4 with ``preserve_existing_shardings=False`` (what its ``_call``
+    passes), marin-haliax 0.2 without (it has no such parameter: a leaf no mapping names keeps the
+    sharding it carries, as its ``_call`` leaves it)."""
+    import inspect
+
+    from haliax.partitioning import infer_resource_partitions
+
+    try:
+        params = inspect.signature(infer_resource_partitions).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a builtin or C function
+        params = {}
+    extra = {"preserve_existing_shardings": False} if "preserve_existing_shardings" in params else {}
+    return infer_resource_partitions(tree, mapping, mesh=mesh, **extra)
 
 
 def haliax_release() -> str:
@@ -178,8 +195,8 @@ def haliax_release() -> str:
 
 def check_supported(fn: Any) -> None:
     """Refuse (exit 2, before any trace) a haliax whose ``named_jit`` is not built the way this module
-    rebuilds it: ``infer_resource_partitions`` without the ``preserve_existing_shardings``/``mesh``
-    parameters it passes, or no ``_named_pjit_cache``. Never a ``TypeError`` from deep inside staging.
+    rebuilds it: ``infer_resource_partitions`` without the ``mesh`` parameter it passes, or no
+    ``_named_pjit_cache``. Never a ``TypeError`` from deep inside staging.
 
     Raises:
       UsageError: naming the installed release, what it lacks, the releases read, and the way out.
@@ -201,8 +218,8 @@ def check_supported(fn: Any) -> None:
         raise UsageError(
             f"{name} is a named_jit of {haliax_release()}, whose named_jit stagetool cannot rebuild: it lacks "
             f"{', '.join(lacking)}; stagetool stages named_jit steps of {SUPPORTED}",
-            hint="install a supported haliax (pip install 'haliax>=1.4.dev453'), or stage the function under "
-                 "named_jit (its __wrapped__) with the spec's donate and out_shardings")
+            hint="install a supported haliax (pip install 'marin-haliax>=0.2', Levanter's), or stage the function "
+                 "under named_jit (its __wrapped__) with the spec's donate and out_shardings")
 
 
 def _mapping(axis_resources: Any) -> Any:
@@ -214,7 +231,8 @@ def _mapping(axis_resources: Any) -> Any:
 def _haliax_jit(nj: NamedJit, call: tuple[tuple, dict], dynamic: tuple, mesh: Any, rules: Any) -> tuple[Any, Any]:
     """``(jax.jit, axis mapping)``: the jit ``_NamedJitWrapper._call`` builds for ``call`` and the
     mapping it traces under. Its output shapes come from ``eqx.filter_eval_shape`` under the staged
-    mesh; the shardings from haliax's public ``infer_resource_partitions`` given that mesh (haliax
+    mesh; the shardings from haliax's public ``infer_resource_partitions`` given that mesh
+    (:func:`_infer_shardings`; haliax
     would find it in the mesh context, but its ``is_in_jit`` runs an op eagerly, which compile-only
     devices cannot: so it runs here, outside ``jax.set_mesh``)."""
     import equinox as eqx
@@ -232,11 +250,9 @@ def _haliax_jit(nj: NamedJit, call: tuple[tuple, dict], dynamic: tuple, mesh: An
             output_shape = eqx.filter_eval_shape(nj.fn, *args, **kwargs)
         pjit_args = dict(nj.pjit_args)
         if nj.in_axis_resources is not None:
-            pjit_args["in_shardings"] = hax.partitioning.infer_resource_partitions(
-                dynamic, nj.in_axis_resources, preserve_existing_shardings=False, mesh=mesh)
+            pjit_args["in_shardings"] = _infer_shardings(dynamic, nj.in_axis_resources, mesh)
         if out_axis_resources is not None:
-            pjit_args["out_shardings"] = hax.partitioning.infer_resource_partitions(
-                output_shape, out_axis_resources, preserve_existing_shardings=False, mesh=mesh)
+            pjit_args["out_shardings"] = _infer_shardings(output_shape, out_axis_resources, mesh)
         return _named_pjit_cache(nj.fn, **pjit_args), axis_resources
 
 
