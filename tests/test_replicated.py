@@ -224,3 +224,46 @@ def test_a_ragged_dot_every_tpu_device_computes_whole_is_flagged(scan_costs):
     assert (row["opcode"], row["devices"], row["flops"], row["executions"]) == ("custom-call", 8, xla, 1)
     line = next(i for i, t in enumerate(SCAN_MODEL.splitlines(), 1) if "# RAGGED" in t)
     assert row["source"] == f"s.py:{line}" and row["made_whole_by"].startswith("all-gather")
+
+
+NNX_HEAD = """\
+import jax
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+
+class Head(nnx.Module):
+    def __init__(self, rngs):
+        self.proj = nnx.Linear(256, 512, rngs=rngs)
+
+    def __call__(self, x):
+        x = jax.lax.with_sharding_constraint(x, P())  # every device takes the whole batch
+        return self.proj(x)  # PROJ
+
+
+def step(model, x):
+    return model(x)
+"""
+NNX_HEAD_SPEC = """\
+version: 1
+mesh: {axes: {data: 8}}
+functions:
+  step:
+    target: head.py:step
+    args:
+      - init: head.py:Head
+      - 'f32[64,256] @ [data, null]'
+"""
+
+
+def test_replicated_work_in_a_library_layer_names_the_models_line(run_cli, tmp_path):
+    """An NNX model's nnx.Linear on a batch gathered whole: the row names the model's line that called
+    the layer, not Flax's own linear.py line where the dot_general is written."""
+    pytest.importorskip("flax")
+    write(tmp_path, "head.py", NNX_HEAD)
+    spec = write(tmp_path, "head.stagetool.yaml", NNX_HEAD_SPEC)
+    doc = run_cli("cost", "--spec", str(spec), "--format", "json", check=0).json()
+    [row] = doc["functions"][0]["cost"]["replicated"]
+    line = next(i for i, t in enumerate(NNX_HEAD.splitlines(), 1) if "# PROJ" in t)
+    assert row["op_name"].endswith("dot_general") and row["axes"] == ["data"]
+    assert row["source"] == f"head.py:{line}"

@@ -267,8 +267,13 @@ class _Analysis:
 
 
 def _source(module: HloModule, ins: HloInstruction | None, comp: HloComputation | None = None) -> str | None:
-    """``file:line`` of the user's code for ``ins``; for an instruction the compiler made without
-    metadata (a fusion XLA:CPU formed), that of the nearest operand with one (breadth first, 3 deep)."""
+    """``file:line`` of the user's code for ``ins``: the innermost frame of its source chain outside the
+    libraries (the model's line that called Flax's ``nnx.Linear``, not ``linear.py``'s), else its own
+    innermost frame; for an instruction the compiler made without metadata (a fusion XLA:CPU formed),
+    that of the nearest operand with one (breadth first, 3 deep)."""
+    from stagetool.analysis.callers import user_frames
+    from stagetool.core.paths import library_dirs
+
     seen: set[str] = set()
     level = [ins] if ins is not None else []
     for _ in range(4):
@@ -276,7 +281,8 @@ def _source(module: HloModule, ins: HloInstruction | None, comp: HloComputation 
         for i in level:
             chain = frames_by_op_name(module, i)
             if chain:
-                return f"{chain[0].file}:{chain[0].line}"
+                mine = user_frames(chain, library_dirs())
+                return mine[0] if mine else f"{chain[0].file}:{chain[0].line}"
             if comp is not None:
                 for o in i.operands:
                     found = comp.instruction(o)
