@@ -447,3 +447,27 @@ def test_what_if_command_shows_the_spec_line(run_cli, attention_dir):
     assert t["outcome"] == "fits" and doc["fits"] == [t["change"]] and t["change"].startswith("shard w over mesh axis")
     assert t["peak_bytes_per_device"] == 8192 * 8192 * 4 // 8 + 2 * (64 // 8 * 128 * 4) + 4
     assert "w=P('data', None) batch=64: fits" in r.stderr
+
+
+def test_a_step_time_that_is_a_floor_says_so_and_never_ranks_first():
+    """Issue 47 item 3: fit's step time had no lower_bound: a floor read as a full figure, and its examples per
+    second (an upper bound) could win the ranking over a complete figure."""
+    from stagetool.analysis.fit import FITS, Probe
+    from stagetool.sweep.fit import _speed, best_setting
+    from stagetool.sweep.fit_render import frontier_rows
+
+    floor = _speed(Probe(64, FITS, step_time=("tpu-v5e", 1e-3, 1e-3, 2e-3), step_time_lower_bound=True), 64, 2048)
+    full = _speed(Probe(64, FITS, step_time=("tpu-v5e", 2e-3, 2e-3, 3e-3)), 64, 2048)
+    assert floor["step_time"]["lower_bound"] is True and floor["tokens_per_second"]["upper_bound"] is True
+    assert full["step_time"]["lower_bound"] is False
+    settings = [{"id": i, "values": {"remat": r}, "largest_batch": 64, "headroom_bytes": 0, **speed}
+                for i, (r, speed) in enumerate((("floor", floor), ("full", full)))]
+    best, by = best_setting(settings)
+    assert best["values"]["remat"] == "full" and by == "examples per second (estimate)"  # 2x 'faster' on a floor
+    doc = {"axes": [["remat", ["floor", "full"]]], "batch": {"name": "batch"}, "best": {"id": 1},
+           "settings": [{**st, "peak_bytes_per_device": None, "capacity_bytes_per_device": None,
+                         "smallest_refused_batch": None, "compiles": 1, "status": "found", "reason": None}
+                        for st in settings]}
+    _, rows = frontier_rows(doc)
+    assert rows[0][-4].startswith("≥ 1.00 ms (≥ 1.00 ms–2.00 ms") and rows[0][-3].startswith("≤ ")
+    assert rows[1][-4].startswith("2.00 ms") and not rows[1][-3].startswith("≤")

@@ -249,3 +249,41 @@ def test_time_pipelined_runs_one_warm_step_then_the_steps_back_to_back():
     assert seconds > 0 and len(seen) == 1 + 5
     # every call had an input of its own, a copy of the one concrete input (a donated one is consumed)
     assert len({id(x) for x in seen}) == 6 and all(bool((x == runner.args[0]).all()) for x in seen)
+
+
+def test_measure_says_at_least_beside_an_estimate_that_is_a_floor(run_cli, tiny_step):
+    """Issue 47 item 3: a sort timed at a floor made the estimate a lower bound, and --measure's error read
+    like the model's (-99% against the measured step, no "at least"). It reads "at least" and "≥" now."""
+    (tiny_step / "step.py").write_text(textwrap.dedent("""
+        import jax.numpy as jnp
+
+        def step(x, w, ids):
+            return jnp.sort(jnp.tanh(x @ w), axis=-1).sum() + x[ids].sum()
+        """))
+    doc = run_cli("cost", "--spec", "step.stagetool.yaml", "--chip", "tpu-v5e", "--measure", "--measure-steps", "2",
+                  "--format", "json", check=0).json()
+    f = doc["functions"][0]
+    m, est = f["measured"], f["cost"]["step_time"]
+    assert est["lower_bound"] and m["estimate_lower_bound"] is True
+    assert m["error"] == pytest.approx((est["schedule_seconds"] - m["median_seconds"]) / m["median_seconds"])
+    floors = {u["name"] for u in est["uncounted"]}
+    assert all(i["estimate_lower_bound"] == (i["name"] in floors) for i in m["instructions"])
+    text = run_cli("cost", "--spec", "step.stagetool.yaml", "--chip", "tpu-v5e", "--measure", "--measure-steps", "2",
+                   check=0).stdout
+    (row,) = [ln for ln in text.splitlines() if "step (wall clock)" in ln]
+    assert "at least" in row and "≥ " in row, row
+    assert "the estimate is a lower bound" in text
+
+
+def test_measured_rows_write_a_floor_as_at_least():
+    from stagetool.report.model import MeasuredInstruction, MeasuredSection
+    from stagetool.report.views import measured_rows
+
+    m = MeasuredSection("1 × TPU v5 lite", "tpu", 1e-3, 1e-3, 1e-3, 0.0, 3, 2, 1e-3, 1e-5, "tpu-v5e", -0.99,
+                        (MeasuredInstruction("sort.7", 9e-4, 1, 8e-6, True), MeasuredInstruction("dot.1", 1e-4, 1, 1e-4)),
+                        estimate_lower_bound=True)
+    _, rows = measured_rows(m)
+    assert rows[1][2:4] == ["at least 10.0 µs", "≥ -99%"]
+    assert rows[2][2:4] == ["at least 8.00 µs", "≥ -99%"] and rows[3][2:4] == ["100 µs", "+0%"]
+    _, rows = measured_rows(dataclasses.replace(m, estimate_lower_bound=False))
+    assert rows[1][2:4] == ["10.0 µs", "-99%"]

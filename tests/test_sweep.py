@@ -495,3 +495,18 @@ def test_a_failed_cell_shows_the_first_problem_of_an_invalid_spec(run_cli, tmp_p
     assert "is not divisible by 2" in single.value.issues[0]
     assert first_line("invalid spec:\n  a\n  b\n  c") == "invalid spec: a (+2 more lines)"
     assert first_line("one line\nits frame") == "one line" and first_line("") == ""
+
+
+def test_the_csv_carries_the_step_time_and_whether_it_is_a_lower_bound():
+    """Issue 47 item 3: the sweep CSV had no step time at all; a floor must say it is one."""
+    import csv
+    import io
+
+    from stagetool.sweep.render import render_csv
+
+    rows = [{"id": f"r{i}", "values": {"mesh": m}, "status": "ok", "step_time": st}
+            for i, (m, st) in enumerate((("8x1", {"schedule_seconds": 2.5e-4, "lower_bound": True, "bound": "compute"}),
+                                         ("4x2", {"schedule_seconds": 3e-4, "bound": "ICI (data)"}), ("2x4", None)))]
+    out = list(csv.DictReader(io.StringIO(render_csv({"axes": [["mesh", ["8x1", "4x2", "2x4"]]], "rows": rows}))))
+    assert [(r["mesh"], r["step_time_seconds"], r["step_time_lower_bound"], r["step_time_bound"]) for r in out] == [
+        ("8x1", "0.00025", "true", "compute"), ("4x2", "0.0003", "false", "ICI (data)"), ("2x4", "", "", "")]

@@ -119,6 +119,7 @@ class Probe:
       program: a digest of the lowered program (StableHLO), or None where it was not kept.
       step_time: the step-time estimate of the compiled program (an estimate, seconds per step on one
         device) as ``(chip, overlapped, schedule, serial)`` seconds, low to high, or None.
+      step_time_lower_bound: the estimate is a lower bound ("at least": work no model covers).
       replicated_inputs: the largest input leaves every device holds whole (their compiled sharding,
         or for a refused compile the declared one, is fully replicated), largest first.
       mesh_axes: the staged mesh's ``(axis, size)`` in mesh order; () when not known.
@@ -132,6 +133,7 @@ class Probe:
     reason: str | None = None
     program: str | None = None
     step_time: tuple[str, float, float, float] | None = None
+    step_time_lower_bound: bool = False
     replicated_inputs: tuple[ReplicatedInput, ...] = ()
     mesh_axes: tuple[tuple[str, int], ...] = ()
 

@@ -160,6 +160,7 @@ def measure_report(options: Any, report: Any, *, steps: int = 10, warmup: int = 
         cost = by_name[fspec.name].cost
         est = cost.step_time if cost is not None else None
         est_top = {i.name: i.total_seconds for i in est.top} if est is not None else {}
+        floors = {u.name for u in est.uncounted} if est is not None else set()  # timed at a floor: at least
         ranked = sorted(ops.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top]
         notes = [f"inputs: random values of the spec's shapes, dtypes and shardings (floats normal × 0.02, "
                  f"integers in [0, {int_high})); donated inputs copied before each step, outside the timing"]
@@ -173,7 +174,8 @@ def measure_report(options: Any, report: Any, *, steps: int = 10, warmup: int = 
             device_seconds=device_s,
             estimated_seconds=estimated, estimate_chip=est.chip if est is not None else None,
             error=None if estimated is None or basis <= 0 else (estimated - basis) / basis,
-            instructions=tuple(MeasuredInstruction(name, s, n, est_top.get(name)) for name, (s, n) in ranked),
-            instructions_reason=why, notes=tuple(notes))
+            instructions=tuple(MeasuredInstruction(name, s, n, est_top.get(name), name in floors)
+                               for name, (s, n) in ranked),
+            instructions_reason=why, notes=tuple(notes), estimate_lower_bound=bool(est and est.lower_bound))
     return dataclasses.replace(report, functions=tuple(
         dataclasses.replace(f, measured=measured[f.name]) if f.name in measured else f for f in report.functions))

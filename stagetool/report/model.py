@@ -154,12 +154,14 @@ class MeasuredInstruction:
       executions: events per step (loop trip counts included).
       estimated_seconds: stagetool's estimate of it over the step (seconds), or None where it is not among
         the estimate's top instructions.
+      estimate_lower_bound: the estimate of it is a floor (work no model covers: it takes at least it).
     """
 
     name: str
     measured_seconds: float
     executions: int
     estimated_seconds: float | None = None
+    estimate_lower_bound: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +180,9 @@ class MeasuredSection:
       estimated_seconds: stagetool's step-time estimate for this device (the schedule figure), or None.
       estimate_chip: the chip the estimate is for, or None.
       error: ``(estimated - measured) / measured``, measured being ``device_seconds`` where known (the
-        estimate is of device time), else the wall-clock median; or None.
+        estimate is of device time), else the wall-clock median; or None. Where the estimate is a lower bound
+        (``estimate_lower_bound``) so is the error: the estimate's error is at least it.
+      estimate_lower_bound: the estimate is a lower bound ("at least": work no model covers).
       instructions: the instructions taking the most measured device time, longest first.
       instructions_reason: why ``instructions`` is empty (no profiler trace), or None.
       notes: what the measurement assumes (the inputs drawn, the backend).
@@ -201,6 +205,7 @@ class MeasuredSection:
     instructions_reason: str | None = None
     notes: tuple[str, ...] = ()
     label: str = "measured"
+    estimate_lower_bound: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -302,20 +302,28 @@ def against_notes(a: AgainstSection) -> list[str]:
 
 
 def measured_rows(m: MeasuredSection) -> tuple[list[str], list[list[str]]]:
-    """``(header, rows)`` of ``--measure``: the step, then the top instructions, measured vs estimated."""
-    err = lambda e: "n/a" if e is None else f"{e * 100:+.0f}%"
+    """``(header, rows)`` of ``--measure``: the step, then the top instructions, measured vs estimated. An
+    estimate that is a lower bound reads ``at least 22.1 µs``, and its error ``≥ -99%``: a floor against a
+    measurement says how far below it is at most, not the model's error."""
+    def err(e: float | None, floor: bool = False) -> str:
+        return "n/a" if e is None else ("≥ " if floor else "") + f"{e * 100:+.0f}%"
+
+    def est(s: float | None, floor: bool = False) -> str:
+        return ("at least " if floor and s is not None else "") + format_seconds(s)
+
+    lb = m.estimate_lower_bound
     wall_err = None if m.estimated_seconds is None or m.median_seconds <= 0 else \
         (m.estimated_seconds - m.median_seconds) / m.median_seconds
-    rows = [["step (wall clock)", format_seconds(m.median_seconds), format_seconds(m.estimated_seconds),
-             err(m.error if m.device_seconds is None else wall_err), f"{m.steps} steps, spread {m.spread * 100:.1f}%"]]
+    rows = [["step (wall clock)", format_seconds(m.median_seconds), est(m.estimated_seconds, lb),
+             err(m.error if m.device_seconds is None else wall_err, lb), f"{m.steps} steps, spread {m.spread * 100:.1f}%"]]
     if m.device_seconds is not None:
-        rows.append(["step (device, profiler)", format_seconds(m.device_seconds), format_seconds(m.estimated_seconds),
-                     err(m.error), "XLA Modules events"])
+        rows.append(["step (device, profiler)", format_seconds(m.device_seconds), est(m.estimated_seconds, lb),
+                     err(m.error, lb), "XLA Modules events"])
     for i in m.instructions:
         e = None if i.estimated_seconds is None or i.measured_seconds <= 0 else \
             (i.estimated_seconds - i.measured_seconds) / i.measured_seconds
-        rows.append([i.name, format_seconds(i.measured_seconds), format_seconds(i.estimated_seconds), err(e),
-                     f"{i.executions} run{'s' if i.executions != 1 else ''}"])
+        rows.append([i.name, format_seconds(i.measured_seconds), est(i.estimated_seconds, i.estimate_lower_bound),
+                     err(e, i.estimate_lower_bound), f"{i.executions} run{'s' if i.executions != 1 else ''}"])
     return ["", "measured", "estimated", "error", ""], rows
 
 
@@ -329,7 +337,10 @@ def measured_caption(m: MeasuredSection) -> str:
 
 def measured_notes(m: MeasuredSection) -> list[str]:
     """``--measure``'s notes, and why instructions are missing."""
-    return list(m.notes) + ([f"no per-instruction times: {m.instructions_reason}"] if m.instructions_reason else [])
+    floor = (["the estimate is a lower bound (work no model covers, timed at a floor): the step takes at least it, "
+              "so its error is at least the one shown (≥), not the model's error"] if m.estimate_lower_bound else [])
+    return list(m.notes) + floor + ([f"no per-instruction times: {m.instructions_reason}"]
+                                    if m.instructions_reason else [])
 
 
 def aliased_label(m: MemorySection) -> str:

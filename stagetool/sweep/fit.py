@@ -162,7 +162,7 @@ def probe_of_row(batch: int, row: dict) -> Probe:
     st = row.get("step_time")
     step = (st["chip"], st["overlapped_seconds"], st["schedule_seconds"], st["serial_seconds"]) if st else None
     return Probe(batch, FITS if row["fits"] else DOES_NOT_FIT, peak, cap, program=program, step_time=step,
-                 **_replicated(row))
+                 step_time_lower_bound=bool(st and st.get("lower_bound")), **_replicated(row))
 
 
 class _Compiles:
@@ -285,12 +285,13 @@ def _speed(at: Probe | None, batch: int | None, tokens_per_example: int | None) 
         return {"step_time": None, "tokens_per_second": None}
     chip, low, mid, high = at.step_time
     step = {"chip": chip, "overlapped_seconds": low, "schedule_seconds": mid, "serial_seconds": high,
-            "label": "estimate"}
+            "label": "estimate", "lower_bound": at.step_time_lower_bound}
     tps = None
     if tokens_per_example and batch and mid > 0:
         tokens = batch * tokens_per_example
+        # a step that takes at least its figure gives at most these tokens per second
         tps = {"schedule": tokens / mid, "high": tokens / low if low > 0 else None, "low": tokens / high,
-               "label": "estimate"}
+               "label": "estimate", "upper_bound": at.step_time_lower_bound}
     return {"step_time": step, "tokens_per_second": tps}
 
 
@@ -324,10 +325,13 @@ def set_line(values: dict, batch_name: str, batch: int) -> str:
 def best_setting(fitting: list[dict]) -> tuple[dict, str]:
     """The best of the settings that fit, and by what: the most examples per second at the largest
     batch (``largest_batch / step_time.schedule_seconds``, an estimate) when every one has a step-time
-    estimate on one chip, else the largest batch; ties: the most headroom, then grid order."""
+    estimate on one chip, else the largest batch; ties: the most headroom, then grid order. A step time
+    that is a lower bound gives at most its examples per second: such a setting never ranks above one
+    whose figure is complete (as ``sweep --rank-by step_time``)."""
     chips = {st["step_time"]["chip"] if st["step_time"] else None for st in fitting}
     if None not in chips and len(chips) == 1:
-        return max(fitting, key=lambda st: (st["largest_batch"] / st["step_time"]["schedule_seconds"],
+        return max(fitting, key=lambda st: (not st["step_time"].get("lower_bound"),
+                                            st["largest_batch"] / st["step_time"]["schedule_seconds"],
                                             st["headroom_bytes"] or 0)), "examples per second (estimate)"
     return max(fitting, key=lambda st: (st["largest_batch"], st["headroom_bytes"] or 0)), "largest batch"
 

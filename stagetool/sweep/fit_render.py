@@ -62,12 +62,13 @@ def frontier_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
         speed = []
         if steps:
             t = st["step_time"]
-            speed.append("—" if t is None else f"{format_seconds(t['schedule_seconds'])} "
-                                               f"({format_seconds(t['overlapped_seconds'])}–"
+            least = "≥ " if t and t.get("lower_bound") else ""  # at least: work no model covers
+            speed.append("—" if t is None else f"{least}{format_seconds(t['schedule_seconds'])} "
+                                               f"({least}{format_seconds(t['overlapped_seconds'])}–"
                                                f"{format_seconds(t['serial_seconds'])}, {t['chip']})")
         if tokens:
             r = st["tokens_per_second"]
-            speed.append("—" if r is None else format_count(r["schedule"]))
+            speed.append("—" if r is None else ("≤ " if r.get("upper_bound") else "") + format_count(r["schedule"]))
         rows.append(["★" if st["id"] == best else "", *(_value(st["values"].get(k, "")) for k in knobs),
                      "—" if st["largest_batch"] is None else str(st["largest_batch"]),
                      _share(st["peak_bytes_per_device"], st["capacity_bytes_per_device"]), _bytes(st["headroom_bytes"]),
@@ -110,6 +111,8 @@ def footer(doc: dict) -> list[str]:
     if doc["kind"] == "fit" and any(st["step_time"] for st in doc["settings"]):
         lines.append("step (est.): the step-time estimate at the largest batch, the schedule's figure (overlapped–"
                      "serial range) on the chip named; tokens/s (est.) = batch × --tokens-per-example ÷ that figure")
+        if any((st["step_time"] or {}).get("lower_bound") for st in doc["settings"]):
+            lines.append("≥: a lower bound, work no model covers (the step takes at least it; tokens/s ≤: at most)")
     lines.append("peak: the gated peak of each compile (XLA's memory analysis on the target, per device); "
                  "capacity: --device-memory, the topology's HBM or the device (XLA's available HBM where it refused)")
     lines += [f"UNDECIDED: {p}" for p in doc["problems"]]

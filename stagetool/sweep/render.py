@@ -223,7 +223,9 @@ CSV_COLUMNS = ("index", "id", "best", "status", "peak_bytes_per_device", "host_p
                "capacity_bytes_per_device", "fits",
                "collective_bytes_per_step", "dcn_bytes_per_step", "flops_per_device_xla", "flops_per_device_loop_aware",
                "while_loops", "chip", "roofline_step_seconds",
-               "roofline_bound", "compile_s", "error")
+               "roofline_bound", "step_time_seconds", "step_time_lower_bound", "step_time_bound", "compile_s", "error")
+"""The CSV's columns after the spec's values: the row's fields; ``step_time_seconds`` is the step-time
+estimate's schedule figure (seconds), ``step_time_lower_bound`` true where it is only a floor (at least)."""
 
 
 def render_csv(doc: dict, **_: Any) -> str:
@@ -234,8 +236,11 @@ def render_csv(doc: dict, **_: Any) -> str:
     w.writerow([*values, *CSV_COLUMNS, *(f"collective_bytes_per_step[{k}]" for k in axes_keys)])
     for r in doc["rows"]:
         by_axes = r.get("collective_bytes_per_step_by_mesh_axes") or {}
+        st = r.get("step_time") or {}
         fields = {**r, "best": r["id"] == doc.get("best"), "compile_s": (r.get("timings") or {}).get("compile_s"),
-                  "error": _failure(r)}
+                  "error": _failure(r), "step_time_seconds": st.get("schedule_seconds"),
+                  "step_time_lower_bound": bool(st.get("lower_bound")) if st else None,
+                  "step_time_bound": st.get("bound")}
         w.writerow([_value(r["values"].get(v, "")) for v in values]
                    + ["" if fields.get(c) is None else _value(fields[c]) for c in CSV_COLUMNS]
                    + ["" if by_axes.get(k) is None else by_axes[k] for k in axes_keys])
