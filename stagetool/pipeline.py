@@ -414,7 +414,15 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
                                                  raw_text=Section.COMPILED_TEXT in wanted)
     except StagingError as e:
         return failure_report(plan, setup, prep, wanted, e, fspec=fspec)
-    return _report_of(facts, plan, fspec, setup, wanted, user_files, inputs, cached=cached)
+    report = _report_of(facts, plan, fspec, setup, wanted, user_files, inputs, cached=cached)
+    if report.collectives is not None and report.collectives.items:
+        from stagetool.analysis.causes import with_custom_rules
+        from stagetool.staging.equations import custom_partitioning_rules
+
+        rules = custom_partitioning_rules(staged.traced, user_files)
+        if rules:  # a gather a custom_partitioning rule asked for names the rule's line
+            report = dataclasses.replace(report, collectives=with_custom_rules(report.collectives, rules))
+    return report
 
 
 def failure_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: frozenset[Section], e: Exception,

@@ -30,7 +30,7 @@ import re
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stagetool.core.location import no_column as _no_column
 from stagetool.core.location import source_name as _short
@@ -1018,3 +1018,43 @@ def sharding_origins(prop: Propagation, inputs: Sequence[LeafReport], outputs: S
             constraints.append(ConstraintFact(line, _tensor(ctx, "", op.results[0], (), None, op).sharding,
                                               op.origin_name, via or None))
     return ShardingOrigins(ins, outs, tuple(constraints))
+
+
+def with_custom_rules(section: Any, rules: Sequence[tuple[str, str, str]]) -> Any:
+    """``section`` (a :class:`~stagetool.analysis.sections.CollectivesSection`) with the cause of each
+    collective that a ``custom_partitioning`` rule asked for naming the rule: a collective at the
+    line of a ``custom_partitioning`` call (``rules``: ``(call line, rule, rule line)``, from
+    :func:`stagetool.staging.equations.custom_partitioning_rules`) whose cause is the op's
+    ``custom_call`` and otherwise "the partitioner's choice" is the layout the rule's
+    ``arg_shardings`` or result sharding asked for, and says so with the rule's line."""
+    from pathlib import Path
+
+    def key(line: str | None) -> tuple[str, str] | None:
+        if not line or ":" not in line:
+            return None
+        file, _, rest = line.rpartition(":")
+        if not rest.isdigit() and ":" in file:  # file:line:col
+            file, _, rest = file.rpartition(":")
+        return Path(file).name, rest
+
+    by_line: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for call, rule, rule_line in rules:
+        k = key(call)
+        if k is not None:
+            by_line.setdefault(k, []).append((rule, rule_line))
+    if not by_line:
+        return section
+    items = []
+    for item in section.items:
+        cause = item.cause
+        found = by_line.get(key(item.source)) if item.source else None
+        if found and cause is not None and cause.op in ("custom_call", "custom_partitioning") \
+                and "partitioner's choice" in cause.reason:
+            rule, rule_line = found[0]
+            axes = _axes_text([_base_axis(a) for a in (item.collective.mesh_axes or ())])
+            reason = (f"the custom_partitioning rule {rule} ({_short(rule_line)}), called at {_short(item.source)}, "
+                      f"asks for a layout of its operands or result without {axes} (its arg_shardings / result "
+                      f"sharding), so the partitioner makes this {item.collective.kind} to give it that")
+            item = dataclasses.replace(item, cause=dataclasses.replace(cause, reason=reason))
+        items.append(item)
+    return dataclasses.replace(section, items=tuple(items))

@@ -44,3 +44,26 @@ def equations(traced: Any, user_files: list[str]) -> Iterator[tuple[Any, Callabl
                         yield from walk(inner, depth + 1)
 
     yield from walk(root, 0)
+
+
+def custom_partitioning_rules(traced: Any, user_files: list[str]) -> tuple[tuple[str, str, str], ...]:
+    """The ``custom_partitioning`` calls of a traced program: ``(call line, rule, rule line)`` each,
+    ``file:line`` as :func:`equations` writes them, the rule being the ``partition`` callable given to
+    ``def_partition`` (its ``__qualname__``) and its line its definition's. Read from the equations'
+    ``partition`` parameter; a call whose rule has no code object (a ``functools.partial``) names the
+    callable's repr and no line."""
+    import inspect
+
+    out = []
+    for eqn, where in equations(traced, user_files):
+        if getattr(eqn.primitive, "name", "") != "custom_partitioning":
+            continue
+        rule = eqn.params.get("partition")
+        if rule is None:
+            continue
+        inner = inspect.unwrap(getattr(rule, "func", rule))
+        code = getattr(inner, "__code__", None)
+        name = getattr(inner, "__qualname__", None) or repr(rule)
+        line = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else "an unknown line"
+        out.append((where(eqn), name, line))
+    return tuple(dict.fromkeys(out))
