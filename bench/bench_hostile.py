@@ -1528,14 +1528,18 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2, help="whole command runs at a time")
     ap.add_argument("--no-cli", action="store_true", help="leave out the whole command runs")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every bad run")
-    ap.add_argument("--round", type=int, default=3, choices=(3, 4),
+    ap.add_argument("--round", type=int, default=3, choices=(3, 4, 5),
                     help="3: the families above; 4: issue 42's (the pytest fixture, inspect/LiveReport, isolation, "
-                         "chip constants)")
+                         "chip constants); 5: issue 47's (two estimates compared, a changed chip profile, --measure, "
+                         "fit, calibrate, atexit, huge numbers)")
     ap.add_argument("--limit", type=float, default=90.0, help="round 4: seconds one case may take")
-    ap.add_argument("--only", default="chips,live,fixture,process", help="round 4: the families to run")
+    ap.add_argument("--only", default="chips,live,fixture,process",
+                    help="round 4: the families to run; round 5: of " + ",".join(R5_FAMILIES) + " (default all)")
     args = ap.parse_args()
     if args.round == 4:
         return round4(args)
+    if args.round == 5:
+        return round5(args)
     rng = random.Random(args.seed)
     n = lambda k: max(1, int(k * args.scale))  # noqa: E731
     outcomes: list[Outcome] = []
@@ -1615,6 +1619,684 @@ def round4(args: argparse.Namespace) -> int:
     print(f"({seconds:.0f} s, seed {args.seed}, scale {args.scale})")
     bad = [o for o in outcomes if o.verdict != OK]
     for o in bad if args.verbose or len(bad) <= 40 else bad[:40]:
+        print(f"  {o.verdict}: {o.family} {o.name}: {o.detail}")
+    return 1 if bad else 0
+
+
+
+# ==== round 5 (issue 47): what round 4 never reached =====================================================
+#
+# Families: ``gate`` (two step-time estimates compared: a faster, a slower and an equal step through
+# snapshot/check/diff and the fixture), ``profile`` (the chip profile changed between snapshot and
+# check), ``measure`` (``--measure`` on the attached CPU devices: a callback that raises, host memory
+# running out, its options), ``fit``, ``calibrate`` (``--cpu-for-tests``: names and ``-o`` the loader
+# would refuse, a profile read back by the loader), ``atexit`` (handlers a staged function registers,
+# in a caller process that must keep its own exit status), ``huge`` (chip figures and options of no
+# chip or run: huge integers, 1e-308, NaN text, one chip named in two cases, a profile of another
+# chip). Verdicts: ok, data loss, passed regression, hang, caller death, unexpected (a raw exception,
+# "unexpected ... report it", a lower bound read as a full figure, a changed profile blamed on the code).
+
+R5_MODEL = """\
+import atexit
+import os
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+
+V = os.environ.get("VARIANT", "base")
+
+
+def step(w, x):
+    if V == "highest":  # the same FLOPs and bytes, a slower matmul class on a TPU
+        y = jnp.matmul(x, w, precision=jax.lax.Precision.HIGHEST)
+    elif V == "bigger":  # twice the rows
+        y = jnp.concatenate([x, x], 0) @ w
+    elif V == "sort":  # a sort after the matmul: work no model covers (a lower bound)
+        y = jnp.sort(x @ w, axis=0)
+    else:
+        y = x @ w
+    return jnp.tanh(y).sum()
+
+
+def stepb(w, x):
+    return jnp.tanh(x @ w).sum()
+
+
+def bad_cb(x):
+    raise ValueError("the user's callback failed")
+
+
+def callback(w, x):
+    y = jax.pure_callback(bad_cb, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return (y @ w).sum()
+
+
+def huge(w, x):
+    return jnp.broadcast_to(x, (1 << 24, x.shape[-1])) * 2
+
+
+def batched(w, x):
+    return jnp.sort(jnp.tanh(x @ w), axis=0).sum()
+"""
+
+R5_ATEXIT = """\
+import atexit
+import os
+import sys
+import threading
+import time
+from atexit import register as bound_register
+
+import jax.numpy as jnp
+
+
+def exit0(x):
+    atexit.register(os._exit, 0)
+    return x * 2
+
+
+def exit7(x):
+    atexit.register(os._exit, 7)
+    return x * 2
+
+
+def decorated(x):
+    @atexit.register
+    def bye():
+        os._exit(0)
+    return x * 2
+
+
+def sys_exit_handler(x):
+    atexit.register(sys.exit, 0)
+    return x * 2
+
+
+def from_thread(x):
+    def later():
+        time.sleep(0.3)
+        atexit.register(os._exit, 0)
+    threading.Thread(target=later).start()
+    return x * 2
+
+
+def imports_module(x):
+    import r5_registers_at_import  # noqa: F401 - registers os._exit(0) when imported
+    return x * 2
+
+
+def unregisters(x):
+    import r5_caller_handler
+    atexit.unregister(r5_caller_handler.mine)
+    return x * 2
+
+
+def bound(x):
+    bound_register(print, "stagetool: a handler bound before the staging ran")
+    return x * 2
+"""
+
+R5_ATEXIT_CALLER = """\
+import atexit
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax
+import jax.numpy as jnp
+
+import r5_caller_handler
+import r5_atexit_fns as F
+import stagetool
+
+if __name__ == "__main__":  # (an isolated run's worker is spawned: it imports this file)
+    atexit.register(r5_caller_handler.mine)
+    fn = getattr(F, sys.argv[1])
+    try:
+        stagetool.inspect(fn, jax.ShapeDtypeStruct((8,), jnp.float32), isolate=sys.argv[2] == "isolated")
+    except stagetool.StagingError as e:
+        print("staging error:", e, flush=True)
+    import time
+    time.sleep(0.5)  # a thread the function started gets its turn
+    sys.exit(5)
+"""
+
+R5_PYTEST = """\
+import jax
+import jax.numpy as jnp
+import pytest
+
+import r5_model as M
+import r5_atexit_fns as A
+
+W = jax.ShapeDtypeStruct((512, 512), jnp.float32)
+X = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+
+
+def test_step(stagetool_snapshot):
+    stagetool_snapshot(M.step, W, X, chip="tpu-v5e")
+
+
+def test_atexit_then_fails(stagetool_snapshot):
+    if not __import__("os").environ.get("R5_ATEXIT"):
+        pytest.skip("the atexit run only")
+    stagetool_snapshot(A.exit0, jax.ShapeDtypeStruct((8,), jnp.float32))
+    assert False, "fails after staging"
+"""
+
+
+def _r5_env(work: Path, **extra: str) -> dict:
+    env = _env(work)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(work)])
+    env.update(extra)
+    return env
+
+
+def _r5_run(work: Path, args: list[str], *, env: dict | None = None, limit_s: float = 180.0, shell: str = "",
+            python: bool = False) -> tuple[int | None, str, str]:
+    """One process in ``work``: ``python -m stagetool ARGS`` (or ``python ARGS`` with ``python``);
+    (exit code or None on a hang, stdout, stderr)."""
+    argv = [sys.executable, *([] if python else ["-m", "stagetool"]), *args]
+    if shell:
+        argv = ["sh", "-c", f'{shell} && exec "$@"', "sh", *argv]
+    try:
+        r = subprocess.run(argv, cwd=work, env=env or _r5_env(work), capture_output=True, text=True,
+                           timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        return None, "", ""
+    return r.returncode, r.stdout, r.stderr
+
+
+def _r5_judge(family: str, name: str, got: tuple[int | None, str, str], codes: tuple[int, ...], *,
+              stderr_has: str = "", stdout_has: str = "", limit_s: float = 180.0, lower_bound_check: bool = False,
+              regression_if_zero: bool = False, known_lower_bound: bool = False) -> Outcome:
+    rc, out, err = got
+    if rc is None:
+        return Outcome(family, name, HANG, f"still running after {limit_s:g} s")
+    said = [ln for ln in err.splitlines() if ln.startswith("error:")]  # stagetool's own last word
+    if "error: unexpected" in err or ("Traceback (most recent call last)" in err and not said):
+        last = [ln for ln in err.strip().splitlines() if "unexpected" in ln or "Error" in ln][-1:] or [err[-200:]]
+        return Outcome(family, name, UNEXPECTED, last[0][:240])
+    if rc not in codes:
+        verdict = REGRESSION if (rc == 0 and regression_if_zero) else UNEXPECTED
+        tail = " | ".join((err.strip().splitlines() or [""])[-2:])[:240]
+        return Outcome(family, name, verdict, f"exit {rc}, wanted {codes}: {tail}")
+    if stderr_has and stderr_has not in err:
+        return Outcome(family, name, UNEXPECTED, f"stderr lacks {stderr_has!r}: {err.strip()[-200:]!r}")
+    if stdout_has and stdout_has.lower() not in out.lower():
+        return Outcome(family, name, UNEXPECTED, f"stdout lacks {stdout_has!r}")
+    if lower_bound_check:
+        bad = _lower_bound_read_as_full(out, known_lower_bound)
+        if bad:
+            return Outcome(family, name, UNEXPECTED, f"a lower bound read as a full figure: {bad}")
+    return Outcome(family, name, OK)
+
+
+def _lower_bound_read_as_full(text: str, known: bool = False) -> str | None:
+    """Where a step time that is a lower bound (the report says so, or ``known``: a sort no model
+    covers) is shown without "at least" / "≥": the ``--measure`` table's estimated step, ``check``'s
+    step-time row, a fit row."""
+    if not known and "lower bound" not in text and "at least" not in text:
+        return None
+    for line in text.splitlines():
+        low = line.lower()
+        if ("step (wall clock)" in low or "step time (estimate" in low) and not (
+                "at least" in low or "≥" in line or ">=" in line or "lower bound" in low):
+            return line.strip()[:160]
+    return None
+
+
+def r5_setup(work: Path) -> None:
+    (work / "tmp").mkdir(exist_ok=True)
+    (work / "r5_model.py").write_text(R5_MODEL)
+    (work / "r5_atexit_fns.py").write_text(R5_ATEXIT)
+    (work / "r5_caller.py").write_text(R5_ATEXIT_CALLER)
+    (work / "r5_registers_at_import.py").write_text("import atexit, os\natexit.register(os._exit, 0)\n")
+    (work / "r5_caller_handler.py").write_text(
+        "import sys\n\n\ndef mine():\n    sys.stdout.write('caller handler ran\\n')\n    sys.stdout.flush()\n")
+    (work / "s.yaml").write_text("functions:\n  step: {target: r5_model.py:step, args: ['f32[512,512]', "
+                                 "'f32[256,512]']}\n")
+    (work / "cb.yaml").write_text("functions:\n  callback: {target: r5_model.py:callback, args: ['f32[8,8]', "
+                                  "'f32[4,8]']}\n")
+    (work / "huge.yaml").write_text("functions:\n  huge: {target: r5_model.py:huge, args: ['f32[8,8]', "
+                                    "'f32[1024]']}\n")
+    (work / "fit.yaml").write_text("functions:\n  batched: {target: r5_model.py:batched, args: ['f32[256,256]', "
+                                   "'f32[${batch},256]']}\n")
+
+
+def _chips_yaml(scale: float = 1.0, highest: float | None = None) -> str:
+    """The bundled tpu-v5e profile's measured rates, each × ``scale`` (a recalibration; < 1 slower),
+    with ``f32_highest`` at ``highest`` when given (a forged class)."""
+    from stagetool.core.chips import CHIPS
+
+    c = CHIPS["tpu-v5e"]
+    mm = {k: v * scale for k, v in c.matmul_flops_per_second}
+    if highest is not None:
+        mm["f32_highest"] = highest
+    rates = ", ".join(f"{k}: {v:.6e}" for k, v in mm.items())
+    fields = ["hbm_copy_bytes_per_second", "elementwise_bytes_per_second", "reduction_bytes_per_second",
+              "transcendentals_per_second", "gather_bytes_per_second", "scatter_bytes_per_second"]
+    fields += ["peak_flops_per_second_bf16", "hbm_bandwidth_bytes_per_second"]  # a faster chip's peaks too
+    rest = ", ".join(f"{f}: {getattr(c, f) * scale:.6e}" for f in fields)
+    return f"chips:\n  tpu-v5e: {{matmul_flops_per_second: {{{rates}}}, {rest}}}\n"
+
+
+def r5_gate(work: Path, jobs: int) -> list[Outcome]:
+    """Two estimates compared: snapshots of four variants under --chip tpu-v5e; check (live) and diff
+    (two files) of each pair whose order is known by construction (a variant is base plus work)."""
+    out: list[Outcome] = []
+    variants = ["base", "highest", "bigger", "sort"]
+    snaps = {}
+    for v in variants:
+        got = _r5_run(work, ["snapshot", "--spec", "s.yaml", "--chip", "tpu-v5e", "-o", f"snap-{v}.json"],
+                      env=_r5_env(work, VARIANT=v))
+        o = _r5_judge("gate", f"snapshot {v}", got, (0,))
+        out.append(o)
+        snaps[v] = o.verdict == OK
+    pairs = [(a, b, want) for a, b, want in
+             [("base", v, "slower") for v in variants[1:]] + [(v, "base", "faster") for v in variants[1:]]
+             + [(v, v, "equal") for v in variants]]
+    cases = []
+    for a, b, want in pairs:
+        if not snaps[a]:
+            continue
+        codes = (1,) if want == "slower" else (0,)
+        cases.append((f"check {a} -> {b} ({want})", ["check", "--spec", "s.yaml", "--chip", "tpu-v5e", "-b",
+                                                       f"snap-{a}.json"], _r5_env(work, VARIANT=b), codes, want))
+        if snaps[b]:
+            cases.append((f"diff {a} -> {b} ({want})", ["diff", f"snap-{a}.json", f"snap-{b}.json",
+                                                          "--fail-on-regression"], None, codes, want))
+            if want == "faster":
+                cases.append((f"diff {a} -> {b} ({want}) json", ["diff", f"snap-{a}.json", f"snap-{b}.json",
+                                                                   "--format", "json"], None, (0,), want))
+
+    def one(case):
+        name, args, env, codes, want = case
+        got = _r5_run(work, args, env=env)
+        o = _r5_judge("gate", name, got, codes, regression_if_zero=want == "slower",
+                      lower_bound_check="sort" in name and "json" not in name, known_lower_bound="-> sort" in name)
+        if o.verdict == OK and args[-1] == "json":
+            import json
+            try:
+                json.loads(got[1])
+            except ValueError as e:
+                return Outcome("gate", name, UNEXPECTED, f"not JSON: {e}")
+        return o
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        out += list(pool.map(one, cases))
+    # the fixture: recorded on the HIGHEST step; the default (faster) step passes, the sort (slower) fails
+    proj = work / "fixture5"
+    proj.mkdir()
+    for f in ("r5_model.py", "r5_atexit_fns.py"):
+        shutil.copy(work / f, proj / f)
+    (proj / "conftest.py").write_text(FIXTURE_CONFTEST)
+    (proj / "test_r5.py").write_text(R5_PYTEST)
+    old = os.environ.get("VARIANT")
+    try:
+        for variant, args, want in (("highest", ("--stagetool-update",), "passed"), ("base", (), "passed"),
+                                    ("sort", (), "failed"), ("highest", (), "passed")):
+            os.environ["VARIANT"] = variant
+            rc, got = _run_pytest(proj, *args, "-k", "test_step", limit_s=300)
+            name = f"fixture {variant}{' (record)' if args else ''}"
+            if rc is None:
+                out.append(Outcome("gate", name, HANG, "pytest did not end"))
+                continue
+            status, text = got.get("test_step", ("missing", ""))
+            if status == want:
+                bad = "Traceback" in text or "unexpected" in text
+                out.append(Outcome("gate", name, UNEXPECTED if bad else OK, text[:200] if bad else ""))
+            else:
+                out.append(Outcome("gate", name, REGRESSION if status == "passed" else UNEXPECTED,
+                                   f"{status}, wanted {want}: {text[:200]}"))
+    finally:
+        if old is None:
+            os.environ.pop("VARIANT", None)
+        else:
+            os.environ["VARIANT"] = old
+    return out
+
+
+def r5_profile(work: Path, jobs: int) -> list[Outcome]:
+    """The chip's figures changed between snapshot and check: a recalibration with the code unchanged
+    must be filed as the profile's, never the code's; a forged profile must not hide a regression the
+    code made (the HIGHEST matmul, 6× slower on the v5e, with its class forged to DEFAULT's rate)."""
+    from stagetool.core.chips import CHIPS
+
+    (work / "p_base.yaml").write_text((work / "s.yaml").read_text() + _chips_yaml())
+    (work / "p_slow.yaml").write_text((work / "s.yaml").read_text() + _chips_yaml(scale=0.5))
+    f32 = dict(CHIPS["tpu-v5e"].matmul_flops_per_second)["f32"]
+    (work / "p_forged.yaml").write_text((work / "s.yaml").read_text() + _chips_yaml(highest=f32))
+    out = [_r5_judge("profile", "snapshot", _r5_run(work, ["snapshot", "--spec", "p_base.yaml", "--chip", "tpu-v5e",
+                                                          "-o", "p.json"], env=_r5_env(work, VARIANT="base")), (0,))]
+    if out[0].verdict != OK:
+        return out
+    cases = [
+        ("unchanged code, unchanged profile", "p_base.yaml", "base", (0,), ""),
+        ("unchanged code, profile recalibrated 2x slower", "p_slow.yaml", "base", (0, 1), "profile"),
+        ("HIGHEST matmul, its class forged to DEFAULT's rate", "p_forged.yaml", "highest", (1,), ""),
+        ("HIGHEST matmul, unchanged profile", "p_base.yaml", "highest", (1,), ""),
+        ("twice the rows, profile 2x faster", None, "bigger", (1,), ""),
+    ]
+    (work / "p_fast.yaml").write_text((work / "s.yaml").read_text() + _chips_yaml(scale=2.0))
+
+    def one(case):
+        name, spec, variant, codes, says = case
+        got = _r5_run(work, ["check", "--spec", spec or "p_fast.yaml", "--chip", "tpu-v5e", "-b", "p.json"],
+                      env=_r5_env(work, VARIANT=variant))
+        o = _r5_judge("profile", name, got, codes, regression_if_zero=codes == (1,))
+        if o.verdict == OK and says and "profile changed" not in got[1].lower():
+            return Outcome("profile", name, UNEXPECTED, "the changed chip profile is not named (filed as the code's)")
+        return o
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        out += list(pool.map(one, cases))
+    return out
+
+
+def r5_measure(work: Path, jobs: int) -> list[Outcome]:
+    """``--measure`` on the attached CPU devices."""
+    limit_kib = 6 * 2**20
+    cases = [
+        ("measure", ["cost", "--spec", "s.yaml", "--chip", "tpu-v5e", "--measure", "--measure-steps", "2"], {},
+         (0,), "", "measured vs estimated", ""),
+        ("measure a lower bound (sort)", ["cost", "--spec", "s.yaml", "--chip", "tpu-v5e", "--measure",
+                                          "--measure-steps", "2"], {"VARIANT": "sort"}, (0,), "", "measured", ""),
+        ("report --measure json", ["report", "--spec", "s.yaml", "--measure", "--measure-steps", "1", "--format",
+                                   "json"], {}, (0,), "", "", ""),
+        ("a host callback that raises", ["cost", "--spec", "cb.yaml", "--measure", "--measure-steps", "1"], {},
+         (3,), "host callback raised", "", ""),
+        ("host memory runs out", ["cost", "--spec", "huge.yaml", "--measure", "--measure-steps", "1"], {}, (2,),
+         "ran out of memory", "", f"ulimit -v {limit_kib}"),
+        ("--measure-steps without --measure", ["cost", "--spec", "s.yaml", "--measure-steps", "3"], {}, (2,),
+         "--measure-steps", "", ""),
+        ("--measure-steps 0", ["cost", "--spec", "s.yaml", "--measure", "--measure-steps", "0"], {}, (2,), "", "", ""),
+        ("--measure on a compile-only topology", ["cost", "--spec", "s.yaml", "--measure", "--topology", "v5e:1x1"],
+         {}, (2,), "", "", ""),
+    ]
+
+    def one(case):
+        name, args, extra, codes, err_has, out_has, shell = case
+        got = _r5_run(work, args, env=_r5_env(work, **extra), shell=shell)
+        o = _r5_judge("measure", name, got, codes, stderr_has=err_has, stdout_has=out_has,
+                      lower_bound_check="sort" in name, known_lower_bound="sort" in name)
+        if o.verdict == OK and "json" in name:
+            import json
+            try:
+                json.loads(got[1])
+            except ValueError as e:
+                return Outcome("measure", name, UNEXPECTED, f"not JSON: {e}")
+        return o
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, cases))
+
+
+def r5_fit(work: Path, jobs: int) -> list[Outcome]:
+    """``fit`` over a batch whose step has a sort (its step time is a lower bound), and bad numbers."""
+    base = ["fit", "--spec", "fit.yaml", "--device-memory", "2MiB", "--chip", "tpu-v5e", "--multiple", "8",
+            "--start", "8", "--max-compiles", "6", "-j", "2"]
+    cases = [
+        ("fit text", base + ["--max-batch", "512"], (0,), ""),
+        ("fit json", base + ["--max-batch", "512", "--format", "json"], (0,), ""),
+        ("--max-batch huge", base + ["--max-batch", "9" * 40], (0, 2), ""),
+        ("--device-memory 1e400GB", ["fit", "--spec", "fit.yaml", "--device-memory", "1e400GB"], (2,), ""),
+        ("--device-memory 0", ["fit", "--spec", "fit.yaml", "--device-memory", "0"], (2,), ""),
+        ("--tokens-per-example huge", base + ["--max-batch", "64", "--tokens-per-example", "9" * 40], (0, 2), ""),
+    ]
+
+    def one(case):
+        name, args, codes, _ = case
+        got = _r5_run(work, args, limit_s=300)
+        o = _r5_judge("fit", name, got, codes, limit_s=300, lower_bound_check=True)
+        if o.verdict == OK and name == "fit json":
+            import json
+            try:
+                doc = json.loads(got[1])
+            except ValueError as e:
+                return Outcome("fit", name, UNEXPECTED, f"not JSON: {e}")
+            text = json.dumps(doc)
+            if '"step_time"' in text and "lower_bound" not in text:
+                return Outcome("fit", name, UNEXPECTED, "a step time that is a lower bound (a sort) carries no "
+                                                        "lower_bound in fit's JSON")
+        if o.verdict == OK and name == "fit text" and "at least" not in got[1] and "≥" not in got[1]:
+            return Outcome("fit", name, UNEXPECTED, "the step time (a lower bound: a sort) is shown without 'at least'")
+        return o
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, cases))
+
+
+def r5_calibrate(work: Path, jobs: int) -> list[Outcome]:
+    """``calibrate --cpu-for-tests``: what the loader would refuse is refused before any benchmark; what
+    it writes, the loader reads back (and ``--chip NAME`` stages with it)."""
+    quick = ["calibrate", "--cpu-for-tests", "--repeats", "3", "--warmup", "1"]
+    (work / "folder.yaml").mkdir()
+    cases: list = []
+    for bad in ("a#b", "a: b", "", " ", "x" * 65, "-x", "tpu v5e", "é", "a\nb"):
+        cases.append((f"--name {bad!r}", quick + ["--name", bad], (2,), "--name", None))
+    for bad in ("/nonexistent-folder/p.yaml", "folder.yaml", "/proc/self/nope/p.yaml"):
+        cases.append((f"-o {bad}", quick + ["--name", "npu", "-o", bad], (2,), "--output", None))
+    cases.append(("JAX_PLATFORMS=tpu", ["calibrate"], (2,), "JAX could not start", {"JAX_PLATFORMS": "tpu"}))
+    cases.append(("--repeats huge", quick + ["--repeats", "9" * 40], (2,), "", None))
+    for name in ("npu-cpu", "tpu-v5e"):
+        cases.append((f"write {name} and load it", quick + ["--name", name, "-o", f"prof-{name}.yaml"], (0,), "",
+                      None))
+
+    def one(case):
+        name, args, codes, err_has, extra = case
+        got = _r5_run(work, args, env=_r5_env(work, **(extra or {})), limit_s=240)
+        o = _r5_judge("calibrate", name, got, codes, stderr_has=err_has, limit_s=240)
+        if o.verdict == OK and codes != (0,) and ("calibrating" in got[2] or "matmul_bf16" in got[2]):
+            return Outcome("calibrate", name, UNEXPECTED, "refused only after benchmarks ran")
+        if o.verdict != OK or codes != (0,):
+            return o
+        chip = args[args.index("--name") + 1]
+        prof = work / f"prof-{chip}.yaml"
+        spec = work / f"with-{chip}.yaml"
+        try:
+            text = prof.read_text()
+        except OSError as e:
+            return Outcome("calibrate", name, UNEXPECTED, f"no profile written: {e}")
+        spec.write_text((work / "s.yaml").read_text() + text)
+        got = _r5_run(work, ["cost", "--spec", spec.name, "--chip", chip])
+        return _r5_judge("calibrate", name + " (cost --chip)", got, (0,), stdout_has="step time")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, cases))
+
+
+def r5_atexit(work: Path, jobs: int) -> list[Outcome]:
+    """A caller that stages a function registering atexit handlers, then exits 5: it must exit 5 (and
+    its own handler run); a pytest session with a failing test must exit 1."""
+    fns = ["exit0", "exit7", "decorated", "sys_exit_handler", "from_thread", "imports_module", "unregisters",
+           "bound"]
+    cases = [(f, mode) for f in fns for mode in ("in-process", "isolated")]
+
+    def one(case):
+        fn, mode = case
+        name = f"{fn} {mode}"
+        rc, out_text, err = _r5_run(work, ["r5_caller.py", fn, mode], python=True, limit_s=180)
+        if rc is None:
+            return Outcome("atexit", name, HANG, "still running after 180 s")
+        if "error: unexpected" in err:
+            return Outcome("atexit", name, UNEXPECTED, err.strip().splitlines()[-1][:200])
+        if rc != 5:
+            return Outcome("atexit", name, DEATH, f"the caller's exit status became {rc} (it exits 5)")
+        if "caller handler ran" not in out_text:
+            return Outcome("atexit", name, UNEXPECTED, "the caller's own atexit handler did not run")
+        return Outcome("atexit", name, OK)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        out = list(pool.map(one, cases))
+    proj = work / "fixture5"
+    if not proj.exists():
+        proj.mkdir()
+        for f in ("r5_model.py", "r5_atexit_fns.py"):
+            shutil.copy(work / f, proj / f)
+        (proj / "conftest.py").write_text(FIXTURE_CONFTEST)
+        (proj / "test_r5.py").write_text(R5_PYTEST)
+    os.environ["R5_ATEXIT"] = "1"
+    try:
+        for mode in ((), ("--stagetool-isolate",)):
+            name = f"pytest session {'isolated' if mode else 'in-process'}"
+            rc, got = _run_pytest(proj, "--stagetool-update", "-k", "test_atexit_then_fails", *mode, limit_s=300)
+            if rc is None:
+                out.append(Outcome("atexit", name, HANG, "pytest did not end"))
+            else:
+                out.append(Outcome("atexit", name, OK if rc == 1 else (REGRESSION if rc == 0 else DEATH),
+                                   f"exit {rc} with a failing test"))
+    finally:
+        os.environ.pop("R5_ATEXIT", None)
+    return out
+
+
+def r5_huge_cases(rng: random.Random, n: int) -> list[tuple[str, Callable[[], str]]]:
+    """Chip figures through the spec's ``chips:`` loader: numbers no chip has, names twice, a profile of
+    another chip. Accepted figures must be finite and give a finite, positive time to a unit of work."""
+    from stagetool.core import chips as C
+
+    fields = list(C._FIGURES)
+    values: list = [10**400, -(10**400), 2**64, 2**63 - 1, 1e-308, 5e-324, 1e308, 1e21, 1e22, 1.0, 0.999, "1e400",
+                    "-1e400", "nan", "NaN", "inf", "9" * 5000, "1e-308", "0x10", 10**25, 1e-13, 61.0]
+    out = []
+
+    def one(entry: dict, text_twice: bool = False) -> Callable[[], str]:
+        def run() -> str:
+            from pathlib import Path as _P
+
+            import yaml
+
+            from stagetool.core.errors import SpecError
+            from stagetool.spec.parse import parse_spec
+
+            body = yaml.safe_dump({"chips": entry}, allow_unicode=True, width=10**6)
+            try:
+                spec = parse_spec("functions: {f: m.py:f}\n" + body, file="h.yaml", base_dir=_P("/x"))
+                table = C.merge_chips(spec.chips)
+            except SpecError as e:
+                if not all(i.startswith("h.yaml:") for i in e.issues):
+                    return f"{UNEXPECTED}\ta problem without its file:line: {e.issues[0][:120]}"
+                return OK
+            except Exception as e:  # noqa: BLE001
+                return f"{UNEXPECTED}\t{type(e).__name__}: {str(e)[:160]}"
+            if text_twice:
+                return f"{PASS}\tone chip named twice in two cases accepted"
+            for chip in table.values():
+                for f in fields:
+                    v = getattr(chip, f)
+                    if v is None:
+                        continue
+                    if not math.isfinite(float(v)) or v <= 0:
+                        return f"{PASS}\t{chip.name}.{f} = {v!r} accepted"
+                    t = (1.0 / v) if not f.endswith("seconds") else v
+                    if not math.isfinite(t) or t <= 0 or t > 1e6:
+                        return f"{PASS}\t{chip.name}.{f} = {v!r}: a time of {t!r} s per unit of work"
+                for cls, r in chip.matmul_flops_per_second:
+                    if not math.isfinite(r) or not 1 <= r <= 1e21:
+                        return f"{PASS}\t{chip.name}.matmul {cls} = {r!r} accepted"
+                    peak = chip.peak_flops_per_second_bf16
+                    if peak and cls in ("bf16", "f32", "f32_highest") and r > peak * 1.05:
+                        return f"{PASS}\t{chip.name}.matmul {cls} {r:.3g} above its peak {peak:.3g} (MFU over 100%)"
+                measured_on = dict(chip.profile).get("measured_on")
+                other = C.chip_for_device_kind(measured_on) if measured_on else None
+                if other and other != chip.name and chip.name in C.CHIPS:
+                    return f"{PASS}\ta profile measured on {measured_on} accepted under {chip.name}"
+            return OK
+        return run
+
+    for _ in range(n):
+        chip = rng.choice(["tpu-v5e", "h100-sxm", "npu"])
+        field = rng.choice(fields + ["matmul_flops_per_second"])
+        value = rng.choice(values)
+        if field == "matmul_flops_per_second":
+            entry = {chip: {field: {rng.choice(["bf16", "f32", "f32_highest", "int8"]): value}}}
+        else:
+            entry = {chip: {field: value}}
+        if chip == "npu":
+            entry["npu"].setdefault("hbm_bandwidth_bytes_per_second", 1e12)
+        out.append((f"{chip}.{field}={str(value)[:24]}", one(entry)))
+    for a, b in (("TPU-V5E", "tpu-v5e"), ("Tpu-V5e", "TPU-v5E"), ("npu", "NPU ")):
+        out.append((f"{a!r} beside {b!r}", one({a: {"clock_hz": 1e9}, b: {"clock_hz": 2e9}}, text_twice=True)))
+    for kind, name in (("NVIDIA H100 80GB HBM3", "tpu-v5e"), ("TPU v5 lite", "h100-sxm"), ("TPU v4", "tpu-v5e")):
+        out.append((f"profile of {kind} under {name}", one({name: {"profile": {"measured_on": kind},
+                                                                   "clock_hz": 1e9}})))
+    out.append(("H100 rates under tpu-v5e", one({"tpu-v5e": {"matmul_flops_per_second": {"bf16": 7.5e14}}})))
+    return out
+
+
+def r5_huge_cli(work: Path, jobs: int) -> list[Outcome]:
+    big = "9" * 40
+    (work / "hugechip.yaml").write_text((work / "s.yaml").read_text()
+                                        + f"chips:\n  tpu-v5e: {{hbm_bandwidth_bytes_per_second: {'1' + '0' * 400}}}\n")
+    (work / "tinyrate.yaml").write_text((work / "s.yaml").read_text()
+                                        + "chips:\n  tpu-v5e: {elementwise_bytes_per_second: 1.0e-308}\n")
+    (work / "newchip.yaml").write_text((work / "s.yaml").read_text()
+                                       + "chips:\n  npu: {peak_flops_per_second_bf16: 1.0e+14}\n")
+    cases = [
+        ("a 400-digit chip figure", ["cost", "--spec", "hugechip.yaml", "--chip", "tpu-v5e"], (2,), "hugechip.yaml:"),
+        ("a rate of 1e-308", ["cost", "--spec", "tinyrate.yaml", "--chip", "tpu-v5e"], (2,), "tinyrate.yaml:"),
+        ("a new chip without HBM bandwidth", ["cost", "--spec", "newchip.yaml", "--chip", "npu"], (0,), ""),
+        ("--measure-steps huge", ["cost", "--spec", "s.yaml", "--measure", "--measure-steps", big], (2,), ""),
+        ("--device-memory huge", ["memory", "--spec", "s.yaml", "--device-memory", big + "GiB"], (0, 2), ""),
+        ("--timeout 1e400", ["check", "--spec", "s.yaml", "-b", "x.json", "--timeout", "1e400"], (2,), ""),
+        ("--tolerance huge", ["diff", "a.json", "b.json", "--tolerance", "peak=" + big], (2,), ""),
+        ("--jobs huge", ["snapshot", "--spec", "s.yaml", "-o", "j.json", "--jobs", big], (0, 2), ""),  # capped by the functions
+    ]
+
+    def one(case):
+        name, args, codes, err_has = case
+        got = _r5_run(work, args)
+        o = _r5_judge("huge", name, got, codes, stderr_has=err_has)
+        if o.verdict == OK and name == "a new chip without HBM bandwidth" and "left out" not in got[1]:
+            return Outcome("huge", name, UNEXPECTED, "the memory part is dropped without a reason")
+        return o
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, cases))
+
+
+R5_FAMILIES = ("gate", "profile", "measure", "fit", "calibrate", "atexit", "huge")
+
+
+def round5(args: argparse.Namespace) -> int:
+    """Issue 47's round: runs per family and verdict; exit 1 on any bad run."""
+    rng = random.Random(args.seed)
+    start = time.monotonic()
+    outcomes: list[Outcome] = []
+    only = set(args.only.split(",")) if args.only != "chips,live,fixture,process" else set(R5_FAMILIES)
+    jobs = max(1, args.jobs)
+    with tempfile.TemporaryDirectory(prefix="bench-hostile5-") as tmp:
+        work = Path(tmp)
+        r5_setup(work)
+        if "huge" in only:
+            for name, fn in r5_huge_cases(rng, max(1, int(80 * args.scale))):
+                verdict, detail = in_child(fn, 20.0)
+                outcomes.append(Outcome("huge", name, verdict, detail))
+        steps = [("gate", r5_gate), ("profile", r5_profile), ("measure", r5_measure), ("fit", r5_fit),
+                 ("calibrate", r5_calibrate), ("atexit", r5_atexit), ("huge", r5_huge_cli)]
+        for family, fn in steps:
+            if family in only:
+                t0 = time.monotonic()
+                outcomes += fn(work, jobs)
+                if args.verbose:
+                    print(f"  ({family}: {time.monotonic() - t0:.0f} s)", flush=True)
+        left = [p.name for p in (work / "tmp").iterdir()]
+        if left:
+            outcomes.append(Outcome("huge", "temporaries", UNEXPECTED, f"left in TMPDIR: {left[:3]}"))
+    seconds = time.monotonic() - start
+    verdicts = (OK, LOSS, REGRESSION, PASS, HANG, DEATH, UNEXPECTED)
+    table = collections.defaultdict(collections.Counter)
+    for o in outcomes:
+        table[o.family][o.verdict] += 1
+    print(f"{'family':<10} {'runs':>5} " + " ".join(f"{v:>18}" for v in verdicts))
+    for family, counts in [*table.items(), ("all", collections.Counter(o.verdict for o in outcomes))]:
+        print(f"{family:<10} {sum(counts.values()):>5} " + " ".join(f"{counts[v]:>18}" for v in verdicts))
+    print(f"({seconds:.0f} s, seed {args.seed}, scale {args.scale})")
+    bad = [o for o in outcomes if o.verdict != OK]
+    for o in bad if args.verbose or len(bad) <= 60 else bad[:60]:
         print(f"  {o.verdict}: {o.family} {o.name}: {o.detail}")
     return 1 if bad else 0
 
