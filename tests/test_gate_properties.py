@@ -278,3 +278,14 @@ def test_a_changed_profile_never_hides_what_the_code_did(builtin_before, builtin
         assert cmp.exit_code() == 0
     profile = [c for c in changes if c.apart == "chip profile changed"]
     assert len(profile) == 1 and profile[0].status == "changed"
+
+
+def test_another_libtpu_is_an_environment_difference():
+    """The snapshot records the libtpu beside a TPU figure; another one is named, and the memory and cost
+    tolerances are raised as for another jax (a snapshot without it says nothing)."""
+    before, after = doc(entry()), doc(entry())
+    before["libtpu_version"], after["libtpu_version"] = "0.0.42.1", "0.0.52"
+    cmp = compare(before, after)
+    assert any("libtpu 0.0.42.1 in the baseline, 0.0.52 now" in n for n in cmp.notices)
+    del before["libtpu_version"]
+    assert not compare(before, after).notices

@@ -845,6 +845,9 @@ def environment_notices(before: Mapping, after: Mapping) -> list[str]:
     for key in ("jax_version", "jaxlib_version"):
         if before.get(key) != after.get(key):
             out.append(f"{key.replace('_version', '')} {before.get(key)} in the baseline, {after.get(key)} now")
+    lb, la = before.get("libtpu_version"), after.get("libtpu_version")
+    if lb and la and lb != la:  # XLA:TPU's own release: it moves the TPU compile's figures (absent: not recorded)
+        out.append(f"libtpu {lb} in the baseline, {la} now")
     if gone and out:
         out[0] += f" (configuration only one of them has, not compared: {', '.join(gone)})"
     elif gone:

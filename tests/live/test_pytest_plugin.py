@@ -91,6 +91,40 @@ def test_a_project_using_the_fixture_fails_on_a_sharding_edit_until_updated(tmp_
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+PRECISE_TEST = """\
+import jax
+import jax.numpy as jnp
+
+PREC = jax.lax.Precision.HIGHEST
+
+
+def step(x, w):
+    return jnp.dot(x, w, precision=PREC)
+
+
+def test_step(stagetool_snapshot):
+    x = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+    stagetool_snapshot(step, x, x, chip="tpu-v5e")
+"""
+
+
+@pytest.mark.slow
+def test_a_faster_step_passes_the_fixture(tmp_path):
+    """Issue 47 item 1: a step made faster (Precision.HIGHEST → DEFAULT under chip="tpu-v5e") failed the
+    fixture with "TypeError: unsupported operand type(s) for +: 'NoneType' and 'str'"."""
+    write(tmp_path, "conftest.py", CONFTEST)
+    write(tmp_path, "test_fast.py", PRECISE_TEST)
+    r = _pytest(tmp_path, "--stagetool-update")
+    assert r.returncode == 0, r.stdout + r.stderr
+    write(tmp_path, "test_fast.py", PRECISE_TEST.replace("HIGHEST", "DEFAULT"))
+    r = _pytest(tmp_path)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+    write(tmp_path, "test_fast.py", PRECISE_TEST.replace("HIGHEST", "DEFAULT").replace(
+        "return jnp.dot(x, w, precision=PREC)", "return jnp.dot(jnp.dot(x, w, precision=PREC), w, precision=PREC)"))
+    r = _pytest(tmp_path)  # and a slower one still fails, naming the step time
+    assert r.returncode == 1 and "step time (estimate, tpu-v5e)" in r.stdout, r.stdout
+
+
 def test_the_plugin_is_registered_for_pytest():
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert meta["project"]["entry-points"]["pytest11"] == {"stagetool": "stagetool.live.pytest_plugin"}
