@@ -37,13 +37,14 @@ def main() -> int:
     ap.add_argument("--spec", type=Path, default=ROOT / "bench" / "fit_decoder.stagetool.yaml")
     ap.add_argument("--tokens-per-example", type=int, default=2048, help="the spec's sequence length")
     a = ap.parse_args()
+    from stagetool.plan.options import Options
     from stagetool.sweep import SweepOptions, run_sweep
     from stagetool.sweep.fit import FitOptions, run_fit
 
     spec = a.spec.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    doc = run_fit(FitOptions(spec=spec, topology=a.topology, set=(f"remat={a.remat}",), multiple=a.multiple,
+    doc = run_fit(FitOptions(Options(spec=spec), topology=a.topology, set=(f"remat={a.remat}",), multiple=a.multiple,
                              max_batch=a.max_batch, jobs=a.jobs, max_compiles=200,
                              tokens_per_example=a.tokens_per_example),
                   on_probe=lambda v, p: print(f"fit {v} batch={p.batch} {p.outcome} peak={p.peak_bytes} "
@@ -57,7 +58,7 @@ def main() -> int:
         return 0
     start = time.perf_counter()
     batches = ",".join(str(b) for b in range(a.multiple, a.max_batch + 1, a.multiple))
-    sweep = run_sweep(SweepOptions(spec=spec, topology=a.topology, set=(f"batch={batches}", f"remat={a.remat}"),
+    sweep = run_sweep(SweepOptions(Options(spec=spec), topology=a.topology, set=(f"batch={batches}", f"remat={a.remat}"),
                                    jobs=a.jobs),
                       on_row=lambda r, n, t: print(f"sweep {n}/{t} {r['id']} {r['status']}", flush=True))
     brute_s = time.perf_counter() - start

@@ -11,6 +11,7 @@ import pytest
 from helpers import REPO, write
 
 from stagetool.devices import tpu_topology as topology
+from stagetool.plan.options import Options
 
 DATA = REPO / "tests" / "data"
 needs_libtpu = pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed: pip install -e '.[tpu]'")
@@ -133,7 +134,7 @@ def test_fit_equals_a_brute_force_sweep_with_fewer_compiles(attention_dir):
     from stagetool.sweep.fit import FitOptions, plan_fit, run_fit
 
     write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
-    options = FitOptions(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="10MiB",
+    options = FitOptions(Options(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="10MiB"),
                          set=("remat=none,chunked",), multiple=8, max_batch=128)
     doc = run_fit(options, runner=_in_process)
     assert doc["decided"] and doc["problems"] == []
@@ -172,12 +173,14 @@ def test_fit_fails_closed(attention_dir):
     from stagetool.sweep.fit import FitOptions, run_fit
 
     write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
-    base = FitOptions(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="20MiB", multiple=8,
+    base = FitOptions(Options(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="20MiB"), multiple=8,
                       max_batch=64)
     same = run_fit(dataclasses.replace(base, set=("remat=none,plain",)), runner=_in_process)
     assert not same["decided"] and any("remat=none and remat=plain compile the same program" in p
                                        for p in same["problems"])
-    refused = run_fit(dataclasses.replace(base, set=("remat=none",), device_memory="512KiB"), runner=_in_process)
+    refused = run_fit(dataclasses.replace(base, set=("remat=none",),
+                                                options=dataclasses.replace(base.options, device_memory="512KiB")),
+                      runner=_in_process)
     assert not refused["decided"] and refused["settings"][0]["status"] == "none fits", refused["settings"][0]["probes"]
     assert refused["best"] is None and refused["compiles"] == 1  # the smallest batch, 8, does not fit: no other
     capped = run_fit(dataclasses.replace(base, set=("remat=none,chunked",), max_compiles=3), runner=_in_process)
@@ -192,7 +195,7 @@ def test_what_if_lists_only_compiled_changes_that_fit(attention_dir):
     from stagetool.sweep.fit import FitOptions, what_if
 
     write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
-    options = FitOptions(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="10MiB",
+    options = FitOptions(Options(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="10MiB"),
                          set=("remat=none,chunked",), multiple=8, max_batch=256)
     compiled = []
     doc = what_if(options, 128, runner=_in_process, on_probe=lambda values, p: compiled.append((values["remat"], p.batch)))
@@ -242,7 +245,7 @@ def test_fit_on_a_tpu_topology_finds_the_analytic_batch(attention_dir):
     from stagetool.sweep.fit_render import FitFormat, render
 
     write(attention_dir, "a.stagetool.yaml", ATTENTION_SPEC)
-    doc = run_fit(FitOptions(spec=Path("a.stagetool.yaml"), topology="v5e:2x4", set=("remat=none,chunked",),
+    doc = run_fit(FitOptions(Options(spec=Path("a.stagetool.yaml")), topology="v5e:2x4", set=("remat=none,chunked",),
                              multiple=64, start=1024, max_batch=2048, tokens_per_example=1024), runner=_in_process)
     by = {st["values"]["remat"]: st for st in doc["settings"]}
     assert by["none"]["largest_batch"] == 1280 and by["none"]["smallest_refused_batch"] == 1344
@@ -272,7 +275,7 @@ def test_a_timed_out_compile_leaves_the_setting_undecided(attention_dir):
         seen.append(timeout_s)
         return _error_row(payload, "timeout", f"timed out after {timeout_s:g} s; the process was killed")
 
-    doc = run_fit(FitOptions(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="10MiB",
+    doc = run_fit(FitOptions(Options(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="10MiB"),
                              set=("remat=none",), multiple=8, max_batch=64, timeout=5), runner=slow)
     assert seen == [5.0] and not doc["decided"] and doc["best"] is None
     assert doc["settings"][0]["status"] == "undecided"
@@ -285,7 +288,7 @@ def test_what_if_with_no_change_that_fits_is_undecided(attention_dir):
     from stagetool.sweep.fit import FitOptions, what_if
 
     write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
-    doc = what_if(FitOptions(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="2MiB",
+    doc = what_if(FitOptions(Options(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="2MiB"),
                              set=("remat=none,chunked",), multiple=8), 128, runner=_in_process)
     assert doc["fits"] == [] and doc["compiles"] == 3 and not doc["decided"]
     assert any("none of the single changes tried fits" in p for p in doc["problems"])
@@ -349,7 +352,7 @@ def test_what_if_shards_the_largest_replicated_leaf(attention_dir):
 
     write(attention_dir, "rep.stagetool.yaml", REPLICATED_SPEC)
     write(attention_dir, "replicated_step.py", REPLICATED_STEP)
-    options = FitOptions(spec=Path("rep.stagetool.yaml"), platform="cpu", device_memory="128MiB", multiple=8)
+    options = FitOptions(Options(spec=Path("rep.stagetool.yaml"), platform="cpu", device_memory="128MiB"), multiple=8)
     doc = what_if(options, 64, runner=_in_process)
     leaf_bytes = 8192 * 8192 * 4
     assert doc["from"]["outcome"] == "does not fit" and doc["decided"], doc["problems"]
@@ -395,7 +398,7 @@ def test_the_leaf_to_shard_and_why_none(attention_dir):
     assert shard_largest_replicated((big,), (("one", 1),))[1].startswith("no mesh axis is free")
     assert shard_largest_replicated((odd,), mesh)[1].startswith("no replicated input leaf has a dimension")
     write(attention_dir, "cpu.stagetool.yaml", CPU_SPEC)
-    doc = what_if(FitOptions(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="10MiB",
+    doc = what_if(FitOptions(Options(spec=Path("cpu.stagetool.yaml"), platform="cpu", device_memory="10MiB"),
                              set=("remat=none",), multiple=8), 128, runner=_in_process)
     assert doc["not_tried"] == [("sharding the largest replicated leaf over a free mesh axis: no input leaf is "
                                  "replicated: every one is sharded over some mesh axis already")]
@@ -425,7 +428,7 @@ def test_what_if_shards_a_replicated_leaf_of_a_refused_compile(attention_dir):
 
     write(attention_dir, "rep.stagetool.yaml", REPLICATED_SPEC.replace("8192,8192", "65536,65536"))
     write(attention_dir, "replicated_step.py", REPLICATED_STEP)
-    doc = what_if(FitOptions(spec=Path("rep.stagetool.yaml"), topology="v5e:2x4", multiple=8), 64,
+    doc = what_if(FitOptions(Options(spec=Path("rep.stagetool.yaml")), topology="v5e:2x4", multiple=8), 64,
                   runner=_in_process)
     assert doc["from"]["outcome"] == "does not fit" and doc["from"]["peak_bytes_per_device"] is None
     change = ("shard w over mesh axis data (8 devices) on dimension 0: f32[65536,65536] replicated, 16.0 GiB per "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -14,6 +15,7 @@ import pytest
 from helpers import EXAMPLES, REPO, run_subprocess, write
 
 from stagetool.core.errors import UsageError
+from stagetool.plan.options import Options
 from stagetool.spec.variables import check_names, find_placeholders, parse_set_options, substitute
 from stagetool.sweep import RankBy, SweepOptions, merge, run_sweep, without_timings
 from stagetool.sweep.grid import build_grid, factorisations, shard_of
@@ -225,7 +227,7 @@ def test_resume_redoes_only_missing_or_stale_rows(tmp_path, monkeypatch, isolate
     shutil.copy(EXAMPLES / "mlp.stagetool.yaml", tmp_path)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "rows"
-    opts = SweepOptions(target="mlp.py:train_step", mesh="2x4,4x2", output_dir=out, jobs=2)
+    opts = SweepOptions(Options(target="mlp.py:train_step"), mesh="2x4,4x2", output_dir=out, jobs=2)
     ran: list[str] = []
     first = run_sweep(opts, on_row=lambda row, done, total: ran.append(row["id"]))
     assert sorted(ran) == ["mesh=2x4", "mesh=4x2"]
@@ -242,7 +244,7 @@ def test_resume_redoes_only_missing_or_stale_rows(tmp_path, monkeypatch, isolate
     assert again["rows"][1]["timings"] == first["rows"][1]["timings"]  # taken from the file, not rerun
     # another --device-memory is another sweep: its rows are not reused
     ran.clear()
-    run_sweep(SweepOptions(**{**opts.__dict__, "resume": True, "device_memory": "1GiB"}),
+    run_sweep(dataclasses.replace(opts, resume=True, options=dataclasses.replace(opts.options, device_memory="1GiB")),
               on_row=lambda row, d, t: ran.append(row["id"]))
     assert sorted(ran) == ["mesh=2x4", "mesh=4x2"]
 
@@ -304,9 +306,9 @@ def test_mesh_all_factorises_the_spec_mesh_or_devices(tmp_path, monkeypatch, iso
 
     spec = _batch_spec(tmp_path)
     monkeypatch.chdir(tmp_path)
-    plan = plan_sweep(SweepOptions(target="mlp.py:train_step", mesh="all", set=("batch=8",)))
+    plan = plan_sweep(SweepOptions(Options(target="mlp.py:train_step"), mesh="all", set=("batch=8",)))
     assert [c.mesh for c in plan.configs] == ["1x8", "2x4", "4x2", "8x1"]
-    plan = plan_sweep(SweepOptions(spec=spec, mesh="all", devices=4, set=("batch=8",)))
+    plan = plan_sweep(SweepOptions(Options(spec=spec), mesh="all", devices=4, set=("batch=8",)))
     assert [c.mesh for c in plan.configs] == ["1x4", "2x2", "4x1"]
 
 

@@ -16,6 +16,7 @@ import pytest
 from helpers import CLI_ENV, REPO, write
 
 from stagetool.core.errors import UsageError
+from stagetool.plan.options import Options
 from stagetool.sweep import RankBy, SweepOptions
 from stagetool.sweep.rows import ROW_FIELDS, SWEEP_SCHEMA_VERSION, document, merge, row_problem
 
@@ -167,11 +168,11 @@ def test_resume_reindexes_rows_of_a_grown_grid_and_reruns_mistyped_ones(sweep_di
 
     out = sweep_dir / "rows"
     out.mkdir()
-    small = plan_sweep(SweepOptions(target="m.py:f", set=("mode=good",), output_dir=out))
+    small = plan_sweep(SweepOptions(Options(target="m.py:f"), set=("mode=good",), output_dir=out))
     (c,) = small.configs
     row = _row(0, c.id)
     (out / f"{c.id}.json").write_text(json.dumps({"fingerprint": fingerprint(small, c), "row": row}))
-    grown = plan_sweep(SweepOptions(target="m.py:f", set=("mode=other,good",), output_dir=out))
+    grown = plan_sweep(SweepOptions(Options(target="m.py:f"), set=("mode=other,good",), output_dir=out))
     done = read_finished(grown, out)
     assert list(done) == ["mode=good"] and done["mode=good"]["index"] == 1  # its place in the new grid
     for bad in ({**row, "index": "0"}, {**row, "status": "fine"}, {**row, "peak_bytes_per_device": "x"},

@@ -145,38 +145,76 @@ class Staging:
     against: AgainstOpt = None
 
     def options(self, **more: Any) -> Any:
-        """The :class:`stagetool.pipeline.Options` these stand for, with ``more`` fields set."""
-        from stagetool.staging.cache import resolve_cache_dir
+        """The :class:`stagetool.pipeline.Options` these stand for, with ``more`` fields set (over
+        these: a command that has no facts cache passes ``cache_dir=None``)."""
         from stagetool.pipeline import Options
 
-        return Options(target=self.target, spec=self.spec, mesh=self.mesh, platform=self.platform,
-                       topology=self.topology, function=tuple(self.function) if self.function else None,
-                       local_avals=self.local_avals, processes=self.processes,
-                       gpu_target_config=self.gpu_target_config, slices=self.slices, against=self.against,
-                       cache_dir=resolve_cache_dir(self.cache_dir, no_cache=self.no_cache), **more)
+        # each field of the same name as an Options field is that field (a new option: no word here)
+        names = {f.name for f in dataclasses.fields(Options)}
+        fields: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in names}
+        fields["function"] = tuple(self.function) if self.function else None  # Typer gives a list
+        if "cache_dir" not in more:
+            from stagetool.staging.cache import resolve_cache_dir
+
+            fields["cache_dir"] = resolve_cache_dir(self.cache_dir, no_cache=self.no_cache)
+        return Options(**{**fields, **more})
+
+
+def staging_command(fn: Any = None, *, without: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
+                    help: dict[str, str] | None = None) -> Any:
+    """Give a command the shared staging options: Typer sees :class:`Staging`'s fields as the
+    command's first parameters, and the command receives them as one ``staging: Staging`` argument.
+
+    Used bare (``@staging_command``) for every field; ``without`` leaves some out and ``only`` keeps
+    just those (the command's ``Staging`` then holds their defaults), ``help`` gives a field the
+    command's own help text (``sweep``'s ``--mesh`` takes a list of meshes) while its flag, type and
+    default stay the ones declared here.
+    """
+    if fn is None:
+        return lambda f: staging_command(f, without=without, only=only, help=help)
+    import functools
+    import inspect
+
+    names = {f.name for f in dataclasses.fields(Staging)}
+    unknown = (set(without) | set(only or ()) | set(help or {})) - names
+    if unknown:
+        raise TypeError(f"staging_command: Staging has no {', '.join(sorted(unknown))}")
+    shared = [p for p in _shared() if p.name not in without and (only is None or p.name in only)]
+    if help:
+        shared = [p.replace(annotation=_with_help(p.annotation, help[p.name])) if p.name in help else p
+                  for p in shared]
+    signature = inspect.signature(fn, eval_str=True)
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        return fn(staging=Staging(**{p.name: kwargs.pop(p.name) for p in shared}), **kwargs)
+
+    parameters = shared + [p for p in signature.parameters.values() if p.name != "staging"]
+    command.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in parameters}
+    return command
 
 
 _SHARED: list[Any] = []
 """Staging's fields as the parameters Typer reads (``inspect.Parameter``; made on first use)."""
 
 
-def staging_command(fn: Any) -> Any:
-    """Give a command the shared staging options: Typer sees :class:`Staging`'s fields as the
-    command's first parameters, and the command receives them as one ``staging: Staging`` argument."""
-    import functools
+def _shared() -> list[Any]:
+    """:class:`Staging`'s fields as ``inspect.Parameter`` s, in its order (made once)."""
     import inspect
 
     if not _SHARED:
         hints = typing.get_type_hints(Staging, include_extras=True)
         _SHARED.extend(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default,
                                          annotation=hints[f.name]) for f in dataclasses.fields(Staging))
-    signature = inspect.signature(fn, eval_str=True)
+    return _SHARED
 
-    @functools.wraps(fn)
-    def command(**kwargs: Any) -> Any:
-        return fn(staging=Staging(**{p.name: kwargs.pop(p.name) for p in _SHARED}), **kwargs)
 
-    parameters = _SHARED + [p for p in signature.parameters.values() if p.name != "staging"]
-    command.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in parameters}
-    return command
+def _with_help(annotation: Any, text: str) -> Any:
+    """``Annotated[T, typer.Option(...)]`` with its help text replaced (a copy: the shared one is kept)."""
+    import copy
+
+    base, *meta = typing.get_args(annotation)
+    info = copy.copy(next(m for m in meta if isinstance(m, typer.models.ParameterInfo)))
+    info.help = text
+    return Annotated[base, info]

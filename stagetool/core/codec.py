@@ -10,7 +10,7 @@ against the record its type hints describe:
   path (``functions.f.memory.peak_bytes: must be a number or null, not a string``). Hints: ``int``,
   ``float`` (an integer too; never a bool, NaN or an infinity), ``str``, ``bool``, ``None``, unions,
   ``Literal``, enums, ``tuple[X, ...]``, fixed tuples, ``list[X]``, ``dict[str, X]``, records,
-  ``Annotated[X, Check(...)]``, ``Any``;
+  ``Annotated[X, Check(...)]``, ``Any``, ``pathlib.Path`` (a string);
 - :func:`pack` / :func:`unpack`: the same as a table of distinct values (the facts cache, whose
   entries repeat a few hundred distinct records tens of thousands of times);
 - :func:`map_strings`: a value with a function applied to every string in it, the one walk over records.
@@ -29,6 +29,7 @@ import math
 import types
 import typing
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 _NONE = type(None)
@@ -80,7 +81,8 @@ def fields_of(cls: type) -> tuple[tuple[str, Any, Any], ...]:
 def _form(hint: Any) -> tuple[str, Any, tuple]:
     """``(kind, arg, child hints)``: ``any``; ``scalar`` (arg: the type); ``union``; ``choice`` (arg:
     the Literal's values); ``enum`` (arg: the class); ``seq`` (arg: tuple or list); ``fixed``; ``dict``;
-    ``record`` (arg: the class; children: its fields' hints); ``checked`` (arg: the checks)."""
+    ``record`` (arg: the class; children: its fields' hints); ``checked`` (arg: the checks); ``path``
+    (arg: the class, ``pathlib.Path``: a string in JSON)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any or hint is object:
         return "any", None, ()
@@ -100,6 +102,8 @@ def _form(hint: Any) -> tuple[str, Any, tuple]:
         return "dict", None, args[1:] or (Any,)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return "enum", hint, ()
+    if isinstance(hint, type) and issubclass(hint, PurePath):
+        return "path", hint, ()
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return "record", hint, tuple(h for _, h, _ in fields_of(hint))
     raise TypeError(f"the codec has no form for the type hint {hint!r}")
@@ -126,6 +130,8 @@ def says(hint: Any) -> str:
         return f"a list of {len(kids)}"
     if kind == "checked":
         return ", ".join([says(kids[0]), *(c.says for c in arg)])
+    if kind == "path":
+        return "a path (a string)"
     return "an object" if kind in ("dict", "record") else "any value"
 
 
@@ -147,6 +153,8 @@ def _fits(hint: Any, v: Any) -> bool:
         return _scalar_ok(arg, v)
     if kind in ("union", "checked"):
         return any(_fits(k, v) for k in kids)
+    if kind == "path":
+        return type(v) is str
     if kind in ("seq", "fixed", "dict", "record"):
         return type(v) is (list if kind in ("seq", "fixed") else dict)
     return True
@@ -187,6 +195,10 @@ def decode(hint: Any, value: Any, path: str = "", *, unknown: bool = False) -> A
         if not ok:
             raise wrong(_shown(value))
         return value if kind == "choice" else arg(value)
+    if kind == "path":
+        if type(value) is not str:
+            raise wrong(_kind(value))
+        return arg(value)
     if kind == "checked":
         out = decode(kids[0], value, path, unknown=unknown)
         if not all(c.test(out) for c in arg):
@@ -239,6 +251,8 @@ def encode(value: Any) -> Any:
         return {k: encode(v) for k, v in value.items()}
     if isinstance(value, enum.Enum):
         return value.value
+    if isinstance(value, PurePath):
+        return str(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {name: encode(getattr(value, name)) for name, _, default in fields_of(type(value))
                 if not (type(default) is _Omitted and getattr(value, name) == default.value)}
@@ -409,7 +423,7 @@ def _checker(hint: Any) -> Callable[[Any], bool]:
     if kind == "checked":
         inner = _checker(kids[0])
         return lambda v: inner(v) and all(c.test(v) for c in arg)
-    return (lambda v: isinstance(v, arg)) if kind == "enum" else (lambda v: True)
+    return (lambda v: isinstance(v, arg)) if kind in ("enum", "path") else (lambda v: True)
 
 
 @functools.cache

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from stagetool.core.errors import UsageError
+from stagetool.plan.options import Options
 from stagetool.sweep.grid import Config, Grid, build_grid, mesh_values, parse_shard, shard_of
 from stagetool.sweep.rows import SWEEP_SCHEMA_VERSION, RankBy, document
 
@@ -25,7 +26,11 @@ class SweepOptions:
     """What to sweep and how; mirrors ``stagetool sweep``'s options.
 
     Attributes:
-      target, spec, function, platform, chip, device_memory: as for ``stagetool report``.
+      options: what every configuration stages, as for any command (:class:`~stagetool.plan.options.Options`:
+        target, spec, function, platform, slices, GPU target config, chip, device memory, the files
+        ``-o`` writes, ...), checked once by :func:`~stagetool.plan.plan.make_plan` and handed to each
+        configuration whole; a configuration's mesh, topology and ``--set`` values replace its
+        ``mesh``, ``topology`` and ``variables`` (leave those unset here).
       mesh: ``1x8,2x4`` or ``all``; None keeps the spec's mesh.
       set: ``NAME=V1,V2`` strings filling the spec's ``${NAME}`` placeholders.
       topology: ``v5e:2x4,v5e:4x4``; None keeps the spec's.
@@ -36,22 +41,14 @@ class SweepOptions:
       shard: ``I/N``: run only that share of the grid.
       output_dir: write each finished row there (``<id>.json``, atomically).
       resume: skip configurations whose row is already in ``output_dir``.
-      outputs: ``(option, path)`` of the files the command writes (``-o``), checked before anything runs.
       timeout: seconds each configuration's process may run (None: no limit); one still running
         then is killed and is an error row.
     """
 
-    target: str | None = None
-    spec: Path | None = None
-    function: tuple[str, ...] | None = None
-    platform: str | None = None
-    chip: str | None = None
-    device_memory: str | None = None
+    options: Options = Options()
     mesh: str | None = None
     set: tuple[str, ...] = ()
     topology: str | None = None
-    slices: int | None = None
-    gpu_target_config: str | None = None
     devices: int | None = None
     rank_by: RankBy = RankBy.step
     executor: str = "local"
@@ -59,7 +56,6 @@ class SweepOptions:
     shard: str | None = None
     output_dir: Path | None = None
     resume: bool = False
-    outputs: tuple[tuple[str, Path], ...] = ()
     timeout: float | None = None
 
 
@@ -95,8 +91,8 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     Raises:
       UsageError / SpecError / TargetError: a bad option, spec or target (exit 2).
     """
+    from stagetool.core import codec
     from stagetool.core.mesh import parse_mesh_option
-    from stagetool.plan.options import Options
     from stagetool.plan.plan import make_plan
     from stagetool.plan.target import COMPILE_ONLY, check_chip_for_target, parse_target
     from stagetool.spec.discovery import resolve_spec
@@ -111,31 +107,30 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
     if options.executor == "ray" and options.jobs != 1:
         raise UsageError("--jobs is for --executor local; with Ray, the cluster's CPUs set the parallelism")
     shard = parse_shard(options.shard)
-    spec_path = resolve_spec(options.spec, options.target)
+    given = options.options
+    spec_path = resolve_spec(given.spec, given.target)
     text = read_spec_text(spec_path)
     variables = parse_set_options(list(options.set))
     check_names(text, list(variables), file=str(spec_path))
-    if options.gpu_target_config is not None:  # read as XLA reads it, once, before any configuration runs
+    if given.gpu_target_config is not None:  # read as XLA reads it, once, before any configuration runs
         from stagetool.plan.target import read_target_config
 
-        read_target_config(options.gpu_target_config)
+        read_target_config(given.gpu_target_config)
     topologies = targets = None
     if options.topology is not None:
         from stagetool.sweep.grid import _split
 
         topologies = _split("--topology", options.topology)
         # each swept target parsed once here: a malformed name is one error now, not one per row
-        targets = [parse_target(t, gpu_target_config=options.gpu_target_config) for t in topologies]
-        if options.chip:  # one --chip over several targets: each must be that chip's (else exit 2 now)
+        targets = [parse_target(t, gpu_target_config=given.gpu_target_config) for t in topologies]
+        if given.chip:  # one --chip over several targets: each must be that chip's (else exit 2 now)
             for t in targets:
-                check_chip_for_target(options.chip, t, sweep=True)
+                check_chip_for_target(given.chip, t, sweep=True)
     first = tuple((name, values[0]) for name, values in variables.items())
-    # the spec, the TARGET, --function, the placeholders (with the first values), --chip, --device-memory
-    # and -o, checked once, all at once
-    plan = make_plan(Options(target=options.target, spec=spec_path, function=options.function, variables=first,
-                             topology=topologies[0] if topologies else None, platform=options.platform,
-                             slices=options.slices, gpu_target_config=options.gpu_target_config,
-                             chip=options.chip, device_memory=options.device_memory, outputs=options.outputs))
+    # every option (the spec, the TARGET, --function, the placeholders with their first values, --chip,
+    # --device-memory, -o, ...) checked once, all at once, as make_plan checks any command's
+    plan = make_plan(dataclasses.replace(given, spec=spec_path, variables=first,
+                                         topology=topologies[0] if topologies else given.topology))
     if len(plan.functions) != 1:
         raise UsageError(f"a sweep compares configurations of one function, and {spec_path} selects "
                          f"{len(plan.functions)}: " + ", ".join(f.name for f in plan.functions),
@@ -155,11 +150,14 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
         except ValueError as e:
             raise UsageError(str(e)) from None
     grid = build_grid(meshes=meshes, topologies=topologies, variables=variables)
-    common = {"target": options.target, "spec": str(Path(spec_path).resolve()), "function": fspec.name,
-              "platform": options.platform, "chip": options.chip, "device_memory": options.device_memory,
-              **({"slices": options.slices} if options.slices else {}),
-              **({"gpu_target_config": str(Path(options.gpu_target_config).resolve())}
-                 if options.gpu_target_config else {})}
+    # what each configuration stages: the options whole (a new option reaches every row without a word
+    # here), its paths absolute (a configuration's process may run elsewhere), its grid values its own
+    absolute = (lambda p: None if p is None else str(Path(p).resolve()))
+    each = dataclasses.replace(given, spec=Path(spec_path).resolve(), function=fspec.name, variables=(),
+                               mesh=None, topology=None, outputs=(),
+                               gpu_target_config=absolute(given.gpu_target_config),
+                               cache_dir=Path(absolute(given.cache_dir)) if given.cache_dir else None)
+    common = {"options": codec.encode(each)}
     header = {
         "schema_version": SWEEP_SCHEMA_VERSION, "kind": "sweep",
         "stagetool_version": _stagetool_version(), "jax_version": _dist_version("jax"),
@@ -169,7 +167,7 @@ def plan_sweep(options: SweepOptions) -> SweepPlan:
         "target": fspec.target, "function": fspec.name, "spec": Path(spec_path).name,
         "spec_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "axes": [[name, list(values)] for name, values in grid.axes],
-        "options": {"platform": options.platform, "chip": options.chip, "device_memory": options.device_memory},
+        "options": {"platform": given.platform, "chip": given.chip, "device_memory": given.device_memory},
         "grid_size": len(grid.configs), "shard": f"{shard[0]}/{shard[1]}" if shard else None,
     }
     base = json.dumps({"common": common, "spec_text": hashlib.sha256(text.encode()).hexdigest(),

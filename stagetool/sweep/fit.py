@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 from stagetool.analysis.fit import (
     DOES_NOT_FIT,
@@ -37,6 +36,7 @@ from stagetool.analysis.fit import (
 )
 from stagetool.core import codec
 from stagetool.core.errors import UsageError
+from stagetool.plan.options import Options
 from stagetool.sweep.driver import (
     SweepOptions,
     SweepPlan,
@@ -58,8 +58,11 @@ class FitOptions:
     """What to search and how; mirrors ``stagetool fit``'s options.
 
     Attributes:
-      target, spec, function, platform, chip, device_memory, topology, mesh, slices,
-        gpu_target_config: as for ``stagetool sweep`` (``mesh``/``topology`` lists are knobs).
+      options: what every compile stages, as for any command (:class:`~stagetool.plan.options.Options`:
+        target, spec, function, platform, slices, GPU target config, chip, device memory, the facts
+        cache folder, the files ``-o`` writes, ...); a setting's mesh, topology and knob values replace
+        its ``mesh``, ``topology`` and ``variables`` (:class:`~stagetool.sweep.driver.SweepOptions`).
+      mesh, topology: as for ``stagetool sweep`` (lists: each value a setting, a knob).
       set: ``NAME=V1,V2`` knobs other than the batch (each value a setting to search).
       batch: the name of the spec's batch placeholder (``${batch}``).
       multiple: every batch compiled is a multiple of this (the data axes' size, so the batch divides).
@@ -72,20 +75,11 @@ class FitOptions:
       jobs: compiles at a time, a process each: settings searched at once and, with fewer settings
         than jobs, ``jobs // settings`` batches of one setting per round (:func:`search_largest`'s width).
       timeout: seconds one compile's process may run (None: no limit); past it, that setting is undecided.
-      cache_dir: the facts cache folder handed to each compile (None: no cache).
-      outputs: ``(option, path)`` of the files the command writes, checked before anything runs.
     """
 
-    target: str | None = None
-    spec: Path | None = None
-    function: tuple[str, ...] | None = None
-    platform: str | None = None
-    chip: str | None = None
-    device_memory: str | None = None
+    options: Options = Options()
     topology: str | None = None
     mesh: str | None = None
-    slices: int | None = None
-    gpu_target_config: str | None = None
     set: tuple[str, ...] = ()
     batch: str = "batch"
     multiple: int = 1
@@ -95,8 +89,6 @@ class FitOptions:
     tokens_per_example: int | None = None
     jobs: int = 1
     timeout: float | None = None
-    cache_dir: Path | None = None
-    outputs: tuple[tuple[str, Path], ...] = ()
 
 
 def _check(options: FitOptions) -> None:
@@ -126,11 +118,8 @@ def plan_fit(options: FitOptions, batch_values: tuple[int, ...]) -> SweepPlan:
     """
     _check(options)
     batch = f"{options.batch}=" + ",".join(str(b) for b in batch_values)
-    return plan_sweep(SweepOptions(
-        target=options.target, spec=options.spec, function=options.function, platform=options.platform,
-        chip=options.chip, device_memory=options.device_memory, mesh=options.mesh, set=(*options.set, batch),
-        topology=options.topology, slices=options.slices, gpu_target_config=options.gpu_target_config,
-        jobs=options.jobs, timeout=options.timeout, outputs=options.outputs))
+    return plan_sweep(SweepOptions(options.options, mesh=options.mesh, set=(*options.set, batch),
+                                   topology=options.topology, jobs=options.jobs, timeout=options.timeout))
 
 
 def with_batch(config: Config, name: str, batch: int) -> Config:
@@ -185,8 +174,7 @@ def _runner(plan: SweepPlan, options: FitOptions, runner: Runner | None, compile
     if runner is None:
         from stagetool.sweep.run import run_isolated as runner
     limit = timeout_s(options.timeout)
-    common = {**plan.common, "program_digest": True,
-              **({"cache_dir": str(Path(options.cache_dir).resolve())} if options.cache_dir else {})}
+    common = {**plan.common, "program_digest": True}  # the facts cache travels in the options
 
     def run(config: Config, batch: int, leaf_shardings: tuple[LeafShardingChange, ...] = ()) -> Probe:
         compiles.take()

@@ -8,8 +8,9 @@ simulated CPU devices and the compile-only topology when its backend starts; it 
 configuration that aborts the process (an XLA ``LLVM ERROR``) is one error row, not a lost sweep.
 
 A payload is a JSON-able dict: ``{"config": {index, id, mesh, topology, variables},
-"common": {target, spec, function, platform, chip, device_memory}, "cwd": str, "pythonpath": str}``;
-``stagetool fit`` adds ``cache_dir`` (the facts cache) and ``program_digest`` (the row then carries
+"common": {"options": the run's :class:`~stagetool.plan.options.Options`, every field, as
+:func:`stagetool.core.codec.encode` writes them}, "cwd": str, "pythonpath": str}``; the configuration's
+mesh, topology and variables replace the options' own. ``stagetool fit`` adds ``program_digest`` (the row then carries
 ``program_sha256``, the lowered StableHLO's digest, ``replicated_inputs``, the largest input leaves
 every device holds whole, and ``step_time``, the cost section's step-time estimate:
 :data:`stagetool.sweep.rows.OPTIONAL_ROW_FIELDS`) to ``common``, and ``what-if`` a payload's
@@ -74,6 +75,9 @@ def row_from_function(row: dict, fn: FunctionReport) -> dict:
 def run_config(payload: dict) -> dict:
     """Stage one configuration in this process and return its row (never raises for the user's or
     JAX's errors: they become the row's ``error``; an out-of-memory compile is ``does not fit``)."""
+    import dataclasses
+
+    from stagetool.core import codec
     from stagetool.core.errors import StagetoolError, StagingError
     from stagetool.pipeline import analyze_plan
     from stagetool.plan.options import Options, Section
@@ -81,14 +85,10 @@ def run_config(payload: dict) -> dict:
 
     config, common = payload["config"], payload["common"]
     row = _empty_row(config)
-    options = Options(target=common["target"], spec=Path(common["spec"]), mesh=config["mesh"],
-                      platform=common.get("platform"), topology=config["topology"] or common.get("topology"),
-                      function=common.get("function"), chip=common.get("chip"),
-                      device_memory=common.get("device_memory"), slices=common.get("slices"),
-                      gpu_target_config=common.get("gpu_target_config"),
-                      variables=tuple(tuple(v) for v in config["variables"]),
-                      cache_dir=Path(common["cache_dir"]) if common.get("cache_dir") else None,
-                      leaf_shardings=leaf_shardings(payload.get("leaf_shardings") or ()))
+    base = codec.decode(Options, common["options"], "common.options")
+    options = dataclasses.replace(base, mesh=config["mesh"], topology=config["topology"] or base.topology,
+                                  variables=tuple(tuple(v) for v in config["variables"]),
+                                  leaf_shardings=leaf_shardings(payload.get("leaf_shardings") or ()))
     digest = bool(common.get("program_digest"))  # stagetool fit: which program this is (a knob that changes nothing)
     sections = [Section.COST, Section.MEMORY, Section.COLLECTIVES] + \
         ([Section.LOWERED_TEXT, Section.SHARDINGS] if digest else [])

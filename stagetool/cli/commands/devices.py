@@ -7,17 +7,15 @@ from typing import Annotated, Optional
 import typer
 
 from stagetool.cli.app import app
-from stagetool.cli.options import (DebugOpt, FormatOpt, GpuTargetConfigOpt, OutputOpt, PlatformOpt, SlicesOpt,
-                                   TopologyOpt)
+from stagetool.cli.options import DebugOpt, FormatOpt, OutputOpt, Staging, staging_command
 from stagetool.cli.output import emit, errors, note_untested_jax, write_text
 from stagetool.report import Format
 
 
 @app.command()
-def devices(mesh: Annotated[Optional[str], typer.Option(
-                "--mesh", "-m", help="Lay a mesh over the devices, e.g. data=2,model=4.", show_default=False)] = None,
-            platform: PlatformOpt = None, topology: TopologyOpt = None,
-            gpu_target_config: GpuTargetConfigOpt = None, slices: SlicesOpt = None,
+@staging_command(only=("mesh", "platform", "topology", "gpu_target_config", "slices"),
+                 help={"mesh": "Lay a mesh over the devices, e.g. data=2,model=4."})
+def devices(staging: Staging,
             target_config: Annotated[bool, typer.Option(
                 "--target-config", help="Print (or -o FILE) the attached GPU's GpuTargetConfigProto, for "
                                         "--gpu-target-config on a machine without it.")] = False,
@@ -32,5 +30,5 @@ def devices(mesh: Annotated[Optional[str], typer.Option(
         from stagetool.pipeline import devices_report
 
         note_untested_jax()
-        emit(devices_report(mesh=mesh, platform=platform, topology=topology, gpu_target_config=gpu_target_config,
-                            slices=slices), format, output)
+        emit(devices_report(mesh=staging.mesh, platform=staging.platform, topology=staging.topology,
+                            gpu_target_config=staging.gpu_target_config, slices=staging.slices), format, output)

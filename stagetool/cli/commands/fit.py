@@ -9,24 +9,20 @@ from typing import Annotated, Optional
 import typer
 
 from stagetool.cli.app import app
-from stagetool.cli.options import (CacheDirOpt, ChipOpt, DebugOpt, DeviceMemoryOpt, FunctionOpt, GpuTargetConfigOpt,
-                                   NoCacheOpt, OutputOpt, PlatformOpt, SlicesOpt, SpecOpt, Target, outputs)
+from stagetool.cli.options import ChipOpt, DebugOpt, DeviceMemoryOpt, OutputOpt, Staging, outputs, staging_command
 from stagetool.cli.output import color, errors, escape, note_untested_jax, stderr, width, write_text
 from stagetool.core.errors import ExitCode, UsageError
 
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
-def fit(target: Target = None, spec: SpecOpt = None, function: FunctionOpt = None, platform: PlatformOpt = None,
-        mesh: Annotated[Optional[str], typer.Option(
-            "--mesh", "-m", help="Meshes to search, each a setting: 2x4,4x2.", show_default=False)] = None,
+@staging_command(without=("against",),  # a probe is one target's compile: fits or not there
+                 help={"mesh": "Meshes to search, each a setting: 2x4,4x2.",
+                       "topology": "Compile-only targets to search, each a setting: v5e:2x4,v5p:2x2x2."})
+def fit(staging: Staging,
         set_: Annotated[Optional[list[str]], typer.Option(
             "--set", help="NAME=V1,V2,...: the other knobs (the spec's ${NAME} placeholders); each value a "
                           "setting. With --what-if, the first value is the setting as given, the next the change "
                           "to try; --set BATCH=N gives its batch.", show_default=False)] = None,
-        topology: Annotated[Optional[str], typer.Option(
-            "--topology", help="Compile-only targets to search, each a setting: v5e:2x4,v5p:2x2x2.",
-            show_default=False)] = None,
-        slices: SlicesOpt = None, gpu_target_config: GpuTargetConfigOpt = None,
         chip: ChipOpt = None, device_memory: DeviceMemoryOpt = None,
         batch: Annotated[str, typer.Option(
             "--batch", help="The name of the spec's batch placeholder (${batch}).")] = "batch",
@@ -51,14 +47,12 @@ def fit(target: Target = None, spec: SpecOpt = None, function: FunctionOpt = Non
         timeout: Annotated[Optional[float], typer.Option(
             "--timeout", help="Seconds one compile may run; past it the setting is undecided (exit 1).",
             show_default=False)] = None,
-        cache_dir: CacheDirOpt = None, no_cache: NoCacheOpt = False,
         format: Annotated[str, typer.Option("--format", help="text, json, markdown or html.")] = "text",
         output: OutputOpt = None, debug: DebugOpt = False) -> None:
     """Find the largest batch that fits the device memory per setting of the other knobs (remat
     policy, sequence length, mesh, topology), with real compiles: print the frontier and the best
     setting's --set line. Exit 1 when the search cannot decide."""
     with errors(debug):
-        from stagetool.staging.cache import resolve_cache_dir
         from stagetool.sweep.fit import FitOptions, run_fit
         from stagetool.sweep.fit import what_if as run_what_if
         from stagetool.sweep.fit_render import FitFormat, render
@@ -76,12 +70,12 @@ def fit(target: Target = None, spec: SpecOpt = None, function: FunctionOpt = Non
                                  hint=f"e.g. --what-if --set {batch}=64 --set remat=none,full")
             given = int(mine[0].partition("=")[2])
             sets.remove(mine[0])
-        options = FitOptions(target=target, spec=spec, function=tuple(function) if function else None,
-                             platform=platform, chip=chip, device_memory=device_memory, topology=topology, mesh=mesh,
-                             slices=slices, gpu_target_config=gpu_target_config, set=tuple(sets), batch=batch,
+        # the staging options every compile shares (the facts cache among them); meshes and topologies are knobs
+        shared = staging.options(chip=chip, device_memory=device_memory, outputs=outputs(output=output), mesh=None,
+                                 topology=None)
+        options = FitOptions(shared, topology=staging.topology, mesh=staging.mesh, set=tuple(sets), batch=batch,
                              multiple=multiple, start=start, max_batch=max_batch, max_compiles=max_compiles,
-                             tokens_per_example=tokens_per_example, jobs=jobs, timeout=timeout,
-                             cache_dir=resolve_cache_dir(cache_dir, no_cache=no_cache), outputs=outputs(output=output))
+                             tokens_per_example=tokens_per_example, jobs=jobs, timeout=timeout)
         err = stderr()
         note_untested_jax()
 

@@ -1,5 +1,6 @@
 """``stagetool sweep``: stage a grid of configurations and compare them, or join the JSON of a
-sweep's shards (docs/sweeps-fit.md). Its options are its own, but for the shared ones it reuses."""
+sweep's shards (docs/sweeps-fit.md). It takes the staging options every staging command takes
+(:class:`~stagetool.cli.options.Staging`; ``--mesh`` and ``--topology`` are lists here, the grid's)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from stagetool.cli.app import app
-from stagetool.cli.options import (ChipOpt, DebugOpt, DeviceMemoryOpt, FunctionOpt, GpuTargetConfigOpt, OutputOpt,
-                                   PlatformOpt, SlicesOpt, SpecOpt, Target, outputs)
+from stagetool.cli.options import ChipOpt, DebugOpt, DeviceMemoryOpt, OutputOpt, Staging, outputs, staging_command
 from stagetool.cli.output import color, errors, escape, note_untested_jax, plural, stderr, width, write_text
 from stagetool.core.errors import ExitCode, UsageError
 
@@ -62,21 +62,19 @@ def _run_sweep(options: SweepOptions) -> dict:
     return run_sweep(options, on_row=progress, on_resume=resumed)
 
 
+SWEEP_MESH_HELP = ("Meshes to try: 1x8,2x4,4x2, or 'all' (every factorisation of the device count over the "
+                   "spec's axes).")
+SWEEP_TOPOLOGY_HELP = "Compile-only topologies to try: v5e:2x4,v5e:4x4 or h100:8,h100:2x8."
+
+
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
-def sweep(target: Target = None,
+@staging_command(without=("cache_dir", "no_cache", "against"), help={"mesh": SWEEP_MESH_HELP, "topology": SWEEP_TOPOLOGY_HELP})
+def sweep(staging: Staging,
           files: Annotated[Optional[list[Path]], typer.Argument(
               help="After 'merge': the JSON documents of a sweep's shards to join.", show_default=False)] = None,
-          spec: SpecOpt = None, function: FunctionOpt = None, platform: PlatformOpt = None,
-          mesh: Annotated[Optional[str], typer.Option(
-              "--mesh", "-m", help="Meshes to try: 1x8,2x4,4x2, or 'all' (every factorisation of the device "
-                                   "count over the spec's axes).", show_default=False)] = None,
           set_: Annotated[Optional[list[str]], typer.Option(
               "--set", help="NAME=V1,V2,...: values for the spec's ${NAME} placeholders (repeatable); the grid is "
                             "the product of all axes.", show_default=False)] = None,
-          topology: Annotated[Optional[str], typer.Option(
-              "--topology", help="Compile-only topologies to try: v5e:2x4,v5e:4x4 or h100:8,h100:2x8.",
-              show_default=False)] = None,
-          slices: SlicesOpt = None, gpu_target_config: GpuTargetConfigOpt = None,
           devices: Annotated[Optional[int], typer.Option(
               "--devices", help="The device count --mesh all factorises (default: the topology's, else the "
                                 "spec mesh's).", show_default=False, min=1)] = None,
@@ -115,6 +113,7 @@ def sweep(target: Target = None,
         except ValueError as e:
             raise UsageError(f"sweep: {e}", hint="--format text|json|markdown|csv|html; --rank-by step|step_time|peak|"
                                                   "collectives|flops|compile; --executor local|ray") from None
+        target = staging.target
         if target == "merge":
             doc = _sweep_merge(files or [])
         else:
@@ -123,12 +122,15 @@ def sweep(target: Target = None,
                                  hint="to join shards: stagetool sweep merge A.json B.json")
             from stagetool.sweep import SweepOptions
 
+            # the staging options every configuration shares; the meshes and topologies are the grid's.
+            # No facts cache: each configuration compiles afresh (its row times the compile, --rank-by compile);
+            # no --against: a row holds one target's figures
+            options = staging.options(chip=chip, device_memory=device_memory, outputs=outputs(output=output),
+                                      mesh=None, topology=None, cache_dir=None)
             doc = _run_sweep(SweepOptions(
-                target=target, spec=spec, function=tuple(function) if function else None, platform=platform,
-                chip=chip, device_memory=device_memory, mesh=mesh, set=tuple(set_ or ()), topology=topology,
-                slices=slices, gpu_target_config=gpu_target_config, devices=devices, rank_by=rank,
-                executor=how.value, jobs=jobs, shard=shard, output_dir=output_dir, resume=resume,
-                outputs=outputs(output=output), timeout=timeout))
+                options, mesh=staging.mesh, set=tuple(set_ or ()), topology=staging.topology, devices=devices,
+                rank_by=rank, executor=how.value, jobs=jobs, shard=shard, output_dir=output_dir, resume=resume,
+                timeout=timeout))
         write_text(render_sweep(doc, fmt, color=color(output) and fmt == SweepFormat.text, width=width()), output)
         if any(r["status"] == "error" for r in doc["rows"]):  # a failed configuration is never a success
             raise typer.Exit(int(ExitCode.JAX))
