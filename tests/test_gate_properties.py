@@ -289,3 +289,10 @@ def test_another_libtpu_is_an_environment_difference():
     assert any("libtpu 0.0.42.1 in the baseline, 0.0.52 now" in n for n in cmp.notices)
     del before["libtpu_version"]
     assert not compare(before, after).notices
+
+
+def test_another_chip_is_listed_under_the_profile_heading_not_compared():
+    other = {**timed(5e-3), "chip": "tpu-v6e"}
+    cmp, changes = step_compare(timed(1e-3), other)
+    assert [(c.status, c.apart) for c in changes] == [("changed", "chip profile changed")]
+    assert "chip tpu-v5e → tpu-v6e" in changes[0].what and cmp.exit_code() == 0

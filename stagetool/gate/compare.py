@@ -512,9 +512,14 @@ def _step_time_changes(name: str, b: Mapping | None, a: Mapping | None, tol: Tol
         if (b is None) != (a is None):
             notices.append(f"{name}: the step-time estimate is in only one of the two snapshots; not compared")
         return []
-    if b.get("chip") != a.get("chip"):
+    if b.get("chip") != a.get("chip"):  # another chip: another question, shown under the profile's heading
         notices.append(f"{name}: step time estimated on {b.get('chip')} before and {a.get('chip')} now; not compared")
-        return []
+        return [Change(name, f"step time (estimate): chip {b.get('chip')} → {a.get('chip')}",
+                       _fmt_seconds(b["seconds"]), _fmt_seconds(a["seconds"]), "changed", b["seconds"], a["seconds"],
+                       (a["seconds"] - b["seconds"]) / b["seconds"] if b["seconds"] else None,
+                       note=f"{PROFILE_HEADING}: estimated on another chip, not compared: the code's change of the "
+                            "step time is not gated across chips", subject=("step_time", "profile"),
+                       apart=PROFILE_HEADING)]
     chip = a["chip"]
     pb, pa = b.get("profile"), a.get("profile")
     if pb is None or pa is None:  # a snapshot from before issue 47: the figures it used are not known
