@@ -177,3 +177,11 @@ def test_a_bad_against_is_exit_2_before_any_compile(run_cli, cases, argv, says):
     r = run_cli(*argv, "-f", "at_set", "--no-cache")
     assert r.code == 2 and says in " ".join(r.stderr.split()), r.stderr
     assert "compile" not in r.stderr.split("error")[0]
+
+
+def test_two_byte_counts_that_round_alike_are_shown_exactly():
+    """A temporaries row of 4,194,308 B against 4,194,564 B must not read '4.00 MiB | 4.00 MiB | differs'."""
+    from stagetool.analysis.against import _bytes_pair
+
+    assert _bytes_pair(4_194_308, 4_194_564) == ("4.00 MiB (4,194,308 B)", "4.00 MiB (4,194,564 B)")
+    assert _bytes_pair(2 * 2**20, 158 * 2**10) == ("2.00 MiB", "158 KiB")

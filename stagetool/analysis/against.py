@@ -238,7 +238,7 @@ def compare(target: str, compiler: str, here_compiler: str, *, here_collectives:
             if a is None or b is None:
                 continue
             if a != b:
-                diffs.append(Difference(what, f"{what} per device", format_bytes(a), format_bytes(b), a, b, "differs"))
+                diffs.append(Difference(what, f"{what} per device", *_bytes_pair(a, b), a, b, "differs"))
         compared.append("memory: temporaries and peak per device")
         if here_memory.peak is not None and there_memory.peak is not None \
                 and here_memory.peak.buffers and there_memory.peak.buffers:
@@ -249,8 +249,9 @@ def compare(target: str, compiler: str, here_compiler: str, *, here_collectives:
                 if a == b:
                     equal += 1
                     continue
-                diffs.append(Difference("live at the peak", line, format_bytes(a) if a is not None else None,
-                                        format_bytes(b) if b is not None else None, a, b,
+                shown = _bytes_pair(a, b) if a is not None and b is not None else (
+                    format_bytes(a) if a is not None else None, format_bytes(b) if b is not None else None)
+                diffs.append(Difference("live at the peak", line, *shown, a, b,
                                         "only here" if b is None else "only there" if a is None else "differs"))
             n = len(set(a_lines) | set(b_lines))
             compared.append(f"the peak's largest buffers by source line: {n} line{'s' if n != 1 else ''}, {equal} equal")
@@ -278,6 +279,12 @@ def compare(target: str, compiler: str, here_compiler: str, *, here_collectives:
         n = len(set(here_rep) | set(there_rep))
         compared.append(f"replicated work: {n} row{'s' if n != 1 else ''}, {equal} equal")
     return AgainstSection(target, compiler, here_compiler, tuple(diffs), tuple(compared), tuple(rules))
+
+
+def _bytes_pair(a: int, b: int) -> tuple[str, str]:
+    """Two byte counts as shown, exact (``4,194,560 B``) where their rounded forms would read the same."""
+    x, y = format_bytes(a), format_bytes(b)
+    return (x, y) if x != y else (f"{x} ({a:,} B)", f"{y} ({b:,} B)")
 
 
 def _live_by_line(memory: MemorySection) -> dict[str, int]:
