@@ -91,7 +91,7 @@ def block(x, layer, n_heads: int):
     x = x + attention(rms_norm(x, layer["norm1"]), layer, n_heads)
     h = jax.nn.gelu(rms_norm(x, layer["norm2"]) @ layer["w_up"])
     x = x + h @ layer["w_down"]
-    # A bare PartitionSpec: works because stagetool makes the mesh ambient (jax.set_mesh) while tracing.
+    # A bare PartitionSpec: its run sets a mesh; stagetool traces it under the staged mesh (jax.set_mesh).
     return jax.lax.with_sharding_constraint(x, P("data", None, None))
 
 

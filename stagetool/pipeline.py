@@ -451,7 +451,7 @@ def failure_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: froze
             )
 
             inputs = declared_input_leaves(tuple(prep.inputs.leaves), dict(plan.mesh.axes),
-                                           explicit=plan.mesh.axis_types == "explicit")
+                                           explicit=_axis_types(plan, setup) == "explicit")
             rest = [r for r in rest if r != Section.SHARDINGS.value]
         notes = (f"the compile ran out of memory: {e.xla_message}"
                  + (f"; {', '.join(rest)} need a compiled program and are not shown" if rest else ""),
@@ -558,10 +558,17 @@ def _failed(plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, e: StagingError
 def _mesh_report(plan: Plan, setup: DeviceSetup) -> MeshReport:
     from stagetool.report.model import MeshReport
 
-    return MeshReport(plan.mesh.axes, plan.mesh.axis_types, setup.platform, setup.device_kind,
+    return MeshReport(plan.mesh.axes, _axis_types(plan, setup), setup.platform, setup.device_kind,
                       len(setup.devices), setup.process_count, setup.topology, setup.slices,
                       target_from=plan.target_from if setup.topology else None,
                       named_as=plan.named_as if setup.topology else None)
+
+
+def _axis_types(plan: Plan, setup: DeviceSetup) -> str:
+    """``explicit`` or ``auto``: the staged mesh's (the code's own where the spec gives none,
+    :func:`stagetool.inputs.own_mesh.adopt_code_order`), else the plan's."""
+    kinds = {str(t).rpartition(".")[2] for t in (getattr(setup.mesh, "axis_types", None) or ())}
+    return "explicit" if kinds == {"Explicit"} else "auto" if kinds == {"Auto"} else plan.mesh.axis_types
 
 
 def _spec_to_name(plan: Plan, fspec: FunctionSpec) -> str | None:
@@ -611,7 +618,7 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
     if wanted & {Section.SHARDINGS, Section.MEMORY, Section.COLLECTIVES, Section.WHY}:
         from stagetool.analysis.shardings import input_leaves, output_leaves
 
-        explicit = plan.mesh.axis_types == "explicit"
+        explicit = _axis_types(plan, setup) == "explicit"
         leaves = (input_leaves(facts.inputs, explicit=explicit), output_leaves(facts.outputs, explicit=explicit))
     if Section.SHARDINGS in wanted:
         fields["inputs"], fields["outputs"] = leaves

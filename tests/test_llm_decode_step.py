@@ -99,10 +99,9 @@ functions:
 """
 
 
-@pytest.mark.parametrize("types", ["", ", axis_types: auto"])
-def test_explicit_axes_code_on_auto_axes_is_exit_2_naming_the_spec_key(run_cli, tmp_path, types):
+def test_explicit_axes_code_on_auto_axes_is_exit_2_naming_the_spec_key(run_cli, tmp_path):
     m = write(tmp_path, "m.py", EXPLICIT_CODE)
-    spec = write(tmp_path, "m.stagetool.yaml", EXPLICIT_SPEC.format(types=types))
+    spec = write(tmp_path, "m.stagetool.yaml", EXPLICIT_SPEC.format(types=", axis_types: auto"))
     r = run_cli("shardings", "--spec", str(spec), "-f", "embed_step")
     assert r.code == 2, r.stderr
     err = " ".join(r.stderr.split())
@@ -113,11 +112,16 @@ def test_explicit_axes_code_on_auto_axes_is_exit_2_naming_the_spec_key(run_cli, 
     assert "Traceback" not in r.stderr
 
 
-def test_explicit_axes_code_stages_with_axis_types_explicit_and_auto_code_is_named_the_other_way(run_cli, tmp_path):
+@pytest.mark.parametrize("types", ["", ", axis_types: explicit"])
+def test_explicit_axes_code_stages_with_axis_types_explicit_and_auto_code_is_named_the_other_way(run_cli, tmp_path,
+                                                                                                  types):
+    """``axis_types: explicit``, or none: the module's own mesh (Explicit) gives the axis types (issue 49)."""
     write(tmp_path, "m.py", EXPLICIT_CODE)
-    spec = write(tmp_path, "m.stagetool.yaml", EXPLICIT_SPEC.format(types=", axis_types: explicit"))
+    spec = write(tmp_path, "m.stagetool.yaml", EXPLICIT_SPEC.format(types=types))
     doc = run_cli("shardings", "--spec", str(spec), "-f", "embed_step", "--format", "json", check=0).json()
     assert doc["functions"][0]["mesh"]["axis_types"] == "explicit"
+    notes = " ".join(doc["functions"][0]["notes"])
+    assert ("the spec gives no mesh.axis_types: staged with Explicit axes" in notes) == (not types), notes
     # the reverse: with_sharding_constraint is for Auto axes; on Explicit ones JAX refuses it
     r = run_cli("shardings", "--spec", str(spec), "-f", "constrained")
     err = " ".join(r.stderr.split())
@@ -304,6 +308,6 @@ def test_an_init_on_the_codes_explicit_mesh_says_the_axis_types_differ(run_cli, 
     notes = " ".join(f["notes"])
     if types:  # the staged mesh is the code's: nothing to say
         assert "axis" not in notes and f["mesh"]["axis_types"] == "explicit"
-    else:  # not "a mesh of d=8 on 8 cpu devices ... on the staged mesh (d=8 on 8 cpu devices)"
-        assert "with Explicit axes, where stagetool stages Auto ones" in notes
-        assert "axis_types: explicit" in notes
+    else:  # the module's own mesh gives the axis types (issue 49), and a note says so
+        assert f["mesh"]["axis_types"] == "explicit"
+        assert "with Explicit axes (e.py:5) and the spec gives no mesh.axis_types: staged with Explicit axes" in notes

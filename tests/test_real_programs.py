@@ -279,9 +279,10 @@ def test_ref_leaves_say_the_object_gives_their_sharding_and_why_agrees(tmp_path,
         def f(s, model):
             return model(s["w"] + s["b"])
     """)
+    # Auto axes, said: left out, the module's mesh (jax.make_mesh's default, Explicit) would give its own
     write(tmp_path, "m.stagetool.yaml", """
         version: 1
-        mesh: {axes: {x: 8}}
+        mesh: {axes: {x: 8}, axis_types: auto}
         functions:
           f:
             target: m.py:f

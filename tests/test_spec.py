@@ -205,7 +205,8 @@ def test_every_error_is_reported_with_location_and_key_path():
             statik: {}
     """)
     assert issues == [
-        "s.yaml:2:35: mesh: unknown key 'axis_tipes'; expected one of axes, axis_types (did you mean 'axis_types'?)",
+        "s.yaml:2:35: mesh: unknown key 'axis_tipes'; expected one of axes, axis_types, context (did you mean "
+            "'axis_types'?)",
         "s.yaml:3:1: unknown key 'platfrom'; expected one of avals, check, chips, functions, gpu_target_config, logical_axis_rules, "
             "mesh, platform, slices, topology, "
         "version "

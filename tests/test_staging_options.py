@@ -42,7 +42,8 @@ def _declared() -> dict[str, typing.Any]:
 def _flags(info: typing.Any) -> list[str]:
     """The flags of a Typer declaration (``typer.Option("--spec", "-s")``: its first one is kept as
     its ``default`` in the ``Annotated`` form)."""
-    return [d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d.startswith("-")]
+    # a boolean pair ("--context-mesh/--no-context-mesh"): click's opts hold the first, secondary_opts the second
+    return [d.split("/")[0] for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d.startswith("-")]
 
 
 def _params(command: str) -> dict[str, typing.Any]:

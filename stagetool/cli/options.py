@@ -22,6 +22,12 @@ SpecOpt = Annotated[Optional[Path], typer.Option(
 MeshOpt = Annotated[Optional[str], typer.Option(
     "--mesh", "-m", help="Mesh sizes, overriding the spec: 2x4 (in the spec's axis order) or data=2,model=4.",
     show_default=False)]
+ContextMeshOpt = Annotated[Optional[bool], typer.Option(
+    "--context-mesh/--no-context-mesh",
+    help="Trace under the staged mesh as the context mesh (jax.set_mesh), or under none, overriding the spec's "
+         "mesh.context. Default: as the code runs: none unless the code sets one (at import), its mesh axes are "
+         "Explicit, it has logical axis rules, or it cannot trace without one (a bare PartitionSpec).",
+    show_default=False)]
 PlatformOpt = Annotated[Optional[str], typer.Option(
     "--platform", help="Backend: cpu, gpu or tpu. Default: the spec's, else JAX's default.", show_default=False)]
 TopologyOpt = Annotated[Optional[str], typer.Option(
@@ -133,6 +139,7 @@ class Staging:
     target: Target = None
     spec: SpecOpt = None
     mesh: MeshOpt = None
+    context_mesh: ContextMeshOpt = None
     platform: PlatformOpt = None
     topology: TopologyOpt = None
     function: FunctionOpt = None

@@ -49,11 +49,18 @@ def device_count_problem(sizes: "list[int] | tuple[int, ...]") -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-    """A named mesh: ordered ``(axis name, size)`` pairs and the axis type (``auto`` | ``explicit``)."""
+    """A named mesh: ordered ``(axis name, size)`` pairs and the axis type (``auto`` | ``explicit``).
+
+    ``axis_types_given``: the spec (or the caller) said the axis types; when not, a mesh the code
+    builds itself on the staged axes gives them. ``context``: whether the staged mesh is the context
+    mesh (``jax.set_mesh``) while the function is traced: True, False, or None (as the code runs:
+    :func:`stagetool.inputs.loading.context_of`)."""
 
     axes: tuple[tuple[str, int], ...]
     axis_types: str = "auto"
     loc: Loc | None = dataclasses.field(default=None, compare=False)
+    axis_types_given: bool = True
+    context: bool | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -107,7 +114,7 @@ def parse_mesh_option(text: str, spec_mesh: MeshSpec) -> MeshSpec:
         problem = device_count_problem([s for _, s in axes])
         if problem:
             raise ValueError(f"--mesh {text!r}: {problem}")
-        return MeshSpec(tuple(axes), spec_mesh.axis_types, spec_mesh.loc)
+        return dataclasses.replace(spec_mesh, axes=tuple(axes))
     parts = [p.strip() for p in t.lower().split("x")]
     if not parts or not all(p.isascii() and p.isdigit() and int(p[-12:]) > 0 for p in parts):
         raise ValueError(f"--mesh {clipped(text)} is not sizes like 2x4 or names like data=2,model=4")
@@ -123,5 +130,38 @@ def parse_mesh_option(text: str, spec_mesh: MeshSpec) -> MeshSpec:
     if len(sizes) != len(spec_mesh.axes):
         raise ValueError(f"--mesh {text!r} has {len(sizes)} sizes, but the spec's mesh has {len(spec_mesh.axes)} axes "
                          f"({', '.join(spec_mesh.names)})")
-    return MeshSpec(tuple(zip(spec_mesh.names, sizes)), spec_mesh.axis_types, spec_mesh.loc)
+    return dataclasses.replace(spec_mesh, axes=tuple(zip(spec_mesh.names, sizes)))
 
+
+
+#: JAX's words when code written for one kind of mesh axes runs on the other: ``(pattern, the axis type
+#: the code needs)``. An Explicit-axes API (``reshard``, ``out_sharding=P(...)`` of ``.at[].get``,
+#: ``einsum``, ``jnp.zeros``) on Auto axes; ``with_sharding_constraint`` on Explicit axes (where it
+#: refuses Explicit axes in its spec, or acts as an assert that fails).
+_AXIS_TYPE_ERRORS = (
+    (re.compile(r"PartitionSpec passed to \S+ cannot contain axis names that are of type Auto"), "explicit"),
+    (re.compile(r"passed to with_sharding_constraint can only refer to Auto axes"), "auto"),
+    (re.compile(r"with_sharding_constraint` acts as an assert when all axes of mesh are of type `Explicit`"),
+     "auto"),
+)
+
+
+def axis_types_needed(text: str) -> str | None:
+    """The axis type (``"explicit"`` or ``"auto"``) the code needs when ``text`` is JAX's refusal of an
+    API on the other kind of mesh axes; None when it is another error."""
+    for pattern, needed in _AXIS_TYPE_ERRORS:
+        if pattern.search(text):
+            return needed
+    return None
+
+
+def axis_types_hint(needed: str) -> str:
+    """The hint for code that needs ``needed`` (``"explicit"`` | ``"auto"``) mesh axes: the spec key to write."""
+    if needed == "explicit":
+        return ("this code is written for a mesh with Explicit axes (jax.sharding.AxisType.Explicit, as "
+                "jax.make_mesh makes by default): stage it on one with the spec's 'axis_types: explicit' under "
+                "'mesh:' (mesh: {axes: {...}, axis_types: explicit}); where the module builds that mesh itself "
+                "with the staged axes, leave axis_types out and its axis types are taken")
+    return ("this code is written for a mesh with Auto axes (with_sharding_constraint lets the partitioner "
+            "decide): stage it with the spec's 'axis_types: auto' under 'mesh:' (the default), or use "
+            "jax.sharding.reshard for Explicit axes")

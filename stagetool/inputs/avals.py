@@ -163,8 +163,13 @@ class _Builder:
         from stagetool.inputs.jit_wrapper import is_jax_jit  # (an nnx.jit object is a jax.stages.Wrapped too)
 
         own = self.own
-        return is_jax_jit(self.fn) or own.kind in ("eqx.filter_jit", "haliax.named_jit") \
-            or (own.kind == "nnx.jit" and i in own.static_argnums)
+        if own.kind in ("eqx.filter_jit", "haliax.named_jit"):  # a Python number is static to both
+            return True
+        if own.kind in ("jax.jit", "nnx.jit") and own.readable:
+            # static where the jit says so; elsewhere jax.jit traces a Python number as a weakly typed
+            # scalar argument (bonsai's pad_id: s32[]), whether or not stagetool wraps the target
+            return i in own.static_argnums or (i < len(self.names) and self.names[i] in own.static_argnames)
+        return is_jax_jit(self.fn)  # settings unread: handed over as they are, to the jit itself
 
     # ---- the spec's trees, leaf by leaf
 
@@ -280,7 +285,8 @@ class _Builder:
         shared: list = []
         names: list = []
         shapes, produced, refs = eval_init(init, self.fspec, self.setup.mesh, self.rules, with_dims=True,
-                                           built=self.built, shared=shared, names=names)
+                                           built=self.built, shared=shared, names=names,
+                                           context=self.mesh_spec.context)
         tree = self.abstract_tree(shapes, path, donated, init.loc, init.rules, init.has_rules,
                                   f"{init.loc}: {init.path}", produced, refs, names=names)
         if any(k is not None for k in shared):

@@ -4,6 +4,8 @@ mesh checked, its abstract inputs built and its out_shardings fitted."""
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 from typing import Any
 
 from stagetool.core.errors import TargetError
@@ -49,16 +51,22 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
                 target = load_target(fspec.target, base_dir=fspec.base_dir)
             except TargetError as e:  # name the spec's line that asked for it
                 raise TargetError(f"{fspec.where('target')}: functions.{fspec.name}.target: {e.message}",
-                                  hint=e.hint) from None
+                                  hint=computed_at_import_hint(e.message, setup) or e.hint) from None
         hidden = hidden_jit_note(target.fn, fspec.target)
         ordered: tuple[str, ...] = ()
         if not live:
-            setup, ordered = adopt_code_order(target, fspec, setup)
+            setup, ordered = adopt_code_order(target, fspec, setup, axis_types_given=mesh_spec.axis_types_given)
+            kinds = {str(t).rpartition(".")[2] for t in (getattr(setup.mesh, "axis_types", None) or ())}
+            if kinds == {"Explicit"} and mesh_spec.axis_types != "explicit":  # the code's own (own_mesh)
+                mesh_spec = dataclasses.replace(mesh_spec, axis_types="explicit")
         target, notes = relay_own_jit(target, fspec, setup, live=live)
         notes = ordered + notes
         notes += (hidden,) if hidden else ()
+        code_context = _code_context()
         with collecting() as seen:
             inputs = build_inputs(fspec, target.fn, setup, mesh_spec, avals=avals)
+        inputs = dataclasses.replace(inputs, context=context_of(
+            mesh_spec, fspec, setup.mesh, inputs, code_context=code_context or _logical_axes(target.module_file)))
         notes += check_seen(seen, fspec, setup, live=live)
         if notes:
             inputs = dataclasses.replace(inputs, notes=(*notes, *inputs.notes))
@@ -66,3 +74,71 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
             target = dataclasses.replace(target, fn=inputs.fn)
         fitted = fit_out_shardings(fspec, target.fn, inputs, setup.mesh)
     return target, inputs, fitted, setup
+
+
+def _code_context() -> bool:
+    """Whether a context mesh is set where the target was loaded: the code set one at import
+    (``jax.set_mesh(mesh)`` at module level, as bonsai's sharding test does) or the caller of
+    :func:`stagetool.inspect` runs under one."""
+    import jax
+
+    try:
+        return not jax.sharding.get_abstract_mesh().empty
+    except AttributeError:  # pragma: no cover - a JAX without get_abstract_mesh
+        return False
+
+
+#: Flax linen's logical-axis API: its constraints apply only under a context mesh (a no-op under none),
+#: so code that calls it runs under one, as MaxText enters its mesh and rules together.
+_LOGICAL_AXES = re.compile(r"\b(with_logical_constraint|with_logical_partitioning|LogicallyPartitioned|"
+                           r"logical_axis_rules|logical_to_mesh_sharding)\b")
+
+
+def _logical_axes(module_file: str | None) -> bool:
+    """Whether the target's module calls Flax linen's logical-axis API (:data:`_LOGICAL_AXES`)."""
+    if module_file is None:
+        return False
+    try:
+        return _LOGICAL_AXES.search(Path(module_file).read_text(errors="replace")) is not None
+    except OSError:
+        return False
+
+
+def context_of(mesh_spec: MeshSpec, fspec: FunctionSpec, mesh: Any, inputs: AbstractInputs, *,
+               code_context: bool = False) -> bool | None:
+    """The mesh context a function is traced under (:attr:`AbstractInputs.context`): the spec's
+    ``mesh.context`` (``--context-mesh``/``--no-context-mesh``) where given; else True (the staged mesh,
+    ``jax.set_mesh``) where the code runs under one: it set one itself (``code_context``: set at
+    import, or the target's module calls Flax linen's logical-axis API, :data:`_LOGICAL_AXES`), its mesh
+    axes are Explicit (code written for them runs under ``jax.set_mesh``), it has logical axis rules
+    (MaxText-style code enters its mesh and its rules together), or it is a haliax ``named_jit``
+    (Levanter runs its steps under the mesh and the axis mapping); else None: no context mesh, as
+    code that sets none runs, unless the trace cannot do without one
+    (:func:`stagetool.staging.stages.stage`)."""
+    if mesh_spec.context is not None:
+        return mesh_spec.context
+    kinds = {str(t).rpartition(".")[2] for t in (getattr(mesh, "axis_types", None) or ())}
+    haliax = type(inputs.program).__name__ == "HaliaxProgram" or getattr(inputs.jit, "kind", None) == "haliax.named_jit"
+    if code_context or "Explicit" in kinds or fspec.logical_axis_rules is not None or haliax:
+        return True
+    return None
+
+
+#: What JAX says when code computes on a compile-only device (a ``--topology``'s devices run nothing):
+#: an eager op dispatched to them (jaxlib 0.7-0.12: its executable has no ``local_devices``).
+_COMPUTED_ON_COMPILE_ONLY = ("'Executable' object has no attribute 'local_devices'",
+                             "compile-only", "CompileOnlyPyClient", "cannot execute")
+
+
+def computed_at_import_hint(message: str, setup: Any) -> str | None:
+    """The hint for a module whose import computed on the compile-only devices of a ``--topology``
+    (a model built at import: bonsai's ``jax.set_mesh(mesh); model = Qwen3(...)``): those devices
+    compile but never run, so code run at import cannot build arrays there; what to write instead.
+    None for any other failure, or where the devices are real."""
+    if getattr(setup, "topology", None) is None or not any(m in message for m in _COMPUTED_ON_COMPILE_ONLY):
+        return None
+    return (f"the module computes at import (it builds arrays: a model, its state) on the devices of --topology "
+            f"{setup.topology}, which are compile-only: they compile programs but run none. Build those values in "
+            "a function and give it to the spec as an init ({init: model.py:make_model}: evaluated abstractly, "
+            "nothing computed), or keep the import free of computation and stage on this machine's devices "
+            "(--mesh) to pass the built objects ({ref: model.py:model})")

@@ -127,8 +127,9 @@ def check_out_shardings(fspec: FunctionSpec, out_info: Pytree, axis_size: dict[s
 def fit_out_shardings(fspec: FunctionSpec, fn: Callable[..., Any], inputs: AbstractInputs, mesh: Any) -> FunctionSpec:
     """``fspec`` with ``out_shardings`` checked and fitted to the function's outputs (see :func:`check_out_shardings`).
 
-    Traces ``fn`` once without out_shardings (under ``jax.set_mesh(mesh)``, else under no context
-    mesh, as staging traces a ``shard_map`` on another mesh of the code's) to read
+    Traces ``fn`` once without out_shardings (under the context staging traces it under,
+    ``inputs.context``: the staged mesh first where that is True, else no context mesh first; then
+    the other, unless ``inputs.context`` is False) to read
     ``Traced.out_info``; costs one extra trace, and only when the spec gives out_shardings. When
     that trace itself fails, ``fspec`` is returned unchanged, so that staging reports the failure
     as usual (exit code 3).
@@ -136,6 +137,7 @@ def fit_out_shardings(fspec: FunctionSpec, fn: Callable[..., Any], inputs: Abstr
     Raises:
       SpecError: the out_shardings do not fit the output tree (exit code 2).
     """
+    import contextlib
     import dataclasses as dc
 
     import jax
@@ -144,16 +146,16 @@ def fit_out_shardings(fspec: FunctionSpec, fn: Callable[..., Any], inputs: Abstr
         return fspec
     options: dict[str, Any] = {"static_argnames": inputs.static_argnames} if inputs.static_argnames else {}
     fn = inputs.fn or fn
-    try:
-        probe = fn if isinstance(fn, jax.stages.Wrapped) else jax.jit(fn, **options)
-        with jax.set_mesh(mesh):
-            out_info = probe.trace(*inputs.args, **inputs.kwargs).out_info
-    except USER_CODE_ERRORS:
-        try:  # a shard_map on another mesh of the code's refuses the staged context: traced as staging does
+    contexts = [mesh, None] if inputs.context else [None] if inputs.context is False else [None, mesh]
+    for i, context in enumerate(contexts):
+        try:  # a shard_map on another mesh of the code's refuses the staged context; a bare P needs one
             probe = fn if isinstance(fn, jax.stages.Wrapped) else jax.jit(fn, **options)
-            out_info = probe.trace(*inputs.args, **inputs.kwargs).out_info
+            with jax.set_mesh(context) if context is not None else contextlib.nullcontext():
+                out_info = probe.trace(*inputs.args, **inputs.kwargs).out_info
+            break
         except USER_CODE_ERRORS:  # the user's function fails to trace: staging says so, with its frame
-            return fspec
+            if i == len(contexts) - 1:
+                return fspec
     return dc.replace(fspec, out_shardings=check_out_shardings(fspec, out_info, dict(mesh.shape), inputs))
 
 

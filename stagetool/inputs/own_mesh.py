@@ -127,7 +127,8 @@ def _module_meshes(module: Any) -> list:
     return out
 
 
-def adopt_code_order(target: Target, fspec: FunctionSpec, setup: Any) -> tuple[Any, tuple[str, ...]]:
+def adopt_code_order(target: Target, fspec: FunctionSpec, setup: Any, *,
+                     axis_types_given: bool = True) -> tuple[Any, tuple[str, ...]]:
     """``(setup, notes)``: the staged devices in the order of the code's own mesh, where the code built
     the staged mesh itself — the same axis names and sizes on the staged devices — in another device
     order (``Mesh(np.array(jax.devices()), ("data",))`` lists TPU chips by id, [0, 1, 2, 3] on a
@@ -135,6 +136,10 @@ def adopt_code_order(target: Target, fspec: FunctionSpec, setup: Any) -> tuple[A
     runs on: staged on it, the program is raw JAX's for the code (JAX refuses a jit that mixes both
     orders). ``setup`` as it is, and (), when the code's meshes (its jit's shardings, its module's
     globals) hold no such mesh, or hold two orders of it.
+
+    Where the spec does not give the axis types (``axis_types_given`` false), that mesh's axis types
+    are taken too (bonsai's ``jax.make_mesh(..., axis_types=(Explicit, Explicit))``): the code is
+    written for them, and a note says so.
     """
     import dataclasses
 
@@ -150,12 +155,19 @@ def adopt_code_order(target: Target, fspec: FunctionSpec, setup: Any) -> tuple[A
             candidates += own_meshes(own)
     module = _module_of(target.module_file)
     candidates += _module_meshes(module)
-    laid = [m for m in candidates
+    same = [m for m in candidates
             if tuple(m.axis_names) == tuple(staged.axis_names) and m.devices.shape == staged.devices.shape
-            and set(m.devices.flat) == set(staged.devices.flat) and list(m.devices.flat) != list(staged.devices.flat)]
+            and set(m.devices.flat) == set(staged.devices.flat)]
+    kinds = {_axis_kinds(m) for m in same}
+    notes: tuple[str, ...] = ()
+    if not axis_types_given and len(kinds) == 1 and kinds != {_axis_kinds(staged)} and kinds <= {"Explicit", "Auto"}:
+        # the code's own axis types, where the spec gives none
+        setup, notes = _typed(setup, staged, same[0].axis_types, target, fspec, module, same[0])
+        staged = setup.mesh
+    laid = [m for m in same if list(m.devices.flat) != list(staged.devices.flat)]
     orders = {tuple(d.id for d in m.devices.flat) for m in laid}
     if len(orders) != 1:
-        return setup, ()
+        return setup, notes
     code = laid[0]
     mesh = Mesh(np.asarray(code.devices), tuple(staged.axis_names), axis_types=getattr(staged, "axis_types", None))
     where_in = {d: i for i, d in enumerate(setup.devices)}
@@ -172,7 +184,23 @@ def adopt_code_order(target: Target, fspec: FunctionSpec, setup: Any) -> tuple[A
             f"another order (ids {[d.id for d in code.devices.flat]}, where stagetool's mesh has "
             f"{[d.id for d in staged.devices.flat]}): staged on the module's order, the one its code runs on"
             + (f" ({held.splitlines()[0]})" if held else ""))
-    return adopted, (note,)
+    return adopted, (*notes, note)
+
+
+def _typed(setup: Any, staged: Any, types: tuple, target: Target, fspec: FunctionSpec, module: Any,
+           code: Any) -> tuple[Any, tuple[str, ...]]:
+    """``(setup with the staged mesh given the code's axis types, the note saying so)``."""
+    import dataclasses
+
+    from jax.sharding import Mesh
+
+    mesh = Mesh(staged.devices, tuple(staged.axis_names), axis_types=tuple(types))
+    held = where_held(code, target.module_file, module)
+    kind = _axis_kinds(code)
+    note = (f"{fspec.target}'s module builds the staged mesh ({describe_mesh(staged)}) with {kind} axes"
+            + (f" ({held.splitlines()[0]})" if held else "")
+            + f" and the spec gives no mesh.axis_types: staged with {kind} axes, as the code runs")
+    return dataclasses.replace(setup, mesh=mesh), (note,)
 
 
 def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any, *,

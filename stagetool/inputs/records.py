@@ -80,6 +80,9 @@ class AbstractInputs:
         leaf under auto axes has a sharding its type cannot carry (:func:`as_abstract_ref`), else None.
       notes: sentences for the report about how the inputs were staged (Flax NNX Variables shared
         between arguments that a nested staging gives an input per place).
+      context: the mesh context the function is traced under (:func:`stagetool.inputs.loading.context_of`):
+        True: the staged mesh (``jax.set_mesh``), as code that sets one runs; False: none; None: none
+        unless the code cannot trace without one (a bare ``PartitionSpec``), then the staged mesh.
     """
 
     args: tuple
@@ -96,3 +99,4 @@ class AbstractInputs:
     program: NnxProgram | EqxProgram | HaliaxProgram | None = None
     in_shardings: Any = None
     notes: tuple[str, ...] = ()
+    context: bool | None = None

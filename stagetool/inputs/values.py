@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagetool.core.errors import USER_CODE_ERRORS, SpecError, StagingError, TargetError, describe_exception
+from stagetool.core.errors import USER_CODE_ERRORS, SpecError, StagingError, TargetError, UsageError, describe_exception
+from stagetool.core.mesh import axis_types_hint, axis_types_needed
 from stagetool.inputs.frameworks import Pytree
 from stagetool.inputs.leaves import jax_dtype
 from stagetool.inputs.signature import describe_callable, signature_problems
@@ -68,7 +69,7 @@ def resolve_logical_rules(fspec: FunctionSpec) -> tuple | None:
 
 def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any = None, *,
               with_dims: bool = False, built: dict | None = None, shared: list | None = None,
-              names: list | None = None) -> Any:
+              names: list | None = None, context: bool | None = None) -> Any:
     """``jax.eval_shape`` of an ``init`` function: a pytree of ``ShapeDtypeStruct`` (no FLOPs run).
 
     With ``with_dims``, ``(tree, dims)``: per leaf of the tree, the PartitionSpec dims the init
@@ -78,7 +79,10 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
 
     Leaf and key arguments are traced; plain values are bound as Python constants. The ``init``
     runs under the mesh (``jax.set_mesh``) and the logical axis ``rules``, as tracing does, so
-    Flax's eager sharding and ``get_abstract_mesh()`` work there. Array leaves keep what
+    Flax's eager sharding and ``get_abstract_mesh()`` work there; ``context`` False: under no context
+    mesh; None: where it fails under the mesh and runs under none (Flax linen's ``Partitioned.unbox()``
+    constraining a ``DenseGeneral`` kernel built flat, as nanodo's ``jax.jit(init)`` never meets it
+    since its code sets no mesh), under none. Array leaves keep what
     ``jax.eval_shape`` gives (dtype, ``weak_type``, sharding); non-array leaves (an Equinox
     module's functions) are returned as they are (see :func:`stagetool.inputs.frameworks.dispatch.trace_any`).
 
@@ -142,9 +146,11 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
         return out
 
     dyn = [x for m, x in zip(mask, flat) if m]
+    ambient = mesh is not None and context is not False
+    failed: BaseException | None = None
     while True:
         try:
-            with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()), logical_rules(rules):
+            with (jax.set_mesh(mesh) if ambient else contextlib.nullcontext()), logical_rules(rules):
                 tree, dims, refs = trace_any(call, *dyn)
             break
         except _BuildOutside as e:  # built before the trace, then traced again
@@ -152,6 +158,14 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
         except TargetError:  # a {call: ...} of init_args that failed: the spec's, said at its line (exit 2)
             raise
         except USER_CODE_ERRORS as e:  # the user's init failed under tracing (sys.exit() included)
+            if ambient and context is None and not isinstance(e, SystemExit):
+                ambient = False  # as the code runs when it sets no mesh: tried once more under none
+                failed = e
+                continue
+            if not ambient and mesh is not None and context is None and failed is not None:
+                e = failed  # it needs no context mesh's absence: the first failure is the one to say
+            if mesh is not None and axis_types_needed(str(e)) is not None:  # bad input: exit 2, before a compile
+                raise _axis_types_error(e, init, fspec, mesh, target) from None
             raise StagingError(describe_exception(e), stage="init", function=fspec.name,
                                user_frame=user_frame(e, [target.module_file or ""])) from None
     if with_dims and mesh is not None and any(d is None and isinstance(x, jax.ShapeDtypeStruct)
@@ -464,3 +478,17 @@ def load_at(text: str, fspec: FunctionSpec, loc: Any, what: str, *, need_callabl
         return load_target(text, base_dir=fspec.base_dir, need_callable=need_callable)
     except TargetError as e:
         raise TargetError(f"{loc}: {what}: {e.message}", hint=e.hint) from None
+
+
+def _axis_types_error(e: BaseException, init: InitSpec, fspec: FunctionSpec, mesh: Any, target: Any) -> UsageError:
+    """An init written for the other kind of mesh axes (``jnp.zeros(..., out_sharding=P(...))`` on Auto
+    axes): JAX's sentence, the user's line, and the spec key that fixes it (``mesh.axis_types``)."""
+    from stagetool.devices.world import describe_mesh
+
+    needed = axis_types_needed(str(e)) or "explicit"
+    staged = "Auto" if needed == "explicit" else "Explicit"
+    first = str(e).strip().splitlines()[0].split(" This error occurs at source:", 1)[0]
+    frame = user_frame(e, [target.module_file or ""])
+    return UsageError(f"{init.loc}: {init.path}.init: the code needs {needed.capitalize()} "
+                      f"mesh axes, and stagetool staged {describe_mesh(mesh)} with {staged} axes: {first}"
+                      + (f"\n  at {frame}" if frame else ""), hint=axis_types_hint(needed))

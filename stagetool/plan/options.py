@@ -41,6 +41,8 @@ class Options:
       target: ``file.py:func`` / ``pkg.mod:func``, or None for every function of the spec.
       spec: the spec file, or None to search for it (see :func:`stagetool.spec.spec_candidates`).
       mesh: ``2x4`` or ``data=2,model=4``, overriding the spec's mesh sizes.
+      context_mesh: trace under the staged mesh as the context mesh (True), under none (False), or
+        as the code runs (None: the spec's ``mesh.context``, else :func:`stagetool.inputs.loading.context_of`).
       platform: ``cpu`` | ``gpu`` | ``tpu``.
       topology: a compile-only TPU topology (``v5e:2x4``) or GPU target (``h100:8``, ``h100:2x8``).
       gpu_target_config: a ``GpuTargetConfigProto`` text file for a GPU target (``--gpu-target-config``).
@@ -80,6 +82,7 @@ class Options:
     target: str | None = None
     spec: Path | None = None
     mesh: str | None = None
+    context_mesh: bool | None = None
     platform: str | None = None
     topology: str | None = None
     gpu_target_config: str | None = None

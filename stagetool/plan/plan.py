@@ -147,6 +147,8 @@ def make_plan(options: Options, *, spec: Spec | None = None) -> Plan:
                 mesh = parse_mesh_option(options.mesh, spec.mesh)
             except ValueError as e:
                 raise UsageError(str(e)) from None
+    if options.context_mesh is not None:
+        mesh = dataclasses.replace(mesh, context=options.context_mesh)
     with problems.check():
         if options.topology is not None and not options.topology.strip():
             raise UsageError("--topology '': an empty topology name (an unset variable in --topology \"$TOPO\"?)",

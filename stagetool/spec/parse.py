@@ -51,13 +51,14 @@ class _Parser(ValueParser):
     """The spec's sections: the mesh and each function (the values in them: :class:`ValueParser`)."""
 
     def mesh(self, node: yaml.Node | None) -> MeshSpec:
-        """``mesh: {axes: {name: size, ...}, axis_types: auto | explicit}`` (no axes when absent)."""
+        """``mesh: {axes: {name: size, ...}, axis_types: auto | explicit, context: true | false}`` (no
+        axes when absent; axis types and context as the code has them when not given)."""
         if node is None:
-            return MeshSpec(())
+            return MeshSpec((), axis_types_given=False)
         if not isinstance(node, yaml.MappingNode):
             self.issues.add(node, "mesh", "mesh must be a mapping with 'axes' (e.g. {axes: {data: 2, model: 4}})")
-            return MeshSpec(())
-        check_keys(self.issues, node, "mesh", {"axes", "axis_types"})
+            return MeshSpec((), axis_types_given=False)
+        check_keys(self.issues, node, "mesh", {"axes", "axis_types", "context"})
         axes_node = child(node, "axes")
         axes: list[tuple[str, int]] = []
         if axes_node is None:
@@ -94,7 +95,17 @@ class _Parser(ValueParser):
             if types not in ("auto", "explicit"):
                 self.issues.add(types_node, "mesh.axis_types", f"axis_types must be 'auto' or 'explicit', not {types!r}")
                 types = "auto"
-        return MeshSpec(tuple(axes), types, self.issues.loc(node))
+        context_node = child(node, "context")
+        context = None
+        if context_node is not None:
+            context = plain(context_node)
+            if not isinstance(context, bool):
+                self.issues.add(context_node, "mesh.context",
+                                f"context must be true (trace under jax.set_mesh of the staged mesh) or false (under "
+                                f"no context mesh), not {context!r}; leave it out to stage as the code runs")
+                context = None
+        return MeshSpec(tuple(axes), types, self.issues.loc(node), axis_types_given=types_node is not None,
+                        context=context)
 
     def function(self, name: str, node: yaml.Node, key_node: yaml.Node) -> FunctionSpec | None:
         """One entry of ``functions``, or None after recording the problem."""

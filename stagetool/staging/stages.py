@@ -1,12 +1,15 @@
 """Stage a function through ``jax.jit``: trace → lower → compile, each timed.
 
 Like ``jax.stages`` itself, each step returns the next and a caller may stop at any stage:
-``lower`` never compiles. The mesh is the ambient mesh (``jax.set_mesh``) while the function is
-traced and lowered, so user code that writes bare ``PartitionSpec``s in sharding constraints works
-as it does in the user's job. Code that runs a ``shard_map`` on another mesh of the same devices
-(big_vision's ``shard_map(mesh=Mesh(devices.flatten(), ("data",)))`` beside its 2-D state mesh),
-which JAX refuses under a context mesh of another shape, is staged as raw JAX compiles it: with no
-context mesh but the one the code itself sets (:attr:`Staged.context`).
+``lower`` never compiles. The function is traced, lowered and compiled under the mesh context its
+code runs under (``AbstractInputs.context``, :func:`_trace`): the staged mesh (``jax.set_mesh``) where
+the code sets one, has Explicit axes or logical axis rules, or cannot trace without one (bare
+``PartitionSpec``s in sharding constraints work as in the user's job); else none, so a library that
+adds constraints only under a context mesh (Flax linen's ``Partitioned.unbox()``) stages as the code
+runs. Code that runs a ``shard_map`` on another mesh of the same devices (big_vision's
+``shard_map(mesh=Mesh(devices.flatten(), ("data",)))`` beside its 2-D state mesh), which JAX refuses
+under a context mesh of another shape, is staged as raw JAX compiles it: with no context mesh but the
+one the code itself sets (:attr:`Staged.no_context`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 import warnings
 from typing import Any, Callable
 
+from stagetool.core.mesh import axis_types_hint, axis_types_needed
 from stagetool.core.errors import (USER_CODE_ERRORS, OutOfMemoryError, SpecError, StagingError, UsageError,
                                    describe_exception)
 from stagetool.core.sharding import Sharding
@@ -43,9 +47,9 @@ class Staged:
       dump: with ``dump=True``, the live-range dump XLA wrote while compiling.
       compile_warnings: the warnings of the compile stage alone (also in ``warnings``).
       no_context: True where no mesh was made ambient while tracing, lowering and compiling (else the
-        staged mesh is, ``jax.set_mesh``): the code names another mesh of the staged devices in a
-        ``shard_map`` (JAX refuses a context mesh other than a ``shard_map``'s own), so it is staged
-        under the context the code itself sets, as raw JAX compiles it.
+        staged mesh is, ``jax.set_mesh``): the code sets none and traces without one, or it names
+        another mesh of the staged devices in a ``shard_map`` (JAX refuses a context mesh other than a
+        ``shard_map``'s own); staged under the context the code itself sets, as raw JAX compiles it.
     """
 
     traced: Any
@@ -167,7 +171,8 @@ def stage(jitted: Any, inputs: AbstractInputs, mesh: Any, *, name: str, user_fil
     Args:
       jitted: a ``jax.jit``-wrapped callable.
       inputs: abstract inputs from :func:`stagetool.inputs.avals.build_inputs`.
-      mesh: the ``jax.sharding.Mesh``, made ambient while tracing and lowering.
+      mesh: the staged ``jax.sharding.Mesh``, the context mesh while tracing, lowering and compiling
+        where ``inputs.context`` says so (:func:`_trace`).
       name: the function's name, for error messages.
       user_files: the user's source files, to find the user's frame in a traceback.
       until: ``"lower"`` or ``"compile"``.
@@ -223,11 +228,16 @@ _SHARD_MAP_CONTEXT = "should match the mesh passed to shard_map"
 def _trace(jitted: Any, inputs: AbstractInputs, mesh: Any, name: str, user_files: list[str],
            timings: dict[str, float], warned: list[str], on_stage: Callable[[str], None] | None
            ) -> tuple[Any, Any]:
-    """``(traced, the context mesh it was traced under)``: under the staged ``mesh``, or, where JAX
-    refuses it because the code runs a ``shard_map`` on a mesh of its own, under no context mesh but
-    the code's own (as raw JAX compiles the code when its caller sets none, or the legacy ``with mesh:``). When that trace fails
-    too (the code also needs the staged mesh as its context: a bare ``PartitionSpec``), JAX's first
-    refusal is the error: no run could set both contexts at once.
+    """``(traced, the context mesh it was traced under, or None)``, under the context the code runs
+    under (``inputs.context``, :func:`stagetool.inputs.loading.context_of`):
+
+    - None (the code sets no mesh): under no context mesh, as raw JAX traces such code (Flax linen's
+      ``Partitioned.unbox()`` adds no constraint there); where JAX refuses that for want of one (a bare
+      ``PartitionSpec`` in a constraint, ``reshard``), the code's run must set one: under the staged mesh.
+    - True (the code sets one, or the user asked): under the staged mesh; where JAX refuses it because
+      the code runs a ``shard_map`` on a mesh of its own, under none (as raw JAX compiles the code when
+      its caller sets none). A failure under it that a trace under none does not have says so.
+    - False (the user asked for none): under none.
 
     Raises:
       UsageError: the code's ``shard_map`` mesh cannot be staged (exit 2).
@@ -236,16 +246,62 @@ def _trace(jitted: Any, inputs: AbstractInputs, mesh: Any, name: str, user_files
     def trace() -> Any:
         return jitted.trace(*inputs.args, **inputs.kwargs)
 
+    context = inputs.context if mesh is not None else False
+    if context is None:
+        try:
+            return _run("trace", trace, mesh, name, user_files, jitted, timings, warned, on_stage, ambient=False,
+                        context_needed=True), None
+        except _ContextNeeded as needed:
+            try:
+                return _run("trace", trace, mesh, name, user_files, jitted, timings, warned, None), mesh
+            except StagingError as e:
+                e.message += (f"\n  (traced under the staged mesh as the context mesh, jax.set_mesh: without one the "
+                              f"code fails first with: {needed.first})")
+                raise
+    if context is False:
+        try:
+            return _run("trace", trace, mesh, name, user_files, jitted, timings, warned, on_stage, ambient=False,
+                        context_needed=mesh is not None), None
+        except _ContextNeeded as needed:
+            raise StagingError(f"{name}: trace failed: {needed.first}", stage="trace", function=name,
+                               user_frame=needed.frame,
+                               hint="the code needs a context mesh and the run asked for none (--no-context-mesh, "
+                                    "the spec's mesh.context: false): leave that out, or pass --context-mesh") from None
     try:
         return _run("trace", trace, mesh, name, user_files, jitted, timings, warned, on_stage,
                     context_refusal=True), mesh
     except _ContextRefused as refused:
-        if mesh is None:
-            raise refused.error from None
         try:
             return _run("trace", trace, mesh, name, user_files, jitted, timings, warned, None, ambient=False), None
         except (StagingError, UsageError):
             raise refused.error from None
+    except StagingError as e:
+        try:  # does it fail only under the context mesh stagetool set?
+            _run("trace", trace, mesh, name, user_files, jitted, {}, [], None, ambient=False)
+        except (StagingError, UsageError):
+            raise e from None
+        e.hint = "; ".join(filter(None, (e.hint, (
+            "this fails only under the staged mesh as the context mesh (jax.set_mesh), which stagetool sets where "
+            "the code runs under one (it sets one, its mesh axes are Explicit, it has logical axis rules) or "
+            "--context-mesh (the spec's mesh.context: true) asks for it; raw JAX traces it under none: if the "
+            "code's run sets no mesh, stage it with --no-context-mesh (the spec's mesh.context: false)"))))
+        raise
+
+
+class _ContextNeeded(Exception):
+    """JAX refused a trace under no context mesh because the code needs one (tracing only)."""
+
+    def __init__(self, first: str, frame: str | None) -> None:
+        super().__init__(first)
+        self.first = first
+        self.frame = frame
+
+
+#: JAX's words when code needs a context mesh and none is set (a bare PartitionSpec in
+#: with_sharding_constraint, reshard, out_sharding=P(...); JAX 0.7-0.12).
+_CONTEXT_NEEDED = ("requires a non-empty mesh in context", "not under a mesh context",
+                   "enter into a mesh context", "context mesh cannot be empty", "requires a mesh context",
+                   "is not found in mesh: ()")
 
 
 def compile_staged(staged: Staged, mesh: Any, *, name: str, user_files: list[str],
@@ -368,11 +424,12 @@ def merge_warnings(first: tuple[str, ...], more: Any) -> tuple[str, ...]:
 
 def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_files: list[str], jitted: Any,
          timings: dict[str, float], warned: list[str], on_stage: Callable[[str], None] | None, *,
-         context_refusal: bool = False, ambient: bool = True) -> Any:
+         context_refusal: bool = False, ambient: bool = True, context_needed: bool = False) -> Any:
     """Run one stage with the mesh ambient (``ambient`` false, or no ``mesh``: no context mesh but the
     code's own; ``mesh`` is still the staged one the messages name), timed, its warnings collected;
     JAX's errors → StagingError. ``context_refusal``: JAX's refusal of the context mesh for a
-    ``shard_map`` of the code's raises :class:`_ContextRefused` (:func:`_trace` retries)."""
+    ``shard_map`` of the code's raises :class:`_ContextRefused` (:func:`_trace` retries);
+    ``context_needed``: JAX's refusal of no context mesh raises :class:`_ContextNeeded`."""
     import contextlib
 
     import jax
@@ -386,12 +443,15 @@ def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_file
             warnings.simplefilter("always")
             out = fn()
     except USER_CODE_ERRORS as e:  # SystemExit from the traced code is its failure too
+        if context_needed and any(m in str(e) for m in _CONTEXT_NEEDED):
+            first = str(e).strip().splitlines()[0]
+            raise _ContextNeeded(f"{type(e).__name__}: {first}", user_frame(e, user_files)) from None
         if stage_name in ("trace", "lower") and any(m in str(e) for m in _MESH_MISMATCH):
             error = _mesh_mismatch(e, stage_name, name, user_files, mesh)
             if context_refusal and _SHARD_MAP_CONTEXT in str(e):
                 raise _ContextRefused(error) from None
             raise error from None
-        if stage_name in ("trace", "lower") and _axis_types_of(str(e)) is not None:
+        if stage_name in ("trace", "lower") and axis_types_needed(str(e)) is not None:
             raise _axis_type_mismatch(e, stage_name, name, user_files, mesh) from None
         raise _staging_error(e, stage_name, name, user_files, jitted) from None
     timings[stage_name] = time.perf_counter() - start
@@ -575,27 +635,6 @@ def _order_hint(text: str) -> str | None:
             "take the staged mesh from the spec ({mesh: staged})")
 
 
-#: JAX's words when code written for one kind of mesh axes runs on the other: ``(pattern, the axis type
-#: the code needs)``. An Explicit-axes API (``reshard``, ``out_sharding=P(...)`` of ``.at[].get``,
-#: ``einsum``, ``jnp.zeros``) on Auto axes; ``with_sharding_constraint`` on Explicit axes (where it
-#: refuses Explicit axes in its spec, or acts as an assert that fails).
-_AXIS_TYPE_ERRORS = (
-    (re.compile(r"PartitionSpec passed to \S+ cannot contain axis names that are of type Auto"), "explicit"),
-    (re.compile(r"passed to with_sharding_constraint can only refer to Auto axes"), "auto"),
-    (re.compile(r"with_sharding_constraint` acts as an assert when all axes of mesh are of type `Explicit`"),
-     "auto"),
-)
-
-
-def _axis_types_of(text: str) -> str | None:
-    """The axis type (``"explicit"`` or ``"auto"``) the code needs when ``text`` is JAX's refusal of an
-    API on the other kind of mesh axes; None when it is another error."""
-    for pattern, needed in _AXIS_TYPE_ERRORS:
-        if pattern.search(text):
-            return needed
-    return None
-
-
 def _axis_type_mismatch(e: BaseException, stage_name: str, name: str, user_files: list[str],
                         mesh: Any) -> UsageError:
     """Code written for Explicit mesh axes (``jax.sharding.AxisType.Explicit``: ``reshard``,
@@ -604,21 +643,14 @@ def _axis_type_mismatch(e: BaseException, stage_name: str, name: str, user_files
     (``mesh.axis_types``)."""
     from stagetool.devices.world import describe_mesh
 
-    needed = _axis_types_of(str(e)) or "explicit"
+    needed = axis_types_needed(str(e)) or "explicit"
     staged = "auto" if needed == "explicit" else "explicit"
     first = str(e).strip().splitlines()[0]
     first = first.split(" This error occurs at source:", 1)[0]  # the line is named below
     frame = user_frame(e, user_files)
     if frame is None:
         _, frame = xla_message(str(e))
-    if needed == "explicit":
-        hint = ("this code is written for a mesh with Explicit axes (jax.sharding.AxisType.Explicit, as "
-                "jax.make_mesh makes by default): stage it on one with the spec's 'axis_types: explicit' under "
-                "'mesh:' (mesh: {axes: {...}, axis_types: explicit})")
-    else:
-        hint = ("this code is written for a mesh with Auto axes (with_sharding_constraint lets the partitioner "
-                "decide): stage it with the spec's 'axis_types: auto' under 'mesh:' (the default), or use "
-                "jax.sharding.reshard for Explicit axes")
+    hint = axis_types_hint(needed)
     return UsageError(f"{name}: {stage_name}: the code needs {needed.capitalize()} mesh axes, and stagetool staged "
                       f"{describe_mesh(mesh)} with {staged.capitalize()} axes: {first}"
                       + (f"\n  at {frame}" if frame else ""), hint=hint)

@@ -102,9 +102,9 @@ def real_specs(init, mesh) -> dict:
 def test_init_leaves_are_sharded_as_the_init_runs(run_cli, tmp_path, isolated_imports, init, kind, source):
     write(tmp_path, "model.py", MODEL)
     spec = write(tmp_path, "s.yaml", SPEC.format(init=init))
-    if kind == AxisType.Explicit:
-        spec.write_text(spec.read_text().replace("axes: {data: 2, model: 4}",
-                                                 "axes: {data: 2, model: 4}\n  axis_types: explicit"))
+    # the spec says the axis types: left out, MODEL's own mesh (jax.make_mesh's default, Explicit) gives them
+    spec.write_text(spec.read_text().replace("axes: {data: 2, model: 4}", "axes: {data: 2, model: 4}\n  axis_types: "
+                                             + ("explicit" if kind == AxisType.Explicit else "auto")))
     doc = run_cli("shardings", "--spec", spec, "--format", "json", check=0).json()
     sys.path.insert(0, str(tmp_path))
     import model
@@ -122,7 +122,8 @@ def test_init_leaves_are_sharded_as_the_init_runs(run_cli, tmp_path, isolated_im
 
 def test_unknown_sharding_is_said_on_the_leaf(run_cli, tmp_path, isolated_imports):
     write(tmp_path, "model.py", MODEL)
-    spec = write(tmp_path, "s.yaml", SPEC.format(init="init_fn"))
+    spec = write(tmp_path, "s.yaml", SPEC.format(init="init_fn").replace("{data: 2, model: 4}",
+                                                                        "{data: 2, model: 4}\n  axis_types: auto"))
     out = run_cli("shardings", "--spec", spec, check=0).stdout
     rows = [line for line in out.splitlines() if line.strip().startswith("p/")]
     assert len(rows) == 3 and all("sharding unknown" in r for r in rows), out
