@@ -656,7 +656,10 @@ def _axis_type_mismatch(e: BaseException, stage_name: str, name: str, user_files
                       + (f"\n  at {frame}" if frame else ""), hint=hint)
 
 
-_FRAME_LINE = re.compile(r"^\s+(?P<file>\S+?):(?P<line>\d+)(?::\d+)? \[(?P<func>[^\]]*)\]\s*$")
+#: a frame line of XLA's "Suspected Python Code Location" list: ``  file.py:7:8 [f]``, XLA's own annotations
+#: after it kept with it (``[xla::PythonStackTrace='']`` on the last frame, then JAX's ``(at file.py:7 in f)``)
+_FRAME_LINE = re.compile(r"^\s+(?P<file>\S+?):(?P<line>\d+)(?::\d+)? \[(?P<func>[^\]]*)\]"
+                         r"(?:\s*\[[^\]]*\])*(?:\s*\(at [^()]*\))?\s*$")
 _MAX_LINES = 60
 
 
