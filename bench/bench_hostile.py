@@ -2036,11 +2036,11 @@ def r5_measure(work: Path, jobs: int) -> list[Outcome]:
 
 def r5_fit(work: Path, jobs: int) -> list[Outcome]:
     """``fit`` over a batch whose step has a sort (its step time is a lower bound), and bad numbers."""
-    base = ["fit", "--spec", "fit.yaml", "--device-memory", "2MiB", "--chip", "tpu-v5e", "--multiple", "8",
-            "--start", "8", "--max-compiles", "6", "-j", "2"]
+    base = ["fit", "--spec", "fit.yaml", "--device-memory", "512KiB", "--chip", "tpu-v5e", "--multiple", "8",
+            "--start", "8", "--max-compiles", "12", "-j", "2"]
     cases = [
-        ("fit text", base + ["--max-batch", "512"], (0,), ""),
-        ("fit json", base + ["--max-batch", "512", "--format", "json"], (0,), ""),
+        ("fit text", base + ["--max-batch", "256"], (0,), ""),
+        ("fit json", base + ["--max-batch", "256", "--format", "json"], (0,), ""),
         ("--max-batch huge", base + ["--max-batch", "9" * 40], (0, 2), ""),
         ("--device-memory 1e400GB", ["fit", "--spec", "fit.yaml", "--device-memory", "1e400GB"], (2,), ""),
         ("--device-memory 0", ["fit", "--spec", "fit.yaml", "--device-memory", "0"], (2,), ""),
