@@ -105,3 +105,28 @@ def test_the_context_mesh_is_the_codes(run_cli, tmp_path, monkeypatch):
     write(tmp_path, "ctx.stagetool.yaml", CONTEXT_SPEC.replace("axes: {data: 8}", "axes: {data: 8}, context: maybe"))
     bad = run_cli("shardings", "ctx.py:step", check=2)
     assert "mesh.context" in bad.stderr and "maybe" in bad.stderr
+
+
+def test_inspect_takes_the_context_mesh_option_and_the_callers_context():
+    """``stagetool.inspect``: under none by default (the function traces), under the staged mesh with
+    ``context_mesh=True`` (where it fails only there: said), and under the caller's own context mesh."""
+    import stagetool
+    from stagetool.core.errors import StagingError, UsageError
+
+    def fails_under_a_context(x):
+        if not jax.sharding.get_abstract_mesh().empty:
+            raise ValueError("P('data', None, None) is only valid for values of rank at least 3")
+        return x * 2
+
+    x = jnp.zeros((16,))
+    assert stagetool.inspect(fails_under_a_context, x, mesh="data=8", peak=False).memory is not None
+    with pytest.raises(StagingError) as raised:
+        stagetool.inspect(fails_under_a_context, x, mesh="data=8", peak=False, context_mesh=True)
+    said = str(raised.value)
+    assert "fails only under the staged mesh as the context mesh" in said and "context_mesh=False" in said
+    assert "--no-context-mesh" not in said and "mesh.context" not in said  # in inspect's words
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    with jax.set_mesh(mesh), pytest.raises(StagingError):  # the caller runs under a context mesh: so does the code
+        stagetool.inspect(fails_under_a_context, x, mesh=mesh, peak=False)
+    with pytest.raises(UsageError, match="context_mesh='yes' must be True, False or None"):
+        stagetool.inspect(fails_under_a_context, x, mesh="data=8", context_mesh="yes")

@@ -65,7 +65,7 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
             static: Mapping[str, Any] | Iterable[str] | None = None, out_shardings: Any = None,
             chip: str | None = None, device_memory: str | None = None, peak: bool = True, top: int = 10,
             explain: Iterable[str] = (), name: str | None = None, isolate: bool = False,
-            timeout_s: float | None = None, **kwargs: Any):
+            timeout_s: float | None = None, context_mesh: bool | None = None, **kwargs: Any):
     """Stage ``fn(*args, **kwargs)`` through ``jax.jit`` on a mesh and report what XLA does with it:
     the :class:`stagetool.report.model.Report` of ``stagetool report`` (shardings, collectives,
     cost, memory; one compile), which displays as the HTML report in a notebook.
@@ -90,6 +90,10 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
         same layout spelled over this mesh's axes, as ``jax.jit`` takes it (a note says so).
       topology: a compile-only target (``v5e:2x4``, ``h100:8``; ``v5e:1x1`` needs no mesh): no such
         device needed.
+      context_mesh: trace under the staged mesh as the context mesh (``jax.set_mesh``: True) or under
+        none (False); None: as the code runs (under the staged mesh where this call runs under a
+        context mesh, the axes are Explicit or the code cannot trace without one; else under none),
+        as the spec's ``mesh.context``.
       platform: ``cpu`` | ``gpu`` | ``tpu``; None: JAX's default backend.
       slices: TPU slices of ``topology`` joined over DCN.
       donate: positions or keyword names of donated arguments.
@@ -131,7 +135,7 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
     return run_inspect(fn, args, kwargs, loc=_caller(sys._getframe(1)), isolate=isolate, timeout_s=timeout_s,
                        mesh=mesh, topology=topology, platform=platform, slices=slices, donate=donate, static=static,
                        out_shardings=out_shardings, chip=chip, device_memory=device_memory, peak=peak, top=top,
-                       explain=explain, name=name)
+                       explain=explain, name=name, context_mesh=context_mesh)
 
 
 def run_inspect(fn: Callable[..., Any], args: tuple, kwargs: dict, *, loc: Loc | None, isolate: bool = False,
@@ -235,13 +239,22 @@ def api_words(text: str | None) -> str | None:
         return text
     # the value alone: "(--mesh a=4,b=2), or" -> "(mesh='a=4,b=2'), or"
     text = re.sub(r"--mesh ([^\s),;]+(?:,[^\s),;=]+=[^\s),;]+)*)", lambda m: f"mesh={m.group(1)!r}", text)
-    text = text.replace("--mesh", "mesh=")
+    text = _context_words(text).replace("--mesh", "mesh=")
     for name in _OPTION_NAMES:
         text = text.replace(f"--{name} ", name.replace("-", "_") + "=")
     text = _SPEC_MESH_ADVICE.sub(_API_MESH_ADVICE, text)
     return text.replace("the spec's mesh.axis_types", "the mesh's axis types").replace(
         "the spec's 'axis_types: explicit' under 'mesh:' (mesh: {axes: {...}, axis_types: explicit})",
         "a mesh with Explicit axes (mesh=jax.make_mesh(...), whose axis types it takes)")
+
+
+def _context_words(text: str) -> str:
+    """``text`` with the context-mesh flag and spec key (``--no-context-mesh``, ``mesh.context: false``)
+    as :func:`inspect`'s ``context_mesh=``."""
+    return text.replace("--no-context-mesh (the spec's mesh.context: false)", "context_mesh=False").replace(
+        "--context-mesh (the spec's mesh.context: true)", "context_mesh=True").replace(
+        "--no-context-mesh, the spec's mesh.context: false", "context_mesh=False").replace(
+        "--no-context-mesh", "context_mesh=False").replace("--context-mesh", "context_mesh=True")
 
 
 @contextlib.contextmanager
@@ -474,12 +487,14 @@ def raise_failure(report: Report) -> None:
     """Fail closed: a report whose function failed to stage is raised as a :class:`StagingError`."""
     for f in report.functions:
         if f.error is not None:
-            raise StagingError(f.error if f.error.startswith(f"{f.name}:") else f"{f.name}: {f.error}",
+            error = _context_words(f.error)  # its hint in inspect's words
+            raise StagingError(error if error.startswith(f"{f.name}:") else f"{f.name}: {error}",
                                stage="compile", function=f.name)
 
 
 def _options(fn: Any, args: tuple, kwargs: dict, *, loc: Loc | None, mesh: Any = None, donate: Any = (),
-             static: Any = None, name: str | None = None, explain: Iterable[str] = (), **rest: Any) -> InspectOptions:
+             static: Any = None, name: str | None = None, explain: Iterable[str] = (),
+             context_mesh: bool | None = None, **rest: Any) -> InspectOptions:
     """The options checked and resolved, before any trace.
 
     Raises:
@@ -515,9 +530,12 @@ def _options(fn: Any, args: tuple, kwargs: dict, *, loc: Loc | None, mesh: Any =
     elif not isinstance(explain, Iterable) or any(not isinstance(e, str) for e in explain):
         raise UsageError(f"stagetool.inspect: explain={explain!r} must be leaf names: a string or a list of strings")
     _check_option_types(name=name, **rest)
+    if context_mesh is not None and not isinstance(context_mesh, bool):
+        raise UsageError(f"stagetool.inspect: context_mesh={context_mesh!r} must be True, False or None")
     label = function_label(fn, name)
     _check_leaves(fn, args, kwargs)
-    return InspectOptions(mesh=_mesh_spec(mesh, args, kwargs), name=label, target=_target_text(fn, label), loc=loc,
+    staged_mesh = dataclasses.replace(_mesh_spec(mesh, args, kwargs), context=context_mesh)
+    return InspectOptions(mesh=staged_mesh, name=label, target=_target_text(fn, label), loc=loc,
                           donate=donate, static=dict(static), explain=tuple(explain), **rest)
 
 

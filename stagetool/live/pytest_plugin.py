@@ -157,7 +157,7 @@ class StagetoolSnapshot:
 
 #: The keyword options of stagetool.inspect the fixture passes on (the rest are the function's kwargs).
 _INSPECT_OPTIONS = frozenset({"mesh", "topology", "platform", "slices", "donate", "static", "out_shardings", "chip",
-                              "device_memory", "peak", "top", "explain", "name", "timeout_s"})
+                              "device_memory", "peak", "top", "explain", "name", "timeout_s", "context_mesh"})
 
 _PLAIN = re.compile(r"[A-Za-z0-9_.-]+(\[[A-Za-z0-9_.-]*\])?")
 
