@@ -228,3 +228,17 @@ def test_a_compute_bound_kernel_step_time_is_not_below_its_roofline(run_cli, tmp
     assert step["flops"] == 2 * N**3
     assert step["schedule_seconds"] >= roof["lower_bound_seconds"] * (1 - 1e-9)
     assert step["mfu"] == pytest.approx(2 * N**3 / (step["schedule_seconds"] * 197e12), rel=1e-9)
+
+
+def test_a_step_time_floor_over_complete_flops_gives_an_mfu_ceiling(run_cli, tmp_path, isolated_imports):
+    """Issue 47 item 3: a sort timed at a floor (its FLOPs counted by XLA's rule) made the step time "at least"
+    while the MFU beside it read as a figure; the step takes at least its figure, so the MFU is at most it."""
+    (tmp_path / "sorts47.py").write_text("import jax.numpy as jnp\n\n\ndef step(x, w):\n"
+                                         "    return jnp.sort(x @ w, axis=-1)\n")
+    spec = tmp_path / "sorts47.stagetool.yaml"
+    spec.write_text("functions:\n  step:\n    target: sorts47.py:step\n    args: ['f32[512,512]', 'f32[512,512]']\n")
+    doc = run_cli("cost", "--spec", str(spec), "--chip", "tpu-v5e", "--format", "json", check=0).json()
+    cost = doc["functions"][0]["cost"]
+    assert cost["step_time"]["lower_bound"] and not cost["flops_lower_bound"]
+    text = " ".join(run_cli("cost", "--spec", str(spec), "--chip", "tpu-v5e", check=0).stdout.split())
+    assert "MFU ≤ " in text and "(the step time is a lower bound)" in text and "MFU ≥" not in text

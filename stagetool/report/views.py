@@ -233,9 +233,12 @@ def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
     mfu = f", MFU {format_percent(e.mfu)}" if e.mfu is not None else ""
     if e.mfu is not None and c.flops_lower_bound:  # FLOPs left out: the MFU is a floor, never a figure alone
         mfu = f", MFU ≥ {format_percent(e.mfu)} (lower bound: {not_counted_text(c)})"
+    elif e.mfu is not None and e.lower_bound:  # FLOPs complete, the step at least its figure: the MFU at most this
+        mfu = f", MFU ≤ {format_percent(e.mfu)} (the step time is a lower bound)"
     if e.tokens_per_second_per_chip is not None:
-        mfu += (f", {format_count(e.tokens_per_second_per_chip)} tokens/s per chip ({e.tokens_per_step} tokens "
-                "per step)")
+        at_most = "≤ " if e.lower_bound else ""
+        mfu += (f", {at_most}{format_count(e.tokens_per_second_per_chip)} tokens/s per chip ({e.tokens_per_step} "
+                "tokens per step)")
     least = "at least " if e.lower_bound else ""
     out = [("warn" if e.lower_bound else "info",
             f"step time on {e.chip} (estimate{', a lower bound' if e.lower_bound else ''}{chip_from(c)}): {least}"
