@@ -253,8 +253,7 @@ def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
         out.append(("info", "step time by part (exposed): " + " · ".join(
             f"{name} {format_seconds(v)}" for name, v in e.parts)))
     if e.sources:
-        out.append(("info", "step time by source of the figure: " + " · ".join(
-            f"{name} {format_seconds(v)}" for name, v in e.sources)))
+        out.append(("info", "step time by source of the figure: " + _sources_line(e)))
     if e.xla_optimal_seconds is not None:
         out.append(("info", f"XLA's own figure (optimal_seconds, Compiled.cost_analysis()): "
                             f"{format_seconds(e.xla_optimal_seconds)}"))
@@ -877,3 +876,21 @@ def shardings_summary_notes(inputs: Sequence[LeafReport]) -> list[str]:
     if donated:
         out.append(f"donated: {donated} of {len(inputs)} input leaves")
     return out
+
+
+def _sources_line(e) -> str:
+    """The step time by where its figures come from, summing to the step as scheduled: the kernels'
+    sources, the collectives' model and the time hidden by overlapping them (``model 17.8 µs ·
+    collective model 12.6 µs = 30.4 µs``). Where the kernels' sources do not add up to the compute
+    time, they are listed alone (no sum is claimed)."""
+    terms = [f"{name} {format_seconds(v)}" for name, v in e.sources]
+    kernels = sum(v for _, v in e.sources)
+    if abs(kernels - e.compute_seconds) > 1e-9 * max(e.compute_seconds, 1e-12) + 1e-15:
+        return " · ".join(terms)
+    if e.collective_seconds > 0:
+        terms.append(f"collective model {format_seconds(e.collective_seconds)}")
+    hidden = e.serial_seconds - e.schedule_seconds
+    if hidden > 1e-15:
+        terms.append(f"overlapped −{format_seconds(hidden)}")
+    prefix = "at least " if e.lower_bound else ""
+    return " · ".join(terms) + f" = {prefix}{format_seconds(e.schedule_seconds)} (the step as scheduled)"
