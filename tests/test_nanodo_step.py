@@ -130,3 +130,14 @@ def test_inspect_takes_the_context_mesh_option_and_the_callers_context():
         stagetool.inspect(fails_under_a_context, x, mesh=mesh, peak=False)
     with pytest.raises(UsageError, match="context_mesh='yes' must be True, False or None"):
         stagetool.inspect(fails_under_a_context, x, mesh="data=8", context_mesh="yes")
+
+
+def test_nanodo_under_a_context_mesh_asked_for_says_it_fails_only_there(run_cli, tmp_path, monkeypatch):
+    """--context-mesh: nanodo's init fails as the issue found it (Partitioned.unbox() constrains the flat
+    DenseGeneral kernel with P('data', None, None)), and the error says it fails only under that context."""
+    for name in ("nanodo_step.py", "nanodo_step.stagetool.yaml"):
+        shutil.copy(DATA / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    err = " ".join(run_cli("shardings", "nanodo_step.py:step", "--context-mesh", check=3).stderr.split())
+    assert "is only valid for values of rank at least 3" in err
+    assert "fails only under the staged mesh as the context mesh" in err and "--no-context-mesh" in err

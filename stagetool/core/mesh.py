@@ -165,3 +165,12 @@ def axis_types_hint(needed: str) -> str:
     return ("this code is written for a mesh with Auto axes (with_sharding_constraint lets the partitioner "
             "decide): stage it with the spec's 'axis_types: auto' under 'mesh:' (the default), or use "
             "jax.sharding.reshard for Explicit axes")
+
+
+CONTEXT_ONLY_HINT = (
+    "this fails only under the staged mesh as the context mesh (jax.set_mesh), which stagetool sets where "
+    "the code runs under one (it sets one, its mesh axes are Explicit, it has logical axis rules) or "
+    "--context-mesh (the spec's mesh.context: true) asks for it; raw JAX traces it under none: if the "
+    "code's run sets no mesh, stage it with --no-context-mesh (the spec's mesh.context: false)")
+"""The hint for a trace or ``init`` that fails under the context mesh stagetool set and not under none
+(Flax linen's ``Partitioned.unbox()`` constraining a ``DenseGeneral`` kernel built flat)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagetool.core.errors import USER_CODE_ERRORS, SpecError, StagingError, TargetError, UsageError, describe_exception
-from stagetool.core.mesh import axis_types_hint, axis_types_needed
+from stagetool.core.mesh import CONTEXT_ONLY_HINT, axis_types_hint, axis_types_needed
 from stagetool.inputs.frameworks import Pytree
 from stagetool.inputs.leaves import jax_dtype
 from stagetool.inputs.signature import describe_callable, signature_problems
@@ -166,8 +166,16 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
                 e = failed  # it needs no context mesh's absence: the first failure is the one to say
             if mesh is not None and axis_types_needed(str(e)) is not None:  # bad input: exit 2, before a compile
                 raise _axis_types_error(e, init, fspec, mesh, target) from None
+            hint = None
+            if ambient and context is True and not isinstance(e, SystemExit):  # asked for: does it need it?
+                try:
+                    with logical_rules(rules):
+                        trace_any(call, *dyn)
+                    hint = CONTEXT_ONLY_HINT
+                except Exception:  # noqa: BLE001 - it fails under none too: the error is the first one
+                    pass
             raise StagingError(describe_exception(e), stage="init", function=fspec.name,
-                               user_frame=user_frame(e, [target.module_file or ""])) from None
+                               user_frame=user_frame(e, [target.module_file or ""]), hint=hint) from None
     if with_dims and mesh is not None and any(d is None and isinstance(x, jax.ShapeDtypeStruct)
                                               for d, x in zip(dims, jax.tree_util.tree_leaves(tree))):
         kept = (list(names) if names is not None else None, list(shared) if shared is not None else None)

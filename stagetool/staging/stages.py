@@ -20,7 +20,7 @@ import time
 import warnings
 from typing import Any, Callable
 
-from stagetool.core.mesh import axis_types_hint, axis_types_needed
+from stagetool.core.mesh import CONTEXT_ONLY_HINT, axis_types_hint, axis_types_needed
 from stagetool.core.errors import (USER_CODE_ERRORS, OutOfMemoryError, SpecError, StagingError, UsageError,
                                    describe_exception)
 from stagetool.core.sharding import Sharding
@@ -280,11 +280,7 @@ def _trace(jitted: Any, inputs: AbstractInputs, mesh: Any, name: str, user_files
             _run("trace", trace, mesh, name, user_files, jitted, {}, [], None, ambient=False)
         except (StagingError, UsageError):
             raise e from None
-        e.hint = "; ".join(filter(None, (e.hint, (
-            "this fails only under the staged mesh as the context mesh (jax.set_mesh), which stagetool sets where "
-            "the code runs under one (it sets one, its mesh axes are Explicit, it has logical axis rules) or "
-            "--context-mesh (the spec's mesh.context: true) asks for it; raw JAX traces it under none: if the "
-            "code's run sets no mesh, stage it with --no-context-mesh (the spec's mesh.context: false)"))))
+        e.hint = "; ".join(filter(None, (e.hint, CONTEXT_ONLY_HINT)))
         raise
 
 
