@@ -13,7 +13,7 @@ compile) on the transformer against the bare script; and a warm against a cold f
 ``snapshot`` on the transformer and on a compile-heavy 8B-parameter scanned decoder compiled for TPU
 v5p:2x2x2 (bench/decoder.stagetool.yaml), checking that the snapshots are identical.
 
-    python bench/bench_overhead.py [--runs 7] [--example mlp|transformer]
+    python bench/bench_overhead.py [--runs 7] [--example mlp|transformer] [--no-bytecode]
     python bench/bench_overhead.py --memory [--runs 7]
     python bench/bench_overhead.py --all [--runs 5]
     python bench/bench_overhead.py --named [--runs 7]     # issue 48: the hardware named in pyproject.toml
@@ -24,6 +24,11 @@ v5p:2x2x2 (bench/decoder.stagetool.yaml), checking that the snapshots are identi
 compiling the same step for ``get_topology_desc("v5e:2x4")``'s devices (goal <= 1.10). ``--against``:
 ``stagetool report --against v5e:2x4`` against the bare script doing both compiles, the CPU mesh's
 and v5e:2x4's (goal <= 1.10: one more compile, no more). Both need libtpu.
+
+``--no-bytecode`` runs both sides with ``PYTHONDONTWRITEBYTECODE=1`` and without stagetool's (and the
+examples') ``__pycache__`` folders, as a CI container with an editable install does: every run then
+compiles the stagetool modules it imports from source (the installed libraries keep their
+bytecode). Without it the bench writes stagetool's bytecode first, as an installed package has it.
 """
 
 from __future__ import annotations
@@ -115,6 +120,10 @@ SNAPSHOT_SPECS = {
 }
 
 
+ENV: dict[str, str] | None = None
+"""The children's environment (None: this process's); ``--no-bytecode`` sets PYTHONDONTWRITEBYTECODE=1."""
+
+
 @dataclasses.dataclass
 class Timing:
     wall: float
@@ -124,7 +133,7 @@ class Timing:
 def timed(cmd: list[str]) -> Timing:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return Timing(wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
@@ -244,10 +253,21 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="every ratio of issue 11, in one run")
     parser.add_argument("--named", action="store_true", help="issue 48: the hardware named in pyproject.toml")
     parser.add_argument("--against", action="store_true", help="issue 48: report --against v5e:2x4")
+    parser.add_argument("--no-bytecode", action="store_true",
+                        help="PYTHONDONTWRITEBYTECODE=1 and no stagetool bytecode, as a CI container with an editable "
+                             "install runs (each run compiles the stagetool modules it imports)")
     args = parser.parse_args()
-    # An installed package has its bytecode; a checkout run with PYTHONDONTWRITEBYTECODE=1 would
-    # compile every stagetool module from source on each run (~0.3 s), which no user pays.
-    compileall.compile_dir(ROOT / "stagetool", quiet=1)
+    if args.no_bytecode:
+        global ENV
+        ENV = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        for folder in ("stagetool", "examples"):
+            for cache in (ROOT / folder).rglob("__pycache__"):
+                shutil.rmtree(cache, ignore_errors=True)
+        print("PYTHONDONTWRITEBYTECODE=1, no stagetool bytecode")
+    else:
+        # An installed package has its bytecode; a checkout run with PYTHONDONTWRITEBYTECODE=1
+        # compiles every stagetool module it imports from source on each run (--no-bytecode).
+        compileall.compile_dir(ROOT / "stagetool", quiet=1)
     if args.all:
         runs = args.runs or 5
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}; python "

@@ -90,3 +90,33 @@ def test_a_plain_jax_step_stages_without_flax_or_equinox_installed(tmp_path):
         assert proc.returncode == 0, proc.stderr
     without, with_ = (json.loads(out[n].read_text())["functions"][0]["memory"]["record"] for n in ("without", "with"))
     assert without["argument_bytes"] > 0 and without == with_
+
+
+@pytest.mark.slow
+def test_a_command_imports_only_the_rooms_it_uses():
+    """Issue 50: each stagetool module a run imports is compiled from source on every run where no
+    bytecode is kept (PYTHONDONTWRITEBYTECODE=1 with an editable install, as CI containers run). The
+    command line itself imports no analysis; ``report --format json`` without ``--modules``/``--peak``
+    imports neither the text renderer nor the modules roll-up, the memory timeline or the peak buffers."""
+    code = ("import json, sys\n"
+            "import stagetool.cli\n"
+            "cli_only = sorted(m for m in sys.modules if m.startswith('stagetool.'))\n"
+            "code = stagetool.cli.main(['report', 'examples/mlp.py:train_step', '--format', 'json', '--no-cache',\n"
+            "                           '-o', sys.argv[1]])\n"
+            "print(json.dumps([code, cli_only, sorted(m for m in sys.modules if m.startswith('stagetool.'))]))\n")
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", STAGETOOL_UNSUPERVISED="1")
+    with __import__("tempfile").TemporaryDirectory() as tmp:
+        proc = subprocess.run([sys.executable, "-c", code, f"{tmp}/r.json"], capture_output=True, text=True, env=env,
+                              cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    code, cli_only, report = json.loads(proc.stdout.splitlines()[-1])
+    assert code == 0
+    assert [m for m in cli_only if m.split(".")[1] not in ("cli", "core", "report", "_version")] == []
+    assert [m for m in cli_only if m.startswith("stagetool.report.")] == []  # the Format enum alone
+    unused = {"stagetool.report.render_text", "stagetool.report.views", "stagetool.analysis.modules",
+              "stagetool.analysis.timeline", "stagetool.analysis.peak"}
+    assert unused.isdisjoint(report), sorted(unused & set(report))
+    assert "stagetool.analysis.sections" in report  # (the check sees the run's modules)

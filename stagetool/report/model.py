@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from stagetool.analysis.against import AgainstSection
 from stagetool.analysis.figures import Figures
-from stagetool.analysis.modules import ModulesSection
-from stagetool.analysis.why import WhyAnswer
-from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.analysis.shardings import LeafReport
 from stagetool.core.sharding import Sharding
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the modules roll-up and why's answer: imported by the runs that make them
+    from stagetool.analysis.modules import ModulesSection
+    from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
+    from stagetool.analysis.why import WhyAnswer
     from stagetool.report.display import Shown
 
 SCHEMA_VERSION = 1

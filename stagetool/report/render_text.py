@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import re
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -19,12 +20,14 @@ from rich.theme import Theme
 
 from stagetool.analysis.against import AgainstSection
 from stagetool.analysis.figures import Figures
-from stagetool.analysis.modules import ModulesSection
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.core.mesh import format_mesh
 from stagetool.core.units import dims_str, format_bytes, format_seconds, shape_str
 from stagetool.report import views
 from stagetool.report.model import DevicesReport, FunctionReport, LeafReport, MeasuredSection, Report
+
+if TYPE_CHECKING:  # the modules roll-up's records: imported by the runs that make one
+    from stagetool.analysis.modules import ModulesSection
 
 
 class ModuleHighlighter(RegexHighlighter):

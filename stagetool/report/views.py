@@ -10,14 +10,9 @@ from collections.abc import Sequence
 
 from stagetool.analysis.against import AgainstSection
 from stagetool.analysis.figures import COST_FIELDS, CostFigures, Figures, MemoryFigures
-from stagetool.analysis.why import WhyAnswer
 from stagetool.hlo.collectives import NEAREST_HOPS, Collective
-from stagetool.analysis.cost import ExtraMetric
-from stagetool.analysis.memory import MemoryRecord
-from stagetool.analysis.peak import PeakReport
 from stagetool.analysis.sections import CollectivesSection, CostSection, MemorySection
 from stagetool.analysis.shardings import LeafReport
-from stagetool.analysis.timeline import TimelinePeak
 from stagetool.core.sharding import Sharding
 from stagetool.core.compat import MEMORY_FIELDS_SINCE_0_11
 from typing import TYPE_CHECKING
@@ -273,7 +268,12 @@ def step_time_rows(c: CostSection, top: int = 8) -> tuple[list[str], list[list[s
     return ["instruction", "kind", "time / step", "runs", "bound", "figure", "source", "op"], rows
 
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: a view imports the rooms its report does not hold only when drawn
+    from stagetool.analysis.cost import ExtraMetric
+    from stagetool.analysis.memory import MemoryRecord
+    from stagetool.analysis.peak import PeakReport
+    from stagetool.analysis.timeline import TimelinePeak
+    from stagetool.analysis.why import WhyAnswer
     from stagetool.report.model import MeasuredSection
 
 

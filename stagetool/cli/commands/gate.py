@@ -18,7 +18,6 @@ from stagetool.cli.options import (ChipOpt, DebugOpt, FormatOpt, FunctionOpt, Is
 from stagetool.cli.output import (color, errors, escape, is_primary, plural, report_failures, staging_status, stderr,
                                   width, write_file, write_text)
 from stagetool.core.errors import ExitCode, UsageError
-from stagetool.report.render_text import FIT_WIDTH
 from stagetool.report import Format
 
 if TYPE_CHECKING:
@@ -33,6 +32,7 @@ def _gate_output(cmp: Comparison, format: Format, output: Optional[Path], junit_
     ``snapshots`` (before, after) let the HTML page draw the layouts and memory that changed."""
     from stagetool.core.text import sanitized
     from stagetool.gate import render as render_changes
+    from stagetool.report.render_text import FIT_WIDTH
 
     cmp = sanitized(cmp)  # names from specs, baselines and user code: control characters escaped
     # a file or a pipe: every cell whole (a leaf path is never folded mid-word), as report writes them
