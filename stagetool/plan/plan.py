@@ -309,7 +309,8 @@ def _named_target(spec: Spec, options: Options, spec_path: Path | None) -> _Name
     if options.platform is not None:
         return _Named(by or "--platform", None, None, options.platform)
     if options.gpu_target_config is not None:
-        return _Named(by or "--gpu-target-config", spec.topology or "gpu", options.gpu_target_config)
+        # the spec's GPU topology with the command line's config; alone it still needs a topology
+        return _Named(by or "--gpu-target-config", spec.topology, options.gpu_target_config)
     if spec.topology is not None or spec.platform is not None or spec.gpu_target_config is not None:
         key = "topology" if spec.topology is not None else "gpu_target_config" \
             if spec.gpu_target_config is not None else "platform"
