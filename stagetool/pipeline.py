@@ -701,7 +701,7 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
     if plan.avals == "local":
         notes.append(f"shapes in the spec are host-local; global shapes computed for {setup.process_count} "
                      f"process(es)" + (" (simulated with --processes)" if plan.processes else ""))
-    from stagetool.inputs.jit_wrapper import options_text
+    from stagetool.inputs.own_jit import options_text
 
     return FunctionReport(fspec.name, fspec.target, mesh, StageTimes(t.trace_s, t.lower_s, t.compile_s),
                           notes=tuple(notes), cached=cached, compiler_options=options_text(inputs.jit), **fields)

@@ -70,7 +70,7 @@ def build_inputs(fspec: FunctionSpec, fn: Callable[..., Any], setup: DeviceSetup
       TargetError: an ``init`` or ``call`` target cannot be loaded.
       StagingError: ``jax.eval_shape`` of an ``init`` function fails (exit code 3).
     """
-    from stagetool.inputs.jit_wrapper import jit_settings
+    from stagetool.inputs.own_jit import jit_settings
 
     check_signature(fspec, fn)
     own = jit_settings(fn, len(fspec.args) + len(fspec.kwargs))
@@ -160,7 +160,7 @@ class _Builder:
 
     def as_value(self, i: int) -> bool:
         """Whether a Python value at position ``i`` is handed over as it is (see :meth:`convert`)."""
-        from stagetool.inputs.jit_wrapper import is_jax_jit  # (an nnx.jit object is a jax.stages.Wrapped too)
+        from stagetool.inputs.own_jit import is_jax_jit  # (an nnx.jit object is a jax.stages.Wrapped too)
 
         own = self.own
         if own.kind in ("eqx.filter_jit", "haliax.named_jit"):  # a Python number is static to both

@@ -26,7 +26,7 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
     target's own shardings on another mesh are re-laid on the staged one or refused
     (:func:`stagetool.inputs.own_mesh.relay_own_jit`), as are the meshes an init's or ``{ref:}``
     object's shardings name (:func:`stagetool.inputs.own_mesh.check_seen`); a jit stagetool does not
-    unwrap is named (:func:`stagetool.inputs.hidden_jit.hidden_jit_note`). Those sentences lead
+    unwrap is named (:func:`stagetool.inputs.own_jit.hidden_jit_note`). Those sentences lead
     ``inputs.notes``. ``target``: one already loaded (:func:`stagetool.inspect`'s live function;
     its meshes, on the caller's devices, are then re-laid by axis name, never refused).
 
@@ -39,7 +39,7 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
     from stagetool.devices.world import staged_world
     from stagetool.inputs.avals import build_inputs
     from stagetool.inputs.out_shardings import fit_out_shardings
-    from stagetool.inputs.hidden_jit import hidden_jit_note
+    from stagetool.inputs.own_jit import hidden_jit_note
     from stagetool.inputs.own_mesh import adopt_code_order, check_seen, relay_own_jit
     from stagetool.inputs.seen_meshes import collecting
     from stagetool.inputs.target import load_target

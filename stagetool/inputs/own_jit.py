@@ -1,15 +1,38 @@
-"""The target's own jit applied to its abstract inputs: its ``in_shardings`` taken by the leaves,
-its own program where the spec adds nothing (``nnx.jit``, ``eqx.filter_jit``), the Flax NNX
-Variables its arguments share made one again, and the ``out_shardings`` an ``nnx.jit`` gives.
+"""The target's own jit, in one place: what it says, what the staging takes from it, and the one
+stagetool cannot unwrap, named.
+
+- **What it says** (:func:`jit_settings`): the settings of a ``jax.jit``, ``nnx.jit``,
+  ``eqx.filter_jit`` or ``hax.named_jit`` object. A target that is already jitted decides its own
+  static arguments, donation, in/out shardings and compiler options; stagetool stages it with
+  exactly those (merged with the spec's, see :func:`stagetool.staging.stages.jit_function`). A
+  ``jax.jit`` object's settings are read by :mod:`stagetool.inputs.frameworks.jit` (the one adapter
+  that reads jaxlib's jit object); a framework's own wrapper (``nnx.jit``, ``eqx.filter_jit``) by
+  that framework's module (its ``jit_settings``), which also stages it as its own program where the
+  spec adds nothing (:class:`stagetool.inputs.frameworks.nnx.NnxProgram`,
+  :class:`stagetool.inputs.frameworks.equinox.EqxProgram`,
+  :class:`stagetool.inputs.frameworks.haliax.HaliaxProgram`).
+- **Applied to the abstract inputs** (:func:`take_in_shardings`, :func:`own_program`): its
+  ``in_shardings`` taken by the leaves, its own program where the spec adds nothing, the Flax NNX
+  Variables its arguments share made one again, and the ``out_shardings`` an ``nnx.jit`` gives.
+- **Hidden** (:func:`hidden_jit_note`): any other callable holding a ``jax.jit`` — another
+  library's own wrapper, a ``functools.partial`` or a callable object around a jit — is staged
+  nested inside stagetool's own jit, where JAX inlines the inner jit: its donation, in/out
+  shardings and static arguments are not the program's. Such a jit is found (on the callable's
+  attributes, its ``__wrapped__``/``func``, its closure, to a small depth) and said in a note:
+  never a silent drop of its donation.
 """
+
 
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from stagetool.core.paths import is_library_file
 from stagetool.core.sharding import Sharding
-from stagetool.inputs.frameworks.jit import JitSettings
+from stagetool.inputs.frameworks import Pytree, adapters, library_of
+from stagetool.inputs.frameworks.dispatch import is_state_sharding
+from stagetool.inputs.frameworks.jit import JitSettings, is_jax_jit, pjit_settings
 from stagetool.inputs.leaves import same_dims
 from stagetool.inputs.records import InputLeaf
 from stagetool.spec.model import FunctionSpec
@@ -39,8 +62,6 @@ def take_in_shardings(args: tuple, own: JitSettings, by_id: dict[int, InputLeaf]
     sharding goes in its type, under auto axes in ``ref_shardings`` (see :func:`as_abstract_ref`)."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
-
-    from stagetool.inputs.jit_wrapper import in_sharding_dims
 
     dims = iter(in_sharding_dims(own, args))
 
@@ -183,3 +204,159 @@ def shared_note(args: tuple, kwargs: dict, keys: list, by_id: dict[int, InputLea
             "cannot take: out_shardings, static values it does not declare, or arguments that are not arrays), "
             "where each place is an input and an output of its own: argument and output bytes count them once per "
             "place, and the update of one place does not reach the other")
+
+
+# ---- what it says
+
+
+
+def options_text(settings: JitSettings | None) -> tuple[tuple[str, str], ...]:
+    """``(name, value text)`` of the jit's ``compiler_options``, sorted by name (for the report,
+    snapshots and the facts cache key)."""
+    if settings is None:
+        return ()
+    return tuple(sorted((str(k), str(v)) for k, v in settings.compiler_options.items()))
+
+
+def jit_settings(fn: Any, n_args: int = 0) -> JitSettings:
+    """What ``fn``'s own jit says (see :class:`~stagetool.inputs.frameworks.jit.JitSettings`);
+    ``n_args`` positional arguments are given (for Equinox's ``donate="all"``, which names no
+    positions). A plain function's settings are all empty."""
+    for framework in adapters(library_of(fn)):
+        settings = framework.jit_settings(fn, n_args) if hasattr(framework, "jit_settings") else None
+        if settings is not None:
+            return settings
+    return pjit_settings(fn, "jax.jit") if is_jax_jit(fn) else JitSettings()
+
+
+def in_sharding_dims(settings: JitSettings, args: tuple) -> list[tuple | None]:
+    """Per array leaf of the positional ``args`` (``jax.tree_util.tree_leaves`` order), the
+    PartitionSpec dims the target's ``in_shardings`` give it, or None (not given, or a sharding
+    that is not a ``NamedSharding``/``PartitionSpec``).
+
+    ``in_shardings`` is a tree prefix of ``args`` (one entry per positional argument, a single
+    sharding standing for a whole subtree), as ``jax.jit`` reads it.
+    """
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from stagetool.core.sharding import spec_dims
+
+    n = len(jax.tree_util.tree_leaves(args))
+    if settings.in_shardings is None:
+        return [None] * n
+    shardings = settings.in_shardings
+    if not isinstance(shardings, (tuple, list)):
+        shardings = (shardings,) * len(args)  # one sharding for every argument
+    out: list[tuple | None] = []
+    for i, arg in enumerate(args):
+        count = len(jax.tree_util.tree_leaves(arg))
+        prefix = shardings[i] if i < len(shardings) else None
+        is_leaf = lambda x: x is None or isinstance(x, (NamedSharding, PartitionSpec)) or is_state_sharding(x)  # noqa: E731
+        if prefix is None or isinstance(prefix, (NamedSharding, PartitionSpec)) or is_state_sharding(prefix):
+            per = _broadcast(prefix, arg)
+        else:
+            per = []
+            try:
+                jax.tree_util.tree_map(lambda s, sub: per.extend(_broadcast(s, sub)), prefix, arg, is_leaf=is_leaf)
+            except (ValueError, TypeError):
+                per = [None] * count
+        for s in per:
+            spec = s.spec if isinstance(s, NamedSharding) else s
+            out.append(spec_dims(spec) if isinstance(spec, PartitionSpec) else None)
+    return out
+
+
+def _broadcast(prefix: Any, sub: Pytree) -> list:
+    """One sharding per array leaf of ``sub`` from one prefix entry: a sharding (or None) stands for
+    the whole subtree; an ``nnx.StateSharding`` gives each Variable of each graph node its own."""
+    import jax
+
+    if is_state_sharding(prefix):
+        from stagetool.inputs.frameworks import nnx
+
+        return nnx.state_sharding_leaves(prefix, sub)
+    return [prefix] * len(jax.tree_util.tree_leaves(sub))
+
+
+# ---- a jit stagetool cannot unwrap, named
+
+
+_DEPTH = 3
+
+
+def _inner_jit(obj: Any, depth: int, seen: set[int]) -> Any:
+    """The first ``jax.stages.Wrapped`` reachable from ``obj`` (not ``obj`` itself), or None."""
+    import jax
+
+    if depth > _DEPTH or id(obj) in seen:
+        return None
+    seen.add(id(obj))
+    children: list[Any] = []
+    for name in ("__wrapped__", "func", "__func__", "fn", "fun", "f"):
+        child = getattr(obj, name, None) if not isinstance(obj, type) else None
+        if child is not None and callable(child):
+            children.append(child)
+    closure = getattr(obj, "__closure__", None) or ()
+    for cell in closure:
+        try:
+            children.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    if not isinstance(obj, type) and not callable(getattr(obj, "__code__", None)):
+        try:
+            children += [v for v in vars(obj).values() if callable(v)]
+        except TypeError:
+            pass
+    for child in children:
+        if isinstance(child, jax.stages.Wrapped):
+            return child
+    for child in children:
+        found = _inner_jit(child, depth + 1, seen)
+        if found is not None:
+            return found
+    return None
+
+
+def _is_wrapper(fn: Any) -> bool:
+    """A callable that is not the user's own plain function: an object with ``__call__``, a
+    ``functools.partial``, or a function defined in a library (a decorator's wrapper)."""
+    import types
+
+    if isinstance(fn, types.FunctionType):
+        return hasattr(fn, "__wrapped__") or is_library_file(fn.__code__.co_filename)
+    return not isinstance(fn, (types.BuiltinFunctionType, type))
+
+
+def hidden_jit_note(fn: Any, target_text: str) -> str | None:
+    """A note when ``fn`` (the loaded target) holds a ``jax.jit`` stagetool does not unwrap, or is a
+    ``jax.jit`` whose settings this JAX does not let it read; None otherwise."""
+    import jax
+
+    if is_jax_jit(fn):
+        if pjit_settings(fn, "jax.jit").readable:
+            return None
+        return (f"{target_text} is a jax.jit whose settings this JAX does not let stagetool read: it is staged "
+                "nested inside stagetool's own jit, and its donation, in/out shardings and static arguments are "
+                "not taken (give them in the spec: donate, out_shardings, static)")
+    if isinstance(fn, jax.stages.Wrapped) or library_of(fn) is not None or not _is_wrapper(fn):
+        return None  # nnx.jit / eqx.filter_jit (read by their adapters), or the user's own function
+    inner = _inner_jit(fn, 0, set())
+    if inner is None:
+        return None
+    settings = pjit_settings(inner, "jax.jit")
+    dropped = []
+    if settings.readable:
+        if settings.donates:
+            # jax.jit fills the names from the positions and back: one of them says it
+            dropped.append(f"donation (donate_argnums={settings.donate_argnums})" if settings.donate_argnums
+                           else f"donation (donate_argnames={settings.donate_argnames})")
+        if settings.in_shardings is not None or settings.out_shardings is not None:
+            dropped.append("in/out shardings")
+        if settings.static_argnums or settings.static_argnames:
+            dropped.append("static arguments")
+    what = ", ".join(dropped) if dropped else "donation, in/out shardings and static arguments, if any"
+    return (f"{target_text} is a {type(fn).__name__} wrapping a jax.jit that stagetool does not unwrap: it is staged "
+            f"nested inside stagetool's own jit, where JAX inlines the inner jit, so its settings are not taken: "
+            f"{what}; the figures are those of a program without them (give them in the spec — donate, "
+            "out_shardings, static — or name the jax.jit itself as the target)")

@@ -224,7 +224,7 @@ def relay_own_jit(target: Target, fspec: FunctionSpec, setup: Any, *,
         if not own.readable or own.fun is None:
             return target, ()
     else:
-        from stagetool.inputs.jit_wrapper import jit_settings
+        from stagetool.inputs.own_jit import jit_settings
 
         own = jit_settings(fn)
         if own.kind != "nnx.jit":  # eqx.filter_jit has no shardings of its own (its body's: foreign_mesh)

@@ -236,7 +236,7 @@ def target_compiler_options(inputs: AbstractInputs) -> list[list[str]]:
     """The target's own ``jax.jit(compiler_options=...)`` (``inputs.jit``), as sorted ``[name, value]``
     pairs: part of the key, since ``Lowered.compile`` applies them and the lowered text does not
     show them (a pass-disabling option changes the program, not the module text)."""
-    from stagetool.inputs.jit_wrapper import options_text
+    from stagetool.inputs.own_jit import options_text
 
     return [list(pair) for pair in options_text(inputs.jit)]
 

@@ -65,7 +65,7 @@ class Staged:
 
 def jit_function(target: Target, fspec: FunctionSpec, inputs: AbstractInputs, mesh: Any) -> Any:
     """``jax.jit`` the target with the spec's static, donated and out-sharding options, merged with
-    the target's own jit's (``inputs.jit``, :mod:`stagetool.inputs.jit_wrapper`).
+    the target's own jit's (``inputs.jit``, :mod:`stagetool.inputs.own_jit`).
 
     - A ``jax.jit`` target the spec adds nothing to is used as it is. Otherwise the function under
       it is jitted once with its own settings (static arguments, donation, out_shardings,

@@ -15,7 +15,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from helpers import leaves_by_path, write
-from stagetool.inputs.jit_wrapper import in_sharding_dims, jit_settings
+from stagetool.inputs.own_jit import in_sharding_dims, jit_settings
 
 STEPS = '''
 import jax, jax.numpy as jnp
@@ -74,7 +74,7 @@ def structs(w_spec=P(None, "model"), x_spec=P("data", None)):
 
 
 def test_settings_are_read_from_each_wrapper():
-    """Pins what jit_wrapper reads from jaxlib's jit object (a JAX upgrade that moves it fails here)."""
+    """Pins what own_jit reads from jaxlib's jit object (a JAX upgrade that moves it fails here)."""
     def f(a, b, n=1):
         return a * n + b
 
@@ -391,7 +391,7 @@ def test_nnx_jit_shardings_that_disagree_with_the_spec_exit_2(run_cli, tmp_path,
 
 
 def test_nnx_split_is_read_from_the_wrapper(tmp_path, isolated_imports):
-    """Pins what jit_wrapper reads from flax's nnx.jit object: ``in_shardings``/``out_shardings``,
+    """Pins what own_jit reads from flax's nnx.jit object: ``in_shardings``/``out_shardings``,
     ``jitted_fn`` and the private ``_get_pure_args_kwargs`` (the same leaves, grouped by filter)."""
     pytest.importorskip("flax")
     from flax import nnx
@@ -422,7 +422,7 @@ def test_nnx_split_is_read_from_the_wrapper(tmp_path, isolated_imports):
 
 
 def test_equinox_split_is_read_from_the_wrapper():
-    """Pins what jit_wrapper reads from Equinox's filter_jit object (``_signature``, ``_dynamic_fun``,
+    """Pins what own_jit reads from Equinox's filter_jit object (``_signature``, ``_dynamic_fun``,
     ``_static_fun``, ``_cached``, ``donate_first/rest``) and its private ``_preprocess``: the abstract
     leaves come back as the jit's dynamic arguments (donated as ``donate=`` says), the rest static."""
     pytest.importorskip("equinox")
