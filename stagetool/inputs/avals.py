@@ -284,11 +284,12 @@ class _Builder:
         """An ``init``'s abstract result, each array leaf sharded (see :meth:`abstract_tree`)."""
         shared: list = []
         names: list = []
+        lines: list = []
         shapes, produced, refs = eval_init(init, self.fspec, self.setup.mesh, self.rules, with_dims=True,
                                            built=self.built, shared=shared, names=names,
-                                           context=self.mesh_spec.context)
+                                           context=self.mesh_spec.context, lines=lines)
         tree = self.abstract_tree(shapes, path, donated, init.loc, init.rules, init.has_rules,
-                                  f"{init.loc}: {init.path}", produced, refs, names=names)
+                                  f"{init.loc}: {init.path}", produced, refs, names=names, lines=lines)
         if any(k is not None for k in shared):
             # a Variable of an {arg: N} argument keeps that argument's key; one found twice in the
             # result gets a key of its own
@@ -329,7 +330,7 @@ class _Builder:
 
     def abstract_tree(self, shapes: Pytree, path: str, donated: bool, loc: Loc, rules: tuple[Rule, ...], has_rules: bool,
                       where: str, produced: list | None, refs: list | None = None, carried: str = "init",
-                      names: list | None = None) -> Any:
+                      names: list | None = None, lines: list | None = None) -> Any:
         """Array leaves of an ``init`` result (or a ``ref``) as structs sharded by the rules, else as the
         init produces them (``produced``: per leaf, the dims its run gives, or None), else by the
         model's annotations, else replicated and said to be unknown; every other leaf as it is (static).
@@ -337,7 +338,9 @@ class _Builder:
         ``eval_shape`` gives) or ``"object"`` (a ``{ref:}``: the sharding the object's arrays carry;
         said ``"model"`` when it is the model's own annotation). ``names``: per leaf, a framework's name
         for it or None (:func:`stagetool.inputs.leaves.named_path`; a name another leaf already took
-        leaves this one at its key path)."""
+        leaves this one at its key path). ``lines``: per leaf, the ``file:line`` of the user's code that
+        wrote the sharding ``produced`` gives it (the model's module line), or None: a leaf sharded as
+        the init's run gives it names that line as its source, not the spec's ``init:`` line."""
         import jax
 
         from stagetool.inputs.frameworks.dispatch import model_shardings
@@ -355,9 +358,11 @@ class _Builder:
         produced = produced if produced is not None else [None] * len(flat)
         refs = refs if refs is not None else [False] * len(flat)
         names = names if names is not None and len(names) == len(flat) else [None] * len(flat)
+        lines = lines if lines is not None and len(lines) == len(flat) else [None] * len(flat)
         taken = {path + keypath_str(kp) for kp, _ in flat}
         out = []
-        for (kp, value), model_dims, run_dims, ref, name in zip(flat, from_model, produced, refs, names, strict=True):
+        for (kp, value), model_dims, run_dims, ref, name, line in zip(flat, from_model, produced, refs, names, lines,
+                                                                      strict=True):
             leaf_path = named_path(path, kp, name)
             if leaf_path != path + keypath_str(kp):
                 leaf_path = path + keypath_str(kp) if leaf_path in taken else leaf_path
@@ -369,6 +374,8 @@ class _Builder:
                 decided = self.by_rules(rules, leaf_path, value, where)
             else:
                 decided = self.as_given(leaf_path, value, where, loc, model_dims, run_dims, carried, typed_init)
+                if decided is not None and line is not None and run_dims is not None and decided[2] in ("init", "model"):
+                    decided = (decided[0], line, decided[2])  # the line that wrote it, not the spec's init line
             if decided is None:  # a problem recorded: the leaf is staged unsharded
                 out.append(jax.ShapeDtypeStruct(value.shape, value.dtype, weak_type=value.weak_type))
                 continue

@@ -46,9 +46,21 @@ def produced_dims(closed_jaxpr: Any) -> list[tuple | None]:
     Dims are :func:`stagetool.core.sharding.spec_dims` of the sharding's ``spec`` (mesh axis names,
     one entry per array dimension, trailing ``None``s kept as JAX gives them).
     """
+    return [dims for dims, _ in produced(closed_jaxpr)]
+
+
+def produced(closed_jaxpr: Any) -> list[tuple[tuple | None, Any]]:
+    """Per output of ``closed_jaxpr``, ``(dims, eqn)``: the dims of :func:`produced_dims` and the
+    equation that gives them (a ``sharding_constraint``, ``device_put``, ``jit``..., whose traceback
+    names the line of the user's code that wrote the sharding), or ``(None, None)``."""
     jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
     producers: dict[int, dict] = {}
-    return [_origin(jaxpr, v, producers, 0, None) for v in jaxpr.outvars]
+    out = []
+    for v in jaxpr.outvars:
+        where: list = []
+        dims = _origin(jaxpr, v, producers, 0, None, where)
+        out.append((dims, where[-1] if dims is not None and where else None))
+    return out
 
 
 def _producer_map(jaxpr: Any, cache: dict[int, dict]) -> dict:
@@ -86,9 +98,18 @@ def _dims_of(sharding: Any) -> tuple | None:
     return spec_dims(sharding)
 
 
-def _origin(jaxpr: Any, var: Any, cache: dict[int, dict], depth: int, outer: tuple | None) -> tuple | None:
+def _origin(jaxpr: Any, var: Any, cache: dict[int, dict], depth: int, outer: tuple | None,
+            where: list | None = None) -> tuple | None:
     """``outer``: ``(jaxpr, eqn, outer)`` of the call equation whose inner jaxpr ``jaxpr`` is, so an
-    input passed through an inner jit is followed out to what the caller gave it."""
+    input passed through an inner jit is followed out to what the caller gave it; ``where``, a list,
+    gets each equation that gave dims (the last one is the answer's)."""
+    where = [] if where is None else where
+
+    def at(dims: tuple | None, eqn: Any) -> tuple | None:
+        if dims is not None:
+            where.append(eqn)
+        return dims
+
     if depth > _MAX_DEPTH or type(var).__name__ == "Literal":
         return None
     found = _producer_map(jaxpr, cache).get(id(var))
@@ -97,7 +118,7 @@ def _origin(jaxpr: Any, var: Any, cache: dict[int, dict], depth: int, outer: tup
             outer_jaxpr, call, further = outer
             invars = list(jaxpr.invars)
             if var in invars and len(invars) == len(call.invars):
-                return _origin(outer_jaxpr, call.invars[invars.index(var)], cache, depth + 1, further)
+                return _origin(outer_jaxpr, call.invars[invars.index(var)], cache, depth + 1, further, where)
         return None
     eqn, i = found
     name = eqn.primitive.name
@@ -106,29 +127,29 @@ def _origin(jaxpr: Any, var: Any, cache: dict[int, dict], depth: int, outer: tup
         shardings = params.get("out_shardings") or ()
         dims = _dims_of(shardings[i]) if i < len(shardings) else None
         if dims is not None:
-            return dims
+            return at(dims, eqn)
         inner = _inner(params)
-        return (_origin(inner, inner.outvars[i], cache, depth + 1, (jaxpr, eqn, outer))
+        return (_origin(inner, inner.outvars[i], cache, depth + 1, (jaxpr, eqn, outer), where)
                 if inner is not None else None)
     if name == "sharding_constraint":
-        return _dims_of(params.get("sharding"))
+        return at(_dims_of(params.get("sharding")), eqn)
     if name == "device_put":
         devices = params.get("devices") or ()
-        return _dims_of(devices[i]) if i < len(devices) else None
+        return at(_dims_of(devices[i]) if i < len(devices) else None, eqn)
     if name == "reshard":
-        return _dims_of(params.get("dst_sharding"))
+        return at(_dims_of(params.get("dst_sharding")), eqn)
     if name == "shard_map":
         specs = params.get("out_specs") or ()
-        return _dims_of(specs[i]) if i < len(specs) else None
+        return at(_dims_of(specs[i]) if i < len(specs) else None, eqn)
     if name in _CALLS:
         inner = _inner(params)
         if inner is not None and len(inner.outvars) == len(eqn.outvars):
-            return _origin(inner, inner.outvars[i], cache, depth + 1, (jaxpr, eqn, outer))
+            return _origin(inner, inner.outvars[i], cache, depth + 1, (jaxpr, eqn, outer), where)
         return None
     if name in _SAME_LAYOUT and len(eqn.invars) == 1:
-        return _origin(jaxpr, eqn.invars[0], cache, depth + 1, outer)
+        return _origin(jaxpr, eqn.invars[0], cache, depth + 1, outer, where)
     if name == "get" and len(eqn.invars) == 1:  # `ref[...]`, the whole Ref read: what the Ref was made from
-        return _origin(jaxpr, eqn.invars[0], cache, depth + 1, outer)
+        return _origin(jaxpr, eqn.invars[0], cache, depth + 1, outer, where)
     if name in _NEW_REF and len(eqn.invars) == 1:  # jax.new_ref(x): the Ref holds x's buffer, as laid out
-        return _origin(jaxpr, eqn.invars[0], cache, depth + 1, outer)
+        return _origin(jaxpr, eqn.invars[0], cache, depth + 1, outer, where)
     return None

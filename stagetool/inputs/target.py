@@ -216,3 +216,21 @@ def user_frame(exc: BaseException, user_files: list[str]) -> str | None:
     return f"{chosen.filename}:{chosen.lineno} in {chosen.name}" + (f"\n    {chosen.line}" if chosen.line else "")
 
 
+
+
+def eqn_user_line(eqn: Any, user_files: list[str] | tuple[str, ...] = ()) -> str | None:
+    """``file:line in function`` of the innermost frame of a jaxpr equation's traceback in the user's
+    code (a file in ``user_files``, else any file outside the libraries and stagetool), or None: the
+    line of a model's module that wrote a sharding (``nnx.with_partitioning``, an Equinox layer's
+    ``with_sharding_constraint``), not the library frame that applied it."""
+    own = str(Path(__file__).resolve().parents[1]) + "/"
+    # private-api: a JaxprEqn's source_info.traceback (jaxlib's Traceback; frames innermost first)
+    tb = getattr(getattr(eqn, "source_info", None), "traceback", None)
+    frames = list(getattr(tb, "frames", None) or ())
+    users = {str(Path(f).resolve()) for f in user_files}
+    kept = [f for f in frames if not f.file_name.startswith(own) and not f.file_name.startswith("<")]
+    for pick in (lambda f: str(Path(f.file_name).resolve()) in users, lambda f: not is_library_file(f.file_name)):
+        for f in kept:
+            if pick(f):
+                return f"{f.file_name}:{f.line_num} in {f.function_name}"
+    return None

@@ -69,7 +69,7 @@ def resolve_logical_rules(fspec: FunctionSpec) -> tuple | None:
 
 def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any = None, *,
               with_dims: bool = False, built: dict | None = None, shared: list | None = None,
-              names: list | None = None, context: bool | None = None) -> Any:
+              names: list | None = None, context: bool | None = None, lines: list | None = None) -> Any:
     """``jax.eval_shape`` of an ``init`` function: a pytree of ``ShapeDtypeStruct`` (no FLOPs run).
 
     With ``with_dims``, ``(tree, dims)``: per leaf of the tree, the PartitionSpec dims the init
@@ -90,6 +90,10 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     for a leaf in a Variable of an ``{arg: ...}`` argument that the init's result holds (``s``: that
     argument's own struct; ``nnx.ModelAndOptimizer(model, tx)`` holds the model), ``("local", i)`` for a
     Variable the result holds in two places (``i``: its first leaf; tied weights), else None.
+
+    ``lines``, a list, is filled with one entry per leaf of the tree: the ``file:line`` of the user's
+    code that wrote the sharding the init's run gives it, or None
+    (:func:`stagetool.inputs.frameworks.dispatch.trace_any`).
 
     ``names``, a list, is filled with one entry per leaf of the tree: the name a framework the user's
     code imported gives it (a Keras variable's path, for an init that returns ``v.value``), or None
@@ -151,7 +155,7 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     while True:
         try:
             with (jax.set_mesh(mesh) if ambient else contextlib.nullcontext()), logical_rules(rules):
-                tree, dims, refs = trace_any(call, *dyn)
+                tree, dims, refs = trace_any(call, *dyn, lines=lines)
             break
         except _BuildOutside as e:  # built before the trace, then traced again
             outside[id(e.call)] = build_call(e.call, fspec, built)
@@ -179,7 +183,7 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     if with_dims and mesh is not None and any(d is None and isinstance(x, jax.ShapeDtypeStruct)
                                               for d, x in zip(dims, jax.tree_util.tree_leaves(tree))):
         kept = (list(names) if names is not None else None, list(shared) if shared is not None else None)
-        dims = eager_dims(call, dyn, dims, mesh, rules)
+        dims = eager_dims(call, dyn, dims, mesh, rules, context=ambient)
         if names is not None:
             names[:] = kept[0]
         if shared is not None:
@@ -190,7 +194,7 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
     return (tree, dims, refs) if with_dims else tree
 
 
-def eager_dims(call: Any, dyn: list, dims: list, mesh: Any, rules: Any = None) -> list:
+def eager_dims(call: Any, dyn: list, dims: list, mesh: Any, rules: Any = None, context: bool = True) -> list:
     """``dims`` (per leaf of an init's result, the PartitionSpec dims its jaxpr says, or None) with
     each None filled as the init places that leaf when it runs op by op on sharded inputs, as a
     training script runs ``optimizer.init(model)`` on a model already laid out: ``jnp.zeros_like(p)``
@@ -211,10 +215,14 @@ def eager_dims(call: Any, dyn: list, dims: list, mesh: Any, rules: Any = None) -
       mesh: the ``jax.sharding.Mesh`` the inputs are on (Auto axes; an Explicit mesh's trace already
         typed every value).
       rules: the logical axis rules the trace runs under.
+      context: whether the init was traced under the mesh as the context mesh (``jax.set_mesh``);
+        then so is this trace, under the Explicit mesh, else under none.
 
     Returns:
       A list like ``dims``.
     """
+    import contextlib
+
     import jax
     from jax.sharding import AxisType, NamedSharding
 
@@ -241,7 +249,7 @@ def eager_dims(call: Any, dyn: list, dims: list, mesh: Any, rules: Any = None) -
         return x
 
     try:
-        with jax.set_mesh(explicit), logical_rules(rules):
+        with (jax.set_mesh(explicit) if context else contextlib.nullcontext()), logical_rules(rules):
             tree, _, _ = trace_any(call, *[typed(x) for x in dyn])
     except Exception:  # noqa: BLE001 - JAX's explicit-sharding rules refuse an op: the leaves stay unknown
         return dims

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from stagetool.core.errors import UsageError
+from stagetool.inputs.target import eqn_user_line as user_line
 
 
 def _meshes_in(value: Any, depth: int = 0) -> Iterator[Any]:
@@ -80,26 +81,6 @@ def conflicts(mesh: Any, staged: Any) -> bool:
         return {n for n, s in m.shape.items() if s != 1}
 
     return laid(mesh) == laid(staged) or set(mesh.axis_names) == set(staged.axis_names)
-
-
-def user_line(eqn: Any, user_files: list[str]) -> str | None:
-    """``file:line in function`` of the innermost frame of ``eqn``'s traceback in the user's code
-    (a file in ``user_files``, else any file outside the libraries and stagetool), or None."""
-    from pathlib import Path
-
-    from stagetool.core.paths import is_library_file
-
-    # private-api: a JaxprEqn's source_info.traceback (jaxlib's Traceback; frames innermost last)
-    tb = getattr(getattr(eqn, "source_info", None), "traceback", None)
-    frames = list(getattr(tb, "frames", None) or ())
-    own = str(Path(__file__).resolve().parents[1]) + "/"
-    users = {str(Path(f).resolve()) for f in user_files}
-    kept = [f for f in frames if not f.file_name.startswith(own) and not f.file_name.startswith("<")]
-    for pick in (lambda f: str(Path(f.file_name).resolve()) in users, lambda f: not is_library_file(f.file_name)):
-        for f in kept:
-            if pick(f):
-                return f"{f.file_name}:{f.line_num} in {f.function_name}"
-    return None
 
 
 def check_traced(traced: Any, staged: Any, *, name: str, user_files: list[str]) -> None:

@@ -93,7 +93,7 @@ def is_ref(x: Any) -> bool:
         return False
 
 
-def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True
+def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True, lines: list | None = None
               ) -> tuple[Any, list[tuple | None], list[bool]]:
     """``jax.eval_shape(call, *dyn)`` for any output pytree, through ``jax.jit(call).trace(*dyn)`` (one
     trace, nothing computed): array leaves as ``ShapeDtypeStruct``s (dtype, ``weak_type``, sharding
@@ -102,14 +102,17 @@ def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True
     program gives it when it runs — a nested ``jax.jit``'s ``out_shardings``, a ``device_put`` or
     sharding constraint on it (:func:`stagetool.inputs.init_shardings.produced_dims`) — or None
     (not an array, or the program does not say), and per leaf whether it is a ``jax.Ref`` (its
-    value's struct stands for it: a jitted function takes the Ref as an abstract ref).
+    value's struct stands for it: a jitted function takes the Ref as an abstract ref). ``lines``, a
+    list, is filled with one entry per leaf: the ``file:line`` of the user's code that wrote the
+    sharding the program gives it (the equation's innermost user frame: a model's module line, not
+    Flax's or Equinox's), or None.
 
     Raises:
       whatever the user's ``call`` raises while traced.
     """
     import jax
 
-    from stagetool.inputs.init_shardings import produced_dims
+    from stagetool.inputs.init_shardings import produced
 
     static: list[Any] = []
 
@@ -125,14 +128,26 @@ def trace_any(call: Callable[..., Any], *dyn: Any, python_scalars: bool = True
 
     traced = jax.jit(arrays_only).trace(*dyn)
     shapes = traced.out_info
-    dims = produced_dims(traced.jaxpr)
+    found = produced(traced.jaxpr)
+    dims = [d for d, _ in found]
     treedef, keep, rest, refs, existing = static[0]
+    if lines is not None:
+        from stagetool.inputs.target import eqn_user_line
+
+        at = iter([None if eqn is None or own is not None else _line_only(eqn_user_line(eqn))
+                   for (_, eqn), own in zip(found, existing, strict=True)])
+        lines[:] = [next(at) if k else None for k in keep]
     # An output that is an array which already exists (Keras' state: ``[v.value for v in ...]``): the
     # call hands that very array back, so its sharding is the array's own (the trace sees a constant).
     dims = [own if own is not None else d for d, own in zip(dims, existing, strict=True)]
     it, dit = iter(shapes), iter(dims)
     tree = jax.tree_util.tree_unflatten(treedef, [next(it) if k else x for k, x in zip(keep, rest)])
     return tree, [next(dit) if k else None for k in keep], refs
+
+
+def _line_only(line: str | None) -> str | None:
+    """``file:line`` of ``file:line in function``."""
+    return line.split(" in ", 1)[0] if line else None
 
 
 def _existing_dims(x: Any) -> tuple | None:
