@@ -60,6 +60,46 @@ def pytest_collection_modifyitems(config, items):
                 why = mark.kwargs.get("reason", "")
                 item.add_marker(pytest.mark.skip(reason=f"jax {jax.__version__}: needs jax {spec}" +
                                                  (f" ({why})" if why else "")))
+    durations.fast_lane(config, items)
+
+
 # nor to the user's config folder: the cache's secret (staging/cache.py) is a session temporary file
 os.environ.setdefault("STAGETOOL_CACHE_KEY_FILE", os.path.join(tempfile.mkdtemp(prefix="stagetool-test-key-"),
                                                                "facts-cache.key"))
+
+
+# ---- the durations table and the fast lane (tests/durations.py) -----------------------------------
+
+import durations  # noqa: E402
+from durations import pytest_runtest_makereport  # noqa: E402, F401
+
+
+def pytest_addoption(parser):
+    durations.addoption(parser)
+
+
+def pytest_configure(config):
+    durations.configure(config)
+
+
+def pytest_report_header(config):
+    return durations.report_header(config)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    durations.terminal_summary(terminalreporter, config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    durations.phase_starts(item)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    durations.phase_starts(item)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item):
+    durations.phase_starts(item)

@@ -31,6 +31,12 @@ only). A leg whose Python is not on the machine fails the matrix (say so with ``
 rather than have it pass silently). pytest's exit code 5 (nothing collected) fails a run unless
 PYTEST ARGS chose the tests (``-k``, ``-m`` or paths), where it means "none of these here".
 
+The whole-suite run (step 1, nothing chosen by PYTEST ARGS: no ``-k``, ``-m``, paths, ``--fast``,
+``-x``) records each test's CPU and wall seconds (``--record-durations``, tests/durations.py) and
+writes them to ``tests/durations.json``, the table the fast lane (``pytest --fast``) reads, and says
+how many tests are over the fast lane's budget and which files cost the most CPU (commit the
+refreshed table with the change that made a test slower or faster).
+
 Ends with one line per run (release, Python, passed/failed/skipped, seconds) and exits 0 only
 when every run passed.
 """
@@ -220,10 +226,14 @@ def has_xdist(python: str) -> bool:
     return subprocess.run([python, "-c", "import xdist"], capture_output=True).returncode == 0
 
 
-def run_pytest(label: str, python: str, args: list[str], user_args: list[str]) -> Outcome:
+def run_pytest(label: str, python: str, args: list[str], user_args: list[str],
+               durations: Path | None = None) -> Outcome:
     """pytest in a fresh process (its workers spread by :func:`parallel_args`), its output passed
-    through; the summary line kept."""
+    through; the summary line kept. With ``durations``, the run records each test's CPU and wall
+    seconds there (tests/durations.py)."""
     args = [*parallel_args(python, user_args), *args]
+    if durations is not None:
+        args.append(f"--record-durations={durations}")
     print(f"\nmatrix: {label}: pytest {' '.join(args + user_args)}", flush=True)
     start = time.perf_counter()
     # stagetool's bytecode, written once: the suite starts the CLI in a few hundred processes, and
@@ -245,6 +255,37 @@ def run_pytest(label: str, python: str, args: list[str], user_args: list[str]) -
     if code == NO_TESTS and _selects(user_args):
         code, note = 0, "none of the selected tests are in this run"
     return Outcome(label, code, counts or "nothing collected", seconds, note)
+
+
+#: pytest arguments after which a run is not the whole suite (its durations are not the table's).
+_PARTIAL = ("-k", "-m", "-x", "--exitfirst", "--maxfail", "--fast", "--lf", "--last-failed", "--ff", "--sw",
+            "--stepwise", "--deselect", "--ignore")
+
+
+def whole_suite(user_args: list[str]) -> bool:
+    """Whether a run with ``user_args`` runs every test (so that its durations can replace the table)."""
+    return not _selects(user_args) and not any(a.startswith(_PARTIAL) for a in user_args)
+
+
+def write_durations(recorded: Path, table: Path) -> None:
+    """Replace ``table`` by the run's ``recorded`` durations, and name the tests over the fast
+    lane's budget that no marker leaves out (tests/durations.py)."""
+    import json
+
+    here = str(Path(__file__).resolve().parent)  # tests/: durations.py beside this file
+    sys.path.insert(0, here)
+    try:
+        import durations
+    finally:
+        sys.path.remove(here)
+    doc = json.loads(recorded.read_text())
+    shutil.copyfile(recorded, table)
+    over = [(cpu, node) for node, (cpu, _) in doc["tests"].items() if cpu > durations.FAST_BUDGET_S]
+    print(f"\nmatrix: wrote {table.relative_to(REPO)}: {len(doc['tests'])} tests, {doc['total_cpu_s']:.0f} CPU s; "
+          f"{len(over)} over the fast lane's {durations.FAST_BUDGET_S:g} CPU s (left out of pytest --fast)",
+          flush=True)
+    for name, (cpu, wall, n) in list(doc["files"].items())[:8]:
+        print(f"  {cpu:7.1f} CPU s {wall:7.1f} s wall  {n:4d} tests  {name}")
 
 
 def _selects(user_args: list[str]) -> bool:
@@ -277,8 +318,11 @@ def main(argv: list[str]) -> int:
     setups = {leg.name: pool.submit(prepare_quietly, leg) for leg in legs}
     try:
         if not wanted:
+            record = Path(tempfile.mkdtemp(prefix="stagetool-durations-")) / "durations.json"
             outcomes.append(run_pytest(f"jax {here} (here), Python {py_here}: the whole suite", sys.executable, [],
-                                       argv))
+                                       argv, durations=record))
+            if whole_suite(argv) and record.exists() and outcomes[-1].code in (0, 1):
+                write_durations(record, REPO / "tests" / "durations.json")
         for leg in legs:
             label = f"jax {leg.jax}, Python {leg.python}: CLI, framework, golden, compat tests"
             waited = time.perf_counter()

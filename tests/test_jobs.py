@@ -43,6 +43,7 @@ SPEC = """
     """
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_jobs_give_the_serial_snapshot_and_report(tmp_path):
     write(tmp_path, "m.py", MODULE)

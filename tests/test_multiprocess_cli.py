@@ -52,6 +52,7 @@ def _facts(doc: dict) -> list[tuple]:
         [(x["path"], x["shape"], x["compiled"]) for x in f["outputs"]] + [f["mesh"]["process_count"]]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_two_processes_match_a_simulated_two_host_run(tmp_path):
     # Process 1 loads the module seconds after process 0: process 0, which serves the coordinator,

@@ -249,6 +249,7 @@ def test_resume_redoes_only_missing_or_stale_rows(tmp_path, monkeypatch, isolate
     assert sorted(ran) == ["mesh=2x4", "mesh=4x2"]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_ray_executor_and_shards_give_the_same_document_as_local_jobs(run_cli, tmp_path, monkeypatch,
                                                                         isolated_imports):

@@ -122,6 +122,7 @@ def _run_workers(nproc: int, devices_per_process: int) -> list[dict]:
     return outputs
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_two_processes_stage_like_one_process_with_eight_devices():
     t0 = time.monotonic()
