@@ -185,3 +185,21 @@ def test_two_byte_counts_that_round_alike_are_shown_exactly():
 
     assert _bytes_pair(4_194_308, 4_194_564) == ("4.00 MiB (4,194,308 B)", "4.00 MiB (4,194,564 B)")
     assert _bytes_pair(2 * 2**20, 158 * 2**10) == ("2.00 MiB", "158 KiB")
+
+
+@pytest.mark.slow
+def test_ragged_dots_rule_is_checked_per_collective_not_per_line(run_cli, tmp_path, monkeypatch):
+    """ragged_dot on the CPU mesh all-gathers the s32 group sizes and all-reduces dense partial
+    products (the rule's mark); v5e:2x4 all-gathers the bf16 expert weights at the same line instead.
+    That gather is another collective: the rule agrees for both rows and their marks stay."""
+    target_devices("v5e:2x4")
+    write(tmp_path, "r.py", "import jax\n\n\ndef moe(x, w, sizes):\n    return jax.lax.ragged_dot(x, w, sizes)\n")
+    write(tmp_path, "r.stagetool.yaml", "version: 1\nmesh: {axes: {data: 2, model: 4}}\nfunctions:\n  moe:\n"
+          "    target: r.py:moe\n    args: ['bf16[1024,512] @ [data, null]', 'bf16[8,512,1024] @ [model, null, null]', "
+          "'i32[8]']\n")
+    monkeypatch.chdir(tmp_path)
+    fn = run_cli("collectives", "--against", "v5e:2x4", "--no-cache", "--format", "json", check=0).json()["functions"][0]
+    rules = fn["against"]["rules"]
+    assert len(rules) == 2 and all(r["agrees"] for r in rules), rules
+    marked = [i for i in fn["collectives"]["items"] if i["cpu_only"]]
+    assert sorted(i["collective"]["result_types"][0] for i in marked) == ["f32[512,1024]", "s32[8]"]

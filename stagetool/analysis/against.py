@@ -177,7 +177,9 @@ def _rule_agrees(item: CollectiveItem, here: _Group, there: _Group | None) -> bo
     from stagetool.analysis import cpu_artefacts
 
     if item.cpu_only == cpu_artefacts.EXPANDED:
-        return there is None  # "XLA:TPU/GPU make no such collective"
+        # "XLA:TPU/GPU make no such collective": none of its result types at that line (the target's own
+        # gather of the expert weights there, of another type, is another collective)
+        return there is None or not set(item.collective.result_types) & set(there.types)
     if there is None:
         return False
     if item.cpu_only is not None:
