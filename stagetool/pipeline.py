@@ -6,6 +6,11 @@ stages and analysis (:func:`stage_and_analyse`) → report (:func:`assemble_repo
 One direction, no back-and-forth; nothing here reads :class:`Options`. :func:`analyze` is the
 Python API behind every command; it returns a :class:`stagetool.report.model.Report` that
 renderers present. ``Options``, ``Section`` and ``make_plan`` are importable from here too.
+
+What every run uses (the plan, its target, the errors, the report's records) is imported at the top;
+a room a run may not need (a section's analysis, the facts cache, workers, a gate's snapshot, the
+staging machinery that imports JAX) is imported in the function that uses it, so a command imports
+only what it uses (issue 50: each module imported is compiled from source on a run without bytecode).
 """
 
 from __future__ import annotations
@@ -13,23 +18,24 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
-from stagetool.core.errors import UsageError
+from stagetool._version import __version__
+from stagetool.core.errors import OutOfMemoryError, SpecError, StagingError, UsageError
 from stagetool.core.mesh import MeshSpec, parse_mesh_option
-from stagetool.core.paths import ReportRoot
+from stagetool.core.paths import ReportRoot, rewrite_strings
 from stagetool.plan.options import REPORT_SECTIONS, Options, Section
 from stagetool.plan.plan import Plan, Problems, make_plan, run_chip
-from stagetool.plan.selectors import LeafPattern
-from stagetool.plan.target import TpuTarget
+from stagetool.plan.selectors import LeafPattern, unmatched_leaf_patterns
+from stagetool.plan.target import COMPILE_ONLY, Attached, CpuMesh, GpuTarget, TpuTarget, check_target, parse_target
+from stagetool.report.model import (DeviceInfo, DevicesReport, FunctionReport, MeshReport, ModuleText, Report,
+                                    StageTimes)
 from stagetool.spec.model import FunctionSpec
 
 if TYPE_CHECKING:
-    from stagetool.core.errors import StagingError
     from stagetool.gate.run import SnapshotRun
     from stagetool.inputs.avals import AbstractInputs
     from stagetool.devices.provision import DeviceSetup
     from stagetool.staging.stages import Staged
     from stagetool.inputs.target import Target
-    from stagetool.report.model import FunctionReport, MeshReport, Report
     from stagetool.core.chips import Chip
     from stagetool.facts import StagedFunction
     from stagetool.staging.cache import FactsCache
@@ -75,7 +81,6 @@ def analyze_against(plan: Plan, sections: Iterable[Section], *, command: str = "
     collective rows marked where the target's compile differs. The report holds the sections asked
     for; the ones compared are computed on both sides."""
     from stagetool.analysis.against import AgainstSection, compare, marked_collectives
-    from stagetool.plan.target import GpuTarget
 
     asked = frozenset(sections)
     wanted = asked | _COMPARED
@@ -151,7 +156,6 @@ def provision_devices(plan: Plan) -> DeviceSetup:
         too few devices.
     """
     from stagetool.devices.provision import provision
-    from stagetool.plan.target import COMPILE_ONLY, Attached, CpuMesh
     from stagetool.process import gc_pause
 
     key = (plan.mesh, plan.target, plan.processes, plan.job_processes, plan.slices)
@@ -192,9 +196,7 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target]
         UsageError holding all of them).
       UsageError, TargetError: a bad option or target.
     """
-    from stagetool.core.errors import SpecError, StagingError
     from stagetool.inputs.loading import load_and_build
-    from stagetool.plan.selectors import unmatched_leaf_patterns
     from stagetool.process.dispositions import caller_signals
 
     out: dict[str, Prepared] = {}
@@ -236,8 +238,6 @@ def _why_leaf_unmatched(pattern: LeafPattern, fspec: FunctionSpec, target: Targe
     input leaves and none of its output leaves (``out/...``, an NNX argument's state, Equinox's
     ``marker``: known from a trace, done only when no input matches). [] when it names one, or when the
     trace fails (staging then reports that failure)."""
-    from stagetool.core.errors import StagingError
-    from stagetool.plan.selectors import unmatched_leaf_patterns
     from stagetool.staging.gather import output_names
     from stagetool.staging.stages import jit_function, trace_only
 
@@ -271,7 +271,6 @@ def stage_and_analyse(plan: Plan, setup: DeviceSetup, prepared: dict[str, Prepar
         raise_first_error(outcomes)
         died = [(f.name, o.died) for f, o in zip(plan.functions, outcomes) if o.died]
         if died:
-            from stagetool.core.errors import StagingError
 
             name, how = died[0]
             raise StagingError(f"{name}: {how}", stage="compile", function=name)
@@ -289,7 +288,6 @@ def relative_report(root: ReportRoot | None, report: FunctionReport) -> Function
     or checkout."""
     if root is None:
         return report
-    from stagetool.core.paths import rewrite_strings
 
     return rewrite_strings(report, root.relative, skip=frozenset({"module", "error_traceback"}))
 
@@ -298,7 +296,6 @@ def assemble_report(command: str, functions: tuple[FunctionReport, ...]) -> Repo
     """The :class:`~stagetool.report.model.Report` of the function reports, with versions and the
     compile configuration."""
     from stagetool.staging.config import compile_config
-    from stagetool.report.model import Report
 
     return Report(command, _version(), *_jax_versions(), functions, config=compile_config())
 
@@ -374,9 +371,7 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
     """Stage one prepared function and build its report: staging hands analysis one
     :class:`~stagetool.facts.StagedFunction`; the analysis never sees a JAX object.
     A :class:`StagingError` becomes the report's ``error`` (its sections are None)."""
-    from stagetool.core.errors import OutOfMemoryError, StagingError
     from stagetool.staging.gather import gather
-    from stagetool.report.model import FunctionReport, StageTimes
 
     fspec = prep.fspec
     setup = prep.setup or setup
@@ -430,8 +425,6 @@ def failure_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: froze
     """The report of one function whose staging raised ``e`` (a :class:`StagingError`): an
     out-of-memory verdict with its memory section, else the error and its traceback. Made from
     the one failure, without staging again."""
-    from stagetool.core.errors import OutOfMemoryError
-    from stagetool.report.model import FunctionReport, StageTimes
 
     fspec = fspec or prep.fspec
     if isinstance(e, OutOfMemoryError):
@@ -543,7 +536,6 @@ def _facts_through_cache(cache: FactsCache | None, staged: Staged, inputs: Abstr
 
 
 def _failed(plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, e: StagingError) -> FunctionReport:
-    from stagetool.report.model import FunctionReport, StageTimes
 
     import traceback
 
@@ -556,7 +548,6 @@ def _failed(plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, e: StagingError
 
 
 def _mesh_report(plan: Plan, setup: DeviceSetup) -> MeshReport:
-    from stagetool.report.model import MeshReport
 
     return MeshReport(plan.mesh.axes, _axis_types(plan, setup), setup.platform, setup.device_kind,
                       len(setup.devices), setup.process_count, setup.topology, setup.slices,
@@ -604,7 +595,6 @@ def _mesh_override(plan: Plan) -> str | None:
 def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: DeviceSetup, wanted: frozenset[Section],
                user_files: list[str], inputs: AbstractInputs, *, cached: bool = False) -> FunctionReport:
     """The :class:`~stagetool.report.model.FunctionReport` of one staged function's facts."""
-    from stagetool.report.model import FunctionReport, ModuleText, StageTimes
 
     needs_compile = bool(wanted - {Section.LOWERED_TEXT})
     mesh = _mesh_report(plan, setup)
@@ -746,7 +736,6 @@ def _config_dict() -> dict[str, str]:
 
 
 def _version() -> str:
-    from stagetool._version import __version__
 
     return __version__
 
@@ -770,8 +759,6 @@ def devices_report(*, mesh: str | None = None, platform: str | None = None, topo
         too few devices.
     """
     from stagetool.devices.provision import provision
-    from stagetool.plan.target import COMPILE_ONLY, check_target, parse_target
-    from stagetool.report.model import DeviceInfo, DevicesReport
 
     if topology is not None and not topology.strip():
         raise UsageError("--topology '': an empty topology name (an unset variable in --topology \"$TOPO\"?)",
@@ -902,7 +889,6 @@ def snapshot_plan(plan: Plan, *, on_stage=None) -> SnapshotRun:
         import jax
         import jaxlib
 
-        from stagetool._version import __version__
 
         snap = {"snapshot_schema": SNAPSHOT_SCHEMA, "kind": SNAPSHOT_KIND, "stagetool_version": __version__,
                 "jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
