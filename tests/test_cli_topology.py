@@ -160,9 +160,10 @@ def test_a_sharding_made_at_import_and_used_inside_follows_the_topology(tmp_path
     """Equinox's parallelism example (docs/examples/parallelism.ipynb) builds ``NamedSharding(mesh,
     P())`` at import from ``jax.devices()`` and constrains with it inside the step. Under ``--topology``
     ``jax.devices()`` gives the target's devices while the module is imported (issue 30,
-    devices.world), so with auto axes it stages; ``jax.make_mesh``'s Explicit axes against the
-    spec's auto ones are exit 2 naming both meshes and the user's line, and stage with the spec's
-    ``axis_types: explicit`` (checked)."""
+    devices.world), so with auto axes it stages; with ``jax.make_mesh``'s Explicit axes and no
+    ``axis_types`` in the spec the module's own mesh gives the axis types (issue 49, with a note), and a
+    spec that says ``axis_types: auto`` against them is exit 2 naming the user's line and
+    ``axis_types: explicit``, before any compile."""
     from helpers import run_subprocess, write
 
     model = SHARDING_AT_IMPORT.replace("{}", axes)
@@ -173,16 +174,17 @@ def test_a_sharding_made_at_import_and_used_inside_follows_the_topology(tmp_path
     env = {"PYTHONPATH": os.pathsep.join([str(REPO), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])}
     r = run_subprocess("memory", "--spec", "m.stagetool.yaml", "--topology", "v5e:2x4", "--no-peak",
                        cwd=tmp_path, env=env)
+    assert r.code == 0, r.stderr
     if axes == "Auto":
-        assert r.code == 0, r.stderr
+        assert "with Explicit axes" not in r.stdout
         return
-    assert r.code == 2, r.stderr
-    assert "should match the aval mesh" in r.stderr and "fsdp=8 on 8 TPU v5 lite devices" in r.stderr
-    assert "m.py:11 in step" in r.stderr and "axis_types: explicit" in r.stderr
-    write(tmp_path, "m.stagetool.yaml", spec.replace("{axes: {fsdp: 8}}", "{axes: {fsdp: 8}, axis_types: explicit}"))
+    assert "with Explicit axes (m.py:5)" in r.stdout and "staged with Explicit axes, as the code runs" in r.stdout
+    write(tmp_path, "m.stagetool.yaml", spec.replace("{axes: {fsdp: 8}}", "{axes: {fsdp: 8}, axis_types: auto}"))
     r = run_subprocess("memory", "--spec", "m.stagetool.yaml", "--topology", "v5e:2x4", "--no-peak",
                        cwd=tmp_path, env=env)
-    assert r.code == 0, r.stderr
+    assert r.code == 2, r.stderr
+    assert "Mesh for all inputs should be equal" in r.stderr and "fsdp=8 on 8 TPU v5 lite devices" in r.stderr
+    assert "m.py:11 in step" in r.stderr and "axis_types: explicit" in r.stderr
 
 
 def test_the_host_mesh_hint_only_for_host_devices_beside_a_target():

@@ -596,7 +596,7 @@ def _definition(fn: Any) -> str | None:
 
 #: JAX's words when the traced code names a mesh other than the ambient (staged) one.
 _MESH_MISMATCH = ("should match the mesh passed to shard_map", "Received incompatible devices for jitted computation",
-                  "should match the aval mesh")
+                  "should match the aval mesh", "Mesh for all inputs should be equal")
 
 
 def _mesh_mismatch(e: BaseException, stage_name: str, name: str, user_files: list[str], mesh: Any) -> UsageError:
