@@ -14,10 +14,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import assert_figures_are_raw_jaxs, target_devices, write
+from helpers import REPO, assert_figures_are_raw_jaxs, target_devices, write
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-DATA = Path(__file__).parent / "data"
+DATA = REPO / "tests" / "data"
 
 
 def _raw_module(path: Path, name: str):
