@@ -93,9 +93,9 @@ LEGS = (
 )
 
 #: What runs on the releases other than the one installed here (paths relative to the checkout).
-LEG_TESTS = ("tests/test_cli.py", "tests/test_cli_collectives.py", "tests/test_cli_cost_memory.py",
-             "tests/test_cli_gate.py", "tests/test_cli_plain_console.py", "tests/test_cli_robustness.py",
-             "tests/test_frameworks.py", "tests/test_golden.py", "tests/staging/test_compat.py",
+LEG_TESTS = ("tests/cli/test_cli.py", "tests/cli/test_cli_collectives.py", "tests/cli/test_cli_cost_memory.py",
+             "tests/cli/test_cli_gate.py", "tests/cli/test_cli_plain_console.py", "tests/cli/test_cli_robustness.py",
+             "tests/inputs/test_frameworks.py", "tests/test_golden.py", "tests/staging/test_compat.py",
              "tests/analysis/test_peak.py")
 
 #: pytest's "no tests were collected".

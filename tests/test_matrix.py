@@ -138,11 +138,11 @@ def test_recorded_durations_hold_each_test_with_its_cpu_and_wall_seconds(tmp_pat
     import subprocess
 
     out = tmp_path / "d.json"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "tests/test_codec.py", "tests/test_dtypes.py",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "tests/core/test_codec.py", "tests/core/test_dtypes.py",
                         f"--record-durations={out}"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:]
     doc = json.loads(out.read_text())
-    assert set(doc["files"]) == {"tests/test_codec.py", "tests/test_dtypes.py"}
+    assert set(doc["files"]) == {"tests/core/test_codec.py", "tests/core/test_dtypes.py"}
     assert len(doc["tests"]) == sum(n for _, _, n in doc["files"].values()) >= 40
     assert all(cpu >= 0 and wall >= 0 for cpu, wall in doc["tests"].values())
     assert doc["total_cpu_s"] > 0 and "2 pytest worker(s)" in doc["machine"]

@@ -20,7 +20,7 @@ def click_command(argv: list[str]) -> Any:
 
     Typer builds a click command from each function's signature on every run (about 35 ms for all
     twelve on a 2-core VM), and a run needs only its own; what it parses and prints is the same
-    (``tests/test_cli.py`` compares the help both ways).
+    (``tests/cli/test_cli.py`` compares the help both ways).
     """
     import copy
     import inspect

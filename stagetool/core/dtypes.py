@@ -2,7 +2,7 @@
 
 One table (:data:`TABLE`) for the spec parser, byte counts, tiled layouts and the renderers. It
 lists every array dtype of JAX 0.7 to 0.12 (``jax.dtypes`` / ``ml_dtypes``), sub-byte ones included;
-``tests/test_dtypes.py`` holds it against JAX's own ``jnp.dtype(name)`` and ``jnp.iinfo``/
+``tests/core/test_dtypes.py`` holds it against JAX's own ``jnp.dtype(name)`` and ``jnp.iinfo``/
 ``finfo`` bit widths. Importing this module imports nothing else (no JAX, no numpy).
 
 Storage bits are what XLA stores per element: sub-byte types are packed (two ``s4`` per byte),

@@ -6,7 +6,7 @@ partitioned (per-device) HLO module as text. jaxlib also ships an object model
 operand graph only: no shapes, no attributes, no metadata (its serialized proto holds them, but
 jaxlib ships no public class to decode it). The text carries all of these, so it is the
 source of truth here, and this module reads nothing else
-(tests/analysis/test_hlo_object_model.py holds its names, opcodes and operands against that
+(tests/hlo/test_hlo_object_model.py holds its names, opcodes and operands against that
 object model).
 
 What the parser gives (all plain frozen records):

@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import pytest
-from tests.analysis.test_buffers import LIVE_RANGE, hand_built
+from tests.hlo.test_buffers import LIVE_RANGE, hand_built
 
 from stagetool.analysis import timeline
 from stagetool.plan.target import parse_target

@@ -1,4 +1,4 @@
-"""A Levanter-style train step (tests/test_haliax.py): haliax NamedArrays, ``hax.nn.Linear``, an
+"""A Levanter-style train step (tests/inputs/test_haliax.py): haliax NamedArrays, ``hax.nn.Linear``, an
 optax optimizer held as a static field, and the step as Levanter's trainer jits it —
 ``hax.named_jit(axis_resources=<parameter mapping>, donate_args=(True, False))``, the loss under
 the compute mapping. ``lr_scale`` is a Python number: named_jit keeps it static (not an input)."""

@@ -460,7 +460,7 @@ def build(devices, FLAGS=None):
                            data_sharding=data_sharding)
 
 
-# train.py's sizes but one DiT block, to keep tests/test_diffusion_step.py fast
+# train.py's sizes but one DiT block, to keep tests/programs/test_diffusion_step.py fast
 FLAGS = default_flags(depth=1)
 _run = build(jax.devices(), FLAGS)
 mesh, init_train_state, update = _run.mesh, _run.init, _run.update

@@ -33,7 +33,7 @@ Every read of another library's private attribute is marked ``# private-api:`` s
   ``_cached`` (its inner ``jax.jit``).
 - :mod:`.haliax`: the ``hax.named_jit`` object's fields (its function, mappings, donation, jit
   arguments) and ``haliax.partitioning._named_pjit_cache`` (the ``jax.jit`` it builds); pinned by
-  ``tests/test_haliax.py``.
+  ``tests/inputs/test_haliax.py``.
 """
 
 from __future__ import annotations

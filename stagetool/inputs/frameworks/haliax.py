@@ -8,7 +8,7 @@
   donation, its static non-array leaves and the in/out shardings its axis mappings give.
 
 Every read of haliax's internals is here and marked ``# private-api:`` (pinned by
-``tests/test_haliax.py``): the ``named_jit`` object's fields (``_fn``, ``_dynamic_fun``,
+``tests/inputs/test_haliax.py``): the ``named_jit`` object's fields (``_fn``, ``_dynamic_fun``,
 ``_static_fun``, ``_axis_resources``, ``_in_axis_resources``, ``_out_axis_resources``,
 ``_donate_args``, ``_donate_kwargs``, ``_pjit_args``) and ``haliax.partitioning._named_pjit_cache``
 (the ``jax.jit`` it builds). ``named_jit(...).lower`` itself is public but takes concrete arrays only

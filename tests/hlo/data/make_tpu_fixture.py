@@ -3,7 +3,7 @@
 Needs ``libtpu`` (the ``jax[tpu]`` extra; no TPU: it compiles for a compile-only v5e 2x4
 topology). Run from the repository root:
 
-    python tests/analysis/data/make_tpu_fixture.py
+    python tests/hlo/data/make_tpu_fixture.py
 
 The program is a train step over a (data=2, model=4) mesh with weights sharded FSDP-style over
 ``data`` and tensor-parallel over ``model``: a ``lax.scan`` over layers whose weights are

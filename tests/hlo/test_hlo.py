@@ -1,5 +1,5 @@
 """Tests of the HLO text parser: shapes, tables, totality, real modules (what replica groups mean is
-tested with the collectives, tests/analysis/test_collectives.py)."""
+tested with the collectives, tests/hlo/test_collectives.py)."""
 
 from __future__ import annotations
 

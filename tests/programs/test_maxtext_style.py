@@ -2,7 +2,7 @@
 compile-only ``--topology v5e:2x4`` (and the simulated CPU mesh), with every memory figure equal to
 raw JAX compiling the same code for the same devices.
 
-It has what MaxText's ``train_compile.py`` step has and ``tests/test_own_mesh.py``'s smaller
+It has what MaxText's ``train_compile.py`` step has and ``tests/inputs/test_own_mesh.py``'s smaller
 MaxText-style models do not: a config object whose mesh comes from ``jax.devices()`` at import via
 ``create_device_mesh``; parameters named by logical axes, mapped to mesh axes by the config's
 ``logical_axis_rules`` (given to the spec as ``logical_axis_rules: mts.py:CONFIG``, active while
