@@ -22,6 +22,21 @@ def user_frames(chain: Iterable[SourceFrame], library: tuple[str, ...]) -> tuple
     return tuple(f"{frame.file}:{frame.line}" for frame in chain if not is_library_file(frame.file, library))
 
 
+def user_source(chain: Sequence[SourceFrame], library: tuple[str, ...] | None = None) -> str | None:
+    """``file:line`` a row names for an instruction of source chain ``chain`` (innermost first): its
+    innermost frame in the user's code (:func:`user_frames`: the model's line that called Flax's
+    ``nnx.Linear``, not ``linear.py``'s), else its innermost frame; None for no chain. ``library``:
+    :func:`~stagetool.core.paths.library_dirs` (looked up when not given)."""
+    if not chain:
+        return None
+    if library is None:
+        from stagetool.core.paths import library_dirs
+
+        library = library_dirs()
+    mine = user_frames(chain, library)
+    return mine[0] if mine else f"{chain[0].file}:{chain[0].line}"
+
+
 def helper_callers(sources: Sequence[str | None], chains: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
     """For each ``(source, chain)`` (a row's ``file:line`` and its user frames, innermost first), the
     lines its source was called from when the source is a thin helper (see the module docstring),

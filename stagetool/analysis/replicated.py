@@ -271,8 +271,7 @@ def _source(module: HloModule, ins: HloInstruction | None, comp: HloComputation 
     libraries (the model's line that called Flax's ``nnx.Linear``, not ``linear.py``'s), else its own
     innermost frame; for an instruction the compiler made without metadata (a fusion XLA:CPU formed),
     that of the nearest operand with one (breadth first, 3 deep)."""
-    from stagetool.analysis.callers import user_frames
-    from stagetool.core.paths import library_dirs
+    from stagetool.analysis.callers import user_source
 
     seen: set[str] = set()
     level = [ins] if ins is not None else []
@@ -281,8 +280,7 @@ def _source(module: HloModule, ins: HloInstruction | None, comp: HloComputation 
         for i in level:
             chain = frames_by_op_name(module, i)
             if chain:
-                mine = user_frames(chain, library_dirs())
-                return mine[0] if mine else f"{chain[0].file}:{chain[0].line}"
+                return user_source(chain)
             if comp is not None:
                 for o in i.operands:
                     found = comp.instruction(o)

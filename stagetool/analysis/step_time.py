@@ -445,8 +445,9 @@ class _Timer:
         return None
 
     def _source(self, ins: HloInstruction) -> str | None:
-        chain = program_frames(self.module.source_stack(ins))
-        return f"{chain[0].file}:{chain[0].line}" if chain else None
+        from stagetool.analysis.callers import user_source
+
+        return user_source(program_frames(self.module.source_stack(ins)))  # the user's line, not a library's
 
     def _note(self, comp: HloComputation, ins: HloInstruction, seconds: float, k: int, flops: float,
               moved: float, bound: str) -> None:

@@ -185,8 +185,9 @@ def _recorded(module: HloModule, comp: HloComputation, ins: HloInstruction) -> H
 def _source(module: HloModule, ins: HloInstruction) -> str | None:
     from stagetool.hlo.collectives import frames_by_op_name
 
-    chain = frames_by_op_name(module, ins)
-    return f"{chain[0].file}:{chain[0].line}" if chain else None
+    from stagetool.analysis.callers import user_source
+
+    return user_source(frames_by_op_name(module, ins))  # the user's line, not a library's
 
 
 def _sort_flops(module: HloModule, ins: HloInstruction) -> float | None:

@@ -267,3 +267,7 @@ def test_replicated_work_in_a_library_layer_names_the_models_line(run_cli, tmp_p
     line = next(i for i, t in enumerate(NNX_HEAD.splitlines(), 1) if "# PROJ" in t)
     assert row["op_name"].endswith("dot_general") and row["axes"] == ["data"]
     assert row["source"] == f"head.py:{line}"
+    # the step time's longest instructions too: the dot and the bias add at the model's line
+    doc = run_cli("cost", "--spec", str(spec), "--chip", "tpu-v5e", "--format", "json", check=0).json()
+    sources = {t["source"] for t in doc["functions"][0]["cost"]["step_time"]["top"] if t.get("source")}
+    assert f"head.py:{line}" in sources and not any("linear.py" in s for s in sources), sources
