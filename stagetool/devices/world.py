@@ -195,3 +195,35 @@ def describe_mesh(mesh: Any) -> str:
     first = mesh.devices.flat[0]
     kind = getattr(first, "device_kind", first.platform)
     return f"{axes} on {mesh.devices.size} {kind} device{'s' if mesh.devices.size != 1 else ''}"
+
+
+def on_another_mesh(sharding: Any, staged: Any) -> bool:
+    """Whether ``sharding`` is a ``NamedSharding`` on a concrete mesh other than ``staged`` (other
+    axis names, shape or device order) over exactly ``staged``'s devices: an input ``jax.jit`` takes
+    with its own sharding (a 4x2 ``('x', 'y')`` mesh beside a staged 2x4 ``('data', 'model')`` one)."""
+    from jax.sharding import Mesh, NamedSharding
+
+    own = getattr(sharding, "mesh", None)
+    if not isinstance(sharding, NamedSharding) or not isinstance(own, Mesh) or not isinstance(staged, Mesh):
+        return False
+    if own.empty or same_layout(own, staged):
+        return False
+    return set(own.devices.flat) == set(staged.devices.flat)
+
+
+def same_layout(a: Any, b: Any) -> bool:
+    """Whether two concrete meshes lay the same devices in the same order under the same axis names
+    (their axis types aside)."""
+    from jax.sharding import Mesh
+
+    return isinstance(a, Mesh) and isinstance(b, Mesh) and \
+        (tuple(a.axis_names), a.devices.shape, tuple(d.id for d in a.devices.flat)) == \
+        (tuple(b.axis_names), b.devices.shape, tuple(d.id for d in b.devices.flat))
+
+
+def own_mesh_text(sharding: Any) -> str:
+    """``P('x', 'y') on its own mesh x=4 × y=2 on 8 cpu devices``: a ``NamedSharding`` that no
+    PartitionSpec over the staged mesh lays alike, as the report names it (declared and compiled)."""
+    from stagetool.core.sharding import format_dims, spec_dims
+
+    return f"{format_dims(spec_dims(sharding.spec))} on its own mesh {describe_mesh(sharding.mesh)}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from stagetool.core.errors import SpecError
 from stagetool.core.location import Loc
@@ -123,6 +123,10 @@ class _Builder:
         self.share_keys: list = []
         self.leaf_shardings = {x.path: x.sharding for x in fspec.leaf_shardings}
         self.overridden: set[str] = set()  # the leaf_shardings' paths a leaf had
+        # a leaf whose object's NamedSharding sits on another mesh of the staged devices that no
+        # PartitionSpec over the staged mesh lays alike: that sharding itself, as jax.jit takes it
+        self.own_mesh: dict[str, Any] = {}
+        self.notes: list[str] = []
 
     @functools.cached_property
     def rules(self) -> tuple | None:
@@ -200,7 +204,9 @@ class _Builder:
             self.issues.append(f"{source}: {path}: {problem}")
             self.hints.append(DIVIDE_HINT if "not divisible" in problem else RANK_HINT)
         named = None
-        if sharding.kind != "auto" and not problem:  # a bad sharding is reported, not handed to JAX
+        if sharding.kind == "other" and path in self.own_mesh:  # on its own mesh (:meth:`on_own_mesh`)
+            named = self.own_mesh[path]
+        elif sharding.kind != "auto" and not problem:  # a bad sharding is reported, not handed to JAX
             named = NamedSharding(self.setup.mesh, PartitionSpec(*sharding.dims))
         struct = jax.ShapeDtypeStruct(shape, jax_dtype(leaf.dtype), sharding=named, weak_type=weak_type)
         self.by_id[id(struct)] = InputLeaf(path, shape, local_shape, leaf.dtype, sharding,
@@ -408,6 +414,10 @@ class _Builder:
         dims, origin_if_found = run_dims, "init"
         if dims is not None and isinstance(model_dims, tuple) and same_dims(dims, model_dims):
             origin_if_found = "model"  # the model's annotation is what the init applied (Flax eager sharding)
+        if dims is None and carried == "object":
+            own = self.on_own_mesh(leaf_path, value, loc)
+            if own is not None:
+                return own
         if dims is None:
             dims = struct_dims(value)
             if carried == "object" and dims is not None:
@@ -428,13 +438,75 @@ class _Builder:
         sharding = Sharding("spec", dims)
         unknown = [a for a in sharding.axes if a not in self.axis_size]
         if unknown:
+            from jax.sharding import Mesh
+
+            from stagetool.devices.world import describe_mesh
+
+            own = getattr(getattr(value, "sharding", None), "mesh", None)
+            meshes = (f"its mesh ({describe_mesh(own)}) is not on the staged devices ({describe_mesh(self.setup.mesh)}), "
+                      "and jax.jit takes no arguments on other devices either"
+                      if isinstance(own, Mesh) and not own.empty and origin_if_found == "object"
+                      and set(own.devices.flat) != set(self.setup.mesh.devices.flat)
+                      and own.devices.flat[0].platform == self.setup.mesh.devices.flat[0].platform else None)
             self.issues.append(f"{where}: the {origin_if_found if origin_if_found in ('init', 'object') else 'model'} "
                                f"shards leaf {leaf_path!r} over {', '.join(map(repr, unknown))}, "
-                               f"which the mesh does not have ({', '.join(self.axis_size) or 'no axes'})")
+                               f"which the mesh does not have ({', '.join(self.axis_size) or 'no axes'})"
+                               + (f": {meshes}" if meshes else ""))
+            if meshes:
+                self.hints.append("put the argument on a mesh of the staged devices, or stage on its mesh (mesh=...)")
+                return None
             self.hints.append("name the logical axis rules (logical_axis_rules: model.py:RULES) or give "
                               "rules for this argument")
             return None
         return sharding, loc, origin_if_found
+
+    @functools.cached_property
+    def staged_is_codes(self) -> bool:
+        """Whether an array handed over from Python (a :class:`ValueSpec` argument: :func:`stagetool.inspect`)
+        sits on the staged mesh itself: then the staged mesh is the code's own, and an array on another
+        mesh of its devices is on a second mesh of the code (:meth:`on_own_mesh`; read when first needed), not on the code's mesh
+        at a shape the caller asked to stage instead (a ``--mesh``/``mesh=`` of another shape: taken by
+        axis name)."""
+        import jax
+
+        from stagetool.devices.world import same_layout
+
+        def values(tree: Any) -> Iterator[Any]:
+            if isinstance(tree, ValueSpec):
+                yield tree.value
+            elif isinstance(tree, (list, tuple)):
+                for t in tree:
+                    yield from values(t)
+            elif isinstance(tree, dict):
+                for t in tree.values():
+                    yield from values(t)
+
+        staged = self.setup.mesh
+        return any(same_layout(getattr(getattr(x, "sharding", None), "mesh", None), staged)
+                   for v in values((list(self.fspec.args), self.fspec.kwargs)) for x in jax.tree_util.tree_leaves(v))
+
+    def on_own_mesh(self, leaf_path: str, value: Any, loc: Loc) -> tuple[Sharding, Any, str] | None:
+        """``(sharding, loc, "object")`` of an object's array whose ``NamedSharding`` sits on another mesh
+        of the staged devices (:func:`stagetool.devices.world.on_another_mesh`: a 4x2 ``('x', 'y')`` mesh
+        beside the staged 2x4 ``('data', 'model')``), as ``jax.jit`` takes it: the same layout spelled
+        over the staged mesh's axes where one is (:func:`stagetool.inputs.own_mesh.equivalent_spec`),
+        else the sharding itself, declared as kind ``other`` (its per-device shape its own, never its
+        PartitionSpec re-read by axis name on the staged mesh), with a note. None for any other value."""
+        from stagetool.core.sharding import spec_dims
+        from stagetool.devices.world import describe_mesh, on_another_mesh, own_mesh_text
+        from stagetool.inputs.own_mesh import equivalent_spec
+
+        s, staged = getattr(value, "sharding", None), self.setup.mesh
+        if not on_another_mesh(s, staged) or not self.staged_is_codes:
+            return None
+        spec = equivalent_spec(s, staged, len(value.shape))
+        if spec is not None:
+            return Sharding("spec", spec_dims(spec)), loc, "object"
+        self.own_mesh[leaf_path] = s
+        self.notes.append(f"{leaf_path} is laid on another mesh of the staged devices ({describe_mesh(s.mesh)}, "
+                          f"{s.spec}) that no PartitionSpec over the staged mesh ({describe_mesh(staged)}) lays "
+                          "alike: staged with its own sharding, as jax.jit takes it")
+        return Sharding("other", text=own_mesh_text(s)), loc, "object"
 
     # ---- the inputs handed over
 
@@ -487,7 +559,7 @@ class _Builder:
                                {k: paths_of(v) for k, v in program.kwargs.items() if k not in static})
         return AbstractInputs(program.args, program.kwargs, leaves, tuple(static), tuple(sorted(self.donated_nums)),
                               tuple(sorted(self.donated_names)), None, (), self.own, False, None, program,
-                              notes=tuple(getattr(program, "notes", ())))
+                              notes=(*self.notes, *getattr(program, "notes", ())))
 
     def prepared_inputs(self, args: tuple, kwargs: dict, static: dict) -> AbstractInputs:
         """The target called from the function :func:`prepare_call` hands to ``jax.jit``."""
@@ -517,9 +589,9 @@ class _Builder:
             prepared = dataclasses.replace(prepared, fn=functools.wraps(prepared.fn)(
                 functools.partial(prepared.fn, **prepared.kwargs)), kwargs={})
             static = {}
-        notes = ()
+        notes = tuple(self.notes)
         if own.kind != "jax.jit" and prepared.state_outputs and has_shared(self.share_keys):
-            notes = (shared_note(args, kwargs, self.share_keys, self.by_id),)
+            notes = (*notes, shared_note(args, kwargs, self.share_keys, self.by_id))
         out_shardings = None  # an nnx.jit's own in/out_shardings, as the staged function's out_shardings
         if own.kind == "nnx.jit" and (own.in_shardings is not None or own.out_shardings is not None):
             from stagetool.inputs.frameworks import nnx

@@ -87,7 +87,10 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
         meshes of the same devices, the one with the most axes; ``ShapeDtypeStruct``s sharded over
         a ``jax.sharding.AbstractMesh``: its axes), else one device. An argument on
         another mesh of the same devices (a batch on a 1-D ``("devices",)`` mesh) is staged with the
-        same layout spelled over this mesh's axes, as ``jax.jit`` takes it (a note says so).
+        same layout spelled over this mesh's axes, as ``jax.jit`` takes it (a note says so); where no
+        spec over this mesh lays it alike (a 4x2 mesh beside a staged 2x4 one), with its own sharding
+        (its own per-device shape; the report names its mesh). An argument on other devices is a
+        ``SpecError`` naming both meshes, as ``jax.jit`` refuses it.
       topology: a compile-only target (``v5e:2x4``, ``h100:8``; ``v5e:1x1`` needs no mesh): no such
         device needed.
       context_mesh: trace under the staged mesh as the context mesh (``jax.set_mesh``: True) or under

@@ -183,13 +183,19 @@ def _text(lowered: Any) -> str | None:
 def sharding_of(sharding: Any, rank: int, mesh: Any) -> Sharding:
     """A ``jax.sharding.Sharding`` as mesh axes per dimension, padded with None to ``rank``.
 
-    ``NamedSharding`` gives its ``PartitionSpec``; a single-device sharding is replicated; any
+    ``NamedSharding`` gives its ``PartitionSpec`` (one on another mesh of ``mesh``'s devices: the
+    equivalent spec over ``mesh``'s axes, else kind ``other``, named as the declared one is); a single-device sharding is replicated; any
     other sharding (``GSPMDSharding`` from a compiler choice) is matched against the
     PartitionSpecs over ``mesh``'s axes with ``Sharding.is_equivalent_to`` (fewest axes first), and
     kept as kind ``other`` with JAX's text only when none is equivalent.
     """
     spec = getattr(sharding, "spec", None)
     if spec is not None:
+        from stagetool.devices.world import on_another_mesh, own_mesh_text
+
+        if on_another_mesh(sharding, mesh):  # an input jax.jit takes on its own mesh of these devices
+            found = _equivalent_spec(sharding, rank, mesh)
+            return found if found is not None else Sharding("other", text=own_mesh_text(sharding))
         return _from_spec(tuple(spec), rank)
     if type(sharding).__name__ == "SingleDeviceSharding":
         return Sharding("spec", (None,) * rank)

@@ -195,3 +195,53 @@ def test_the_api_words_keep_the_mesh_value_whole():
         "stage with its own axis sizes (mesh='data=8'), or build it"
     assert api_words("give --mesh, e.g. --mesh data=8") == "give mesh=, e.g. mesh='data=8'"
     assert api_words("stage on it (--mesh replica=2,fsdp=4); then") == "stage on it (mesh='replica=2,fsdp=4'); then"
+
+
+def _mm(w, x):
+    return jnp.tanh(x @ w)
+
+
+def _second_mesh_args(names):
+    """The staged 2x4 ('data', 'model') mesh holds w; x sits on a 4x2 mesh of the same devices."""
+    devices = np.array(jax.devices()[:8])
+    mesh, other = Mesh(devices.reshape(2, 4), ("data", "model")), Mesh(devices.reshape(4, 2), names)
+    spec = P("x", "y") if names == ("x", "y") else P("data")
+    return (jax.ShapeDtypeStruct((16, 16), jnp.float32, sharding=NamedSharding(mesh, P(None, "model"))),
+            jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=NamedSharding(other, spec)))
+
+
+@pytest.mark.parametrize("names", [("x", "y"), ("data", "model")])
+def test_an_argument_on_a_second_mesh_of_the_same_devices_keeps_its_own_sharding(names):
+    """Issue 47 item 7: a 4x2 mesh beside the staged 2x4 one, with other axis names (was refused: 'the
+    mesh does not have x, y') or the same ones (was P('data') re-read on the 2x4 mesh: shard (4, 16)
+    where jax.jit gives (2, 16)); each as raw jax.jit compiles the same arguments."""
+    args = _second_mesh_args(names)
+    report = stagetool.inspect(_mm, *args, peak=False)
+    fn = report.function()
+    compiled = jax.jit(_mm).trace(*args).lower().compile()
+    raw_in = [s.shard_shape(a.shape) for s, a in zip(compiled.input_shardings[0], args)]
+    assert [x.shard_shape for x in fn.inputs] == raw_in == [(16, 4), (2, 8) if names == ("x", "y") else (2, 16)]
+    assert report.memory.record.argument_bytes == compiled.memory_analysis().argument_size_in_bytes
+    assert _record(report) == _xla(compiled)
+    raw_out = compiled.output_shardings
+    assert [o.shard_shape for o in fn.outputs] == [raw_out.shard_shape((8, 16))]
+    assert str(fn.outputs[0].compiled) == str(P(*raw_out.spec))
+    assert any("x is laid on another mesh of the staged devices" in n and "staged with its own sharding" in n
+               for n in fn.notes), fn.notes
+    assert not any("taken by axis name" in n for n in fn.notes), fn.notes
+
+
+def test_an_argument_on_other_devices_is_refused_naming_both_meshes():
+    """A mesh over 4 of the 8 devices beside the staged one: jax.jit refuses it, and so does inspect,
+    naming both meshes."""
+    from stagetool.core.errors import SpecError
+
+    devices = np.array(jax.devices()[:8])
+    w, _ = _second_mesh_args(("x", "y"))
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=NamedSharding(Mesh(devices[:4].reshape(2, 2), ("x", "y")),
+                                                                          P("x", "y")))
+    with pytest.raises(ValueError, match="incompatible devices"):
+        jax.jit(_mm).trace(w, x).lower()
+    with pytest.raises(SpecError, match=r"its mesh \(x=2 × y=2 on 4 cpu devices\) is not on the staged devices "
+                                        r"\(data=2 × model=4 on 8 cpu devices\)"):
+        stagetool.inspect(_mm, w, x, peak=False)
