@@ -223,6 +223,7 @@ def test_an_argument_on_a_second_mesh_of_the_same_devices_keeps_its_own_sharding
     assert [x.shard_shape for x in fn.inputs] == raw_in == [(16, 4), (2, 8) if names == ("x", "y") else (2, 16)]
     assert report.memory.record.argument_bytes == compiled.memory_analysis().argument_size_in_bytes
     assert _record(report) == _xla(compiled)
+    assert sorted(c.collective.kind for c in report.collectives.items) == _collectives(compiled.as_text())
     raw_out = compiled.output_shardings
     assert [o.shard_shape for o in fn.outputs] == [raw_out.shard_shape((8, 16))]
     assert str(fn.outputs[0].compiled) == str(P(*raw_out.spec))
