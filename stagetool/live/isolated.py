@@ -23,12 +23,15 @@ from stagetool.core.errors import StagingError, UsageError
 class AbstractArray:
     """An array argument as a worker rebuilds it: global ``shape``, ``dtype`` name, ``dims`` (the
     PartitionSpec's entries, None when it carries no ``NamedSharding``) and ``mesh_axes`` (that
-    sharding's mesh, ``(name, size)`` pairs)."""
+    sharding's mesh, ``(name, size)`` pairs), ``device_ids`` (that mesh's device ids in its order, kept
+    only when the arguments sit on several meshes of the same devices: a second mesh is staged with
+    its own sharding, :meth:`stagetool.inputs.avals._Builder.on_own_mesh`, so its devices must cross)."""
 
     shape: tuple[int, ...]
     dtype: str
     dims: tuple | None = None
     mesh_axes: tuple[tuple[str, int], ...] = ()
+    device_ids: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +56,9 @@ def inspect_isolated(fn: Callable[..., Any], args: tuple, kwargs: dict, options:
     from stagetool.gate.run import DEFAULT_TIMEOUT_S
     from stagetool.process.workers import raise_first_error, run_in_workers
 
-    payload = (_reference(fn), _abstract(args), _abstract(kwargs), options, session_setup())
+    keep_devices = _several_meshes((args, kwargs))
+    payload = (_reference(fn), _abstract(args, keep_devices), _abstract(kwargs, keep_devices), options,
+               session_setup())
     try:
         pickle.dumps(payload)
     except Exception as e:  # noqa: BLE001 - any pickling failure is the same answer
@@ -100,32 +105,53 @@ def _reference(fn: Any) -> Any:
     return fn
 
 
-def _abstract(tree: Any) -> Any:
-    """Every array or ``ShapeDtypeStruct`` leaf of ``tree`` as an :class:`AbstractArray`."""
+def _several_meshes(tree: Any) -> bool:
+    """Whether ``tree``'s leaves sit on two or more concrete meshes of one set of devices."""
+    import jax
+    from jax.sharding import Mesh
+
+    seen: list = []
+    for x in jax.tree_util.tree_leaves(tree):
+        mesh = getattr(getattr(x, "sharding", None), "mesh", None)
+        if isinstance(mesh, Mesh) and not mesh.empty and not any(mesh == m for m in seen):
+            seen.append(mesh)
+    return any(set(a.devices.flat) == set(b.devices.flat) for i, a in enumerate(seen) for b in seen[i + 1:])
+
+
+def _abstract(tree: Any, keep_devices: bool = False) -> Any:
+    """Every array or ``ShapeDtypeStruct`` leaf of ``tree`` as an :class:`AbstractArray` (with its
+    mesh's device ids where ``keep_devices``)."""
     import jax
     import numpy as np
+    from jax.sharding import Mesh
 
     def one(x: Any) -> Any:
         if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)):
             return x
         sharding = getattr(x, "sharding", None)
         spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
-        dims = axes = None
+        dims = axes = ids = None
         if spec is not None and mesh is not None:
             from stagetool.core.sharding import spec_dims
 
             dims, axes = spec_dims(spec), tuple((str(k), int(v)) for k, v in mesh.shape.items())
-        return AbstractArray(tuple(np.shape(x)), np.dtype(x.dtype).name, dims, axes or ())
+            if keep_devices and isinstance(mesh, Mesh):
+                ids = tuple(int(d.id) for d in mesh.devices.flat)
+        return AbstractArray(tuple(np.shape(x)), np.dtype(x.dtype).name, dims, axes or (), ids)
 
     return jax.tree_util.tree_map(one, tree)
 
 
 def _concrete(tree: Any) -> Any:
     """The worker's side of :func:`_abstract`: ``ShapeDtypeStruct``s, each sharded over an
-    ``AbstractMesh`` of its own mesh's axes (laid over the run's mesh by axis name)."""
+    ``AbstractMesh`` of its own mesh's axes (laid over the run's mesh by axis name), or over its own
+    mesh of this process's devices where its device ids came and every one is here."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+    import numpy as np
+    from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+
+    by_id = {d.id: d for d in jax.devices()}
 
     def one(x: Any) -> Any:
         if not isinstance(x, AbstractArray):
@@ -133,6 +159,9 @@ def _concrete(tree: Any) -> Any:
         sharding = None
         if x.dims is not None:
             mesh = AbstractMesh(tuple(s for _, s in x.mesh_axes), tuple(n for n, _ in x.mesh_axes))
+            if x.device_ids is not None and all(i in by_id for i in x.device_ids):
+                mesh = Mesh(np.array([by_id[i] for i in x.device_ids]).reshape(tuple(s for _, s in x.mesh_axes)),
+                            tuple(n for n, _ in x.mesh_axes))
             sharding = NamedSharding(mesh, PartitionSpec(*x.dims))
         return jax.ShapeDtypeStruct(x.shape, jnp.dtype(x.dtype), sharding=sharding)
 

@@ -246,3 +246,20 @@ def test_an_argument_on_other_devices_is_refused_naming_both_meshes():
     with pytest.raises(SpecError, match=r"its mesh \(x=2 × y=2 on 4 cpu devices\) is not on the staged devices "
                                         r"\(data=2 × model=4 on 8 cpu devices\)"):
         stagetool.inspect(_mm, w, x, peak=False)
+
+
+@pytest.mark.slow
+def test_a_second_mesh_in_an_isolated_worker_keeps_its_own_sharding(tmp_path, monkeypatch):
+    """isolate=True: the worker rebuilds the 4x2 ('data', 'model') mesh over the same devices (was an
+    AbstractMesh laid by axis name: shard (4, 16) where jax.jit gives (2, 16))."""
+    (tmp_path / "second_mesh_program.py").write_text("import jax.numpy as jnp\n\n\ndef mm(w, x):\n"
+                                                      "    return jnp.tanh(x @ w)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import second_mesh_program
+
+    args = _second_mesh_args(("data", "model"))
+    report = stagetool.inspect(second_mesh_program.mm, *args, isolate=True, timeout_s=300, peak=False)
+    compiled = jax.jit(_mm).trace(*args).lower().compile()
+    assert [x.shard_shape for x in report.function().inputs] == \
+        [s.shard_shape(a.shape) for s, a in zip(compiled.input_shardings[0], args)] == [(16, 4), (2, 16)]
+    assert _record(report) == _xla(compiled)
