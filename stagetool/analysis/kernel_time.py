@@ -28,6 +28,9 @@ Pallas kernel       its ``cost_estimate`` (FLOPs ÷ the bf16 rate, bytes ÷ the 
 scatter index sort  XLA:TPU sorts a scatter's indices before the scatter (a lone ``sort`` whose results
                     only reach scatters): nothing more, where the chip's scatter rate is a calibrated
                     profile's, measured with that same sort in it (its own time and fixed cost there)
+cross-program       XLA:TPU's ``copy-start`` with ``cross_program_prefetch_index`` (an argument copied into
+prefetch            VMEM before the kernels that read it there): its bytes read from HBM ÷ the HBM copy
+                    rate (a calibrated profile's, else the HBM peak); no fixed cost (a DMA)
 uncounted           a Pallas kernel without ``cost_estimate``, top-k, any other sort, any other custom call:
                     no model; timed at a floor (its operand and result bytes ÷ the HBM peak) and
                     marked, so that the step time is "at least" its figure
@@ -53,8 +56,8 @@ from stagetool.core.chips import Chip
 from stagetool.hlo.loops import instruction_cost, tiled_shape_bytes
 from stagetool.hlo.parser import ArrayShape, HloComputation, HloInstruction, HloModule, array_leaves, shape_bytes
 
-__all__ = ["COMPUTE", "FROM_FLOOR", "FROM_KERNEL", "FROM_MODEL", "LATENCY", "MEMORY", "SCATTER_INDEX_SORT",
-           "KernelTime", "kernel_time", "matmul_class", "padded_matmul_flops"]
+__all__ = ["COMPUTE", "CROSS_PROGRAM_PREFETCH", "FROM_FLOOR", "FROM_KERNEL", "FROM_MODEL", "LATENCY", "MEMORY", "SCATTER_INDEX_SORT",
+           "KernelTime", "is_cross_program_prefetch", "kernel_time", "matmul_class", "padded_matmul_flops"]
 
 COMPUTE, MEMORY, LATENCY = "compute", "memory bandwidth", "latency"
 
@@ -65,6 +68,8 @@ FROM_KERNEL = "kernel cost_estimate"
 SCATTER_INDEX_SORT = "sort (a scatter's indices)"
 """The class of XLA:TPU's sort of a scatter's indices (before the scatter proper): timed as part of the
 scatter, whose calibrated rate was measured with the same sort in it."""
+CROSS_PROGRAM_PREFETCH = "cross-program prefetch (HBM → VMEM)"
+"""The class of XLA:TPU's cross-program prefetch: an argument's copy from HBM into the core's vector memory."""
 FROM_FLOOR = "floor: work not counted"
 """No model for the work: the figure is a floor (its bytes at the HBM peak); the step time is a lower bound."""
 
@@ -330,6 +335,12 @@ def _sorts_scatter_indices(module: HloModule, comp: HloComputation, ins: HloInst
     return scatters > 0
 
 
+def is_cross_program_prefetch(ins: HloInstruction) -> bool:
+    """Whether ``ins`` is XLA:TPU's cross-program prefetch: a ``copy-start`` carrying
+    ``cross_program_prefetch_index`` (it copies an argument from HBM into VMEM, ``S(1)``)."""
+    return ins.opcode == "copy-start" and "cross_program_prefetch_index" in ins.attributes
+
+
 def _rate(*rates: float | None) -> float | None:
     for r in rates:
         if r:
@@ -376,6 +387,10 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
     def floor(kind: str) -> KernelTime:
         return done(kind, 0.0, moved / hbm if hbm else 0.0, FROM_FLOOR, True)
 
+    if is_cross_program_prefetch(ins):  # a DMA reading the argument from HBM: no vector kernel, no fixed cost
+        overhead = 0.0
+        read = _hbm_bytes(_shape(comp, ins.operands[0])) if ins.operands else 0.0
+        return done(CROSS_PROGRAM_PREFETCH, 0.0, read / copy_rate if copy_rate else 0.0, f=0.0, b=read)
     if ins.opcode == "custom-call":
         target = _target(ins)
         if is_trivial_custom_call(target):  # an annotation, an allocation, a bitcast: free; else a small copy

@@ -35,6 +35,7 @@ from stagetool.hlo.loops import (
     counted_cost,
     dot_flops_lower_bound,
     loop_aware_cost,
+    on_chip_bytes,
 )
 from stagetool.analysis.memory import (
     DonationStatus,
@@ -272,9 +273,10 @@ def cost_section(facts: StagedFunction, device_count: int, run_chip: RunChip | N
         # a suspect figure is not an input: the roofline says why its term is missing
         flops_suspect = "; ".join(s.reason for s in per_device.suspects if s.field == "flops") or None
         bytes_suspect = "; ".join(s.reason for s in per_device.suspects if s.field == "bytes_accessed") or None
+        on_chip = on_chip_bytes(module, dict(loops)) if module is not None and moved is not None else 0.0
         estimate = roofline(chip, flops_per_device=None if flops_suspect else flops,
                             bytes_accessed_per_device=None if bytes_suspect else moved, dtype=dtype,
-                            flops_suspect=flops_suspect, bytes_suspect=bytes_suspect)
+                            flops_suspect=flops_suspect, bytes_suspect=bytes_suspect, on_chip_bytes=on_chip)
     step, step_reason = _step_time(facts, per_device, chip, interconnect, dict(loops))
     if step is not None and tokens_per_step and step.schedule_seconds > 0 and interconnect is not None:
         devices = 1

@@ -15,7 +15,9 @@ The model, per instruction of the schedule (the order XLA printed, which is its 
   ``cost_estimate``, plus a fixed cost per kernel. Work no model covers (a Pallas kernel without
   ``cost_estimate``, top-k, sort, an unknown custom call) is timed at a floor and makes the step
   time a **lower bound** ("at least"), each such instruction named with its line. A ``while`` body
-  counts × its trip count, a ``conditional`` its costliest branch.
+  counts × its trip count, a ``conditional`` its costliest branch. XLA:TPU's cross-program prefetch
+  of an argument into VMEM (a ``copy-start`` with ``cross_program_prefetch_index``) is a row of its
+  own: its bytes read from HBM at the HBM copy rate, waited for before the kernels after it.
 * **collectives**: ``latency + bytes × algorithm factor / bandwidth``, with the factor of a ring
   (n devices in the group; ``bytes`` the per-device result): all-reduce ``2(n−1)/n``, all-gather
   and all-to-all ``(n−1)/n``, reduce-scatter ``n−1`` (its result is the shard), permute and
@@ -52,7 +54,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from stagetool.analysis.kernel_time import FROM_KERNEL, LATENCY, kernel_time
+from stagetool.analysis.kernel_time import FROM_KERNEL, LATENCY, is_cross_program_prefetch, kernel_time
 from stagetool.hlo.collectives import Collective, program_frames
 from stagetool.core.chips import Chip, step_figures
 from stagetool.facts import Interconnect
@@ -508,7 +510,7 @@ class _Timer:
                     t = end
                 continue
             op = ins.opcode
-            if op in _FREE or op.endswith("-done"):
+            if (op in _FREE and not is_cross_program_prefetch(ins)) or op.endswith("-done"):
                 continue
             if op in _CONTROL:
                 sub = self._control(comp, ins, k, depth)

@@ -133,6 +133,14 @@ def _shape_bytes(shape) -> int | None:
     return total
 
 
+def _on_chip_shape_bytes(shape) -> int | None:
+    """:func:`_shape_bytes` of a shape's arrays in XLA:TPU's on-chip vector memory (layout ``S(1)``: VMEM)
+    alone; 0 for a shape with none."""
+    if shape is None:
+        return None
+    return sum(_array_bytes(a) or 0 for a in array_leaves(shape) if a.layout and "S(1)" in a.layout)
+
+
 def tiled_shape_bytes(shape) -> int | None:
     """Bytes of a shape's arrays as the backend lays them out: a tiled TPU layout's padded bytes, else the
     logical bytes; None when the shape is None or a leaf's size is unknown (the cost counters' sizes)."""
@@ -326,9 +334,11 @@ def _gemm_custom_call_flops(comp: HloComputation, ins: HloInstruction) -> float:
 
 
 class _Counter:
-    def __init__(self, module: HloModule, trips: dict[str, int | None], loop_aware: bool):
+    def __init__(self, module: HloModule, trips: dict[str, int | None], loop_aware: bool, on_chip: bool = False):
         self.module, self.trips, self.loop_aware = module, trips, loop_aware
         self.memo: dict[str, Counted] = {}
+        # how an operand or result is sized: all of it, or (on_chip) only its arrays in on-chip memory
+        self.size = _on_chip_shape_bytes if on_chip else _shape_bytes
 
     def computation(self, name: str, *, top: bool) -> Counted:
         key = f"{name}/{top}"
@@ -347,12 +357,12 @@ class _Counter:
         ``copy-start``/``copy-done`` pair as 4 × the array, plus 4,608 B of its own for the pair,
         measured on libtpu of jax 0.10.2; that part is not counted here)."""
         op = ins.opcode
-        out = float(_shape_bytes(ins.shape) or 0)
-        operands = [float(_shape_bytes(_operand_shape(comp, o)) or 0) for o in ins.operands]
+        out = float(self.size(ins.shape) or 0)
+        operands = [float(self.size(_operand_shape(comp, o)) or 0) for o in ins.operands]
         if op == "copy-start":
-            out = float(_shape_bytes(_first_leaf(ins.shape)) or 0)
+            out = float(self.size(_first_leaf(ins.shape)) or 0)
         elif op == "copy-done" and ins.operands:
-            operands = [float(_shape_bytes(_first_leaf(_operand_shape(comp, ins.operands[0]))) or 0)]
+            operands = [float(self.size(_first_leaf(_operand_shape(comp, ins.operands[0]))) or 0)]
         if op in _SLICES:
             return 2 * out
         if op == "dynamic-update-slice" and len(operands) > 1:
@@ -366,10 +376,10 @@ class _Counter:
                     name = params.get(i)
                     users = [u for u in fused.instructions if name in u.operands] if name else []
                     if users and all(u.opcode in _SLICES and u.operands[0] == name for u in users):
-                        operands[i] = sum(float(_shape_bytes(u.shape) or 0) for u in users)
+                        operands[i] = sum(float(self.size(u.shape) or 0) for u in users)
                     elif users and all(u.opcode == "dynamic-update-slice" and u.operands[0] == name for u in users):
                         operands[i] = 0.0
-                        upd = [float(_shape_bytes(_operand_shape(fused, u.operands[1])) or 0) for u in users]
+                        upd = [float(self.size(_operand_shape(fused, u.operands[1])) or 0) for u in users]
                         if root is not None and root.opcode == "dynamic-update-slice":
                             out = sum(upd)
         return out + sum(operands)
@@ -461,6 +471,19 @@ def loop_aware_cost(module: HloModule, trips: dict[str, int | None], *, flops: f
                          tuple(loops),
                          reason=("trip count unknown for " + ", ".join(unknown) + ": counted once, as XLA does")
                          if unknown else None)
+
+
+def on_chip_bytes(module: HloModule, trips: dict[str, int | None]) -> float:
+    """Bytes of one step (every loop body × its trip count; unknown counts once) that XLA's rules count
+    for arrays in XLA:TPU's on-chip vector memory (layout ``S(1)``: VMEM), which move no HBM bytes: of a
+    cross-program prefetch's ``copy-start``/``copy-done`` pair of an ``N``-byte array (4 × N) 3 × N are
+    on chip (its read from HBM is not), and a kernel reading the prefetched array reads VMEM. 0 for a
+    module with no such array (every CPU and GPU module). The roofline's memory term leaves these bytes
+    out of XLA's bytes accessed (:func:`stagetool.analysis.sections.cost_section`)."""
+    entry = module.entry
+    if entry is None:
+        return 0.0
+    return _Counter(module, trips, True, on_chip=True).computation(entry.name, top=True).bytes_accessed
 
 
 def counted_cost(module: HloModule) -> Counted:

@@ -142,7 +142,11 @@ def cost_notes(c: CostSection, fig: Figures) -> list[tuple[str, str]]:
             out.append(("info", f"roofline estimate on {fig.chip} ({r.dtype}{chip_from(c)}): step ≥ "
                                 f"{format_seconds(fig.roofline_step_seconds)}, {fig.roofline_bound}-bound (compute {format_seconds(r.compute_seconds)}, memory "
                                 f"{format_seconds(r.memory_seconds)}); a lower bound from peak FLOP/s and HBM "
-                                "bandwidth, not a prediction"))
+                                "bandwidth, not a prediction"
+                                + (f"; its bytes are those through HBM ({format_bytes(r.bytes_accessed_per_device)}): "
+                                   f"XLA's bytes accessed less {format_bytes(r.on_chip_bytes)} it counts for arrays "
+                                   "in on-chip VMEM (a prefetch's copy there, the reads of the prefetched array)"
+                                   if r.on_chip_bytes and r.bytes_accessed_per_device is not None else "")))
     return out
 
 

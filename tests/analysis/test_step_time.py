@@ -296,3 +296,41 @@ def test_fsdp_8_vs_fsdp_4_tensor_2_ranks_by_the_communication_each_moves():
     assert moved_a != moved_b
     assert (moved_a > moved_b) == (a.collective_seconds > b.collective_seconds)
     assert (a.serial_seconds > b.serial_seconds) == (a.collective_seconds > b.collective_seconds)
+
+
+def test_a_cross_program_prefetch_is_timed_and_the_roofline_counts_its_hbm_read_once():
+    """``jnp.sum`` over bf16[4096,4096] on v5e:1x1: XLA:TPU prefetches the 32 MiB argument into VMEM
+    (``copy-start`` with ``cross_program_prefetch_index``) and reduces it there. The prefetch is a row of
+    its own at 32 MiB ÷ the HBM copy rate, and the roofline's memory term counts that one HBM read (XLA's
+    bytes accessed count it 5 times over: the copy pair 4 ×, the reduce's read of VMEM once)."""
+    topology = _tpu_or_skip()
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from stagetool.analysis.roofline import roofline
+    from stagetool.hlo.loops import on_chip_bytes
+
+    mesh = topology.topology_mesh(topology.tpu_topology(parse_target("v5e:1x1")).devices, (1,), ("x",))
+    s = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+    e, _, compiled = _compiled_estimate(jnp.sum, (s,), mesh)
+    module = parse_hlo_module(compiled.as_text())
+    assert any("cross_program_prefetch_index" in i.attributes for i in module.entry.instructions)
+    array = 4096 * 4096 * 2  # bytes, read once from HBM
+    [row] = [i for i in e.top if i.opcode == "copy-start"]
+    assert row.kind == "cross-program prefetch (HBM → VMEM)" and row.figure == "model"
+    assert row.bytes_accessed == array
+    assert row.seconds == pytest.approx(array / V5E.hbm_copy_bytes_per_second, rel=1e-9)  # 53.9 µs, no fixed cost
+    assert e.schedule_seconds >= array / V5E.hbm_bandwidth_bytes_per_second  # 41.0 µs: reading it at the HBM peak
+    assert e.schedule_seconds == pytest.approx(array / V5E.hbm_copy_bytes_per_second
+                                               + V5E.kernel_overhead_seconds, rel=1e-3)  # + the reduce's fixed cost
+
+    xla_bytes = compiled.cost_analysis()["bytes accessed"]
+    assert xla_bytes == pytest.approx(5 * array, rel=1e-3)  # XLA's count: 205 µs at the HBM peak
+    assert on_chip_bytes(module, {}) == 4 * array  # the copy's VMEM side 3 ×, the reduce's read of VMEM
+    r = roofline(V5E, flops_per_device=compiled.cost_analysis()["flops"], bytes_accessed_per_device=xla_bytes,
+                 on_chip_bytes=on_chip_bytes(module, {}))
+    assert r.bytes_accessed_per_device == pytest.approx(array, rel=1e-3) and r.on_chip_bytes == 4 * array
+    assert r.memory_seconds == pytest.approx(array / V5E.hbm_bandwidth_bytes_per_second, rel=1e-3)
+    assert r.lower_bound_seconds <= e.schedule_seconds

@@ -92,3 +92,28 @@ def test_a_predicted_step_time_regression_fails_check_with_its_cause(run_cli, tm
     r = run_cli("check", "examples/mlp.py:train_step", "--chip", "tpu-v5e", "-b", base, "--tolerance",
                 f"step_time={int(change['change'] * 100) + 1}%")
     assert r.code == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed: pip install -e '.[tpu]'")
+def test_a_prefetched_argument_is_timed_and_no_roofline_bound_exceeds_the_estimate(run_cli, tmp_path):
+    """``jnp.sum`` over bf16[4096,4096] on v5e:1x1 (issue 48): XLA:TPU's cross-program prefetch of the
+    32 MiB argument into VMEM is a row at 32 MiB ÷ the HBM copy rate, and the roofline counts that HBM read
+    once (41.0 µs), not XLA's 5 × (205 µs), so it stays under the estimate (54.9 µs)."""
+    from helpers import write
+
+    write(tmp_path, "m.py", "import jax.numpy as jnp\n\n\ndef f(a):\n    return jnp.sum(a)\n")
+    spec = write(tmp_path, "s.stagetool.yaml", "version: 1\nmesh: {axes: {data: 1}}\nfunctions:\n"
+                                               "  total:\n    target: m.py:f\n    args: ['bf16[4096,4096]']\n")
+    cost = _step(run_cli("cost", "--spec", str(spec), "--topology", "v5e:1x1", "--format", "json", check=0))
+    array, v5e = 4096 * 4096 * 2, CHIPS["tpu-v5e"]
+    st, roof = cost["step_time"], cost["roofline"]
+    [row] = [i for i in st["top"] if i["opcode"] == "copy-start"]
+    assert row["kind"] == "cross-program prefetch (HBM → VMEM)" and row["bytes_accessed"] == array
+    assert row["seconds"] == pytest.approx(array / v5e.hbm_copy_bytes_per_second)
+    assert roof["on_chip_bytes"] == 4 * array
+    assert roof["bytes_accessed_per_device"] == pytest.approx(array, rel=1e-3)
+    assert roof["lower_bound_seconds"] == pytest.approx(array / v5e.hbm_bandwidth_bytes_per_second, rel=1e-3)
+    assert array / v5e.hbm_bandwidth_bytes_per_second <= roof["lower_bound_seconds"] <= st["schedule_seconds"]
+    text = run_cli("cost", "--spec", str(spec), "--topology", "v5e:1x1", check=0).stdout
+    assert "less 128 MiB it counts for arrays in on-chip VMEM" in " ".join(text.split())
