@@ -1,6 +1,6 @@
 """Measure the step-time suite on the attached accelerator: every function of suite.stagetool.yaml staged
 by stagetool for the attached device(s), run on random inputs of its spec's shapes (median of --steps after
---warmup; donated inputs copied outside the timing), and its top instructions timed by JAX's profiler.
+--warmup; donated inputs made anew outside the timing), and its top instructions timed by JAX's profiler.
 
 Writes ``measured.json`` (after each program, so that a cut-off run keeps what it measured):
 ``{"programs": {name: {"measured_seconds", "timing", "wall_seconds", "pipelined_seconds",
@@ -31,7 +31,10 @@ SPEC = HERE / "suite.stagetool.yaml"
 
 #: integer inputs are drawn from [0, INT_HIGH[name]) (default 1024): ids of rows, positions, labels
 INT_HIGH = {"embedding_scatter_add": 65536, "llama_train": 16000, "llama_prefill": 16000,
-            "gpt2_f32_train": 50257, "decode_b32": 2048, "decode_b1": 4096}
+            "gpt2_f32_train": 50257, "decode_b32": 2048, "decode_b1": 4096,
+            "gather_narrow": 1 << 20, "gather_pages": 4096, "scatter_rows_set": 1 << 20, "paged_decode": 4096,
+            "paged_decode_big": 8192, "int8_weight_decode": 32000, "ce_128k": 128256, "ce_128k_chunked": 128256,
+            "kv_cache_update": 8192}
 
 
 def programs() -> list[tuple[str, str]]:
@@ -49,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", help="comma-separated function names to leave out")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--top", type=int, default=10, help="instructions kept per program (by measured time)")
+    p.add_argument("--top", type=int, default=0,
+                   help="instructions kept per program (by measured time; 0: all, for the per-class comparison)")
     p.add_argument("--allow-cpu", action="store_true", help="measure on the CPU backend (a check of the runner)")
     args = p.parse_args(argv)
 
@@ -65,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
     names = [(nm, t) for nm, t in programs()
              if (not args.only or nm in args.only.split(",")) and (not args.skip or nm not in args.skip.split(","))]
+    if args.only:  # in the order --only names them
+        order = args.only.split(",")
+        names.sort(key=lambda nt: order.index(nt[0]))
     doc = {"programs": {}, **versions(), "device_kind": kind, "platform": platform, "devices": n,
            "command": "python bench/step_time_suite/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             t = runner.time(steps=args.steps, warmup=args.warmup)
             pipelined = runner.time_pipelined(args.steps)
             ops, why, device_s = runner.profile(3)
-            top = sorted(ops.items(), key=lambda kv: (-kv[1][0], kv[0]))[: args.top]
+            top = sorted(ops.items(), key=lambda kv: (-kv[1][0], kv[0]))[: args.top or None]
             row.update(measured_seconds=device_s if device_s else t.median_seconds,
                        timing="device (profiler XLA Modules)" if device_s else "wall clock (blocked step)",
                        wall_seconds=t.median_seconds, pipelined_seconds=pipelined, device_seconds=device_s,
@@ -90,10 +97,15 @@ def main(argv: list[str] | None = None) -> int:
                        spread=t.spread, steps=t.samples, warmup=t.warmup,
                        profiled_seconds=sum(s for s, _ in ops.values()) if ops else None,
                        top_instructions=[[op, s] for op, (s, _) in top],
+                       instruction_runs={op: n for op, (_, n) in top},
                        notes=(f"median of {t.samples} steps after {t.warmup} warm-up (wall clock, block_until_ready); "
                               f"integers in [0, {INT_HIGH.get(name, 1024)}); compile {compile_s:.1f} s"
                               + (f"; profiler: {why}" if why else "")))
         except Exception as e:  # noqa: BLE001 - one program's failure is its row
+            if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
+                import gc
+
+                gc.collect()
             row.update(measured_seconds=None, top_instructions=[],
                        notes=f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400])
         doc["programs"][name] = row

@@ -29,8 +29,12 @@ OUT = REPO / "bench" / "results" / "step_time_suite" / "validation_tpu_v5e.md"
 def estimate(name: str, topology: str) -> dict:
     """stagetool's estimate of one suite function for ``topology`` (JSON-able; ``error`` on failure)."""
     from stagetool import Options, Section, analyze
+    from stagetool.staging.cache import resolve_cache_dir
 
-    report = analyze(Options(spec=SPEC, function=name, topology=topology), [Section.COST])
+    # the facts cache (the user's cache folder, STAGETOOL_CACHE_DIR, off with STAGETOOL_NO_CACHE=1): a rerun
+    # after a change to the model reads each program's compiled module back instead of compiling it again
+    report = analyze(Options(spec=SPEC, function=name, topology=topology, cache_dir=resolve_cache_dir()),
+                     [Section.COST])
     f = report.functions[0]
     if f.error:
         return {"error": f.error.splitlines()[0]}

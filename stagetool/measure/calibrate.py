@@ -42,11 +42,17 @@ from stagetool.measure.timing import Timing, time_calls
 SIZES: dict[str, dict[str, int]] = {
     "full": {"mm": 8192, "mm_mid": 4096, "mm_small": 1024, "mm_rows": 32, "hi": 4096, "vec": 64 * 2**20,
              "rows": 16384, "cols": 8192, "chain": 32, "table": 262144, "width": 512, "lookups": 131072,
-             "kern": 256, "k_short": 64, "k_long": 512, "coll": 16 * 2**20},
+             "kern": 256, "k_short": 64, "k_long": 512, "coll": 16 * 2**20,
+             "img": 32, "hw": 56, "ch": 256, "bmm": 8192, "bmm_n": 64, "ops": 32, "fft_b": 16, "fft_n": 1024,
+             "cache": 512 * 2**20, "slice": 16 * 2**20, "sort": 4096, "cum": 8192},
     "tiny": {"mm": 128, "mm_mid": 64, "mm_small": 32, "mm_rows": 8, "hi": 64, "vec": 4096, "rows": 64,
              "cols": 128, "chain": 4, "table": 512, "width": 16, "lookups": 256, "kern": 16, "k_short": 2,
-             "k_long": 6, "coll": 1024},
+             "k_long": 6, "coll": 1024,
+             "img": 2, "hw": 8, "ch": 16, "bmm": 16, "bmm_n": 8, "ops": 4, "fft_b": 2, "fft_n": 16,
+             "cache": 2**16, "slice": 2**13, "sort": 64, "cum": 64},
 }
+#: row widths (bytes) of the gathers measured beside the 2 KiB one of ``gather_bytes_per_second``
+GATHER_ROW_BYTES = (128, 512, 32768)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,10 +253,147 @@ def benchmarks(sizes: dict[str, int], devices: int = 1) -> list[Callable[[Callab
             _bandwidth("transcendental", "transcendentals_per_second", transcendental),
             _bandwidth("gather", "gather_bytes_per_second", gather),
             _bandwidth("scatter_add", "scatter_bytes_per_second", scatter),
-            _kernel_overhead(s), _dispatch()]
+            *_class_benchmarks(s), _kernel_overhead(s), _dispatch()]
     if devices > 1:
         out.append(_all_reduce(s, devices))
     return out
+
+
+def _xla_flops(f: Callable[..., Any], *args: Any) -> float:
+    """XLA's FLOPs of ``f`` compiled for ``args`` (``Compiled.cost_analysis()``): the work a class rate
+    measured with it is counted in, as the step-time model counts each kernel's."""
+    ca = f.lower(*args).compile().cost_analysis()
+    if isinstance(ca, (list, tuple)):
+        ca = ca[0] if ca else {}
+    return float((ca or {}).get("flops", 0.0))
+
+
+def _program(name: str, key: str | None, unit: str, build: Callable[[], tuple[Callable[[], Any], float, str]]
+             ) -> Callable[[Callable[..., Timing]], BenchmarkResult]:
+    """A benchmark of one class: ``build()`` gives ``(call, work per call, what ran)``."""
+    def run(timer: Callable[..., Timing]) -> BenchmarkResult:
+        call, work, shape = build()
+        t = timer(call)
+        return BenchmarkResult(name, key, shape, work, unit, t, work / t.median_seconds)
+    run.benchmark_name = name  # type: ignore[attr-defined]
+    return run
+
+
+def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]], BenchmarkResult]]:
+    """The kernel classes beyond matmuls and plain element-wise work (issue 46): convolutions of each form
+    and their gradients, batched small matmuls, vector-unit work (integer ops, random bits), FFT, in-place
+    updates of donated buffers, gathers of several row widths, sort and cumulative ops. Each rate is the
+    work XLA counts (its FLOPs, or the bytes, elements or comparisons said) over the median time."""
+    import jax
+    import jax.numpy as jnp
+
+    n, hw, ch = s["img"], s["hw"], s["ch"]
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def conv(kind: str):
+        def build():
+            x = _rand(20, (n, hw, hw, ch), jnp.bfloat16)
+            if kind == "dense":
+                w, f = _rand(21, (3, 3, ch, ch), jnp.bfloat16), lambda x, w: jax.lax.conv_general_dilated(
+                    x, w, (1, 1), "SAME", dimension_numbers=dn)
+            elif kind == "depthwise":
+                w, f = _rand(21, (7, 7, 1, ch), jnp.bfloat16), lambda x, w: jax.lax.conv_general_dilated(
+                    x, w, (1, 1), "SAME", dimension_numbers=dn, feature_group_count=ch)
+            elif kind == "grouped":
+                w, f = _rand(21, (3, 3, 8, ch), jnp.bfloat16), lambda x, w: jax.lax.conv_general_dilated(
+                    x, w, (1, 1), "SAME", dimension_numbers=dn, feature_group_count=ch // 8)
+            elif kind == "strided":
+                x = _rand(20, (n, 2 * hw, 2 * hw, ch // 2), jnp.bfloat16)
+                w, f = _rand(21, (3, 3, ch // 2, ch), jnp.bfloat16), lambda x, w: jax.lax.conv_general_dilated(
+                    x, w, (2, 2), "SAME", dimension_numbers=dn)
+            elif kind == "transposed":
+                w, f = _rand(21, (4, 4, ch, ch // 2), jnp.bfloat16), lambda x, w: jax.lax.conv_transpose(
+                    x, w, (2, 2), "SAME", dimension_numbers=dn)
+            else:  # gradients of the dense 3 x 3 convolution
+                w = _rand(21, (3, 3, ch, ch), jnp.bfloat16)
+                fwd = lambda x, w: jnp.sum(jax.lax.conv_general_dilated(
+                    x, w, (1, 1), "SAME", dimension_numbers=dn).astype(jnp.float32) ** 2)
+                f = (lambda x, w: jax.grad(fwd, 0)(x, w)) if kind == "input_gradient" else \
+                    (lambda x, w: jax.grad(fwd, 1)(x, w))
+            jf = jax.jit(f)
+            return (lambda: jf(x, w)), _xla_flops(jf, x, w), f"{kind} convolution bf16{list(x.shape)} * {list(w.shape)}"
+        return _program(f"conv_{kind}", f"class_rates.conv_{kind}", "FLOP", build)
+
+    def batched():
+        b, m = s["bmm"], s["bmm_n"]
+        a, c = _rand(22, (b, m, m), jnp.bfloat16), _rand(23, (b, m, m), jnp.bfloat16)
+        f = jax.jit(lambda a, c: jnp.einsum("bij,bjk->bik", a, c))
+        return (lambda: f(a, c)), 2.0 * b * m ** 3, f"{b} products of bf16[{m},{m}] @ bf16[{m},{m}]"
+
+    def int_ops():
+        x = jax.random.bits(jax.random.key(24), (s["vec"] // 2,), jnp.uint32)
+
+        rounds = max(s["ops"] // 5, 1)
+
+        def chain(x):
+            for i in range(rounds):
+                x = (x ^ (x >> 13)) * jnp.uint32(0x9E3779B1 + i) + (x << 3)
+            return x
+        f = jax.jit(chain)
+        return (lambda: f(x)), float(x.size * 5 * rounds), (
+            f"{5 * rounds} chained u32 ops (shift, xor, multiply, shift, add) over u32[{x.size}]: elements x ops")
+
+    def rng():
+        k = jax.random.key(25)
+        f = jax.jit(lambda k: jax.random.bits(k, (s["vec"] // 2,), jnp.uint32))
+        return (lambda: f(k)), float(s["vec"] // 2), f"threefry random bits u32[{s['vec'] // 2}]"
+
+    def fft():
+        x = (_rand(26, (s["fft_b"], s["fft_n"], s["fft_n"]), jnp.float32)
+             + 1j * _rand(27, (s["fft_b"], s["fft_n"], s["fft_n"]), jnp.float32)).astype(jnp.complex64)
+        f = jax.jit(jnp.fft.fft2)
+        return (lambda: f(x)), _xla_flops(f, x), f"fft2 of complex64[{s['fft_b']},{s['fft_n']},{s['fft_n']}]"
+
+    def dus():
+        rows = s["cache"] // (4 * 1024)
+        state = [_rand(28, (rows, 1024), jnp.float32)]
+        upd = _rand(29, (s["slice"] // (4 * 1024), 1024), jnp.float32)
+        f = jax.jit(lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 0), donate_argnums=0)
+
+        def call():
+            state[0] = f(state[0], upd, 7)
+            return state[0]
+        return call, 2.0 * upd.nbytes, (f"dynamic_update_slice of f32{list(upd.shape)} into a donated "
+                                        f"f32{list(state[0].shape)}: the slice read and written")
+
+    def gather(row_bytes: int):
+        def build():
+            width = max(row_bytes // 2, 1)
+            rows = max(s["table"] * s["width"] * 4 // row_bytes // 2, 8)
+            table = _rand(30, (rows, width), jnp.bfloat16)
+            count = min(rows, max(s["lookups"] * s["width"] * 4 // row_bytes, 8))
+            ids = jax.random.randint(jax.random.key(31), (count,), 0, rows, jnp.int32)
+            f = jax.jit(lambda t, i: t[i])
+            return (lambda: f(table, ids)), 2.0 * count * width * 2, f"rows bf16[{rows},{width}][i32[{count}]]"
+        return _program(f"gather_{row_bytes}B", f"class_rates.gather_{row_bytes}", "byte", build)
+
+    def sort():
+        x = _rand(32, (s["sort"], s["sort"]), jnp.float32)
+        f = jax.jit(lambda x: jnp.sort(x, axis=-1))
+        lg = math.ceil(math.log2(s["sort"]))
+        return (lambda: f(x)), float(x.size * lg * (lg + 1) // 2), (
+            f"jnp.sort of f32[{s['sort']},{s['sort']}] along rows: elements x log2(n)(log2(n)+1)/2 comparator stages")
+
+    def cumulative():
+        x = _rand(33, (s["cum"], s["cum"]), jnp.float32)
+        f = jax.jit(lambda x: jnp.cumsum(x, axis=-1))
+        return (lambda: f(x)), 2.0 * x.nbytes, f"jnp.cumsum of f32[{s['cum']},{s['cum']}] along rows: bytes read + written"
+
+    return [*(conv(k) for k in ("dense", "depthwise", "grouped", "strided", "transposed", "input_gradient",
+                                "weight_gradient")),
+            _program("batched_matmul", "class_rates.batched_matmul", "FLOP", batched),
+            _program("vector_int_ops", "class_rates.vector_ops", "element", int_ops),
+            _program("random_bits", "class_rates.random_bits", "element", rng),
+            _program("fft", "class_rates.fft", "FLOP", fft),
+            _program("dynamic_update_slice", "class_rates.dynamic_update_slice", "byte", dus),
+            *(gather(b) for b in GATHER_ROW_BYTES),
+            _program("sort", "class_rates.sort", "element", sort),
+            _program("cumulative", "class_rates.cumulative", "byte", cumulative)]
 
 
 def _kernel_overhead(s: dict[str, int]) -> Callable[[Callable[..., Timing]], BenchmarkResult]:
@@ -441,9 +584,20 @@ def profile_yaml(cal: Calibration) -> str:
     tile = [128, 128] if cal.platform == "tpu" else None
     if tile:
         lines.append(f"    matmul_tile: {tile}  # the MXU tile of the TPU (architecture, not measured)")
+    nested: dict[str, list[tuple[str, BenchmarkResult]]] = {}
     for key, r in by_key.items():
-        if not key.startswith("matmul_flops_per_second."):
+        if key.startswith("matmul_flops_per_second."):
+            continue
+        head, _, sub = key.partition(".")
+        if sub:
+            nested.setdefault(head, []).append((sub, r))
+        else:
             lines.append(figure("    ", key, r))
+    for head, subs in nested.items():
+        lines.append(f"    {head}:" if any(f"{head}.{sub}" not in refused for sub, _ in subs)
+                     else f"    # {head}: (every figure refused, below)")
+        for sub, r in subs:
+            lines.append(figure("      ", f"{head}.{sub}", r))
     extra = [r for r in cal.results if r.key is None]
     if extra:
         lines.append("    # shape classes and costs beside the profile (not keys of it):")

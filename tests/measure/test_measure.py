@@ -230,7 +230,7 @@ def test_calibrate_cli_writes_a_profile_with_every_single_device_key(run_cli):
 
 def test_time_pipelined_runs_one_warm_step_then_the_steps_back_to_back():
     """StepRunner.time_pipelined: one blocked step first, then ``steps`` calls issued without blocking
-    between them (the inputs copied beforehand), seconds per step."""
+    between them (a donated input made anew for each beforehand), seconds per step."""
     import jax
     import jax.numpy as jnp
 
@@ -243,12 +243,54 @@ def test_time_pipelined_runs_one_warm_step_then_the_steps_back_to_back():
         return x * 2
 
     staged = SimpleNamespace(compiled=compiled, jitted=compiled)
-    inputs = SimpleNamespace(args=(jax.ShapeDtypeStruct((4,), jnp.float32),), kwargs={}, static_argnames=())
+    inputs = SimpleNamespace(args=(jax.ShapeDtypeStruct((4,), jnp.float32),), kwargs={}, static_argnames=(),
+                             donate_argnums=(0,), donate_argnames=())
     runner = StepRunner(staged, inputs)
     seconds = runner.time_pipelined(steps=5)
     assert seconds > 0 and len(seen) == 1 + 5
-    # every call had an input of its own, a copy of the one concrete input (a donated one is consumed)
-    assert len({id(x) for x in seen}) == 6 and all(bool((x == runner.args[0]).all()) for x in seen)
+    # every call had an input of its own (a donated one is consumed), each the same values (the same seed)
+    assert len({id(x) for x in seen}) == 6 and all(bool((x == seen[0]).all()) for x in seen)
+    assert runner.args == (None,)  # no master copy of a donated input is kept
+
+
+def test_step_runner_keeps_one_set_of_donated_inputs_alive_and_shares_the_others():
+    """Issue 46: a paged decode whose donated pool is half the chip died RESOURCE_EXHAUSTED because each step's
+    copy of the donated input lived beside the master copy. Now a donated input exists once per step (made anew),
+    nothing from an earlier step is alive, and an input nobody donates is made once and shared."""
+    import jax
+    import jax.numpy as jnp
+
+    from stagetool.measure.step import StepRunner
+
+    pool_shape, live, shared = (64, 8), [], []
+
+    def compiled(pool, w):
+        live.append(sum(1 for a in jax.live_arrays() if a.shape == pool_shape and not a.is_deleted()))
+        shared.append(w)
+        return pool + 1.0, w.sum()
+
+    staged = SimpleNamespace(compiled=compiled, jitted=compiled)
+    inputs = SimpleNamespace(args=(jax.ShapeDtypeStruct(pool_shape, jnp.float32), jax.ShapeDtypeStruct((8,), jnp.float32)),
+                             kwargs={}, static_argnames=(), donate_argnums=(0,), donate_argnames=())
+    runner = StepRunner(staged, inputs)
+    assert runner.donated_bytes == 64 * 8 * 4
+    runner.time(steps=4, warmup=1)
+    assert live == [1] * 5, live  # only the step's own pool; the old runner kept a master copy too: 2
+    runner.profile(2)  # the profiled steps' pools made beforehand, where they fit together (the CPU: no figures)
+    assert max(live[5:]) <= 2
+    assert len({id(w) for w in shared}) == 1  # the undonated input made once
+
+
+def test_out_of_memory_while_measuring_is_one_line_naming_the_function():
+    from stagetool.measure.step import _is_out_of_memory, out_of_memory_message
+
+    e = RuntimeError("RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate 4.00G. That was "
+                     "not possible. There are 3.10G free.\nmore detail")
+    assert _is_out_of_memory(e) and _is_out_of_memory(MemoryError()) and not _is_out_of_memory(ValueError("x"))
+    msg = out_of_memory_message(e, "paged_decode_big", 8.2 * 2**30)
+    assert "\n" not in msg and msg.startswith("--measure: paged_decode_big ran out of device memory")
+    assert "8.20 GiB" in msg and "Attempting to allocate 4.00G" in msg
+    assert "host memory" in out_of_memory_message(MemoryError(), "f", None)
 
 
 def test_measure_says_at_least_beside_an_estimate_that_is_a_floor(run_cli, tiny_step):
