@@ -86,9 +86,14 @@ def main(argv: list[str] | None = None) -> int:
             _, inputs, staged = next(staged_functions(Options(spec=SPEC, function=name)))
             compile_s = time.monotonic() - t0
             runner = StepRunner(staged, inputs, int_high=INT_HIGH.get(name, 1024))
+            t1 = time.monotonic()
             t = runner.time(steps=args.steps, warmup=args.warmup)
+            t2 = time.monotonic()
             pipelined = runner.time_pipelined(args.steps)
+            t3 = time.monotonic()
             ops, why, device_s = runner.profile(3)
+            print(f"  phases: inputs {t1 - t0 - compile_s:.1f} s, timed {t2 - t1:.1f} s, pipelined {t3 - t2:.1f} s, "
+                  f"profile {time.monotonic() - t3:.1f} s", flush=True)
             top = sorted(ops.items(), key=lambda kv: (-kv[1][0], kv[0]))[: args.top or None]
             row.update(measured_seconds=device_s if device_s else t.median_seconds,
                        timing="device (profiler XLA Modules)" if device_s else "wall clock (blocked step)",
