@@ -56,8 +56,9 @@ from stagetool.core.chips import Chip
 from stagetool.hlo.loops import instruction_cost, tiled_shape_bytes
 from stagetool.hlo.parser import ArrayShape, HloComputation, HloInstruction, HloModule, array_leaves, shape_bytes
 
-__all__ = ["COMPUTE", "CROSS_PROGRAM_PREFETCH", "FROM_FLOOR", "FROM_KERNEL", "FROM_MODEL", "LATENCY", "MEMORY", "SCATTER_INDEX_SORT",
-           "KernelTime", "is_cross_program_prefetch", "kernel_time", "matmul_class", "padded_matmul_flops"]
+__all__ = ["COMPUTE", "CROSS_PROGRAM_PREFETCH", "FROM_FLOOR", "FROM_KERNEL", "FROM_MODEL", "LATENCY", "MEMORY",
+           "SCATTER_INDEX_SORT", "KernelTime", "conv_class", "is_cross_program_prefetch", "kernel_time", "matmul_class",
+           "padded_matmul_flops", "vector_ops"]
 
 COMPUTE, MEMORY, LATENCY = "compute", "memory bandwidth", "latency"
 
@@ -297,6 +298,130 @@ def _window_sizes(ins: HloInstruction) -> tuple[int, ...]:
     return tuple(int(x) for x in m.group(1).split("x")) if m else ()
 
 
+def _window_field(ins: HloInstruction, field: str) -> tuple[int, ...]:
+    m = re.search(field + r"=([\dx]+)", ins.attributes.get("window") or "")
+    return tuple(int(x) for x in m.group(1).split("x")) if m else ()
+
+
+def conv_class(comp: HloComputation, ins: HloInstruction) -> str | None:
+    """The convolution form of a ``convolution`` with a window (a ``class_rates`` key), or None for a 1 × 1
+    one (a matmul): ``conv_transposed`` (input dilated), ``conv_depthwise`` / ``conv_grouped`` (feature
+    groups of one / several input features; also their weight gradients, batch groups), ``conv_input_gradient``
+    (the window reversed), ``conv_weight_gradient`` (a window over 7 × 7: the image itself), ``conv_strided``,
+    ``conv_dense``."""
+    if ins.opcode != "convolution":
+        return None
+    size = _window_sizes(ins)
+    if not any(d > 1 for d in size):
+        return None
+    dilate = _window_field(ins, "lhs_dilate")
+    if dilate and any(d > 1 and d == w for d, w in zip(dilate, size)):
+        return "batched_matmul"  # XLA:TPU's batched dot as a base-dilated convolution: window = lhs_dilate = batch
+    groups = int(ins.attributes.get("feature_group_count") or 1)
+    batch_groups = int(ins.attributes.get("batch_group_count") or 1)
+    if groups > 1 or batch_groups > 1:
+        rhs = _shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
+        labels = re.match(r"^[^_]+_([^-]+)->", ins.attributes.get("dim_labels", ""))
+        per_group = None
+        if isinstance(rhs, ArrayShape) and labels and "i" in labels.group(1) and len(labels.group(1)) == len(rhs.dims):
+            per_group = rhs.dims[labels.group(1).index("i")]
+        return "conv_depthwise" if per_group == 1 or batch_groups > 1 else "conv_grouped"
+    if any(d > 1 for d in _window_field(ins, "lhs_dilate")):
+        return "conv_transposed"
+    if any(d > 1 for d in _window_field(ins, "rhs_reversal")):
+        return "conv_input_gradient"
+    if math.prod(size) > 49:
+        return "conv_weight_gradient"
+    if any(d > 1 for d in _window_field(ins, "stride")):
+        return "conv_strided"
+    return "conv_dense"
+
+
+def _trick_flops(comp: HloComputation, ins: HloInstruction) -> float:
+    """FLOPs of a batched dot XLA:TPU wrote as a base-dilated convolution: 2 × result elements × the
+    contracted features (the window's taps all but one land on the dilation's holes)."""
+    rhs = _shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
+    labels = re.match(r"^[^_]+_([^-]+)->", ins.attributes.get("dim_labels", ""))
+    out = array_leaves(ins.shape)
+    if not (isinstance(rhs, ArrayShape) and labels and "i" in labels.group(1) and out):
+        return 0.0
+    return 2.0 * math.prod(out[0].dims) * rhs.dims[labels.group(1).index("i")]
+
+
+def _batched_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, int] | None) -> bool:
+    """A ``dot`` with batch dimensions whose M, K or N is under the matrix unit's tile (8192 products of
+    64 × 64): the MXU runs it far below its padded rate (class ``batched_matmul``)."""
+    if ins.opcode != "dot" or not tile or not _dims(ins.attributes.get("lhs_batch_dims")):
+        return False
+    lhs, rhs = _shape(comp, ins.operands[0]), _shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
+    if not (isinstance(lhs, ArrayShape) and isinstance(rhs, ArrayShape)):
+        return False
+    lc, lb = _dims(ins.attributes.get("lhs_contracting_dims")), _dims(ins.attributes.get("lhs_batch_dims"))
+    rc, rb = _dims(ins.attributes.get("rhs_contracting_dims")), _dims(ins.attributes.get("rhs_batch_dims"))
+    m = math.prod(d for i, d in enumerate(lhs.dims) if i not in lc and i not in lb)
+    k = math.prod(lhs.dims[i] for i in lc if i < len(lhs.dims))
+    n = math.prod(d for i, d in enumerate(rhs.dims) if i not in rc and i not in rb)
+    return min(m, k, n) < tile[0]
+
+
+def _is_fft(inner: list[tuple[HloComputation, HloInstruction]], ins: HloInstruction) -> bool:
+    """XLA:TPU lowers ``jnp.fft`` to matmuls (a DFT in steps): a kernel whose op names say ``fft``."""
+    names = [i.metadata.op_name for _, i in [(None, ins), *inner] if i.metadata is not None and i.metadata.op_name]
+    return any(re.search(r"(^|/)(jit\()?i?r?fft", n) for n in names)
+
+
+_NOT_VECTOR_WORK = _MOVES | {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "fusion", "call"}
+
+
+def vector_ops(inner: list[tuple[HloComputation, HloInstruction]]) -> float:
+    """Element-ops the vector unit runs for a kernel: each element-wise instruction's result elements, a
+    reduction's operand elements, a ``reduce-window``'s result elements × its window (a cumulative sum)."""
+    total = 0.0
+    for c, i in inner:
+        if i.opcode in _NOT_VECTOR_WORK or i.opcode in _MATMULS:
+            continue
+        if i.opcode == "reduce":
+            src = _shape(c, i.operands[0]) if i.operands else None
+            total += float(math.prod(src.dims)) if isinstance(src, ArrayShape) else 0.0
+        elif i.opcode == "reduce-window":
+            total += sum(float(math.prod(a.dims)) for a in array_leaves(i.shape)) * max(math.prod(_window_sizes(i)), 1)
+        else:
+            total += sum(float(math.prod(a.dims)) for a in array_leaves(i.shape))
+    return total
+
+
+def _gather_rate(chip: Chip, row_bytes: float, copy_rate: float | None) -> float | None:
+    """The gather rate for rows of ``row_bytes``: interpolated (in log row bytes) between the measured
+    widths (``class_rates`` gather_128, gather_512, the 2 KiB ``gather_bytes_per_second``, gather_32768 —
+    at least the copy rate: pages of 32 KiB in programs ran at it), clamped at the ends."""
+    base = chip.gather_bytes_per_second
+    points = sorted((w, r) for w, r in ((128, chip.class_rate("gather_128")), (512, chip.class_rate("gather_512")),
+                                        (2048, base), (32768, max(filter(None, (chip.class_rate("gather_32768"),
+                                                                                 copy_rate)), default=None)))
+                    if r)
+    if len(points) < 2 or row_bytes <= 0:
+        return base
+    x = math.log(row_bytes)
+    if x <= math.log(points[0][0]):
+        return points[0][1]
+    for (w0, r0), (w1, r1) in zip(points, points[1:]):
+        if x <= math.log(w1):
+            f = (x - math.log(w0)) / (math.log(w1) - math.log(w0))
+            return math.exp(math.log(r0) + f * (math.log(r1) - math.log(r0)))
+    return points[-1][1]
+
+
+def _sort_stages(comp: HloComputation, ins: HloInstruction) -> float:
+    """A sort's comparator stages: elements × log2(n)(log2(n)+1)/2, n the sorted dimension's length."""
+    src = _shape(comp, ins.operands[0]) if ins.operands else None
+    if not isinstance(src, ArrayShape) or not src.dims:
+        return 0.0
+    dim = _dims(ins.attributes.get("dimensions"))
+    n = src.dims[dim[0]] if dim and dim[0] < len(src.dims) else src.dims[-1]
+    lg = math.ceil(math.log2(max(n, 2)))
+    return float(math.prod(src.dims)) * lg * (lg + 1) / 2
+
+
 def xla_cycles(ins: HloInstruction) -> int | None:
     """XLA:TPU's ``estimated_cycles`` of an instruction's backend config, or None (absent or not positive);
     -1 where XLA wrote its "unknown" (:data:`_CYCLES_UNKNOWN` or more)."""
@@ -414,6 +539,10 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         if not gpu and chip.scatter_bytes_per_second and _sorts_scatter_indices(module, comp, ins):
             overhead = 0.0  # measured with the scatter: its time and its fixed cost are in the scatter's rate
             return done(SCATTER_INDEX_SORT, 0.0, 0.0)
+        sort_rate = chip.class_rate("sort")
+        srt = next((c, i) for c, i in inner if i.opcode == "sort")
+        if sort_rate and not gpu:
+            return done("sort", _sort_stages(*srt) / sort_rate, moved / copy_rate if copy_rate else 0.0)
         return floor("sort")
     opaque = [i for _, i in inner if i.opcode == "custom-call" and i is not ins
               and not is_trivial_custom_call(_target(i))]
@@ -422,14 +551,38 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
     if ops & _MATMULS or ins.opcode == "custom-call":  # (a cuBLAS call here)
         classes, model = [], 0.0
         windowed = any(i.opcode == "convolution" and any(d > 1 for d in _window_sizes(i)) for _, i in inner)
+        fft = not gpu and chip.class_rate("fft") and _is_fft(inner, ins)
+        forms: list[str] = []
         for c, i in inner:
             if i.opcode in _MATMULS or i.opcode == "custom-call":
                 f = flops if i is ins else instruction_cost(module, c, i).flops
                 cls = matmul_class(c, i)
                 classes.append(cls)
                 rate = chip.matmul_rate(cls)
-                model += padded_matmul_flops(c, i, chip.matmul_tile, f) / rate if rate else 0.0
-        kind = ("convolution " if windowed else "matmul ") + "+".join(sorted(set(classes)))
+                bf16 = chip.matmul_rate("bf16")
+                form = None if gpu else conv_class(c, i)
+                if fft:  # XLA's FLOPs of an FFT's matmuls at the FFT rate calibrate measured
+                    model += f / chip.class_rate("fft")
+                elif form == "batched_matmul" and chip.class_rate(form) and rate and bf16:
+                    forms.append(form)
+                    model += _trick_flops(c, i) / chip.class_rate(form) * (bf16 / rate)
+                elif form and chip.class_rate(form) and rate and bf16:  # measured in bf16: scaled to the precision
+                    forms.append(form)
+                    padded = f if form in ("conv_depthwise", "conv_grouped") else padded_matmul_flops(
+                        c, i, chip.matmul_tile, f)
+                    model += padded / chip.class_rate(form) * (bf16 / rate)
+                elif not gpu and chip.class_rate("batched_matmul") and _batched_small(c, i, chip.matmul_tile):
+                    forms.append("batched_matmul")
+                    model += f / chip.class_rate("batched_matmul") * ((bf16 / rate) if rate and bf16 else 1.0)
+                else:
+                    model += padded_matmul_flops(c, i, chip.matmul_tile, f) / rate if rate else 0.0
+        prec = "+".join(sorted(set(classes)))
+        if fft:
+            kind = f"FFT (matmuls) {prec}"
+        elif forms:
+            kind = ("convolution " if windowed else "matmul ") + prec + " (" + ", ".join(sorted(set(forms))) + ")"
+        else:
+            kind = ("convolution " if windowed else "matmul ") + prec
         compute, figure = model, FROM_MODEL
         return done(kind, compute, moved / copy_rate if copy_rate else 0.0, figure)
     trans_rate = chip.transcendentals_per_second
@@ -441,17 +594,29 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         rate = _rate(chip.scatter_bytes_per_second, hbm)  # the update read, its row read and written
         return done("scatter", compute, 3 * upd / rate if rate else 0.0, b=3.0 * upd)
     if "gather" in ops:
-        rows = sum(shape_bytes(i.shape) or 0 for _, i in inner if i.opcode == "gather")
-        rate = _rate(chip.gather_bytes_per_second, hbm)
+        gathers = [(c, i) for c, i in inner if i.opcode == "gather"]
+        rows = sum(shape_bytes(i.shape) or 0 for _, i in gathers)
+        width = _dims(gathers[0][1].attributes.get("slice_sizes"))
+        elem = array_leaves(gathers[0][1].shape)
+        row_bytes = float(math.prod(width) * (shape_bytes(elem[0]) / max(math.prod(elem[0].dims), 1))) \
+            if width and elem and math.prod(elem[0].dims) else 0.0
+        rate = _rate(_gather_rate(chip, row_bytes, copy_rate) if not gpu else None, chip.gather_bytes_per_second, hbm)
         rest = max(moved - 2 * rows, 0.0)  # what the kernel reads and writes beside the rows (read and written)
         return done("gather", compute, 2 * rows / rate + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)
+    vec_rate = None if gpu else chip.class_rate("vector_ops")
+    vector = vector_ops(inner) / vec_rate if vec_rate else 0.0
     if ops & {"reduce", "reduce-window"}:
         rate = _rate(chip.reduction_bytes_per_second, hbm)
-        return done("reduction", compute, moved / rate if rate else 0.0)
+        cumulative = any(i.opcode == "reduce-window" and max(_window_sizes(i), default=1) > 8 for _, i in inner)
+        if cumulative and chip.class_rate("cumulative"):
+            return done("cumulative (reduce-window)", compute + vector, moved / chip.class_rate("cumulative"))
+        return done("reduction", compute + vector, moved / rate if rate else 0.0)
     if ops <= _MOVES:
         dma = ins.opcode == "copy" and not gpu and chip.is_tpu and "window_config" not in (
             ins.attributes.get("backend_config") or "")
         rate = 2 * copy_rate if dma and copy_rate else copy_rate  # a DMA reads and writes HBM at once
         return done("copy (DMA)" if dma else "copy", 0.0, moved / rate if rate else 0.0)
     rate = _rate(chip.elementwise_bytes_per_second, hbm)
-    return done("element-wise", compute, moved / rate if rate else 0.0)
+    memory = moved / rate if rate else 0.0
+    kind = "element-wise (vector-unit bound)" if compute + vector > memory and vector > compute else "element-wise"
+    return done(kind, compute + vector, memory)

@@ -71,6 +71,11 @@ class Chip:
         XLA really compiles, on TPU bf16 passes), ``f32_high`` (Precision.HIGH), ``f32_highest``
         (Precision.HIGHEST), ``int8`` (s8 × s8 → s32), ``fp8``; () where none was measured (the peaks
         then stand in: :meth:`matmul_rate`).
+      class_rates: measured rates of the kernel classes beyond matmuls and plain element-wise work, as
+        ``((key, rate), ...)`` (:data:`CLASS_RATES` names each key and its unit: convolutions of each form
+        and their gradients, batched small matmuls, vector-unit ops, FFT, in-place updates, gathers of
+        several row widths, sort, cumulative ops); () where none was measured (the class then takes
+        the nearest base rate, and the estimate says it is not validated for that class).
       matmul_tile: ``(rows, columns)`` the matrix unit pads small or odd matmul dimensions to (TPU v5e:
         its 128 × 128 MXU), or None (no padding modelled).
       hbm_copy_bytes_per_second: (read + write) bytes/s of a large copy or layout change.
@@ -111,6 +116,7 @@ class Chip:
     kernel_launch_seconds: float | None = None
     clock_hz: float | None = None
     matmul_flops_per_second: tuple[tuple[str, float], ...] = ()
+    class_rates: tuple[tuple[str, float], ...] = ()
     matmul_tile: tuple[int, int] | None = None
     hbm_copy_bytes_per_second: float | None = None
     elementwise_bytes_per_second: float | None = None
@@ -161,6 +167,26 @@ class Chip:
         if kind == "fp8":
             return self.peak_flops_per_second_fp8 or bf16
         return bf16
+
+    def precision_peak(self, kind: str) -> float | None:
+        """The peak FLOP/s of one chip for work of matmul class ``kind`` as it really runs: ``int8`` the int8
+        peak, ``fp8`` the fp8 peak, ``bf16`` the bf16 peak; f32 on a TPU is bf16 passes of the MXU (``f32``
+        one: the bf16 peak, ``f32_high`` three: a third of it, ``f32_highest`` six: a sixth), on a GPU the
+        f32 peak. MFU divides each kernel's FLOPs by it, so that no precision reads above 100%."""
+        bf16 = self.peak_flops_per_second_bf16
+        if kind == "int8":
+            return self.peak_flops_per_second_int8 or bf16
+        if kind == "fp8":
+            return self.peak_flops_per_second_fp8 or bf16
+        if kind in ("f32", "f32_high", "f32_highest"):
+            if not self.is_tpu and self.peak_flops_per_second_f32:
+                return self.peak_flops_per_second_f32
+            return None if bf16 is None else bf16 / {"f32": 1, "f32_high": 3, "f32_highest": 6}[kind]
+        return bf16
+
+    def class_rate(self, key: str) -> float | None:
+        """The measured rate of kernel class ``key`` (:data:`CLASS_RATES`), or None where not measured."""
+        return dict(self.class_rates).get(key)
 
     def figure_kind(self, field: str) -> str:
         """``published``, ``derived``, ``assumption`` or ``user`` for one figure (see ``provenance``)."""
@@ -305,6 +331,26 @@ CHIPS: dict[str, Chip] = {c.name: c for c in (
 
 _MATMUL_CLASSES = ("bf16", "f32", "f32_high", "f32_highest", "int8", "fp8")
 """The keys of ``matmul_flops_per_second``."""
+CLASS_RATES: dict[str, str] = {
+    "conv_dense": "FLOP/s of a stride-1 convolution with a window (XLA's FLOPs)",
+    "conv_depthwise": "FLOP/s of a depthwise convolution (one feature per group)",
+    "conv_grouped": "FLOP/s of a grouped convolution (several features per group)",
+    "conv_strided": "FLOP/s of a strided convolution",
+    "conv_transposed": "FLOP/s of a transposed convolution (an input dilated: lhs_dilate)",
+    "conv_input_gradient": "FLOP/s of a convolution's gradient with respect to its input",
+    "conv_weight_gradient": "FLOP/s of a convolution's gradient with respect to its weights",
+    "batched_matmul": "FLOP/s (unpadded) of a batched matmul whose M, K or N is under the matrix unit's tile",
+    "vector_ops": "element-ops/s of the vector unit: each element-wise instruction of a fusion, per element",
+    "random_bits": "u32 random bits/s of threefry (jax.random.bits)",
+    "fft": "FLOP/s (XLA's FLOPs) of the matmuls XLA:TPU lowers an FFT to",
+    "dynamic_update_slice": "bytes/s (the update read and written) of a slice written into a donated buffer",
+    "gather_128": "2 x gathered bytes/s of a gather of 128-byte rows",
+    "gather_512": "2 x gathered bytes/s of a gather of 512-byte rows",
+    "gather_32768": "2 x gathered bytes/s of a gather of 32 KiB rows (pages)",
+    "sort": "comparator stages/s of a sort: elements x log2(n)(log2(n)+1)/2",
+    "cumulative": "bytes/s (read + written) of a cumulative op (cumsum: XLA:TPU's reduce-window over a row)",
+}
+"""The keys of ``class_rates`` and their units (``stagetool calibrate`` measures each)."""
 _V5E_ARCH = "https://cloud.google.com/tpu/docs/system-architecture-tpu-vm"
 _V5E_MEASURED = ("measured by stagetool calibrate on the lent TPU v5 lite chip, 2026-12-06, jax 0.10.2, jaxlib 0.10.2, "
                  "libtpu 0.0.42.1 (work / median seconds)")
@@ -316,6 +362,12 @@ _V5E_PROFILE = dict(
     hbm_copy_bytes_per_second=6.2277e11, elementwise_bytes_per_second=6.5098e11, reduction_bytes_per_second=7.1086e11,
     transcendentals_per_second=1.4110e12, gather_bytes_per_second=2.5681e11, scatter_bytes_per_second=1.9123e11,
     kernel_overhead_seconds=1e-6,
+    class_rates=tuple(sorted({
+        "conv_dense": 1.4543e14, "conv_depthwise": 3.2978e12, "conv_grouped": 2.3269e12, "conv_strided": 1.2017e14,
+        "conv_transposed": 1.3651e14, "conv_input_gradient": 1.6183e14, "conv_weight_gradient": 1.7635e14,
+        "batched_matmul": 4.54e12, "vector_ops": 2.2709e12, "random_bits": 4.7353e10, "fft": 4.7374e12,
+        "dynamic_update_slice": 1.1324e11, "gather_128": 2.1055e10, "gather_512": 8.2175e10,
+        "gather_32768": 3.6329e11, "sort": 1.2913e11, "cumulative": 8.5624e10}.items())),
     profile=(("measured_on", "TPU v5 lite"), ("date", "2026-12-06"), ("jax", "0.10.2"), ("jaxlib", "0.10.2"),
              ("libtpu", "0.0.42.1"), ("command", "stagetool calibrate -o tpu-v5e.yaml")),
 )
@@ -334,6 +386,14 @@ _V5E_PROVENANCE = (
      "(2 x the gathered bytes: read and written)"),
     ("scatter_bytes_per_second", "measured", _V5E_MEASURED + ": f32[262144,512].at[i32[131072]].add in 4.211 ms "
      "(3 x the update bytes: the update read, the row read and written)"),
+    ("class_rates", "measured", _V5E_MEASURED + " (issue 46's classes, bench/results/step_time_suite/"
+     "calibrate_tpu_v5e_issue46.txt): convolutions bf16[32,56,56,256] (dense 3x3 0.795 ms, depthwise 7x7 0.717 ms, "
+     "grouped 3x3 of 8 features 1.552 ms, input and weight gradients 1.429 / 1.311 ms), strided 3x3 of "
+     "bf16[32,112,112,128] 0.487 ms, transposed 4x4 0.757 ms; 8192 products of 64x64 bf16 1.814 ms (the rate is its FLOPs over 0.946 ms: the median less the model's 0.868 ms for the benchmark's own layout copies, which the model times as copies beside the matmul); 30 u32 ops over "
+     "33.5 M elements 0.443 ms; threefry bits u32[33554432] 0.709 ms; fft2 of complex64[16,1024,1024] 5.865 ms; "
+     "gathers of 128 / 512 B / 32 KiB rows 25.5 / 6.53 / 1.478 ms; sort of f32[4096,4096] rows 10.13 ms; cumsum of "
+     "f32[8192,8192] rows 6.27 ms; a 16 MiB dynamic_update_slice into a donated 512 MiB buffer 0.296 ms "
+     "(12.8% spread; not used: the model's in-place update is at the copy rate)"),
     ("kernel_overhead_seconds", "assumption", "1 us, fitted: the validation suite's decode at batch 1 (about 240 "
      "kernels a step) is within 2% with it; its tiny fusions took 0.03-1.2 us each on the profiler (the "
      "calibration's chained-kernel difference, 0.05 us with a 165% spread, is noise)"),
@@ -364,7 +424,7 @@ _RATE_FIELDS = ("clock_hz", "hbm_copy_bytes_per_second", "elementwise_bytes_per_
 _INT_FIELDS = frozenset({"hbm_capacity_bytes", "ici_links_per_chip", "ici_torus_dims", "ici_wraparound_multiple",
                          "gpus_per_host"})
 _FIGURES = (*_NUMERIC_FIELDS, *_FABRIC_FIELDS, *_RATE_FIELDS)
-CHIP_FIELDS = (*_FIGURES, "matmul_flops_per_second", "matmul_tile", "profile", "sources", "note")
+CHIP_FIELDS = (*_FIGURES, "matmul_flops_per_second", "class_rates", "matmul_tile", "profile", "sources", "note")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -555,8 +615,11 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
         measured = values.get("profile")
         kind, src = (("measured", f"{where} (profile: " + ", ".join(f"{k} {v}" for k, v in measured) + ")")
                      if measured else ("user", None))
-        given = {f for f in values if f in _FIGURES or f in ("matmul_flops_per_second", "matmul_tile")}
+        given = {f for f in values if f in _FIGURES or f in ("matmul_flops_per_second", "class_rates", "matmul_tile")}
         prov = tuple((f, kind, src or f"{where}.{f}") for f in sorted(given))
+        if name in table and "class_rates" in values:  # a class given overrides that class only
+            values["class_rates"] = tuple(sorted({**dict(table[name].class_rates),
+                                                  **dict(values["class_rates"])}.items()))
         if name in table and "matmul_flops_per_second" in values:  # a class given overrides that class only
             values["matmul_flops_per_second"] = tuple(sorted(
                 {**dict(table[name].matmul_flops_per_second), **dict(values["matmul_flops_per_second"])}.items(),
@@ -572,6 +635,7 @@ def merge_chips(user: Mapping[str, Any], base: Mapping[str, Chip] | None = None)
             table[name] = Chip(name=name, **{f: values.get(f) for f in _FIGURES},
                                sources=values.get("sources", ("user",)), note=values.get("note", ""),
                                matmul_flops_per_second=values.get("matmul_flops_per_second", ()),
+                               class_rates=values.get("class_rates", ()),
                                matmul_tile=values.get("matmul_tile"), profile=values.get("profile", ()),
                                provenance=prov if measured else ())
         if name in table and not issues:
@@ -627,6 +691,20 @@ def _profile_fields(entry: Mapping[str, Any], where: str, values: dict[str, Any]
                 if r is not None:
                     out.append((str(k), float(r)))
             values["matmul_flops_per_second"] = tuple(sorted(out, key=lambda kv: _MATMUL_CLASSES.index(kv[0])))
+    if "class_rates" in entry:
+        rates = entry["class_rates"]
+        if not isinstance(rates, Mapping):
+            issues.append(f"{where}.class_rates: expected a mapping of {', '.join(CLASS_RATES)} to rates, got {rates!r}")
+        else:
+            got = []
+            for k, v in rates.items():
+                if k not in CLASS_RATES:
+                    issues.append(f"{where}.class_rates.{k}: unknown kernel class; valid: " + ", ".join(CLASS_RATES))
+                    continue
+                r = _number(v, f"class_rates.{k}", where, issues)
+                if r is not None:
+                    got.append((str(k), float(r)))
+            values["class_rates"] = tuple(sorted(got))
     if "matmul_tile" in entry:
         tile = entry["matmul_tile"]
         if (isinstance(tile, (list, tuple)) and len(tile) == 2
@@ -661,6 +739,8 @@ def step_figures(chip: Chip) -> tuple[tuple[str, float], ...]:
         rate = chip.matmul_rate(cls)
         if rate is not None:
             out[f"matmul.{cls}"] = float(rate)
+    for key, rate in chip.class_rates:
+        out[f"class.{key}"] = float(rate)
     if chip.matmul_tile:
         out["matmul_tile.rows"], out["matmul_tile.columns"] = float(chip.matmul_tile[0]), float(chip.matmul_tile[1])
     return tuple(sorted(out.items()))

@@ -229,11 +229,12 @@ def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
     e = c.step_time
     if e is None:
         return [("info", f"step time: n/a: {c.step_time_reason}")] if c.step_time_reason else []
-    mfu = f", MFU {format_percent(e.mfu)}" if e.mfu is not None else ""
+    of = f" of {e.mfu_peak}" if getattr(e, "mfu_peak", "") else ""
+    mfu = f", MFU {format_percent(e.mfu)}{of}" if e.mfu is not None else ""
     if e.mfu is not None and c.flops_lower_bound:  # FLOPs left out: the MFU is a floor, never a figure alone
-        mfu = f", MFU ≥ {format_percent(e.mfu)} (lower bound: {not_counted_text(c)})"
+        mfu = f", MFU ≥ {format_percent(e.mfu)}{of} (lower bound: {not_counted_text(c)})"
     elif e.mfu is not None and e.lower_bound:  # FLOPs complete, the step at least its figure: the MFU at most this
-        mfu = f", MFU ≤ {format_percent(e.mfu)} (the step time is a lower bound)"
+        mfu = f", MFU ≤ {format_percent(e.mfu)}{of} (the step time is a lower bound)"
     if e.tokens_per_second_per_chip is not None:
         at_most = "≤ " if e.lower_bound else ""
         mfu += (f", {at_most}{format_count(e.tokens_per_second_per_chip)} tokens/s per chip ({e.tokens_per_step} "
@@ -244,6 +245,15 @@ def step_time_notes(c: CostSection) -> list[tuple[str, str]]:
             f"{format_seconds(e.schedule_seconds)} as scheduled, range {least}"
             f"{format_seconds(e.overlapped_seconds)} (collectives overlapped) – "
             f"{format_seconds(e.serial_seconds)} (serial); bound: {e.bound}{mfu}")]
+    likely = getattr(e, "likely_seconds", None)
+    if likely is not None:
+        lo, hi = likely
+        why = (f"; not validated on a chip, so widened × 0.5 – × 2: {', '.join(e.not_validated)}"
+               if e.not_validated else "")
+        more = " (at least: floors below)" if e.lower_bound else ""
+        out.append(("info", f"step time likely {format_seconds(e.schedule_seconds)} ({format_seconds(lo)} – "
+                            f"{format_seconds(hi)}){more}: each kernel × the spread its class showed against "
+                            f"the lent {e.chip} (estimate){why}"))
     for u in e.uncounted:
         where = f" ({u.source})" if u.source else ""
         out.append(("warn", f"step time counts only a floor for {u.kind} {u.name}{where}: {u.why}: at least "
