@@ -81,6 +81,8 @@ _MATMULS = frozenset({"dot", "convolution"})
 _HELPERS_THAT_MOVE = frozenset({"GatherScatterIndicesBitpacked"})
 """Trivial custom calls that still read and write their (small) operands; the others (annotations,
 allocations, XLA:TPU's ``ConcatBitcast``) move nothing."""
+_SCATTER_ROW_BYTES = 2048
+"""The row width (bytes) of calibrate's scatter-add: 512 f32."""
 _SCALAR_BYTES = 64
 """A kernel reading and writing at most this many bytes is scalar work (a loop counter): no fixed cost on TPU."""
 _CYCLES_UNKNOWN = 1 << 40
@@ -348,6 +350,22 @@ def _trick_flops(comp: HloComputation, ins: HloInstruction) -> float:
     return 2.0 * math.prod(out[0].dims) * rhs.dims[labels.group(1).index("i")]
 
 
+def _trick_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, int] | None) -> bool:
+    """Whether a batched dot written as a base-dilated convolution has M, K or N under the tile: M the lhs's
+    ``b`` dimension, K its ``f`` (the rhs's ``i``), N the rhs's ``o``."""
+    lhs = _shape(comp, ins.operands[0]) if ins.operands else None
+    rhs = _shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
+    labels = re.match(r"^([^_]+)_([^-]+)->", ins.attributes.get("dim_labels", ""))
+    if not (tile and isinstance(lhs, ArrayShape) and isinstance(rhs, ArrayShape) and labels):
+        return False
+    ll, rl = labels.groups()
+    try:
+        dims = (lhs.dims[ll.index("b")], rhs.dims[rl.index("i")], rhs.dims[rl.index("o")])
+    except (ValueError, IndexError):
+        return False
+    return min(dims) < tile[0]
+
+
 def _batched_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, int] | None) -> bool:
     """A ``dot`` with batch dimensions whose M, K or N is under the matrix unit's tile (8192 products of
     64 × 64): the MXU runs it far below its padded rate (class ``batched_matmul``)."""
@@ -563,9 +581,13 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
                 form = None if gpu else conv_class(c, i)
                 if fft:  # XLA's FLOPs of an FFT's matmuls at the FFT rate calibrate measured
                     model += f / chip.class_rate("fft")
-                elif form == "batched_matmul" and chip.class_rate(form) and rate and bf16:
-                    forms.append(form)
-                    model += _trick_flops(c, i) / chip.class_rate(form) * (bf16 / rate)
+                elif form == "batched_matmul" and rate:  # a batched dot written as a convolution
+                    small = _trick_small(c, i, chip.matmul_tile)
+                    if small and chip.class_rate(form) and bf16:
+                        forms.append(form)
+                        model += _trick_flops(c, i) / chip.class_rate(form) * (bf16 / rate)
+                    else:
+                        model += _trick_flops(c, i) / rate
                 elif form and chip.class_rate(form) and rate and bf16:  # measured in bf16: scaled to the precision
                     forms.append(form)
                     padded = f if form in ("conv_depthwise", "conv_grouped") else padded_matmul_flops(
@@ -592,7 +614,14 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         sc_comp = next(c for c, i in inner if i is sc)
         upd = sum(shape_bytes(_shape(sc_comp, o)) or 0 for o in sc.operands[(len(sc.operands) + 1) // 2:])
         rate = _rate(chip.scatter_bytes_per_second, hbm)  # the update read, its row read and written
-        return done("scatter", compute, 3 * upd / rate if rate else 0.0, b=3.0 * upd)
+        memory = 3 * upd / rate if rate else 0.0
+        idx = _shape(sc_comp, sc.operands[len(sc.operands) // 2]) if len(sc.operands) > 2 else None
+        rows = float(math.prod(idx.dims[:-1] or (1,))) if isinstance(idx, ArrayShape) and idx.dims else 0.0
+        if rows and chip.scatter_bytes_per_second and not gpu:
+            # a scatter is bound by its rows where they are narrow, as a gather is: calibrate's scatter-add
+            # (2 KiB rows) gives the time of one row, 3 x 2048 bytes / its rate (32 ns on the lent v5e)
+            memory = max(memory, rows * 3 * _SCATTER_ROW_BYTES / chip.scatter_bytes_per_second)
+        return done("scatter", compute, memory, b=3.0 * upd)
     if "gather" in ops:
         gathers = [(c, i) for c, i in inner if i.opcode == "gather"]
         rows = sum(shape_bytes(i.shape) or 0 for _, i in gathers)

@@ -400,3 +400,166 @@ def test_a_sort_is_a_scatters_index_sort_only_when_every_result_reaches_a_scatte
     summed = _SCATTER.replace("%clamped = s32[32768]{0} fusion(%perm), kind=kLoop, calls=%clamp",
                               "%clamped = s32[32768]{0} reduce-precision(%perm), exponent_bits=8, mantissa_bits=7")
     assert _kernel(summed, "sort").uncounted  # a result read by an op that is neither a fusion nor a scatter
+
+
+# ---------------------------------------------------------------- issue 46: the classes calibrate measures
+CLASSY = merge_chips({"classy": {
+    "peak_flops_per_second_bf16": 1e14, "peak_flops_per_second_int8": 2e14, "hbm_bandwidth_bytes_per_second": 1e12,
+    "matmul_flops_per_second": {"bf16": 1e14, "f32": 5e13, "int8": 2e14}, "matmul_tile": [128, 128],
+    "hbm_copy_bytes_per_second": 4e11, "elementwise_bytes_per_second": 5e11, "reduction_bytes_per_second": 4e11,
+    "transcendentals_per_second": 1e12, "gather_bytes_per_second": 2e11, "scatter_bytes_per_second": 1e11,
+    "kernel_overhead_seconds": 0.0 + 1e-12, "clock_hz": 1e9,
+    "class_rates": {"conv_depthwise": 2e12, "conv_dense": 8e13, "batched_matmul": 4e12, "vector_ops": 1e12,
+                    "sort": 1e11, "gather_128": 2e10, "gather_512": 8e10, "gather_32768": 4e11, "fft": 5e12},
+    "profile": {"measured_on": "a test", "date": "2026-12-06", "jax": "0.10.2"}}})["classy"]
+
+_DEPTHWISE = """HloModule jit_f, num_partitions=1
+
+%fused (p0: bf16[32,56,56,256], p1: bf16[7,7,1,256]) -> bf16[32,56,56,256] {
+  %p0 = bf16[32,56,56,256]{3,2,1,0} parameter(0)
+  %p1 = bf16[7,7,1,256]{3,2,1,0} parameter(1)
+  ROOT %c = bf16[32,56,56,256]{3,2,1,0} convolution(%p0, %p1), window={size=7x7 pad=3_3x3_3}, dim_labels=b01f_01io->b01f, feature_group_count=256
+}
+
+ENTRY %main (x: bf16[32,56,56,256], w: bf16[7,7,1,256]) -> bf16[32,56,56,256] {
+  %x = bf16[32,56,56,256]{3,2,1,0} parameter(0)
+  %w = bf16[7,7,1,256]{3,2,1,0} parameter(1)
+  ROOT %f = bf16[32,56,56,256]{3,2,1,0} fusion(%x, %w), kind=kOutput, calls=%fused
+}
+"""
+
+
+def test_a_depthwise_convolution_is_timed_at_its_measured_rate_on_unpadded_flops():
+    """Issue 46: ConvNeXt's depthwise 7 x 7 blocks were -44% at the padded matmul rate."""
+    k = _kernel(_DEPTHWISE, "f", CLASSY)
+    taps = 2 * 32 * 56 * 56 * 256 * 49  # one input feature per output feature, 49 taps
+    assert "conv_depthwise" in k.kind and k.kind.startswith("convolution bf16")
+    # XLA's rule counts the taps that land inside the image (SAME padding's border left out): 94% of them
+    assert k.compute_seconds == pytest.approx(k.flops / 2e12, rel=1e-6) and 0.93 < k.flops / taps < 0.95
+    assert k.bound == "compute"
+
+
+_BATCHED_AS_CONV = """HloModule jit_f, num_partitions=1
+
+%fused (p0: bf16[8192,64,64], p1: bf16[8192,64,64]) -> bf16[8192,64,64] {
+  %p0 = bf16[8192,64,64]{2,1,0} parameter(0)
+  %p1 = bf16[8192,64,64]{2,1,0} parameter(1)
+  ROOT %c = bf16[8192,64,64]{2,1,0} convolution(%p0, %p1), window={size=8192 stride=8191 lhs_dilate=8192}, dim_labels=0bf_0io->0bf
+}
+
+ENTRY %main (a: bf16[8192,64,64], b: bf16[8192,64,64]) -> bf16[8192,64,64] {
+  %a = bf16[8192,64,64]{2,1,0} parameter(0)
+  %b = bf16[8192,64,64]{2,1,0} parameter(1)
+  ROOT %f = bf16[8192,64,64]{2,1,0} fusion(%a, %b), kind=kOutput, calls=%fused
+}
+"""
+
+
+def test_a_batched_dot_written_as_a_dilated_convolution_is_a_batched_small_matmul():
+    """XLA:TPU writes einsum('bij,bjk->bik') over 8192 products of 64 x 64 as a base-dilated convolution
+    (window = lhs_dilate = the batch): its FLOPs are 2 b m^3, at the batched rate (issue 46: -49%)."""
+    k = _kernel(_BATCHED_AS_CONV, "f", CLASSY)
+    assert "batched_matmul" in k.kind
+    assert k.compute_seconds == pytest.approx(2 * 8192 * 64 ** 3 / 4e12, rel=1e-6)
+
+
+_HASH = """HloModule jit_f, num_partitions=1
+
+%fused (p0: u32[1048576]) -> u32[1048576] {
+  %p0 = u32[1048576]{0} parameter(0)
+  %c = u32[] constant(16)
+  %b = u32[1048576]{0} broadcast(%c), dimensions={}
+  %s = u32[1048576]{0} shift-right-logical(%p0, %b)
+  %x = u32[1048576]{0} xor(%p0, %s)
+  %m = u32[1048576]{0} multiply(%x, %x)
+  %y = u32[1048576]{0} xor(%m, %s)
+  ROOT %z = u32[1048576]{0} add(%y, %m)
+}
+
+ENTRY %main (a: u32[1048576]) -> u32[1048576] {
+  %a = u32[1048576]{0} parameter(0)
+  ROOT %f = u32[1048576]{0} fusion(%a), kind=kLoop, calls=%fused
+}
+"""
+
+
+def test_integer_work_is_vector_unit_bound_when_its_ops_outlast_its_bytes():
+    """Five element-wise ops per element (the broadcast moves data only): 5 x 1 M ops at 1e12/s = 5.2 us,
+    more than its 8 MiB at 5e11 B/s (16.8 us)? No: bytes win here; with the ops x 10 the vector unit wins."""
+    k = _kernel(_HASH, "f", CLASSY)
+    assert k.compute_seconds == pytest.approx(5 * 1048576 / 1e12, rel=1e-6)
+    assert k.memory_seconds == pytest.approx(2 * 4 * 1048576 / 5e11, rel=1e-6) and k.kind == "element-wise"
+    slow = dataclasses.replace(CLASSY, class_rates=tuple((n, r / 10 if n == "vector_ops" else r)
+                                                          for n, r in CLASSY.class_rates))
+    k = _kernel(_HASH, "f", slow)
+    assert k.kind == "element-wise (vector-unit bound)" and k.bound == "compute"
+    assert k.seconds >= 5 * 1048576 / 1e11
+
+
+_SORT = """HloModule jit_f, num_partitions=1
+
+ENTRY %main (a: f32[4096,4096]) -> f32[4096,4096] {
+  %a = f32[4096,4096]{1,0} parameter(0)
+  ROOT %s = f32[4096,4096]{1,0} sort(%a), dimensions={1}, to_apply=%cmp
+}
+
+%cmp (x: f32[], y: f32[]) -> pred[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %lt = pred[] compare(%x, %y), direction=LT
+}
+"""
+
+
+def test_a_sort_is_timed_from_the_measured_sort_rate_not_a_floor():
+    k = _kernel(_SORT, "s", CLASSY)
+    assert not k.uncounted and k.kind == "sort"
+    assert k.compute_seconds == pytest.approx(4096 * 4096 * 12 * 13 / 2 / 1e11, rel=1e-6)
+    assert _kernel(_SORT, "s", ROUND).uncounted  # a chip without a sort rate: still a floor
+
+
+def test_the_gather_rate_follows_the_row_width_between_the_measured_widths():
+    from stagetool.analysis.kernel_time import _gather_rate
+
+    assert _gather_rate(CLASSY, 128, 4e11) == pytest.approx(2e10)
+    assert _gather_rate(CLASSY, 2048, 4e11) == pytest.approx(2e11)
+    assert _gather_rate(CLASSY, 1024, 4e11) == pytest.approx((8e10 * 2e11) ** 0.5)  # halfway in log width
+    assert _gather_rate(CLASSY, 1 << 20, 4e11) == pytest.approx(4e11)  # clamped at the widest
+    assert _gather_rate(ROUND, 128, 4e11) == pytest.approx(2e11)  # no widths measured: the one rate
+
+
+_INT8 = """HloModule jit_f, num_partitions=1
+
+%fused (p0: s8[8192,8192], p1: s8[8192,8192]) -> s32[8192,8192] {
+  %p0 = s8[8192,8192]{1,0} parameter(0)
+  %p1 = s8[8192,8192]{1,0} parameter(1)
+  ROOT %d = s32[8192,8192]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: s8[8192,8192], b: s8[8192,8192]) -> s32[8192,8192] {
+  %a = s8[8192,8192]{1,0} parameter(0)
+  %b = s8[8192,8192]{1,0} parameter(1)
+  ROOT %f = s32[8192,8192]{1,0} fusion(%a, %b), kind=kOutput, calls=%fused
+}
+"""
+
+
+def test_mfu_of_an_int8_matmul_is_against_the_int8_peak_and_never_above_one():
+    """Issue 46: an int8 matmul printed 'MFU 186%' (int8 work over the bf16 peak)."""
+    e = _estimate(_INT8, V5E)
+    flops = 2 * 8192 ** 3
+    assert e.mfu == pytest.approx(flops / V5E.peak_flops_per_second_int8 / e.schedule_seconds, rel=1e-6)
+    assert 0.9 < e.mfu <= 1.0 and flops / V5E.peak_flops_per_second_bf16 / e.schedule_seconds > 1.8
+    assert e.mfu_peak.startswith("the int8 peak (393 TOP/s")
+
+
+def test_the_likely_range_is_the_class_spread_and_an_unvalidated_chip_widens_it():
+    from stagetool.analysis.step_time import CLASS_SPREAD
+
+    e = _estimate(_INT8, V5E)
+    lo, hi = CLASS_SPREAD["tpu-v5e"]["matmul"]
+    assert e.likely_seconds == pytest.approx((e.schedule_seconds * lo, e.schedule_seconds * hi), rel=1e-6)
+    assert e.not_validated == ()
+    e = _estimate(_INT8, ROUND)  # no chip measurement validated any class of this chip
+    assert e.likely_seconds == pytest.approx((e.schedule_seconds * 0.5, e.schedule_seconds * 2.0), rel=1e-6)
+    assert e.not_validated == ("matmul",)
