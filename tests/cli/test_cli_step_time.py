@@ -22,8 +22,20 @@ def _consistent(st, chip):
     assert st["overlapped_seconds"] <= st["schedule_seconds"] <= st["serial_seconds"]
     assert sum(v for _, v in st["parts"]) == pytest.approx(st["schedule_seconds"], rel=1e-9)
     assert st["bound"] == st["parts"][0][0]
-    assert st["mfu"] == pytest.approx(st["matmul_flops"] / (st["schedule_seconds"]
-                                                            * CHIPS[chip].peak_flops_per_second_bf16))
+    # MFU is against the peak of the precision the matmuls ran at (issue 46), which the text names
+    if st["mfu_peak"].startswith("the "):  # "the f32 peak (67 TFLOP/s)"
+        prec = st["mfu_peak"].split()[1]
+        assert st["mfu"] == pytest.approx(st["matmul_flops"] / (st["schedule_seconds"]
+                                                                * CHIPS[chip].precision_peak(prec)))
+    else:  # "each kernel's precision peak (f32 51%, bf16 49% of the FLOPs)": between the two peaks' figures
+        precs = re.findall(r"\b(bf16|f32|int8|fp8)\b", st["mfu_peak"])
+        peaks = [CHIPS[chip].precision_peak(p) for p in precs]
+        assert len(precs) >= 2 and st["mfu_peak"].startswith("each kernel's precision peak")
+        base = st["matmul_flops"] / st["schedule_seconds"]
+        assert base / max(peaks) * 0.999 <= st["mfu"] <= base / min(peaks) * 1.001
+    assert 0 < st["mfu"] <= 1
+    lo, hi = st["likely_seconds"]
+    assert lo <= st["schedule_seconds"] <= hi
     assert 0 < st["matmul_flops"] <= st["flops"]
     for c in st["collectives"]:  # latency + bytes x ring factor / bandwidth, each
         assert c["seconds"] == pytest.approx(c["latency_seconds"] + c["bytes_per_device"] * c["factor"]

@@ -447,7 +447,7 @@ def test_chips_are_validated_at_load_with_locations():
         "gpus_per_host, dcn_bandwidth_bytes_per_second, collective_latency_seconds, dcn_latency_seconds, "
         "kernel_launch_seconds, clock_hz, hbm_copy_bytes_per_second, elementwise_bytes_per_second, "
         "reduction_bytes_per_second, transcendentals_per_second, gather_bytes_per_second, "
-        "scatter_bytes_per_second, kernel_overhead_seconds, matmul_flops_per_second, matmul_tile, profile, "
+        "scatter_bytes_per_second, kernel_overhead_seconds, matmul_flops_per_second, class_rates, matmul_tile, profile, "
         "sources, note",
         f"s.yaml:6:3: chips.gpu: {needs}",
         "s.yaml:7:3: chips.tpu: expected a mapping of figures, got int",
