@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated program names")
     p.add_argument("--topology", default="v5e:1x1")
     p.add_argument("--estimates", type=Path, help="reuse estimates kept in this JSON (and write new ones to it)")
+    p.add_argument("--kept-only", action="store_true", help="with --estimates: estimate nothing new (a row says so)")
     args = p.parse_args(argv)
     split = halves()
     measured: dict = {}
@@ -158,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         if name in kept and "error" not in kept[name]:
             estimates[name] = kept[name]
+            continue
+        if args.kept_only:
+            estimates[name] = {"error": "not estimated in this run (--kept-only)"}
             continue
         try:
             estimates[name] = estimate(name, args.topology)

@@ -388,6 +388,13 @@ def _is_fft(inner: list[tuple[HloComputation, HloInstruction]], ins: HloInstruct
     return any(re.search(r"(^|/)(jit\()?i?r?fft", n) for n in names)
 
 
+def _draws_random_bits(inner: list[tuple[HloComputation, HloInstruction]], ins: HloInstruction) -> bool:
+    """Whether a kernel computes threefry random bits (``jax.random``): an op name says ``threefry``."""
+    return any(i.metadata is not None and i.metadata.op_name and any(
+        w in i.metadata.op_name for w in ("threefry", "random_bits", "jit(_uniform)"))
+               for _, i in [(None, ins), *inner])
+
+
 _NOT_VECTOR_WORK = _MOVES | {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "fusion", "call"}
 
 
@@ -492,10 +499,12 @@ def _rate(*rates: float | None) -> float | None:
 
 
 def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, chip: Chip, *,
-                gpu: bool = False) -> KernelTime:
+                gpu: bool = False, cpu_program: bool = False) -> KernelTime:
     """The model's time of one top-level instruction ``ins`` of ``comp`` on ``chip`` (see the module
     docstring), per execution, one device. ``gpu``: the program runs as separate kernel launches
-    (``kernel_launch_seconds`` each) rather than one TPU executable (``kernel_overhead_seconds``)."""
+    (``kernel_launch_seconds`` each) rather than one TPU executable (``kernel_overhead_seconds``).
+    ``cpu_program``: the module is XLA:CPU's, timed on the chip (``--chip`` on the CPU mesh): its sort is not the
+    one XLA:TPU compiles and calibrate measured, so it stays a floor."""
     cost = instruction_cost(module, comp, ins)
     flops, moved, trans = cost.flops, cost.bytes_accessed, cost.transcendentals
     if ins.opcode == "fusion":
@@ -559,7 +568,7 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
             return done(SCATTER_INDEX_SORT, 0.0, 0.0)
         sort_rate = chip.class_rate("sort")
         srt = next((c, i) for c, i in inner if i.opcode == "sort")
-        if sort_rate and not gpu:
+        if sort_rate and not gpu and not cpu_program:
             return done("sort", _sort_stages(*srt) / sort_rate, moved / copy_rate if copy_rate else 0.0)
         return floor("sort")
     opaque = [i for _, i in inner if i.opcode == "custom-call" and i is not ins
@@ -647,5 +656,11 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         return done("copy (DMA)" if dma else "copy", 0.0, moved / rate if rate else 0.0)
     rate = _rate(chip.elementwise_bytes_per_second, hbm)
     memory = moved / rate if rate else 0.0
+    bits_rate = None if gpu else chip.class_rate("random_bits")
+    if bits_rate and _draws_random_bits(inner, ins):
+        # threefry: one random word per result element at the rate calibrate measured for jax.random.bits (the
+        # fit half's dropout: the vector-op count over-counts threefry's rounds, 2.8x)
+        draws = sum(float(math.prod(a.dims)) for a in array_leaves(ins.shape))
+        return done("random bits (threefry)", compute + draws / bits_rate, memory)
     kind = "element-wise (vector-unit bound)" if compute + vector > memory and vector > compute else "element-wise"
     return done(kind, compute + vector, memory)

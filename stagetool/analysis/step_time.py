@@ -271,7 +271,7 @@ CLASS_SPREAD = {
         "matmul": (0.85, 1.2), "convolution": (0.6, 1.3), "FFT": (0.7, 1.4), "batched matmul": (0.6, 1.6),
         "element-wise": (0.8, 1.25), "vector": (0.7, 1.4), "reduction": (0.8, 1.3), "cumulative": (0.6, 1.3),
         "gather": (0.6, 1.5), "scatter": (0.6, 1.8), "copy": (0.7, 1.3), "sort": (0.7, 1.5),
-        "in-place update": (0.5, 1.5), "latency": (0.3, 1.5),
+        "in-place update": (0.5, 1.5), "latency": (0.3, 1.5), "random bits": (0.7, 1.4),
     },
 }
 """Per chip, the measured spread of each kernel class (:func:`class_spread`); a class missing is not validated."""
@@ -565,7 +565,7 @@ class _Timer:
         """(seconds, fixed seconds, FLOPs, bound, bytes accessed, the larger of compute and memory
         bandwidth) of one kernel (:func:`~stagetool.analysis.kernel_time.kernel_time`); remembers its class
         and where its figure comes from."""
-        kt = kernel_time(self.module, comp, ins, self.chip, gpu=self.gpu)
+        kt = kernel_time(self.module, comp, ins, self.chip, gpu=self.gpu, cpu_program=self.net.platform == "cpu")
         fixed = kt.overhead_seconds if ins.opcode not in _NO_KERNEL else 0.0
         key = (comp.name, ins.name)
         self.kinds[key] = (kt.kind, kt.figure, kt.xla_seconds)
