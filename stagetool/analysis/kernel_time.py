@@ -388,6 +388,13 @@ def _is_fft(inner: list[tuple[HloComputation, HloInstruction]], ins: HloInstruct
     return any(re.search(r"(^|/)(jit\()?i?r?fft", n) for n in names)
 
 
+def _scan_like(comp: HloComputation, ins: HloInstruction) -> bool:
+    """A ``reduce-window`` whose result is as large as its operand (a cumulative sum or max), not a reduction."""
+    src = _shape(comp, ins.operands[0]) if ins.operands else None
+    out = array_leaves(ins.shape)
+    return isinstance(src, ArrayShape) and bool(out) and math.prod(out[0].dims) * 2 >= math.prod(src.dims)
+
+
 def _draws_random_bits(inner: list[tuple[HloComputation, HloInstruction]], ins: HloInstruction) -> bool:
     """Whether a kernel computes threefry random bits (``jax.random``): an op name says ``threefry``."""
     return any(i.metadata is not None and i.metadata.op_name and any(
@@ -400,16 +407,15 @@ _NOT_VECTOR_WORK = _MOVES | {"parameter", "constant", "get-tuple-element", "tupl
 
 def vector_ops(inner: list[tuple[HloComputation, HloInstruction]]) -> float:
     """Element-ops the vector unit runs for a kernel: each element-wise instruction's result elements, a
-    reduction's operand elements, a ``reduce-window``'s result elements × its window (a cumulative sum)."""
+    reduction's (and a ``reduce-window``'s) operand elements."""
     total = 0.0
     for c, i in inner:
         if i.opcode in _NOT_VECTOR_WORK or i.opcode in _MATMULS:
             continue
-        if i.opcode == "reduce":
+        if i.opcode in ("reduce", "reduce-window"):  # each operand element once (XLA:TPU's softmax sums are
+            # reduce-windows over a whole row: counting result x window made a LayerNorm + softmax 600x too slow)
             src = _shape(c, i.operands[0]) if i.operands else None
             total += float(math.prod(src.dims)) if isinstance(src, ArrayShape) else 0.0
-        elif i.opcode == "reduce-window":
-            total += sum(float(math.prod(a.dims)) for a in array_leaves(i.shape)) * max(math.prod(_window_sizes(i)), 1)
         else:
             total += sum(float(math.prod(a.dims)) for a in array_leaves(i.shape))
     return total
@@ -645,7 +651,8 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
     vector = vector_ops(inner) / vec_rate if vec_rate else 0.0
     if ops & {"reduce", "reduce-window"}:
         rate = _rate(chip.reduction_bytes_per_second, hbm)
-        cumulative = any(i.opcode == "reduce-window" and max(_window_sizes(i), default=1) > 8 for _, i in inner)
+        cumulative = any(i.opcode == "reduce-window" and max(_window_sizes(i), default=1) > 8
+                         and _scan_like(c, i) for c, i in inner)
         if cumulative and chip.class_rate("cumulative"):
             return done("cumulative (reduce-window)", compute + vector, moved / chip.class_rate("cumulative"))
         return done("reduction", compute + vector, moved / rate if rate else 0.0)
