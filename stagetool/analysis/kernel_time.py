@@ -389,10 +389,11 @@ def _is_fft(inner: list[tuple[HloComputation, HloInstruction]], ins: HloInstruct
 
 
 def _scan_like(comp: HloComputation, ins: HloInstruction) -> bool:
-    """A ``reduce-window`` whose result is as large as its operand (a cumulative sum or max), not a reduction."""
-    src = _shape(comp, ins.operands[0]) if ins.operands else None
-    out = array_leaves(ins.shape)
-    return isinstance(src, ArrayShape) and bool(out) and math.prod(out[0].dims) * 2 >= math.prod(src.dims)
+    """A ``reduce-window`` that is a prefix scan (a cumulative sum or max): its window padded below by the
+    window less one on a dimension (``pad=127_0`` for a window of 128), not a softmax's row reduction."""
+    m = re.search(r"pad=([\d_x-]+)", ins.attributes.get("window") or "")
+    pads = [tuple(int(v) for v in p.split("_")) for p in m.group(1).split("x")] if m else []
+    return any(w > 8 and len(p) == 2 and p[0] == w - 1 and p[1] == 0 for w, p in zip(_window_sizes(ins), pads))
 
 
 def _draws_random_bits(inner: list[tuple[HloComputation, HloInstruction]], ins: HloInstruction) -> bool:
