@@ -351,8 +351,8 @@ def _trick_flops(comp: HloComputation, ins: HloInstruction) -> float:
 
 
 def _trick_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, int] | None) -> bool:
-    """Whether a batched dot written as a base-dilated convolution has M, K or N under the tile: M the lhs's
-    ``b`` dimension, K its ``f`` (the rhs's ``i``), N the rhs's ``o``."""
+    """Whether a batched dot written as a base-dilated convolution has M and N under the tile: M the lhs's
+    ``b`` dimension, N the rhs's ``o``."""
     lhs = _shape(comp, ins.operands[0]) if ins.operands else None
     rhs = _shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
     labels = re.match(r"^([^_]+)_([^-]+)->", ins.attributes.get("dim_labels", ""))
@@ -360,15 +360,16 @@ def _trick_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, int
         return False
     ll, rl = labels.groups()
     try:
-        dims = (lhs.dims[ll.index("b")], rhs.dims[rl.index("i")], rhs.dims[rl.index("o")])
+        dims = (lhs.dims[ll.index("b")], rhs.dims[rl.index("o")])
     except (ValueError, IndexError):
         return False
-    return min(dims) < tile[0]
+    return max(dims) < tile[0]  # M and N both under the tile: tiny products
 
 
 def _batched_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, int] | None) -> bool:
-    """A ``dot`` with batch dimensions whose M, K or N is under the matrix unit's tile (8192 products of
-    64 × 64): the MXU runs it far below its padded rate (class ``batched_matmul``)."""
+    """A ``dot`` with batch dimensions whose M and N are both under the matrix unit's tile (8192 products of
+    64 × 64): the MXU runs it far below its padded rate (class ``batched_matmul``). Attention's products
+    (512 × 512 over a head of 64) are not: they run at the padded matmul rate."""
     if ins.opcode != "dot" or not tile or not _dims(ins.attributes.get("lhs_batch_dims")):
         return False
     lhs, rhs = _shape(comp, ins.operands[0]), _shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
@@ -379,7 +380,7 @@ def _batched_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, i
     m = math.prod(d for i, d in enumerate(lhs.dims) if i not in lc and i not in lb)
     k = math.prod(lhs.dims[i] for i in lc if i < len(lhs.dims))
     n = math.prod(d for i, d in enumerate(rhs.dims) if i not in rc and i not in rb)
-    return min(m, k, n) < tile[0]
+    return max(m, n) < tile[0]  # tiny products (64 x 64), not attention's 512 x 512 over a head of 64
 
 
 def _is_fft(inner: list[tuple[HloComputation, HloInstruction]], ins: HloInstruction) -> bool:
