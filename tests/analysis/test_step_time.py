@@ -323,8 +323,10 @@ def test_a_cross_program_prefetch_is_timed_and_the_roofline_counts_its_hbm_read_
     assert row.bytes_accessed == array
     assert row.seconds == pytest.approx(array / V5E.hbm_copy_bytes_per_second, rel=1e-9)  # 53.9 µs, no fixed cost
     assert e.schedule_seconds >= array / V5E.hbm_bandwidth_bytes_per_second  # 41.0 µs: reading it at the HBM peak
-    assert e.schedule_seconds == pytest.approx(array / V5E.hbm_copy_bytes_per_second
-                                               + V5E.kernel_overhead_seconds, rel=1e-3)  # + the reduce's fixed cost
+    # + the reduce's fixed cost and its vector work (issue 46: each of its 16.8 M elements once, read from VMEM,
+    # at the vector-unit rate calibrate measured: 7.4 µs)
+    assert e.schedule_seconds == pytest.approx(array / V5E.hbm_copy_bytes_per_second + V5E.kernel_overhead_seconds
+                                               + 4096 * 4096 / V5E.class_rate("vector_ops"), rel=1e-3)
 
     xla_bytes = compiled.cost_analysis()["bytes accessed"]
     assert xla_bytes == pytest.approx(5 * array, rel=1e-3)  # XLA's count: 205 µs at the HBM peak
