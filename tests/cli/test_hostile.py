@@ -374,10 +374,10 @@ def f(x):
 """
 
 
-def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+def _start(tmp_path: Path, *args: str, program: str = SLOW) -> subprocess.Popen:
     work = tmp_path / "work"
     work.mkdir()
-    (work / "slow.py").write_text(SLOW)
+    (work / "slow.py").write_text(program)
     (work / "slow.stagetool.yaml").write_text("functions:\n  f: {target: slow.py:f, args: ['f32[1024]']}\n")
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -860,14 +860,16 @@ def test_an_init_with_too_many_leaves_is_exit_2_naming_the_limit(run_cli, tmp_pa
 def test_sighup_ends_the_run_as_sigterm_does_and_leaves_nothing(tmp_path, workers):
     """SIGHUP was forwarded but not handled: the run died without its cleanup, and --isolate left
     stagetool-worker-* behind."""
-    proc = _start(tmp_path, "snapshot", *workers, "-o", "lock.json")
+    # the trace waits 30 s after "traced", so the signal lands inside the run however loaded the machine
+    # (the run ends ~0.8 s after "traced" on an idle one: a loaded test process signalled after it ended)
+    proc = _start(tmp_path, "snapshot", *workers, "-o", "lock.json",
+                  program=SLOW.replace('    return x\n', '    time.sleep(30)\n    return x\n').replace("import sys\n", "import sys\nimport time\n"))
     tmp = tmp_path / "tmp"
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr))
     reader.start()
     try:
         _wait_for(proc, lambda: any("traced" in ln for ln in lines) or list(tmp.glob("stagetool-worker-*")))
-        time.sleep(0.1)  # the run ends about 0.8 s after "traced" on an idle machine (Shardy's rerun beside the compile)
         proc.send_signal(signal.SIGHUP)
         proc.wait(timeout=60)
         reader.join(10)
