@@ -383,8 +383,11 @@ def _start(tmp_path: Path, *args: str, program: str = SLOW) -> subprocess.Popen:
     tmp.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", TMPDIR=str(tmp))
+    # SIGHUP at its default in the run: a suite started under nohup passes SIG_IGN down, and stagetool
+    # keeps an ignored SIGHUP ignored (as nohup asks), so a test of SIGHUP would see it ignored
     return subprocess.Popen([sys.executable, "-m", "stagetool", *args, "--spec", "slow.stagetool.yaml"], cwd=work,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
 
 
 def _wait_for(proc: subprocess.Popen, condition, timeout: float = 120) -> None:
