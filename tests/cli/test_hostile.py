@@ -384,10 +384,15 @@ def _start(tmp_path: Path, *args: str, program: str = SLOW) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", TMPDIR=str(tmp))
     # SIGHUP at its default in the run: a suite started under nohup passes SIG_IGN down, and stagetool
-    # keeps an ignored SIGHUP ignored (as nohup asks), so a test of SIGHUP would see it ignored
-    return subprocess.Popen([sys.executable, "-m", "stagetool", *args, "--spec", "slow.stagetool.yaml"], cwd=work,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    # keeps an ignored SIGHUP ignored (as nohup asks), so a test of SIGHUP would see it ignored. Set here
+    # around the start (an ignored signal is inherited across exec), not in a preexec_fn: that forks a
+    # process JAX has made multithreaded (a RuntimeWarning, an error under this suite's filterwarnings)
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "stagetool", *args, "--spec", "slow.stagetool.yaml"],
+                                cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def _wait_for(proc: subprocess.Popen, condition, timeout: float = 120) -> None:
