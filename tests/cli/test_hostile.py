@@ -878,6 +878,7 @@ def test_sighup_ends_the_run_as_sigterm_does_and_leaves_nothing(tmp_path, worker
     reader.start()
     try:
         _wait_for(proc, lambda: any("traced" in ln for ln in lines) or list(tmp.glob("stagetool-worker-*")))
+        time.sleep(0.1)  # as before: past the worker's start (its folder appears before it reads its job)
         proc.send_signal(signal.SIGHUP)
         proc.wait(timeout=60)
         reader.join(10)
