@@ -163,3 +163,48 @@ def test_the_fast_lane_keeps_tests_of_every_package():
     assert len(packages) >= 15
     assert not [p for p in packages if not (REPO / "tests" / p).is_dir()], "a package without its tests/ folder"
     assert not [p for p in packages if kept[p] < 3], kept
+
+
+# ---- tests/ laid out like the package ------------------------------------------------------------
+
+#: The test files that stay at the top of tests/ by design, each with its reason (docs/contributing.md):
+#: they test the repository as a whole, not one package of stagetool.
+TOP_LEVEL_TESTS = {
+    "test_api.py": "the public API's exports and types, across every package",
+    "test_docs.py": "the documentation site and every example in it",
+    "test_examples.py": "the shipped examples end to end (and the raw-JAX transformer reference others import)",
+    "test_golden.py": "the golden files of every release (tests/golden)",
+    "test_json_schema.py": "docs/json-schema.md against the report's types",
+    "test_layers.py": "the import-linter contracts over the whole package",
+    "test_matrix.py": "the test matrix, the durations table, the fast lane and this layout",
+    "test_readme.py": "the README's commands and CI's test command",
+}
+
+
+def layout_problems(tests) -> list[str]:
+    """What breaks the layout in the folder ``tests``: a ``test_*.py`` at its top beyond
+    :data:`TOP_LEVEL_TESTS`, or two test files anywhere below it (``data/`` and ``golden/`` aside) that
+    share a name (the folders have no ``__init__.py``: pytest would take the second for the first)."""
+    problems = [f"tests/{name} is a test file at the top of tests/ beyond the {len(TOP_LEVEL_TESTS)} there by "
+                "design: put it in the folder of the package it tests (docs/contributing.md)"
+                for name in sorted(p.name for p in tests.glob("test_*.py")) if name not in TOP_LEVEL_TESTS]
+    seen: dict[str, list[str]] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        if not {"golden", "data"} & set(path.relative_to(tests).parts[:-1]):
+            seen.setdefault(path.name, []).append(path.relative_to(tests).as_posix())
+    problems += [f"test files share the name {name}: {', '.join(paths)}" for name, paths in seen.items()
+                 if len(paths) > 1]
+    return problems
+
+
+def test_no_new_flat_test_file_and_no_two_test_files_share_a_name(tmp_path):
+    """tests/ is laid out like the package: only :data:`TOP_LEVEL_TESTS` at its top, unique names."""
+    assert layout_problems(REPO / "tests") == []
+    assert sorted(p.name for p in (REPO / "tests").glob("test_*.py")) == sorted(TOP_LEVEL_TESTS)
+    for name in (*TOP_LEVEL_TESTS, "test_new.py", "cli/test_twin.py", "live/test_twin.py", "data/test_api.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert layout_problems(tmp_path) == [
+        "tests/test_new.py is a test file at the top of tests/ beyond the 8 there by design: put it in the folder "
+        "of the package it tests (docs/contributing.md)",
+        "test files share the name test_twin.py: cli/test_twin.py, live/test_twin.py"]
