@@ -654,14 +654,24 @@ _PEAK_SLACK = 1.05
 
 def _false_figures(chip: Chip, where: str, given: set[str]) -> list[str]:
     """Problems of a merged entry whose figures pass one by one but cannot all be true: a profile
-    measured on another chip (``profile.measured_on`` a device kind of another table chip), a
-    matmul rate above the chip's own peak (an MFU over 100%)."""
+    under a table chip's name without ``profile.measured_on`` or measured on another device (a device
+    kind of another table chip, the CPU, one the table does not know), a matmul rate above the chip's
+    own peak (an MFU over 100%)."""
     out = []
     measured_on = dict(chip.profile).get("measured_on")
     other = chip_for_device_kind(measured_on) if measured_on else None
-    if other is not None and other != chip.name and chip.name in CHIPS:
+    if chip.profile and chip.name in CHIPS and not measured_on:
+        out.append(f"{where}.profile: no measured_on: a profile under a table chip's name records the device kind it "
+                   f"was measured on (what `stagetool calibrate` writes, e.g. measured_on: TPU v5 lite); add it, or "
+                   f"give the figures without a profile:")
+    elif chip.profile and chip.name in CHIPS and other is not None and other != chip.name:
         out.append(f"{where}.profile.measured_on: {measured_on!r} is a {other}, not a {chip.name}: a profile "
                    f"measured on another chip; put it under chips.{other} (or calibrate on a {chip.name})")
+    elif chip.profile and chip.name in CHIPS and other is None:  # the CPU (calibrate --cpu-for-tests), a new device
+        what = "the CPU backend" if measured_on.strip().lower() == "cpu" else "a device kind the chip table does not know"
+        out.append(f"{where}.profile.measured_on: {measured_on!r} is {what}, not a {chip.name}: a profile measured "
+                   f"on another device; name it for what it measured (chips.{own_chip_name(measured_on)}, then "
+                   f"--chip {own_chip_name(measured_on)}), or calibrate on a {chip.name}")
     peak = chip.peak_flops_per_second_bf16
     if peak and "matmul_flops_per_second" in given:
         for cls, rate in chip.matmul_flops_per_second:
@@ -670,6 +680,12 @@ def _false_figures(chip: Chip, where: str, given: set[str]) -> list[str]:
                            f"bf16 rate ({peak:.4g}): no matmul runs faster than the peak (an MFU over 100%); a "
                            "profile of another chip? (give peak_flops_per_second_bf16 too if the peak differs)")
     return out
+
+
+def own_chip_name(device_kind: str) -> str:
+    """A chip name of the user's own for a device kind no table chip is (``"cpu"`` -> ``my-cpu``,
+    ``"Some NPU 2"`` -> ``my-some-npu-2``): what a hint suggests for a profile measured on it."""
+    return "my-" + (re.sub(r"[^a-z0-9.+_]+", "-", device_kind.lower()).strip("-") or "chip")
 
 
 def _profile_fields(entry: Mapping[str, Any], where: str, values: dict[str, Any], issues: list[str]) -> None:

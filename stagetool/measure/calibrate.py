@@ -516,9 +516,10 @@ def profile_name_for(name: str | None, device_kind: str) -> str:
 
     Raises:
       UsageError: no ``--name`` and the kind is not in the table; or ``--name`` is a table chip other
-        than the attached one (the loader refuses a profile measured on another chip).
+        than the attached one, or a table chip while the attached kind is in no table entry (the CPU
+        backend): the loader refuses a profile measured on another device.
     """
-    from stagetool.core.chips import CHIPS, chip_for_device_kind
+    from stagetool.core.chips import CHIPS, chip_for_device_kind, own_chip_name
 
     attached = chip_for_device_kind(device_kind)
     if name is None:
@@ -531,6 +532,12 @@ def profile_name_for(name: str | None, device_kind: str) -> str:
         raise UsageError(f"--name {name}: the attached device is a {device_kind} ({attached}), not a {chip}: the "
                          "spec's chips: refuses a profile measured on another chip",
                          hint=f"--name {attached}, or a name of your own (--name my-{attached})")
+    if chip in CHIPS and attached is None:  # the CPU backend (--cpu-for-tests), a device the table does not know
+        own = own_chip_name(device_kind)
+        raise UsageError(f"--name {name}: {chip} is a chip of the table and the attached device is a {device_kind} "
+                         f"(not a {chip}): its figures under {chip}'s name would time every {chip} program at this "
+                         "device's rates, and the spec's chips: refuses a profile measured on another device",
+                         hint=f"a name of your own (--name {own}), then --chip {own}")
     return chip
 
 

@@ -126,3 +126,50 @@ def test_the_calibrate_texts_name_only_options_a_command_has():
         text = Path(module.__file__).read_text()
         named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", text))
         assert named <= have, (module.__name__, named - have)
+
+
+def test_calibrate_refuses_a_table_chips_name_for_a_device_that_is_not_it(run_cli, tmp_path):
+    """Gap 1: on the CPU backend (no table chip) ``--name tpu-v5e`` wrote the CPU's rates under the TPU's
+    name (exit 0, ``measured_on: "cpu"``); now exit 2 naming ``--name`` before any benchmark, no file."""
+    out = tmp_path / "v5e.yaml"
+    r = run_cli("calibrate", "--cpu-for-tests", "--repeats", "3", "--warmup", "1", "--name", "tpu-v5e", "-o", out,
+                check=2)
+    assert ("--name tpu-v5e: tpu-v5e is a chip of the table and the attached device is a cpu (not a tpu-v5e)"
+            in r.stderr), r.stderr
+    assert "--name my-cpu" in r.stderr and "calibrating" not in r.stderr and not out.exists()
+    assert profile_name_for("my-cpu", "cpu") == "my-cpu"  # a name of its own is the way
+    with pytest.raises(UsageError, match="--name tpu-v4: tpu-v4 is a chip of the table and the attached device is "
+                                         "a Some NPU 2"):
+        profile_name_for("tpu-v4", "Some NPU 2")
+
+
+def test_the_loader_refuses_a_cpu_measured_profile_under_a_tpus_name_at_its_line(run_cli, tmp_path):
+    """Gap 1: a profile the writer made on the CPU, put under ``tpu-v5e`` in a spec, timed every v5e program
+    at the CPU's rates (``cost --chip tpu-v5e``: exit 0, an 8.70 ms step for the MLP); now exit 2 at the
+    ``measured_on`` line, before any compile. Under a name of its own it loads."""
+    text = profile_yaml(_calibration("tpu-v5e", kind="cpu", platform="cpu", overhead=1e-7))
+    spec = (Path(__file__).parents[2] / "examples" / "mlp.stagetool.yaml").read_text()
+    (tmp_path / "mlp.py").write_text((Path(__file__).parents[2] / "examples" / "mlp.py").read_text())
+    path = tmp_path / "mlp.stagetool.yaml"
+    path.write_text(spec + text)
+    line = 1 + (spec + text).splitlines().index('      measured_on: "cpu"')
+    r = run_cli("cost", "--spec", path, "--chip", "tpu-v5e", check=2)
+    assert (f"mlp.stagetool.yaml:{line}:20: chips.tpu-v5e.profile.measured_on: 'cpu' is the CPU backend, not a "
+            "tpu-v5e: a profile measured on another device; name it for what it measured (chips.my-cpu, then "
+            "--chip my-cpu), or calibrate on a tpu-v5e") in " ".join(r.stderr.split()), r.stderr
+    assert "Traceback" not in r.stderr and "compile" not in r.stdout
+    own = _load(profile_yaml(_calibration("my-cpu", kind="cpu", platform="cpu", overhead=1e-7)))["table"]["my-cpu"]
+    assert dict(own.profile)["measured_on"] == "cpu"
+
+
+def test_a_profile_under_a_table_chips_name_must_say_what_it_was_measured_on():
+    with pytest.raises(Exception) as e:
+        _load("chips:\n  tpu-v5e:\n    hbm_copy_bytes_per_second: 6.0e+11\n    profile: {date: '2026-12-06'}\n")
+    assert e.value.issues == [
+        "p.yaml:5:14: chips.tpu-v5e.profile: no measured_on: a profile under a table chip's name records the device "
+        "kind it was measured on (what `stagetool calibrate` writes, e.g. measured_on: TPU v5 lite); add it, or give "
+        "the figures without a profile:"]
+    # without a profile: the user's figures (provenance "user"); a kind the table does not know is refused too
+    assert _load("chips:\n  tpu-v5e: {hbm_copy_bytes_per_second: 6.0e+11}\n")["table"]["tpu-v5e"]
+    with pytest.raises(Exception, match="'Some NPU 2' is a device kind the chip table does not know, not a tpu-v5e"):
+        _load("chips:\n  tpu-v5e:\n    clock_hz: 1.0e+9\n    profile: {measured_on: Some NPU 2}\n")
