@@ -723,10 +723,12 @@ def find_causes(name: str, before: Mapping, after: Mapping, changes: list[Change
             model_inits.setdefault(at, None)
     for (how, at), leaves in groups.items():
         if key_is_model := (how == "model" and at is None):
-            at = ", ".join(model_inits) or None
+            own, inits = _annotation_lines(model_inits, leaves, b_in, after.get("inputs") or [])
+            at = ", ".join(own + inits) or None
         who = _HOW.get(how, "{at}").format(at=at or "?")
         if key_is_model:
-            who = "the model's sharding annotations" + (f" (init at {at})" if at else "")
+            who = ("the model's sharding annotations" + (f" at {', '.join(own)}" if own else "")
+                   + (f" (init at {', '.join(inits)})" if inits else ""))
         what = f"{who} changed the declared sharding of {len(leaves)} input{'s' if len(leaves) != 1 else ''}"
         edits.append((Cause(name, "declared", what, at, tuple(f"{p}: {b} → {a}" for p, b, a in leaves)),
                       {f"input {p}" for p, _, _ in leaves}))
@@ -790,6 +792,26 @@ def find_causes(name: str, before: Mapping, after: Mapping, changes: list[Change
     causes = [dataclasses.replace(c, consequences=tuple(x for x, _ in cons), linked=tuple(k for _, k in cons))
               for (c, _), cons in zip(edits, consequences)]
     return causes, unexplained
+
+
+def _annotation_lines(lines: Mapping[str, None], leaves: list[tuple[str, str, str]], before: Mapping[str, Mapping],
+                      after: list[Mapping]) -> tuple[list[str], list[str]]:
+    """The lines the model's changed annotations are credited to (``declared_at`` of the model-declared
+    inputs), split into the model's own lines (a module's ``nnx.with_partitioning``) and init lines
+    (the spec's ``init:`` line, or the init's line that builds copies of the model's leaves: an
+    optimizer's moments, whose paths end with a parameter's path under its argument), each in order."""
+    at = {y["path"]: y.get("declared_at") or (before.get(y["path"]) or {}).get("declared_at") for y in after}
+    changed = [p for p, _, _ in leaves]
+    by_line: dict[str, list[str]] = {}
+    for p in changed:
+        by_line.setdefault(at.get(p) or "", []).append(p)
+    inits, own = [], []
+    for line in lines:
+        paths = by_line.get(line, [])
+        tails = {q.split("/", 1)[1] for other, qs in by_line.items() if other != line for q in qs if "/" in q}
+        copies = bool(paths) and all(any(p.endswith("/" + t) for t in tails) for p in paths)
+        (inits if copies or line.rsplit(":", 1)[0].endswith((".yaml", ".yml")) else own).append(line)
+    return own, inits
 
 
 def _line_key(line: str) -> tuple:

@@ -150,7 +150,7 @@ def test_nnx_with_partitioning_edit(tmp_path, monkeypatch, run_cli):
     (cause,) = [c for c in f["causes"] if c["kind"] == "declared"]
     # credited to the model's lines that wrote the annotation (issue 49): the nnx.Linear of `down` and
     # make_optimizer, whose moments take the parameter's sharding; not the spec's init: lines
-    assert cause["what"] == ("the model's sharding annotations (init at nnx_lm.py:19, nnx_lm.py:40) "
+    assert cause["what"] == ("the model's sharding annotations at nnx_lm.py:19 (init at nnx_lm.py:40) "
                              "changed the declared sharding of 3 inputs")
     assert sorted(e.split(":")[0] for e in cause["edits"]) == [
         "model/mlp/down/kernel/value", "optimizer/opt_state/0/mu/mlp/down/kernel/value",
