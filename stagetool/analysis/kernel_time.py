@@ -230,6 +230,9 @@ def _read(module: HloModule, fused: HloComputation, name: str, whole: float, dep
     users = [u for u in fused.instructions if name in u.operands]
     if whole == 0:
         return 0.0
+    if fused.root is not None and fused.root.name == name:
+        return whole  # it is the computation's result: whoever reads that reads all of it (a nested fusion's
+        # bitcast of its parameter read whole by the reduce-window after it)
     total = 0.0
     for u in users:
         if u.opcode in ("dynamic-slice", "slice", "gather") and u.operands[0] == name:
@@ -237,6 +240,10 @@ def _read(module: HloModule, fused: HloComputation, name: str, whole: float, dep
         elif u.opcode == "dynamic-update-slice" and u.operands[0] == name and name not in u.operands[1:]:
             continue
         elif u.opcode == "bitcast" and depth < 8:
+            total += _read(module, fused, u.name, whole, depth + 1)
+        elif u.opcode == "fusion" and u.called_computations and depth < 8 and _relayout(module, u, name):
+            # a nested fusion that only re-tiles it (XLA:TPU's copy_fusion of a stacked int8 weight before the
+            # layer's dynamic-slice): what its users read of the copy is what is read of the parameter
             total += _read(module, fused, u.name, whole, depth + 1)
         elif u.opcode == "fusion" and u.called_computations and depth < 8:
             inner = module.computation(u.called_computations[0].lstrip("%"))
@@ -247,6 +254,14 @@ def _read(module: HloModule, fused: HloComputation, name: str, whole: float, dep
         else:
             return whole
     return min(total, whole)
+
+
+def _relayout(module: HloModule, u: HloInstruction, name: str) -> bool:
+    """Whether the nested fusion ``u`` only moves its one operand ``name`` element for element (its computation
+    copies, bitcasts or converts it: a layout change, no reordering), so that it is read as its users read it."""
+    inner = module.computation(u.called_computations[0].lstrip("%"))
+    return (inner is not None and list(u.operands) == [name]
+            and {i.opcode for i in inner.instructions} <= {"parameter", "copy", "bitcast", "convert"})
 
 
 def _fusion_bytes(module: HloModule, comp: HloComputation, ins: HloInstruction, moved: float) -> float:
@@ -277,6 +292,18 @@ def _fusion_bytes(module: HloModule, comp: HloComputation, ins: HloInstruction, 
                 continue
         total += _hbm_bytes(leaf.shape)
     return total
+
+
+def _scalars_only(comp: HloComputation, ins: HloInstruction) -> bool:
+    """Whether a lone instruction reads and writes only scalars (rank 0: an index's ``remainder``, ``select``,
+    ``compare``): XLA:TPU runs it on the scalar unit (its result in scalar memory, ``S(6)``), no vector kernel
+    and no fixed cost, though each scalar's tiled size (512 bytes for ``s32[]{:T(128)}``) is over
+    :data:`_SCALAR_BYTES`. (The profile of the suite's KV-cache update shows none of its ten such ops.)"""
+    if ins.opcode in ("fusion", "call", "while", "conditional") or ins.called_computations:
+        return False
+    shapes = [ins.shape, *(_shape(comp, o) for o in ins.operands)]
+    leaves = [a for sh in shapes if sh is not None for a in array_leaves(sh)]
+    return bool(leaves) and all(not a.dims for a in leaves)
 
 
 def _hbm_bytes(shape) -> float:
@@ -381,6 +408,17 @@ def _batched_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, i
     k = math.prod(lhs.dims[i] for i in lc if i < len(lhs.dims))
     n = math.prod(d for i, d in enumerate(rhs.dims) if i not in rc and i not in rb)
     return max(m, n) < tile[0]  # tiny products (64 x 64), not attention's 512 x 512 over a head of 64
+
+
+def _scatter_rows(sc: HloInstruction, idx) -> float:
+    """How many rows a scatter writes: its indices' elements less the index vector's dimension
+    (``index_vector_dim``; where it equals the indices' rank, s32[65536] with ``index_vector_dim=1``, each
+    element is one row's index), 0 where the indices' shape is not readable."""
+    if not isinstance(idx, ArrayShape) or not idx.dims:
+        return 1.0 if isinstance(idx, ArrayShape) else 0.0
+    vdim = _dims(sc.attributes.get("index_vector_dim"))
+    v = vdim[0] if vdim else len(idx.dims) - 1
+    return float(math.prod(d for i, d in enumerate(idx.dims) if i != v))
 
 
 def _is_fft(inner: list[tuple[HloComputation, HloInstruction]], ins: HloInstruction) -> bool:
@@ -522,7 +560,7 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
     hbm = chip.hbm_bandwidth_bytes_per_second
     copy_rate = _rate(chip.hbm_copy_bytes_per_second, hbm)
     overhead = (chip.kernel_launch_seconds if gpu else chip.kernel_overhead_seconds) or 0.0
-    if not gpu and moved <= _SCALAR_BYTES and ins.opcode != "custom-call":
+    if not gpu and ins.opcode != "custom-call" and (moved <= _SCALAR_BYTES or _scalars_only(comp, ins)):
         overhead = 0.0  # a loop counter's add or compare: the TPU's scalar unit, no vector kernel
     cycles = xla_cycles(ins)
     xla = cycles / chip.clock_hz if cycles and cycles > 0 and chip.clock_hz else None
@@ -633,7 +671,7 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         rate = _rate(chip.scatter_bytes_per_second, hbm)  # the update read, its row read and written
         memory = 3 * upd / rate if rate else 0.0
         idx = _shape(sc_comp, sc.operands[len(sc.operands) // 2]) if len(sc.operands) > 2 else None
-        rows = float(math.prod(idx.dims[:-1] or (1,))) if isinstance(idx, ArrayShape) and idx.dims else 0.0
+        rows = _scatter_rows(sc, idx)
         if rows and chip.scatter_bytes_per_second and not gpu:
             # a scatter is bound by its rows where they are narrow, as a gather is: calibrate's scatter-add
             # (2 KiB rows) gives the time of one row, 3 x 2048 bytes / its rate (32 ns on the lent v5e)

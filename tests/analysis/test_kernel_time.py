@@ -563,3 +563,138 @@ def test_the_likely_range_is_the_class_spread_and_an_unvalidated_chip_widens_it(
     e = _estimate(_INT8, ROUND)  # no chip measurement validated any class of this chip
     assert e.likely_seconds == pytest.approx((e.schedule_seconds * 0.5, e.schedule_seconds * 2.0), rel=1e-6)
     assert e.not_validated == ("matmul",)
+
+
+# ------------------------------------------- issue 46 (second stop): mechanisms behind the suite's worst rows
+_STACKED_INT8 = """HloModule jit_int8_weight_decode, is_scheduled=true
+
+%copy_fusion (input: s8[16,512,1024]) -> s8[16,512,1024] {
+  %input = s8[16,512,1024]{2,1,0:T(32,128)(4,1)} parameter(0)
+  ROOT %copy.7 = s8[16,512,1024]{2,1,0:T(8,128)(4,1)} copy(%input)
+}
+
+%layer (param_0.109: s8[16,512,1024], param_1.118: s32[]) -> s8[512,1024] {
+  %param_0.109 = s8[16,512,1024]{2,1,0:T(32,128)(4,1)} parameter(0)
+  %fusion.54 = s8[16,512,1024]{2,1,0:T(8,128)(4,1)} fusion(%param_0.109), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion
+  %param_1.118 = s32[]{:T(128)} parameter(1)
+  %constant.125 = s32[]{:T(128)} constant(0)
+  %dynamic_slice.51 = s8[1,512,1024]{2,1,0:T(8,128)(4,1)} dynamic-slice(%fusion.54, %param_1.118, %constant.125, %constant.125), dynamic_slice_sizes={1,512,1024}
+  ROOT %bitcast.26 = s8[512,1024]{1,0:T(8,128)(4,1)} bitcast(%dynamic_slice.51)
+}
+
+%matmul (param_0.110: bf16[8,512], param_1.119: s8[16,512,1024], param_2.76: s32[]) -> bf16[8,1024] {
+  %param_0.110 = bf16[8,512]{1,0:T(8,128)(2,1)S(1)} parameter(0)
+  %param_1.119 = s8[16,512,1024]{2,1,0:T(32,128)(4,1)} parameter(1)
+  %param_2.76 = s32[]{:T(128)} parameter(2)
+  %fusion.45 = s8[512,1024]{1,0:T(8,128)(4,1)} fusion(%param_1.119, %param_2.76), kind=kLoop, calls=%layer
+  ROOT %convolution.20 = bf16[8,1024]{1,0:T(8,128)(2,1)S(1)} convolution(%param_0.110, %fusion.45), dim_labels=bf_io->bf
+}
+
+ENTRY %main (x: bf16[8,512], w: s8[16,512,1024], i: s32[]) -> bf16[8,1024] {
+  %x = bf16[8,512]{1,0:T(8,128)(2,1)S(1)} parameter(0)
+  %w = s8[16,512,1024]{2,1,0:T(32,128)(4,1)} parameter(1)
+  %i = s32[]{:T(128)} parameter(2)
+  ROOT %fusion.52 = bf16[8,1024]{1,0:T(8,128)(2,1)S(1)} fusion(%x, %w, %i), kind=kOutput, calls=%matmul
+}
+"""
+
+
+def test_a_layer_of_a_stacked_int8_weight_re_tiled_before_its_slice_reads_one_layer():
+    """Issue 46's weight-only int8 decode (+1694%): XLA:TPU re-tiles the stacked s8[16, ...] weight in a nested
+    copy_fusion (T(32,128) -> T(8,128)) before the layer's dynamic-slice; the kernel reads one layer from HBM,
+    not all 16 (the kept profile: 68 us a layer-step against 1.3 ms for the whole stack at the copy rate)."""
+    kt = _kernel(_STACKED_INT8, "fusion.52")
+    layer = 512 * 1024  # s8: one byte an element; x and the result are in VMEM (S(1))
+    assert kt.bytes_accessed == layer + 512  # + the s32[] index at its tiled 512 bytes
+    assert kt.memory_seconds == pytest.approx((layer + 512) / 4e11)
+
+
+_CUMSUM = """HloModule jit_cumsum_rows, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%bitcast_fusion (bitcast_input: f32[512,64,128]) -> f32[512,64,128] {
+  %bitcast_input = f32[512,64,128]{0,1,2:T(8,128)} parameter(0)
+  ROOT %bitcast = f32[512,64,128]{0,1,2:T(8,128)} bitcast(%bitcast_input)
+}
+
+%scan (param_0.3: f32[512,64,128]) -> f32[512,64,128] {
+  %param_0.3 = f32[512,64,128]{0,1,2:T(8,128)} parameter(0)
+  %fusion.1 = f32[512,64,128]{0,1,2:T(8,128)} fusion(%param_0.3), kind=kLoop, calls=%bitcast_fusion
+  %constant.3 = f32[]{:T(128)} constant(0)
+  ROOT %reduce-window.2 = f32[512,64,128]{0,1,2:T(8,128)} reduce-window(%fusion.1, %constant.3), window={size=1x1x128 pad=0_0x0_0x127_0}, to_apply=%add
+}
+
+ENTRY %main (x: f32[512,64,128]) -> f32[512,64,128] {
+  %x = f32[512,64,128]{0,1,2:T(8,128)} parameter(0)
+  ROOT %fusion = f32[512,64,128]{0,1,2:T(8,128)} fusion(%x), kind=kOutput, calls=%scan
+}
+"""
+
+
+def test_a_parameter_bitcast_to_a_nested_fusions_result_is_read_whole():
+    """The suite's cumsum: the scan reads its input through a nested bitcast fusion; the bitcast is that
+    fusion's result, read whole by the reduce-window (it counted 0 bytes read: only the result written)."""
+    kt = _kernel(_CUMSUM, "fusion")
+    assert kt.bytes_accessed == 2 * 512 * 64 * 128 * 4  # read and written
+
+
+_SCATTER_SET = """HloModule jit_scatter_rows_set, is_scheduled=true
+
+%set (a: bf16[], b: bf16[]) -> bf16[] {
+  %a = bf16[]{:T(256)} parameter(0)
+  ROOT %b = bf16[]{:T(256)} parameter(1)
+}
+
+%fused_computation (param_0: bf16[1048576,256], param_1.2: s32[65536], param_2: bf16[65536,256]) -> bf16[1048576,256] {
+  %param_0 = bf16[1048576,256]{1,0:T(8,128)(2,1)} parameter(0)
+  %param_1.2 = s32[65536]{0:T(1024)S(1)} parameter(1)
+  %param_2 = bf16[65536,256]{1,0:T(8,128)(2,1)} parameter(2)
+  ROOT %scatter.1 = bf16[1048576,256]{1,0:T(8,128)(2,1)} scatter(%param_0, %param_1.2, %param_2), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%set
+}
+
+ENTRY %main (table: bf16[1048576,256], ids: s32[65536], rows: bf16[65536,256]) -> bf16[1048576,256] {
+  %table = bf16[1048576,256]{1,0:T(8,128)(2,1)} parameter(0)
+  %ids = s32[65536]{0:T(1024)S(1)} parameter(1)
+  %rows = bf16[65536,256]{1,0:T(8,128)(2,1)} parameter(2)
+  ROOT %scatter_fusion = bf16[1048576,256]{1,0:T(8,128)(2,1)} fusion(%table, %ids, %rows), kind=kCustom, calls=%fused_computation
+}
+"""
+
+
+def test_a_scatter_of_narrow_rows_is_bound_by_its_rows_whatever_its_index_vector_dim():
+    """The suite's scatter-set of 65,536 rows of 512 B: its indices s32[65536] with index_vector_dim=1 (the
+    indices' rank: one index per element). The per-row rule read the rows as the indices' dimensions but the
+    last (none: 1 row), so the rows' time (65,536 x 3 x 2 KiB at the scatter rate) never applied (-90%)."""
+    kt = _kernel(_SCATTER_SET, "scatter_fusion")
+    assert kt.kind == "scatter"
+    rows = 65536 * 3 * 2048 / 1e11
+    assert rows > 3 * 65536 * 512 / 1e11  # the rows' time is the larger here
+    assert kt.memory_seconds == pytest.approx(rows, rel=1e-9)
+
+
+_SCALAR_INDEX = """HloModule jit_kv_cache_update, is_scheduled=true
+
+ENTRY %main (pos: s32[]) -> s32[] {
+  %pos = s32[]{:T(128)} parameter(0)
+  %c = s32[]{:T(128)} constant(8192)
+  %copy.3 = s32[]{:T(128)S(6)} copy(%pos)
+  %rem.0 = s32[]{:T(128)S(6)} remainder(%copy.3, %c)
+  %ne.0 = pred[]{:T(512)S(6)} compare(%rem.0, %c), direction=LT
+  ROOT %select = s32[]{:T(128)S(6)} select(%ne.0, %rem.0, %c)
+}
+"""
+
+
+def test_scalar_index_arithmetic_has_no_kernel_fixed_cost():
+    """The suite's KV-cache update (+238%): ten scalar ops on its position (remainder, compare, select of
+    s32[] in scalar memory) were each charged a vector kernel's 1 us fixed cost; the kept profile shows none
+    of them (XLA:TPU's scalar unit runs them). Their tiled size (512 B each) is over the 64-byte rule."""
+    for name in ("rem.0", "ne.0", "select"):
+        kt = _kernel(_SCALAR_INDEX, name, V5E)
+        assert kt.overhead_seconds == 0.0 and kt.seconds < 1e-8
+    assert _estimate(_SCALAR_INDEX, V5E).schedule_seconds < 1e-8
