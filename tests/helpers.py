@@ -154,6 +154,16 @@ def leaves_by_path(doc: dict, key: str = "inputs", function: int = 0) -> dict[st
     return {leaf["path"]: leaf for leaf in doc["functions"][function][key]}
 
 
+def memory_of(run_cli, target: str, *extra: str, topology: str | None = None, mesh: str | None = None) -> dict:
+    """``stagetool memory TARGET --no-peak --format json [--topology T] [--mesh M] EXTRA...`` through
+    ``run_cli`` (exit 0): the report's first function, asserted to have no error."""
+    args = ["memory", target, "--no-peak", "--format", "json", *extra]
+    args += [*(["--topology", topology] if topology else []), *(["--mesh", mesh] if mesh else [])]
+    (f, *_) = run_cli(*args, check=0).json()["functions"]
+    assert f.get("error") is None
+    return f
+
+
 def target_devices(topology: str | None) -> list:
     """The devices a raw-JAX reference compiles for: the first 8 simulated CPU devices for None, else
     the compile-only devices of ``topology`` (``v5e:2x4``, ``h100:8``) as stagetool builds them;
@@ -228,6 +238,72 @@ def assert_figures_are_raw_jaxs(fn: dict, compiled: Any) -> None:
     assert [spec(leaf["compiled"]) for leaf in fn["inputs"] if not leaf["unused"]] == [spec(s) for s in raw_in]
     assert [spec(leaf["compiled"]) for leaf in fn["outputs"]] == [
         spec(s.spec) for s in jax_tree_leaves(compiled.output_shardings)]
+
+
+def raw_module(path: Path, name: str):
+    """The program at ``path`` imported as a module of its own (``_raw_<name>``), not through
+    ``sys.path``: the raw-JAX side of a comparison, as the program's own script would run it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_raw_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def report_as_raw_jax_compiles_it(run_cli, folder: Path, program: str, function: str, topology: str | None,
+                                  raw_compile) -> tuple[dict, Any]:
+    """A program of ``tests/data`` staged by the CLI and compiled by raw JAX, figure by figure.
+
+    Copies ``tests/data/<program>.py`` and its ``<program>.stagetool.yaml`` into ``folder`` (the
+    working directory: the caller chdirs there), runs ``stagetool report <program>.py:<function>
+    --no-peak --format json`` (with ``--topology`` unless ``topology`` is None: the 8 simulated CPU
+    devices), and compiles the same step with ``raw_compile(module, devices)`` (the program imported
+    with :func:`raw_module`, the devices of :func:`target_devices`), a ``jax.stages.Compiled``.
+    Asserts the report has no error, is on the devices' platform and has raw JAX's figures
+    (:func:`assert_figures_are_raw_jaxs`). Returns the report's function and the compiled step, for
+    the program's own checks."""
+    import shutil
+
+    for name in (f"{program}.py", f"{program}.stagetool.yaml"):
+        shutil.copy(REPO / "tests" / "data" / name, folder / name)
+    devices = target_devices(topology)
+    args = ["report", f"{program}.py:{function}", "--no-peak", "--format", "json"]
+    doc = run_cli(*args, *(["--topology", topology] if topology else []), check=0).json()
+    (fn,) = doc["functions"]
+    assert fn["error"] is None and fn["mesh"]["platform"] == devices[0].platform
+    compiled = raw_compile(raw_module(folder / f"{program}.py", program), devices)
+    compiled = getattr(compiled, "compiled", compiled)  # Equinox's wrapper around JAX's Compiled
+    assert_figures_are_raw_jaxs(fn, compiled)
+    return fn, compiled
+
+
+#: The head of a model module written by tests/inputs/test_own_mesh*.py: a Flax NNX two-layer MLP whose
+#: kernels are annotated (fsdp, tensor) and (tensor, fsdp), and the start of ``build(devices, fsdp,
+#: tensor)``: the module's own (fsdp, tensor) mesh over ``devices`` and the model built abstractly on it
+#: (``mesh``, ``abstract``); the test's text goes on in ``build``'s body.
+NNX_FSDP_TENSOR_MODULE = '''import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+
+class M(nnx.Module):
+    def __init__(self, rngs):
+        init = nnx.initializers.lecun_normal()
+        self.lin = nnx.Linear(256, 512, kernel_init=nnx.with_partitioning(init, ("fsdp", "tensor")), rngs=rngs)
+        self.out = nnx.Linear(512, 256, kernel_init=nnx.with_partitioning(init, ("tensor", "fsdp")), rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(jax.nn.relu(self.lin(x)))
+
+
+def build(devices, fsdp=4, tensor=2):
+    mesh = Mesh(mesh_utils.create_device_mesh((fsdp, tensor), devices), ("fsdp", "tensor"))
+    with jax.set_mesh(mesh):
+        abstract = nnx.eval_shape(lambda: M(nnx.Rngs(0)))
+'''
 
 
 def jax_tree_leaves(tree: Any) -> list:

@@ -10,13 +10,12 @@ uses (``tpu_topology``/``gpu_topology``), then ``.lower(...).compile()``.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 
 import jax
 import pytest
-from helpers import target_devices, write
+from helpers import NNX_FSDP_TENSOR_MODULE, memory_of, raw_module, target_devices, write
 from jax.sharding import PartitionSpec as P
 
 from stagetool.devices import tpu_topology
@@ -133,24 +132,6 @@ functions:
 TARGETS = [None, "v5e:2x4", "h100:8"]
 
 
-def _raw_module(path, name):
-    """The model module imported as plain Python (the raw-JAX side builds from its build())."""
-    spec = importlib.util.spec_from_file_location(f"_raw_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _memory(run_cli, target, topology, *extra):
-    args = ["memory", target, "--no-peak", "--format", "json", *extra]
-    if topology:
-        args += ["--topology", topology]
-    doc = run_cli(*args, check=0).json()
-    f = doc["functions"][0]
-    assert f.get("error") is None
-    return f
-
-
 def _assert_xlas(record, compiled):
     stats = compiled.memory_analysis()
     assert (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"],
@@ -170,12 +151,12 @@ def test_maxtext_style_stages_on_the_target_as_raw_jax(run_cli, tmp_path, monkey
     write(tmp_path, "mt.stagetool.yaml", MAXTEXT_SPEC)
     monkeypatch.chdir(tmp_path)
     devices = target_devices(topology)
-    f = _memory(run_cli, "mt.py:train_step", topology)
+    f = memory_of(run_cli, "mt.py:train_step", topology=topology)
     assert f["mesh"]["device_count"] == 8 and f["mesh"]["platform"] == devices[0].platform
     # the module's mesh is the staged one: nothing re-laid
     assert not [n for n in f["notes"] if "re-laid" in n or "taken by axis name" in n]
 
-    raw = _raw_module(model, "mt")
+    raw = raw_module(model, "mt")
     _, _, step, structs = raw.build(devices)
     compiled = step.lower(*structs).compile()
     _assert_xlas(f["memory"]["record"], compiled)
@@ -196,11 +177,11 @@ def test_maxtext_style_other_mesh_is_relaid_faithfully(run_cli, tmp_path, monkey
     model = write(tmp_path, "mt.py", MAXTEXT_STYLE)
     write(tmp_path, "mt.stagetool.yaml", MAXTEXT_SPEC)
     monkeypatch.chdir(tmp_path)
-    f = _memory(run_cli, "mt.py:train_step", None, "--mesh", "fsdp=2,tensor=4")
+    f = memory_of(run_cli, "mt.py:train_step", mesh="fsdp=2,tensor=4")
     notes = " ".join(f["notes"])
     assert "re-laid by axis name on the staged mesh (fsdp=2 × tensor=4 on 8 cpu devices)" in notes
     assert "fsdp=4 × tensor=2" in notes and "the init's shardings" in notes
-    raw = _raw_module(model, "mt")
+    raw = raw_module(model, "mt")
     _, _, step, structs = raw.build(jax.devices()[:8], fsdp=2, tensor=4)
     _assert_xlas(f["memory"]["record"], step.lower(*structs).compile())
 
@@ -231,14 +212,14 @@ def test_examples_style_config_mesh_and_shard_map(run_cli, tmp_path, monkeypatch
     write(tmp_path, "ex.stagetool.yaml", EXAMPLES_SPEC)
     monkeypatch.chdir(tmp_path)
     devices = target_devices(topology)
-    raw = _raw_module(model, "ex")
+    raw = raw_module(model, "ex")
     cfg = raw.make_config(devices=devices)
     structs = [jax.ShapeDtypeStruct(s, jax.numpy.float32, sharding=jax.sharding.NamedSharding(cfg.mesh, p))
                for s, p in (((64, 256), P("x", None)), ((256, 1024), P(None, "y")),
                             ((1024, 256), P("y", None)))]
     compiled = jax.jit(raw.step_of(cfg)).lower(*structs).compile()
     for target in ("ex.py:step", "ex.py:step_cfg"):  # the module's Config, and the spec's {mesh: staged}
-        f = _memory(run_cli, target, topology)
+        f = memory_of(run_cli, target, topology=topology)
         _assert_xlas(f["memory"]["record"], compiled)
 
 
@@ -251,8 +232,8 @@ def test_examples_style_other_mesh(run_cli, tmp_path, monkeypatch):
     r = run_cli("memory", "ex.py:step", "--mesh", "x=4,y=2", "--no-peak", check=2)
     assert "x=4 × y=2 on 8 cpu devices" in r.stderr and "x=2 × y=4 on 8 cpu devices" in r.stderr and "ex.py:" in r.stderr
     assert "the staged mesh's axes at other sizes" in r.stderr  # what in the code makes it so
-    f = _memory(run_cli, "ex.py:step_cfg", None, "--mesh", "x=4,y=2")
-    raw = _raw_module(model, "ex")
+    f = memory_of(run_cli, "ex.py:step_cfg", mesh="x=4,y=2")
+    raw = raw_module(model, "ex")
     mesh = jax.make_mesh((4, 2), ("x", "y"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
                          devices=jax.devices()[:8])
     cfg = raw.Config(mesh)
@@ -359,42 +340,21 @@ def test_a_jit_stagetool_does_not_unwrap_is_named(run_cli, tmp_path, monkeypatch
         """)
     monkeypatch.chdir(tmp_path)
     for target in ("hj.py:step", "hj.py:partial_step"):
-        f = _memory(run_cli, target, None)
+        f = memory_of(run_cli, target)
         notes = [n for n in f["notes"] if "does not unwrap" in n]
         assert len(notes) == 1 and "donation (donate_argnums=(0,))" in notes[0] and target in notes[0]
-        raw = jax.jit(lambda p, g: _raw_module(tmp_path / "hj.py", "hj").step(p, g))
+        raw = jax.jit(lambda p, g: raw_module(tmp_path / "hj.py", "hj").step(p, g))
         s = jax.ShapeDtypeStruct((256, 256), jax.numpy.float32)
         _assert_xlas(f["memory"]["record"], raw.lower(s, s).compile())
         assert f["memory"]["record"]["alias_bytes"] == 0
-    f = _memory(run_cli, "hj.py:plain", None)
+    f = memory_of(run_cli, "hj.py:plain")
     assert not [n for n in f["notes"] if "does not unwrap" in n]
 
 
 MAXTEXT_NNX = '''
 """MaxText-style with Flax NNX state: the mesh from jax.devices() at import, nnx.State arguments to a
 plain jax.jit step whose in/out shardings come from nnx.get_named_sharding on that mesh."""
-import jax
-import jax.numpy as jnp
-from flax import nnx
-from jax.experimental import mesh_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-
-class M(nnx.Module):
-    def __init__(self, rngs):
-        init = nnx.initializers.lecun_normal()
-        self.lin = nnx.Linear(256, 512, kernel_init=nnx.with_partitioning(init, ("fsdp", "tensor")), rngs=rngs)
-        self.out = nnx.Linear(512, 256, kernel_init=nnx.with_partitioning(init, ("tensor", "fsdp")), rngs=rngs)
-
-    def __call__(self, x):
-        return self.out(jax.nn.relu(self.lin(x)))
-
-
-def build(devices, fsdp=4, tensor=2):
-    mesh = Mesh(mesh_utils.create_device_mesh((fsdp, tensor), devices), ("fsdp", "tensor"))
-    with jax.set_mesh(mesh):
-        abstract = nnx.eval_shape(lambda: M(nnx.Rngs(0)))
-    graphdef, abstract_state = nnx.split(abstract)
+''' + NNX_FSDP_TENSOR_MODULE + '''    graphdef, abstract_state = nnx.split(abstract)
     shardings = nnx.get_named_sharding(abstract_state, mesh)
     batch = NamedSharding(mesh, P("fsdp", None))
 
@@ -427,10 +387,10 @@ def test_maxtext_style_nnx_state(run_cli, tmp_path, monkeypatch, topology, mesh)
     write(tmp_path, "nxm.stagetool.yaml", MAXTEXT_SPEC.replace("mt.py", "nxm.py").replace("        init_args: [key(0)]\n", ""))
     monkeypatch.chdir(tmp_path)
     devices = target_devices(topology)
-    f = _memory(run_cli, "nxm.py:train_step", topology, *(["--mesh", mesh] if mesh else []))
+    f = memory_of(run_cli, "nxm.py:train_step", topology=topology, mesh=mesh)
     relaid = [n for n in f["notes"] if "re-laid by axis name" in n]
     assert len(relaid) == (1 if mesh else 0)
-    raw = _raw_module(model, "nxm")
+    raw = raw_module(model, "nxm")
     sizes = dict(fsdp=2, tensor=4) if mesh else {}
     _, _, step, structs = raw.build(devices, **sizes)
     _assert_xlas(f["memory"]["record"], step.lower(*structs).compile())

@@ -11,40 +11,18 @@ at the staged shape on the same 8 devices (simulated CPU, or libtpu's compile-on
 
 from __future__ import annotations
 
-import importlib.util
 
 import jax
 import numpy as np
 import pytest
-from helpers import write
+from helpers import NNX_FSDP_TENSOR_MODULE, memory_of, raw_module, write
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 NNX_STEP = '''
 """nnx.jit step: the wrapper's in/out_shardings on the module's own mesh (nnx.StateSharding from
 nnx.get_named_sharding), donating the model."""
-import jax
-import jax.numpy as jnp
-from flax import nnx
-from jax.experimental import mesh_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-
-class M(nnx.Module):
-    def __init__(self, rngs):
-        init = nnx.initializers.lecun_normal()
-        self.lin = nnx.Linear(256, 512, kernel_init=nnx.with_partitioning(init, ("fsdp", "tensor")), rngs=rngs)
-        self.out = nnx.Linear(512, 256, kernel_init=nnx.with_partitioning(init, ("tensor", "fsdp")), rngs=rngs)
-
-    def __call__(self, x):
-        return self.out(jax.nn.relu(self.lin(x)))
-
-
-def build(devices, fsdp=4, tensor=2):
-    mesh = Mesh(mesh_utils.create_device_mesh((fsdp, tensor), devices), ("fsdp", "tensor"))
-    with jax.set_mesh(mesh):
-        abstract = nnx.eval_shape(lambda: M(nnx.Rngs(0)))
-    state = nnx.StateSharding(nnx.get_named_sharding(nnx.state(abstract), mesh))
+''' + NNX_FSDP_TENSOR_MODULE + '''    state = nnx.StateSharding(nnx.get_named_sharding(nnx.state(abstract), mesh))
 
     def _step(model, x):
         def loss(m):
@@ -190,21 +168,6 @@ functions:
 SHAPES = {None: (4, 2), "2x4": (2, 4), "8x1": (8, 1)}
 
 
-def _raw_module(path, name):
-    spec = importlib.util.spec_from_file_location(f"_raw_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _memory(run_cli, target, mesh, *extra):
-    doc = run_cli("memory", target, "--no-peak", "--format", "json", *(["--mesh", mesh] if mesh else []), *extra,
-                  check=0).json()
-    f = doc["functions"][0]
-    assert f.get("error") is None
-    return f
-
-
 def _figures(record) -> tuple:
     return (record["argument_bytes"], record["output_bytes"], record["alias_bytes"], record["temp_bytes"],
             record["generated_code_bytes"])
@@ -238,7 +201,7 @@ def test_nnx_jit_own_shardings_are_relaid_as_nnx_compiles_them(run_cli, tmp_path
     write(tmp_path, "nj.stagetool.yaml", NNX_SPEC)
     monkeypatch.chdir(tmp_path)
     devices = _devices(topology)
-    f = _memory(run_cli, "nj.py:train_step", mesh, *(["--topology", topology] if topology else []))
+    f = memory_of(run_cli, "nj.py:train_step", mesh=mesh, topology=topology)
     relaid = [n for n in f["notes"] if "re-laid by axis name" in n]
     fsdp, tensor = SHAPES[mesh]
     kind = getattr(devices[0], "device_kind", "cpu")
@@ -248,7 +211,7 @@ def test_nnx_jit_own_shardings_are_relaid_as_nnx_compiles_them(run_cli, tmp_path
         assert len(relaid) == 1 and "own nnx.jit shardings" in relaid[0]
         assert f"(fsdp=4 × tensor=2 on 8 {kind} devices)" in relaid[0]
         assert f"(fsdp={fsdp} × tensor={tensor} on 8 {kind} devices)" in relaid[0]
-    raw = _raw_module(model, "nj")
+    raw = raw_module(model, "nj")
     _, abstract, step = raw.build(devices, fsdp, tensor)
     x = jax.ShapeDtypeStruct((64, 256), jax.numpy.float32, sharding=step.in_shardings[1])  # the module's own
     compiled = step.lower(abstract, x).compile()
@@ -268,13 +231,13 @@ def test_nnx_partitioning_metadata_on_the_modules_mesh(run_cli, tmp_path, monkey
     model = write(tmp_path, "nm.py", NNX_METADATA)
     write(tmp_path, "nm.stagetool.yaml", NNX_SPEC.replace("nj.py", "nm.py"))
     monkeypatch.chdir(tmp_path)
-    f = _memory(run_cli, "nm.py:train_step", mesh)
+    f = memory_of(run_cli, "nm.py:train_step", mesh=mesh)
     fsdp, tensor = SHAPES[mesh]
     taken = [n for n in f["notes"] if "taken by axis name" in n]
     assert len(taken) == (0 if mesh is None else 1)
     if mesh:
         assert "fsdp=4 × tensor=2" in taken[0] and f"(fsdp={fsdp} × tensor={tensor} on 8 cpu devices)" in taken[0]
-    raw = _raw_module(model, "nm")
+    raw = raw_module(model, "nm")
     mesh_, cls, step = raw.build(jax.devices()[:8], fsdp, tensor)
     replicated = NamedSharding(mesh_, P())
     abstract = jax.tree.map(lambda a: a if getattr(a, "sharding", None) is not None
@@ -300,8 +263,8 @@ def test_eqx_filter_jit_with_the_modules_mesh_in_the_body_is_exit_2(run_cli, tmp
     line = next(i for i, t in enumerate(model.read_text().splitlines(), 1) if "eqx.filter_shard(x" in t)
     assert f"ej.py:{line} in build.<locals>.step" in r.stderr and "--mesh fsdp=4,tensor=2" in r.stderr
 
-    f = _memory(run_cli, "ej.py:train_step", None)
-    raw = _raw_module(model, "ej")
+    f = memory_of(run_cli, "ej.py:train_step")
+    raw = raw_module(model, "ej")
     mesh_, step = raw.build(jax.devices()[:8])
     replicated = NamedSharding(mesh_, P())  # as stagetool lays an init's leaves that name no sharding
     mlp = jax.tree.map(lambda a: jax.device_put(a, replicated) if isinstance(a, jax.Array) else a, raw.make_model())

@@ -7,24 +7,15 @@ equals raw JAX's compile of the same step."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import REPO, assert_figures_are_raw_jaxs, target_devices, write
+from helpers import REPO, raw_module, report_as_raw_jax_compiles_it, target_devices, write
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 DATA = REPO / "tests" / "data"
-
-
-def _raw_module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(f"_raw_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _raw_compile(raw, devices):
@@ -41,19 +32,10 @@ def _raw_compile(raw, devices):
 
 @pytest.mark.parametrize("topology", [None, "v5e:2x4"])
 def test_bonsai_qwen3_step_stages_as_raw_jax_compiles_it(run_cli, tmp_path, monkeypatch, topology):
-    for name in ("bonsai_qwen3.py", "bonsai_qwen3.stagetool.yaml"):
-        shutil.copy(DATA / name, tmp_path / name)
     monkeypatch.chdir(tmp_path)
-    devices = target_devices(topology)
-    args = ["report", "bonsai_qwen3.py:forward", "--no-peak", "--format", "json"]
-    doc = run_cli(*args, *(["--topology", topology] if topology else []), check=0).json()
-    (fn,) = doc["functions"]
-    assert fn["error"] is None and fn["mesh"]["platform"] == devices[0].platform
+    fn, compiled = report_as_raw_jax_compiles_it(run_cli, tmp_path, "bonsai_qwen3", "forward", topology, _raw_compile)
     assert fn["mesh"]["axis_types"] == "explicit"  # the module's own mesh's, the spec giving none
     assert any("with Explicit axes (bonsai_qwen3.py:" in n for n in fn["notes"])
-
-    compiled = _raw_compile(_raw_module(tmp_path / "bonsai_qwen3.py", "bonsai_qwen3"), devices)
-    assert_figures_are_raw_jaxs(fn, compiled)
     assert fn["memory"]["record"]["peak_bytes_reported"] == compiled.memory_analysis().peak_memory_in_bytes
     (pad_id,) = [leaf for leaf in fn["inputs"] if leaf["path"] == "pad_id"]
     assert (pad_id["shape"], pad_id["dtype"], pad_id["unused"]) == ([], "int32", False)
@@ -65,7 +47,7 @@ def test_a_python_number_is_a_jit_argument_through_inspect():
     import stagetool
     from flax import nnx
 
-    raw = _raw_module(DATA / "bonsai_qwen3.py", "bonsai_qwen3_live")
+    raw = raw_module(DATA / "bonsai_qwen3.py", "bonsai_qwen3_live")
     with jax.set_mesh(raw.mesh):
         model, cache = nnx.eval_shape(raw.make_model), nnx.eval_shape(raw.make_cache)
         tokens = jax.ShapeDtypeStruct((raw.BATCH, raw.TOKENS), jnp.int32, sharding=NamedSharding(raw.mesh, P("fsdp")))

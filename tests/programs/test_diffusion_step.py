@@ -7,17 +7,12 @@ devices."""
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
 import warnings
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import REPO, assert_figures_are_raw_jaxs, target_devices, write
-
-DATA = REPO / "tests" / "data"
+from helpers import assert_figures_are_raw_jaxs, raw_module, report_as_raw_jax_compiles_it, write
 
 # the code as published calls APIs its JAX/Flax/optax now deprecate (pxla.thread_resources, Param(sharding=),
 # optax.global_norm): stagetool notes such a warning, and this suite's -W error would fail both sides on it
@@ -58,13 +53,6 @@ functions:
 """
 
 
-def _raw_module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(f"_raw_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_none_argument_is_staged_as_jax_jit_takes_it(run_cli, tmp_path, monkeypatch):
     """shortcut-models calls `update(train_state, None, images, labels)` (no teacher outside
     distillation): a spec's `null` argument was exit 2 ("null is not an input") though `jax.jit`
@@ -76,7 +64,7 @@ def test_a_none_argument_is_staged_as_jax_jit_takes_it(run_cli, tmp_path, monkey
     (fn,) = doc["functions"]
     assert [leaf["path"] for leaf in fn["inputs"]] == ["train_state/w", "images", "labels"]
 
-    raw = _raw_module(path, "upd")
+    raw = raw_module(path, "upd")
     mesh = raw.mesh
     structs = ({"w": jax.ShapeDtypeStruct((48, 16), jnp.float32, sharding=raw.no_shard)}, None,
                jax.ShapeDtypeStruct((32, 4, 4, 3), jnp.float32, sharding=raw.data_sharding),
@@ -85,26 +73,22 @@ def test_a_none_argument_is_staged_as_jax_jit_takes_it(run_cli, tmp_path, monkey
     assert_figures_are_raw_jaxs(fn, raw.update.trace(*structs).lower().compile())
 
 
-@pytest.mark.slow  # XLA:CPU compiles this step in 10-50 s (twice: stagetool's, raw JAX's); v5e:2x4 is in the trial log
-def test_shortcut_models_update_stages_as_raw_jax_compiles_it(run_cli, tmp_path, monkeypatch, topology=None):
-    for name in ("shortcut_dit.py", "shortcut_dit.stagetool.yaml"):
-        shutil.copy(DATA / name, tmp_path / name)
-    monkeypatch.chdir(tmp_path)
-    devices = target_devices(topology)
-    args = ["report", "shortcut_dit.py:update", "--no-peak", "--format", "json"]
-    doc = run_cli(*args, *(["--topology", topology] if topology else []), check=0).json()
-    (fn,) = doc["functions"]
-    assert fn["error"] is None and fn["mesh"]["platform"] == devices[0].platform
-    # the code's own mesh (create_device_mesh over jax.devices()) is the staged one: nothing re-laid
-    assert not [n for n in fn["notes"] if "re-laid" in n or "taken by axis name" in n]
-
-    raw = _raw_module(tmp_path / "shortcut_dit.py", "shortcut_dit")
+def _raw_compile(raw, devices):
+    """shortcut-models' update compiled by raw JAX for ``devices``: its train state abstract (the init's
+    shapes), no teacher, its batch."""
     run = raw.build(devices, raw.FLAGS)
     train_state = jax.eval_shape(run.init, jax.ShapeDtypeStruct((2,), jnp.uint32))
     with warnings.catch_warnings():  # the code's optax.global_norm is deprecated (stagetool: a note)
         warnings.simplefilter("ignore", DeprecationWarning)
-        compiled = run.update.trace(train_state, None, *run.batch).lower().compile()
-    assert_figures_are_raw_jaxs(fn, compiled)
+        return run.update.trace(train_state, None, *run.batch).lower().compile()
+
+
+@pytest.mark.slow  # XLA:CPU compiles this step in 10-50 s (twice: stagetool's, raw JAX's); v5e:2x4 is in the trial log
+def test_shortcut_models_update_stages_as_raw_jax_compiles_it(run_cli, tmp_path, monkeypatch, topology=None):
+    monkeypatch.chdir(tmp_path)
+    fn, _ = report_as_raw_jax_compiles_it(run_cli, tmp_path, "shortcut_dit", "update", topology, _raw_compile)
+    # the code's own mesh (create_device_mesh over jax.devices()) is the staged one: nothing re-laid
+    assert not [n for n in fn["notes"] if "re-laid" in n or "taken by axis name" in n]
     # the batch is sharded over the code's mesh axis, the state replicated ('dp')
     leaves = {leaf["path"]: leaf for leaf in fn["inputs"]}
     assert leaves["images"]["compiled"] == "P('devices', None, None, None)" and leaves["train_state/step"]["compiled"] == "P()"

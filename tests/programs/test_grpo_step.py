@@ -6,28 +6,16 @@ Every figure stagetool reports equals raw JAX's compile of the same code on the 
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
 import warnings
-from pathlib import Path
 
 import jax
 import pytest
-from helpers import REPO, assert_figures_are_raw_jaxs, target_devices
+from helpers import report_as_raw_jax_compiles_it
 from jax.sharding import NamedSharding, PartitionSpec as P
-
-DATA = REPO / "tests" / "data"
 
 # the code as published calls APIs its JAX/Flax/optax now deprecate (pxla.thread_resources, Param(sharding=),
 # optax.global_norm): stagetool notes such a warning, and this suite's -W error would fail both sides on it
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def _raw_module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(f"_raw_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _raw_compile(raw, devices):
@@ -52,17 +40,8 @@ def _raw_compile(raw, devices):
 
 @pytest.mark.parametrize("topology", [None, "v5e:2x4"])
 def test_tunix_grpo_step_stages_as_raw_jax_compiles_it(run_cli, tmp_path, monkeypatch, topology):
-    for name in ("tunix_grpo.py", "tunix_grpo.stagetool.yaml"):
-        shutil.copy(DATA / name, tmp_path / name)
     monkeypatch.chdir(tmp_path)
-    devices = target_devices(topology)
-    args = ["report", "tunix_grpo.py:jit_train_step", "--no-peak", "--format", "json"]
-    doc = run_cli(*args, *(["--topology", topology] if topology else []), check=0).json()
-    (fn,) = doc["functions"]
-    assert fn["error"] is None and fn["mesh"]["platform"] == devices[0].platform
-
-    compiled = _raw_compile(_raw_module(tmp_path / "tunix_grpo.py", "tunix_grpo"), devices)
-    assert_figures_are_raw_jaxs(fn, compiled)
+    fn, _ = report_as_raw_jax_compiles_it(run_cli, tmp_path, "tunix_grpo", "jit_train_step", topology, _raw_compile)
     leaves = {leaf["path"]: leaf for leaf in fn["inputs"]}
     # tunix's annotations: q (fsdp, tp, None), the MLP's up-projection (fsdp, tp), the batch over fsdp
     assert leaves["model/layers/0/attn/q_proj/w/value"]["compiled"] == "P('fsdp', 'tp', None)"

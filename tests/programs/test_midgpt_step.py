@@ -8,19 +8,12 @@ sharding, the report says so at the top with the bytes at stake and the memory v
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import shutil
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import REPO, assert_figures_are_raw_jaxs
+from helpers import report_as_raw_jax_compiles_it
 from jax.sharding import NamedSharding, PartitionSpec as P
-
-DATA = REPO / "tests" / "data"
 
 
 def _mesh() -> jax.sharding.Mesh:
@@ -148,32 +141,22 @@ def test_a_report_says_at_the_top_what_rides_on_an_unknown_sharding(run_cli, tmp
     assert mem["verdict"]["fits"] is None and "fits only if they are sharded" in mem["verdict"]["reason"]
 
 
-def _raw_module(path: Path):
-    spec = importlib.util.spec_from_file_location("_raw_midgpt_fsdp", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.slow
-def test_midgpt_opt_state_init_route_stages_as_the_real_program(run_cli, tmp_path, monkeypatch):
+def _raw_compile(raw, devices):
+    """midGPT's step compiled by raw JAX on the real objects: the init run, the optimizer state built
+    eagerly on the sharded model (the program's own mesh over the first 8 devices)."""
     import equinox as eqx
 
-    for name in ("midgpt_fsdp.py", "midgpt_fsdp.stagetool.yaml"):
-        shutil.copy(DATA / name, tmp_path / name)
-    monkeypatch.chdir(tmp_path)
-    doc = run_cli("report", "midgpt_fsdp.py:step", "--no-peak", "--format", "json", check=0).json()
-    (fn,) = doc["functions"]
-    assert fn["error"] is None
-
-    raw = _raw_module(tmp_path / "midgpt_fsdp.py")  # the real program: the init run, the state built eagerly
     model = eqx.filter_jit(raw.init_model)(jax.random.key(0))
     opt_state = raw.init_opt_state(model)
     batch = jax.device_put(np.zeros((raw.ACCUM, raw.BATCH, raw.SEQ), np.int32),
                            NamedSharding(raw.MESH, P(None, ("replica", "data"), None)))
-    compiled = raw.step.lower(model, opt_state, batch, batch).compile()
-    compiled = getattr(compiled, "compiled", compiled)  # Equinox's wrapper around JAX's Compiled
-    assert_figures_are_raw_jaxs(fn, compiled)
+    return raw.step.lower(model, opt_state, batch, batch).compile()
+
+
+@pytest.mark.slow
+def test_midgpt_opt_state_init_route_stages_as_the_real_program(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fn, _ = report_as_raw_jax_compiles_it(run_cli, tmp_path, "midgpt_fsdp", "step", None, _raw_compile)
     leaves = {leaf["path"]: leaf for leaf in fn["inputs"]}
     moment = leaves["opt_state/1/mu/blocks/up/weight"]
     assert (moment["compiled"], moment["sharding_source"]) == ("P(None, None, 'data')", "init")

@@ -7,24 +7,15 @@ under none, as it runs, and every figure equals raw JAX's compile of the same st
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import warnings
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import REPO, assert_figures_are_raw_jaxs, target_devices, write
+from helpers import REPO, report_as_raw_jax_compiles_it, write
 
 DATA = REPO / "tests" / "data"
-
-
-def _raw_module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(f"_raw_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _raw_compile(raw, devices):
@@ -39,17 +30,8 @@ def _raw_compile(raw, devices):
 
 @pytest.mark.parametrize("topology", [None, "v5e:2x4"])
 def test_nanodo_step_stages_as_raw_jax_compiles_it(run_cli, tmp_path, monkeypatch, topology):
-    for name in ("nanodo_step.py", "nanodo_step.stagetool.yaml"):
-        shutil.copy(DATA / name, tmp_path / name)
     monkeypatch.chdir(tmp_path)
-    devices = target_devices(topology)
-    args = ["report", "nanodo_step.py:step", "--no-peak", "--format", "json"]
-    doc = run_cli(*args, *(["--topology", topology] if topology else []), check=0).json()
-    (fn,) = doc["functions"]
-    assert fn["error"] is None and fn["mesh"]["platform"] == devices[0].platform
-
-    compiled = _raw_compile(_raw_module(tmp_path / "nanodo_step.py", "nanodo_step"), devices)
-    assert_figures_are_raw_jaxs(fn, compiled)
+    fn, compiled = report_as_raw_jax_compiles_it(run_cli, tmp_path, "nanodo_step", "step", topology, _raw_compile)
     assert fn["memory"]["record"]["peak_bytes_reported"] == compiled.memory_analysis().peak_memory_in_bytes
     leaves = {leaf["path"]: leaf for leaf in fn["inputs"]}
     # nn.with_partitioning's names: the attention kernel (data, None, None) though Flax builds it flat
