@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import run_subprocess, write
+from helpers import write
 
 from stagetool.hlo.collectives import MeshAxes, find_collectives
 from stagetool.devices import tpu_topology as topology
@@ -83,15 +83,14 @@ def _unlabelled_collectives() -> list[tuple[str, str]]:
 
 
 @needs_libtpu
-def test_the_gathers_index_all_reduces_are_tied_to_the_gather(tmp_path):
+def test_the_gathers_index_all_reduces_are_tied_to_the_gather(run_cli, tmp_path, monkeypatch):
     raw = _unlabelled_collectives()
     assert raw == [("all-reduce", "s32[16]"), ("all-reduce", "s32[8]")]  # XLA:TPU gives these no metadata
     write(tmp_path, "gat.py", TAKE)
     write(tmp_path, "gat.stagetool.yaml", TAKE_SPEC)
+    monkeypatch.chdir(tmp_path)
     line = TAKE.splitlines().index("    return a[i]") + 1
-    r = run_subprocess("collectives", "gat.py:take", "--topology", "v5e:2x4", "--format", "json", "--no-cache",
-                       cwd=tmp_path)
-    assert r.code == 0, r.stderr
+    r = run_cli("collectives", "gat.py:take", "--topology", "v5e:2x4", "--format", "json", "--no-cache", check=0)
     items = r.json()["functions"][0]["collectives"]["items"]
     near = sorted((it for it in items if it["collective"].get("nearest")), key=lambda it: it["collective"]["result_types"])
     assert [(it["collective"]["kind"], it["collective"]["result_types"][0]) for it in near] == raw
@@ -103,7 +102,7 @@ def test_the_gathers_index_all_reduces_are_tied_to_the_gather(tmp_path):
         assert it["cause"]["reason"].startswith(f"no metadata of its own; nearest: gather at gat.py:{line}; ")
     # the others have metadata of their own, and say nothing of a neighbour
     assert all("no metadata" not in it["cause"]["reason"] for it in items if it not in near)
-    text = run_subprocess("collectives", "gat.py:take", "--topology", "v5e:2x4", cwd=tmp_path).stdout
+    text = run_cli("collectives", "gat.py:take", "--topology", "v5e:2x4", check=0).stdout
     assert text.count("nearest: gather") == 2 + 2  # the op column and the reason, for each
 
 
@@ -123,56 +122,50 @@ functions:
 """
 
 
-def test_a_top_k_over_vocabulary_sharded_logits_says_why_each_gather(tmp_path):
+#: What each top-k run says, by target: the bytes each gather moves per device and its reasons. On the CPU
+#: mesh the vocabulary is gathered whole for each device's rows, then every row; XLA:TPU partitions a top-k
+#: its own way (a top-k per shard, each device's 8 candidates from each of the 4 vocabulary shards gathered
+#: for its 32 rows, then both row halves' results), and the rerun has no factor rule for it there: the
+#: reasons still name the dimension, without its size.
+TOP_K_SAYS = {
+    None: (64 // 2 * 32768 * 4, 64 * 32768 * 4,
+           "top_k needs the last dimension (of 32768) of logits whole on each device, and it is split over `model` "
+           "→ all-gather over `model`",
+           "`data` splits dimension 0 (of 64) of logits, a batch dimension of top_k (its results stay split on it): "
+           "top_k needs only its last dimension whole, so nothing at it asks for this all-gather over `data`"),
+    "v5e:2x4": (64 // 2 * 4 * 8 * 4, 2 * 64 // 2 * 8 * 4,
+                "top_k needs the last dimension of logits whole on each device, and it is split over `model` → "
+                "all-gather over `model`",
+                "`data` splits dimension 0 of logits, a batch dimension of top_k: top_k needs only its last dimension "
+                "whole"),
+}
+
+
+@pytest.mark.parametrize("topology_name", [None, pytest.param("v5e:2x4", marks=needs_libtpu)])
+def test_a_top_k_over_vocabulary_sharded_logits_says_why_each_gather(run_cli, tmp_path, monkeypatch, topology_name):
     """The vocabulary dimension is gathered because top_k needs it whole; the batch dimension's gather
     over `data` is one nothing at top_k asks for (its results stay split over `data`)."""
     write(tmp_path, "topk.py", TOP_K)
     write(tmp_path, "topk.stagetool.yaml", TOP_K_SPEC)
+    monkeypatch.chdir(tmp_path)
     line = TOP_K.splitlines().index("    values, indices = lax.top_k(logits, 8)") + 1
-    r = run_subprocess("collectives", "topk.py:sample", "--format", "json", "--no-cache", cwd=tmp_path)
-    assert r.code == 0, r.stderr
+    args = ("--topology", topology_name) if topology_name else ()
+    r = run_cli("collectives", "topk.py:sample", *args, "--format", "json", "--no-cache", check=0)
     f = r.json()["functions"][0]
     assert f["collectives"]["causes_unavailable"] is None
     items = {tuple(it["collective"]["mesh_axes"]): it for it in f["collectives"]["items"]}
     assert sorted(items) == [("data",), ("model",)]
     vocab, batch = items[("model",)], items[("data",)]
+    vocab_bytes, batch_bytes, vocab_reason, batch_reason = TOP_K_SAYS[topology_name]
     assert vocab["collective"]["kind"] == batch["collective"]["kind"] == "all-gather"
-    assert vocab["collective"]["bytes_per_device"] == 64 // 2 * 32768 * 4  # a data shard of rows, the vocabulary whole
-    assert batch["collective"]["bytes_per_device"] == 64 * 32768 * 4  # every row, whole
+    assert vocab["collective"]["bytes_per_device"] == vocab_bytes
+    assert batch["collective"]["bytes_per_device"] == batch_bytes
     for it in (vocab, batch):
         assert it["source"] == f"topk.py:{line}"
         assert it["cause"]["op"] == "top_k" and it["cause"]["line"].endswith(f"topk.py:{line}")
-    assert vocab["cause"]["reason"] == ("top_k needs the last dimension (of 32768) of logits whole on each device, "
-                                        "and it is split over `model` → all-gather over `model`")
+    assert vocab["cause"]["reason"] == vocab_reason
     assert [(o["kind"], o["leaf"], o["axis"]) for o in vocab["cause"]["origins"]] == [("input", "logits", "model")]
-    assert batch["cause"]["reason"].startswith("`data` splits dimension 0 (of 64) of logits, a batch dimension of "
-                                               "top_k (its results stay split on it): top_k needs only its last "
-                                               "dimension whole, so nothing at it asks for this all-gather over `data`")
-
-
-@needs_libtpu
-def test_a_top_k_on_tpu_says_why_without_xlas_rule(tmp_path):
-    """XLA:TPU partitions a top-k its own way (a top-k per shard, the candidates gathered, the results
-    replicated); the rerun has no factor rule for it there, and the reasons still name the dimension."""
-    write(tmp_path, "topk.py", TOP_K)
-    write(tmp_path, "topk.stagetool.yaml", TOP_K_SPEC)
-    line = TOP_K.splitlines().index("    values, indices = lax.top_k(logits, 8)") + 1
-    r = run_subprocess("collectives", "topk.py:sample", "--topology", "v5e:2x4", "--format", "json", "--no-cache",
-                       cwd=tmp_path)
-    assert r.code == 0, r.stderr
-    f = r.json()["functions"][0]
-    assert f["collectives"]["causes_unavailable"] is None
-    items = {tuple(it["collective"]["mesh_axes"]): it for it in f["collectives"]["items"]}
-    vocab, batch = items[("model",)], items[("data",)]
-    # each device's 8 candidates from each of the 4 vocabulary shards, for its 32 rows; then both row halves
-    assert vocab["collective"]["bytes_per_device"] == 64 // 2 * 4 * 8 * 4
-    assert batch["collective"]["bytes_per_device"] == 2 * 64 // 2 * 8 * 4
-    assert vocab["cause"]["op"] == batch["cause"]["op"] == "top_k"
-    assert vocab["cause"]["line"].endswith(f"topk.py:{line}")
-    assert vocab["cause"]["reason"] == ("top_k needs the last dimension of logits whole on each device, and it is "
-                                        "split over `model` → all-gather over `model`")
-    assert batch["cause"]["reason"].startswith("`data` splits dimension 0 of logits, a batch dimension of top_k: "
-                                               "top_k needs only its last dimension whole")
+    assert batch["cause"]["reason"].startswith(batch_reason)
 
 
 SGD = """import jax, jax.numpy as jnp
@@ -194,14 +187,14 @@ functions:
 
 
 @needs_libtpu
-def test_the_transfer_between_slices_says_why(tmp_path):
+def test_the_transfer_between_slices_says_why(run_cli, tmp_path, monkeypatch):
     """Two v5e:2x2 slices, data over DCN: the gradient's partial sums cross the slices; XLA gives the DCN
     transfer no metadata, and its cause is the gradient's contraction, said to be between slices."""
     write(tmp_path, "sgd.py", SGD)
     write(tmp_path, "sgd.stagetool.yaml", SGD_SPEC)
+    monkeypatch.chdir(tmp_path)
     line = SGD.splitlines().index("    g = jax.grad(lambda w: jnp.mean((x @ w) ** 2))(w)") + 1
-    r = run_subprocess("collectives", "--spec", "sgd.stagetool.yaml", "--format", "json", "--no-cache", cwd=tmp_path)
-    assert r.code == 0, r.stderr
+    r = run_cli("collectives", "--spec", "sgd.stagetool.yaml", "--format", "json", "--no-cache", check=0)
     f = r.json()["functions"][0]
     assert f["collectives"]["causes_unavailable"] is None
     (dcn,) = [it for it in f["collectives"]["items"] if it["collective"]["network"] == "dcn"]
@@ -248,51 +241,34 @@ functions:
 
 
 @needs_libtpu
-def test_the_gathered_expert_weights_of_a_ragged_dot_say_why(tmp_path):
-    """XLA:TPU gathers a ragged_dot's expert weights (sharded over `model` by expert) and its rows whole;
-    each gather's cause names the dimension ragged_dot needs whole and the spec line that split it."""
+@pytest.mark.parametrize("experts_over", ["model", "data"])
+def test_the_gathered_expert_weights_of_a_ragged_dot_say_why(run_cli, tmp_path, monkeypatch, experts_over):
+    """XLA:TPU gathers a ragged_dot's expert weights (sharded by expert) and its rows whole; each
+    gather's cause names the dimension ragged_dot needs whole, the operand it moves and the spec line that
+    split it. Issue 41, item 4: with the tokens and the experts' weights both sharded over `data`, the
+    weights' gather said 'dimension 0 (of 512) of x' and 'from x', the tokens' sentence, before."""
     write(tmp_path, "moe.py", MOE)
-    write(tmp_path, "moe.stagetool.yaml", MOE_SPEC)
+    write(tmp_path, "moe.stagetool.yaml", MOE_SPEC.replace("@ [model, null, null]", f"@ [{experts_over}, null, null]"))
+    monkeypatch.chdir(tmp_path)
     line = MOE.splitlines().index("    return jax.lax.ragged_dot(x, w, group_sizes)") + 1
-    r = run_subprocess("collectives", "moe.py:moe", "--topology", "v5e:2x4", "--format", "json", "--no-cache",
-                       cwd=tmp_path)
-    assert r.code == 0, r.stderr
+    r = run_cli("collectives", "moe.py:moe", "--topology", "v5e:2x4", "--format", "json", "--no-cache", check=0)
     f = r.json()["functions"][0]
     assert f["collectives"]["causes_unavailable"] is None
-    items = {tuple(it["collective"]["mesh_axes"]): it for it in f["collectives"]["items"]}
-    rows, weights = items[("data",)], items[("model",)]
+    items = {it["collective"]["bytes_per_device"]: it for it in f["collectives"]["items"]}
+    rows, weights = items[512 * 256 * 4], items[8 * 256 * 512 * 4]  # every row, every expert's weight, whole
     assert rows["collective"]["kind"] == weights["collective"]["kind"] == "all-gather"
-    assert weights["collective"]["bytes_per_device"] == 8 * 256 * 512 * 4  # every expert's weight, whole
-    assert rows["collective"]["bytes_per_device"] == 512 * 256 * 4  # every row, whole
+    assert (rows["collective"]["mesh_axes"], weights["collective"]["mesh_axes"]) == (["data"], [experts_over])
     for it in (rows, weights):
         assert it["source"] == f"moe.py:{line}" and it["cause"]["op"] == "ragged_dot"
     assert weights["cause"]["reason"].endswith(
         "ragged_dot needs dimension 0 (of 8) of w whole on each device (its groups, one weight each), and it is split "
-        "over `model` → all-gather over `model`")
-    assert [(o["kind"], o["leaf"], o["source"].split(":")[0]) for o in weights["cause"]["origins"]] == [
-        ("input", "w", "moe.stagetool.yaml")]
+        f"over `{experts_over}` → all-gather over `{experts_over}`")
     assert rows["cause"]["reason"].endswith("ragged_dot needs dimension 0 (of 512) of x whole on each device (its rows, "
                                             "which group_sizes splits into groups), and it is split over `data` → "
                                             "all-gather over `data`")
-
-
-@needs_libtpu
-def test_tokens_and_expert_weights_split_over_one_axis_each_say_their_own_operand(tmp_path):
-    """Issue 41, item 4: the tokens and the experts' weights both sharded over `data`: XLA:TPU gathers
-    both for its ragged-dot kernel, and each gather's cause names the operand it moves (the weights'
-    said 'dimension 0 (of 512) of x' and 'from x', the tokens' sentence, before)."""
-    write(tmp_path, "moe.py", MOE)
-    write(tmp_path, "moe.stagetool.yaml", MOE_SPEC.replace("@ [model, null, null]", "@ [data, null, null]"))
-    line = MOE.splitlines().index("    return jax.lax.ragged_dot(x, w, group_sizes)") + 1
-    r = run_subprocess("collectives", "moe.py:moe", "--topology", "v5e:2x4", "--format", "json", "--no-cache",
-                       cwd=tmp_path)
-    assert r.code == 0, r.stderr
-    items = {it["collective"]["bytes_per_device"]: it for it in r.json()["functions"][0]["collectives"]["items"]}
-    rows, weights = items[512 * 256 * 4], items[8 * 256 * 512 * 4]  # every row, every expert's weight, whole
-    for it, name, dim in ((rows, "x", "0 (of 512)"), (weights, "w", "0 (of 8)")):
-        assert it["source"] == f"moe.py:{line}" and it["cause"]["op"] == "ragged_dot"
-        assert f"ragged_dot needs dimension {dim} of {name} whole on each device" in it["cause"]["reason"]
-        assert [o["leaf"] for o in it["cause"]["origins"]] == [name]
+    for it, name in ((rows, "x"), (weights, "w")):
+        assert [(o["kind"], o["leaf"], o["source"].split(":")[0]) for o in it["cause"]["origins"]] == [
+            ("input", name, "moe.stagetool.yaml")]
 
 
 MICRO = """import jax
@@ -320,7 +296,7 @@ functions:
 
 
 @pytest.mark.parametrize("topology_name", [None, pytest.param("v5e:2x4", marks=needs_libtpu)])
-def test_the_reshape_that_splits_a_sharded_axis_is_named(tmp_path, topology_name):
+def test_the_reshape_that_splits_a_sharded_axis_is_named(run_cli_shared, tmp_path, monkeypatch, topology_name):
     """Issue 41, item 4: a micro-batch reshape of a batch sharded 8 ways into 4 × 16 splits `data` into
     a sub-axis on each part; the scan's slice of a micro-batch then all-gathers (raw JAX: XLA:CPU's
     all-gather f32[4,8,256] with the dynamic_slice's op name). Shardy records no origin past the
@@ -328,16 +304,16 @@ def test_the_reshape_that_splits_a_sharded_axis_is_named(tmp_path, topology_name
     line of the input whose sharding it split."""
     write(tmp_path, "mb.py", MICRO)
     write(tmp_path, "mb.stagetool.yaml", MICRO_SPEC)
+    monkeypatch.chdir(tmp_path)
     line = MICRO.splitlines().index("    xs = x.reshape(4, x.shape[0] // 4, x.shape[1])") + 1
     args = ("--topology", topology_name) if topology_name else ()
-    r = run_subprocess("collectives", "mb.py:micro", *args, "--format", "json", cwd=tmp_path)
-    assert r.code == 0, r.stderr
+    r = run_cli_shared("collectives", "mb.py:micro", *args, "--format", "json", check=0)
     items = r.json()["functions"][0]["collectives"]["items"]
     (gather,) = [i for i in items if i["collective"]["kind"] == "all-gather"]
     assert gather["collective"]["op_name"].endswith("dynamic_slice")
     origins = gather["cause"]["origins"]
     assert [(o["kind"], o["source"].rsplit("/", 1)[-1]) for o in origins] == [("reshape", f"mb.py:{line}")]
     assert origins[0]["leaf"].startswith("x (spec at mb.stagetool.yaml:")
-    text = run_subprocess("collectives", "mb.py:micro", *args, cwd=tmp_path).stdout
+    text = run_cli_shared("collectives", "mb.py:micro", *args, check=0).stdout
     assert f"from the reshape at mb.py:{line}, which splits a dimension sharded over `data` into two" in " ".join(
         text.split())
