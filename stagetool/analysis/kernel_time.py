@@ -344,8 +344,12 @@ def conv_class(comp: HloComputation, ins: HloInstruction) -> str | None:
     if not any(d > 1 for d in size):
         return None
     dilate = _window_field(ins, "lhs_dilate")
-    if dilate and any(d > 1 and d == w for d, w in zip(dilate, size)):
-        return "batched_matmul"  # XLA:TPU's batched dot as a base-dilated convolution: window = lhs_dilate = batch
+    windowed = [w for w in size if w > 1]
+    if dilate and len(windowed) == 1 and windowed == [d for d, w in zip(dilate, size) if d > 1 and d == w]:
+        # XLA:TPU's batched dot as a base-dilated convolution: its one window dimension is the batch (window =
+        # lhs_dilate); a 2 x 2 transposed convolution (window 2x2, lhs_dilate 2x2) or a grouped convolution's
+        # gradient (3x3 windows beside the groups') is no batched dot
+        return "batched_matmul"
     groups = int(ins.attributes.get("feature_group_count") or 1)
     batch_groups = int(ins.attributes.get("batch_group_count") or 1)
     if groups > 1 or batch_groups > 1:
@@ -366,19 +370,29 @@ def conv_class(comp: HloComputation, ins: HloInstruction) -> str | None:
     return "conv_dense"
 
 
-def _trick_flops(comp: HloComputation, ins: HloInstruction) -> float:
+def _trick_flops(comp: HloComputation, ins: HloInstruction, tile: tuple[int, int] | None = None) -> float:
     """FLOPs of a batched dot XLA:TPU wrote as a base-dilated convolution: 2 × result elements × the
-    contracted features (the window's taps all but one land on the dilation's holes)."""
+    contracted features (the window's taps all but one land on the dilation's holes); with ``tile``, M (the
+    lhs's ``b``), K (the rhs's ``i``) and N (its ``o``) each padded up to the matrix unit's tile."""
+    lhs = _shape(comp, ins.operands[0]) if ins.operands else None
     rhs = _shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
-    labels = re.match(r"^[^_]+_([^-]+)->", ins.attributes.get("dim_labels", ""))
+    labels = re.match(r"^([^_]+)_([^-]+)->", ins.attributes.get("dim_labels", ""))
     out = array_leaves(ins.shape)
-    if not (isinstance(rhs, ArrayShape) and labels and "i" in labels.group(1) and out):
+    if not (isinstance(rhs, ArrayShape) and labels and "i" in labels.group(2) and out):
         return 0.0
-    return 2.0 * math.prod(out[0].dims) * rhs.dims[labels.group(1).index("i")]
+    ll, rl = labels.groups()
+    k = rhs.dims[rl.index("i")]
+    flops = 2.0 * math.prod(out[0].dims) * k
+    if tile and isinstance(lhs, ArrayShape) and "b" in ll and "o" in rl and len(ll) == len(lhs.dims) \
+            and len(rl) == len(rhs.dims):
+        m, n = lhs.dims[ll.index("b")], rhs.dims[rl.index("o")]
+        if m > 0 and k > 0 and n > 0:
+            flops *= (_pad(m, tile[0]) / m) * (_pad(k, tile[1]) / k) * (_pad(n, tile[1]) / n)
+    return flops
 
 
 def _trick_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, int] | None) -> bool:
-    """Whether a batched dot written as a base-dilated convolution has M and N under the tile: M the lhs's
+    """Whether a batched dot written as a base-dilated convolution has M and N within one tile: M the lhs's
     ``b`` dimension, N the rhs's ``o``."""
     lhs = _shape(comp, ins.operands[0]) if ins.operands else None
     rhs = _shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
@@ -390,13 +404,14 @@ def _trick_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, int
         dims = (lhs.dims[ll.index("b")], rhs.dims[rl.index("o")])
     except (ValueError, IndexError):
         return False
-    return max(dims) < tile[0]  # M and N both under the tile: tiny products
+    return max(dims) <= tile[0]  # M and N both within one tile: one weight tile a product
 
 
 def _batched_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, int] | None) -> bool:
-    """A ``dot`` with batch dimensions whose M and N are both under the matrix unit's tile (8192 products of
-    64 × 64): the MXU runs it far below its padded rate (class ``batched_matmul``). Attention's products
-    (512 × 512 over a head of 64) are not: they run at the padded matmul rate."""
+    """A ``dot`` with batch dimensions whose M and N both fit in one matrix-unit tile (8192 products of 64 × 64,
+    2048 of 128 × 128): the MXU loads a weight tile for each product and runs it far below its padded rate
+    (class ``batched_matmul``, on padded FLOPs). Attention's products (512 × 512 over a head of 64) are not:
+    they run at the padded matmul rate."""
     if ins.opcode != "dot" or not tile or not _dims(ins.attributes.get("lhs_batch_dims")):
         return False
     lhs, rhs = _shape(comp, ins.operands[0]), _shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
@@ -407,7 +422,7 @@ def _batched_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, i
     m = math.prod(d for i, d in enumerate(lhs.dims) if i not in lc and i not in lb)
     k = math.prod(lhs.dims[i] for i in lc if i < len(lhs.dims))
     n = math.prod(d for i, d in enumerate(rhs.dims) if i not in rc and i not in rb)
-    return max(m, n) < tile[0]  # tiny products (64 x 64), not attention's 512 x 512 over a head of 64
+    return max(m, n) <= tile[0]  # small products (64 x 64, 128 x 128), not attention's 512 x 512 over a head of 64
 
 
 def _scatter_rows(sc: HloInstruction, idx) -> float:
@@ -639,8 +654,8 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
                 elif form == "batched_matmul" and rate:  # a batched dot written as a convolution
                     small = _trick_small(c, i, chip.matmul_tile)
                     if small and chip.class_rate(form) and bf16:
-                        forms.append(form)
-                        model += _trick_flops(c, i) / chip.class_rate(form) * (bf16 / rate)
+                        forms.append(form)  # padded FLOPs: one weight tile a product, however small
+                        model += _trick_flops(c, i, chip.matmul_tile) / chip.class_rate(form) * (bf16 / rate)
                     else:
                         model += _trick_flops(c, i) / rate
                 elif form and chip.class_rate(form) and rate and bf16:  # measured in bf16: scaled to the precision
@@ -650,7 +665,8 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
                     model += padded / chip.class_rate(form) * (bf16 / rate)
                 elif not gpu and chip.class_rate("batched_matmul") and _batched_small(c, i, chip.matmul_tile):
                     forms.append("batched_matmul")
-                    model += f / chip.class_rate("batched_matmul") * ((bf16 / rate) if rate and bf16 else 1.0)
+                    model += padded_matmul_flops(c, i, chip.matmul_tile, f) / chip.class_rate("batched_matmul") * (
+                        (bf16 / rate) if rate and bf16 else 1.0)
                 else:
                     model += padded_matmul_flops(c, i, chip.matmul_tile, f) / rate if rate else 0.0
         prec = "+".join(sorted(set(classes)))

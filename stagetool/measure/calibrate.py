@@ -51,6 +51,9 @@ SIZES: dict[str, dict[str, int]] = {
              "img": 2, "hw": 8, "ch": 16, "bmm": 16, "bmm_n": 8, "ops": 4, "fft_b": 2, "fft_n": 16,
              "cache": 2**16, "slice": 2**13, "sort": 64, "cum": 64},
 }
+#: the matrix unit's tile the batched-matmul benchmark's FLOPs are padded to (TPU v4/v5e/v5p: 128 × 128 MXUs), as the
+#: step-time model pads them (:func:`stagetool.analysis.kernel_time.padded_matmul_flops`)
+_MXU_TILE = 128
 #: row widths (bytes) of the gathers measured beside the 2 KiB one of ``gather_bytes_per_second``
 GATHER_ROW_BYTES = (128, 512, 32768)
 
@@ -323,7 +326,9 @@ def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]
         b, m = s["bmm"], s["bmm_n"]
         a, c = _rand(22, (b, m, m), jnp.bfloat16), _rand(23, (b, m, m), jnp.bfloat16)
         f = jax.jit(lambda a, c: jnp.einsum("bij,bjk->bik", a, c))
-        return (lambda: f(a, c)), 2.0 * b * m ** 3, f"{b} products of bf16[{m},{m}] @ bf16[{m},{m}]"
+        p = -(-m // _MXU_TILE) * _MXU_TILE  # M, K and N padded up to the matrix unit's tile: one weight tile a product
+        return (lambda: f(a, c)), 2.0 * b * p ** 3, (f"{b} products of bf16[{m},{m}] @ bf16[{m},{m}]: FLOPs padded "
+                                                     f"to the {_MXU_TILE} tile, 2 x {b} x {p}^3")
 
     def int_ops():
         x = jax.random.bits(jax.random.key(24), (s["vec"] // 2,), jnp.uint32)

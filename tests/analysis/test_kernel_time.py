@@ -457,10 +457,42 @@ ENTRY %main (a: bf16[8192,64,64], b: bf16[8192,64,64]) -> bf16[8192,64,64] {
 
 def test_a_batched_dot_written_as_a_dilated_convolution_is_a_batched_small_matmul():
     """XLA:TPU writes einsum('bij,bjk->bik') over 8192 products of 64 x 64 as a base-dilated convolution
-    (window = lhs_dilate = the batch): its FLOPs are 2 b m^3, at the batched rate (issue 46: -49%)."""
+    (window = lhs_dilate = the batch): one weight tile a product, its FLOPs padded to the 128 tile
+    (2 b 128^3), at the batched rate (issue 46: -49% at the matmul rate)."""
     k = _kernel(_BATCHED_AS_CONV, "f", CLASSY)
     assert "batched_matmul" in k.kind
-    assert k.compute_seconds == pytest.approx(2 * 8192 * 64 ** 3 / 4e12, rel=1e-6)
+    assert k.compute_seconds == pytest.approx(2 * 8192 * 128 ** 3 / 4e12, rel=1e-6)
+
+
+def test_products_of_128_x_128_are_batched_small_matmuls_too():
+    """The fit half's 2048 products of 128 x 128 f32 (-71% at the matmul rate: 0.27 ms for 0.945 measured):
+    M and N fill one tile, not more, so each product still loads its own weight tile. At the v5e's batched
+    rate (calibrated on 64 x 64, padded FLOPs) its two kernels (two bf16 passes of f32 at DEFAULT) are 0.47 +
+    0.43 ms against 0.59 + 0.36 measured (the kept profile)."""
+    text = _BATCHED_AS_CONV.replace("8192,64,64", "2048,128,128").replace("size=8192 stride=8191 lhs_dilate=8192",
+                                                                          "size=2048 stride=2047 lhs_dilate=2048")
+    k = _kernel(text, "f", CLASSY)
+    assert "batched_matmul" in k.kind
+    assert k.compute_seconds == pytest.approx(2 * 2048 * 128 ** 3 / 4e12, rel=1e-6)
+    bigger = text.replace("2048,128,128", "2048,256,256")
+    assert "batched_matmul" not in _kernel(bigger, "f", CLASSY).kind  # 256 x 256: the padded matmul rate
+
+
+def test_a_transposed_or_grouped_convolution_with_a_dilated_window_is_no_batched_dot():
+    """ConvNeXt's 2 x 2 transposed convolution (window 2x2 = lhs_dilate 2x2) and a grouped convolution's
+    gradient (a 3 x 3 window beside the groups' dilated dimension) were read as batched dots (ConvNeXt's
+    kernel 10x its measured 0.08 ms): only a window whose one dimension is the dilated batch is."""
+    transposed = _BATCHED_AS_CONV.replace(
+        "window={size=8192 stride=8191 lhs_dilate=8192}, dim_labels=0bf_0io->0bf",
+        "window={size=2x2 pad=1_1x1_1 lhs_dilate=2x2 rhs_reversal=1x1}, dim_labels=b01f_01oi->b01f").replace(
+        "bf16[8192,64,64]", "bf16[32,28,28,192]").replace("p1: bf16[32,28,28,192]", "p1: bf16[2,2,96,192]")
+    grouped = _BATCHED_AS_CONV.replace("size=8192 stride=8191 lhs_dilate=8192",
+                                       "size=3x3x8192 stride=1x1x8191 pad=1_1x1_1x0_0 lhs_dilate=1x1x8192")
+    from stagetool.analysis.kernel_time import conv_class
+    for text in (transposed, grouped):
+        module = parse_hlo_module(text)
+        conv = module.computation("fused").instruction("c")
+        assert conv_class(module.computation("fused"), conv) != "batched_matmul"
 
 
 _HASH = """HloModule jit_f, num_partitions=1
