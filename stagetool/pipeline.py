@@ -25,7 +25,8 @@ from stagetool.core.paths import ReportRoot, rewrite_strings
 from stagetool.plan.options import REPORT_SECTIONS, Options, Section
 from stagetool.plan.plan import Plan, Problems, make_plan, run_chip
 from stagetool.plan.selectors import LeafPattern, unmatched_leaf_patterns
-from stagetool.plan.target import COMPILE_ONLY, Attached, CpuMesh, GpuTarget, TpuTarget, check_target, parse_target
+from stagetool.plan.target import (COMPILE_ONLY, Attached, CpuMesh, DeviceTarget, GpuTarget, TpuTarget, check_target,
+                                   parse_target)
 from stagetool.report.model import (DeviceInfo, DevicesReport, FunctionReport, MeshReport, ModuleText, Report,
                                     StageTimes)
 from stagetool.spec.model import FunctionSpec
@@ -78,10 +79,8 @@ def analyze_against(plan: Plan, sections: Iterable[Section], *, command: str = "
     """:func:`analyze_plan` and, for ``--against TARGET``, the same functions staged for the plan's
     :attr:`~stagetool.plan.plan.Plan.against` target too (one more compile each), every difference
     marked (:func:`stagetool.analysis.against.compare`): each function's ``against`` section, and its
-    collective rows marked where the target's compile differs. The report holds the sections asked
-    for; the ones compared are computed on both sides."""
-    from stagetool.analysis.against import AgainstSection, compare, marked_collectives
-
+    collective rows marked where the target's compile differs (:func:`against_function`). The report
+    holds the sections asked for; the ones compared are computed on both sides."""
     asked = frozenset(sections)
     wanted = asked | _COMPARED
     here = analyze_plan(plan, wanted, command=command, on_stage=on_stage)
@@ -89,30 +88,37 @@ def analyze_against(plan: Plan, sections: Iterable[Section], *, command: str = "
     there_plan = dataclasses.replace(plan, target=target, against=None, target_from="--against", named_as=None,
                                      chip=None, slices=1, processes=None)
     there = analyze_plan(there_plan, wanted, command=command, on_stage=on_stage)
-    compiler = "XLA:GPU" if isinstance(target, GpuTarget) else "XLA:TPU"
     by_name = {f.name: f for f in there.functions}
-    functions = []
-    for f in here.functions:
-        here_compiler = f.mesh.topology and ("XLA:GPU" if f.mesh.platform == "gpu" else "XLA:TPU") or \
-            {"cpu": "XLA:CPU", "tpu": "XLA:TPU", "gpu": "XLA:GPU"}.get(f.mesh.platform, f.mesh.platform)
-        other = by_name.get(f.name)
-        if f.error is not None:
-            functions.append(f)
-            continue
-        if other is None or other.error is not None:
-            section = AgainstSection(target.name, compiler, here_compiler,
-                                     error=other.error if other is not None else "not staged")
-        else:
-            section = compare(target.name, compiler, here_compiler, here_collectives=f.collectives,
-                              there_collectives=other.collectives, here_cost=f.cost, there_cost=other.cost,
-                              here_memory=f.memory, there_memory=other.memory)
-        collectives = marked_collectives(f.collectives, section) if f.collectives is not None else None
-        functions.append(dataclasses.replace(
-            f, against=section,
-            collectives=collectives if Section.COLLECTIVES in asked or Section.WHY in asked else None,
-            cost=f.cost if Section.COST in asked else None,
-            memory=f.memory if Section.MEMORY in asked else None))
+    functions = [f if f.error is not None else against_function(f, by_name.get(f.name), target, asked)
+                 for f in here.functions]
     return here.holding(*functions)
+
+
+def against_function(f: FunctionReport, other: FunctionReport | str | None, target: DeviceTarget,
+                     asked: Iterable[Section]) -> FunctionReport:
+    """``f`` (staged here, with its collectives, cost and memory) with its ``against`` section: every
+    difference from ``other``, the same function staged for ``target`` (or the error that stopped it:
+    its text, None for not staged), its collective rows marked where the target's compile differs,
+    and only the ``asked`` sections of the two kept."""
+    from stagetool.analysis.against import AgainstSection, compare, marked_collectives
+
+    asked = frozenset(asked)
+    compiler = "XLA:GPU" if isinstance(target, GpuTarget) else "XLA:TPU"
+    here_compiler = f.mesh.topology and ("XLA:GPU" if f.mesh.platform == "gpu" else "XLA:TPU") or \
+        {"cpu": "XLA:CPU", "tpu": "XLA:TPU", "gpu": "XLA:GPU"}.get(f.mesh.platform, f.mesh.platform)
+    if not isinstance(other, FunctionReport) or other.error is not None:
+        error = other if isinstance(other, str) else other.error if other is not None else "not staged"
+        section = AgainstSection(target.name, compiler, here_compiler, error=error)
+    else:
+        section = compare(target.name, compiler, here_compiler, here_collectives=f.collectives,
+                          there_collectives=other.collectives, here_cost=f.cost, there_cost=other.cost,
+                          here_memory=f.memory, there_memory=other.memory)
+    collectives = marked_collectives(f.collectives, section) if f.collectives is not None else None
+    return dataclasses.replace(
+        f, against=section,
+        collectives=collectives if Section.COLLECTIVES in asked or Section.WHY in asked else None,
+        cost=f.cost if Section.COST in asked else None,
+        memory=f.memory if Section.MEMORY in asked else None)
 
 
 def analyze_plan(plan: Plan, sections: Iterable[Section], *, command: str = "analyze",

@@ -39,7 +39,8 @@ class InspectOptions:
     ``name`` (the function's name in the report), ``target`` (``file.py:qualname`` as the report
     names it), ``loc`` (the caller's line, named in input errors), ``donate`` (positions or names),
     ``static`` (static keyword values by name), ``out_shardings`` (a pytree of PartitionSpecs or
-    None), ``notes`` (sentences for the report about how the arguments were taken).
+    None), ``notes`` (sentences for the report about how the arguments were taken), ``against`` (a
+    compile-only target to stage the same program for too, every difference marked).
     """
 
     mesh: MeshSpec
@@ -58,6 +59,7 @@ class InspectOptions:
     static: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     out_shardings: Any = None
     notes: tuple[str, ...] = ()
+    against: str | None = None
 
 
 def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str | None = None,
@@ -65,7 +67,8 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
             static: Mapping[str, Any] | Iterable[str] | None = None, out_shardings: Any = None,
             chip: str | None = None, device_memory: str | None = None, peak: bool = True, top: int = 10,
             explain: Iterable[str] = (), name: str | None = None, isolate: bool = False,
-            timeout_s: float | None = None, context_mesh: bool | None = None, **kwargs: Any):
+            timeout_s: float | None = None, context_mesh: bool | None = None, against: str | None = None,
+            **kwargs: Any):
     """Stage ``fn(*args, **kwargs)`` through ``jax.jit`` on a mesh and report what XLA does with it:
     the :class:`stagetool.report.model.Report` of ``stagetool report`` (shardings, collectives,
     cost, memory; one compile), which displays as the HTML report in a notebook.
@@ -119,6 +122,12 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
         must pickle once their arrays are replaced by shapes, dtypes and PartitionSpecs, and a
         script must call it under ``if __name__ == "__main__":`` (the worker is spawned).
       timeout_s: with ``isolate``, seconds the worker may take (default 1800).
+      against: a compile-only target (``v5e:2x4``, ``h100:8``; a name alone, ``v5e``, sized by the
+        mesh), as the CLI's ``--against``: the same program staged for it too (one more compile,
+        no such device needed), every difference between the two compiles marked: the function's
+        ``against`` section (collectives, temporaries, peak, FLOPs, replicated work; each side's
+        figure) and each collective row the target compiles otherwise. The report's other sections
+        stay this run's.
 
     Returns:
       The :class:`~stagetool.report.model.Report` (one function; a
@@ -128,7 +137,8 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
       own, ``report.functions`` (every renderer, the notebook's HTML) all of them.
 
     Raises:
-      UsageError: a bad option (mesh, topology, chip, ...), before any trace (exit code 2 in the CLI).
+      UsageError: a bad option (mesh, topology, chip, against, ...), before any trace (exit code 2 in
+        the CLI); ``against`` not a compile-only target, or one whose device count is not the mesh's.
       SpecError: an argument's sharding does not fit its shape or names an axis the mesh lacks, a
         donated or static name the function does not take (with the caller's line).
       StagingError: JAX or XLA failed to trace, lower or compile (JAX's message and the user's
@@ -138,7 +148,7 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
     return run_inspect(fn, args, kwargs, loc=_caller(sys._getframe(1)), isolate=isolate, timeout_s=timeout_s,
                        mesh=mesh, topology=topology, platform=platform, slices=slices, donate=donate, static=static,
                        out_shardings=out_shardings, chip=chip, device_memory=device_memory, peak=peak, top=top,
-                       explain=explain, name=name, context_mesh=context_mesh)
+                       explain=explain, name=name, context_mesh=context_mesh, against=against)
 
 
 def run_inspect(fn: Callable[..., Any], args: tuple, kwargs: dict, *, loc: Loc | None, isolate: bool = False,
@@ -185,7 +195,8 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
         plan = make_plan(Options(platform=options.platform, topology=options.topology, slices=options.slices,
                                  target_named_by=named_by,
                                  chip=options.chip, device_memory=options.device_memory, peak=options.peak,
-                                 top=options.top, explain=tuple(options.explain)), spec=spec)
+                                 top=options.top, explain=tuple(options.explain), against=options.against),
+                         spec=spec)
         setup = provision_devices(plan)
     static, relaid = relaid_static(options.static, setup.mesh)
     fspec, relaid_args = relaid_arguments(fspec, setup.mesh, fn)
@@ -223,10 +234,30 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
             once.prep.inputs, notes=(*once.prep.inputs.notes, *signal_notes)))
     from stagetool.live.report import LiveReport
 
-    return LiveReport(once, assemble_report("report", ()), SECTIONS)
+    live = LiveReport(once, assemble_report("report", ()), SECTIONS)
+    if plan.against is not None:
+        _mark_against(live, fn, args, kwargs, options, plan.against)
+    return live
 
 
-_OPTION_NAMES = ("platform", "topology", "slices", "chip", "device-memory", "explain", "top")
+def _mark_against(live: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, options: InspectOptions,
+                  target: Any) -> None:
+    """``against=``: the same function staged for the compile-only ``target`` (as ``topology=`` stages
+    it: the arguments laid on its mesh by axis name), and ``live``'s function given the ``against``
+    section of every difference (:func:`stagetool.pipeline.against_function`, the CLI's)."""
+    from stagetool.pipeline import Section, against_function
+
+    there_options = dataclasses.replace(options, topology=target.name, platform=None, slices=None, chip=None,
+                                        explain=(), against=None, peak=options.peak)
+    try:
+        there: Any = inspect_here(fn, args, kwargs, there_options).functions[0]
+    except StagingError as e:
+        there = e.message
+    marked = against_function(live._analysed(SECTIONS), there, target, (Section(s) for s in SECTIONS))
+    live._partial[tuple(sorted(SECTIONS))] = marked
+
+
+_OPTION_NAMES = ("platform", "topology", "slices", "chip", "device-memory", "explain", "top", "against")
 
 #: The spec's ``{mesh: staged}`` advice, and what the Python API does instead.
 _SPEC_MESH_ADVICE = re.compile(r"(?:build|take) the [\w']+ mesh from the spec(?:'s)?:? \(?\{(?:call: [^()]*?|mesh: staged)\}+\)?")
@@ -576,15 +607,15 @@ def _donate(donate: Any) -> tuple[int | str, ...]:
 
 def _check_option_types(*, name: Any = None, platform: Any = None, topology: Any = None, slices: Any = None,
                         chip: Any = None, device_memory: Any = None, peak: Any = True, top: Any = 10,
-                        out_shardings: Any = None) -> None:
+                        out_shardings: Any = None, against: Any = None) -> None:
     """Refuse an option of the wrong type, naming it (never coerced: ``top=2.5`` is not 2).
 
     Raises:
       UsageError: the first wrong one.
     """
     for key, value in (("platform", platform), ("topology", topology), ("chip", chip),
-                       ("device_memory", device_memory)):
-        if value is not None and (not isinstance(value, str) or not value.strip()):
+                       ("device_memory", device_memory), ("against", against)):
+        if value is not None and (not isinstance(value, str) or not value.strip() and key != "against"):
             raise UsageError(f"stagetool.inspect: {key}={value!r} must be a non-empty string or None")
     if not isinstance(peak, bool):
         raise UsageError(f"stagetool.inspect: peak={peak!r} must be True or False")
