@@ -21,6 +21,10 @@ _CHILDREN: dict[int, Any] = {}
 _CALLBACKS: dict[int, Any] = {}
 _NEXT = [0]
 _ENDING = [False]  # run_all has begun: the run is ending, nothing new may start
+_STARTING = threading.Lock()  # held while a child is started and registered (starting_child)
+STARTING_WAIT_S = 5.0
+"""Seconds :func:`run_all` waits for a child being started to be registered (then killed) before it
+goes on without it."""
 
 
 class Ending(BaseException):
@@ -58,6 +62,24 @@ def register_child(proc: Any) -> int:
             return _NEXT[0]
     kill_child(proc)
     raise Ending()
+
+
+@contextlib.contextmanager
+def starting_child() -> Iterator[None]:
+    """Hold while a child process is started and registered (``process.start()`` then
+    :func:`register_child`): a signal that ends the run meanwhile waits for the registration (up to
+    :data:`STARTING_WAIT_S`), which then kills the child, before the run's last line is written.
+    Without it a spawned ``multiprocessing`` child whose parent ended while handing it its start
+    (the pickled process object, written after the child is running) read a cut-short pipe and
+    printed ``EOFError: Ran out of input`` after the run's last line, on the stderr it inherits.
+
+    Raises:
+      Ending: the run is ending; start nothing.
+    """
+    with _STARTING:
+        if _ENDING[0]:
+            raise Ending()
+        yield
 
 
 def make_temp_dir(prefix: str) -> tuple[str, int]:
@@ -173,7 +195,8 @@ def _remove(path: str) -> None:
 
 def run_all() -> None:
     """Run every registered callback, kill every registered child and remove every registered path
-    (a signal ends the run). From then on the run is ending: a path or child registered later (by
+    (a signal ends the run); a child being started (:func:`starting_child`) is waited for and killed
+    too. From then on the run is ending: a path or child registered later (by
     a thread still running) is removed or killed at once (:class:`Ending`)."""
     with _LOCK:
         _ENDING[0] = True
@@ -183,6 +206,8 @@ def run_all() -> None:
         _CALLBACKS.clear()
         _CHILDREN.clear()
         _PATHS.clear()
+    if _STARTING.acquire(timeout=STARTING_WAIT_S):  # a child being started is registered, so killed
+        _STARTING.release()
     for fn in callbacks:
         with contextlib.suppress(Exception):
             fn()

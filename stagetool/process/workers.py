@@ -86,9 +86,11 @@ def run_in_workers(fn: Callable[[Any, Any], Any], items: Sequence[Any], *, jobs:
             os.close(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         parent, child = ctx.Pipe()
         process = ctx.Process(target=_worker, args=(fn, common, child, stderr, folder), daemon=True)
-        process.start()
+        with cleanup.starting_child():  # a signal meanwhile kills it once registered, never half started
+            process.start()
+            token = cleanup.register_child(process)
         child.close()
-        active[parent] = _Worker(process, cleanup.register_child(process), folder, folder_token, stderr,
+        active[parent] = _Worker(process, token, folder, folder_token, stderr,
                                  deadline=None if timeout_s is None else time.monotonic() + max(timeout_s, START_S))
 
     def end(conn: Any, *, ask: bool) -> _Worker:

@@ -374,11 +374,12 @@ def f(x):
 """
 
 
-def _start(tmp_path: Path, *args: str, program: str = SLOW) -> subprocess.Popen:
+def _start(tmp_path: Path, *args: str, program: str = SLOW, spec_extra: str = "") -> subprocess.Popen:
     work = tmp_path / "work"
     work.mkdir()
     (work / "slow.py").write_text(program)
-    (work / "slow.stagetool.yaml").write_text("functions:\n  f: {target: slow.py:f, args: ['f32[1024]']}\n")
+    spec = f"functions:\n  f: {{target: slow.py:f, args: ['f32[1024]']{spec_extra}}}\n"
+    (work / "slow.stagetool.yaml").write_text(spec)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
@@ -884,6 +885,42 @@ def test_sighup_ends_the_run_as_sigterm_does_and_leaves_nothing(tmp_path, worker
         reader.join(10)
         assert proc.returncode == 129, lines
         assert lines[-1] == "stagetool: hung up (SIGHUP)\n" and not any("Traceback" in ln for ln in lines)
+        assert list(tmp.iterdir()) == []
+        assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["slow.py", "slow.stagetool.yaml"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        reader.join(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.slow
+def test_sighup_the_instant_an_isolate_worker_starts_is_still_reported_as_sighup(tmp_path):
+    """Signalled as soon as the --isolate worker's folder appears, before the worker has read its job
+    (the parent may still be handing it over): the worker then read a cut-short pipe and printed
+    "EOFError: Ran out of input" after the parent's last line. The parent's line is the run's last.
+    A static value of 100 kB makes the worker's start (the pickled plan, more than a pipe's 64 KiB
+    buffer) take until the worker reads it, so the signal lands inside that start."""
+    proc = _start(tmp_path, "snapshot", "--isolate", "-o", "lock.json",
+                  program=SLOW.replace("def f(x):", "def f(x, tag=None):"),
+                  spec_extra=", static: {tag: '" + "x" * 100_000 + "'}")
+    tmp = tmp_path / "tmp"
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr))
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp.glob("stagetool-worker-*")):  # polled tightly
+            assert proc.poll() is None and time.monotonic() < deadline, lines
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGHUP)  # at once: no sleep
+        proc.wait(timeout=60)
+        reader.join(30)
+        assert proc.returncode == 129, lines
+        assert lines and lines[-1] == "stagetool: hung up (SIGHUP)\n", lines
+        assert not any("Traceback" in ln or "Error" in ln for ln in lines), lines
         assert list(tmp.iterdir()) == []
         assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["slow.py", "slow.stagetool.yaml"]
     finally:
