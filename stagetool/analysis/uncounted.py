@@ -66,6 +66,9 @@ XLA_HELPERS: dict[str, str] = {
     "GatherScatterIndicesBitpacked": "XLA:TPU helper: packs a gather's or scatter's indices into bits",
     "ConcatBitcast": "XLA:TPU helper: a concatenate done as a bitcast of adjacent buffers",
     "AssumeGatherIndicesInBound": "XLA:TPU helper: marks a gather's indices in bounds",
+    "X64SplitLow": "XLA:TPU helper: the low halves of a 64-bit array (c64's real parts)",
+    "X64SplitHigh": "XLA:TPU helper: the high halves of a 64-bit array (c64's imaginary parts)",
+    "X64Combine": "XLA:TPU helper: a 64-bit array (c64) made from its two halves",
 }
 """Custom calls XLA:TPU's own passes insert that do trivial work (move or re-mark a few bytes), by
 target: what each is. They are not uncounted work: the step-time model times them as data movement
