@@ -141,15 +141,36 @@ class OutOfMemoryError(StagingError):
 _BACKEND = re.compile(r"Unable to initialize backend '([^']+)'")
 _CALLBACK = re.compile(r"(?:Cpu|Gpu|Tpu)?Callback error|error calling callback|callback (?:failed|raised)", re.I)
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-_HOST_OOM = re.compile(r"RESOURCE_EXHAUSTED: .*(?:Out of memory|out of memory|OOM)")
+_OUT_OF_MEMORY = re.compile(r"RESOURCE_EXHAUSTED|out of memory", re.IGNORECASE)
+
+
+def out_of_memory(e: BaseException, *, who: str = "this run", inputs_bytes: float | None = None,
+                  hint: str | None = None) -> UsageError | None:
+    """The runtime's out-of-memory failure as one line, or None where ``e`` is none: the host's
+    ``MemoryError``, or XLA's ``RESOURCE_EXHAUSTED`` at run time (``Out of memory allocating ...``,
+    ``Error allocating device buffer: ...``). XLA's refusal at compile time is an
+    :class:`OutOfMemoryError` instead (the pipeline's "does not fit").
+
+    The line says who ran out (``who``: ``--measure: decode`` for a function measured, else this
+    run), of which memory (host, or device memory on the attached device), what its inputs take
+    (``inputs_bytes``, in GiB, when given) and the runtime's own first line (at most 300 characters):
+    ``--measure: decode ran out of device memory on the attached device (its inputs take 8.20 GiB):
+    RESOURCE_EXHAUSTED: Error allocating device buffer: ...``.
+    """
+    if not isinstance(e, MemoryError) and not _OUT_OF_MEMORY.search(str(e)):
+        return None
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    memory = "host memory" if isinstance(e, MemoryError) else "device memory on the attached device"
+    need = f" (its inputs take {inputs_bytes / 2**30:.2f} GiB)" if inputs_bytes else ""
+    return UsageError(f"{who} ran out of {memory}{need}: {first[:300]}", hint=hint)
 
 
 def known_failure(e: BaseException, *, library: tuple[str, ...] = ()) -> StagetoolError | None:
     """The user's or the machine's failure that escaped as a raw exception, as stagetool says it (one
     line naming the cause), or None where ``e`` is none of these (a stagetool bug: "unexpected").
 
-    * ``MemoryError``, and XLA's ``RESOURCE_EXHAUSTED: Out of memory allocating ...`` at run time
-      (``--measure``): the machine's memory, exit 2.
+    * ``MemoryError``, and XLA's ``RESOURCE_EXHAUSTED`` at run time (``--measure``): the machine's
+      memory, exit 2 (:func:`out_of_memory`).
     * JAX's ``Unable to initialize backend 'tpu'`` (``JAX_PLATFORMS=tpu`` where there is no TPU):
       the environment, exit 2.
     * A host callback (``jax.pure_callback``, ``io_callback``, ``jax.debug.callback``) that raised
@@ -162,11 +183,10 @@ def known_failure(e: BaseException, *, library: tuple[str, ...] = ()) -> Stageto
     """
     text = str(e)
     first = (text.strip().splitlines() or [""])[0]
-    if isinstance(e, MemoryError) or _HOST_OOM.search(first):
-        said = f": {first}" if first else ""
-        return UsageError(f"the machine ran out of memory ({type(e).__name__}{said})",
-                          hint="free memory (fewer --jobs, other processes), or stage a smaller program "
-                               "(--measure runs the step on this machine's devices for real)")
+    oom = out_of_memory(e, hint="free memory (fewer --jobs, other processes), or stage a smaller program "
+                                "(--measure runs the step on this machine's devices for real)")
+    if oom is not None:
+        return oom
     m = _BACKEND.search(first)
     if m:
         import os

@@ -65,22 +65,6 @@ def concrete_inputs(tree: Any, seed: int, int_high: int = 1024, *, random_intege
     return jax.tree.unflatten(treedef, out)
 
 
-def _is_out_of_memory(e: BaseException) -> bool:
-    """Whether ``e`` is the runtime's out-of-memory failure (``RESOURCE_EXHAUSTED``: an allocation on the
-    device, or the host's ``MemoryError``)."""
-    text = str(e)
-    return isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text \
-        or "out of memory" in text
-
-
-def out_of_memory_message(e: BaseException, name: str, needed_bytes: float | None) -> str:
-    """One line: the function, what its inputs take, and the runtime's own first line."""
-    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-    need = f" (its inputs take {needed_bytes / 2**30:.2f} GiB)" if needed_bytes else ""
-    where = "host" if isinstance(e, MemoryError) else "device"
-    return f"--measure: {name} ran out of {where} memory on the attached device{need}: {first[:300]}"
-
-
 def _leaf_bytes(tree: Any) -> int:
     import jax
     import numpy as np
@@ -275,14 +259,16 @@ def measure_report(options: Any, report: Any, *, steps: int = 10, warmup: int = 
             t = runner.time(steps=steps, warmup=warmup)
             ops, why, device_s = runner.profile(min(3, steps))
         except Exception as e:
-            if not _is_out_of_memory(e):
-                raise
-            from stagetool.core.errors import UsageError
+            from stagetool.core.errors import out_of_memory
 
+            oom = out_of_memory(e, who=f"--measure: {fspec.name}",
+                                inputs_bytes=_leaf_bytes((inputs.args, inputs.kwargs)),
+                                hint="the step and one set of its inputs must fit the device together: measure a "
+                                     "smaller batch or sequence (--set), or on a device with more memory")
+            if oom is None:
+                raise
             runner = None  # free what it holds before the message
-            raise UsageError(out_of_memory_message(e, fspec.name, _leaf_bytes((inputs.args, inputs.kwargs))),
-                             hint="the step and one set of its inputs must fit the device together: measure a "
-                                  "smaller batch or sequence (--set), or on a device with more memory") from None
+            raise oom from None
         cost = by_name[fspec.name].cost
         est = cost.step_time if cost is not None else None
         est_top = {i.name: i.total_seconds for i in est.top} if est is not None else {}

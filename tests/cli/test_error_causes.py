@@ -32,8 +32,15 @@ ValueError: the user's callback failed
 def test_the_causes_are_named():
     oom = known_failure(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 17179869184 bytes."))
     assert isinstance(oom, UsageError) and oom.message == (
-        "the machine ran out of memory (RuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating 17179869184 bytes.)")
-    assert known_failure(MemoryError()).message == "the machine ran out of memory (MemoryError)"
+        "this run ran out of device memory on the attached device: RESOURCE_EXHAUSTED: Out of memory allocating "
+        "17179869184 bytes.")
+    assert known_failure(MemoryError()).message == "this run ran out of host memory: MemoryError"
+    # the runtime's other wording of a device allocation that failed (was: an "unexpected" error)
+    buffer = known_failure(RuntimeError("RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate "
+                                        "4.00G. That was not possible. There are 3.10G free.\nmore detail"))
+    assert isinstance(buffer, UsageError) and buffer.exit_code == 2 and buffer.message == (
+        "this run ran out of device memory on the attached device: RESOURCE_EXHAUSTED: Error allocating device "
+        "buffer: Attempting to allocate 4.00G. That was not possible. There are 3.10G free.")
     backend = known_failure(RuntimeError("Unable to initialize backend 'tpu': NOT_FOUND: TPU initialization failed"))
     assert isinstance(backend, UsageError)
     assert backend.message.startswith("JAX could not start its 'tpu' backend") and backend.message.endswith(

@@ -282,15 +282,20 @@ def test_step_runner_keeps_one_set_of_donated_inputs_alive_and_shares_the_others
 
 
 def test_out_of_memory_while_measuring_is_one_line_naming_the_function():
-    from stagetool.measure.step import _is_out_of_memory, out_of_memory_message
+    """--measure's out-of-memory line is the general one (core.errors.out_of_memory, which an
+    escaped one gets too) with the function and its inputs' size."""
+    from stagetool.core.errors import known_failure, out_of_memory
 
     e = RuntimeError("RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate 4.00G. That was "
                      "not possible. There are 3.10G free.\nmore detail")
-    assert _is_out_of_memory(e) and _is_out_of_memory(MemoryError()) and not _is_out_of_memory(ValueError("x"))
-    msg = out_of_memory_message(e, "paged_decode_big", 8.2 * 2**30)
-    assert "\n" not in msg and msg.startswith("--measure: paged_decode_big ran out of device memory")
-    assert "8.20 GiB" in msg and "Attempting to allocate 4.00G" in msg
-    assert "host memory" in out_of_memory_message(MemoryError(), "f", None)
+    assert out_of_memory(ValueError("x")) is None
+    msg = out_of_memory(e, who="--measure: paged_decode_big", inputs_bytes=8.2 * 2**30).message
+    assert msg == ("--measure: paged_decode_big ran out of device memory on the attached device (its inputs take "
+                   "8.20 GiB): RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate 4.00G. "
+                   "That was not possible. There are 3.10G free.")
+    assert msg.partition(" ran out ")[2].replace(" (its inputs take 8.20 GiB)", "") == \
+        known_failure(e).message.partition(" ran out ")[2]
+    assert out_of_memory(MemoryError(), who="--measure: f").message == "--measure: f ran out of host memory: MemoryError"
 
 
 def test_measure_says_at_least_beside_an_estimate_that_is_a_floor(run_cli, tiny_step):
