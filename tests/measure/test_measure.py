@@ -132,6 +132,60 @@ def test_calibrate_times_each_benchmark_and_its_rate_is_the_analytic_work_over_t
     assert any("CPU backend" in n for n in cal.notes)
 
 
+_CUMSUM_BENCH = """HloModule jit_cumsum, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%scan (p: f32[512,64,128]) -> f32[512,64,128] {
+  %p = f32[512,64,128]{0,1,2:T(8,128)} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %rw = f32[512,64,128]{0,1,2:T(8,128)} reduce-window(%p, %z), window={size=1x1x128 pad=0_0x0_0x127_0}, to_apply=%add
+}
+
+ENTRY %main (x: f32[512,64,128]) -> f32[512,64,128] {
+  %x = f32[512,64,128]{2,1,0:T(8,128)} parameter(0)
+  %copy.1 = f32[512,64,128]{0,1,2:T(8,128)} copy(%x), backend_config={"window_config":{"estimated_cycles":"1"}}
+  %fusion = f32[512,64,128]{0,1,2:T(8,128)} fusion(%copy.1), kind=kOutput, calls=%scan
+  ROOT %copy.2 = f32[512,64,128]{2,1,0:T(8,128)} copy(%fusion), backend_config={"window_config":{"estimated_cycles":"1"}}
+}
+"""
+
+
+def test_a_class_rate_leaves_out_the_models_time_of_the_benchmarks_other_kernels():
+    """Issue 46: calibrate's cumsum rate was its bytes over the whole program's 6.27 ms, four layout copies and a
+    broadcast included, which the model times again as kernels of their own: a cumsum counted twice (the fit
+    half's cumsum_rows +26%, cummax_cols +115%). others_seconds is the model's time of the kernels outside the
+    class (here two vector-unit copies at the v5e's copy rate); the rate is work over the median less it."""
+    import stagetool.measure.calibrate as cal_mod
+    from stagetool.core.chips import CHIPS
+
+    v5e = CHIPS["tpu-v5e"]
+    nbytes = 512 * 64 * 128 * 4
+    copies = 2 * (2 * nbytes / v5e.hbm_copy_bytes_per_second + v5e.kernel_overhead_seconds)
+    assert cal_mod.others_seconds(_CUMSUM_BENCH, ("cumulative",), "TPU v5 lite") == pytest.approx(copies, rel=1e-9)
+    assert cal_mod.others_seconds(_CUMSUM_BENCH, ("cumulative",), "cpu") == 0.0  # no chip table entry: nothing
+
+    def build():
+        return (lambda: None), 1e9, "a cumsum", _CUMSUM_BENCH
+
+    timing = Timing(1e-3, 0.9e-3, 1.2e-3, 0.3, 3, 1, 1)
+    run = cal_mod._program("cumulative", "class_rates.cumulative", "byte", build, own=("cumulative",))
+    orig = cal_mod.others_seconds
+    try:
+        cal_mod.others_seconds = lambda text, own, kind: 0.4e-3 if own == ("cumulative",) else 0.0
+        r = run(lambda call: timing)
+    finally:
+        cal_mod.others_seconds = orig
+    assert r.others_seconds == 0.4e-3 and r.rate == pytest.approx(1e9 / 0.6e-3, rel=1e-12)
+    assert "less 0.4 ms the step-time model gives its other kernels" in profile_yaml(Calibration(
+        chip="x", device_kind="TPU v5 lite", platform="tpu", devices=1, versions={}, date="2026-12-06",
+        command="c", results=(r,)))
+
+
 def test_calibrate_refuses_the_cpu_backend_before_any_work(run_cli):
     r = run_cli("calibrate", check=2)
     assert "none is attached" in r.stderr and "CPU" in r.stderr and r.stdout == ""
