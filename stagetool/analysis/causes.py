@@ -185,6 +185,15 @@ def _differs(which: str, leaf: LeafReport, got_s: ValueSharding | None,
     (``unit``: the mesh axes of size 1, which split nothing and are ignored), else the sentence saying
     what differs."""
     got = _dims(got_s, len(leaf.shape))
+    if leaf.compiled is not None and leaf.compiled.kind == "other" and leaf.compiled.dims:
+        # an argument on its own mesh of the staged devices (jax.jit takes it so): Shardy's rerun
+        # gives its PartitionSpec over that mesh, which is what it is compiled with
+        own = tuple(() if d is None else (d,) if isinstance(d, str) else tuple(d) for d in leaf.compiled.dims)
+        if _trim(got) == _trim(own):
+            return None
+        return (f"Shardy's propagation rerun here gives {which} {leaf.path} {_fmt(got)}, the compiled program "
+                f"{leaf.compiled}: the rerun is not the propagation the compile used, so the explanation is "
+                "unavailable for this function")
     if leaf.compiled is None or leaf.compiled.kind != "spec":
         return (f"the compiled program's sharding of {which} {leaf.path} is "
                 f"{leaf.compiled if leaf.compiled is not None else 'not known'}, not a PartitionSpec "

@@ -40,7 +40,8 @@ class WhyAnswer:
         reason)``.
       outputs: output leaves whose compiled sharding follows it.
       unavailable: why there is no answer (the explanation is unavailable for this function, or the
-        question names nothing in it), else None.
+        question names nothing in it), else None. A leaf's ``found`` lines (its shardings, which need
+        no explanation) are given even then.
       names_nothing: the question names nothing in this function (no such collective, leaf or
         line): with ``unavailable`` saying so, and ``close`` the nearest names it has.
       close: for ``names_nothing``, up to three of the function's own collective numbers, leaf
@@ -84,6 +85,21 @@ def _collective_line(i: int, item: CollectiveItem) -> tuple[int, str, str]:
     return (i, f"{c.kind} over {axes}{at}", item.cause.reason if item.cause else "")
 
 
+def _leaf_lines(query: WhyQuery, inputs: Sequence[LeafReport], outputs: Sequence[LeafReport]) -> tuple[str, ...]:
+    """One line per input and output leaf the question names: its declared sharding and where it came
+    from, its compiled sharding (an argument on its own mesh of the staged devices: its PartitionSpec
+    over that mesh, and which mesh, as the sharding's text names it)."""
+    found = []
+    for x in inputs:
+        if query.leaf.names(x.path):
+            how = _DECLARED_BY.get(x.sharding_source or "", "not given: replicated")
+            where = f" at {source_name(no_column(x.source))}" if x.source and x.sharding_source != "compiler" else ""
+            found.append(f"input {x.path}: declared {x.declared} ({how}{where}); compiled "
+                         f"{x.compiled if x.compiled is not None else 'unused (pruned)'}")
+    found += [f"output {x.path}: compiled {x.compiled}" for x in outputs if query.leaf.names(x.path)]
+    return tuple(found)
+
+
 def answer_why(query: WhyQuery, inputs: Sequence[LeafReport], outputs: Sequence[LeafReport],
                section: CollectivesSection | None) -> WhyAnswer:
     """Answer ``stagetool why`` from one function's leaves and collectives section (its items' causes
@@ -100,6 +116,12 @@ def answer_why(query: WhyQuery, inputs: Sequence[LeafReport], outputs: Sequence[
     if section is None:
         return WhyAnswer(question, unavailable="no collectives section")
     if section.causes_unavailable:
+        if query.kind == "leaf":  # the leaf's own shardings need no propagation: said, then why the rest is not
+            named = [x for x in (*inputs, *outputs) if query.leaf.names(x.path)]
+            if named:
+                return WhyAnswer(question, _leaf_lines(query, inputs, outputs),
+                                 unavailable="what it causes and where its sharding goes: "
+                                             + section.causes_unavailable)
         return WhyAnswer(question, unavailable=section.causes_unavailable)
     items = list(section.items)
     origins = section.origins
@@ -131,17 +153,12 @@ def answer_why(query: WhyQuery, inputs: Sequence[LeafReport], outputs: Sequence[
         if not chosen and not outs:
             return WhyAnswer(question, unavailable=f"no input or output leaf is named {query.text!r}", names_nothing=True,
                              close=_close(query.text, [x.path for x in (*inputs, *outputs)]))
-        found, leaf_origins, labels = [], [], set()
+        found, leaf_origins = list(_leaf_lines(query, inputs, outputs)), []
+        labels = {f"input {x.path}" for _, x in chosen}
         for i, x in chosen:
-            how = _DECLARED_BY.get(x.sharding_source or "", "not given: replicated")
-            where = f" at {source_name(no_column(x.source))}" if x.source and x.sharding_source != "compiler" else ""
-            found.append(f"input {x.path}: declared {x.declared} ({how}{where}); compiled "
-                         f"{x.compiled if x.compiled is not None else 'unused (pruned)'}")
-            labels.add(f"input {x.path}")
             if origins is not None and i < len(origins.inputs) and x.sharding_source == "compiler":
                 leaf_origins += [o for o in origins.inputs[i] if o.label != f"input {x.path}"]
         for i, x in outs:
-            found.append(f"output {x.path}: compiled {x.compiled}")
             if origins is not None and i < len(origins.outputs):
                 leaf_origins += list(origins.outputs[i])
         caused = tuple(_collective_line(n, it) for n, it in numbered

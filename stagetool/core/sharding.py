@@ -21,6 +21,8 @@ class Sharding:
         over the mesh expresses; ``text`` holds JAX's description).
       dims: for ``"spec"``, one entry per array dimension: None (not sharded), a mesh axis name, or a
         tuple of axis names (several mesh axes on one dimension, major first). ``()`` is replicated.
+        For ``"other"``, the PartitionSpec over the array's own mesh where it is a ``NamedSharding``
+        on another mesh of the staged devices (``text`` names that mesh), else ``()``.
       text: for ``"other"``, JAX's ``repr`` of the sharding.
     """
 

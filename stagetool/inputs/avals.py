@@ -506,7 +506,7 @@ class _Builder:
         self.notes.append(f"{leaf_path} is laid on another mesh of the staged devices ({describe_mesh(s.mesh)}, "
                           f"{s.spec}) that no PartitionSpec over the staged mesh ({describe_mesh(staged)}) lays "
                           "alike: staged with its own sharding, as jax.jit takes it")
-        return Sharding("other", text=own_mesh_text(s)), loc, "object"
+        return Sharding("other", spec_dims(s.spec), text=own_mesh_text(s)), loc, "object"
 
     # ---- the inputs handed over
 

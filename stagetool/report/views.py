@@ -797,8 +797,8 @@ def why_lines(w: WhyAnswer) -> list[tuple[str, str]]:
     """``stagetool why``'s answer as ``(style, line)`` pairs: the question, what it names, where its
     sharding came from, the reason (a collective), and downstream: collectives and outputs."""
     out = [("bold", f"why: {w.question}")]
-    if w.unavailable:
-        return out + [("warn", f"no answer: {w.unavailable}")]
+    if w.unavailable:  # what is known still said (a leaf's shardings), then why the rest is not
+        return out + [("", x) for x in w.found] + [("warn", f"no answer: {w.unavailable}")]
     out += [("", x) for x in w.found]
     if w.origins:
         out.append(("", "sharding from: " + "; ".join(f"`{o.axis}` ← {o.describe()}" for o in w.origins)))

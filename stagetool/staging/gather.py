@@ -191,11 +191,13 @@ def sharding_of(sharding: Any, rank: int, mesh: Any) -> Sharding:
     """
     spec = getattr(sharding, "spec", None)
     if spec is not None:
+        from stagetool.core.sharding import spec_dims
         from stagetool.devices.world import on_another_mesh, own_mesh_text
 
         if on_another_mesh(sharding, mesh):  # an input jax.jit takes on its own mesh of these devices
             found = _equivalent_spec(sharding, rank, mesh)
-            return found if found is not None else Sharding("other", text=own_mesh_text(sharding))
+            return found if found is not None else Sharding("other", spec_dims(sharding.spec),
+                                                            text=own_mesh_text(sharding))
         return _from_spec(tuple(spec), rank)
     if type(sharding).__name__ == "SingleDeviceSharding":
         return Sharding("spec", (None,) * rank)
