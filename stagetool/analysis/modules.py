@@ -627,13 +627,15 @@ def modules_section(facts: StagedFunction, mesh: MeshAxes | None, *, slices: int
     reason = "the peak dump was not taken (--no-peak)"
     if facts.peak is not None:
         from stagetool.analysis.memory import memory_of
-        from stagetool.analysis.peak import peak_report
+        from stagetool.analysis.peak import module_index, peak_report
         from stagetool.analysis.timeline import memory_timeline
 
         record = memory_of(facts.memory)
-        _, tp = memory_timeline(facts.peak, gated_peak=record.peak_bytes, record=record, top=0)
+        index = module_index(facts)
+        _, tp = memory_timeline(facts.peak, gated_peak=record.peak_bytes, record=record, top=0, index=index)
         at = tp.schedule_position if tp is not None else None
-        peak = peak_report(facts.peak, top=1 << 62, at=at, step=tp.position if at is not None else None)
+        peak = peak_report(facts.peak, top=1 << 62, at=at, step=tp.position if at is not None else None,
+                           index=index)
     arguments = {x.parameter: x.path for x in facts.inputs or () if x.parameter is not None}
     collectives = find_collectives(module, mesh, slices=slices)
     step = None

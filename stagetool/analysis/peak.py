@@ -62,7 +62,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stagetool.hlo.buffers import (  # the one reader of the dump's files; re-exported here
     LiveBuffer,
@@ -72,6 +72,10 @@ from stagetool.hlo.buffers import (  # the one reader of the dump's files; re-ex
 )
 from stagetool.core.compat import normalise_op_name
 from stagetool.facts import PeakDump
+
+if TYPE_CHECKING:
+    from stagetool.facts import StagedFunction
+    from stagetool.hlo.parser import HloModule
 
 __all__ = ["BufferSlot", "HOST_MEMORY_SPACE", "space_label", "LiveBuffer", "ModuleIndex", "PeakBuffer", "PeakLiveRange",
            "PeakOpShare", "PeakReport", "SourceLocation", "buffer_slots", "live_at", "parse_live_range_peak",
@@ -273,6 +277,18 @@ def _space(color: int | None, instruction: str, opcode: str | None, xla_names: A
 # --------------------------------------------------------------------------- module text
 
 
+def module_index(facts: StagedFunction) -> ModuleIndex | None:
+    """One :class:`ModuleIndex` of a staged function's peak dump, for the timeline and the peak table
+    alike, over the compiled module staging already parsed (:attr:`StagedFunction.module`) when the
+    dump describes that same module text: a large module is parsed once, not three times. None
+    without a peak dump."""
+    dump = facts.peak
+    if dump is None:
+        return None
+    same = facts.compiled_text is not None and dump.module_text == facts.compiled_text
+    return ModuleIndex(dump.module_text, facts.module if same else None)
+
+
 class ModuleIndex:
     """Instruction shapes and source locations of optimised HLO module text, by instruction name.
 
@@ -280,10 +296,12 @@ class ModuleIndex:
     within an HLO module, so a flat mapping is enough).
     """
 
-    def __init__(self, module_text: str):
+    def __init__(self, module_text: str, module: HloModule | None = None):
+        """``module``: ``module_text`` already parsed (e.g. :attr:`StagedFunction.module`), so that a
+        large module is not parsed again; parsed here when None."""
         from stagetool.hlo.parser import parse_hlo_module
 
-        self._module = parse_hlo_module(module_text)
+        self._module = module if module is not None else parse_hlo_module(module_text)
         self._text = module_text
         self._by_name = {i.name: i for c in self._module.computations for i in c.instructions}
         self._library_files: dict[str, bool] = {}
@@ -439,8 +457,8 @@ class ModuleIndex:
 
 
 def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = None,
-                gated_peak_bytes: int | None = None, at: int | None = None, step: int | None = None
-                ) -> PeakReport:
+                gated_peak_bytes: int | None = None, at: int | None = None, step: int | None = None,
+                index: ModuleIndex | None = None) -> PeakReport:
     """Largest buffers live at the per-device memory peak, from the dump staging took with the
     compile (:class:`stagetool.staging.gather.PeakDump`), each buffer once and in its memory space,
     attributed to its shape, op name and source line.
@@ -463,6 +481,8 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
         12,458,996 B; the transformer example: 205 against the timeline's 346). Ignored without a
         buffer assignment.
       step: the timeline's step of ``at`` (entry-computation steps), for the title.
+      index: a :class:`ModuleIndex` of ``dump.module_text`` (built when None; pass
+        :func:`module_index`'s to parse the module once for the timeline and this table).
 
     Returns:
       A :class:`PeakReport`; with ``reason`` set and no buffers when XLA wrote no live-range file
@@ -474,7 +494,8 @@ def peak_report(dump: PeakDump, *, top: int = 10, resolve: Resolver | None = Non
     live = parse_live_range_peak(dump.live_range_text)
     if live is None:
         return PeakReport(None, None, (), 0, (), seconds, "no 'Live ranges at N (peak)' section in the dump")
-    index = ModuleIndex(dump.module_text)
+    if index is None:
+        index = ModuleIndex(dump.module_text)
     res = resolve or index.resolve
     assignment = dump.buffers
     slots = buffer_slots(assignment)

@@ -429,21 +429,20 @@ def memory_section(facts: StagedFunction, inputs: tuple[LeafReport, ...], output
     largest = sorted(used, key=lambda x: (-(x.bytes_per_device or 0), x.path))[:top]
     largest_inputs = tuple(InputBytes(x.path, _shape(x), int(x.bytes_per_device or 0)) for x in largest)
     donation = _donation(facts.compiled_text or "", inputs, outputs)
-    timeline = timeline_peak = None
-    if facts.peak is not None:
+    timeline = timeline_peak = peak = None
+    if facts.peak is not None:  # what is live at the peak: shown, never a part of the gated figure
+        from stagetool.analysis.peak import module_index, peak_report
         from stagetool.analysis.timeline import memory_timeline
 
+        index = module_index(facts)
         timeline, timeline_peak = memory_timeline(facts.peak, gated_peak=record.peak_bytes, record=record,
-                                                  inputs=inputs, outputs=outputs, top=top)
-    peak = None
-    if facts.peak is not None:  # what is live at the peak: shown, never a part of the gated figure
-        from stagetool.analysis.peak import peak_report
+                                                  inputs=inputs, outputs=outputs, top=top, index=index)
 
         # At the timeline's peak (the step XLA's buffer assignment holds the most bytes), so that the
         # table and the timeline name one peak; XLA's own peak position is said in the note when apart.
         at = timeline_peak.schedule_position if timeline_peak is not None else None
         peak = peak_report(facts.peak, top=top, gated_peak_bytes=record.peak_bytes, at=at,
-                           step=timeline_peak.position if at is not None else None)
+                           step=timeline_peak.position if at is not None else None, index=index)
     return MemorySection(record, capacity_bytes, capacity_source, verdict, largest_inputs, donation, peak,
                          timeline=timeline, timeline_peak=timeline_peak, unknown_sharding=unknown)
 

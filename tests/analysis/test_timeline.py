@@ -273,3 +273,32 @@ def test_xla_tpu_peak_memory_counts_vmem_with_hbm(tmp_path):
     assert peak.bytes == max(live[0]) and peak.on_chip
     assert peak.bytes + sum(d.bytes for d in peak.differences) == record.peak_bytes
     assert all("temp blocks" not in d.what and "more than" not in d.what for d in peak.differences)
+
+
+def test_the_timeline_and_the_peak_table_share_one_parse_of_the_module(monkeypatch):
+    """``memory`` parsed the compiled module three times (staging's ``facts.module``, the timeline's
+    and the peak table's ModuleIndex; 30 ms each on the transformer example, linear in the text). With
+    :func:`module_index` the two analyses reuse staging's parse when the dump describes the same
+    text, and give the same answer as with their own parse."""
+    import types
+
+    from stagetool.analysis import peak as peak_mod
+    from stagetool.hlo import parser
+
+    dump = stages.PeakDump(LIVE_RANGE, MODULE, 1.0, None, buffers.read_hlo_proto(hand_built()))
+    own_points, own_peak = timeline.memory_timeline(dump, gated_peak=450)
+    own_table = peak_mod.peak_report(dump, at=own_peak.schedule_position, step=own_peak.position)
+    facts = types.SimpleNamespace(peak=dump, compiled_text=MODULE, module=parser.parse_hlo_module(MODULE))
+    calls = []
+    real = parser.parse_hlo_module
+    monkeypatch.setattr(parser, "parse_hlo_module", lambda text: calls.append(text) or real(text))
+    index = peak_mod.module_index(facts)
+    points, peak = timeline.memory_timeline(dump, gated_peak=450, index=index)
+    table = peak_mod.peak_report(dump, at=peak.schedule_position, step=peak.position, index=index)
+    assert calls == []
+    assert (points, peak, table) == (own_points, own_peak, own_table)
+    # A dump of another text than the compiled one (never shared): parsed on its own.
+    other = types.SimpleNamespace(peak=dump, compiled_text=MODULE + "\n", module=facts.module)
+    peak_mod.module_index(other)
+    assert calls == [MODULE]
+    assert peak_mod.module_index(types.SimpleNamespace(peak=None)) is None
