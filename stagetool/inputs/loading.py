@@ -94,14 +94,79 @@ _LOGICAL_AXES = re.compile(r"\b(with_logical_constraint|with_logical_partitionin
                            r"logical_axis_rules|logical_to_mesh_sharding)\b")
 
 
+_MAX_USER_MODULES = 256
+"""How many of the user's modules :func:`_logical_axes` reads, following imports (a bound, not a limit met)."""
+
+
 def _logical_axes(module_file: str | None) -> bool:
-    """Whether the target's module calls Flax linen's logical-axis API (:data:`_LOGICAL_AXES`)."""
+    """Whether the target's module, or a module of the user's it imports (directly or through others:
+    a model's layers in ``models.py`` beside ``train.py``), calls Flax linen's logical-axis API
+    (:data:`_LOGICAL_AXES`). Imports are followed to the modules loading the target imported
+    (``sys.modules``), and only into the user's files (not a library's, not stagetool's)."""
     if module_file is None:
         return False
+    seen: set[str] = set()
+    todo = [str(Path(module_file).resolve())]
+    while todo and len(seen) < _MAX_USER_MODULES:
+        path = todo.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            continue
+        if _LOGICAL_AXES.search(text) is not None:
+            return True
+        todo += [f for f in _imported_user_files(path, text) if f not in seen]
+    return False
+
+
+def _imported_user_files(path: str, text: str) -> list[str]:
+    """The files of the user's own modules that the module at ``path`` (source ``text``) imports, as
+    already imported (``sys.modules``): ``import pkg.layers``, ``from pkg import layers``, ``from
+    .layers import block``; library modules (:func:`stagetool.core.paths.is_library_file`) and
+    stagetool's own are left out."""
+    import ast
+    import sys
+
+    from stagetool.core.paths import is_library_file, library_dirs
+
     try:
-        return _LOGICAL_AXES.search(Path(module_file).read_text(errors="replace")) is not None
-    except OSError:
-        return False
+        tree = ast.parse(text, filename=path)
+    except (SyntaxError, ValueError):
+        return []
+    package: str | None = None
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                if package is None:  # the importing module's package (its own module by its file name first)
+                    name = Path(path).name
+                    package = next((getattr(m, "__package__", None) or "" for m in list(sys.modules.values())
+                                    if Path(str(getattr(m, "__file__", None) or "")).name == name
+                                    and _file_of(m) == path), "")
+                parts = package.split(".") if package else []
+                parts = parts[:len(parts) - node.level + 1] if node.level > 1 else parts
+                base = ".".join([*parts, *([base] if base else [])])
+            names += [base] + [f"{base}.{a.name}" if base else a.name for a in node.names]
+    own = str(Path(__file__).resolve().parents[1]) + "/"
+    library = library_dirs()
+    out = []
+    for name in dict.fromkeys(n for n in names if n):
+        f = _file_of(sys.modules.get(name))
+        if f and f.endswith(".py") and not f.startswith(own) and not is_library_file(f, library):
+            out.append(f)
+    return out
+
+
+def _file_of(module: object) -> str | None:
+    """A module's source file, resolved, or None (a built-in, a namespace package, not a module)."""
+    f = getattr(module, "__file__", None)
+    return str(Path(f).resolve()) if isinstance(f, str) else None
 
 
 def context_of(mesh_spec: MeshSpec, fspec: FunctionSpec, mesh: Any, inputs: AbstractInputs, *,
