@@ -26,12 +26,13 @@ Nothing here imports JAX.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import sys
 import threading
 import time
 from typing import Any, Callable, Iterator
+
+from stagetool.process.staging_scope import StagingScope
 
 _REAL_SIGNAL = signal.signal
 _REAL_GETSIGNAL = signal.getsignal
@@ -41,23 +42,23 @@ _REAL_GETITIMER = getattr(signal, "getitimer", None)
 _TIMERS = tuple(getattr(signal, n) for n in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF") if hasattr(signal, n))
 _TIMER_NAMES = {getattr(signal, n): n for n in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF") if hasattr(signal, n)}
 
-_LOCK = threading.RLock()
-_STAGING: dict[threading.Thread, int] = {}  # the threads staging now, with their depth
-_OUTSIDE: set[threading.Thread] = set()  # threads alive when the staging began that are not staging
 _HANDLERS: dict[int, Any] = {}  # signal number -> the handler staged code set (not installed)
 _TIMER_TABLE: dict[int, tuple[float, float]] = {}  # timer -> (deadline on time.monotonic, interval)
 _SET: dict[tuple[str, int], tuple[str, str]] = {}  # ("signal"|"timer", number) -> (what, file:line)
 _THEIRS: dict[int, tuple[tuple[float, float], float]] = {}  # timer -> (value, when) a thread not staging set
-_HOOKED = [False]
 
 
-def _virtual() -> bool:
-    """Whether the calling thread's signal calls go to the private table: a staging thread, or one
-    started since the staging began."""
-    if not _STAGING:
-        return False
-    t = threading.current_thread()
-    return t in _STAGING or t not in _OUTSIDE
+def _in_child() -> None:
+    """After a fork, in the child: the real functions, nothing staged."""
+    _HANDLERS.clear()
+    _TIMER_TABLE.clear()
+    _SET.clear()
+    _unpatch()
+
+
+_SCOPE = StagingScope(_in_child)
+_LOCK = _SCOPE.lock
+_virtual = _SCOPE.covers  # whether the calling thread's signal calls go to the private table
 
 
 def _where(handler: Any = None) -> str:
@@ -114,7 +115,7 @@ def _left(which: int) -> tuple[float, float]:
 def _setitimer(which: int, seconds: float, interval: float = 0.0) -> tuple[float, float]:
     if not _virtual():
         old = _REAL_SETITIMER(which, seconds, interval)
-        if _STAGING:  # another thread's own timer: what the staging's end expects, never undone
+        if _SCOPE.active():  # another thread's own timer: what the staging's end expects, never undone
             _THEIRS[which] = ((float(seconds), float(interval)), time.monotonic())
         return old
     if which not in _TIMERS:
@@ -141,7 +142,7 @@ def _getitimer(which: int) -> tuple[float, float]:
 def _alarm(seconds: int) -> int:
     if not _virtual():
         old = _REAL_ALARM(seconds)
-        if _STAGING:
+        if _SCOPE.active():
             _THEIRS[signal.ITIMER_REAL] = ((float(int(seconds)), 0.0), time.monotonic())
         return old
     seconds = int(seconds)
@@ -168,16 +169,6 @@ def _unpatch() -> None:
     for n, f in _REALS.items():
         if getattr(signal, n) is _PATCHES[n]:  # left as it is when something else replaced it meanwhile
             setattr(signal, n, f)
-
-
-def _in_child() -> None:
-    """After a fork, in the child: the real functions, nothing staged."""
-    _STAGING.clear()
-    _OUTSIDE.clear()
-    _HANDLERS.clear()
-    _TIMER_TABLE.clear()
-    _SET.clear()
-    _unpatch()
 
 
 def _dispositions() -> dict[int, Any]:
@@ -209,19 +200,12 @@ def caller_signals(found: list[str] | None = None) -> Iterator[None]:
     leaving, however the block ends. Nests, and works from several threads at once."""
     me = threading.current_thread()
     with _LOCK:
-        outermost = not _STAGING
+        outermost = _SCOPE.enter()
         if outermost:
-            if not _HOOKED[0] and hasattr(os, "register_at_fork"):
-                os.register_at_fork(after_in_child=_in_child)
-                _HOOKED[0] = True
-            _OUTSIDE.clear()
-            _OUTSIDE.update(threading.enumerate())
             _HANDLERS.clear()
             _TIMER_TABLE.clear()
             _SET.clear()
             _THEIRS.clear()
-        _OUTSIDE.discard(me)
-        _STAGING[me] = _STAGING.get(me, 0) + 1
         dispositions, timers, began, mask = _dispositions(), _timers(), time.monotonic(), _mask()
         if outermost:
             _patch()
@@ -230,17 +214,12 @@ def caller_signals(found: list[str] | None = None) -> Iterator[None]:
     finally:
         notes: list[str] = []
         with _LOCK:
-            _STAGING[me] -= 1
-            if not _STAGING[me]:
-                del _STAGING[me]
-            last = not _STAGING
-            if last:
+            if _SCOPE.leave() is not None:  # the last staging
                 _unpatch()
                 notes += _left_by_staging()
                 _HANDLERS.clear()
                 _TIMER_TABLE.clear()
                 _SET.clear()
-                _OUTSIDE.clear()
         notes += _undo(dispositions, timers, began, mask, me)
         if found is not None:
             found.extend(notes)

@@ -22,20 +22,29 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import sys
 import threading
 import weakref
 from typing import Any, Callable, Iterator
 
+from stagetool.process.staging_scope import StagingScope
+
 _REAL_REGISTER = atexit.register
 _REAL_UNREGISTER = atexit.unregister
-_LOCK = threading.RLock()
-_STAGING: dict[threading.Thread, int] = {}  # the threads staging now, with their depth
-_OUTSIDE: set[threading.Thread] = set()  # threads alive when the staging began that are not staging
 _LATE: weakref.WeakSet = weakref.WeakSet()  # threads started while staging, still running after it
 _KEPT: list[tuple[Callable[..., Any], str]] = []  # (handler, file:line) registered by staged code
-_HOOKED = [False]
+
+
+def _in_child() -> None:
+    """After a fork, in the child: the real functions, nothing staged."""
+    global _LATE
+    _KEPT.clear()
+    _LATE = weakref.WeakSet()
+    _unpatch()
+
+
+_SCOPE = StagingScope(_in_child)
+_LOCK = _SCOPE.lock
 
 
 def _count() -> int | None:
@@ -48,10 +57,7 @@ def _count() -> int | None:
 def _virtual() -> bool:
     """Whether the calling thread's registrations go to the private list: a staging thread, one
     started since the staging began, or one a staging left running."""
-    t = threading.current_thread()
-    if t in _LATE:
-        return True
-    return bool(_STAGING) and (t in _STAGING or t not in _OUTSIDE)
+    return threading.current_thread() in _LATE or _SCOPE.covers()
 
 
 def _name(fn: Any) -> str:
@@ -98,19 +104,9 @@ def _unpatch() -> None:
 
 def _unpatch_if_idle() -> None:
     with _LOCK:
-        if not _STAGING and not any(t.is_alive() for t in list(_LATE)):
+        if not _SCOPE.active() and not any(t.is_alive() for t in list(_LATE)):
             _KEPT.clear()
             _unpatch()
-
-
-def _in_child() -> None:
-    """After a fork, in the child: the real functions, nothing staged."""
-    global _LATE
-    _STAGING.clear()
-    _OUTSIDE.clear()
-    _KEPT.clear()
-    _LATE = weakref.WeakSet()
-    _unpatch()
 
 
 @contextlib.contextmanager
@@ -118,17 +114,8 @@ def caller_atexit(found: list[str] | None = None) -> Iterator[None]:
     """Stage within: see the module's account. ``found`` (when given) gets one note per handler the
     staged code registered (``"an atexit handler (os._exit) registered at model.py:4 was dropped;
     ..."``), on leaving, however the block ends. Nests, and works from several threads at once."""
-    me = threading.current_thread()
     with _LOCK:
-        outermost = not _STAGING
-        if outermost:
-            if not _HOOKED[0] and hasattr(os, "register_at_fork"):
-                os.register_at_fork(after_in_child=_in_child)
-                _HOOKED[0] = True
-            _OUTSIDE.clear()
-            _OUTSIDE.update(threading.enumerate())
-        _OUTSIDE.discard(me)
-        _STAGING[me] = _STAGING.get(me, 0) + 1
+        _SCOPE.enter()
         count = _count()
         _patch()
     try:
@@ -136,18 +123,13 @@ def caller_atexit(found: list[str] | None = None) -> Iterator[None]:
     finally:
         notes: list[str] = []
         with _LOCK:
-            _STAGING[me] -= 1
-            if not _STAGING[me]:
-                del _STAGING[me]
-            if not _STAGING:
-                for t in threading.enumerate():
-                    if t not in _OUTSIDE and t is not me and t.is_alive():
-                        _LATE.add(t)
+            started = _SCOPE.leave()
+            if started is not None:  # the last staging: its threads still running stay covered
+                _LATE.update(started)
                 for func, where in _KEPT:
                     notes.append(f"an atexit handler ({_name(func)}) registered at {where} was dropped: stagetool "
                                  "keeps the caller's exit handlers as they were while it stages")
                 _KEPT.clear()
-                _OUTSIDE.clear()
                 after = _count()
                 if count is not None and after is not None and after > count:
                     notes.append(f"{after - count} atexit handler(s) registered while staging, through an "
