@@ -5,61 +5,40 @@ The live objects are the plan's inputs: the function is the plan's loaded target
 ``jax.ShapeDtypeStruct``s with the shardings they carry, Flax NNX/Linen and Equinox objects as
 they are), and the pipeline (:func:`stagetool.pipeline.make_plan` → devices → inputs → stage →
 report) runs as it does for a spec file, so the report is the CLI's ``report``.
+
+This module is the call itself (:func:`inspect` → :func:`run_inspect` → :func:`inspect_here`, one
+compile, failures raised); the rest, one concept a module:
+
+* :mod:`~stagetool.live.options`: the options checked and resolved before any trace
+  (:class:`InspectOptions`), and messages worded as :func:`inspect` takes them;
+* :mod:`~stagetool.live.target`: the function as the plan's target (its name, a ``Traced``);
+* :mod:`~stagetool.live.arguments`: the arguments as the spec's values, on the staged mesh;
+* :mod:`~stagetool.live.report`: :class:`~stagetool.live.report.LiveReport`, each section analysed
+  when first read; :mod:`~stagetool.live.isolated`: ``isolate=True``'s worker;
+  :mod:`~stagetool.live.asserts` and :mod:`~stagetool.live.pytest_plugin`: tests.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from stagetool.core.errors import StagingError, UsageError
 from stagetool.core.location import Loc
-from stagetool.core.mesh import MeshSpec
+from stagetool.live.arguments import on_one_mesh, relaid_arguments, relaid_static, spec_out_shardings, spec_value
+from stagetool.live.options import InspectOptions, api_names, api_words, caller_loc, context_words, resolve_options
+from stagetool.live.target import from_stages, function_label, loaded_target
 
 if TYPE_CHECKING:
     from stagetool.report.model import Report
 
+__all__ = ["SECTIONS", "InspectOptions", "api_words", "exit_refused", "function_label", "inspect", "inspect_here",
+           "raise_failure", "run_inspect"]
+
 #: What :func:`inspect` computes from its one compile (``stagetool report``'s sections).
 SECTIONS = ("shardings", "collectives", "cost", "memory")
-
-
-@dataclasses.dataclass(frozen=True)
-class InspectOptions:
-    """The options of :func:`inspect` other than the function and its arguments (picklable: an
-    isolated run hands them to its worker).
-
-    Attributes mirror the CLI's: ``mesh`` (a :class:`MeshSpec`), ``platform``, ``topology``,
-    ``slices``, ``chip``, ``device_memory`` (``16GiB``), ``peak`` (record memory over time: XLA's
-    dump with the one compile), ``top``, ``explain`` (leaf patterns whose collectives to trace),
-    ``name`` (the function's name in the report), ``target`` (``file.py:qualname`` as the report
-    names it), ``loc`` (the caller's line, named in input errors), ``donate`` (positions or names),
-    ``static`` (static keyword values by name), ``out_shardings`` (a pytree of PartitionSpecs or
-    None), ``notes`` (sentences for the report about how the arguments were taken), ``against`` (a
-    compile-only target to stage the same program for too, every difference marked).
-    """
-
-    mesh: MeshSpec
-    platform: str | None = None
-    topology: str | None = None
-    slices: int | None = None
-    chip: str | None = None
-    device_memory: str | None = None
-    peak: bool = True
-    top: int = 10
-    explain: tuple[str, ...] = ()
-    name: str = "fn"
-    target: str = "fn"
-    loc: Loc | None = None
-    donate: tuple[int | str, ...] = ()
-    static: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    out_shardings: Any = None
-    notes: tuple[str, ...] = ()
-    against: str | None = None
 
 
 def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str | None = None,
@@ -145,7 +124,7 @@ def inspect(fn: Callable[..., Any], *args: Any, mesh: Any = None, topology: str 
         frame), the function raised or called ``sys.exit``, or (``isolate``) its process died or
         timed out. A failure never gives a report.
     """
-    return run_inspect(fn, args, kwargs, loc=_caller(sys._getframe(1)), isolate=isolate, timeout_s=timeout_s,
+    return run_inspect(fn, args, kwargs, loc=caller_loc(sys._getframe(1)), isolate=isolate, timeout_s=timeout_s,
                        mesh=mesh, topology=topology, platform=platform, slices=slices, donate=donate, static=static,
                        out_shardings=out_shardings, chip=chip, device_memory=device_memory, peak=peak, top=top,
                        explain=explain, name=name, context_mesh=context_mesh, against=against)
@@ -162,11 +141,11 @@ def run_inspect(fn: Callable[..., Any], args: tuple, kwargs: dict, *, loc: Loc |
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
                                   or not math.isfinite(timeout_s) or timeout_s <= 0):
         raise UsageError(f"stagetool.inspect: timeout_s={timeout_s!r} must be a positive number of seconds or None")
-    fn, args, kwargs, options = _from_stages(fn, args, kwargs, options)
-    resolved = _options(fn, args, kwargs, loc=loc, **options)
+    fn, args, kwargs, options = from_stages(fn, args, kwargs, options)
+    resolved = resolve_options(fn, args, kwargs, loc=loc, **options)
     kwargs = {k: v for k, v in kwargs.items() if k not in resolved.static}
     notes: list[str] = []
-    args, kwargs = _on_one_mesh(fn, args, kwargs, resolved.mesh, notes)  # before an isolated run drops the meshes
+    args, kwargs = on_one_mesh(fn, args, kwargs, resolved.mesh, notes)  # before an isolated run drops the meshes
     resolved = dataclasses.replace(resolved, notes=tuple(notes))
     if isolate:
         from stagetool.live.isolated import inspect_isolated
@@ -184,13 +163,13 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
         provision_devices, relative_report, stage_once
     from stagetool.spec.model import FunctionSpec, Spec
 
-    target = _target(fn, options)
+    target = loaded_target(fn, options.target)
     notes = list(options.notes)
-    fspec = FunctionSpec(options.name, options.target, tuple(_value(a, options.loc) for a in args),
-                         {k: _value(v, options.loc) for k, v in kwargs.items()}, dict(options.static),
-                         tuple(options.donate), _out_shardings(options.out_shardings), options.loc, Path.cwd())
+    fspec = FunctionSpec(options.name, options.target, tuple(spec_value(a, options.loc) for a in args),
+                         {k: spec_value(v, options.loc) for k, v in kwargs.items()}, dict(options.static),
+                         tuple(options.donate), spec_out_shardings(options.out_shardings), options.loc, Path.cwd())
     spec = Spec(None, options.mesh, options.platform, options.topology, "global", {options.name: fspec})
-    with _api_names():
+    with api_names():
         named_by = "topology=" if options.topology else "platform=" if options.platform else None
         plan = make_plan(Options(platform=options.platform, topology=options.topology, slices=options.slices,
                                  target_named_by=named_by,
@@ -206,7 +185,7 @@ def inspect_here(fn: Callable[..., Any], args: tuple, kwargs: dict, options: Ins
         plan = dataclasses.replace(plan, functions=(fspec,))
     wanted = frozenset(Section(s) for s in SECTIONS)
     failure: StagingError | None = None
-    with exit_refused(options.name) as signal_notes, _api_names():
+    with exit_refused(options.name) as signal_notes, api_names():
         prepared = prepare_inputs(plan, setup, targets={options.name: target})
         prep = prepared[options.name]
         if notes and prep.inputs is not None:
@@ -257,209 +236,6 @@ def _mark_against(live: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, 
     live._partial[tuple(sorted(SECTIONS))] = marked
 
 
-_OPTION_NAMES = ("platform", "topology", "slices", "chip", "device-memory", "explain", "top", "against")
-
-#: The spec's ``{mesh: staged}`` advice, and what the Python API does instead.
-_SPEC_MESH_ADVICE = re.compile(r"(?:build|take) the [\w']+ mesh from the spec(?:'s)?:? \(?\{(?:call: [^()]*?|mesh: staged)\}+\)?")
-_API_MESH_ADVICE = ("pass the mesh in a config as a static argument (static={'cfg': cfg}, or a config class registered "
-                    "with jax.tree_util.register_static passed as it is: its mesh is re-laid on the staged one by "
-                    "axis name)")
-
-
-def api_words(text: str | None) -> str | None:
-    """``text`` (a message or hint written for the CLI and the spec) in :func:`inspect`'s words: its
-    parameters (``mesh='data=8'``, ``topology=v5e:2x4``), never a CLI flag or a spec key."""
-    if not text:
-        return text
-    # the value alone: "(--mesh a=4,b=2), or" -> "(mesh='a=4,b=2'), or"
-    text = re.sub(r"--mesh ([^\s),;]+(?:,[^\s),;=]+=[^\s),;]+)*)", lambda m: f"mesh={m.group(1)!r}", text)
-    text = _context_words(text).replace("--mesh", "mesh=")
-    for name in _OPTION_NAMES:
-        text = text.replace(f"--{name} ", name.replace("-", "_") + "=")
-    text = _SPEC_MESH_ADVICE.sub(_API_MESH_ADVICE, text)
-    return text.replace("the spec's mesh.axis_types", "the mesh's axis types").replace(
-        "the spec's 'axis_types: explicit' under 'mesh:' (mesh: {axes: {...}, axis_types: explicit})",
-        "a mesh with Explicit axes (mesh=jax.make_mesh(...), whose axis types it takes)")
-
-
-def _context_words(text: str) -> str:
-    """``text`` with the context-mesh flag and spec key (``--no-context-mesh``, ``mesh.context: false``)
-    as :func:`inspect`'s ``context_mesh=``."""
-    return text.replace("--no-context-mesh (the spec's mesh.context: false)", "context_mesh=False").replace(
-        "--context-mesh (the spec's mesh.context: true)", "context_mesh=True").replace(
-        "--no-context-mesh, the spec's mesh.context: false", "context_mesh=False").replace(
-        "--no-context-mesh", "context_mesh=False").replace("--context-mesh", "context_mesh=True")
-
-
-@contextlib.contextmanager
-def _api_names() -> Iterator[None]:
-    """A usage error names the option as :func:`inspect` takes it (``chip=``, ``mesh=``), not as the
-    CLI or the spec does."""
-    try:
-        yield
-    except UsageError as e:
-        message, hint = api_words(e.message), api_words(e.hint)
-        if (message, hint) == (e.message, e.hint):
-            raise
-        prefix = "" if message.startswith("stagetool.inspect") else "stagetool.inspect: "
-        raise UsageError(f"{prefix}{message}", hint=hint) from None
-
-
-def _on_one_mesh(fn: Any, args: tuple, kwargs: dict, mesh_spec: MeshSpec, notes: list[str]) -> tuple[tuple, dict]:
-    """The arguments with each array or ``ShapeDtypeStruct`` on another mesh of the same devices (a
-    batch on a 1-D ``("devices",)`` mesh beside a 2-D state mesh, as ``jax.jit`` takes them) given the
-    equivalent ``PartitionSpec`` on the mesh staged over (the first argument mesh with the staged
-    axis names), one note per argument; an argument no spec over that mesh lays alike, as it is."""
-    import jax
-    from jax.sharding import NamedSharding
-
-    from stagetool.inputs.own_mesh import equivalent_spec
-
-    names = tuple(mesh_spec.names)
-    ref = next((m for m in _meshes((args, kwargs)) if tuple(m.axis_names) == names), None)
-    if ref is None:
-        return args, kwargs
-    try:
-        params = list(__import__("inspect").signature(_underlying(fn)).parameters)
-    except (TypeError, ValueError):
-        params = []
-    from stagetool.devices.world import describe_mesh
-
-    def moved(x: Any, what: str, depth: int = 0) -> Any:
-        if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
-            s = getattr(x, "sharding", None)
-            if not isinstance(s, NamedSharding) or s.mesh == ref or s.mesh.empty:
-                return x
-            spec = equivalent_spec(s, ref, len(x.shape))
-            if spec is None:
-                return x
-            notes.append(f"{what} is laid on another mesh of the same devices ({describe_mesh(s.mesh)}, "
-                         f"{s.spec}); staged as the same layout on the mesh ({describe_mesh(ref)}): {spec}, as "
-                         "jax.jit takes it")
-            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(ref, spec, memory_kind=s.memory_kind))
-        if depth < 4 and type(x) in (list, tuple):
-            return type(x)(moved(v, f"{what}[{i}]", depth + 1) for i, v in enumerate(x))
-        if depth < 4 and type(x) is dict:
-            return {k: moved(v, f"{what}[{k!r}]", depth + 1) for k, v in x.items()}
-        return x
-
-    args = tuple(moved(a, f"argument {params[i] if i < len(params) else i}") for i, a in enumerate(args))
-    kwargs = {k: moved(v, f"argument {k}") for k, v in kwargs.items()}
-    return args, kwargs
-
-
-def _meshes(tree: Any, abstract: bool = False) -> list:
-    """The concrete meshes the leaves' ``NamedSharding``s name, in order, each once; with ``abstract``,
-    the ``jax.sharding.AbstractMesh``es instead (``ShapeDtypeStruct``s sharded over a mesh with no
-    devices: its axis names, sizes and types)."""
-    import jax
-    from jax.sharding import AbstractMesh, Mesh
-
-    out: list = []
-    for leaf in jax.tree_util.tree_leaves(tree):
-        mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
-        if isinstance(mesh, AbstractMesh if abstract else Mesh) and not mesh.empty and not any(mesh == m for m in out):
-            out.append(mesh)
-    return out
-
-
-def relaid_static(static: Mapping[str, Any], staged: Any) -> tuple[dict, list[str]]:
-    """``(static values, notes)``: each static value holding a ``jax.sharding.Mesh`` with the staged
-    mesh's axis names that is not the staged mesh (a jax-llm-examples ``Config(mesh=...)`` of the
-    caller's CPU mesh, staged with ``topology="v5e:2x4"``) with that mesh replaced by the staged
-    one — re-laid by axis name, as the CLI's ``{mesh: staged}`` gives the code the staged mesh — in
-    a frozen dataclass, a NamedTuple, a dict, list or tuple (four levels deep); one note per value.
-    Values with no such mesh are the same objects."""
-    out: dict = {}
-    notes: list[str] = []
-    from stagetool.devices.world import describe_mesh
-
-    for name, value in static.items():
-        found: list = []
-        new = _replace_mesh(value, staged, found, 0)
-        out[name] = new
-        if found:
-            notes.append(f"static={name!r} holds the mesh {describe_mesh(found[0])}; it is re-laid by axis name on "
-                         f"the staged mesh ({describe_mesh(staged)}), as the same code with its mesh built for these "
-                         "devices runs")
-    return out, notes
-
-
-def relaid_arguments(fspec: Any, staged: Any, fn: Any = None) -> tuple[Any, list[str]]:
-    """``(fspec, notes)``: each argument that ``jax.jit`` takes as static although it is passed as an
-    argument — a value with no array leaves, as a config class registered with
-    ``jax.tree_util.register_static`` is (jax-llm-examples: ``step(x, cfg)``) — given the staged mesh
-    in place of a mesh it holds with the staged axis names, as :func:`relaid_static` does for
-    ``static=``; one note per argument. ``fspec`` (a :class:`~stagetool.spec.model.FunctionSpec` of
-    :class:`~stagetool.spec.model.ValueSpec` arguments; ``fn``, the function, names them) is returned
-    as it is when none holds one."""
-    import jax
-
-    from stagetool.devices.world import describe_mesh
-    from stagetool.spec.model import ValueSpec
-
-    try:
-        params = list(__import__("inspect").signature(_underlying(fn)).parameters)
-    except (TypeError, ValueError):
-        params = []
-    notes: list[str] = []
-
-    def relaid(value: Any, what: str) -> Any:
-        if not isinstance(value, ValueSpec) or jax.tree_util.tree_leaves(value.value):
-            return value  # arrays (or leaves jax.jit traces): staged as they are, each on the mesh
-        found: list = []
-        new = _replace_mesh(value.value, staged, found, 0)
-        if not found:
-            return value
-        notes.append(f"{what} holds the mesh {describe_mesh(found[0])} and is static to jax.jit (no array leaves: "
-                     f"jax.tree_util.register_static); it is re-laid by axis name on the staged mesh "
-                     f"({describe_mesh(staged)}), as the same code with its mesh built for these devices runs")
-        return dataclasses.replace(value, value=new)
-
-    args = tuple(relaid(a, f"argument {params[i] if i < len(params) else i}") for i, a in enumerate(fspec.args))
-    kwargs = {k: relaid(v, f"argument {k}") for k, v in fspec.kwargs.items()}
-    if not notes:
-        return fspec, notes
-    return dataclasses.replace(fspec, args=args, kwargs=kwargs), notes
-
-
-def _replace_mesh(value: Any, staged: Any, found: list, depth: int) -> Any:
-    from jax.sharding import Mesh
-
-    if isinstance(value, Mesh):
-        if value != staged and not value.empty and tuple(value.axis_names) == tuple(staged.axis_names):
-            found.append(value)
-            return staged
-        return value
-    if depth >= 4:
-        return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {}
-        for f in dataclasses.fields(value):
-            if not f.init:
-                continue
-            old = getattr(value, f.name)
-            new = _replace_mesh(old, staged, found, depth + 1)
-            if new is not old:
-                changes[f.name] = new
-        return dataclasses.replace(value, **changes) if changes else value
-    if isinstance(value, tuple) and hasattr(value, "_replace") and hasattr(value, "_fields"):
-        changes = {}
-        for k in value._fields:
-            old = getattr(value, k)
-            new = _replace_mesh(old, staged, found, depth + 1)
-            if new is not old:
-                changes[k] = new
-        return value._replace(**changes) if changes else value
-    if type(value) in (list, tuple):
-        items = [_replace_mesh(v, staged, found, depth + 1) for v in value]
-        return type(value)(items) if any(a is not b for a, b in zip(items, value)) else value
-    if type(value) is dict:
-        items = {k: _replace_mesh(v, staged, found, depth + 1) for k, v in value.items()}
-        return items if any(items[k] is not value[k] for k in value) else value
-    return value
-
-
 def exit_refused(name: str = "fn") -> Any:
     """Stage ``name`` within: ``os._exit`` from any thread is refused, forks end at once in the child
     (:func:`stagetool.process.containment.contained`; see docs/python-api.md, "How far the Python
@@ -469,373 +245,10 @@ def exit_refused(name: str = "fn") -> Any:
     return contained(name)
 
 
-def _from_stages(fn: Any, args: tuple, kwargs: dict, options: dict) -> tuple[Any, tuple, dict, dict]:
-    """A ``jax.stages.Traced`` as a function and arguments the pipeline stages: its jaxpr as the
-    function (``jax.extend.core.jaxpr_as_fun``: the same equations, with their source lines), its
-    ``args_info`` as ``ShapeDtypeStruct``s with the shardings and donation its compile gives them
-    (``Compiled.input_shardings``: one compile of the Traced, since a Traced does not say them).
-    Anything else is returned as it is.
-
-    Raises:
-      UsageError: a ``Lowered`` or ``Compiled`` (no program left to stage on another mesh), or
-        arguments given beside a Traced.
-    """
-    import jax
-
-    if isinstance(fn, (jax.stages.Lowered, jax.stages.Compiled)):
-        kind = type(fn).__name__
-        raise UsageError(f"stagetool.inspect: a jax.stages.{kind} holds a module lowered for its devices, not a "
-                         "program stagetool can stage on a mesh or topology",
-                         hint="pass the Traced (jax.jit(f).trace(*args)), or the function and its arguments")
-    if not isinstance(fn, jax.stages.Traced):
-        return fn, args, kwargs, options
-    if args or kwargs:
-        raise UsageError("stagetool.inspect: a jax.stages.Traced holds its arguments; give no others",
-                         hint="inspect(jax.jit(f).trace(*args)), or inspect(f, *args)")
-    from jax.extend.core import jaxpr_as_fun
-
-    traced = fn
-    infos, tree = jax.tree_util.tree_flatten(traced.args_info)
-    shardings = tree.flatten_up_to(_pair(traced.lower().compile().input_shardings))
-    structs = [jax.ShapeDtypeStruct(tuple(i.shape), i.dtype, sharding=s) for i, s in zip(infos, shardings)]
-    args, kwargs = jax.tree_util.tree_unflatten(tree, structs)
-    donated_args, donated_kwargs = jax.tree_util.tree_unflatten(tree, [i.donated for i in infos])
-    donate = [i for i, a in enumerate(donated_args) if any(jax.tree_util.tree_leaves(a))]
-    donate += [k for k, v in donated_kwargs.items() if any(jax.tree_util.tree_leaves(v))]
-    body, out_tree = jaxpr_as_fun(traced.jaxpr), traced.out_tree
-
-    def program(*a: Any, **k: Any) -> Any:
-        return jax.tree_util.tree_unflatten(out_tree, body(*jax.tree_util.tree_leaves((a, k))))
-
-    program.__name__ = program.__qualname__ = traced.fun_name
-    program.stagetool_target = f"<jax.stages.Traced>:{traced.fun_name}"  # type: ignore[attr-defined]
-    return program, tuple(args), dict(kwargs), {**options, "donate": tuple(donate)}
-
-
-def _pair(tree: Any) -> Any:
-    """``(args, kwargs)`` as the stages give it, the args a tuple."""
-    return (tuple(tree[0]), tree[1]) if isinstance(tree, (tuple, list)) and len(tree) == 2 else tree
-
-
 def raise_failure(report: Report) -> None:
     """Fail closed: a report whose function failed to stage is raised as a :class:`StagingError`."""
     for f in report.functions:
         if f.error is not None:
-            error = _context_words(f.error)  # its hint in inspect's words
+            error = context_words(f.error)  # its hint in inspect's words
             raise StagingError(error if error.startswith(f"{f.name}:") else f"{f.name}: {error}",
                                stage="compile", function=f.name)
-
-
-def _options(fn: Any, args: tuple, kwargs: dict, *, loc: Loc | None, mesh: Any = None, donate: Any = (),
-             static: Any = None, name: str | None = None, explain: Iterable[str] = (),
-             context_mesh: bool | None = None, **rest: Any) -> InspectOptions:
-    """The options checked and resolved, before any trace.
-
-    Raises:
-      UsageError: an option of the wrong type or out of range (naming it as :func:`inspect` takes
-        it); an argument leaf whose shape XLA cannot take (naming the Python parameter).
-    """
-    if not callable(fn):
-        raise UsageError(f"stagetool.inspect: the first argument is a {type(fn).__name__}, not a function",
-                         hint="pass the function (or its jax.jit wrapper), then its arguments")
-    donate = _donate(donate)
-    if static is None:
-        static = {}
-    elif not isinstance(static, Mapping):
-        if isinstance(static, str):
-            names = [static]
-        elif isinstance(static, Iterable) and not isinstance(static, bytes):
-            names = list(static)
-        else:
-            raise UsageError(f"stagetool.inspect: static={static!r} is not a mapping or keyword names",
-                             hint="give static={name: value}, or the names of keyword arguments given")
-        bad = [n for n in names if not isinstance(n, str)]
-        if bad:
-            raise UsageError(f"stagetool.inspect: static names keyword arguments by name, not {bad[0]!r}")
-        missing = [n for n in names if n not in kwargs]
-        if missing:
-            raise UsageError(f"stagetool.inspect: static={missing[0]!r} names no keyword argument given",
-                             hint="give its value as a keyword argument, or static={name: value}")
-        static = {n: kwargs[n] for n in names}
-    elif any(not isinstance(k, str) for k in static):
-        raise UsageError(f"stagetool.inspect: static={dict(static)!r}: its keys must be keyword names (strings)")
-    if isinstance(explain, str):
-        explain = (explain,)
-    elif not isinstance(explain, Iterable) or any(not isinstance(e, str) for e in explain):
-        raise UsageError(f"stagetool.inspect: explain={explain!r} must be leaf names: a string or a list of strings")
-    _check_option_types(name=name, **rest)
-    if context_mesh is not None and not isinstance(context_mesh, bool):
-        raise UsageError(f"stagetool.inspect: context_mesh={context_mesh!r} must be True, False or None")
-    label = function_label(fn, name)
-    _check_leaves(fn, args, kwargs)
-    staged_mesh = dataclasses.replace(_mesh_spec(mesh, args, kwargs), context=context_mesh)
-    return InspectOptions(mesh=staged_mesh, name=label, target=_target_text(fn, label), loc=loc,
-                          donate=donate, static=dict(static), explain=tuple(explain), **rest)
-
-
-def function_label(fn: Any, name: Any = None) -> str:
-    """The function's name in the report: ``name``, else its ``__name__`` (under jit wrappers).
-
-    Raises:
-      UsageError: ``name`` is not a non-empty string.
-    """
-    if name is not None:
-        if not isinstance(name, str) or not name.strip():
-            raise UsageError(f"stagetool.inspect: name={name!r} must be a non-empty string")
-        return name
-    return (getattr(fn, "__name__", None) or getattr(getattr(fn, "fun", None), "__name__", None)
-            or getattr(fn, "fun_name", None) or "fn")  # fun_name: a jax.stages.Traced
-
-
-def _donate(donate: Any) -> tuple[int | str, ...]:
-    """``donate`` as positions and names: an int (not a bool), a str, or an iterable of them.
-
-    Raises:
-      UsageError: anything else (``donate=True`` is not argument 1).
-    """
-    items = (donate,) if isinstance(donate, (int, str)) else donate
-    if isinstance(items, Iterable) and not isinstance(items, (bytes, Mapping)):
-        items = tuple(items)
-        bad = [d for d in items if isinstance(d, bool) or not isinstance(d, (int, str))
-               or (isinstance(d, int) and d < 0)]
-        if not bad:
-            return items
-        donate = bad[0]
-    raise UsageError(f"stagetool.inspect: donate={donate!r} is not an argument position or keyword name",
-                     hint="give donate=0, donate='params' or donate=(0, 'opt_state')")
-
-
-def _check_option_types(*, name: Any = None, platform: Any = None, topology: Any = None, slices: Any = None,
-                        chip: Any = None, device_memory: Any = None, peak: Any = True, top: Any = 10,
-                        out_shardings: Any = None, against: Any = None) -> None:
-    """Refuse an option of the wrong type, naming it (never coerced: ``top=2.5`` is not 2).
-
-    Raises:
-      UsageError: the first wrong one.
-    """
-    for key, value in (("platform", platform), ("topology", topology), ("chip", chip),
-                       ("device_memory", device_memory), ("against", against)):
-        if value is not None and (not isinstance(value, str) or not value.strip() and key != "against"):
-            raise UsageError(f"stagetool.inspect: {key}={value!r} must be a non-empty string or None")
-    if not isinstance(peak, bool):
-        raise UsageError(f"stagetool.inspect: peak={peak!r} must be True or False")
-    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-        raise UsageError(f"stagetool.inspect: top={top!r} must be a whole number of 0 or more")
-    if slices is not None and (isinstance(slices, bool) or not isinstance(slices, int) or slices < 1):
-        raise UsageError(f"stagetool.inspect: slices={slices!r} must be a whole number of 1 or more, or None")
-
-
-def _parameter_names(fn: Any, count: int) -> list[str]:
-    """The Python parameter each of ``count`` positional arguments binds to (``args[i]`` where the
-    signature does not say)."""
-    import inspect as pyinspect
-
-    names = [f"args[{i}]" for i in range(count)]
-    try:
-        params = list(pyinspect.signature(_underlying(fn)).parameters.values())
-    except (TypeError, ValueError):
-        return names
-    i = 0
-    for p in params:
-        if i >= count:
-            break
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            names[i] = p.name
-            i += 1
-        elif p.kind == p.VAR_POSITIONAL:
-            for j in range(i, count):
-                names[j] = f"{p.name}[{j - i}]"
-            break
-    return names
-
-
-def _check_leaves(fn: Any, args: tuple, kwargs: dict) -> None:
-    """Every array-like leaf's shape is one XLA can take (the spec's limits,
-    :func:`stagetool.spec.leaves.shape_problem`: at most 2**32 per dimension, 2**57 elements), checked
-    before any trace: a larger one aborts XLA or overflows its byte counts.
-
-    Raises:
-      UsageError: naming the Python parameter and the leaf's key path.
-    """
-    import jax
-
-    from stagetool.spec.leaves import shape_problem
-
-    named = list(zip(_parameter_names(fn, len(args)), args)) + list(kwargs.items())
-    for pname, value in named:
-        try:
-            leaves = jax.tree_util.tree_flatten_with_path(value)[0]
-        except Exception:  # noqa: BLE001 - a value that is no pytree is passed as it is
-            continue
-        for path, leaf in leaves:
-            shape = getattr(leaf, "shape", None)
-            if not isinstance(shape, tuple) or getattr(leaf, "dtype", None) is None:
-                continue
-            if any(not isinstance(d, int) or d < 0 for d in shape):
-                continue  # a symbolic dimension: JAX says what it takes
-            problem = shape_problem(shape)
-            if problem:
-                where = pname + jax.tree_util.keystr(path)
-                raise UsageError(f"stagetool.inspect: argument {where}: {problem}",
-                                 hint="give shapes XLA can compile (each leaf at most 2**57 elements)")
-
-
-def _caller(frame: Any) -> Loc:
-    """The caller's ``file:line`` (a notebook cell's name as IPython gives it)."""
-    return Loc(frame.f_code.co_filename, frame.f_lineno, 1)
-
-
-def _underlying(fn: Any) -> Any:
-    """The Python function under jit wrappers (for its file and name)."""
-    seen = 0
-    while seen < 8:
-        inner = getattr(fn, "__wrapped__", None) or getattr(fn, "fun", None)
-        if inner is None or inner is fn:
-            return fn
-        fn, seen = inner, seen + 1
-    return fn
-
-
-def _target_text(fn: Any, label: str) -> str:
-    """How the report names the function: ``file.py:qualname`` for a function in a file (relative
-    to the working directory when below it), ``module:qualname`` otherwise (a notebook cell)."""
-    if getattr(fn, "stagetool_target", None):
-        return fn.stagetool_target
-    base = _underlying(fn)
-    qualname = getattr(base, "__qualname__", label)
-    code = getattr(base, "__code__", None)
-    file = code.co_filename if code is not None else None
-    if file and Path(file).is_file():
-        path = Path(file).resolve()
-        try:
-            path = path.relative_to(Path.cwd().resolve())
-        except ValueError:
-            pass
-        return f"{path}:{qualname}"
-    return f"{getattr(base, '__module__', None) or '__main__'}:{qualname}"
-
-
-def _target(fn: Any, options: InspectOptions) -> Any:
-    from stagetool.inputs.target import Target
-
-    code = getattr(_underlying(fn), "__code__", None)
-    return Target(options.target, _fresh(fn), code.co_filename if code is not None else None,
-                  options.target.rpartition(":")[2])
-
-
-def _fresh(fn: Any) -> Any:
-    """A plain Python function as a new function object over the same code, globals, closure and
-    defaults: JAX's caches key traces, lowerings and compiles on the function object, and the dump
-    compile's options (its own ``xla_dump_to`` folder) differ every call, so staging the caller's
-    own object kept one executable per call in ``jax.jit``'s compile cache for as long as the
-    function lived (about 0.2 MB a call, measured with ``bench/bench_hostile.py``'s memory case).
-    The copy dies with the report, and JAX's entries with it. Anything else (a ``jax.jit``
-    wrapper, a bound method, a callable object) is staged as it is."""
-    import types
-
-    if type(fn) is not types.FunctionType:
-        return fn
-    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    copy.__kwdefaults__ = fn.__kwdefaults__
-    copy.__qualname__, copy.__module__, copy.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
-    copy.__annotations__ = fn.__annotations__
-    copy.__dict__.update(fn.__dict__)
-    return copy
-
-
-def _mesh_spec(mesh: Any, args: tuple, kwargs: dict) -> MeshSpec:
-    """The mesh as a :class:`MeshSpec` (see :func:`inspect`'s ``mesh``).
-
-    Raises:
-      UsageError: a mesh text that does not parse, or a value that is no mesh.
-    """
-    if mesh is None:
-        # the arguments' mesh; of several meshes of the same devices (a state mesh, a batch's 1-D
-        # one), the one with the most axes: the others' layouts are spelled over it (_on_one_mesh)
-        found = _meshes((args, kwargs)) or _meshes((args, kwargs), abstract=True)
-        mesh = max(found, key=lambda m: sum(1 for s in m.shape.values() if s != 1)) if found else None
-        if mesh is None:
-            return MeshSpec(())
-    if isinstance(mesh, MeshSpec):
-        return mesh
-    if isinstance(mesh, str):
-        from stagetool.core.mesh import parse_mesh_option
-
-        try:
-            return parse_mesh_option(mesh, MeshSpec(()))
-        except ValueError as e:
-            raise UsageError(f"stagetool.inspect: mesh={mesh!r}: {e}".replace("--mesh ", "")) from None
-    if isinstance(mesh, Mapping):
-        from stagetool.core.mesh import axis_name_problem, device_count_problem
-
-        bad = [(k, v) for k, v in mesh.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
-        if bad or not mesh:
-            k, v = bad[0] if bad else (None, None)
-            raise UsageError(f"stagetool.inspect: mesh={dict(mesh)!r}: "
-                             + (f"axis {k!r} of size {v!r}: " if bad else "no axes: ")
-                             + "each axis needs a name and a whole size of 1 or more",
-                             hint="give mesh={'data': 2, 'model': 4}")
-        problem = next(filter(None, map(axis_name_problem, mesh)), None) or device_count_problem(list(mesh.values()))
-        if problem:
-            raise UsageError(f"stagetool.inspect: mesh={dict(mesh)!r}: {problem}")
-        return MeshSpec(tuple((k, v) for k, v in mesh.items()))
-    shape = getattr(mesh, "shape", None)
-    if isinstance(shape, Mapping):  # a jax.sharding.Mesh or AbstractMesh
-        types = {str(t).rpartition(".")[2].lower() for t in (getattr(mesh, "axis_types", None) or ())}
-        return MeshSpec(tuple((str(k), int(v)) for k, v in shape.items()),
-                        "explicit" if types == {"explicit"} else "auto")
-    raise UsageError(f"stagetool.inspect: mesh={mesh!r} is not a mesh",
-                     hint="give a jax.sharding.Mesh, 'data=2,model=4', or {'data': 2, 'model': 4}")
-
-
-def _first_mesh(tree: Any) -> Any:
-    """The mesh of the first leaf carrying a ``NamedSharding``, or None."""
-    import jax
-
-    for leaf in jax.tree_util.tree_leaves(tree):
-        mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
-        if mesh is not None and getattr(mesh, "shape", None):
-            return mesh
-    return None
-
-
-def _value(x: Any, loc: Loc | None) -> Any:
-    """One argument as the spec holds it: Python numbers and None as they are (traced as a spec's
-    numbers are), anything else a :class:`ValueSpec` (NumPy arrays as ``ShapeDtypeStruct``s, since a
-    ``{ref:}`` object's arrays are JAX arrays)."""
-    from stagetool.spec.model import ValueSpec
-
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x
-    return ValueSpec(_numpy_as_structs(x), loc or Loc("<inspect>", 0, 0))
-
-
-def _numpy_as_structs(x: Any) -> Any:
-    import jax
-    import numpy as np
-
-    leaves = jax.tree_util.tree_leaves(x)
-    if not any(isinstance(v, (np.ndarray, np.generic)) for v in leaves):
-        return x  # the object itself (NNX Variables keep their identity)
-    return jax.tree_util.tree_map(
-        lambda v: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype) if isinstance(v, (np.ndarray, np.generic))
-        else v, x)
-
-
-def _out_shardings(tree: Any) -> Any:
-    """``out_shardings`` as the spec holds them: each ``PartitionSpec`` a :class:`Sharding`."""
-    if tree is None:
-        return None
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from stagetool.core.sharding import Sharding, spec_dims
-
-    def one(s: Any) -> Any:
-        if isinstance(s, NamedSharding):
-            s = s.spec
-        if isinstance(s, PartitionSpec):
-            return Sharding("spec", spec_dims(s))
-        return s
-
-    return jax.tree_util.tree_map(one, tree, is_leaf=lambda s: isinstance(s, (PartitionSpec, NamedSharding)))

@@ -90,7 +90,8 @@ class StagetoolSnapshot:
         from stagetool.gate.compare import compare
         from stagetool.gate.render import render_text
         from stagetool.gate.snapshot import load_snapshot, snapshot_from_report
-        from stagetool.live import _caller, function_label, run_inspect
+        from stagetool.live import function_label, run_inspect
+        from stagetool.live.options import caller_loc
 
         isolate = options.pop("isolate", False)
         if not isinstance(isolate, bool):
@@ -107,7 +108,7 @@ class StagetoolSnapshot:
                         "give the calls distinct names (name=...) or the tests distinct parametrize ids",
                         pytrace=False)
         report = run_inspect(fn, args, {k: v for k, v in options.items() if k not in _INSPECT_OPTIONS},
-                             loc=_caller(sys._getframe(1)), isolate=isolate,
+                             loc=caller_loc(sys._getframe(1)), isolate=isolate,
                              **{k: v for k, v in options.items() if k in _INSPECT_OPTIONS})
         name = report.function().name
         now = snapshot_from_report(report)
