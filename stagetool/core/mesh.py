@@ -167,6 +167,12 @@ def axis_types_hint(needed: str) -> str:
             "jax.sharding.reshard for Explicit axes")
 
 
+#: JAX's words when code needs a context mesh and none is set (a bare PartitionSpec in
+#: with_sharding_constraint, reshard, out_sharding=P(...); JAX 0.7-0.12).
+CONTEXT_NEEDED = ("requires a non-empty mesh in context", "not under a mesh context",
+                  "enter into a mesh context", "context mesh cannot be empty", "requires a mesh context",
+                  "is not found in mesh: ()")
+
 CONTEXT_ONLY_HINT = (
     "this fails only under the staged mesh as the context mesh (jax.set_mesh), which stagetool sets where "
     "the code runs under one (it sets one, its mesh axes are Explicit, it has logical axis rules) or "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagetool.core.errors import USER_CODE_ERRORS, SpecError, StagingError, TargetError, UsageError, describe_exception
-from stagetool.core.mesh import CONTEXT_ONLY_HINT, axis_types_hint, axis_types_needed
+from stagetool.core.mesh import CONTEXT_NEEDED, CONTEXT_ONLY_HINT, axis_types_hint, axis_types_needed
 from stagetool.inputs.frameworks import Pytree
 from stagetool.inputs.leaves import jax_dtype
 from stagetool.inputs.signature import describe_callable, signature_problems
@@ -166,8 +166,11 @@ def eval_init(init: InitSpec, fspec: FunctionSpec, mesh: Any = None, rules: Any 
                 ambient = False  # as the code runs when it sets no mesh: tried once more under none
                 failed = e
                 continue
-            if not ambient and mesh is not None and context is None and failed is not None:
-                e = failed  # it needs no context mesh's absence: the first failure is the one to say
+            if not ambient and mesh is not None and context is None and failed is not None and (
+                    any(m in str(e) for m in CONTEXT_NEEDED)):
+                e = failed  # it needs a context mesh (JAX says so under none): the failure under the mesh
+            # else the failure under none: code that sets no mesh runs so (a model annotated with a
+            # concrete NamedSharding: Flax's bare assert against the context mesh is stagetool's doing)
             if mesh is not None and axis_types_needed(str(e)) is not None:  # bad input: exit 2, before a compile
                 raise _axis_types_error(e, init, fspec, mesh, target) from None
             hint = None

@@ -20,7 +20,7 @@ import time
 import warnings
 from typing import Any, Callable
 
-from stagetool.core.mesh import CONTEXT_ONLY_HINT, axis_types_hint, axis_types_needed
+from stagetool.core.mesh import CONTEXT_NEEDED, CONTEXT_ONLY_HINT, axis_types_hint, axis_types_needed
 from stagetool.core.errors import (USER_CODE_ERRORS, OutOfMemoryError, SpecError, StagingError, UsageError,
                                    describe_exception)
 from stagetool.core.sharding import Sharding
@@ -293,12 +293,6 @@ class _ContextNeeded(Exception):
         self.frame = frame
 
 
-#: JAX's words when code needs a context mesh and none is set (a bare PartitionSpec in
-#: with_sharding_constraint, reshard, out_sharding=P(...); JAX 0.7-0.12).
-_CONTEXT_NEEDED = ("requires a non-empty mesh in context", "not under a mesh context",
-                   "enter into a mesh context", "context mesh cannot be empty", "requires a mesh context",
-                   "is not found in mesh: ()")
-
 
 def compile_staged(staged: Staged, mesh: Any, *, name: str, user_files: list[str],
                    compiler_options: dict | None = None, dump: bool = False,
@@ -439,7 +433,7 @@ def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_file
             warnings.simplefilter("always")
             out = fn()
     except USER_CODE_ERRORS as e:  # SystemExit from the traced code is its failure too
-        if context_needed and any(m in str(e) for m in _CONTEXT_NEEDED):
+        if context_needed and any(m in str(e) for m in CONTEXT_NEEDED):
             first = str(e).strip().splitlines()[0]
             raise _ContextNeeded(f"{type(e).__name__}: {first}", user_frame(e, user_files)) from None
         if stage_name in ("trace", "lower") and any(m in str(e) for m in _MESH_MISMATCH):

@@ -48,8 +48,9 @@ def is_box(x: Any) -> bool:
 
 
 def box_dims(box: nnx.Variable, rules: Any) -> tuple | None:
-    """The PartitionSpec dims a Variable's metadata names, logical names resolved through ``rules``
-    (the :func:`stagetool.inputs.values.resolve_logical_rules` pairs) or the Variable's own
+    """The PartitionSpec dims a Variable's metadata names (axis names, a ``PartitionSpec``, or a
+    ``NamedSharding``'s spec), logical names resolved through ``rules`` (the
+    :func:`stagetool.inputs.values.resolve_logical_rules` pairs) or the Variable's own
     ``sharding_rules``; None when it carries no sharding."""
     import flax.linen as nn
 
@@ -57,6 +58,8 @@ def box_dims(box: nnx.Variable, rules: Any) -> tuple | None:
     names = md.get("out_sharding") or md.get("sharding") or md.get("sharding_names")
     if names is None:
         return None
+    if hasattr(names, "spec"):  # a NamedSharding (nnx.with_partitioning(init, NamedSharding(mesh, P(...)))): its spec
+        names = names.spec
     logical = rules or md.get("sharding_rules")
     if logical:
         return spec_dims(nn.logical_to_mesh_axes(tuple(names), logical))
