@@ -137,14 +137,19 @@ def _import(text: str, name: str, user_file: str | None) -> Any:
             import pkgutil
 
             try:
-                paths = importlib.import_module(parent).__path__ if parent else None
+                package = importlib.import_module(parent) if parent else None
+                paths = package.__path__ if package is not None else None
             except Exception:
-                paths = None
+                package, paths = None, None
             names = [m.name for m in pkgutil.iter_modules(paths)]
             close = difflib.get_close_matches(leaf, names, n=3, cutoff=0.6)
+            hint = "a file target needs its path and .py, e.g. examples/mlp.py:train_step"
+            if package is not None and hasattr(package, leaf):  # flax.nnx.metrics: an attribute of flax.nnx
+                rest = ".".join(filter(None, (name[len(e.name) + 1:], split_target(text)[1])))
+                hint = (f"{leaf} is an attribute of the module {parent}, not a module of its own: name it "
+                        f"{parent}:{leaf}" + (f".{rest}" if rest else ""))
             raise TargetError(f"target {text!r}: no module named {e.name!r}"
-                              + (f"; close matches: {', '.join(close)}" if close else ""),
-                              hint="a file target needs its path and .py, e.g. examples/mlp.py:train_step") from None
+                              + (f"; close matches: {', '.join(close)}" if close else ""), hint=hint) from None
         raise TargetError(f"target {text!r}: importing {name} failed: {e}" + _frame_note(e, user_file)) from None
     except USER_CODE_ERRORS as e:  # SystemExit too: a module that exits is a module that failed
         raise TargetError(f"target {text!r}: importing {name} failed: {describe_exception(e)}"

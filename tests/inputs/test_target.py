@@ -190,3 +190,35 @@ def test_relative_imports_in_a_folder_without_init_say_the_module_form(run_cli, 
     monkeypatch.chdir(tmp_path / root)
     doc = run_cli("cost", "--spec", spec, "--format", "json", check=0).json()
     assert doc["functions"][0]["cost"]["per_device"]["flops"] == 2 * 8 * 16 * 4
+
+
+def test_an_attribute_named_as_a_module_is_named_in_the_hint(run_cli, tmp_path, monkeypatch):
+    """New-user trial (docs/trials.md, miniGPT): ``{call: flax.nnx.metrics:Average}`` (the spelling
+    ``nnx.metrics.Average`` suggests) said only "no module named 'flax.nnx.metrics'" with a hint about
+    file targets; ``metrics`` is an attribute of ``flax.nnx``, and the hint now names the target that
+    loads."""
+    nnx = pytest.importorskip("flax.nnx")
+    with pytest.raises(TargetError) as e:
+        load_target("flax.nnx.metrics:Average", need_callable=False)
+    assert e.value.message == "target 'flax.nnx.metrics:Average': no module named 'flax.nnx.metrics'"
+    assert e.value.hint == ("metrics is an attribute of the module flax.nnx, not a module of its own: name it "
+                            "flax.nnx:metrics.Average")
+    assert load_target("flax.nnx:metrics.Average", need_callable=False).fn is nnx.metrics.Average
+    # a real missing module keeps the file-target hint
+    with pytest.raises(TargetError) as e:
+        load_target("flax.nnx.nope:f")
+    assert e.value.hint.startswith("a file target needs its path and .py")
+    # through the CLI, at the spec's line, before any compile
+    write(tmp_path, "m.py", "def f(m, x):\n    return x\n")
+    write(tmp_path, "m.stagetool.yaml", """
+        version: 1
+        functions:
+          f:
+            target: m.py:f
+            args:
+              - {call: flax.nnx.metrics:Average, args: [loss]}
+              - f32[4]
+        """)
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("shardings", check=2)
+    assert "m.stagetool.yaml:6:" in r.stderr and "name it flax.nnx:metrics.Average" in r.stderr
