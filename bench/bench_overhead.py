@@ -18,12 +18,20 @@ v5p:2x2x2 (bench/decoder.stagetool.yaml), checking that the snapshots are identi
     python bench/bench_overhead.py --all [--runs 5]
     python bench/bench_overhead.py --named [--runs 7]     # issue 48: the hardware named in pyproject.toml
     python bench/bench_overhead.py --against [--runs 7]   # issue 48: --against v5e:2x4
+    python bench/bench_overhead.py --commands [--runs 5]  # issue 50: every staging command on the MLP
 
 ``--named``: ``stagetool report`` on the MLP in a copy of examples/ whose ``pyproject.toml`` says
 ``[tool.stagetool] topology = "v5e"`` (so the spec's 2x4 mesh is ``v5e:2x4``), against the bare script
 compiling the same step for ``get_topology_desc("v5e:2x4")``'s devices (goal <= 1.10). ``--against``:
 ``stagetool report --against v5e:2x4`` against the bare script doing both compiles, the CPU mesh's
 and v5e:2x4's (goal <= 1.10: one more compile, no more). Both need libtpu.
+
+``--commands``: each staging command (``lower``, ``compile``, ``shardings``, ``collectives``, ``why``,
+``cost``, ``memory``, ``modules``, ``report``, ``snapshot``) on the MLP, with ``--no-cache``, against the bare
+script making the JAX calls it needs: ``lower`` against a script that traces and lowers only (no compile),
+every other command against the script that compiles too (goal <= 1.10 each: issue 50's "every command").
+Both bare scripts start the CPU backend alone (``jax_platforms=cpu``), as stagetool does for a CPU mesh:
+where libtpu is installed, the plain bare script also pays JAX's failed TPU probe, which flatters stagetool.
 
 ``--no-bytecode`` runs both sides with ``PYTHONDONTWRITEBYTECODE=1`` and without stagetool's (and the
 examples') ``__pycache__`` folders, as a CI container with an editable install does: every run then
@@ -109,6 +117,23 @@ STAGETOOL = {
             "-o", "/dev/null", "--no-cache"],
     "transformer": [sys.executable, "-m", "stagetool", "report", "examples/transformer.py:train_step", "--format",
                     "json", "-o", "/dev/null", "--no-cache"],
+}
+BARE_LOWER_MLP = BARE["mlp"].replace("    compiled = lowered.compile()\n", "").replace(
+    "print(len(lowered.as_text()), len(compiled.as_text()), lowered.cost_analysis(), compiled.cost_analysis(),\n"
+    "      compiled.memory_analysis())", "print(len(lowered.as_text()), lowered.cost_analysis())")
+"""The bare MLP script without the compile: what ``stagetool lower`` asks of JAX."""
+COMMANDS_MLP = {
+    # command -> its argv after ``stagetool`` (every one with --no-cache and JSON to /dev/null)
+    "lower": ["lower", "examples/mlp.py:train_step", "-o", "/dev/null"],
+    "compile": ["compile", "examples/mlp.py:train_step", "-o", "/dev/null"],
+    "shardings": ["shardings", "examples/mlp.py:train_step", "--format", "json", "-o", "/dev/null"],
+    "collectives": ["collectives", "examples/mlp.py:train_step", "--format", "json", "-o", "/dev/null"],
+    "why": ["why", "examples/mlp.py:train_step", "--leaf", "w1", "--format", "json", "-o", "/dev/null"],
+    "cost": ["cost", "examples/mlp.py:train_step", "--format", "json", "-o", "/dev/null"],
+    "memory": ["memory", "examples/mlp.py:train_step", "--format", "json", "-o", "/dev/null"],
+    "modules": ["modules", "examples/mlp.py:train_step", "--format", "json", "-o", "/dev/null"],
+    "report": ["report", "examples/mlp.py:train_step", "--format", "json", "-o", "/dev/null"],
+    "snapshot": ["snapshot", "--spec", "examples/mlp.stagetool.yaml", "-o", "/dev/null"],
 }
 MEMORY_TRANSFORMER = [sys.executable, "-m", "stagetool", "memory", "examples/transformer.py:train_step", "--format",
                       "json", "-o", "/dev/null", "--no-cache"]
@@ -253,6 +278,8 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="every ratio of issue 11, in one run")
     parser.add_argument("--named", action="store_true", help="issue 48: the hardware named in pyproject.toml")
     parser.add_argument("--against", action="store_true", help="issue 48: report --against v5e:2x4")
+    parser.add_argument("--commands", action="store_true",
+                        help="issue 50: every staging command on the MLP against the bare script it needs")
     parser.add_argument("--no-bytecode", action="store_true",
                         help="PYTHONDONTWRITEBYTECODE=1 and no stagetool bytecode, as a CI container with an editable "
                              "install runs (each run compiles the stagetool modules it imports)")
@@ -268,6 +295,18 @@ def main() -> None:
         # An installed package has its bytecode; a checkout run with PYTHONDONTWRITEBYTECODE=1
         # compiles every stagetool module it imports from source on each run (--no-bytecode).
         compileall.compile_dir(ROOT / "stagetool", quiet=1)
+    if args.commands:
+        runs = args.runs or 5
+        assert BARE_LOWER_MLP != BARE["mlp"] and "compile()" not in BARE_LOWER_MLP
+        cpu_only = ('jax.config.update("jax_num_cpu_devices", 8)',
+                    'jax.config.update("jax_num_cpu_devices", 8)\njax.config.update("jax_platforms", "cpu")')
+        for name, argv in COMMANDS_MLP.items():
+            bare = (BARE_LOWER_MLP if name == "lower" else BARE["mlp"]).replace(*cpu_only)
+            assert "jax_platforms" in bare
+            compare(f"{name}, mlp (no cache)", "bare script" + (", lowering only" if name == "lower" else ""),
+                    [sys.executable, "-c", bare], f"stagetool {name}",
+                    [sys.executable, "-m", "stagetool", *argv, "--no-cache"], runs, "≤ 1.10")
+        return
     if args.all:
         runs = args.runs or 5
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}; python "
