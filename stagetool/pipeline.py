@@ -16,12 +16,19 @@ only what it uses (issue 50: each module imported is compiled from source on a r
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from stagetool._version import __version__
+from stagetool.analysis.against import AgainstSection, compare, marked_collectives
+from stagetool.analysis.causes import with_custom_rules
+from stagetool.analysis.memory import unknown_sharding, unknown_sharding_note
+from stagetool.analysis.sections import collectives_section, cost_section, memory_section, out_of_memory_section
+from stagetool.analysis.shardings import REFUSED_INPUTS_NOTE, declared_input_leaves, input_leaves, output_leaves
 from stagetool.core.errors import OutOfMemoryError, SpecError, StagingError, UsageError
 from stagetool.core.mesh import MeshSpec, parse_mesh_option
 from stagetool.core.paths import ReportRoot, rewrite_strings
+from stagetool.hlo.collectives import MeshAxes
 from stagetool.plan.options import REPORT_SECTIONS, Options, Section
 from stagetool.plan.plan import Plan, Problems, make_plan, run_chip
 from stagetool.plan.selectors import LeafPattern, unmatched_leaf_patterns
@@ -100,8 +107,6 @@ def against_function(f: FunctionReport, other: FunctionReport | str | None, targ
     difference from ``other``, the same function staged for ``target`` (or the error that stopped it:
     its text, None for not staged), its collective rows marked where the target's compile differs,
     and only the ``asked`` sections of the two kept."""
-    from stagetool.analysis.against import AgainstSection, compare, marked_collectives
-
     asked = frozenset(asked)
     compiler = "XLA:GPU" if isinstance(target, GpuTarget) else "XLA:TPU"
     here_compiler = f.mesh.topology and ("XLA:GPU" if f.mesh.platform == "gpu" else "XLA:TPU") or \
@@ -417,7 +422,6 @@ def _function_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: fro
         return failure_report(plan, setup, prep, wanted, e, fspec=fspec)
     report = _report_of(facts, plan, fspec, setup, wanted, user_files, inputs, cached=cached)
     if report.collectives is not None and report.collectives.items:
-        from stagetool.analysis.causes import with_custom_rules
         from stagetool.staging.equations import custom_partitioning_rules
 
         rules = custom_partitioning_rules(staged.traced, user_files)
@@ -436,19 +440,12 @@ def failure_report(plan: Plan, setup: DeviceSetup, prep: Prepared, wanted: froze
     if isinstance(e, OutOfMemoryError):
         if Section.MEMORY not in wanted:
             return _failed(plan, fspec, setup, e)
-        from stagetool.analysis.sections import out_of_memory_section
-
         capacity, source = _capacity(plan, setup)
         memory = out_of_memory_section(e, prep.inputs.leaves, dict(plan.mesh.axes), capacity_bytes=capacity,
                                        capacity_source=source, top=plan.top)
         rest = sorted(s.value for s in wanted - {Section.MEMORY, Section.LOWERED_TEXT})
         inputs = None
         if Section.SHARDINGS in wanted:  # the inputs as declared: the jit's in_shardings, which it would keep
-            from stagetool.analysis.shardings import (
-                REFUSED_INPUTS_NOTE,
-                declared_input_leaves,
-            )
-
             inputs = declared_input_leaves(tuple(prep.inputs.leaves), dict(plan.mesh.axes),
                                            explicit=_axis_types(plan, setup) == "explicit")
             rest = [r for r in rest if r != Section.SHARDINGS.value]
@@ -573,8 +570,6 @@ def _spec_to_name(plan: Plan, fspec: FunctionSpec) -> str | None:
     report is written from), would not find it: ``--spec`` named a file other than
     ``<module>.stagetool.yaml`` beside the target or ``stagetool.yaml``. None when it would find it,
     or for a spec without a file. The path is rewritten relative to the report root with the rest."""
-    from pathlib import Path
-
     if plan.spec.path is None:
         return None
     spec = Path(plan.spec.path).resolve()
@@ -612,8 +607,6 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
         fields["module"] = ModuleText("compiled", "hlo", facts.compiled_text)
     leaves = None
     if wanted & {Section.SHARDINGS, Section.MEMORY, Section.COLLECTIVES, Section.WHY}:
-        from stagetool.analysis.shardings import input_leaves, output_leaves
-
         explicit = _axis_types(plan, setup) == "explicit"
         leaves = (input_leaves(facts.inputs, explicit=explicit), output_leaves(facts.outputs, explicit=explicit))
     if Section.SHARDINGS in wanted:
@@ -627,9 +620,6 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
         narrow = narrow_dot_types(facts.stablehlo_text)
         narrow_values = narrow_value_types(facts.stablehlo_text)  # any 16-bit value XLA:CPU may widen
     if Section.COST in wanted:
-        from stagetool.hlo.collectives import MeshAxes
-        from stagetool.analysis.sections import cost_section
-
         from stagetool.devices.provision import interconnect_of
 
         chip = setup.chip.chip if setup.chip is not None else None
@@ -637,15 +627,10 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
                                       cpu=cpu, interconnect=interconnect_of(setup),
                                       mesh=MeshAxes(plan.mesh.names, plan.mesh.sizes), tokens_per_step=fspec.tokens_per_step)
     if Section.MEMORY in wanted:
-        from stagetool.analysis.sections import memory_section
-
         capacity, source = _capacity(plan, setup)
         fields["memory"] = memory_section(facts, *leaves, capacity_bytes=capacity, capacity_source=source,
                                           top=plan.top, device_count=len(setup.devices))
     if wanted & {Section.COLLECTIVES, Section.WHY}:
-        from stagetool.hlo.collectives import MeshAxes
-        from stagetool.analysis.sections import collectives_section
-
         section = collectives_section(facts.module, MeshAxes(plan.mesh.names, plan.mesh.sizes), leaves[0], user_files,
                                       plan.explain, slices=setup.slices, outputs=leaves[1],
                                       propagation=facts.propagation, propagation_error=facts.propagation_error,
@@ -658,7 +643,6 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
 
             fields["why"] = answer_why(plan.why, leaves[0], leaves[1], section)
     if Section.MODULES in wanted:
-        from stagetool.hlo.collectives import MeshAxes
         from stagetool.analysis.modules import modules_section
 
         from stagetool.devices.provision import interconnect_of
@@ -666,8 +650,6 @@ def _report_of(facts: StagedFunction, plan: Plan, fspec: FunctionSpec, setup: De
         fields["modules"] = modules_section(facts, MeshAxes(plan.mesh.names, plan.mesh.sizes), slices=setup.slices,
                                             chip=setup.chip.chip if setup.chip is not None else None,
                                             interconnect=interconnect_of(setup))
-    from stagetool.analysis.memory import unknown_sharding, unknown_sharding_note
-
     unknown = unknown_sharding(leaves[0], len(setup.devices)) if leaves is not None else None
     notes = [unknown_sharding_note(unknown, fields["memory"].record.peak_bytes if "memory" in fields else None)
              ] if unknown is not None else []
