@@ -12,7 +12,10 @@ adds the host's dispatch and synchronisation (about 0.6 ms on the lent v5e machi
 ``pipelined_seconds`` is a step of --steps calls issued back to back and blocked on once. Exits 0 with a message where no accelerator is attached (``--allow-cpu`` measures
 the CPU anyway, for a check of the runner itself).
 
-Usage: python bench/step_time_suite/run.py [--out measured.json] [--only a,b] [--steps 10] [--warmup 2]
+``--spec`` measures another spec's functions the same way (the held-back programs:
+``--spec bench/step_time_suite/heldback.stagetool.yaml``).
+
+Usage: python bench/step_time_suite/run.py [--out measured.json] [--spec FILE] [--only a,b] [--steps 10] [--warmup 2]
 """
 
 from __future__ import annotations
@@ -37,17 +40,18 @@ INT_HIGH = {"embedding_scatter_add": 65536, "llama_train": 16000, "llama_prefill
             "kv_cache_update": 8192}
 
 
-def programs() -> list[tuple[str, str]]:
-    """``(name, target)`` of every function of the suite's spec, in its order."""
+def programs(spec: Path = SPEC) -> list[tuple[str, str]]:
+    """``(name, target)`` of every function of ``spec`` (default: the suite's), in its order."""
     import yaml
 
-    doc = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    doc = yaml.safe_load(spec.read_text(encoding="utf-8"))
     return [(name, f["target"]) for name, f in doc["functions"].items()]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("measured.json"))
+    p.add_argument("--spec", type=Path, default=SPEC, help="the spec whose functions are measured")
     p.add_argument("--only", help="comma-separated function names")
     p.add_argument("--skip", help="comma-separated function names to leave out")
     p.add_argument("--steps", type=int, default=10)
@@ -67,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from stagetool import Options, staged_functions
 
-    names = [(nm, t) for nm, t in programs()
+    spec = args.spec.resolve()
+    names = [(nm, t) for nm, t in programs(spec)
              if (not args.only or nm in args.only.split(",")) and (not args.skip or nm not in args.skip.split(","))]
     if args.only:  # in the order --only names them
         order = args.only.split(",")
@@ -80,10 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         doc["programs"] = old.get("programs", {})
     started = time.monotonic()
     for name, target in names:
-        row: dict = {"spec": "bench/step_time_suite/suite.stagetool.yaml", "function": f"bench/step_time_suite/{target}"}
+        rel = spec.relative_to(REPO) if spec.is_relative_to(REPO) else spec
+        row: dict = {"spec": rel.as_posix(), "function": f"{rel.parent.as_posix()}/{target}"}
         try:
             t0 = time.monotonic()
-            _, inputs, staged = next(staged_functions(Options(spec=SPEC, function=name)))
+            _, inputs, staged = next(staged_functions(Options(spec=spec, function=name)))
             compile_s = time.monotonic() - t0
             runner = StepRunner(staged, inputs, int_high=INT_HIGH.get(name, 1024))
             t1 = time.monotonic()

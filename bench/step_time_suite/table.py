@@ -9,7 +9,11 @@ the bound stagetool names. Then per half: median and worst |error| over complete
 ±30%, lower bounds below the measured time, the share of ranges that hold it. Writes the Markdown with the
 command at its top.
 
-Usage: python bench/step_time_suite/table.py [--measured FILE ...] [--out FILE] [--only a,b] [--topology v5e:1x1]
+``--heldback``: the same table for the HELD-BACK programs instead (heldback.stagetool.yaml, kinds in
+heldback_kinds.yaml, none of them a kind of kinds.yaml; measured once, after the model was tuned, and never
+used to set anything), written to validation_tpu_v5e_heldback.md with its own summary line.
+
+Usage: python bench/step_time_suite/table.py [--heldback] [--measured FILE ...] [--out FILE] [--only a,b] [--topology v5e:1x1]
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ KINDS = HERE / "kinds.yaml"
 RESULTS = REPO / "bench" / "results" / "step_time_suite"
 MEASURED = (RESULTS / "measured_tpu_v5e.json", RESULTS / "measured_tpu_v5e_issue46.json")
 OUT = RESULTS / "validation_tpu_v5e.md"
+HELDBACK_SPEC = HERE / "heldback.stagetool.yaml"
+HELDBACK_KINDS = HERE / "heldback_kinds.yaml"
+HELDBACK_MEASURED = (RESULTS / "measured_tpu_v5e_heldback.json",)
+HELDBACK_OUT = RESULTS / "validation_tpu_v5e_heldback.md"
 
 
 def halves() -> dict[str, tuple[str, str]]:
@@ -50,14 +58,28 @@ def halves() -> dict[str, tuple[str, str]]:
     return {name: (v["kind"], v["half"]) for name, v in doc.items()}
 
 
-def estimate(name: str, topology: str) -> dict:
+def heldback_kinds() -> dict[str, tuple[str, str]]:
+    """``{program: (kind, "held-back")}`` from heldback_kinds.yaml. Raises AssertionError where a program is
+    not in the held-back group or its kind is one of kinds.yaml's (a held-back program must be of a kind the
+    suite never saw)."""
+    import yaml
+
+    doc = yaml.safe_load(HELDBACK_KINDS.read_text(encoding="utf-8"))["programs"]
+    seen = {kind for kind, _ in halves().values()}
+    for name, v in doc.items():
+        assert v["half"] == "held-back", f"heldback_kinds.yaml: {name} is in {v['half']}, not held-back"
+        assert v["kind"] not in seen, f"heldback_kinds.yaml: {name}'s kind {v['kind']!r} is one of kinds.yaml's"
+    return {name: (v["kind"], v["half"]) for name, v in doc.items()}
+
+
+def estimate(name: str, topology: str, spec: Path = SPEC) -> dict:
     """stagetool's estimate of one suite function for ``topology`` (JSON-able; ``error`` on failure)."""
     from stagetool import Options, Section, analyze
     from stagetool.staging.cache import resolve_cache_dir
 
     # the facts cache (the user's cache folder, STAGETOOL_CACHE_DIR, off with STAGETOOL_NO_CACHE=1): a rerun
     # after a change to the model reads each program's compiled module back instead of compiling it again
-    report = analyze(Options(spec=SPEC, function=name, topology=topology, cache_dir=resolve_cache_dir()),
+    report = analyze(Options(spec=spec, function=name, topology=topology, cache_dir=resolve_cache_dir()),
                      [Section.COST])
     f = report.functions[0]
     if f.error:
@@ -87,18 +109,23 @@ def summary(rows: list[dict]) -> dict:
             "range_holds": sum(held) / len(held) if held else None, "ranges": len(held)}
 
 
-def table(measured: dict, estimates: dict, split: dict, command: str, topology: str, sources: str) -> str:
-    """The Markdown document."""
+def table(measured: dict, estimates: dict, split: dict, command: str, topology: str, sources: str,
+          heldback: bool = False) -> str:
+    """The Markdown document (``heldback``: of the held-back programs, one group)."""
+    groups = ("held-back",) if heldback else ("held-out", "fit")
     lines = [f"<!-- {command} -->", "",
              f"# Step time: measured on one TPU v5e vs stagetool's estimate (`--topology {topology}`, computed on a CPU)",
              "", f"Command: `{command}`", "",
              f"Measured: {sources}. Measured is the device's own step time (the profiler's XLA Modules events) "
              "where `timing` is device, else the wall clock of a blocked step (+ about 0.6 ms of host dispatch).",
-             "Halves: `bench/step_time_suite/kinds.yaml`, split by a blind rule before the added programs were "
-             "measured; the fit half may set rates, rules and range widths, the held-out half never does.", "",
+             ("Held back: `bench/step_time_suite/heldback.py`, kinds in `heldback_kinds.yaml` that the suite's "
+              "`kinds.yaml` does not name, committed before they were measured and never used to set a rate, a "
+              "rule or a range width." if heldback else
+              "Halves: `bench/step_time_suite/kinds.yaml`, split by a blind rule before the added programs were "
+              "measured; the fit half may set rates, rules and range widths, the held-out half never does."), "",
              "| program | half | kind | measured | timing | estimated | error | likely range | holds | bound | not validated |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    rows: dict[str, list[dict]] = {"fit": [], "held-out": []}
+    rows: dict[str, list[dict]] = {g: [] for g in groups}
     for name in sorted(measured, key=lambda n: (split.get(n, ("", "?"))[1], split.get(n, ("?",))[0], n)):
         m = measured[name]
         kind, half = split.get(name, ("?", "?"))
@@ -120,7 +147,7 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
                      f"| {', '.join(e.get('not_validated') or [])} |")
     lines.append("")
     sums = {h: summary(r) for h, r in rows.items()}
-    for half in ("held-out", "fit"):
+    for half in groups:
         s = sums.get(half)
         if not s or not s["complete"]:
             continue
@@ -128,7 +155,7 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
                      f"{s['complete']} complete estimates; {s['within30'] * 100:.0f}% within ±30%; lower bounds "
                      f"{s['lower_ok']} below the measured time, {s['lower_bad']} above it; the likely range holds "
                      f"the measured time on {s['range_holds'] * 100:.0f}% of {s['ranges']} programs.")
-    ho, fit = sums.get("held-out"), sums.get("fit")
+    ho, fit = (None, None) if heldback else (sums.get("held-out"), sums.get("fit"))
     if ho and fit and ho["median"] and fit["median"] is not None:
         ratio = ho["median"] / fit["median"] if fit["median"] else float("inf")
         lines.append(f"- fit-half median over held-out median: the held-out median is {ratio:.2f}× the fit half's "
@@ -138,14 +165,19 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--measured", type=Path, nargs="+", default=list(MEASURED))
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--heldback", action="store_true",
+                   help="the held-back programs (heldback.stagetool.yaml) instead of the suite's two halves")
+    p.add_argument("--measured", type=Path, nargs="+")
+    p.add_argument("--out", type=Path)
     p.add_argument("--only", help="comma-separated program names")
     p.add_argument("--topology", default="v5e:1x1")
     p.add_argument("--estimates", type=Path, help="reuse estimates kept in this JSON (and write new ones to it)")
     p.add_argument("--kept-only", action="store_true", help="with --estimates: estimate nothing new (a row says so)")
     args = p.parse_args(argv)
-    split = halves()
+    spec = HELDBACK_SPEC if args.heldback else SPEC
+    args.measured = args.measured or list(HELDBACK_MEASURED if args.heldback else MEASURED)
+    args.out = args.out or (HELDBACK_OUT if args.heldback else OUT)
+    split = heldback_kinds() if args.heldback else halves()
     measured: dict = {}
     sources = []
     for path in args.measured:
@@ -164,14 +196,14 @@ def main(argv: list[str] | None = None) -> int:
             estimates[name] = {"error": "not estimated in this run (--kept-only)"}
             continue
         try:
-            estimates[name] = estimate(name, args.topology)
+            estimates[name] = estimate(name, args.topology, spec)
         except Exception as e:  # noqa: BLE001 - one program's failure is its row
             estimates[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]}
         print(f"{name}: {estimates[name]}", file=sys.stderr, flush=True)
         if args.estimates:
             args.estimates.write_text(json.dumps({**kept, **estimates}, indent=1, sort_keys=True))
     command = "python bench/step_time_suite/table.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = table(measured, estimates, split, command.strip(), args.topology, "; ".join(sources))
+    text = table(measured, estimates, split, command.strip(), args.topology, "; ".join(sources), args.heldback)
     args.out.write_text(text, encoding="utf-8")
     print(text)
     return 0
