@@ -73,23 +73,84 @@ def heldback_kinds() -> dict[str, tuple[str, str]]:
 
 
 def estimate(name: str, topology: str, spec: Path = SPEC) -> dict:
-    """stagetool's estimate of one suite function for ``topology`` (JSON-able; ``error`` on failure)."""
+    """stagetool's estimate of one suite function for ``topology`` (JSON-able; ``error`` on failure), with
+    ``kernels``: ``{instruction: [kind, figure, seconds per step]}`` of every kernel the schedule times (the
+    same module and chip timed again with every instruction listed, for the per-class spreads)."""
+    import stagetool.analysis.step_time as st
     from stagetool import Options, Section, analyze
     from stagetool.staging.cache import resolve_cache_dir
 
-    # the facts cache (the user's cache folder, STAGETOOL_CACHE_DIR, off with STAGETOOL_NO_CACHE=1): a rerun
-    # after a change to the model reads each program's compiled module back instead of compiling it again
-    report = analyze(Options(spec=spec, function=name, topology=topology, cache_dir=resolve_cache_dir()),
-                     [Section.COST])
+    # the estimate's own call of step_time, seen on its way (its module, chip, devices, collectives and loop trip
+    # counts), to time the same module again with every kernel listed: asking the report for the compiled text
+    # instead would compile again (the facts cache keys the shown text apart)
+    seen: list[tuple] = []
+    timed = st.step_time
+
+    def keep(module, chip, net, collectives, trips, **kw):
+        if kw.get("top", 10):
+            seen.append((module, chip, net, collectives, trips))
+        return timed(module, chip, net, collectives, trips, **kw)
+
+    st.step_time = keep
+    try:
+        # the facts cache (the user's cache folder, STAGETOOL_CACHE_DIR, off with STAGETOOL_NO_CACHE=1): a rerun
+        # after a change to the model reads each program's compiled module back instead of compiling it again
+        report = analyze(Options(spec=spec, function=name, topology=topology, cache_dir=resolve_cache_dir()),
+                         [Section.COST])
+    finally:
+        st.step_time = timed
     f = report.functions[0]
     if f.error:
         return {"error": f.error.splitlines()[0]}
     e = f.cost.step_time
     if e is None:
         return {"error": f.cost.step_time_reason or "no step-time estimate"}
+    kernels = {}
+    if seen:
+        every = timed(*seen[-1], top=1 << 30)
+        kernels = {i.name: [i.kind, i.figure, i.total_seconds] for i in every.top if i.total_seconds > 0}
     return {"step": e.schedule_seconds, "bound": e.bound, "xla": e.xla_optimal_seconds,
             "lower_bound": bool(e.lower_bound), "likely": list(e.likely_seconds) if e.likely_seconds else None,
-            "not_validated": list(e.not_validated), "mfu": e.mfu, "mfu_peak": e.mfu_peak}
+            "not_validated": list(e.not_validated), "mfu": e.mfu, "mfu_peak": e.mfu_peak, "kernels": kernels}
+
+
+def spreads(measured: dict, estimates: dict, split: dict) -> dict[str, tuple[float, float, int, int]]:
+    """Per kernel class (``stagetool.analysis.step_time._family``), from the FIT half only: ``(low, high,
+    kernels, programs)``, the factors on the model's kernel time that hold the measured device time of that
+    class's kernels (the profiler's per-instruction times kept in ``top_instructions``). The rule: each
+    kernel of a complete estimate (no lower bound) taking at least 2% of its program's measured time; low =
+    0.9 x min(1, the 10th percentile of measured / estimated), high = 1.1 x max(1, the 90th); a class seen
+    in fewer than 3 programs at least 0.8 to 1.25. A class with no such kernel is not in the result: the
+    model widens it (x 0.5 to x 2) and says it is not validated."""
+    from stagetool.analysis.step_time import _family
+
+    ratios: dict[str, list[tuple[float, str]]] = {}
+    for name, e in estimates.items():
+        m = measured.get(name, {})
+        if split.get(name, ("", ""))[1] != "fit" or "error" in e or e.get("lower_bound") or not m.get("measured_seconds"):
+            continue
+        device = dict(m.get("top_instructions") or [])
+        for ins, (kind, figure, seconds) in (e.get("kernels") or {}).items():
+            got = device.get(ins)
+            if got is None or figure.startswith("floor") or max(got, seconds) < 0.02 * m["measured_seconds"] \
+                    or kind.startswith("cross-program prefetch"):  # the profiler times its copy-start, not its DMA
+                continue
+            ratios.setdefault(_family(kind), []).append((got / seconds, name))
+    out = {}
+    for fam, xs in sorted(ratios.items()):
+        r = sorted(x for x, _ in xs)
+        lo, hi = 0.9 * min(1.0, r[len(r) // 10]), 1.1 * max(1.0, r[(9 * len(r)) // 10])
+        programs = len({p for _, p in xs})
+        if programs < 3:
+            lo, hi = min(lo, 0.8), max(hi, 1.25)
+        out[fam] = (round(lo, 2), round(hi, 2), len(r), programs)
+    return out
+
+
+def _timing(m: dict) -> str:
+    """The timing column's word: ``device`` (the profiler's XLA Modules events) or ``wall clock`` (a blocked step)."""
+    t = m.get("timing") or ""
+    return "device" if t.startswith("device") else "wall clock" if t.startswith("wall") else t
 
 
 def _ms(x: float | None) -> str:
@@ -132,7 +193,7 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
         e = estimates.get(name, {})
         ms = m.get("measured_seconds")
         if "error" in e or ms is None:
-            lines.append(f"| {name} | {half} | {kind} | {_ms(ms)} | {m.get('timing', '')[:6]} | "
+            lines.append(f"| {name} | {half} | {kind} | {_ms(ms)} | {_timing(m)} | "
                          f"{e.get('error', 'not measured')} | | | | | |")
             continue
         err = (e["step"] - ms) / ms
@@ -142,7 +203,7 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
         rows.setdefault(half, []).append(row)
         est = ("≥ " if e["lower_bound"] else "") + _ms(e["step"])
         rng = "" if lo is None else f"{_ms(lo)} – {'' if not e['lower_bound'] else '≥ '}{_ms(hi)}"
-        lines.append(f"| {name} | {half} | {kind} | {_ms(ms)} | {m.get('timing', '')[:6]} | {est} | {err * 100:+.0f}% "
+        lines.append(f"| {name} | {half} | {kind} | {_ms(ms)} | {_timing(m)} | {est} | {err * 100:+.0f}% "
                      f"| {rng} | {'yes' if holds else 'no' if holds is not None else ''} | {e['bound']} "
                      f"| {', '.join(e.get('not_validated') or [])} |")
     lines.append("")
@@ -173,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topology", default="v5e:1x1")
     p.add_argument("--estimates", type=Path, help="reuse estimates kept in this JSON (and write new ones to it)")
     p.add_argument("--kept-only", action="store_true", help="with --estimates: estimate nothing new (a row says so)")
+    p.add_argument("--spreads", action="store_true",
+                   help="print the per-class spreads the fit half's kernels give (step_time.CLASS_SPREAD's rule)")
     args = p.parse_args(argv)
     spec = HELDBACK_SPEC if args.heldback else SPEC
     args.measured = args.measured or list(HELDBACK_MEASURED if args.heldback else MEASURED)
@@ -202,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {estimates[name]}", file=sys.stderr, flush=True)
         if args.estimates:
             args.estimates.write_text(json.dumps({**kept, **estimates}, indent=1, sort_keys=True))
+    if args.spreads:
+        for fam, (lo, hi, n, progs) in spreads(measured, estimates, split).items():
+            print(f'"{fam}": ({lo}, {hi}),  # {n} kernels of {progs} fit-half programs')
+        return 0
     command = "python bench/step_time_suite/table.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = table(measured, estimates, split, command.strip(), args.topology, "; ".join(sources), args.heldback)
     args.out.write_text(text, encoding="utf-8")
