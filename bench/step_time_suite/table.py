@@ -153,6 +153,23 @@ def _timing(m: dict) -> str:
     return "device" if t.startswith("device") else "wall clock" if t.startswith("wall") else t
 
 
+def _commit() -> str:
+    """The checkout's commit (short hash), or "an unknown commit" outside a git checkout."""
+    import subprocess
+
+    r = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "an unknown commit"
+
+
+def _clean() -> bool:
+    """Whether stagetool/ and bench/step_time_suite/ have no uncommitted changes (True outside git)."""
+    import subprocess
+
+    r = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "stagetool", "bench/step_time_suite"],
+                       capture_output=True, text=True)
+    return r.returncode != 0 or not r.stdout.strip()
+
+
 def _ms(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 1e3:.3g} ms"
 
@@ -177,6 +194,8 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
     lines = [f"<!-- {command} -->", "",
              f"# Step time: measured on one TPU v5e vs stagetool's estimate (`--topology {topology}`, computed on a CPU)",
              "", f"Command: `{command}`", "",
+             f"Estimated by stagetool at {_commit()} (the working tree{'' if _clean() else ', with changes not committed'}).",
+             "",
              f"Measured: {sources}. Measured is the device's own step time (the profiler's XLA Modules events) "
              "where `timing` is device, else the wall clock of a blocked step (+ about 0.6 ms of host dispatch).",
              ("Held back: `bench/step_time_suite/heldback.py`, kinds in `heldback_kinds.yaml` that the suite's "
