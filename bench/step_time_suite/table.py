@@ -74,8 +74,8 @@ def heldback_kinds() -> dict[str, tuple[str, str]]:
 
 def estimate(name: str, topology: str, spec: Path = SPEC) -> dict:
     """stagetool's estimate of one suite function for ``topology`` (JSON-able; ``error`` on failure), with
-    ``kernels``: ``{instruction: [kind, figure, seconds per step]}`` of every kernel the schedule times (the
-    same module and chip timed again with every instruction listed, for the per-class spreads)."""
+    ``kernels``: ``{instruction: [kind, figure, seconds per step]}`` of each kernel taking over 0.1% of the step
+    (the same module and chip timed again with every instruction listed, for the per-class spreads)."""
     import stagetool.analysis.step_time as st
     from stagetool import Options, Section, analyze
     from stagetool.staging.cache import resolve_cache_dir
@@ -108,7 +108,8 @@ def estimate(name: str, topology: str, spec: Path = SPEC) -> dict:
     kernels = {}
     if seen:
         every = timed(*seen[-1], top=1 << 30)
-        kernels = {i.name: [i.kind, i.figure, i.total_seconds] for i in every.top if i.total_seconds > 0}
+        kernels = {i.name: [i.kind, i.figure, i.total_seconds] for i in every.top  # (those over 0.1% of the step)
+                   if i.total_seconds > 1e-3 * e.schedule_seconds}
     return {"step": e.schedule_seconds, "bound": e.bound, "xla": e.xla_optimal_seconds,
             "lower_bound": bool(e.lower_bound), "likely": list(e.likely_seconds) if e.likely_seconds else None,
             "not_validated": list(e.not_validated), "mfu": e.mfu, "mfu_peak": e.mfu_peak, "kernels": kernels}
