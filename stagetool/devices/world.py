@@ -15,6 +15,11 @@ and ``{call:}``s run, and restores them after:
   ``create_hybrid_device_mesh`` without ``devices=``: over the staged devices (JAX's own functions,
   so the device order is the one JAX picks for them, as a raw compile for those devices has).
 - Keras 3 on the JAX backend lists and finds devices through ``jax.devices`` and so follows.
+- ``jax.config.update("jax_num_cpu_devices", n)`` at import (JAX's documented way to get ``n`` CPU
+  devices, as Equinox's parallelism example does), which JAX refuses once its backend runs, as it
+  does here (stagetool started it with the staged devices; ``XLA_FLAGS`` may have set the count):
+  left out, since the staged devices answer ``jax.devices()``, and said in a note
+  (:func:`left_out_settings`). JAX takes the same setting again where it equals the running one.
 - ``jax.device_put(x, sharding)`` onto compile-only devices (a topology's), which hold no data: the
   value is computed and kept on the host (JAX's default device) and the sharding asked for is
   remembered for it (:func:`placed_sharding`), so code that places arrays at import (Keras creates
@@ -23,7 +28,8 @@ and ``{call:}``s run, and restores them after:
   so, and Keras' own jitted initialiser of a very large variable (``out_shardings`` on the
   compile-only devices) still fails as JAX says.
 
-The patch replaces module attributes of public JAX modules only (no private module); a function taken
+The patch replaces module attributes of public JAX modules only (no private module), and sets
+``update`` on the public ``jax.config`` object (removed again after); a function taken
 by ``from jax import devices`` while the world was on answers JAX's own once it is off.
 """
 
@@ -81,6 +87,39 @@ def _local_device_count(backend: Any = None) -> int:
     if current_setup() is None:
         return _ORIGINALS[("jax", "local_device_count")](backend)
     return len(_local_devices(None, backend))
+
+
+#: The ``jax.config`` settings that choose the backend's devices, which JAX takes only before it starts.
+_BACKEND_SETTINGS = ("jax_num_cpu_devices",)
+
+#: (setting, value asked, ``file:line`` of the user's call) of each one left out while a world was on
+_LEFT_OUT: list[tuple[str, Any, str]] = []
+
+
+def _config_update(name: str, value: Any) -> None:
+    original = _ORIGINALS[("config", "update")]
+    try:
+        original(name, value)
+    except RuntimeError:  # JAX: "should be updated before backends are initialized"
+        if name not in _BACKEND_SETTINGS or current_setup() is None:
+            raise
+        import os
+        import sys
+
+        caller = sys._getframe(1)  # the user's line calling jax.config.update
+        _LEFT_OUT.append((name, value, f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"))
+
+
+def left_out_settings(setup: DeviceSetup) -> tuple[str, ...]:
+    """One note per ``jax.config.update`` of a backend setting (``jax_num_cpu_devices``) that the
+    user's code made while a world was on and that JAX refused, its backend running: the line, the
+    value, and that the staged devices answer instead. Taken once: the record is emptied."""
+    notes = tuple(
+        f"{where} sets {name} = {value!r}, which JAX takes only before its backend starts: the backend "
+        f"already runs for the staged mesh, so the setting is left out, and jax.devices() answers with the "
+        f"{len(setup.devices)} staged {setup.platform} devices" for name, value, where in _LEFT_OUT)
+    _LEFT_OUT.clear()
+    return notes
 
 
 def _make_mesh(axis_shapes: Any, axis_names: Any, *args: Any, devices: Any = None, **kwargs: Any) -> Any:
@@ -147,6 +186,7 @@ _PATCHES = {
     ("jax", "device_put"): _device_put,
     ("mesh_utils", "create_device_mesh"): _create_device_mesh,
     ("mesh_utils", "create_hybrid_device_mesh"): _create_hybrid_device_mesh,
+    ("config", "update"): _config_update,  # an attribute of the jax.config object, deleted again after
 }
 
 
@@ -154,7 +194,7 @@ def _modules() -> dict[str, Any]:
     import jax
     from jax.experimental import mesh_utils
 
-    return {"jax": jax, "mesh_utils": mesh_utils}
+    return {"jax": jax, "mesh_utils": mesh_utils, "config": jax.config}
 
 
 @contextlib.contextmanager
@@ -171,6 +211,7 @@ def staged_world(setup: DeviceSetup) -> Iterator[DeviceSetup]:
         mods = _modules()
         ambient = get_mesh() if get_mesh is not None and not _STACK else None
         if not _STACK:
+            _LEFT_OUT.clear()
             for (mod, name), fn in _PATCHES.items():
                 _ORIGINALS[(mod, name)] = getattr(mods[mod], name)
                 setattr(mods[mod], name, fn)
@@ -182,7 +223,10 @@ def staged_world(setup: DeviceSetup) -> Iterator[DeviceSetup]:
             _STACK.pop()
             if not _STACK:
                 for (mod, name) in _PATCHES:
-                    setattr(mods[mod], name, _ORIGINALS[(mod, name)])
+                    if mod == "config":  # the instance attribute goes: Config.update answers again
+                        vars(mods[mod]).pop(name, None)
+                    else:
+                        setattr(mods[mod], name, _ORIGINALS[(mod, name)])
                 if ambient is not None and get_mesh() is not ambient:
                     # user code set a global mesh (a cookbook Config's jax.sharding.set_mesh): the
                     # process's own again

@@ -36,7 +36,7 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
       SpecError, StagingError: as :func:`stagetool.inputs.avals.build_inputs` and
         :func:`stagetool.inputs.out_shardings.fit_out_shardings`.
     """
-    from stagetool.devices.world import staged_world
+    from stagetool.devices.world import left_out_settings, staged_world
     from stagetool.inputs.avals import build_inputs
     from stagetool.inputs.out_shardings import fit_out_shardings
     from stagetool.inputs.own_jit import hidden_jit_note
@@ -68,6 +68,7 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
         inputs = dataclasses.replace(inputs, context=context_of(
             mesh_spec, fspec, setup.mesh, inputs, code_context=code_context or _logical_axes(target.module_file)))
         notes += check_seen(seen, fspec, setup, live=live)
+        notes += left_out_settings(setup)
         if notes:
             inputs = dataclasses.replace(inputs, notes=(*notes, *inputs.notes))
         if inputs.fn is not None:  # a pure function around the target (non-array leaves, in-place NNX updates)

@@ -336,3 +336,78 @@ def test_which_meshes_differ():
                             axis_types=(AxisType.Explicit,) * 2), staged)
     assert differs(Mesh(np.array(devices[:4]).reshape(4, 1), ("fsdp", "tensor")),
                    Mesh(np.array(devices[4:]).reshape(4, 1), ("fsdp", "tensor")))
+
+
+EQX_DATA_PARALLEL = '''
+"""The shape of a data-parallel Equinox step written for a CPU laptop: the module asks JAX for its CPU
+devices at import, builds a 1-D mesh over jax.devices(), keeps the model and its optimizer state as
+module globals, and the donating filter_jit step pins its arguments and results with filter_shard on
+the module's shardings."""
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
+
+mesh = jax.make_mesh((len(jax.devices()),), ("batch",), axis_types=(jax.sharding.AxisType.Auto,))
+rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
+everywhere = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+net = eqx.nn.MLP(8, 8, 64, 2, key=jax.random.key(3))
+opt = optax.adam(1e-3)
+net, opt_state = eqx.filter_shard((net, opt.init(eqx.filter(net, eqx.is_inexact_array))), everywhere)
+
+
+@eqx.filter_jit(donate="all")
+def train_step(net, opt_state, x, y):
+    net, opt_state = eqx.filter_shard((net, opt_state), everywhere)
+    x, y = eqx.filter_shard((x, y), rows)
+
+    def loss(n):
+        return jnp.mean((jax.vmap(n)(x) - y) ** 2)
+
+    grads = eqx.filter_grad(loss)(net)
+    updates, opt_state = opt.update(grads, opt_state)
+    return eqx.filter_shard((eqx.apply_updates(net, updates), opt_state), everywhere)
+'''
+
+EQX_DATA_PARALLEL_SPEC = '''
+version: 1
+mesh:
+  axes: {batch: 8}
+functions:
+  train_step:
+    target: edp.py:train_step
+    args:
+      - {ref: edp.py:net}
+      - {ref: edp.py:opt_state}
+      - 'f32[32,8] @ [batch]'
+      - 'f32[32,8] @ [batch]'
+'''
+
+
+def test_a_module_that_sets_its_cpu_device_count_at_import_stages(run_cli, tmp_path, monkeypatch):
+    """``jax.config.update("jax_num_cpu_devices", n)`` at import, as a CPU-laptop example writes it, is
+    refused by JAX once its backend runs, which it always does here (stagetool starts it with the staged
+    devices; an ``XLA_FLAGS`` device count does too). The module used to fail to import (exit 2, JAX's
+    RuntimeError); its setting is now left out with a note naming the line, and every figure is
+    Equinox's own executable's for the same code on the staged 8 devices."""
+    pytest.importorskip("equinox")
+    pytest.importorskip("optax")
+    write(tmp_path, "edp.py", EQX_DATA_PARALLEL.replace("CPU_DEVICES", "4"))  # the backend runs 8
+    write(tmp_path, "edp.stagetool.yaml", EQX_DATA_PARALLEL_SPEC)
+    monkeypatch.chdir(tmp_path)
+    f = memory_of(run_cli, "edp.py:train_step")
+    line = next(i for i, t in enumerate(EQX_DATA_PARALLEL.splitlines()) if "jax_num_cpu_devices" in t)
+    (note,) = [n for n in f["notes"] if "jax_num_cpu_devices" in n]
+    assert note.startswith(f"edp.py:{line} sets jax_num_cpu_devices = 4") and "8 staged cpu devices" in note
+    assert f["mesh"]["device_count"] == 8
+    assert jax.config.update.__module__.startswith("jax")  # JAX's own again
+
+    # raw side: the same module where the setting is the running count (JAX takes an equal value)
+    raw = raw_module(write(tmp_path, "edp_raw.py", EQX_DATA_PARALLEL.replace("CPU_DEVICES", "8")), "edp")
+    x = jax.device_put(np.zeros((32, 8), np.float32), raw.rows)
+    compiled = raw.train_step.lower(raw.net, raw.opt_state, x, x).compile().compiled
+    assert _figures(f["memory"]["record"]) == _xla(compiled)
+    assert f["memory"]["record"]["alias_bytes"] > 0  # donate="all": the state's buffers are reused
