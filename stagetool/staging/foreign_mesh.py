@@ -107,18 +107,28 @@ def check_traced(traced: Any, staged: Any, *, name: str, user_files: list[str]) 
                 if not conflicts(mesh, staged):
                     continue
                 line = user_line(eqn, user_files)
-                why = ("its devices are not the staged ones" if not set(mesh.devices.flat) <= set(staged.devices.flat)
+                elsewhere = not set(mesh.devices.flat) <= set(staged.devices.flat)
+                why = ("its devices are not the staged ones" if elsewhere
                        else "it has the staged mesh's axes at other sizes: the code built it at a fixed shape, which "
                             "does not follow the staged one")
+                spec_mesh = "build the code's mesh from the spec's ({call: model.py:make_config, kwargs: {mesh: {mesh: staged}}})"
+                # other devices: the module built its mesh before stagetool could give it the staged ones (a
+                # live function's module, jax.devices('cpu')); the sizes are no cure where they already agree
+                hint = ("a mesh the module builds at import from jax.devices() or jax.make_mesh(...) is built on the "
+                        "staged devices when stagetool imports the module itself: stage it by its file "
+                        "(stagetool report module.py:step with a spec), not from a process that has already built it "
+                        "on its own devices (stagetool.inspect, a notebook), and not from jax.devices('cpu') or a "
+                        "fixed device list; or write a PartitionSpec in the constraint (it takes the mesh stagetool "
+                        "sets, jax.set_mesh), or " + spec_mesh) if elsewhere else (
+                        "name the mesh the step runs on, not a fixed one: write a PartitionSpec in the constraint "
+                        "(it takes the mesh stagetool sets, jax.set_mesh), or " + spec_mesh + "; or stage with the "
+                        "module's own axis sizes (--mesh " + ",".join(f"{n}={s}" for n, s in mesh.shape.items()) + ")")
                 raise UsageError(
                     f"{name}: the traced code names a mesh of its own ({describe_mesh(mesh)}) in "
                     f"{eqn.primitive.name}, but stagetool stages on {describe_mesh(staged)} and {why}: staging it "
                     "would mix two meshes in one program, which no run of the code at the staged mesh has"
                     + (f"\n  at {line}" if line else ""),
-                    hint="name the mesh the step runs on, not a fixed one: write a PartitionSpec in the constraint "
-                         "(it takes the mesh stagetool sets, jax.set_mesh), or build the code's mesh from the spec's "
-                         "({call: model.py:make_config, kwargs: {mesh: {mesh: staged}}}); or stage with the module's "
-                         "own axis sizes (--mesh " + ",".join(f"{n}={s}" for n, s in mesh.shape.items()) + ")")
+                    hint=hint)
 
 
 def other_meshes(traced: Any, staged: Any, *, user_files: list[str]) -> tuple[str, ...]:

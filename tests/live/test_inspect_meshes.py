@@ -292,3 +292,28 @@ def test_why_on_an_argument_on_its_own_mesh_answers_with_that_meshs_partitionspe
     (w,) = report.why("w").found
     assert w.startswith("input w: declared P(None, 'model') (from the object at ") and \
         w.endswith("; compiled P(None, 'model')")
+
+
+def test_a_constraint_on_the_callers_own_mesh_under_a_topology_is_told_how_to_stage_it():
+    """Equinox's data-parallel example from a notebook: the step's body pins its batch with a
+    NamedSharding on the module's mesh, which lives on this process's CPU devices. Under
+    ``topology=`` that mesh cannot be re-laid from inside the traced body, so it is refused; the hint
+    used to offer the module's own axis sizes (``mesh='data=8'``), the very sizes already staged.
+    It now says what does work: staging the module by its file, where its mesh is built on the
+    staged devices, or a PartitionSpec in the constraint."""
+    pytest.importorskip("jax.experimental.topologies")
+    target_devices("v5e:2x4")  # skips without libtpu
+    own = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:8])
+    rows = NamedSharding(own, P("data"))
+
+    def step(w, x):
+        x = jax.lax.with_sharding_constraint(x, rows)
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    args = (jax.ShapeDtypeStruct((16, 16), jnp.float32, sharding=NamedSharding(own, P())),
+            jax.ShapeDtypeStruct((32, 16), jnp.float32, sharding=rows))
+    with pytest.raises(UsageError) as e:
+        stagetool.inspect(jax.jit(step), *args, topology="v5e:2x4", peak=False)
+    assert "data=8 on 8 cpu devices" in e.value.message and "its devices are not the staged ones" in e.value.message
+    assert "mesh='data=8'" not in e.value.hint and "--" not in e.value.hint, e.value.hint
+    assert "stage it by its file" in e.value.hint and "PartitionSpec in the constraint" in e.value.hint
