@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# Bytecode is written, even under PYTHONDONTWRITEBYTECODE=1 (this image and CI set it; __pycache__ is
+# git-ignored): without it every pytest process (each xdist worker) rewrote and compiled every test
+# module's asserts again when it collected (~9 of its ~14 CPU s), and every CLI process a test starts
+# compiled stagetool from source. The CLI processes keep the variable: they read the bytecode written here.
+sys.dont_write_bytecode = False
 
 import jax  # noqa: E402
 
