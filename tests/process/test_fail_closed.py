@@ -57,12 +57,24 @@ functions:
 """
 
 
-@pytest.fixture
-def project(tmp_path):
-    write(tmp_path, "m.py", MODEL)
-    write(tmp_path, "m.stagetool.yaml", SPEC)
-    r = run_subprocess("snapshot", "-o", "lock.json", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def project_made(tmp_path_factory):
+    """MODEL, its spec and the lock.json a fresh process's ``snapshot`` wrote: made once for the file."""
+    folder = tmp_path_factory.mktemp("fail-closed-project")
+    write(folder, "m.py", MODEL)
+    write(folder, "m.stagetool.yaml", SPEC)
+    r = run_subprocess("snapshot", "-o", "lock.json", cwd=folder)
     assert r.code == 0, r.stderr
+    return folder
+
+
+@pytest.fixture
+def project(tmp_path, project_made):
+    """A copy of :func:`project_made` of the test's own (the lock's paths are relative to the spec's folder)."""
+    import shutil
+
+    for name in ("m.py", "m.stagetool.yaml", "lock.json"):
+        shutil.copy(project_made / name, tmp_path / name)
     return tmp_path
 
 
@@ -142,6 +154,11 @@ def test_a_timeout_that_is_no_number_of_seconds_is_exit_2_for_check(run_cli, pro
     r = run_cli("check", "-b", "lock.json", "--function", "g", "--timeout", value, check=2)
     assert "--timeout" in r.stderr and "unexpected" not in r.stderr
     assert "at most 604800" in r.stderr or value in ("0", "-1")  # those two: Typer's own range check
+
+
+def test_the_longest_timeout_is_taken_for_check(run_cli, project, monkeypatch):
+    """604800 s (a week), the bound the refused values above are measured against, runs the check."""
+    monkeypatch.chdir(project)
     run_cli("check", "-b", "lock.json", "--function", "g", "--timeout", "604800", check=0)
 
 
