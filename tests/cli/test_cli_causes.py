@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import pytest
 import shutil
+import sys
 import xml.etree.ElementTree as ET
 
-from helpers import CAUSES_MODEL, CAUSES_SPEC, EXAMPLES, JAXLIB_0_12_METADATA, run_subprocess, write
+from helpers import CAUSES_MODEL, CAUSES_SPEC, EXAMPLES, JAXLIB_0_12_METADATA, write
 
 
 def _check(run_cli, *args: str) -> dict:
@@ -82,9 +83,7 @@ def test_transformer_rule_edit_is_one_cause(tmp_path, monkeypatch, run_cli):
 def test_constraint_edit_is_its_line(tmp_path, monkeypatch, run_cli):
     _small(tmp_path, monkeypatch, run_cli)
     _edit(tmp_path / "model.py", "P('data', None))", "P(None, 'model'))")
-    # a fresh process: the edited model.py is imported anew
-    r = run_subprocess("check", "--baseline", "base.json", "--format", "json", cwd=tmp_path)
-    assert r.code == 1, r.stderr
+    r = _check_afresh(run_cli, "model", "--format", "json", check=1)
     (f,) = r.json()["functions"]
     (cause,) = f["causes"]
     assert cause["kind"] == "constraint" and cause["where"] == "model.py:8"
@@ -110,8 +109,7 @@ def test_two_independent_edits_are_two_causes(tmp_path, monkeypatch, run_cli):
     _small(tmp_path, monkeypatch, run_cli)
     _edit(tmp_path / "model.stagetool.yaml", "'f32[64,32] @ [model, null]'", "'f32[64,32] @ [null, model]'")
     _edit(tmp_path / "model.py", "P('data', None))", "P('data', 'model'))")
-    r = run_subprocess("check", "--baseline", "base.json", "--format", "json", cwd=tmp_path)
-    assert r.code == 1, r.stderr
+    r = _check_afresh(run_cli, "model", "--format", "json", check=1)
     (f,) = r.json()["functions"]
     causes = {c["kind"]: c for c in f["causes"]}
     assert set(causes) == {"declared", "constraint"}
@@ -123,13 +121,19 @@ def test_two_independent_edits_are_two_causes(tmp_path, monkeypatch, run_cli):
     decl = dict(zip([c["what"] for c in causes["declared"]["consequences"]], causes["declared"]["linked"]))
     assert decl["input w2: sharding"] is True
     assert all(causes[k]["linked"] and all(causes[k]["linked"]) for k in causes)
-    junit = run_subprocess("check", "--baseline", "base.json", "--junit-xml", "j.xml", cwd=tmp_path)
-    assert junit.code == 1
+    _check_afresh(run_cli, "model", "--junit-xml", "j.xml", check=1)
     suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
     failure = suite.find("testcase/failure")
     assert failure.get("message").startswith("2 causes → ")
     assert suite.find("properties/property[@name='summary']").get("value") == failure.get("message")
     assert failure.text.startswith("cause: ")
+
+
+def _check_afresh(run_cli, module: str, *args: str, check: int):
+    """``check --baseline base.json ARGS`` in this process, after an edit of ``module``'s file: it is
+    imported anew, as the fresh process CI runs ``check`` in imports it."""
+    sys.modules.pop(module, None)
+    return run_cli("check", "--baseline", "base.json", *args, check=check)
 
 
 def _example(tmp_path, monkeypatch, run_cli, name: str):
@@ -143,8 +147,7 @@ def test_nnx_with_partitioning_edit(tmp_path, monkeypatch, run_cli):
     _example(tmp_path, monkeypatch, run_cli, "nnx_lm")
     _edit(tmp_path / "nnx_lm.py", 'kernel_init=nnx.with_partitioning(init, ("model", None)))',
           'kernel_init=nnx.with_partitioning(init, (None, "model")))')
-    r = run_subprocess("check", "--baseline", "base.json", "--format", "json", cwd=tmp_path, timeout=300)
-    assert r.code == 1, r.stderr
+    r = _check_afresh(run_cli, "nnx_lm", "--format", "json", check=1)
     (f,) = r.json()["functions"]
     # one edit of the model's code: the parameter and its two optimizer moments, built by two inits
     (cause,) = [c for c in f["causes"] if c["kind"] == "declared"]
@@ -162,8 +165,7 @@ def test_nnx_with_partitioning_edit(tmp_path, monkeypatch, run_cli):
 def test_linen_logical_rule_edit(tmp_path, monkeypatch, run_cli):
     _example(tmp_path, monkeypatch, run_cli, "linen_lm")
     _edit(tmp_path / "linen_lm.py", '("mlp", "model"),', '("mlp", None),')
-    r = run_subprocess("check", "--baseline", "base.json", "--format", "json", cwd=tmp_path, timeout=300)
-    assert r.code == 1, r.stderr
+    r = _check_afresh(run_cli, "linen_lm", "--format", "json", check=1)
     (f,) = r.json()["functions"]
     declared = [c for c in f["causes"] if c["kind"] == "declared"]
     assert len(declared) == 1 and declared[0]["what"].startswith("the model's sharding annotations (init at "
