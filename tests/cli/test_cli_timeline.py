@@ -34,9 +34,9 @@ def check_timeline(memory: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_transformer_timeline_on_cpu(run_cli, monkeypatch):
+def test_transformer_timeline_on_cpu(run_cli_shared, monkeypatch):
     monkeypatch.chdir(REPO)
-    r = run_cli("memory", "examples/transformer.py:train_step", "--format", "json", check=0)
+    r = run_cli_shared("memory", "examples/transformer.py:train_step", "--format", "json", check=0)
     m = r.json()["functions"][0]["memory"]
     tp = check_timeline(m)
     rec = m["record"]
@@ -50,7 +50,7 @@ def test_transformer_timeline_on_cpu(run_cli, monkeypatch):
     assert "transpose(jvp())/while/body" in tp["inside_op"] and tp["inside_source_line"].endswith("transformer.py:93")
     by_leaf = {b["leaf"]: b for b in m["timeline_peak"]["buffers"] if b["leaf"]}
     assert all(b["kind"].startswith("parameter") for b in by_leaf.values())
-    text = run_cli("memory", "examples/transformer.py:train_step", check=0).stdout
+    text = run_cli_shared("memory", "examples/transformer.py:train_step", check=0).stdout
     line = next(ln for ln in text.splitlines() if ln.startswith("memory over time ("))
     assert f"({tp['steps']} steps, per device)" in line and f"peak {format_bytes(tp['bytes'])} at step {tp['position']}" in line
     spark = line.split(": ", 1)[1].split(" ", 1)[0]
@@ -59,10 +59,10 @@ def test_transformer_timeline_on_cpu(run_cli, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed: pip install -e '.[tpu]'")
-def test_transformer_timeline_on_v5e(run_cli, monkeypatch, tmp_path):
+def test_transformer_timeline_on_v5e(run_cli_shared, monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
-    args = ("memory", "examples/transformer.py:train_step", "--topology", "v5e:2x4", "--cache-dir", str(tmp_path))
-    r = run_cli(*args, "--format", "json", check=0)  # the one compile; text and HTML read the facts cache
+    args = ("memory", "examples/transformer.py:train_step", "--topology", "v5e:2x4")
+    r = run_cli_shared(*args, "--format", "json", check=0)  # the one compile; text and HTML read the facts cache
     m = r.json()["functions"][0]["memory"]
     tp = check_timeline(m)
     # XLA:TPU keeps this small model's activations in VMEM (memory space 1): listed apart with their
@@ -85,10 +85,10 @@ def test_transformer_timeline_on_v5e(run_cli, monkeypatch, tmp_path):
     allocated_every_space = tp["allocated_bytes"] + sum(s["allocated_bytes"] for s in tp["on_chip"])
     assert beyond["bytes"] == rec["peak_bytes"] - allocated_every_space
     on_chip = f"on-chip memory, apart from these HBM bytes: VMEM {format_bytes(vmem['at_peak_bytes'])} live at the peak"
-    text = run_cli(*args, check=0).stdout
+    text = run_cli_shared(*args, check=0).stdout
     assert "per device, HBM only): " in text and f"peak {format_bytes(tp['bytes'])} at step {tp['position']}" in text
     assert on_chip in text
-    run_cli(*args, "--format", "html", "-o", str(tmp_path / "m.html"), check=0)
+    run_cli_shared(*args, "--format", "html", "-o", str(tmp_path / "m.html"), check=0)
     page = (tmp_path / "m.html").read_text()
     assert "<h4>Memory over time (HBM)</h4>" in page and on_chip.capitalize() in page
 
@@ -142,12 +142,12 @@ def test_transformer_timeline_on_h100():
 
 
 @pytest.mark.slow
-def test_buffers_live_at_the_peak_are_the_timelines_peak(run_cli, monkeypatch):
+def test_buffers_live_at_the_peak_are_the_timelines_peak(run_cli_shared, monkeypatch):
     """One peak (trial 2, finding 10): the "live at the peak" table is taken at the timeline's peak,
     and its buffers, summed, are the bytes the timeline has at that step. On the transformer XLA's
     live-range dump names another position (205: it sums HLO values in another way); the note says so."""
     monkeypatch.chdir(REPO)
-    r = run_cli("memory", "examples/transformer.py:train_step", "--top", "1000", "--format", "json", check=0)
+    r = run_cli_shared("memory", "examples/transformer.py:train_step", "--top", "1000", "--format", "json", check=0)
     m = r.json()["functions"][0]["memory"]
     tp, peak = check_timeline(m), m["peak"]
     assert peak["step"] == tp["position"] and peak["position"] == tp["schedule_position"]
@@ -159,19 +159,19 @@ def test_buffers_live_at_the_peak_are_the_timelines_peak(run_cli, monkeypatch):
     assert peak["xla_position"] != peak["position"]
     assert peak["xla_listed_bytes"] < tp["bytes"]
     assert f"XLA's live-range dump calls schedule position {peak['xla_position']} its peak" in peak["note"]
-    text = run_cli("memory", "examples/transformer.py:train_step", check=0).stdout
+    text = run_cli_shared("memory", "examples/transformer.py:train_step", check=0).stdout
     assert f"live at the peak (step {tp['position']}: {format_bytes(tp['bytes'])} device" in text
     assert f"peak {format_bytes(tp['bytes'])} at step {tp['position']}" in text
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu not installed: pip install -e '.[tpu]'")
-def test_xla_tpu_memory_spaces_are_named_as_xla_names_them(run_cli, monkeypatch):
+def test_xla_tpu_memory_spaces_are_named_as_xla_names_them(run_cli_shared, monkeypatch):
     """Trial 2, finding 14d: the transformer on v5e:2x4 holds scalars in XLA:TPU's memory space 6,
     which XLA's memory-usage report calls ``color_6``: the title says "XLA memory space 6 (unnamed)"
     with the bytes of its buffers, and the note says what is known once."""
     monkeypatch.chdir(REPO)
-    r = run_cli("memory", "examples/transformer.py:train_step", "--topology", "v5e:2x4", "--top", "1000",
+    r = run_cli_shared("memory", "examples/transformer.py:train_step", "--topology", "v5e:2x4", "--top", "1000",
                 "--format", "json", check=0)
     m = r.json()["functions"][0]["memory"]
     peak, tp = m["peak"], check_timeline(m)

@@ -176,11 +176,11 @@ def gate_copy(tmp_path, stem: str):
     return tmp_path / f"{stem}.py", tmp_path / f"{stem}.stagetool.yaml"
 
 
-def test_check_sees_an_edited_nnx_annotation(tmp_path, run_cli):
+def test_check_sees_an_edited_nnx_annotation(tmp_path, run_cli, run_cli_shared):
     pytest.importorskip("flax")
     module, spec = gate_copy(tmp_path, "nnx_lm")
     lock = tmp_path / "lock.json"
-    run_cli("snapshot", "--spec", spec, "-o", lock, check=0)
+    run_cli_shared("snapshot", "--spec", spec, "-o", lock, check=0)  # the example's program: read back if compiled
     text = module.read_text()
     before = 'kernel_init=nnx.with_partitioning(init, (None, "model")))'
     assert text.count(before) == 1
@@ -190,11 +190,11 @@ def test_check_sees_an_edited_nnx_annotation(tmp_path, run_cli):
     assert "model/mlp/up/kernel/value" in result.stdout + result.stderr
 
 
-def test_check_sees_an_edited_logical_axis_rule(tmp_path, run_cli):
+def test_check_sees_an_edited_logical_axis_rule(tmp_path, run_cli, run_cli_shared):
     pytest.importorskip("flax")
     module, spec = gate_copy(tmp_path, "linen_lm")
     lock = tmp_path / "lock.json"
-    run_cli("snapshot", "--spec", spec, "-o", lock, check=0)
+    run_cli_shared("snapshot", "--spec", spec, "-o", lock, check=0)  # the example's program: read back if compiled
     text = module.read_text()
     assert text.count('("mlp", "model"),') == 1
     module.write_text(text.replace('("mlp", "model"),', '("mlp", None),'))

@@ -20,6 +20,7 @@ state's bytes are aliased.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import warnings
@@ -50,8 +51,9 @@ STEPS = {"train_step": ("make_batch", "PARAMS", "COMPUTE"),  # named_jit(axis_re
 COLLECTIVE_RE = re.compile(r"=\s*\S.*?\s(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
 
 
+@functools.cache
 def _module():
-    """The step's module imported as plain Python (the raw side's own copy)."""
+    """The step's module imported as plain Python (the raw side's own copy), once for the file."""
     spec = importlib.util.spec_from_file_location("_raw_levanter_step", DATA / "levanter_step.py")
     module = importlib.util.module_from_spec(spec)
     with warnings.catch_warnings():
@@ -64,8 +66,10 @@ def _mesh(devices: list, shape: tuple[int, int] = (2, 4)):
     return jax.make_mesh(shape, ("data", "model"), devices=devices, axis_types=(AxisType.Auto, AxisType.Auto))
 
 
+@functools.cache
 def raw_haliax(L, name: str = "train_step", shape: tuple[int, int] = (2, 4)):
-    """haliax's own compile of the step on real arrays of the CPU mesh (as Levanter runs it)."""
+    """haliax's own compile of the step on real arrays of the CPU mesh (as Levanter runs it): once per
+    step and mesh shape for the file (several tests compare with the same program)."""
     mesh = _mesh(jax.devices()[:8], shape)
     with jax.set_mesh(mesh), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -292,6 +292,7 @@ def test_plain_jit_with_the_modules_mesh_in_the_body_is_exit_2(run_cli, tmp_path
     assert kinds[0] == kinds[1] and kinds[0]
 
 
+@pytest.mark.slow  # a sweep: each of its six configurations in a process of its own
 def test_a_sweep_over_mesh_shapes_is_faithful_or_an_error_row(run_cli, tmp_path, monkeypatch):
     """Rows of the nnx.jit step are re-laid (each row's figures are the single run's at that shape);
     rows of the Equinox step at another shape are failed rows naming both meshes, never ranked."""

@@ -18,12 +18,11 @@ bench/results/maxtext_train_compile.md has the same comparison on MaxText's own 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import jax
 import pytest
-from helpers import write
+from helpers import raw_module, write
 
 from stagetool.devices import tpu_topology
 from stagetool.plan.target import parse_target
@@ -176,19 +175,24 @@ def _devices(topology):
     return list(tpu_topology.tpu_topology(parse_target(topology)).devices)
 
 
+_RAW: dict[tuple, jax.stages.Compiled] = {}
+
+
 def _raw(path, devices, rules=True, **config):
     """The module imported as plain Python, its step built on ``devices`` and compiled as the code
-    would be run: under its mesh and (unless ``rules`` is false) its logical axis rules."""
+    would be run: under its mesh and (unless ``rules`` is false) its logical axis rules. Each
+    (platform, rules, config) is compiled once in the session (every test writes the same MODEL)."""
     from flax.linen import partitioning as nn_partitioning
 
-    spec = importlib.util.spec_from_file_location("_raw_mts", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.config_for(devices)
-    cfg = type(cfg)(**{**cfg.__dict__, **config})
-    mesh, _, step, structs = module.build(devices, cfg)
-    with jax.set_mesh(mesh), nn_partitioning.axis_rules(cfg.logical_axis_rules if rules else ()):
-        return step.lower(*structs).compile()
+    key = (devices[0].platform, len(devices), rules, tuple(sorted(config.items())))
+    if key not in _RAW:
+        module = raw_module(path, "mts")
+        cfg = module.config_for(devices)
+        cfg = type(cfg)(**{**cfg.__dict__, **config})
+        mesh, _, step, structs = module.build(devices, cfg)
+        with jax.set_mesh(mesh), nn_partitioning.axis_rules(cfg.logical_axis_rules if rules else ()):
+            _RAW[key] = step.lower(*structs).compile()
+    return _RAW[key]
 
 
 def _program(text):
