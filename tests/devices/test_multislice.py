@@ -72,21 +72,19 @@ def test_two_slices_send_the_gradient_over_dcn():
 
 
 @needs_libtpu
-def test_the_cli_reports_ici_and_dcn(tmp_path):
+def test_the_cli_reports_ici_and_dcn(run_cli, tmp_path, monkeypatch):
     write(tmp_path, "sgd.py", SGD)
     spec = write(tmp_path, "sgd.stagetool.yaml", SPEC)
-    r = run_subprocess("collectives", "--spec", spec, "--format", "json", cwd=tmp_path)
-    assert r.code == 0, r.stderr
-    f = r.json()["functions"][0]
+    monkeypatch.chdir(tmp_path)
+    f = run_cli("collectives", "--spec", spec, "--format", "json", check=0).json()["functions"][0]
     assert f["mesh"]["slices"] == 2 and f["mesh"]["device_count"] == 8
     networks = {c["collective"]["network"] for c in f["collectives"]["items"]}
     assert networks == {"ici", "dcn"}
     assert f["collectives"]["summary"]["dcn_bytes_per_step"] == 1024 * 1024 * 4 // 2
-    text = run_subprocess("collectives", "--spec", spec, cwd=tmp_path).stdout
+    text = run_cli("collectives", "--spec", spec, check=0).stdout
     assert "network" in text and "over DCN" in text and " dcn " in text
     snap = tmp_path / "lock.json"
-    r = run_subprocess("snapshot", "--spec", spec, "-o", snap, "--no-cache", cwd=tmp_path)
-    assert r.code == 0, r.stderr
+    run_cli("snapshot", "--spec", spec, "-o", snap, "--no-cache", check=0)
     import json
 
     entry = json.loads(snap.read_text())["functions"]["step"]
