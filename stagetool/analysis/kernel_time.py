@@ -430,6 +430,16 @@ def _batched_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, i
     return max(m, n) <= tile[0]  # small products (64 x 64, 128 x 128), not attention's 512 x 512 over a head of 64
 
 
+def _sets(module: HloModule, sc: HloInstruction) -> bool:
+    """Whether a scatter sets its rows (``x.at[i].set(u)``): its combiner returns its second parameter (the
+    update), through bitcasts, rather than combining the two."""
+    comp = module.computation((sc.attributes.get("to_apply") or "").lstrip("%"))
+    root = comp.root if comp is not None else None
+    while root is not None and root.opcode in ("bitcast", "copy", "convert") and root.operands:
+        root = comp.instruction(root.operands[0])
+    return root is not None and root.opcode == "parameter" and root.parameter_number == 1
+
+
 def _scatter_rows(sc: HloInstruction, idx) -> float:
     """How many rows a scatter writes: its indices' elements less the index vector's dimension
     (``index_vector_dim``; where it equals the indices' rank, s32[65536] with ``index_vector_dim=1``, each
@@ -703,6 +713,9 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
             # a scatter is bound by its rows where they are narrow, as a gather is: calibrate's scatter-add
             # (2 KiB rows) gives the time of one row, 3 x 2048 bytes / its rate (32 ns on the lent v5e)
             memory = max(memory, rows * 3 * _SCATTER_ROW_BYTES / chip.scatter_bytes_per_second)
+        set_rate = None if gpu else chip.class_rate("scatter_set_rows")
+        if rows and set_rate and _sets(module, sc):  # a set's rows at the rate calibrate measured for them
+            return done("scatter (set)", compute, max(memory, rows / set_rate), b=3.0 * upd)
         return done("scatter", compute, memory, b=3.0 * upd)
     if "gather" in ops:
         gathers = [(c, i) for c, i in inner if i.opcode == "gather"]

@@ -347,6 +347,8 @@ CLASS_RATES: dict[str, str] = {
     "xla_fft": "the factor on XLA:TPU's own estimated_cycles time of an FFT's matmul kernels (measured ÷ XLA's): "
                "where set, an FFT kernel is timed from XLA's figure × it, not from the fft rate",
     "dynamic_update_slice": "bytes/s (the update read and written) of a slice written into a donated buffer",
+    "scatter_set_rows": "rows/s of a scatter that sets (not adds) rows of 512 bytes at unsorted ids into a donated "
+                        "buffer: where measured, a set scatter takes at least its rows over it",
     "gather_128": "2 x gathered bytes/s of a gather of 128-byte rows",
     "gather_512": "2 x gathered bytes/s of a gather of 512-byte rows",
     "gather_32768": "2 x gathered bytes/s of a gather of 32 KiB rows (pages)",

@@ -155,6 +155,15 @@ ENTRY %main (x: f32[512,64,128]) -> f32[512,64,128] {
 """
 
 
+def test_calibrate_measures_a_set_scatters_rows_a_second():
+    """class_rates.scatter_set_rows: rows set at unsorted ids into a donated bf16 table of 512-byte rows, its
+    work the rows (SIZES tiny: lookups 256 -> 128 rows)."""
+    cal = calibrate(chip="test-cpu", command="test", size="tiny", repeats=3, warmup=1, only=frozenset({"scatter_set"}))
+    (r,) = cal.results
+    assert r.key == "class_rates.scatter_set_rows" and r.work == 128 and r.rate == r.work / r.timing.median_seconds
+    assert cal.figures() == {"class_rates": {"scatter_set_rows": r.rate}}
+
+
 def test_a_class_rate_leaves_out_the_models_time_of_the_benchmarks_other_kernels():
     """Issue 46: calibrate's cumsum rate was its bytes over the whole program's 6.27 ms, four layout copies and a
     broadcast included, which the model times again as kernels of their own: a cumsum counted twice (the fit
