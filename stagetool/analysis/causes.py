@@ -334,6 +334,10 @@ class _Ctx:
     prop: Propagation
     inputs: dict[int, LeafReport]
     outputs: Sequence[LeafReport]
+    #: a collective's cause names a parameter, not the optimizer moment Shardy picked of the two
+    #: (:func:`copied_leaves`); an entry's own origins (:func:`sharding_origins`) keep Shardy's: an
+    #: updated moment's sharding does come from the moment given
+    originals_first: bool = False
 
     @functools.cached_property
     def unboxed(self) -> dict[int, LeafReport]:
@@ -344,6 +348,76 @@ class _Ctx:
         """Where ``op`` is written: a sharding constraint's call site (:func:`constraint_line`, past
         the helpers its program's constraints share), any other op's :func:`_line`."""
         return constraint_line(op, shared_constraint_lines(self.prop)) if op.origin_name else _line(op)
+
+    @functools.cached_property
+    def originals(self) -> dict[int, int]:
+        """:func:`copied_leaves` of this function's used inputs (none unless ``originals_first``)."""
+        if not self.originals_first:
+            return {}
+        cached = _COPIED.get(id(self.prop))
+        if cached is not None and cached[0]() is self.prop and cached[1] == self.inputs:
+            return cached[2]
+        found = copied_leaves(self.inputs)
+        _COPIED.clear()  # one propagation at a time: every collective of a function asks about the same one
+        _COPIED[id(self.prop)] = (weakref.ref(self.prop), self.inputs, found)
+        return found
+
+
+_COPIED: dict[int, tuple] = {}
+
+
+def copied_leaves(inputs: dict[int, LeafReport]) -> dict[int, int]:
+    """``{entry parameter: entry parameter}``: each input leaf that is a copy of another argument's leaf
+    (an optimizer moment of a parameter: ``optimizer/opt_state/0/mu/blocks/1/norm2/bias/value`` of
+    ``model/blocks/1/norm2/bias/value``, ``opt_state/m/embed`` of ``params/embed``) → that leaf.
+
+    A prefix of key paths (``optimizer/opt_state/0/mu``) mirrors an argument (``model``) when every used
+    input leaf under it has a leaf of that argument at the same remaining path and of the same shape; a
+    leaf under a mirroring prefix is a copy of its counterpart when both are compiled with the same
+    sharding. Shardy names one origin per mesh axis, and of a parameter and its moments, which carry
+    the same sharding into the same ops, it may name the moment: the cause names the leaf whose
+    annotation the user wrote instead (:func:`_origin`). A leaf mirrored in several arguments maps to
+    the first by path; a leaf under no mirroring prefix is not in the map."""
+    by_path = {leaf.path: n for n, leaf in inputs.items()}
+    keys = {n: tuple(leaf.path.split("/")) for n, leaf in inputs.items()}
+    roots = sorted({k[0] for k in keys.values()})
+    mirrors: dict[tuple[tuple[str, ...], str], bool] = {}
+
+    def mirrored(prefix: tuple[str, ...], root: str) -> bool:
+        if (prefix, root) not in mirrors:
+            mirrors[prefix, root] = all(
+                (m := by_path.get("/".join((root, *k[len(prefix):])))) is not None
+                and inputs[m].shape == inputs[n].shape
+                for n, k in keys.items() if len(k) > len(prefix) and k[:len(prefix)] == prefix)
+        return mirrors[prefix, root]
+
+    out: dict[int, int] = {}
+    for n, k in sorted(keys.items(), key=lambda x: inputs[x[0]].path):
+        found = None
+        for root in roots:
+            if root == k[0]:
+                continue
+            for i in range(1, len(k)):
+                m = by_path.get("/".join((root, *k[i:])))
+                if m is not None and _same_compiled(inputs[n], inputs[m]) and mirrored(k[:i], root):
+                    found = m
+                    break
+            if found is not None:
+                break
+        if found is not None:
+            out[n] = found
+    return out
+
+
+def _same_compiled(a: LeafReport, b: LeafReport) -> bool:
+    """Two input leaves of one shape compiled with the same sharding (a PartitionSpec over the mesh, or
+    the same sharding of another kind)."""
+    if a.shape != b.shape or a.compiled is None or b.compiled is None:
+        return False
+    if a.compiled.kind == "spec" and b.compiled.kind == "spec":
+        rank = len(a.shape)
+        return _trim(_compiled_dims(a.compiled, rank)) == _trim(_compiled_dims(b.compiled, rank))
+    return a.compiled == b.compiled
 
 
 def _is_flax_unbox(op: PropagatedOp) -> bool:
@@ -415,6 +489,8 @@ def _origin(ctx: _Ctx, axis: str, origin: str | None, own_input: int | None, own
     if m:
         n = int(m.group(2))
         if m.group(1) == "input":
+            if n != own_input:  # Shardy's pick of a moment that copies a parameter's sharding: the parameter
+                n = ctx.originals.get(n, n)
             leaf = ctx.inputs.get(n)
             if leaf is None:
                 return AxisOrigin(axis, "input", leaf=f"argument {n}")
@@ -696,7 +772,7 @@ def cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
 
 def _cause_of(c: Collective, prop: Propagation, inputs: Sequence[LeafReport],
               outputs: Sequence[LeafReport], feeding: frozenset[int] | None) -> CollectiveCause | None:
-    ctx = _Ctx(prop, {x.parameter: x for x in inputs if x.parameter is not None}, outputs)
+    ctx = _Ctx(prop, {x.parameter: x for x in inputs if x.parameter is not None}, outputs, originals_first=True)
     found = candidates(c, prop)
     if not found:
         return None
