@@ -238,21 +238,29 @@ def f(params, x):
 def total(*xs):
     return sum(x.astype(jnp.float32).sum() for x in xs)
 """
-QUANT_SPEC = """
-version: 1
-functions:
+#: ``f`` on the int4 weights ``init`` makes and a bf16[16,1024] batch: a spec's function entry.
+QUANT_FROM_INIT = """\
   f:
     target: q.py:f
     args:
       - init: q.py:init
         init_args: [key(0)]
       - 'bf16[16,1024]'
-  g:
-    target: q.py:f
-    args:
-      - {w_q: 's4[1024,1024]', scale: 'bf16[1024]'}
-      - 'bf16[16,1024]'
 """
+
+
+def quant_spec(*entries: str, mesh: str | None = None) -> str:
+    """A spec of ``q.py`` (:data:`QUANT`) functions: ``entries`` are :data:`QUANT_FROM_INIT` or
+    :func:`quant_entry`'s, on ``mesh`` (a YAML flow mapping of axes) or none."""
+    return "version: 1\n" + (f"mesh:\n  axes: {mesh}\n" if mesh else "") + "functions:\n" + "".join(entries)
+
+
+def quant_entry(name: str, w_q: str, scale: str, x: str) -> str:
+    """A spec's entry for ``q.py:f`` named ``name``, its params and batch given as shapes."""
+    return f"  {name}:\n    target: q.py:f\n    args:\n      - {{w_q: '{w_q}', scale: '{scale}'}}\n      - '{x}'\n"
+
+
+QUANT_SPEC = quant_spec(QUANT_FROM_INIT, quant_entry("g", "s4[1024,1024]", "bf16[1024]", "bf16[16,1024]"))
 
 
 def test_int4_weights_count_two_per_byte(run_cli, tmp_path, monkeypatch):
@@ -293,28 +301,9 @@ def test_sub_byte_padded_bytes_on_a_tpu_topology(run_cli, tmp_path, monkeypatch)
     """On v5e tiles, per leaf: padded ≥ logical, and the padded bytes add up to XLA's argument size."""
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "q.py", QUANT)
-    write(tmp_path, "t.stagetool.yaml", """
-        version: 1
-        mesh:
-          axes: {data: 8}
-        functions:
-          f:
-            target: q.py:f
-            args:
-              - init: q.py:init
-                init_args: [key(0)]
-              - 'bf16[16,1024]'
-          h:
-            target: q.py:f
-            args:
-              - {w_q: 's4[1024,24]', scale: 'bf16[24]'}
-              - 'bf16[3,1024]'
-          u:
-            target: q.py:f
-            args:
-              - {w_q: 'u4[1000,24] @ [null, data]', scale: 'f32[24]'}
-              - 'f32[3,1000]'
-        """)
+    write(tmp_path, "t.stagetool.yaml", quant_spec(
+        QUANT_FROM_INIT, quant_entry("h", "s4[1024,24]", "bf16[24]", "bf16[3,1024]"),
+        quant_entry("u", "u4[1000,24] @ [null, data]", "f32[24]", "f32[3,1000]"), mesh="{data: 8}"))
     r = run_cli("report", "--spec", "t.stagetool.yaml", "--topology", "v5e:2x4", "--format", "json", check=0)
     padded_seen = False
     for f in r.json()["functions"]:
@@ -524,6 +513,16 @@ _UNEVEN_MODEL = """
         def scale(x):
             return jax.lax.with_sharding_constraint(x * 2, P("data", "model"))
         """
+#: ``scale`` of :data:`_UNEVEN_MODEL` on a data=2 × model=4 mesh, its f32[64,30] chosen by the compiler.
+_UNEVEN_SPEC = """\
+version: 1
+mesh:
+  axes: {data: 2, model: 4}
+functions:
+  scale:
+    target: c.py:scale
+    args: ['f32[64,30] @ auto']
+"""
 
 
 @pytest.mark.jax_version("<0.10|>=0.12", reason="JAX 0.10 (0.11 not checked) pads an uneven sharding constraint "
@@ -531,15 +530,7 @@ _UNEVEN_MODEL = """
 def test_a_constraint_the_mesh_does_not_divide_fails_to_stage_outside_jax_0_10(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "c.py", _UNEVEN_MODEL)
-    write(tmp_path, "c.stagetool.yaml", """
-        version: 1
-        mesh:
-          axes: {data: 2, model: 4}
-        functions:
-          scale:
-            target: c.py:scale
-            args: ['f32[64,30] @ auto']
-        """)
+    write(tmp_path, "c.stagetool.yaml", _UNEVEN_SPEC)
     r = run_cli("shardings", "--spec", "c.stagetool.yaml", check=3)
     assert "scale: " in r.stderr and "is not divisible by axis_size=4" in r.stderr
     # the user's frame, relative to the spec's folder
@@ -550,32 +541,20 @@ def test_a_constraint_the_mesh_does_not_divide_fails_to_stage_outside_jax_0_10(r
                                                "(the test above)")
 def test_a_constraint_the_mesh_does_not_divide_is_a_note_with_the_users_line(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    write(tmp_path, "c.py", """
-        import jax
-        from jax.sharding import PartitionSpec as P
-
-        def scale(x):
-            return jax.lax.with_sharding_constraint(x * 2, P("data", "model"))
-
+    write(tmp_path, "c.py", _UNEVEN_MODEL + """
         def looped(x):
             step = lambda c, _: (jax.lax.with_sharding_constraint(c + 1, P(None, "data")), None)
             return jax.lax.scan(step, x, None, length=3)[0]
         """)
-    write(tmp_path, "c.stagetool.yaml", """
-        version: 1
-        mesh:
-          axes: {data: 2, model: 4}
-        functions:
-          scale:
-            target: c.py:scale
-            args: ['f32[64,30] @ auto']
-          even:
-            target: c.py:scale
-            args: ['f32[64,32] @ auto']
-          looped:
-            target: c.py:looped
-            args: ['f32[8,5]']
-        """)
+    assert (tmp_path / "c.py").read_text().splitlines()[7].lstrip().startswith("step = ")  # line 8, as asserted
+    write(tmp_path, "c.stagetool.yaml", _UNEVEN_SPEC + """\
+  even:
+    target: c.py:scale
+    args: ['f32[64,32] @ auto']
+  looped:
+    target: c.py:looped
+    args: ['f32[8,5]']
+""")
     r = run_cli("shardings", "--spec", "c.stagetool.yaml", "--format", "json", check=0)
     notes = {f["name"]: f["notes"] for f in r.json()["functions"]}
     assert [n for n in notes["scale"] if "sharding constraint" in n] == [
@@ -596,17 +575,8 @@ def test_the_topology_host_count_override_is_shown(run_cli, tmp_path, monkeypatc
         return
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "q.py", QUANT)
-    write(tmp_path, "t.stagetool.yaml", """
-        version: 1
-        mesh:
-          axes: {data: 8}
-        functions:
-          h:
-            target: q.py:f
-            args:
-              - {w_q: 's4[1024,24]', scale: 'bf16[24]'}
-              - 'bf16[8,1024] @ [data]'
-        """)
+    write(tmp_path, "t.stagetool.yaml", quant_spec(quant_entry("h", "s4[1024,24]", "bf16[24]", "bf16[8,1024] @ [data]"),
+                                                   mesh="{data: 8}"))
     r = run_cli("shardings", "--spec", "t.stagetool.yaml", "--topology", "v5e:2x4", "--format", "json", check=0)
     (f,) = r.json()["functions"]
     assert f["mesh"]["process_count"] == 1
