@@ -321,7 +321,9 @@ def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]
     """The kernel classes beyond matmuls and plain element-wise work (issue 46): convolutions of each form
     and their gradients, batched small matmuls, vector-unit work (integer ops, random bits), FFT, in-place
     updates of donated buffers, gathers of several row widths, sort and cumulative ops. Each rate is the
-    work XLA counts (its FLOPs, or the bytes, elements or comparisons said) over the median time."""
+    work XLA counts (its FLOPs, or the bytes, elements or comparisons said) over the median time, less (for the
+    convolutions, the batched matmul, the FFT and the cumsum) the step-time model's time of the program's
+    other kernels, its layout copies (:func:`others_seconds`)."""
     import jax
     import jax.numpy as jnp
 
@@ -354,8 +356,9 @@ def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]
                 f = (lambda x, w: jax.grad(fwd, 0)(x, w)) if kind == "input_gradient" else \
                     (lambda x, w: jax.grad(fwd, 1)(x, w))
             jf = jax.jit(f)
-            return (lambda: jf(x, w)), _xla_flops(jf, x, w), f"{kind} convolution bf16{list(x.shape)} * {list(w.shape)}"
-        return _program(f"conv_{kind}", f"class_rates.conv_{kind}", "FLOP", build)
+            return (lambda: jf(x, w)), _xla_flops(jf, x, w), (f"{kind} convolution bf16{list(x.shape)} * "
+                                                              f"{list(w.shape)}"), jf.lower(x, w).compile().as_text()
+        return _program(f"conv_{kind}", f"class_rates.conv_{kind}", "FLOP", build, own=("convolution", "matmul"))
 
     def batched():
         b, m = s["bmm"], s["bmm_n"]
@@ -363,7 +366,8 @@ def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]
         f = jax.jit(lambda a, c: jnp.einsum("bij,bjk->bik", a, c))
         p = -(-m // _MXU_TILE) * _MXU_TILE  # M, K and N padded up to the matrix unit's tile: one weight tile a product
         return (lambda: f(a, c)), 2.0 * b * p ** 3, (f"{b} products of bf16[{m},{m}] @ bf16[{m},{m}]: FLOPs padded "
-                                                     f"to the {_MXU_TILE} tile, 2 x {b} x {p}^3")
+                                                     f"to the {_MXU_TILE} tile, 2 x {b} x {p}^3"), \
+            f.lower(a, c).compile().as_text()
 
     def int_ops():
         x = jax.random.bits(jax.random.key(24), (s["vec"] // 2,), jnp.uint32)
@@ -387,7 +391,8 @@ def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]
         x = (_rand(26, (s["fft_b"], s["fft_n"], s["fft_n"]), jnp.float32)
              + 1j * _rand(27, (s["fft_b"], s["fft_n"], s["fft_n"]), jnp.float32)).astype(jnp.complex64)
         f = jax.jit(jnp.fft.fft2)
-        return (lambda: f(x)), _xla_flops(f, x), f"fft2 of complex64[{s['fft_b']},{s['fft_n']},{s['fft_n']}]"
+        return (lambda: f(x)), _xla_flops(f, x), f"fft2 of complex64[{s['fft_b']},{s['fft_n']},{s['fft_n']}]", \
+            f.lower(x).compile().as_text()
 
     def dus():
         rows = s["cache"] // (4 * 1024)
@@ -443,10 +448,10 @@ def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]
 
     return [*(conv(k) for k in ("dense", "depthwise", "grouped", "strided", "transposed", "input_gradient",
                                 "weight_gradient")),
-            _program("batched_matmul", "class_rates.batched_matmul", "FLOP", batched),
+            _program("batched_matmul", "class_rates.batched_matmul", "FLOP", batched, own=("convolution", "matmul")),
             _program("vector_int_ops", "class_rates.vector_ops", "element", int_ops),
             _program("random_bits", "class_rates.random_bits", "element", rng),
-            _program("fft", "class_rates.fft", "FLOP", fft),
+            _program("fft", "class_rates.fft", "FLOP", fft, own=("FFT",)),
             _program("dynamic_update_slice", "class_rates.dynamic_update_slice", "byte", dus),
             _program("scatter_set", "class_rates.scatter_set_rows", "element", scatter_set),
             *(gather(b) for b in GATHER_ROW_BYTES),
