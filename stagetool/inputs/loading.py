@@ -38,6 +38,7 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
     """
     from stagetool.devices.world import left_out_settings, staged_world
     from stagetool.inputs.avals import build_inputs
+    from stagetool.inputs.frameworks.dispatch import framework_notes
     from stagetool.inputs.out_shardings import fit_out_shardings
     from stagetool.inputs.own_jit import hidden_jit_note
     from stagetool.inputs.own_mesh import adopt_code_order, check_seen, relay_own_jit
@@ -69,6 +70,7 @@ def load_and_build(fspec: FunctionSpec, setup: Any, mesh_spec: MeshSpec, *, aval
             mesh_spec, fspec, setup.mesh, inputs, code_context=code_context or _logical_axes(target.module_file)))
         notes += check_seen(seen, fspec, setup, live=live)
         notes += left_out_settings(setup)
+        notes += framework_notes()
         if notes:
             inputs = dataclasses.replace(inputs, notes=(*notes, *inputs.notes))
         if inputs.fn is not None:  # a pure function around the target (non-array leaves, in-place NNX updates)

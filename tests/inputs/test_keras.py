@@ -286,3 +286,78 @@ def test_device_put_on_compile_only_devices_is_held_on_the_host():
     assert y.devices() == {jax.devices("cpu")[1]} and placed_sharding(y) is None
     with pytest.raises(Exception, match="compile-only"):  # outside the world: JAX's own device_put
         jax.device_put(jax.numpy.ones((8, 4)), sharding)
+
+
+SEQUENTIAL = '''
+"""A Sequential model under ModelParallel whose LayoutMap keys name the layers' own paths without the
+model's prefix, as a guide written for an older Keras does: Keras matches keys whole, so 'wide/kernel'
+misses 'sequential/wide/kernel'; '.*out/kernel' takes."""
+import jax
+import keras
+from keras import layers
+
+mesh = keras.distribution.DeviceMesh(shape=(2, 4), axis_names=("data", "model"),
+                                     devices=keras.distribution.list_devices())
+layout_map = keras.distribution.LayoutMap(mesh)
+layout_map["wide/kernel"] = (None, "model")
+layout_map[".*out/kernel"] = ("model", None)
+distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="data")
+keras.distribution.set_distribution(distribution)
+
+model = keras.Sequential([layers.Input(shape=(96,)), layers.Dense(128, activation="relu", name="wide"),
+                          layers.Dense(8, name="out")])
+optimizer = keras.optimizers.SGD(1e-2)
+optimizer.build(model.trainable_variables)
+loss_fn = keras.losses.MeanSquaredError()
+
+
+def _loss(trainable, non_trainable, x, y):
+    y_pred, non_trainable = model.stateless_call(trainable, non_trainable, x)
+    return loss_fn(y, y_pred), non_trainable
+
+
+@jax.jit
+def train_step(state, x, y):
+    trainable, non_trainable, opt_vars = state
+    (loss, non_trainable), grads = jax.value_and_grad(_loss, has_aux=True)(trainable, non_trainable, x, y)
+    trainable, opt_vars = optimizer.stateless_apply(opt_vars, grads, trainable)
+    return loss, (trainable, non_trainable, opt_vars)
+
+
+def init_state():
+    return ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
+            [v.value for v in optimizer.variables])
+'''
+
+
+def test_a_layout_map_key_that_matches_no_path_is_named(run_cli, tmp_path, monkeypatch):
+    """The LayoutMap key that lays out nothing is named in a note with the path it was likely meant
+    for and the key that matches it; the key that takes gets none; and the figures are raw Keras's,
+    which leaves the missed kernel replicated."""
+    module = write(tmp_path, "kseq.py", SEQUENTIAL)
+    write(tmp_path, "kseq.stagetool.yaml", '''
+version: 1
+mesh:
+  axes: {data: 2, model: 4}
+functions:
+  train_step:
+    target: kseq.py:train_step
+    args: [{call: kseq.py:init_state}, 'f32[32,96] @ [data, null]', 'f32[32,8] @ [data, null]']
+''')
+    monkeypatch.chdir(tmp_path)
+    doc = run_cli("report", "kseq.py:train_step", "--format", "json", check=0).json()
+    (f,) = doc["functions"]
+    layout_notes = [n for n in f["notes"] if "LayoutMap key" in n]
+    assert len(layout_notes) == 1, f["notes"]
+    assert "'wide/kernel' lays out nothing" in layout_notes[0] and "sequential/wide/kernel" in layout_notes[0]
+    assert "'.*wide/kernel'" in layout_notes[0]
+    inputs = {x["path"]: x for x in f["inputs"]}
+    assert inputs["state/0/sequential/wide/kernel"]["compiled"] == "P(None, None)"
+    assert inputs["state/0/sequential/out/kernel"]["compiled"] == "P('model', None)"
+
+    raw = _raw_module(module)
+    mesh = raw.distribution.device_mesh.backend_mesh
+    x = jax.ShapeDtypeStruct((32, 96), jax.numpy.float32, sharding=NamedSharding(mesh, P("data", None)))
+    y = jax.ShapeDtypeStruct((32, 8), jax.numpy.float32, sharding=NamedSharding(mesh, P("data", None)))
+    compiled = raw.train_step.lower(raw.init_state(), x, y).compile()
+    _assert_raw(f, compiled)

@@ -17,7 +17,8 @@ sharding annotations), ``init_kwargs(cls, args, kwargs)`` / ``init_signature(cls
 that is a class), ``has_state(tree)`` / ``updated_state(obj)`` (steps that update their arguments in
 place), ``jit_settings(fn, n_args)`` (the library's jit wrapper), ``STATIC_SCALARS`` (Python numbers
 are static, not traced), ``leaf_names(tree)`` (names for plain array leaves, asked only of a library
-the user's code has already imported: Keras' state lists).
+the user's code has already imported: Keras' state lists), ``notes()`` (what the library's own
+setup leaves undone, asked likewise: a Keras ``LayoutMap`` key that lays out nothing).
 
 Every read of another library's private attribute is marked ``# private-api:`` so that
 ``grep -rn "private-api:" stagetool`` finds them all; each is pinned by ``tests/inputs/test_jit_wrapper.py``:
@@ -31,6 +32,8 @@ Every read of another library's private attribute is marked ``# private-api:`` s
 - :mod:`.equinox`: ``equinox._jit._preprocess`` (Equinox's split into donated, kept and static
   parts) and the ``eqx.filter_jit`` object's ``_signature``, ``_dynamic_fun``, ``_static_fun`` and
   ``_cached`` (its inner ``jax.jit``).
+- :mod:`.keras`: ``ModelParallel._layout_map`` (its ``LayoutMap``, for the note on a key that
+  lays out nothing); pinned by ``tests/inputs/test_keras.py``.
 - :mod:`.haliax`: the ``hax.named_jit`` object's fields (its function, mappings, donation, jit
   arguments) and ``haliax.partitioning._named_pjit_cache`` (the ``jax.jit`` it builds); pinned by
   ``tests/inputs/test_haliax.py``.

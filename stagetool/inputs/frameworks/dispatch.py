@@ -72,6 +72,21 @@ def leaf_names(tree: Pytree) -> list[str | None]:
     return names
 
 
+def framework_notes() -> tuple[str, ...]:
+    """What a framework the user's code has imported (in ``sys.modules``) says about how the program
+    is set up, for the report's notes (Keras: a ``LayoutMap`` key that lays out nothing); none is
+    imported here."""
+    import sys
+
+    notes: tuple[str, ...] = ()
+    for library in LEAF_NAMERS:
+        if library not in sys.modules:
+            continue
+        for m in adapters(library):
+            notes += tuple(getattr(m, "notes", lambda: ())())
+    return notes
+
+
 def is_array_like(x: Any, *, python_scalars: bool = True) -> bool:
     """A value ``jax.jit`` traces: a JAX or NumPy array (or a tracer), a ``ShapeDtypeStruct``, and
     with ``python_scalars`` a Python number (JAX traces those weakly typed; Equinox keeps them static)."""
