@@ -16,8 +16,9 @@ matmul <precision>  compute: Σ padded FLOPs ÷ the chip's matmul rate for the p
 convolution         as a matmul, its K the input features × the window
 element-wise        memory: bytes ÷ the element-wise rate; compute: transcendentals ÷ their rate
 reduction           memory: bytes ÷ the reduction rate; compute: transcendentals ÷ their rate
-gather / scatter    2 × the gathered rows' bytes (read, written) ÷ the gather rate; 3 × the updates'
-                    bytes (the update read, its row read and written) ÷ the scatter rate
+gather / scatter    2 × the gathered rows' bytes (read, written; 1 × where the result is in VMEM) ÷ the
+                    gather rate; 3 × the updates' bytes (the update read, its row read and written) ÷ the
+                    scatter rate
 copy / layout       bytes ÷ the HBM copy rate (copies, transposes, fusions that only move data); a
                     ``copy`` XLA:TPU runs as a DMA (no vector-unit window in its backend config) at
                     twice it, reading and writing at once (measured: 134 MB in 0.103 ms against
@@ -725,8 +726,11 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         row_bytes = float(math.prod(width) * (shape_bytes(elem[0]) / max(math.prod(elem[0].dims), 1))) \
             if width and elem and math.prod(elem[0].dims) else 0.0
         rate = _rate(_gather_rate(chip, row_bytes, copy_rate) if not gpu else None, chip.gather_bytes_per_second, hbm)
-        rest = max(moved - 2 * rows, 0.0)  # what the kernel reads and writes beside the rows (read and written)
-        return done("gather", compute, 2 * rows / rate + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)
+        # the rows are read and written, or only read where XLA:TPU put the kernel's result in VMEM (S(1): a paged
+        # decode's gathered pages, read by the attention after it from there)
+        sides = 1 if not gpu and _hbm_bytes(ins.shape) == 0 and any(a.dims for a in array_leaves(ins.shape)) else 2
+        rest = max(moved - sides * rows, 0.0)  # what the kernel reads and writes beside the rows
+        return done("gather", compute, sides * rows / rate + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)
     vec_rate = None if gpu else chip.class_rate("vector_ops")
     vector = vector_ops(inner) / vec_rate if vec_rate else 0.0
     if ops & {"reduce", "reduce-window"}:
