@@ -463,17 +463,25 @@ class _Builder:
     @functools.cached_property
     def staged_is_codes(self) -> bool:
         """Whether an array handed over from Python (a :class:`ValueSpec` argument: :func:`stagetool.inspect`)
-        sits on the staged mesh itself: then the staged mesh is the code's own, and an array on another
-        mesh of its devices is on a second mesh of the code (:meth:`on_own_mesh`; read when first needed), not on the code's mesh
-        at a shape the caller asked to stage instead (a ``--mesh``/``mesh=`` of another shape: taken by
-        axis name)."""
+        or a ``{ref:}`` object's (a :class:`RefSpec` argument: a module-level array the code put on its
+        mesh at import) sits on the staged mesh itself: then the staged mesh is the code's own, and an
+        array on another mesh of its devices is on a second mesh of the code (:meth:`on_own_mesh`; read
+        when first needed), not on the code's mesh at a shape the caller asked to stage instead (a
+        ``--mesh``/``mesh=`` of another shape: taken by axis name). A ``{ref:}`` that does not load is
+        passed over here (its own conversion says why)."""
         import jax
 
         from stagetool.devices.world import same_layout
+        from stagetool.core.errors import TargetError
 
         def values(tree: Any) -> Iterator[Any]:
             if isinstance(tree, ValueSpec):
                 yield tree.value
+            elif isinstance(tree, RefSpec):
+                try:
+                    yield load_target(tree.target, base_dir=self.fspec.base_dir, need_callable=False).fn
+                except TargetError:
+                    return
             elif isinstance(tree, (list, tuple)):
                 for t in tree:
                     yield from values(t)
