@@ -7,6 +7,7 @@ Knows nothing of JAX: ``stagetool.devices.provision`` turns it into a ``jax.shar
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Iterable
 
@@ -128,8 +129,14 @@ def parse_mesh_option(text: str, spec_mesh: MeshSpec) -> MeshSpec:
         raise ValueError(f"--mesh {text!r} gives sizes, but there is no spec mesh to name the axes; "
                          "write --mesh data=2,model=4")
     if len(sizes) != len(spec_mesh.axes):
-        raise ValueError(f"--mesh {text!r} has {len(sizes)} sizes, but the spec's mesh has {len(spec_mesh.axes)} axes "
-                         f"({', '.join(spec_mesh.names)})")
+        # the same devices over the spec's one axis, or the spec's own sizes as the example of the form
+        like = [math.prod(sizes)] if len(spec_mesh.axes) == 1 else [s for _, s in spec_mesh.axes]
+        n = len(spec_mesh.axes)
+        raise ValueError(f"--mesh {text!r} has {len(sizes)} sizes, but the spec's mesh has {n} "
+                         f"ax{'is' if n == 1 else 'es'} ({', '.join(spec_mesh.names)}): give one size per axis, in "
+                         f"that order (--mesh {'x'.join(map(str, like))}, or --mesh "
+                         f"{','.join(f'{a}={s}' for a, s in zip(spec_mesh.names, like))}); a mesh of other axes needs the "
+                         "spec's mesh: changed, and the shardings that name its axes")
     return dataclasses.replace(spec_mesh, axes=tuple(zip(spec_mesh.names, sizes)))
 
 

@@ -270,7 +270,10 @@ def test_a_spec_that_is_not_utf8_names_the_byte(run_cli, tmp_path):
 
 @pytest.mark.parametrize("mesh,expect", [("99999x99999", "more than 65536 devices"),
                                          ("d\u00e4=2", "must be an ASCII identifier"),
-                                         ("data=\u00b2", "is not 'axis=size'")])
+                                         ("data=\u00b2", "is not 'axis=size'"),
+                                         # sizes for axes the spec does not have: the forms that work
+                                         ("2x2x2", "give one size per axis, in that order (--mesh 2x4, or --mesh "
+                                                   "data=2,model=4)")])
 def test_bad_mesh_options_are_exit_2(run_cli, mlp_copy, mesh, expect):
     r = run_cli("shardings", "--mesh", mesh, check=2)
     assert expect in r.stderr

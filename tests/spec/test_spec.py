@@ -338,6 +338,10 @@ def test_mesh_option_without_spec_mesh():
     ("2x", "is not sizes like 2x4", SPEC_MESH),
     ("2x0", "is not sizes like 2x4", SPEC_MESH),
     ("2x2x2", "has 3 sizes, but the spec's mesh has 2 axes (data, model)", SPEC_MESH),
+    ("2x2x2", "give one size per axis, in that order (--mesh 2x4, or --mesh data=2,model=4)", SPEC_MESH),
+    # a 1-D data-parallel spec staged as the README's 2x4: the same devices over its one axis
+    ("2x4", "the spec's mesh has 1 axis (batch): give one size per axis, in that order (--mesh 8, or --mesh batch=8)",
+     MeshSpec((("batch", 8),))),
     ("data=2", "give every axis of the spec once", SPEC_MESH),
     ("data=2,fsdp=4", "give every axis of the spec once", SPEC_MESH),
     ("data=x", "is not 'axis=size'", SPEC_MESH),
