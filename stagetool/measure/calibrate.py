@@ -303,7 +303,8 @@ def _program(name: str, key: str | None, unit: str, build: Callable[[], tuple[Ca
              own: tuple[str, ...] = ()) -> Callable[[Callable[..., Timing]], BenchmarkResult]:
     """A benchmark of one class: ``build()`` gives ``(call, work per call, what ran)``, and with ``own`` (the
     class's kernel kinds) a fourth item, the compiled module's text: the model's time of its other kernels
-    (:func:`others_seconds`, at most half the median) is taken off the median before the rate."""
+    (:func:`others_seconds`, at most 90% of the median: the v5e's cumsum spends 68% of its time in layout copies)
+    is taken off the median before the rate."""
     def run(timer: Callable[..., Timing]) -> BenchmarkResult:
         call, work, shape, *text = build()
         t = timer(call)
@@ -311,7 +312,7 @@ def _program(name: str, key: str | None, unit: str, build: Callable[[], tuple[Ca
         if own and text:
             import jax
 
-            others = min(others_seconds(text[0], own, jax.devices()[0].device_kind), 0.5 * t.median_seconds)
+            others = min(others_seconds(text[0], own, jax.devices()[0].device_kind), 0.9 * t.median_seconds)
         return BenchmarkResult(name, key, shape, work, unit, t, work / (t.median_seconds - others), others)
     run.benchmark_name = name  # type: ignore[attr-defined]
     return run
