@@ -8,10 +8,15 @@ import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# Bytecode is written, even under PYTHONDONTWRITEBYTECODE=1 (this image and CI set it; __pycache__ is
-# git-ignored): without it every pytest process (each xdist worker) rewrote and compiled every test
-# module's asserts again when it collected (~9 of its ~14 CPU s), and every CLI process a test starts
-# compiled stagetool from source. The CLI processes keep the variable: they read the bytecode written here.
+# Bytecode is written while the tests are collected, even under PYTHONDONTWRITEBYTECODE=1 (this image
+# and CI set it; __pycache__ is git-ignored): without it every pytest process (each xdist worker)
+# rewrote and compiled every test module's asserts again when it collected (~9 of its ~14 CPU s), and
+# every CLI process a test starts compiled stagetool from source (stagetool is compiled whole once,
+# below; the CLI processes keep the variable and read it). Once collected, the environment's setting is
+# back: a module a test writes and then edits (a model in tmp_path, edited to the same size within the
+# same second) must not be imported from a stale __pycache__ entry, which is keyed by the source's
+# whole-second mtime and size (test_keras' LayoutMap edit read "no changes" so).
+_DONT_WRITE_BYTECODE = sys.dont_write_bytecode
 sys.dont_write_bytecode = False
 
 import jax  # noqa: E402
@@ -83,6 +88,15 @@ from durations import pytest_runtest_makereport  # noqa: E402, F401
 
 def pytest_addoption(parser):
     durations.addoption(parser)
+
+
+def pytest_collection_finish(session):
+    """Bytecode writing back to the environment's setting once the test modules are collected (above)."""
+    import compileall
+    from pathlib import Path
+
+    compileall.compile_dir(Path(__file__).resolve().parents[1] / "stagetool", quiet=1)
+    sys.dont_write_bytecode = _DONT_WRITE_BYTECODE
 
 
 def pytest_configure(config):
