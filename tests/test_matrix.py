@@ -73,7 +73,7 @@ def test_write_durations_replaces_the_table_and_names_the_costly_files(tmp_path,
     matrix.write_durations(recorded, table)
     assert table.read_text() == recorded.read_text()
     out = capsys.readouterr().out
-    assert "wrote sub/durations.json: 2 tests, 12 CPU s; 1 over the fast lane's 1 CPU s" in out
+    assert "wrote sub/durations.json: 2 tests, 12 CPU s; 1 over the fast lane's 0.75 CPU s" in out
     assert "10.0 CPU s" in out and "tests/test_a.py" in out
 
 
