@@ -212,6 +212,7 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target]
 
     out: dict[str, Prepared] = {}
     issues: list[str] = []
+    hints: list[str] = []  # each SpecError's own hint (how to fix it), said once each
     unmatched: list[str] = []
     for fspec in plan.functions:
         try:
@@ -224,6 +225,7 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target]
                 inputs = dataclasses.replace(inputs, notes=(*inputs.notes, *signal_notes))
         except SpecError as e:
             issues.extend(e.issues)
+            hints += [e.hint] if e.hint else []
             continue
         except StagingError as e:
             out[fspec.name] = Prepared(fspec, error=e)
@@ -235,7 +237,7 @@ def prepare_inputs(plan: Plan, setup: DeviceSetup, targets: Mapping[str, Target]
         out[fspec.name] = Prepared(fitted, target, inputs, setup=own_setup if own_setup is not setup else None)
     problems = Problems()
     if issues:
-        problems.errors.append(SpecError(issues))
+        problems.errors.append(SpecError(issues, hint="; ".join(dict.fromkeys(hints)) or None))
     if unmatched:
         problems.errors.append(UsageError("; ".join(unmatched), hint="give a leaf path as 'stagetool shardings' "
                                                                      "lists it, its last part, or a regular expression"))

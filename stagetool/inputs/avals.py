@@ -324,7 +324,8 @@ class _Builder:
                                             weak_type=getattr(x, "weak_type", False))  # foreign: array types differ
             return x
 
-        shapes = jax.tree_util.tree_map(struct_of, obj)
+        leaves, treedef = jax.tree_util.tree_flatten(obj)
+        shapes = rebuilt(treedef, [struct_of(x) for x in leaves], f"{ref.loc}: {path}")
         tree = self.abstract_tree(shapes, path, donated, ref.loc, (), False, f"{ref.loc}: {path}", None, refs,
                                   carried="object", names=leaf_names(obj))
         if uses(obj, "flax"):  # the concrete objects' Variables, by identity (shared between two refs)
@@ -391,7 +392,7 @@ class _Builder:
             if ref:
                 struct = as_abstract_ref(struct, self.by_id, self.explicit, self.ref_shardings)
             out.append(struct)
-        return jax.tree_util.tree_unflatten(treedef, out)
+        return rebuilt(treedef, out, where)
 
     def by_rules(self, rules: tuple[Rule, ...], leaf_path: str, value: Any, where: str
                  ) -> tuple[Sharding, Any, str] | None:
@@ -610,3 +611,34 @@ class _Builder:
                               prepared.state_outputs, own, prepared.fn is not call, out_shardings, None,
                               in_shardings, notes)
 
+
+
+def rebuilt(treedef: Any, leaves: list, where: str) -> Any:
+    """``treedef``'s pytree rebuilt around ``leaves`` (``ShapeDtypeStruct``s, abstract refs, static
+    values), as ``jax.tree_util.tree_unflatten`` does.
+
+    Raises:
+      SpecError: naming ``where`` (the spec's ``file:line: path``, or the Python argument), when a
+        class in the tree refuses abstract leaves as it is rebuilt: its ``__init__``/``__post_init__``
+        checks them (``jax.experimental.random.stateful_rng``'s ``StatefulPRNG`` wants a concrete
+        key array and ``jax.Ref``). ``jax.jit(...).lower()`` rebuilds such an argument around its own
+        abstract values and fails alike, so no ahead-of-time compile of the step exists to stage.
+    """
+    import jax
+
+    try:
+        return jax.tree_util.tree_unflatten(treedef, leaves)
+    except (ValueError, TypeError, AssertionError) as e:
+        name = "an object in it"  # the class whose constructor refused: the innermost __init__/__post_init__
+        tb = e.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code.co_name in ("__init__", "__post_init__") and "self" in frame.f_locals:
+                name = type(frame.f_locals["self"]).__qualname__
+            tb = tb.tb_next
+        raise SpecError([f"{where}: {name} refuses abstract values as JAX rebuilds it from its leaves "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): stagetool stages an "
+                         "argument's arrays as abstract values (shape, dtype, sharding), as jax.jit(...).lower() "
+                         "does, and that lowering rebuilds the object around them and fails the same way"],
+                        hint="pass the arrays the object holds as the step's arguments and build the object inside "
+                             "the step (a stateful_rng from a key and a counter jax.Ref)") from None

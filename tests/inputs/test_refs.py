@@ -298,3 +298,66 @@ def test_refs_take_the_targets_in_shardings(run_cli, tmp_path, isolated_imports)
     leaves = leaves_by_path({"functions": [fn]})
     assert leaves["params/w"]["compiled"] == "P(None, 'model')" and leaves["params/w"]["sharding_source"] == "target"
     assert leaves["x"]["compiled"] == "P('data', None)"
+
+
+VALIDATING = '''
+"""The shape of JEP 28845's stateful PRNG used in a dropout step: a frozen dataclass pytree holding a
+typed key and a counter, whose __post_init__ refuses anything but a typed key array."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Draws:
+    key: jax.Array
+    count: jax.Array
+
+    def __post_init__(self):
+        if not (isinstance(self.key, jax.Array) and jnp.issubdtype(self.key.dtype, jax.dtypes.prng_key)):
+            raise ValueError(f"Draws wants a typed PRNG key; got {self.key}")
+
+
+def make_draws(seed):
+    return Draws(jax.random.key(seed), jnp.zeros((), jnp.int32))
+
+
+@jax.jit
+def step(w, draws, x):
+    keep = jax.random.bernoulli(jax.random.fold_in(draws.key, draws.count), 0.9, (x.shape[0], w.shape[1]))
+    return jnp.mean(jnp.where(keep, x @ w, 0.0))
+'''
+
+
+def test_an_argument_whose_class_refuses_abstract_leaves_is_exit_2(run_cli, tmp_path, monkeypatch, isolated_imports):
+    """A ``{call:}`` object whose class checks its leaves as it is built (the stateful PRNG of
+    ``jax.experimental.random``) cannot be rebuilt around abstract values: raw JAX's
+    ``jit(...).lower()`` of the step on the real object fails inside JAX the same way. It was
+    "unexpected ValueError ... report it" (exit 3, stagetool blamed); it is now exit 2 naming the
+    spec's line, the argument, the class and its words, before any compile, with its hint (a spec
+    problem's hint was dropped on the way to the CLI)."""
+    module = write(tmp_path, "vd.py", VALIDATING)
+    write(tmp_path, "vd.stagetool.yaml", '''
+version: 1
+mesh: {axes: {data: 8}}
+functions:
+  step:
+    target: vd.py:step
+    args: ['f32[16,32]', {call: vd.py:make_draws, args: [0]}, 'f32[64,16] @ [data, null]']
+''')
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("memory", "vd.py:step", "--no-peak", check=2)
+    assert "vd.stagetool.yaml:6:" in r.stderr and "draws: Draws refuses abstract values" in r.stderr, r.stderr
+    assert "Draws wants a typed PRNG key" in r.stderr and "unexpected" not in r.stderr
+    assert "hint: pass the arrays the object holds as the step's arguments" in r.stderr  # the SpecError's own hint
+    assert "Traceback" not in r.stderr
+
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_raw_vd", module)
+    raw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(raw)
+    with pytest.raises(ValueError, match="Draws wants a typed PRNG key"):  # raw JAX cannot lower it either
+        raw.step.lower(jnp.zeros((16, 32)), raw.make_draws(0), jnp.zeros((64, 16)))
