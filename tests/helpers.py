@@ -141,6 +141,17 @@ def run_subprocess(*args: str, env: dict | None = None, cwd: Path | None = None,
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+def import_afresh(module: str, folder: Path | None = None) -> None:
+    """Have the next import of ``module`` (a file of ``folder``, the working directory by default, that
+    a test edited) read its source, as the fresh process CI runs ``check`` in would: drop it from
+    ``sys.modules`` and its bytecode from ``folder/__pycache__``. Python takes a cached entry as valid
+    while the source's whole-second mtime and size match it: an edit to the same size within the second
+    the first run imported the file would be read from the stale entry."""
+    sys.modules.pop(module, None)
+    for cached in ((folder or Path.cwd()) / "__pycache__").glob(f"{module}.*.pyc"):
+        cached.unlink(missing_ok=True)
+
+
 def write(folder: Path, name: str, text: str) -> Path:
     """Write dedented ``text`` to ``folder/name`` and return the path."""
     p = folder / name

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import pytest
 import shutil
-import sys
 import xml.etree.ElementTree as ET
 
-from helpers import CAUSES_MODEL, CAUSES_SPEC, EXAMPLES, JAXLIB_0_12_METADATA, write
+from helpers import CAUSES_MODEL, CAUSES_SPEC, EXAMPLES, JAXLIB_0_12_METADATA, import_afresh, write
 
 
 def _check(run_cli, *args: str) -> dict:
@@ -132,7 +131,7 @@ def test_two_independent_edits_are_two_causes(tmp_path, monkeypatch, run_cli):
 def _check_afresh(run_cli, module: str, *args: str, check: int):
     """``check --baseline base.json ARGS`` in this process, after an edit of ``module``'s file: it is
     imported anew, as the fresh process CI runs ``check`` in imports it."""
-    sys.modules.pop(module, None)
+    import_afresh(module)
     return run_cli("check", "--baseline", "base.json", *args, check=check)
 
 

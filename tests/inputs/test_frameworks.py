@@ -20,7 +20,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from helpers import EXAMPLES, leaves_by_path
+from helpers import EXAMPLES, import_afresh, leaves_by_path
 
 pytest.importorskip("optax")
 
@@ -185,7 +185,7 @@ def test_check_sees_an_edited_nnx_annotation(tmp_path, run_cli, run_cli_shared):
     before = 'kernel_init=nnx.with_partitioning(init, (None, "model")))'
     assert text.count(before) == 1
     module.write_text(text.replace(before, 'kernel_init=nnx.with_partitioning(init, ("model", None)))'))
-    sys.modules.pop("nnx_lm", None)  # `check` runs in a new process in CI: the edited file is imported afresh
+    import_afresh("nnx_lm", tmp_path)  # `check` runs in a new process in CI: the edited file is imported afresh
     result = run_cli("check", "--spec", spec, "--baseline", lock, check=1)
     assert "model/mlp/up/kernel/value" in result.stdout + result.stderr
 
@@ -198,6 +198,6 @@ def test_check_sees_an_edited_logical_axis_rule(tmp_path, run_cli, run_cli_share
     text = module.read_text()
     assert text.count('("mlp", "model"),') == 1
     module.write_text(text.replace('("mlp", "model"),', '("mlp", None),'))
-    sys.modules.pop("linen_lm", None)  # `check` runs in a new process in CI: the edited file is imported afresh
+    import_afresh("linen_lm", tmp_path)  # `check` runs in a new process in CI: the edited file is imported afresh
     result = run_cli("check", "--spec", spec, "--baseline", lock, check=1)
     assert "state/params/MLP_0/Dense_0/kernel/value" in result.stdout + result.stderr

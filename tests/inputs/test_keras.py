@@ -17,7 +17,7 @@ from collections import Counter
 
 import jax
 import pytest
-from helpers import target_devices, write
+from helpers import import_afresh, target_devices, write
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -223,7 +223,7 @@ def test_keras_leaf_names_in_check(run_cli, run_cli_shared, tmp_path, monkeypatc
     edited = MODEL.replace('[".*hidden/kernel"] = (None, "model")', '[".*hidden/kernel"] = ("model", None)')
     assert edited != MODEL
     _model(tmp_path, monkeypatch, text=edited)
-    sys.modules.pop("kr", None)  # `check` runs in a new process in CI: the edited file is imported afresh
+    import_afresh("kr")  # `check` runs in a new process in CI: the edited file is imported afresh
     r = run_cli("check", "--spec", "kr.stagetool.yaml", "--baseline", "lock.json", check=1)
     out = r.stdout + r.stderr
     assert "state/0/hidden/kernel" in out and "state/2/adam/hidden_kernel_momentum" in out

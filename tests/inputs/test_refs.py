@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from helpers import JAXLIB_0_12_METADATA, assert_memory_is_xlas, leaves_by_path, write
+from helpers import JAXLIB_0_12_METADATA, assert_memory_is_xlas, import_afresh, leaves_by_path, write
 
 STEP = '''
 import jax, jax.numpy as jnp
@@ -249,7 +249,7 @@ def test_ref_step_collectives_have_causes_and_check_names_the_constraint(run_cli
         '        h = jnp.einsum("bsd,dh->bsh", x, p["w1"], out_sharding=P("fsdp", None, None))')
     (tmp_path / "cook3.py").write_text(text.replace('p["w1"], out_sharding=P("fsdp", None, None)',
                                                     'p["w1"], out_sharding=P(None, None, "fsdp")'))
-    sys.modules.pop("cook3", None)  # the edited file imported anew, as the fresh process CI runs check in does
+    import_afresh("cook3")  # the edited file imported anew, as the fresh process CI runs check in does
     r = run_cli("check", "--baseline", "base.json", "--format", "json", check=1)
     (f,) = r.json()["functions"]
     (cause,) = f["causes"]  # before: "0 causes"
@@ -267,7 +267,7 @@ def test_ref_step_collectives_have_causes_and_check_names_the_constraint(run_cli
     text = (tmp_path / "cook3.py").read_text()
     (tmp_path / "cook3.py").write_text(text.replace('p["w2"], out_sharding=P("fsdp", None, None)',
                                                     'p["w2"], out_sharding=P(None, "fsdp", None)'))
-    sys.modules.pop("cook3", None)
+    import_afresh("cook3")
     r = run_cli("check", "--baseline", "base.json", "--format", "json")
     assert r.code == 1, r.stderr
     assert [c["where"] for c in r.json()["functions"][0]["causes"]] == [f"cook3.py:{line}", f"cook3.py:{line + 1}"]
