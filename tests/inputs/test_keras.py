@@ -361,3 +361,63 @@ functions:
     y = jax.ShapeDtypeStruct((32, 8), jax.numpy.float32, sharding=NamedSharding(mesh, P("data", None)))
     compiled = raw.train_step.lower(raw.init_state(), x, y).compile()
     _assert_raw(f, compiled)
+
+
+COMPILED = '''
+"""A model compiled as model.fit wants it (model.compile(optimizer=..., loss=...)), its optimizer held
+only by the model (model.optimizer), under DataParallel; the step applies that optimizer statelessly."""
+import jax
+import keras
+from keras import layers
+
+keras.distribution.set_distribution(keras.distribution.DataParallel())
+model = keras.Sequential([layers.Input(shape=(48,)), layers.Dense(64, activation="relu", name="hid"),
+                          layers.Dense(4, name="head")])
+model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.MeanSquaredError())
+model.optimizer.build(model.trainable_variables)
+
+
+def _loss(trainable, non_trainable, x, y):
+    y_pred, non_trainable = model.stateless_call(trainable, non_trainable, x)
+    return model.loss(y, y_pred), non_trainable
+
+
+@jax.jit
+def train_step(state, x, y):
+    trainable, non_trainable, opt_vars = state
+    (loss, non_trainable), grads = jax.value_and_grad(_loss, has_aux=True)(trainable, non_trainable, x, y)
+    trainable, opt_vars = model.optimizer.stateless_apply(opt_vars, grads, trainable)
+    return loss, (trainable, non_trainable, opt_vars)
+
+
+def init_state():
+    return ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
+            [v.value for v in model.optimizer.variables])
+'''
+
+
+def test_a_compiled_models_optimizer_names_its_leaves(run_cli, tmp_path, monkeypatch):
+    """The optimizer ``model.compile`` gives a model is held by the model alone (``model.optimizer``),
+    not by a module global: its slots were named by position (``state/2/2``); they now carry the
+    optimizer's variable paths, as the model's own variables do, and the figures are raw JAX's."""
+    module = write(tmp_path, "kc.py", COMPILED)
+    write(tmp_path, "kc.stagetool.yaml", '''
+version: 1
+mesh:
+  axes: {batch: 8}
+functions:
+  train_step:
+    target: kc.py:train_step
+    args: [{call: kc.py:init_state}, 'f32[32,48] @ [batch, null]', 'f32[32,4] @ [batch, null]']
+''')
+    monkeypatch.chdir(tmp_path)
+    f = run_cli("report", "kc.py:train_step", "--format", "json", check=0).json()["functions"][0]
+    raw = _raw_module(module)
+    paths = [x["path"] for x in f["inputs"] if x["path"].startswith("state/2/")]
+    assert paths == [f"state/2/{v.path}" for v in raw.model.optimizer.variables]
+    assert "state/2/adam/sequential_hid_kernel_momentum" in paths, paths
+
+    mesh = raw.model.trainable_variables[0].value.sharding.mesh
+    x = jax.ShapeDtypeStruct((32, 48), jax.numpy.float32, sharding=NamedSharding(mesh, P("batch", None)))
+    y = jax.ShapeDtypeStruct((32, 4), jax.numpy.float32, sharding=NamedSharding(mesh, P("batch", None)))
+    _assert_raw(f, raw.train_step.lower(raw.init_state(), x, y).compile())

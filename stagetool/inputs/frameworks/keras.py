@@ -53,44 +53,23 @@ def variable_paths() -> dict[int, tuple[str, Any]]:
     """``id(array) → (variable.path, array)`` for the current value of every Keras variable held by a
     user module (not a library's): by a module global, an item of a global list/tuple/dict, or an
     attribute of a global object (a trainer holding its model), each Keras object with all of its
-    variables (a model's layers', an optimizer's slots)."""
+    variables (a model's layers', an optimizer's slots; a compiled model's optimizer and metrics,
+    which ``model.fit``'s state holds)."""
     found: dict[int, tuple[str, Any]] = {}
-    seen: set[int] = set()
-
-    def take(obj: Any) -> None:
-        if id(obj) in seen:
-            return
-        seen.add(id(obj))
+    for obj in _held_objects():
         for v in _variables(obj):
             try:
                 value = v.value
             except Exception:  # an uninitialised variable has no array yet  # noqa: BLE001
                 continue
             found.setdefault(id(value), (v.path, value))
-
-    for module in _user_modules():
-        for obj in list(vars(module).values()):
-            if isinstance(obj, (list, tuple)):
-                for x in obj:
-                    take(x)
-            elif isinstance(obj, dict):
-                for x in list(obj.values()):
-                    take(x)
-            elif _variables(obj):
-                take(obj)
-            elif not isinstance(obj, type) and type(obj).__module__ not in ("builtins",) and hasattr(obj, "__dict__"):
-                try:
-                    attrs = list(vars(obj).values())
-                except TypeError:
-                    continue
-                for x in attrs:
-                    take(x)
     return found
 
 
 def _held_objects() -> list:
     """The Keras objects (layers and models, optimizers, metrics, variables) the user's modules hold:
-    by a module global, an item of a global list/tuple/dict, or an attribute of a global object."""
+    by a module global, an item of a global list/tuple/dict, or an attribute of a global object; and
+    a compiled model's optimizer and metrics (``model.optimizer``, ``model.metrics``)."""
     held: list = []
     seen: set[int] = set()
 
@@ -98,6 +77,10 @@ def _held_objects() -> list:
         if id(obj) not in seen and isinstance(obj, (keras.Variable, *_HOLDERS)):
             seen.add(id(obj))
             held.append(obj)
+            if isinstance(obj, keras.Model):  # model.compile(...)'s optimizer and metrics: model.fit's state
+                take(getattr(obj, "optimizer", None))
+                for m in getattr(obj, "metrics", None) or []:
+                    take(m)
 
     for module in _user_modules():
         for obj in list(vars(module).values()):
