@@ -18,6 +18,7 @@ import pytest
 from stagetool.cli import main
 
 from helpers import REPO as ROOT  # noqa: E402
+from helpers import import_afresh  # noqa: E402
 EXAMPLES = ROOT / "examples"
 W1_BEFORE = "['params/w1$', [null, model]]"
 W1_AFTER = "['params/w1$', [model, null]]"
@@ -510,7 +511,7 @@ def test_a_faster_step_is_an_improvement_in_check_and_diff(tmp_path, capsys, mon
     argv = ("--spec", "m.stagetool.yaml", "--chip", "tpu-v5e", "--no-cache")
     assert run(capsys, "snapshot", *argv, "-o", "highest.json")[0] == 0
     (tmp_path / "precise47.py").write_text(PRECISE.replace("HIGHEST", "DEFAULT"))
-    sys.modules.pop("precise47", None)  # the edited code, as a new process would import it
+    import_afresh("precise47", tmp_path)  # the edited code, as a new process would import it
     code, out, err = run(capsys, "check", *argv, "--baseline", "highest.json", "--format", "json")
     assert code == 0, out + err
     (change,) = [c for c in json.loads(out)["functions"][0]["changes"] if c["what"].startswith("step time")]
@@ -546,7 +547,7 @@ def test_a_forged_chip_profile_cannot_hide_a_slower_step_and_a_new_one_is_not_th
     assert recorded.get("libtpu_version") == libtpu_version()  # a TPU chip's figures: the libtpu beside them
     assert st["profile"]["figures"]["matmul.f32_highest"] == 2.9412e13  # the calibrated v5e rate
     (tmp_path / "precise47.py").write_text(PRECISE)
-    sys.modules.pop("precise47", None)
+    import_afresh("precise47", tmp_path)
     (tmp_path / "m.stagetool.yaml").write_text(FORGED_CHIP + PRECISE_SPEC)
     code, out, err = run(capsys, "check", *argv, "--baseline", "lock.json", "--format", "json")
     assert code == 1, out + err
@@ -572,7 +573,7 @@ def test_a_sort_that_makes_the_step_a_lower_bound_fails_check(tmp_path, capsys, 
     assert run(capsys, "snapshot", *argv, "-o", "lock.json")[0] == 0
     (tmp_path / "precise47.py").write_text(PRECISE.replace("HIGHEST", "DEFAULT").replace(
         "    return jnp.dot(x, w, precision=PREC)", "    return jnp.sort(jnp.dot(x, w, precision=PREC), axis=-1)"))
-    sys.modules.pop("precise47", None)
+    import_afresh("precise47", tmp_path)
     code, out, _ = run(capsys, "check", *argv, "--baseline", "lock.json")
     assert code == 1 and "lower bound · step" in out and "at least" in out, out
     code, out, _ = run(capsys, "check", *argv, "--baseline", "lock.json", "--format", "json")

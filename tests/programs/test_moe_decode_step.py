@@ -4,7 +4,7 @@ program with shard_map parts), each on a small hand-written program of the same 
 from __future__ import annotations
 
 import pytest
-from helpers import write
+from helpers import import_afresh, write
 
 from stagetool.devices import tpu_topology as topology
 
@@ -187,8 +187,7 @@ def test_changes_made_by_two_edits_are_not_said_to_come_from_no_edit(run_cli, tm
     write(tmp_path, "m.py", TWO_EDITS.replace("CONSTRAINT", '"m"'))
     write(tmp_path, "m.stagetool.yaml", TWO_EDITS_SPEC.replace("${W}", "m"))
     run_cli("snapshot", "--spec", "m.stagetool.yaml", "-o", "base.json", check=0)
-    import sys
-    sys.modules.pop("m", None)  # the CLI runs in this process: import the edited m.py afresh
+    import_afresh("m", tmp_path)  # the CLI runs in this process: import the edited m.py afresh
     write(tmp_path, "m.py", TWO_EDITS.replace("CONSTRAINT", "None"))
     write(tmp_path, "m.stagetool.yaml", TWO_EDITS_SPEC.replace("${W}", "null"))
     r = run_cli("check", "--spec", "m.stagetool.yaml", "--baseline", "base.json", "--format", "json", check=1)

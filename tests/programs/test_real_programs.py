@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from helpers import leaves_by_path, write
+from helpers import import_afresh, leaves_by_path, write
 
 
 def test_init_leaves_keep_weak_type(tmp_path, run_cli):
@@ -338,11 +338,9 @@ def test_a_cache_hit_says_this_runs_sharding_source(tmp_path, run_cli):
     """)
     cache = tmp_path / "cache"
     sources = []
-    import sys
-
     for w in ("jnp.ones((8, 4))", "jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P()))"):
         write(tmp_path, "m.py", program.format(w=w))
-        sys.modules.pop("m", None)  # the edited file is imported again, as in a new process
+        import_afresh("m", tmp_path)  # the edited file is imported again, as in a new process
         out = run_cli("shardings", tmp_path / "m.py:f", "--format", "json", "--cache-dir", cache, check=0).json()
         sources.append([(x["declared"], x["sharding_source"]) for x in out["functions"][0]["inputs"]])
     assert sources == [[("P(None, None)", "unknown")], [("P(None, None)", "object")]]
