@@ -326,7 +326,8 @@ class _Builder:
 
         leaves, treedef = jax.tree_util.tree_flatten(obj)
         shapes = rebuilt(treedef, [struct_of(x) for x in leaves], f"{ref.loc}: {path}")
-        tree = self.abstract_tree(shapes, path, donated, ref.loc, (), False, f"{ref.loc}: {path}", None, refs,
+        rules, has_rules = (ref.rules, ref.has_rules) if isinstance(ref, RefSpec) else ((), False)
+        tree = self.abstract_tree(shapes, path, donated, ref.loc, rules, has_rules, f"{ref.loc}: {path}", None, refs,
                                   carried="object", names=leaf_names(obj))
         if uses(obj, "flax"):  # the concrete objects' Variables, by identity (shared between two refs)
             from stagetool.inputs.frameworks import nnx

@@ -99,10 +99,17 @@ STAGED_FORMS = {"mesh": ("staged", "abstract"), "devices": ("staged",)}
 
 @dataclasses.dataclass(frozen=True)
 class RefSpec:
-    """``{ref: model.py:OPTIMIZER}``: a module-level object passed as it is (not called)."""
+    """``{ref: model.py:OPTIMIZER}``: a module-level object passed as it is (not called).
+
+    ``rules`` (``{ref: model.py:model, rules: [...]}``, ``has_rules`` true when the key is given):
+    its array leaves' shardings by key path, as an ``init``'s rules give them, in place of the
+    shardings the arrays carry (none where the code has not placed them yet: a model built on one
+    device that the training loop shards later)."""
 
     target: str
     loc: Loc
+    rules: tuple[Rule, ...] = ()
+    has_rules: bool = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -199,10 +199,14 @@ class ValueParser:
         return ArgSpec(arg, self.issues.loc(node))
 
     def ref(self, node: yaml.MappingNode, path: str) -> RefSpec | None:
-        """``{ref: file.py:obj}``: an object whose arrays are the inputs, or None after recording the problem."""
-        check_keys(self.issues, node, path, {"ref"})
+        """``{ref: file.py:obj, rules: [...]}``: an object whose arrays are the inputs (sharded by the
+        rules where given), or None after recording the problem."""
+        check_keys(self.issues, node, path, {"ref", "rules"})
         target = self.target_of(node, "ref", path)
-        return RefSpec(target, self.issues.loc(node)) if target is not None else None
+        rules_node = child(node, "rules")
+        rules = self.rules(rules_node, path)
+        return RefSpec(target, self.issues.loc(node), tuple(rules), has_rules=rules_node is not None) \
+            if target is not None else None
 
     def init(self, node: yaml.MappingNode, path: str) -> InitSpec | None:
         """``{init: file.py:fn, init_args:, init_kwargs:, rules:}``, or None after recording the problem."""
