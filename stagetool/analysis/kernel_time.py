@@ -14,6 +14,9 @@ matmul <precision>  compute: Σ padded FLOPs ÷ the chip's matmul rate for the p
                     matrix unit's tile (a decode's batch of 32 runs as 128 rows on a 128 × 128 MXU);
                     memory: bytes ÷ the HBM copy rate
 convolution         as a matmul, its K the input features × the window
+group-masked        a matmul kernel XLA:TPU runs skipping the iterations a ``pred[G, T]`` mask zeroes
+                    (``mask_aggregator_config``: ``lax.ragged_dot``'s weight gradient over G groups of T rows):
+                    its FLOPs × min(1, 1/G + tile/T), each row multiplied once
 element-wise        memory: bytes ÷ the element-wise rate; compute: transcendentals ÷ their rate
 reduction           memory: bytes ÷ the reduction rate; compute: transcendentals ÷ their rate
 gather / scatter    2 × the gathered rows' bytes (read, written; 1 × where the result is in VMEM) ÷ the
@@ -431,6 +434,27 @@ def _batched_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, i
     return max(m, n) <= tile[0]  # small products (64 x 64, 128 x 128), not attention's 512 x 512 over a head of 64
 
 
+def _group_masked_share(comp: HloComputation, ins: HloInstruction,
+                         inner: list[tuple[HloComputation, HloInstruction]], tile: tuple[int, int] | None) -> float:
+    """The share of a matmul kernel's dense FLOPs it runs where XLA:TPU skips the iterations a group mask
+    zeroes: ``lax.ragged_dot``'s weight gradient, compiled as a batched convolution over the G groups of
+    operands selected by a ``pred[G, T]`` mask (row t belongs to group g), its backend config carrying a
+    ``mask_aggregator_config`` (iterations skipped at the groups' starts). The groups split the T rows, so
+    each row is multiplied once, not G times: ``min(1, 1/G + tile/T)`` (a tile of rows at each group's
+    boundary run twice). 1.0 for any other kernel."""
+    if "mask_aggregator_config" not in (ins.attributes.get("backend_config") or ""):
+        return 1.0
+    conv = next((i for _, i in inner if i.opcode == "convolution"), None)
+    dilate = _window_field(conv, "lhs_dilate") if conv is not None else ()
+    groups = max(dilate, default=1)
+    masks = [s for s in (_shape(comp, o) for o in ins.operands)
+             if isinstance(s, ArrayShape) and s.dtype == "pred" and len(s.dims) == 2 and groups in s.dims]
+    if groups <= 1 or not masks:
+        return 1.0
+    rows = math.prod(masks[0].dims) // groups
+    return min(1.0, 1.0 / groups + ((tile[1] if tile else 0) / rows if rows else 0.0))
+
+
 def _sets(module: HloModule, sc: HloInstruction) -> bool:
     """Whether a scatter sets its rows (``x.at[i].set(u)``): its combiner returns its second parameter (the
     update), through bitcasts, rather than combining the two."""
@@ -685,6 +709,10 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
                         (bf16 / rate) if rate and bf16 else 1.0)
                 else:
                     model += padded_matmul_flops(c, i, chip.matmul_tile, f) / rate if rate else 0.0
+        masked = _group_masked_share(comp, ins, inner, chip.matmul_tile) if not gpu else 1.0
+        model *= masked  # a ragged dot's weight gradient: only each group's own rows are multiplied
+        if masked < 1.0:
+            forms.append("group-masked")
         prec = "+".join(sorted(set(classes)))
         if fft:
             kind = f"FFT (matmuls) {prec}"
@@ -699,7 +727,7 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
             core = max(compute, memory)
             share = (compute / core, memory / core) if core > 0 else (1.0, 0.0)
             compute, memory, figure = xla * scale * share[0], xla * scale * share[1], FROM_XLA
-        return done(kind, compute, memory, figure)
+        return done(kind, compute, memory, figure, f=flops * masked)
     trans_rate = chip.transcendentals_per_second
     compute = trans / trans_rate if trans_rate else 0.0
     if "scatter" in ops:
