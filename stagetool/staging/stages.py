@@ -437,7 +437,7 @@ def _run(stage_name: str, fn: Callable[[], Any], mesh: Any, name: str, user_file
             first = str(e).strip().splitlines()[0]
             raise _ContextNeeded(f"{type(e).__name__}: {first}", user_frame(e, user_files)) from None
         if stage_name in ("trace", "lower") and any(m in str(e) for m in _MESH_MISMATCH):
-            error = _mesh_mismatch(e, stage_name, name, user_files, mesh)
+            error = _mesh_mismatch(e, stage_name, name, user_files, mesh, jitted)
             if context_refusal and _SHARD_MAP_CONTEXT in str(e):
                 raise _ContextRefused(error) from None
             raise error from None
@@ -593,14 +593,69 @@ _MESH_MISMATCH = ("should match the mesh passed to shard_map", "Received incompa
                   "should match the aval mesh", "Mesh for all inputs should be equal")
 
 
-def _mesh_mismatch(e: BaseException, stage_name: str, name: str, user_files: list[str], mesh: Any) -> UsageError:
+def _closed_over_elsewhere(jitted: Any, mesh: Any) -> list[str]:
+    """The module globals and closure cells the function under ``jitted`` reads (its own code and the
+    functions defined in it) that are ``jax.Ref``s or arrays on devices the staged ``mesh`` does not
+    have: ``name (f32[8,128,4,32] on device 0)``. JAX takes such a value as an input of the program
+    that it cannot move ("ARG_SHARDING" in its refusal)."""
+    import inspect
+    import types
+
+    import jax
+
+    from stagetool.inputs.frameworks.dispatch import is_ref
+
+    fn = inspect.unwrap(getattr(jitted, "_stagetool_wraps", jitted))
+    code = getattr(fn, "__code__", None)
+    if code is None or mesh is None:
+        return []
+    staged = set(mesh.devices.flat)
+    names: list[str] = []
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        names += [n for n in c.co_names if n not in names]
+        todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    values = [(n, fn.__globals__[n]) for n in names if n in getattr(fn, "__globals__", {})]
+    values += [(n, cell.cell_contents) for n, cell in zip(code.co_freevars, fn.__closure__ or ())
+               if cell.cell_contents is not None]
+    found = []
+    for n, v in values:
+        try:
+            if not (is_ref(v) or isinstance(v, jax.Array)):
+                continue
+            devices = set(v.sharding.device_set)
+        except Exception:  # a deleted or abstract value: nothing to say  # noqa: BLE001
+            continue
+        if not devices <= staged or len(devices) < len(staged):
+            ids = ", ".join(str(d.id) for d in sorted(devices, key=lambda d: d.id))
+            found.append(f"{n} ({v.dtype}[{','.join(map(str, v.shape))}] on device{'s' if len(devices) != 1 else ''} "
+                         f"{ids})")
+    return found
+
+
+def _mesh_mismatch(e: BaseException, stage_name: str, name: str, user_files: list[str], mesh: Any,
+                   jitted: Any = None) -> UsageError:
     """The traced code names its own mesh (``shard_map(mesh=cfg.mesh)``, a ``NamedSharding`` on it) and
     that mesh is not the staged one: staging it would mix two meshes in one program, which no mesh runs
-    — a usage error (exit 2) naming both meshes and the user's line, never a compile."""
+    — a usage error (exit 2) naming both meshes and the user's line, never a compile. Where JAX's
+    refusal is of an unnamed input (``ARG_SHARDING``: a value the function closes over) and the
+    function reads a module-level ``jax.Ref`` or array placed elsewhere (made at import on one device),
+    the error names that value and how to stage it instead."""
     from stagetool.devices.world import describe_mesh
 
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     frame = user_frame(e, user_files)
+    closed = _closed_over_elsewhere(jitted, mesh) if "ARG_SHARDING" in str(e) and jitted is not None else []
+    if closed:
+        return UsageError(
+            f"{name}: {stage_name}: the function reads {', '.join(closed)}, which {'is' if len(closed) == 1 else 'are'} "
+            "not laid on the staged mesh "
+            f"({describe_mesh(mesh)}): JAX takes a value the function closes over as an input it cannot move: {first}"
+            + (f"\n  at {frame}" if frame else ""),
+            hint="pass it to the function as an argument (the spec's {ref: module.py:NAME} stages it with the other "
+                 "inputs), or create it on the mesh where the module makes it: jax.new_ref(jax.device_put(value, "
+                 "NamedSharding(jax.make_mesh(...), P(...))))")
     return UsageError(f"{name}: {stage_name}: the code names a mesh of its own that is not the staged mesh "
                       f"({describe_mesh(mesh)}): {first}" + (f"\n  at {frame}" if frame else ""),
                       hint=_host_mesh_hint(str(e)) or _order_hint(str(e)) or (
