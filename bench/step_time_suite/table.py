@@ -59,9 +59,11 @@ def halves() -> dict[str, tuple[str, str]]:
 
 
 def heldback_kinds() -> dict[str, tuple[str, str]]:
-    """``{program: (kind, "held-back")}`` from heldback_kinds.yaml. Raises AssertionError where a program is
-    not in the held-back group or its kind is one of kinds.yaml's (a held-back program must be of a kind the
-    suite never saw)."""
+    """``{program: (kind, group)}`` from heldback_kinds.yaml: the group is "held-back", or "held-back, seen in
+    COMMIT" for a program whose ``seen`` names the first commit of the model that used its measured result
+    (it no longer tests a model that never saw it). Raises AssertionError where a program is not in the
+    held-back group or its kind is one of kinds.yaml's (a held-back program must be of a kind the suite never
+    saw)."""
     import yaml
 
     doc = yaml.safe_load(HELDBACK_KINDS.read_text(encoding="utf-8"))["programs"]
@@ -69,7 +71,8 @@ def heldback_kinds() -> dict[str, tuple[str, str]]:
     for name, v in doc.items():
         assert v["half"] == "held-back", f"heldback_kinds.yaml: {name} is in {v['half']}, not held-back"
         assert v["kind"] not in seen, f"heldback_kinds.yaml: {name}'s kind {v['kind']!r} is one of kinds.yaml's"
-    return {name: (v["kind"], v["half"]) for name, v in doc.items()}
+    return {name: (v["kind"], v["half"] + (f", seen in {v['seen']}" if v.get("seen") else ""))
+            for name, v in doc.items()}
 
 
 def estimate(name: str, topology: str, spec: Path = SPEC) -> dict:
@@ -191,7 +194,7 @@ def summary(rows: list[dict]) -> dict:
 def table(measured: dict, estimates: dict, split: dict, command: str, topology: str, sources: str,
           heldback: bool = False) -> str:
     """The Markdown document (``heldback``: of the held-back programs, one group)."""
-    groups = ("held-back",) if heldback else ("held-out", "fit")
+    groups = ("held-back", "held-back, seen", "held-back, all") if heldback else ("held-out", "fit")
     lines = [f"<!-- {command} -->", "",
              f"# Step time: measured on one TPU v5e vs stagetool's estimate (`--topology {topology}`, computed on a CPU)",
              "", f"Command: `{command}`", "",
@@ -201,7 +204,8 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
              "where `timing` is device, else the wall clock of a blocked step (+ about 0.6 ms of host dispatch).",
              ("Held back: `bench/step_time_suite/heldback.py`, kinds in `heldback_kinds.yaml` that the suite's "
               "`kinds.yaml` does not name, committed before they were measured and never used to set a rate, a "
-              "rule or a range width." if heldback else
+              "rule or a range width; one whose group says \"seen in COMMIT\" was used by the model from that "
+              "commit on, and the first summary line leaves it out." if heldback else
               "Halves: `bench/step_time_suite/kinds.yaml`, split by a blind rule before the added programs were "
               "measured; the fit half may set rates, rules and range widths, the held-out half never does."), "",
              "| program | half | kind | measured | timing | estimated | error | likely range | holds | bound | not validated |",
@@ -220,7 +224,9 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
         lo, hi = e["likely"] if e.get("likely") else (None, None)
         holds = None if lo is None else (lo <= ms <= hi if not e["lower_bound"] else lo <= ms)
         row = {"error": err, "lower_bound": e["lower_bound"], "est": e["step"], "measured": ms, "holds": holds}
-        rows.setdefault(half, []).append(row)
+        if heldback:
+            rows["held-back, all"].append(row)
+        rows.setdefault("held-back, seen" if half.startswith("held-back, seen") else half, []).append(row)
         est = ("≥ " if e["lower_bound"] else "") + _ms(e["step"])
         rng = "" if lo is None else f"{_ms(lo)} – {'' if not e['lower_bound'] else '≥ '}{_ms(hi)}"
         lines.append(f"| {name} | {half} | {kind} | {_ms(ms)} | {_timing(m)} | {est} | {err * 100:+.0f}% "
@@ -230,12 +236,18 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
     sums = {h: summary(r) for h, r in rows.items()}
     for half in groups:
         s = sums.get(half)
-        if not s or not s["complete"]:
+        if not s or not (s["complete"] or s["ranges"]):
             continue
-        lines.append(f"- **{half}**: median |error| {s['median'] * 100:.0f}%, worst {s['worst'] * 100:.0f}% over "
-                     f"{s['complete']} complete estimates; {s['within30'] * 100:.0f}% within ±30%; lower bounds "
-                     f"{s['lower_ok']} below the measured time, {s['lower_bad']} above it; the likely range holds "
-                     f"the measured time on {s['range_holds'] * 100:.0f}% of {s['ranges']} programs.")
+        # the held-back lines give counts and one decimal: 11 of 13 is 84.6%, which a rounded 85% would pass
+        share = (lambda x, n: f"{round(x * n)} of {n} ({x * 100:.1f}%)") if heldback else \
+            (lambda x, n: f"{x * 100:.0f}%" + ("" if n is None else f" of {n} programs"))
+        errs = (f"median |error| {s['median'] * 100:.0f}%, worst {s['worst'] * 100:.0f}% over {s['complete']} complete "
+                f"estimates; {share(s['within30'], s['complete'] if heldback else None)} within ±30%"
+                if s["complete"] else "no complete estimate")
+        holds = (f"the likely range holds the measured time on {share(s['range_holds'], s['ranges'])}"
+                 if s["ranges"] else "no likely range")
+        lines.append(f"- **{half}**: {errs}; lower bounds {s['lower_ok']} below the measured time, {s['lower_bad']} "
+                     f"above it; {holds}.")
     ho, fit = (None, None) if heldback else (sums.get("held-out"), sums.get("fit"))
     if ho and fit and ho["median"] and fit["median"] is not None:
         ratio = ho["median"] / fit["median"] if fit["median"] else float("inf")
