@@ -281,7 +281,8 @@ class StagedFunction:
       uneven_constraints: sharding constraints on a dimension the mesh axes do not divide (XLA pads
         it and may gather), each as one sentence naming the user's line.
       mesh_notes: the other meshes of the staged devices the traced program names (a ``shard_map`` on
-        a flattened mesh), one sentence each (:func:`stagetool.staging.foreign_mesh.other_meshes`).
+        a flattened mesh), one sentence each (:func:`stagetool.staging.foreign_mesh.other_meshes`);
+        and the ``jax.Ref``s the function closes over, inputs that are no argument (one sentence).
       lowered_text: the lowered module in ``lowered_dialect`` (``Lowered.as_text``), when asked for.
       lowered_dialect: ``stablehlo`` or ``hlo``.
       stablehlo_text: the lowered StableHLO (``Lowered.as_text()``), for the cost checks; None when

@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from stagetool.devices.provision import DeviceSetup
     from stagetool.inputs.records import AbstractInputs
 
-CACHE_SCHEMA = 14
+CACHE_SCHEMA = 15
 """Version of the entry format and of the key's contents; bump it when either changes.
 3: authenticated entries (HMAC header line), compile settings in the key. 5: the payload as a table of
 distinct values (:func:`stagetool.core.codec.pack`). 6: paths below the report root written from ``<stagetool-root>`` in
@@ -92,7 +92,8 @@ codec (:mod:`stagetool.core.codec`); key parts as its table. 12: a ``jax.jit`` t
 ``out_shardings`` in the key (its outputs say ``sharding_source: "target"``). 13: the stored Shardy
 propagation gives ``chlo.top_k`` and ``chlo.ragged_dot`` XLA's factor rules (an entry of 12 holds one
 without, whose causes say 'unavailable'). 14: ``mesh_notes``, the other meshes of the staged devices the traced
-program names."""
+program names. 15: a function that closes over ``jax.Ref``s: its inputs' and outputs' compiled
+shardings (were unknown, or no entry), and a ``mesh_notes`` entry naming those Refs."""
 
 MAX_ENTRY_BYTES = 1 << 30
 """An entry larger than this (1 GiB) is not read: a miss. (A 48-layer transformer's entry is ~60 MB.)"""

@@ -95,7 +95,8 @@ def gather(staged: Staged, inputs: AbstractInputs, *, name: str, target: str, me
                                          target_out=_own_out_shardings(inputs),
                                          like_inputs=names_like_inputs(staged.traced, inputs))
     fields["uneven_constraints"] = uneven_constraints(staged.traced, user_files or [])
-    fields["mesh_notes"] = other_meshes(staged.traced, mesh, user_files=user_files or [])
+    fields["mesh_notes"] = other_meshes(staged.traced, mesh, user_files=user_files or []) + \
+        _closed_over_note(staged.jitted)
     fields["host_transfers"] = host_transfers(staged.traced, user_files or [])
     fields["grouped_matmuls"] = grouped_matmuls(staged.traced, user_files or [])
     return StagedFunction(name, target, staged.timings, staged.warnings, peak=peak, **fields)
@@ -285,10 +286,23 @@ def input_facts(inputs: AbstractInputs, compiled: Any, mesh: Any) -> tuple[LeafF
     structs, treedef = jax.tree_util.tree_flatten(dynamic)
     # Flattened up to the inputs' own structure: a None subtree of the inputs is no leaf, a None
     # sharding is an unused input, and a registered class with odd attributes is never probed.
+    closed_over = False
     try:
-        flat = treedef.flatten_up_to(_as_tuple(compiled.input_shardings))
-    except (ValueError, TypeError):
-        flat = jax.tree_util.tree_leaves(compiled.input_shardings, is_leaf=lambda x: x is None)
+        in_shardings = compiled.input_shardings
+    except ValueError:  # inputs beyond the arguments: Refs the function closes over (ref_outputs)
+        from stagetool.staging import ref_outputs
+
+        in_shardings = ref_outputs.argument_inputs(compiled, len(inputs.leaves))
+        if in_shardings is None:
+            raise
+        closed_over = True
+    if closed_over:
+        flat = in_shardings
+    else:
+        try:
+            flat = treedef.flatten_up_to(_as_tuple(in_shardings))
+        except (ValueError, TypeError):
+            flat = jax.tree_util.tree_leaves(in_shardings, is_leaf=lambda x: x is None)
     if len(flat) != len(inputs.leaves):
         raise AssertionError(f"{len(flat)} compiled input shardings for {len(inputs.leaves)} input leaves")
     # Donation as JAX will apply it (``Compiled.args_info``): a target that is already jitted with its
@@ -299,7 +313,7 @@ def input_facts(inputs: AbstractInputs, compiled: Any, mesh: Any) -> tuple[LeafF
         infos = [None] * len(inputs.leaves)
     out = []
     parameter = 0
-    formats = _formats(compiled.input_formats, len(flat))
+    formats = [None] * len(flat) if closed_over else _formats(compiled.input_formats, len(flat))
     for leaf, sharding, struct, info, fmt in zip(inputs.leaves, flat, structs, infos, formats, strict=True):
         donated = leaf.donated or bool(getattr(info, "donated", False))
         rank = len(leaf.shape)
@@ -469,11 +483,10 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
         found = _ref_program_outputs(compiled, len(with_paths), ref_inputs)
         if found is not None:
             shardings, formats, write_backs = found
-    if compiled_shardings is None:
-        if not write_backs:
+        else:
             shardings = [None] * len(with_paths)
             formats = [None] * len(with_paths)
-    else:
+    if compiled_shardings is not None:
         try:  # by the outputs' own structure: a function returning None has no output leaf
             shardings = treedef.flatten_up_to(compiled_shardings)
         except (ValueError, TypeError):
@@ -506,13 +519,37 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
     return tuple(out)
 
 
+def _closed_over_note(jitted: Any) -> tuple[str, ...]:
+    """A note naming the ``jax.Ref``s the staged function closes over (module-level ones it reads and
+    writes): inputs of the program that are no argument, so in XLA's argument bytes but in no input
+    table; () when there is none."""
+    import math
+
+    from stagetool.core.units import format_bytes
+    from stagetool.staging.stages import closed_over_refs
+
+    refs = closed_over_refs(jitted)
+    if not refs:
+        return ()
+    shown = ", ".join(f"{n} ({r.dtype}[{','.join(map(str, r.shape))}])" for n, r in refs)
+    try:
+        per_device = sum(math.prod(r.sharding.shard_shape(r.shape)) * r.dtype.itemsize for _, r in refs)
+        size = f"{format_bytes(per_device)} per device, "
+    except Exception:  # noqa: BLE001 - the size is a courtesy
+        size = ""
+    return (f"the function closes over {len(refs)} jax.Ref{'s' if len(refs) != 1 else ''} ({shown}): inputs of "
+            f"the program that are no argument ({size}in XLA's argument bytes, in no input table), each written "
+            "back in place",)
+
+
 def _ref_program_outputs(compiled: Any, n_outputs: int, ref_inputs: Any) -> tuple[list, list, list] | None:
     """``(shardings, formats, write_backs)`` of a program whose ``Compiled.output_shardings`` raised:
     the function's outputs' shardings and formats, and per Ref write-back ``(ref input facts,
-    sharding, format)``; None when that is not a Ref program or its outputs cannot be read."""
+    sharding, format)`` (none for Refs the function closes over: they are no input leaf); None when
+    that is not a Ref program or its outputs cannot be read."""
     from stagetool.staging import ref_outputs
 
-    if ref_inputs is None or not any(ref_inputs[1]):
+    if ref_inputs is None:
         return None
     leaves, refs = ref_inputs
     if len(leaves) != len(refs):  # a program whose inputs are not the arguments' leaves one to one
@@ -525,6 +562,10 @@ def _ref_program_outputs(compiled: Any, n_outputs: int, ref_inputs: Any) -> tupl
     if n_results is None or n_results <= n_outputs:
         return None
     read = ref_outputs.all_outputs(compiled, n_results)
+    if read is not None and not any(refs):
+        # Refs the function closes over (no Ref argument): their write-backs follow the outputs and
+        # name no input leaf; the function's own outputs are the first ones
+        return read[0][:n_outputs], read[1][:n_outputs], []
     sources = ref_outputs.write_back_sources(text, n_outputs, n_results, [x.parameter for x in leaves], refs)
     if read is None or sources is None:
         return None

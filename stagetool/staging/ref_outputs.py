@@ -15,6 +15,14 @@ of executable outputs is the compiled entry computation's result tuple. Nothing 
 the copy is dropped at once; this is the one place stagetool does this
 (``tests/inputs/test_refs.py`` holds it against running the step for real).
 
+:func:`argument_inputs` is the same for the inputs of a function that *closes over* Refs (a
+module-level ``jax.new_ref`` it reads and writes): JAX passes each such Ref as an executable input
+after the arguments, and ``Compiled.input_shardings``/``input_formats`` fail to unflatten them
+with the arguments' tree alike. There is no public attribute to re-point there (``in_tree`` is a
+read-only property), so it reads the flat list JAX builds them from, ``Compiled._input_shardings_flat()``
+(``private-api``), and keeps the arguments' part (``tests/staging/test_closed_over_refs.py`` holds it
+against raw JAX's figures).
+
 :func:`write_back_sources` names each write-back by the Ref input it writes: the compiled module's
 ``input_output_alias`` maps the output to an entry parameter, and the parameter to the input leaf.
 """
@@ -60,6 +68,17 @@ def all_outputs(compiled: Any, n_results: int) -> tuple[list[Any], list[Any]] | 
     except Exception:  # noqa: BLE001 - layouts are optional facts
         formats = [None] * n_results
     return shardings, formats if len(formats) == n_results else [None] * n_results
+
+
+def argument_inputs(compiled: Any, n_inputs: int) -> list[Any] | None:
+    """The ``jax.sharding.Sharding`` (None: pruned) of each of the function's ``n_inputs`` argument
+    leaves, flat, when ``Compiled.input_shardings`` cannot give them because the program has more
+    inputs (the Refs the function closes over, after the arguments); None when JAX does not say."""
+    try:
+        flat = list(compiled._input_shardings_flat())  # private-api: Compiled's flat input shardings
+    except Exception:  # noqa: BLE001 - another JAX: the caller reports what it can
+        return None
+    return flat[:n_inputs] if len(flat) > n_inputs else None
 
 
 def write_back_sources(compiled_text: str, n_outputs: int, n_results: int,

@@ -593,23 +593,24 @@ _MESH_MISMATCH = ("should match the mesh passed to shard_map", "Received incompa
                   "should match the aval mesh", "Mesh for all inputs should be equal")
 
 
-def _closed_over_elsewhere(jitted: Any, mesh: Any) -> list[str]:
-    """The module globals and closure cells the function under ``jitted`` reads (its own code and the
-    functions defined in it) that are ``jax.Ref``s or arrays on devices the staged ``mesh`` does not
-    have: ``name (f32[8,128,4,32] on device 0)``. JAX takes such a value as an input of the program
-    that it cannot move ("ARG_SHARDING" in its refusal)."""
+def closed_over_refs(jitted: Any) -> list[tuple[str, Any]]:
+    """``(name, ref)`` of each ``jax.Ref`` the function under ``jitted`` reads from a module global
+    or a closure cell (its own code and the functions defined in it): inputs of the program that are
+    not among its arguments (JAX passes each after them, and writes it back in place)."""
+    from stagetool.inputs.frameworks.dispatch import is_ref
+
+    return [(n, v) for n, v in _read_values(jitted) if is_ref(v)]
+
+
+def _read_values(jitted: Any) -> list[tuple[str, Any]]:
+    """``(name, value)`` of the module globals and closure cells the function under ``jitted`` reads."""
     import inspect
     import types
 
-    import jax
-
-    from stagetool.inputs.frameworks.dispatch import is_ref
-
     fn = inspect.unwrap(getattr(jitted, "_stagetool_wraps", jitted))
     code = getattr(fn, "__code__", None)
-    if code is None or mesh is None:
+    if code is None:
         return []
-    staged = set(mesh.devices.flat)
     names: list[str] = []
     todo = [code]
     while todo:
@@ -617,10 +618,24 @@ def _closed_over_elsewhere(jitted: Any, mesh: Any) -> list[str]:
         names += [n for n in c.co_names if n not in names]
         todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
     values = [(n, fn.__globals__[n]) for n in names if n in getattr(fn, "__globals__", {})]
-    values += [(n, cell.cell_contents) for n, cell in zip(code.co_freevars, fn.__closure__ or ())
-               if cell.cell_contents is not None]
+    return values + [(n, cell.cell_contents) for n, cell in zip(code.co_freevars, fn.__closure__ or ())
+                     if cell.cell_contents is not None]
+
+
+def _closed_over_elsewhere(jitted: Any, mesh: Any) -> list[str]:
+    """The module globals and closure cells the function under ``jitted`` reads (its own code and the
+    functions defined in it) that are ``jax.Ref``s or arrays on devices the staged ``mesh`` does not
+    have: ``name (f32[8,128,4,32] on device 0)``. JAX takes such a value as an input of the program
+    that it cannot move ("ARG_SHARDING" in its refusal)."""
+    import jax
+
+    from stagetool.inputs.frameworks.dispatch import is_ref
+
+    if mesh is None:
+        return []
+    staged = set(mesh.devices.flat)
     found = []
-    for n, v in values:
+    for n, v in _read_values(jitted):
         try:
             if not (is_ref(v) or isinstance(v, jax.Array)):
                 continue
