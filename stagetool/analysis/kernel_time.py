@@ -20,8 +20,8 @@ group-masked        a matmul kernel XLA:TPU runs skipping the iterations a ``pre
 element-wise        memory: bytes ÷ the element-wise rate; compute: transcendentals ÷ their rate
 reduction           memory: bytes ÷ the reduction rate; compute: transcendentals ÷ their rate
 gather / scatter    2 × the gathered rows' bytes (read, written; 1 × where the result is in VMEM) ÷ the
-                    gather rate; 3 × the updates' bytes (the update read, its row read and written) ÷ the
-                    scatter rate
+                    gather rate (from a table in VMEM, ``S(1)``: its HBM bytes ÷ the copy rate); 3 × the updates' bytes (the update read, its row read and written) ÷ the
+                    scatter rate, or its rows × a gathered row's time at their width (≥ 128 B) where larger
 copy / layout       bytes ÷ the HBM copy rate (copies, transposes, fusions that only move data); a
                     ``copy`` XLA:TPU runs as a DMA (no vector-unit window in its backend config) at
                     twice it, reading and writing at once (measured: 134 MB in 0.103 ms against
@@ -90,8 +90,8 @@ _HELPERS_THAT_MOVE = frozenset({"GatherScatterIndicesBitpacked", "X64Combine", "
 """Trivial custom calls that still read and write their operands, timed as copies: XLA:TPU's index packing, and
 its split of 64-bit (``c64``) arrays into halves and their combination (the fit half's 2-D FFT: 0.75, 0.74 and
 1.49 ms of its 25.4 on the profiler); the others (annotations, allocations, ``ConcatBitcast``) move nothing."""
-_SCATTER_ROW_BYTES = 2048
-"""The row width (bytes) of calibrate's scatter-add: 512 f32."""
+_NARROW_ROW_BYTES = 128.0
+"""The narrowest row width (bytes) calibrate's gathers measure: a narrower row takes as long (rows bound them)."""
 _SCALAR_BYTES = 64
 """A kernel reading and writing at most this many bytes is scalar work (a loop counter): no fixed cost on TPU."""
 _CYCLES_UNKNOWN = 1 << 40
@@ -738,10 +738,15 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         memory = 3 * upd / rate if rate else 0.0
         idx = _shape(sc_comp, sc.operands[len(sc.operands) // 2]) if len(sc.operands) > 2 else None
         rows = _scatter_rows(sc, idx)
-        if rows and chip.scatter_bytes_per_second and not gpu:
-            # a scatter is bound by its rows where they are narrow, as a gather is: calibrate's scatter-add
-            # (2 KiB rows) gives the time of one row, 3 x 2048 bytes / its rate (32 ns on the lent v5e)
-            memory = max(memory, rows * 3 * _SCATTER_ROW_BYTES / chip.scatter_bytes_per_second)
+        row_rate = _gather_rate(chip, max(upd / rows, _NARROW_ROW_BYTES), copy_rate) if rows and not gpu else None
+        if rows and chip.scatter_bytes_per_second and row_rate:
+            # a scatter is bound by its rows where they are narrow, as a gather is: each row at least the time of a
+            # gathered row of its width (calibrate's gathers, row-bound below 2 KiB: 12.2 ns a 128 B row on the lent
+            # v5e, 12.5 a 512 B one; a narrower row as a 128 B one). Not the 2 KiB scatter-add's 32 ns a row, which
+            # is its bytes' time: held-back round 1's gnn_train scattered 512 B rows at 8.7-13.9 ns, and
+            # weighted_histogram scalar updates at 8.7 ns (its bins in VMEM)
+            width = max(upd / rows, _NARROW_ROW_BYTES)
+            memory = max(memory, rows * 2 * width / row_rate)
         set_rate = None if gpu else chip.class_rate("scatter_set_rows")
         if rows and set_rate and _sets(module, sc):  # a set's rows at the rate calibrate measured for them
             return done("scatter (set)", compute, max(memory, rows / set_rate), b=3.0 * upd)
@@ -757,6 +762,12 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         # the rows are read and written, or only read where XLA:TPU put the kernel's result in VMEM (S(1): a paged
         # decode's gathered pages, read by the attention after it from there)
         sides = 1 if not gpu and _hbm_bytes(ins.shape) == 0 and any(a.dims for a in array_leaves(ins.shape)) else 2
+        table = _shape(gathers[0][0], gathers[0][1].operands[0]) if gathers[0][1].operands else None
+        if not gpu and isinstance(table, ArrayShape) and table.dims and _hbm_bytes(table) == 0 and copy_rate:
+            # rows gathered from a table XLA:TPU put in VMEM (S(1)): no row read from HBM, only what the kernel
+            # writes there (held-back round 1's gnn_train: 262144 rows of 512 B from a 16 MiB table in VMEM,
+            # 0.48 ms measured, 3.27 ms at the HBM-row gather rate)
+            return done("gather from VMEM", compute, moved / copy_rate)
         rest = max(moved - sides * rows, 0.0)  # what the kernel reads and writes beside the rows
         return done("gather", compute, sides * rows / rate + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)
     vec_rate = None if gpu else chip.class_rate("vector_ops")
