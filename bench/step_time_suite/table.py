@@ -11,9 +11,11 @@ command at its top.
 
 ``--heldback``: the same table for the HELD-BACK programs instead (heldback.stagetool.yaml, kinds in
 heldback_kinds.yaml, none of them a kind of kinds.yaml; measured once, after the model was tuned, and never
-used to set anything), written to validation_tpu_v5e_heldback.md with its own summary line.
+used to set anything), written to validation_tpu_v5e_heldback.md with its own summary line. ``--heldback2``: round 2
+of them (heldback2.stagetool.yaml, kinds in heldback2_kinds.yaml, none of them a kind of kinds.yaml or of round
+1's heldback_kinds.yaml), written to validation_tpu_v5e_heldback2.md as its own group with its own summary line.
 
-Usage: python bench/step_time_suite/table.py [--heldback] [--measured FILE ...] [--out FILE] [--only a,b] [--topology v5e:1x1]
+Usage: python bench/step_time_suite/table.py [--heldback | --heldback2] [--measured FILE ...] [--out FILE] [--only a,b] [--topology v5e:1x1]
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ HELDBACK_SPEC = HERE / "heldback.stagetool.yaml"
 HELDBACK_KINDS = HERE / "heldback_kinds.yaml"
 HELDBACK_MEASURED = (RESULTS / "measured_tpu_v5e_heldback.json",)
 HELDBACK_OUT = RESULTS / "validation_tpu_v5e_heldback.md"
+HELDBACK2_SPEC = HERE / "heldback2.stagetool.yaml"
+HELDBACK2_KINDS = HERE / "heldback2_kinds.yaml"
+HELDBACK2_MEASURED = (RESULTS / "measured_tpu_v5e_heldback2.json",)
+HELDBACK2_OUT = RESULTS / "validation_tpu_v5e_heldback2.md"
 
 
 def halves() -> dict[str, tuple[str, str]]:
@@ -58,19 +64,23 @@ def halves() -> dict[str, tuple[str, str]]:
     return {name: (v["kind"], v["half"]) for name, v in doc.items()}
 
 
-def heldback_kinds() -> dict[str, tuple[str, str]]:
-    """``{program: (kind, group)}`` from heldback_kinds.yaml: the group is "held-back", or "held-back, seen in
-    COMMIT" for a program whose ``seen`` names the first commit of the model that used its measured result
-    (it no longer tests a model that never saw it). Raises AssertionError where a program is not in the
-    held-back group or its kind is one of kinds.yaml's (a held-back program must be of a kind the suite never
-    saw)."""
+def heldback_kinds(round_: int = 1) -> dict[str, tuple[str, str]]:
+    """``{program: (kind, group)}`` from heldback_kinds.yaml (``round_`` 1) or heldback2_kinds.yaml (2). Round
+    1's group is "held-back", or "held-back, seen in COMMIT" for a program whose ``seen`` names the first commit
+    of the model that used its measured result (it no longer tests a model that never saw it); round 2's is
+    "held-back-2". Raises AssertionError where a program is not in its round's group or its kind is one of
+    kinds.yaml's, or (round 2) one of round 1's (a held-back program must be of a kind nobody fitted the model
+    to)."""
     import yaml
 
-    doc = yaml.safe_load(HELDBACK_KINDS.read_text(encoding="utf-8"))["programs"]
+    path, group = (HELDBACK_KINDS, "held-back") if round_ == 1 else (HELDBACK2_KINDS, "held-back-2")
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))["programs"]
     seen = {kind for kind, _ in halves().values()}
+    if round_ == 2:
+        seen |= {kind for kind, _ in heldback_kinds(1).values()}
     for name, v in doc.items():
-        assert v["half"] == "held-back", f"heldback_kinds.yaml: {name} is in {v['half']}, not held-back"
-        assert v["kind"] not in seen, f"heldback_kinds.yaml: {name}'s kind {v['kind']!r} is one of kinds.yaml's"
+        assert v["half"] == group, f"{path.name}: {name} is in {v['half']}, not {group}"
+        assert v["kind"] not in seen, f"{path.name}: {name}'s kind {v['kind']!r} is one kinds.yaml or an earlier round names"
     return {name: (v["kind"], v["half"] + (f", seen in {v['seen']}" if v.get("seen") else ""))
             for name, v in doc.items()}
 
@@ -192,9 +202,10 @@ def summary(rows: list[dict]) -> dict:
 
 
 def table(measured: dict, estimates: dict, split: dict, command: str, topology: str, sources: str,
-          heldback: bool = False) -> str:
-    """The Markdown document (``heldback``: of the held-back programs, one group)."""
-    groups = ("held-back", "held-back, seen", "held-back, all") if heldback else ("held-out", "fit")
+          heldback: bool | int = False) -> str:
+    """The Markdown document (``heldback``: of the held-back programs, one group; 2: round 2's, its own group)."""
+    groups = (("held-back-2",) if heldback == 2 else ("held-back", "held-back, seen", "held-back, all")) \
+        if heldback else ("held-out", "fit")
     lines = [f"<!-- {command} -->", "",
              f"# Step time: measured on one TPU v5e vs stagetool's estimate (`--topology {topology}`, computed on a CPU)",
              "", f"Command: `{command}`", "",
@@ -202,7 +213,10 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
              "",
              f"Measured: {sources}. Measured is the device's own step time (the profiler's XLA Modules events) "
              "where `timing` is device, else the wall clock of a blocked step (+ about 0.6 ms of host dispatch).",
-             ("Held back: `bench/step_time_suite/heldback.py`, kinds in `heldback_kinds.yaml` that the suite's "
+             ("Held back, round 2: `bench/step_time_suite/heldback2.py`, kinds in `heldback2_kinds.yaml` that "
+              "neither the suite's `kinds.yaml` nor round 1's `heldback_kinds.yaml` names, committed before they "
+              "were measured and never used to set a rate, a rule or a range width." if heldback == 2 else
+              "Held back: `bench/step_time_suite/heldback.py`, kinds in `heldback_kinds.yaml` that the suite's "
               "`kinds.yaml` does not name, committed before they were measured and never used to set a rate, a "
               "rule or a range width; one whose group says \"seen in COMMIT\" was used by the model from that "
               "commit on, and the first summary line leaves it out." if heldback else
@@ -224,7 +238,7 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
         lo, hi = e["likely"] if e.get("likely") else (None, None)
         holds = None if lo is None else (lo <= ms <= hi if not e["lower_bound"] else lo <= ms)
         row = {"error": err, "lower_bound": e["lower_bound"], "est": e["step"], "measured": ms, "holds": holds}
-        if heldback:
+        if heldback and heldback != 2:
             rows["held-back, all"].append(row)
         rows.setdefault("held-back, seen" if half.startswith("held-back, seen") else half, []).append(row)
         est = ("≥ " if e["lower_bound"] else "") + _ms(e["step"])
@@ -260,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--heldback", action="store_true",
                    help="the held-back programs (heldback.stagetool.yaml) instead of the suite's two halves")
+    p.add_argument("--heldback2", action="store_true",
+                   help="round 2 of the held-back programs (heldback2.stagetool.yaml), their own group")
     p.add_argument("--measured", type=Path, nargs="+")
     p.add_argument("--out", type=Path)
     p.add_argument("--only", help="comma-separated program names")
@@ -269,10 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spreads", action="store_true",
                    help="print the per-class spreads the fit half's kernels give (step_time.CLASS_SPREAD's rule)")
     args = p.parse_args(argv)
-    spec = HELDBACK_SPEC if args.heldback else SPEC
-    args.measured = args.measured or list(HELDBACK_MEASURED if args.heldback else MEASURED)
-    args.out = args.out or (HELDBACK_OUT if args.heldback else OUT)
-    split = heldback_kinds() if args.heldback else halves()
+    if args.heldback and args.heldback2:
+        p.error("--heldback and --heldback2 are two tables: give one")
+    rnd = 2 if args.heldback2 else 1 if args.heldback else 0
+    spec = (SPEC, HELDBACK_SPEC, HELDBACK2_SPEC)[rnd]
+    args.measured = args.measured or list((MEASURED, HELDBACK_MEASURED, HELDBACK2_MEASURED)[rnd])
+    args.out = args.out or (OUT, HELDBACK_OUT, HELDBACK2_OUT)[rnd]
+    split = heldback_kinds(rnd) if rnd else halves()
     measured: dict = {}
     sources = []
     for path in args.measured:
@@ -302,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f'"{fam}": ({lo}, {hi}),  # {n} kernels of {progs} fit-half programs')
         return 0
     command = "python bench/step_time_suite/table.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = table(measured, estimates, split, command.strip(), args.topology, "; ".join(sources), args.heldback)
+    text = table(measured, estimates, split, command.strip(), args.topology, "; ".join(sources), rnd if rnd else False)
     args.out.write_text(text, encoding="utf-8")
     print(text)
     return 0
