@@ -372,7 +372,8 @@ _V5E_PROFILE = dict(
         "conv_transposed": 1.3651e14, "conv_input_gradient": 1.6183e14, "conv_weight_gradient": 1.7635e14,
         "batched_matmul": 3.632e13, "vector_ops": 2.2709e12, "random_bits": 4.7353e10, "fft": 4.7374e12, "xla_fft": 0.8432,
         "dynamic_update_slice": 1.1324e11, "gather_128": 2.1055e10, "gather_512": 8.2175e10,
-        "gather_32768": 3.6329e11, "sort": 1.2913e11, "cumulative": 2.7131e11}.items())),
+        "gather_32768": 3.6329e11, "sort": 1.2913e11, "cumulative": 2.7131e11,
+        "scatter_set_rows": 1.1776e7}.items())),
     profile=(("measured_on", "TPU v5 lite"), ("date", "2026-12-06"), ("jax", "0.10.2"), ("jaxlib", "0.10.2"),
              ("libtpu", "0.0.42.1"), ("command", "stagetool calibrate -o tpu-v5e.yaml")),
 )
@@ -404,7 +405,9 @@ _V5E_PROVENANCE = (
      "(12.8% spread; not used: the model's in-place update is at the copy rate); xla_fft 0.8432 from the validation "
      "suite's fit half (measured_tpu_v5e_issue46.json, fft2d's 24 FFT kernels, the profiler's device times: 21.23 ms "
      "measured for 25.18 ms of XLA's estimated_cycles, each kernel 0.82-0.87 of it, where the fft rate was 0.94-4.35x "
-     "off: kernels of equal FLOPs took 0.42 to 1.19 ms)"),
+     "off: kernels of equal FLOPs took 0.42 to 1.19 ms); scatter_set_rows 1.1776e7 rows/s: bf16[524288,256].at["
+     "i32[65536]].set (donated, 512-byte rows) in 5.565 ms, median of 10 x 3 calls, spread 1.3% (85 ns a row; "
+     "bench/results/step_time_suite/calibrate_tpu_v5e_scatter_set.yaml, calibrate(only={'scatter_set'}), 383d72c)"),
     ("kernel_overhead_seconds", "assumption", "1 us, fitted on the validation suite's fit half: of 0, 0.5, 1, 1.5 "
      "and 2 us its median |error| is lowest at 1 us (4.6%; the latency-bound KV-cache update +3%, -20% with none); "
      "first set on the held-out decode at batch 1 (issue 39's suite, before the halves), which the fit half "
