@@ -14,7 +14,9 @@ The model, per instruction of the schedule (the order XLA printed, which is its 
   transcendentals), gathers, scatters and copies at theirs, a Pallas kernel from its
   ``cost_estimate``, plus a fixed cost per kernel. Work no model covers (a Pallas kernel without
   ``cost_estimate``, top-k, sort, an unknown custom call) is timed at a floor and makes the step
-  time a **lower bound** ("at least"), each such instruction named with its line. A ``while`` body
+  time a **lower bound** ("at least"), each such instruction named with its line; its figure then takes
+  every counted kernel at the low end of its class's measured spread, so that a kernel the model
+  over-counts cannot lift it above the truth (``modelled_seconds`` keeps the model's). A ``while`` body
   counts × its trip count, a ``conditional`` its costliest branch. XLA:TPU's cross-program prefetch
   of an argument into VMEM (a ``copy-start`` with ``cross_program_prefetch_index``) is a row of its
   own: its bytes read from HBM at the HBM copy rate, waited for before the kernels after it.
