@@ -473,6 +473,7 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
 
     with_paths, treedef = jax.tree_util.tree_flatten_with_path(traced.out_info)
     write_backs: list[tuple[LeafFacts, Any, Any]] = []
+    found = None
     try:
         compiled_shardings = compiled.output_shardings
     except ValueError:
@@ -481,12 +482,12 @@ def output_facts(traced: Any, compiled: Any, declared_tree: Any, mesh: Any,
         # fails the outputs' compiled shardings are unknown ("—"); memory and cost are unaffected.
         compiled_shardings = None
         found = _ref_program_outputs(compiled, len(with_paths), ref_inputs)
-        if found is not None:
-            shardings, formats, write_backs = found
-        else:
-            shardings = [None] * len(with_paths)
-            formats = [None] * len(with_paths)
-    if compiled_shardings is not None:
+    if found is not None:
+        shardings, formats, write_backs = found
+    elif compiled_shardings is None:  # unknown, or a function that returns None (no output leaf)
+        shardings = [None] * len(with_paths)
+        formats = [None] * len(with_paths)
+    else:
         try:  # by the outputs' own structure: a function returning None has no output leaf
             shardings = treedef.flatten_up_to(compiled_shardings)
         except (ValueError, TypeError):
