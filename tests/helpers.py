@@ -6,10 +6,12 @@ The fixtures here are re-exported by importing them into the test module.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -125,6 +127,31 @@ def run_cli_shared(run_cli, shared_facts_cache):
         return run_cli(*args, *(() if own or uncached else ("--cache-dir", shared_facts_cache)), check=check)
 
     return run
+
+
+@contextlib.contextmanager
+def signals_at_default():
+    """SIGHUP, SIGINT and SIGQUIT as a terminal's foreground job has them, in the processes started
+    inside the block.
+
+    A suite started under nohup passes SIGHUP down ignored, and one started as a background job of a
+    non-interactive shell (``cmd &``, as CI runners and ``setsid bash -c ... &`` do) SIGINT and SIGQUIT;
+    an ignored signal is inherited across exec, and stagetool rightly keeps an ignored signal ignored,
+    so a test that signals its run would see the signal ignored (exit 0, or a 60 s timeout). Set in the
+    test process around the start, not in a ``preexec_fn``: that forks a process JAX has made
+    multithreaded (a RuntimeWarning, an error under this suite's filterwarnings). Only ignored signals
+    are touched; a child gets SIG_DFL for a Python handler (``default_int_handler``) across exec.
+    """
+    saved = {}
+    for sig, default in ((signal.SIGHUP, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler),
+                         (signal.SIGQUIT, signal.SIG_DFL)):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            saved[sig] = signal.signal(sig, default)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def run_subprocess(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120,

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import CLI_ENV, EXAMPLES, REPO, run_subprocess, write
+from helpers import CLI_ENV, EXAMPLES, REPO, run_subprocess, signals_at_default, write
 
 from stagetool.process import fileio
 
@@ -387,16 +387,9 @@ def _start(tmp_path: Path, *args: str, program: str = SLOW, spec_extra: str = ""
     tmp.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", TMPDIR=str(tmp))
-    # SIGHUP at its default in the run: a suite started under nohup passes SIG_IGN down, and stagetool
-    # keeps an ignored SIGHUP ignored (as nohup asks), so a test of SIGHUP would see it ignored. Set here
-    # around the start (an ignored signal is inherited across exec), not in a preexec_fn: that forks a
-    # process JAX has made multithreaded (a RuntimeWarning, an error under this suite's filterwarnings)
-    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    try:
+    with signals_at_default():  # the run gets SIGHUP/SIGINT at their defaults under nohup or `&` too
         return subprocess.Popen([sys.executable, "-m", "stagetool", *args, "--spec", "slow.stagetool.yaml"],
                                 cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    finally:
-        signal.signal(signal.SIGHUP, before)
 
 
 def _wait_for(proc: subprocess.Popen, condition, timeout: float = 120) -> None:
@@ -806,8 +799,9 @@ def test_a_signal_ends_a_run_stuck_holding_the_gil(tmp_path, sig, code, line):
     write(tmp_path, "s.stagetool.yaml", "functions:\n  f: {target: s.py:f, args: ['f32[4]']}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     env.update(CLI_ENV, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", STAGETOOL_ESCALATE_S="3")
-    proc = subprocess.Popen([sys.executable, "-m", "stagetool", "shardings"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with signals_at_default():
+        proc = subprocess.Popen([sys.executable, "-m", "stagetool", "shardings"], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr))
     reader.start()

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from helpers import REPO, run_subprocess, write
+from helpers import REPO, run_subprocess, signals_at_default, write
 
 pytestmark = pytest.mark.slow  # each test starts a child process
 
@@ -111,8 +111,9 @@ def _env(tmp_path, **extra):
 def test_inspect_keeps_the_callers_handlers_and_timers(tmp_path, mode):
     write(tmp_path, "model.py", MODEL)
     write(tmp_path, "caller.py", CALLER)
-    r = subprocess.run([sys.executable, "caller.py", mode], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=180, env=_env(tmp_path))
+    with signals_at_default():  # the caller's SIGINT at its default also when the suite runs as `cmd &`
+        r = subprocess.run([sys.executable, "caller.py", mode], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=180, env=_env(tmp_path))
     assert r.returncode == 0 and "RESULT" in r.stdout, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
     got = json.loads(r.stdout.split("RESULT", 1)[1])
     for name in ("installs", "installs_bound"):
@@ -171,10 +172,11 @@ def test_the_fixture_keeps_the_callers_handlers_and_timers(tmp_path, mode):
     write(tmp_path, "model.py", MODEL)
     write(tmp_path, "test_signals.py", TESTS)
     env = _env(tmp_path, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                        "stagetool.live.pytest_plugin", "--stagetool-update",
-                        *(["--stagetool-isolate"] if mode == "isolated" else [])],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    with signals_at_default():
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                            "stagetool.live.pytest_plugin", "--stagetool-update",
+                            *(["--stagetool-isolate"] if mode == "isolated" else [])],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
 
 
@@ -214,8 +216,9 @@ def test_sigterm_while_the_cli_stages_still_ends_the_run(tmp_path):
     write(tmp_path, "sleeper.py", SLEEPER)
     spec = write(tmp_path, "s.stagetool.yaml", "functions:\n  f: {target: sleeper.py:sleeps, args: ['f32[8]']}\n")
     env = _env(tmp_path, COLUMNS="120", NO_COLOR="1")
-    proc = subprocess.Popen([sys.executable, "-m", "stagetool", "shardings", "--spec", str(spec)], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with signals_at_default():
+        proc = subprocess.Popen([sys.executable, "-m", "stagetool", "shardings", "--spec", str(spec)],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "staging").exists() and proc.poll() is None and time.monotonic() < deadline:
