@@ -331,14 +331,13 @@ def _kernel_bytes(comp: HloComputation, ins: HloInstruction, moved: float) -> fl
     return _hbm_bytes(ins.shape) + sum(_hbm_bytes(_shape(comp, o)) for o in ins.operands)
 
 
-def _window_sizes(ins: HloInstruction) -> tuple[int, ...]:
-    m = re.search(r"size=([\dx]+)", ins.attributes.get("window") or "")
-    return tuple(int(x) for x in m.group(1).split("x")) if m else ()
-
-
 def _window_field(ins: HloInstruction, field: str) -> tuple[int, ...]:
     m = re.search(field + r"=([\dx]+)", ins.attributes.get("window") or "")
     return tuple(int(x) for x in m.group(1).split("x")) if m else ()
+
+
+def _window_sizes(ins: HloInstruction) -> tuple[int, ...]:
+    return _window_field(ins, "size")
 
 
 def conv_class(comp: HloComputation, ins: HloInstruction) -> str | None:
@@ -368,7 +367,7 @@ def conv_class(comp: HloComputation, ins: HloInstruction) -> str | None:
         if isinstance(rhs, ArrayShape) and labels and "i" in labels.group(1) and len(labels.group(1)) == len(rhs.dims):
             per_group = rhs.dims[labels.group(1).index("i")]
         return "conv_depthwise" if per_group == 1 or batch_groups > 1 else "conv_grouped"
-    if any(d > 1 for d in _window_field(ins, "lhs_dilate")):
+    if any(d > 1 for d in dilate):
         return "conv_transposed"
     if any(d > 1 for d in _window_field(ins, "rhs_reversal")):
         return "conv_input_gradient"
