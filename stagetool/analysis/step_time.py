@@ -335,11 +335,8 @@ def _precision_of(kind: str) -> str:
 def _peak_text(chip: Chip, peaks: dict) -> str:
     from stagetool.core.units import format_count
 
-    def format_flops(x: float | None, unit: str = "FLOP") -> str:
-        return format_count(x, unit)
-
     if not peaks:
-        return (f"the bf16 peak ({format_flops(chip.peak_flops_per_second_bf16)}/s)"
+        return (f"the bf16 peak ({format_count(chip.peak_flops_per_second_bf16, 'FLOP')}/s)"
                 if chip.peak_flops_per_second_bf16 else "")
     if len(peaks) == 1:
         (prec, _), = peaks.items()
@@ -347,7 +344,7 @@ def _peak_text(chip: Chip, peaks: dict) -> str:
         unit = "OP" if prec == "int8" else "FLOP"
         passes = {"f32": ", f32 as one bf16 pass", "f32_high": ", f32 HIGH as three bf16 passes",
                   "f32_highest": ", f32 HIGHEST as six bf16 passes"}.get(prec, "")
-        return f"the {prec} peak ({format_flops(peak, unit)}/s{passes})" if peak else ""
+        return f"the {prec} peak ({format_count(peak, unit)}/s{passes})" if peak else ""
     total = sum(peaks.values())
     shares = ", ".join(f"{p} {v / total * 100:.0f}%" for p, v in sorted(peaks.items(), key=lambda kv: -kv[1]))
     return f"each kernel's precision peak ({shares} of the FLOPs)"
