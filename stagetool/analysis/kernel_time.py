@@ -170,6 +170,17 @@ def matmul_class(comp: HloComputation, ins: HloInstruction) -> str:
     return "bf16"
 
 
+def _dot_mkn(ins: HloInstruction, lhs: ArrayShape, rhs: ArrayShape) -> tuple[int, int, int]:
+    """A ``dot``'s M (the lhs's free dimensions), K (contracted) and N (the rhs's free dimensions), batch
+    dimensions left out."""
+    lc, lb = _dims(ins.attributes.get("lhs_contracting_dims")), _dims(ins.attributes.get("lhs_batch_dims"))
+    rc, rb = _dims(ins.attributes.get("rhs_contracting_dims")), _dims(ins.attributes.get("rhs_batch_dims"))
+    m = math.prod(d for i, d in enumerate(lhs.dims) if i not in lc and i not in lb)
+    k = math.prod(lhs.dims[i] for i in lc if i < len(lhs.dims))
+    n = math.prod(d for i, d in enumerate(rhs.dims) if i not in rc and i not in rb)
+    return m, k, n
+
+
 def padded_matmul_flops(comp: HloComputation, ins: HloInstruction, tile: tuple[int, int] | None,
                         flops: float) -> float:
     """FLOPs of a ``dot``/``convolution`` with M (the rows streamed), K (contracted) and N (the result's
@@ -182,11 +193,7 @@ def padded_matmul_flops(comp: HloComputation, ins: HloInstruction, tile: tuple[i
     if not (isinstance(lhs, ArrayShape) and isinstance(rhs, ArrayShape) and out):
         return flops
     if ins.opcode == "dot":
-        lc, lb = _dims(ins.attributes.get("lhs_contracting_dims")), _dims(ins.attributes.get("lhs_batch_dims"))
-        rc, rb = _dims(ins.attributes.get("rhs_contracting_dims")), _dims(ins.attributes.get("rhs_batch_dims"))
-        m = math.prod(d for i, d in enumerate(lhs.dims) if i not in lc and i not in lb)
-        k = math.prod(lhs.dims[i] for i in lc if i < len(lhs.dims))
-        n = math.prod(d for i, d in enumerate(rhs.dims) if i not in rc and i not in rb)
+        m, k, n = _dot_mkn(ins, lhs, rhs)
     else:
         labels = re.match(r"^([^_]+)_([^-]+)->(.+)$", ins.attributes.get("dim_labels", ""))
         if not labels:
@@ -425,11 +432,7 @@ def _batched_small(comp: HloComputation, ins: HloInstruction, tile: tuple[int, i
     lhs, rhs = _shape(comp, ins.operands[0]), _shape(comp, ins.operands[1]) if len(ins.operands) > 1 else None
     if not (isinstance(lhs, ArrayShape) and isinstance(rhs, ArrayShape)):
         return False
-    lc, lb = _dims(ins.attributes.get("lhs_contracting_dims")), _dims(ins.attributes.get("lhs_batch_dims"))
-    rc, rb = _dims(ins.attributes.get("rhs_contracting_dims")), _dims(ins.attributes.get("rhs_batch_dims"))
-    m = math.prod(d for i, d in enumerate(lhs.dims) if i not in lc and i not in lb)
-    k = math.prod(lhs.dims[i] for i in lc if i < len(lhs.dims))
-    n = math.prod(d for i, d in enumerate(rhs.dims) if i not in rc and i not in rb)
+    m, _, n = _dot_mkn(ins, lhs, rhs)
     return max(m, n) <= tile[0]  # small products (64 x 64, 128 x 128), not attention's 512 x 512 over a head of 64
 
 
