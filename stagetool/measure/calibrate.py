@@ -267,10 +267,10 @@ def benchmarks(sizes: dict[str, int], devices: int = 1) -> list[Callable[[Callab
     return out
 
 
-def _xla_flops(f: Callable[..., Any], *args: Any) -> float:
-    """XLA's FLOPs of ``f`` compiled for ``args`` (``Compiled.cost_analysis()``): the work a class rate
+def _xla_flops(compiled: Any) -> float:
+    """XLA's FLOPs of a ``jax.stages.Compiled`` (``Compiled.cost_analysis()``): the work a class rate
     measured with it is counted in, as the step-time model counts each kernel's."""
-    ca = f.lower(*args).compile().cost_analysis()
+    ca = compiled.cost_analysis()
     if isinstance(ca, (list, tuple)):
         ca = ca[0] if ca else {}
     return float((ca or {}).get("flops", 0.0))
@@ -357,8 +357,9 @@ def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]
                 f = (lambda x, w: jax.grad(fwd, 0)(x, w)) if kind == "input_gradient" else \
                     (lambda x, w: jax.grad(fwd, 1)(x, w))
             jf = jax.jit(f)
-            return (lambda: jf(x, w)), _xla_flops(jf, x, w), (f"{kind} convolution bf16{list(x.shape)} * "
-                                                              f"{list(w.shape)}"), jf.lower(x, w).compile().as_text()
+            compiled = jf.lower(x, w).compile()
+            return (lambda: jf(x, w)), _xla_flops(compiled), (f"{kind} convolution bf16{list(x.shape)} * "
+                                                              f"{list(w.shape)}"), compiled.as_text()
         return _program(f"conv_{kind}", f"class_rates.conv_{kind}", "FLOP", build, own=("convolution", "matmul"))
 
     def batched():
@@ -392,8 +393,9 @@ def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]
         x = (_rand(26, (s["fft_b"], s["fft_n"], s["fft_n"]), jnp.float32)
              + 1j * _rand(27, (s["fft_b"], s["fft_n"], s["fft_n"]), jnp.float32)).astype(jnp.complex64)
         f = jax.jit(jnp.fft.fft2)
-        return (lambda: f(x)), _xla_flops(f, x), f"fft2 of complex64[{s['fft_b']},{s['fft_n']},{s['fft_n']}]", \
-            f.lower(x).compile().as_text()
+        compiled = f.lower(x).compile()
+        return (lambda: f(x)), _xla_flops(compiled), f"fft2 of complex64[{s['fft_b']},{s['fft_n']},{s['fft_n']}]", \
+            compiled.as_text()
 
     def dus():
         rows = s["cache"] // (4 * 1024)
