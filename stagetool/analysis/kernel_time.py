@@ -62,7 +62,7 @@ from stagetool.hlo.parser import ArrayShape, HloComputation, HloInstruction, Hlo
 
 __all__ = ["COMPUTE", "CROSS_PROGRAM_PREFETCH", "FROM_FLOOR", "FROM_KERNEL", "FROM_MODEL", "FROM_XLA", "LATENCY", "MEMORY",
            "SCATTER_INDEX_SORT", "KernelTime", "conv_class", "is_cross_program_prefetch", "kernel_time", "matmul_class",
-           "padded_matmul_flops", "vector_ops"]
+           "padded_matmul_flops", "sort_stages", "vector_ops"]
 
 COMPUTE, MEMORY, LATENCY = "compute", "memory bandwidth", "latency"
 
@@ -539,15 +539,22 @@ def _gather_rate(chip: Chip, row_bytes: float, copy_rate: float | None) -> float
     return points[-1][1]
 
 
+def sort_stages(elements: float, n: int) -> float:
+    """The comparator stages of a sort of ``elements`` elements along a dimension of length ``n`` (a bitonic
+    network): ``elements × ⌈log2 n⌉(⌈log2 n⌉+1)/2``; the work unit of ``class_rates`` ``sort`` (calibrate's
+    benchmark counts its work with it)."""
+    lg = math.ceil(math.log2(max(n, 2)))
+    return float(elements) * lg * (lg + 1) / 2
+
+
 def _sort_stages(comp: HloComputation, ins: HloInstruction) -> float:
-    """A sort's comparator stages: elements × log2(n)(log2(n)+1)/2, n the sorted dimension's length."""
+    """A sort's comparator stages (:func:`sort_stages`), n the sorted dimension's length."""
     src = _shape(comp, ins.operands[0]) if ins.operands else None
     if not isinstance(src, ArrayShape) or not src.dims:
         return 0.0
     dim = _dims(ins.attributes.get("dimensions"))
     n = src.dims[dim[0]] if dim and dim[0] < len(src.dims) else src.dims[-1]
-    lg = math.ceil(math.log2(max(n, 2)))
-    return float(math.prod(src.dims)) * lg * (lg + 1) / 2
+    return sort_stages(math.prod(src.dims), n)
 
 
 def xla_cycles(ins: HloInstruction) -> int | None:

@@ -437,10 +437,11 @@ def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]
         return call, float(count), f"bf16[{rows},256].at[i32[{count}]].set (donated, 512-byte rows): rows"
 
     def sort():
+        from stagetool.analysis.kernel_time import sort_stages
+
         x = _rand(32, (s["sort"], s["sort"]), jnp.float32)
         f = jax.jit(lambda x: jnp.sort(x, axis=-1))
-        lg = math.ceil(math.log2(s["sort"]))
-        return (lambda: f(x)), float(x.size * lg * (lg + 1) // 2), (
+        return (lambda: f(x)), sort_stages(x.size, s["sort"]), (
             f"jnp.sort of f32[{s['sort']},{s['sort']}] along rows: elements x log2(n)(log2(n)+1)/2 comparator stages")
 
     def cumulative():

@@ -883,3 +883,14 @@ def test_rows_gathered_from_a_table_in_vmem_only_write_the_result_to_hbm():
     from_hbm = _VMEM_TABLE_GATHER.replace("f32[32768,128]{1,0:T(8,128)S(1)}", "f32[32768,128]{1,0:T(8,128)}")
     k = _kernel(from_hbm, "gather_fusion", CLASSY)
     assert k.kind == "gather" and k.memory_seconds > 2 * result / 8e10  # the rows' HBM reads at the 512 B rate
+
+
+def test_sort_stages_is_calibrates_sort_work_unit():
+    """A bitonic sort of n = 4096 runs ⌈log2 n⌉(⌈log2 n⌉+1)/2 = 12 × 13 / 2 = 78 comparator stages over each
+    element (counted by hand); a row of 1000 pads to 1024 (10 × 11 / 2 = 55). The model's sort and calibrate's
+    ``sort`` benchmark both count ``class_rates.sort``'s work with it."""
+    from stagetool.analysis.kernel_time import sort_stages
+
+    assert sort_stages(4096 * 4096, 4096) == 4096 * 4096 * 78
+    assert sort_stages(3 * 1000, 1000) == 3000 * 55
+    assert sort_stages(5, 1) == 5.0  # n of 1 taken as 2: one stage
