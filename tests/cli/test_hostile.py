@@ -3,6 +3,7 @@ one asked for is touched, and the process ends with a fixed exit code, never a c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -400,6 +401,24 @@ def _wait_for(proc: subprocess.Popen, condition, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _reading_stderr(proc: subprocess.Popen):
+    """``(lines, reader)``: a thread reading ``proc``'s stderr into ``lines`` (join ``reader`` before
+    reading the last line); on the way out a run still going is killed and its pipes closed."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr))
+    reader.start()
+    try:
+        yield lines, reader
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        reader.join(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
 def test_sigint_during_the_peak_compile_exits_130_and_leaves_nothing(tmp_path):
     proc = _start(tmp_path, "memory", "-o", "report.txt")
     tmp = tmp_path / "tmp"
@@ -417,16 +436,12 @@ def test_sigint_during_the_peak_compile_exits_130_and_leaves_nothing(tmp_path):
 
 def test_sigterm_during_a_compile_exits_143_with_one_line(tmp_path):
     proc = _start(tmp_path, "snapshot", "-o", "lock.json")
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stderr))
-    reader.start()
-    _wait_for(proc, lambda: any("traced" in ln for ln in lines))
-    time.sleep(0.1)  # into the lowering and compile: the run ends about 0.8 s after "traced" on an idle machine
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
-    reader.join(10)
-    proc.stdout.close()
-    proc.stderr.close()
+    with _reading_stderr(proc) as (lines, reader):
+        _wait_for(proc, lambda: any("traced" in ln for ln in lines))
+        time.sleep(0.1)  # into the lowering and compile: the run ends about 0.8 s after "traced" on an idle machine
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        reader.join(10)
     assert proc.returncode == 143, lines
     assert [ln for ln in lines if "traced" not in ln] == ["stagetool: terminated (SIGTERM)\n"]
     assert list((tmp_path / "tmp").iterdir()) == []
@@ -802,10 +817,7 @@ def test_a_signal_ends_a_run_stuck_holding_the_gil(tmp_path, sig, code, line):
     with signals_at_default():
         proc = subprocess.Popen([sys.executable, "-m", "stagetool", "shardings"], cwd=tmp_path, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stderr))
-    reader.start()
-    try:
+    with _reading_stderr(proc) as (lines, reader):
         _wait_for(proc, lambda: any("stuck" in ln for ln in lines))
         time.sleep(0.5)
         start = time.monotonic()
@@ -817,13 +829,6 @@ def test_a_signal_ends_a_run_stuck_holding_the_gil(tmp_path, sig, code, line):
         assert lines[-1] == f"stagetool: {line}\n" and not _descendants_of(proc.pid)
         # killed STAGETOOL_ESCALATE_S (3 s here; 10 by default) after the signal, and said so
         assert any("did not end within 3 s of" in ln for ln in lines), lines
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-        reader.join(10)
-        proc.stdout.close()
-        proc.stderr.close()
 
 
 def test_lone_surrogates_from_user_code_are_written_escaped_in_every_format(tmp_path):
@@ -871,10 +876,7 @@ def test_sighup_ends_the_run_as_sigterm_does_and_leaves_nothing(tmp_path, worker
     proc = _start(tmp_path, "snapshot", *workers, "-o", "lock.json",
                   program=SLOW.replace('    return x\n', '    time.sleep(30)\n    return x\n').replace("import sys\n", "import sys\nimport time\n"))
     tmp = tmp_path / "tmp"
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stderr))
-    reader.start()
-    try:
+    with _reading_stderr(proc) as (lines, reader):
         _wait_for(proc, lambda: any("traced" in ln for ln in lines) or list(tmp.glob("stagetool-worker-*")))
         time.sleep(0.1)  # as before: past the worker's start (its folder appears before it reads its job)
         proc.send_signal(signal.SIGHUP)
@@ -884,13 +886,6 @@ def test_sighup_ends_the_run_as_sigterm_does_and_leaves_nothing(tmp_path, worker
         assert lines[-1] == "stagetool: hung up (SIGHUP)\n" and not any("Traceback" in ln for ln in lines)
         assert list(tmp.iterdir()) == []
         assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["slow.py", "slow.stagetool.yaml"]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-        reader.join(10)
-        proc.stdout.close()
-        proc.stderr.close()
 
 
 @pytest.mark.slow
@@ -904,10 +899,7 @@ def test_sighup_the_instant_an_isolate_worker_starts_is_still_reported_as_sighup
                   program=SLOW.replace("def f(x):", "def f(x, tag=None):"),
                   spec_extra=", static: {tag: '" + "x" * 100_000 + "'}")
     tmp = tmp_path / "tmp"
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stderr))
-    reader.start()
-    try:
+    with _reading_stderr(proc) as (lines, reader):
         deadline = time.monotonic() + 120
         while not list(tmp.glob("stagetool-worker-*")):  # polled tightly
             assert proc.poll() is None and time.monotonic() < deadline, lines
@@ -920,13 +912,6 @@ def test_sighup_the_instant_an_isolate_worker_starts_is_still_reported_as_sighup
         assert not any("Traceback" in ln or "Error" in ln for ln in lines), lines
         assert list(tmp.iterdir()) == []
         assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["slow.py", "slow.stagetool.yaml"]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-        reader.join(10)
-        proc.stdout.close()
-        proc.stderr.close()
 
 
 @pytest.mark.parametrize("args,expect", [
