@@ -59,6 +59,24 @@ def isolated_imports():
             del sys.modules[name]
 
 
+@contextlib.contextmanager
+def cli_environment(folder: Path):
+    """For a module-scoped fixture running ``stagetool.cli.main`` in this process (no ``monkeypatch``
+    there): :data:`CLI_ENV` set, and on the way out ``sys.path`` restored and the modules imported
+    from ``folder`` (the targets' folder) dropped. Yields a ``pytest.MonkeyPatch`` for more changes."""
+    path_before, modules_before = list(sys.path), set(sys.modules)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in CLI_ENV.items():
+                mp.setenv(k, v)
+            yield mp
+    finally:
+        sys.path[:] = path_before
+        for name in set(sys.modules) - modules_before:
+            if (getattr(sys.modules.get(name), "__file__", None) or "").startswith(str(folder)):
+                del sys.modules[name]
+
+
 @pytest.fixture
 def mlp_copy(tmp_path, monkeypatch, isolated_imports):
     """A copy of examples/mlp.py and its spec in a temporary folder, which is the working directory."""

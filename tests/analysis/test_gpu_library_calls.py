@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import CLI_ENV, target_devices, write
+from helpers import cli_environment, target_devices, write
 
 from stagetool.analysis.uncounted import LIBRARY_DERIVED, NOT_COUNTED
 from stagetool.devices import gpu_topology
@@ -98,26 +97,17 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gpu_calls")
     write(folder, "m.py", MODEL)
     spec = write(folder, "m.stagetool.yaml", SPEC)
-    path_before, modules_before = list(sys.path), set(sys.modules)
     out = {}
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for k, v in CLI_ENV.items():
-                mp.setenv(k, v)
-            mp.chdir(folder)
-            for name, args in (("json", ["cost", "--format", "json", "-o", "cost.json"]),
-                               ("text", ["cost", "-o", "cost.txt"]),
-                               ("snapshot", ["snapshot", "-o", "lock.json"])):
-                code = main([*args, "--spec", str(spec), "--topology", "h100:8"])
-                assert code == 0, name
-            out["json"] = json.loads((folder / "cost.json").read_text())
-            out["text"] = " ".join((folder / "cost.txt").read_text().split())
-            out["snapshot"] = json.loads((folder / "lock.json").read_text())
-    finally:
-        sys.path[:] = path_before
-        for name in set(sys.modules) - modules_before:
-            if (getattr(sys.modules[name], "__file__", None) or "").startswith(str(folder)):
-                del sys.modules[name]
+    with cli_environment(folder) as mp:
+        mp.chdir(folder)
+        for name, args in (("json", ["cost", "--format", "json", "-o", "cost.json"]),
+                           ("text", ["cost", "-o", "cost.txt"]),
+                           ("snapshot", ["snapshot", "-o", "lock.json"])):
+            code = main([*args, "--spec", str(spec), "--topology", "h100:8"])
+            assert code == 0, name
+        out["json"] = json.loads((folder / "cost.json").read_text())
+        out["text"] = " ".join((folder / "cost.txt").read_text().split())
+        out["snapshot"] = json.loads((folder / "lock.json").read_text())
     out["cost"] = {f["name"]: f["cost"] for f in out["json"]["functions"]}
     return out
 

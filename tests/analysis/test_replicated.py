@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import write
+from helpers import cli_environment, write
 from jax.sharding import NamedSharding, PartitionSpec
 
 from stagetool.hlo.collectives import MeshAxes
@@ -136,32 +136,20 @@ def scan_costs(tmp_path_factory):
     """``cost --format json`` of the two functions on the CPU mesh and (where libtpu is installed) on
     ``v5e:2x4``, through the CLI's entry point in this process, once for the module."""
     import json
-    import sys
-
-    from helpers import CLI_ENV
 
     from stagetool.cli import main
 
     folder = tmp_path_factory.mktemp("scan")
     write(folder, "s.py", SCAN_MODEL)
     spec = write(folder, "s.stagetool.yaml", SCAN_SPEC)
-    path_before, modules_before = list(sys.path), set(sys.modules)
     out = {}
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for k, v in CLI_ENV.items():
-                mp.setenv(k, v)
-            for name, extra in (("cpu", []), ("v5e:2x4", ["--topology", "v5e:2x4"])):
-                if name != "cpu" and not _libtpu():
-                    continue
-                target = folder / f"{name}.json"
-                assert main(["cost", "--spec", str(spec), "--format", "json", "-o", str(target), *extra]) == 0
-                out[name] = {f["name"]: f["cost"] for f in json.loads(target.read_text())["functions"]}
-    finally:
-        sys.path[:] = path_before
-        for name in set(sys.modules) - modules_before:
-            if (getattr(sys.modules[name], "__file__", None) or "").startswith(str(folder)):
-                del sys.modules[name]
+    with cli_environment(folder):
+        for name, extra in (("cpu", []), ("v5e:2x4", ["--topology", "v5e:2x4"])):
+            if name != "cpu" and not _libtpu():
+                continue
+            target = folder / f"{name}.json"
+            assert main(["cost", "--spec", str(spec), "--format", "json", "-o", str(target), *extra]) == 0
+            out[name] = {f["name"]: f["cost"] for f in json.loads(target.read_text())["functions"]}
     return out
 
 

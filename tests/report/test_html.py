@@ -12,7 +12,6 @@ import html.parser
 import math
 import re
 import shutil
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from helpers import CLI_ENV, EXAMPLES, REPO, write
+from helpers import EXAMPLES, REPO, cli_environment, write
 from stagetool.report import charts
 from stagetool.report.layout import leaf_layout, parse_partition_spec, ranges_text
 
@@ -159,16 +158,9 @@ def transformer_html(tmp_path_factory, shared_facts_cache) -> Path:
     from stagetool.cli import main
 
     out = tmp_path_factory.mktemp("html") / "report.html"
-    path_before, modules_before = list(sys.path), set(sys.modules)
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in CLI_ENV.items():
-            mp.setenv(k, v)
+    with cli_environment(EXAMPLES):
         code = main(["report", str(EXAMPLES / "transformer.py") + ":train_step", "--format", "html", "-o", str(out),
                      "--chip", "tpu-v5e", "--peak", "--cache-dir", str(shared_facts_cache)])
-    sys.path[:] = path_before
-    for name in set(sys.modules) - modules_before:
-        if (getattr(sys.modules[name], "__file__", None) or "").startswith(str(EXAMPLES)):
-            del sys.modules[name]
     assert code == 0
     return out
 
