@@ -354,6 +354,20 @@ CLASS_RATES: dict[str, str] = {
     "gather_32768": "2 x gathered bytes/s of a gather of 32 KiB rows (pages)",
     "sort": "comparator stages/s of a sort: elements x log2(n)(log2(n)+1)/2",
     "cumulative": "bytes/s (read + written) of a cumulative op (cumsum: XLA:TPU's reduce-window over a row)",
+    "scatter_add_unique_4": "rows/s of a scatter-add of 4-byte rows at unique, regular ids into a donated table",
+    "scatter_add_unique_512": "rows/s of a scatter-add of 512-byte rows at unique, regular ids into a donated table",
+    "scatter_add_unique_2048": "rows/s of a scatter-add of 2 KiB rows at unique, regular ids into a donated table",
+    "scatter_add_segment_4": "rows/s of a segment sum of 4-byte rows at random ids into few segments",
+    "scatter_add_segment_512": "rows/s of a segment sum of 512-byte rows at random ids into few segments",
+    "scatter_add_segment_2048": "rows/s of a segment sum of 2 KiB rows at random ids into few segments",
+    "scatter_add_upsample": "bytes/s (the upsampled gradient's) of the gradient of a nearest x2 upsample: a "
+                            "scatter-add of whole windows at regular ids",
+    "gather_scalar_vmem": "elements/s of a gather of single f32 elements (take_along_axis) from a 4 MiB table",
+    "scatter_add_scalar_vmem": "elements/s of a scatter-add of single f32 elements (take_along_axis's gradient) "
+                               "into a 4 MiB table",
+    "conv_transposed_small": "FLOP/s (XLA's FLOPs) of a 4x4 stride-2 transposed convolution at 8 px, 256 -> 128 "
+                             "features",
+    "conv_strided_small": "FLOP/s (XLA's FLOPs) of a 4x4 stride-2 convolution at 16 px, 128 -> 256 features",
 }
 """The keys of ``class_rates`` and their units (``stagetool calibrate`` measures each)."""
 _V5E_ARCH = "https://cloud.google.com/tpu/docs/system-architecture-tpu-vm"

@@ -44,12 +44,14 @@ SIZES: dict[str, dict[str, int]] = {
              "rows": 16384, "cols": 8192, "chain": 32, "table": 262144, "width": 512, "lookups": 131072,
              "kern": 256, "k_short": 64, "k_long": 512, "coll": 16 * 2**20,
              "img": 32, "hw": 56, "ch": 256, "bmm": 8192, "bmm_n": 64, "ops": 32, "fft_b": 16, "fft_n": 1024,
-             "cache": 512 * 2**20, "slice": 16 * 2**20, "sort": 4096, "cum": 8192},
+             "cache": 512 * 2**20, "slice": 16 * 2**20, "sort": 4096, "cum": 8192,
+             "seg": 4096, "vmem_b": 32, "vmem_v": 1024, "vmem_n": 4096, "gan_b": 256, "gan_ch": 512},
     "tiny": {"mm": 128, "mm_mid": 64, "mm_small": 32, "mm_rows": 8, "hi": 64, "vec": 4096, "rows": 64,
              "cols": 128, "chain": 4, "table": 512, "width": 16, "lookups": 256, "kern": 16, "k_short": 2,
              "k_long": 6, "coll": 1024,
              "img": 2, "hw": 8, "ch": 16, "bmm": 16, "bmm_n": 8, "ops": 4, "fft_b": 2, "fft_n": 16,
-             "cache": 2**16, "slice": 2**13, "sort": 64, "cum": 64},
+             "cache": 2**16, "slice": 2**13, "sort": 64, "cum": 64,
+             "seg": 16, "vmem_b": 2, "vmem_v": 64, "vmem_n": 256, "gan_b": 4, "gan_ch": 32},
 }
 #: the matrix unit's tile the batched-matmul benchmark's FLOPs are padded to (TPU v4/v5e/v5p: 128 × 128 MXUs), as the
 #: step-time model pads them (:func:`stagetool.analysis.kernel_time.padded_matmul_flops`)
@@ -460,7 +462,122 @@ def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]
             _program("scatter_set", "class_rates.scatter_set_rows", "element", scatter_set),
             *(gather(b) for b in GATHER_ROW_BYTES),
             _program("sort", "class_rates.sort", "element", sort),
-            _program("cumulative", "class_rates.cumulative", "byte", cumulative, own=("cumulative",))]
+            _program("cumulative", "class_rates.cumulative", "byte", cumulative, own=("cumulative",)),
+            *_scatter_conv_benchmarks(s)]
+
+#: row widths (bytes) of the scatter-adds measured at unique regular ids and as segment sums (held-back round 2)
+SCATTER_ROW_BYTES = (4, 512, 2048)
+
+
+def _scatter_conv_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]], BenchmarkResult]]:
+    """The classes held-back round 2 showed the model had no measurement for (issue 46,
+    ``validation_tpu_v5e_heldback2_notes.md``), each its own program, its rate its work over the median less the
+    step-time model's time of the program's other kernels (:func:`others_seconds`):
+
+    - ``scatter_add_unique_{4,512,2048}B``: rows of 4 B / 512 B / 2 KiB (f32) added at unique, regular ids
+      (every other row, ids from an iota in the program) into a donated table: rows a second;
+    - ``scatter_add_segment_{4,512,2048}B``: ``jax.ops.segment_sum`` of rows at random ids into few segments
+      (many rows to one target, k-means' cluster sums): rows a second;
+    - ``scatter_add_upsample``: the gradient of ``jax.image.resize(..., "nearest")`` × 2 (a scatter-add of whole
+      windows at regular ids, the VAE decoder's): the upsampled gradient's bytes a second;
+    - ``gather_scalar_vmem`` / ``scatter_add_scalar_vmem``: ``take_along_axis`` of single f32 elements from a
+      4 MiB table (which XLA:TPU can keep in VMEM) and its gradient (a scalar scatter-add): elements a second;
+    - ``conv_transposed_small`` and ``conv_strided_small`` (keys), with the shape ladder beside them (no key,
+      in the JSON and the profile's comments): 4 × 4 stride-2 transposed convolutions of a DCGAN generator
+      (4 to 32 px, 512 to 64 channels, the last to 3), 4 × 4 stride-2 and 3 × 3 stride-2 convolutions at
+      small sizes: XLA's FLOPs a second.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    count = s["lookups"]
+
+    def scatter_unique(row_bytes: int):
+        def build():
+            width = max(row_bytes // 4, 1)
+            state = [_rand(40, (2 * count, width), jnp.float32)]
+            upd = _rand(41, (count, width), jnp.float32)
+            jf = jax.jit(lambda t, u: t.at[jnp.arange(count, dtype=jnp.int32) * 2].add(u), donate_argnums=0)
+            compiled = jf.lower(state[0], upd).compile()
+
+            def call():
+                state[0] = compiled(state[0], upd)
+                return state[0]
+            return call, float(count), (f"f32[{2 * count},{width}].at[2 * iota(i32[{count}])].add (donated; unique, "
+                                        f"regular ids; {4 * width}-byte rows): rows"), compiled.as_text()
+        return _program(f"scatter_add_unique_{row_bytes}B", f"class_rates.scatter_add_unique_{row_bytes}", "element",
+                        build, own=("scatter",))
+
+    def scatter_segment(row_bytes: int):
+        def build():
+            width = max(row_bytes // 4, 1)
+            upd = _rand(42, (count, width), jnp.float32)
+            ids = jax.random.randint(jax.random.key(43), (count,), 0, s["seg"], jnp.int32)
+            jf = jax.jit(lambda u, i: jax.ops.segment_sum(u, i, s["seg"]))
+            compiled = jf.lower(upd, ids).compile()
+            return (lambda: compiled(upd, ids)), float(count), (
+                f"segment_sum of f32[{count},{width}] at random ids into {s['seg']} segments ({4 * width}-byte "
+                "rows): rows"), compiled.as_text()
+        return _program(f"scatter_add_segment_{row_bytes}B", f"class_rates.scatter_add_segment_{row_bytes}",
+                        "element", build, own=("scatter",))
+
+    def upsample():
+        b, h, c = s["img"], s["hw"] // 2, s["ch"]
+        y = _rand(44, (b, h, h, c), jnp.bfloat16)
+        g = _rand(45, (b, 2 * h, 2 * h, c), jnp.bfloat16)
+        jf = jax.jit(lambda y, g: jax.vjp(lambda y: jax.image.resize(y, (b, 2 * h, 2 * h, c), "nearest"), y)[1](g)[0])
+        compiled = jf.lower(y, g).compile()
+        return (lambda: compiled(y, g)), float(g.nbytes), (
+            f"the gradient of jax.image.resize(bf16[{b},{h},{h},{c}], x2, 'nearest'): a scatter-add of "
+            f"bf16{list(g.shape)}: its bytes"), compiled.as_text()
+
+    def scalar(kind: str):
+        def build():
+            b, v, n = s["vmem_b"], s["vmem_v"], s["vmem_n"]
+            table = _rand(46, (b, b, v), jnp.float32)
+            ids = jax.random.randint(jax.random.key(47), (b, b, n), 0, v, jnp.int32)
+            if kind == "gather":
+                jf, args = jax.jit(lambda t, i: jnp.take_along_axis(t, i, 2)), (table, ids)
+            else:
+                g = _rand(48, (b, b, n), jnp.float32)
+                jf = jax.jit(lambda t, i, g: jax.vjp(lambda t: jnp.take_along_axis(t, i, 2), t)[1](g)[0])
+                args = (table, ids, g)
+            compiled = jf.lower(*args).compile()
+            what = "take_along_axis" if kind == "gather" else "the gradient of take_along_axis (a scatter-add)"
+            return (lambda: compiled(*args)), float(b * b * n), (
+                f"{what}: i32[{b},{b},{n}] single f32 elements of f32[{b},{b},{v}] "
+                f"({b * b * v * 4 // 1024} KiB): elements"), compiled.as_text()
+        name = "gather_scalar_vmem" if kind == "gather" else "scatter_add_scalar_vmem"
+        return _program(name, f"class_rates.{name}", "element", build, own=(kind,))
+
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def conv(name: str, key: str | None, transposed: bool, batch: int, px: int, cin: int, cout: int, window: int):
+        def build():
+            x = _rand(49, (batch, px, px, cin), jnp.bfloat16)
+            w = _rand(50, (window, window, cin, cout), jnp.bfloat16)
+            if transposed:
+                jf = jax.jit(lambda x, w: jax.lax.conv_transpose(x, w, (2, 2), "SAME", dimension_numbers=dn))
+            else:
+                jf = jax.jit(lambda x, w: jax.lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=dn))
+            compiled = jf.lower(x, w).compile()
+            form = "transposed" if transposed else "strided"
+            return (lambda: compiled(x, w)), _xla_flops(compiled), (
+                f"{window}x{window} stride-2 {form} convolution bf16[{batch},{px},{px},{cin}] -> {cout} features: "
+                "XLA's FLOPs"), compiled.as_text()
+        return _program(name, key, "FLOP", build, own=("convolution", "matmul"))
+
+    gb, gc = s["gan_b"], s["gan_ch"]
+    return [*(scatter_unique(w) for w in SCATTER_ROW_BYTES), *(scatter_segment(w) for w in SCATTER_ROW_BYTES),
+            _program("scatter_add_upsample", "class_rates.scatter_add_upsample", "byte", upsample, own=("scatter",)),
+            scalar("gather"), scalar("scatter"),
+            conv("conv_transposed_small", "class_rates.conv_transposed_small", True, gb, 8, gc // 2, gc // 4, 4),
+            conv("conv_transposed_4px", None, True, gb, 4, gc, gc // 2, 4),
+            conv("conv_transposed_16px", None, True, gb, 16, gc // 4, gc // 8, 4),
+            conv("conv_transposed_32px_to3", None, True, gb, 32, gc // 8, 3, 4),
+            conv("conv_strided_small", "class_rates.conv_strided_small", False, gb, 16, gc // 4, gc // 2, 4),
+            conv("conv_strided_4x4_64px_from3", None, False, gb, 64, 3, gc // 8, 4),
+            conv("conv_strided_3x3_32px", None, False, s["img"], 32, gc // 2, gc, 3)]
 
 
 def _kernel_overhead(s: dict[str, int]) -> Callable[[Callable[..., Timing]], BenchmarkResult]:

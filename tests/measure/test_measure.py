@@ -409,3 +409,47 @@ def test_measured_rows_write_a_floor_as_at_least():
     assert rows[2][2:4] == ["at least 8.00 µs", "≥ -99%"] and rows[3][2:4] == ["100 µs", "+0%"]
     _, rows = measured_rows(dataclasses.replace(m, estimate_lower_bound=False))
     assert rows[1][2:4] == ["10.0 µs", "-99%"]
+
+
+def test_calibrate_measures_the_classes_held_back_round_2_showed():
+    """Issue 46, held-back round 2: scatter-adds at unique regular ids and as segment sums (rows a second), the
+    upsample gradient (its gradient's bytes), scalar gathers and scatter-adds against a small table (elements),
+    transposed and strided convolutions at small sizes (XLA's FLOPs). Tiny sizes on the CPU: the work is each
+    program's analytic count, the profile the spec's chips: loader takes back."""
+    import math
+
+    from stagetool.core.chips import CLASS_RATES, merge_chips
+    from stagetool.measure.calibrate import SIZES
+
+    names = {"scatter_add_unique_512B", "scatter_add_segment_4B", "scatter_add_upsample", "gather_scalar_vmem",
+             "scatter_add_scalar_vmem", "conv_transposed_small", "conv_transposed_4px"}
+    cal = calibrate(chip="test-cpu", command="test", size="tiny", repeats=3, warmup=1, only=frozenset(names))
+    by = {r.name: r for r in cal.results}
+    assert set(by) == names
+    t = SIZES["tiny"]
+    assert by["scatter_add_unique_512B"].work == t["lookups"] == 256  # rows
+    assert by["scatter_add_segment_4B"].work == 256
+    b, h, c = t["img"], t["hw"] // 2, t["ch"]
+    assert by["scatter_add_upsample"].work == b * (2 * h) ** 2 * c * 2  # the upsampled bf16 gradient's bytes
+    assert by["gather_scalar_vmem"].work == by["scatter_add_scalar_vmem"].work == 2 * 2 * 256  # elements
+    # a transposed 4x4 stride-2 convolution of bf16[4,8,8,16] -> 8: XLA's FLOPs, as JAX's own cost analysis of the
+    # same call gives them, at most the 2 x (16 x 16 output pixels x 4 images) x 8 x 16 x (4 x 4 / 4) multiply-adds
+    # of its taps on the stride-2 grid (SAME padding drops some at the edges)
+    import jax
+    import jax.numpy as jnp
+
+    x, w = jnp.zeros((4, 8, 8, 16), jnp.bfloat16), jnp.zeros((4, 4, 16, 8), jnp.bfloat16)
+    ca = jax.jit(lambda x, w: jax.lax.conv_transpose(x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+                 ).lower(x, w).compile().cost_analysis()
+    ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+    assert by["conv_transposed_small"].work == ca["flops"] <= 2 * 4 * 16 * 16 * 8 * 16 * 4
+    assert by["conv_transposed_4px"].key is None  # a point of the shape ladder: JSON and comments only
+    for r in cal.results:
+        assert r.rate == pytest.approx(r.work / (r.timing.median_seconds - r.others_seconds), rel=1e-12)
+        assert math.isfinite(r.rate) and r.rate > 0
+    rates = cal.figures()["class_rates"]
+    assert set(rates) == {"scatter_add_unique_512", "scatter_add_segment_4", "scatter_add_upsample",
+                          "gather_scalar_vmem", "scatter_add_scalar_vmem", "conv_transposed_small"}
+    assert set(rates) <= set(CLASS_RATES)
+    chip = merge_chips({"test-cpu": {"hbm_copy_bytes_per_second": 1e11, "class_rates": rates}})["test-cpu"]
+    assert chip.class_rate("gather_scalar_vmem") == by["gather_scalar_vmem"].rate
