@@ -365,9 +365,8 @@ CLASS_RATES: dict[str, str] = {
     "gather_scalar_vmem": "elements/s of a gather of single f32 elements (take_along_axis) from a 4 MiB table",
     "scatter_add_scalar_vmem": "elements/s of a scatter-add of single f32 elements (take_along_axis's gradient) "
                                "into a 4 MiB table",
-    "conv_transposed_small": "FLOP/s (XLA's FLOPs) of a 4x4 stride-2 transposed convolution at 8 px, 256 -> 128 "
-                             "features",
-    "conv_strided_small": "FLOP/s (XLA's FLOPs) of a 4x4 stride-2 convolution at 16 px, 128 -> 256 features",
+    "conv_strided_4x4": "FLOP/s (XLA's FLOPs) of a strided convolution whose window is a multiple of its stride "
+                        "(4x4 stride 2 at 16 px, 128 -> 256 features)",
 }
 """The keys of ``class_rates`` and their units (``stagetool calibrate`` measures each)."""
 _V5E_ARCH = "https://cloud.google.com/tpu/docs/system-architecture-tpu-vm"

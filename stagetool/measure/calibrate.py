@@ -482,10 +482,12 @@ def _scatter_conv_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., 
       windows at regular ids, the VAE decoder's): the upsampled gradient's bytes a second;
     - ``gather_scalar_vmem`` / ``scatter_add_scalar_vmem``: ``take_along_axis`` of single f32 elements from a
       4 MiB table (which XLA:TPU can keep in VMEM) and its gradient (a scalar scatter-add): elements a second;
-    - ``conv_transposed_small`` and ``conv_strided_small`` (keys), with the shape ladder beside them (no key,
-      in the JSON and the profile's comments): 4 × 4 stride-2 transposed convolutions of a DCGAN generator
-      (4 to 32 px, 512 to 64 channels, the last to 3), 4 × 4 stride-2 and 3 × 3 stride-2 convolutions at
-      small sizes: XLA's FLOPs a second.
+    - ``conv_strided_4x4`` (a key: a strided convolution whose window is a multiple of its stride, 4 × 4 stride 2
+      at 16 px, 128 -> 256 features, a DCGAN discriminator's), with a shape ladder beside it (no key, in the JSON
+      and the profile's comments): 4 × 4 stride-2 transposed convolutions of a DCGAN generator (4 to 32 px, 512
+      to 64 features, the last to 3), a 3 × 3 stride-2 transposed one, the discriminator's first layer (from 3
+      features), a 3 × 3 stride-2 one at 32 px, 3 × 3 stride-1 ones at 64 and 3 output features (128 px): XLA's
+      FLOPs a second.
     """
     import jax
     import jax.numpy as jnp
@@ -552,18 +554,19 @@ def _scatter_conv_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., 
 
     dn = ("NHWC", "HWIO", "NHWC")
 
-    def conv(name: str, key: str | None, transposed: bool, batch: int, px: int, cin: int, cout: int, window: int):
+    def conv(name: str, key: str | None, form: str, batch: int, px: int, cin: int, cout: int, window: int):
         def build():
             x = _rand(49, (batch, px, px, cin), jnp.bfloat16)
             w = _rand(50, (window, window, cin, cout), jnp.bfloat16)
-            if transposed:
+            if form == "transposed":
                 jf = jax.jit(lambda x, w: jax.lax.conv_transpose(x, w, (2, 2), "SAME", dimension_numbers=dn))
             else:
-                jf = jax.jit(lambda x, w: jax.lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=dn))
+                stride = (2, 2) if form == "stride-2" else (1, 1)
+                jf = jax.jit(lambda x, w: jax.lax.conv_general_dilated(x, w, stride, "SAME", dimension_numbers=dn))
             compiled = jf.lower(x, w).compile()
-            form = "transposed" if transposed else "strided"
+            what = {"transposed": "stride-2 transposed", "stride-2": "stride-2", "dense": "stride-1"}[form]
             return (lambda: compiled(x, w)), _xla_flops(compiled), (
-                f"{window}x{window} stride-2 {form} convolution bf16[{batch},{px},{px},{cin}] -> {cout} features: "
+                f"{window}x{window} {what} convolution bf16[{batch},{px},{px},{cin}] -> {cout} features: "
                 "XLA's FLOPs"), compiled.as_text()
         return _program(name, key, "FLOP", build, own=("convolution", "matmul"))
 
@@ -571,13 +574,16 @@ def _scatter_conv_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., 
     return [*(scatter_unique(w) for w in SCATTER_ROW_BYTES), *(scatter_segment(w) for w in SCATTER_ROW_BYTES),
             _program("scatter_add_upsample", "class_rates.scatter_add_upsample", "byte", upsample, own=("scatter",)),
             scalar("gather"), scalar("scatter"),
-            conv("conv_transposed_small", "class_rates.conv_transposed_small", True, gb, 8, gc // 2, gc // 4, 4),
-            conv("conv_transposed_4px", None, True, gb, 4, gc, gc // 2, 4),
-            conv("conv_transposed_16px", None, True, gb, 16, gc // 4, gc // 8, 4),
-            conv("conv_transposed_32px_to3", None, True, gb, 32, gc // 8, 3, 4),
-            conv("conv_strided_small", "class_rates.conv_strided_small", False, gb, 16, gc // 4, gc // 2, 4),
-            conv("conv_strided_4x4_64px_from3", None, False, gb, 64, 3, gc // 8, 4),
-            conv("conv_strided_3x3_32px", None, False, s["img"], 32, gc // 2, gc, 3)]
+            conv("conv_strided_4x4", "class_rates.conv_strided_4x4", "stride-2", gb, 16, gc // 4, gc // 2, 4),
+            conv("conv_transposed_4px", None, "transposed", gb, 4, gc, gc // 2, 4),
+            conv("conv_transposed_8px", None, "transposed", gb, 8, gc // 2, gc // 4, 4),
+            conv("conv_transposed_16px", None, "transposed", gb, 16, gc // 4, gc // 8, 4),
+            conv("conv_transposed_32px_to3", None, "transposed", gb, 32, gc // 8, 3, 4),
+            conv("conv_transposed_3x3_32px", None, "transposed", s["img"], 32, gc // 2, gc // 4, 3),
+            conv("conv_strided_4x4_64px_from3", None, "stride-2", gb, 64, 3, gc // 8, 4),
+            conv("conv_strided_3x3_32px", None, "stride-2", s["img"], 32, gc // 2, gc, 3),
+            conv("conv_dense_3x3_to64", None, "dense", s["img"], s["hw"] * 16 // 7, gc // 4, gc // 8, 3),
+            conv("conv_dense_3x3_to3", None, "dense", s["img"], s["hw"] * 16 // 7, gc // 8, 3, 3)]
 
 
 def _kernel_overhead(s: dict[str, int]) -> Callable[[Callable[..., Timing]], BenchmarkResult]:

@@ -422,7 +422,7 @@ def test_calibrate_measures_the_classes_held_back_round_2_showed():
     from stagetool.measure.calibrate import SIZES
 
     names = {"scatter_add_unique_512B", "scatter_add_segment_4B", "scatter_add_upsample", "gather_scalar_vmem",
-             "scatter_add_scalar_vmem", "conv_transposed_small", "conv_transposed_4px"}
+             "scatter_add_scalar_vmem", "conv_transposed_8px", "conv_strided_4x4"}
     cal = calibrate(chip="test-cpu", command="test", size="tiny", repeats=3, warmup=1, only=frozenset(names))
     by = {r.name: r for r in cal.results}
     assert set(by) == names
@@ -442,14 +442,14 @@ def test_calibrate_measures_the_classes_held_back_round_2_showed():
     ca = jax.jit(lambda x, w: jax.lax.conv_transpose(x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
                  ).lower(x, w).compile().cost_analysis()
     ca = ca[0] if isinstance(ca, (list, tuple)) else ca
-    assert by["conv_transposed_small"].work == ca["flops"] <= 2 * 4 * 16 * 16 * 8 * 16 * 4
-    assert by["conv_transposed_4px"].key is None  # a point of the shape ladder: JSON and comments only
+    assert by["conv_transposed_8px"].work == ca["flops"] <= 2 * 4 * 16 * 16 * 8 * 16 * 4
+    assert by["conv_transposed_8px"].key is None  # a point of the shape ladder: JSON and comments only
     for r in cal.results:
         assert r.rate == pytest.approx(r.work / (r.timing.median_seconds - r.others_seconds), rel=1e-12)
         assert math.isfinite(r.rate) and r.rate > 0
     rates = cal.figures()["class_rates"]
     assert set(rates) == {"scatter_add_unique_512", "scatter_add_segment_4", "scatter_add_upsample",
-                          "gather_scalar_vmem", "scatter_add_scalar_vmem", "conv_transposed_small"}
+                          "gather_scalar_vmem", "scatter_add_scalar_vmem", "conv_strided_4x4"}
     assert set(rates) <= set(CLASS_RATES)
     chip = merge_chips({"test-cpu": {"hbm_copy_bytes_per_second": 1e11, "class_rates": rates}})["test-cpu"]
     assert chip.class_rate("gather_scalar_vmem") == by["gather_scalar_vmem"].rate
