@@ -13,7 +13,8 @@ adds the host's dispatch and synchronisation (about 0.6 ms on the lent v5e machi
 the CPU anyway, for a check of the runner itself).
 
 ``--spec`` measures another spec's functions the same way (the held-back programs:
-``--spec bench/step_time_suite/heldback.stagetool.yaml``; round 2: ``heldback2.stagetool.yaml``).
+``--spec bench/step_time_suite/heldback.stagetool.yaml``; round 2: ``heldback2.stagetool.yaml``; round 3:
+``heldback3.stagetool.yaml``).
 
 Usage: python bench/step_time_suite/run.py [--out measured.json] [--spec FILE] [--only a,b] [--steps 10] [--warmup 2]
 """
@@ -37,7 +38,8 @@ INT_HIGH = {"embedding_scatter_add": 65536, "llama_train": 16000, "llama_prefill
             "gpt2_f32_train": 50257, "decode_b32": 2048, "decode_b1": 4096,
             "gather_narrow": 1 << 20, "gather_pages": 4096, "scatter_rows_set": 1 << 20, "paged_decode": 4096,
             "paged_decode_big": 8192, "int8_weight_decode": 32000, "ce_128k": 128256, "ce_128k_chunked": 128256,
-            "kv_cache_update": 8192, "bert_mlm_train": 30522, "dlrm_train": 100000}
+            "kv_cache_update": 8192, "bert_mlm_train": 30522, "dlrm_train": 100000,
+            "retnet_train": 16000, "mod_train": 32000, "adafactor_lm_train": 32000}
 
 
 def programs(spec: Path = SPEC) -> list[tuple[str, str]]:

@@ -14,8 +14,10 @@ heldback_kinds.yaml, none of them a kind of kinds.yaml; measured once, after the
 used to set anything), written to validation_tpu_v5e_heldback.md with its own summary line. ``--heldback2``: round 2
 of them (heldback2.stagetool.yaml, kinds in heldback2_kinds.yaml, none of them a kind of kinds.yaml or of round
 1's heldback_kinds.yaml), written to validation_tpu_v5e_heldback2.md as its own group with its own summary line.
+``--heldback3``: round 3 (heldback3.stagetool.yaml, kinds in heldback3_kinds.yaml, none of them a kind of kinds.yaml
+or of rounds 1 and 2), written to validation_tpu_v5e_heldback3.md as its own group with its own summary line.
 
-Usage: python bench/step_time_suite/table.py [--heldback | --heldback2] [--measured FILE ...] [--out FILE] [--only a,b] [--topology v5e:1x1]
+Usage: python bench/step_time_suite/table.py [--heldback | --heldback2 | --heldback3] [--measured FILE ...] [--out FILE] [--only a,b] [--topology v5e:1x1]
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ HELDBACK2_SPEC = HERE / "heldback2.stagetool.yaml"
 HELDBACK2_KINDS = HERE / "heldback2_kinds.yaml"
 HELDBACK2_MEASURED = (RESULTS / "measured_tpu_v5e_heldback2.json",)
 HELDBACK2_OUT = RESULTS / "validation_tpu_v5e_heldback2.md"
+HELDBACK3_SPEC = HERE / "heldback3.stagetool.yaml"
+HELDBACK3_KINDS = HERE / "heldback3_kinds.yaml"
+HELDBACK3_MEASURED = (RESULTS / "measured_tpu_v5e_heldback3.json",)
+HELDBACK3_OUT = RESULTS / "validation_tpu_v5e_heldback3.md"
 ROUND1_SEEN = ("Held-back round 1 (`heldback.py`, 14 programs) is now **seen**: after it was measured, its per-instruction "
                "times were read (`validation_tpu_v5e_heldback_notes.md`) and the model was changed from them (af49be6 on: "
                "a ragged dot's masked gradient, a lower bound's rule, a scatter's rows, gathers from VMEM); it no longer "
@@ -69,19 +75,20 @@ def halves() -> dict[str, tuple[str, str]]:
 
 
 def heldback_kinds(round_: int = 1) -> dict[str, tuple[str, str]]:
-    """``{program: (kind, group)}`` from heldback_kinds.yaml (``round_`` 1) or heldback2_kinds.yaml (2). Round
-    1's group is "held-back", or "held-back, seen in COMMIT" for a program whose ``seen`` names the first commit
-    of the model that used its measured result (it no longer tests a model that never saw it); round 2's is
-    "held-back-2". Raises AssertionError where a program is not in its round's group or its kind is one of
-    kinds.yaml's, or (round 2) one of round 1's (a held-back program must be of a kind nobody fitted the model
-    to)."""
+    """``{program: (kind, group)}`` from heldback_kinds.yaml (``round_`` 1), heldback2_kinds.yaml (2) or
+    heldback3_kinds.yaml (3). Round 1's group is "held-back", or "held-back, seen in COMMIT" for a program whose
+    ``seen`` names the first commit of the model that used its measured result (it no longer tests a model that
+    never saw it); round 2's is "held-back-2", round 3's "held-back-3". Raises AssertionError where a program is
+    not in its round's group or its kind is one of kinds.yaml's, or one of an earlier round's (a held-back
+    program must be of a kind nobody fitted the model to)."""
     import yaml
 
-    path, group = (HELDBACK_KINDS, "held-back") if round_ == 1 else (HELDBACK2_KINDS, "held-back-2")
+    path, group = {1: (HELDBACK_KINDS, "held-back"), 2: (HELDBACK2_KINDS, "held-back-2"),
+                   3: (HELDBACK3_KINDS, "held-back-3")}[round_]
     doc = yaml.safe_load(path.read_text(encoding="utf-8"))["programs"]
     seen = {kind for kind, _ in halves().values()}
-    if round_ == 2:
-        seen |= {kind for kind, _ in heldback_kinds(1).values()}
+    for earlier in range(1, round_):
+        seen |= {kind for kind, _ in heldback_kinds(earlier).values()}
     for name, v in doc.items():
         assert v["half"] == group, f"{path.name}: {name} is in {v['half']}, not {group}"
         assert v["kind"] not in seen, f"{path.name}: {name}'s kind {v['kind']!r} is one kinds.yaml or an earlier round names"
@@ -207,8 +214,10 @@ def summary(rows: list[dict]) -> dict:
 
 def table(measured: dict, estimates: dict, split: dict, command: str, topology: str, sources: str,
           heldback: bool | int = False) -> str:
-    """The Markdown document (``heldback``: of the held-back programs, one group; 2: round 2's, its own group)."""
-    groups = (("held-back-2",) if heldback == 2 else ("held-back", "held-back, seen", "held-back, all")) \
+    """The Markdown document (``heldback``: of the held-back programs, one group; 2 or 3: that round's, its own
+    group)."""
+    later = heldback in (2, 3) and heldback is not True  # a later round: its own group, no "seen" lines
+    groups = ((f"held-back-{heldback}",) if later else ("held-back", "held-back, seen", "held-back, all")) \
         if heldback else ("held-out", "fit")
     lines = [f"<!-- {command} -->", "",
              f"# Step time: measured on one TPU v5e vs stagetool's estimate (`--topology {topology}`, computed on a CPU)",
@@ -220,13 +229,17 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
              ("Held back, round 2: `bench/step_time_suite/heldback2.py`, kinds in `heldback2_kinds.yaml` that "
               "neither the suite's `kinds.yaml` nor round 1's `heldback_kinds.yaml` names, committed before they "
               "were measured and never used to set a rate, a rule or a range width." if heldback == 2 else
+              "Held back, round 3: `bench/step_time_suite/heldback3.py`, kinds in `heldback3_kinds.yaml` that none "
+              "of the suite's `kinds.yaml`, round 1's `heldback_kinds.yaml` and round 2's `heldback2_kinds.yaml` "
+              "names, committed before they were measured and never used to set a rate, a rule or a range width."
+              if heldback == 3 else
               "Held back: `bench/step_time_suite/heldback.py`, kinds in `heldback_kinds.yaml` that the suite's "
               "`kinds.yaml` does not name, committed before they were measured and never used to set a rate, a "
               "rule or a range width; one whose group says \"seen in COMMIT\" was used by the model from that "
               "commit on, and the first summary line leaves it out." if heldback else
               "Halves: `bench/step_time_suite/kinds.yaml`, split by a blind rule before the added programs were "
               "measured; the fit half may set rates, rules and range widths, the held-out half never does."),
-             *(["", ROUND1_SEEN] if heldback != 2 else []), "",
+             *(["", ROUND1_SEEN] if not later and heldback != 2 else []), "",
              "| program | half | kind | measured | timing | estimated | error | likely range | holds | bound | not validated |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows: dict[str, list[dict]] = {g: [] for g in groups}
@@ -243,7 +256,7 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
         lo, hi = e["likely"] if e.get("likely") else (None, None)
         holds = None if lo is None else (lo <= ms <= hi if not e["lower_bound"] else lo <= ms)
         row = {"error": err, "lower_bound": e["lower_bound"], "est": e["step"], "measured": ms, "holds": holds}
-        if heldback and heldback != 2:
+        if heldback and not later:
             rows["held-back, all"].append(row)
         rows.setdefault("held-back, seen" if half.startswith("held-back, seen") else half, []).append(row)
         est = ("≥ " if e["lower_bound"] else "") + _ms(e["step"])
@@ -281,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the held-back programs (heldback.stagetool.yaml) instead of the suite's two halves")
     p.add_argument("--heldback2", action="store_true",
                    help="round 2 of the held-back programs (heldback2.stagetool.yaml), their own group")
+    p.add_argument("--heldback3", action="store_true",
+                   help="round 3 of the held-back programs (heldback3.stagetool.yaml), their own group")
     p.add_argument("--measured", type=Path, nargs="+")
     p.add_argument("--out", type=Path)
     p.add_argument("--only", help="comma-separated program names")
@@ -290,12 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spreads", action="store_true",
                    help="print the per-class spreads the fit half's kernels give (step_time.CLASS_SPREAD's rule)")
     args = p.parse_args(argv)
-    if args.heldback and args.heldback2:
-        p.error("--heldback and --heldback2 are two tables: give one")
-    rnd = 2 if args.heldback2 else 1 if args.heldback else 0
-    spec = (SPEC, HELDBACK_SPEC, HELDBACK2_SPEC)[rnd]
-    args.measured = args.measured or list((MEASURED, HELDBACK_MEASURED, HELDBACK2_MEASURED)[rnd])
-    args.out = args.out or (OUT, HELDBACK_OUT, HELDBACK2_OUT)[rnd]
+    if args.heldback + args.heldback2 + args.heldback3 > 1:
+        p.error("--heldback, --heldback2 and --heldback3 are three tables: give one")
+    rnd = 3 if args.heldback3 else 2 if args.heldback2 else 1 if args.heldback else 0
+    spec = (SPEC, HELDBACK_SPEC, HELDBACK2_SPEC, HELDBACK3_SPEC)[rnd]
+    args.measured = args.measured or list((MEASURED, HELDBACK_MEASURED, HELDBACK2_MEASURED, HELDBACK3_MEASURED)[rnd])
+    args.out = args.out or (OUT, HELDBACK_OUT, HELDBACK2_OUT, HELDBACK3_OUT)[rnd]
     split = heldback_kinds(rnd) if rnd else halves()
     measured: dict = {}
     sources = []
