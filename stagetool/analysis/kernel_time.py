@@ -56,13 +56,14 @@ import math
 import re
 
 from stagetool.analysis.uncounted import custom_call_kind, is_trivial_custom_call, pallas_cost_estimate
-from stagetool.core.chips import Chip
+from stagetool.core.chips import ELEMENT_OPS, Chip
 from stagetool.hlo.loops import instruction_cost, tiled_shape_bytes
 from stagetool.hlo.parser import ArrayShape, HloComputation, HloInstruction, HloModule, array_leaves, shape_bytes
 
-__all__ = ["COMPUTE", "CROSS_PROGRAM_PREFETCH", "FROM_FLOOR", "FROM_KERNEL", "FROM_MODEL", "FROM_XLA", "LATENCY", "MEMORY",
+__all__ = ["COMPUTE", "CROSS_PROGRAM_PREFETCH", "ELEMENT_OPS", "FROM_FLOOR", "FROM_KERNEL", "FROM_MODEL", "FROM_XLA",
+           "LATENCY", "LINALG_CLASSES", "LINALG_KINDS", "MEMORY",
            "SCATTER_INDEX_SORT", "KernelTime", "conv_class", "is_cross_program_prefetch", "kernel_time", "matmul_class",
-           "padded_matmul_flops", "sort_stages", "vector_ops"]
+           "linalg_cubes", "padded_matmul_flops", "sort_stages", "vector_ops"]
 
 COMPUTE, MEMORY, LATENCY = "compute", "memory bandwidth", "latency"
 
@@ -98,6 +99,31 @@ _CYCLES_UNKNOWN = 1 << 40
 """XLA:TPU writes 6,148,914,691,236,517,205 (0x5555555555555555) cycles for a fusion it cannot estimate (a causal
 attention's score fusion); a figure this large (over 10 minutes at 1 GHz) is no figure."""
 _CYCLES = re.compile(r'"estimated_cycles":"?(\d+)')
+
+
+# ------------------------------------------------------------------ class coverage (issue 46: classes measured)
+LINALG_CLASSES: dict[str, str] = {"Cholesky": "cholesky", "InvertDiagBlocksLowerTriangular": "triangular_invert",
+                                  "QrDecompositionBlock": "qr", "CompactWyHelper": "qr", "EighTpu": "eigh"}
+"""XLA:TPU's linear-algebra custom calls (``custom_call_target``) → their class: ``jnp.linalg.cholesky`` (blocks of
+at most 128), the diagonal blocks a ``triangular_solve`` inverts, QR's Householder block and compact-WY helper,
+``eigh``."""
+LINALG_KINDS: dict[str, tuple[str, ...]] = {
+    "cholesky": ("custom call Cholesky",), "triangular_invert": ("custom call InvertDiagBlocksLowerTriangular",),
+    "qr": ("custom call QrDecompositionBlock", "custom call CompactWyHelper"), "eigh": ("custom call EighTpu",)}
+"""Each linear-algebra class's kernel kinds (as the step-time rows name them)."""
+
+
+def linalg_cubes(comp: HloComputation, ins: HloInstruction) -> float:
+    """The work unit of a linear-algebra custom call (:data:`LINALG_CLASSES`): its first operand's matrices
+    ``[..., m, n]`` × m × n × min(m, n) (batch × n³ for square ones); 0.0 where the operand is not a matrix."""
+    a = _shape(comp, ins.operands[0]) if ins.operands else None
+    if not isinstance(a, ArrayShape):
+        leaves = array_leaves(a) if a is not None else []
+        a = leaves[0] if leaves else None
+    if a is None or len(a.dims) < 2:
+        return 0.0
+    m, n = a.dims[-2], a.dims[-1]
+    return float(math.prod(a.dims[:-2]) * m * n * min(m, n))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -492,6 +518,23 @@ def _scan_like(comp: HloComputation, ins: HloInstruction) -> bool:
     return any(w > 8 and len(p) == 2 and p[0] == w - 1 and p[1] == 0 for w, p in zip(_window_sizes(ins), pads))
 
 
+def _pooling(comp: HloComputation, ins: HloInstruction) -> bool:
+    """Whether a ``reduce-window`` is a pooling window (max or average pooling): no prefix scan, and no window
+    over a whole dimension (XLA:TPU's softmax row sums and maxima are such reduce-windows: reductions)."""
+    size = _window_sizes(ins)
+    src = _shape(comp, ins.operands[0]) if ins.operands else None
+    if _scan_like(comp, ins) or not isinstance(src, ArrayShape) or len(size) != len(src.dims):
+        return False
+    windowed = [(w, d) for w, d in zip(size, src.dims) if w > 1]
+    return bool(windowed) and all(w < d for w, d in windowed)
+
+
+def _interior(ins: HloInstruction) -> bool:
+    """Whether a ``pad`` has interior padding (``padding=0_0_1x...``: elements interleaved with the pad value)."""
+    return any(len(p) == 3 and int(p[2]) > 0 for p in (d.split("_") for d in (ins.attributes.get("padding") or "")
+                                                             .split("x")) if all(v.lstrip("-").isdigit() for v in p))
+
+
 def _draws_random_bits(inner: list[tuple[HloComputation, HloInstruction]], ins: HloInstruction) -> bool:
     """Whether a kernel computes threefry random bits (``jax.random``): an op name says ``threefry``."""
     return any(i.metadata is not None and i.metadata.op_name and any(
@@ -781,6 +824,16 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         return done("gather", compute, sides * rows / rate + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)
     vec_rate = None if gpu else chip.class_rate("vector_ops")
     vector = vector_ops(inner) / vec_rate if vec_rate else 0.0
+    if "select-and-scatter" in ops:  # a pooling window's gradient: at the rate calibrate measured for it
+        sas = chip.class_rate("select_and_scatter") if not gpu else None
+        if sas:
+            return done("select-and-scatter", compute, moved / sas)
+        rate = _rate(chip.elementwise_bytes_per_second, hbm)
+        return done("select-and-scatter", compute + vector, moved / rate if rate else 0.0)
+    if any(i.opcode == "reduce-window" and _pooling(c, i) for c, i in inner):  # max/avg pooling's window
+        pool = chip.class_rate("pool_window") if not gpu else None
+        rate = pool or _rate(chip.reduction_bytes_per_second, hbm)
+        return done("pooling (reduce-window)", compute + (0.0 if pool else vector), moved / rate if rate else 0.0)
     if ops & {"reduce", "reduce-window"}:
         rate = _rate(chip.reduction_bytes_per_second, hbm)
         cumulative = any(i.opcode == "reduce-window" and max(_window_sizes(i), default=1) > 8
@@ -792,6 +845,9 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         dma = ins.opcode == "copy" and not gpu and chip.is_tpu and "window_config" not in (
             ins.attributes.get("backend_config") or "")
         rate = 2 * copy_rate if dma and copy_rate else copy_rate  # a DMA reads and writes HBM at once
+        if any(i.opcode == "pad" and _interior(i) for _, i in inner):  # an interleave (associative_scan's levels)
+            pad = chip.class_rate("pad_interior") if not gpu else None
+            return done("pad (interleave)", 0.0, moved / (pad or copy_rate) if (pad or copy_rate) else 0.0)
         return done("copy (DMA)" if dma else "copy", 0.0, moved / rate if rate else 0.0)
     rate = _rate(chip.elementwise_bytes_per_second, hbm)
     memory = moved / rate if rate else 0.0

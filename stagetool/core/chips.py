@@ -331,6 +331,14 @@ CHIPS: dict[str, Chip] = {c.name: c for c in (
 
 _MATMUL_CLASSES = ("bf16", "f32", "f32_high", "f32_highest", "int8", "fp8")
 """The keys of ``matmul_flops_per_second``."""
+ELEMENT_OPS: dict[str, tuple[str, str]] = {
+    "op_exponential": ("exponential", "f32"), "op_log": ("log", "f32"), "op_log_plus_one": ("log-plus-one", "f32"),
+    "op_erf": ("erf", "f32"), "op_sine": ("sine", "f32"), "op_rsqrt": ("rsqrt", "f32"), "op_power": ("power", "f32"),
+    "op_divide_f32": ("divide", "f32"), "op_divide_s32": ("divide", "s32"), "op_remainder_s32": ("remainder", "s32"),
+}
+"""Element-wise ops whose cost on the vector unit is their own (XLA:TPU expands each into many instructions
+after the HLO the step-time model reads): ``class_rates`` key → (HLO opcode, element type). ``stagetool calibrate``
+measures each as a chain of the op over one array (elements × ops per second)."""
 CLASS_RATES: dict[str, str] = {
     "conv_dense": "FLOP/s of a stride-1 convolution with a window (XLA's FLOPs)",
     "conv_depthwise": "FLOP/s of a depthwise convolution (one feature per group)",
@@ -367,6 +375,26 @@ CLASS_RATES: dict[str, str] = {
                                "into a 4 MiB table",
     "conv_strided_4x4": "FLOP/s (XLA's FLOPs) of a strided convolution whose window is a multiple of its stride "
                         "(4x4 stride 2 at 16 px, 128 -> 256 features)",
+    # class coverage (issue 46): the classes the audit bench/results/step_time_suite/class_coverage.md found
+    # timed from no measurement of their own
+    **{k: f"elements/s of the element-wise op {op} ({dt}): its elements, each op of a fusion"
+       for k, (op, dt) in ELEMENT_OPS.items()},
+    "pool_window": "bytes/s (read + written) of a pooling window (a reduce-window that is no prefix scan: max pool)",
+    "select_and_scatter": "bytes/s (operand, pooled gradient, result) of a pooling window's gradient "
+                          "(select-and-scatter)",
+    "conv_dilated": "FLOP/s of a convolution whose window is dilated (rhs_dilate: atrous)",
+    "conv_1d": "FLOP/s of a convolution over one spatial dimension (a sequence: conv1d, causal)",
+    "batched_matmul_f32_highest": "FLOP/s (M, K and N padded to the tile) of batched f32 products whose M and N fit "
+                                  "in one tile, at Precision.HIGHEST",
+    "pad_interior": "bytes/s (read + written) of a pad with interior padding (an interleave: associative_scan)",
+    "reduction_major": "bytes/s (read) of a reduction over the major axis (column sums)",
+    "top_k": "operand elements/s of lax.top_k (XLA:TPU's TopK custom call)",
+    "loop_iterations": "iterations/s of a while loop (fori_loop, scan) beyond the model's time of its body",
+    "cholesky_64": "batch x n^3/s of XLA:TPU's Cholesky custom call on 64 x 64 matrices",
+    "cholesky_128": "batch x n^3/s of XLA:TPU's Cholesky custom call on 128 x 128 matrices (its block)",
+    "triangular_invert": "batch x n^3/s of XLA:TPU's InvertDiagBlocksLowerTriangular (a triangular_solve's blocks)",
+    "qr": "batch x m x n x min(m, n)/s of XLA:TPU's QR custom calls (QrDecompositionBlock, CompactWyHelper)",
+    "eigh": "batch x n^3/s of XLA:TPU's EighTpu custom call",
 }
 """The keys of ``class_rates`` and their units (``stagetool calibrate`` measures each)."""
 _V5E_ARCH = "https://cloud.google.com/tpu/docs/system-architecture-tpu-vm"

@@ -53,6 +53,15 @@ SIZES: dict[str, dict[str, int]] = {
              "cache": 2**16, "slice": 2**13, "sort": 64, "cum": 64,
              "seg": 16, "vmem_b": 2, "vmem_v": 64, "vmem_n": 256, "gan_b": 4, "gan_ch": 32},
 }
+# the sizes of the coverage benchmarks (issue 46's kernel classes no earlier benchmark measured: element ops of
+# their own cost, pooling windows, dilated and 1-D convolutions, small HIGHEST products, interleaving pads, top-k,
+# loop iterations, linear-algebra custom calls)
+SIZES["full"].update({"op_n": 8 * 2**20, "op_chain": 16, "pool_img": 32, "pool_hw": 112, "pool_ch": 64,
+                      "conv1d_len": 4096, "bmm_hi": 4096, "pad_rows": 4096, "pad_cols": 4096, "topk_rows": 1024,
+                      "topk_n": 32768, "loop": 4096, "la_64": 4096, "la_128": 512})
+SIZES["tiny"].update({"op_n": 1024, "op_chain": 2, "pool_img": 2, "pool_hw": 8, "pool_ch": 8, "conv1d_len": 32,
+                      "bmm_hi": 8, "pad_rows": 16, "pad_cols": 128, "topk_rows": 4, "topk_n": 256, "loop": 4,
+                      "la_64": 2, "la_128": 2})
 #: the matrix unit's tile the batched-matmul benchmark's FLOPs are padded to (TPU v4/v5e/v5p: 128 × 128 MXUs), as the
 #: step-time model pads them (:func:`stagetool.analysis.kernel_time.padded_matmul_flops`)
 _MXU_TILE = 128
@@ -263,7 +272,7 @@ def benchmarks(sizes: dict[str, int], devices: int = 1) -> list[Callable[[Callab
             _bandwidth("transcendental", "transcendentals_per_second", transcendental),
             _bandwidth("gather", "gather_bytes_per_second", gather),
             _bandwidth("scatter_add", "scatter_bytes_per_second", scatter),
-            *_class_benchmarks(s), _kernel_overhead(s), _dispatch()]
+            *_class_benchmarks(s), *_coverage_benchmarks(s), _kernel_overhead(s), _dispatch()]
     if devices > 1:
         out.append(_all_reduce(s, devices))
     return out
@@ -585,6 +594,176 @@ def _scatter_conv_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., 
             conv("conv_dense_3x3_to64", None, "dense", s["img"], s["hw"] * 16 // 7, gc // 4, gc // 8, 3),
             conv("conv_dense_3x3_to3", None, "dense", s["img"], s["hw"] * 16 // 7, gc // 8, 3, 3)]
 
+
+
+def _linalg_work(compiled_text: str, cls: str) -> float:
+    """The work of a benchmark's linear-algebra custom calls of class ``cls`` (``cholesky``, ...): each call's
+    :func:`stagetool.analysis.kernel_time.linalg_cubes`, summed over the compiled module (the benchmarks' sizes
+    compile to no loop around them)."""
+    from stagetool.analysis.kernel_time import LINALG_CLASSES, linalg_cubes
+    from stagetool.hlo.parser import parse_hlo_module
+
+    module = parse_hlo_module(compiled_text)
+    return sum(linalg_cubes(c, i) for c in module.computations for i in c.instructions
+               if i.opcode == "custom-call" and LINALG_CLASSES.get((i.attributes.get("custom_call_target") or "")
+                                                                    .strip('"')) == cls)
+
+
+def _coverage_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]], BenchmarkResult]]:
+    """Issue 46's kernel classes that no other benchmark measures, each timed from its own measurement (the
+    class coverage audit, bench/results/step_time_suite/class_coverage.md): element ops whose cost is their own
+    (:data:`stagetool.core.chips.ELEMENT_OPS`: exp, log, erf, sine, rsqrt, power, f32 and s32 divide,
+    s32 remainder; each chained ``op_chain`` times over ``op_n`` elements), max pooling's window and its gradient
+    (select-and-scatter), a dilated and a 1-D convolution, 64 x 64 products at ``Precision.HIGHEST``, a pad that
+    interleaves (interior padding: ``lax.associative_scan``'s levels), column sums (a reduction over the major
+    axis), ``lax.top_k``, a ``fori_loop``'s iteration and XLA:TPU's linear-algebra custom calls (Cholesky at 64
+    and 128, the triangular solve's diagonal-block inversion, QR, eigh). As in :func:`_class_benchmarks`, the
+    model's time of each program's kernels outside the class is taken off the median (:func:`others_seconds`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from stagetool.core.chips import ELEMENT_OPS
+
+    def element_op(name: str):
+        opcode, dtype = ELEMENT_OPS[name]
+        # each link: the op and at most one cheap element-wise op; a divisor read from an array (by a constant,
+        # XLA would multiply and shift instead of dividing)
+        chains = {"exponential": lambda x, d: jnp.exp(-x), "log": lambda x, d: jnp.log(x + 2.0),
+                  "log-plus-one": lambda x, d: jnp.log1p(x), "erf": lambda x, d: jax.lax.erf(x) * 2.0,
+                  "sine": lambda x, d: jnp.sin(x) * 2.0, "rsqrt": lambda x, d: jax.lax.rsqrt(x + 1.0),
+                  "power": lambda x, d: x ** 1.7, "divide": lambda x, d: jax.lax.div(d, x + 3.0) if dtype == "f32"
+                  else jax.lax.div(x, d) + x, "remainder": lambda x, d: jax.lax.rem(x, d) + x}
+        step = chains[opcode]
+
+        def build():
+            n, k = s["op_n"], s["op_chain"]
+            if dtype == "f32":
+                x, d = jnp.abs(_rand(40, (n,), jnp.float32)), jnp.abs(_rand(41, (n,), jnp.float32)) + 1.0
+            else:
+                x = _rand(40, (n,), jnp.int32)
+                d = jax.random.randint(jax.random.key(41), (n,), 1, 1000, jnp.int32)
+
+            def chain(x, d):
+                for _ in range(k):
+                    x = step(x, d)
+                return x
+            f = jax.jit(chain)
+            return (lambda: f(x, d)), float(n * k), (f"{k} chained {opcode} ({dtype}) over {dtype}[{n}], one fusion: "
+                                                     "elements x ops"), f.lower(x, d).compile().as_text()
+        return _program(name, f"class_rates.{name}", "element", build, own=("element-wise",))
+
+    img, hw, ch = s["pool_img"], s["pool_hw"], s["pool_ch"]
+    pool = lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+
+    def pool_max():
+        x = _rand(41, (img, hw, hw, ch), jnp.bfloat16)
+        f = jax.jit(pool)
+        y = jax.eval_shape(pool, x)
+        work = float(x.nbytes + math.prod(y.shape) * 2)
+        return (lambda: f(x)), work, (f"3x3 max pool, stride 2, of bf16[{img},{hw},{hw},{ch}]: bytes read + "
+                                      "written"), f.lower(x).compile().as_text()
+
+    def pool_max_gradient():
+        x = _rand(41, (img, hw, hw, ch), jnp.bfloat16)
+        f = jax.jit(jax.grad(lambda x: jnp.sum(pool(x).astype(jnp.float32))))
+        y = jax.eval_shape(pool, x)
+        work = float(2 * x.nbytes + math.prod(y.shape) * 2)  # the operand read, the pooled gradient read, the result
+        return (lambda: f(x)), work, (f"the gradient of a 3x3 max pool, stride 2, of bf16[{img},{hw},{hw},{ch}] "
+                                      "(select-and-scatter): operand and result bytes, the pooled gradient's"), \
+            f.lower(x).compile().as_text()
+
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def conv_dilated():
+        x, w = _rand(42, (s["img"], s["hw"], s["hw"], s["ch"]), jnp.bfloat16), \
+            _rand(43, (3, 3, s["ch"], s["ch"]), jnp.bfloat16)
+        jf = jax.jit(lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", rhs_dilation=(2, 2),
+                                                               dimension_numbers=dn))
+        compiled = jf.lower(x, w).compile()
+        return (lambda: jf(x, w)), _xla_flops(compiled), (f"3x3 convolution dilated 2 of bf16{list(x.shape)} "
+                                                          f"* {list(w.shape)}: XLA's FLOPs"), compiled.as_text()
+
+    def conv_1d():
+        x, w = _rand(44, (s["img"], s["conv1d_len"], 2 * s["ch"]), jnp.bfloat16), \
+            _rand(45, (4, 2 * s["ch"], 2 * s["ch"]), jnp.bfloat16)
+        jf = jax.jit(lambda x, w: jax.lax.conv_general_dilated(x, w, (1,), [(3, 0)],
+                                                               dimension_numbers=("NWC", "WIO", "NWC")))
+        compiled = jf.lower(x, w).compile()
+        return (lambda: jf(x, w)), _xla_flops(compiled), (f"causal 1-D convolution, width 4, of bf16{list(x.shape)} "
+                                                          f"* {list(w.shape)}: XLA's FLOPs"), compiled.as_text()
+
+    def batched_highest():
+        b, m = s["bmm_hi"], s["bmm_n"]
+        a, c = _rand(46, (b, m, m), jnp.float32), _rand(47, (b, m, m), jnp.float32)
+        f = jax.jit(lambda a, c: jnp.einsum("bij,bjk->bik", a, c, precision=jax.lax.Precision.HIGHEST))
+        p = -(-m // _MXU_TILE) * _MXU_TILE
+        return (lambda: f(a, c)), 2.0 * b * p ** 3, (f"{b} products of f32[{m},{m}] @ f32[{m},{m}] at HIGHEST: FLOPs "
+                                                     f"padded to the {_MXU_TILE} tile, 2 x {b} x {p}^3"), \
+            f.lower(a, c).compile().as_text()
+
+    def pad_interior():
+        x = _rand(48, (s["pad_rows"], s["pad_cols"]), jnp.float32)
+        f = jax.jit(lambda x: jax.lax.pad(x, 0.0, ((0, 0, 1), (0, 0, 0))))
+        return (lambda: f(x)), float(x.nbytes + (2 * s["pad_rows"] - 1) * s["pad_cols"] * 4), (
+            f"lax.pad of f32[{s['pad_rows']},{s['pad_cols']}] with interior padding 1 on rows (an interleave): bytes "
+            "read + written"), f.lower(x).compile().as_text()
+
+    def reduction_major():
+        x = _rand(49, (s["rows"], s["cols"]), jnp.float32)
+        f = jax.jit(lambda x: x.sum(0))
+        return (lambda: f(x)), float(x.nbytes), f"column sums of f32[{s['rows']},{s['cols']}]: bytes read", \
+            f.lower(x).compile().as_text()
+
+    def top_k():
+        x = _rand(50, (s["topk_rows"], s["topk_n"]), jnp.float32)
+        f = jax.jit(lambda x: jax.lax.top_k(x, 8))
+        return (lambda: f(x)), float(x.size), (f"lax.top_k(k=8) of f32[{s['topk_rows']},{s['topk_n']}]: operand "
+                                               "elements"), f.lower(x).compile().as_text()
+
+    def loop_iteration():
+        x = _rand(51, (8, 128), jnp.float32)
+        f = jax.jit(lambda x: jax.lax.fori_loop(0, s["loop"], lambda i, x: x * 0.999 + 1.0, x))
+        return (lambda: f(x)), float(s["loop"]), (f"fori_loop of {s['loop']} iterations of x * 0.999 + 1 on "
+                                                  "f32[8,128]: iterations, less the model's time of its kernels"), \
+            f.lower(x).compile().as_text()
+
+    def linalg(cls: str, n: int, batch: int):
+        def build():
+            a = _rand(52, (batch, n, n), jnp.float32)
+            spd = a @ jnp.swapaxes(a, -1, -2) / n + jnp.eye(n, dtype=jnp.float32)
+            if cls == "cholesky":
+                x, f = spd, jax.jit(jnp.linalg.cholesky)
+            elif cls == "triangular_invert":
+                x = jnp.linalg.cholesky(spd)
+                rhs = _rand(53, (batch, n, 8), jnp.float32)
+                f = jax.jit(lambda l: jax.lax.linalg.triangular_solve(l, rhs, left_side=True, lower=True))
+            elif cls == "qr":
+                x, f = a, jax.jit(jnp.linalg.qr)
+            else:
+                x, f = spd, jax.jit(jnp.linalg.eigh)
+            text = f.lower(x).compile().as_text()
+            return (lambda: f(x)), _linalg_work(text, cls), (
+                f"{cls} of f32[{batch},{n},{n}]: each custom call's batch x n^3 (linalg_cubes)"), text
+        from stagetool.analysis.kernel_time import LINALG_KINDS
+
+        name = f"{cls}_{n}" if cls == "cholesky" else cls
+        return _program(name, f"class_rates.{name}", "element", build, own=LINALG_KINDS[cls])
+
+    return [*(element_op(k) for k in ELEMENT_OPS),
+            _program("pool_max", "class_rates.pool_window", "byte", pool_max, own=("pooling",)),
+            _program("pool_max_gradient", "class_rates.select_and_scatter", "byte", pool_max_gradient,
+                     own=("select-and-scatter",)),
+            _program("conv_dilated", "class_rates.conv_dilated", "FLOP", conv_dilated, own=("convolution", "matmul")),
+            _program("conv_1d", "class_rates.conv_1d", "FLOP", conv_1d, own=("convolution", "matmul")),
+            _program("batched_matmul_f32_highest", "class_rates.batched_matmul_f32_highest", "FLOP", batched_highest,
+                     own=("convolution", "matmul")),
+            _program("pad_interior", "class_rates.pad_interior", "byte", pad_interior, own=("pad",)),
+            _program("reduction_major", "class_rates.reduction_major", "byte", reduction_major, own=("reduction",)),
+            _program("top_k", "class_rates.top_k", "element", top_k, own=("top-k",)),
+            _program("loop_iteration", "class_rates.loop_iterations", "element", loop_iteration, own=("loop",)),
+            linalg("cholesky", 64, s["la_64"]), linalg("cholesky", 128, s["la_128"]),
+            linalg("triangular_invert", 64, s["la_64"]), linalg("qr", 128, s["la_128"]),
+            linalg("eigh", 128, s["la_128"] // 2 or 1)]
 
 def _kernel_overhead(s: dict[str, int]) -> Callable[[Callable[..., Timing]], BenchmarkResult]:
     import jax

@@ -894,3 +894,23 @@ def test_sort_stages_is_calibrates_sort_work_unit():
     assert sort_stages(4096 * 4096, 4096) == 4096 * 4096 * 78
     assert sort_stages(3 * 1000, 1000) == 3000 * 55
     assert sort_stages(5, 1) == 5.0  # n of 1 taken as 2: one stage
+
+
+_CHOLESKY = """HloModule jit_cholesky, num_partitions=1
+
+ENTRY %main (a: f32[4096,64,64]) -> f32[4096,64,64] {
+  %a = f32[4096,64,64]{2,1,0:T(8,128)} parameter(0)
+  ROOT %c = f32[4096,64,64]{2,1,0:T(8,128)} custom-call(%a), custom_call_target="Cholesky"
+}
+"""
+
+
+def test_a_linear_algebra_custom_calls_work_is_its_matrices_cubes():
+    """linalg_cubes, the work unit calibrate's Cholesky/triangular/QR/eigh benchmarks count: batch x m x n x
+    min(m, n) of the first operand (4096 x 64^3 here)."""
+    from stagetool.analysis.kernel_time import LINALG_CLASSES, linalg_cubes
+
+    module = parse_hlo_module(_CHOLESKY)
+    ins = module.entry.instruction("c")
+    assert linalg_cubes(module.entry, ins) == 4096 * 64**3
+    assert LINALG_CLASSES["Cholesky"] == "cholesky"

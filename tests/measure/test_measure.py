@@ -453,3 +453,23 @@ def test_calibrate_measures_the_classes_held_back_round_2_showed():
     assert set(rates) <= set(CLASS_RATES)
     chip = merge_chips({"test-cpu": {"hbm_copy_bytes_per_second": 1e11, "class_rates": rates}})["test-cpu"]
     assert chip.class_rate("gather_scalar_vmem") == by["gather_scalar_vmem"].rate
+
+
+def test_the_coverage_benchmarks_count_their_work_analytically():
+    """Issue 46's class coverage: element ops chained over one array (elements x chain), max pooling's window (bytes
+    of bf16[2,8,8,8] read, its pooled bf16[2,4,4,8] written), an interleaving pad (f32[16,128] read, f32[31,128]
+    written), top-k's operand elements and a loop's iterations (SIZES tiny); each rate is work over the median."""
+    names = {"op_exponential", "op_divide_s32", "pool_max", "pad_interior", "top_k", "loop_iteration"}
+    cal = calibrate(chip="test-cpu", command="test", size="tiny", repeats=2, warmup=1, only=frozenset(names))
+    by = {r.name: r for r in cal.results}
+    assert set(by) == names
+    assert by["op_exponential"].work == by["op_divide_s32"].work == 1024 * 2
+    assert by["pool_max"].work == 2 * 8 * 8 * 8 * 2 + 2 * 4 * 4 * 8 * 2
+    assert by["pad_interior"].work == 16 * 128 * 4 + 31 * 128 * 4
+    assert by["top_k"].work == 4 * 256 and by["loop_iteration"].work == 4
+    for r in cal.results:  # the CPU: no chip table entry, nothing taken off the median
+        assert r.others_seconds == 0.0 and r.rate == r.work / r.timing.median_seconds
+    assert by["pool_max"].key == "class_rates.pool_window" and by["loop_iteration"].key == "class_rates.loop_iterations"
+    from stagetool.core.chips import CLASS_RATES
+
+    assert {r.key.split(".", 1)[1] for r in cal.results} <= set(CLASS_RATES)
