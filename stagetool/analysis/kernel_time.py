@@ -504,6 +504,64 @@ def _scatter_rows(sc: HloInstruction, idx) -> float:
     return float(math.prod(d for i, d in enumerate(idx.dims) if i != v))
 
 
+#: the row width (bytes) from which a scatter's rows are whole windows (the gradient of a nearest upsample writes
+#: 0.5-1 MiB windows at 32-128 regular ids): the widest row calibrate's gathers measure, 32 KiB pages
+_WINDOW_ROW_BYTES = 32768.0
+#: the row widths (bytes) of calibrate's segment-sum scatter-adds (``class_rates`` scatter_add_segment_4/_512/_2048)
+_SEGMENT_ROW_BYTES = (4, 512, 2048)
+
+
+def _scatter_add_form(comp: HloComputation, sc: HloInstruction, chip: Chip, rows: float,
+                      upd: float) -> tuple[str, float] | None:
+    """A combining scatter (a scatter-add) of a form calibrate measured, and its time (seconds), or None for the
+    general rule (rows at a gathered row's time, bytes at the scatter-add rate). ``rows``: the indices' rows;
+    ``upd``: the updates' bytes. In this order, each only where the chip's profile has the rate:
+
+    - ``windows``: rows of at least 32 KiB (the gradient of ``jax.image.resize(..., "nearest")``: 32-128 ids each
+      writing a 0.5-1 MiB window): the updates' bytes ÷ ``class_rates.scatter_add_upsample`` (held-back round 2's
+      vae_train: six such kernels 0.72 ms measured, 5.53 ms at the scatter-add rate);
+    - ``elements into VMEM``: single elements added into a table XLA:TPU keeps in VMEM (``S(1)``;
+      ``take_along_axis``'s gradient): rows ÷ ``class_rates.scatter_add_scalar_vmem`` (ctc_train: 4.2 M elements
+      28.0 ms measured, 51.2 ms at a 128 B gathered row's time each);
+    - ``segment sum``: more rows than the table has (so ids collide: ``jax.ops.segment_sum`` into few segments):
+      rows ÷ ``class_rates.scatter_add_segment_<width>``, interpolated in log row width between 4 B, 512 B and
+      2 KiB (kmeans_step: 131072 rows of 512 B into 4096, 0.87-0.89 ms each measured, 1.6 ms at the row rule)."""
+    width = upd / rows
+    if width >= _WINDOW_ROW_BYTES:
+        rate = chip.class_rate("scatter_add_upsample")
+        return ("windows", upd / rate) if rate else None
+    table = _shape(comp, sc.operands[0]) if sc.operands else None
+    if not isinstance(table, ArrayShape) or not table.dims:
+        return None
+    elem = shape_bytes(table) / max(math.prod(table.dims), 1) if shape_bytes(table) else 0.0
+    if elem and width <= elem and (_hbm_bytes(table) == 0 or _hbm_bytes(sc.shape) == 0):  # (the table: a zero
+        # broadcast inside the fusion, its result in VMEM)
+        rate = chip.class_rate("scatter_add_scalar_vmem")
+        return ("elements into VMEM", rows / rate) if rate else None
+    targets = (shape_bytes(table) or 0) / width if width else 0.0
+    if targets and rows > targets:
+        points = [(w, chip.class_rate(f"scatter_add_segment_{w}")) for w in _SEGMENT_ROW_BYTES]
+        rate = _log_interpolate([(w, r) for w, r in points if r], width)
+        return ("segment sum", rows / rate) if rate else None
+    return None
+
+
+def _log_interpolate(points: list[tuple[float, float]], x: float) -> float | None:
+    """The rate at ``x`` (a row width) from measured ``(width, rate)`` points: interpolated in log width and log
+    rate, clamped at the ends; None without a point."""
+    points = sorted(points)
+    if not points or x <= 0:
+        return None
+    lx = math.log(x)
+    if lx <= math.log(points[0][0]):
+        return points[0][1]
+    for (w0, r0), (w1, r1) in zip(points, points[1:]):
+        if lx <= math.log(w1):
+            f = (lx - math.log(w0)) / (math.log(w1) - math.log(w0))
+            return math.exp(math.log(r0) + f * (math.log(r1) - math.log(r0)))
+    return points[-1][1]
+
+
 def _is_fft(inner: list[tuple[HloComputation, HloInstruction]], ins: HloInstruction) -> bool:
     """XLA:TPU lowers ``jnp.fft`` to matmuls (a DFT in steps): a kernel whose op names say ``fft``."""
     names = [i.metadata.op_name for _, i in [(None, ins), *inner] if i.metadata is not None and i.metadata.op_name]
@@ -572,14 +630,7 @@ def _gather_rate(chip: Chip, row_bytes: float, copy_rate: float | None) -> float
                     if r)
     if len(points) < 2 or row_bytes <= 0:
         return base
-    x = math.log(row_bytes)
-    if x <= math.log(points[0][0]):
-        return points[0][1]
-    for (w0, r0), (w1, r1) in zip(points, points[1:]):
-        if x <= math.log(w1):
-            f = (x - math.log(w0)) / (math.log(w1) - math.log(w0))
-            return math.exp(math.log(r0) + f * (math.log(r1) - math.log(r0)))
-    return points[-1][1]
+    return _log_interpolate(points, row_bytes)
 
 
 def sort_stages(elements: float, n: int) -> float:
@@ -802,6 +853,10 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         set_rate = None if gpu else chip.class_rate("scatter_set_rows")
         if rows and set_rate and _sets(module, sc):  # a set's rows at the rate calibrate measured for them
             return done("scatter (set)", compute, max(memory, rows / set_rate), b=3.0 * upd)
+        shaped = None if gpu or not rows else _scatter_add_form(sc_comp, sc, chip, rows, upd)
+        if shaped is not None:
+            form, seconds = shaped
+            return done(f"scatter ({form})", compute, seconds, b=3.0 * upd)
         return done("scatter", compute, memory, b=3.0 * upd)
     if "gather" in ops:
         gathers = [(c, i) for c, i in inner if i.opcode == "gather"]
@@ -819,6 +874,13 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
             # rows gathered from a table XLA:TPU put in VMEM (S(1)): no row read from HBM, only what the kernel
             # writes there (held-back round 1's gnn_train: 262144 rows of 512 B from a 16 MiB table in VMEM,
             # 0.48 ms measured, 3.27 ms at the HBM-row gather rate)
+            scalar_rate = chip.class_rate("gather_scalar_vmem")
+            if scalar_rate and width and math.prod(width) == 1:
+                # single elements (take_along_axis): each still a gather's step, however near the table
+                # (held-back round 2's ctc_train: 4.2 M f32 from a 4 MiB table, 52.2 ms measured, 0 s by its HBM
+                # bytes): the elements over calibrate's rate for them, at least the HBM bytes' time
+                elements = sum(float(math.prod(a.dims)) for _, g in gathers for a in array_leaves(g.shape))
+                return done("gather (elements from VMEM)", compute, max(elements / scalar_rate, moved / copy_rate))
             return done("gather from VMEM", compute, moved / copy_rate)
         rest = max(moved - sides * rows, 0.0)  # what the kernel reads and writes beside the rows
         return done("gather", compute, sides * rows / rate + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)

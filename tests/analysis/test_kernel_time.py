@@ -914,3 +914,150 @@ def test_a_linear_algebra_custom_calls_work_is_its_matrices_cubes():
     ins = module.entry.instruction("c")
     assert linalg_cubes(module.entry, ins) == 4096 * 64**3
     assert LINALG_CLASSES["Cholesky"] == "cholesky"
+
+
+# held-back round 2's scatter-add forms, each at a rate calibrate measures for it (round numbers here)
+_ROUND2 = dataclasses.replace(CLASSY, class_rates=tuple(sorted({**dict(CLASSY.class_rates), **{
+    "scatter_add_upsample": 5e11, "scatter_add_scalar_vmem": 1.5e8, "scatter_add_segment_4": 2e8,
+    "scatter_add_segment_512": 1.6e8, "scatter_add_segment_2048": 0.4e8, "gather_scalar_vmem": 8e7}}.items())))
+
+_ADD_F32 = """%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[]{:T(128)} parameter(0)
+  %b = f32[]{:T(128)} parameter(1)
+  ROOT %s = f32[]{:T(128)} add(%a, %b)
+}
+"""
+
+# the gradient of jax.image.resize(..., "nearest") as XLA:TPU compiles it for v5e:1x1 (held-back round 2's
+# vae_train, scatter_fusion.2): 64 regular ids, each adding a [32,64,1,256] bf16 window (1 MiB)
+_WINDOW_SCATTER = """HloModule jit_vae, is_scheduled=true
+
+%add (a: bf16[], b: bf16[]) -> bf16[] {
+  %a = bf16[]{:T(256)} parameter(0)
+  %b = bf16[]{:T(256)} parameter(1)
+  ROOT %s = bf16[]{:T(256)} add(%a, %b)
+}
+
+%fused (param_0: bf16[32,64,32,256], param_1: s32[64], param_2: bf16[32,64,64,256]) -> bf16[32,64,32,256] {
+  %param_0 = bf16[32,64,32,256]{3,1,2,0:T(8,128)(2,1)S(1)} parameter(0)
+  %param_1 = s32[64]{0:T(128)S(1)} parameter(1)
+  %param_2 = bf16[32,64,64,256]{3,2,1,0:T(8,128)(2,1)} parameter(2)
+  ROOT %scatter.11 = bf16[32,64,32,256]{3,1,2,0:T(8,128)(2,1)S(1)} scatter(%param_0, %param_1, %param_2), update_window_dims={0,1,3}, inserted_window_dims={2}, scatter_dims_to_operand_dims={2}, index_vector_dim=1, to_apply=%add
+}
+
+ENTRY %main (t: bf16[32,64,32,256], i: s32[64], u: bf16[32,64,64,256]) -> bf16[32,64,32,256] {
+  %t = bf16[32,64,32,256]{3,1,2,0:T(8,128)(2,1)S(1)} parameter(0)
+  %i = s32[64]{0:T(128)S(1)} parameter(1)
+  %u = bf16[32,64,64,256]{3,2,1,0:T(8,128)(2,1)} parameter(2)
+  ROOT %scatter_fusion = bf16[32,64,32,256]{3,1,2,0:T(8,128)(2,1)S(1)} fusion(%t, %i, %u), kind=kCustom, calls=%fused
+}
+"""
+
+
+def test_a_scatter_of_whole_windows_moves_its_bytes_at_the_upsample_gradients_rate():
+    """Held-back round 2's vae_train: six such scatters (an upsample's gradient: 32-128 ids each adding a 0.5-1
+    MiB window) took 0.72 ms on the chip, 5.53 ms as the general rule times them (3 x the updates' bytes at the
+    2 KiB scatter-add rate). A row of at least 32 KiB is a window: the updates' bytes over
+    class_rates.scatter_add_upsample, calibrate's upsample gradient; without that rate, the general rule."""
+    upd = 32 * 64 * 64 * 256 * 2
+    k = _kernel(_WINDOW_SCATTER, "scatter_fusion", _ROUND2)
+    assert k.kind == "scatter (windows)" and k.memory_seconds == pytest.approx(upd / 5e11, rel=1e-12)
+    general = _kernel(_WINDOW_SCATTER, "scatter_fusion", CLASSY)
+    assert general.kind == "scatter" and general.memory_seconds == pytest.approx(3 * upd / 1e11, rel=1e-12)
+
+
+def _scalar_scatter(result_layout: str) -> str:
+    # take_along_axis's gradient as XLA:TPU compiles it (held-back round 2's ctc_train): 4 M single f32 elements
+    # added into a zero table of 1 M it builds in the kernel
+    return f"""HloModule jit_ctc, is_scheduled=true
+
+{_ADD_F32}
+%fused (p0: s32[4194304], p1: f32[4194304]) -> f32[1048576] {{
+  %p0 = s32[4194304]{{0:T(1024)S(1)}} parameter(0)
+  %p1 = f32[4194304]{{0:T(1024)S(1)}} parameter(1)
+  %z = f32[]{{:T(128)}} constant(0)
+  %t = f32[1048576]{{0:T(1024)}} broadcast(%z), dimensions={{}}
+  ROOT %s = f32[1048576]{result_layout} scatter(%t, %p0, %p1), update_window_dims={{}}, inserted_window_dims={{0}}, scatter_dims_to_operand_dims={{0}}, index_vector_dim=1, to_apply=%add
+}}
+
+ENTRY %main (i: s32[4194304], u: f32[4194304]) -> f32[1048576] {{
+  %i = s32[4194304]{{0:T(1024)S(1)}} parameter(0)
+  %u = f32[4194304]{{0:T(1024)S(1)}} parameter(1)
+  ROOT %scatter_custom_fusion = f32[1048576]{result_layout} fusion(%i, %u), kind=kCustom, calls=%fused
+}}
+"""
+
+
+def test_single_elements_added_into_a_table_in_vmem_take_the_scalar_rate_and_many_to_few_rows_the_segment_rate():
+    """Held-back round 2's ctc_train: take_along_axis's gradient adds 4.2 M single f32 elements into a 4 MiB
+    table XLA:TPU keeps in VMEM: 28.0 ms measured (6.6 ns an element), 51.2 ms at a 128 B gathered row's time each.
+    Into VMEM (S(1)) they take class_rates.scatter_add_scalar_vmem; a table in HBM that has fewer rows than the
+    scatter (ids must collide: a segment sum) takes class_rates.scatter_add_segment_4."""
+    n = 4194304
+    k = _kernel(_scalar_scatter("{0:T(1024)S(1)}"), "scatter_custom_fusion", _ROUND2)
+    assert k.kind == "scatter (elements into VMEM)" and k.memory_seconds == pytest.approx(n / 1.5e8, rel=1e-12)
+    k = _kernel(_scalar_scatter("{0:T(1024)}"), "scatter_custom_fusion", _ROUND2)
+    assert k.kind == "scatter (segment sum)" and k.memory_seconds == pytest.approx(n / 2e8, rel=1e-12)
+    k = _kernel(_scalar_scatter("{0:T(1024)S(1)}"), "scatter_custom_fusion", CLASSY)  # no such rates: the row rule
+    assert k.kind == "scatter" and k.memory_seconds == pytest.approx(n * 2 * 128 / 2e10, rel=1e-12)
+
+
+def _segment_sum(width: int) -> str:
+    # jax.ops.segment_sum of 131072 f32 rows into 4096 segments (held-back round 2's kmeans_step)
+    return f"""HloModule jit_kmeans, is_scheduled=true
+
+{_ADD_F32}
+%fused (p0: s32[131072], p1: f32[131072,{width}]) -> f32[4096,{width}] {{
+  %p0 = s32[131072]{{0:T(1024)S(1)}} parameter(0)
+  %p1 = f32[131072,{width}]{{1,0:T(8,128)}} parameter(1)
+  %z = f32[]{{:T(128)}} constant(0)
+  %t = f32[4096,{width}]{{1,0:T(8,128)}} broadcast(%z), dimensions={{}}
+  ROOT %s = f32[4096,{width}]{{1,0:T(8,128)}} scatter(%t, %p0, %p1), update_window_dims={{1}}, inserted_window_dims={{0}}, scatter_dims_to_operand_dims={{0}}, index_vector_dim=1, to_apply=%add
+}}
+
+ENTRY %main (i: s32[131072], u: f32[131072,{width}]) -> f32[4096,{width}] {{
+  %i = s32[131072]{{0:T(1024)S(1)}} parameter(0)
+  %u = f32[131072,{width}]{{1,0:T(8,128)}} parameter(1)
+  ROOT %scatter_custom_fusion = f32[4096,{width}]{{1,0:T(8,128)}} fusion(%i, %u), kind=kCustom, calls=%fused
+}}
+"""
+
+
+def test_a_segment_sum_takes_its_rows_at_the_segment_rate_for_their_width():
+    """Held-back round 2's kmeans_step: 131072 rows of 512 B added into 4096 clusters, 0.87-0.89 ms measured (6.7
+    ns a row), 1.6 ms at a gathered 512 B row's time. More rows than the table has: a segment sum, its rows over
+    class_rates.scatter_add_segment_<width>, interpolated in log width (1 KiB: the geometric mean of the 512 B
+    and 2 KiB rates)."""
+    k = _kernel(_segment_sum(128), "scatter_custom_fusion", _ROUND2)
+    assert k.kind == "scatter (segment sum)" and k.memory_seconds == pytest.approx(131072 / 1.6e8, rel=1e-12)
+    k = _kernel(_segment_sum(256), "scatter_custom_fusion", _ROUND2)
+    assert k.memory_seconds == pytest.approx(131072 / (1.6e8 * 0.4e8) ** 0.5, rel=1e-12)
+    few = _segment_sum(128).replace("131072", "2048")  # fewer rows than the table's 4096: the general rule
+    assert _kernel(few, "scatter_custom_fusion", _ROUND2).kind == "scatter"
+
+
+_SCALAR_GATHER = """HloModule jit_ctc, is_scheduled=true
+
+%fused (p0: f32[32,512,64], p1: s32[32,512,257,3]) -> f32[32,512,257] {
+  %p0 = f32[32,512,64]{1,2,0:T(8,128)S(1)} parameter(0)
+  %p1 = s32[32,512,257,3]{3,2,1,0:T(8,128)S(1)} parameter(1)
+  ROOT %gather.4 = f32[32,512,257]{2,1,0:T(8,128)S(1)} gather(%p0, %p1), offset_dims={}, collapsed_slice_dims={0,1,2}, start_index_map={0,1,2}, index_vector_dim=3, slice_sizes={1,1,1}
+}
+
+ENTRY %main (t: f32[32,512,64], i: s32[32,512,257,3]) -> f32[32,512,257] {
+  %t = f32[32,512,64]{1,2,0:T(8,128)S(1)} parameter(0)
+  %i = s32[32,512,257,3]{3,2,1,0:T(8,128)S(1)} parameter(1)
+  ROOT %gather_fusion = f32[32,512,257]{2,1,0:T(8,128)S(1)} fusion(%t, %i), kind=kCustom, calls=%fused
+}
+"""
+
+
+def test_single_elements_gathered_from_a_table_in_vmem_take_the_scalar_gather_rate():
+    """Held-back round 2's ctc_train: take_along_axis gathers 4.2 M single f32 elements from a 4 MiB table in VMEM:
+    52.2 ms measured (12.4 ns an element); the VMEM rule (HBM bytes only) gave 0 s. Elements over
+    class_rates.gather_scalar_vmem where the profile has it; rows of 512 B keep the VMEM rule (gnn_train)."""
+    n = 32 * 512 * 257
+    k = _kernel(_SCALAR_GATHER, "gather_fusion", _ROUND2)
+    assert k.kind == "gather (elements from VMEM)" and k.memory_seconds == pytest.approx(n / 8e7, rel=1e-12)
+    assert _kernel(_SCALAR_GATHER, "gather_fusion", CLASSY).kind == "gather from VMEM"
+    assert _kernel(_VMEM_TABLE_GATHER, "gather_fusion", _ROUND2).kind == "gather from VMEM"
