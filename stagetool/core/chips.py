@@ -368,8 +368,8 @@ CLASS_RATES: dict[str, str] = {
     "scatter_add_segment_4": "rows/s of a segment sum of 4-byte rows at random ids into few segments",
     "scatter_add_segment_512": "rows/s of a segment sum of 512-byte rows at random ids into few segments",
     "scatter_add_segment_2048": "rows/s of a segment sum of 2 KiB rows at random ids into few segments",
-    "scatter_add_upsample": "bytes/s (the upsampled gradient's) of the gradient of a nearest x2 upsample: a "
-                            "scatter-add of whole windows at regular ids",
+    "scatter_add_upsample": "update bytes/s of the scatters in the gradient of a nearest x2 upsample: scatter-adds "
+                            "of whole windows at regular ids",
     "gather_scalar_vmem": "elements/s of a gather of single f32 elements (take_along_axis) from a 4 MiB table",
     "scatter_add_scalar_vmem": "elements/s of a scatter-add of single f32 elements (take_along_axis's gradient) "
                                "into a 4 MiB table",

@@ -509,7 +509,7 @@ def _scatter_conv_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., 
     - ``scatter_add_segment_{4,512,2048}B``: ``jax.ops.segment_sum`` of rows at random ids into few segments
       (many rows to one target, k-means' cluster sums): rows a second;
     - ``scatter_add_upsample``: the gradient of ``jax.image.resize(..., "nearest")`` × 2 (a scatter-add of whole
-      windows at regular ids, the VAE decoder's): the upsampled gradient's bytes a second;
+      windows at regular ids, the VAE decoder's): its scatters' update bytes a second (:func:`scatter_update_bytes`);
     - ``gather_scalar_vmem`` / ``scatter_add_scalar_vmem``: ``take_along_axis`` of single f32 elements from a
       4 MiB table (which XLA:TPU can keep in VMEM) and its gradient (a scalar scatter-add): elements a second;
     - ``conv_strided_4x4`` (a key: a strided convolution whose window is a multiple of its stride, 4 × 4 stride 2
