@@ -35,6 +35,13 @@ scatter index sort  XLA:TPU sorts a scatter's indices before the scatter (a lone
 cross-program       XLA:TPU's ``copy-start`` with ``cross_program_prefetch_index`` (an argument copied into
 prefetch            VMEM before the kernels that read it there): its bytes read from HBM ÷ the HBM copy
                     rate (a calibrated profile's, else the HBM peak); no fixed cost (a DMA)
+pooling / select-    a pooling window (a reduce-window over part of each dimension) and its gradient, a pad
+and-scatter / pad   that interleaves: bytes ÷ their measured rates (``pool_window``, ``select_and_scatter``,
+(interleave)        ``pad_interior``; else the reduction, element-wise and copy rates)
+linear algebra,     XLA:TPU's Cholesky, triangular-block inversion, QR and eigh custom calls: batch × n³ of their
+top-k               matrices ÷ their measured rates; ``TopK``: operand elements ÷ ``top_k``
+element ops         an op with a measured rate of its own (``op_exponential``, ``op_erf``, ``op_divide_s32``, ...):
+                    its elements ÷ that rate, not the generic vector and transcendental rates
 uncounted           a Pallas kernel without ``cost_estimate``, top-k, any other sort, any other custom call:
                     no model; timed at a floor (its operand and result bytes ÷ the HBM peak) and
                     marked, so that the step time is "at least" its figure
@@ -57,7 +64,7 @@ import re
 
 from stagetool.analysis.uncounted import custom_call_kind, is_trivial_custom_call, pallas_cost_estimate
 from stagetool.core.chips import ELEMENT_OPS, Chip
-from stagetool.hlo.loops import instruction_cost, tiled_shape_bytes
+from stagetool.hlo.loops import TRANSCENDENTAL, instruction_cost, tiled_shape_bytes
 from stagetool.hlo.parser import ArrayShape, HloComputation, HloInstruction, HloModule, array_leaves, shape_bytes
 
 __all__ = ["COMPUTE", "CROSS_PROGRAM_PREFETCH", "ELEMENT_OPS", "FROM_FLOOR", "FROM_KERNEL", "FROM_MODEL", "FROM_XLA",
@@ -377,7 +384,8 @@ def conv_class(comp: HloComputation, ins: HloInstruction) -> str | None:
     """The convolution form of a ``convolution`` with a window (a ``class_rates`` key), or None for a 1 × 1
     one (a matmul): ``conv_transposed`` (input dilated), ``conv_depthwise`` / ``conv_grouped`` (feature
     groups of one / several input features; also their weight gradients, batch groups), ``conv_input_gradient``
-    (the window reversed), ``conv_weight_gradient`` (a window over 7 × 7: the image itself), ``conv_strided``,
+    (the window reversed), ``conv_weight_gradient`` (a window over 7 × 7: the image itself), ``conv_dilated``
+    (rhs_dilate), ``conv_strided``, ``conv_1d`` (a window over one dimension),
     ``conv_dense``."""
     if ins.opcode != "convolution":
         return None
@@ -406,9 +414,54 @@ def conv_class(comp: HloComputation, ins: HloInstruction) -> str | None:
         return "conv_input_gradient"
     if math.prod(size) > 49:
         return "conv_weight_gradient"
+    if any(d > 1 for d in _window_field(ins, "rhs_dilate")):
+        return "conv_dilated"  # an atrous window (rhs_dilation)
     if any(d > 1 for d in _window_field(ins, "stride")):
         return "conv_strided"
+    if len(windowed) == 1:
+        return "conv_1d"  # a window over one dimension: a convolution over a sequence
     return "conv_dense"
+
+
+def _linalg_rate(chip: Chip, comp: HloComputation, ins: HloInstruction) -> float | None:
+    """The measured rate (:func:`linalg_cubes` per second) of a linear-algebra custom call, None where not
+    measured: the Cholesky's interpolated in log n between its measured sizes (64 and 128, XLA:TPU's block;
+    clamped at the ends), the others' one rate each."""
+    cls = LINALG_CLASSES.get(_target(ins))
+    if cls != "cholesky":
+        return chip.class_rate(cls) if cls else None
+    a = _shape(comp, ins.operands[0]) if ins.operands else None
+    points = [(n, chip.class_rate(f"cholesky_{n}")) for n in (64, 128)]
+    points = [(n, r) for n, r in points if r]
+    if not points or not isinstance(a, ArrayShape) or len(a.dims) < 2:
+        return points[0][1] if points else None
+    n = max(a.dims[-1], 1)
+    if len(points) == 1 or n <= points[0][0]:
+        return points[0][1]
+    if n >= points[-1][0]:
+        return points[-1][1]
+    (n0, r0), (n1, r1) = points
+    f = (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
+    return math.exp(math.log(r0) + f * (math.log(r1) - math.log(r0)))
+
+
+def _batched_rate(chip: Chip, cls: str) -> float | None:
+    """The rate (padded FLOP/s) of batched small products of precision class ``cls``: ``class_rates``
+    ``batched_matmul_<cls>`` where measured (``f32_highest``: six bf16 passes of 64 x 64 products run far faster
+    than six times the bf16 products' time), else the bf16 ``batched_matmul`` rate scaled by the precision's
+    matmul rate; None where neither is known."""
+    own = chip.class_rate(f"batched_matmul_{cls}")
+    if own:
+        return own
+    base, bf16, rate = chip.class_rate("batched_matmul"), chip.matmul_rate("bf16"), chip.matmul_rate(cls)
+    if not base:
+        return None
+    return base * (rate / bf16) if rate and bf16 else base
+
+
+_CONV_FALLBACK = {"conv_dilated": "conv_dense", "conv_1d": "conv_dense"}
+"""Convolution forms a chip's profile may lack (measured since issue 46's class coverage), timed at the form
+they refine where it does."""
 
 
 def _trick_flops(comp: HloComputation, ins: HloInstruction, tile: tuple[int, int] | None = None) -> float:
@@ -574,6 +627,40 @@ def _scan_like(comp: HloComputation, ins: HloInstruction) -> bool:
     m = re.search(r"pad=([\d_x-]+)", ins.attributes.get("window") or "")
     pads = [tuple(int(v) for v in p.split("_")) for p in m.group(1).split("x")] if m else []
     return any(w > 8 and len(p) == 2 and p[0] == w - 1 and p[1] == 0 for w, p in zip(_window_sizes(ins), pads))
+
+
+_OP_ALIASES = {"cosine": "sine", "sqrt": "rsqrt", "exponential-minus-one": "exponential", "exp": "exponential"}
+"""Element ops timed at a measured op's rate (XLA:TPU expands them alike): cosine as sine, sqrt as rsqrt, expm1 as
+exp."""
+_INTEGER_TYPES = ("s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64")
+
+
+def _element_op_time(chip: Chip, inner: list[tuple[HloComputation, HloInstruction]]) -> tuple[float, float, float]:
+    """``(seconds, elements, transcendentals)`` of a kernel's element ops that have a measured rate of their own
+    (``class_rates`` ``op_*``, :data:`stagetool.core.chips.ELEMENT_OPS`): each op's result elements over its rate
+    (a float op at the f32 rate, an integer one at the s32 rate), and the elements and transcendentals those ops
+    count in :func:`vector_ops` and XLA's transcendental count, which the caller leaves out of the generic rates."""
+    rates = {}
+    for key, (opcode, dtype) in ELEMENT_OPS.items():
+        r = chip.class_rate(key)
+        if r:
+            rates[(opcode, dtype)] = r
+    if not rates:
+        return 0.0, 0.0, 0.0
+    seconds = elements = trans = 0.0
+    for _, i in inner:
+        leaves = array_leaves(i.shape)
+        if not leaves:
+            continue
+        opcode = _OP_ALIASES.get(i.opcode, i.opcode)
+        rate = rates.get((opcode, "s32" if leaves[0].dtype in _INTEGER_TYPES else "f32"))
+        if not rate:
+            continue
+        n = sum(float(math.prod(a.dims)) for a in leaves)
+        seconds += n / rate
+        elements += n
+        trans += n if i.opcode in TRANSCENDENTAL else 0.0
+    return seconds, elements, trans
 
 
 def _pooling(comp: HloComputation, ins: HloInstruction) -> bool:
@@ -764,6 +851,17 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
             b = kb if kb is not None else moved
             return done(custom_call_kind(target), kf / rate if rate else 0.0, b / copy_rate if copy_rate else 0.0,
                         FROM_KERNEL, True, f=kf, b=b)
+        elif target in LINALG_CLASSES and not gpu and _linalg_rate(chip, comp, ins):
+            # XLA:TPU's Cholesky, triangular-block inversion, QR and eigh custom calls at the rate calibrate measured
+            # for each (held-back round 1's gp_cholesky: 2048 Cholesky factorisations of 64 x 64, 14.1 ms measured,
+            # a 0.165 ms floor before)
+            cubes = linalg_cubes(comp, ins)
+            return done(custom_call_kind(target), cubes / _linalg_rate(chip, comp, ins),
+                        moved / copy_rate if copy_rate else 0.0)
+        elif target == "TopK" and not gpu and chip.class_rate("top_k"):  # lax.top_k at calibrate's rate
+            src = _shape(comp, ins.operands[0]) if ins.operands else None
+            n = float(math.prod(src.dims)) if isinstance(src, ArrayShape) else 0.0
+            return done(custom_call_kind(target), n / chip.class_rate("top_k"), moved / copy_rate if copy_rate else 0.0)
         else:
             return floor(custom_call_kind(target))
     if "sort" in ops:
@@ -792,13 +890,15 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
                 rate = chip.matmul_rate(cls)
                 bf16 = chip.matmul_rate("bf16")
                 form = None if gpu else conv_class(c, i)
+                if form in _CONV_FALLBACK and not chip.class_rate(form):
+                    form = _CONV_FALLBACK[form]  # a form not measured on this chip: the measured form it refines
                 if fft:  # XLA's FLOPs of an FFT's matmuls at the FFT rate calibrate measured
                     model += f / chip.class_rate("fft")
                 elif form == "batched_matmul" and rate:  # a batched dot written as a convolution
                     small = _trick_small(c, i, chip.matmul_tile)
-                    if small and chip.class_rate(form) and bf16:
+                    if small and _batched_rate(chip, cls):
                         forms.append(form)  # padded FLOPs: one weight tile a product, however small
-                        model += _trick_flops(c, i, chip.matmul_tile) / chip.class_rate(form) * (bf16 / rate)
+                        model += _trick_flops(c, i, chip.matmul_tile) / _batched_rate(chip, cls)
                     else:
                         model += _trick_flops(c, i) / rate
                 elif form and chip.class_rate(form) and rate and bf16:  # measured in bf16: scaled to the precision
@@ -806,10 +906,9 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
                     padded = f if form in ("conv_depthwise", "conv_grouped") else padded_matmul_flops(
                         c, i, chip.matmul_tile, f)
                     model += padded / chip.class_rate(form) * (bf16 / rate)
-                elif not gpu and chip.class_rate("batched_matmul") and _batched_small(c, i, chip.matmul_tile):
+                elif not gpu and _batched_rate(chip, cls) and _batched_small(c, i, chip.matmul_tile):
                     forms.append("batched_matmul")
-                    model += padded_matmul_flops(c, i, chip.matmul_tile, f) / chip.class_rate("batched_matmul") * (
-                        (bf16 / rate) if rate and bf16 else 1.0)
+                    model += padded_matmul_flops(c, i, chip.matmul_tile, f) / _batched_rate(chip, cls)
                 else:
                     model += padded_matmul_flops(c, i, chip.matmul_tile, f) / rate if rate else 0.0
         masked = _group_masked_share(comp, ins, inner, chip.matmul_tile) if not gpu else 1.0
@@ -832,7 +931,9 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
             compute, memory, figure = xla * scale * share[0], xla * scale * share[1], FROM_XLA
         return done(kind, compute, memory, figure, f=flops * masked)
     trans_rate = chip.transcendentals_per_second
-    compute = trans / trans_rate if trans_rate else 0.0
+    own_ops = _element_op_time(chip, inner) if not gpu else (0.0, 0.0, 0.0)  # ops at rates measured for each
+    compute = max(trans - own_ops[2], 0.0) / trans_rate if trans_rate else 0.0
+    compute += own_ops[0]
     if "scatter" in ops:
         sc = next(i for _, i in inner if i.opcode == "scatter")
         sc_comp = next(c for c, i in inner if i is sc)
@@ -885,7 +986,7 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         rest = max(moved - sides * rows, 0.0)  # what the kernel reads and writes beside the rows
         return done("gather", compute, sides * rows / rate + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)
     vec_rate = None if gpu else chip.class_rate("vector_ops")
-    vector = vector_ops(inner) / vec_rate if vec_rate else 0.0
+    vector = max(vector_ops(inner) - own_ops[1], 0.0) / vec_rate if vec_rate else 0.0
     if "select-and-scatter" in ops:  # a pooling window's gradient: at the rate calibrate measured for it
         sas = chip.class_rate("select_and_scatter") if not gpu else None
         if sas:

@@ -57,7 +57,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from stagetool.analysis.kernel_time import FROM_KERNEL, LATENCY, is_cross_program_prefetch, kernel_time
+from stagetool.analysis.kernel_time import FROM_KERNEL, FROM_MODEL, LATENCY, is_cross_program_prefetch, kernel_time
 from stagetool.hlo.collectives import Collective, program_frames
 from stagetool.core.chips import Chip, step_figures
 from stagetool.facts import Interconnect
@@ -70,6 +70,9 @@ _FREE = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitca
                    "partition-id", "replica-id", "iota", "add-dependency", "domain", "copy-start", "copy-done",
                    "async-update", "send-done", "recv-done", "recv", "slice-start"})
 _CONTROL = frozenset({"while", "conditional", "call"})
+LOOP_ITERATION = "while-loop iteration"
+"""The class of a ``while`` loop's own cost per iteration beyond its kernels (``class_rates`` ``loop_iterations``,
+where the chip's profile measured it): a row named after the loop."""
 _NO_KERNEL = frozenset({"copy-start", "send"})
 _KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute",
           "collective-broadcast")
@@ -674,6 +677,9 @@ class _Timer:
             cond = self.walk(ins.attributes.get("condition", "").lstrip("%"), k * (n + 1), depth + 1)
             out.absorb(body, n)
             out.absorb(cond, n + 1)
+            per = None if self.gpu else self.chip.class_rate("loop_iterations")
+            if per and n > 0:  # each iteration's own cost beyond its kernels, at the rate calibrate measured
+                out.absorb(self._iteration(comp, ins, 1.0 / per, k * n), n)
         elif ins.opcode == "conditional":
             branches = [self.walk(c.lstrip("%"), k, depth + 1) for c in ins.called_computations]
             if branches:
@@ -682,6 +688,20 @@ class _Timer:
             for c in ins.called_computations:
                 out.absorb(self.walk(c.lstrip("%"), k, depth + 1), 1.0)
         return out
+
+    def _iteration(self, comp: HloComputation, ins: HloInstruction, cost: float, executions: int) -> _Walk:
+        """One iteration's fixed cost (seconds) of the ``while`` loop ``ins`` (:data:`LOOP_ITERATION`), a row of
+        its own executed ``executions`` times per step."""
+        it = _Walk(schedule=cost, compute=cost)
+        lo, hi, validated = class_spread(self.chip, LOOP_ITERATION)
+        it.low, it.high, it.least = cost * lo, cost * hi, cost * min(lo, 1.0)
+        if not validated:
+            it.unvalidated[_family(LOOP_ITERATION)] = cost
+        it.add_part(LATENCY, cost)
+        it.add_source(FROM_MODEL, cost)
+        self.kinds[(comp.name, ins.name)] = (LOOP_ITERATION, FROM_MODEL, None)
+        self._note(comp, ins, cost, executions, 0.0, 0.0, LATENCY)
+        return it
 
     @staticmethod
     def _exposed(w: _Walk, ct: CollectiveTime, wait: float) -> None:

@@ -4,6 +4,7 @@ modules whose times follow from the chip's constants alone (no compile: each tes
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -1061,3 +1062,107 @@ def test_single_elements_gathered_from_a_table_in_vmem_take_the_scalar_gather_ra
     assert k.kind == "gather (elements from VMEM)" and k.memory_seconds == pytest.approx(n / 8e7, rel=1e-12)
     assert _kernel(_SCALAR_GATHER, "gather_fusion", CLASSY).kind == "gather from VMEM"
     assert _kernel(_VMEM_TABLE_GATHER, "gather_fusion", _ROUND2).kind == "gather from VMEM"
+
+
+# ------------------------------------------------------------------ class coverage (issue 46, model46d)
+COVERED = dataclasses.replace(CLASSY, class_rates=tuple(sorted({**dict(CLASSY.class_rates), **{
+    "op_exponential": 1e10, "op_divide_s32": 2e10, "cholesky_64": 4e10, "cholesky_128": 1.6e11, "top_k": 1e10,
+    "loop_iterations": 1e6, "pool_window": 2e11, "select_and_scatter": 1e11, "pad_interior": 2e11,
+    "conv_dilated": 5e13, "batched_matmul_f32_highest": 3e12}}.items())))
+
+
+def test_an_element_op_with_a_measured_rate_of_its_own_is_timed_at_it():
+    """exp over f32[4096,4096] (the element-wise module above): at the tanh-measured transcendental rate it was
+    memory-bound (16.8 M / 1e12 = 17 us under its 201 MB at 5e11 B/s); at op_exponential's 1e10/s it takes 1.68 ms,
+    its transcendental no longer counted at the generic rate."""
+    n = 4096 * 4096
+    plain = _kernel(_ELEMENTWISE, "f", CLASSY)
+    k = _kernel(_ELEMENTWISE, "f", COVERED)
+    # its transcendental at 1e12/s, and the multiply and the exponential as two vector ops at 1e12/s
+    assert plain.bound == "memory bandwidth" and plain.compute_seconds == pytest.approx(3 * n / 1e12, rel=1e-6)
+    # the multiply stays a generic vector op (1e12/s); the exponential is at its own rate
+    assert k.compute_seconds == pytest.approx(n / 1e10 + n / 1e12, rel=1e-6) and k.bound == "compute"
+    s32 = _ELEMENTWISE.replace("f32[", "s32[").replace("exponential(%m)", "divide(%m, %p1)")
+    assert _kernel(s32, "f", COVERED).compute_seconds == pytest.approx(n / 2e10 + n / 1e12, rel=1e-6)
+
+
+def test_a_linear_algebra_custom_call_is_timed_at_its_measured_rate_not_a_floor():
+    """Held-back round 1's gp_cholesky: XLA:TPU's Cholesky custom call over 2048 matrices of 64 x 64 took 14.1 ms
+    against a 0.165 ms floor; with cholesky_64 measured it is batch x 64^3 over that rate (not a lower bound);
+    between the measured sizes (64, 128) the rate is interpolated in log n."""
+    k = _kernel(_CHOLESKY, "c", COVERED)
+    assert k.figure == "model" and not k.uncounted
+    assert k.compute_seconds == pytest.approx(4096 * 64**3 / 4e10, rel=1e-9)
+    assert _kernel(_CHOLESKY, "c", CLASSY).uncounted  # no rate: the floor, as before
+    mid = _CHOLESKY.replace("64,64", "90,90")
+    assert _kernel(mid, "c", COVERED).compute_seconds == pytest.approx(
+        4096 * 90**3 / (4e10 * 4 ** (math.log(90 / 64) / math.log(2))), rel=1e-9)
+
+
+def test_top_k_is_timed_at_its_measured_rate_per_operand_element():
+    text = _CHOLESKY.replace('custom_call_target="Cholesky"', 'custom_call_target="TopK"')
+    k = _kernel(text, "c", COVERED)
+    assert k.kind == "top-k" and not k.uncounted and k.compute_seconds == pytest.approx(4096 * 64 * 64 / 1e10)
+
+
+def test_each_while_loop_iteration_costs_the_measured_iteration_time_in_a_row_of_its_own():
+    """loop_iterations (calibrate's fori_loop of a tiny body, less the model's time of its kernels): 7 iterations
+    at 1e6/s add 7 us to the step, in a row named after the loop."""
+    plain, covered = _estimate(_LOOP, CLASSY), _estimate(_LOOP, COVERED)
+    assert covered.schedule_seconds == pytest.approx(plain.schedule_seconds + 7e-6, rel=1e-9)
+    row = next(i for i in covered.top if i.name == "loop")
+    assert row.kind == "while-loop iteration" and row.executions == 7 and row.total_seconds == pytest.approx(7e-6)
+    assert sum(v for _, v in covered.sources) == pytest.approx(covered.schedule_seconds, rel=1e-9)
+
+
+_POOL = """HloModule jit_f, num_partitions=1
+
+%max (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %m = f32[] maximum(%a, %b)
+}
+
+ENTRY %main (x: f32[8,112,112,128]) -> f32[8,56,56,128] {
+  %x = f32[8,112,112,128]{3,2,1,0} parameter(0)
+  %z = f32[] constant(-inf)
+  ROOT %p = f32[8,56,56,128]{3,2,1,0} reduce-window(%x, %z), window={size=1x3x3x1 stride=1x2x2x1 pad=0_0x0_1x0_1x0_0}, to_apply=%max
+}
+"""
+
+
+def test_pooling_windows_and_interleaving_pads_are_classes_of_their_own():
+    """A 3 x 3 max pool at stride 2 (a reduce-window over part of each dimension: not a softmax's row, not a
+    prefix scan) is 'pooling (reduce-window)', its bytes at pool_window where measured; a pad with interior
+    padding (associative_scan's interleave) is 'pad (interleave)' at pad_interior."""
+    moved = (8 * 112 * 112 * 128 + 8 * 56 * 56 * 128) * 4
+    k = _kernel(_POOL, "p", COVERED)
+    assert k.kind == "pooling (reduce-window)" and k.memory_seconds == pytest.approx(moved / 2e11, rel=1e-6)
+    assert _kernel(_POOL, "p", CLASSY).memory_seconds == pytest.approx(moved / 4e11, rel=1e-6)  # the reduction rate
+    pad = _POOL.replace("reduce-window(%x, %z), window={size=1x3x3x1 stride=1x2x2x1 pad=0_0x0_1x0_1x0_0}, "
+                        "to_apply=%max", "pad(%x, %z), padding=0_0x0_0_1x0_0x0_0").replace(
+        "-> f32[8,56,56,128]", "-> f32[8,223,112,128]").replace("ROOT %p = f32[8,56,56,128]", "ROOT %p = f32[8,223,112,128]")
+    k = _kernel(pad, "p", COVERED)
+    assert k.kind == "pad (interleave)"
+    assert k.memory_seconds == pytest.approx((8 * 112 + 8 * 223) * 112 * 128 * 4 / 2e11, rel=1e-6)
+
+
+def test_a_dilated_convolution_is_its_own_form_where_measured_else_a_dense_one():
+    text = _DEPTHWISE.replace("bf16[7,7,1,256]", "bf16[3,3,256,256]").replace(
+        "window={size=7x7 pad=3_3x3_3}", "window={size=3x3 pad=2_2x2_2 rhs_dilate=2x2}").replace(
+        ", feature_group_count=256", "")
+    assert "(conv_dilated)" in _kernel(text, "f", COVERED).kind
+    assert "(conv_dense)" in _kernel(text, "f", CLASSY).kind  # no conv_dilated rate: timed as the dense form
+    k = _kernel(text, "f", COVERED)
+    assert k.compute_seconds == pytest.approx(
+        _kernel(text, "f", CLASSY).compute_seconds * 8e13 / 5e13, rel=1e-6)
+
+
+def test_batched_small_products_at_highest_take_their_own_measured_rate():
+    """Held-back round 1's gp_cholesky: 64 x 64 f32 products at HIGHEST ran about 10x faster than the bf16 batched
+    rate / 6 (six passes) said; where batched_matmul_f32_highest is measured it is their rate."""
+    text = _BATCHED_AS_CONV.replace("bf16[", "f32[").replace("dim_labels=0bf_0io->0bf",
+                                                              "dim_labels=0bf_0io->0bf, operand_precision={highest,highest}")
+    k = _kernel(text, "f", COVERED)
+    assert "f32_highest" in k.kind and "batched_matmul" in k.kind
+    assert k.compute_seconds == pytest.approx(2 * 8192 * 128**3 / 3e12, rel=1e-6)
