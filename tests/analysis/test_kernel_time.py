@@ -1166,3 +1166,49 @@ def test_batched_small_products_at_highest_take_their_own_measured_rate():
     k = _kernel(text, "f", COVERED)
     assert "f32_highest" in k.kind and "batched_matmul" in k.kind
     assert k.compute_seconds == pytest.approx(2 * 8192 * 128**3 / 3e12, rel=1e-6)
+
+
+def _conv(out: str, lhs: str, rhs: str, window: str, labels: str = "b01f_01io->b01f") -> str:
+    return f"""HloModule jit_gan, is_scheduled=true
+
+ENTRY %main (x: {lhs}, w: {rhs}) -> {out} {{
+  %x = {lhs}{{3,2,1,0}} parameter(0)
+  %w = {rhs}{{3,2,1,0}} parameter(1)
+  ROOT %c = {out}{{3,2,1,0}} convolution(%x, %w), window={{{window}}}, dim_labels={labels}
+}}
+"""
+
+
+@pytest.mark.parametrize("cout, window, factor", [
+    (3, "size=4x4 pad=2_2x2_2 lhs_dilate=2x2", 128 / 12),   # 4 phases of 3 features: 12 of the MXU's 128
+    (64, "size=4x4 pad=2_2x2_2 lhs_dilate=2x2", 1.0),       # 4 x 64 = 256 features: no padding
+    (64, "size=3x3 pad=2_1x2_1 lhs_dilate=2x2", 2 * 640 / 576),  # ragged phases (3 x 3 at 2): N 64 padded to 128,
+    # K 64 x 9 = 576 to 640
+])
+def test_a_transposed_convolutions_whole_phases_are_padded_as_features_side_by_side(cout, window, factor):
+    """Held-back round 2's gan_train: a DCGAN generator's 4 x 4 stride-2 transposed convolutions to 64 features ran
+    at 169-178 TFLOP/s of XLA's FLOPs on the v5e, to 3 features 11-12 x slower; the model padded N to the MXU's
+    128 (2 x and 42.7 x: 0.236 and 0.488 ms for 0.09 and 0.10). A window a multiple of the input dilation splits
+    into lhs_dilate's phases, each a whole 2 x 2 sub-window, computed side by side: M / 4, K / 4, N x 4."""
+    from stagetool.analysis.kernel_time import padded_matmul_flops
+
+    text = _conv(f"bf16[256,64,64,{cout}]", "bf16[256,32,32,64]", f"bf16[{window[5]},{window[5]},64,{cout}]",
+                 window)
+    module = parse_hlo_module(text)
+    ins = module.entry.instruction("c")
+    assert padded_matmul_flops(module.entry, ins, (128, 128), 1e9) == pytest.approx(1e9 * factor, rel=1e-12)
+
+
+def test_a_strided_convolution_whose_window_is_a_multiple_of_its_stride_takes_the_rate_measured_for_one():
+    """gan_train's discriminator: 4 x 4 stride-2 convolutions ran at 143-176 TFLOP/s of XLA's FLOPs, timed at the
+    3 x 3 stride-2 conv_strided rate (1.2e14 on the v5e: 1.76 ms for 1.27). Where the profile has
+    class_rates.conv_strided_4x4 such a convolution takes it; a 3 x 3 stride-2 one keeps conv_strided."""
+    chip = dataclasses.replace(CLASSY, class_rates=tuple(sorted({**dict(CLASSY.class_rates), **{
+        "conv_strided": 4e13, "conv_strided_4x4": 8e13}}.items())))
+    four = _conv("bf16[256,8,8,256]", "bf16[256,16,16,128]", "bf16[4,4,128,256]", "size=4x4 stride=2x2 pad=1_1x1_1")
+    three = _conv("bf16[256,8,8,256]", "bf16[256,16,16,128]", "bf16[3,3,128,256]", "size=3x3 stride=2x2 pad=0_1x0_1")
+    k4, k3 = _kernel(four, "c", chip), _kernel(three, "c", chip)
+    assert k4.kind == "convolution bf16 (conv_strided_4x4)" and k3.kind == "convolution bf16 (conv_strided)"
+    assert k4.compute_seconds == pytest.approx(k4.flops / 8e13, rel=1e-12)  # no padding: M, K, N all whole tiles
+    assert k3.compute_seconds == pytest.approx(k3.flops / 4e13, rel=1e-12)
+    assert _kernel(four, "c", CLASSY).kind == "convolution bf16"  # CLASSY measured no strided rate at all
