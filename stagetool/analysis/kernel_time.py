@@ -586,6 +586,10 @@ def _scatter_rows(sc: HloInstruction, idx) -> float:
 #: the row width (bytes) from which a scatter's rows are whole windows (the gradient of a nearest upsample writes
 #: 0.5-1 MiB windows at 32-128 regular ids): the widest row calibrate's gathers measure, 32 KiB pages
 _WINDOW_ROW_BYTES = 32768.0
+#: rows per table row from which a scatter-add is a segment sum (many rows to few): calibrate's segment sums add 32
+#: (131072 into 4096), k-means' 32 ran at their rate (6.7 ns a 512 B row); held-back round 1's gnn_train added 8 per
+#: node of a 16 MiB table at 13.9 ns, the general rule's 12.5 (a gathered row's), not the segment sums' 7.1
+_SEGMENT_ROWS_PER_TARGET = 16
 #: the row widths (bytes) of calibrate's segment-sum scatter-adds (``class_rates`` scatter_add_segment_4/_512/_2048)
 _SEGMENT_ROW_BYTES = (4, 512, 2048)
 
@@ -602,9 +606,10 @@ def _scatter_add_form(comp: HloComputation, sc: HloInstruction, chip: Chip, rows
     - ``elements into VMEM``: single elements added into a table XLA:TPU keeps in VMEM (``S(1)``;
       ``take_along_axis``'s gradient): rows ÷ ``class_rates.scatter_add_scalar_vmem`` (ctc_train: 4.2 M elements
       28.0 ms measured, 51.2 ms at a 128 B gathered row's time each);
-    - ``segment sum``: more rows than the table has (so ids collide: ``jax.ops.segment_sum`` into few segments):
-      rows ÷ ``class_rates.scatter_add_segment_<width>``, interpolated in log row width between 4 B, 512 B and
-      2 KiB (kmeans_step: 131072 rows of 512 B into 4096, 0.87-0.89 ms each measured, 1.6 ms at the row rule)."""
+    - ``segment sum``: at least 16 rows per row of the table (ids collide: ``jax.ops.segment_sum`` into few
+      segments): rows ÷ ``class_rates.scatter_add_segment_<width>``, interpolated in log row width between 4 B,
+      512 B and 2 KiB (kmeans_step: 131072 rows of 512 B into 4096, 0.87-0.89 ms each measured, 1.6 ms at the row
+      rule; fewer per row, as gnn_train's 8, keep the general rule)."""
     width = upd / rows
     if width >= _WINDOW_ROW_BYTES:
         rate = chip.class_rate("scatter_add_upsample")
@@ -618,7 +623,7 @@ def _scatter_add_form(comp: HloComputation, sc: HloInstruction, chip: Chip, rows
         rate = chip.class_rate("scatter_add_scalar_vmem")
         return ("elements into VMEM", rows / rate) if rate else None
     targets = (shape_bytes(table) or 0) / width if width else 0.0
-    if targets and rows > targets:
+    if targets and rows >= _SEGMENT_ROWS_PER_TARGET * targets:
         points = [(w, chip.class_rate(f"scatter_add_segment_{w}")) for w in _SEGMENT_ROW_BYTES]
         rate = _log_interpolate([(w, r) for w, r in points if r], width)
         return ("segment sum", rows / rate) if rate else None

@@ -414,7 +414,9 @@ _V5E_PROFILE = dict(
         "batched_matmul": 3.632e13, "vector_ops": 2.2709e12, "random_bits": 4.7353e10, "fft": 4.7374e12, "xla_fft": 0.8432,
         "dynamic_update_slice": 1.1324e11, "gather_128": 2.1055e10, "gather_512": 8.2175e10,
         "gather_32768": 3.6329e11, "sort": 1.2913e11, "cumulative": 2.7131e11,
-        "scatter_set_rows": 1.1776e7}.items())),
+        "scatter_set_rows": 1.1776e7, "scatter_add_upsample": 3.5314e11, "scatter_add_scalar_vmem": 1.1188e8,
+        "scatter_add_segment_4": 1.4230e8, "scatter_add_segment_512": 1.3995e8, "scatter_add_segment_2048": 1.0681e8,
+        "gather_scalar_vmem": 7.8883e7}.items())),
     profile=(("measured_on", "TPU v5 lite"), ("date", "2026-12-06"), ("jax", "0.10.2"), ("jaxlib", "0.10.2"),
              ("libtpu", "0.0.42.1"), ("command", "stagetool calibrate -o tpu-v5e.yaml")),
 )
@@ -448,7 +450,18 @@ _V5E_PROVENANCE = (
      "measured for 25.18 ms of XLA's estimated_cycles, each kernel 0.82-0.87 of it, where the fft rate was 0.94-4.35x "
      "off: kernels of equal FLOPs took 0.42 to 1.19 ms); scatter_set_rows 1.1776e7 rows/s: bf16[524288,256].at["
      "i32[65536]].set (donated, 512-byte rows) in 5.565 ms, median of 10 x 3 calls, spread 1.3% (85 ns a row; "
-     "bench/results/step_time_suite/calibrate_tpu_v5e_scatter_set.yaml, calibrate(only={'scatter_set'}), 383d72c)"),
+     "bench/results/step_time_suite/calibrate_tpu_v5e_scatter_set.yaml, calibrate(only={'scatter_set'}), 383d72c); "
+     "held-back round 2's classes (bench/results/step_time_suite/calibrate_tpu_v5e_classes3.yaml, calibrate(only="
+     "model46c's names), 2026-12-06 15:50-15:55Z, medians of 10 samples, spreads 0.5-2.2%): scatter_add_upsample "
+     "3.5314e11 update bytes/s (the gradient of jax.image.resize(bf16[32,28,28,256], x2, 'nearest'): 77.1 MB of "
+     "updates in its two scatters, 0.3244 ms less 0.106 ms the model gives its copies); scatter_add_scalar_vmem "
+     "1.1188e8 and gather_scalar_vmem 7.8883e7 elements/s (take_along_axis of i32[32,32,4096] single f32 elements of a "
+     "4 MiB f32[32,32,1024] table and its gradient: 37.58 and 53.23 ms); scatter_add_segment_4 / _512 / _2048 "
+     "1.4230e8 / 1.3995e8 / 1.0681e8 rows/s (jax.ops.segment_sum of 131072 f32 rows of 4 B / 512 B / 2 KiB at random "
+     "ids into 4096 segments: 0.921 / 0.937 / 1.227 ms). Not taken: conv_strided_4x4 (1.1333e14, 0.149 ms a call, "
+     "20.6% spread: a call that short carries the program's fixed cost, about 40-70 us on the ladder beside it; the "
+     "same shape ran at 166 TFLOP/s inside gan_train on the profiler) and the scatter_add_unique rates (the general "
+     "row rule they check: 1.60 / 1.63 / 4.21 ms estimated for 1.21 / 1.44 / 4.19 measured)"),
     ("kernel_overhead_seconds", "assumption", "1 us, fitted on the validation suite's fit half: of 0, 0.5, 1, 1.5 "
      "and 2 us its median |error| is lowest at 1 us (4.6%; the latency-bound KV-cache update +3%, -20% with none); "
      "first set on the held-out decode at batch 1 (issue 39's suite, before the halves), which the fit half "
