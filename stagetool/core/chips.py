@@ -468,6 +468,22 @@ _V5E_PROVENANCE = (
      "now confirms; tiny fusions took 0.03-1.2 us each on the profiler (the calibration's chained-kernel "
      "difference, 0.05 us with a 165% spread, is noise)"),
 )
+# class coverage (issue 46): rates of calibrate's _coverage_benchmarks measured on the lent v5e
+# (bench/results/step_time_suite/calibrate_tpu_v5e_classes3.yaml), each its elements x ops over the median less
+# the model's time of the chain's one cheap op a link (a multiply or an add, at vector_ops)
+_V5E_COVERAGE_RATES = {"op_log_plus_one": 5.7229e11, "op_erf": 1.4892e11, "op_sine": 1.4888e10, "op_rsqrt": 6.6476e11}
+_V5E_PROFILE["class_rates"] = tuple(sorted({**dict(_V5E_PROFILE["class_rates"]), **_V5E_COVERAGE_RATES}.items()))
+_V5E_PROVENANCE += (
+    ("class_rates", "measured", _V5E_MEASURED + " (class coverage, bench/results/step_time_suite/"
+     "calibrate_tpu_v5e_classes3.yaml, 15:50-15:55Z, stagetool at 6462e6f's parent): 16 chained ops over f32[8388608] "
+     "in one fusion, elements x 16 over the median less the model's time of the link's one cheap op (a multiply or "
+     "an add at vector_ops: 0.059 ms): log1p 0.2345 ms (no other op) -> op_log_plus_one 5.7229e11/s; erf (x 2) "
+     "0.9604 ms -> op_erf 1.4892e11/s (7 ps an element: XLA:TPU's polynomial, 6x the tanh-measured transcendental); "
+     "sine (x 2) 9.074 ms -> op_sine 1.4888e10/s (67 ps an element: its range reduction, 60x the transcendental "
+     "rate; cosine timed alike); rsqrt (+ 1) 0.2610 ms -> op_rsqrt 6.6476e11/s (sqrt alike). exp (0.1325 ms) and log "
+     "(0.1290 ms) not used: within 1.3x of their 67 MB's time at the element-wise rate (0.103 ms), so memory-bound, "
+     "no measure of the op (the generic transcendental and vector rates give 1.15 ps an element, under both)"),
+)
 CHIPS["tpu-v5e"] = dataclasses.replace(CHIPS["tpu-v5e"], **_V5E_PROFILE,
                                        provenance=CHIPS["tpu-v5e"].provenance + _V5E_PROVENANCE)
 

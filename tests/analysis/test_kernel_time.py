@@ -1220,3 +1220,16 @@ def test_a_strided_convolution_whose_window_is_a_multiple_of_its_stride_takes_th
     assert k4.compute_seconds == pytest.approx(k4.flops / 8e13, rel=1e-12)  # no padding: M, K, N all whole tiles
     assert k3.compute_seconds == pytest.approx(k3.flops / 4e13, rel=1e-12)
     assert _kernel(four, "c", CLASSY).kind == "convolution bf16"  # CLASSY measured no strided rate at all
+
+
+def test_the_v5es_sine_and_erf_are_timed_at_the_rates_calibrate_measured_for_them():
+    """The bundled tpu-v5e profile (calibrate_tpu_v5e_classes3.yaml): 16 chained sines over f32[8388608] took 9.07 ms
+    on the lent v5e, 60x what one tanh-measured transcendental a sine said; erf 0.96 ms. A fusion's sine and erf
+    elements go at those rates, the multiply beside them at the vector-op rate."""
+    n = 4096 * 4096
+    for op, rate in (("sine", 1.4888e10), ("erf", 1.4892e11), ("cosine", 1.4888e10)):
+        k = _kernel(_ELEMENTWISE.replace("exponential(%m)", f"{op}(%m)"), "f", V5E)
+        assert k.compute_seconds == pytest.approx(n / rate + n / V5E.class_rate("vector_ops"), rel=1e-6)
+    exp = _kernel(_ELEMENTWISE, "f", V5E)  # exp: no rate of its own (its benchmark was memory-bound)
+    assert exp.compute_seconds == pytest.approx(n / V5E.transcendentals_per_second + 2 * n / V5E.class_rate("vector_ops"),
+                                                rel=1e-6)
