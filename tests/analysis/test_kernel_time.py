@@ -1233,3 +1233,13 @@ def test_the_v5es_sine_and_erf_are_timed_at_the_rates_calibrate_measured_for_the
     exp = _kernel(_ELEMENTWISE, "f", V5E)  # exp: no rate of its own (its benchmark was memory-bound)
     assert exp.compute_seconds == pytest.approx(n / V5E.transcendentals_per_second + 2 * n / V5E.class_rate("vector_ops"),
                                                 rel=1e-6)
+
+
+def test_a_softmax_rows_reduce_window_stays_a_reduction_not_a_pooling_window():
+    """XLA:TPU writes a softmax's row max as a reduce-window over the whole row (window = the dimension): a
+    reduction, as the fit half validated it, not a pooling window."""
+    row = _POOL.replace("window={size=1x3x3x1 stride=1x2x2x1 pad=0_0x0_1x0_1x0_0}",
+                        "window={size=1x1x1x128 stride=1x1x1x128}").replace(
+        "-> f32[8,56,56,128]", "-> f32[8,112,112,1]").replace("ROOT %p = f32[8,56,56,128]", "ROOT %p = f32[8,112,112,1]")
+    assert _kernel(row, "p", COVERED).kind == "reduction"
+    assert _kernel(_POOL, "p", COVERED).kind == "pooling (reduce-window)"
