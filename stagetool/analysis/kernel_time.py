@@ -1015,7 +1015,19 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
                 return done("gather (elements from VMEM)", compute, max(elements / scalar_rate, moved / copy_rate))
             return done("gather from VMEM", compute, moved / copy_rate)
         rest = max(moved - sides * rows, 0.0)  # what the kernel reads and writes beside the rows
-        return done("gather", compute, sides * rows / rate + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)
+        # a row narrower than 128 B (single elements: take_along_axis) takes a 128 B row's time, read and written,
+        # as a scatter's rows do, wherever its result goes: a gather is bound by its rows (calibrate's 128 B and
+        # 512 B rows 12.2 and 12.5 ns each on the lent v5e, single f32 elements from a VMEM table 12.7 ns); not its
+        # bytes at the 128 B rows' rate, 0.4 ns an element (held-back round 3's aspp_train: 4.19 M f32 logits
+        # picked per pixel from HBM in one kernel, 63.9 ms measured, 0.80 ms by its bytes)
+        narrow = not gpu and 0 < row_bytes < _NARROW_ROW_BYTES
+        if not rate:
+            row_seconds = 0.0
+        elif narrow:
+            row_seconds = 2.0 * (rows / row_bytes) * _NARROW_ROW_BYTES / rate
+        else:
+            row_seconds = sides * rows / rate
+        return done("gather", compute, row_seconds + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)
     vec_rate = None if gpu else chip.class_rate("vector_ops")
     vector = max(vector_ops(inner) - own_ops[1], 0.0) / vec_rate if vec_rate else 0.0
     if "select-and-scatter" in ops:  # a pooling window's gradient: at the rate calibrate measured for it

@@ -1072,6 +1072,24 @@ def test_single_elements_gathered_from_a_table_in_vmem_take_the_scalar_gather_ra
     assert _kernel(_VMEM_TABLE_GATHER, "gather_fusion", _ROUND2).kind == "gather from VMEM"
 
 
+def test_single_elements_gathered_from_hbm_take_a_128_byte_rows_time_each(monkeypatch):
+    """Held-back round 3's aspp_train: take_along_axis picks 4.19 M single f32 logits per pixel from a table in HBM:
+    63.9 ms measured in one kernel, 0.80 ms when its 4-byte rows were timed by their bytes at the 128 B rows' rate.
+    A row narrower than 128 B takes a 128 B row's time (read and written), as a scatter's rows do: here 2 x n x 128
+    B over class_rates.gather_128 (2e10 B/s), where the bytes rule gave 2 x n x 4 B over it; the kernel's other
+    bytes are timed alike by both."""
+    import stagetool.analysis.kernel_time as kt
+
+    n = 32 * 512 * 257
+    in_hbm = _SCALAR_GATHER.replace("S(1)", "")
+    new = _kernel(in_hbm, "gather_fusion", CLASSY)
+    monkeypatch.setattr(kt, "_NARROW_ROW_BYTES", 0.0)  # no row is narrow: the bytes rule
+    old = _kernel(in_hbm, "gather_fusion", CLASSY)
+    assert new.kind == old.kind == "gather"
+    assert new.memory_seconds - old.memory_seconds == pytest.approx(2 * n * (128 - 4) / 2e10, rel=1e-9)
+    assert 2 * n * 128 / 2e10 == pytest.approx(0.0539, rel=1e-3)  # 12.8 ns an element
+
+
 # ------------------------------------------------------------------ class coverage (issue 46, model46d)
 COVERED = dataclasses.replace(CLASSY, class_rates=tuple(sorted({**dict(CLASSY.class_rates), **{
     "op_exponential": 1e10, "op_divide_s32": 2e10, "cholesky_64": 4e10, "cholesky_128": 1.6e11, "top_k": 1e10,
