@@ -64,6 +64,15 @@ ROUND2_SEEN = ("Held-back round 2 (`heldback2.py`, 12 programs) is now **seen**:
                "needs programs nobody has seen (round 3).")
 
 
+ROUND3_SEEN = ("Held-back round 3 (`heldback3.py`, 12 programs) was the clean test: measured once, and judged against the "
+               "model as it stood (`validation_tpu_v5e_heldback3_bea0d18.md`, and before the day's changes at ffabd89: "
+               "the same summary). After that, its per-instruction times were read "
+               "(`validation_tpu_v5e_heldback3_notes.md`) and the model was changed from one of them (a gathered row "
+               "narrower than 128 B at a 128 B row's time); a program whose group says \"seen in COMMIT\" is one whose "
+               "mechanism was fixed from that commit on, and the first summary line leaves it out. A next validation "
+               "needs programs nobody has seen.")
+
+
 def halves() -> dict[str, tuple[str, str]]:
     """``{program: (kind, half)}`` from kinds.yaml, checked against its rule: within a kind, programs ordered
     by the SHA-256 of their name alternate held-out, fit, ...; a kind of one program is held-out when its
@@ -227,7 +236,7 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
     group)."""
     later = heldback in (2, 3) and heldback is not True  # a later round: its own group
     base = f"held-back-{heldback}" if later else "held-back"
-    with_seen = heldback is True or heldback in (1, 2)  # rounds whose programs the model has since seen
+    with_seen = heldback is True or heldback in (1, 2, 3)  # rounds whose programs the model has since seen
     groups = ((base, f"{base}, seen", f"{base}, all") if with_seen else (base,)) if heldback else ("held-out", "fit")
     lines = [f"<!-- {command} -->", "",
              f"# Step time: measured on one TPU v5e vs stagetool's estimate (`--topology {topology}`, computed on a CPU)",
@@ -242,15 +251,15 @@ def table(measured: dict, estimates: dict, split: dict, command: str, topology: 
               if heldback == 2 else
               "Held back, round 3: `bench/step_time_suite/heldback3.py`, kinds in `heldback3_kinds.yaml` that none "
               "of the suite's `kinds.yaml`, round 1's `heldback_kinds.yaml` and round 2's `heldback2_kinds.yaml` "
-              "names, committed before they were measured and never used to set a rate, a rule or a range width."
-              if heldback == 3 else
+              "names, committed before they were measured and not used to set a rate, a rule or a range width until "
+              "they were seen (below)." if heldback == 3 else
               "Held back: `bench/step_time_suite/heldback.py`, kinds in `heldback_kinds.yaml` that the suite's "
               "`kinds.yaml` does not name, committed before they were measured and never used to set a rate, a "
               "rule or a range width; one whose group says \"seen in COMMIT\" was used by the model from that "
               "commit on, and the first summary line leaves it out." if heldback else
               "Halves: `bench/step_time_suite/kinds.yaml`, split by a blind rule before the added programs were "
               "measured; the fit half may set rates, rules and range widths, the held-out half never does."),
-             *(["", ROUND1_SEEN] if not later and heldback != 2 else ["", ROUND2_SEEN] if heldback == 2 else []), "",
+             *(["", {1: ROUND1_SEEN, 2: ROUND2_SEEN, 3: ROUND3_SEEN}[int(heldback)]] if heldback else []), "",
              "| program | half | kind | measured | timing | estimated | error | likely range | holds | bound | not validated |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows: dict[str, list[dict]] = {g: [] for g in groups}
