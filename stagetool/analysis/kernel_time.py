@@ -20,8 +20,9 @@ group-masked        a matmul kernel XLA:TPU runs skipping the iterations a ``pre
 element-wise        memory: bytes ÷ the element-wise rate; compute: transcendentals ÷ their rate
 reduction           memory: bytes ÷ the reduction rate; compute: transcendentals ÷ their rate
 gather / scatter    2 × the gathered rows' bytes (read, written; 1 × where the result is in VMEM) ÷ the
-                    gather rate (from a table in VMEM, ``S(1)``: its HBM bytes ÷ the copy rate); 3 × the updates' bytes (the update read, its row read and written) ÷ the
-                    scatter rate, or its rows × a gathered row's time at their width (≥ 128 B) where larger
+                    gather rate (from a table in VMEM, ``S(1)``: its HBM bytes ÷ the copy rate; a row under
+                    128 B as a 128 B one); 3 × the updates' bytes (the update read, its row read and written)
+                    ÷ the scatter rate, or its rows × a gathered row's time at their width (≥ 128 B) where larger
 copy / layout       bytes ÷ the HBM copy rate (copies, transposes, fusions that only move data); a
                     ``copy`` XLA:TPU runs as a DMA (no vector-unit window in its backend config) at
                     twice it, reading and writing at once (measured: 134 MB in 0.103 ms against
@@ -457,18 +458,10 @@ def _linalg_rate(chip: Chip, comp: HloComputation, ins: HloInstruction) -> float
     if cls != "cholesky":
         return chip.class_rate(cls) if cls else None
     a = _shape(comp, ins.operands[0]) if ins.operands else None
-    points = [(n, chip.class_rate(f"cholesky_{n}")) for n in (64, 128)]
-    points = [(n, r) for n, r in points if r]
+    points = [(n, r) for n, r in ((n, chip.class_rate(f"cholesky_{n}")) for n in (64, 128)) if r]
     if not points or not isinstance(a, ArrayShape) or len(a.dims) < 2:
         return points[0][1] if points else None
-    n = max(a.dims[-1], 1)
-    if len(points) == 1 or n <= points[0][0]:
-        return points[0][1]
-    if n >= points[-1][0]:
-        return points[-1][1]
-    (n0, r0), (n1, r1) = points
-    f = (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
-    return math.exp(math.log(r0) + f * (math.log(r1) - math.log(r0)))
+    return _log_interpolate(points, max(a.dims[-1], 1))
 
 
 def _batched_rate(chip: Chip, cls: str) -> float | None:
@@ -882,12 +875,11 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
             b = kb if kb is not None else moved
             return done(custom_call_kind(target), kf / rate if rate else 0.0, b / copy_rate if copy_rate else 0.0,
                         FROM_KERNEL, True, f=kf, b=b)
-        elif target in LINALG_CLASSES and not gpu and _linalg_rate(chip, comp, ins):
+        elif target in LINALG_CLASSES and not gpu and (linalg_rate := _linalg_rate(chip, comp, ins)):
             # XLA:TPU's Cholesky, triangular-block inversion, QR and eigh custom calls at the rate calibrate measured
             # for each (held-back round 1's gp_cholesky: 2048 Cholesky factorisations of 64 x 64, 14.1 ms measured,
             # a 0.165 ms floor before)
-            cubes = linalg_cubes(comp, ins)
-            return done(custom_call_kind(target), cubes / _linalg_rate(chip, comp, ins),
+            return done(custom_call_kind(target), linalg_cubes(comp, ins) / linalg_rate,
                         moved / copy_rate if copy_rate else 0.0)
         elif target == "TopK" and not gpu and chip.class_rate("top_k"):  # lax.top_k at calibrate's rate
             src = _shape(comp, ins.operands[0]) if ins.operands else None
@@ -973,14 +965,14 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         memory = 3 * upd / rate if rate else 0.0
         idx = _shape(sc_comp, sc.operands[len(sc.operands) // 2]) if len(sc.operands) > 2 else None
         rows = _scatter_rows(sc, idx)
-        row_rate = _gather_rate(chip, max(upd / rows, _NARROW_ROW_BYTES), copy_rate) if rows and not gpu else None
+        width = max(upd / rows, _NARROW_ROW_BYTES) if rows else 0.0
+        row_rate = _gather_rate(chip, width, copy_rate) if rows and not gpu else None
         if rows and chip.scatter_bytes_per_second and row_rate:
             # a scatter is bound by its rows where they are narrow, as a gather is: each row at least the time of a
             # gathered row of its width (calibrate's gathers, row-bound below 2 KiB: 12.2 ns a 128 B row on the lent
             # v5e, 12.5 a 512 B one; a narrower row as a 128 B one). Not the 2 KiB scatter-add's 32 ns a row, which
             # is its bytes' time: held-back round 1's gnn_train scattered 512 B rows at 8.7-13.9 ns, and
             # weighted_histogram scalar updates at 8.7 ns (its bins in VMEM)
-            width = max(upd / rows, _NARROW_ROW_BYTES)
             memory = max(memory, rows * 2 * width / row_rate)
         set_rate = None if gpu else chip.class_rate("scatter_set_rows")
         if rows and set_rate and _sets(module, sc):  # a set's rows at the rate calibrate measured for them
@@ -1021,13 +1013,9 @@ def kernel_time(module: HloModule, comp: HloComputation, ins: HloInstruction, ch
         # bytes at the 128 B rows' rate, 0.4 ns an element (held-back round 3's aspp_train: 4.19 M f32 logits
         # picked per pixel from HBM in one kernel, 63.9 ms measured, 0.80 ms by its bytes)
         narrow = not gpu and 0 < row_bytes < _NARROW_ROW_BYTES
-        if not rate:
-            row_seconds = 0.0
-        elif narrow:
-            row_seconds = 2.0 * (rows / row_bytes) * _NARROW_ROW_BYTES / rate
-        else:
-            row_seconds = sides * rows / rate
-        return done("gather", compute, row_seconds + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)
+        row_bytes_moved = 2.0 * rows / row_bytes * _NARROW_ROW_BYTES if narrow else sides * rows
+        return done("gather", compute,
+                    row_bytes_moved / rate + (rest / copy_rate if copy_rate else 0.0) if rate else 0.0)
     vec_rate = None if gpu else chip.class_rate("vector_ops")
     vector = max(vector_ops(inner) - own_ops[1], 0.0) / vec_rate if vec_rate else 0.0
     if "select-and-scatter" in ops:  # a pooling window's gradient: at the rate calibrate measured for it
