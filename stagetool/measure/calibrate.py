@@ -350,6 +350,25 @@ def _program(name: str, key: str | None, unit: str, build: Callable[[], tuple[Ca
     return run
 
 
+def _batched_products(b: int, m: int, dtype: str, precision: str | None, seeds: tuple[int, int]):
+    """A benchmark build of ``b`` products of ``dtype[m, m] @ dtype[m, m]`` (``jnp.einsum``, at ``precision``, a
+    ``jax.lax.Precision`` name, or the default): its work the FLOPs with M, K and N padded up to the matrix unit's tile
+    (one weight tile a product, as the step-time model pads them), 2 × b × p³. The program is compiled once and
+    that executable timed."""
+    import jax
+    import jax.numpy as jnp
+
+    dt = {"bf16": jnp.bfloat16, "f32": jnp.float32}[dtype]
+    a, c = _rand(seeds[0], (b, m, m), dt), _rand(seeds[1], (b, m, m), dt)
+    prec = getattr(jax.lax.Precision, precision) if precision else None
+    compiled = jax.jit(lambda a, c: jnp.einsum("bij,bjk->bik", a, c, precision=prec)).lower(a, c).compile()
+    p = -(-m // _MXU_TILE) * _MXU_TILE
+    at = f" at {precision}" if precision else ""
+    return (lambda: compiled(a, c)), 2.0 * b * p ** 3, (f"{b} products of {dtype}[{m},{m}] @ {dtype}[{m},{m}]{at}: "
+                                                        f"FLOPs padded to the {_MXU_TILE} tile, 2 x {b} x {p}^3"), \
+        compiled.as_text()
+
+
 def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]], BenchmarkResult]]:
     """The kernel classes beyond matmuls and plain element-wise work (issue 46): convolutions of each form
     and their gradients, batched small matmuls, vector-unit work (integer ops, random bits), FFT, in-place
@@ -395,13 +414,7 @@ def _class_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timing]
         return _program(f"conv_{kind}", f"class_rates.conv_{kind}", "FLOP", build, own=("convolution", "matmul"))
 
     def batched():
-        b, m = s["bmm"], s["bmm_n"]
-        a, c = _rand(22, (b, m, m), jnp.bfloat16), _rand(23, (b, m, m), jnp.bfloat16)
-        f = jax.jit(lambda a, c: jnp.einsum("bij,bjk->bik", a, c))
-        p = -(-m // _MXU_TILE) * _MXU_TILE  # M, K and N padded up to the matrix unit's tile: one weight tile a product
-        return (lambda: f(a, c)), 2.0 * b * p ** 3, (f"{b} products of bf16[{m},{m}] @ bf16[{m},{m}]: FLOPs padded "
-                                                     f"to the {_MXU_TILE} tile, 2 x {b} x {p}^3"), \
-            f.lower(a, c).compile().as_text()
+        return _batched_products(s["bmm"], s["bmm_n"], "bf16", None, (22, 23))
 
     def int_ops():
         x = jax.random.bits(jax.random.key(24), (s["vec"] // 2,), jnp.uint32)
@@ -719,13 +732,7 @@ def _coverage_benchmarks(s: dict[str, int]) -> list[Callable[[Callable[..., Timi
                                                           f"* {list(w.shape)}: XLA's FLOPs"), compiled.as_text()
 
     def batched_highest():
-        b, m = s["bmm_hi"], s["bmm_n"]
-        a, c = _rand(46, (b, m, m), jnp.float32), _rand(47, (b, m, m), jnp.float32)
-        f = jax.jit(lambda a, c: jnp.einsum("bij,bjk->bik", a, c, precision=jax.lax.Precision.HIGHEST))
-        p = -(-m // _MXU_TILE) * _MXU_TILE
-        return (lambda: f(a, c)), 2.0 * b * p ** 3, (f"{b} products of f32[{m},{m}] @ f32[{m},{m}] at HIGHEST: FLOPs "
-                                                     f"padded to the {_MXU_TILE} tile, 2 x {b} x {p}^3"), \
-            f.lower(a, c).compile().as_text()
+        return _batched_products(s["bmm_hi"], s["bmm_n"], "f32", "HIGHEST", (46, 47))
 
     def pad_interior():
         x = _rand(48, (s["pad_rows"], s["pad_cols"]), jnp.float32)
