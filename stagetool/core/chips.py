@@ -416,7 +416,10 @@ _V5E_PROFILE = dict(
         "gather_32768": 3.6329e11, "sort": 1.2913e11, "cumulative": 2.7131e11,
         "scatter_set_rows": 1.1776e7, "scatter_add_upsample": 3.5314e11, "scatter_add_scalar_vmem": 1.1188e8,
         "scatter_add_segment_4": 1.4230e8, "scatter_add_segment_512": 1.3995e8, "scatter_add_segment_2048": 1.0681e8,
-        "gather_scalar_vmem": 7.8883e7}.items())),
+        "gather_scalar_vmem": 7.8883e7,
+        # class coverage (calibrate_tpu_v5e_classes3.yaml): each elements x ops over the median less the model's time
+        # of the chain's one cheap op a link (a multiply or an add, at vector_ops)
+        "op_log_plus_one": 5.7229e11, "op_erf": 1.4892e11, "op_sine": 1.4888e10, "op_rsqrt": 6.6476e11}.items())),
     profile=(("measured_on", "TPU v5 lite"), ("date", "2026-12-06"), ("jax", "0.10.2"), ("jaxlib", "0.10.2"),
              ("libtpu", "0.0.42.1"), ("command", "stagetool calibrate -o tpu-v5e.yaml")),
 )
@@ -467,13 +470,7 @@ _V5E_PROVENANCE = (
      "first set on the held-out decode at batch 1 (issue 39's suite, before the halves), which the fit half "
      "now confirms; tiny fusions took 0.03-1.2 us each on the profiler (the calibration's chained-kernel "
      "difference, 0.05 us with a 165% spread, is noise)"),
-)
-# class coverage (issue 46): rates of calibrate's _coverage_benchmarks measured on the lent v5e
-# (bench/results/step_time_suite/calibrate_tpu_v5e_classes3.yaml), each its elements x ops over the median less
-# the model's time of the chain's one cheap op a link (a multiply or an add, at vector_ops)
-_V5E_COVERAGE_RATES = {"op_log_plus_one": 5.7229e11, "op_erf": 1.4892e11, "op_sine": 1.4888e10, "op_rsqrt": 6.6476e11}
-_V5E_PROFILE["class_rates"] = tuple(sorted({**dict(_V5E_PROFILE["class_rates"]), **_V5E_COVERAGE_RATES}.items()))
-_V5E_PROVENANCE += (
+    # class coverage (issue 46): calibrate's _coverage_benchmarks on the lent v5e
     ("class_rates", "measured", _V5E_MEASURED + " (class coverage, bench/results/step_time_suite/"
      "calibrate_tpu_v5e_classes3.yaml, 15:50-15:55Z, stagetool at 6462e6f's parent): 16 chained ops over f32[8388608] "
      "in one fusion, elements x 16 over the median less the model's time of the link's one cheap op (a multiply or "
